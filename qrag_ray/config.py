@@ -69,8 +69,11 @@ class GeneratorConfig(_Strict):
 
     backend: Literal["vllm", "openai", "precomputed", "none"] = "none"
     model: str = "qwen2.5-coder-0.5b-instruct"  # a registry name (qrag_ray.models) or a local HF folder
-    prompt: str = "hype"  # name of a versioned template in qrag_ray.generation.prompts
-    questions: int | None = Field(10, ge=1, description="questions per prompt; None = the LLM decides")
+    prompt: str = "hype"  # chunk-granularity template (qrag_ray.generation.prompts)
+    atom_prompt: str = "atom-question"  # atom-granularity template: one atom, the chunk as context
+    atomize_prompt: str = "atomize"  # unstructured atoms: LLM-written atomic statements
+    questions: int | None = Field(10, ge=1, description="questions per chunk prompt; None = the LLM decides")
+    questions_per_atom: int | None = Field(1, ge=1)
     granularity: Literal["chunk", "atom"] | None = None  # None: the representation's default
     atoms: Literal["sentence", "llm"] = "sentence"  # structured (sentences) or unstructured (LLM) atoms
     sampling: SamplingConfig = SamplingConfig()

@@ -1,0 +1,175 @@
+"""`qrag` command line. Thin: parse flags, call library functions, print results.
+
+User mistakes end with one line on stderr and exit code 2, never a traceback; that includes errors
+raised inside Ray tasks, which arrive wrapped and are unwrapped here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from qrag_ray.errors import QragError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Question-based retrieval indexed with Ray Data and served with Ray Serve.")
+err = Console(stderr=True)
+
+
+def find_user_error(exc: BaseException) -> QragError | None:
+    """The QragError behind an exception, looking through Ray's wrappers and cause chains."""
+    seen = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, QragError):
+            return e
+        cause = getattr(e, "cause", None)  # RayTaskError.cause
+        if isinstance(cause, BaseException):
+            stack.append(cause)
+        stack += [e.__cause__, e.__context__]
+    return None
+
+
+@app.command()
+def index(
+    input: str = typer.Option(..., "--input", "-i", help="corpus file, folder or glob"),
+    format: str = typer.Option("jsonl", "--format", "-f", help="jsonl|parquet|msmarco|beir|html"),
+    output: str = typer.Option(..., "--output", "-o", help="index directory to publish"),
+    representation: str = typer.Option(None, "--representation", "-r",
+                                       help="chunk|hype|quote|quote-onedoc|atom-sentence|atom-question|hybrid|kind+kind"),
+    shards: int = typer.Option(None, "--shards", "-s", help="number of shards (>= 1)"),
+    generator: str = typer.Option(None, "--generator", "-g", help="vllm|openai|precomputed|none"),
+    questions: int = typer.Option(None, "--questions", "-n", help="questions per chunk prompt"),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML config (flags override it)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing index at --output"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: local Ray in-process)"),
+    factory: Optional[str] = typer.Option(None, "--factory", help="FAISS factory string, e.g. Flat, HNSW32, IVF1024,PQ48"),
+    prune_tau: Optional[float] = typer.Option(None, "--prune-tau", help="Q-Q pruning threshold"),
+    chunker: Optional[str] = typer.Option(None, "--chunker", help="token|sentence|paragraph|none"),
+    chunk_size: Optional[int] = typer.Option(None, "--chunk-size"),
+    chunk_overlap: Optional[int] = typer.Option(None, "--chunk-overlap"),
+    embedder: Optional[str] = typer.Option(None, "--embedder", help="embedder name or local folder"),
+    model: Optional[str] = typer.Option(None, "--model", help="LLM for question generation (name or local folder)"),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="prompt template name"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for --generator openai"),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder"),
+    json_out: bool = typer.Option(False, "--json", help="print the build report as JSON"),
+):
+    """Build a sharded question index from a corpus."""
+    from qrag_ray.config import build_index_config
+    from qrag_ray.pipeline import build_index
+
+    if shards is not None and shards < 1:
+        raise QragError(f"--shards must be at least 1, got {shards}")
+    cfg = build_index_config(
+        config, input=input, format=format, output=output, representation=representation, shards=shards,
+        overwrite=overwrite or None, address=address, cache_dir=cache_dir,
+        **{"generator.backend": generator, "generator.questions": questions, "generator.model": model,
+           "generator.prompt": prompt, "generator.base_url": base_url, "index.factory": factory,
+           "filters.prune_tau": prune_tau, "chunker.method": chunker, "chunker.size": chunk_size,
+           "chunker.overlap": chunk_overlap, "embedder.model": embedder},
+    )
+    out = Console(stderr=True)
+    report = build_index(cfg, console=out)
+    if json_out:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        _print_summary(report, out)
+
+
+def _print_summary(report, console: Console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"index published at {report.output}", show_header=False)
+    g = report.generation
+    rows = [("documents", report.documents), ("chunks", report.chunks), ("questions", report.questions),
+            ("vectors (before filters)", f"{report.vectors} ({report.vectors_before_filters})"),
+            ("LLM requests: cached / generated", f"{g.cached} / {g.generated}"),
+            ("LLM tokens: prompt / output", f"{g.prompt_tokens} / {g.output_tokens}"),
+            ("index size", f"{report.index_bytes / 1e6:.2f} MB")]
+    rows += [(f"time: {k}", f"{v:.1f}s") for k, v in report.stage_seconds.items()]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    console.print(t)
+
+
+@app.command()
+def search(
+    query: str = typer.Argument(..., help="the question"),
+    index: str = typer.Option(..., "--index", help="index directory"),
+    k: int = typer.Option(10, "--k", "-k", help="number of distinct chunks"),
+    min_score: Optional[float] = typer.Option(None, "--min-score"),
+):
+    """Search an index in-process (no server) and print JSON results."""
+    from qrag_ray.search.engine import SearchEngine, validate_k
+
+    validate_k(k)
+    if not query.strip():
+        raise QragError("query must be a non-empty string")
+    engine = SearchEngine(index)
+    results = engine.search([query], k=k, min_score=min_score)[0]
+    print(json.dumps({"results": results, "index_version": engine.manifest.index_version}, indent=2,
+                     ensure_ascii=False))
+
+
+@app.command("prepare-models")
+def prepare_models(llm: bool = typer.Option(True, "--llm/--no-llm", help="also prepare the bundled Qwen LLM")):
+    """Check the bundled embedder and convert the bundled LLM once (cached)."""
+    from qrag_ray.embedding import load_sentence_transformer
+    from qrag_ray.models.registry import resolve_embedder, resolve_llm
+
+    st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
+    err.print(f"embedder all-MiniLM-L6-v2: {resolve_embedder('all-MiniLM-L6-v2')} (dim {st.get_sentence_embedding_dimension()})")
+    if llm:
+        err.print(f"LLM qwen2.5-coder-0.5b-instruct: {resolve_llm('qwen2.5-coder-0.5b-instruct')}")
+
+
+def _register_optional_commands() -> None:
+    """Sub-apps living in their own modules (serving, evaluation, demo) register themselves."""
+    import importlib
+
+    for mod in ("qrag_ray.driver.serve_cmd", "qrag_ray.driver.eval_cmd", "qrag_ray.driver.demo_cmd"):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name == mod:
+                continue
+            raise
+        m.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import click
+
+    _register_optional_commands()
+    cmd = typer.main.get_command(app)
+    try:
+        cmd.main(args=argv, prog_name="qrag", standalone_mode=False)
+        return 0
+    except click.exceptions.Abort:
+        err.print("aborted")
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code or 2
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+    except BaseException as e:  # noqa: BLE001 - map user errors to one line, keep bugs loud
+        ue = find_user_error(e)
+        if ue is None:
+            raise
+        err.print(f"[red]error:[/] {ue}", highlight=False, markup=True, soft_wrap=True)
+        return ue.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

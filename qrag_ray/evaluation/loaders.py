@@ -1,0 +1,291 @@
+"""Evaluation sets: a corpus, queries and graded relevance judgments (qrels).
+
+Three input shapes, one result (`EvalSet`):
+
+- SQuAD v1.1 JSON (`load_squad`): every paragraph context is one document, every question a query whose
+  single relevant document is its own context (SQuAD-as-retrieval, DESIGN §6).
+- BEIR folders (`load_beir`): corpus.jsonl, queries.jsonl, qrels/<split>.tsv.
+- Plain JSONL + TSV qrels (`load_jsonl_qrels`).
+
+Loaders are deterministic (file order; `subset` takes a prefix), read only what they are given, and
+raise `QragError` with one clear line on bad input. Document ids, query ids and titles are strings;
+qrels grades are ints (a grade > 0 means relevant).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from qrag_ray.errors import QragError
+
+EVAL_KINDS = ("squad", "beir", "jsonl")
+
+
+@dataclass
+class EvalSet:
+    """A retrieval evaluation set.
+
+    corpus: [{"doc_id", "title", "text"}] in file order.
+    queries: [{"qid", "text"}] in file order; every query has at least one relevant document.
+    qrels: {qid: {doc_id: grade}}; only documents of `corpus` appear.
+    doc_titles: {doc_id: title} ("" when the source has no title).
+    """
+
+    name: str
+    corpus: list[dict]
+    queries: list[dict]
+    qrels: dict[str, dict[str, int]]
+    doc_titles: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.doc_titles:
+            self.doc_titles = {d["doc_id"]: d.get("title") or "" for d in self.corpus}
+
+    @property
+    def gold_titles(self) -> dict[str, set[str]]:
+        """{qid: titles of its relevant documents} (empty titles left out), for title accuracy."""
+        out: dict[str, set[str]] = {}
+        for qid, rels in self.qrels.items():
+            out[qid] = {self.doc_titles.get(d, "") for d, g in rels.items() if g > 0} - {""}
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "documents": len(self.corpus),
+            "queries": len(self.queries),
+            "judgments": sum(len(r) for r in self.qrels.values()),
+        }
+
+    def write_corpus_jsonl(self, path: str | Path) -> Path:
+        """Write the corpus as JSONL rows {doc_id, title, text} (the `jsonl` input format of `qrag index`)."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with p.open("w", encoding="utf-8") as f:
+            for d in self.corpus:
+                f.write(json.dumps({"doc_id": d["doc_id"], "title": d.get("title") or "", "text": d["text"]},
+                                   ensure_ascii=False) + "\n")
+        return p
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+def _check_subset(subset: int | None) -> None:
+    if subset is not None and (isinstance(subset, bool) or not isinstance(subset, int) or subset < 1):
+        raise QragError(f"subset must be a positive integer or None, got {subset!r}")
+
+
+def _require_file(p: Path, what: str) -> Path:
+    if not p.is_file():
+        raise QragError(f"{what} not found: {p}")
+    return p
+
+
+def _iter_jsonl(p: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line; a malformed line is a QragError naming it."""
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise QragError(f"{p}:{lineno}: malformed JSON line ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise QragError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, obj
+
+
+def _field(obj: dict, names: tuple[str, ...], p: Path, lineno: int, required: bool = True) -> Any:
+    for n in names:
+        if n in obj and obj[n] is not None:
+            return obj[n]
+    if required:
+        raise QragError(f"{p}:{lineno}: missing field {' or '.join(repr(n) for n in names)}")
+    return None
+
+
+def _read_corpus_jsonl(p: Path, id_fields: tuple[str, ...]) -> list[dict]:
+    corpus, seen = [], set()
+    for lineno, obj in _iter_jsonl(p):
+        doc_id = str(_field(obj, id_fields, p, lineno))
+        text = _field(obj, ("text",), p, lineno)
+        if not isinstance(text, str):
+            raise QragError(f"{p}:{lineno}: field 'text' must be a string")
+        if doc_id in seen:
+            raise QragError(f"{p}:{lineno}: duplicate document id {doc_id!r}")
+        seen.add(doc_id)
+        title = obj.get("title")
+        corpus.append({"doc_id": doc_id, "title": "" if title is None else str(title), "text": text})
+    return corpus
+
+
+def _read_queries_jsonl(p: Path, id_fields: tuple[str, ...]) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for lineno, obj in _iter_jsonl(p):
+        qid = str(_field(obj, id_fields, p, lineno))
+        text = _field(obj, ("text",), p, lineno)
+        if not isinstance(text, str):
+            raise QragError(f"{p}:{lineno}: field 'text' must be a string")
+        if qid in queries:
+            raise QragError(f"{p}:{lineno}: duplicate query id {qid!r}")
+        queries[qid] = text
+    return queries
+
+
+def _read_qrels_tsv(p: Path) -> dict[str, dict[str, int]]:
+    """Qrels lines `qid doc_id grade` (tab or whitespace separated), an optional header line, or TREC
+    lines `qid iter doc_id grade`. A repeated (qid, doc_id) keeps the last grade."""
+    qrels: dict[str, dict[str, int]] = {}
+    with p.open(encoding="utf-8") as f:
+        first = True
+        for lineno, line in enumerate(f, 1):
+            s = line.strip()
+            if not s or s.startswith("#"):
+                continue
+            parts = s.split("\t") if "\t" in s else s.split()
+            parts = [x.strip() for x in parts]
+            is_first, first = first, False
+            if len(parts) == 3:
+                qid, doc_id, grade_s = parts
+            elif len(parts) == 4:
+                qid, _, doc_id, grade_s = parts
+            else:
+                raise QragError(f"{p}:{lineno}: expected 'qid doc_id grade' (3 columns), got {len(parts)} columns")
+            try:
+                grade = int(float(grade_s))
+            except ValueError:
+                if is_first:  # header, e.g. "query-id corpus-id score"
+                    continue
+                raise QragError(f"{p}:{lineno}: grade {grade_s!r} is not a number") from None
+            qrels.setdefault(qid, {})[doc_id] = grade
+    return qrels
+
+
+def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dict[str, dict[str, int]],
+              subset: int | None, source: Path) -> EvalSet:
+    """Check qrels against the full corpus and queries, keep judged queries with a relevant document,
+    then apply `subset` (first N docs; queries whose relevant docs all lie inside)."""
+    doc_ids = {d["doc_id"] for d in corpus}
+    for qid, rels in qrels.items():
+        unknown = [d for d in rels if d not in doc_ids]
+        if unknown:
+            more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+            raise QragError(f"{source}: qrels for query {qid!r} name unknown document {unknown[0]!r}{more}")
+        if qid not in queries:
+            raise QragError(f"{source}: qrels name unknown query {qid!r}")
+    if subset is not None:
+        corpus = corpus[:subset]
+        doc_ids = {d["doc_id"] for d in corpus}
+    kept_qrels: dict[str, dict[str, int]] = {}
+    for qid, rels in qrels.items():
+        relevant = [d for d, g in rels.items() if g > 0]
+        if not relevant or any(d not in doc_ids for d in relevant):
+            continue
+        kept_qrels[qid] = {d: g for d, g in rels.items() if d in doc_ids}
+    kept_queries = [{"qid": q, "text": t} for q, t in queries.items() if q in kept_qrels]
+    return EvalSet(name=name, corpus=corpus, queries=kept_queries,
+                   qrels={q["qid"]: kept_qrels[q["qid"]] for q in kept_queries})
+
+
+# --------------------------------------------------------------------------------------------- loaders
+
+def load_squad(path: str | Path, subset: int | None = None) -> EvalSet:
+    """SQuAD v1.1 JSON as a retrieval set.
+
+    Every paragraph context is one document with doc_id "{article:03d}-{paragraph:03d}" (indices in file
+    order) and the article title (as written in the file, e.g. "Super_Bowl_50"); every question is a query
+    whose only relevant document (grade 1) is its own context. `subset=N` keeps the first N contexts in
+    file order with all their questions. Full dev v1.1: 2,067 contexts, 10,570 questions.
+    """
+    _check_subset(subset)
+    p = _require_file(Path(path), "SQuAD file")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise QragError(f"{p}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    articles = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(articles, list):
+        raise QragError(f"{p}: not a SQuAD file (no top-level 'data' list)")
+    corpus: list[dict] = []
+    queries: list[dict] = []
+    qrels: dict[str, dict[str, int]] = {}
+    for ai, art in enumerate(articles):
+        title = str(art.get("title") or "")
+        for pi, para in enumerate(art.get("paragraphs") or []):
+            if subset is not None and len(corpus) >= subset:
+                break
+            if "context" not in para:
+                raise QragError(f"{p}: article {ai} paragraph {pi} has no 'context'")
+            doc_id = f"{ai:03d}-{pi:03d}"
+            corpus.append({"doc_id": doc_id, "title": title, "text": para["context"]})
+            for qi, qa in enumerate(para.get("qas") or []):
+                qid = str(qa.get("id") or f"{doc_id}-q{qi:03d}")
+                if "question" not in qa:
+                    raise QragError(f"{p}: question {qid!r} has no 'question' text")
+                if qid in qrels:
+                    raise QragError(f"{p}: duplicate question id {qid!r}")
+                queries.append({"qid": qid, "text": qa["question"]})
+                qrels[qid] = {doc_id: 1}
+        if subset is not None and len(corpus) >= subset:
+            break
+    name = f"squad:{p.stem}" + (f"[:{subset}]" if subset else "")
+    return EvalSet(name=name, corpus=corpus, queries=queries, qrels=qrels)
+
+
+def load_beir(folder: str | Path, split: str = "test", subset: int | None = None) -> EvalSet:
+    """A BEIR dataset folder: corpus.jsonl (`_id`, `title`, `text`), queries.jsonl (`_id`, `text`) and
+    qrels/{split}.tsv (header `query-id corpus-id score`, graded).
+
+    Only queries judged in the split with at least one relevant document (grade > 0) are kept.
+    `subset=N` keeps the first N corpus documents in file order and only the queries whose relevant
+    documents all lie among them; their judgments of documents outside the subset are dropped.
+    """
+    _check_subset(subset)
+    root = Path(folder)
+    if not root.is_dir():
+        raise QragError(f"BEIR folder not found: {root}")
+    corpus = _read_corpus_jsonl(_require_file(root / "corpus.jsonl", "BEIR corpus"), ("_id", "id", "doc_id"))
+    queries = _read_queries_jsonl(_require_file(root / "queries.jsonl", "BEIR queries"), ("_id", "id", "qid"))
+    qrels_p = _require_file(root / "qrels" / f"{split}.tsv", f"BEIR qrels for split '{split}'")
+    qrels = _read_qrels_tsv(qrels_p)
+    es = _assemble(f"beir:{root.name}/{split}" + (f"[:{subset}]" if subset else ""), corpus, queries, qrels,
+                   subset, qrels_p)
+    return es
+
+
+def load_jsonl_qrels(corpus_jsonl: str | Path, queries_jsonl: str | Path, qrels_tsv: str | Path,
+                     subset: int | None = None) -> EvalSet:
+    """Plain files: corpus JSONL (`id` or `doc_id`, optional `title`, `text`), queries JSONL (`id` or
+    `qid`, `text`) and a qrels TSV (`qid doc_id grade`, with or without a header, tab or space separated;
+    4-column TREC lines `qid 0 doc_id grade` are accepted too).
+
+    Only judged queries with a relevant document (grade > 0) are kept. `subset=N` keeps the first N
+    corpus documents and only the queries whose relevant documents all lie among them.
+    """
+    _check_subset(subset)
+    cp = _require_file(Path(corpus_jsonl), "corpus file")
+    qp = _require_file(Path(queries_jsonl), "queries file")
+    rp = _require_file(Path(qrels_tsv), "qrels file")
+    corpus = _read_corpus_jsonl(cp, ("doc_id", "id", "_id"))
+    queries = _read_queries_jsonl(qp, ("qid", "id", "_id"))
+    qrels = _read_qrels_tsv(rp)
+    return _assemble(f"jsonl:{cp.parent.name or cp.stem}" + (f"[:{subset}]" if subset else ""),
+                     corpus, queries, qrels, subset, rp)
+
+
+def load_eval_set(kind: str, data: str | Path, subset: int | None = None, split: str = "test") -> EvalSet:
+    """Dispatch on kind: "squad" (data = the JSON file), "beir" (data = the dataset folder; `split`
+    picks qrels/{split}.tsv), "jsonl" (data = a folder holding corpus.jsonl, queries.jsonl, qrels.tsv)."""
+    if kind == "squad":
+        return load_squad(data, subset)
+    if kind == "beir":
+        return load_beir(data, split=split, subset=subset)
+    if kind == "jsonl":
+        root = Path(data)
+        if not root.is_dir():
+            raise QragError(f"jsonl eval folder not found: {root} (expected corpus.jsonl, queries.jsonl, qrels.tsv)")
+        return load_jsonl_qrels(root / "corpus.jsonl", root / "queries.jsonl", root / "qrels.tsv", subset)
+    raise QragError(f"unknown eval dataset kind {kind!r} (known: {', '.join(EVAL_KINDS)})")

@@ -1,0 +1,390 @@
+"""Regression matrix ("two-click reproduction", in the manner of pyserini's 2CR pages).
+
+`eval/matrix.yaml` lists conditions: one dataset + one index configuration each, with the figures the
+condition is expected to reproduce. `run_matrix` measures the selected conditions through an injectable
+runner (by default the eval driver, `qrag_ray.evaluation.driver.evaluate_condition`) and `compare` /
+`check` hold the measurements against the recorded figures.
+
+Units: `expected` and `tolerance` are percent points (as papers print them). Measured values are
+fractions, as `qrag_ray.evaluation.metrics.evaluate` returns them (pass `measured_scale="percent"` when
+they are already percentages). `expected: null` (or a null metric) means "record only": the condition is
+measured and shown, never failed, until someone writes the measured figures into the YAML.
+
+YAML condition fields:
+    id            unique name
+    dataset       squad | beir | jsonl          (qrag_ray.evaluation.loaders.load_eval_set kinds)
+    data          path of the data (file or folder); ${VAR} and ${VAR:-default} are expanded and a
+                  relative path is taken relative to the matrix file
+    subset        first N documents, or null for all
+    representation, embedder (model name or {model, ...}), generator (backend name or {backend, ...})
+    extra         free dict of IndexConfig overrides (deep-merged last), e.g. {chunker: {method: none}}
+    expected      {metric: percent} or null
+    tolerance     percent points (default 1.0)
+    tags          e.g. [ci]
+    split         BEIR qrels split (default "test")
+    notes         free text
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal, Mapping
+
+import yaml
+
+from qrag_ray.errors import QragError
+from qrag_ray.evaluation.loaders import EVAL_KINDS
+
+DEFAULT_TOLERANCE = 1.0
+_EPS = 1e-9  # a figure exactly at the tolerance edge passes despite float rounding (0.615 * 100)
+
+_FIELDS = {"id", "dataset", "data", "subset", "representation", "embedder", "generator", "extra",
+           "expected", "tolerance", "tags", "split", "notes"}
+
+
+@dataclass
+class Condition:
+    id: str
+    dataset: str
+    data: str
+    subset: int | None = None
+    representation: str = "chunk"
+    embedder: dict[str, Any] = field(default_factory=dict)
+    generator: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    expected: dict[str, float | None] | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    tags: list[str] = field(default_factory=list)
+    split: str = "test"
+    notes: str = ""
+
+    @property
+    def record_only(self) -> bool:
+        """True when no metric has a recorded figure (nothing can fail)."""
+        return not self.expected or all(v is None for v in self.expected.values())
+
+    def index_overrides(self) -> dict[str, Any]:
+        """The condition's index configuration as a nested dict for `IndexConfig.model_validate` /
+        `build_index_config` (without input/output, which the driver fills in)."""
+        cfg: dict[str, Any] = {"representation": self.representation}
+        if self.embedder:
+            cfg["embedder"] = dict(self.embedder)
+        if self.generator:
+            cfg["generator"] = dict(self.generator)
+        return _deep_update(cfg, self.extra)
+
+
+@dataclass
+class Regression:
+    """A metric of a condition below its recorded figure by more than the tolerance (or not measured)."""
+
+    condition: str
+    metric: str
+    expected: float  # percent
+    measured: float | None  # percent; None = the runner did not report this metric
+    tolerance: float
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.measured is None else self.measured - self.expected
+
+    def __str__(self) -> str:
+        if self.measured is None:
+            return f"{self.condition}: {self.metric} not measured (expected {self.expected:.1f})"
+        return (f"{self.condition}: {self.metric} {self.measured:.2f} vs recorded {self.expected:.1f} "
+                f"({self.delta:+.2f} points, tolerance {self.tolerance:g})")
+
+
+@dataclass
+class Improvement(Regression):
+    """A metric above its recorded figure by more than the tolerance: "better than recorded"."""
+
+    def __str__(self) -> str:
+        return (f"{self.condition}: {self.metric} {self.measured:.2f} better than recorded "
+                f"{self.expected:.1f} ({self.delta:+.2f} points)")
+
+
+@dataclass
+class MatrixComparison:
+    regressions: list[Regression] = field(default_factory=list)
+    improvements: list[Improvement] = field(default_factory=list)
+    within: list[tuple[str, str]] = field(default_factory=list)  # (condition, metric) within tolerance
+    record_only: dict[str, dict[str, float]] = field(default_factory=dict)  # condition -> percent figures
+    not_run: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressions
+
+    def summary(self) -> str:
+        lines = []
+        for r in self.regressions:
+            lines.append(f"REGRESSION  {r}")
+        for i in self.improvements:
+            lines.append(f"BETTER      {i}")
+        for cid, figs in self.record_only.items():
+            vals = ", ".join(f'"{m}": {v:.1f}' for m, v in figs.items())
+            lines.append(f"RECORDED    {cid}: {{{vals}}}")
+        if self.not_run:
+            lines.append(f"NOT RUN     {', '.join(self.not_run)}")
+        lines.append(f"{'FAIL' if self.regressions else 'PASS'}: {len(self.regressions)} regression(s), "
+                     f"{len(self.improvements)} better than recorded, {len(self.within)} within tolerance")
+        return "\n".join(lines)
+
+
+@dataclass
+class MatrixResult:
+    measured: dict[str, dict[str, float]]
+    comparison: MatrixComparison
+
+    @property
+    def passed(self) -> bool:
+        return self.comparison.passed
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+def _deep_update(base: dict, upd: Mapping) -> dict:
+    out = dict(base)
+    for k, v in upd.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_update(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _number(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise QragError(f"{where} must be a number, got {v!r}")
+    return float(v)
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def resolve_data_path(data: str, base: Path | None = None) -> str:
+    """Expand `${NAME}` / `${NAME:-default}` and `~`; a relative result is taken relative to `base`
+    (the matrix file's folder)."""
+    def _sub(m: re.Match) -> str:
+        val = os.environ.get(m.group(1))
+        if val:
+            return val
+        if m.group(2) is not None:
+            return m.group(2)
+        raise QragError(f"data path {data!r} uses ${{{m.group(1)}}}, which is not set")
+
+    p = Path(os.path.expanduser(_VAR.sub(_sub, data)))
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    return str(p)
+
+
+def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> Condition:
+    if not isinstance(raw, dict):
+        raise QragError(f"{src}: condition #{idx + 1} must be a mapping")
+    cid = raw.get("id")
+    if not isinstance(cid, str) or not cid.strip():
+        raise QragError(f"{src}: condition #{idx + 1} needs a non-empty string 'id'")
+    where = f"{src}: condition '{cid}'"
+    unknown = sorted(set(raw) - _FIELDS)
+    if unknown:
+        raise QragError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_FIELDS))})")
+    dataset = raw.get("dataset")
+    if dataset not in EVAL_KINDS:
+        raise QragError(f"{where}: dataset must be one of {', '.join(EVAL_KINDS)}, got {dataset!r}")
+    data = raw.get("data")
+    if not isinstance(data, str) or not data:
+        raise QragError(f"{where}: 'data' must be a path")
+    data = resolve_data_path(data, base)
+    subset = raw.get("subset")
+    if subset is not None and (isinstance(subset, bool) or not isinstance(subset, int) or subset < 1):
+        raise QragError(f"{where}: subset must be a positive integer or null, got {subset!r}")
+
+    def _component(name: str, key: str) -> dict[str, Any]:
+        v = raw.get(name)
+        if v is None:
+            return {}
+        if isinstance(v, str):
+            return {key: v}
+        if isinstance(v, dict):
+            return dict(v)
+        raise QragError(f"{where}: '{name}' must be a name or a mapping")
+
+    embedder = _component("embedder", "model")
+    generator = _component("generator", "backend")
+    extra = raw.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise QragError(f"{where}: 'extra' must be a mapping of index config overrides")
+
+    expected_raw = raw.get("expected")
+    expected: dict[str, float | None] | None
+    if expected_raw is None:
+        expected = None
+    elif isinstance(expected_raw, dict):
+        expected = {str(m): (None if v is None else _number(v, f"{where}: expected {m}"))
+                    for m, v in expected_raw.items()}
+    else:
+        raise QragError(f"{where}: 'expected' must be a mapping of metric -> percent, or null")
+    tolerance = _number(raw.get("tolerance", DEFAULT_TOLERANCE), f"{where}: tolerance")
+    if tolerance < 0:
+        raise QragError(f"{where}: tolerance must be >= 0")
+    tags = raw.get("tags") or []
+    if isinstance(tags, str):
+        tags = [tags]
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise QragError(f"{where}: 'tags' must be a list of strings")
+
+    cond = Condition(id=cid, dataset=dataset, data=data, subset=subset,
+                     representation=str(raw.get("representation") or "chunk"), embedder=embedder,
+                     generator=generator, extra=extra, expected=expected, tolerance=tolerance, tags=tags,
+                     split=str(raw.get("split") or "test"), notes=str(raw.get("notes") or ""))
+    _validate_index_config(cond, where)
+    return cond
+
+
+def _validate_index_config(cond: Condition, where: str) -> None:
+    """Catch typos in representation / embedder / generator / extra when the matrix is loaded."""
+    from pydantic import ValidationError
+
+    from qrag_ray.config import IndexConfig, format_validation_error
+
+    try:
+        IndexConfig.model_validate(cond.index_overrides())
+    except ValidationError as e:
+        raise QragError(f"{where}: {format_validation_error(e)}") from None
+
+
+def load_matrix(path: str | Path) -> list[Condition]:
+    """Parse and validate a matrix YAML file (a list of conditions, or {conditions: [...]})."""
+    p = Path(path)
+    if not p.is_file():
+        raise QragError(f"matrix file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise QragError(f"matrix file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if isinstance(raw, dict) and "conditions" in raw:
+        raw = raw["conditions"]
+    if not isinstance(raw, list) or not raw:
+        raise QragError(f"matrix file {p} must hold a non-empty list of conditions")
+    conds = [_parse_condition(c, i, str(p), p.parent) for i, c in enumerate(raw)]
+    seen: set[str] = set()
+    for c in conds:
+        if c.id in seen:
+            raise QragError(f"{p}: duplicate condition id '{c.id}'")
+        seen.add(c.id)
+    return conds
+
+
+def select(conditions: list[Condition], ids: Iterable[str] | None = None,
+           tags: Iterable[str] | None = None) -> list[Condition]:
+    """Conditions by id (in the order given) and/or carrying any of `tags`; unknown ids are an error."""
+    out = list(conditions)
+    if ids is not None:
+        ids = list(ids)
+        by_id = {c.id: c for c in conditions}
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            raise QragError(f"unknown matrix condition(s): {', '.join(missing)} (known: {', '.join(by_id)})")
+        out = [by_id[i] for i in ids]
+    if tags is not None:
+        tagset = set(tags)
+        out = [c for c in out if tagset & set(c.tags)]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- checking
+
+_METRIC = re.compile(r"^[A-Za-z]+@\d+$")
+
+
+def metrics_of(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The metric mapping of a runner result: the result itself, or its "metrics" entry when it has one
+    (a driver may return {"metrics": {...}, "vectors": ..., ...}, the shape `write_report` takes)."""
+    inner = result.get("metrics")
+    return dict(inner) if isinstance(inner, Mapping) else dict(result)
+
+
+def _to_percent(v: Any, scale: str) -> float | None:
+    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v) * 100.0 if scale == "fraction" else float(v)
+
+
+def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, float]],
+            measured_scale: Literal["fraction", "percent"] = "fraction") -> MatrixComparison:
+    """Hold measurements against recorded figures. Conditions absent from `measured` are `not_run`;
+    a null expected figure is recorded, never failed; a recorded metric the runner did not report is
+    a regression (a broken runner must not pass)."""
+    if measured_scale not in ("fraction", "percent"):
+        raise ValueError(f"measured_scale must be 'fraction' or 'percent', got {measured_scale!r}")
+    res = MatrixComparison()
+    for c in conditions:
+        if c.id not in measured:
+            res.not_run.append(c.id)
+            continue
+        got = {m: _to_percent(v, measured_scale) for m, v in metrics_of(measured[c.id]).items()}
+        expected = c.expected or {}
+        if c.record_only:
+            open_metrics = [m for m in got if _METRIC.match(m)]
+        else:
+            open_metrics = [m for m, v in expected.items() if v is None]
+        figs = {m: got[m] for m in open_metrics if got.get(m) is not None}
+        if figs:
+            res.record_only[c.id] = figs
+        for metric, exp in expected.items():
+            if exp is None:
+                continue
+            val = got.get(metric)
+            if val is None:
+                res.regressions.append(Regression(c.id, metric, exp, None, c.tolerance))
+            elif val < exp - c.tolerance - _EPS:
+                res.regressions.append(Regression(c.id, metric, exp, val, c.tolerance))
+            elif val > exp + c.tolerance + _EPS:
+                res.improvements.append(Improvement(c.id, metric, exp, val, c.tolerance))
+            else:
+                res.within.append((c.id, metric))
+    return res
+
+
+def check(conditions: list[Condition], measured: Mapping[str, Mapping[str, float]],
+          measured_scale: Literal["fraction", "percent"] = "fraction") -> list[Regression]:
+    """Regressions only: metrics measured below `expected - tolerance` (or missing). Empty = pass.
+    Use `compare` for the "better than recorded" list and record-only figures too."""
+    return compare(conditions, measured, measured_scale).regressions
+
+
+def _default_runner() -> Callable[[Condition], dict[str, float]]:
+    try:
+        from qrag_ray.evaluation.driver import evaluate_condition  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise QragError(f"the eval driver is not available ({e}); pass runner=...") from None
+    return evaluate_condition
+
+
+def run_matrix(path: str | Path, ids: Iterable[str] | None = None,
+               runner: Callable[[Condition], Mapping[str, float]] | None = None,
+               tags: Iterable[str] | None = None,
+               measured_scale: Literal["fraction", "percent"] = "fraction",
+               on_result: Callable[[Condition, Mapping[str, float]], None] | None = None) -> MatrixResult:
+    """Load the matrix, run the selected conditions (all, `ids`, and/or those tagged with `tags`) through
+    `runner(condition) -> {metric: value}` and compare. `on_result` is called after each condition
+    (progress output)."""
+    conds = select(load_matrix(path), ids, tags)
+    if not conds:
+        raise QragError(f"no matrix condition selected from {path}")
+    run = runner or _default_runner()
+    measured: dict[str, dict[str, float]] = {}
+    for c in conds:
+        got = run(c)
+        if not isinstance(got, Mapping):
+            raise TypeError(f"runner returned {type(got).__name__} for condition '{c.id}', expected a mapping")
+        measured[c.id] = dict(got)
+        if on_result is not None:
+            on_result(c, measured[c.id])
+    return MatrixResult(measured=measured, comparison=compare(conds, measured, measured_scale))

@@ -1,0 +1,74 @@
+"""Per-chunk question filters on embedded vectors (pure numpy).
+
+Run in the shard writer, where all vectors of a chunk are together, so they are exact. Order matters
+and follows the papers: drop questions that do not belong to their chunk (question-chunk similarity,
+QuOTE §4.1.10 / Doc2Query--; no content word in common), then Q-Q pruning (Raina & Gales §5): greedily
+drop a question whose cosine to an already kept question of the same chunk exceeds tau.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from qrag_ray.config import FilterConfig
+
+_WORD = re.compile(r"[a-z0-9]+")
+_STOP = set("""a an the of in on at to for from by with about as is are was were be been being do does did
+what which who whom whose when where why how that this these those it its and or not no there their they
+he she his her him them we you your our i me my can could would should will shall may might must has have
+had than then into over under after before during between through against among""".split())
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1}
+
+
+def greedy_prune(vectors: np.ndarray, tau: float) -> np.ndarray:
+    """Indices (in order) of vectors kept when each must have cosine <= tau to all kept before it."""
+    kept: list[int] = []
+    for i in range(len(vectors)):
+        if not kept or float(np.max(vectors[kept] @ vectors[i])) <= tau:
+            kept.append(i)
+    return np.asarray(kept, dtype=np.int64)
+
+
+def select_questions(qvecs: np.ndarray, qtexts: list[str], chunk_vec: np.ndarray | None, chunk_text: str,
+                     cfg: FilterConfig) -> np.ndarray:
+    """Boolean mask over a chunk's questions (unit vectors) saying which survive the filters."""
+    keep = np.ones(len(qtexts), dtype=bool)
+    if not len(qtexts):
+        return keep
+    if cfg.require_content_overlap:
+        cw = content_words(chunk_text)
+        keep &= np.array([bool(content_words(q) & cw) for q in qtexts])
+    if cfg.min_question_chunk_sim is not None and chunk_vec is not None:
+        keep &= (qvecs @ chunk_vec) >= cfg.min_question_chunk_sim
+    if cfg.prune_tau is not None and keep.any():
+        idx = np.flatnonzero(keep)
+        survivors = idx[greedy_prune(qvecs[idx], cfg.prune_tau)]
+        keep[:] = False
+        keep[survivors] = True
+    return keep
+
+
+def filter_chunk_rows(kind: np.ndarray, qn: np.ndarray, store: np.ndarray, texts: list[str],
+                      vecs: np.ndarray, cfg: FilterConfig) -> np.ndarray:
+    """Mask of rows (all of one chunk) to write to the index."""
+    chunk_rows = np.flatnonzero(kind == "chunk")
+    chunk_vec = vecs[chunk_rows[0]] if len(chunk_rows) else None
+    chunk_text = texts[chunk_rows[0]] if len(chunk_rows) else ""
+    out = store.copy()
+    q_rows = np.flatnonzero((kind == "question") & (qn >= 0))
+    active = (cfg.prune_tau is not None or cfg.min_question_chunk_sim is not None
+              or cfg.require_content_overlap)
+    if active and len(q_rows):
+        q_rows = q_rows[np.argsort(qn[q_rows], kind="stable")]
+        mask = select_questions(vecs[q_rows], [texts[i] for i in q_rows], chunk_vec, chunk_text, cfg)
+        dropped = set(qn[q_rows][~mask].tolist())
+        if dropped:
+            out &= ~np.isin(qn, list(dropped))
+    if cfg.keep_chunk_fallback and not out.any() and len(chunk_rows):
+        out[chunk_rows[0]] = True
+    return out

@@ -1,0 +1,97 @@
+"""Ray Data wiring for generation: requests -> (cache | backend) -> parsed outputs.
+
+Backends see only requests that are not cached, write straight into the cache while they run, and the
+outputs reach their chunks through a join on the cache key. Backends know nothing about caching or
+parsing, so every backend gets both.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from dataclasses import dataclass, field
+
+from qrag_ray.config import GeneratorConfig
+from qrag_ray.generation.cache import QuestionCache
+
+
+@dataclass
+class GenerationStats:
+    requests: int = 0
+    cached: int = 0
+    generated: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+    by_stage: dict = field(default_factory=dict)
+
+    def add(self, other: "GenerationStats", name: str) -> None:
+        self.requests += other.requests
+        self.cached += other.cached
+        self.generated += other.generated
+        self.prompt_tokens += other.prompt_tokens
+        self.output_tokens += other.output_tokens
+        self.seconds += other.seconds
+        self.by_stage[name] = other.__dict__ | {"by_stage": {}}
+
+
+def run_backend(ds, cfg: GeneratorConfig, model_path: str | None):
+    if cfg.backend == "vllm":
+        from qrag_ray.generation.backends.vllm import run
+    elif cfg.backend == "openai":
+        from qrag_ray.generation.backends.openai import run
+    else:
+        raise ValueError(f"backend {cfg.backend} does not generate")
+    return run(ds, cfg, model_path)
+
+
+def _missing_keys(requests, cache: QuestionCache):
+    """Distinct request keys not in the cache, with their messages."""
+    import numpy as np
+
+    reqs = requests.select_columns(["key", "messages"])
+    cached = cache.dataset()
+    if cached is None:
+        return reqs
+    hits = cached.select_columns(["key"]).map_batches(
+        lambda b: {"key": b["key"], "hit": np.ones(len(b["key"]), dtype=bool)}, batch_format="numpy")
+    joined = reqs.join(hits, join_type="left_outer", on=("key",), num_partitions=_parts(reqs))
+    return joined.filter(lambda r: not r["hit"]).select_columns(["key", "messages"])
+
+
+def _parts(ds) -> int:
+    return max(1, min(32, ds.num_blocks() if hasattr(ds, "num_blocks") else 4))
+
+
+def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: str | None):
+    """Returns (requests joined with their raw outputs, GenerationStats).
+
+    `requests` must be materialized and hold key, messages plus payload columns; the result keeps the
+    payload columns and adds `raw` (None where the backend gave nothing). A text repeated in several
+    chunks may be generated more than once in a first run; the consumer dedups per (chunk, unit).
+    """
+    import pyarrow.parquet as pq
+
+    t0 = time.perf_counter()
+    stats = GenerationStats(requests=requests.count())
+    missing = _missing_keys(requests, cache).materialize()
+    n_missing = missing.count()
+    if n_missing:
+        run_dir = cache.new_run_dir()
+        out = run_backend(missing, cfg, model_path).select_columns(
+            ["key", "raw", "prompt_tokens", "output_tokens"])
+        out.write_parquet(run_dir)
+        for f in sorted(Path(run_dir).glob("*.parquet")):
+            t = pq.read_table(f, columns=["prompt_tokens", "output_tokens"])
+            stats.generated += t.num_rows
+            stats.prompt_tokens += int(sum(x or 0 for x in t.column("prompt_tokens").to_pylist()))
+            stats.output_tokens += int(sum(x or 0 for x in t.column("output_tokens").to_pylist()))
+    stats.cached = stats.requests - n_missing
+    cached = cache.dataset()
+    if cached is None:
+        raise RuntimeError("generation produced no output")
+    joined = requests.drop_columns(["messages"]).join(
+        cached.select_columns(["key", "raw"]), join_type="left_outer", on=("key",),
+        num_partitions=_parts(requests)).materialize()
+    stats.seconds = time.perf_counter() - t0
+    return joined, stats

@@ -1,0 +1,192 @@
+"""On-disk index format (docs/ARCHITECTURE.md): paths, manifest, checksums, atomic publish.
+
+The index is published by renaming a fully written and verified temp directory over the target, so a
+server or `qrag search` never loads a half-written index, and a crash mid-build leaves the previous
+index in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qrag_ray.errors import IndexFormatError, QragError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CHUNKS = "chunks.parquet"
+SHARDS_DIR = "shards"
+_MASK63 = (1 << 63) - 1
+
+
+def chunk_key(chunk_id: str) -> int:
+    """Stable 63-bit integer key of a chunk id (FAISS-side arrays hold ints, not strings)."""
+    return int.from_bytes(hashlib.blake2b(chunk_id.encode(), digest_size=8).digest(), "little") & _MASK63
+
+
+def shard_of(chunk_idx: int, num_shards: int) -> int:
+    return chunk_idx % num_shards
+
+
+def shard_faiss(shard: int) -> str:
+    return f"{SHARDS_DIR}/{shard:05d}.faiss"
+
+
+def shard_meta(shard: int) -> str:
+    return f"{SHARDS_DIR}/{shard:05d}.parquet"
+
+
+def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path  # index directory
+    data: dict[str, Any]
+
+    @property
+    def num_shards(self) -> int:
+        return int(self.data["num_shards"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.data["embedder"]["dim"])
+
+    @property
+    def embedder_model(self) -> str:
+        return str(self.data["embedder"]["model"])
+
+    @property
+    def index_version(self) -> str:
+        return str(self.data["index_version"])
+
+    @property
+    def representation(self) -> str:
+        return str(self.data["representation"])
+
+    def shard(self, i: int) -> dict:
+        return self.data["shards"][i]
+
+    def file(self, rel: str) -> Path:
+        return self.path / rel
+
+
+def load_manifest(index_dir: str | Path, verify: bool = False) -> Manifest:
+    """Read and validate manifest.json; with verify=True also check every file's sha256."""
+    d = Path(index_dir)
+    if not d.is_dir():
+        raise IndexFormatError(f"index not found: {d}")
+    mpath = d / MANIFEST
+    if not mpath.is_file():
+        raise IndexFormatError(f"{d} is not a qrag index (no {MANIFEST})")
+    try:
+        data = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise IndexFormatError(f"corrupt manifest {mpath}: {e}") from None
+    if not isinstance(data, dict):
+        raise IndexFormatError(f"corrupt manifest {mpath}: not a JSON object")
+    fv = data.get("format_version")
+    if fv != FORMAT_VERSION:
+        raise IndexFormatError(f"{mpath}: unsupported format_version {fv!r} (this qrag reads {FORMAT_VERSION})")
+    for key in ("index_version", "num_shards", "embedder", "shards", "files", "representation"):
+        if key not in data:
+            raise IndexFormatError(f"corrupt manifest {mpath}: missing '{key}'")
+    if len(data["shards"]) != data["num_shards"]:
+        raise IndexFormatError(f"corrupt manifest {mpath}: {len(data['shards'])} shards listed, num_shards={data['num_shards']}")
+    m = Manifest(d, data)
+    for rel in data["files"]:
+        if not (d / rel).is_file():
+            raise IndexFormatError(f"index {d} is incomplete: missing {rel}")
+    if verify:
+        verify_files(m)
+    return m
+
+
+def verify_files(m: Manifest, rels: list[str] | None = None) -> None:
+    for rel in rels if rels is not None else list(m.data["files"]):
+        want = m.data["files"].get(rel)
+        if want is None:
+            raise IndexFormatError(f"{rel} is not listed in {m.path / MANIFEST}")
+        got = sha256_file(m.path / rel)
+        if got != want:
+            raise IndexFormatError(f"checksum mismatch for {m.path / rel}: manifest {want[:12]}…, file {got[:12]}…")
+
+
+def content_version(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode())
+        h.update(files[rel].encode())
+    return h.hexdigest()[:16]
+
+
+def write_manifest(tmp_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """Checksum every file under tmp_dir, fill files/index_version and write manifest.json."""
+    files = {}
+    for p in sorted(tmp_dir.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            files[str(p.relative_to(tmp_dir))] = sha256_file(p)
+    data = dict(data)
+    data["format_version"] = FORMAT_VERSION
+    data["files"] = files
+    data["index_version"] = content_version(files)
+    data.setdefault("created_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    tmp = tmp_dir / (MANIFEST + ".part")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, tmp_dir / MANIFEST)
+    return data
+
+
+def check_output_dir(output: str | Path, overwrite: bool) -> Path:
+    """Refuse to clobber a non-empty directory unless overwrite; refuse a file."""
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise QragError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise QragError(f"output directory {out} is not empty (pass --overwrite to replace the index there)")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise QragError(f"refusing to overwrite {out}: it is not empty and holds no qrag index")
+    return out
+
+
+def new_staging_dir(output: str | Path) -> Path:
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def publish(staging: Path, output: str | Path) -> Path:
+    """Verify `staging` and move it to `output` atomically, replacing an older index there.
+
+    Two renames: the old index moves aside first, the new one takes its place, then the old one is
+    deleted. Between the renames the path is briefly absent (readers retry) but never half-written.
+    """
+    out = Path(output)
+    verify_files(load_manifest(staging))
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(out, old)
+    try:
+        os.replace(staging, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out

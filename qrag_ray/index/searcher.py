@@ -1,0 +1,85 @@
+"""One shard's searcher: a FAISS index plus the row -> chunk arrays, loaded once.
+
+Used in-process by `qrag search` and inside each ShardSearcher replica of the Serve app, so both give
+the same results. Returns vector-level hits; dedup by chunk happens in qrag_ray.search.merge.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from qrag_ray.errors import IndexFormatError
+from qrag_ray.index.format import Manifest, load_manifest, verify_files
+
+
+@dataclass
+class ShardHits:
+    """Hits of one shard for a batch of queries: arrays shaped (n_queries, k); row -1 = no hit."""
+
+    shard: int
+    scores: np.ndarray
+    rows: np.ndarray
+    chunk_idx: np.ndarray
+    exhausted: bool  # the shard holds no more vectors than were asked for
+
+
+class ShardSearcher:
+    def __init__(self, index_dir: str | Path, shard: int, manifest: Manifest | None = None,
+                 verify: bool = True, threads: int | None = None, use_gpu: bool = False):
+        import faiss
+
+        self.manifest = manifest or load_manifest(index_dir)
+        self.shard = shard
+        info = self.manifest.shard(shard)
+        if verify:
+            verify_files(self.manifest, [info["faiss"], info["meta"]])
+        if threads:
+            faiss.omp_set_num_threads(threads)
+        try:
+            index = faiss.read_index(str(self.manifest.file(info["faiss"])))
+        except RuntimeError as e:
+            raise IndexFormatError(f"cannot read shard {shard} of {self.manifest.path}: {e}") from None
+        fcfg = self.manifest.data.get("config", {}).get("index", {})
+        try:
+            ivf = faiss.extract_index_ivf(index)
+            ivf.nprobe = int(fcfg.get("nprobe", 32))
+        except (RuntimeError, ValueError):
+            pass
+        if hasattr(index, "hnsw"):
+            index.hnsw.efSearch = int(fcfg.get("hnsw_ef_search", 128))
+        if use_gpu and faiss.get_num_gpus() > 0:
+            index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
+        self.index = index
+        meta = pq.read_table(self.manifest.file(info["meta"]))
+        self.chunk_idx = meta.column("chunk_idx").to_numpy()
+        self.kind = meta.column("kind").to_pylist()
+        self.text = meta.column("text").to_pylist()
+        if len(self.chunk_idx) != index.ntotal:
+            raise IndexFormatError(f"shard {shard}: {index.ntotal} vectors but {len(self.chunk_idx)} metadata rows")
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(self, qvecs: np.ndarray, k: int) -> ShardHits:
+        qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
+        k_eff = max(1, min(k, self.ntotal)) if self.ntotal else 0
+        if k_eff == 0:
+            empty = np.full((len(qvecs), 0), -1, np.int64)
+            return ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True)
+        scores, rows = self.index.search(qvecs, k_eff)
+        cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
+        return ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal)
+
+    def matched(self, row: int) -> tuple[str, str]:
+        return self.kind[row], self.text[row]
+
+
+def default_threads() -> int | None:
+    v = os.environ.get("OMP_NUM_THREADS")
+    return int(v) if v and v.isdigit() else None

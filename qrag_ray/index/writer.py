@@ -1,0 +1,117 @@
+"""Write one shard: filtered vectors -> FAISS index + Parquet row metadata.
+
+One Ray task per shard. All vectors of a chunk are in the shard, so per-chunk filters are exact here.
+The FAISS index comes from a factory string over inner product (vectors are unit norm: IP = cosine);
+index types that need training are trained on a sample; the build runs on GPU when the worker has one.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from qrag_ray.config import FilterConfig, IndexBuildConfig
+from qrag_ray.filters import filter_chunk_rows
+from qrag_ray.index.format import shard_faiss, shard_meta
+
+
+def vectors_of(table: pa.Table) -> np.ndarray:
+    col = table.column("vector")
+    if table.num_rows == 0:
+        return np.zeros((0, 0), dtype=np.float32)
+    arr = col.combine_chunks()
+    if pa.types.is_fixed_size_list(arr.type) or pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        return np.ascontiguousarray(flat.reshape(table.num_rows, -1), dtype=np.float32)
+    # ArrowTensorType extension (Ray's tensor column)
+    return np.ascontiguousarray(np.stack(col.to_numpy(zero_copy_only=False)), dtype=np.float32)
+
+
+def apply_filters(table: pa.Table, vecs: np.ndarray, cfg: FilterConfig) -> np.ndarray:
+    """Row mask after per-chunk filters; rows come out grouped by chunk."""
+    chunk_idx = table.column("chunk_idx").to_numpy()
+    kind = np.asarray(table.column("kind").to_pylist(), dtype=object)
+    qn = table.column("qn").to_numpy()
+    store = table.column("store").to_numpy(zero_copy_only=False).astype(bool)
+    texts = table.column("text").to_pylist()
+    keep = np.zeros(len(chunk_idx), dtype=bool)
+    order = np.argsort(chunk_idx, kind="stable")
+    bounds = np.flatnonzero(np.diff(chunk_idx[order])) + 1
+    for grp in np.split(order, bounds):
+        if len(grp) == 0:
+            continue
+        sub = filter_chunk_rows(kind[grp], qn[grp], store[grp], [texts[i] for i in grp], vecs[grp], cfg)
+        keep[grp[sub]] = True
+    return keep
+
+
+def _gpu_count() -> int:
+    import faiss
+
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0):
+    import faiss
+
+    d = vecs.shape[1]
+    index = faiss.index_factory(d, cfg.factory, faiss.METRIC_INNER_PRODUCT)
+    use_gpu = _gpu_count() > 0 if cfg.use_gpu == "auto" else bool(cfg.use_gpu)
+    if use_gpu and _gpu_count() == 0:
+        raise RuntimeError("index.use_gpu is true but FAISS sees no GPU (install faiss-gpu on a GPU worker)")
+    work = index
+    if use_gpu:
+        try:
+            work = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
+        except Exception:  # HNSW and some others have no GPU version: build on CPU
+            work = index
+    if not work.is_trained:
+        n = min(len(vecs), cfg.train_sample)
+        rng = np.random.default_rng(seed)
+        sample = vecs[rng.choice(len(vecs), size=n, replace=False)] if n < len(vecs) else vecs
+        work.train(sample)
+    if len(vecs):
+        work.add(vecs)
+    return faiss.index_gpu_to_cpu(work) if work is not index else index
+
+
+def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: FilterConfig,
+                index_cfg: IndexBuildConfig, dim: int) -> dict:
+    """Build and write shard files under out_dir; returns stats for the manifest."""
+    import faiss
+
+    t0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    (out_dir / "shards").mkdir(parents=True, exist_ok=True)
+    vecs = vectors_of(table) if table.num_rows else np.zeros((0, dim), np.float32)
+    before = int(np.sum(table.column("store").to_numpy(zero_copy_only=False))) if table.num_rows else 0
+    keep = apply_filters(table, vecs, filters) if table.num_rows else np.zeros(0, bool)
+    rows = np.flatnonzero(keep)
+    # stable order: by chunk then original order, so a chunk's vectors are contiguous ids
+    chunk_idx = table.column("chunk_idx").to_numpy()[rows] if table.num_rows else np.zeros(0, np.int64)
+    rows = rows[np.argsort(chunk_idx, kind="stable")]
+    kept = table.take(pa.array(rows, type=pa.int64())) if table.num_rows else table
+    kvecs = np.ascontiguousarray(vecs[rows]) if len(rows) else np.zeros((0, dim), np.float32)
+    if len(kvecs) and kvecs.shape[1] != dim:
+        raise RuntimeError(f"shard {shard}: vectors have dim {kvecs.shape[1]}, expected {dim}")
+    index = build_faiss(kvecs, index_cfg, seed=shard)
+    faiss.write_index(index, str(out_dir / shard_faiss(shard)))
+    meta = pa.table({
+        "chunk_idx": pa.array(kept.column("chunk_idx").to_numpy() if len(rows) else [], type=pa.int64()),
+        "kind": pa.array(kept.column("kind").to_pylist() if len(rows) else [], type=pa.string()),
+        "text": pa.array(kept.column("text").to_pylist() if len(rows) else [], type=pa.string()),
+    })
+    pq.write_table(meta, out_dir / shard_meta(shard))
+    kinds: dict[str, int] = {}
+    for k in meta.column("kind").to_pylist():
+        kinds[k] = kinds.get(k, 0) + 1
+    return {
+        "id": shard, "faiss": shard_faiss(shard), "meta": shard_meta(shard),
+        "vectors": int(index.ntotal), "vectors_before_filters": before,
+        "chunks": int(len(np.unique(meta.column("chunk_idx").to_numpy()))) if len(rows) else 0,
+        "kinds": kinds, "seconds": round(time.perf_counter() - t0, 3),
+    }

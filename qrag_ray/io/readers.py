@@ -1,0 +1,165 @@
+"""Corpus readers: every input format becomes a Ray Dataset of {doc_id, title, text[, questions]}.
+
+Parsing of one record is a pure function (normalize_record) so bad input is reported the same way
+whatever the reader, with the file and line when we know them.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qrag_ray.config import INPUT_FORMATS
+from qrag_ray.errors import QragError
+
+_ID_KEYS = ("doc_id", "id", "_id", "pid", "docid")
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def normalize_record(rec: dict[str, Any], where: str, questions_column: str | None = None) -> dict:
+    """One raw record -> {doc_id, title, text, questions}. Raises QragError naming `where`."""
+    if not isinstance(rec, dict):
+        raise QragError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    doc_id = next((rec[k] for k in _ID_KEYS if rec.get(k) is not None), None)
+    if doc_id is None or str(doc_id).strip() == "":
+        raise QragError(f"{where}: record has no id (one of {', '.join(_ID_KEYS)})")
+    text = rec.get("text", rec.get("contents"))
+    if not isinstance(text, str):
+        raise QragError(f"{where}: record {doc_id!r} has no string field 'text'")
+    title = rec.get("title") or ""
+    out = {"doc_id": str(doc_id), "title": str(title), "text": text}
+    if questions_column:
+        qs = rec.get(questions_column)
+        if qs is None:
+            qs = []
+        if isinstance(qs, str):
+            qs = [q for q in qs.split("\n") if q.strip()]
+        if isinstance(qs, np.ndarray):
+            qs = qs.tolist()
+        if not isinstance(qs, list) or not all(isinstance(q, str) for q in qs):
+            raise QragError(f"{where}: record {doc_id!r}: '{questions_column}' must be a list of strings")
+        out["questions"] = qs
+    return out
+
+
+def parse_jsonl_line(line: str, where: str, questions_column: str | None) -> dict | None:
+    if not line.strip():
+        return None
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise QragError(f"{where}: malformed JSON line ({e.msg}): {line[:80]!r}") from None
+    return normalize_record(rec, where, questions_column)
+
+
+def parse_msmarco_line(line: str, where: str) -> dict | None:
+    if not line.strip():
+        return None
+    pid, sep, text = line.partition("\t")
+    if not sep or not pid.strip():
+        raise QragError(f"{where}: expected 'pid<TAB>passage', got {line[:80]!r}")
+    return {"doc_id": pid.strip(), "title": "", "text": text.strip()}
+
+
+def resolve_files(path: str, fmt: str) -> list[str]:
+    """Input files for a path (file, folder or glob); a clear error when there are none."""
+    if _is_remote(path):
+        return [path]
+    suffixes = {"jsonl": (".jsonl", ".json", ".jsonl.gz"), "parquet": (".parquet",),
+                "msmarco": (".tsv",), "html": (".html", ".htm"), "beir": ("corpus.jsonl",)}[fmt]
+    p = Path(path)
+    if fmt == "beir":
+        corpus = p / "corpus.jsonl" if p.is_dir() else p
+        if not corpus.is_file():
+            raise QragError(f"BEIR folder {path} has no corpus.jsonl")
+        return [str(corpus)]
+    if any(ch in path for ch in "*?["):
+        files = sorted(glob.glob(path, recursive=True))
+    elif p.is_dir():
+        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.name.endswith(suffixes))
+    elif p.is_file():
+        files = [str(p)]
+    else:
+        raise QragError(f"input not found: {path}")
+    if not files:
+        raise QragError(f"no {fmt} files ({', '.join(suffixes)}) under {path}")
+    return files
+
+
+def read_corpus(path: str, fmt: str, questions_column: str | None = None):
+    """A Ray Dataset of normalized documents. Lazy: errors in records surface when it executes."""
+    import ray.data
+
+    if fmt not in INPUT_FORMATS:
+        raise QragError(f"unknown input format '{fmt}' (known: {', '.join(INPUT_FORMATS)})")
+    files = resolve_files(path, fmt)
+
+    if fmt in ("jsonl", "beir", "msmarco"):
+        ds = ray.data.read_text(files, include_paths=True)
+
+        def parse(batch: dict) -> dict:
+            rows = []
+            for line, src in zip(batch["text"], batch["path"]):
+                where = os.path.basename(src)
+                rec = (parse_msmarco_line(line, where) if fmt == "msmarco"
+                       else parse_jsonl_line(line, where, questions_column))
+                if rec is not None:
+                    rows.append(rec)
+            return _columns(rows, questions_column)
+
+        return ds.map_batches(parse, batch_format="numpy", batch_size=4096)
+
+    if fmt == "parquet":
+        ds = ray.data.read_parquet(files)
+
+        def norm(batch: dict) -> dict:
+            n = len(next(iter(batch.values()))) if batch else 0
+            rows = [normalize_record({k: _py(v[i]) for k, v in batch.items()}, "parquet", questions_column)
+                    for i in range(n)]
+            return _columns(rows, questions_column)
+
+        return ds.map_batches(norm, batch_format="numpy", batch_size=4096)
+
+    # html
+    ds = ray.data.read_binary_files(files, include_paths=True)
+    root = path if Path(path).is_dir() else str(Path(path).parent)
+
+    def extract(batch: dict) -> dict:
+        from qrag_ray.io.html_text import html_to_text
+
+        rows = []
+        for data, src in zip(batch["bytes"], batch["path"]):
+            title, text = html_to_text(bytes(data))
+            rel = os.path.relpath(src, root) if not _is_remote(src) else src
+            rows.append({"doc_id": rel, "title": title or Path(src).stem, "text": text})
+        return _columns(rows, None)
+
+    return ds.map_batches(extract, batch_format="numpy", batch_size=64)
+
+
+def _py(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _columns(rows: list[dict], questions_column: str | None) -> dict:
+    cols = {"doc_id": [r["doc_id"] for r in rows], "title": [r["title"] for r in rows],
+            "text": [r["text"] for r in rows]}
+    out = {k: np.array(v, dtype=object) for k, v in cols.items()}
+    if questions_column:
+        arr = np.empty(len(rows), dtype=object)
+        for i, r in enumerate(rows):
+            arr[i] = list(r.get("questions", []))
+        out["questions"] = arr
+    return out

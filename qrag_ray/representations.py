@@ -1,0 +1,50 @@
+"""Chunk + its questions/atoms -> the rows to embed (pure).
+
+Every chunk always gets a `chunk` row: stored when the representation includes chunks, otherwise kept
+as an auxiliary vector (store=False) that the shard writer uses for question-chunk filters and as the
+fallback that keeps a chunk reachable when all its questions were filtered out. `qn` links a quote
+vector to its question so filters decided on the question apply to both.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NORM = re.compile(r"[^a-z0-9]+")
+
+
+def norm_question(q: str) -> str:
+    return _NORM.sub(" ", q.lower()).strip()
+
+
+def dedup_questions(questions) -> list[str]:
+    seen, out = set(), []
+    for q in questions:
+        q = (q or "").strip()
+        k = norm_question(q)
+        if k and k not in seen:
+            seen.add(k)
+            out.append(q)
+    return out
+
+
+def vector_rows(chunk: dict, kinds: list[str], questions: list[str], sentences: list[str] | None = None,
+                aux_questions: bool = False) -> list[dict]:
+    base = {"chunk_idx": int(chunk["chunk_idx"]), "shard": int(chunk["shard"])}
+    text = chunk["text"]
+    rows = [base | {"kind": "chunk", "text": text, "embed_text": text, "qn": -1, "store": "chunk" in kinds}]
+    if "sentence" in kinds:
+        rows += [base | {"kind": "sentence", "text": s, "embed_text": s, "qn": -1, "store": True}
+                 for s in (sentences or [])]
+    qs = dedup_questions(questions)
+    if "question" in kinds or aux_questions:
+        stored = "question" in kinds
+        rows += [base | {"kind": "question", "text": q, "embed_text": q, "qn": i, "store": stored}
+                 for i, q in enumerate(qs)]
+    if "quote" in kinds:
+        rows += [base | {"kind": "quote", "text": q, "embed_text": f"{q}\n{text}", "qn": i, "store": True}
+                 for i, q in enumerate(qs)]
+    if "onedoc" in kinds and qs:
+        rows.append(base | {"kind": "onedoc", "text": f"{text[:80]}… + {len(qs)} questions",
+                            "embed_text": text + "\n" + "\n".join(qs), "qn": -1, "store": True})
+    return rows

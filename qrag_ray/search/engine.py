@@ -1,0 +1,141 @@
+"""In-process search over all shards: embed, fan out, merge, dedup, widen until the top k is right.
+
+`qrag search` and `qrag eval` use this directly; the Serve app runs the same pieces (ShardSearcher,
+gather/dedup/needs_more, chunk lookup) split across deployments, so results are identical.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from qrag_ray.errors import QragError
+from qrag_ray.index.format import CHUNKS, Manifest, load_manifest, verify_files
+from qrag_ray.index.searcher import ShardHits, ShardSearcher
+from qrag_ray.search.merge import ChunkResult, dedup, gather, needs_more
+
+MAX_K = 1000
+
+
+def initial_multiplier(manifest: Manifest) -> int:
+    """Vectors to ask per wanted chunk: about twice the mean vectors per chunk."""
+    counts = manifest.data.get("counts", {})
+    vpc = counts.get("vectors", 1) / max(1, counts.get("chunks", 1))
+    return max(2, math.ceil(2 * vpc))
+
+
+class ChunkTable:
+    """chunk_idx -> (chunk_id, doc_id, title, text), loaded once from chunks.parquet."""
+
+    def __init__(self, manifest: Manifest, verify: bool = True):
+        if verify:
+            verify_files(manifest, [CHUNKS])
+        t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", "chunk_id", "doc_id", "title", "text"])
+        self.idx = t.column("chunk_idx").to_numpy()
+        order = np.argsort(self.idx)
+        self.idx = self.idx[order]
+        self.cols = {c: [t.column(c)[int(i)].as_py() for i in order] for c in ("chunk_id", "doc_id", "title", "text")}
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def get(self, chunk_idx: int) -> dict:
+        pos = int(np.searchsorted(self.idx, chunk_idx))
+        if pos >= len(self.idx) or self.idx[pos] != chunk_idx:
+            raise KeyError(chunk_idx)
+        return {c: self.cols[c][pos] for c in self.cols}
+
+
+def validate_k(k: int) -> int:
+    if not isinstance(k, int) or k < 1 or k > MAX_K:
+        raise QragError(f"k must be between 1 and {MAX_K}, got {k}")
+    return k
+
+
+def format_results(results: list[ChunkResult], chunks: ChunkTable, matched_of) -> list[dict]:
+    """Result dicts (docs/ARCHITECTURE.md); matched_of(shard, row) -> (kind, text)."""
+    out = []
+    for r in results:
+        meta = chunks.get(r.chunk_idx)
+        matched = []
+        for shard, row, score in r.matches:
+            kind, text = matched_of(shard, row)
+            matched.append({"kind": kind, "text": text, "score": round(float(score), 6)})
+        out.append({"chunk_id": meta["chunk_id"], "doc_id": meta["doc_id"], "title": meta["title"],
+                    "score": round(float(r.score), 6), "text": meta["text"], "matched": matched})
+    return out
+
+
+@dataclass
+class SearchTimings:
+    embed_ms: float = 0.0
+    search_ms: float = 0.0
+    merge_ms: float = 0.0
+    rounds: int = 0
+
+
+class SearchEngine:
+    def __init__(self, index_dir: str | Path, verify: bool = True, embedder=None, threads: int | None = None):
+        self.manifest = load_manifest(index_dir)
+        self.shards = [ShardSearcher(index_dir, i, self.manifest, verify=verify, threads=threads)
+                       for i in range(self.manifest.num_shards)]
+        self.chunks = ChunkTable(self.manifest, verify=verify)
+        self._embedder = embedder
+        self.multiplier = initial_multiplier(self.manifest)
+        self.last_timings = SearchTimings()
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from qrag_ray.embedding import load_sentence_transformer
+
+            self._embedder = load_sentence_transformer(self.manifest.embedder_model)
+        return self._embedder
+
+    def embed(self, queries: list[str]) -> np.ndarray:
+        from qrag_ray.embedding import encode
+
+        return encode(self.embedder, queries)
+
+    def search_vectors(self, qvecs: np.ndarray, k: int, min_score: float | None = None) -> list[list[ChunkResult]]:
+        validate_k(k)
+        t = self.last_timings
+        out: list[list[ChunkResult] | None] = [None] * len(qvecs)
+        todo = np.arange(len(qvecs))
+        m = self.multiplier
+        total = sum(s.ntotal for s in self.shards)
+        while len(todo):
+            t.rounds += 1
+            t0 = time.perf_counter()
+            hits: list[ShardHits] = [s.search(qvecs[todo], k * m) for s in self.shards]
+            t1 = time.perf_counter()
+            again = []
+            for j, qi in enumerate(todo):
+                c = gather(hits, j)
+                res = dedup(c, k, min_score=min_score)
+                if needs_more(c, res, k, min_score) and k * m < total:
+                    again.append(qi)
+                else:
+                    out[qi] = res
+            t.search_ms += (t1 - t0) * 1000
+            t.merge_ms += (time.perf_counter() - t1) * 1000
+            todo = np.asarray(again, dtype=np.int64)
+            m *= 4
+        return out  # type: ignore[return-value]
+
+    def search(self, queries: list[str], k: int = 10, min_score: float | None = None) -> list[list[dict]]:
+        for q in queries:
+            if not isinstance(q, str) or not q.strip():
+                raise QragError("query must be a non-empty string")
+        self.last_timings = SearchTimings()
+        t0 = time.perf_counter()
+        qvecs = self.embed(queries)
+        self.last_timings.embed_ms = (time.perf_counter() - t0) * 1000
+        results = self.search_vectors(qvecs, k, min_score)
+        matched_of = lambda shard, row: self.shards[shard].matched(row)  # noqa: E731
+        return [format_results(r, self.chunks, matched_of) for r in results]

@@ -1,0 +1,77 @@
+"""Chunkers: documents -> chunks (pure functions).
+
+The token window counts whitespace-delimited tokens and cuts at character offsets, so chunks keep the
+document's own spacing and a chunk's text is always a substring of the document (useful when a user
+checks a citation). HyPE used 500/50 windows; paragraph and sentence chunking follow natural units.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+from qrag_ray.config import ChunkerConfig
+from qrag_ray.text.sentences import split_sentences
+
+_TOKEN = re.compile(r"\S+")
+_PARA = re.compile(r"\n\s*\n")
+
+
+def token_windows(text: str, size: int, overlap: int) -> list[str]:
+    spans = [m.span() for m in _TOKEN.finditer(text)]
+    if not spans:
+        return []
+    if overlap >= size:
+        raise ValueError("overlap must be smaller than size")
+    step = size - overlap
+    out = []
+    for start in range(0, len(spans), step):
+        window = spans[start:start + size]
+        out.append(text[window[0][0]:window[-1][1]])
+        if start + size >= len(spans):
+            break
+    return out
+
+
+def paragraphs(text: str, max_tokens: int | None = None, overlap: int = 0) -> list[str]:
+    """Blank-line separated paragraphs; a paragraph longer than max_tokens is windowed."""
+    out = []
+    for p in _PARA.split(text or ""):
+        p = p.strip()
+        if not p:
+            continue
+        if max_tokens and len(_TOKEN.findall(p)) > max_tokens:
+            out.extend(token_windows(p, max_tokens, min(overlap, max_tokens - 1)))
+        else:
+            out.append(p)
+    return out
+
+
+def sentence_groups(text: str, max_sentences: int) -> list[str]:
+    """Consecutive groups of up to max_sentences sentences."""
+    sents = split_sentences(text)
+    return [" ".join(sents[i:i + max_sentences]) for i in range(0, len(sents), max_sentences)]
+
+
+def chunk_text(text: str, cfg: ChunkerConfig) -> list[str]:
+    if cfg.method == "none":
+        t = (text or "").strip()
+        return [t] if t else []
+    if cfg.method == "token":
+        return token_windows(text or "", cfg.size, cfg.overlap)
+    if cfg.method == "paragraph":
+        return paragraphs(text, max_tokens=cfg.size, overlap=cfg.overlap)
+    if cfg.method == "sentence":
+        return sentence_groups(text, cfg.size)
+    raise ValueError(f"unknown chunker {cfg.method}")
+
+
+def chunk_document(doc: dict, cfg: ChunkerConfig) -> Iterator[dict]:
+    """Chunk rows for one normalized document; chunk_id = '{doc_id}#{n}'."""
+    for n, piece in enumerate(chunk_text(doc["text"], cfg)):
+        yield {
+            "chunk_id": f"{doc['doc_id']}#{n}",
+            "doc_id": doc["doc_id"],
+            "title": doc.get("title") or "",
+            "text": piece,
+        }
