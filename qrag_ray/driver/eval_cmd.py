@@ -1,0 +1,85 @@
+"""`qrag eval` and `qrag matrix`: thin CLI over qrag_ray.evaluation."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from qrag_ray.errors import QragError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_cmd(
+        dataset: str = typer.Option(..., "--dataset", help="squad|beir|jsonl"),
+        data: str = typer.Option(..., "--data", help="SQuAD JSON file, BEIR folder, or folder with corpus.jsonl/queries.jsonl/qrels.tsv"),
+        representations: str = typer.Option("chunk,atom-sentence", "--representations", help="comma-separated"),
+        subset: Optional[int] = typer.Option(None, "--subset", help="first N contexts/documents with their queries"),
+        k: str = typer.Option("1,2,5,10,20", "--k", help="cut-offs for recall@k / title accuracy"),
+        output: str = typer.Option("runs/eval", "--output", "-o"),
+        config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML index config applied to every variant"),
+        generator: Optional[str] = typer.Option(None, "--generator", help="vllm|openai|precomputed|none"),
+        questions: Optional[int] = typer.Option(None, "--questions"),
+        prompt: Optional[str] = typer.Option(None, "--prompt"),
+        embedder: Optional[str] = typer.Option(None, "--embedder"),
+        shards: Optional[int] = typer.Option(None, "--shards"),
+        factory: Optional[str] = typer.Option(None, "--factory"),
+        prune_taus: Optional[str] = typer.Option(None, "--prune-taus", help="τ sweep, e.g. 0.95,0.9,0.85"),
+        questions_sweep: Optional[str] = typer.Option(None, "--questions-sweep", help="e.g. 1,5,10,auto"),
+        hyde: bool = typer.Option(False, "--hyde", help="add the HyDE query-time baseline (needs an LLM)"),
+        strict: bool = typer.Option(False, "--strict", help="fail when a generated question equals a query"),
+        split: str = typer.Option("test", "--split", help="BEIR qrels split"),
+    ):
+        """Compare representations side by side on labelled data."""
+        from qrag_ray.config import _deep_update
+        from qrag_ray.evaluation.driver import config_overrides_from_file, parse_list, plan_variants, run_eval
+
+        console = Console(stderr=True)
+        try:
+            ks = parse_list(k, int)
+            taus = parse_list(prune_taus, float)
+        except ValueError:
+            raise QragError("--k and --prune-taus take comma-separated numbers") from None
+        if subset is not None and subset < 1:
+            raise QragError("--subset must be at least 1")
+        base = config_overrides_from_file(config)
+        flags: dict = {}
+        for key, val in (("generator.backend", generator), ("generator.questions", questions),
+                         ("generator.prompt", prompt), ("embedder.model", embedder), ("shards", shards),
+                         ("index.factory", factory)):
+            if val is not None:
+                cur = flags
+                parts = key.split(".")
+                for p_ in parts[:-1]:
+                    cur = cur.setdefault(p_, {})
+                cur[parts[-1]] = val
+        base = _deep_update(base, flags)
+        variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
+        res = run_eval(dataset, data, variants, output, subset=subset, ks=ks, base_overrides=base,
+                       strict=strict, console=console, split=split)
+        print(open(res["paths"]["md"]).read())
+        console.print(f"wrote {', '.join(res['paths'].values())}")
+        if res["leaks"]:
+            console.print(f"[yellow]warning:[/] generated questions equal evaluation queries: {res['leaks']}")
+
+    @app.command("matrix")
+    def matrix_cmd(
+        path: str = typer.Option("eval/matrix.yaml", "--matrix", help="regression matrix YAML"),
+        ids: Optional[str] = typer.Option(None, "--ids", help="comma-separated condition ids"),
+        tags: Optional[str] = typer.Option(None, "--tags", help="comma-separated tags, e.g. ci"),
+        json_out: Optional[str] = typer.Option(None, "--json", help="write measured figures here"),
+    ):
+        """Re-run the regression matrix; exit 1 on a regression beyond tolerance."""
+        from qrag_ray.evaluation.driver import parse_list
+        from qrag_ray.evaluation.matrix import run_matrix
+
+        res = run_matrix(path, ids=parse_list(ids) or None, tags=parse_list(tags) or None)
+        print(res.comparison.summary())
+        if json_out:
+            with open(json_out, "w") as f:
+                json.dump(res.measured, f, indent=2, default=str)
+        if not res.passed:
+            raise typer.Exit(1)

