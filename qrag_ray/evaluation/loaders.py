@@ -65,8 +65,10 @@ class EvalSet:
         p.parent.mkdir(parents=True, exist_ok=True)
         with p.open("w", encoding="utf-8") as f:
             for d in self.corpus:
-                f.write(json.dumps({"doc_id": d["doc_id"], "title": d.get("title") or "", "text": d["text"]},
-                                   ensure_ascii=False) + "\n")
+                row = {"doc_id": d["doc_id"], "title": d.get("title") or "", "text": d["text"]}
+                if "questions" in d:
+                    row["questions"] = d["questions"]
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
         return p
 
 
@@ -118,7 +120,10 @@ def _read_corpus_jsonl(p: Path, id_fields: tuple[str, ...]) -> list[dict]:
             raise QragError(f"{p}:{lineno}: duplicate document id {doc_id!r}")
         seen.add(doc_id)
         title = obj.get("title")
-        corpus.append({"doc_id": doc_id, "title": "" if title is None else str(title), "text": text})
+        row = {"doc_id": doc_id, "title": "" if title is None else str(title), "text": text}
+        if isinstance(obj.get("questions"), list):  # precomputed questions travel to `qrag index`
+            row["questions"] = [str(q) for q in obj["questions"]]
+        corpus.append(row)
     return corpus
 
 

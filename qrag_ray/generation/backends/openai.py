@@ -1,0 +1,334 @@
+"""OpenAI-compatible backend: any `/chat/completions` endpoint (OpenAI, vLLM's server, llama.cpp, TGI ...).
+
+`run(ds, cfg, model_path)` follows the backend contract in docs/ARCHITECTURE.md:
+in rows `{"key", "messages"}`, out rows `{"key", "raw", "prompt_tokens", "output_tokens"}`. It is a Ray
+Data `map_batches` stage over an actor pool (`cfg.concurrency` actors); each actor sends the requests of
+a batch through a thread pool of `cfg.max_parallel_requests` workers sharing one `httpx.Client`, so at
+most `concurrency * max_parallel_requests` requests are in flight.
+
+The HTTP client (`OpenAIChatClient`) is shared with the online `ChatModel` (generation/chat.py):
+
+- `POST {cfg.base_url}/chat/completions` with `model=cfg.model`, the messages and the sampling settings
+  (`temperature`, `top_p`, `max_tokens`, `seed`, `n`); `cfg.engine_kwargs` is merged into the request
+  body for this backend (e.g. `{"repetition_penalty": 1.1}` for a vLLM server; the OpenAI API rejects
+  non-standard fields, so nothing non-standard is sent unless asked for).
+- the API key is read from the env var named by `cfg.api_key_env` (default OPENAI_API_KEY); when it is
+  unset no Authorization header is sent (local servers need none).
+- 429, 5xx, timeouts and dropped connections are retried with exponential backoff and jitter
+  (`Retry-After` honoured, capped); 401/403, 404, other 4xx and an unreachable endpoint raise `QragError`
+  with one clear line. `run` checks the endpoint once on the driver first (`GET /models`), so a wrong
+  URL or key fails before any work is scheduled.
+- `sampling.n > 1`: the request asks for n choices and their texts are joined with "\\n" into `raw`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from qrag_ray.config import GeneratorConfig
+from qrag_ray.errors import QragError
+
+logger = logging.getLogger(__name__)
+
+MAX_RETRIES = 6
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 30.0
+RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+PREFLIGHT_TIMEOUT_S = 10.0
+
+
+def _api_key(cfg: GeneratorConfig) -> str | None:
+    return os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+
+
+def _headers(cfg: GeneratorConfig) -> dict[str, str]:
+    h = {"Content-Type": "application/json"}
+    key = _api_key(cfg)
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    return h
+
+
+def _base_url(cfg: GeneratorConfig) -> str:
+    if not cfg.base_url:
+        raise QragError("generator.backend=openai needs generator.base_url (e.g. http://localhost:8000/v1)")
+    return cfg.base_url.rstrip("/")
+
+
+def _short(text: str, n: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[:n] + "…"
+
+
+def _error_message(resp) -> str:
+    try:
+        data = resp.json()
+        err = data.get("error") if isinstance(data, dict) else None
+        if isinstance(err, dict):
+            return _short(err.get("message") or err)
+        if err:
+            return _short(err)
+        if isinstance(data, dict) and data.get("detail"):
+            return _short(data["detail"])
+    except Exception:  # noqa: BLE001 - body is not JSON
+        pass
+    return _short(resp.text or resp.reason_phrase or "")
+
+
+def _retry_after(resp) -> float | None:
+    v = resp.headers.get("retry-after") if resp is not None else None
+    if not v:
+        return None
+    try:
+        return max(0.0, float(v))
+    except ValueError:
+        return None
+
+
+class OpenAIChatClient:
+    """`/chat/completions` with retries; sync (`chat`) and async (`achat`) entry points.
+
+    `chat`/`achat` return `{"texts": [str, ...], "prompt_tokens": int, "output_tokens": int,
+    "finish_reasons": [...]}`. Errors a user can fix raise `QragError`.
+    """
+
+    def __init__(self, cfg: GeneratorConfig, *, max_retries: int = MAX_RETRIES,
+                 backoff_base_s: float = BACKOFF_BASE_S, backoff_max_s: float = BACKOFF_MAX_S):
+        self.cfg = cfg
+        self.base_url = _base_url(cfg)
+        self.url = self.base_url + "/chat/completions"
+        self.max_retries = int(max_retries)
+        self.backoff_base_s = float(backoff_base_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self._client = None
+        self._aclients: dict[int, Any] = {}  # one AsyncClient per event loop
+
+    # ---- request body / response ------------------------------------------------------------------
+    def body(self, messages: list[dict], *, max_tokens: int | None = None, temperature: float | None = None,
+             n: int | None = None, seed_offset: int = 0) -> dict[str, Any]:
+        s = self.cfg.sampling
+        body: dict[str, Any] = {
+            "model": self.cfg.model,
+            "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
+            "max_tokens": int(max_tokens if max_tokens is not None else s.max_tokens),
+            "temperature": float(temperature if temperature is not None else s.temperature),
+            "top_p": float(s.top_p),
+            "seed": int(s.seed) + int(seed_offset),
+        }
+        n = int(n if n is not None else s.n)
+        if n > 1:
+            body["n"] = n
+        body.update(self.cfg.engine_kwargs or {})
+        return body
+
+    @staticmethod
+    def parse_response(data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise QragError(f"the OpenAI-compatible endpoint returned an unexpected body: {_short(data)}")
+        texts, reasons = [], []
+        for ch in sorted(data["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0):
+            msg = ch.get("message") or {}
+            content = msg.get("content")
+            if content is None:  # legacy completions shape
+                content = ch.get("text")
+            texts.append(str(content or ""))
+            reasons.append(ch.get("finish_reason"))
+        usage = data.get("usage") or {}
+        return {"texts": texts, "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+                "output_tokens": int(usage.get("completion_tokens") or 0), "finish_reasons": reasons}
+
+    # ---- status handling -------------------------------------------------------------------------
+    def _fail(self, resp) -> QragError:
+        code = resp.status_code
+        msg = _error_message(resp)
+        if code in (401, 403):
+            key_state = "is set" if _api_key(self.cfg) else "is NOT set"
+            return QragError(
+                f"the endpoint {self.base_url} rejected the request with HTTP {code} ({msg}): check the API key "
+                f"in ${self.cfg.api_key_env} (it {key_state})")
+        if code == 404:
+            return QragError(f"HTTP 404 from {self.url} ({msg}): check generator.base_url (it usually ends in /v1) "
+                             f"and generator.model ('{self.cfg.model}')")
+        return QragError(f"the endpoint {self.url} refused the request with HTTP {code}: {msg}")
+
+    def _delay(self, attempt: int, resp=None) -> float:
+        ra = _retry_after(resp)
+        if ra is not None:
+            return min(ra, self.backoff_max_s)
+        d = min(self.backoff_max_s, self.backoff_base_s * (2 ** attempt))
+        return d * (0.5 + random.random() / 2)
+
+    def _give_up(self, what: str) -> QragError:
+        return QragError(f"the endpoint {self.url} kept failing after {self.max_retries + 1} attempts ({what})")
+
+    @staticmethod
+    def _unreachable(base: str, e: Exception) -> QragError:
+        return QragError(f"cannot connect to the OpenAI-compatible endpoint {base}: {type(e).__name__}: {_short(e)}"
+                         " (is the server running and generator.base_url right?)")
+
+    # ---- sync ----------------------------------------------------------------------------------------
+    @property
+    def client(self):
+        if self._client is None:
+            import httpx
+
+            limits = httpx.Limits(max_connections=max(4, self.cfg.max_parallel_requests * 2))
+            self._client = httpx.Client(timeout=self.cfg.request_timeout_s, limits=limits, headers=_headers(self.cfg))
+        return self._client
+
+    def chat(self, messages: list[dict], **kw) -> dict[str, Any]:
+        import httpx
+
+        body = self.body(messages, **kw)
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            resp = None
+            try:
+                resp = self.client.post(self.url, json=body)
+            except httpx.ConnectError as e:
+                if attempt >= min(2, self.max_retries):  # refused / DNS: retry briefly, then say so
+                    raise self._unreachable(self.base_url, e) from None
+                last = f"{type(e).__name__}: {_short(e)}"
+            except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                last = f"{type(e).__name__}: {_short(e)}"
+            else:
+                if resp.status_code < 300:
+                    return self.parse_response(resp.json())
+                if resp.status_code not in RETRY_STATUS:
+                    raise self._fail(resp)
+                last = f"HTTP {resp.status_code}: {_error_message(resp)}"
+            if attempt < self.max_retries:
+                d = self._delay(attempt, resp)
+                logger.info("openai backend: %s; retry %d/%d in %.1fs", last, attempt + 1, self.max_retries, d)
+                time.sleep(d)
+        raise self._give_up(last)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ---- async ---------------------------------------------------------------------------------------
+    def _aclient(self):
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        c = self._aclients.get(id(loop))
+        if c is None or c.is_closed:
+            limits = httpx.Limits(max_connections=max(4, self.cfg.max_parallel_requests * 2))
+            c = httpx.AsyncClient(timeout=self.cfg.request_timeout_s, limits=limits, headers=_headers(self.cfg))
+            self._aclients[id(loop)] = c
+        return c
+
+    async def achat(self, messages: list[dict], **kw) -> dict[str, Any]:
+        import httpx
+
+        body = self.body(messages, **kw)
+        client = self._aclient()
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            resp = None
+            try:
+                resp = await client.post(self.url, json=body)
+            except httpx.ConnectError as e:
+                if attempt >= min(2, self.max_retries):
+                    raise self._unreachable(self.base_url, e) from None
+                last = f"{type(e).__name__}: {_short(e)}"
+            except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                last = f"{type(e).__name__}: {_short(e)}"
+            else:
+                if resp.status_code < 300:
+                    return self.parse_response(resp.json())
+                if resp.status_code not in RETRY_STATUS:
+                    raise self._fail(resp)
+                last = f"HTTP {resp.status_code}: {_error_message(resp)}"
+            if attempt < self.max_retries:
+                await asyncio.sleep(self._delay(attempt, resp))
+        raise self._give_up(last)
+
+    async def aclose(self) -> None:
+        for c in list(self._aclients.values()):
+            await c.aclose()
+        self._aclients.clear()
+
+
+def preflight(cfg: GeneratorConfig, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+    """Fail fast on the driver: the endpoint must answer and accept the key (`GET {base_url}/models`).
+
+    A server without `/models` (404/405) passes; only connection errors and 401/403 raise.
+    """
+    import httpx
+
+    base = _base_url(cfg)
+    try:
+        resp = httpx.get(base + "/models", headers=_headers(cfg), timeout=timeout_s)
+    except httpx.TimeoutException:
+        logger.warning("openai backend: %s/models did not answer within %.0fs; going on", base, timeout_s)
+        return
+    except httpx.HTTPError as e:
+        raise OpenAIChatClient._unreachable(base, e) from None
+    if resp.status_code in (401, 403):
+        raise OpenAIChatClient(cfg)._fail(resp)
+
+
+# ------------------------------------------------------------------------------------ Ray Data stage
+class _OpenAIStage:
+    """Actor: sends the requests of a batch concurrently (thread pool), returns contract columns."""
+
+    def __init__(self, cfg_json: str):
+        self.cfg = GeneratorConfig.model_validate_json(cfg_json)
+        self.client = OpenAIChatClient(self.cfg)
+        self.pool = ThreadPoolExecutor(max_workers=self.cfg.max_parallel_requests)
+
+    def _one(self, messages) -> tuple[str, int, int]:
+        if hasattr(messages, "tolist"):
+            messages = messages.tolist()
+        r = self.client.chat(list(messages))
+        return "\n".join(r["texts"]), r["prompt_tokens"], r["output_tokens"]
+
+    def __call__(self, batch: dict) -> dict:
+        import numpy as np
+
+        results = list(self.pool.map(self._one, list(batch["messages"])))
+        return {
+            "key": np.asarray([str(k) for k in batch["key"]], dtype=object),
+            "raw": np.asarray([r[0] for r in results], dtype=object),
+            "prompt_tokens": np.asarray([r[1] for r in results], dtype=np.int64),
+            "output_tokens": np.asarray([r[2] for r in results], dtype=np.int64),
+        }
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.pool.shutdown(wait=False)
+            self.client.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run(ds, cfg: GeneratorConfig, model_path: str | None = None, *, check: bool = True):
+    """Generate raw outputs for every request row of `ds` through the endpoint (lazy Ray Dataset out).
+
+    `model_path` is ignored (the endpoint serves `cfg.model`). `check=False` skips the driver preflight.
+    """
+    import ray.data
+
+    if check:
+        preflight(cfg)
+    batch = max(1, min(cfg.batch_size, 4 * cfg.max_parallel_requests))
+    return ds.select_columns(["key", "messages"]).map_batches(
+        _OpenAIStage,
+        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()},
+        batch_size=batch,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=cfg.concurrency),
+        num_cpus=0.25,
+    )
+
+
+__all__ = ["OpenAIChatClient", "preflight", "run"]

@@ -1,0 +1,83 @@
+"""`qrag eval` end to end on a small labelled set the test writes: real Ray, FAISS and MiniLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qrag_ray.cli import main
+from qrag_ray.driver.demo_cmd import unwrap
+
+TOPICS = ("assert", "class", "for", "try", "while", "import", "lambda", "global")
+QUERIES = {
+    "q-for": ("How does a for loop iterate over the items of a sequence?", "for"),
+    "q-assert": ("How do I insert debugging assertions into a program?", "assert"),
+    "q-import": ("How does Python find and load a module?", "import"),
+    "q-lambda": ("How do I create an anonymous function?", "lambda"),
+}
+
+
+@pytest.fixture(scope="module")
+def eval_folder(tmp_path_factory) -> Path:
+    from pydoc_data.topics import topics
+
+    root = tmp_path_factory.mktemp("evalset")
+    with (root / "corpus.jsonl").open("w") as f:
+        for t in TOPICS:
+            # precomputed questions: one of them is verbatim a test query (leakage)
+            qs = [QUERIES["q-for"][0]] if t == "for" else [f"What is the {t} statement?"]
+            f.write(json.dumps({"id": t, "title": t, "text": unwrap(topics[t])[:1500], "questions": qs}) + "\n")
+    with (root / "queries.jsonl").open("w") as f:
+        for qid, (text, _) in QUERIES.items():
+            f.write(json.dumps({"id": qid, "text": text}) + "\n")
+    (root / "qrels.tsv").write_text("".join(f"{qid}\t{doc}\t1\n" for qid, (_, doc) in QUERIES.items()))
+    return root
+
+
+def test_eval_side_by_side_writes_report_and_reuses_indexes(eval_folder, tmp_path):
+    out = tmp_path / "run"
+    args = ["eval", "--dataset", "jsonl", "--data", str(eval_folder), "--representations", "chunk,atom-sentence",
+            "--k", "1,5", "--output", str(out)]
+    assert main(args) == 0
+    res = json.loads((out / "results.json").read_text())
+    results = res["representations"]
+    assert set(results) == {"chunk", "atom-sentence"}
+    for label, r in results.items():
+        m = r["metrics"]
+        assert 0.0 <= m["R@1"] <= m["R@5"] <= 1.0, (label, m)
+        assert m["R@5"] >= 0.75, (label, m)  # 4 easy queries over 8 documents
+        assert r["vectors"] >= r["chunks"] >= len(TOPICS)
+    assert results["atom-sentence"]["vectors"] > results["chunk"]["vectors"]
+    assert (out / "results.md").read_text().count("`atom-sentence`") == 1
+    assert (out / "recall.png").stat().st_size > 1000
+    # a second run with the same settings reuses both indexes
+    assert main(args) == 0
+    again = json.loads((out / "results.json").read_text())
+    again = again["representations"]
+    assert all(r["index_reused"] for r in again.values())
+    assert again["chunk"]["metrics"] == results["chunk"]["metrics"]
+
+
+def test_leakage_is_reported_and_strict_fails(eval_folder, tmp_path, capsys):
+    out = tmp_path / "leak"
+    base = ["eval", "--dataset", "jsonl", "--data", str(eval_folder), "--representations", "hype",
+            "--generator", "precomputed", "--k", "1", "--output", str(out)]
+    assert main(base) == 0
+    res = json.loads((out / "results.json").read_text())
+    hype = (res["representations"])["hype"]
+    assert hype["leaked_queries"] == 1
+    assert hype["questions"] == len(TOPICS)
+    capsys.readouterr()
+    assert main(base + ["--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "leakage" in err and "Traceback" not in err
+
+
+def test_bad_eval_input_is_one_line(tmp_path, capsys):
+    assert main(["eval", "--dataset", "squad", "--data", str(tmp_path / "missing.json"), "--output",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert main(["eval", "--dataset", "nope", "--data", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
