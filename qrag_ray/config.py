@@ -18,7 +18,7 @@ from qrag_ray.errors import QragError
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
 
 # Vector kinds a representation may combine. Each row of a shard is one of these.
-VECTOR_KINDS = ("chunk", "question", "quote", "onedoc", "sentence")
+VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence")
 
 # Named representations (DESIGN §2) as presets over vector kinds + question granularity.
 # A custom representation joins kinds with '+', e.g. "sentence+quote".
@@ -32,7 +32,7 @@ REPRESENTATIONS: dict[str, dict[str, Any]] = {
     "hybrid": {"kinds": ["chunk", "question"], "granularity": "chunk"},
 }
 
-_QUESTION_KINDS = {"question", "quote", "onedoc"}
+_QUESTION_KINDS = {"question", "quote", "atomquote", "onedoc"}
 
 
 class _Strict(BaseModel):
@@ -108,6 +108,27 @@ class EmbedderConfig(_Strict):
     max_seq_length: int | None = None
 
 
+class SearchConfig(_Strict):
+    """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge).
+
+    Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically; changing it
+    needs no re-index (eval reuses the vectors)."""
+
+    fusion: Literal["max", "rrf", "sum"] = "max"
+    kind_weights: dict[str, float] = Field(default_factory=dict, description="score multiplier per vector kind")
+    rrf_k: int = Field(60, ge=1, description="RRF constant: 1/(rrf_k + rank) per kind list")
+
+    @field_validator("kind_weights")
+    @classmethod
+    def _known_kinds(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k in v if k not in VECTOR_KINDS]
+        if bad:
+            raise ValueError(f"unknown vector kind(s) {bad} in kind_weights (known: {', '.join(VECTOR_KINDS)})")
+        if any(w <= 0 for w in v.values()):
+            raise ValueError("kind_weights must be positive")
+        return v
+
+
 class IndexBuildConfig(_Strict):
     factory: str = "Flat"  # FAISS index factory string: Flat, HNSW32, IVF4096,PQ48 ...
     train_sample: int = Field(100_000, ge=1)
@@ -129,6 +150,7 @@ class IndexConfig(_Strict):
     filters: FilterConfig = FilterConfig()
     embedder: EmbedderConfig = EmbedderConfig()
     index: IndexBuildConfig = IndexBuildConfig()
+    search: SearchConfig = SearchConfig()
     cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
     overwrite: bool = False
     address: str | None = None  # Ray cluster address; None = local Ray in-process
@@ -187,6 +209,16 @@ def _deep_update(base: dict, upd: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+def load_yaml_any(path: str | Path):
+    p = Path(path)
+    if not p.is_file():
+        raise QragError(f"file not found: {p}")
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise QragError(f"{p} is not valid YAML: {e}") from None
 
 
 def load_yaml(path: str | Path) -> dict:

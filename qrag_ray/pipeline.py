@@ -113,7 +113,7 @@ def question_vector_rows(row: dict, kinds: list[str], aux_q: bool) -> list[dict]
 
     qs = parse_output(row.get("raw") or "", row.get("output") or "questions") if row.get("raw") else []
     qs = [q if isinstance(q, str) else q[0] for q in qs]
-    rows = vector_rows(row, kinds, qs, None, aux_questions=aux_q)
+    rows = vector_rows(row, kinds, qs, None, aux_questions=aux_q, atom=row.get("atom") or None)
     unit = int(row.get("unit", -1))
     out = []
     for r in rows:
@@ -272,7 +272,8 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
                 batch_format="numpy")
             rows = base.union(gen_rows) if gen_rows is not None else base
             rows = rows.materialize()
-            qk = "question" if ("question" in kinds or aux_q) else ("quote" if "quote" in kinds else None)
+            qk = "question" if ("question" in kinds or aux_q) else next(
+                (k for k in ("quote", "atomquote") if k in kinds), None)
             if qk:
                 report.questions = rows.filter(lambda r: r["kind"] == qk and r["qn"] >= 0).count()
             embedded = _embed(rows, cfg)
@@ -313,10 +314,10 @@ def _payload(r: dict) -> dict:
 def _request_columns(rows: list[dict]) -> dict:
     import json
 
-    cols = {"key": [], "messages": [], "output": [], "unit": [], "chunk_idx": [], "shard": [], "text": []}
+    cols = {"key": [], "messages": [], "output": [], "unit": [], "atom": [], "chunk_idx": [], "shard": [], "text": []}
     for r in rows:
         for k in cols:
-            cols[k].append(r[k])
+            cols[k].append(r.get(k, ""))
     out = {k: np.asarray(v, dtype=object) for k, v in cols.items()}
     # messages travel as a list of {role, content} dicts; numpy object column keeps them intact
     msgs = np.empty(len(rows), dtype=object)

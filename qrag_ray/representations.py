@@ -29,7 +29,10 @@ def dedup_questions(questions) -> list[str]:
 
 
 def vector_rows(chunk: dict, kinds: list[str], questions: list[str], sentences: list[str] | None = None,
-                aux_questions: bool = False) -> list[dict]:
+                aux_questions: bool = False, atom: str | None = None) -> list[dict]:
+    """`atom`: the statement the questions were generated from (atom granularity). An `atomquote` vector
+    embeds "question\natom": the question's wording plus only the fact it asks about, where `quote`
+    adds the whole chunk and drowns a single question in it."""
     base = {"chunk_idx": int(chunk["chunk_idx"]), "shard": int(chunk["shard"])}
     text = chunk["text"]
     rows = [base | {"kind": "chunk", "text": text, "embed_text": text, "qn": -1, "store": "chunk" in kinds}]
@@ -43,6 +46,10 @@ def vector_rows(chunk: dict, kinds: list[str], questions: list[str], sentences: 
                  for i, q in enumerate(qs)]
     if "quote" in kinds:
         rows += [base | {"kind": "quote", "text": q, "embed_text": f"{q}\n{text}", "qn": i, "store": True}
+                 for i, q in enumerate(qs)]
+    if "atomquote" in kinds:
+        ctx = atom or text
+        rows += [base | {"kind": "atomquote", "text": q, "embed_text": f"{q}\n{ctx}", "qn": i, "store": True}
                  for i, q in enumerate(qs)]
     if "onedoc" in kinds and qs:
         rows.append(base | {"kind": "onedoc", "text": f"{text[:80]}… + {len(qs)} questions",

@@ -32,6 +32,7 @@ def register(app: typer.Typer) -> None:
         hyde: bool = typer.Option(False, "--hyde", help="add the HyDE query-time baseline (needs an LLM)"),
         strict: bool = typer.Option(False, "--strict", help="fail when a generated question equals a query"),
         split: str = typer.Option("test", "--split", help="BEIR qrels split"),
+        variants_file: Optional[str] = typer.Option(None, "--variants", help="YAML list of named variants (label, representation, config overrides) added after --representations"),
     ):
         """Compare representations side by side on labelled data."""
         from qrag_ray.config import _deep_update
@@ -58,6 +59,13 @@ def register(app: typer.Typer) -> None:
                 cur[parts[-1]] = val
         base = _deep_update(base, flags)
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
+        if variants_file:
+            from qrag_ray.evaluation.driver import load_variants
+
+            variants += load_variants(variants_file)
+            labels = [v.label for v in variants]
+            if len(set(labels)) != len(labels):
+                raise QragError(f"duplicate evaluation variants: {labels}")
         res = run_eval(dataset, data, variants, output, subset=subset, ks=ks, base_overrides=base,
                        strict=strict, console=console, split=split)
         print(open(res["paths"]["md"]).read())

@@ -55,6 +55,41 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
     return out
 
 
+# Config fields that do not change the vectors: an index built under other values is reused as is
+# (`search` is applied at query time, so fusion variants share one index).
+_NOT_BUILD = {"overwrite", "address", "num_cpus", "cache_dir", "output", "search"}
+
+
+def _build_view(cfg: dict) -> dict:
+    out = {k: v for k, v in cfg.items() if k not in _NOT_BUILD}
+    gen = dict(out.get("generator") or {})
+    for k in ("batch_size", "concurrency", "engine_kwargs", "num_gpus", "max_parallel_requests",
+              "request_timeout_s"):  # throughput knobs; the cache key ignores them too
+        gen.pop(k, None)
+    out["generator"] = gen
+    return out
+
+
+def load_variants(path: str | Path) -> list[Variant]:
+    """Variants from YAML: a list of {label, representation, hyde?, <IndexConfig overrides>...}, so an
+    ablation (prompt, filters, fusion, kinds) is a file of named configurations, not code."""
+    from qrag_ray.config import load_yaml_any
+
+    data = load_yaml_any(path)
+    if isinstance(data, dict):
+        data = data.get("variants")
+    if not isinstance(data, list) or not data:
+        raise QragError(f"{path}: expected a list of variants (label, representation, overrides)")
+    out = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or not item.get("label") or not item.get("representation"):
+            raise QragError(f"{path}: variant #{i + 1} needs a label and a representation")
+        item = dict(item)
+        label, hyde = str(item.pop("label")), bool(item.pop("hyde", False))
+        out.append(Variant(label, item, hyde=hyde))
+    return out
+
+
 def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
     m = index_dir / "manifest.json"
     if not m.is_file():
@@ -63,9 +98,13 @@ def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
         old = json.loads(m.read_text()).get("config", {})
     except json.JSONDecodeError:
         return False
-    new = cfg.model_dump(mode="json")
-    ignore = {"overwrite", "address", "num_cpus", "cache_dir", "output"}
-    return {k: v for k, v in old.items() if k not in ignore} == {k: v for k, v in new.items() if k not in ignore}
+    return _build_view(old) == _build_view(cfg.model_dump(mode="json"))
+
+
+def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | None:
+    """An index under `indexes` built with the same build settings (the variant's own dir first)."""
+    cands = [preferred] + sorted(p for p in indexes.glob("*") if p.is_dir() and p != preferred)
+    return next((p for p in cands if _same_config(p, cfg)), None)
 
 
 def generated_texts(index_dir: Path) -> list[str]:
@@ -124,16 +163,20 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
             raise QragError(f"variant {v.label}: {format_validation_error(e)}") from None
         raise
     build = {}
-    if _same_config(idx_dir, cfg):
+    reuse = find_reusable(idx_dir.parent, idx_dir, cfg)
+    if reuse is not None:
         if console:
-            console.print(f"[dim]reusing index {idx_dir}[/]")
+            console.print(f"[dim]reusing index {reuse}[/]")
+        idx_dir = reuse
         man = json.loads((idx_dir / "manifest.json").read_text())
         build = {"stage_seconds": man.get("stage_seconds", {}), "reused": True}
     else:
         rep = build_index(cfg, console=console)
         build = {"stage_seconds": rep.stage_seconds, "reused": False}
         man = rep.manifest
-    engine = SearchEngine(idx_dir)
+    from qrag_ray.search.merge import FusionPolicy
+
+    engine = SearchEngine(idx_dir, policy=FusionPolicy.from_config(cfg.search))
     queries = [q["text"] for q in ev.queries]
     kmax = max(ks)
     t0 = time.perf_counter()
@@ -175,7 +218,9 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
         "index_bytes": sum(p.stat().st_size for p in idx_dir.rglob("*") if p.is_file()),
         "stage_seconds": stage, "query_ms": round(1000 * (time.perf_counter() - t0) / max(1, len(queries)), 3),
         "generation": man.get("generation", {}), "leaked_queries": len(leaked), "leaked_examples": leaked[:5],
-        "index_reused": build["reused"], "config": man.get("config", {}), **({"hyde": extra} if extra else {}),
+        "index_reused": build["reused"], "index_dir": str(idx_dir),
+        "config": man.get("config", {}) | {"search": cfg.search.model_dump(mode="json")},
+        **({"hyde": extra} if extra else {}),
     }
 
 

@@ -39,9 +39,10 @@ def question_requests(chunk: dict, atoms: list[str] | None, cfg: GeneratorConfig
     """Question requests for one chunk: one per chunk, or one per atom with the chunk as context.
     Each request carries `unit` (-1 for the chunk, else the atom's position) to regroup answers."""
     if granularity == "chunk":
-        reqs = [make_request(cfg, cfg.prompt, chunk["text"], cfg.questions) | {"unit": -1}]
+        reqs = [make_request(cfg, cfg.prompt, chunk["text"], cfg.questions) | {"unit": -1, "atom": ""}]
     else:
-        reqs = [make_request(cfg, cfg.atom_prompt, atom, cfg.questions_per_atom, context=chunk["text"]) | {"unit": i}
+        reqs = [make_request(cfg, cfg.atom_prompt, atom, cfg.questions_per_atom, context=chunk["text"])
+                | {"unit": i, "atom": atom}
                 for i, atom in enumerate(atoms or [])]
     return reqs
 

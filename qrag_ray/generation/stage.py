@@ -49,18 +49,23 @@ def _missing_keys(requests, cache: QuestionCache):
     """Distinct request keys not in the cache, with their messages."""
     import numpy as np
 
+    parts = _parts(requests)  # count blocks before projecting: only a MaterializedDataset knows them
     reqs = requests.select_columns(["key", "messages"])
     cached = cache.dataset()
     if cached is None:
         return reqs
     hits = cached.select_columns(["key"]).map_batches(
         lambda b: {"key": b["key"], "hit": np.ones(len(b["key"]), dtype=bool)}, batch_format="numpy")
-    joined = reqs.join(hits, join_type="left_outer", on=("key",), num_partitions=_parts(reqs))
+    joined = reqs.join(hits, join_type="left_outer", on=("key",), num_partitions=parts)
     return joined.filter(lambda r: not r["hit"]).select_columns(["key", "messages"])
 
 
 def _parts(ds) -> int:
-    return max(1, min(32, ds.num_blocks() if hasattr(ds, "num_blocks") else 4))
+    try:
+        n = ds.num_blocks()
+    except (AttributeError, NotImplementedError):
+        n = 4
+    return max(1, min(32, n))
 
 
 def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: str | None):

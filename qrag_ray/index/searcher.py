@@ -26,6 +26,7 @@ class ShardHits:
     rows: np.ndarray
     chunk_idx: np.ndarray
     exhausted: bool  # the shard holds no more vectors than were asked for
+    kinds: np.ndarray | None = None  # vector kind per hit (object array), for kind-aware fusion
 
 
 class ShardSearcher:
@@ -58,6 +59,7 @@ class ShardSearcher:
         meta = pq.read_table(self.manifest.file(info["meta"]))
         self.chunk_idx = meta.column("chunk_idx").to_numpy()
         self.kind = meta.column("kind").to_pylist()
+        self._kind_arr = np.asarray(self.kind + [""], dtype=object)  # index -1 -> ""
         self.text = meta.column("text").to_pylist()
         if len(self.chunk_idx) != index.ntotal:
             raise IndexFormatError(f"shard {shard}: {index.ntotal} vectors but {len(self.chunk_idx)} metadata rows")
@@ -71,10 +73,11 @@ class ShardSearcher:
         k_eff = max(1, min(k, self.ntotal)) if self.ntotal else 0
         if k_eff == 0:
             empty = np.full((len(qvecs), 0), -1, np.int64)
-            return ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True)
+            return ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True,
+                             np.zeros((len(qvecs), 0), dtype=object))
         scores, rows = self.index.search(qvecs, k_eff)
         cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
-        return ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal)
+        return ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal, kinds=self._kind_arr[rows])
 
     def matched(self, row: int) -> tuple[str, str]:
         return self.kind[row], self.text[row]

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import CHUNKS, Manifest, load_manifest, verify_files
 from qrag_ray.index.searcher import ShardHits, ShardSearcher
-from qrag_ray.search.merge import ChunkResult, dedup, gather, needs_more
+from qrag_ray.search.merge import ChunkResult, FusionPolicy, merge_hits
 
 MAX_K = 1000
 
@@ -80,13 +80,15 @@ class SearchTimings:
 
 
 class SearchEngine:
-    def __init__(self, index_dir: str | Path, verify: bool = True, embedder=None, threads: int | None = None):
+    def __init__(self, index_dir: str | Path, verify: bool = True, embedder=None, threads: int | None = None,
+                 policy: FusionPolicy | None = None):
         self.manifest = load_manifest(index_dir)
         self.shards = [ShardSearcher(index_dir, i, self.manifest, verify=verify, threads=threads)
                        for i in range(self.manifest.num_shards)]
         self.chunks = ChunkTable(self.manifest, verify=verify)
         self._embedder = embedder
         self.multiplier = initial_multiplier(self.manifest)
+        self.policy = policy or FusionPolicy.from_manifest(self.manifest)
         self.last_timings = SearchTimings()
 
     @property
@@ -116,9 +118,8 @@ class SearchEngine:
             t1 = time.perf_counter()
             again = []
             for j, qi in enumerate(todo):
-                c = gather(hits, j)
-                res = dedup(c, k, min_score=min_score)
-                if needs_more(c, res, k, min_score) and k * m < total:
+                res, more = merge_hits(hits, j, k, min_score, self.policy)
+                if more and k * m < total:
                     again.append(qi)
                 else:
                     out[qi] = res

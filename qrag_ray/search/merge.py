@@ -22,6 +22,7 @@ class Candidates:
     shard: np.ndarray  # int32
     row: np.ndarray  # int64
     cutoffs: dict[int, float] = field(default_factory=dict)  # shard -> lowest score returned, if not exhausted
+    kinds: np.ndarray | None = None  # object array of vector kinds, when the shards report them
 
 
 @dataclass
@@ -31,9 +32,44 @@ class ChunkResult:
     matches: list[tuple[int, int, float]]  # (shard, row, score), best first
 
 
+@dataclass(frozen=True)
+class FusionPolicy:
+    """How a chunk's vector scores become one chunk score; recorded in the manifest (`search` config)
+    so `qrag search`, `qrag eval` and the Serve router rank the same way.
+
+    - max: the best (kind-weighted) vector of the chunk — HyPE/QuOTE's dedup.
+    - rrf: reciprocal-rank fusion of per-kind chunk rankings (each kind ranks chunks by their best
+      vector of that kind), so a chunk that both a sentence and a question find beats one found by
+      a single lucky vector.
+    - sum: CombSUM of the per-kind best scores (a kind that did not retrieve the chunk counts with
+      the lowest score retrieved for that kind).
+    """
+
+    fusion: str = "max"
+    kind_weights: dict = field(default_factory=dict)
+    rrf_k: int = 60
+
+    @classmethod
+    def from_config(cls, search: dict | None) -> "FusionPolicy":
+        s = search or {}
+        if hasattr(s, "model_dump"):
+            s = s.model_dump()
+        return cls(fusion=s.get("fusion", "max"), kind_weights=dict(s.get("kind_weights") or {}),
+                   rrf_k=int(s.get("rrf_k", 60)))
+
+    @classmethod
+    def from_manifest(cls, manifest) -> "FusionPolicy":
+        return cls.from_config((manifest.data.get("config") or {}).get("search"))
+
+    @property
+    def max_weight(self) -> float:
+        return max([1.0, *self.kind_weights.values()]) if self.kind_weights else 1.0
+
+
 def gather(per_shard: list, qi: int) -> Candidates:
     """Flatten ShardHits (one per shard) for query qi, dropping empty slots (row -1)."""
-    sc, ci, sh, rw, cut = [], [], [], [], {}
+    sc, ci, sh, rw, kd, cut = [], [], [], [], [], {}
+    with_kinds = all(getattr(h, "kinds", None) is not None for h in per_shard) and bool(per_shard)
     for h in per_shard:
         rows = h.rows[qi]
         ok = rows >= 0
@@ -41,43 +77,108 @@ def gather(per_shard: list, qi: int) -> Candidates:
         ci.append(h.chunk_idx[qi][ok])
         rw.append(rows[ok])
         sh.append(np.full(int(ok.sum()), h.shard, dtype=np.int32))
+        if with_kinds:
+            kd.append(np.asarray(h.kinds[qi], dtype=object)[ok])
         if not h.exhausted and ok.all() and len(rows):
             cut[h.shard] = float(h.scores[qi][-1])
     cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
-    return Candidates(cat(sc, np.float32), cat(ci, np.int64), cat(sh, np.int32), cat(rw, np.int64), cut)
+    kinds = cat(kd, object) if with_kinds else None
+    return Candidates(cat(sc, np.float32), cat(ci, np.int64), cat(sh, np.int32), cat(rw, np.int64), cut, kinds)
+
+
+def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(unique chunk ids, their best score), chunks ordered by best score desc."""
+    order = np.lexsort((chunks, -scores))
+    uniq, first = np.unique(chunks[order], return_index=True)
+    best = scores[order][first]
+    o = np.lexsort((uniq, -best))
+    return uniq[o], best[o]
+
+
+def fuse_scores(c: Candidates, policy: FusionPolicy) -> dict[int, float]:
+    """chunk_idx -> fused score for rrf / sum (max is handled inline by dedup)."""
+    kinds = c.kinds if c.kinds is not None else np.full(len(c.scores), "?", dtype=object)
+    fused: dict[int, float] = {}
+    floors: dict[str, float] = {}
+    per_kind: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for kd in sorted(set(kinds.tolist())):
+        m = kinds == kd
+        per_kind[kd] = _best_per_chunk(c.chunk_idx[m], c.scores[m].astype(np.float64))
+        floors[kd] = float(per_kind[kd][1][-1]) if len(per_kind[kd][1]) else 0.0
+    all_chunks = np.unique(c.chunk_idx)
+    for kd, (uniq, best) in per_kind.items():
+        w = float(policy.kind_weights.get(kd, 1.0))
+        if policy.fusion == "rrf":
+            ranks = {int(ch): r for r, ch in enumerate(uniq, start=1)}
+            miss = len(uniq) + 1  # unseen in this kind's list: just below its last retrieved chunk
+            for ch in all_chunks.tolist():
+                fused[ch] = fused.get(ch, 0.0) + w / (policy.rrf_k + ranks.get(ch, miss))
+        else:  # sum
+            bs = dict(zip(uniq.tolist(), best.tolist()))
+            for ch in all_chunks.tolist():
+                fused[ch] = fused.get(ch, 0.0) + w * bs.get(ch, floors[kd])
+    return fused
 
 
 def dedup(c: Candidates, k: int, kinds: np.ndarray | None = None, kind_weights: dict[str, float] | None = None,
-          min_score: float | None = None, max_matches: int = 3) -> list[ChunkResult]:
-    """Top k distinct chunks, score = max over the chunk's (optionally kind-weighted) vector scores."""
+          min_score: float | None = None, max_matches: int = 3,
+          policy: FusionPolicy | None = None) -> list[ChunkResult]:
+    """Top k distinct chunks under the fusion policy (default: max over the chunk's vectors).
+    `min_score` applies to the chunk's best (kind-weighted) vector score whatever the fusion."""
+    policy = policy or FusionPolicy(kind_weights=dict(kind_weights or {}))
+    if kinds is not None:
+        c = Candidates(c.scores, c.chunk_idx, c.shard, c.row, c.cutoffs, kinds)
     scores = c.scores.astype(np.float64)
-    if kind_weights and kinds is not None:
-        w = np.array([kind_weights.get(k_, 1.0) for k_ in kinds], dtype=np.float64)
+    if policy.kind_weights and c.kinds is not None:
+        w = np.array([policy.kind_weights.get(k_, 1.0) for k_ in c.kinds], dtype=np.float64)
         scores = scores * w
     order = np.lexsort((c.row, c.shard, -scores))  # score desc, deterministic ties
     cidx = c.chunk_idx[order]
     _, first = np.unique(cidx, return_index=True)
     first = np.sort(first)  # positions (in score order) of each chunk's best vector
+    best = {int(cidx[p]): float(scores[order[p]]) for p in first}
+    if policy.fusion == "max":
+        ranked = [(int(cidx[p]), best[int(cidx[p])]) for p in first]
+    else:
+        fused = fuse_scores(c, policy)
+        ranked = sorted(((ch, fused[ch]) for ch in best), key=lambda t: (-t[1], -best[t[0]], t[0]))
     results: list[ChunkResult] = []
-    for pos in first[:k]:
-        s = float(scores[order[pos]])
-        if min_score is not None and s < min_score:
+    for chunk, s in ranked:
+        if len(results) == k:
             break
-        chunk = int(cidx[pos])
+        if min_score is not None and best[chunk] < min_score:
+            if policy.fusion == "max":
+                break
+            continue
         same = order[cidx == chunk][:max_matches]
-        results.append(ChunkResult(chunk, s, [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in same]))
+        results.append(ChunkResult(chunk, float(s), [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in same]))
     return results
 
 
-def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: float | None = None) -> bool:
+def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: float | None = None,
+               policy: FusionPolicy | None = None) -> bool:
     """True when a larger over-retrieval could change the top k: too few distinct chunks while some
-    shard still has vectors, or a shard cut off above the k-th chunk's score (an unseen chunk there
-    could outrank it)."""
+    shard still has vectors, or (max fusion) a shard cut off above the k-th chunk's score, so an unseen
+    chunk there could outrank it. For rrf/sum only the first test applies: they rank by the lists
+    retrieved, an approximation that deeper lists refine but rarely reorder at the top."""
     if not c.cutoffs:
         return False
-    highest_cut = max(c.cutoffs.values())
+    wmax = policy.max_weight if policy else 1.0
+    highest_cut = max(c.cutoffs.values()) * wmax
     if min_score is not None and highest_cut < min_score:
         return False
     if len(results) < k:
         return True
+    if policy is not None and policy.fusion != "max":
+        return False
     return results[-1].score < highest_cut
+
+
+def merge_hits(per_shard: list, qi: int, k: int, min_score: float | None = None,
+               policy: FusionPolicy | None = None) -> tuple[list[ChunkResult], bool]:
+    """One query's per-shard hits -> (top k distinct chunks, whether a wider search could change them).
+    The single merge step shared by the in-process engine and the Serve router."""
+    policy = policy or FusionPolicy()
+    c = gather(per_shard, qi)
+    res = dedup(c, k, min_score=min_score, policy=policy)
+    return res, needs_more(c, res, k, min_score, policy)
