@@ -152,7 +152,8 @@ def test_repo_matrix_is_valid():
     assert conds["squad-dev-chunk-minilm"].expected == {"R@1": 62.5, "R@2": 75.0, "R@5": 86.4, "R@10": 91.7}
     assert conds["squad-dev-atom-sentence-minilm"].expected == {"R@1": 70.1, "R@2": 81.6, "R@5": 90.1, "R@10": 94.2}
     ci = [c for c in conds.values() if "ci" in c.tags]
-    assert ci and all(c.subset and c.record_only for c in ci)
+    # CI slices are small subsets with measured figures to hold (a record-only CI row checks nothing)
+    assert ci and all(c.subset and not c.record_only for c in ci)
     # a measurement matching the DESIGN figures passes; a planted 2-point drop fails
     good = {"squad-dev-chunk-minilm": {"R@1": 0.625, "R@2": 0.75, "R@5": 0.864, "R@10": 0.917}}
     assert check(list(conds.values()), good) == []

@@ -83,8 +83,16 @@ def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: s
     n_missing = missing.count()
     if n_missing:
         run_dir = cache.new_run_dir()
+        # Blocks of about 4 engine batches: each finished block lands in the cache right away, so a
+        # long run (the full SQuAD dev set) shows progress and an interrupted one resumes from there.
+        per_block = 4 * cfg.batch_size
+        missing = missing.repartition(max(1, -(-n_missing // per_block)))
         out = run_backend(missing, cfg, model_path).select_columns(
             ["key", "raw", "prompt_tokens", "output_tokens"])
+        # An LLM batch on a busy CPU can legitimately take longer than Ray Data's 30-minute
+        # "no progress" watchdog (engine start plus a first batch of long prompts); it killed a
+        # 300-chunk eval run once. Progress here is visible in the cache run dir instead.
+        out.context.execution_no_progress_timeout_s = -1
         out.write_parquet(run_dir)
         for f in sorted(Path(run_dir).glob("*.parquet")):
             t = pq.read_table(f, columns=["prompt_tokens", "output_tokens"])
