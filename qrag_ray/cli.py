@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from qrag_ray.errors import QragError
 
@@ -29,9 +30,11 @@ def find_user_error(exc: BaseException) -> QragError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, QragError):
-            return e
         cause = getattr(e, "cause", None)  # RayTaskError.cause
+        if isinstance(e, QragError):
+            # Ray re-raises a task's QragError as a RayTaskError subclass of it whose str() is the
+            # remote traceback; the user gets the original one-line message.
+            return cause if isinstance(cause, QragError) else e
         if isinstance(cause, BaseException):
             stack.append(cause)
         stack += [e.__cause__, e.__context__]
@@ -167,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         ue = find_user_error(e)
         if ue is None:
             raise
-        err.print(f"[red]error:[/] {ue}", highlight=False, markup=True, soft_wrap=True)
+        msg = " ".join(str(ue).split())  # one line whatever the message holds
+        err.print(f"[red]error:[/] {escape(msg)}", highlight=False, markup=True, soft_wrap=True)
         return ue.exit_code
 
 

@@ -228,7 +228,10 @@ def load_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise QragError(f"config file {p} is not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise QragError(f"config file {p} is not valid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
         raise QragError(f"config file {p} must hold a mapping at the top level")
     return data

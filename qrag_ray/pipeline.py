@@ -56,18 +56,25 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     embedder each hold a CPU slot, and with 2 slots the engine would never schedule (MODELS.md).
     """
     import ray
+    import ray.data
 
+    ctx = ray.data.DataContext.get_current()
+    # A QragError raised in a map UDF (bad record, line N) must reach the CLI as itself: Ray Data's
+    # default UserCodeException wrapper loses the cause on the way back, which would turn one clear
+    # line into a traceback.
+    ctx.raise_original_map_exception = True
     if ray.is_initialized():
         return
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
     kwargs = dict(runtime_env=env, logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet)
+    address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 2)), include_dashboard=False, **kwargs)
-    import ray.data
-
-    ctx = ray.data.DataContext.get_current()
+        # address="local": a new in-process Ray, never one that `ray start` happened to leave in
+        # /tmp/ray on this machine (ray.init(None) would join it and then reject num_cpus).
+        ray.init(address="local", num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 2)),
+                 include_dashboard=False, **kwargs)
     ctx.enable_progress_bars = not quiet or os.environ.get("QRAG_PROGRESS") == "1"
     ctx.print_on_execution_start = False
 
@@ -405,7 +412,9 @@ def _build_shards(vec_dir: Path, staging: Path, cfg: IndexConfig, dim: int) -> l
 
     gpu = cfg.index.use_gpu is True or (cfg.index.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
 
-    @ray.remote(num_gpus=1 if gpu else 0, num_cpus=1)
+    # SPREAD: on a cluster, shard builds go to different nodes (memory and CPU of one node are not
+    # enough at scale); each build records where it ran (`built_on`, kept in the manifest).
+    @ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, scheduling_strategy="SPREAD")
     def build(shard: int, files: list[str]) -> dict:
         schema_cols = ["chunk_idx", "kind", "text", "qn", "store", "vector"]
         tables = [pq.read_table(f, columns=schema_cols) for f in files]
@@ -417,7 +426,10 @@ def _build_shards(vec_dir: Path, staging: Path, cfg: IndexConfig, dim: int) -> l
                               "vector": pa.array([], pa.list_(pa.float32(), dim))})
         # one (chunk, kind, text) once: the same text generated twice must not count twice
         table = _drop_duplicate_rows(table)
-        return write_shard(shard, table, staging, cfg.filters, cfg.index, dim)
+        stats = write_shard(shard, table, staging, cfg.filters, cfg.index, dim)
+        ctx = ray.get_runtime_context()
+        stats["built_on"] = {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+        return stats
 
     refs = []
     for s in range(cfg.shards):

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qrag_ray.config import FilterConfig, IndexBuildConfig
+from qrag_ray.errors import QragError
 from qrag_ray.filters import filter_chunk_rows
 from qrag_ray.index.format import shard_faiss, shard_meta
 
@@ -59,7 +60,10 @@ def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0):
     import faiss
 
     d = vecs.shape[1]
-    index = faiss.index_factory(d, cfg.factory, faiss.METRIC_INNER_PRODUCT)
+    try:
+        index = faiss.index_factory(d, cfg.factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError:
+        raise QragError(f"invalid FAISS factory string '{cfg.factory}' (e.g. Flat, HNSW32, IVF1024,PQ48)") from None
     use_gpu = _gpu_count() > 0 if cfg.use_gpu == "auto" else bool(cfg.use_gpu)
     if use_gpu and _gpu_count() == 0:
         raise RuntimeError("index.use_gpu is true but FAISS sees no GPU (install faiss-gpu on a GPU worker)")
@@ -73,7 +77,14 @@ def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0):
         n = min(len(vecs), cfg.train_sample)
         rng = np.random.default_rng(seed)
         sample = vecs[rng.choice(len(vecs), size=n, replace=False)] if n < len(vecs) else vecs
-        work.train(sample)
+        try:
+            work.train(sample)
+        except RuntimeError as e:
+            # IVF / PQ need more training vectors than centroids; on a small shard that is a config
+            # mismatch the user can fix, not a crash
+            raise QragError(f"cannot train FAISS '{cfg.factory}' on {n} vectors of this shard "
+                            f"({str(e).split('Error: ')[-1].strip()}); use fewer shards, a smaller "
+                            "nlist/PQ code, or Flat/HNSW32") from None
     if len(vecs):
         work.add(vecs)
     return faiss.index_gpu_to_cpu(work) if work is not index else index

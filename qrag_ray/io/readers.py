@@ -109,8 +109,12 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
             rows = []
             for line, src in zip(batch["text"], batch["path"]):
                 where = os.path.basename(src)
-                rec = (parse_msmarco_line(line, where) if fmt == "msmarco"
-                       else parse_jsonl_line(line, where, questions_column))
+                try:
+                    rec = (parse_msmarco_line(line, where) if fmt == "msmarco"
+                           else parse_jsonl_line(line, where, questions_column))
+                except QragError as e:
+                    # read_text does not number lines; find the bad one only on this error path
+                    raise QragError(str(e).replace(where, f"{where} line {_line_number(src, line)}", 1)) from None
                 if rec is not None:
                     rows.append(rec)
             return _columns(rows, questions_column)
@@ -143,6 +147,18 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
         return _columns(rows, None)
 
     return ds.map_batches(extract, batch_format="numpy", batch_size=64)
+
+
+def _line_number(path: str, line: str) -> str:
+    """1-based number of the first line of `path` equal to `line` ('?' when it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, got in enumerate(f, 1):
+                if got.rstrip("\r\n") == line.rstrip("\r\n"):
+                    return str(n)
+    except OSError:
+        pass
+    return "?"
 
 
 def _py(v: Any) -> Any:

@@ -1,0 +1,86 @@
+"""Q-Q pruning and question filters on real MiniLM vectors (pure numpy, no Ray)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qrag_ray.config import FilterConfig
+from qrag_ray.filters import content_words, filter_chunk_rows, greedy_prune, select_questions
+
+QS = ["What does the break statement do?", "What does the break statement do in Python?",
+      "What does a break statement do?", "Does break skip the else clause of a loop?"]
+CHUNK = ("break may only occur syntactically nested in a for or while loop. It terminates the nearest "
+         "enclosing loop, skipping the optional else clause if the loop has one.")
+
+
+def test_greedy_prune_keeps_first_of_near_duplicates(embed):
+    v = embed(QS)
+    sims = v @ v.T
+    assert sims[0, 1] > 0.8 and sims[0, 2] > 0.8 and sims[0, 3] < 0.8
+    assert greedy_prune(v, 0.8).tolist() == [0, 3]
+    assert greedy_prune(v, 1.0).tolist() == [0, 1, 2, 3]  # tau=1 keeps everything (no exact duplicates)
+    assert greedy_prune(v, -0.99).tolist() == [0]  # a chunk always keeps its first question
+    assert greedy_prune(np.zeros((0, 4), np.float32), 0.5).tolist() == []
+
+
+def test_greedy_prune_matches_definition(embed):
+    """Every kept question has cosine <= tau to all earlier kept ones; every dropped one > tau to some."""
+    v = embed(QS + ["How do I exit a loop early?", "How can I leave a loop before it ends?"])
+    tau = 0.75
+    kept = greedy_prune(v, tau).tolist()
+    for i in range(len(v)):
+        earlier = [j for j in kept if j < i]
+        if i in kept:
+            assert all(v[i] @ v[j] <= tau for j in earlier)
+        else:
+            assert any(v[i] @ v[j] > tau for j in earlier)
+
+
+def test_select_questions_similarity_and_overlap(embed):
+    qs = QS + ["What is the capital of France?"]
+    qv, cv = embed(qs), embed([CHUNK])[0]
+    keep = select_questions(qv, qs, cv, CHUNK, FilterConfig(min_question_chunk_sim=0.2))
+    assert keep.tolist() == [True, True, True, True, False]
+    keep = select_questions(qv, qs, cv, CHUNK, FilterConfig(require_content_overlap=True))
+    assert keep[-1] == False and keep[:4].all()  # noqa: E712
+    keep = select_questions(qv, qs, cv, CHUNK, FilterConfig(prune_tau=0.8, min_question_chunk_sim=0.2))
+    assert keep.tolist() == [True, False, False, True, False]
+    assert "break" in content_words(CHUNK) and "the" not in content_words(CHUNK)
+
+
+def _rows(embed, qs):
+    """One chunk's rows as the pipeline lays them out: chunk (aux), questions, quotes linked by qn."""
+    kind = np.array(["chunk"] + ["question"] * len(qs) + ["quote"] * len(qs), dtype=object)
+    qn = np.array([-1] + list(range(len(qs))) * 2)
+    store = np.array([False] + [False] * len(qs) + [True] * len(qs))
+    texts = [CHUNK] + qs + qs
+    vecs = embed([CHUNK] + qs + [f"{q}\n{CHUNK}" for q in qs])
+    return kind, qn, store, texts, vecs
+
+
+def test_pruned_question_takes_its_quote_vector_with_it(embed):
+    kind, qn, store, texts, vecs = _rows(embed, QS)
+    keep = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(prune_tau=0.8))
+    kept_quotes = [texts[i] for i in np.flatnonzero(keep)]
+    assert kept_quotes == [QS[0], QS[3]] and all(kind[keep] == "quote")
+
+
+def test_fallback_keeps_chunk_reachable(embed):
+    qs = ["What is the capital of France?", "Who painted the Mona Lisa?"]
+    kind, qn, store, texts, vecs = _rows(embed, qs)
+    cfg = FilterConfig(min_question_chunk_sim=0.3)
+    keep = filter_chunk_rows(kind, qn, store, texts, vecs, cfg)
+    assert keep.tolist() == [True, False, False, False, False]  # only the chunk's own vector
+    off = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(min_question_chunk_sim=0.3,
+                                                                        keep_chunk_fallback=False))
+    assert not off.any()
+
+
+@pytest.mark.parametrize("tau", [None, 0.8])
+def test_no_filter_keeps_stored_rows(embed, tau):
+    kind, qn, store, texts, vecs = _rows(embed, QS)
+    keep = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(prune_tau=tau))
+    assert not keep[0]  # the aux chunk vector is never written when not part of the representation
+    if tau is None:
+        assert (keep == store).all()

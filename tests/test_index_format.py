@@ -1,0 +1,183 @@
+"""The on-disk index: manifest fields and checksums, FAISS factories through the shard writer, and the
+atomic publish that never lets a reader see a half index."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from qrag_ray.config import FilterConfig, IndexBuildConfig
+from qrag_ray.errors import IndexFormatError
+from qrag_ray.index.format import (FORMAT_VERSION, load_manifest, publish, sha256_file, shard_faiss, shard_meta,
+                                   verify_files, write_manifest)
+from qrag_ray.index.searcher import ShardSearcher
+from qrag_ray.index.writer import write_shard
+from qrag_ray.text.sentences import split_sentences
+
+# ---------------------------------------------------------------- manifest of a built index
+
+
+def test_manifest_fields_and_checksums(kinds_index):
+    out, report = kinds_index
+    m = json.loads((out / "manifest.json").read_text())
+    for key in ("format_version", "index_version", "created_at", "representation", "kinds", "embedder", "faiss",
+                "num_shards", "counts", "files", "shards", "config", "stage_seconds"):
+        assert key in m, key
+    assert m["format_version"] == FORMAT_VERSION
+    assert m["embedder"] == {"model": "all-MiniLM-L6-v2", "dim": 384, "normalize": True}
+    assert m["faiss"]["factory"] == "Flat"
+    assert m["representation"] == "chunk+sentence+question+quote+onedoc"
+    assert set(m["counts"]) >= {"documents", "chunks", "questions", "vectors", "vectors_before_filters"}
+    assert m["counts"]["documents"] == report.documents == 14
+    expected_files = {"chunks.parquet"} | {shard_faiss(i) for i in range(3)} | {shard_meta(i) for i in range(3)}
+    assert set(m["files"]) == expected_files
+    for rel, digest in m["files"].items():
+        assert sha256_file(out / rel) == digest
+    assert [s["id"] for s in m["shards"]] == [0, 1, 2]
+    assert sum(s["vectors"] for s in m["shards"]) == m["counts"]["vectors"]
+    assert sum(s["chunks"] for s in m["shards"]) == m["counts"]["chunks"]
+    assert m["config"]["generator"]["backend"] == "precomputed"
+    assert load_manifest(out, verify=True).index_version == m["index_version"]
+
+
+def test_load_manifest_rejects_bad_indexes(kinds_index, tmp_path):
+    src, _ = kinds_index
+    with pytest.raises(IndexFormatError, match="index not found"):
+        load_manifest(tmp_path / "nope")
+    with pytest.raises(IndexFormatError, match="not a qrag index"):
+        load_manifest(tmp_path)
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    (bad / "manifest.json").write_text("{not json")
+    with pytest.raises(IndexFormatError, match="corrupt manifest"):
+        load_manifest(bad)
+    shutil.rmtree(bad)
+    shutil.copytree(src, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    (bad / "manifest.json").write_text(json.dumps(m | {"format_version": 99}))
+    with pytest.raises(IndexFormatError, match="unsupported format_version 99"):
+        load_manifest(bad)
+    (bad / "manifest.json").write_text(json.dumps(m))
+    (bad / shard_meta(1)).unlink()
+    with pytest.raises(IndexFormatError, match="incomplete"):
+        load_manifest(bad)
+
+
+def test_flipped_byte_fails_checksum(kinds_index, tmp_path):
+    src, _ = kinds_index
+    bad = tmp_path / "flip"
+    shutil.copytree(src, bad)
+    f = bad / shard_faiss(2)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    m = load_manifest(bad)  # cheap load checks presence only
+    with pytest.raises(IndexFormatError, match="checksum mismatch"):
+        verify_files(m)
+    with pytest.raises(IndexFormatError, match="checksum mismatch"):
+        ShardSearcher(bad, 2)
+    ShardSearcher(bad, 0)  # the other shards are fine
+
+
+# ---------------------------------------------------------------- FAISS factories via the shard writer
+
+
+@pytest.fixture(scope="module")
+def sentence_table(embed):
+    """~800 real sentence vectors from the Python reference, as the writer receives them (one chunk
+    per topic)."""
+    from pydoc_data.topics import topics
+
+    from qrag_ray.driver.demo_cmd import unwrap
+
+    rows = []
+    for n, name in enumerate(sorted(topics)[:30]):
+        for s in split_sentences(unwrap(topics[name])):
+            rows.append((n, s))
+    vecs = embed([s for _, s in rows])
+    table = pa.table({
+        "chunk_idx": pa.array([c for c, _ in rows], pa.int64()), "kind": pa.array(["sentence"] * len(rows)),
+        "text": pa.array([s for _, s in rows]), "qn": pa.array([-1] * len(rows), pa.int32()),
+        "store": pa.array([True] * len(rows)),
+        "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1), pa.float32()), vecs.shape[1]),
+    })
+    return table, vecs
+
+
+@pytest.mark.parametrize("factory,cls", [("Flat", faiss.IndexFlat), ("HNSW32", faiss.IndexHNSWFlat),
+                                         ("IVF8,PQ16", faiss.IndexIVFPQ)])
+def test_factories(sentence_table, tmp_path, factory, cls):
+    table, vecs = sentence_table
+    assert len(vecs) > 600
+    faiss.omp_set_num_threads(1)  # k-means under OpenMP crawls on a shared, oversubscribed 2-core box
+    stats = write_shard(0, table, tmp_path, FilterConfig(), IndexBuildConfig(factory=factory, nprobe=8), 384)
+    assert stats["vectors"] == stats["vectors_before_filters"] == len(vecs)
+    idx = faiss.read_index(str(tmp_path / shard_faiss(0)))
+    assert isinstance(faiss.downcast_index(idx), cls) and idx.ntotal == len(vecs)
+    assert idx.metric_type == faiss.METRIC_INNER_PRODUCT
+    meta = pq.read_table(tmp_path / shard_meta(0))
+    assert meta.num_rows == len(vecs)
+    # ids are grouped by chunk, and metadata row i describes FAISS id i
+    assert np.all(np.diff(meta.column("chunk_idx").to_numpy()) >= 0)
+    if isinstance(faiss.downcast_index(idx), faiss.IndexIVF):
+        faiss.extract_index_ivf(idx).nprobe = 8
+    sample = np.arange(0, len(vecs), 17)
+    texts = meta.column("text").to_pylist()
+    _, ids = idx.search(vecs[sample], 1)
+    hit = np.mean([texts[i] == table.column("text")[int(s)].as_py() for s, i in zip(sample, ids[:, 0])])
+    assert hit >= (0.99 if factory != "IVF8,PQ16" else 0.7), hit
+
+
+# ---------------------------------------------------------------- atomic publish
+
+
+def _staged_copy(src, tmp_path, name):
+    staging = tmp_path / f".{name}.tmp-test"
+    shutil.copytree(src, staging)
+    (staging / "manifest.json").unlink()
+    data = json.loads((src / "manifest.json").read_text())
+    return staging, {k: v for k, v in data.items() if k not in ("files", "index_version", "format_version")}
+
+
+def test_publish_replaces_old_index_atomically(kinds_index, sentence_cli_index, tmp_path):
+    old_src, _ = kinds_index
+    new_src = sentence_cli_index[0]
+    out = tmp_path / "idx"
+    shutil.copytree(old_src, out)
+    staging, data = _staged_copy(new_src, tmp_path, "idx")
+    written = write_manifest(staging, data)
+    publish(staging, out)
+    assert load_manifest(out, verify=True).index_version == written["index_version"]
+    assert not staging.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # the old index was removed, nothing left over
+
+
+def test_publish_refuses_unverified_staging(kinds_index, sentence_cli_index, tmp_path):
+    old_src, _ = kinds_index
+    out = tmp_path / "idx"
+    shutil.copytree(old_src, out)
+    before = load_manifest(out).index_version
+    staging, data = _staged_copy(sentence_cli_index[0], tmp_path, "idx")
+    write_manifest(staging, data)
+    (staging / shard_meta(0)).write_bytes(b"half written")
+    with pytest.raises(IndexFormatError, match="checksum mismatch"):
+        publish(staging, out)
+    assert load_manifest(out, verify=True).index_version == before  # old index untouched and valid
+
+
+def test_staging_dir_is_not_an_index(kinds_index, tmp_path):
+    """A build killed mid-write leaves `.OUTPUT.tmp-*`: it has no manifest until complete, so nothing
+    loads it, and the published OUTPUT next to it is unaffected."""
+    src, _ = kinds_index
+    out = tmp_path / "idx"
+    shutil.copytree(src, out)
+    staging, _ = _staged_copy(src, tmp_path, "idx")
+    with pytest.raises(IndexFormatError, match="not a qrag index"):
+        load_manifest(staging)
+    assert load_manifest(out, verify=True).path == out

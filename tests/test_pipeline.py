@@ -1,0 +1,168 @@
+"""The Ray Data pipeline end to end: build report, Q-Q pruning with its fallback, a crash mid-write
+that must leave the previous index loadable, and (slow) every named representation and FAISS factory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from qrag_ray.errors import QragError
+from qrag_ray.filters import greedy_prune
+from qrag_ray.index.format import load_manifest
+from qrag_ray.representations import dedup_questions
+from qrag_ray.search.engine import SearchEngine
+
+
+def test_build_report(kinds_index):
+    _, report = kinds_index
+    assert report.documents == 14 and report.chunks > 14
+    assert report.vectors == report.vectors_before_filters > report.chunks
+    for stage in ("read+chunk", "embed", "build-shards", "total"):
+        assert report.stage_seconds[stage] > 0
+    assert report.generation.generated == 0  # precomputed: no LLM call
+
+
+def test_pruning_and_fallback(filtered_index, read_index, corpus_records, embed):
+    out, report = filtered_index
+    data = read_index(out)
+    m = data["manifest"]
+    assert m["counts"]["vectors_before_filters"] == report.vectors_before_filters
+    assert report.vectors < report.vectors_before_filters  # vectors before/after are reported
+    per_chunk = {}
+    for s in data["shards"]:
+        for row in s["meta"].to_pylist():
+            per_chunk.setdefault(row["chunk_idx"], []).append((row["kind"], row["text"]))
+    chunks = {c["doc_id"]: c for c in data["chunks"].to_pylist()}  # chunker none: one chunk per doc
+    assert len(chunks) == 14 and len(per_chunk) == 14  # no chunk lost all its vectors
+    # off-topic questions are all filtered: the chunk stays reachable through its own text
+    assert per_chunk[chunks["pass"]["chunk_idx"]] == [("chunk", chunks["pass"]["text"])]
+    # near-duplicates pruned greedily at tau=0.8, exactly as the definition says
+    for doc in corpus_records():
+        if doc["id"] == "pass":
+            continue
+        qs = dedup_questions(doc["questions"])
+        cvec = embed([chunks[doc["id"]]["text"]])[0]
+        qv = embed(qs)
+        ok = np.flatnonzero(qv @ cvec >= 0.1)
+        kept = [qs[i] for i in ok[greedy_prune(qv[ok], 0.8)]]
+        assert per_chunk[chunks[doc["id"]]["chunk_idx"]] == [("question", q) for q in kept], doc["id"]
+    brk = per_chunk[chunks["break"]["chunk_idx"]]
+    assert len(brk) < len(dedup_questions(next(d["questions"] for d in corpus_records() if d["id"] == "break")))
+
+
+def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monkeypatch, jsonl_writer,
+                                         corpus_records):
+    """The shard files are written, then the process 'dies' while writing the manifest: OUTPUT still
+    holds the previous, fully valid index and no staging dir is left behind."""
+    import qrag_ray.pipeline as pipeline
+
+    out = tmp_path / "idx"
+    shutil.copytree(kinds_index[0], out)
+    before = load_manifest(out, verify=True).index_version
+    corpus = jsonl_writer(tmp_path / "small.jsonl", corpus_records(with_questions=False)[:2])
+    real = pipeline.write_manifest
+
+    def dying_write_manifest(staging, data):
+        assert any((staging / "shards").glob("*.faiss"))  # the new shards were already on disk
+        (staging / "manifest.json").write_text('{"format_version": 1, "trunc')
+        raise RuntimeError("simulated crash while writing the manifest")
+
+    monkeypatch.setattr(pipeline, "write_manifest", dying_write_manifest)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        build_with({"input": str(corpus), "output": str(out), "representation": "chunk", "overwrite": True})
+    monkeypatch.setattr(pipeline, "write_manifest", real)
+    assert load_manifest(out, verify=True).index_version == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "small.jsonl"]
+    res = SearchEngine(out).search(["What does the assert statement do?"], k=3)[0]
+    assert len(res) == 3
+
+
+def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_writer):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(QragError, match="empty corpus"):
+        build_with({"input": str(empty), "output": str(tmp_path / "o1")})
+    dup = jsonl_writer(tmp_path / "dup.jsonl", [{"id": "a", "text": "one"}, {"id": "a", "text": "two"}])
+    with pytest.raises(QragError, match="duplicate document id"):
+        build_with({"input": str(dup), "output": str(tmp_path / "o2")})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dup.jsonl", "empty.jsonl"]
+
+
+# ---------------------------------------------------------------- slow: the full matrix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rep,kinds", [
+    ("chunk", {"chunk"}), ("hype", {"question"}), ("quote", {"quote"}), ("quote-onedoc", {"onedoc"}),
+    ("atom-sentence", {"sentence"}), ("atom-question", {"question"}), ("hybrid", {"chunk", "question"}),
+])
+def test_every_named_representation(rep, kinds, build_with, local_ray, pydoc_jsonl, tmp_path):
+    backend = "none" if rep in ("chunk", "atom-sentence") else "precomputed"
+    report = build_with({"input": str(pydoc_jsonl), "output": str(tmp_path / rep), "representation": rep,
+                         "generator.backend": backend, "shards": 2, "chunker.method": "none"})
+    m = load_manifest(tmp_path / rep, verify=True)
+    assert {k for s in m.data["shards"] for k in s["kinds"]} == kinds
+    assert m.representation == rep and report.chunks == 14
+    res = SearchEngine(tmp_path / rep).search(["When does the else clause of a for loop run?"], k=3)[0]
+    assert len({r["chunk_id"] for r in res}) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory", ["HNSW32", "IVF4,PQ8x4"])  # 4-bit PQ: 16 centroids fit ~70 vectors/shard
+def test_factories_through_the_pipeline(factory, build_with, local_ray, pydoc_jsonl, tmp_path):
+    import faiss
+
+    out = tmp_path / "idx"
+    build_with({"input": str(pydoc_jsonl), "output": str(out), "representation": "atom-sentence", "shards": 2,
+                "index.factory": factory, "index.nprobe": 4, "chunker.method": "none"})
+    m = load_manifest(out, verify=True)
+    assert m.data["faiss"]["factory"] == factory
+    raw = faiss.read_index(str(out / m.shard(0)["faiss"]))  # keep it: downcast_index does not own it
+    idx = faiss.downcast_index(raw)
+    assert isinstance(idx, faiss.IndexHNSWFlat if factory == "HNSW32" else faiss.IndexIVFPQ)
+    assert idx.ntotal == m.shard(0)["vectors"] > 0
+    res = SearchEngine(out).search(["When does the else clause of a for loop run?"], k=5)[0]
+    assert len({r["chunk_id"] for r in res}) == 5 and res[0]["doc_id"] in ("for", "while", "break")
+
+
+@pytest.mark.slow
+def test_killed_build_leaves_old_index(kinds_index, tmp_path, pydoc_jsonl):
+    """A real crash: SIGKILL the `qrag index` process while it runs; the old index at OUTPUT stays
+    loadable and any leftover is a `.OUTPUT.tmp-*` folder that no reader loads."""
+    out = tmp_path / "idx"
+    shutil.copytree(kinds_index[0], out)
+    before = load_manifest(out, verify=True).index_version
+    cmd = [sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(pydoc_jsonl), "--output", str(out),
+           "--representation", "atom-sentence", "--overwrite"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(tmp_path.glob(".idx.tmp-*/chunks.parquet")):
+        time.sleep(0.5)
+    assert list(tmp_path.glob(".idx.tmp-*")), "the build never started writing"
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group this test started (driver + its Ray)
+    proc.wait(timeout=60)
+    assert load_manifest(out, verify=True).index_version == before
+    for leftover in tmp_path.glob(".idx.tmp-*"):
+        assert not (leftover / "manifest.json").exists()
+    assert json.loads((out / "manifest.json").read_text())["representation"] != "atom-sentence"
+
+
+def test_factory_errors_are_user_errors():
+    """A factory string FAISS rejects, or a shard too small to train IVF-PQ, is a config mistake:
+    a clear QragError (one CLI line), not a FAISS traceback."""
+    from qrag_ray.config import IndexBuildConfig
+    from qrag_ray.index.writer import build_faiss
+
+    vecs = np.random.default_rng(0).standard_normal((48, 32)).astype(np.float32)
+    with pytest.raises(QragError, match="invalid FAISS factory string 'Bogus'"):
+        build_faiss(vecs, IndexBuildConfig(factory="Bogus"))
+    with pytest.raises(QragError, match="cannot train FAISS 'IVF4,PQ8' on 48 vectors"):
+        build_faiss(vecs, IndexBuildConfig(factory="IVF4,PQ8"))

@@ -1,0 +1,165 @@
+"""Every corpus reader on small files written here, through the real Ray Data reader, plus the pure
+record parsers and the HTML text extraction that keeps table cells."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from qrag_ray.errors import QragError
+from qrag_ray.io.html_text import html_to_text
+from qrag_ray.io.readers import normalize_record, parse_jsonl_line, parse_msmarco_line, read_corpus, resolve_files
+
+
+def docs_of(ds) -> dict[str, dict]:
+    rows = ds.take_all()
+    return {r["doc_id"]: {k: (list(v) if k == "questions" else v) for k, v in r.items()} for r in rows}
+
+
+# ---------------------------------------------------------------- pure parsers
+
+
+def test_normalize_record_variants():
+    assert normalize_record({"id": 7, "text": "x"}, "f") == {"doc_id": "7", "title": "", "text": "x"}
+    assert normalize_record({"_id": "a", "title": "T", "text": "x"}, "f")["title"] == "T"
+    assert normalize_record({"pid": "p1", "contents": "y"}, "f")["text"] == "y"
+    r = normalize_record({"id": "a", "text": "x", "questions": "Q1?\n\nQ2?"}, "f", "questions")
+    assert r["questions"] == ["Q1?", "Q2?"]
+    assert normalize_record({"id": "a", "text": "x"}, "f", "questions")["questions"] == []
+
+
+@pytest.mark.parametrize("rec,msg", [
+    ({"text": "x"}, "no id"),
+    ({"id": "", "text": "x"}, "no id"),
+    ({"id": "a"}, "no string field 'text'"),
+    ({"id": "a", "text": 3}, "no string field 'text'"),
+    ({"id": "a", "text": "x", "questions": [1, 2]}, "list of strings"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_normalize_record_errors_name_the_place(rec, msg):
+    with pytest.raises(QragError, match=msg) as e:
+        normalize_record(rec, "corpus.jsonl line 3", "questions")
+    assert str(e.value).startswith("corpus.jsonl line 3")
+
+
+def test_parse_lines():
+    assert parse_jsonl_line("   ", "f", None) is None
+    with pytest.raises(QragError, match="malformed JSON"):
+        parse_jsonl_line('{"id": 1, "text": ', "f", None)
+    assert parse_msmarco_line("12\tA passage.\n", "f") == {"doc_id": "12", "title": "", "text": "A passage."}
+    with pytest.raises(QragError, match="pid<TAB>passage"):
+        parse_msmarco_line("no tab here", "f")
+
+
+def test_resolve_files(tmp_path):
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.jsonl").write_text("{}\n")
+    (tmp_path / "notes.txt").write_text("x")
+    assert [f.split("/")[-1] for f in resolve_files(str(tmp_path), "jsonl")] == ["a.jsonl", "b.jsonl"]
+    with pytest.raises(QragError, match="input not found"):
+        resolve_files(str(tmp_path / "missing.jsonl"), "jsonl")
+    with pytest.raises(QragError, match="no parquet files"):
+        resolve_files(str(tmp_path), "parquet")
+    with pytest.raises(QragError, match="no corpus.jsonl"):
+        resolve_files(str(tmp_path), "beir")
+
+
+# ---------------------------------------------------------------- HTML
+
+
+HTML = """<html><head><title>Planets</title><style>.x{color:red}</style><script>var x=1;</script></head>
+<body><nav>Home | About</nav><h1>Inner planets</h1>
+<p>The inner planets are rocky.<br>They are close to the Sun.</p>
+<table><tr><th>Planet</th><th>Moons</th></tr><tr><td>Earth</td><td>1</td></tr>
+<tr><td>Mars</td><td>2</td></tr></table>
+<ul><li>Mercury has no moons.</li><li>Venus has none either.</li></ul></body></html>"""
+
+
+def test_html_keeps_table_cells_and_drops_chrome():
+    title, text = html_to_text(HTML)
+    assert title == "Planets"
+    assert "Planet | Moons" in text and "Earth | 1" in text and "Mars | 2" in text
+    assert "They are close to the Sun." in text
+    assert "Mercury has no moons." in text.splitlines()
+    assert "var x" not in text and "color" not in text and "Home | About" not in text
+    assert "Planets" not in text  # the <title> is the title, not body text
+
+
+def test_html_title_falls_back_to_h1():
+    title, text = html_to_text("<body><h1>Only heading</h1><p>Body.</p></body>")
+    assert title == "Only heading" and "Body." in text
+
+
+# ---------------------------------------------------------------- readers through Ray Data
+
+
+def test_jsonl_reader(local_ray, tmp_path, jsonl_writer):
+    p = jsonl_writer(tmp_path / "c.jsonl", [
+        {"id": "d1", "title": "One", "text": "First doc.", "questions": ["What is first?"]},
+        {"id": 2, "text": "Second doc."},
+    ])
+    with p.open("a") as f:
+        f.write("\n")  # blank lines are skipped
+    docs = docs_of(read_corpus(str(p), "jsonl", questions_column="questions"))
+    assert docs["d1"] == {"doc_id": "d1", "title": "One", "text": "First doc.", "questions": ["What is first?"]}
+    assert docs["2"]["title"] == "" and docs["2"]["questions"] == []
+    assert "questions" not in docs_of(read_corpus(str(p), "jsonl"))["d1"]
+
+
+def test_parquet_reader(local_ray, tmp_path):
+    p = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "title": ["TA", None], "text": ["Alpha.", "Beta."],
+                             "questions": [["Q a?", "Q b?"], []]}), p)
+    docs = docs_of(read_corpus(str(p), "parquet", questions_column="questions"))
+    assert docs["a"] == {"doc_id": "a", "title": "TA", "text": "Alpha.", "questions": ["Q a?", "Q b?"]}
+    assert docs["b"]["title"] == "" and docs["b"]["questions"] == []
+
+
+def test_msmarco_reader(local_ray, tmp_path):
+    p = tmp_path / "collection.tsv"
+    p.write_text("0\tThe presence of communication amid scientific minds.\n1\tManhattan Project.\n")
+    docs = docs_of(read_corpus(str(p), "msmarco"))
+    assert docs == {"0": {"doc_id": "0", "title": "", "text": "The presence of communication amid scientific minds."},
+                    "1": {"doc_id": "1", "title": "", "text": "Manhattan Project."}}
+
+
+def test_beir_reader(local_ray, tmp_path, jsonl_writer):
+    jsonl_writer(tmp_path / "scifact" / "corpus.jsonl", [
+        {"_id": "4983", "title": "Microstructural development", "text": "Alterations of the architecture.",
+         "metadata": {}},
+    ])
+    jsonl_writer(tmp_path / "scifact" / "queries.jsonl", [{"_id": "q1", "text": "not a document"}])
+    docs = docs_of(read_corpus(str(tmp_path / "scifact"), "beir"))
+    assert docs == {"4983": {"doc_id": "4983", "title": "Microstructural development",
+                             "text": "Alterations of the architecture."}}
+
+
+def test_html_reader(local_ray, tmp_path):
+    (tmp_path / "site" / "sub").mkdir(parents=True)
+    (tmp_path / "site" / "planets.html").write_text(HTML)
+    (tmp_path / "site" / "sub" / "page.htm").write_text("<p>Nested page.</p>")
+    docs = docs_of(read_corpus(str(tmp_path / "site"), "html"))
+    assert set(docs) == {"planets.html", "sub/page.htm"}
+    assert docs["planets.html"]["title"] == "Planets" and "Earth | 1" in docs["planets.html"]["text"]
+    assert docs["sub/page.htm"]["title"] == "page"
+
+
+def test_malformed_jsonl_line_is_named(local_ray, tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps({"id": "a", "text": "ok"}) + "\n" + json.dumps({"id": "b", "text": "ok"})
+                 + "\n{not json\n")
+    with pytest.raises(Exception) as e:
+        read_corpus(str(p), "jsonl").take_all()
+    from qrag_ray.cli import find_user_error
+
+    ue = find_user_error(e.value)
+    assert ue is not None and "bad.jsonl line 3" in str(ue) and "malformed JSON" in str(ue)
+
+
+def test_unknown_format():
+    with pytest.raises(QragError, match="unknown input format 'xml'"):
+        read_corpus("x", "xml")

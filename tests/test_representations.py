@@ -1,0 +1,136 @@
+"""Representations: which vectors each one stores per chunk (pure), and what an index built with
+every kind actually holds (real Ray pipeline, real MiniLM)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from qrag_ray.config import IndexConfig, representation_plan, resolve_representation
+from qrag_ray.index.format import chunk_key
+from qrag_ray.pipeline import base_vector_rows
+from qrag_ray.representations import dedup_questions
+from qrag_ray.text.sentences import split_sentences
+
+CHUNK = {"chunk_idx": 11, "shard": 1, "text": "Loops run. A break ends them. Else runs otherwise.",
+         "questions": ["What ends a loop?", "what ends a loop", "When does else run?"]}
+QS = ["What ends a loop?", "When does else run?"]  # the duplicate (up to case/punctuation) collapses
+SENTS = ["Loops run.", "A break ends them.", "Else runs otherwise."]
+TEXT = CHUNK["text"]
+
+EXPECTED = {  # representation -> stored (kind, embed_text) rows
+    "chunk": [("chunk", TEXT)],
+    "hype": [("question", q) for q in QS],
+    "atom-question": [("question", q) for q in QS],  # precomputed questions: per chunk
+    "quote": [("quote", f"{q}\n{TEXT}") for q in QS],
+    "quote-onedoc": [("onedoc", TEXT + "\n" + "\n".join(QS))],
+    "atom-sentence": [("sentence", s) for s in SENTS],
+    "hybrid": [("chunk", TEXT)] + [("question", q) for q in QS],
+    "sentence+quote": [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QS],
+}
+
+
+@pytest.mark.parametrize("rep", list(EXPECTED))
+def test_rows_per_representation(rep):
+    backend = "none" if rep in ("chunk", "atom-sentence") else "precomputed"
+    cfg = IndexConfig(representation=rep, generator={"backend": backend})
+    kinds, _ = representation_plan(cfg)
+    rows = base_vector_rows(CHUNK, kinds, cfg, aux_q=False)
+    stored = [(r["kind"], r["embed_text"]) for r in rows if r["store"]]
+    assert stored == EXPECTED[rep]
+    # the chunk's own vector is always computed: stored, or kept aside for filters and fallback
+    assert [r["kind"] for r in rows].count("chunk") == 1
+    assert all(r["chunk_idx"] == 11 and r["shard"] == 1 for r in rows)
+
+
+def test_question_kinds_need_a_generator():
+    with pytest.raises(ValueError, match="needs generated questions"):
+        IndexConfig(representation="hype")
+    with pytest.raises(ValueError, match="unknown representation 'hyde-ish'"):
+        IndexConfig(representation="hyde-ish")
+    with pytest.raises(ValueError, match="unknown representation"):
+        resolve_representation("chunk+bogus")
+    assert resolve_representation("sentence+chunk") == (["sentence", "chunk"], None)
+    assert resolve_representation("sentence+quote") == (["sentence", "quote"], "chunk")
+
+
+def test_aux_questions_for_filters_are_not_stored():
+    cfg = IndexConfig(representation="quote", generator={"backend": "precomputed"})
+    rows = base_vector_rows(CHUNK, ["quote"], cfg, aux_q=True)
+    aux = [r for r in rows if r["kind"] == "question"]
+    assert [r["text"] for r in aux] == QS and not any(r["store"] for r in aux)
+    # quote i and question i share qn, so pruning a question drops its quote vector too
+    assert {r["qn"] for r in aux} == {r["qn"] for r in rows if r["kind"] == "quote"}
+
+
+# ---------------------------------------------------------------- the built index
+
+
+@pytest.fixture(scope="module")
+def built(kinds_index, read_index, corpus_records):
+    out, report = kinds_index
+    data = read_index(out)
+    qs_of = {r["id"]: r["questions"] for r in corpus_records()}
+    chunks = data["chunks"].to_pylist()
+    rows = {}  # chunk_idx -> list of (shard, kind, text, vector)
+    for s in data["shards"]:
+        meta = s["meta"].to_pylist()
+        for i, m in enumerate(meta):
+            rows.setdefault(m["chunk_idx"], []).append((s["id"], m["kind"], m["text"], s["vectors"][i]))
+    return data, chunks, rows, qs_of, report
+
+
+def test_vectors_per_kind(built):
+    data, chunks, rows, qs_of, report = built
+    assert len(chunks) == report.chunks > len(qs_of)  # 120-token windows split the longer topics
+    total = Counter()
+    for c in chunks:
+        got = Counter(k for _, k, _, _ in rows[c["chunk_idx"]])
+        nq = len(dedup_questions(qs_of[c["doc_id"]]))
+        want = {"chunk": 1, "sentence": len(set(split_sentences(c["text"]))), "question": nq, "quote": nq,
+                "onedoc": 1}
+        assert dict(got) == want, c["chunk_id"]
+        total.update(got)
+    m = data["manifest"]
+    assert sum(total.values()) == m["counts"]["vectors"] == report.vectors
+    assert m["counts"]["questions"] == total["question"] == report.questions
+    assert m["kinds"] == ["chunk", "sentence", "question", "quote", "onedoc"]
+
+
+def test_stored_vectors_are_minilm_embeddings(built, embed):
+    """quote stores embed("question\\nchunk"); question, sentence and chunk store their own text's
+    embedding; onedoc embeds the chunk followed by all its questions."""
+    _, chunks, rows, qs_of, _ = built
+    for c in chunks[:4]:
+        by_kind = {}
+        for _, kind, text, vec in rows[c["chunk_idx"]]:
+            by_kind.setdefault(kind, []).append((text, vec))
+        qs = dedup_questions(qs_of[c["doc_id"]])
+        expect = ([f"{t}\n{c['text']}" for t, _ in by_kind["quote"]] + [t for t, _ in by_kind["question"]]
+                  + [t for t, _ in by_kind["sentence"]] + [c["text"], c["text"] + "\n" + "\n".join(qs)])
+        got = np.stack([v for k in ("quote", "question", "sentence", "chunk", "onedoc") for _, v in by_kind[k]])
+        np.testing.assert_allclose(got, embed(expect), atol=2e-4)
+        # the matched text shown for a quote vector is the question alone
+        assert sorted(t for t, _ in by_kind["quote"]) == sorted(qs)
+
+
+def test_vectors_are_unit_norm(built):
+    data = built[0]
+    for s in data["shards"]:
+        np.testing.assert_allclose(np.linalg.norm(s["vectors"], axis=1), 1.0, atol=1e-4)
+
+
+def test_all_vectors_of_a_chunk_in_its_shard(built):
+    data, chunks, rows, _, _ = built
+    n = data["manifest"]["num_shards"]
+    assert n == 3
+    for c in chunks:
+        assert c["chunk_idx"] == chunk_key(c["chunk_id"])
+        assert c["shard"] == c["chunk_idx"] % n
+        assert {s for s, *_ in rows[c["chunk_idx"]]} == {c["shard"]}
+    # each chunk in exactly one row of chunks.parquet, and no vector points at an unknown chunk
+    ids = [c["chunk_idx"] for c in chunks]
+    assert len(ids) == len(set(ids)) and set(rows) == set(ids)
+    assert all(s["index"].ntotal > 0 for s in data["shards"])  # 3 shards, all used on this corpus
