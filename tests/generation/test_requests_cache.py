@@ -1,0 +1,257 @@
+"""Question requests, cache keys and the question cache; re-runs of `build_index` through the cache.
+
+Pure key logic first (milliseconds), then the cache folder, then real `build_index` runs (local Ray,
+MiniLM, FAISS) with the openai backend against the fake endpoint, where the server's request counter
+shows exactly what a re-run pays for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from qrag_ray.config import GeneratorConfig, IndexConfig, SamplingConfig
+from qrag_ray.generation.cache import QuestionCache
+from qrag_ray.generation.prompts import prompt_version
+from qrag_ray.generation.requests import (atomize_request, cache_key, make_request, model_id,
+                                          question_requests)
+from qrag_ray.text.sentences import split_sentences
+
+CHUNK = {"text": "Berlin is the capital of Germany. It has 3.7 million inhabitants.", "chunk_idx": 1, "shard": 0}
+
+
+# ---- keys ------------------------------------------------------------------------------------------
+
+def _key(**over):
+    args = dict(model_id="vllm:qwen", prompt_version="hype@1-abc", sampling=SamplingConfig().model_dump(), n=3,
+                text="Berlin is big.", context=None)
+    args.update(over)
+    return cache_key(**args)
+
+
+def test_cache_key_is_deterministic_and_hex():
+    assert _key() == _key()
+    assert len(_key()) == 64 and int(_key(), 16) >= 0
+
+
+@pytest.mark.parametrize("field,value", [
+    ("model_id", "vllm:other"),
+    ("prompt_version", "hype@2-abc"),
+    ("sampling", SamplingConfig(temperature=0.7).model_dump()),
+    ("sampling", SamplingConfig(max_tokens=128).model_dump()),
+    ("sampling", SamplingConfig(seed=1).model_dump()),
+    ("sampling", SamplingConfig(n=2).model_dump()),
+    ("sampling", SamplingConfig(repetition_penalty=1.0).model_dump()),
+    ("n", 5),
+    ("n", None),
+    ("text", "Berlin is big!"),
+    ("text", "Berlin is big. "),
+    ("context", "Berlin is big. Paris too."),
+])
+def test_cache_key_changes_with_each_input(field, value):
+    assert _key(**{field: value}) != _key()
+
+
+def test_make_request_keys_follow_config_fields():
+    base = GeneratorConfig(backend="vllm")
+    k0 = make_request(base, "hype", CHUNK["text"], 3)["key"]
+    # fields that decide the output change the key ...
+    changed = [
+        base.model_copy(update={"model": "some/other-model"}),
+        base.model_copy(update={"backend": "openai", "base_url": "http://x/v1"}),
+        base.model_copy(update={"sampling": SamplingConfig(temperature=0.5)}),
+    ]
+    for cfg in changed:
+        assert make_request(cfg, "hype", CHUNK["text"], 3)["key"] != k0, cfg
+    assert make_request(base, "hype-fewshot", CHUNK["text"], 3)["key"] != k0  # another prompt version
+    assert make_request(base, "hype", CHUNK["text"], 4)["key"] != k0
+    # ... and fields that only decide how the work is scheduled do not
+    same = [
+        base.model_copy(update={"batch_size": 64, "concurrency": 4, "num_gpus": 0.0}),
+        base.model_copy(update={"max_parallel_requests": 32, "request_timeout_s": 5.0, "api_key_env": "X"}),
+        base.model_copy(update={"questions": 7, "questions_per_atom": 2}),  # n is passed explicitly
+    ]
+    for cfg in same:
+        assert make_request(cfg, "hype", CHUNK["text"], 3)["key"] == k0, cfg
+
+
+def test_make_request_uses_prompt_version_and_model_id():
+    cfg = GeneratorConfig(backend="vllm")
+    r = make_request(cfg, "hype", CHUNK["text"], 3)
+    assert model_id(cfg) == "vllm:qwen2.5-coder-0.5b-instruct"
+    assert r["key"] == cache_key(model_id(cfg), prompt_version("hype"), cfg.sampling.model_dump(), 3, CHUNK["text"])
+    assert r["output"] == "questions"
+    assert r["messages"][-1] == {"role": "user", "content": CHUNK["text"]}
+
+
+def test_question_requests_chunk_granularity():
+    cfg = GeneratorConfig(backend="vllm", questions=4)
+    reqs = question_requests(CHUNK, None, cfg, "chunk")
+    assert len(reqs) == 1 and reqs[0]["unit"] == -1
+    assert "exactly 4 questions" in reqs[0]["messages"][0]["content"]
+
+
+def test_question_requests_atom_granularity_keys_per_atom_with_chunk_context():
+    cfg = GeneratorConfig(backend="vllm", questions_per_atom=1)
+    atoms = split_sentences(CHUNK["text"])
+    assert len(atoms) == 2
+    reqs = question_requests(CHUNK, atoms, cfg, "atom")
+    assert [r["unit"] for r in reqs] == [0, 1]
+    assert len({r["key"] for r in reqs}) == 2
+    for atom, r in zip(atoms, reqs):
+        content = r["messages"][-1]["content"]
+        assert content.endswith(atom) and CHUNK["text"] in content  # atom + chunk as context
+    # an edit elsewhere in the chunk changes the context, so every atom's key changes
+    other = dict(CHUNK, text=CHUNK["text"] + " It is in Europe.")
+    reqs2 = question_requests(other, atoms, cfg, "atom")
+    assert not {r["key"] for r in reqs} & {r["key"] for r in reqs2}
+    # the same atom in the same chunk gives the same key
+    assert question_requests(CHUNK, atoms[:1], cfg, "atom")[0]["key"] == reqs[0]["key"]
+
+
+def test_atomize_request():
+    cfg = GeneratorConfig(backend="vllm")
+    r = atomize_request(CHUNK, cfg)
+    assert r["unit"] == -1 and r["output"] == "atoms" and CHUNK["text"] in r["messages"][-1]["content"]
+    assert r["key"] != question_requests(CHUNK, None, cfg, "chunk")[0]["key"]
+
+
+# ---- the cache folder ----------------------------------------------------------------------------
+
+def _write(path: Path, rows: list[tuple[str, str]]) -> None:
+    from qrag_ray.generation.cache import SCHEMA
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t = pa.table({"key": [k for k, _ in rows], "raw": [r for _, r in rows], "prompt_tokens": [10] * len(rows),
+                  "output_tokens": [5] * len(rows)}, schema=SCHEMA)
+    pq.write_table(t, path)
+
+
+def test_question_cache_reads_runs_and_skips_broken_files(tmp_path, caplog):
+    cache = QuestionCache(tmp_path / "c")
+    assert cache.files() == [] and len(cache) == 0 and cache.read_all() == {}
+    _write(tmp_path / "c" / "run-a" / "0.parquet", [("k1", "What is A?"), ("k2", "What is B?")])
+    _write(tmp_path / "c" / "run-b" / "0.parquet", [("k3", "What is C?")])
+    _write(tmp_path / "c" / ".tmp-run" / "0.parquet", [("k9", "hidden")])  # dot folders are in-progress junk
+    good = tmp_path / "c" / "run-b" / "0.parquet"
+    (tmp_path / "c" / "run-c").mkdir()
+    (tmp_path / "c" / "run-c" / "0.parquet").write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # killed writer
+    with caplog.at_level(logging.WARNING, logger="qrag_ray.generation.cache"):
+        files = cache.files()
+    assert len(files) == 2
+    assert "skipping unreadable question-cache file" in caplog.text
+    assert len(cache) == 3
+    assert cache.read_all() == {"k1": "What is A?", "k2": "What is B?", "k3": "What is C?"}
+    assert Path(cache.new_run_dir()).parent == tmp_path / "c"
+    assert cache.new_run_dir() != cache.new_run_dir()
+
+
+def test_question_cache_default_dir_from_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("QRAG_CACHE", str(tmp_path / "root"))
+    assert QuestionCache().root == tmp_path / "root" / "questions"
+
+
+# ---- build_index re-runs through the cache (real Ray, MiniLM, FAISS; fake endpoint) -------------------
+
+DOCS = [
+    {"id": "berlin", "text": "Berlin is the capital of Germany. Berlin has 3.7 million inhabitants."},
+    {"id": "eiffel", "text": "The Eiffel Tower stands in Paris. Gustave Eiffel's company designed the tower."},
+    {"id": "photo", "text": "Photosynthesis converts light energy into chemical energy. Chloroplasts capture sunlight."},
+]
+
+
+def _corpus(path: Path, docs: list[dict]) -> str:
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return str(path)
+
+
+def _cfg(fake, tmp_path: Path, corpus: str, out: str, representation: str = "hype") -> IndexConfig:
+    return IndexConfig(
+        input=corpus, format="jsonl", output=str(tmp_path / out), representation=representation, shards=2,
+        chunker={"method": "none"}, cache_dir=str(tmp_path / "qcache"), overwrite=True,
+        generator=GeneratorConfig(backend="openai", base_url=fake.base_url, model="fake-model", questions=3,
+                                  max_parallel_requests=4, batch_size=8),
+    )
+
+
+def _shard_rows(index_dir: str) -> list[tuple]:
+    rows = []
+    for f in sorted(Path(index_dir, "shards").glob("*.parquet")):
+        t = pq.read_table(f)
+        rows += [(f.name, *r.values()) for r in t.to_pylist()]
+    return sorted(rows)
+
+
+def _questions_by_doc(index_dir: str) -> dict[str, set[str]]:
+    chunks = pq.read_table(Path(index_dir, "chunks.parquet")).to_pylist()
+    doc_of = {c["chunk_idx"]: c["doc_id"] for c in chunks}
+    out: dict[str, set[str]] = {}
+    for f in Path(index_dir, "shards").glob("*.parquet"):
+        for r in pq.read_table(f).to_pylist():
+            if r["kind"] == "question":
+                out.setdefault(doc_of[r["chunk_idx"]], set()).add(r["text"])
+    return out
+
+
+def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(ray_local, fake_openai, tmp_path):
+    """One chain of three builds (each costs seconds of Ray + MiniLM): first run, identical re-run,
+    re-run with one chunk edited."""
+    from qrag_ray.index.format import load_manifest
+    from qrag_ray.pipeline import build_index
+
+    corpus = _corpus(tmp_path / "docs.jsonl", DOCS)
+    r1 = build_index(_cfg(fake_openai, tmp_path, corpus, "idx1"))
+    assert fake_openai.chat_requests == 3  # one HyPE prompt per chunk
+    assert r1.generation.generated == 3 and r1.generation.cached == 0
+    assert r1.generation.prompt_tokens > 0 and r1.generation.output_tokens > 0
+    assert r1.questions == 9  # 3 questions per chunk from the endpoint
+    by_doc = _questions_by_doc(r1.output)
+    assert by_doc["berlin"] == {f"What does the text say about {w}?" for w in ("Berlin", "capital", "Germany")}
+
+    # the same corpus again: nothing sent, the same index
+    r2 = build_index(_cfg(fake_openai, tmp_path, corpus, "idx2"))
+    assert fake_openai.chat_requests == 3, "the second run must not call the endpoint"
+    assert r2.generation.generated == 0 and r2.generation.cached == 3
+    assert r2.generation.prompt_tokens == 0 and r2.generation.output_tokens == 0
+    m1, m2 = load_manifest(r1.output), load_manifest(r2.output)
+    assert m1.data["counts"] == m2.data["counts"]
+    assert _shard_rows(r1.output) == _shard_rows(r2.output)
+    assert m1.index_version == m2.index_version
+
+    # one chunk edited: exactly its request is sent, the others come from the cache
+    fake_openai.reset()
+    changed = [dict(d) for d in DOCS]
+    changed[1]["text"] = "Gustave Eiffel's tower is 330 metres tall. It stands in Paris."
+    r3 = build_index(_cfg(fake_openai, tmp_path, _corpus(tmp_path / "docs2.jsonl", changed), "idx3"))
+    assert fake_openai.chat_requests == 1
+    assert fake_openai.user_texts() == [changed[1]["text"]]
+    assert r3.generation.generated == 1 and r3.generation.cached == 2
+    by_doc3 = _questions_by_doc(r3.output)
+    assert by_doc3["eiffel"] == {f"What does the text say about {w}?" for w in ("Gustave", "Eiffel", "tower")}
+    assert by_doc3["berlin"] == by_doc["berlin"] and by_doc3["photo"] == by_doc["photo"]
+
+
+@pytest.mark.slow
+def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(ray_local, fake_openai, tmp_path):
+    from qrag_ray.pipeline import build_index
+
+    corpus = _corpus(tmp_path / "docs.jsonl", DOCS)
+    r1 = build_index(_cfg(fake_openai, tmp_path, corpus, "idx1", representation="atom-question"))
+    n_atoms = sum(len(split_sentences(d["text"])) for d in DOCS)
+    assert n_atoms == 6
+    assert fake_openai.chat_requests == n_atoms and r1.generation.generated == n_atoms
+    fake_openai.reset()
+
+    changed = [dict(d) for d in DOCS]
+    changed[2]["text"] = DOCS[2]["text"] + " Oxygen is released."
+    r2 = build_index(_cfg(fake_openai, tmp_path, _corpus(tmp_path / "d2.jsonl", changed), "idx2",
+                          representation="atom-question"))
+    # the changed chunk is the context of all its atoms: 3 new requests, the other 4 atoms come from the cache
+    assert fake_openai.chat_requests == 3
+    assert r2.generation.cached == 4 and r2.generation.generated == 3
+    assert all(changed[2]["text"] in t for t in fake_openai.user_texts())
