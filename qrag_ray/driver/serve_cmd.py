@@ -1,0 +1,251 @@
+"""`qrag serve`, `qrag query` and `qrag tenants`: run the Serve app, query it, manage API keys."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from qrag_ray.errors import QragError
+
+DEFAULT_PORT = 8000
+
+
+def load_serve_config(path: str | Path) -> dict:
+    """A `serve deploy` YAML, validated with Ray's own ServeDeploySchema (one qrag application)."""
+    import yaml
+    from pydantic import ValidationError as V2Error
+
+    p = Path(path)
+    if not p.is_file():
+        raise QragError(f"serve config not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise QragError(f"serve config {p} is not valid YAML: {e}") from None
+    from ray.serve.schema import ServeDeploySchema
+
+    from qrag_ray.config import format_validation_error
+
+    try:
+        ServeDeploySchema.model_validate(data)
+    except V2Error as e:
+        msg = format_validation_error(e).removeprefix("invalid configuration: ")
+        raise QragError(f"serve config {p} does not match Ray's Serve schema: {msg}") from None
+    apps = data.get("applications") or []
+    if len(apps) != 1:
+        raise QragError(f"serve config {p}: expected one application, found {len(apps)}")
+    return data
+
+
+def plan_from_config(data: dict | None, index: str | None, tenants: str | None, llm_url: str | None,
+                     llm_model: str | None) -> tuple[dict, dict, dict]:
+    """(app args, deployment options by name, http options) from a serve config plus CLI flags."""
+    app_cfg = ((data or {}).get("applications") or [{}])[0]
+    args: dict[str, Any] = dict(app_cfg.get("args") or {})
+    if index or tenants:  # a flag replaces the config's source entirely
+        args.pop("index", None)
+        args.pop("tenants", None)
+        if index:
+            args["index"] = str(Path(index).expanduser().resolve())
+        if tenants:
+            args["tenants"] = str(Path(tenants).expanduser().resolve())
+    if llm_url:
+        args["generator"] = {**(args.get("generator") or {}), "backend": "openai", "base_url": llm_url}
+        if llm_model:
+            args["generator"]["model"] = llm_model
+    dep_opts = {d["name"]: d for d in app_cfg.get("deployments") or []}
+    http = dict((data or {}).get("http_options") or {})
+    return args, dep_opts, http
+
+
+def wait_healthy(url: str, timeout_s: float = 300.0) -> dict:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{url}/healthz", timeout=10)
+            last = r.json()
+            if r.status_code == 200:
+                return last
+            if r.status_code == 503 and last.get("problems"):
+                return last
+        except (httpx.HTTPError, ValueError) as e:
+            last = str(e)
+        time.sleep(0.5)
+    raise QragError(f"the server at {url} did not become healthy in {timeout_s:.0f}s: {last}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve_cmd(
+        index: Optional[str] = typer.Option(None, "--index", help="serve this index as the open default tenant"),
+        tenants: Optional[str] = typer.Option(None, "--tenants", help="tenants YAML: every request needs its Bearer key"),
+        config: Optional[str] = typer.Option(None, "--config", "-c", help="serve config YAML (serve_configs/*.yaml)"),
+        host: Optional[str] = typer.Option(None, "--host", help="bind address (default 127.0.0.1)"),
+        port: Optional[int] = typer.Option(None, "--port", help=f"HTTP port (default {DEFAULT_PORT})"),
+        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: local Ray in-process)"),
+        llm_url: Optional[str] = typer.Option(None, "--llm-url", help="OpenAI-compatible endpoint for mode=hyde and /v1/answer"),
+        llm_model: Optional[str] = typer.Option(None, "--llm-model", help="model name at --llm-url"),
+        name: str = typer.Option("qrag", "--name", help="Serve application name"),
+        detach: bool = typer.Option(False, "--detach", help="deploy and return (with --address); default: serve until Ctrl-C"),
+    ):
+        """Serve an index (or many tenants' indexes) over HTTP with Ray Serve."""
+        data = load_serve_config(config) if config else None
+        args, dep_opts, http = plan_from_config(data, index, tenants, llm_url, llm_model)
+        if not args.get("index") and not args.get("tenants"):
+            raise QragError("give --index DIR or --tenants FILE (or a --config whose args name one)")
+        if args.get("index"):
+            from qrag_ray.index.format import load_manifest
+
+            load_manifest(args["index"])  # a clear one-line error before Ray starts
+        if args.get("tenants"):
+            from qrag_ray.serving.tenants import load_tenants
+
+            load_tenants(args["tenants"])
+        http_host = host or ("127.0.0.1" if not config else http.get("host", "127.0.0.1"))
+        http_port = port or http.get("port", DEFAULT_PORT)
+        if detach and not address:
+            raise QragError("--detach needs --address: a local in-process Ray stops when qrag exits")
+
+        import ray
+        from ray import serve
+
+        from qrag_ray.serving.app import build_app
+
+        console = Console(stderr=True)
+        env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
+        if address:
+            ray.init(address=address, runtime_env=env, logging_level="ERROR")
+        else:
+            import os
+
+            # a busy 2-core laptop can miss Serve's 5 s proxy readiness check; the workers inherit this env
+            os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+            # replica logs (one line per request) stay in /tmp/ray/session_*/logs, not on this terminal
+            ray.init(address="local", num_cpus=max(8, 4 * (os.cpu_count() or 2)), runtime_env=env,
+                     logging_level="ERROR", log_to_driver=False)
+        application = build_app(args, dep_opts)
+        serve.start(http_options={"host": http_host, "port": int(http_port)})
+        serve.run(application, name=name, route_prefix="/", blocking=False)
+        url = f"http://{'127.0.0.1' if http_host in ('0.0.0.0', '::') else http_host}:{http_port}"
+        health = wait_healthy(url)
+        if health.get("status") != "ok":
+            console.print(f"[yellow]serving, but unhealthy:[/] {json.dumps(health.get('problems'))}")
+        mode = "tenants (Bearer keys required)" if args.get("tenants") else "open default tenant (no key)"
+        console.print(f"qrag serving at {url}  ({mode}); API docs at {url}/docs")
+        if detach:
+            return
+        console.print("Ctrl-C to stop")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+
+    @app.command("query")
+    def query_cmd(
+        text: str = typer.Argument(..., help="the question"),
+        url: str = typer.Option("http://127.0.0.1:8000", "--url", help="server URL"),
+        key: Optional[str] = typer.Option(None, "--key", envvar="QRAG_API_KEY", help="API key (or $QRAG_API_KEY)"),
+        k: int = typer.Option(5, "--k", "-k", help="number of distinct chunks"),
+        mode: str = typer.Option("default", "--mode", help="default|hyde"),
+        min_score: Optional[float] = typer.Option(None, "--min-score"),
+        answer: bool = typer.Option(False, "--answer", help="ask /v1/answer for a cited answer"),
+        json_out: bool = typer.Option(False, "--json", help="print the raw JSON response"),
+    ):
+        """Query a running qrag server and print the results for a person."""
+        import httpx
+
+        body: dict[str, Any] = {"query": text, "k": k, "mode": mode}
+        if min_score is not None:
+            body["min_score"] = min_score
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        route = "/v1/answer" if answer else "/v1/search"
+        try:
+            r = httpx.post(url.rstrip("/") + route, json=body, headers=headers, timeout=120)
+        except httpx.HTTPError as e:
+            raise QragError(f"cannot reach {url}: {e}") from None
+        try:
+            data = r.json()
+        except ValueError:
+            raise QragError(f"{url} answered HTTP {r.status_code} with a non-JSON body") from None
+        if r.status_code >= 400:
+            raise QragError(f"HTTP {r.status_code} {data.get('error', '')}: {data.get('message', data)}")
+        if json_out:
+            print(json.dumps(data, indent=2, ensure_ascii=False))
+            return
+        print_results(data, text, answer)
+
+    tenants_app = typer.Typer(help="Manage the tenants file (API keys are stored as sha256 only).",
+                              no_args_is_help=True)
+    app.add_typer(tenants_app, name="tenants")
+
+    @tenants_app.command("add")
+    def tenants_add(
+        file: str = typer.Option(..., "--file", help="tenants YAML (created if missing)"),
+        name: str = typer.Option(..., "--name", help="tenant name (also the index name in requests)"),
+        index: str = typer.Option(..., "--index", help="the tenant's index directory"),
+    ):
+        """Add a tenant (or rotate its key) and print its new API key once."""
+        from pydantic import ValidationError
+
+        from qrag_ray.index.format import load_manifest
+        from qrag_ray.serving.tenants import add_tenant
+
+        load_manifest(index)
+        try:
+            key = add_tenant(file, name, index)
+        except ValidationError as e:
+            from qrag_ray.config import format_validation_error
+
+            raise QragError(format_validation_error(e)) from None
+        Console(stderr=True).print(f"tenant '{name}' -> {Path(index).resolve()} in {file}; its API key "
+                                   "(shown once, stored as sha256):")
+        print(key)
+
+    @tenants_app.command("list")
+    def tenants_list(file: str = typer.Option(..., "--file", help="tenants YAML")):
+        """List tenants and their indexes (never keys)."""
+        from qrag_ray.serving.tenants import load_tenants
+
+        for t in load_tenants(file).by_name.values():
+            print(f"{t.name}\t{t.index}")
+
+
+def print_results(data: dict, query: str, answer: bool = False) -> None:
+    from rich.table import Table
+
+    out = Console()
+    if answer:
+        out.rule(f"[bold]{query}")
+        out.print(data.get("answer", ""))
+        for c in data.get("citations", []):
+            out.print(f"  [{c['n']}] {c['chunk_id']}")
+    t = Table(title=f"{len(data.get('results', []))} results from '{data.get('index')}' "
+                    f"(index {str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)",
+              show_lines=True)
+    t.add_column("#", justify="right")
+    t.add_column("score", justify="right")
+    t.add_column("chunk")
+    t.add_column("matched")
+    t.add_column("text")
+    for i, r in enumerate(data.get("results", []), 1):
+        best = r["matched"][0] if r.get("matched") else {}
+        t.add_row(str(i), f"{r['score']:.3f}", r["chunk_id"],
+                  f"{best.get('kind', '')}: {_clip(best.get('text', ''), 100)}", _clip(r.get("text", ""), 200))
+    out.print(t)
+
+
+def _clip(s: str, n: int) -> str:
+    s = " ".join(str(s).split())
+    return s if len(s) <= n else s[: n - 1] + "…"

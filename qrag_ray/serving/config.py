@@ -1,0 +1,60 @@
+"""Serve application args (`args:` of a serve config, or `qrag serve` flags), typed and pure.
+
+One place decides what the app accepts, so `serve deploy`, `qrag serve` and the RayService manifest
+fail the same way on a typo (unknown keys are rejected) instead of silently serving defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from qrag_ray.config import GeneratorConfig, format_validation_error
+from qrag_ray.errors import QragError
+from qrag_ray.serving.tenants import Tenants, load_tenants
+
+# Deployment names, fixed: serve configs refer to them under `deployments:`.
+ROUTER = "Router"
+EMBEDDER = "QueryEmbedder"
+SYNTHESIZER = "Synthesizer"
+
+
+def shard_deployment(i: int) -> str:
+    return f"ShardSearcher{i}"
+
+
+class AppArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: str | None = Field(None, description="one index served as the open default tenant")
+    tenants: str | None = Field(None, description="tenants YAML (name, index, key_sha256); every request needs a key")
+    shards: int | None = Field(None, ge=1, le=256,
+                               description="ShardSearcher deployments to create; default: the most shards of any tenant index")
+    max_tenants_per_replica: int = Field(8, ge=1, description="LRU size of loaded tenant shards per replica (serve.multiplexed)")
+    faiss_threads: int | None = Field(None, ge=1, description="default: the replica's num_cpus")
+    generator: GeneratorConfig | None = Field(None, description="LLM for mode=hyde and /v1/answer (backend openai or vllm)")
+    answer_min_score: float = Field(0.35, ge=-1.0, le=1.0,
+                                    description="/v1/answer says \"I don't know\" without asking the LLM when no chunk scores this high")
+    hyde_max_tokens: int = Field(128, ge=1, le=2048)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "AppArgs":
+        if (self.index is None) == (self.tenants is None):
+            raise ValueError("give exactly one of 'index' (one open index) or 'tenants' (a tenants file)")
+        if self.generator is not None and self.generator.backend not in ("openai", "vllm"):
+            raise ValueError("generator.backend must be 'openai' or 'vllm' for serving")
+        return self
+
+    def load_tenants(self) -> Tenants:
+        if self.index is not None:
+            return Tenants.single(str(Path(self.index).expanduser().resolve()))
+        return load_tenants(self.tenants)
+
+
+def parse_app_args(args: dict[str, Any] | None) -> AppArgs:
+    try:
+        return AppArgs.model_validate(args or {})
+    except ValidationError as e:
+        raise QragError("invalid serve app args: " + format_validation_error(e).removeprefix("invalid configuration: ")) from None

@@ -1,0 +1,180 @@
+"""Session fixtures for the serving tests: one local Ray, two real 3-shard tenant indexes, one Serve.
+
+Everything is real (Ray, Serve over HTTP, FAISS, MiniLM) except the LLM, which is a tiny
+OpenAI-compatible HTTP server (`FakeLLM`) behind the real `openai` chat backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+# Topic subsets of the Python language reference (ships with Python): disjoint, so isolation is
+# checkable by doc id; `with`/context managers/exceptions live only in beta.
+ALPHA_TOPICS = ["for", "while", "if", "break", "continue", "pass", "return", "global", "nonlocal", "lambda",
+                "booleans", "comparisons", "integers", "floating", "assert", "del"]
+BETA_TOPICS = ["with", "context-managers", "try", "exceptions", "raise", "dict", "lists", "strings", "slicings",
+               "subscriptions", "yield", "await", "import", "in"]
+
+HYDE_PASSAGE = ("A with statement calls the context manager's __enter__ method on entry and its __exit__ "
+                "method on exit, even when the block raises an exception.")
+IDK_MARKER = "penguin"  # a question containing it makes the fake LLM answer "I don't know"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_corpus(path: Path, names: list[str]) -> None:
+    from pydoc_data.topics import topics
+
+    from qrag_ray.driver.demo_cmd import unwrap
+
+    with path.open("w", encoding="utf-8") as f:
+        for name in names:
+            text = unwrap(topics[name])
+            f.write(json.dumps({"id": name, "title": text.splitlines()[0].strip(), "text": text}) + "\n")
+
+
+def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int = 3) -> Path:
+    from qrag_ray.config import build_index_config
+    from qrag_ray.pipeline import build_index
+
+    cache = os.environ.get("QRAG_SERVING_TEST_CACHE")  # dev loop only: reuse indexes built by an earlier run
+    if cache:
+        workdir = Path(cache)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if (workdir / f"{name}-index" / "manifest.json").is_file():
+            return workdir / f"{name}-index"
+    corpus = workdir / f"{name}.jsonl"
+    write_corpus(corpus, names)
+    out = workdir / f"{name}-index"
+    cfg = build_index_config(None, input=str(corpus), format="jsonl", output=str(out),
+                             representation="atom-sentence", shards=shards, overwrite=True,
+                             generator={"backend": "none"}, chunker={"method": "token", "size": 120, "overlap": 20})
+    build_index(cfg)
+    return out
+
+
+class FakeLLM:
+    """A real HTTP server speaking the OpenAI chat-completions shape with canned replies."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+                fake.requests.append(body)
+                prompt = "\n".join(m.get("content", "") for m in body.get("messages", []))
+                if "Passage:" in prompt:
+                    reply = HYDE_PASSAGE
+                elif IDK_MARKER in prompt.lower():
+                    reply = "I don't know."
+                else:
+                    reply = "The context manager's __exit__ method runs when the with block ends [1]. See also [2]."
+                data = {"id": "x", "object": "chat.completion", "model": body.get("model"),
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                                     "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 10}}
+                raw = json.dumps(data).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A private local Ray (never an existing cluster), or the one this test session already started;
+    shut down only if started here."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        # A loaded 2-core box can take longer than Serve's 5 s proxy readiness default.
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+        os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
+        ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                 _metrics_export_port=free_port(),
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+                                           "TRANSFORMERS_OFFLINE": "1"}})
+    node = next(n for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == ray.util.get_node_ip_address())
+    yield {"metrics_port": int(node["MetricsExportPort"])}
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tenant_indexes(ray_local, tmp_path_factory):
+    wd = tmp_path_factory.mktemp("serving")
+    alpha = build_tenant_index(wd, "alpha", ALPHA_TOPICS)
+    beta = build_tenant_index(wd, "beta", BETA_TOPICS)
+    gamma = wd / "gamma-index"  # alpha with shard 1's FAISS file corrupted (same size: checksum mismatch)
+    shutil.copytree(alpha, gamma)
+    f = gamma / "shards" / "00001.faiss"
+    data = bytearray(f.read_bytes())
+    data[-64:] = bytes(64)
+    f.write_bytes(bytes(data))
+    return {"alpha": alpha, "beta": beta, "gamma": gamma, "workdir": wd}
+
+
+@pytest.fixture(scope="session")
+def fake_llm():
+    f = FakeLLM()
+    yield f
+    f.close()
+
+
+@pytest.fixture(scope="module")
+def served(ray_local, tenant_indexes, fake_llm):
+    """Serve once (the app tests live in one module): app `qrag` (tenants alpha, beta, broken gamma; fake LLM) at `/` and app
+    `open` (alpha as the open default tenant, no LLM) at `/open`."""
+    import httpx
+    from ray import serve
+
+    from qrag_ray.serving.app import build_app
+    from qrag_ray.serving.tenants import add_tenant
+
+    tenants_file = tenant_indexes["workdir"] / "tenants.yaml"
+    keys = {name: add_tenant(tenants_file, name, tenant_indexes[name]) for name in ("alpha", "beta", "gamma")}
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    small = {"ray_actor_options": {"num_cpus": 0.5}}
+    opts = {n: small for n in ("Router", "QueryEmbedder", "ShardSearcher0", "ShardSearcher1", "ShardSearcher2",
+                               "Synthesizer")}
+    gen = {"backend": "openai", "base_url": fake_llm.url, "model": "fake-llm", "api_key_env": ""}
+    t0 = time.time()
+    serve.run(build_app({"tenants": str(tenants_file), "generator": gen}, opts), name="qrag", route_prefix="/")
+    serve.run(build_app({"index": str(tenant_indexes["alpha"])}, opts), name="open", route_prefix="/open")
+    url = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=url, timeout=120)
+    yield {"topics": (ALPHA_TOPICS, BETA_TOPICS), "hyde_passage": HYDE_PASSAGE, "idk_marker": IDK_MARKER,
+           "url": url, "client": client, "keys": keys, "tenants_file": tenants_file, "startup_s": time.time() - t0,
+           **tenant_indexes, **ray_local}
+    client.close()
+    serve.shutdown()

@@ -1,0 +1,322 @@
+"""The Serve app over HTTP: a real local Ray, real Serve, real 3-shard FAISS indexes, real MiniLM.
+
+One module so Serve starts once (fixtures in conftest.py); the only fake is the OpenAI-compatible LLM.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+ALPHA_TOPICS = ["for", "while", "if", "break", "continue", "pass", "return", "global", "nonlocal", "lambda",
+                "booleans", "comparisons", "integers", "floating", "assert", "del"]
+BETA_TOPICS = ["with", "context-managers", "try", "exceptions", "raise", "dict", "lists", "strings", "slicings",
+               "subscriptions", "yield", "await", "import", "in"]
+HYDE_PASSAGE = ("A with statement calls the context manager's __enter__ method on entry and its __exit__ "
+                "method on exit, even when the block raises an exception.")
+IDK_MARKER = "penguin"
+
+QUERIES = [
+    "When does the else clause of a for loop run?",
+    "How are integers compared with floats?",
+    "What does the global statement do?",
+]
+
+
+def auth(served, tenant):
+    return {"Authorization": f"Bearer {served['keys'][tenant]}"}
+
+
+def search(served, body, tenant="alpha", prefix=""):
+    return served["client"].post(f"{prefix}/v1/search", json=body, headers=auth(served, tenant) if tenant else {})
+
+
+# ------------------------------------------------------------------------------------ health, docs
+def test_fixture_data_matches(served):
+    assert (served["topics"], served["hyde_passage"], served["idk_marker"]) == (
+        (ALPHA_TOPICS, BETA_TOPICS), HYDE_PASSAGE, IDK_MARKER)
+
+
+def test_open_app_is_healthy_and_documents_its_api(served):
+    c = served["client"]
+    r = c.get("/open/healthz")
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "ok"
+    spec = c.get("/open/openapi.json").json()
+    assert {"/v1/search", "/v1/answer", "/v1/indexes", "/healthz"} <= set(spec["paths"])
+    assert c.get("/open/docs").status_code == 200
+
+
+def test_broken_shard_keeps_app_unhealthy_with_reason(served):
+    r = served["client"].get("/healthz")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "unhealthy"
+    bad = [p for p in body["problems"] if p.get("tenant") == "gamma"]
+    assert bad and bad[0]["shard"] == 1 and "checksum" in bad[0]["reason"].lower(), body
+    assert not [p for p in body["problems"] if p.get("tenant") in ("alpha", "beta")], body
+    # the broken tenant gets a clear 503, the others keep working
+    r = search(served, {"query": "for loop", "k": 3}, tenant="gamma")
+    assert r.status_code == 503 and r.json()["error"] == "index_unavailable"
+    assert search(served, {"query": "for loop", "k": 3}).status_code == 200
+
+
+# ------------------------------------------------------------------------------------ ranking
+@pytest.mark.parametrize("k", [1, 5, 20, 40])
+def test_returns_k_distinct_chunks(served, k):
+    r = search(served, {"query": QUERIES[0], "k": k})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = [x["chunk_id"] for x in body["results"]]
+    assert len(ids) == k and len(set(ids)) == k
+    scores = [x["score"] for x in body["results"]]
+    assert scores == sorted(scores, reverse=True)
+    for x in body["results"]:
+        assert x["matched"] and x["text"] and x["doc_id"] in ALPHA_TOPICS
+        assert x["score"] == pytest.approx(x["matched"][0]["score"], abs=1e-6)  # chunk score = best vector
+    assert body["index_version"] and body["took_ms"] > 0
+
+
+def test_k_beyond_the_index_returns_every_chunk_once(served):
+    from qrag_ray.index.format import load_manifest
+
+    n = load_manifest(served["alpha"]).data["counts"]["chunks"]
+    assert n < 100
+    body = search(served, {"query": QUERIES[2], "k": 100}).json()
+    ids = [x["chunk_id"] for x in body["results"]]
+    assert len(ids) == n == len(set(ids))
+    assert body["timings"]["rounds"] >= 1
+
+
+@pytest.mark.parametrize("prefix,tenant", [("/open", None), ("", "alpha")])
+def test_results_equal_in_process_search(served, prefix, tenant):
+    from qrag_ray.search.engine import SearchEngine
+
+    engine = SearchEngine(served["alpha"])
+    for q in QUERIES:
+        for k in (3, 25):
+            want = engine.search([q], k=k)[0]
+            got = search(served, {"query": q, "k": k}, tenant=tenant, prefix=prefix).json()
+            assert got["index_version"] == engine.manifest.index_version
+            assert [x["chunk_id"] for x in got["results"]] == [x["chunk_id"] for x in want]
+            for g, w in zip(got["results"], want):
+                assert g["score"] == pytest.approx(w["score"], abs=1e-4)
+                assert [(m["kind"], m["text"]) for m in g["matched"]] == [(m["kind"], m["text"]) for m in w["matched"]]
+                assert (g["doc_id"], g["title"], g["text"]) == (w["doc_id"], w["title"], w["text"])
+
+
+def test_min_score_filters_like_in_process(served):
+    from qrag_ray.search.engine import SearchEngine
+
+    engine = SearchEngine(served["alpha"])
+    want = engine.search([QUERIES[1]], k=30, min_score=0.45)[0]
+    got = search(served, {"query": QUERIES[1], "k": 30, "min_score": 0.45}).json()["results"]
+    assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
+    assert all(x["score"] >= 0.45 for x in got)
+
+
+# ------------------------------------------------------------------------------------ tenants
+def test_tenant_isolation(served):
+    q = "How do I make an object usable in a with statement?"
+    a = search(served, {"query": q, "k": 20}, tenant="alpha").json()["results"]
+    b = search(served, {"query": q, "k": 20}, tenant="beta").json()["results"]
+    assert len(a) == 20 and all(x["doc_id"] in ALPHA_TOPICS for x in a)
+    assert all(x["doc_id"] in BETA_TOPICS for x in b)
+    assert b[0]["doc_id"] in ("with", "context-managers")
+    assert not {x["chunk_id"] for x in a} & {x["chunk_id"] for x in b}
+
+
+def test_indexes_lists_only_the_callers_index(served):
+    r = served["client"].get("/v1/indexes", headers=auth(served, "beta"))
+    assert r.status_code == 200
+    idx = r.json()["indexes"]
+    assert [i["name"] for i in idx] == ["beta"] and idx[0]["num_shards"] == 3 and idx[0]["available"]
+
+
+@pytest.mark.parametrize("headers,status,kind", [
+    ({}, 401, "unauthorized"),
+    ({"Authorization": "Bearer qrag_not-a-real-key"}, 401, "unauthorized"),
+    ({"Authorization": "Basic abc"}, 401, "unauthorized"),
+])
+def test_missing_or_unknown_key_is_401(served, headers, status, kind):
+    r = served["client"].post("/v1/search", json={"query": "for loop", "k": 3}, headers=headers)
+    assert r.status_code == status and r.json()["error"] == kind
+    assert r.headers.get("www-authenticate") == "Bearer"
+
+
+def test_key_for_another_tenants_index(served):
+    r = search(served, {"query": "for loop", "k": 3, "index": "beta"}, tenant="alpha")
+    assert r.status_code == 403 and r.json()["error"] == "forbidden"
+    r = search(served, {"query": "for loop", "k": 3, "index": "nope"}, tenant="alpha")
+    assert r.status_code == 404 and r.json()["error"] == "not_found"
+
+
+# ------------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("body,status,kind", [
+    ('{"query": ""}', 422, "invalid_request"),
+    ('{"query": "   \\n "}', 422, "invalid_request"),
+    ('{"query": "' + "x" * 2001 + '"}', 413, "query_too_long"),
+    ('{"query": "for loop", "k": 0}', 422, "invalid_request"),
+    ('{"query": "for loop", "k": 101}', 422, "invalid_request"),
+    ('{"query": "for loop", "k": "ten"}', 422, "invalid_request"),
+    ('{"query": "for loop", "mode": "bm25"}', 422, "invalid_request"),
+    ('{"query": "for loop", "min_socre": 0.5}', 422, "invalid_request"),
+    ('{"k": 5}', 422, "invalid_request"),
+    ('{"query": "for loop", ', 400, "malformed_json"),
+    ('[1, 2]', 422, "invalid_request"),
+])
+def test_bad_input_is_a_clear_4xx(served, body, status, kind):
+    r = served["client"].post("/v1/search", content=body,
+                              headers={"content-type": "application/json", **auth(served, "alpha")})
+    assert r.status_code == status, r.text
+    j = r.json()
+    assert j["error"] == kind and j["message"]
+
+
+def test_unknown_route_and_method(served):
+    r = served["client"].get("/v2/search")
+    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    r = served["client"].get("/v1/search")
+    assert r.status_code == 405
+
+
+# ------------------------------------------------------------------------------------ LLM paths
+def test_hyde_embeds_the_llm_passage(served, fake_llm):
+    n0 = len(fake_llm.requests)
+    r = search(served, {"query": "How do I make an object usable in a with statement?", "k": 5, "mode": "hyde"},
+               tenant="beta")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["mode"] == "hyde" and body["hypothetical"] == HYDE_PASSAGE
+    assert len(fake_llm.requests) == n0 + 1 and "Passage:" in fake_llm.requests[-1]["messages"][-1]["content"]
+    # the vector searched is the passage's: same ranking as an in-process search for the passage text
+    from qrag_ray.search.engine import SearchEngine
+
+    want = SearchEngine(served["beta"]).search([HYDE_PASSAGE], k=5)[0]
+    assert [x["chunk_id"] for x in body["results"]] == [x["chunk_id"] for x in want]
+
+
+def test_answer_cites_chunk_ids(served, fake_llm):
+    r = served["client"].post("/v1/answer", json={"query": "What does the __exit__ method of a context manager do?",
+                                                 "k": 4}, headers=auth(served, "beta"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert "[1]" in body["answer"] and body["answer"] != "I don't know"
+    assert [c["n"] for c in body["citations"]] == [1, 2]
+    ids = [x["chunk_id"] for x in body["results"]]
+    assert [c["chunk_id"] for c in body["citations"]] == ids[:2]
+    prompt = fake_llm.requests[-1]["messages"][-1]["content"]
+    assert body["results"][0]["text"].strip()[:60] in prompt
+
+
+def test_answer_says_i_dont_know_when_the_model_does(served):
+    r = served["client"].post("/v1/answer", json={"query": f"Which {IDK_MARKER} wrote the with statement?", "k": 3},
+                              headers=auth(served, "beta"))
+    assert r.status_code == 200 and r.json()["answer"] == "I don't know" and r.json()["citations"] == []
+
+
+def test_answer_without_support_does_not_ask_the_llm(served, fake_llm):
+    n0 = len(fake_llm.requests)
+    r = served["client"].post("/v1/answer", json={"query": "zxqv blorf wibble frobnicate", "k": 3},
+                              headers=auth(served, "beta"))
+    assert r.status_code == 200
+    assert r.json()["answer"] == "I don't know" and r.json()["citations"] == []
+    assert len(fake_llm.requests) == n0
+
+
+def test_answer_without_llm_is_503(served):
+    r = served["client"].post("/open/v1/answer", json={"query": "for loop"})
+    assert r.status_code == 503 and r.json()["error"] == "llm_not_configured"
+    r = served["client"].post("/open/v1/search", json={"query": "for loop", "mode": "hyde"})
+    assert r.status_code == 503 and r.json()["error"] == "llm_not_configured"
+
+
+# ------------------------------------------------------------------------------------ metrics
+def test_metrics_on_the_scrape_endpoint(served):
+    """Runs last in this module: every name in EXPORTED_METRICS is on the live Prometheus endpoint."""
+    import httpx
+
+    from qrag_ray.serving.metrics import EXPORTED_METRICS
+
+    for q in QUERIES:
+        search(served, {"query": q, "k": 5})
+    served["client"].post("/v1/search", json={"query": ""}, headers=auth(served, "alpha"))
+    want_tags = ['tenant="alpha"', 'route="/v1/search"', 'kind="invalid_request"', 'index_version="']
+    deadline = time.time() + 90
+    missing, text = set(EXPORTED_METRICS), ""
+    while time.time() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{served['metrics_port']}/metrics", timeout=30).text
+        present = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
+        missing = set(EXPORTED_METRICS) - present
+        if not missing and all(t in text for t in want_tags):
+            break
+        time.sleep(2)
+    assert not missing, f"not scraped: {sorted(missing)}"
+    errors = [line[line.find("{"):][-300:] for line in text.splitlines() if line.startswith("ray_qrag_errors_total")]
+    for t in want_tags:
+        assert t in text, (t, errors)
+
+
+# ------------------------------------------------------------------------------------ CLI
+def test_qrag_query_prints_a_table(served, capsys):
+    from qrag_ray.cli import main
+
+    url = served["url"]
+    assert main(["query", "--url", url, "--key", served["keys"]["beta"], "--k", "3",
+                 "How do I make an object usable in a with statement?"]) == 0
+    out = capsys.readouterr().out
+    assert "3 results from 'beta'" in out and ("with#" in out or "context-managers#" in out)
+    assert main(["query", "--url", url, "--key", "wrong", "x"]) == 2
+    assert "HTTP 401 unauthorized" in capsys.readouterr().err
+    assert main(["query", "--url", url, "--key", served["keys"]["beta"], "--answer", "--k", "3",
+                 "What does the __exit__ method of a context manager do?"]) == 0
+    assert "[1]" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_qrag_serve_command_end_to_end(served, capsys):
+    """`qrag serve --index DIR` in its own process (its own local Ray), queried with `qrag query`."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    import httpx
+
+    from qrag_ray.cli import main
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+    proc = subprocess.Popen([sys.executable, "-m", "qrag_ray.cli", "serve", "--index", str(served["alpha"]),
+                             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    banner = f"qrag serving at http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 420
+        while time.time() < deadline and proc.poll() is None and not any(banner in ln for ln in lines):
+            time.sleep(1)
+        assert any(banner in ln for ln in lines), f"qrag serve did not come up (rc={proc.poll()}): {lines[-20:]}"
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).json()["status"] == "ok"
+        assert main(["query", "--url", f"http://127.0.0.1:{port}", "--k", "2", QUERIES[0]]) == 0
+        assert "2 results from 'default'" in capsys.readouterr().out
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+    assert proc.returncode is not None  # Ctrl-C stopped it

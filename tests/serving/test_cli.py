@@ -1,0 +1,72 @@
+"""`qrag serve` / `qrag query` / `qrag tenants` user errors: one line on stderr, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from qrag_ray.cli import main
+from qrag_ray.serving.tenants import hash_key, load_tenants
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def fake_index(tmp_path):
+    """Just enough of an index for `qrag tenants add` (it checks the manifest is readable)."""
+    import json
+
+    d = tmp_path / "idx"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps({
+        "format_version": 1, "index_version": "v", "num_shards": 1, "embedder": {"model": "m", "dim": 3},
+        "shards": [{}], "files": {}, "representation": "chunk"}))
+    return d
+
+
+def test_tenants_add_prints_the_key_once_and_stores_its_hash(tmp_path, fake_index, capsys):
+    f = tmp_path / "tenants.yaml"
+    code, out, err = run(["tenants", "add", "--file", str(f), "--name", "acme", "--index", str(fake_index)], capsys)
+    assert code == 0
+    key = out.strip()
+    assert key.startswith("qrag_") and key not in f.read_text()
+    assert load_tenants(f).by_name["acme"].key_sha256 == hash_key(key)
+    code, out, _ = run(["tenants", "list", "--file", str(f)], capsys)
+    assert code == 0 and out.startswith("acme\t") and key not in out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["tenants", "add", "--file", "{tmp}/t.yaml", "--name", "a", "--index", "{tmp}/missing"], "index not found"),
+    (["tenants", "add", "--file", "{tmp}/t.yaml", "--name", "a b", "--index", "{idx}"], "tenant names"),
+    (["serve", "--index", "{tmp}/missing"], "index not found"),
+    (["serve"], "give --index DIR or --tenants FILE"),
+    (["serve", "--tenants", "{tmp}/missing.yaml"], "tenants file not found"),
+    (["serve", "--config", "{tmp}/bad.yaml", "--index", "{idx}"], "Serve schema"),
+    (["serve", "--config", "{tmp}/missing.yaml"], "serve config not found"),
+    (["query", "--url", "http://127.0.0.1:9", "how?"], "cannot reach"),
+])
+def test_user_errors_are_one_line(tmp_path, fake_index, capsys, argv, msg):
+    (tmp_path / "bad.yaml").write_text("applications:\n  - name: qrag\n    import_path: 3\n    bogus: 1\n")
+    argv = [a.format(tmp=tmp_path, idx=fake_index) for a in argv]
+    code, out, err = run(argv, capsys)
+    assert code == 2, err
+    assert msg in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 3  # one message (rich may wrap it)
+
+
+def test_flags_override_the_serve_config(tmp_path):
+    import yaml
+
+    from qrag_ray.driver.serve_cmd import load_serve_config, plan_from_config
+
+    data = load_serve_config("serve_configs/qrag.yaml")
+    args, deps, http = plan_from_config(data, str(tmp_path), None, "http://llm:9/v1", "m")
+    assert args["index"] == str(tmp_path.resolve()) and "tenants" not in args
+    assert args["generator"]["base_url"] == "http://llm:9/v1" and args["generator"]["model"] == "m"
+    assert args["shards"] == yaml.safe_load(open("serve_configs/qrag.yaml"))["applications"][0]["args"]["shards"]
+    assert set(deps) >= {"Router", "QueryEmbedder", "ShardSearcher0"} and http["port"] == 8000
+    args, _, _ = plan_from_config(None, None, str(tmp_path / "t.yaml"), None, None)
+    assert args == {"tenants": str((tmp_path / "t.yaml").resolve())}

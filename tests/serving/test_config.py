@@ -1,0 +1,103 @@
+"""Serve configs, app args and the application graph (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qrag_ray.errors import QragError
+from qrag_ray.serving.config import parse_app_args
+from qrag_ray.serving.metrics import EXPORTED_METRICS
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "serve_configs").glob("*.yaml"))
+
+
+def test_there_are_serve_configs():
+    assert {p.name for p in CONFIGS} >= {"qrag.yaml", "local.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_serve_config_matches_rays_schema_and_our_app(path, tmp_path):
+    from ray.serve._private.build_app import build_app as ray_build
+    from ray.serve.schema import ServeDeploySchema
+
+    data = yaml.safe_load(path.read_text())
+    schema = ServeDeploySchema.model_validate(data)
+    assert len(schema.applications) == 1
+    app = schema.applications[0]
+    for d in app.deployments:  # per-deployment autoscaling, as the issue asks
+        assert d.autoscaling_config, f"{path.name}: {d.name} has no autoscaling_config"
+        assert d.autoscaling_config["min_replicas"] >= 1
+        assert d.autoscaling_config["max_replicas"] >= d.autoscaling_config["min_replicas"]
+    module, _, attr = app.import_path.partition(":")
+    builder = getattr(importlib.import_module(module), attr)
+    assert app.import_path == "qrag_ray.serving.app:build_app"
+    args = parse_app_args(app.args)  # the args are valid AppArgs (typos would fail here)
+    # every deployment the config names exists in the app the builder makes from these args
+    fake_args = dict(app.args)
+    if args.tenants:
+        fake_args["tenants"] = str(tmp_path / "t.yaml")
+        (tmp_path / "t.yaml").write_text("tenants:\n  - {name: a, index: /nonexistent, key_sha256: '" + "0" * 64 + "'}\n")
+    built = ray_build(builder(fake_args), name=app.name)
+    names = {d.name for d in built.deployments}
+    assert {d.name for d in app.deployments} <= names, names
+    assert built.ingress_deployment_name == "Router"
+    assert {"Router", "QueryEmbedder"} <= names
+    assert {n for n in names if n.startswith("ShardSearcher")} == {f"ShardSearcher{i}" for i in range(args.shards)}
+    assert ("Synthesizer" in names) == (args.generator is not None)
+
+
+def test_canonical_config_is_for_a_cluster():
+    data = yaml.safe_load((ROOT / "serve_configs/qrag.yaml").read_text())
+    assert data["http_options"]["host"] == "0.0.0.0"
+    assert data["applications"][0]["args"]["tenants"], "a shared endpoint must require keys"
+    local = yaml.safe_load((ROOT / "serve_configs/local.yaml").read_text())
+    assert local["http_options"]["host"] == "127.0.0.1"
+
+
+def test_deployment_overrides_apply(tmp_path):
+    from ray.serve._private.build_app import build_app as ray_build
+
+    from qrag_ray.serving.app import build_app
+
+    app = build_app({"index": str(tmp_path), "shards": 2},
+                    {"ShardSearcher1": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0.25}}})
+    deps = {d.name: d for d in ray_build(app, name="x").deployments}
+    assert deps["ShardSearcher1"].num_replicas == 3
+    assert deps["ShardSearcher1"].ray_actor_options["num_cpus"] == 0.25
+    assert deps["ShardSearcher0"]._deployment_config.autoscaling_config is not None
+
+
+@pytest.mark.parametrize("args,msg", [
+    ({}, "exactly one of"),
+    ({"index": "/a", "tenants": "/b"}, "exactly one of"),
+    ({"index": "/a", "shard": 2}, "shard"),
+    ({"index": "/a", "shards": 0}, "shards"),
+    ({"index": "/a", "generator": {"backend": "none"}}, "backend"),
+    ({"index": "/a", "generator": {"backend": "gpt"}}, "generator.backend"),
+])
+def test_bad_app_args(args, msg):
+    with pytest.raises(QragError, match=msg):
+        parse_app_args(args)
+
+
+def test_build_app_without_any_readable_index_is_a_clear_error(tmp_path):
+    from qrag_ray.serving.app import build_app
+
+    with pytest.raises(QragError, match="number of shards"):
+        build_app({"index": str(tmp_path / "missing")})
+
+
+def test_exported_metric_names_are_as_scraped():
+    assert EXPORTED_METRICS and all(n.startswith("ray_qrag_") for n in EXPORTED_METRICS)
+    assert all(h for h in EXPORTED_METRICS.values())
+    hist = {n.rsplit("_", 1)[0] for n in EXPORTED_METRICS if n.endswith("_bucket")}
+    assert hist == {"ray_qrag_request_latency_ms", "ray_qrag_shard_search_latency_ms",
+                    "ray_qrag_candidates_before_dedup", "ray_qrag_candidates_after_dedup"}
+    for h in hist:
+        assert {f"{h}_sum", f"{h}_count"} <= set(EXPORTED_METRICS)
+    assert "ray_qrag_errors_total" in EXPORTED_METRICS and "ray_qrag_index_version_loaded" in EXPORTED_METRICS
