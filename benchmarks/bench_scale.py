@@ -1,0 +1,299 @@
+"""Scale benchmark: a sharded IVF-PQ index of >= 10M vectors built and searched on one small box.
+
+Why synthetic vectors: the systems question (memory per shard, build time, QPS, recall of compressed
+search + refinement vs exact) does not depend on what the vectors mean, and 10M real MiniLM vectors
+would take days to embed on 2 CPU cores. The vectors are clustered (Gaussian blobs around random
+centres, L2-normalised, inner product = cosine) so that IVF has structure to exploit, as real
+embeddings do, and so that within-cluster ranking is hard for PQ alone (refinement has work to do).
+
+Memory discipline: vectors are generated chunk by chunk from a seeded RNG (chunk i is reproducible on
+its own) and never held all at once; each chunk is added to its shard's index and scanned exactly
+for the ground truth in the same pass. The coarse quantizer and PQ codebooks are trained once on a
+sample and cloned into every shard (the production pattern: shards share codebooks so per-shard
+scores are comparable when merged).
+
+Baseline in the same run: exact search (FAISS flat inner product, brute force over every chunk) —
+its QPS and its memory (fp32 flat) are the denominators of the reported ratios.
+
+    python benchmarks/bench_scale.py --n 10000000 --dim 64 --shards 4 --out runs/bench-scale.json
+    python benchmarks/bench_scale.py --n 200000 --shards 2 --nlist 256 --queries 200   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def rss_mb() -> float:
+    """Current resident set size (not the peak): what the process holds right now."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Synth:
+    """Clustered unit vectors; chunk `i` depends only on (seed, i), so any chunk can be regenerated."""
+
+    def __init__(self, dim: int, centres: int, spread: float, seed: int):
+        self.dim, self.spread, self.seed = dim, spread, seed
+        self.centres = np.random.default_rng([seed, 0]).standard_normal((centres, dim)).astype(np.float32)
+
+    def chunk(self, i: int, n: int, stream: int = 1) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, stream, i])
+        c = rng.integers(0, len(self.centres), size=n)
+        x = self.centres[c] + self.spread * rng.standard_normal((n, self.dim), dtype=np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        return x
+
+
+def merge_topk(scores: list[np.ndarray], ids: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k over per-shard result lists (higher score = better; id -1 = empty slot)."""
+    s = np.concatenate(scores, axis=1)
+    i = np.concatenate(ids, axis=1)
+    s = np.where(i >= 0, s, -np.inf)
+    part = np.argpartition(-s, min(k, s.shape[1] - 1), axis=1)[:, :k]
+    ps = np.take_along_axis(s, part, 1)
+    order = np.argsort(-ps, axis=1, kind="stable")
+    part = np.take_along_axis(part, order, 1)
+    return np.take_along_axis(s, part, 1), np.take_along_axis(i, part, 1)
+
+
+def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
+    """Mean |found[:k] ∩ truth[:k]| / k (the usual ANN recall@k against exact top-k)."""
+    hits = [len(set(f[:k].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth)]
+    return float(np.mean(hits)) / k
+
+
+def set_search_params(index, nprobe: int, k_factor: float) -> None:
+    import faiss
+
+    faiss.extract_index_ivf(index).nprobe = nprobe
+    if hasattr(index, "k_factor"):
+        index.k_factor = k_factor
+
+
+def run(a: argparse.Namespace) -> dict:
+    import faiss
+
+    faiss.omp_set_num_threads(a.threads)
+    work = Path(a.work_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "shards").mkdir(parents=True)
+    syn = Synth(a.dim, a.centres, a.spread, a.seed)
+    per_shard = a.n // a.shards
+    n = per_shard * a.shards
+    chunks_per_shard = max(1, -(-per_shard // a.chunk))
+    k = a.k
+    queries = syn.chunk(0, a.queries, stream=2)  # a stream disjoint from the database
+    t_all = time.perf_counter()
+    rss0 = rss_mb()
+
+    # ---- train once (coarse quantizer + PQ + refine codec), shared by all shards
+    t0 = time.perf_counter()
+    train = syn.chunk(0, min(a.train, n), stream=3)
+    template = faiss.index_factory(a.dim, a.factory, faiss.METRIC_INNER_PRODUCT)
+    template.train(train)
+    train_s = time.perf_counter() - t0
+    del train
+    print(f"trained {a.factory} on {min(a.train, n):,} vectors in {train_s:.1f}s", file=sys.stderr)
+
+    # ---- one pass over the data: add to the shard, exact-scan for ground truth
+    gt_s = np.full((a.queries, k), -np.inf, np.float32)
+    gt_i = np.full((a.queries, k), -1, np.int64)
+    exact_s = 0.0
+    gen_s = 0.0
+    shards = []
+    for s in range(a.shards):
+        t_shard = time.perf_counter()
+        add_s = 0.0
+        index = faiss.clone_index(template)
+        rss_before = rss_mb()
+        base = s * per_shard
+        for c in range(chunks_per_shard):
+            lo = c * a.chunk
+            m = min(a.chunk, per_shard - lo)
+            if m <= 0:
+                break
+            t = time.perf_counter()
+            x = syn.chunk(s * chunks_per_shard + c, m)
+            gen_s += time.perf_counter() - t
+            t = time.perf_counter()
+            index.add(x)
+            add_s += time.perf_counter() - t
+            t = time.perf_counter()
+            flat = faiss.IndexFlatIP(a.dim)
+            flat.add(x)
+            ds, di = flat.search(queries, k)
+            gt_s, gt_i = merge_topk([gt_s, ds], [gt_i, np.where(di >= 0, di + base + lo, -1)], k)
+            exact_s += time.perf_counter() - t
+            del x, flat
+        path = work / "shards" / f"{s:05d}.faiss"
+        faiss.write_index(index, str(path))
+        shards.append({"shard": s, "vectors": int(index.ntotal), "add_seconds": round(add_s, 2),
+                       "seconds": round(time.perf_counter() - t_shard, 2),
+                       "file_bytes": path.stat().st_size,
+                       "rss_growth_mb": round(rss_mb() - rss_before, 1)})
+        print(f"shard {s}: {index.ntotal:,} vectors, add {add_s:.1f}s, {path.stat().st_size / 2**20:.0f} MiB",
+              file=sys.stderr)
+        del index
+    build_s = train_s + sum(x["add_seconds"] for x in shards)
+
+    # ---- search: load every shard (as a serving node would), sweep nprobe x refine factor
+    t = time.perf_counter()
+    loaded = [faiss.read_index(str(work / "shards" / f"{s:05d}.faiss")) for s in range(a.shards)]
+    load_s = time.perf_counter() - t
+    rss_loaded = rss_mb()
+    offsets = [s * per_shard for s in range(a.shards)]
+
+    def search_all(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ss, ii = [], []
+        for off, ix in zip(offsets, loaded):
+            d, i = ix.search(q, k)
+            ss.append(d)
+            ii.append(np.where(i >= 0, i + off, -1))
+        return merge_topk(ss, ii, k)
+
+    rows = []  # k_factor 1 = PQ ranking alone (no refinement): the ablation
+    for nprobe in a.nprobe:
+        for kf in a.k_factor:
+            for ix in loaded:
+                set_search_params(ix, nprobe, kf)
+            t = time.perf_counter()
+            _, found = search_all(queries)
+            batch_s = time.perf_counter() - t
+            # one query at a time: what a serving replica sees without batching
+            nq1 = min(a.single_queries, a.queries)
+            t = time.perf_counter()
+            for j in range(nq1):
+                search_all(queries[j:j + 1])
+            single_s = time.perf_counter() - t
+            rows.append({"nprobe": nprobe, "k_factor": kf, "recall@10": round(recall_at(found, gt_i, k), 4),
+                         "recall@1": round(recall_at(found, gt_i, 1), 4),
+                         "qps_batch": round(a.queries / batch_s, 1), "qps_single": round(nq1 / single_s, 1),
+                         "latency_ms_single": round(1000 * single_s / nq1, 2)})
+            print(f"nprobe={nprobe} k_factor={kf}: recall@10={rows[-1]['recall@10']:.3f} "
+                  f"qps(batch)={rows[-1]['qps_batch']:.0f} qps(single)={rows[-1]['qps_single']:.0f}", file=sys.stderr)
+
+    exact_qps = a.queries / exact_s  # brute force over all n vectors (time excludes data generation)
+    total_bytes = sum(x["file_bytes"] for x in shards)
+    flat_bytes = n * a.dim * 4
+    result = {
+        "benchmark": "scale", "n": n, "dim": a.dim, "shards": a.shards, "factory": a.factory, "k": k,
+        "queries": a.queries, "train_vectors": min(a.train, n), "centres": a.centres, "spread": a.spread,
+        "threads": a.threads, "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
+        "train_seconds": round(train_s, 1), "add_seconds": round(sum(x["add_seconds"] for x in shards), 1),
+        "build_seconds": round(build_s, 1), "generate_seconds": round(gen_s, 1), "load_seconds": round(load_s, 1),
+        "shard_detail": shards,
+        "memory": {"index_bytes_total": total_bytes, "bytes_per_vector": round(total_bytes / n, 1),
+                   "index_mib_per_shard": round(total_bytes / a.shards / 2**20, 1),
+                   "flat_fp32_bytes": flat_bytes, "compression_vs_flat": round(flat_bytes / total_bytes, 2),
+                   "rss_mib_all_shards_loaded": round(rss_loaded - rss0, 1), "peak_rss_mib": round(peak_rss_mb(), 1)},
+        "exact_baseline": {"seconds": round(exact_s, 1), "qps": round(exact_qps, 2)},
+        "search": [r | {"speedup_vs_exact": round(r["qps_batch"] / exact_qps, 1)} for r in rows],
+        "total_seconds": round(time.perf_counter() - t_all, 1),
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+    }
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def print_table(r: dict) -> None:
+    m = r["memory"]
+    print(f"\n{r['n']:,} vectors x {r['dim']}d, {r['shards']} shards, {r['factory']}  (k={r['k']}, "
+          f"{r['queries']} queries, {r['threads']} threads)")
+    print(f"build: train {r['train_seconds']}s + add {r['add_seconds']}s = {r['build_seconds']}s   "
+          f"(data generation {r['generate_seconds']}s not counted)")
+    print(f"memory: {m['index_mib_per_shard']} MiB per shard, {m['bytes_per_vector']} B/vector, "
+          f"{m['compression_vs_flat']}x smaller than flat fp32; RSS with all shards loaded "
+          f"{m['rss_mib_all_shards_loaded']} MiB")
+    print(f"exact baseline: {r['exact_baseline']['qps']} QPS (brute force over all vectors, batched)")
+    hdr = ("nprobe", "k_factor", "recall@10", "recall@1", "qps_batch", "qps_single", "latency_ms_single",
+           "speedup_vs_exact")
+    print(" | ".join(f"{h:>17}" for h in hdr))
+    for row in r["search"]:
+        print(" | ".join(f"{row[h]!s:>17}" for h in hdr))
+
+
+def minilm_rate(n: int, batch_size: int = 128) -> dict:
+    """MiniLM (all-MiniLM-L6-v2, bundled) encode rate on question-length texts, for docs/SCALING.md.
+
+    Reports wall-clock texts/s and texts per CPU-second: on a shared box the second is the stable
+    figure (it does not drop when other jobs take the cores), and it is what scales by core count.
+    """
+    from pydoc_data.topics import topics
+
+    from qrag_ray.embedding import encode, load_sentence_transformer
+    from qrag_ray.text.sentences import split_sentences
+
+    st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
+    texts = [x for t in sorted(topics) for x in split_sentences(topics[t].replace("\n", " ")) if 20 <= len(x) <= 120][:n]
+    encode(st, texts[:64], 64)  # warm-up
+    t, c = time.perf_counter(), time.process_time()
+    v = encode(st, texts, batch_size)
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    return {"benchmark": "minilm-rate", "model": "all-MiniLM-L6-v2", "texts": len(texts),
+            "mean_chars": round(sum(map(len, texts)) / len(texts), 1), "batch_size": batch_size, "dim": int(v.shape[1]),
+            "wall_seconds": round(wall, 2), "texts_per_s": round(len(texts) / wall, 1), "cpu_seconds": round(cpu, 2),
+            "texts_per_cpu_s": round(len(texts) / cpu, 1), "cpus": os.cpu_count(),
+            "loadavg_1m": round(os.getloadavg()[0], 1), "command": " ".join([Path(sys.executable).name] + sys.argv)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=10_000_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--nlist", type=int, default=2048, help="IVF lists (used when --factory is not given)")
+    ap.add_argument("--factory", default=None, help="FAISS factory (default IVF{nlist},PQ{dim/2}x4fs,Refine(SQfp16))")
+    ap.add_argument("--train", type=int, default=100_000)
+    ap.add_argument("--chunk", type=int, default=500_000)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--single-queries", type=int, default=100)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--nprobe", default="16")
+    ap.add_argument("--k-factor", default="1,16,64")
+    ap.add_argument("--centres", type=int, default=2000)
+    ap.add_argument("--spread", type=float, default=0.6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--work-dir", default="/tmp/qrag-bench-scale")
+    ap.add_argument("--keep", action="store_true", help="keep the shard files in --work-dir")
+    ap.add_argument("--out", default="runs/bench-scale.json")
+    ap.add_argument("--minilm-rate", type=int, default=0, metavar="N",
+                    help="only measure MiniLM encode throughput on N question-length texts and exit")
+    a = ap.parse_args(argv)
+    if a.minilm_rate:
+        r = minilm_rate(a.minilm_rate)
+        print(json.dumps(r, indent=2))
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(r, indent=2))
+        return 0
+    a.nprobe = [int(x) for x in str(a.nprobe).split(",")]
+    a.k_factor = [float(x) for x in str(a.k_factor).split(",")]
+    a.factory = a.factory or f"IVF{a.nlist},PQ{a.dim // 2}x4fs,Refine(SQfp16)"
+    r = run(a)
+    print_table(r)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(r, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

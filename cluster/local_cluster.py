@@ -1,0 +1,417 @@
+"""A real multi-node Ray cluster on one machine: one head and N worker nodes started with `ray start`.
+
+    python -m cluster.local_cluster up      [--name qrc] [--workers 2] [--worker-cpus 2] [--base-port auto]
+    python -m cluster.local_cluster status  [--name qrc]
+    python -m cluster.local_cluster down    [--name qrc] [--keep-logs]
+    (cluster/local_cluster.sh is the same CLI for shells)
+
+Each node is a separate raylet with its own ports and its own resources (custom resource `node_a`,
+`node_b`, ... per worker, `head` on the head). The cluster is addressed on loopback (GCS address,
+dashboard and agents on 127.0.0.1); note that Ray 2.60 replaces a loopback `--node-ip-address` by the
+host's own IP (services.resolve_ip_for_localhost) and its gRPC servers listen on all interfaces, so
+keep the port range firewalled on a machine that has a public interface. The whole cluster lives in
+its own directory (`/tmp/qrag-lc-<name>`: Ray temp dir, state file, logs), so it never touches the
+default `/tmp/ray` session other people on the box may be running.
+
+Teardown never uses `ray stop` (that kills every Ray process of the user, including other people's
+clusters). Every process `ray start` spawns inherits the environment variable QRAG_LOCAL_CLUSTER=<dir>
+and/or carries the cluster's temp dir on its command line; `down` signals exactly those processes
+(SIGTERM, then SIGKILL after a grace period) and checks that none is left.
+
+The head has 0 CPUs by default (as in production: the head runs GCS, dashboard and the Serve
+controller, not work), so every task and replica lands on a worker node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ENV_MARKER = "QRAG_LOCAL_CLUSTER"
+HOST = "127.0.0.1"
+# Port layout relative to the base port B (per node i: 0 = head, 1..N = workers):
+#   B          GCS (the cluster address)          B+1  Ray client server   B+2  dashboard (HTTP)
+#   B+10i+3    node manager    B+10i+4 object manager    B+10i+5 metrics export (Prometheus /metrics)
+#   B+10i+6    dashboard agent HTTP   B+10i+7 dashboard agent gRPC   B+10i+8 runtime-env agent
+#   B+100(i+1) .. B+100(i+1)+99   worker ports of node i
+NODE_STRIDE = 10
+WORKER_PORT_BLOCK = 100
+
+
+def default_dir(name: str) -> Path:
+    # short: Ray's unix socket paths must stay below ~107 characters
+    return Path(os.environ.get("QRAG_LOCAL_CLUSTER_ROOT", "/tmp")) / f"qrag-lc-{name}"
+
+
+@dataclass
+class NodeSpec:
+    index: int  # 0 = head
+    name: str  # "head", "node_a", "node_b", ...
+    num_cpus: int
+    resources: dict[str, float]
+    node_manager_port: int
+    object_manager_port: int
+    metrics_export_port: int
+    dashboard_agent_listen_port: int
+    dashboard_agent_grpc_port: int
+    runtime_env_agent_port: int
+    min_worker_port: int
+    max_worker_port: int
+
+
+@dataclass
+class ClusterState:
+    name: str
+    dir: str
+    base_port: int
+    address: str  # GCS address, what `--address` takes
+    dashboard_url: str
+    client_port: int
+    nodes: list[NodeSpec] = field(default_factory=list)
+    started_at: float = 0.0
+
+    @property
+    def temp_dir(self) -> str:
+        return str(Path(self.dir) / "ray")
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        return [f"http://{HOST}:{n.metrics_export_port}/metrics" for n in self.nodes]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self) | {"temp_dir": self.temp_dir, "metrics_urls": self.metrics_urls}, indent=2)
+
+    @classmethod
+    def load(cls, path: Path) -> "ClusterState":
+        d = json.loads(path.read_text())
+        d.pop("temp_dir", None)
+        d.pop("metrics_urls", None)
+        d["nodes"] = [NodeSpec(**n) for n in d["nodes"]]
+        return cls(**d)
+
+
+def worker_names(n: int) -> list[str]:
+    return [f"node_{chr(ord('a') + i)}" for i in range(n)]
+
+
+def plan_nodes(base: int, workers: int, worker_cpus: int, head_cpus: int) -> list[NodeSpec]:
+    """Pure: ports and resources of every node, derived from the base port."""
+    specs = []
+    for i, name in enumerate(["head"] + worker_names(workers)):
+        o = base + NODE_STRIDE * i
+        wp = base + WORKER_PORT_BLOCK * (i + 1)
+        specs.append(NodeSpec(
+            index=i, name=name, num_cpus=head_cpus if i == 0 else worker_cpus, resources={name: 1.0},
+            node_manager_port=o + 3, object_manager_port=o + 4, metrics_export_port=o + 5,
+            dashboard_agent_listen_port=o + 6, dashboard_agent_grpc_port=o + 7, runtime_env_agent_port=o + 8,
+            min_worker_port=wp, max_worker_port=wp + WORKER_PORT_BLOCK - 1))
+    return specs
+
+
+def ports_of(base: int, workers: int) -> list[int]:
+    ports = [base, base + 1, base + 2]
+    for n in plan_nodes(base, workers, 1, 0):
+        ports += [n.node_manager_port, n.object_manager_port, n.metrics_export_port,
+                  n.dashboard_agent_listen_port, n.dashboard_agent_grpc_port, n.runtime_env_agent_port]
+        ports += list(range(n.min_worker_port, n.max_worker_port + 1))
+    return ports
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # also the wildcard address
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_base_port(workers: int, start: int = 27000, stop: int = 60000, step: int = 1000) -> int:
+    """First base port whose whole range is free (other people's Ray uses 6379, 8265, 10001...)."""
+    for base in range(start, stop, step):
+        if all(_port_free(p) for p in ports_of(base, workers)):
+            return base
+    raise RuntimeError("no free port range for a local Ray cluster")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _env(cdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env[ENV_MARKER] = str(cdir)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # a driver's RAY_ADDRESS must not redirect `ray start`
+    env.pop("RAY_ADDRESS", None)
+    # Ray 2.60: a head turns token auth on by itself when ~/.ray/auth_token exists, but a joining
+    # worker and `ray.init(address=...)` never do, so the workers could not join. The mode is made
+    # explicit for every node (loopback-only cluster: disabled unless the caller asked for tokens).
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    return env
+
+
+def _ray_bin() -> str:
+    cand = Path(sys.executable).with_name("ray")
+    return str(cand) if cand.exists() else (shutil.which("ray") or "ray")
+
+
+def ray_start_command(state: ClusterState, node: NodeSpec, object_store_mb: int) -> list[str]:
+    """Pure: the `ray start` argv of one node."""
+    cmd = [_ray_bin(), "start", "--node-ip-address", HOST, "--temp-dir", state.temp_dir,
+           "--num-cpus", str(node.num_cpus), "--num-gpus", "0", "--resources", json.dumps(node.resources),
+           "--object-store-memory", str(object_store_mb * 1024 * 1024),
+           "--node-manager-port", str(node.node_manager_port),
+           "--object-manager-port", str(node.object_manager_port),
+           "--metrics-export-port", str(node.metrics_export_port),
+           "--dashboard-agent-listen-port", str(node.dashboard_agent_listen_port),
+           "--dashboard-agent-grpc-port", str(node.dashboard_agent_grpc_port),
+           "--runtime-env-agent-port", str(node.runtime_env_agent_port),
+           "--min-worker-port", str(node.min_worker_port), "--max-worker-port", str(node.max_worker_port),
+           "--disable-usage-stats"]
+    if node.index == 0:
+        cmd += ["--head", "--port", str(state.base_port), "--ray-client-server-port", str(state.client_port),
+                "--include-dashboard", "true", "--dashboard-host", HOST,
+                "--dashboard-port", str(state.base_port + 2)]
+    else:
+        cmd += ["--address", state.address]
+    return cmd
+
+
+def _read_environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def _read_cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def cluster_pids(cdir: Path) -> list[int]:
+    """Processes that belong to the cluster in cdir: they carry the env marker or the temp dir."""
+    marker = f"{ENV_MARKER}={cdir}\0".encode()
+    tdir = str(cdir / "ray").encode()
+    me = os.getpid()
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        pid = int(p.name)
+        if pid == me:
+            continue
+        env = _read_environ(pid)
+        if marker in env + b"\0" or tdir in _read_cmdline(pid):
+            # skip zombies: they hold no resources and vanish when reaped
+            try:
+                stat = (p / "stat").read_text()
+                if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            except (OSError, IndexError):
+                continue
+            out.append(pid)
+    return sorted(out)
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            pass
+
+
+def kill_cluster_processes(cdir: Path, grace_s: float = 10.0) -> list[int]:
+    """SIGTERM the cluster's processes, SIGKILL what is left after grace_s; returns survivors."""
+    pids = cluster_pids(cdir)
+    if not pids:
+        return []
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.time() + grace_s
+    while time.time() < deadline:
+        left = cluster_pids(cdir)
+        if not left:
+            return []
+        time.sleep(0.3)
+    # processes spawned during shutdown (e.g. a worker started just now) are caught here too
+    for _ in range(5):
+        left = cluster_pids(cdir)
+        if not left:
+            return []
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.5)
+    return cluster_pids(cdir)
+
+
+# ---------------------------------------------------------------- cluster state
+
+
+def live_nodes(address: str, timeout: float = 5.0) -> list[dict]:
+    """ALIVE nodes according to the GCS: [{node_id, resources}]"""
+    from ray._raylet import GcsClient
+
+    # the cluster's auth mode is explicit (see _env); a client in token mode needs RAY_AUTH_MODE=token
+    client = GcsClient(address=address)
+    infos = client.get_all_node_info(timeout=timeout)
+    out = []
+    for nid, info in infos.items():
+        if info.state != 0:  # GcsNodeInfo.ALIVE == 0
+            continue
+        out.append({"node_id": nid.hex(), "resources": dict(info.resources_total),
+                    "is_head": bool(info.is_head_node), "port": info.node_manager_port})
+    return out
+
+
+def wait_for_nodes(address: str, n: int, timeout: float = 90.0) -> list[dict]:
+    deadline = time.time() + timeout
+    last: Exception | None = None
+    while time.time() < deadline:
+        try:
+            nodes = live_nodes(address)
+            if len(nodes) >= n:
+                return nodes
+        except Exception as e:  # noqa: BLE001 - GCS still starting
+            last = e
+        time.sleep(1.0)
+    raise RuntimeError(f"cluster at {address} did not reach {n} alive nodes in {timeout:.0f}s ({last})")
+
+
+def up(name: str = "qrc", workers: int = 2, worker_cpus: int = 2, head_cpus: int = 0,
+       base_port: int | None = None, object_store_mb: int = 400, cdir: Path | None = None,
+       timeout: float = 120.0, quiet: bool = False, attempts: int = 3) -> ClusterState:
+    """Start head + workers; on any failure everything started so far is torn down.
+
+    `ray start` gives a raylet a fixed 30 s to register with the GCS; on a box where other jobs hold
+    every core that can run out, so a failed start is torn down and tried again (`attempts`).
+    """
+    cdir = Path(cdir) if cdir else default_dir(name)
+    if (cdir / "cluster.json").exists() and cluster_pids(cdir):
+        raise RuntimeError(f"a cluster is already running in {cdir}: run `down` first")
+    for attempt in range(1, attempts + 1):
+        try:
+            return _up_once(name, workers, worker_cpus, head_cpus, base_port, object_store_mb, cdir, timeout, quiet)
+        except RuntimeError as e:
+            if attempt == attempts:
+                raise
+            print(f"local cluster start failed (attempt {attempt}/{attempts}): {e}; retrying", file=sys.stderr)
+            shutil.rmtree(cdir / "ray", ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _up_once(name: str, workers: int, worker_cpus: int, head_cpus: int, base_port: int | None,
+             object_store_mb: int, cdir: Path, timeout: float, quiet: bool) -> ClusterState:
+    cdir.mkdir(parents=True, exist_ok=True)
+    base = base_port or pick_base_port(workers)
+    state = ClusterState(name=name, dir=str(cdir), base_port=base, address=f"{HOST}:{base}",
+                         dashboard_url=f"http://{HOST}:{base + 2}", client_port=base + 1,
+                         nodes=plan_nodes(base, workers, worker_cpus, head_cpus), started_at=time.time())
+    (cdir / "cluster.json").write_text(state.to_json())
+    env = _env(cdir)
+    log = open(cdir / "ray-start.log", "ab")
+    try:
+        for node in state.nodes:
+            cmd = ray_start_command(state, node, object_store_mb)
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            r = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                               start_new_session=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"`ray start` for {node.name} failed (rc {r.returncode}); see {cdir / 'ray-start.log'}")
+            if node.index == 0:
+                wait_for_nodes(state.address, 1, timeout)
+        wait_for_nodes(state.address, len(state.nodes), timeout)
+    except BaseException:
+        log.close()
+        kill_cluster_processes(cdir)
+        raise
+    log.close()
+    if not quiet:
+        print(f"local Ray cluster '{name}' up: {len(state.nodes)} nodes, address {state.address}, "
+              f"dashboard {state.dashboard_url}, dir {cdir}", file=sys.stderr)
+    return state
+
+
+def down(name: str = "qrc", cdir: Path | None = None, keep_logs: bool = False, quiet: bool = False) -> bool:
+    """Stop every process of the cluster; True when none is left. Removes the dir unless keep_logs."""
+    cdir = Path(cdir) if cdir else default_dir(name)
+    survivors = kill_cluster_processes(cdir)
+    if survivors:
+        print(f"processes still alive after SIGKILL: {survivors}", file=sys.stderr)
+        return False
+    if not keep_logs and cdir.exists():
+        shutil.rmtree(cdir, ignore_errors=True)
+    if not quiet:
+        print(f"local Ray cluster '{name}' down ({cdir})", file=sys.stderr)
+    return True
+
+
+def status(name: str = "qrc", cdir: Path | None = None) -> dict:
+    cdir = Path(cdir) if cdir else default_dir(name)
+    sf = cdir / "cluster.json"
+    pids = cluster_pids(cdir)
+    if not sf.exists():
+        return {"name": name, "dir": str(cdir), "running": bool(pids), "pids": pids, "nodes": []}
+    state = ClusterState.load(sf)
+    try:
+        nodes = live_nodes(state.address) if pids else []
+    except Exception as e:  # noqa: BLE001
+        nodes = [{"error": str(e)}]
+    return {"name": name, "dir": str(cdir), "address": state.address, "dashboard_url": state.dashboard_url,
+            "metrics_urls": state.metrics_urls, "running": bool(pids), "pids": pids, "nodes": nodes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="local_cluster", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for c in ("up", "down", "status"):
+        p = sub.add_parser(c)
+        p.add_argument("--name", default=os.environ.get("QRAG_LOCAL_CLUSTER_NAME", "qrc"))
+        p.add_argument("--dir", default=None, help="cluster dir (default /tmp/qrag-lc-<name>)")
+        if c == "up":
+            p.add_argument("--workers", type=int, default=2)
+            p.add_argument("--worker-cpus", type=int, default=2, help="logical CPUs per worker node")
+            p.add_argument("--head-cpus", type=int, default=0)
+            p.add_argument("--base-port", default="auto", help="first port of the cluster's range, or auto")
+            p.add_argument("--object-store-mb", type=int, default=400)
+        if c == "down":
+            p.add_argument("--keep-logs", action="store_true")
+    a = ap.parse_args(argv)
+    cdir = Path(a.dir) if a.dir else None
+    if a.cmd == "up":
+        st = up(a.name, a.workers, a.worker_cpus, a.head_cpus,
+                None if a.base_port == "auto" else int(a.base_port), a.object_store_mb, cdir)
+        print(st.to_json())
+        return 0
+    if a.cmd == "down":
+        return 0 if down(a.name, cdir, a.keep_logs) else 1
+    s = status(a.name, cdir)
+    print(json.dumps(s, indent=2))
+    return 0 if s["running"] else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""A real 3-node Ray cluster on this machine (head + node_a + node_b, `cluster/local_cluster.py`):
+`qrag index --address` spreads shard builds over the worker nodes, `qrag serve --address` runs the
+Serve app on them, and the live Prometheus scrape holds every metric the Grafana dashboard queries.
+
+The module fixture starts the cluster once and always tears it down, then asserts that no process of
+it is left. Nothing here uses `ray stop` or default ports: another Ray may be running on the box.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from cluster import local_cluster as lc  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TOPICS = ["assert", "async", "break", "continue", "del", "for", "if", "lambda", "pass", "return", "while", "with",
+          "global", "nonlocal", "try", "raise", "import", "yield"]
+QUERY = "What does the break statement do?"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def qrag(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "qrag_ray.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    name = f"t{os.getpid() % 100000}"
+    cdir = lc.default_dir(name)
+    state = lc.up(name=name, workers=2, worker_cpus=3, cdir=cdir, quiet=True, timeout=180)
+    try:
+        yield state
+    finally:
+        assert lc.down(name=name, cdir=cdir, quiet=True), "cluster processes survived SIGKILL"
+        assert lc.cluster_pids(cdir) == [], "processes of the local cluster were left behind"
+        assert not cdir.exists()
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster) -> dict[str, str]:
+    """resource name (head/node_a/node_b) -> node id"""
+    out = {}
+    for n in lc.live_nodes(cluster.address):
+        out.update({r: n["node_id"] for r in ("head", "node_a", "node_b") if r in n["resources"]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster_index(cluster, tmp_path_factory) -> Path:
+    from pydoc_data.topics import topics
+
+    from qrag_ray.driver.demo_cmd import unwrap
+
+    d = tmp_path_factory.mktemp("lc-index")
+    corpus = d / "corpus.jsonl"
+    with corpus.open("w") as f:
+        for t in TOPICS:
+            f.write(json.dumps({"id": t, "title": f"The {t} topic", "text": unwrap(topics[t])}) + "\n")
+    out = d / "index"
+    r = qrag("index", "--input", str(corpus), "--output", str(out), "--shards", "4", "--chunk-size", "120",
+             "--chunk-overlap", "20", "--address", cluster.address, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def test_cluster_has_three_nodes_with_their_own_resources(cluster, nodes):
+    live = lc.live_nodes(cluster.address)
+    assert len(live) == 3
+    assert set(nodes) == {"head", "node_a", "node_b"} and len(set(nodes.values())) == 3
+    head = next(n for n in live if "head" in n["resources"])
+    assert head["resources"].get("CPU", 0) == 0 and head["is_head"]
+    assert lc.status(cluster.name, Path(cluster.dir))["running"]
+
+
+def test_index_shards_are_built_on_different_worker_nodes(cluster_index, nodes):
+    from qrag_ray.index.format import load_manifest
+
+    m = load_manifest(cluster_index, verify=True)
+    built_on = [s["built_on"]["node_id"] for s in m.data["shards"]]
+    assert len(built_on) == 4
+    assert set(built_on) <= {nodes["node_a"], nodes["node_b"]}, "a shard was built outside the worker nodes"
+    assert len(set(built_on)) >= 2, f"all shards were built on one node: {built_on}"
+
+
+def test_index_built_on_the_cluster_answers_in_process(cluster_index):
+    from qrag_ray.search.engine import SearchEngine
+
+    res = SearchEngine(cluster_index).search([QUERY], k=3)[0]
+    assert len({r["chunk_id"] for r in res}) == 3
+    assert res[0]["doc_id"] == "break"
+
+
+def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes):
+    pytest.importorskip("qrag_ray.serving.app")
+    import httpx
+    import ray
+    from ray import serve
+
+    from qrag_ray.deploy.validate import dashboard_exprs, promql_metric_names
+    from qrag_ray.search.engine import SearchEngine
+
+    port = free_port()
+    r = qrag("serve", "--index", str(cluster_index), "--address", cluster.address, "--port", str(port), "--detach",
+             timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
+        got = httpx.post(f"{url}/v1/search", json={"query": QUERY, "k": 3}, timeout=60)
+        assert got.status_code == 200, got.text
+        results = got.json()["results"]
+        want = SearchEngine(cluster_index).search([QUERY], k=3)[0]
+        assert [x["chunk_id"] for x in results] == [x["chunk_id"] for x in want]
+        for q in ("How does a for loop work?", "What is a lambda?", "When does a while loop stop?"):
+            assert httpx.post(f"{url}/v1/search", json={"query": q, "k": 5}, timeout=60).status_code == 200
+        bad = httpx.post(f"{url}/v1/search", json={"query": "", "k": 3}, timeout=60)
+        assert 400 <= bad.status_code < 500
+
+        # the replicas run on the worker nodes (the head has no CPUs)
+        ray.init(address=cluster.address, logging_level="ERROR")
+        from ray.util.state import list_actors
+
+        replicas = [a for a in list_actors(address=cluster.dashboard_url, filters=[("state", "=", "ALIVE")], limit=1000)
+                    if a.class_name.startswith("ServeReplica")]
+        assert replicas
+        where = {a.node_id for a in replicas}
+        assert where <= {nodes["node_a"], nodes["node_b"]} and len(where) == 2, where
+
+        # every metric the dashboard queries is on the live scrape of the cluster's nodes
+        dash = json.loads((REPO / "k8s" / "base" / "dashboards" / "qrag-dashboard.json").read_text())
+        wanted = set().union(*(promql_metric_names(e) for e in dashboard_exprs(dash)))
+        missing = wanted
+        deadline = time.monotonic() + 90
+        while missing and time.monotonic() < deadline:
+            text = "\n".join(httpx.get(u, timeout=10).text for u in cluster.metrics_urls)
+            scraped = {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln and not ln.startswith("#")}
+            missing = wanted - scraped
+            if missing:
+                httpx.post(f"{url}/v1/search", json={"query": QUERY, "k": 3}, timeout=60)
+                time.sleep(5)
+        assert not missing, f"dashboard metrics absent from the live scrape: {sorted(missing)}"
+    finally:
+        if not ray.is_initialized():
+            ray.init(address=cluster.address, logging_level="ERROR")
+        serve.shutdown()
+        ray.shutdown()

@@ -1,0 +1,73 @@
+"""Pure parts of the local cluster script: ports, resources and the `ray start` command lines.
+
+Why: the script must never touch another Ray on the box (default ports 6379/8265/10001/8000, the
+default /tmp/ray temp dir) and must give each node its own resource so tests can place work.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from cluster import local_cluster as lc  # noqa: E402
+
+DEFAULT_RAY_PORTS = {6379, 8265, 10001, 8000, 8076, 8077, 52365, 44217}
+
+
+def _state(base=27000, workers=2):
+    return lc.ClusterState(name="t", dir="/tmp/qrag-lc-t", base_port=base, address=f"{lc.HOST}:{base}",
+                           dashboard_url="", client_port=base + 1, nodes=lc.plan_nodes(base, workers, 2, 0))
+
+
+def test_ports_are_distinct_and_avoid_ray_defaults():
+    ports = lc.ports_of(27000, 2)
+    assert len(ports) == len(set(ports))
+    assert not set(ports) & DEFAULT_RAY_PORTS
+
+
+def test_every_node_has_its_own_resource_and_the_head_no_cpus():
+    nodes = lc.plan_nodes(27000, 2, 3, 0)
+    assert [n.name for n in nodes] == ["head", "node_a", "node_b"]
+    assert [n.resources for n in nodes] == [{"head": 1.0}, {"node_a": 1.0}, {"node_b": 1.0}]
+    assert [n.num_cpus for n in nodes] == [0, 3, 3]
+
+
+def test_ray_start_commands_use_own_ports_temp_dir_and_loopback():
+    st = _state()
+    for node in st.nodes:
+        cmd = lc.ray_start_command(st, node, 300)
+        joined = " ".join(cmd)
+        assert cmd[1] == "start" and "--temp-dir /tmp/qrag-lc-t/ray" in joined
+        assert f"--node-ip-address {lc.HOST}" in joined
+        for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
+                     "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+                     "--min-worker-port", "--max-worker-port"):
+            assert flag in cmd, flag
+            assert int(cmd[cmd.index(flag) + 1]) not in DEFAULT_RAY_PORTS
+        if node.index == 0:
+            assert "--head" in cmd and cmd[cmd.index("--port") + 1] == "27000"
+            assert cmd[cmd.index("--dashboard-host") + 1] == lc.HOST
+        else:
+            assert cmd[cmd.index("--address") + 1] == f"{lc.HOST}:27000"
+
+
+def test_env_marks_processes_and_fixes_auth_mode(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    env = lc._env(Path("/tmp/qrag-lc-t"))
+    assert env[lc.ENV_MARKER] == "/tmp/qrag-lc-t"
+    assert "RAY_ADDRESS" not in env  # a driver's address must not redirect `ray start`
+    assert env["RAY_AUTH_MODE"] == "disabled"
+
+
+def test_temp_dir_is_short_enough_for_unix_sockets():
+    # Ray puts sockets at <temp>/session_<date>_<pid>/sockets/plasma_store (~70 chars on top)
+    assert len(str(lc.default_dir("qrc-12345"))) + 70 < 107
+
+
+def test_cluster_pids_finds_nothing_for_an_unknown_dir(tmp_path):
+    assert lc.cluster_pids(tmp_path / "nope") == []
