@@ -149,18 +149,35 @@ def _register_optional_commands() -> None:
         m.register(app)
 
 
+def _click_modules() -> list:
+    """click itself and the copy recent typer vendors as `typer._click`: usage errors come from the
+    one typer runs on, and catching only the other lets a missing option escape as a traceback."""
+    import importlib
+
+    mods = []
+    for name in ("typer._click", "click"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    return mods
+
+
 def main(argv: list[str] | None = None) -> int:
-    import click
+    mods = _click_modules()
+    aborts = tuple(a for m in mods for a in [getattr(m.exceptions, "Abort", None)] if a is not None)
+    aborts += (typer.Abort,) if hasattr(typer, "Abort") else ()
+    usage = tuple(m.exceptions.ClickException for m in mods)
 
     _register_optional_commands()
     cmd = typer.main.get_command(app)
     try:
         cmd.main(args=argv, prog_name="qrag", standalone_mode=False)
         return 0
-    except click.exceptions.Abort:
+    except aborts:
         err.print("aborted")
         return 130
-    except click.ClickException as e:
+    except usage as e:
         e.show()
         return e.exit_code or 2
     except KeyboardInterrupt:

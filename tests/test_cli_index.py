@@ -152,3 +152,15 @@ def test_bad_input_subprocess_exit_code(tmp_path):
                         "--output", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.strip().splitlines() == [f"error: input not found: {tmp_path / 'x.jsonl'}"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["eval", "--subset", "3"], "Missing option '--dataset'"),
+    (["index", "--bogus"], "No such option: --bogus"),
+    (["search", "--index"], "requires an argument"),
+])
+def test_usage_errors_are_messages_not_tracebacks(argv, needle):
+    # typer runs on its vendored click; a usage error from it once escaped main() as a traceback
+    p = subprocess.run([sys.executable, "-m", "qrag_ray.cli", *argv], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and needle in p.stderr
