@@ -73,8 +73,17 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     else:
         # address="local": a new in-process Ray, never one that `ray start` happened to leave in
         # /tmp/ray on this machine (ray.init(None) would join it and then reject num_cpus).
-        ray.init(address="local", num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 2)),
-                 include_dashboard=False, **kwargs)
+        for attempt in range(3):
+            try:
+                ray.init(address="local", num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 2)),
+                         include_dashboard=False, **kwargs)
+                break
+            except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+                # Ray gives a new raylet a fixed 30 s to register; on a 2-core laptop already busy
+                # (an LLM engine, another Ray) that is not always enough, and a retry usually is.
+                if "timed out during startup" not in str(e) or attempt == 2:
+                    raise
+                ray.shutdown()
     ctx.enable_progress_bars = not quiet or os.environ.get("QRAG_PROGRESS") == "1"
     ctx.print_on_execution_start = False
 

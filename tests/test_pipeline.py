@@ -144,8 +144,10 @@ def test_killed_build_leaves_old_index(kinds_index, tmp_path, pydoc_jsonl):
            "--representation", "atom-sentence", "--overwrite"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 300
-    while time.time() < deadline and not list(tmp_path.glob(".idx.tmp-*/chunks.parquet")):
-        time.sleep(0.5)
+    while time.time() < deadline and proc.poll() is None and not list(tmp_path.glob(".idx.tmp-*/chunks.parquet")):
+        time.sleep(0.2)
+    if proc.poll() is not None:
+        pytest.fail(f"qrag index exited ({proc.returncode}) before it could be killed: {proc.stderr.read()[-2000:]}")
     assert list(tmp_path.glob(".idx.tmp-*")), "the build never started writing"
     os.killpg(proc.pid, signal.SIGKILL)  # the whole process group this test started (driver + its Ray)
     proc.wait(timeout=60)
