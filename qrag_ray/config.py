@@ -30,6 +30,10 @@ REPRESENTATIONS: dict[str, dict[str, Any]] = {
     "atom-sentence": {"kinds": ["sentence"], "granularity": None},
     "atom-question": {"kinds": ["question"], "granularity": "atom"},
     "hybrid": {"kinds": ["chunk", "question"], "granularity": "chunk"},
+    # The issue-6 winner for a small offline generator (docs/EVALUATION.md §3): the chunk, its
+    # sentences, and one question per sentence embedded with the chunk, scored by the sum of each
+    # kind's best match (a chunk found by several kinds of evidence ranks first).
+    "atom-hybrid": {"kinds": ["chunk", "sentence", "quote"], "granularity": "atom", "search": {"fusion": "sum"}},
 }
 
 _QUESTION_KINDS = {"question", "quote", "atomquote", "onedoc"}
@@ -164,6 +168,10 @@ class IndexConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "IndexConfig":
+        # a preset's search defaults apply unless the config set that field itself
+        for key, val in REPRESENTATIONS.get(self.representation, {}).get("search", {}).items():
+            if key not in self.search.model_fields_set:
+                setattr(self.search, key, val)
         kinds, gran = representation_plan(self)
         needs_q = bool(set(kinds) & _QUESTION_KINDS)
         if needs_q and self.generator.backend == "none":

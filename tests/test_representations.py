@@ -29,6 +29,7 @@ EXPECTED = {  # representation -> stored (kind, embed_text) rows
     "atom-sentence": [("sentence", s) for s in SENTS],
     "hybrid": [("chunk", TEXT)] + [("question", q) for q in QS],
     "sentence+quote": [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QS],
+    "atom-hybrid": [("chunk", TEXT)] + [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QS],
 }
 
 
@@ -43,6 +44,16 @@ def test_rows_per_representation(rep):
     # the chunk's own vector is always computed: stored, or kept aside for filters and fallback
     assert [r["kind"] for r in rows].count("chunk") == 1
     assert all(r["chunk_idx"] == 11 and r["shard"] == 1 for r in rows)
+
+
+def test_preset_search_defaults_yield_to_the_config():
+    # atom-hybrid won the issue-6 ablation with sum fusion; the preset brings it, an explicit choice wins
+    cfg = IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"})
+    assert representation_plan(cfg) == (["chunk", "sentence", "quote"], "atom")
+    assert cfg.search.fusion == "sum"
+    assert IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"},
+                       search={"fusion": "max"}).search.fusion == "max"
+    assert IndexConfig(representation="chunk+sentence+quote", generator={"backend": "vllm"}).search.fusion == "max"
 
 
 def test_question_kinds_need_a_generator():
