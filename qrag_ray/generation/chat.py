@@ -145,6 +145,8 @@ class VLLMChatModel:
         kw = engine_kwargs_for(self.cfg)
         kw.pop("task_type", None)
         kw.setdefault("disable_log_stats", True)
+        if self.cfg.num_gpus <= 0:  # sampled calls on CPU carry no seed of their own (per_request_seed_ok)
+            kw.setdefault("seed", int(self.cfg.sampling.seed))
         return AsyncEngineArgs(model=self.model_path, **kw)
 
     def start(self) -> "VLLMChatModel":
@@ -218,9 +220,12 @@ class VLLMChatModel:
     def _sampling(self, max_tokens: int, temperature: float):
         from vllm import SamplingParams
 
+        from qrag_ray.generation.backends.vllm import per_request_seed_ok
+
         s = self.cfg.sampling
+        seed = int(s.seed) if per_request_seed_ok(self.cfg.num_gpus, temperature) else None
         return SamplingParams(max_tokens=int(max_tokens), temperature=float(temperature), top_p=float(s.top_p),
-                              repetition_penalty=float(s.repetition_penalty), seed=int(s.seed), n=1)
+                              repetition_penalty=float(s.repetition_penalty), seed=seed, n=1)
 
     async def _generate(self, ids: list[int], params) -> str:
         final = None

@@ -83,17 +83,37 @@ def engine_kwargs_for(cfg: GeneratorConfig) -> dict[str, Any]:
     return kw
 
 
-def sampling_params_for(s: SamplingConfig, seed_offset: int = 0) -> dict[str, Any]:
+def per_request_seed_ok(num_gpus: float, temperature: float) -> bool:
+    """Whether a request may carry its own sampling seed.
+
+    vLLM's CPU build (0.32) crashes the engine on a seeded *sampled* request whose prefill is split
+    across steps ("RuntimeError: CPU Generator does not use offset" in _bookkeeping_sync), and Ray Data
+    restarts the dead engine forever. So on CPU a sampled request gets no seed of its own: the engine's
+    global seed (`engine_seed_kwargs`) drives sampling instead. Greedy requests never sample, and GPU
+    generators support offsets, so both keep the per-request seed."""
+    return num_gpus > 0 or float(temperature) == 0.0
+
+
+def engine_seed_kwargs(cfg: GeneratorConfig) -> dict[str, Any]:
+    """Engine-level seed for the CPU sampled path (see `per_request_seed_ok`); `engine_kwargs` wins."""
+    if per_request_seed_ok(cfg.num_gpus, cfg.sampling.temperature) or "seed" in cfg.engine_kwargs:
+        return {}
+    return {"seed": int(cfg.sampling.seed)}
+
+
+def sampling_params_for(s: SamplingConfig, seed_offset: int = 0, per_request_seed: bool = True) -> dict[str, Any]:
     """vllm.SamplingParams kwargs for one completion (n is handled by request expansion)."""
-    return {
+    params = {
         "temperature": float(s.temperature),
         "top_p": float(s.top_p),
         "max_tokens": int(s.max_tokens),
         "repetition_penalty": float(s.repetition_penalty),
-        "seed": int(s.seed) + seed_offset,
         "n": 1,
         "detokenize": False,  # the detokenize stage turns token ids into text
     }
+    if per_request_seed:
+        params["seed"] = int(s.seed) + seed_offset
+    return params
 
 
 def check_model_path(model_path: str | os.PathLike | None) -> str:
@@ -131,8 +151,9 @@ def build_vllm_processor(cfg: GeneratorConfig, model_path: str, seeded: bool = F
         model_source=model_path,
         batch_size=cfg.batch_size,
         concurrency=cfg.concurrency,
-        engine_kwargs=engine_kwargs_for(cfg),
+        engine_kwargs={**engine_seed_kwargs(cfg), **engine_kwargs_for(cfg)},
     )
+    own_seed = per_request_seed_ok(cfg.num_gpus, sampling.temperature)
     map_kwargs: dict[str, Any] = {}
     if on_gpu:
         gpus = float(cfg.num_gpus)
@@ -157,7 +178,7 @@ def build_vllm_processor(cfg: GeneratorConfig, model_path: str, seeded: bool = F
             msgs = msgs.tolist()
         messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
         offset = int(row["_seed"]) if seeded else 0
-        out = {"key": row["key"], "messages": messages, "sampling_params": sampling_params_for(sampling, offset)}
+        out = {"key": row["key"], "messages": messages, "sampling_params": sampling_params_for(sampling, offset, own_seed)}
         if seeded:
             out["_seed"] = offset
         return out
