@@ -81,3 +81,19 @@ def test_bad_eval_input_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err and "Traceback" not in err and len(err.splitlines()) == 1
     assert main(["eval", "--dataset", "nope", "--data", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
+    capsys.readouterr()
+    assert main(["eval", "--dataset", "jsonl", "--data", str(tmp_path), "--offset", "-1", "--output",
+                 str(tmp_path / "o")]) == 2
+    assert "--offset must be 0 or more" in capsys.readouterr().err
+
+
+def test_offset_evaluates_a_held_out_slice(eval_folder, tmp_path):
+    out = tmp_path / "held"
+    assert main(["eval", "--dataset", "jsonl", "--data", str(eval_folder), "--representations", "chunk",
+                 "--k", "1", "--offset", "2", "--subset", "3", "--output", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    corpus = [json.loads(x)["doc_id"] for x in (out / "corpus.jsonl").read_text().splitlines()]
+    all_ids = [json.loads(x).get("id") or json.loads(x).get("doc_id")
+               for x in (eval_folder / "corpus.jsonl").read_text().splitlines()]
+    assert corpus == all_ids[2:5]
+    assert res["meta"]["offset"] == 2 and res["meta"]["documents"] == 3

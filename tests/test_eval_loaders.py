@@ -67,6 +67,32 @@ def test_squad_subset_is_prefix_with_all_questions(tmp_path):
     assert len(load_squad(p, subset=100).corpus) == 3
 
 
+def test_squad_offset_gives_the_next_slice(tmp_path):
+    p = _squad(tmp_path)
+    held = load_squad(p, subset=1, offset=1)
+    assert [d["doc_id"] for d in held.corpus] == ["000-001"]
+    assert [q["qid"] for q in held.queries] == ["q3"] and held.qrels == {"q3": {"000-001": 1}}
+    assert held.name.endswith("[1:2]")
+    rest = load_squad(p, offset=1)
+    assert [d["doc_id"] for d in rest.corpus] == ["000-001", "001-000"]
+    assert [q["qid"] for q in rest.queries] == ["q3", "q4"]
+    with pytest.raises(QragError, match="offset 3 skips all 3 contexts"):
+        load_squad(p, offset=3)
+    with pytest.raises(QragError, match="offset must be a non-negative integer"):
+        load_squad(p, offset=-1)
+
+
+def test_beir_offset(tmp_path):
+    root = str(_beir(tmp_path))
+    es = load_eval_set("beir", root, subset=1, offset=1)
+    assert [d["doc_id"] for d in es.corpus] == ["d2"]
+    assert es.queries == []  # query b also needs doc 3, outside the slice
+    es = load_eval_set("beir", root, offset=1)
+    assert [q["qid"] for q in es.queries] == ["b"] and es.qrels == {"b": {"d2": 1, "3": 1}}
+    with pytest.raises(QragError, match="offset 9 skips all 3 documents"):
+        load_eval_set("beir", root, offset=9)
+
+
 def test_write_corpus_jsonl(tmp_path):
     es = load_squad(_squad(tmp_path))
     out = es.write_corpus_jsonl(tmp_path / "out" / "corpus.jsonl")

@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
         data: str = typer.Option(..., "--data", help="SQuAD JSON file, BEIR folder, or folder with corpus.jsonl/queries.jsonl/qrels.tsv"),
         representations: str = typer.Option("chunk,atom-sentence", "--representations", help="comma-separated"),
         subset: Optional[int] = typer.Option(None, "--subset", help="first N contexts/documents with their queries"),
+        offset: int = typer.Option(0, "--offset", help="skip the first N contexts/documents (a held-out slice: --offset 300 --subset 300)"),
         k: str = typer.Option("1,2,5,10,20", "--k", help="cut-offs for recall@k / title accuracy"),
         output: str = typer.Option("runs/eval", "--output", "-o"),
         config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML index config applied to every variant"),
@@ -46,6 +47,8 @@ def register(app: typer.Typer) -> None:
             raise QragError("--k and --prune-taus take comma-separated numbers") from None
         if subset is not None and subset < 1:
             raise QragError("--subset must be at least 1")
+        if offset < 0:
+            raise QragError("--offset must be 0 or more")
         base = config_overrides_from_file(config)
         flags: dict = {}
         for key, val in (("generator.backend", generator), ("generator.questions", questions),
@@ -67,7 +70,7 @@ def register(app: typer.Typer) -> None:
             if len(set(labels)) != len(labels):
                 raise QragError(f"duplicate evaluation variants: {labels}")
         res = run_eval(dataset, data, variants, output, subset=subset, ks=ks, base_overrides=base,
-                       strict=strict, console=console, split=split)
+                       strict=strict, console=console, split=split, offset=offset)
         print(open(res["paths"]["md"]).read())
         console.print(f"wrote {', '.join(res['paths'].values())}")
         if res["leaks"]:

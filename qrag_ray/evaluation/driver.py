@@ -226,13 +226,13 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
 
 def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Path, subset: int | None = None,
              ks: list[int] | None = None, base_overrides: dict | None = None, strict: bool = False,
-             console=None, split: str = "test") -> dict:
+             console=None, split: str = "test", offset: int = 0) -> dict:
     from qrag_ray.evaluation.report import write_report
 
     ks = sorted(set(ks or [1, 2, 5, 10, 20]))
     if any(k < 1 for k in ks):
         raise QragError("--k values must be positive")
-    ev = load_eval_set(dataset, data, subset=subset, split=split)
+    ev = load_eval_set(dataset, data, subset=subset, split=split, offset=offset)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")
@@ -245,7 +245,8 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
             console.rule(f"{v.label}")
         results[v.label] = run_variant(ev, v, base, out, ks, corpus_path, hyde_gen, console)
         (out / "partial.json").write_text(json.dumps(results, indent=2, default=str))
-    meta = {"dataset": dataset, "data": str(data), "subset": subset, **ev.stats(), "ks": ks}
+    meta = {"dataset": dataset, "data": str(data), "subset": subset, **({"offset": offset} if offset else {}),
+            **ev.stats(), "ks": ks}
     paths = write_report(out, results, title=f"qrag eval: {dataset} ({ev.stats()['documents']} docs, {ev.stats()['queries']} queries)", meta=meta)
     (out / "partial.json").unlink(missing_ok=True)
     leaks = {k: r["leaked_queries"] for k, r in results.items() if r["leaked_queries"]}

@@ -7,7 +7,7 @@ Three input shapes, one result (`EvalSet`):
 - BEIR folders (`load_beir`): corpus.jsonl, queries.jsonl, qrels/<split>.tsv.
 - Plain JSONL + TSV qrels (`load_jsonl_qrels`).
 
-Loaders are deterministic (file order; `subset` takes a prefix), read only what they are given, and
+Loaders are deterministic (file order; `subset` takes a prefix, after skipping `offset` documents), read only what they are given, and
 raise `QragError` with one clear line on bad input. Document ids, query ids and titles are strings;
 qrels grades are ints (a grade > 0 means relevant).
 """
@@ -74,9 +74,17 @@ class EvalSet:
 
 # --------------------------------------------------------------------------------------------- helpers
 
-def _check_subset(subset: int | None) -> None:
+def _check_subset(subset: int | None, offset: int = 0) -> None:
     if subset is not None and (isinstance(subset, bool) or not isinstance(subset, int) or subset < 1):
         raise QragError(f"subset must be a positive integer or None, got {subset!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise QragError(f"offset must be a non-negative integer, got {offset!r}")
+
+
+def _slice_name(subset: int | None, offset: int) -> str:
+    if not subset and not offset:
+        return ""
+    return f"[{offset or ''}:{offset + subset if subset else ''}]"
 
 
 def _require_file(p: Path, what: str) -> Path:
@@ -170,9 +178,10 @@ def _read_qrels_tsv(p: Path) -> dict[str, dict[str, int]]:
 
 
 def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dict[str, dict[str, int]],
-              subset: int | None, source: Path) -> EvalSet:
+              subset: int | None, source: Path, offset: int = 0) -> EvalSet:
     """Check qrels against the full corpus and queries, keep judged queries with a relevant document,
-    then apply `subset` (first N docs; queries whose relevant docs all lie inside)."""
+    then apply `offset`/`subset` (N docs after the first `offset`; queries whose relevant docs all lie
+    inside)."""
     doc_ids = {d["doc_id"] for d in corpus}
     for qid, rels in qrels.items():
         unknown = [d for d in rels if d not in doc_ids]
@@ -181,8 +190,10 @@ def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dic
             raise QragError(f"{source}: qrels for query {qid!r} name unknown document {unknown[0]!r}{more}")
         if qid not in queries:
             raise QragError(f"{source}: qrels name unknown query {qid!r}")
-    if subset is not None:
-        corpus = corpus[:subset]
+    if subset is not None or offset:
+        if offset >= len(corpus):
+            raise QragError(f"{source}: offset {offset} skips all {len(corpus)} documents")
+        corpus = corpus[offset:offset + subset if subset is not None else None]
         doc_ids = {d["doc_id"] for d in corpus}
     kept_qrels: dict[str, dict[str, int]] = {}
     for qid, rels in qrels.items():
@@ -197,15 +208,18 @@ def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dic
 
 # --------------------------------------------------------------------------------------------- loaders
 
-def load_squad(path: str | Path, subset: int | None = None) -> EvalSet:
+def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> EvalSet:
     """SQuAD v1.1 JSON as a retrieval set.
 
     Every paragraph context is one document with doc_id "{article:03d}-{paragraph:03d}" (indices in file
     order) and the article title (as written in the file, e.g. "Super_Bowl_50"); every question is a query
     whose only relevant document (grade 1) is its own context. `subset=N` keeps the first N contexts in
-    file order with all their questions. Full dev v1.1: 2,067 contexts, 10,570 questions.
+    file order with all their questions; `offset=M` skips the first M contexts first, so
+    `offset=300, subset=300` is a held-out slice next to the first 300. Full dev v1.1: 2,067 contexts,
+    10,570 questions.
     """
-    _check_subset(subset)
+    _check_subset(subset, offset)
+    limit = offset + subset if subset is not None else None
     p = _require_file(Path(path), "SQuAD file")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -220,7 +234,7 @@ def load_squad(path: str | Path, subset: int | None = None) -> EvalSet:
     for ai, art in enumerate(articles):
         title = str(art.get("title") or "")
         for pi, para in enumerate(art.get("paragraphs") or []):
-            if subset is not None and len(corpus) >= subset:
+            if limit is not None and len(corpus) >= limit:
                 break
             if "context" not in para:
                 raise QragError(f"{p}: article {ai} paragraph {pi} has no 'context'")
@@ -234,21 +248,29 @@ def load_squad(path: str | Path, subset: int | None = None) -> EvalSet:
                     raise QragError(f"{p}: duplicate question id {qid!r}")
                 queries.append({"qid": qid, "text": qa["question"]})
                 qrels[qid] = {doc_id: 1}
-        if subset is not None and len(corpus) >= subset:
+        if limit is not None and len(corpus) >= limit:
             break
-    name = f"squad:{p.stem}" + (f"[:{subset}]" if subset else "")
+    if offset:
+        if offset >= len(corpus):
+            raise QragError(f"{p}: offset {offset} skips all {len(corpus)} contexts")
+        skipped = {d["doc_id"] for d in corpus[:offset]}
+        corpus = corpus[offset:]
+        queries = [q for q in queries if next(iter(qrels[q["qid"]])) not in skipped]
+        qrels = {q["qid"]: qrels[q["qid"]] for q in queries}
+    name = f"squad:{p.stem}" + _slice_name(subset, offset)
     return EvalSet(name=name, corpus=corpus, queries=queries, qrels=qrels)
 
 
-def load_beir(folder: str | Path, split: str = "test", subset: int | None = None) -> EvalSet:
+def load_beir(folder: str | Path, split: str = "test", subset: int | None = None, offset: int = 0) -> EvalSet:
     """A BEIR dataset folder: corpus.jsonl (`_id`, `title`, `text`), queries.jsonl (`_id`, `text`) and
     qrels/{split}.tsv (header `query-id corpus-id score`, graded).
 
     Only queries judged in the split with at least one relevant document (grade > 0) are kept.
     `subset=N` keeps the first N corpus documents in file order and only the queries whose relevant
     documents all lie among them; their judgments of documents outside the subset are dropped.
+    `offset=M` skips the first M documents first.
     """
-    _check_subset(subset)
+    _check_subset(subset, offset)
     root = Path(folder)
     if not root.is_dir():
         raise QragError(f"BEIR folder not found: {root}")
@@ -256,41 +278,43 @@ def load_beir(folder: str | Path, split: str = "test", subset: int | None = None
     queries = _read_queries_jsonl(_require_file(root / "queries.jsonl", "BEIR queries"), ("_id", "id", "qid"))
     qrels_p = _require_file(root / "qrels" / f"{split}.tsv", f"BEIR qrels for split '{split}'")
     qrels = _read_qrels_tsv(qrels_p)
-    es = _assemble(f"beir:{root.name}/{split}" + (f"[:{subset}]" if subset else ""), corpus, queries, qrels,
-                   subset, qrels_p)
+    es = _assemble(f"beir:{root.name}/{split}" + _slice_name(subset, offset), corpus, queries, qrels,
+                   subset, qrels_p, offset)
     return es
 
 
 def load_jsonl_qrels(corpus_jsonl: str | Path, queries_jsonl: str | Path, qrels_tsv: str | Path,
-                     subset: int | None = None) -> EvalSet:
+                     subset: int | None = None, offset: int = 0) -> EvalSet:
     """Plain files: corpus JSONL (`id` or `doc_id`, optional `title`, `text`), queries JSONL (`id` or
     `qid`, `text`) and a qrels TSV (`qid doc_id grade`, with or without a header, tab or space separated;
     4-column TREC lines `qid 0 doc_id grade` are accepted too).
 
     Only judged queries with a relevant document (grade > 0) are kept. `subset=N` keeps the first N
-    corpus documents and only the queries whose relevant documents all lie among them.
+    corpus documents (after skipping `offset`) and only the queries whose relevant documents all lie
+    among them.
     """
-    _check_subset(subset)
+    _check_subset(subset, offset)
     cp = _require_file(Path(corpus_jsonl), "corpus file")
     qp = _require_file(Path(queries_jsonl), "queries file")
     rp = _require_file(Path(qrels_tsv), "qrels file")
     corpus = _read_corpus_jsonl(cp, ("doc_id", "id", "_id"))
     queries = _read_queries_jsonl(qp, ("qid", "id", "_id"))
     qrels = _read_qrels_tsv(rp)
-    return _assemble(f"jsonl:{cp.parent.name or cp.stem}" + (f"[:{subset}]" if subset else ""),
-                     corpus, queries, qrels, subset, rp)
+    return _assemble(f"jsonl:{cp.parent.name or cp.stem}" + _slice_name(subset, offset),
+                     corpus, queries, qrels, subset, rp, offset)
 
 
-def load_eval_set(kind: str, data: str | Path, subset: int | None = None, split: str = "test") -> EvalSet:
+def load_eval_set(kind: str, data: str | Path, subset: int | None = None, split: str = "test",
+                  offset: int = 0) -> EvalSet:
     """Dispatch on kind: "squad" (data = the JSON file), "beir" (data = the dataset folder; `split`
     picks qrels/{split}.tsv), "jsonl" (data = a folder holding corpus.jsonl, queries.jsonl, qrels.tsv)."""
     if kind == "squad":
-        return load_squad(data, subset)
+        return load_squad(data, subset, offset)
     if kind == "beir":
-        return load_beir(data, split=split, subset=subset)
+        return load_beir(data, split=split, subset=subset, offset=offset)
     if kind == "jsonl":
         root = Path(data)
         if not root.is_dir():
             raise QragError(f"jsonl eval folder not found: {root} (expected corpus.jsonl, queries.jsonl, qrels.tsv)")
-        return load_jsonl_qrels(root / "corpus.jsonl", root / "queries.jsonl", root / "qrels.tsv", subset)
+        return load_jsonl_qrels(root / "corpus.jsonl", root / "queries.jsonl", root / "qrels.tsv", subset, offset)
     raise QragError(f"unknown eval dataset kind {kind!r} (known: {', '.join(EVAL_KINDS)})")
