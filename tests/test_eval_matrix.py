@@ -28,6 +28,7 @@ MATRIX = """
   dataset: squad
   data: ${QRAG_TEST_DATA_DIR:-/data}/squad.json
   subset: 50
+  offset: 300
   representation: atom-sentence
   expected: null
   tags: [ci]
@@ -57,6 +58,7 @@ def test_load_matrix(matrix_file, monkeypatch):
     assert c.index_overrides() == {"representation": "chunk", "embedder": {"model": "all-MiniLM-L6-v2"},
                                    "generator": {"backend": "none"}, "chunker": {"method": "none"}}
     assert conds[1].data == "/data/squad.json" and conds[1].record_only and conds[1].tolerance == 1.0
+    assert conds[0].offset == 0 and conds[1].offset == 300  # a held-out slice
     assert not conds[2].record_only
     monkeypatch.setenv("QRAG_TEST_DATA_DIR", "/elsewhere")
     assert load_matrix(matrix_file)[1].data == "/elsewhere/squad.json"
@@ -134,6 +136,7 @@ def test_run_matrix_with_injected_runner(matrix_file):
     ("- id: a\n  dataset: squad\n  data: x\n  extra: {chunker: {methd: none}}\n", "chunker.methd"),
     ("- id: a\n  dataset: squad\n  data: x\n  expected: {R@1: high}\n", "must be a number"),
     ("- id: a\n  dataset: squad\n  data: x\n  colour: red\n", "unknown field"),
+    ("- id: a\n  dataset: squad\n  data: x\n  offset: -3\n", "offset must be a non-negative integer"),
     ("- id: a\n  dataset: squad\n  data: x\n- id: a\n  dataset: squad\n  data: y\n", "duplicate condition id"),
     ("- id: a\n  dataset: squad\n  data: ${QRAG_SURELY_UNSET_VAR}/x\n", "not set"),
     ("[unclosed\n", "not valid YAML"),

@@ -266,7 +266,8 @@ def evaluate_condition(condition) -> dict:
     overrides = condition.index_overrides()
     rep = overrides.pop("representation")
     res = run_eval(condition.dataset, condition.data, [Variant(rep, {"representation": rep})], out,
-                   subset=condition.subset, base_overrides=overrides, split=condition.split)
+                   subset=condition.subset, base_overrides=overrides, split=condition.split,
+                   offset=condition.offset)
     return res["results"][rep]["metrics"]
 
 

@@ -16,6 +16,7 @@ YAML condition fields:
     data          path of the data (file or folder); ${VAR} and ${VAR:-default} are expanded and a
                   relative path is taken relative to the matrix file
     subset        first N documents, or null for all
+    offset        skip this many documents first (a held-out slice next to a tuned one); default 0
     representation, embedder (model name or {model, ...}), generator (backend name or {backend, ...})
     extra         free dict of IndexConfig overrides (deep-merged last), e.g. {chunker: {method: none}}
     expected      {metric: percent} or null
@@ -42,7 +43,7 @@ from qrag_ray.evaluation.loaders import EVAL_KINDS
 DEFAULT_TOLERANCE = 1.0
 _EPS = 1e-9  # a figure exactly at the tolerance edge passes despite float rounding (0.615 * 100)
 
-_FIELDS = {"id", "dataset", "data", "subset", "representation", "embedder", "generator", "extra",
+_FIELDS = {"id", "dataset", "data", "subset", "offset", "representation", "embedder", "generator", "extra",
            "expected", "tolerance", "tags", "split", "notes"}
 
 
@@ -52,6 +53,7 @@ class Condition:
     dataset: str
     data: str
     subset: int | None = None
+    offset: int = 0
     representation: str = "chunk"
     embedder: dict[str, Any] = field(default_factory=dict)
     generator: dict[str, Any] = field(default_factory=dict)
@@ -204,6 +206,9 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     subset = raw.get("subset")
     if subset is not None and (isinstance(subset, bool) or not isinstance(subset, int) or subset < 1):
         raise QragError(f"{where}: subset must be a positive integer or null, got {subset!r}")
+    offset = raw.get("offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise QragError(f"{where}: offset must be a non-negative integer, got {offset!r}")
 
     def _component(name: str, key: str) -> dict[str, Any]:
         v = raw.get(name)
@@ -239,7 +244,7 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise QragError(f"{where}: 'tags' must be a list of strings")
 
-    cond = Condition(id=cid, dataset=dataset, data=data, subset=subset,
+    cond = Condition(id=cid, dataset=dataset, data=data, subset=subset, offset=offset,
                      representation=str(raw.get("representation") or "chunk"), embedder=embedder,
                      generator=generator, extra=extra, expected=expected, tolerance=tolerance, tags=tags,
                      split=str(raw.get("split") or "test"), notes=str(raw.get("notes") or ""))
