@@ -80,7 +80,9 @@ def run_recipe(docs: list[dict], representation: str, work: Path, max_tokens: in
     cfg = IndexConfig(
         input=str(corpus), format="jsonl", output=str(work / f"index-{tag}"), representation=representation,
         shards=1, chunker={"method": "none"}, cache_dir=str(cache), overwrite=True,
-        generator=GeneratorConfig(backend="vllm", questions=questions, questions_per_atom=1, batch_size=batch_size,
+        # the zero-shot per-sentence prompt, as recorded in docs/BENCHMARKS.md (the default is now few-shot)
+        generator=GeneratorConfig(backend="vllm", questions=questions, atom_prompt="atom-question",
+                                  questions_per_atom=1, batch_size=batch_size,
                                   sampling=SamplingConfig(max_tokens=max_tokens)),
     )
     t0 = time.perf_counter()

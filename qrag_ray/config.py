@@ -74,10 +74,14 @@ class GeneratorConfig(_Strict):
     backend: Literal["vllm", "openai", "precomputed", "none"] = "none"
     model: str = "qwen2.5-coder-0.5b-instruct"  # a registry name (qrag_ray.models) or a local HF folder
     prompt: str = "hype"  # chunk-granularity template (qrag_ray.generation.prompts)
-    atom_prompt: str = "atom-question"  # atom-granularity template: one atom, the chunk as context
+    # atom granularity: one prompt per atom with the chunk as context. The default is the issue-6 winner
+    # for the small offline generator (docs/EVALUATION.md §4): two worked examples, "write 3 questions"
+    # (the model writes about one per sentence, following its examples); it beat the zero-shot
+    # "atom-question" prompt on every slice measured, for ~10% more generation time.
+    atom_prompt: str = "atom-question-fewshot"
     atomize_prompt: str = "atomize"  # unstructured atoms: LLM-written atomic statements
     questions: int | None = Field(10, ge=1, description="questions per chunk prompt; None = the LLM decides")
-    questions_per_atom: int | None = Field(1, ge=1)
+    questions_per_atom: int | None = Field(3, ge=1)
     granularity: Literal["chunk", "atom"] | None = None  # None: the representation's default
     atoms: Literal["sentence", "llm"] = "sentence"  # structured (sentences) or unstructured (LLM) atoms
     sampling: SamplingConfig = SamplingConfig()

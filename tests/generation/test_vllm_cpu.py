@@ -144,6 +144,7 @@ def test_sampled_candidates_on_cpu(tmp_path):
         "chunker: {method: none}\n"
         "generator:\n"
         "  backend: vllm\n  granularity: atom\n  batch_size: 16\n"
+        "  atom_prompt: atom-question\n  questions_per_atom: 1\n"
         "  sampling: {temperature: 0.8, top_p: 0.95, max_tokens: 40, n: 3, seed: 0}\n")
     out = tmp_path / "idx"
     argv = [sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(tmp_path / "docs.jsonl"),
