@@ -76,7 +76,7 @@ def test_squad_offset_gives_the_next_slice(tmp_path):
     rest = load_squad(p, offset=1)
     assert [d["doc_id"] for d in rest.corpus] == ["000-001", "001-000"]
     assert [q["qid"] for q in rest.queries] == ["q3", "q4"]
-    with pytest.raises(QragError, match="offset 3 skips all 3 contexts"):
+    with pytest.raises(QragError, match="offset 3 skips all 3 documents"):
         load_squad(p, offset=3)
     with pytest.raises(QragError, match="offset must be a non-negative integer"):
         load_squad(p, offset=-1)

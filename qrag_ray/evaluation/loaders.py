@@ -7,9 +7,9 @@ Three input shapes, one result (`EvalSet`):
 - BEIR folders (`load_beir`): corpus.jsonl, queries.jsonl, qrels/<split>.tsv.
 - Plain JSONL + TSV qrels (`load_jsonl_qrels`).
 
-Loaders are deterministic (file order; `subset` takes a prefix, after skipping `offset` documents), read only what they are given, and
-raise `QragError` with one clear line on bad input. Document ids, query ids and titles are strings;
-qrels grades are ints (a grade > 0 means relevant).
+Loaders are deterministic (file order; `subset` takes a prefix after skipping `offset` documents),
+read only what they are given, and raise `QragError` with one clear line on bad input. Document ids,
+query ids and titles are strings; qrels grades are ints (a grade > 0 means relevant).
 """
 
 from __future__ import annotations
@@ -250,15 +250,10 @@ def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> 
                 qrels[qid] = {doc_id: 1}
         if limit is not None and len(corpus) >= limit:
             break
-    if offset:
-        if offset >= len(corpus):
-            raise QragError(f"{p}: offset {offset} skips all {len(corpus)} contexts")
-        skipped = {d["doc_id"] for d in corpus[:offset]}
-        corpus = corpus[offset:]
-        queries = [q for q in queries if next(iter(qrels[q["qid"]])) not in skipped]
-        qrels = {q["qid"]: qrels[q["qid"]] for q in queries}
-    name = f"squad:{p.stem}" + _slice_name(subset, offset)
-    return EvalSet(name=name, corpus=corpus, queries=queries, qrels=qrels)
+    # the loop already stopped at offset + subset; _assemble drops the first `offset` contexts and
+    # their questions, as it does for BEIR and JSONL
+    return _assemble(f"squad:{p.stem}" + _slice_name(subset, offset), corpus,
+                     {q["qid"]: q["text"] for q in queries}, qrels, subset, p, offset)
 
 
 def load_beir(folder: str | Path, split: str = "test", subset: int | None = None, offset: int = 0) -> EvalSet:
