@@ -173,6 +173,22 @@ def test_connection_refused_is_a_clear_error(closed_port_url):
     assert "\n" not in msg and e.value.__cause__ is None
 
 
+def test_async_errors_match_sync(fake_openai, closed_port_url):
+    """achat and chat share one judgement of each attempt: same refusal message, same no-retry 4xx."""
+    async def go(client):
+        try:
+            return await client.achat(MSGS)
+        finally:
+            await client.aclose()
+
+    with pytest.raises(QragError, match=f"^cannot connect to the OpenAI-compatible endpoint {closed_port_url}"):
+        asyncio.run(go(OpenAIChatClient(_cfg(closed_port_url), backoff_base_s=0.01)))
+    fake_openai.fail_next(400)
+    with pytest.raises(QragError, match="HTTP 400"):
+        asyncio.run(go(_client(fake_openai)))
+    assert fake_openai.chat_requests == 1  # a 400 is not retried
+
+
 def test_missing_base_url():
     with pytest.raises(QragError, match="needs generator.base_url"):
         OpenAIChatClient(GeneratorConfig(backend="none"))

@@ -40,6 +40,16 @@ MAX_RETRIES = 6
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 30.0
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+def _retryable_errors() -> tuple[type[Exception], ...]:
+    """Transport errors worth another attempt (httpx imported lazily: the module loads without it)."""
+    import httpx
+
+    return (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError,
+            httpx.WriteError)
+
+
 PREFLIGHT_TIMEOUT_S = 10.0
 
 
@@ -182,27 +192,36 @@ class OpenAIChatClient:
             self._client = httpx.Client(timeout=self.cfg.request_timeout_s, limits=limits, headers=_headers(self.cfg))
         return self._client
 
-    def chat(self, messages: list[dict], **kw) -> dict[str, Any]:
+    def _judge(self, attempt: int, resp=None, exc: Exception | None = None) -> tuple[dict | None, str]:
+        """One attempt's outcome, shared by the sync and async loops so they cannot drift apart:
+        (parsed reply, "") on success, (None, why) when it is worth retrying; raises otherwise."""
         import httpx
 
+        if isinstance(exc, httpx.ConnectError):
+            if attempt >= min(2, self.max_retries):  # refused / DNS: retry briefly, then say so
+                raise self._unreachable(self.base_url, exc) from None
+            return None, f"{type(exc).__name__}: {_short(exc)}"
+        if exc is not None:
+            return None, f"{type(exc).__name__}: {_short(exc)}"
+        if resp.status_code < 300:
+            return self.parse_response(resp.json()), ""
+        if resp.status_code not in RETRY_STATUS:
+            raise self._fail(resp)
+        return None, f"HTTP {resp.status_code}: {_error_message(resp)}"
+
+    def chat(self, messages: list[dict], **kw) -> dict[str, Any]:
         body = self.body(messages, **kw)
         last = ""
         for attempt in range(self.max_retries + 1):
             resp = None
             try:
                 resp = self.client.post(self.url, json=body)
-            except httpx.ConnectError as e:
-                if attempt >= min(2, self.max_retries):  # refused / DNS: retry briefly, then say so
-                    raise self._unreachable(self.base_url, e) from None
-                last = f"{type(e).__name__}: {_short(e)}"
-            except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
-                last = f"{type(e).__name__}: {_short(e)}"
+            except _retryable_errors() as e:
+                reply, last = self._judge(attempt, exc=e)
             else:
-                if resp.status_code < 300:
-                    return self.parse_response(resp.json())
-                if resp.status_code not in RETRY_STATUS:
-                    raise self._fail(resp)
-                last = f"HTTP {resp.status_code}: {_error_message(resp)}"
+                reply, last = self._judge(attempt, resp)
+            if reply is not None:
+                return reply
             if attempt < self.max_retries:
                 d = self._delay(attempt, resp)
                 logger.info("openai backend: %s; retry %d/%d in %.1fs", last, attempt + 1, self.max_retries, d)
@@ -227,8 +246,6 @@ class OpenAIChatClient:
         return c
 
     async def achat(self, messages: list[dict], **kw) -> dict[str, Any]:
-        import httpx
-
         body = self.body(messages, **kw)
         client = self._aclient()
         last = ""
@@ -236,18 +253,12 @@ class OpenAIChatClient:
             resp = None
             try:
                 resp = await client.post(self.url, json=body)
-            except httpx.ConnectError as e:
-                if attempt >= min(2, self.max_retries):
-                    raise self._unreachable(self.base_url, e) from None
-                last = f"{type(e).__name__}: {_short(e)}"
-            except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
-                last = f"{type(e).__name__}: {_short(e)}"
+            except _retryable_errors() as e:
+                reply, last = self._judge(attempt, exc=e)
             else:
-                if resp.status_code < 300:
-                    return self.parse_response(resp.json())
-                if resp.status_code not in RETRY_STATUS:
-                    raise self._fail(resp)
-                last = f"HTTP {resp.status_code}: {_error_message(resp)}"
+                reply, last = self._judge(attempt, resp)
+            if reply is not None:
+                return reply
             if attempt < self.max_retries:
                 await asyncio.sleep(self._delay(attempt, resp))
         raise self._give_up(last)
