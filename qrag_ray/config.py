@@ -7,6 +7,7 @@ one field only. CLI flags override fields of a YAML file; nothing else reads ad-
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -213,11 +214,13 @@ def representation_plan(cfg: IndexConfig) -> tuple[list[str], str | None]:
     return kinds, gran
 
 
-def _deep_update(base: dict, upd: dict) -> dict:
+def deep_update(base: dict, upd: Mapping) -> dict:
+    """Nested merge for config overrides: a partial `{generator: {backend: vllm}}` keeps the rest of
+    `generator` instead of replacing the whole section. Neither input is modified."""
     out = dict(base)
     for k, v in upd.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_update(out[k], v)
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = deep_update(out[k], v)
         else:
             out[k] = v
     return out
@@ -261,7 +264,7 @@ def build_index_config(config_file: str | Path | None = None, **overrides: Any) 
         for p in parts[:-1]:
             cur = cur.setdefault(p, {})
         cur[parts[-1]] = val
-    data = _deep_update(data, nested)
+    data = deep_update(data, nested)
     try:
         return IndexConfig.model_validate(data)
     except ValidationError as e:

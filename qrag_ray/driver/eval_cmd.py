@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         variants_file: Optional[str] = typer.Option(None, "--variants", help="YAML list of named variants (label, representation, config overrides) added after --representations"),
     ):
         """Compare representations side by side on labelled data."""
-        from qrag_ray.config import _deep_update
+        from qrag_ray.config import deep_update
         from qrag_ray.evaluation.driver import config_overrides_from_file, parse_list, plan_variants, run_eval
 
         console = Console(stderr=True)
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
                 for p_ in parts[:-1]:
                     cur = cur.setdefault(p_, {})
                 cur[parts[-1]] = val
-        base = _deep_update(base, flags)
+        base = deep_update(base, flags)
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
         if variants_file:
             from qrag_ray.evaluation.driver import load_variants

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qrag_ray.config import IndexConfig, _deep_update
+from qrag_ray.config import IndexConfig, deep_update
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import evaluate, leaked_queries
@@ -150,7 +150,7 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     from qrag_ray.search.engine import SearchEngine
 
     idx_dir = out_dir / "indexes" / v.label.replace("/", "_")
-    data = _deep_update(base, v.overrides)
+    data = deep_update(base, v.overrides)
     data |= {"input": str(corpus_path), "format": "jsonl", "output": str(idx_dir), "overwrite": True}
     try:
         cfg = IndexConfig.model_validate(data)
@@ -237,7 +237,7 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
     out.mkdir(parents=True, exist_ok=True)
     corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")
     base = {"chunker": {"method": "none"}} if dataset == "squad" else {}
-    base = _deep_update(base, base_overrides or {})
+    base = deep_update(base, base_overrides or {})
     hyde_gen = base.get("generator")
     results: dict[str, dict] = {}
     for v in variants:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 import yaml
 
+from qrag_ray.config import deep_update
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EVAL_KINDS
 
@@ -77,7 +78,7 @@ class Condition:
             cfg["embedder"] = dict(self.embedder)
         if self.generator:
             cfg["generator"] = dict(self.generator)
-        return _deep_update(cfg, self.extra)
+        return deep_update(cfg, self.extra)
 
 
 @dataclass
@@ -149,16 +150,6 @@ class MatrixResult:
 
 
 # --------------------------------------------------------------------------------------------- loading
-
-def _deep_update(base: dict, upd: Mapping) -> dict:
-    out = dict(base)
-    for k, v in upd.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
-            out[k] = _deep_update(out[k], v)
-        else:
-            out[k] = v
-    return out
-
 
 def _number(v: Any, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
