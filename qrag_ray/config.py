@@ -226,6 +226,21 @@ def deep_update(base: dict, upd: Mapping) -> dict:
     return out
 
 
+def nest_dotted(flat: Mapping[str, Any]) -> dict:
+    """CLI flags as a partial config: {'generator.questions': 5} -> {'generator': {'questions': 5}}.
+    None means "flag not given" and is left out, so it cannot clear a value from the YAML file."""
+    nested: dict = {}
+    for key, val in flat.items():
+        if val is None:
+            continue
+        *parents, leaf = key.split(".")
+        cur = nested
+        for p in parents:
+            cur = cur.setdefault(p, {})
+        cur[leaf] = val
+    return nested
+
+
 def load_yaml_any(path: str | Path):
     p = Path(path)
     if not p.is_file():
@@ -255,16 +270,7 @@ def load_yaml(path: str | Path) -> dict:
 def build_index_config(config_file: str | Path | None = None, **overrides: Any) -> IndexConfig:
     """YAML file (optional) overlaid with CLI overrides; dotted keys ('generator.questions') nest."""
     data: dict = load_yaml(config_file) if config_file else {}
-    nested: dict = {}
-    for key, val in overrides.items():
-        if val is None:
-            continue
-        cur = nested
-        parts = key.split(".")
-        for p in parts[:-1]:
-            cur = cur.setdefault(p, {})
-        cur[parts[-1]] = val
-    data = deep_update(data, nested)
+    data = deep_update(data, nest_dotted(overrides))
     try:
         return IndexConfig.model_validate(data)
     except ValidationError as e:

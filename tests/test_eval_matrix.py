@@ -200,12 +200,3 @@ def test_write_report(tmp_path):
     assert doc["representations"]["chunk"]["metrics"]["R@1"] == 0.625
     assert doc["representations"]["chunk"]["index_mb"] == pytest.approx(3.2)
     assert doc["representations"]["hype"]["metrics"]["R@1"] is None
-
-
-def test_deep_update_merges_nested_sections_without_mutating():
-    from qrag_ray.config import deep_update
-
-    base = {"generator": {"backend": "vllm", "sampling": {"temperature": 0.0, "max_tokens": 120}}, "k": 1}
-    out = deep_update(base, {"generator": {"sampling": {"temperature": 0.7}}, "k": 2})
-    assert out == {"generator": {"backend": "vllm", "sampling": {"temperature": 0.7, "max_tokens": 120}}, "k": 2}
-    assert base["generator"]["sampling"]["temperature"] == 0.0 and base["k"] == 1

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         variants_file: Optional[str] = typer.Option(None, "--variants", help="YAML list of named variants (label, representation, config overrides) added after --representations"),
     ):
         """Compare representations side by side on labelled data."""
-        from qrag_ray.config import deep_update
+        from qrag_ray.config import deep_update, nest_dotted
         from qrag_ray.evaluation.driver import config_overrides_from_file, parse_list, plan_variants, run_eval
 
         console = Console(stderr=True)
@@ -50,16 +50,9 @@ def register(app: typer.Typer) -> None:
         if offset < 0:
             raise QragError("--offset must be 0 or more")
         base = config_overrides_from_file(config)
-        flags: dict = {}
-        for key, val in (("generator.backend", generator), ("generator.questions", questions),
-                         ("generator.prompt", prompt), ("embedder.model", embedder), ("shards", shards),
-                         ("index.factory", factory)):
-            if val is not None:
-                cur = flags
-                parts = key.split(".")
-                for p_ in parts[:-1]:
-                    cur = cur.setdefault(p_, {})
-                cur[parts[-1]] = val
+        flags = nest_dotted({"generator.backend": generator, "generator.questions": questions,
+                             "generator.prompt": prompt, "embedder.model": embedder, "shards": shards,
+                             "index.factory": factory})
         base = deep_update(base, flags)
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
         if variants_file:

@@ -197,11 +197,10 @@ class OpenAIChatClient:
         (parsed reply, "") on success, (None, why) when it is worth retrying; raises otherwise."""
         import httpx
 
-        if isinstance(exc, httpx.ConnectError):
-            if attempt >= min(2, self.max_retries):  # refused / DNS: retry briefly, then say so
-                raise self._unreachable(self.base_url, exc) from None
-            return None, f"{type(exc).__name__}: {_short(exc)}"
         if exc is not None:
+            # refused / DNS: retry briefly, then say so
+            if isinstance(exc, httpx.ConnectError) and attempt >= min(2, self.max_retries):
+                raise self._unreachable(self.base_url, exc) from None
             return None, f"{type(exc).__name__}: {_short(exc)}"
         if resp.status_code < 300:
             return self.parse_response(resp.json()), ""
