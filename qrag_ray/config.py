@@ -31,10 +31,16 @@ REPRESENTATIONS: dict[str, dict[str, Any]] = {
     "atom-sentence": {"kinds": ["sentence"], "granularity": None},
     "atom-question": {"kinds": ["question"], "granularity": "atom"},
     "hybrid": {"kinds": ["chunk", "question"], "granularity": "chunk"},
-    # The issue-6 winner for a small offline generator (docs/EVALUATION.md §3): the chunk, its
-    # sentences, and one question per sentence embedded with the chunk, scored by the sum of each
-    # kind's best match (a chunk found by several kinds of evidence ranks first).
-    "atom-hybrid": {"kinds": ["chunk", "sentence", "quote"], "granularity": "atom", "search": {"fusion": "sum"}},
+    # The issue-6 winner for a small offline generator (docs/EVALUATION.md §4.6): the chunk at half
+    # weight plus one "atom" slot where a sentence, a question written about it, or that question
+    # embedded with the chunk compete, the questions only after an offset (question-question cosines
+    # run ~0.2 above question-statement ones with MiniLM; recalibrate for another embedder with
+    # eval/analysis/fusion_grid.py). Until session 8 it was chunk+sentence+quote with plain sum.
+    "atom-hybrid": {
+        "kinds": ["chunk", "sentence", "question", "quote"], "granularity": "atom",
+        "search": {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
+                   "groups": {"atom": ["sentence", "question", "quote"]}},
+    },
 }
 
 _QUESTION_KINDS = {"question", "quote", "atomquote", "onedoc"}
@@ -126,16 +132,47 @@ class SearchConfig(_Strict):
     fusion: Literal["max", "rrf", "sum"] = "max"
     kind_weights: dict[str, float] = Field(default_factory=dict, description="score multiplier per vector kind")
     rrf_k: int = Field(60, ge=1, description="RRF constant: 1/(rrf_k + rank) per kind list")
+    kind_bias: dict[str, float] = Field(default_factory=dict, description="added to a vector's (weighted) score per kind")
+    groups: dict[str, list[str]] = Field(
+        default_factory=dict, description="kinds fused as one: the best calibrated vector of the group counts once")
 
     @field_validator("kind_weights")
     @classmethod
     def _known_kinds(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = [k for k in v if k not in VECTOR_KINDS]
-        if bad:
-            raise ValueError(f"unknown vector kind(s) {bad} in kind_weights (known: {', '.join(VECTOR_KINDS)})")
+        _check_kinds(v, "kind_weights")
         if any(w <= 0 for w in v.values()):
             raise ValueError("kind_weights must be positive")
         return v
+
+    @field_validator("kind_bias")
+    @classmethod
+    def _bias_kinds(cls, v: dict[str, float]) -> dict[str, float]:
+        _check_kinds(v, "kind_bias")
+        if any(not -2.0 <= b <= 2.0 for b in v.values()):
+            raise ValueError("kind_bias values must lie in [-2, 2] (cosine scores lie in [-1, 1])")
+        return v
+
+    @field_validator("groups")
+    @classmethod
+    def _disjoint_groups(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        seen: dict[str, str] = {}
+        for g, ks in v.items():
+            if g in VECTOR_KINDS:
+                raise ValueError(f"group name {g!r} is a vector kind; name groups apart from kinds")
+            if not ks:
+                raise ValueError(f"group {g!r} lists no kinds")
+            _check_kinds(ks, f"group {g!r}")
+            for k in ks:
+                if k in seen:
+                    raise ValueError(f"vector kind {k!r} is in two groups ({seen[k]!r} and {g!r})")
+                seen[k] = g
+        return v
+
+
+def _check_kinds(kinds, where: str) -> None:
+    bad = [k for k in kinds if k not in VECTOR_KINDS]
+    if bad:
+        raise ValueError(f"unknown vector kind(s) {bad} in {where} (known: {', '.join(VECTOR_KINDS)})")
 
 
 class IndexBuildConfig(_Strict):

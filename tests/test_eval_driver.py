@@ -97,3 +97,20 @@ def test_offset_evaluates_a_held_out_slice(eval_folder, tmp_path):
                for x in (eval_folder / "corpus.jsonl").read_text().splitlines()]
     assert corpus == all_ids[2:5]
     assert res["meta"]["offset"] == 2 and res["meta"]["documents"] == 3
+
+
+def test_reuse_needs_the_same_kinds_not_just_the_same_config(tmp_path):
+    """A preset whose kinds changed (atom-hybrid gained bare question vectors) must not reuse an index
+    built under the old preset with an otherwise identical config."""
+    from qrag_ray.config import IndexConfig
+    from qrag_ray.evaluation.driver import find_reusable
+
+    cfg = IndexConfig(representation="atom-hybrid", generator={"backend": "precomputed"})
+    d = tmp_path / "indexes" / "atom-hybrid"
+    d.mkdir(parents=True)
+    man = {"config": cfg.model_dump(mode="json"), "kinds": ["chunk", "sentence", "question", "quote"]}
+    (d / "manifest.json").write_text(json.dumps(man))
+    assert find_reusable(tmp_path / "indexes", d, cfg) == d
+    man["kinds"] = ["chunk", "sentence", "quote"]
+    (d / "manifest.json").write_text(json.dumps(man))
+    assert find_reusable(tmp_path / "indexes", d, cfg) is None

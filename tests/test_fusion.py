@@ -64,7 +64,7 @@ def test_min_score_uses_best_vector_for_every_fusion():
 def test_policy_from_config_and_unknown_kind_rejected():
     cfg = IndexConfig(search={"fusion": "rrf", "kind_weights": {"sentence": 2.0}})
     pol = FusionPolicy.from_config(cfg.search)
-    assert pol.fusion == "rrf" and pol.kind_weights == {"sentence": 2.0} and pol.max_weight == 2.0
+    assert pol.fusion == "rrf" and pol.kind_weights == {"sentence": 2.0} and pol.bound(0.5) == 1.0
     with pytest.raises(ValueError):
         SearchConfig(kind_weights={"nope": 1.0})
 
@@ -85,3 +85,61 @@ def test_atomquote_embeds_question_with_its_atom():
     assert len(aq) == 1 and aq[0]["embed_text"] == "When was the Eiffel Tower completed?\nThe Eiffel Tower was completed in 1889."
     assert aq[0]["text"] == "When was the Eiffel Tower completed?"
     assert sum(r["kind"] == "sentence" for r in rows) == 2
+
+
+# chunk 1: a sentence at 0.80 and a chunk vector at 0.50; chunk 2: a generic question at 0.88, sentence 0.60,
+# chunk vector 0.55. Question-question cosines run high, so chunk 2 wins any uncalibrated max.
+HQ = [hits(0, [0.88, 0.80, 0.60, 0.55, 0.50], [2, 1, 2, 2, 1], ["question", "sentence", "sentence", "chunk", "chunk"])]
+GROUPED = {"atom": ("sentence", "question")}
+
+
+def test_kind_bias_makes_a_question_clear_its_sentence_by_a_margin():
+    assert [r.chunk_idx for r in merge_hits(HQ, 0, 2, policy=FusionPolicy("max"))[0]] == [2, 1]
+    res, _ = merge_hits(HQ, 0, 2, policy=FusionPolicy("max", kind_bias={"question": -0.1}))
+    assert [r.chunk_idx for r in res] == [1, 2]  # 0.88 - 0.1 = 0.78 < 0.80
+    assert res[1].score == pytest.approx(0.78)
+
+
+def test_groups_count_the_best_of_their_kinds_once_then_sum_with_the_rest():
+    pol = FusionPolicy("sum", kind_weights={"chunk": 0.5}, kind_bias={"question": -0.2}, groups=GROUPED)
+    res, _ = merge_hits(HQ, 0, 2, policy=pol)
+    # chunk 1: 0.5*0.50 + max(0.80)               = 1.05
+    # chunk 2: 0.5*0.55 + max(0.60, 0.88 - 0.2)   = 0.275 + 0.68 = 0.955
+    assert [r.chunk_idx for r in res] == [1, 2]
+    assert [r.score for r in res] == pytest.approx([1.05, 0.955])
+    # without the group, sentence and question are summed as two kinds: chunk 2's question floor-pads chunk 1
+    ungrouped = FusionPolicy("sum", kind_weights={"chunk": 0.5}, kind_bias={"question": -0.2})
+    res2, _ = merge_hits(HQ, 0, 2, policy=ungrouped)
+    assert [r.score for r in res2] != pytest.approx([1.05, 0.955])
+
+
+def test_rrf_ranks_a_group_as_one_list():
+    res, _ = merge_hits(HQ, 0, 2, policy=FusionPolicy("rrf", rrf_k=60, groups=GROUPED))
+    # atom list: chunk 2 (0.88) then chunk 1 (0.80); chunk list: chunk 2 (0.55) then chunk 1 (0.50)
+    assert [r.chunk_idx for r in res] == [2, 1]
+    assert res[0].score == pytest.approx(2 / 61) and res[1].score == pytest.approx(2 / 62)
+
+
+def test_cutoff_bound_covers_every_calibrated_kind():
+    pol = FusionPolicy("max", kind_weights={"chunk": 0.5, "quote": 1.2}, kind_bias={"question": -0.2, "quote": 0.05})
+    assert pol.bound(0.5) == pytest.approx(0.65)  # quote: 1.2 * 0.5 + 0.05
+    assert FusionPolicy("max", kind_bias={"question": -0.2}).bound(-0.3) == pytest.approx(-0.3)  # default kind
+    cut = [hits(0, [0.80, 0.70], [1, 2], ["sentence", "sentence"], exhausted=False)]
+    assert not merge_hits(cut, 0, 2, policy=FusionPolicy("max", kind_bias={"question": -0.2}))[1]
+    assert merge_hits(cut, 0, 2, policy=FusionPolicy("max", kind_bias={"question": 0.2}))[1]  # 0.7+0.2 > 0.7
+
+
+def test_search_config_groups_and_bias_validated_and_carried_to_the_policy():
+    cfg = IndexConfig(search={"fusion": "sum", "kind_bias": {"question": -0.2},
+                              "groups": {"atom": ["sentence", "question"]}})
+    pol = FusionPolicy.from_config(cfg.search)
+    assert pol.kind_bias == {"question": -0.2} and pol.groups == {"atom": ("sentence", "question")}
+    assert pol.group_of("question") == "atom" and pol.group_of("chunk") == "chunk"
+    for bad in ({"groups": {"a": ["sentence"], "b": ["sentence", "question"]}},  # a kind in two groups
+                {"groups": {"chunk": ["sentence", "question"]}},  # group named like a kind
+                {"groups": {"atom": []}},
+                {"groups": {"atom": ["nope"]}},
+                {"kind_bias": {"nope": 0.1}},
+                {"kind_bias": {"question": -5.0}}):
+        with pytest.raises(ValueError):
+            SearchConfig(**bad)

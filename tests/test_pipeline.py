@@ -103,7 +103,7 @@ def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_w
 @pytest.mark.parametrize("rep,kinds", [
     ("chunk", {"chunk"}), ("hype", {"question"}), ("quote", {"quote"}), ("quote-onedoc", {"onedoc"}),
     ("atom-sentence", {"sentence"}), ("atom-question", {"question"}), ("hybrid", {"chunk", "question"}),
-    ("atom-hybrid", {"chunk", "sentence", "quote"}),
+    ("atom-hybrid", {"chunk", "sentence", "question", "quote"}),
 ])
 def test_every_named_representation(rep, kinds, build_with, local_ray, pydoc_jsonl, tmp_path):
     backend = "none" if rep in ("chunk", "atom-sentence") else "precomputed"

@@ -29,7 +29,9 @@ EXPECTED = {  # representation -> stored (kind, embed_text) rows
     "atom-sentence": [("sentence", s) for s in SENTS],
     "hybrid": [("chunk", TEXT)] + [("question", q) for q in QS],
     "sentence+quote": [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QS],
-    "atom-hybrid": [("chunk", TEXT)] + [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QS],
+    "atom-hybrid": [("chunk", TEXT)] + [("sentence", s) for s in SENTS] + [("question", q) for q in QS]
+    + [("quote", f"{q}\n{TEXT}") for q in QS],
+    "chunk+sentence+quote": [("chunk", TEXT)] + [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QS],
 }
 
 
@@ -47,12 +49,15 @@ def test_rows_per_representation(rep):
 
 
 def test_preset_search_defaults_yield_to_the_config():
-    # atom-hybrid won the issue-6 ablation with sum fusion; the preset brings it, an explicit choice wins
+    # atom-hybrid won the issue-6 ablation with calibrated group fusion; the preset brings it, an explicit
+    # choice wins field by field
     cfg = IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"})
-    assert representation_plan(cfg) == (["chunk", "sentence", "quote"], "atom")
-    assert cfg.search.fusion == "sum"
-    assert IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"},
-                       search={"fusion": "max"}).search.fusion == "max"
+    assert representation_plan(cfg) == (["chunk", "sentence", "question", "quote"], "atom")
+    assert cfg.search.fusion == "sum" and cfg.search.kind_weights == {"chunk": 0.5}
+    assert cfg.search.kind_bias == {"question": -0.2, "quote": -0.05}
+    assert cfg.search.groups == {"atom": ["sentence", "question", "quote"]}
+    mine = IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"}, search={"fusion": "max"})
+    assert mine.search.fusion == "max" and mine.search.kind_bias == {"question": -0.2, "quote": -0.05}
     assert IndexConfig(representation="chunk+sentence+quote", generator={"backend": "vllm"}).search.fusion == "max"
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qrag_ray.config import IndexConfig, deep_update
+from qrag_ray.config import IndexConfig, deep_update, representation_plan
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import evaluate, leaked_queries
@@ -95,10 +95,14 @@ def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
     if not m.is_file():
         return False
     try:
-        old = json.loads(m.read_text()).get("config", {})
+        man = json.loads(m.read_text())
     except json.JSONDecodeError:
         return False
-    return _build_view(old) == _build_view(cfg.model_dump(mode="json"))
+    # the kinds too: a preset's kinds can change between releases under the same representation name
+    kinds = man.get("kinds")
+    if kinds is not None and sorted(kinds) != sorted(representation_plan(cfg)[0]):
+        return False
+    return _build_view(man.get("config", {})) == _build_view(cfg.model_dump(mode="json"))
 
 
 def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | None:

@@ -37,17 +37,26 @@ class FusionPolicy:
     """How a chunk's vector scores become one chunk score; recorded in the manifest (`search` config)
     so `qrag search`, `qrag eval` and the Serve router rank the same way.
 
-    - max: the best (kind-weighted) vector of the chunk — HyPE/QuOTE's dedup.
+    - max: the best (calibrated) vector of the chunk — HyPE/QuOTE's dedup.
     - rrf: reciprocal-rank fusion of per-kind chunk rankings (each kind ranks chunks by their best
       vector of that kind), so a chunk that both a sentence and a question find beats one found by
       a single lucky vector.
     - sum: CombSUM of the per-kind best scores (a kind that did not retrieve the chunk counts with
       the lowest score retrieved for that kind).
+
+    Every vector score is first calibrated per kind, `w * score + bias` (kind_weights, kind_bias):
+    question-to-question cosines run systematically higher than question-to-statement ones, so a
+    question vector must clear its sentence by a margin before it speaks for the chunk. `groups`
+    names kinds that are alternative evidence for the same thing (a sentence and the questions
+    written about it): inside a group the best calibrated vector counts once, and sum/rrf then fuse
+    groups (each ungrouped kind is its own group).
     """
 
     fusion: str = "max"
     kind_weights: dict = field(default_factory=dict)
     rrf_k: int = 60
+    kind_bias: dict = field(default_factory=dict)
+    groups: dict = field(default_factory=dict)  # group name -> kinds
 
     @classmethod
     def from_config(cls, search: dict | None) -> "FusionPolicy":
@@ -55,15 +64,37 @@ class FusionPolicy:
         if hasattr(s, "model_dump"):
             s = s.model_dump()
         return cls(fusion=s.get("fusion", "max"), kind_weights=dict(s.get("kind_weights") or {}),
-                   rrf_k=int(s.get("rrf_k", 60)))
+                   rrf_k=int(s.get("rrf_k", 60)), kind_bias=dict(s.get("kind_bias") or {}),
+                   groups={g: tuple(ks) for g, ks in (s.get("groups") or {}).items()})
 
     @classmethod
     def from_manifest(cls, manifest) -> "FusionPolicy":
         return cls.from_config((manifest.data.get("config") or {}).get("search"))
 
     @property
-    def max_weight(self) -> float:
-        return max([1.0, *self.kind_weights.values()]) if self.kind_weights else 1.0
+    def calibrated(self) -> bool:
+        return bool(self.kind_weights or self.kind_bias)
+
+    def calibrate(self, scores: np.ndarray, kinds: np.ndarray | None) -> np.ndarray:
+        """Vector scores after the per-kind `w * score + bias` (float64)."""
+        out = scores.astype(np.float64)
+        if kinds is None or not self.calibrated:
+            return out
+        w = np.array([self.kind_weights.get(k, 1.0) for k in kinds], dtype=np.float64)
+        b = np.array([self.kind_bias.get(k, 0.0) for k in kinds], dtype=np.float64)
+        return out * w + b
+
+    def bound(self, raw: float) -> float:
+        """The highest calibrated score a vector with raw score <= `raw` can reach (any kind)."""
+        pairs = [(1.0, 0.0)] + [(self.kind_weights.get(k, 1.0), self.kind_bias.get(k, 0.0))
+                                for k in {*self.kind_weights, *self.kind_bias}]
+        return max(w * raw + b for w, b in pairs)
+
+    def group_of(self, kind: str) -> str:
+        for g, ks in self.groups.items():
+            if kind in ks:
+                return g
+        return kind
 
 
 def gather(per_shard: list, qi: int) -> Candidates:
@@ -95,28 +126,30 @@ def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray,
     return uniq[o], best[o]
 
 
-def fuse_scores(c: Candidates, policy: FusionPolicy) -> dict[int, float]:
-    """chunk_idx -> fused score for rrf / sum (max is handled inline by dedup)."""
+def fuse_scores(c: Candidates, policy: FusionPolicy, scores: np.ndarray | None = None) -> dict[int, float]:
+    """chunk_idx -> fused score for rrf / sum (max is handled inline by dedup). `scores`: the vector
+    scores already calibrated by the policy (default: calibrate here)."""
     kinds = c.kinds if c.kinds is not None else np.full(len(c.scores), "?", dtype=object)
+    if scores is None:
+        scores = policy.calibrate(c.scores, c.kinds)
+    labels = np.array([policy.group_of(k) for k in kinds.tolist()], dtype=object)
     fused: dict[int, float] = {}
-    floors: dict[str, float] = {}
-    per_kind: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for kd in sorted(set(kinds.tolist())):
-        m = kinds == kd
-        per_kind[kd] = _best_per_chunk(c.chunk_idx[m], c.scores[m].astype(np.float64))
-        floors[kd] = float(per_kind[kd][1][-1]) if len(per_kind[kd][1]) else 0.0
     all_chunks = np.unique(c.chunk_idx)
-    for kd, (uniq, best) in per_kind.items():
-        w = float(policy.kind_weights.get(kd, 1.0))
+    for g in sorted(set(labels.tolist())):
+        m = labels == g
+        uniq, best = _best_per_chunk(c.chunk_idx[m], scores[m])
         if policy.fusion == "rrf":
+            # rank order inside one kind is unchanged by its calibration; a group's weight is 1
+            w = 1.0 if g in policy.groups else float(policy.kind_weights.get(g, 1.0))
             ranks = {int(ch): r for r, ch in enumerate(uniq, start=1)}
-            miss = len(uniq) + 1  # unseen in this kind's list: just below its last retrieved chunk
+            miss = len(uniq) + 1  # unseen in this list: just below its last retrieved chunk
             for ch in all_chunks.tolist():
                 fused[ch] = fused.get(ch, 0.0) + w / (policy.rrf_k + ranks.get(ch, miss))
-        else:  # sum
+        else:  # sum of calibrated bests; a group that did not retrieve the chunk counts its floor
+            floor = float(best[-1]) if len(best) else 0.0
             bs = dict(zip(uniq.tolist(), best.tolist()))
             for ch in all_chunks.tolist():
-                fused[ch] = fused.get(ch, 0.0) + w * bs.get(ch, floors[kd])
+                fused[ch] = fused.get(ch, 0.0) + bs.get(ch, floor)
     return fused
 
 
@@ -124,14 +157,11 @@ def dedup(c: Candidates, k: int, kinds: np.ndarray | None = None, kind_weights: 
           min_score: float | None = None, max_matches: int = 3,
           policy: FusionPolicy | None = None) -> list[ChunkResult]:
     """Top k distinct chunks under the fusion policy (default: max over the chunk's vectors).
-    `min_score` applies to the chunk's best (kind-weighted) vector score whatever the fusion."""
+    `min_score` applies to the chunk's best (calibrated) vector score whatever the fusion."""
     policy = policy or FusionPolicy(kind_weights=dict(kind_weights or {}))
     if kinds is not None:
         c = Candidates(c.scores, c.chunk_idx, c.shard, c.row, c.cutoffs, kinds)
-    scores = c.scores.astype(np.float64)
-    if policy.kind_weights and c.kinds is not None:
-        w = np.array([policy.kind_weights.get(k_, 1.0) for k_ in c.kinds], dtype=np.float64)
-        scores = scores * w
+    scores = policy.calibrate(c.scores, c.kinds)
     order = np.lexsort((c.row, c.shard, -scores))  # score desc, deterministic ties
     cidx = c.chunk_idx[order]
     _, first = np.unique(cidx, return_index=True)
@@ -140,7 +170,7 @@ def dedup(c: Candidates, k: int, kinds: np.ndarray | None = None, kind_weights: 
     if policy.fusion == "max":
         ranked = [(int(cidx[p]), best[int(cidx[p])]) for p in first]
     else:
-        fused = fuse_scores(c, policy)
+        fused = fuse_scores(c, policy, scores)
         ranked = sorted(((ch, fused[ch]) for ch in best), key=lambda t: (-t[1], -best[t[0]], t[0]))
     results: list[ChunkResult] = []
     for chunk, s in ranked:
@@ -163,8 +193,9 @@ def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: flo
     retrieved, an approximation that deeper lists refine but rarely reorder at the top."""
     if not c.cutoffs:
         return False
-    wmax = policy.max_weight if policy else 1.0
-    highest_cut = max(c.cutoffs.values()) * wmax
+    highest_cut = max(c.cutoffs.values())
+    if policy is not None:
+        highest_cut = max(policy.bound(cut) for cut in c.cutoffs.values())
     if min_score is not None and highest_cut < min_score:
         return False
     if len(results) < k:

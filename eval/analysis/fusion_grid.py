@@ -1,0 +1,120 @@
+"""Dense fusion grid over one built index, with a split by article so the choice is made on one half.
+
+Why this exists: fusion choices (weights, per-kind offsets, groups) need no re-index, but scoring each
+one through `qrag eval` costs a search pass per variant. Here every query is scored against every vector
+once (exact, dense: SQuAD dev is 10,570 x ~20k), reduced to one score matrix per kind and chunk, and the
+grid is pure numpy. Choose on the even-numbered articles, report the odd ones: the session-5..7 recipes
+were tuned on the first articles and their gains did not carry to the rest of the dev set.
+Confirm the winner through the real search path with `qrag eval --variants` (EVALUATION.md §4.6).
+
+  python eval/analysis/fusion_grid.py --index runs/i6-fewshot3-full/indexes/atom-hybrid \
+      --data $QRAG_DATA/squad-v1.1/dev-v1.1.json --output runs/i6-fusion-grid.json
+The index must hold chunk, sentence and quote vectors (`atom-hybrid` v1); bare questions are the quote
+rows' text, embedded here with the index's embedder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def chunk_max(Q: np.ndarray, vecs: np.ndarray, docs: np.ndarray, n_docs: int) -> np.ndarray:
+    """(queries, docs) best score of each doc's vectors; -inf where a doc has none."""
+    out = np.full((len(Q), n_docs), -np.inf, np.float32)
+    o = np.argsort(docs, kind="stable")
+    d = docs[o]
+    starts = np.r_[0, np.flatnonzero(np.diff(d)) + 1]
+    out[:, d[starts]] = np.maximum.reduceat(Q @ vecs[o].T, starts, axis=1)
+    return out
+
+
+def rank_metrics(M: np.ndarray, gold: np.ndarray) -> dict[str, float]:
+    """R@1, R@5, MRR@10 (percent) with one gold doc per query; a tie with the gold doc ranks below it."""
+    g = M[np.arange(len(gold)), gold][:, None]
+    rank = (M > g).sum(1) + 1
+    return {"R@1": 100 * float((rank == 1).mean()), "R@5": 100 * float((rank <= 5).mean()),
+            "MRR@10": 100 * float(np.where(rank <= 10, 1.0 / rank, 0.0).mean())}
+
+
+def fused(mats: dict[str, np.ndarray], w_chunk: float, bias_q: float | None, bias_u: float | None) -> np.ndarray:
+    """w_chunk * chunk + max(sentence, question + bias_q, quote + bias_u); None leaves a kind out."""
+    atom = mats["sentence"]
+    if bias_q is not None:
+        atom = np.maximum(atom, mats["question"] + bias_q)
+    if bias_u is not None:
+        atom = np.maximum(atom, mats["quote"] + bias_u)
+    return w_chunk * mats["chunk"] + atom if w_chunk else atom
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--data", required=True, help="SQuAD v1.1 JSON the index was built from (full dev)")
+    ap.add_argument("--output", required=True, help="JSON file for the grid")
+    a = ap.parse_args()
+
+    import faiss
+    import pyarrow.parquet as pq
+
+    from qrag_ray.embedding import encode, load_sentence_transformer
+    from qrag_ray.evaluation.loaders import load_squad
+    from qrag_ray.index.format import load_manifest, shard_faiss, shard_meta
+
+    idx_dir = Path(a.index)
+    man = load_manifest(idx_dir)
+    ev = load_squad(a.data)
+    doc_pos = {d["doc_id"]: i for i, d in enumerate(ev.corpus)}
+    chunks = pq.read_table(idx_dir / "chunks.parquet", columns=["chunk_idx", "doc_id"]).to_pydict()
+    chunk_doc = dict(zip(chunks["chunk_idx"], chunks["doc_id"]))
+    vecs, docs, kinds, texts = [], [], [], []
+    for sh in range(man.num_shards):
+        index = faiss.read_index(str(idx_dir / shard_faiss(sh)))
+        vecs.append(index.reconstruct_n(0, index.ntotal))
+        rows = pq.read_table(idx_dir / shard_meta(sh), columns=["chunk_idx", "kind", "text"]).to_pydict()
+        docs += [doc_pos[chunk_doc[c]] for c in rows["chunk_idx"]]
+        kinds += rows["kind"]
+        texts += rows["text"]
+    V, docs, kinds = np.concatenate(vecs), np.array(docs), np.array(kinds)
+    st = load_sentence_transformer(man.data["embedder"]["model"])
+    Q = encode(st, [q["text"] for q in ev.queries])
+    quote = kinds == "quote"
+    bare = encode(st, [t for t, k in zip(texts, kinds) if k == "quote"])
+    n = len(ev.corpus)
+    mats = {k: chunk_max(Q, V[kinds == k], docs[kinds == k], n) for k in ("chunk", "sentence", "quote")}
+    mats["question"] = chunk_max(Q, bare, docs[quote], n)
+    # a doc without a vector of some kind must not be lifted by it: -inf stays out of the max
+    gold = np.array([doc_pos[next(iter(ev.qrels[q["qid"]]))] for q in ev.queries])
+    titles = list(dict.fromkeys(d["title"] for d in ev.corpus))
+    article = np.array([titles.index(ev.corpus[g]["title"]) for g in gold])
+    halves = {"even": article % 2 == 0, "odd": article % 2 == 1, "all": np.ones(len(gold), bool)}
+
+    grid = [("atom-sentence", 0.0, None, None)]
+    for w, bq, bu in itertools.product((0.3, 0.5, 0.7, 1.0), (None, -0.1, -0.15, -0.2, -0.25), (None, 0.0, -0.05, -0.1)):
+        parts = ["sentence"] + ([f"question{bq:+}"] if bq is not None else []) + ([f"quote{bu:+}"] if bu is not None else [])
+        grid.append((f"chunk x{w} + max({', '.join(parts)})", w, bq, bu))
+    rows = []
+    for label, w, bq, bu in grid:
+        M = fused(mats, w, bq, bu)
+        rows.append({"label": label, "w_chunk": w, "bias_question": bq, "bias_quote": bu,
+                     **{h: rank_metrics(M[m], gold[m]) for h, m in halves.items()}})
+    chosen = max(rows[1:], key=lambda r: (r["even"]["R@1"], r["even"]["MRR@10"]))
+    base = rows[0]
+    print(f"{'configuration':62s} {'even R@1':>8s} {'odd R@1':>8s} {'all R@1':>8s} {'all R@5':>8s} {'all MRR':>8s}")
+    for r in sorted(rows, key=lambda r: -r["even"]["R@1"])[:12] + [base]:
+        mark = " <- chosen on even" if r is chosen else ""
+        print(f"{r['label']:62s} {r['even']['R@1']:8.1f} {r['odd']['R@1']:8.1f} {r['all']['R@1']:8.1f} "
+              f"{r['all']['R@5']:8.1f} {r['all']['MRR@10']:8.1f}{mark}")
+    gain = {h: round(chosen[h]["R@1"] - base[h]["R@1"], 1) for h in halves}
+    print(f"chosen on even articles: {chosen['label']}; R@1 over atom-sentence: {gain}")
+    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.output).write_text(json.dumps({"index": str(idx_dir), "queries": len(gold), "chosen": chosen,
+                                          "gain_over_atom_sentence": gain, "grid": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
