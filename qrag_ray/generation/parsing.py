@@ -378,6 +378,19 @@ def _looks_cut(last: str, others: Iterable[str], ended: bool, truncated: bool | 
     return finished * 2 >= len(others)
 
 
+def _drop_cut_tail(lines: list[str], ended: bool, truncated: bool | None) -> None:
+    """Drop the text after the final '?' of the reply when max_tokens cut it ("…? …? What is the Eif").
+    It is neither an answer nor a question. The guess counts the '?'-segments of the final line as
+    finished units beside the other lines, so a one-line loop is judged like a multi-line one."""
+    marks = list(re.finditer(r"\?+", lines[-1]))
+    if not marks:
+        return
+    head, tail = lines[-1][:marks[-1].end()], lines[-1][marks[-1].end():].strip()
+    segments = [seg for seg in re.split(r"(?<=\?)\s+", head) if seg.strip()]
+    if tail and _looks_cut(tail, lines[:-1] + segments, ended, truncated):
+        lines[-1] = head
+
+
 def _acceptable(item: str, min_words: int, max_words: int) -> bool:
     words = item.split()
     if len(words) < min_words or len(words) > max_words or len(item) > MAX_CHARS:
@@ -410,6 +423,7 @@ def _qa_pairs(
     lines, ended = _lines(raw)
     if not lines:
         return []
+    _drop_cut_tail(lines, ended, truncated)
     last_cut = _looks_cut(lines[-1], lines[:-1], ended, truncated)
     out: list[list[str]] = []
     dedup = _Dedup()

@@ -177,13 +177,6 @@ def test_parse_qa_max_pairs():
         "qwen05b_quote_basic.txt"][:2]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "parser bug: parse_qa gives a max_tokens-cut question fragment as the ANSWER of an earlier question. "
-    "Input qwen05b_hype_loop_one_line.txt ('What is the Eiffel Tower? What is the Eiffel Tower made of? ... "
-    "What is the Eif', no newline). Wanted ('What is the Eiffel Tower?', ''), got ('What is the Eiffel "
-    "Tower?', 'What is the Eif') — also with truncated=True, although the docstring says an answer cut off "
-    "by max_tokens is ''. Cause: the tail is attached to a repeated question, which hands its answer to the "
-    "first copy (the 'repeated question may bring the answer' branch), bypassing the last-answer cut check."))
 def test_parse_qa_loop_cut_tail_is_not_an_answer():
     for truncated in (None, True):
         pairs = dict(parse_qa(raw("qwen05b_hype_loop_one_line.txt"), truncated=truncated))
@@ -206,13 +199,6 @@ def test_require_qmark_false_drops_tail_when_caller_says_truncated():
         "What is the Eiffel Tower?", "What is the Eiffel Tower made of?"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "parser bug: with require_qmark=False and truncated=None, a single-line reply cut by max_tokens turns "
-    "its fragment into a question. Input qwen05b_hype_loop_one_line.txt (one line, no trailing newline or "
-    "end token, ends 'What is the Eif'). Wanted ['What is the Eiffel Tower?', 'What is the Eiffel Tower "
-    "made of?'], got the same plus 'What is the Eif?'. The cut guess (_looks_cut) compares the last LINE "
-    "with other lines; a one-line reply has none, although every earlier '?'-segment of that line is "
-    "finished. The pipeline uses require_qmark=True, so indexes are not affected."))
 def test_require_qmark_false_guesses_cut_single_line():
     assert parse_questions(raw("qwen05b_hype_loop_one_line.txt"), require_qmark=False) == [
         "What is the Eiffel Tower?", "What is the Eiffel Tower made of?"]
@@ -311,3 +297,14 @@ def test_atom_capture_answer_lines_are_not_questions():
     r = raw("qwen05b_atom_question_tesla_n3.txt")
     assert "   - Tesla Motors" in r and "Martin Eberhard" in r  # the answers the model added
     assert not any("Eberhard" in q for q in parse_questions(r, require_qmark=False))
+
+
+def test_one_line_reply_keeps_a_finished_answer_and_drops_only_a_cut_tail():
+    # no newline, no end token: the guess decides. A tail with end punctuation is an answer...
+    assert parse_qa("What is the capital of Germany? Berlin is the capital.") == [
+        ("What is the capital of Germany?", "Berlin is the capital.")]
+    # ...a tail without it after finished '?'-segments was cut by max_tokens
+    assert parse_qa("What is the capital of Germany? Berlin is the capital. Which river flows through it? The Sp") == [
+        ("What is the capital of Germany?", "Berlin is the capital."), ("Which river flows through it?", "")]
+    # the caller's word wins over the guess
+    assert parse_qa("What is the capital of Germany? Berlin", truncated=False) == [("What is the capital of Germany?", "Berlin")]
