@@ -9,7 +9,7 @@ Confirm the winner through the real search path with `qrag eval --variants` (EVA
 
   python eval/analysis/fusion_grid.py --index runs/i6-fewshot3-full/indexes/atom-hybrid \
       --data $QRAG_DATA/squad-v1.1/dev-v1.1.json --output runs/i6-fusion-grid.json
-The index must hold chunk, sentence and quote vectors (`atom-hybrid` v1); bare questions are the quote
+The index must hold chunk, sentence and quote vectors (`atom-hybrid`, v1 or calibrated); bare questions are the quote
 rows' text, embedded here with the index's embedder.
 """
 
