@@ -87,10 +87,14 @@ def no_index_written(tmp_path, out):
     (["--input", "{corpus}", "--config", "{tmp}/nope.yaml"], ["config file not found"]),
     (["--input", "{corpus}", "--config", "{tmp}/unknown.yaml"], ["chunker.sise", "Extra inputs"]),
     (["--input", "{corpus}", "--config", "{tmp}/notyaml.yaml"], ["not valid YAML"]),
+    (["--input", "{corpus}", "--config", "{tmp}/twogroups.yaml"], ["search.groups", "'sentence' is in two groups"]),
+    (["--input", "{corpus}", "--config", "{tmp}/bias.yaml"], ["search.kind_bias", "[-2, 2]"]),
 ])
 def test_bad_flags(args, needles, corpus, tmp_path, capsys):
     (tmp_path / "unknown.yaml").write_text("chunker:\n  sise: 100\n")
     (tmp_path / "notyaml.yaml").write_text("chunker: [unclosed\n")
+    (tmp_path / "twogroups.yaml").write_text("search: {groups: {a: [sentence], b: [sentence, question]}}\n")
+    (tmp_path / "bias.yaml").write_text("search: {kind_bias: {question: 5}}\n")
     out = tmp_path / "out"
     argv = ["index", "--output", str(out)] + [a.format(tmp=tmp_path, corpus=corpus) for a in args]
     one_clear_line(capsys, main(argv), *needles)

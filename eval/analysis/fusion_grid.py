@@ -83,7 +83,7 @@ def main() -> None:
     st = load_sentence_transformer(man.data["embedder"]["model"])
     Q = encode(st, [q["text"] for q in ev.queries])
     quote = kinds == "quote"
-    bare = encode(st, [t for t, k in zip(texts, kinds) if k == "quote"])
+    bare = encode(st, np.array(texts, dtype=object)[quote].tolist())
     n = len(ev.corpus)
     mats = {k: chunk_max(Q, V[kinds == k], docs[kinds == k], n) for k in ("chunk", "sentence", "quote")}
     mats["question"] = chunk_max(Q, bare, docs[quote], n)

@@ -126,12 +126,10 @@ def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray,
     return uniq[o], best[o]
 
 
-def fuse_scores(c: Candidates, policy: FusionPolicy, scores: np.ndarray | None = None) -> dict[int, float]:
+def fuse_scores(c: Candidates, policy: FusionPolicy, scores: np.ndarray) -> dict[int, float]:
     """chunk_idx -> fused score for rrf / sum (max is handled inline by dedup). `scores`: the vector
-    scores already calibrated by the policy (default: calibrate here)."""
+    scores of `c` as `policy.calibrate` made them."""
     kinds = c.kinds if c.kinds is not None else np.full(len(c.scores), "?", dtype=object)
-    if scores is None:
-        scores = policy.calibrate(c.scores, c.kinds)
     labels = np.array([policy.group_of(k) for k in kinds.tolist()], dtype=object)
     fused: dict[int, float] = {}
     all_chunks = np.unique(c.chunk_idx)
@@ -193,14 +191,13 @@ def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: flo
     retrieved, an approximation that deeper lists refine but rarely reorder at the top."""
     if not c.cutoffs:
         return False
-    highest_cut = max(c.cutoffs.values())
-    if policy is not None:
-        highest_cut = max(policy.bound(cut) for cut in c.cutoffs.values())
+    policy = policy or FusionPolicy()
+    highest_cut = max(policy.bound(cut) for cut in c.cutoffs.values())
     if min_score is not None and highest_cut < min_score:
         return False
     if len(results) < k:
         return True
-    if policy is not None and policy.fusion != "max":
+    if policy.fusion != "max":
         return False
     return results[-1].score < highest_cut
 
