@@ -9,8 +9,10 @@ Confirm the winner through the real search path with `qrag eval --variants` (EVA
 
   python eval/analysis/fusion_grid.py --index runs/i6-fewshot3-full/indexes/atom-hybrid \
       --data $QRAG_DATA/squad-v1.1/dev-v1.1.json --output runs/i6-fusion-grid.json
-The index must hold chunk, sentence and quote vectors (`atom-hybrid`, v1 or calibrated); bare questions are the quote
-rows' text, embedded here with the index's embedder.
+The index must hold chunk and sentence vectors; question settings are searched when it also holds
+question or quote vectors (`atom-hybrid`, v1 or calibrated: bare questions missing from v1 are the quote
+rows' text, embedded here with the index's embedder). `--windows` adds two-sentence windows (no LLM) to
+the atom group; `--offset/--subset` take a slice index as `qrag eval` built it (EVALUATION.md §4.7).
 """
 
 from __future__ import annotations
@@ -41,23 +43,32 @@ def rank_metrics(M: np.ndarray, gold: np.ndarray) -> dict[str, float]:
             "MRR@10": 100 * float(np.where(rank <= 10, 1.0 / rank, 0.0).mean())}
 
 
-def fused(mats: dict[str, np.ndarray], w_chunk: float, bias_q: float | None, bias_u: float | None) -> np.ndarray:
-    """w_chunk * chunk + max(sentence, question + bias_q, quote + bias_u); None leaves a kind out."""
+def fused(mats: dict[str, np.ndarray], w_chunk: float, biases: dict[str, float | None]) -> np.ndarray:
+    """w_chunk * chunk + max(sentence, kind + bias for each kind in `biases`); a None bias leaves it out."""
     atom = mats["sentence"]
-    if bias_q is not None:
-        atom = np.maximum(atom, mats["question"] + bias_q)
-    if bias_u is not None:
-        atom = np.maximum(atom, mats["quote"] + bias_u)
+    for kind, bias in biases.items():
+        if bias is not None:
+            atom = np.maximum(atom, mats[kind] + bias)
     return w_chunk * mats["chunk"] + atom if w_chunk else atom
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--index", required=True)
-    ap.add_argument("--data", required=True, help="SQuAD v1.1 JSON the index was built from (full dev)")
-    ap.add_argument("--output", required=True, help="JSON file for the grid")
-    a = ap.parse_args()
+def sentence_windows(corpus: list[dict]) -> tuple[list[str], np.ndarray]:
+    """Every pair of consecutive sentences of each doc (no LLM), with its doc position: an answer that
+    spans two sentences, or a pronoun whose referent sits in the sentence before, matches neither alone."""
+    from qrag_ray.text.sentences import split_sentences
 
+    texts, docs = [], []
+    for i, d in enumerate(corpus):
+        ss = split_sentences(d["text"])
+        texts += [f"{a} {b}" for a, b in zip(ss, ss[1:])]
+        docs += [i] * max(len(ss) - 1, 0)
+    return texts, np.array(docs, dtype=np.int64)
+
+
+def load_matrices(idx_dir: Path, data: str, offset: int = 0, subset: int | None = None, windows: bool = False):
+    """Dense (queries, docs) best-score matrices per vector kind of a built SQuAD index, plus the gold doc
+    and article number of each query and each doc's generated questions. Bare questions are re-embedded
+    from the quote rows when the index stores none; kinds the index lacks are simply absent."""
     import faiss
     import pyarrow.parquet as pq
 
@@ -65,9 +76,8 @@ def main() -> None:
     from qrag_ray.evaluation.loaders import load_squad
     from qrag_ray.index.format import load_manifest, shard_faiss, shard_meta
 
-    idx_dir = Path(a.index)
     man = load_manifest(idx_dir)
-    ev = load_squad(a.data)
+    ev = load_squad(data, subset=subset, offset=offset)
     doc_pos = {d["doc_id"]: i for i, d in enumerate(ev.corpus)}
     chunks = pq.read_table(idx_dir / "chunks.parquet", columns=["chunk_idx", "doc_id"]).to_pydict()
     chunk_doc = dict(zip(chunks["chunk_idx"], chunks["doc_id"]))
@@ -82,25 +92,50 @@ def main() -> None:
     V, docs, kinds = np.concatenate(vecs), np.array(docs), np.array(kinds)
     st = load_sentence_transformer(man.data["embedder"]["model"])
     Q = encode(st, [q["text"] for q in ev.queries])
-    quote = kinds == "quote"
-    bare = encode(st, np.array(texts, dtype=object)[quote].tolist())
     n = len(ev.corpus)
-    mats = {k: chunk_max(Q, V[kinds == k], docs[kinds == k], n) for k in ("chunk", "sentence", "quote")}
-    mats["question"] = chunk_max(Q, bare, docs[quote], n)
     # a doc without a vector of some kind must not be lifted by it: -inf stays out of the max
+    mats = {k: chunk_max(Q, V[kinds == k], docs[kinds == k], n) for k in sorted(set(kinds.tolist()))}
+    qkind = "question" if "question" in mats else "quote"
+    qmask = kinds == qkind
+    if "quote" in mats and "question" not in mats:
+        bare = encode(st, np.array(texts, dtype=object)[qmask].tolist())
+        mats["question"] = chunk_max(Q, bare, docs[qmask], n)
+    if windows:  # not in the index: embedded here with its embedder
+        wtexts, wdocs = sentence_windows(ev.corpus)
+        mats["window"] = chunk_max(Q, encode(st, wtexts), wdocs, n)
+    questions: list[list[str]] = [[] for _ in range(n)]
+    for d, t in zip(docs[qmask].tolist(), np.array(texts, dtype=object)[qmask].tolist()):
+        questions[d].append(t)
     gold = np.array([doc_pos[next(iter(ev.qrels[q["qid"]]))] for q in ev.queries])
-    titles = list(dict.fromkeys(d["title"] for d in ev.corpus))
-    article = np.array([titles.index(ev.corpus[g]["title"]) for g in gold])
+    # article number in the file, from doc_id "{article:03d}-{paragraph:03d}": the same split for any slice
+    article = np.array([int(ev.corpus[g]["doc_id"].split("-")[0]) for g in gold])
+    return mats, gold, article, {"corpus": ev.corpus, "queries": ev.queries, "questions": questions}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--data", required=True, help="SQuAD v1.1 JSON the index was built from (full dev)")
+    ap.add_argument("--offset", type=int, default=0, help="as the index was built (`qrag eval --offset`)")
+    ap.add_argument("--subset", type=int, default=None, help="as the index was built (`qrag eval --subset`)")
+    ap.add_argument("--windows", action="store_true", help="add two-sentence windows to the atom group")
+    ap.add_argument("--output", required=True, help="JSON file for the grid")
+    a = ap.parse_args()
+
+    mats, gold, article, _ = load_matrices(Path(a.index), a.data, a.offset, a.subset, a.windows)
     halves = {"even": article % 2 == 0, "odd": article % 2 == 1, "all": np.ones(len(gold), bool)}
 
-    grid = [("atom-sentence", 0.0, None, None)]
-    for w, bq, bu in itertools.product((0.3, 0.5, 0.7, 1.0), (None, -0.1, -0.15, -0.2, -0.25), (None, 0.0, -0.05, -0.1)):
-        parts = ["sentence"] + ([f"question{bq:+}"] if bq is not None else []) + ([f"quote{bu:+}"] if bu is not None else [])
-        grid.append((f"chunk x{w} + max({', '.join(parts)})", w, bq, bu))
+    grid = [("atom-sentence", 0.0, {})]
+    opts = lambda kind, vals: vals if kind in mats else (None,)  # noqa: E731
+    for w, bq, bu, bw in itertools.product((0.3, 0.5, 0.7, 1.0), opts("question", (None, -0.1, -0.15, -0.2, -0.25)),
+                                           opts("quote", (None, 0.0, -0.05, -0.1)), opts("window", (None, 0.0, -0.02, -0.05))):
+        biases = {"question": bq, "quote": bu, "window": bw}
+        parts = ["sentence"] + [f"{k}{b:+}" for k, b in biases.items() if b is not None]
+        grid.append((f"chunk x{w} + max({', '.join(parts)})", w, biases))
     rows = []
-    for label, w, bq, bu in grid:
-        M = fused(mats, w, bq, bu)
-        rows.append({"label": label, "w_chunk": w, "bias_question": bq, "bias_quote": bu,
+    for label, w, biases in grid:
+        M = fused(mats, w, biases)
+        rows.append({"label": label, "w_chunk": w, **{f"bias_{k}": b for k, b in biases.items()},
                      **{h: rank_metrics(M[m], gold[m]) for h, m in halves.items()}})
     chosen = max(rows[1:], key=lambda r: (r["even"]["R@1"], r["even"]["MRR@10"]))
     base = rows[0]
@@ -112,7 +147,7 @@ def main() -> None:
     gain = {h: round(chosen[h]["R@1"] - base[h]["R@1"], 1) for h in halves}
     print(f"chosen on even articles: {chosen['label']}; R@1 over atom-sentence: {gain}")
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps({"index": str(idx_dir), "queries": len(gold), "chosen": chosen,
+    Path(a.output).write_text(json.dumps({"index": a.index, "offset": a.offset, "subset": a.subset, "queries": len(gold), "chosen": chosen,
                                           "gain_over_atom_sentence": gain, "grid": rows}, indent=1))
 
 

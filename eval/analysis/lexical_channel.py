@@ -1,0 +1,94 @@
+"""How much a lexical (BM25) channel adds to the dense presets, and how much the generated questions add
+to it (doc2query: the chunk's BM25 text expanded with its questions), like for like on one built index.
+
+Why this exists: issue 6 asks what the 0.5B generator's questions are worth. In the dense index they add
+about 1 R@1 over fusing chunk and sentences. SQuAD questions were written by annotators reading the
+paragraph, so they share its words: a lexical channel is the biggest lever on this data. The
+question is whether the questions still pay once it is there, so every dense configuration is paired
+with BM25 over the chunk alone and BM25 over chunk + questions. The BM25 weight is chosen on the
+even-numbered articles and reported on the odd ones, as in fusion_grid.py. Analysis only: the
+index and Serve path have no sparse channel (yet).
+
+  pip install -e '.[eval]'        # bm25s
+  python eval/analysis/lexical_channel.py --index runs/i6-fewshot3-full/indexes/atom-hybrid \
+      --data $QRAG_DATA/squad-v1.1/dev-v1.1.json --output runs/i9-lexical.json
+For a slice index add the `--offset/--subset` it was built with. An index without question vectors
+(e.g. `chunk+sentence`) gives the no-LLM rows only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fusion_grid import load_matrices, rank_metrics  # noqa: E402
+
+WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
+
+
+def bm25_matrix(doc_texts: list[str], queries: list[str]) -> np.ndarray:
+    """(queries, docs) BM25 scores over English-stopworded tokens, divided by each query's best score so
+    one weight fits every query (raw BM25 scales with query length)."""
+    import bm25s
+
+    ret = bm25s.BM25()
+    ret.index(bm25s.tokenize(doc_texts, stopwords="en", show_progress=False), show_progress=False)
+    toks = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
+    B = np.stack([ret.get_scores(t) for t in toks]).astype(np.float32)
+    return B / np.maximum(B.max(1, keepdims=True), 1e-6)
+
+
+def dense_configs(m: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The dense presets the index can score (EVALUATION.md §4.6 for the calibrated one)."""
+    out = {"chunk": m["chunk"], "atom-sentence": m["sentence"],
+           "chunk x0.5 + sentence (no LLM)": 0.5 * m["chunk"] + m["sentence"]}
+    if "question" in m and "quote" in m:
+        out["atom-hybrid (calibrated)"] = 0.5 * m["chunk"] + np.maximum(
+            m["sentence"], np.maximum(m["question"] - 0.2, m["quote"] - 0.05))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--data", required=True, help="SQuAD v1.1 JSON the index was built from")
+    ap.add_argument("--offset", type=int, default=0)
+    ap.add_argument("--subset", type=int, default=None)
+    ap.add_argument("--output", required=True, help="JSON file for the table")
+    a = ap.parse_args()
+
+    mats, gold, article, ev = load_matrices(Path(a.index), a.data, a.offset, a.subset)
+    halves = {"even": article % 2 == 0, "odd": article % 2 == 1, "all": np.ones(len(gold), bool)}
+    qtexts = [q["text"] for q in ev["queries"]]
+    lexical = {"bm25(chunk)": bm25_matrix([d["text"] for d in ev["corpus"]], qtexts)}
+    if any(ev["questions"]):
+        lexical["bm25(chunk+questions)"] = bm25_matrix(
+            [d["text"] + "\n" + "\n".join(qs) for d, qs in zip(ev["corpus"], ev["questions"])], qtexts)
+
+    def score(label, M, w=None):
+        return {"label": label, "w_bm25": w, **{h: rank_metrics(M[m], gold[m]) for h, m in halves.items()}}
+
+    rows = [score(name, B) for name, B in lexical.items()]
+    for dname, D in dense_configs(mats).items():
+        rows.append(score(dname, D))
+        for lname, B in lexical.items():
+            cands = [score(f"{dname} + w*{lname}", D + w * B, w) for w in WEIGHTS]
+            rows.append(max(cands, key=lambda r: (r["even"]["R@1"], r["even"]["MRR@10"])))
+    print(f"{'configuration (BM25 weight chosen on even articles)':64s} {'w':>4s} {'even R@1':>8s} "
+          f"{'odd R@1':>8s} {'all R@1':>8s} {'all R@5':>8s} {'all MRR':>8s}")
+    for r in rows:
+        w = f"{r['w_bm25']:.1f}" if r["w_bm25"] is not None else ""
+        print(f"{r['label']:64s} {w:>4s} {r['even']['R@1']:8.1f} {r['odd']['R@1']:8.1f} {r['all']['R@1']:8.1f} "
+              f"{r['all']['R@5']:8.1f} {r['all']['MRR@10']:8.1f}")
+    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.output).write_text(json.dumps({"index": str(a.index), "offset": a.offset, "subset": a.subset,
+                                          "queries": len(gold), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
