@@ -19,7 +19,7 @@ from qrag_ray.errors import QragError
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
 
 # Vector kinds a representation may combine. Each row of a shard is one of these.
-VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence")
+VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window")
 
 # Named representations (DESIGN §2) as presets over vector kinds + question granularity.
 # A custom representation joins kinds with '+', e.g. "sentence+quote".

@@ -114,10 +114,10 @@ def atoms_of(chunk: dict, cfg: IndexConfig) -> list[str]:
 
 
 def base_vector_rows(chunk: dict, kinds: list[str], cfg: IndexConfig, aux_q: bool) -> list[dict]:
-    """Chunk and sentence rows (no LLM needed); precomputed questions join here too."""
+    """Chunk, sentence and window rows (no LLM needed); precomputed questions join here too."""
     from qrag_ray.representations import vector_rows
 
-    sentences = atoms_of(chunk, cfg) if "sentence" in kinds else None
+    sentences = atoms_of(chunk, cfg) if {"sentence", "window"} & set(kinds) else None
     qs = list(chunk.get("questions") or []) if cfg.generator.backend == "precomputed" else []
     return vector_rows(chunk, kinds, qs, sentences, aux_questions=aux_q and bool(qs))
 

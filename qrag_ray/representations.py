@@ -28,6 +28,12 @@ def dedup_questions(questions) -> list[str]:
     return out
 
 
+def sentence_windows(sentences: list[str]) -> list[str]:
+    """Each pair of consecutive sentences (no LLM): an answer spread over two sentences, or a pronoun
+    whose referent sits in the sentence before, matches neither sentence alone (EVALUATION.md §4.7)."""
+    return [f"{a} {b}" for a, b in zip(sentences, sentences[1:])]
+
+
 def vector_rows(chunk: dict, kinds: list[str], questions: list[str], sentences: list[str] | None = None,
                 aux_questions: bool = False, atom: str | None = None) -> list[dict]:
     """`atom`: the statement the questions were generated from (atom granularity). An `atomquote` vector
@@ -39,6 +45,9 @@ def vector_rows(chunk: dict, kinds: list[str], questions: list[str], sentences: 
     if "sentence" in kinds:
         rows += [base | {"kind": "sentence", "text": s, "embed_text": s, "qn": -1, "store": True}
                  for s in (sentences or [])]
+    if "window" in kinds:
+        rows += [base | {"kind": "window", "text": w, "embed_text": w, "qn": -1, "store": True}
+                 for w in sentence_windows(sentences or [])]
     qs = dedup_questions(questions)
     if "question" in kinds or aux_questions:
         stored = "question" in kinds

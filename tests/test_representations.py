@@ -11,7 +11,7 @@ import pytest
 from qrag_ray.config import IndexConfig, representation_plan, resolve_representation
 from qrag_ray.index.format import chunk_key
 from qrag_ray.pipeline import base_vector_rows
-from qrag_ray.representations import dedup_questions
+from qrag_ray.representations import dedup_questions, sentence_windows
 from qrag_ray.text.sentences import split_sentences
 
 CHUNK = {"chunk_idx": 11, "shard": 1, "text": "Loops run. A break ends them. Else runs otherwise.",
@@ -32,12 +32,16 @@ EXPECTED = {  # representation -> stored (kind, embed_text) rows
     "atom-hybrid": [("chunk", TEXT)] + [("sentence", s) for s in SENTS] + [("question", q) for q in QS]
     + [("quote", f"{q}\n{TEXT}") for q in QS],
     "chunk+sentence+quote": [("chunk", TEXT)] + [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QS],
+    # consecutive pairs only: three sentences give two windows, with no LLM
+    "chunk+sentence+window": [("chunk", TEXT)] + [("sentence", s) for s in SENTS]
+    + [("window", "Loops run. A break ends them."), ("window", "A break ends them. Else runs otherwise.")],
+    "window": [("window", "Loops run. A break ends them."), ("window", "A break ends them. Else runs otherwise.")],
 }
 
 
 @pytest.mark.parametrize("rep", list(EXPECTED))
 def test_rows_per_representation(rep):
-    backend = "none" if rep in ("chunk", "atom-sentence") else "precomputed"
+    backend = "none" if rep in ("chunk", "atom-sentence", "chunk+sentence+window", "window") else "precomputed"
     cfg = IndexConfig(representation=rep, generator={"backend": backend})
     kinds, _ = representation_plan(cfg)
     rows = base_vector_rows(CHUNK, kinds, cfg, aux_q=False)
@@ -150,3 +154,9 @@ def test_all_vectors_of_a_chunk_in_its_shard(built):
     ids = [c["chunk_idx"] for c in chunks]
     assert len(ids) == len(set(ids)) and set(rows) == set(ids)
     assert all(s["index"].ntotal > 0 for s in data["shards"])  # 3 shards, all used on this corpus
+
+
+def test_sentence_windows_need_two_sentences():
+    assert sentence_windows([]) == []
+    assert sentence_windows(["Only one."]) == []
+    assert sentence_windows(["A.", "B.", "C."]) == ["A. B.", "B. C."]

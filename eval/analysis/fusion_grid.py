@@ -52,16 +52,16 @@ def fused(mats: dict[str, np.ndarray], w_chunk: float, biases: dict[str, float |
     return w_chunk * mats["chunk"] + atom if w_chunk else atom
 
 
-def sentence_windows(corpus: list[dict]) -> tuple[list[str], np.ndarray]:
-    """Every pair of consecutive sentences of each doc (no LLM), with its doc position: an answer that
-    spans two sentences, or a pronoun whose referent sits in the sentence before, matches neither alone."""
+def corpus_windows(corpus: list[dict]) -> tuple[list[str], np.ndarray]:
+    """The `window` vectors the index would hold for every doc, with their doc positions."""
+    from qrag_ray.representations import sentence_windows
     from qrag_ray.text.sentences import split_sentences
 
     texts, docs = [], []
     for i, d in enumerate(corpus):
-        ss = split_sentences(d["text"])
-        texts += [f"{a} {b}" for a, b in zip(ss, ss[1:])]
-        docs += [i] * max(len(ss) - 1, 0)
+        ws = sentence_windows(split_sentences(d["text"]))
+        texts += ws
+        docs += [i] * len(ws)
     return texts, np.array(docs, dtype=np.int64)
 
 
@@ -100,8 +100,8 @@ def load_matrices(idx_dir: Path, data: str, offset: int = 0, subset: int | None 
     if "quote" in mats and "question" not in mats:
         bare = encode(st, np.array(texts, dtype=object)[qmask].tolist())
         mats["question"] = chunk_max(Q, bare, docs[qmask], n)
-    if windows:  # not in the index: embedded here with its embedder
-        wtexts, wdocs = sentence_windows(ev.corpus)
+    if windows and "window" not in mats:  # not in the index: embedded here with its embedder
+        wtexts, wdocs = corpus_windows(ev.corpus)
         mats["window"] = chunk_max(Q, encode(st, wtexts), wdocs, n)
     questions: list[list[str]] = [[] for _ in range(n)]
     for d, t in zip(docs[qmask].tolist(), np.array(texts, dtype=object)[qmask].tolist()):
