@@ -43,6 +43,15 @@ def rank_metrics(M: np.ndarray, gold: np.ndarray) -> dict[str, float]:
             "MRR@10": 100 * float(np.where(rank <= 10, 1.0 / rank, 0.0).mean())}
 
 
+def parity_halves(article: np.ndarray) -> dict[str, np.ndarray]:
+    """Query masks: even-numbered articles (choose here), odd ones (report here), and all."""
+    return {"even": article % 2 == 0, "odd": article % 2 == 1, "all": np.ones(len(article), bool)}
+
+
+def split_metrics(M: np.ndarray, gold: np.ndarray, halves: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    return {h: rank_metrics(M[m], gold[m]) for h, m in halves.items()}
+
+
 def fused(mats: dict[str, np.ndarray], w_chunk: float, biases: dict[str, float | None]) -> np.ndarray:
     """w_chunk * chunk + max(sentence, kind + bias for each kind in `biases`); a None bias leaves it out."""
     atom = mats["sentence"]
@@ -123,7 +132,7 @@ def main() -> None:
     a = ap.parse_args()
 
     mats, gold, article, _ = load_matrices(Path(a.index), a.data, a.offset, a.subset, a.windows)
-    halves = {"even": article % 2 == 0, "odd": article % 2 == 1, "all": np.ones(len(gold), bool)}
+    halves = parity_halves(article)
 
     grid = [("atom-sentence", 0.0, {})]
     opts = lambda kind, vals: vals if kind in mats else (None,)  # noqa: E731
@@ -136,7 +145,7 @@ def main() -> None:
     for label, w, biases in grid:
         M = fused(mats, w, biases)
         rows.append({"label": label, "w_chunk": w, **{f"bias_{k}": b for k, b in biases.items()},
-                     **{h: rank_metrics(M[m], gold[m]) for h, m in halves.items()}})
+                     **split_metrics(M, gold, halves)})
     chosen = max(rows[1:], key=lambda r: (r["even"]["R@1"], r["even"]["MRR@10"]))
     base = rows[0]
     print(f"{'configuration':62s} {'even R@1':>8s} {'odd R@1':>8s} {'all R@1':>8s} {'all R@5':>8s} {'all MRR':>8s}")

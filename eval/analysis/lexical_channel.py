@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fusion_grid import load_matrices, rank_metrics  # noqa: E402
+from fusion_grid import fused, load_matrices, parity_halves, split_metrics  # noqa: E402
 
 WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
 
@@ -45,11 +45,9 @@ def bm25_matrix(doc_texts: list[str], queries: list[str]) -> np.ndarray:
 
 def dense_configs(m: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The dense presets the index can score (EVALUATION.md §4.6 for the calibrated one)."""
-    out = {"chunk": m["chunk"], "atom-sentence": m["sentence"],
-           "chunk x0.5 + sentence (no LLM)": 0.5 * m["chunk"] + m["sentence"]}
+    out = {"chunk": m["chunk"], "atom-sentence": fused(m, 0.0, {}), "chunk x0.5 + sentence (no LLM)": fused(m, 0.5, {})}
     if "question" in m and "quote" in m:
-        out["atom-hybrid (calibrated)"] = 0.5 * m["chunk"] + np.maximum(
-            m["sentence"], np.maximum(m["question"] - 0.2, m["quote"] - 0.05))
+        out["atom-hybrid (calibrated)"] = fused(m, 0.5, {"question": -0.2, "quote": -0.05})
     return out
 
 
@@ -63,7 +61,7 @@ def main() -> None:
     a = ap.parse_args()
 
     mats, gold, article, ev = load_matrices(Path(a.index), a.data, a.offset, a.subset)
-    halves = {"even": article % 2 == 0, "odd": article % 2 == 1, "all": np.ones(len(gold), bool)}
+    halves = parity_halves(article)
     qtexts = [q["text"] for q in ev["queries"]]
     lexical = {"bm25(chunk)": bm25_matrix([d["text"] for d in ev["corpus"]], qtexts)}
     if any(ev["questions"]):
@@ -71,7 +69,7 @@ def main() -> None:
             [d["text"] + "\n" + "\n".join(qs) for d, qs in zip(ev["corpus"], ev["questions"])], qtexts)
 
     def score(label, M, w=None):
-        return {"label": label, "w_bm25": w, **{h: rank_metrics(M[m], gold[m]) for h, m in halves.items()}}
+        return {"label": label, "w_bm25": w, **split_metrics(M, gold, halves)}
 
     rows = [score(name, B) for name, B in lexical.items()]
     for dname, D in dense_configs(mats).items():
@@ -86,7 +84,7 @@ def main() -> None:
         print(f"{r['label']:64s} {w:>4s} {r['even']['R@1']:8.1f} {r['odd']['R@1']:8.1f} {r['all']['R@1']:8.1f} "
               f"{r['all']['R@5']:8.1f} {r['all']['MRR@10']:8.1f}")
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps({"index": str(a.index), "offset": a.offset, "subset": a.subset,
+    Path(a.output).write_text(json.dumps({"index": a.index, "offset": a.offset, "subset": a.subset,
                                           "queries": len(gold), "rows": rows}, indent=1))
 
 
