@@ -64,6 +64,9 @@ def index(
     prompt: Optional[str] = typer.Option(None, "--prompt", help="prompt template name"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for --generator openai"),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder"),
+    bm25: Optional[bool] = typer.Option(None, "--bm25/--no-bm25", help="also build a BM25 index per shard (hybrid search)"),
+    bm25_alpha: Optional[float] = typer.Option(
+        None, "--bm25-alpha", help="default hybrid weight of the dense score, 0..1 (implies --bm25)"),
     json_out: bool = typer.Option(False, "--json", help="print the build report as JSON"),
 ):
     """Build a sharded question index from a corpus."""
@@ -78,7 +81,8 @@ def index(
         **{"generator.backend": generator, "generator.questions": questions, "generator.model": model,
            "generator.prompt": prompt, "generator.base_url": base_url, "index.factory": factory,
            "filters.prune_tau": prune_tau, "chunker.method": chunker, "chunker.size": chunk_size,
-           "chunker.overlap": chunk_overlap, "embedder.model": embedder},
+           "chunker.overlap": chunk_overlap, "embedder.model": embedder,
+           "bm25.enabled": True if bm25_alpha is not None else bm25, "search.bm25_alpha": bm25_alpha},
     )
     out = Console(stderr=True)
     report = build_index(cfg, console=out)
@@ -110,14 +114,25 @@ def search(
     index: str = typer.Option(..., "--index", help="index directory"),
     k: int = typer.Option(10, "--k", "-k", help="number of distinct chunks"),
     min_score: Optional[float] = typer.Option(None, "--min-score"),
+    bm25_alpha: Optional[float] = typer.Option(
+        None, "--bm25-alpha", help="hybrid search with this dense weight (0..1; the index needs a BM25 channel)"),
 ):
     """Search an index in-process (no server) and print JSON results."""
+    import dataclasses
+
+    from qrag_ray.index.format import load_manifest
     from qrag_ray.search.engine import SearchEngine, validate_k
+    from qrag_ray.search.merge import FusionPolicy
 
     validate_k(k)
     if not query.strip():
         raise QragError("query must be a non-empty string")
-    engine = SearchEngine(index)
+    policy = None
+    if bm25_alpha is not None:
+        if not 0.0 <= bm25_alpha <= 1.0:
+            raise QragError(f"--bm25-alpha must lie in [0, 1], got {bm25_alpha}")
+        policy = dataclasses.replace(FusionPolicy.from_manifest(load_manifest(index)), bm25_alpha=bm25_alpha)
+    engine = SearchEngine(index, policy=policy)
     results = engine.search([query], k=k, min_score=min_score)[0]
     print(json.dumps({"results": results, "index_version": engine.manifest.index_version}, indent=2,
                      ensure_ascii=False))

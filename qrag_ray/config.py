@@ -135,6 +135,10 @@ class SearchConfig(_Strict):
     kind_bias: dict[str, float] = Field(default_factory=dict, description="added to a vector's (weighted) score per kind")
     groups: dict[str, list[str]] = Field(
         default_factory=dict, description="kinds fused as one: the best calibrated vector of the group counts once")
+    # Dense + BM25 hybrid (DESIGN §2; the web-RAG paper's alpha, 0.75 its best): chunk score =
+    # alpha * dense + (1 - alpha) * BM25 / the query's best BM25 score. Needs an index built with
+    # bm25.enabled. None = dense only.
+    bm25_alpha: float | None = Field(None, ge=0.0, le=1.0, description="weight of the dense score in a dense+BM25 hybrid")
 
     @field_validator("kind_weights")
     @classmethod
@@ -175,6 +179,18 @@ def _check_kinds(kinds, where: str) -> None:
         raise ValueError(f"unknown vector kind(s) {bad} in {where} (known: {', '.join(VECTOR_KINDS)})")
 
 
+class Bm25Config(_Strict):
+    """A BM25 index per shard next to the FAISS one, so a query can fuse lexical and dense evidence
+    (`search.bm25_alpha`). SQuAD-style questions share the passage's words, and there BM25 alone beats
+    every dense configuration (docs/EVALUATION.md §4.7); doc2query adds each chunk's generated questions
+    to its BM25 text, where the small generator's questions pay more than as vectors."""
+
+    enabled: bool = False
+    doc2query: bool = Field(True, description="index a chunk's generated questions with its text (when it has any)")
+    k1: float = Field(1.5, gt=0)
+    b: float = Field(0.75, ge=0, le=1)
+
+
 class IndexBuildConfig(_Strict):
     factory: str = "Flat"  # FAISS index factory string: Flat, HNSW32, IVF4096,PQ48 ...
     train_sample: int = Field(100_000, ge=1)
@@ -197,6 +213,7 @@ class IndexConfig(_Strict):
     embedder: EmbedderConfig = EmbedderConfig()
     index: IndexBuildConfig = IndexBuildConfig()
     search: SearchConfig = SearchConfig()
+    bm25: Bm25Config = Bm25Config()
     cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
     overwrite: bool = False
     address: str | None = None  # Ray cluster address; None = local Ray in-process
@@ -223,6 +240,8 @@ class IndexConfig(_Strict):
             )
         if "onedoc" in kinds and gran == "atom":
             raise ValueError("quote-onedoc needs chunk-granularity questions (one prompt per chunk)")
+        if self.search.bm25_alpha is not None and not self.bm25.enabled:
+            raise ValueError("search.bm25_alpha needs a BM25 index: set bm25.enabled (re-index)")
         if self.generator.backend == "openai" and not self.generator.base_url:
             raise ValueError("generator.backend=openai needs generator.base_url")
         return self

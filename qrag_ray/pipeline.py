@@ -435,7 +435,7 @@ def _build_shards(vec_dir: Path, staging: Path, cfg: IndexConfig, dim: int) -> l
                               "vector": pa.array([], pa.list_(pa.float32(), dim))})
         # one (chunk, kind, text) once: the same text generated twice must not count twice
         table = _drop_duplicate_rows(table)
-        stats = write_shard(shard, table, staging, cfg.filters, cfg.index, dim)
+        stats = write_shard(shard, table, staging, cfg.filters, cfg.index, dim, cfg.bm25)
         ctx = ray.get_runtime_context()
         stats["built_on"] = {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
         return stats

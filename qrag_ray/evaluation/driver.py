@@ -102,7 +102,16 @@ def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
     kinds = man.get("kinds")
     if kinds is not None and sorted(kinds) != sorted(representation_plan(cfg)[0]):
         return False
-    return _build_view(man.get("config", {})) == _build_view(cfg.model_dump(mode="json"))
+    return _build_view(_with_defaults(man.get("config", {}))) == _build_view(cfg.model_dump(mode="json"))
+
+
+def _with_defaults(recorded: dict) -> dict:
+    """A manifest's config with the fields added since it was built at their defaults, so an index
+    stays reusable when a release adds a config section (e.g. `bm25`) that it does not use."""
+    try:
+        return IndexConfig.model_validate(recorded).model_dump(mode="json")
+    except Exception:  # noqa: BLE001 - a config this release rejects is simply not reusable
+        return recorded
 
 
 def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | None:
@@ -193,7 +202,7 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
             raise QragError("HyDE needs an LLM: pass --generator vllm or openai")
         qvecs, extra = hyde_vectors(engine, queries, gcfg)
         t1 = time.perf_counter()
-        results = engine.search_vectors(qvecs, kmax)
+        results = engine.search_vectors(qvecs, kmax, queries=queries)
         chunk_doc = lambda ci: engine.chunks.get(ci)["doc_id"]  # noqa: E731
         ranked = [[chunk_doc(r.chunk_idx) for r in res] for res in results]
     else:

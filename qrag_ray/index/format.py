@@ -43,6 +43,16 @@ def shard_meta(shard: int) -> str:
     return f"{SHARDS_DIR}/{shard:05d}.parquet"
 
 
+def shard_bm25(shard: int) -> str:
+    """A folder: bm25s files plus chunk_idx.npy (qrag_ray.index.lexical)."""
+    return f"{SHARDS_DIR}/{shard:05d}.bm25"
+
+
+def files_under(m: "Manifest", folder: str) -> list[str]:
+    """The manifest's files inside `folder` (a shard's BM25 folder), for verify_files."""
+    return [rel for rel in m.data["files"] if rel.startswith(folder.rstrip("/") + "/")]
+
+
 def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

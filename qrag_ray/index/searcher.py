@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import Manifest, load_manifest, verify_files
+from qrag_ray.index.format import Manifest, files_under, load_manifest, verify_files
 
 
 @dataclass
@@ -27,6 +27,10 @@ class ShardHits:
     chunk_idx: np.ndarray
     exhausted: bool  # the shard holds no more vectors than were asked for
     kinds: np.ndarray | None = None  # vector kind per hit (object array), for kind-aware fusion
+    # BM25 hits (n_queries, k_lex), raw scores and chunk ids (-1 = none), when the query texts were
+    # given and the shard has a BM25 index
+    lex_scores: np.ndarray | None = None
+    lex_chunk_idx: np.ndarray | None = None
 
 
 class ShardSearcher:
@@ -63,12 +67,31 @@ class ShardSearcher:
         self.text = meta.column("text").to_pylist()
         if len(self.chunk_idx) != index.ntotal:
             raise IndexFormatError(f"shard {shard}: {index.ntotal} vectors but {len(self.chunk_idx)} metadata rows")
+        self.lexicon = None
+        if info.get("bm25"):
+            from qrag_ray.index.lexical import ShardLexicon
+
+            if verify:
+                verify_files(self.manifest, files_under(self.manifest, info["bm25"]))
+            self.lexicon = ShardLexicon(self.manifest.file(info["bm25"]))
+
+    @property
+    def has_bm25(self) -> bool:
+        return self.lexicon is not None
 
     @property
     def ntotal(self) -> int:
         return int(self.index.ntotal)
 
-    def search(self, qvecs: np.ndarray, k: int) -> ShardHits:
+    def search(self, qvecs: np.ndarray, k: int, queries: list[str] | None = None) -> ShardHits:
+        """The k nearest vectors per query; with `queries` (the texts of qvecs) also the shard's k
+        best BM25 chunks, for hybrid fusion."""
+        hits = self._dense(qvecs, k)
+        if queries is not None and self.lexicon is not None:
+            hits.lex_scores, hits.lex_chunk_idx = self.lexicon.search(queries, k)
+        return hits
+
+    def _dense(self, qvecs: np.ndarray, k: int) -> ShardHits:
         qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
         k_eff = max(1, min(k, self.ntotal)) if self.ntotal else 0
         if k_eff == 0:

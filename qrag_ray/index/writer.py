@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from qrag_ray.config import FilterConfig, IndexBuildConfig
+from qrag_ray.config import Bm25Config, FilterConfig, IndexBuildConfig
 from qrag_ray.errors import QragError
 from qrag_ray.filters import filter_chunk_rows
-from qrag_ray.index.format import shard_faiss, shard_meta
+from qrag_ray.index.format import shard_bm25, shard_faiss, shard_meta
 
 
 def vectors_of(table: pa.Table) -> np.ndarray:
@@ -91,7 +91,7 @@ def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0):
 
 
 def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: FilterConfig,
-                index_cfg: IndexBuildConfig, dim: int) -> dict:
+                index_cfg: IndexBuildConfig, dim: int, bm25: Bm25Config | None = None) -> dict:
     """Build and write shard files under out_dir; returns stats for the manifest."""
     import faiss
 
@@ -120,7 +120,17 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
     kinds: dict[str, int] = {}
     for k in meta.column("kind").to_pylist():
         kinds[k] = kinds.get(k, 0) + 1
+    lexical = {}
+    if bm25 is not None and bm25.enabled:
+        from qrag_ray.index.lexical import build_bm25, lexical_docs
+
+        # from all rows, before the vector filters: a pruned question still names the chunk's words
+        ids, docs = lexical_docs(table.column("chunk_idx").to_numpy(), table.column("kind").to_pylist(),
+                                 table.column("text").to_pylist(), table.column("qn").to_numpy(), bm25.doc2query)
+        vocab = build_bm25(ids, docs, out_dir / shard_bm25(shard), bm25.k1, bm25.b)
+        lexical = {"bm25": shard_bm25(shard), "bm25_docs": int(len(ids)), "bm25_vocab": vocab}
     return {
+        **lexical,
         "id": shard, "faiss": shard_faiss(shard), "meta": shard_meta(shard),
         "vectors": int(index.ntotal), "vectors_before_filters": before,
         "chunks": int(len(np.unique(meta.column("chunk_idx").to_numpy()))) if len(rows) else 0,

@@ -66,8 +66,11 @@ def format_results(results: list[ChunkResult], chunks: ChunkTable, matched_of) -
         for shard, row, score in r.matches:
             kind, text = matched_of(shard, row)
             matched.append({"kind": kind, "text": text, "score": round(float(score), 6)})
-        out.append({"chunk_id": meta["chunk_id"], "doc_id": meta["doc_id"], "title": meta["title"],
-                    "score": round(float(r.score), 6), "text": meta["text"], "matched": matched})
+        res = {"chunk_id": meta["chunk_id"], "doc_id": meta["doc_id"], "title": meta["title"],
+               "score": round(float(r.score), 6), "text": meta["text"], "matched": matched}
+        if r.lexical is not None:
+            res["bm25"] = round(float(r.lexical), 6)
+        out.append(res)
     return out
 
 
@@ -77,6 +80,12 @@ class SearchTimings:
     search_ms: float = 0.0
     merge_ms: float = 0.0
     rounds: int = 0
+
+
+def check_hybrid(policy: FusionPolicy, has_bm25: bool, index_dir) -> None:
+    if policy.bm25_alpha is not None and not has_bm25:
+        raise QragError(f"hybrid search (search.bm25_alpha) needs a BM25 index, and {index_dir} has none: "
+                        "re-index with bm25.enabled")
 
 
 class SearchEngine:
@@ -89,6 +98,7 @@ class SearchEngine:
         self._embedder = embedder
         self.multiplier = initial_multiplier(self.manifest)
         self.policy = policy or FusionPolicy.from_manifest(self.manifest)
+        check_hybrid(self.policy, all(s.has_bm25 for s in self.shards), index_dir)
         self.last_timings = SearchTimings()
 
     @property
@@ -104,8 +114,12 @@ class SearchEngine:
 
         return encode(self.embedder, queries)
 
-    def search_vectors(self, qvecs: np.ndarray, k: int, min_score: float | None = None) -> list[list[ChunkResult]]:
+    def search_vectors(self, qvecs: np.ndarray, k: int, min_score: float | None = None,
+                       queries: list[str] | None = None) -> list[list[ChunkResult]]:
+        """Top k chunks per query vector; hybrid search (policy.bm25_alpha) also needs the query texts."""
         validate_k(k)
+        if self.policy.bm25_alpha is not None and queries is None:
+            raise QragError("hybrid search (bm25_alpha) needs the query texts, not only their vectors")
         t = self.last_timings
         out: list[list[ChunkResult] | None] = [None] * len(qvecs)
         todo = np.arange(len(qvecs))
@@ -114,7 +128,8 @@ class SearchEngine:
         while len(todo):
             t.rounds += 1
             t0 = time.perf_counter()
-            hits: list[ShardHits] = [s.search(qvecs[todo], k * m) for s in self.shards]
+            texts = [queries[i] for i in todo] if self.policy.bm25_alpha is not None else None
+            hits: list[ShardHits] = [s.search(qvecs[todo], k * m, texts) for s in self.shards]
             t1 = time.perf_counter()
             again = []
             for j, qi in enumerate(todo):
@@ -137,6 +152,6 @@ class SearchEngine:
         t0 = time.perf_counter()
         qvecs = self.embed(queries)
         self.last_timings.embed_ms = (time.perf_counter() - t0) * 1000
-        results = self.search_vectors(qvecs, k, min_score)
+        results = self.search_vectors(qvecs, k, min_score, queries)
         matched_of = lambda shard, row: self.shards[shard].matched(row)  # noqa: E731
         return [format_results(r, self.chunks, matched_of) for r in results]

@@ -23,6 +23,11 @@ class Candidates:
     row: np.ndarray  # int64
     cutoffs: dict[int, float] = field(default_factory=dict)  # shard -> lowest score returned, if not exhausted
     kinds: np.ndarray | None = None  # object array of vector kinds, when the shards report them
+    # BM25 hits of all shards (hybrid search): chunk ids, scores over the query's best (0..1], and the
+    # score an unseen chunk counts with (0 unless some shard's list was cut off)
+    lex_chunks: np.ndarray | None = None
+    lex_scores: np.ndarray | None = None
+    lex_floor: float = 0.0
 
 
 @dataclass
@@ -30,6 +35,7 @@ class ChunkResult:
     chunk_idx: int
     score: float
     matches: list[tuple[int, int, float]]  # (shard, row, score), best first
+    lexical: float | None = None  # hybrid search: the chunk's BM25 over the query's best (floor if unseen)
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,9 @@ class FusionPolicy:
     - sum: CombSUM of the per-kind best scores (a kind that did not retrieve the chunk counts with
       the lowest score retrieved for that kind).
 
+    `bm25_alpha` (hybrid search) then mixes in the BM25 list: alpha * dense + (1 - alpha) * BM25 over
+    the query's best BM25 score (for rrf, the BM25 list is one more ranking of weight 1 - alpha).
+
     Every vector score is first calibrated per kind, `w * score + bias` (kind_weights, kind_bias):
     question-to-question cosines run systematically higher than question-to-statement ones, so a
     question vector must clear its sentence by a margin before it speaks for the chunk. `groups`
@@ -57,6 +66,7 @@ class FusionPolicy:
     rrf_k: int = 60
     kind_bias: dict = field(default_factory=dict)
     groups: dict = field(default_factory=dict)  # group name -> kinds
+    bm25_alpha: float | None = None  # None: dense only
 
     @classmethod
     def from_config(cls, search: dict | None) -> "FusionPolicy":
@@ -65,7 +75,8 @@ class FusionPolicy:
             s = s.model_dump()
         return cls(fusion=s.get("fusion", "max"), kind_weights=dict(s.get("kind_weights") or {}),
                    rrf_k=int(s.get("rrf_k", 60)), kind_bias=dict(s.get("kind_bias") or {}),
-                   groups={g: tuple(ks) for g, ks in (s.get("groups") or {}).items()})
+                   groups={g: tuple(ks) for g, ks in (s.get("groups") or {}).items()},
+                   bm25_alpha=None if s.get("bm25_alpha") is None else float(s["bm25_alpha"]))
 
     @classmethod
     def from_manifest(cls, manifest) -> "FusionPolicy":
@@ -114,7 +125,45 @@ def gather(per_shard: list, qi: int) -> Candidates:
             cut[h.shard] = float(h.scores[qi][-1])
     cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
     kinds = cat(kd, object) if with_kinds else None
-    return Candidates(cat(sc, np.float32), cat(ci, np.int64), cat(sh, np.int32), cat(rw, np.int64), cut, kinds)
+    c = Candidates(cat(sc, np.float32), cat(ci, np.int64), cat(sh, np.int32), cat(rw, np.int64), cut, kinds)
+    lex = [h for h in per_shard if getattr(h, "lex_scores", None) is not None]
+    if lex:
+        c.lex_chunks, c.lex_scores, c.lex_floor = _gather_lexical(lex, qi)
+    return c
+
+
+def _gather_lexical(per_shard: list, qi: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """All shards' BM25 hits of query qi, scores divided by the best one (raw BM25 grows with the
+    query's length, so one alpha could not fit every query otherwise)."""
+    ids = [h.lex_chunk_idx[qi] for h in per_shard]
+    scs = [h.lex_scores[qi] for h in per_shard]
+    ok = [i >= 0 for i in ids]
+    chunks = np.concatenate([i[m] for i, m in zip(ids, ok)]).astype(np.int64)
+    scores = np.concatenate([s[m] for s, m in zip(scs, ok)]).astype(np.float64)
+    top = float(scores.max()) if len(scores) else 0.0
+    if top <= 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.float64), 0.0
+    scores = scores / top
+    # a shard whose list is full may hold unseen chunks up to its last score: they count the lowest
+    cut = [float(s[-1]) / top for s, m in zip(scs, ok) if len(m) and m.all()]
+    return chunks, scores, (min(cut) if cut else 0.0)
+
+
+def hybrid_scores(dense: dict[int, float], c: Candidates, policy: FusionPolicy) -> dict[int, float]:
+    """chunk -> alpha * dense + (1 - alpha) * lexical over the union of both lists. A chunk one list
+    missed counts that list's floor: the lowest dense score retrieved, `c.lex_floor` for BM25. Under
+    rrf the BM25 list adds (1 - alpha) / (rrf_k + rank) instead, so the scales match."""
+    a = float(policy.bm25_alpha)
+    lex_ids = c.lex_chunks.tolist() if c.lex_chunks is not None else []
+    lex_sc = c.lex_scores.tolist() if c.lex_scores is not None else []
+    if policy.fusion == "rrf":
+        order = sorted(range(len(lex_ids)), key=lambda i: (-lex_sc[i], lex_ids[i]))
+        lex = {lex_ids[i]: 1.0 / (policy.rrf_k + r) for r, i in enumerate(order, start=1)}
+        lfloor = 1.0 / (policy.rrf_k + len(lex) + 1)
+    else:
+        lex, lfloor = dict(zip(lex_ids, lex_sc)), c.lex_floor
+    dfloor = min(dense.values()) if dense else 0.0
+    return {ch: a * dense.get(ch, dfloor) + (1 - a) * lex.get(ch, lfloor) for ch in dense.keys() | lex.keys()}
 
 
 def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -165,21 +214,28 @@ def dedup(c: Candidates, k: int, kinds: np.ndarray | None = None, kind_weights: 
     _, first = np.unique(cidx, return_index=True)
     first = np.sort(first)  # positions (in score order) of each chunk's best vector
     best = {int(cidx[p]): float(scores[order[p]]) for p in first}
-    if policy.fusion == "max":
+    hybrid = policy.bm25_alpha is not None and c.lex_chunks is not None
+    lexical: dict[int, float] = {}
+    if policy.fusion == "max" and not hybrid:
         ranked = [(int(cidx[p]), best[int(cidx[p])]) for p in first]
     else:
-        fused = fuse_scores(c, policy, scores)
-        ranked = sorted(((ch, fused[ch]) for ch in best), key=lambda t: (-t[1], -best[t[0]], t[0]))
+        fused = best if policy.fusion == "max" else fuse_scores(c, policy, scores)
+        if hybrid:
+            lexical = dict(zip(c.lex_chunks.tolist(), c.lex_scores.tolist()))
+            fused = hybrid_scores(fused, c, policy)
+            lexical = {ch: lexical.get(ch, c.lex_floor) for ch in fused}  # what each chunk was scored with
+        ranked = sorted(fused.items(), key=lambda t: (-t[1], -best.get(t[0], -np.inf), t[0]))
     results: list[ChunkResult] = []
     for chunk, s in ranked:
         if len(results) == k:
             break
-        if min_score is not None and best[chunk] < min_score:
-            if policy.fusion == "max":
+        if min_score is not None and best.get(chunk, -np.inf) < min_score:
+            if policy.fusion == "max" and not hybrid:
                 break
             continue
         same = order[cidx == chunk][:max_matches]
-        results.append(ChunkResult(chunk, float(s), [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in same]))
+        results.append(ChunkResult(chunk, float(s), [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in same],
+                                   lexical.get(chunk) if hybrid else None))
     return results
 
 
@@ -197,7 +253,7 @@ def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: flo
         return False
     if len(results) < k:
         return True
-    if policy.fusion != "max":
+    if policy.fusion != "max" or policy.bm25_alpha is not None:
         return False
     return results[-1].score < highest_cut
 

@@ -53,9 +53,10 @@ class SearchResult(BaseModel):
     chunk_id: str
     doc_id: str
     title: str = ""
-    score: float = Field(..., description="best score over the chunk's vectors")
+    score: float = Field(..., description="the chunk's score under the index's fusion policy (plain: its best vector's cosine)")
     text: str
     matched: list[Match] = Field(default_factory=list, description="the chunk's best-matching vectors, best first")
+    bm25: float | None = Field(None, description="hybrid indexes: the chunk's BM25 score over the query's best (0..1)")
 
 
 class SearchResponse(BaseModel):

@@ -170,11 +170,12 @@ class ShardSearcherDeployment:
                     loaded.searcher.ntotal, loaded.index_version)
         return loaded
 
-    async def search(self, qvecs: np.ndarray, k_vectors: int, k: int, min_score: float | None) -> ShardReply:
+    async def search(self, qvecs: np.ndarray, k_vectors: int, k: int, min_score: float | None,
+                     queries: list[str] | None = None) -> ShardReply:
         tenant = serve.get_multiplexed_model_id()
         ls = await self.get_shard(tenant)
         t0 = time.perf_counter()
-        hits = ls.searcher.search(qvecs, k_vectors)
+        hits = ls.searcher.search(qvecs, k_vectors, queries)
         ms = (time.perf_counter() - t0) * 1000
         self.metrics.latency.observe(ms, tags={"tenant": tenant, "shard": str(self.shard)})
         reply = ShardReply(self.shard, ls.index_version, ls.searcher.ntotal, hits, search_ms=ms)

@@ -183,8 +183,11 @@ class Router:
         if man.num_shards > len(self.shards):
             raise index_unavailable(tenant.name, f"it has {man.num_shards} shards but the app runs "
                                                  f"{len(self.shards)} ShardSearcher deployments (raise args.shards)")
-        ti = TenantIndex(man, FusionPolicy.from_manifest(man), initial_multiplier(man), man.num_shards,
-                         man.embedder_model)
+        policy = FusionPolicy.from_manifest(man)
+        if policy.bm25_alpha is not None and not all(man.shard(i).get("bm25") for i in range(man.num_shards)):
+            raise index_unavailable(tenant.name, "its search config asks for hybrid search (bm25_alpha) but "
+                                                 "it has no BM25 index: re-index with bm25.enabled")
+        ti = TenantIndex(man, policy, initial_multiplier(man), man.num_shards, man.embedder_model)
         self._indexes[tenant.name] = ti
         while len(self._indexes) > 256:
             self._indexes.popitem(last=False)
@@ -202,7 +205,10 @@ class Router:
             ue = find_user_error(e)
             raise llm_failed(str(ue) if ue else type(e).__name__) from None
 
-    async def _retrieve(self, tenant: Tenant, text: str, k: int, min_score: float | None) -> Retrieval:
+    async def _retrieve(self, tenant: Tenant, text: str, k: int, min_score: float | None,
+                        query: str | None = None) -> Retrieval:
+        """Embed `text` (the query or its HyDE passage), fan out, merge. Hybrid indexes also match the
+        user's own words, `query`, with BM25."""
         from qrag_ray.search.engine import format_results
         from qrag_ray.search.merge import merge_hits
 
@@ -217,7 +223,8 @@ class Router:
             while True:
                 rounds += 1
                 ts = time.perf_counter()
-                replies = await asyncio.gather(*[h.search.remote(qv, k * mult, k, min_score) for h in handles])
+                lex = [query or text] if ti.policy.bm25_alpha is not None else None
+                replies = await asyncio.gather(*[h.search.remote(qv, k * mult, k, min_score, lex) for h in handles])
                 tm = time.perf_counter()
                 hits = [r.hits for r in replies]
                 total = sum(r.ntotal for r in replies)
@@ -261,8 +268,8 @@ class Router:
             for shard, row, _ in r.matches:
                 if (shard, row) not in matched:
                     want.setdefault(shard, (set(), set()))[0].add(row)
-            if r.chunk_idx not in chunks and r.matches:
-                want.setdefault(r.matches[0][0], (set(), set()))[1].add(r.chunk_idx)
+            if r.chunk_idx not in chunks:  # a chunk lives in shard chunk_idx % shards (pipeline)
+                want.setdefault(r.chunk_idx % len(handles), (set(), set()))[1].add(r.chunk_idx)
         if not want:
             return
         got = await asyncio.gather(*[handles[s].lookup.remote(sorted(rows), sorted(cis)) for s, (rows, cis) in want.items()])
@@ -292,7 +299,7 @@ class Router:
         t0 = time.perf_counter()
         tenant = self._auth(request, req.index)
         text, hypothetical = await self._query_text(req)
-        r = await self._retrieve(tenant, text, req.k, req.min_score)
+        r = await self._retrieve(tenant, text, req.k, req.min_score, req.query)
         return m.SearchResponse(results=r.results, index=tenant.name, index_version=r.index_version, mode=req.mode,
                                 took_ms=(time.perf_counter() - t0) * 1000, hypothetical=hypothetical,
                                 timings=r.timings)
@@ -309,7 +316,7 @@ class Router:
         if self.synth is None:
             raise llm_not_configured("/v1/answer")
         text, _ = await self._query_text(req)
-        r = await self._retrieve(tenant, text, req.k, req.min_score)
+        r = await self._retrieve(tenant, text, req.k, req.min_score, req.query)
         # results are best first, so the supported ones are a prefix and [n] numbers both lists alike
         support = [x for x in r.results if x["score"] >= self.args.answer_min_score]
         answer, citations = DONT_KNOW, []

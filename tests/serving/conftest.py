@@ -46,7 +46,7 @@ def write_corpus(path: Path, names: list[str]) -> None:
             f.write(json.dumps({"id": name, "title": text.splitlines()[0].strip(), "text": text}) + "\n")
 
 
-def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int = 3) -> Path:
+def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int = 3, **extra) -> Path:
     from qrag_ray.config import build_index_config
     from qrag_ray.pipeline import build_index
 
@@ -61,7 +61,8 @@ def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int =
     out = workdir / f"{name}-index"
     cfg = build_index_config(None, input=str(corpus), format="jsonl", output=str(out),
                              representation="atom-sentence", shards=shards, overwrite=True,
-                             generator={"backend": "none"}, chunker={"method": "token", "size": 120, "overlap": 20})
+                             generator={"backend": "none"}, chunker={"method": "token", "size": 120, "overlap": 20},
+                             **extra)
     build_index(cfg)
     return out
 
@@ -134,13 +135,15 @@ def tenant_indexes(ray_local, tmp_path_factory):
     wd = tmp_path_factory.mktemp("serving")
     alpha = build_tenant_index(wd, "alpha", ALPHA_TOPICS)
     beta = build_tenant_index(wd, "beta", BETA_TOPICS)
+    # alpha's topics again, with a BM25 channel and hybrid search in its manifest
+    delta = build_tenant_index(wd, "delta", ALPHA_TOPICS, bm25={"enabled": True}, search={"bm25_alpha": 0.7})
     gamma = wd / "gamma-index"  # alpha with shard 1's FAISS file corrupted (same size: checksum mismatch)
     shutil.copytree(alpha, gamma)
     f = gamma / "shards" / "00001.faiss"
     data = bytearray(f.read_bytes())
     data[-64:] = bytes(64)
     f.write_bytes(bytes(data))
-    return {"alpha": alpha, "beta": beta, "gamma": gamma, "workdir": wd}
+    return {"alpha": alpha, "beta": beta, "gamma": gamma, "delta": delta, "workdir": wd}
 
 
 @pytest.fixture(scope="session")
@@ -152,8 +155,8 @@ def fake_llm():
 
 @pytest.fixture(scope="module")
 def served(ray_local, tenant_indexes, fake_llm):
-    """Serve once (the app tests live in one module): app `qrag` (tenants alpha, beta, broken gamma; fake LLM) at `/` and app
-    `open` (alpha as the open default tenant, no LLM) at `/open`."""
+    """Serve once (the app tests live in one module): app `qrag` (tenants alpha, beta, broken gamma; fake LLM) at `/` (and delta, alpha with hybrid
+    search) and app `open` (alpha as the open default tenant, no LLM) at `/open`."""
     import httpx
     from ray import serve
 
@@ -161,7 +164,7 @@ def served(ray_local, tenant_indexes, fake_llm):
     from qrag_ray.serving.tenants import add_tenant
 
     tenants_file = tenant_indexes["workdir"] / "tenants.yaml"
-    keys = {name: add_tenant(tenants_file, name, tenant_indexes[name]) for name in ("alpha", "beta", "gamma")}
+    keys = {name: add_tenant(tenants_file, name, tenant_indexes[name]) for name in ("alpha", "beta", "gamma", "delta")}
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.5}}

@@ -106,6 +106,27 @@ def test_results_equal_in_process_search(served, prefix, tenant):
                 assert (g["doc_id"], g["title"], g["text"]) == (w["doc_id"], w["title"], w["text"])
 
 
+def test_hybrid_tenant_equals_in_process_hybrid_search(served):
+    """delta = alpha's corpus with a BM25 channel: the router sends the query text to every shard and
+    merges BM25 and dense lists exactly as the in-process engine does."""
+    from qrag_ray.search.engine import SearchEngine
+
+    engine = SearchEngine(served["delta"])
+    assert engine.policy.bm25_alpha == 0.7
+    for q in QUERIES + ["nonlocal"]:
+        want = engine.search([q], k=10)[0]
+        got = search(served, {"query": q, "k": 10}, tenant="delta").json()["results"]
+        assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
+        for g, w in zip(got, want):
+            assert g["score"] == pytest.approx(w["score"], abs=1e-4)
+            assert g["bm25"] == pytest.approx(w["bm25"], abs=1e-4) and 0 <= g["bm25"] <= 1
+            assert g["text"] == w["text"]
+    plain = search(served, {"query": "nonlocal", "k": 10}, tenant="alpha").json()["results"]
+    hybrid = search(served, {"query": "nonlocal", "k": 10}, tenant="delta").json()["results"]
+    assert all("bm25" not in x or x["bm25"] is None for x in plain)
+    assert hybrid[0]["doc_id"] == "nonlocal" and hybrid[0]["bm25"] == 1.0
+
+
 def test_min_score_filters_like_in_process(served):
     from qrag_ray.search.engine import SearchEngine
 

@@ -1,0 +1,112 @@
+"""Hybrid-search cost benchmark: what the per-shard BM25 channel adds to a query, next to the dense
+search it rides along with.
+
+Why synthetic text: the cost of BM25 scoring depends on corpus size, document length and the
+term-frequency distribution (posting-list lengths), not on meaning. Documents and queries draw words
+from a Zipf distribution over a fixed vocabulary (natural text is close to Zipf), ~60 words per
+passage as in MS MARCO, 6-word queries. The dense baseline in the same run is a FAISS Flat inner-product
+search over the same number of 384-d vectors (the MiniLM size) — the shard's existing cost, so the
+reported ratio is "how much slower a hybrid query is than a dense one" per shard.
+
+Measured through the code the index uses: qrag_ray.index.lexical.build_bm25 / ShardLexicon.search
+(bm25s, memory-mapped), k = 100 chunks per shard (k x M over-retrieval).
+
+    python benchmarks/bench_bm25.py --docs 100000 300000 --out runs/bench-bm25.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def zipf_texts(n: int, length: int, vocab: list[str], rng: np.random.Generator, a: float = 1.1) -> list[str]:
+    ids = (rng.zipf(a, size=(n, length)) - 1) % len(vocab)
+    return [" ".join(vocab[i] for i in row) for row in ids]
+
+
+def make_vocab(size: int, rng: np.random.Generator) -> list[str]:
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = {"".join(rng.choice(letters, size=rng.integers(3, 10))) for _ in range(size * 2)}
+    return sorted(words)[:size]
+
+
+def dir_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def bench(n: int, queries: list[str], vocab: list[str], k: int, dim: int, seed: int) -> dict:
+    import faiss
+
+    from qrag_ray.index.lexical import ShardLexicon, build_bm25
+
+    rng = np.random.default_rng([seed, n])
+    docs = zipf_texts(n, 60, vocab, rng)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-bm25-"))
+    try:
+        t0 = time.perf_counter()
+        build_bm25(np.arange(n, dtype=np.int64), docs, tmp / "s.bm25", k1=1.5, b=0.75)
+        build_s = time.perf_counter() - t0
+        disk = dir_bytes(tmp / "s.bm25")
+        lex = ShardLexicon(tmp / "s.bm25")
+        lex.search(queries[:5], k)  # warm the memory maps
+        t0 = time.perf_counter()
+        for q in queries:
+            lex.search([q], k)
+        bm25_ms = (time.perf_counter() - t0) * 1000 / len(queries)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    del docs
+    vecs = rng.standard_normal((n, dim), dtype=np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    index = faiss.IndexFlatIP(dim)
+    index.add(vecs)
+    qv = rng.standard_normal((len(queries), dim), dtype=np.float32)
+    qv /= np.linalg.norm(qv, axis=1, keepdims=True)
+    index.search(qv[:5], k)
+    t0 = time.perf_counter()
+    for i in range(len(qv)):
+        index.search(qv[i:i + 1], k)
+    dense_ms = (time.perf_counter() - t0) * 1000 / len(qv)
+    return {"docs": n, "bm25_build_s": round(build_s, 2), "bm25_docs_per_s": round(n / build_s),
+            "bm25_bytes_per_doc": round(disk / n, 1), "bm25_query_ms": round(bm25_ms, 3),
+            "dense_flat_query_ms": round(dense_ms, 3), "hybrid_over_dense": round((bm25_ms + dense_ms) / dense_ms, 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", type=int, nargs="+", default=[100_000], help="shard sizes (BM25 documents = chunks)")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--vocab", type=int, default=100_000)
+    ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--threads", type=int, default=1, help="FAISS threads (BM25 scoring is single-threaded)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
+    a = ap.parse_args()
+
+    import faiss
+
+    faiss.omp_set_num_threads(a.threads)
+    rng = np.random.default_rng(a.seed)
+    vocab = make_vocab(a.vocab, rng)
+    queries = zipf_texts(a.queries, 6, vocab, rng)
+    rows = [bench(n, queries, vocab, a.k, a.dim, a.seed) for n in a.docs]
+    cols = list(rows[0])
+    print(" ".join(f"{c:>20s}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r[c]:>20}" for c in cols))
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"args": vars(a), "machine": platform.platform(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

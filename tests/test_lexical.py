@@ -1,0 +1,83 @@
+"""The per-shard BM25 channel: what text a chunk is indexed with, and a saved index searched back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qrag_ray.index.lexical import ShardLexicon, build_bm25, lexical_docs
+
+ROWS = [  # (chunk_idx, kind, text, qn) as the shard writer sees them, unfiltered
+    (7, "chunk", "The for statement iterates over a sequence.", -1),
+    (7, "sentence", "The for statement iterates over a sequence.", -1),
+    (7, "question", "What does a for loop iterate over?", 0),
+    (7, "quote", "What does a for loop iterate over?", 0),
+    (7, "question", "Can a for loop have an else clause?", 1),
+    (3, "chunk", "The while statement repeats while a condition holds.", -1),
+    (3, "onedoc", "The while statement repeats ...\nWhen does while stop?", -1),
+]
+
+
+def _cols(rows):
+    ci, kd, tx, qn = zip(*rows)
+    return np.asarray(ci, np.int64), list(kd), list(tx), np.asarray(qn, np.int32)
+
+
+def test_doc2query_appends_each_distinct_question_once():
+    ids, docs = lexical_docs(*_cols(ROWS), doc2query=True)
+    assert ids.tolist() == [3, 7]
+    assert docs[0] == "The while statement repeats while a condition holds."  # onedoc text is not a question row
+    assert docs[1].split("\n") == ["The for statement iterates over a sequence.", "What does a for loop iterate over?",
+                                   "Can a for loop have an else clause?"]
+
+
+def test_without_doc2query_only_the_chunk_text():
+    ids, docs = lexical_docs(*_cols(ROWS), doc2query=False)
+    assert docs == ["The while statement repeats while a condition holds.", "The for statement iterates over a sequence."]
+
+
+@pytest.fixture(scope="module")
+def lexicon(tmp_path_factory):
+    from pydoc_data.topics import topics
+
+    names = ["for", "while", "with", "try", "lambda", "assert"]
+    path = tmp_path_factory.mktemp("bm25") / "00000.bm25"
+    ids = np.asarray([100 + i for i in range(len(names))], np.int64)
+    vocab = build_bm25(ids, [topics[n] for n in names], path, k1=1.5, b=0.75)
+    assert vocab > 100
+    return ShardLexicon(path), dict(zip(names, ids.tolist())), [topics[n] for n in names]
+
+
+def test_search_ranks_by_bm25_and_returns_chunk_ids(lexicon):
+    import bm25s
+
+    lex, ids, texts = lexicon
+    scores, got = lex.search(["What does __exit__ receive in a with statement?", "lambda expressions"], k=3)
+    assert scores.shape == got.shape == (2, 3)
+    assert got[0, 0] == ids["with"] and got[1, 0] == ids["lambda"]
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    # the same scores as bm25s computed directly over the same texts
+    ref = bm25s.BM25(k1=1.5, b=0.75)
+    ref.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
+    direct = ref.get_scores(bm25s.tokenize(["lambda expressions"], stopwords="en", return_ids=False,
+                                           show_progress=False)[0])
+    order = np.argsort(-direct)[:3]
+    np.testing.assert_allclose(scores[1], direct[order], rtol=1e-5)
+
+
+def test_no_matching_term_gives_empty_slots(lexicon):
+    lex, _, _ = lexicon
+    scores, got = lex.search(["the of and", "zyzzyva quux"], k=4)
+    assert (got == -1).all() and (scores == 0).all()
+
+
+def test_k_beyond_the_shard_is_clipped(lexicon):
+    lex, _, _ = lexicon
+    _, got = lex.search(["statement"], k=50)
+    assert got.shape == (1, len(lex))
+
+
+def test_empty_shard(tmp_path):
+    build_bm25(np.zeros(0, np.int64), [], tmp_path / "e.bm25", 1.5, 0.75)
+    scores, got = ShardLexicon(tmp_path / "e.bm25").search(["anything"], k=5)
+    assert got.shape == (1, 0) and scores.shape == (1, 0)
