@@ -6,10 +6,10 @@ about 1 R@1 over fusing chunk and sentences. SQuAD questions were written by ann
 paragraph, so they share its words: a lexical channel is the biggest lever on this data. The
 question is whether the questions still pay once it is there, so every dense configuration is paired
 with BM25 over the chunk alone and BM25 over chunk + questions. The BM25 weight is chosen on the
-even-numbered articles and reported on the odd ones, as in fusion_grid.py. Analysis only: the
-index and Serve path have no sparse channel (yet).
+even-numbered articles and reported on the odd ones, as in fusion_grid.py. The product's hybrid
+search (bm25.enabled + search.bm25_alpha; EVALUATION.md §4.8) reproduces these figures through the
+real index and search path; this script stays the place to choose the weight.
 
-  pip install -e '.[eval]'        # bm25s
   python eval/analysis/lexical_channel.py --index runs/i6-fewshot3-full/indexes/atom-hybrid \
       --data $QRAG_DATA/squad-v1.1/dev-v1.1.json --output runs/i9-lexical.json
 For a slice index add the `--offset/--subset` it was built with. An index without question vectors
