@@ -160,6 +160,8 @@ def register(app: typer.Typer) -> None:
         k: int = typer.Option(5, "--k", "-k", help="number of distinct chunks"),
         mode: str = typer.Option("default", "--mode", help="default|hyde"),
         min_score: Optional[float] = typer.Option(None, "--min-score"),
+        bm25_alpha: Optional[float] = typer.Option(
+            None, "--bm25-alpha", help="hybrid search with this dense weight, 0..1 (index built with BM25)"),
         answer: bool = typer.Option(False, "--answer", help="ask /v1/answer for a cited answer"),
         json_out: bool = typer.Option(False, "--json", help="print the raw JSON response"),
     ):
@@ -169,6 +171,8 @@ def register(app: typer.Typer) -> None:
         body: dict[str, Any] = {"query": text, "k": k, "mode": mode}
         if min_score is not None:
             body["min_score"] = min_score
+        if bm25_alpha is not None:
+            body["bm25_alpha"] = bm25_alpha
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         route = "/v1/answer" if answer else "/v1/search"
         try:

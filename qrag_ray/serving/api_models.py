@@ -25,6 +25,9 @@ class _Request(BaseModel):
         "default", description="default: embed the query; hyde: embed an LLM-written hypothetical answer passage")
     min_score: float | None = Field(None, ge=-1.0, le=1.0, description="drop chunks scoring below this cosine")
     index: str | None = Field(None, description="index name; defaults to the one the API key belongs to")
+    bm25_alpha: float | None = Field(
+        None, ge=0.0, le=1.0, description="hybrid search with this dense weight (the index needs a BM25 channel); "
+                                          "default: the index's own setting")
 
     @field_validator("query")
     @classmethod

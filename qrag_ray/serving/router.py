@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qrag_ray.errors import QragError
 from qrag_ray.serving import api_models as m
-from qrag_ray.serving.errors import ApiError, index_unavailable, llm_failed, llm_not_configured
+from qrag_ray.serving.errors import ApiError, bad_request, index_unavailable, llm_failed, llm_not_configured
 from qrag_ray.serving.tenants import Tenant, Tenants
 
 logger = logging.getLogger("ray.serve")
@@ -126,6 +126,7 @@ class TenantIndex:
     multiplier: int
     num_shards: int
     embedder: str
+    has_bm25: bool = False
 
 
 class _Chunks:
@@ -184,10 +185,11 @@ class Router:
             raise index_unavailable(tenant.name, f"it has {man.num_shards} shards but the app runs "
                                                  f"{len(self.shards)} ShardSearcher deployments (raise args.shards)")
         policy = FusionPolicy.from_manifest(man)
-        if policy.bm25_alpha is not None and not all(man.shard(i).get("bm25") for i in range(man.num_shards)):
+        has_bm25 = all(man.shard(i).get("bm25") for i in range(man.num_shards))
+        if policy.bm25_alpha is not None and not has_bm25:
             raise index_unavailable(tenant.name, "its search config asks for hybrid search (bm25_alpha) but "
                                                  "it has no BM25 index: re-index with bm25.enabled")
-        ti = TenantIndex(man, policy, initial_multiplier(man), man.num_shards, man.embedder_model)
+        ti = TenantIndex(man, policy, initial_multiplier(man), man.num_shards, man.embedder_model, has_bm25)
         self._indexes[tenant.name] = ti
         while len(self._indexes) > 256:
             self._indexes.popitem(last=False)
@@ -206,13 +208,21 @@ class Router:
             raise llm_failed(str(ue) if ue else type(e).__name__) from None
 
     async def _retrieve(self, tenant: Tenant, text: str, k: int, min_score: float | None,
-                        query: str | None = None) -> Retrieval:
-        """Embed `text` (the query or its HyDE passage), fan out, merge. Hybrid indexes also match the
-        user's own words, `query`, with BM25."""
+                        query: str | None = None, bm25_alpha: float | None = None) -> Retrieval:
+        """Embed `text` (the query or its HyDE passage), fan out, merge. Hybrid search (the index's
+        setting, or the request's `bm25_alpha`) also matches the user's own words, `query`, with BM25."""
+        import dataclasses
+
         from qrag_ray.search.engine import format_results
         from qrag_ray.search.merge import merge_hits
 
         ti = self._tenant_index(tenant)
+        policy = ti.policy
+        if bm25_alpha is not None:
+            if not ti.has_bm25:
+                raise bad_request("no_bm25_index", f"index '{tenant.name}' has no BM25 channel, so bm25_alpha "
+                                                   "cannot apply: re-index it with bm25.enabled")
+            policy = dataclasses.replace(policy, bm25_alpha=bm25_alpha)
         t0 = time.perf_counter()
         emb = await self.embedder.embed.remote([text], ti.embedder)
         qv = emb.vectors
@@ -223,12 +233,12 @@ class Router:
             while True:
                 rounds += 1
                 ts = time.perf_counter()
-                lex = [query or text] if ti.policy.bm25_alpha is not None else None
+                lex = [query or text] if policy.bm25_alpha is not None else None
                 replies = await asyncio.gather(*[h.search.remote(qv, k * mult, k, min_score, lex) for h in handles])
                 tm = time.perf_counter()
                 hits = [r.hits for r in replies]
                 total = sum(r.ntotal for r in replies)
-                res, more = merge_hits(hits, 0, k, min_score, ti.policy)
+                res, more = merge_hits(hits, 0, k, min_score, policy)
                 search_s += tm - ts
                 merge_s += time.perf_counter() - tm
                 if more and k * mult < total:
@@ -299,7 +309,7 @@ class Router:
         t0 = time.perf_counter()
         tenant = self._auth(request, req.index)
         text, hypothetical = await self._query_text(req)
-        r = await self._retrieve(tenant, text, req.k, req.min_score, req.query)
+        r = await self._retrieve(tenant, text, req.k, req.min_score, req.query, req.bm25_alpha)
         return m.SearchResponse(results=r.results, index=tenant.name, index_version=r.index_version, mode=req.mode,
                                 took_ms=(time.perf_counter() - t0) * 1000, hypothetical=hypothetical,
                                 timings=r.timings)
@@ -316,7 +326,7 @@ class Router:
         if self.synth is None:
             raise llm_not_configured("/v1/answer")
         text, _ = await self._query_text(req)
-        r = await self._retrieve(tenant, text, req.k, req.min_score, req.query)
+        r = await self._retrieve(tenant, text, req.k, req.min_score, req.query, req.bm25_alpha)
         # results are best first, so the supported ones are a prefix and [n] numbers both lists alike
         support = [x for x in r.results if x["score"] >= self.args.answer_min_score]
         answer, citations = DONT_KNOW, []

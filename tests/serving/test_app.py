@@ -5,6 +5,7 @@ One module so Serve starts once (fixtures in conftest.py); the only fake is the 
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -125,6 +126,30 @@ def test_hybrid_tenant_equals_in_process_hybrid_search(served):
     hybrid = search(served, {"query": "nonlocal", "k": 10}, tenant="delta").json()["results"]
     assert all("bm25" not in x or x["bm25"] is None for x in plain)
     assert hybrid[0]["doc_id"] == "nonlocal" and hybrid[0]["bm25"] == 1.0
+
+
+def test_request_bm25_alpha_overrides_the_index_setting(served):
+    import dataclasses
+
+    from qrag_ray.search.engine import SearchEngine
+    from qrag_ray.search.merge import FusionPolicy
+
+    base = SearchEngine(served["delta"])
+    lexical = SearchEngine(served["delta"], policy=dataclasses.replace(base.policy, bm25_alpha=0.0))
+    for q in QUERIES:
+        want = lexical.search([q], k=10)[0]
+        got = search(served, {"query": q, "k": 10, "bm25_alpha": 0.0}, tenant="delta").json()["results"]
+        assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
+        assert [x["bm25"] for x in got] == pytest.approx([x["bm25"] for x in want], abs=1e-5)
+    # alpha 1 on the hybrid index is its dense ranking
+    dense = SearchEngine(served["delta"], policy=FusionPolicy())
+    got = search(served, {"query": QUERIES[0], "k": 10, "bm25_alpha": 1.0}, tenant="delta").json()["results"]
+    assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in dense.search([QUERIES[0]], k=10)[0]]
+    # an index without a BM25 channel: a clear 400, not a silent dense answer
+    r = search(served, {"query": QUERIES[0], "k": 3, "bm25_alpha": 0.5}, tenant="alpha")
+    assert r.status_code == 400 and r.json()["error"] == "no_bm25_index" and "bm25.enabled" in r.json()["message"]
+    r = search(served, {"query": QUERIES[0], "k": 3, "bm25_alpha": 1.5}, tenant="delta")
+    assert r.status_code == 422
 
 
 def test_min_score_filters_like_in_process(served):
@@ -293,6 +318,12 @@ def test_qrag_query_prints_a_table(served, capsys):
     assert main(["query", "--url", url, "--key", served["keys"]["beta"], "--answer", "--k", "3",
                  "What does the __exit__ method of a context manager do?"]) == 0
     assert "[1]" in capsys.readouterr().out
+    assert main(["query", "--url", url, "--key", served["keys"]["alpha"], "--bm25-alpha", "0.5", "for loop"]) == 2
+    assert "HTTP 400 no_bm25_index" in capsys.readouterr().err
+    assert main(["query", "--url", url, "--key", served["keys"]["delta"], "--bm25-alpha", "0", "--json",
+                 "--k", "2", "nonlocal statement"]) == 0
+    res = json.loads(capsys.readouterr().out)["results"]
+    assert res[0]["doc_id"] == "nonlocal" and res[0]["bm25"] == 1.0
 
 
 @pytest.mark.slow
