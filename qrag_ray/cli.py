@@ -118,8 +118,6 @@ def search(
         None, "--bm25-alpha", help="hybrid search with this dense weight (0..1; the index needs a BM25 channel)"),
 ):
     """Search an index in-process (no server) and print JSON results."""
-    import dataclasses
-
     from qrag_ray.index.format import load_manifest
     from qrag_ray.search.engine import SearchEngine, validate_k
     from qrag_ray.search.merge import FusionPolicy
@@ -129,9 +127,7 @@ def search(
         raise QragError("query must be a non-empty string")
     policy = None
     if bm25_alpha is not None:
-        if not 0.0 <= bm25_alpha <= 1.0:
-            raise QragError(f"--bm25-alpha must lie in [0, 1], got {bm25_alpha}")
-        policy = dataclasses.replace(FusionPolicy.from_manifest(load_manifest(index)), bm25_alpha=bm25_alpha)
+        policy = FusionPolicy.from_manifest(load_manifest(index)).with_bm25_alpha(bm25_alpha)
     engine = SearchEngine(index, policy=policy)
     results = engine.search([query], k=k, min_score=min_score)[0]
     print(json.dumps({"results": results, "index_version": engine.manifest.index_version}, indent=2,

@@ -36,9 +36,11 @@ def bm25_matrix(doc_texts: list[str], queries: list[str]) -> np.ndarray:
     one weight fits every query (raw BM25 scales with query length)."""
     import bm25s
 
+    from qrag_ray.index.lexical import tokenize  # the product's tokenisation, so the figures carry over
+
     ret = bm25s.BM25()
-    ret.index(bm25s.tokenize(doc_texts, stopwords="en", show_progress=False), show_progress=False)
-    toks = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
+    ret.index(tokenize(doc_texts, ids=True), show_progress=False)
+    toks = tokenize(queries, ids=False)
     B = np.stack([ret.get_scores(t) for t in toks]).astype(np.float32)
     return B / np.maximum(B.max(1, keepdims=True), 1e-6)
 

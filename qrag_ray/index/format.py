@@ -89,6 +89,11 @@ class Manifest:
     def shard(self, i: int) -> dict:
         return self.data["shards"][i]
 
+    @property
+    def has_bm25(self) -> bool:
+        """Every shard has a BM25 folder (built with bm25.enabled): hybrid search can run."""
+        return all(s.get("bm25") for s in self.data["shards"])
+
     def file(self, rel: str) -> Path:
         return self.path / rel
 

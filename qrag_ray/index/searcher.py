@@ -76,10 +76,6 @@ class ShardSearcher:
             self.lexicon = ShardLexicon(self.manifest.file(info["bm25"]))
 
     @property
-    def has_bm25(self) -> bool:
-        return self.lexicon is not None
-
-    @property
     def ntotal(self) -> int:
         return int(self.index.ntotal)
 

@@ -82,9 +82,10 @@ class SearchTimings:
     rounds: int = 0
 
 
-def check_hybrid(policy: FusionPolicy, has_bm25: bool, index_dir) -> None:
-    if policy.bm25_alpha is not None and not has_bm25:
-        raise QragError(f"hybrid search (search.bm25_alpha) needs a BM25 index, and {index_dir} has none: "
+def check_hybrid(policy: FusionPolicy, manifest: Manifest) -> None:
+    """Hybrid search needs the BM25 files; shared by the engine and the Serve router."""
+    if policy.bm25_alpha is not None and not manifest.has_bm25:
+        raise QragError(f"hybrid search (search.bm25_alpha) needs a BM25 index, and {manifest.path} has none: "
                         "re-index with bm25.enabled")
 
 
@@ -98,7 +99,7 @@ class SearchEngine:
         self._embedder = embedder
         self.multiplier = initial_multiplier(self.manifest)
         self.policy = policy or FusionPolicy.from_manifest(self.manifest)
-        check_hybrid(self.policy, all(s.has_bm25 for s in self.shards), index_dir)
+        check_hybrid(self.policy, self.manifest)
         self.last_timings = SearchTimings()
 
     @property

@@ -8,9 +8,11 @@ shard was cut off above the k-th chunk's score, and the caller then asks again w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+from qrag_ray.errors import QragError
 
 
 @dataclass
@@ -77,6 +79,12 @@ class FusionPolicy:
                    rrf_k=int(s.get("rrf_k", 60)), kind_bias=dict(s.get("kind_bias") or {}),
                    groups={g: tuple(ks) for g, ks in (s.get("groups") or {}).items()},
                    bm25_alpha=None if s.get("bm25_alpha") is None else float(s["bm25_alpha"]))
+
+    def with_bm25_alpha(self, alpha: float) -> "FusionPolicy":
+        """This policy with a query-time alpha (`qrag search --bm25-alpha`, the HTTP `bm25_alpha`)."""
+        if not 0.0 <= alpha <= 1.0:
+            raise QragError(f"bm25_alpha must lie in [0, 1], got {alpha}")
+        return replace(self, bm25_alpha=float(alpha))
 
     @classmethod
     def from_manifest(cls, manifest) -> "FusionPolicy":
@@ -154,8 +162,7 @@ def hybrid_scores(dense: dict[int, float], c: Candidates, policy: FusionPolicy) 
     missed counts that list's floor: the lowest dense score retrieved, `c.lex_floor` for BM25. Under
     rrf the BM25 list adds (1 - alpha) / (rrf_k + rank) instead, so the scales match."""
     a = float(policy.bm25_alpha)
-    lex_ids = c.lex_chunks.tolist() if c.lex_chunks is not None else []
-    lex_sc = c.lex_scores.tolist() if c.lex_scores is not None else []
+    lex_ids, lex_sc = c.lex_chunks.tolist(), c.lex_scores.tolist()
     if policy.fusion == "rrf":
         order = sorted(range(len(lex_ids)), key=lambda i: (-lex_sc[i], lex_ids[i]))
         lex = {lex_ids[i]: 1.0 / (policy.rrf_k + r) for r, i in enumerate(order, start=1)}
@@ -221,9 +228,9 @@ def dedup(c: Candidates, k: int, kinds: np.ndarray | None = None, kind_weights: 
     else:
         fused = best if policy.fusion == "max" else fuse_scores(c, policy, scores)
         if hybrid:
-            lexical = dict(zip(c.lex_chunks.tolist(), c.lex_scores.tolist()))
             fused = hybrid_scores(fused, c, policy)
-            lexical = {ch: lexical.get(ch, c.lex_floor) for ch in fused}  # what each chunk was scored with
+            lex = dict(zip(c.lex_chunks.tolist(), c.lex_scores.tolist()))
+            lexical = {ch: lex.get(ch, c.lex_floor) for ch in fused}  # what each chunk was scored with
         ranked = sorted(fused.items(), key=lambda t: (-t[1], -best.get(t[0], -np.inf), t[0]))
     results: list[ChunkResult] = []
     for chunk, s in ranked:

@@ -126,7 +126,6 @@ class TenantIndex:
     multiplier: int
     num_shards: int
     embedder: str
-    has_bm25: bool = False
 
 
 class _Chunks:
@@ -174,7 +173,7 @@ class Router:
             self._indexes.move_to_end(tenant.name)
             return ti
         from qrag_ray.index.format import load_manifest
-        from qrag_ray.search.engine import initial_multiplier
+        from qrag_ray.search.engine import check_hybrid, initial_multiplier
         from qrag_ray.search.merge import FusionPolicy
 
         try:
@@ -185,11 +184,11 @@ class Router:
             raise index_unavailable(tenant.name, f"it has {man.num_shards} shards but the app runs "
                                                  f"{len(self.shards)} ShardSearcher deployments (raise args.shards)")
         policy = FusionPolicy.from_manifest(man)
-        has_bm25 = all(man.shard(i).get("bm25") for i in range(man.num_shards))
-        if policy.bm25_alpha is not None and not has_bm25:
-            raise index_unavailable(tenant.name, "its search config asks for hybrid search (bm25_alpha) but "
-                                                 "it has no BM25 index: re-index with bm25.enabled")
-        ti = TenantIndex(man, policy, initial_multiplier(man), man.num_shards, man.embedder_model, has_bm25)
+        try:
+            check_hybrid(policy, man)
+        except QragError as e:
+            raise index_unavailable(tenant.name, str(e)) from None
+        ti = TenantIndex(man, policy, initial_multiplier(man), man.num_shards, man.embedder_model)
         self._indexes[tenant.name] = ti
         while len(self._indexes) > 256:
             self._indexes.popitem(last=False)
@@ -211,18 +210,16 @@ class Router:
                         query: str | None = None, bm25_alpha: float | None = None) -> Retrieval:
         """Embed `text` (the query or its HyDE passage), fan out, merge. Hybrid search (the index's
         setting, or the request's `bm25_alpha`) also matches the user's own words, `query`, with BM25."""
-        import dataclasses
-
         from qrag_ray.search.engine import format_results
         from qrag_ray.search.merge import merge_hits
 
         ti = self._tenant_index(tenant)
         policy = ti.policy
         if bm25_alpha is not None:
-            if not ti.has_bm25:
+            if not ti.manifest.has_bm25:
                 raise bad_request("no_bm25_index", f"index '{tenant.name}' has no BM25 channel, so bm25_alpha "
                                                    "cannot apply: re-index it with bm25.enabled")
-            policy = dataclasses.replace(policy, bm25_alpha=bm25_alpha)
+            policy = policy.with_bm25_alpha(bm25_alpha)
         t0 = time.perf_counter()
         emb = await self.embedder.embed.remote([text], ti.embedder)
         qv = emb.vectors
