@@ -41,6 +41,15 @@ REPRESENTATIONS: dict[str, dict[str, Any]] = {
         "search": {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
                    "groups": {"atom": ["sentence", "question", "quote"]}},
     },
+    # atom-hybrid plus a BM25 channel over each chunk's text and its generated questions (doc2query),
+    # mixed in at alpha = 0.67 (docs/EVALUATION.md §4.8): the best configuration measured on SQuAD
+    # (full dev 82.7 R@1 vs 74.8 dense). The same vectors as atom-hybrid; BM25 adds < 1 KB per chunk.
+    "atom-hybrid-bm25": {
+        "kinds": ["chunk", "sentence", "question", "quote"], "granularity": "atom",
+        "bm25": {"enabled": True},
+        "search": {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
+                   "groups": {"atom": ["sentence", "question", "quote"]}, "bm25_alpha": 0.67},
+    },
 }
 
 _QUESTION_KINDS = {"question", "quote", "atomquote", "onedoc"}
@@ -227,9 +236,14 @@ class IndexConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "IndexConfig":
-        # a preset's search defaults apply unless the config set that field itself
-        for key, val in REPRESENTATIONS.get(self.representation, {}).get("search", {}).items():
-            if key not in self.search.model_fields_set:
+        # a preset's bm25/search defaults apply unless the config set that field itself; a preset's
+        # hybrid weight stays out when the config turned its BM25 channel off (`--no-bm25`)
+        preset = REPRESENTATIONS.get(self.representation, {})
+        for key, val in preset.get("bm25", {}).items():
+            if key not in self.bm25.model_fields_set:
+                setattr(self.bm25, key, val)
+        for key, val in preset.get("search", {}).items():
+            if key not in self.search.model_fields_set and not (key == "bm25_alpha" and not self.bm25.enabled):
                 setattr(self.search, key, val)
         kinds, gran = representation_plan(self)
         needs_q = bool(set(kinds) & _QUESTION_KINDS)

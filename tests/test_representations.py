@@ -65,6 +65,26 @@ def test_preset_search_defaults_yield_to_the_config():
     assert IndexConfig(representation="chunk+sentence+quote", generator={"backend": "vllm"}).search.fusion == "max"
 
 
+def test_bm25_preset_brings_its_channel_and_weight_unless_turned_off():
+    # atom-hybrid-bm25 is atom-hybrid plus BM25 (doc2query) at alpha 0.67 (EVALUATION.md §4.8)
+    cfg = IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"})
+    assert representation_plan(cfg) == (["chunk", "sentence", "question", "quote"], "atom")
+    assert cfg.bm25.enabled and cfg.bm25.doc2query and cfg.search.bm25_alpha == 0.67
+    assert cfg.search.groups == {"atom": ["sentence", "question", "quote"]}
+    # the preset must not leak into the defaults other configs start from
+    assert not IndexConfig().bm25.enabled and IndexConfig().search.bm25_alpha is None
+    assert not IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"}).bm25.enabled
+    # field by field: a chosen weight or doc2query setting wins; BM25 off means dense search, not an error
+    mine = IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"},
+                       bm25={"doc2query": False}, search={"bm25_alpha": 0.5})
+    assert mine.bm25.enabled and not mine.bm25.doc2query and mine.search.bm25_alpha == 0.5
+    off = IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"}, bm25={"enabled": False})
+    assert not off.bm25.enabled and off.search.bm25_alpha is None and off.search.fusion == "sum"
+    # what a manifest records validates back to the same config (eval reuse, serving)
+    again = IndexConfig.model_validate(cfg.model_dump(mode="json"))
+    assert again.bm25 == cfg.bm25 and again.search == cfg.search
+
+
 def test_question_kinds_need_a_generator():
     with pytest.raises(ValueError, match="needs generated questions"):
         IndexConfig(representation="hype")
