@@ -300,6 +300,10 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
             dim = _dim_of(vec_dir, cfg)
             shard_stats = _build_shards(vec_dir, staging, cfg, dim)
             shutil.rmtree(vec_dir, ignore_errors=True)
+            if cfg.bm25.enabled:  # shards indexed their own chunks; now one IDF for all of them
+                from qrag_ray.index.lexical import globalize_idf
+
+                globalize_idf([staging / s["bm25"] for s in shard_stats if "bm25" in s])
 
         report.vectors = sum(s["vectors"] for s in shard_stats)
         report.vectors_before_filters = sum(s["vectors_before_filters"] for s in shard_stats)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qrag_ray.index.lexical import ShardLexicon, build_bm25, lexical_docs
+from qrag_ray.index.lexical import ShardLexicon, build_bm25, globalize_idf, lexical_docs
 
 ROWS = [  # (chunk_idx, kind, text, qn) as the shard writer sees them, unfiltered
     (7, "chunk", "The for statement iterates over a sequence.", -1),
@@ -81,3 +81,45 @@ def test_empty_shard(tmp_path):
     build_bm25(np.zeros(0, np.int64), [], tmp_path / "e.bm25", 1.5, 0.75)
     scores, got = ShardLexicon(tmp_path / "e.bm25").search(["anything"], k=5)
     assert got.shape == (1, 0) and scores.shape == (1, 0)
+
+
+def _scores_by_chunk(paths, query: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for p in paths:
+        lex = ShardLexicon(p)
+        s, ids = lex.search([query], k=len(lex))
+        out |= {int(c): float(v) for c, v in zip(ids[0], s[0]) if c >= 0}
+    return out
+
+
+def test_global_idf_makes_shards_score_like_one_index(tmp_path):
+    """Split into shards, each shard's IDF is its own and the same chunk scores differently than in one
+    index; after globalize_idf the scores are the one index's. b = 0 takes the shards' average lengths
+    out of the tf part, so the comparison is exact."""
+    import shutil
+
+    from pydoc_data.topics import topics
+
+    names = ["for", "while", "with", "try", "lambda", "assert", "if", "import", "return", "raise", "del", "pass"]
+    texts, ids = [topics[n] for n in names], np.arange(len(names), dtype=np.int64)
+    build_bm25(ids, texts, tmp_path / "one.bm25", k1=1.5, b=0.0)
+    shards = [tmp_path / f"{s:05d}.bm25" for s in range(3)]
+    for s, p in enumerate(shards):
+        sel = ids % 3 == s
+        build_bm25(ids[sel], [t for t, k in zip(texts, sel) if k], p, k1=1.5, b=0.0)
+    build_bm25(np.zeros(0, np.int64), [], tmp_path / "empty.bm25", 1.5, 0.0)  # an empty shard is skipped
+    local = [tmp_path / f"local{s}.bm25" for s in range(3)]
+    for p, q in zip(shards, local):
+        shutil.copytree(p, q)
+    globalize_idf(shards + [tmp_path / "empty.bm25"])
+    for query in ["exception raised in the try clause", "iterate over the items of a sequence", "module import"]:
+        one = _scores_by_chunk([tmp_path / "one.bm25"], query)
+        assert sorted(_scores_by_chunk(shards, query)) == sorted(one)
+        np.testing.assert_allclose([_scores_by_chunk(shards, query)[c] for c in sorted(one)],
+                                   [one[c] for c in sorted(one)], rtol=1e-5)
+        per_shard = _scores_by_chunk(local, query)
+        assert not np.allclose([per_shard[c] for c in sorted(one)], [one[c] for c in sorted(one)], rtol=1e-3)
+    # one shard is already global: nothing is rewritten
+    before = (tmp_path / "one.bm25" / "data.csc.index.npy").read_bytes()
+    globalize_idf([tmp_path / "one.bm25"])
+    assert (tmp_path / "one.bm25" / "data.csc.index.npy").read_bytes() == before

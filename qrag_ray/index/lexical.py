@@ -5,18 +5,25 @@ dense MiniLM vector blurs exactly those rare words (names, numbers). On SQuAD de
 every dense configuration and dense + BM25 adds 7-8 R@1 (docs/EVALUATION.md §4.7). doc2query puts a
 chunk's generated questions into its BM25 text: the words a user will ask with.
 
-One BM25 document per chunk. IDF is per shard, as in any sharded engine (Elasticsearch's default);
-shards are hash-partitioned, so their statistics agree closely. Scores leave the shard raw; the merge
-divides them by the query's best score over all shards (qrag_ray.search.merge).
+One BM25 document per chunk. IDF is global: each shard indexes its own chunks, then
+`globalize_idf` rescales every shard's stored scores from its own IDF to the IDF over all shards, so a
+term's weight does not depend on which shard a chunk landed in. Per-shard IDF (Elasticsearch's
+default) cost 2.6 R@1 on SQuAD dev split into 8 shards of ~260 paragraphs (docs/EVALUATION.md §4.8);
+the gap closes as shards grow, but the rescale costs one pass over the score arrays at build time.
+Scores leave the shard raw; the merge divides them by the query's best score over all shards
+(qrag_ray.search.merge).
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 CHUNK_IDX = "chunk_idx.npy"
+_VOCAB, _INDPTR, _DATA, _PARAMS = "vocab.index.json", "indptr.csc.index.npy", "data.csc.index.npy", "params.index.json"
 QUESTION_KINDS = ("question", "quote", "atomquote")
 
 
@@ -57,6 +64,55 @@ def build_bm25(chunk_idx: np.ndarray, texts: list[str], out_dir: str | Path, k1:
     ret.index(tokenize(texts, ids=True), show_progress=False)
     ret.save(str(out))
     return len(ret.vocab_dict)
+
+
+def lucene_idf(n_docs: int, df: np.ndarray) -> np.ndarray:
+    """bm25s's default ("lucene") IDF, the one its stored scores were multiplied by."""
+    return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+
+
+def _doc_freqs(path: Path) -> tuple[dict[str, int], int]:
+    """(term -> number of the shard's documents containing it, documents) from a saved shard: a term's
+    column in bm25s's CSC score matrix holds one entry per document containing it."""
+    n = len(np.load(path / CHUNK_IDX))
+    if not n:
+        return {}, 0
+    counts = np.diff(np.load(path / _INDPTR))
+    vocab = json.loads((path / _VOCAB).read_text())
+    return {t: int(counts[i]) for t, i in vocab.items() if i < len(counts)}, n
+
+
+def globalize_idf(paths: list[str | Path]) -> None:
+    """Rewrite each shard's stored BM25 scores with the IDF over all `paths` instead of the shard's own.
+    bm25s stores idf(term) * tf-part per (term, document), so scaling a term's column by
+    global idf / shard idf is exact (the tf part keeps the shard's average length, which hash
+    partitioning keeps close). A no-op for a single shard."""
+    paths = [Path(p) for p in paths]
+    if len(paths) < 2:
+        return
+    stats = [_doc_freqs(p) for p in paths]
+    n_all = sum(n for _, n in stats)
+    df_all: Counter = Counter()
+    for df, _ in stats:
+        df_all.update(df)
+    for p, (df, n) in zip(paths, stats):
+        if not n:
+            continue
+        method = json.loads((p / _PARAMS).read_text()).get("method", "lucene")
+        if method != "lucene":  # we always build with bm25s's default; another IDF would need its own formula
+            raise ValueError(f"{p}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
+        indptr = np.load(p / _INDPTR)
+        counts = np.diff(indptr)
+        # bm25s's vocabulary ends with an empty-string term that has no column
+        vocab = {t: i for t, i in json.loads((p / _VOCAB).read_text()).items() if i < len(counts)}
+        cols = np.fromiter(vocab.values(), np.int64, len(vocab))
+        local = counts[cols].astype(np.float64)
+        glob = np.fromiter((df_all[t] for t in vocab), np.float64, len(vocab))
+        ratio = np.ones(len(counts))
+        seen = local > 0
+        ratio[cols[seen]] = lucene_idf(n_all, glob[seen]) / lucene_idf(n, local[seen])
+        data = np.load(p / _DATA)
+        np.save(p / _DATA, (data * np.repeat(ratio, counts)).astype(data.dtype))
 
 
 class ShardLexicon:

@@ -125,7 +125,8 @@ def test_hybrid_tenant_equals_in_process_hybrid_search(served):
     plain = search(served, {"query": "nonlocal", "k": 10}, tenant="alpha").json()["results"]
     hybrid = search(served, {"query": "nonlocal", "k": 10}, tenant="delta").json()["results"]
     assert all("bm25" not in x or x["bm25"] is None for x in plain)
-    assert hybrid[0]["doc_id"] == "nonlocal" and hybrid[0]["bm25"] == 1.0
+    # BM25 is normalised by the query's best chunk over all shards, which is among the results
+    assert hybrid[0]["doc_id"] == "nonlocal" and max(x["bm25"] for x in hybrid) == 1.0
 
 
 def test_request_bm25_alpha_overrides_the_index_setting(served):
