@@ -7,6 +7,7 @@ one field only. CLI flags override fields of a YAML file; nothing else reads ad-
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,17 @@ INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
 # Vector kinds a representation may combine. Each row of a shard is one of these.
 VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window")
 
+# The issue-6 winner for a small offline generator (docs/EVALUATION.md §4.6): the chunk at half
+# weight plus one "atom" slot where a sentence, a question written about it, or that question
+# embedded with the chunk compete, the questions only after an offset (question-question cosines
+# run ~0.2 above question-statement ones with MiniLM; recalibrate for another embedder with
+# eval/analysis/fusion_grid.py). Until session 8 it was chunk+sentence+quote with plain sum.
+_ATOM_HYBRID: dict[str, Any] = {
+    "kinds": ["chunk", "sentence", "question", "quote"], "granularity": "atom",
+    "search": {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
+               "groups": {"atom": ["sentence", "question", "quote"]}},
+}
+
 # Named representations (DESIGN §2) as presets over vector kinds + question granularity.
 # A custom representation joins kinds with '+', e.g. "sentence+quote".
 REPRESENTATIONS: dict[str, dict[str, Any]] = {
@@ -31,25 +43,12 @@ REPRESENTATIONS: dict[str, dict[str, Any]] = {
     "atom-sentence": {"kinds": ["sentence"], "granularity": None},
     "atom-question": {"kinds": ["question"], "granularity": "atom"},
     "hybrid": {"kinds": ["chunk", "question"], "granularity": "chunk"},
-    # The issue-6 winner for a small offline generator (docs/EVALUATION.md §4.6): the chunk at half
-    # weight plus one "atom" slot where a sentence, a question written about it, or that question
-    # embedded with the chunk compete, the questions only after an offset (question-question cosines
-    # run ~0.2 above question-statement ones with MiniLM; recalibrate for another embedder with
-    # eval/analysis/fusion_grid.py). Until session 8 it was chunk+sentence+quote with plain sum.
-    "atom-hybrid": {
-        "kinds": ["chunk", "sentence", "question", "quote"], "granularity": "atom",
-        "search": {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
-                   "groups": {"atom": ["sentence", "question", "quote"]}},
-    },
+    "atom-hybrid": _ATOM_HYBRID,
     # atom-hybrid plus a BM25 channel over each chunk's text and its generated questions (doc2query),
     # mixed in at alpha = 0.67 (docs/EVALUATION.md §4.8): the best configuration measured on SQuAD
     # (full dev 82.7 R@1 vs 74.8 dense). The same vectors as atom-hybrid; BM25 adds < 1 KB per chunk.
-    "atom-hybrid-bm25": {
-        "kinds": ["chunk", "sentence", "question", "quote"], "granularity": "atom",
-        "bm25": {"enabled": True},
-        "search": {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
-                   "groups": {"atom": ["sentence", "question", "quote"]}, "bm25_alpha": 0.67},
-    },
+    "atom-hybrid-bm25": {**_ATOM_HYBRID, "bm25": {"enabled": True},
+                         "search": {**_ATOM_HYBRID["search"], "bm25_alpha": 0.67}},
 }
 
 _QUESTION_KINDS = {"question", "quote", "atomquote", "onedoc"}
@@ -241,10 +240,10 @@ class IndexConfig(_Strict):
         preset = REPRESENTATIONS.get(self.representation, {})
         for key, val in preset.get("bm25", {}).items():
             if key not in self.bm25.model_fields_set:
-                setattr(self.bm25, key, val)
+                setattr(self.bm25, key, copy.deepcopy(val))
         for key, val in preset.get("search", {}).items():
             if key not in self.search.model_fields_set and not (key == "bm25_alpha" and not self.bm25.enabled):
-                setattr(self.search, key, val)
+                setattr(self.search, key, copy.deepcopy(val))
         kinds, gran = representation_plan(self)
         needs_q = bool(set(kinds) & _QUESTION_KINDS)
         if needs_q and self.generator.backend == "none":

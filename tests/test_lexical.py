@@ -113,13 +113,26 @@ def test_global_idf_makes_shards_score_like_one_index(tmp_path):
         shutil.copytree(p, q)
     globalize_idf(shards + [tmp_path / "empty.bm25"])
     for query in ["exception raised in the try clause", "iterate over the items of a sequence", "module import"]:
-        one = _scores_by_chunk([tmp_path / "one.bm25"], query)
-        assert sorted(_scores_by_chunk(shards, query)) == sorted(one)
-        np.testing.assert_allclose([_scores_by_chunk(shards, query)[c] for c in sorted(one)],
-                                   [one[c] for c in sorted(one)], rtol=1e-5)
+        one, merged = _scores_by_chunk([tmp_path / "one.bm25"], query), _scores_by_chunk(shards, query)
+        assert sorted(merged) == sorted(one)
+        np.testing.assert_allclose([merged[c] for c in sorted(one)], [one[c] for c in sorted(one)], rtol=1e-5)
         per_shard = _scores_by_chunk(local, query)
         assert not np.allclose([per_shard[c] for c in sorted(one)], [one[c] for c in sorted(one)], rtol=1e-3)
     # one shard is already global: nothing is rewritten
     before = (tmp_path / "one.bm25" / "data.csc.index.npy").read_bytes()
     globalize_idf([tmp_path / "one.bm25"])
     assert (tmp_path / "one.bm25" / "data.csc.index.npy").read_bytes() == before
+
+
+def test_global_idf_refuses_another_idf_before_rewriting_any_shard(tmp_path):
+    import json
+
+    shards = [tmp_path / f"{s:05d}.bm25" for s in range(2)]
+    for s, p in enumerate(shards):
+        build_bm25(np.array([s], np.int64), [f"shard {s} text about loops"], p, 1.5, 0.75)
+    params = shards[1] / "params.index.json"
+    params.write_text(json.dumps({**json.loads(params.read_text()), "method": "robertson"}))
+    before = (shards[0] / "data.csc.index.npy").read_bytes()
+    with pytest.raises(ValueError, match="method 'lucene', not 'robertson'"):
+        globalize_idf(shards)
+    assert (shards[0] / "data.csc.index.npy").read_bytes() == before

@@ -80,6 +80,11 @@ def test_bm25_preset_brings_its_channel_and_weight_unless_turned_off():
     assert mine.bm25.enabled and not mine.bm25.doc2query and mine.search.bm25_alpha == 0.5
     off = IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"}, bm25={"enabled": False})
     assert not off.bm25.enabled and off.search.bm25_alpha is None and off.search.fusion == "sum"
+    # each config gets its own copy of the preset's values: changing one changes no other
+    cfg.search.kind_weights["chunk"] = 1.0
+    assert IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"}).search.kind_weights == {"chunk": 0.5}
+    assert IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"}).search.kind_weights == {"chunk": 0.5}
+    cfg.search.kind_weights["chunk"] = 0.5
     # what a manifest records validates back to the same config (eval reuse, serving)
     again = IndexConfig.model_validate(cfg.model_dump(mode="json"))
     assert again.bm25 == cfg.bm25 and again.search == cfg.search

@@ -71,40 +71,39 @@ def lucene_idf(n_docs: int, df: np.ndarray) -> np.ndarray:
     return np.log1p((n_docs - df + 0.5) / (df + 0.5))
 
 
-def _doc_freqs(path: Path) -> tuple[dict[str, int], int]:
-    """(term -> number of the shard's documents containing it, documents) from a saved shard: a term's
-    column in bm25s's CSC score matrix holds one entry per document containing it."""
-    n = len(np.load(path / CHUNK_IDX))
-    if not n:
-        return {}, 0
+def _term_columns(path: Path) -> tuple[dict[str, int], np.ndarray]:
+    """(term -> column, documents per column) of a saved shard's CSC score matrix: a term's column
+    holds one entry per document containing it. bm25s's vocabulary ends with an empty-string term that
+    has no column."""
     counts = np.diff(np.load(path / _INDPTR))
     vocab = json.loads((path / _VOCAB).read_text())
-    return {t: int(counts[i]) for t, i in vocab.items() if i < len(counts)}, n
+    return {t: i for t, i in vocab.items() if i < len(counts)}, counts
 
 
 def globalize_idf(paths: list[str | Path]) -> None:
     """Rewrite each shard's stored BM25 scores with the IDF over all `paths` instead of the shard's own.
     bm25s stores idf(term) * tf-part per (term, document), so scaling a term's column by
     global idf / shard idf is exact (the tf part keeps the shard's average length, which hash
-    partitioning keeps close). A no-op for a single shard."""
+    partitioning keeps close). A no-op for a single shard. Every shard is checked and counted before
+    any is rewritten; the vocabularies are read again in the second pass rather than all held at once."""
     paths = [Path(p) for p in paths]
     if len(paths) < 2:
         return
-    stats = [_doc_freqs(p) for p in paths]
-    n_all = sum(n for _, n in stats)
+    sizes = [len(np.load(p / CHUNK_IDX, mmap_mode="r")) for p in paths]
     df_all: Counter = Counter()
-    for df, _ in stats:
-        df_all.update(df)
-    for p, (df, n) in zip(paths, stats):
+    for p, n in zip(paths, sizes):
         if not n:
             continue
         method = json.loads((p / _PARAMS).read_text()).get("method", "lucene")
         if method != "lucene":  # we always build with bm25s's default; another IDF would need its own formula
             raise ValueError(f"{p}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
-        indptr = np.load(p / _INDPTR)
-        counts = np.diff(indptr)
-        # bm25s's vocabulary ends with an empty-string term that has no column
-        vocab = {t: i for t, i in json.loads((p / _VOCAB).read_text()).items() if i < len(counts)}
+        vocab, counts = _term_columns(p)
+        df_all.update({t: int(counts[i]) for t, i in vocab.items()})
+    n_all = sum(sizes)
+    for p, n in zip(paths, sizes):
+        if not n:
+            continue
+        vocab, counts = _term_columns(p)
         cols = np.fromiter(vocab.values(), np.int64, len(vocab))
         local = counts[cols].astype(np.float64)
         glob = np.fromiter((df_all[t] for t in vocab), np.float64, len(vocab))
