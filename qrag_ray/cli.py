@@ -14,31 +14,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from qrag_ray.errors import QragError
+from qrag_ray.errors import QragError, find_user_error  # noqa: F401 - re-exported for callers of the CLI module
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Question-based retrieval indexed with Ray Data and served with Ray Serve.")
 err = Console(stderr=True)
-
-
-def find_user_error(exc: BaseException) -> QragError | None:
-    """The QragError behind an exception, looking through Ray's wrappers and cause chains."""
-    seen = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        cause = getattr(e, "cause", None)  # RayTaskError.cause
-        if isinstance(e, QragError):
-            # Ray re-raises a task's QragError as a RayTaskError subclass of it whose str() is the
-            # remote traceback; the user gets the original one-line message.
-            return cause if isinstance(cause, QragError) else e
-        if isinstance(cause, BaseException):
-            stack.append(cause)
-        stack += [e.__cause__, e.__context__]
-    return None
 
 
 @app.command()

@@ -5,6 +5,8 @@ line; the CLI prints it to stderr and exits non-zero, the server maps it to a 4x
 bug and keeps its traceback.
 """
 
+from __future__ import annotations
+
 
 class QragError(Exception):
     """An error caused by input; its message is shown to the user as is."""
@@ -14,3 +16,23 @@ class QragError(Exception):
 
 class IndexFormatError(QragError):
     """An index directory is missing, incomplete, corrupt or of an unknown format version."""
+
+
+def find_user_error(exc: BaseException) -> QragError | None:
+    """The QragError behind an exception, looking through Ray's wrappers and cause chains."""
+    seen = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        cause = getattr(e, "cause", None)  # RayTaskError.cause
+        if isinstance(e, QragError):
+            # Ray re-raises a task's QragError as a RayTaskError subclass of it whose str() is the
+            # remote traceback; the user gets the original one-line message.
+            return cause if isinstance(cause, QragError) else e
+        if isinstance(cause, BaseException):
+            stack.append(cause)
+        stack += [e.__cause__, e.__context__]
+    return None

@@ -154,7 +154,7 @@ def test_malformed_jsonl_line_is_named(local_ray, tmp_path):
                  + "\n{not json\n")
     with pytest.raises(Exception) as e:
         read_corpus(str(p), "jsonl").take_all()
-    from qrag_ray.cli import find_user_error
+    from qrag_ray.errors import find_user_error
 
     ue = find_user_error(e.value)
     assert ue is not None and "bad.jsonl line 3" in str(ue) and "malformed JSON" in str(ue)

@@ -63,7 +63,9 @@ def plan_from_config(data: dict | None, index: str | None, tenants: str | None, 
     return args, dep_opts, http
 
 
-def wait_healthy(url: str, timeout_s: float = 300.0) -> dict:
+def wait_healthy(url: str, timeout_s: float = 300.0, admin_key: str | None = None) -> dict:
+    """Wait for /healthz (liveness), then return the admin status when this caller may read it
+    (an open single-index server, or with the admin key), else the liveness body."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -73,9 +75,9 @@ def wait_healthy(url: str, timeout_s: float = 300.0) -> dict:
             r = httpx.get(f"{url}/healthz", timeout=10)
             last = r.json()
             if r.status_code == 200:
-                return last
-            if r.status_code == 503 and last.get("problems"):
-                return last
+                headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+                st = httpx.get(f"{url}/v1/admin/status", headers=headers, timeout=60)
+                return st.json() if st.status_code == 200 else last
         except (httpx.HTTPError, ValueError) as e:
             last = str(e)
         time.sleep(0.5)
@@ -103,8 +105,9 @@ def register(app: typer.Typer) -> None:
             raise QragError("give --index DIR or --tenants FILE (or a --config whose args name one)")
         if args.get("index"):
             from qrag_ray.index.format import load_manifest
+            from qrag_ray.index.versions import resolve_index
 
-            load_manifest(args["index"])  # a clear one-line error before Ray starts
+            load_manifest(resolve_index(args["index"]).dir)  # a clear one-line error before Ray starts
         if args.get("tenants"):
             from qrag_ray.serving.tenants import load_tenants
 
@@ -136,8 +139,10 @@ def register(app: typer.Typer) -> None:
         serve.run(application, name=name, route_prefix="/", blocking=False)
         url = f"http://{'127.0.0.1' if http_host in ('0.0.0.0', '::') else http_host}:{http_port}"
         health = wait_healthy(url)
-        if health.get("status") != "ok":
-            console.print(f"[yellow]serving, but unhealthy:[/] {json.dumps(health.get('problems'))}")
+        bad = [t for t in health.get("tenants", []) if t.get("status") != "ok"]
+        if bad:
+            console.print(f"[yellow]serving, but with problems:[/] "
+                          f"{json.dumps({t['name']: t['problems'] for t in bad})}")
         mode = "tenants (Bearer keys required)" if args.get("tenants") else "open default tenant (no key)"
         console.print(f"qrag serving at {url}  ({mode}); API docs at {url}/docs")
         if detach:
@@ -198,17 +203,26 @@ def register(app: typer.Typer) -> None:
     def tenants_add(
         file: str = typer.Option(..., "--file", help="tenants YAML (created if missing)"),
         name: str = typer.Option(..., "--name", help="tenant name (also the index name in requests)"),
-        index: str = typer.Option(..., "--index", help="the tenant's index directory"),
+        index: str = typer.Option(..., "--index", help="the tenant's index directory or versioned root"),
+        rps: Optional[float] = typer.Option(None, "--rps", help="rate limit: requests per second per Router replica"),
+        burst: Optional[int] = typer.Option(None, "--burst", help="rate limit burst (default 2 x rps)"),
     ):
-        """Add a tenant (or rotate its key) and print its new API key once."""
+        """Add a tenant (or replace its entry) and print its new API key once."""
         from pydantic import ValidationError
 
         from qrag_ray.index.format import load_manifest
         from qrag_ray.serving.tenants import add_tenant
 
-        load_manifest(index)
+        from qrag_ray.index.versions import resolve_index
+
+        load_manifest(resolve_index(index).dir)
+        limit = None
+        if rps is not None or burst is not None:
+            if rps is None:
+                raise QragError("--burst needs --rps")
+            limit = {"rps": rps, "burst": burst if burst is not None else max(1, int(2 * rps))}
         try:
-            key = add_tenant(file, name, index)
+            key = add_tenant(file, name, index, rate_limit=limit)
         except ValidationError as e:
             from qrag_ray.config import format_validation_error
 
@@ -217,13 +231,68 @@ def register(app: typer.Typer) -> None:
                                    "(shown once, stored as sha256):")
         print(key)
 
+    @tenants_app.command("rotate")
+    def tenants_rotate(
+        file: str = typer.Option(..., "--file", help="tenants YAML"),
+        name: str = typer.Option(..., "--name", help="tenant whose key to replace"),
+    ):
+        """Give a tenant a new API key (printed once); running servers refuse the old one within seconds."""
+        from qrag_ray.serving.tenants import rotate_key
+
+        key = rotate_key(file, name)
+        Console(stderr=True).print(f"tenant '{name}': new API key (shown once; the old key stops working at the "
+                                   "servers' next reload):")
+        print(key)
+
+    @tenants_app.command("remove")
+    def tenants_remove(
+        file: str = typer.Option(..., "--file", help="tenants YAML"),
+        name: str = typer.Option(..., "--name", help="tenant to remove"),
+    ):
+        """Remove a tenant; running servers refuse its key within seconds. Its index is left on disk."""
+        from qrag_ray.serving.tenants import remove_tenant
+
+        remove_tenant(file, name)
+        Console(stderr=True).print(f"tenant '{name}' removed from {file}")
+
+    @tenants_app.command("admin-key")
+    def tenants_admin_key(file: str = typer.Option(..., "--file", help="tenants YAML")):
+        """Set (or replace) the admin key of GET /v1/admin/status and print it once."""
+        from qrag_ray.serving.tenants import set_admin_key
+
+        key = set_admin_key(file)
+        Console(stderr=True).print(f"admin key for {file} (shown once, stored as sha256):")
+        print(key)
+
     @tenants_app.command("list")
     def tenants_list(file: str = typer.Option(..., "--file", help="tenants YAML")):
         """List tenants and their indexes (never keys)."""
         from qrag_ray.serving.tenants import load_tenants
 
         for t in load_tenants(file).by_name.values():
-            print(f"{t.name}\t{t.index}")
+            lim = f"\t{t.rate_limit.rps:g} rps, burst {t.rate_limit.burst}" if t.rate_limit else ""
+            print(f"{t.name}\t{t.index}{lim}")
+
+    @app.command("publish")
+    def publish_cmd(
+        index: str = typer.Argument(..., help="a built index directory (qrag index --output)"),
+        root: str = typer.Option(..., "--root", help="the versioned root a tenant's `index:` names"),
+        keep: int = typer.Option(2, "--keep", help="published versions to keep (>= 2)"),
+        rollback: Optional[str] = typer.Option(None, "--rollback", help="instead: point the root back at this version"),
+    ):
+        """Publish an index as the next version under a root: checked, copied, then CURRENT moves.
+        Servers load it on every shard before sending it traffic."""
+        from qrag_ray.index import versions
+
+        if rollback:
+            versions.rollback(root, rollback)
+            Console(stderr=True).print(f"{root}: CURRENT -> {rollback}")
+            return
+        info = versions.publish_version(root, index, keep=keep)
+        Console(stderr=True).print(
+            f"{root}: CURRENT -> {info['index_version']} ({info['num_shards']} shards, {info['vectors']} vectors; "
+            f"was {info['previous'] or 'nothing'}; removed {', '.join(info['removed']) or 'none'})")
+        print(info["index_version"])
 
 
 def print_results(data: dict, query: str, answer: bool = False) -> None:

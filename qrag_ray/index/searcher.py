@@ -32,6 +32,12 @@ class ShardHits:
     lex_scores: np.ndarray | None = None
     lex_chunk_idx: np.ndarray | None = None
 
+    def row(self, j: int) -> "ShardHits":
+        """Query j's hits alone (a 1-query ShardHits), so queries can be widened one by one."""
+        pick = lambda a: None if a is None else a[j:j + 1]  # noqa: E731
+        return ShardHits(self.shard, pick(self.scores), pick(self.rows), pick(self.chunk_idx), self.exhausted,
+                         pick(self.kinds), pick(self.lex_scores), pick(self.lex_chunk_idx))
+
 
 class ShardSearcher:
     def __init__(self, index_dir: str | Path, shard: int, manifest: Manifest | None = None,

@@ -1,7 +1,7 @@
-"""In-process search over all shards: embed, fan out, merge, dedup, widen until the top k is right.
+"""In-process search over all shards: embed, search each shard until its own top k is final, merge once.
 
-`qrag search` and `qrag eval` use this directly; the Serve app runs the same pieces (ShardSearcher,
-gather/dedup/needs_more, chunk lookup) split across deployments, so results are identical.
+`qrag search` and `qrag eval` use this directly; the Serve app runs the same pieces
+(`search_shard_exact` in each shard replica, `merge_hits` in the router), so results are identical.
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def format_results(results: list[ChunkResult], chunks: ChunkTable, matched_of) -
                "score": round(float(r.score), 6), "text": meta["text"], "matched": matched}
         if r.lexical is not None:
             res["bm25"] = round(float(r.lexical), 6)
+        if r.cosine is not None:
+            res["cosine"] = round(float(r.cosine), 6)
         out.append(res)
     return out
 
@@ -87,6 +89,35 @@ def check_hybrid(policy: FusionPolicy, manifest: Manifest) -> None:
     if policy.bm25_alpha is not None and not manifest.has_bm25:
         raise QragError(f"hybrid search (search.bm25_alpha) needs a BM25 index, and {manifest.path} has none: "
                         "re-index with bm25.enabled")
+
+
+def search_shard_exact(searcher: ShardSearcher, qvecs: np.ndarray, k: int, multiplier: int,
+                       min_score: float | None, policy: FusionPolicy,
+                       queries: list[str] | None = None) -> tuple[list[ShardHits], int]:
+    """One shard's hits per query, each deep enough that the shard's own top k distinct chunks are
+    final (widening x4 while `needs_more` says a deeper list could change them).
+
+    Every vector of a chunk lives in one shard, so the global top k chunks are among the shards'
+    local top k: the caller merges once, with no further rounds across shards or processes. The
+    in-process engine and the Serve shard replicas both call this, so they rank identically."""
+    total = searcher.ntotal
+    use_text = policy.bm25_alpha is not None and queries is not None
+    out: list[ShardHits | None] = [None] * len(qvecs)
+    todo = np.arange(len(qvecs))
+    m, rounds = multiplier, 0
+    while len(todo):
+        rounds += 1
+        hits = searcher.search(qvecs[todo], k * m, [queries[i] for i in todo] if use_text else None)
+        again = []
+        for j, qi in enumerate(todo):
+            one = hits.row(j)
+            if k * m < total and merge_hits([one], 0, k, min_score, policy)[1]:
+                again.append(qi)
+            else:
+                out[qi] = one
+        todo = np.asarray(again, dtype=np.int64)
+        m *= 4
+    return out, rounds  # type: ignore[return-value]
 
 
 class SearchEngine:
@@ -122,28 +153,17 @@ class SearchEngine:
         if self.policy.bm25_alpha is not None and queries is None:
             raise QragError("hybrid search (bm25_alpha) needs the query texts, not only their vectors")
         t = self.last_timings
-        out: list[list[ChunkResult] | None] = [None] * len(qvecs)
-        todo = np.arange(len(qvecs))
-        m = self.multiplier
-        total = sum(s.ntotal for s in self.shards)
-        while len(todo):
-            t.rounds += 1
-            t0 = time.perf_counter()
-            texts = [queries[i] for i in todo] if self.policy.bm25_alpha is not None else None
-            hits: list[ShardHits] = [s.search(qvecs[todo], k * m, texts) for s in self.shards]
-            t1 = time.perf_counter()
-            again = []
-            for j, qi in enumerate(todo):
-                res, more = merge_hits(hits, j, k, min_score, self.policy)
-                if more and k * m < total:
-                    again.append(qi)
-                else:
-                    out[qi] = res
-            t.search_ms += (t1 - t0) * 1000
-            t.merge_ms += (time.perf_counter() - t1) * 1000
-            todo = np.asarray(again, dtype=np.int64)
-            m *= 4
-        return out  # type: ignore[return-value]
+        t0 = time.perf_counter()
+        per_shard = []
+        for s in self.shards:
+            hits, rounds = search_shard_exact(s, qvecs, k, self.multiplier, min_score, self.policy, queries)
+            per_shard.append(hits)
+            t.rounds = max(t.rounds, rounds)
+        t1 = time.perf_counter()
+        out = [merge_hits([hs[qi] for hs in per_shard], 0, k, min_score, self.policy)[0] for qi in range(len(qvecs))]
+        t.search_ms += (t1 - t0) * 1000
+        t.merge_ms += (time.perf_counter() - t1) * 1000
+        return out
 
     def search(self, queries: list[str], k: int = 10, min_score: float | None = None) -> list[list[dict]]:
         for q in queries:

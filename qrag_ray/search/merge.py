@@ -38,6 +38,7 @@ class ChunkResult:
     score: float
     matches: list[tuple[int, int, float]]  # (shard, row, score), best first
     lexical: float | None = None  # hybrid search: the chunk's BM25 over the query's best (floor if unseen)
+    cosine: float | None = None  # the best raw (uncalibrated) similarity of the chunk's retrieved vectors
 
 
 @dataclass(frozen=True)
@@ -240,9 +241,11 @@ def dedup(c: Candidates, k: int, kinds: np.ndarray | None = None, kind_weights: 
             if policy.fusion == "max" and not hybrid:
                 break
             continue
-        same = order[cidx == chunk][:max_matches]
+        mine = order[cidx == chunk]
+        same = mine[:max_matches]
         results.append(ChunkResult(chunk, float(s), [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in same],
-                                   lexical.get(chunk) if hybrid else None))
+                                   lexical.get(chunk) if hybrid else None,
+                                   float(c.scores[mine].max()) if len(mine) else None))
     return results
 
 

@@ -6,6 +6,7 @@ models forbid unknown fields: a misspelt `min_socre` should be an error, not sil
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -15,16 +16,35 @@ MAX_K = 100
 DEFAULT_K = 10
 DEFAULT_ANSWER_K = 5
 MODES = ("default", "hyde")
+INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # tenant names (serving/tenants.py)
+NOT_BLANK = r"\S"  # JSON Schema patterns are searches: "contains a non-space character"
+
+# What each error status means on this API (every route documents the ones it can answer).
+ERROR_DESCRIPTIONS = {
+    400: "malformed JSON, or a request the index cannot serve (e.g. bm25_alpha on an index without BM25)",
+    401: "missing, malformed or unknown API key",
+    403: "the key may not read the index named, or the server has no admin key",
+    404: "unknown index",
+    413: "query longer than the limit",
+    422: "a field is missing, of the wrong type or out of range (`detail` lists each)",
+    429: "the tenant is over its request rate (Retry-After)",
+    502: "the LLM backend failed",
+    503: "index unavailable, no LLM configured, a shard down after a retry, or the server at capacity",
+    504: "the request missed its deadline",
+}
+RETRY_AFTER_STATUSES = (429, 503)
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(..., max_length=MAX_QUERY_CHARS, description=f"the question, 1..{MAX_QUERY_CHARS} characters")
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra={"pattern": NOT_BLANK},
+                       description=f"the question, 1..{MAX_QUERY_CHARS} characters, not only whitespace")
     mode: Literal["default", "hyde"] = Field(
         "default", description="default: embed the query; hyde: embed an LLM-written hypothetical answer passage")
     min_score: float | None = Field(None, ge=-1.0, le=1.0, description="drop chunks scoring below this cosine")
-    index: str | None = Field(None, description="index name; defaults to the one the API key belongs to")
+    index: str | None = Field(None, pattern=INDEX_NAME,
+                              description="index name; defaults to the one the API key belongs to")
     bm25_alpha: float | None = Field(
         None, ge=0.0, le=1.0, description="hybrid search with this dense weight (the index needs a BM25 channel); "
                                           "default: the index's own setting")
@@ -32,7 +52,7 @@ class _Request(BaseModel):
     @field_validator("query")
     @classmethod
     def _not_blank(cls, v: str) -> str:
-        if not v.strip():
+        if not re.search(NOT_BLANK, v):  # the schema's own pattern, so both agree on every character
             raise ValueError("must not be empty or whitespace")
         return v
 
@@ -60,6 +80,7 @@ class SearchResult(BaseModel):
     text: str
     matched: list[Match] = Field(default_factory=list, description="the chunk's best-matching vectors, best first")
     bm25: float | None = Field(None, description="hybrid indexes: the chunk's BM25 score over the query's best (0..1)")
+    cosine: float | None = Field(None, description="the best raw cosine of the chunk's retrieved vectors to the query")
 
 
 class SearchResponse(BaseModel):
@@ -105,10 +126,51 @@ class IndexesResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    status: Literal["ok", "unhealthy"]
-    problems: list[dict] = Field(default_factory=list)
+    status: Literal["ok"]
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int] = Field(..., description="path of the offending field in the body")
+    msg: str
+    type: str
 
 
 class ErrorResponse(BaseModel):
-    error: str
-    message: str
+    error: str = Field(..., description="stable machine-readable kind, e.g. unauthorized, rate_limited, deadline_exceeded")
+    message: str = Field(..., description="one human-readable line")
+    detail: list[ValidationIssue] | None = Field(None, description="422: one entry per invalid field")
+
+
+class TenantStatus(BaseModel):
+    name: str
+    status: Literal["ok", "error"]
+    problems: list[str] = Field(default_factory=list)
+    serving_version: str | None = Field(None, description="the version requests start on now")
+    current_version: str | None = Field(None, description="the version the index path points at (newer while it loads)")
+    num_shards: int | None = None
+    rate_limit: dict | None = None
+
+
+class ShardStatus(BaseModel):
+    shard: int
+    reachable: bool
+    loaded: int | None = Field(None, description="tenant shards in the replica's cache")
+    bytes: int | None = None
+    max_bytes: int | None = None
+    error: str | None = None
+
+
+class RegistryStatus(BaseModel):
+    path: str | None
+    tenants: int
+    reloads: int
+    loaded_at: float
+    error: str | None = None
+
+
+class AdminStatus(BaseModel):
+    status: Literal["ok", "degraded"]
+    tenants: list[TenantStatus]
+    shards: list[ShardStatus]
+    registry: RegistryStatus
+    inflight: int

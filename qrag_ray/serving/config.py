@@ -13,11 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from qrag_ray.config import GeneratorConfig, format_validation_error
 from qrag_ray.errors import QragError
-from qrag_ray.serving.tenants import Tenants, load_tenants
+from qrag_ray.serving.tenants import RateLimit, Tenants, load_tenants
 
-# Deployment names, fixed: serve configs refer to them under `deployments:`.
+# Deployment names, fixed: serve configs refer to them under `deployments:`. The query embedder runs
+# inside the Router (batched), one process hop fewer per request than a deployment of its own.
 ROUTER = "Router"
-EMBEDDER = "QueryEmbedder"
 SYNTHESIZER = "Synthesizer"
 
 
@@ -32,12 +32,20 @@ class AppArgs(BaseModel):
     tenants: str | None = Field(None, description="tenants YAML (name, index, key_sha256); every request needs a key")
     shards: int | None = Field(None, ge=1, le=256,
                                description="ShardSearcher deployments to create; default: the most shards of any tenant index")
-    max_tenants_per_replica: int = Field(8, ge=1, description="LRU size of loaded tenant shards per replica (serve.multiplexed)")
+    shard_cache_bytes: int = Field(2 << 30, ge=1 << 20,
+                                   description="bytes of loaded tenant shards one ShardSearcher replica keeps (LRU)")
     faiss_threads: int | None = Field(None, ge=1, description="default: the replica's num_cpus")
     generator: GeneratorConfig | None = Field(None, description="LLM for mode=hyde and /v1/answer (backend openai or vllm)")
-    answer_min_score: float = Field(0.35, ge=-1.0, le=1.0,
-                                    description="/v1/answer says \"I don't know\" without asking the LLM when no chunk scores this high")
+    answer_min_cosine: float = Field(
+        0.35, ge=-1.0, le=1.0, description="/v1/answer says \"I don't know\" without asking the LLM when no retrieved "
+                                           "chunk has a vector this similar to the query (raw cosine, whatever the fusion)")
     hyde_max_tokens: int = Field(128, ge=1, le=2048)
+    request_timeout_s: float = Field(10.0, gt=0, le=600,
+                                     description="deadline of one request across embedding, shard fan-out and the LLM")
+    max_inflight: int = Field(96, ge=1, description="requests one Router replica works on at once; more get 503")
+    tenants_reload_s: float = Field(2.0, ge=0.1, le=300, description="how often the tenants file and index pointers are re-read")
+    warm_tenants: int = Field(8, ge=0, description="tenants loaded on every shard at start-up (the rest load on first use)")
+    default_rate_limit: RateLimit | None = Field(None, description="per-tenant limit for tenants without their own")
 
     @model_validator(mode="after")
     def _one_source(self) -> "AppArgs":

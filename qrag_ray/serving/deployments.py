@@ -1,27 +1,33 @@
-"""Serve deployments behind the router: the query embedder, one searcher per shard, the LLM.
+"""Serve deployments behind the router: one searcher per shard number, and the LLM.
 
-Each ShardSearcher replica serves one shard number for every tenant: tenant shards load on demand
-through `serve.multiplexed` (model id = tenant name, LRU), so many tenants share replicas instead of
-one app per tenant. A replica answers with vector-level `ShardHits` (the router merges them with the
-same `merge_hits` as the in-process engine) plus the texts for the rows that can make the page: the
-rows of its own top-k chunks (every vector of a chunk lives in its shard), so one round trip usually
-suffices; the router asks `lookup` for anything else.
+Each ShardSearcher replica serves one shard number for every tenant. A request names exactly what
+to search: the tenant, the index *version directory* and the version it must be (`ShardKey`), so
+a request is answered from one version on every shard, and a replica needs no tenant table of its
+own (the router's registry is the only one, and it reloads). Loaded shards live in a cache bounded
+in bytes (`shard_cache_bytes`), so thousands of small tenants share a replica and a big one evicts
+them. FAISS runs in a worker thread, never on the replica's event loop.
+
+A replica answers with vector-level hits deep enough that its own top k distinct chunks are final
+(`search_shard_exact`), plus the texts of those chunks, so the router merges once in one round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
-from ray import serve
 
+from qrag_ray.errors import IndexFormatError
 from qrag_ray.search.merge import FusionPolicy, merge_hits
+from qrag_ray.serving.shard_cache import ByteLRU
 
 logger = logging.getLogger("ray.serve")
+
+DEFAULT_CACHE_BYTES = 2 << 30
 
 
 def _assigned_cpus(default: int = 1) -> int:
@@ -37,43 +43,16 @@ def _assigned_cpus(default: int = 1) -> int:
     return default
 
 
-# ---------------------------------------------------------------------------------- embedder
-@dataclass
-class EmbedReply:
-    vectors: np.ndarray
-    ms: float
+class VersionMoved(IndexFormatError):
+    """The directory a request named now holds another index version (a plain index directory was
+    republished in place); the router re-resolves the tenant and retries once."""
 
 
-class QueryEmbedder:
-    """Sentence-transformers models by name (the tenants' index embedders), loaded once per replica."""
-
-    def __init__(self, models: list[str], threads: int | None = None):
-        import torch
-
-        torch.set_num_threads(threads or _assigned_cpus())
-        self._models: dict[str, object] = {}
-        self._lock = asyncio.Lock()
-        for m in models:
-            self._load(m)
-
-    def _load(self, name: str):
-        st = self._models.get(name)
-        if st is None:
-            from qrag_ray.embedding import load_sentence_transformer
-
-            st = self._models[name] = load_sentence_transformer(name, device=None)
-            logger.info("QueryEmbedder loaded %s", name)
-        return st
-
-    async def embed(self, texts: list[str], model: str) -> EmbedReply:
-        from qrag_ray.embedding import encode
-
-        t0 = time.perf_counter()
-        st = self._load(model)
-        # One encode at a time: torch already uses the replica's threads; overlapping calls only thrash.
-        async with self._lock:
-            vecs = await asyncio.to_thread(encode, st, texts)
-        return EmbedReply(vecs, (time.perf_counter() - t0) * 1000)
+@dataclass(frozen=True)
+class ShardKey:
+    tenant: str
+    index_dir: str  # the directory holding manifest.json (a version directory under a versioned root)
+    version: str  # the index_version the request was started with
 
 
 # ---------------------------------------------------------------------------------- shards
@@ -84,6 +63,8 @@ class LoadedShard:
     chunks: dict[int, dict]  # chunk_idx -> {chunk_id, doc_id, title, text}: this shard's chunks only
     policy: FusionPolicy
     index_version: str
+    multiplier: int
+    nbytes: int
 
 
 @dataclass
@@ -91,10 +72,11 @@ class ShardReply:
     shard: int
     index_version: str
     ntotal: int
-    hits: object  # ShardHits for the batch of queries
+    hits: list  # one ShardHits per query, each final for this shard's top k
     matched: dict[int, tuple[str, str]] = field(default_factory=dict)  # row -> (kind, text)
     chunks: dict[int, dict] = field(default_factory=dict)  # chunk_idx -> meta
     search_ms: float = 0.0
+    rounds: int = 1
 
 
 def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> LoadedShard:
@@ -102,9 +84,9 @@ def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> 
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from qrag_ray.errors import IndexFormatError
-    from qrag_ray.index.format import CHUNKS, load_manifest, verify_files
+    from qrag_ray.index.format import CHUNKS, files_under, load_manifest, verify_files
     from qrag_ray.index.searcher import ShardSearcher
+    from qrag_ray.search.engine import initial_multiplier
 
     manifest = load_manifest(index_dir)
     if shard >= manifest.num_shards:
@@ -116,85 +98,117 @@ def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> 
     cols = {c: t.column(c).to_pylist() for c in ("chunk_idx", "chunk_id", "doc_id", "title", "text")}
     chunks = {int(ci): {"chunk_id": a, "doc_id": b, "title": c, "text": d}
               for ci, a, b, c, d in zip(cols["chunk_idx"], cols["chunk_id"], cols["doc_id"], cols["title"], cols["text"])}
-    return LoadedShard(tenant, searcher, chunks, FusionPolicy.from_manifest(manifest), manifest.index_version)
+    info = manifest.shard(shard)
+    rels = [info["faiss"], info["meta"]] + (files_under(manifest, info["bm25"]) if info.get("bm25") else [])
+    nbytes = sum(os.path.getsize(manifest.file(r)) for r in rels) + int(t.nbytes)
+    return LoadedShard(tenant, searcher, chunks, FusionPolicy.from_manifest(manifest), manifest.index_version,
+                       initial_multiplier(manifest), nbytes)
 
 
 class ShardSearcherDeployment:
-    """Shard `shard` of every tenant's index; the request's multiplexed model id names the tenant."""
+    """Shard `shard` of any tenant's index, loaded on demand into a byte-bounded LRU."""
 
-    async def __init__(self, shard: int, indexes: dict[str, str], max_tenants: int = 8,
-                 faiss_threads: int | None = None):
+    def __init__(self, shard: int, cache_bytes: int = DEFAULT_CACHE_BYTES, faiss_threads: int | None = None):
         from qrag_ray.serving.metrics import ShardMetrics
 
         self.shard = shard
-        self.indexes = dict(indexes)
         self.threads = faiss_threads or _assigned_cpus()
+        self.cache = ByteLRU(cache_bytes)
         self.metrics = ShardMetrics()
-        self.problems: dict[str, str] = {}
-        self._versions: dict[str, str] = {}  # tenant -> index_version of the loaded shard
+        self.problems: dict[str, dict] = {}  # tenant -> {"version", "reason"} of its last failed load
+        self._loading: dict[ShardKey, asyncio.Future] = {}
+        self._refresher: asyncio.Task | None = None
 
-        async def load(tenant: str) -> LoadedShard:  # a plain function: multiplexed keeps its LRU on it
-            return await self._load(tenant)
-
-        self.get_shard = serve.multiplexed(max_num_models_per_replica=max_tenants)(load)
-        # Load eagerly what fits, so a broken shard shows up in /healthz at startup, not at the first query.
-        for tenant in list(self.indexes)[:max_tenants]:
-            try:
-                await self.get_shard(tenant)
-            except Exception as e:  # noqa: BLE001 - reported by status() -> /healthz
-                self.problems.setdefault(tenant, f"{type(e).__name__}: {e}")
-        self._refresher = asyncio.get_running_loop().create_task(self._refresh_gauge())
+    def _ensure_refresher(self) -> None:
+        if self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_gauge())
 
     async def _refresh_gauge(self) -> None:
         """Ray drops a gauge sample that is not re-reported within ~2 export intervals, so the
         loaded-version gauge is re-set periodically for as long as the shard stays loaded."""
         while True:
-            for tenant, version in list(self._versions.items()):
-                self.metrics.version.set(1, tags={"tenant": tenant, "shard": str(self.shard), "index_version": version})
+            for key in self.cache.keys():
+                self.metrics.version.set(1, tags={"tenant": key.tenant, "shard": str(self.shard),
+                                                  "index_version": key.version})
             await asyncio.sleep(2.0)
 
-    async def _load(self, tenant: str) -> LoadedShard:
-        index_dir = self.indexes.get(tenant)
-        if index_dir is None:
-            raise KeyError(f"unknown tenant {tenant!r}")
+    async def _get(self, key: ShardKey) -> LoadedShard:
+        self._ensure_refresher()
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        pending = self._loading.get(key)
+        if pending is not None:  # one load per key, however many requests wait for it
+            return await asyncio.shield(pending)
+        fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "exception never retrieved"
+        self._loading[key] = fut
         try:
-            loaded = await asyncio.to_thread(load_shard, tenant, index_dir, self.shard, self.threads)
+            loaded = await asyncio.to_thread(load_shard, key.tenant, key.index_dir, self.shard, self.threads)
+            if loaded.index_version != key.version:
+                raise VersionMoved(f"{key.index_dir} now holds index version {loaded.index_version}, "
+                                   f"not {key.version}")
         except Exception as e:
-            self.problems[tenant] = f"{type(e).__name__}: {e}"
-            logger.error("shard %d of tenant %r (%s) failed to load: %s", self.shard, tenant, index_dir, e)
+            if not isinstance(e, VersionMoved):
+                self.problems[key.tenant] = {"version": key.version, "reason": f"{type(e).__name__}: {e}"}
+                logger.error("shard %d of tenant %r (%s) failed to load: %s", self.shard, key.tenant,
+                             key.index_dir, e)
+            fut.set_exception(e)
             raise
-        self.problems.pop(tenant, None)
-        self._versions[tenant] = loaded.index_version
-        weakref.finalize(loaded, self._versions.pop, tenant, None)  # LRU eviction drops it from the gauge
-        logger.info("shard %d of tenant %r loaded: %d vectors, index %s", self.shard, tenant,
-                    loaded.searcher.ntotal, loaded.index_version)
+        finally:
+            self._loading.pop(key, None)
+        self.problems.pop(key.tenant, None)
+        for old in self.cache.put(key, loaded, loaded.nbytes):
+            logger.info("shard %d: evicted tenant %r version %s (cache %d bytes)", self.shard, old.tenant,
+                        old.version, self.cache.max_bytes)
+        logger.info("shard %d of tenant %r loaded: %d vectors, index %s, %d bytes", self.shard, key.tenant,
+                    loaded.searcher.ntotal, loaded.index_version, loaded.nbytes)
+        fut.set_result(loaded)
         return loaded
 
-    async def search(self, qvecs: np.ndarray, k_vectors: int, k: int, min_score: float | None,
-                     queries: list[str] | None = None) -> ShardReply:
-        tenant = serve.get_multiplexed_model_id()
-        ls = await self.get_shard(tenant)
+    async def search(self, key: ShardKey, qvecs: np.ndarray, k: int, min_score: float | None,
+                     queries: list[str] | None = None, bm25_alpha: float | None = None) -> ShardReply:
+        from qrag_ray.search.engine import search_shard_exact
+
+        ls = await self._get(key)
+        policy = ls.policy if bm25_alpha is None else ls.policy.with_bm25_alpha(bm25_alpha)
         t0 = time.perf_counter()
-        hits = ls.searcher.search(qvecs, k_vectors, queries)
+        hits, rounds = await asyncio.to_thread(search_shard_exact, ls.searcher, qvecs, k, ls.multiplier,
+                                               min_score, policy, queries)
         ms = (time.perf_counter() - t0) * 1000
-        self.metrics.latency.observe(ms, tags={"tenant": tenant, "shard": str(self.shard)})
-        reply = ShardReply(self.shard, ls.index_version, ls.searcher.ntotal, hits, search_ms=ms)
+        self.metrics.latency.observe(ms, tags={"tenant": key.tenant, "shard": str(self.shard)})
+        reply = ShardReply(self.shard, ls.index_version, ls.searcher.ntotal, hits, search_ms=ms, rounds=rounds)
         # Texts for this shard's own top-k chunks: the only rows of this shard that can reach the page.
-        for qi in range(len(qvecs)):
-            local, _ = merge_hits([hits], qi, k, min_score, ls.policy)
-            for r in local:
+        for h in hits:
+            for r in merge_hits([h], 0, k, min_score, policy)[0]:
                 reply.chunks[r.chunk_idx] = ls.chunks[r.chunk_idx]
                 for _, row, _ in r.matches:
                     reply.matched[row] = ls.searcher.matched(row)
         return reply
 
-    async def lookup(self, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
-        ls = await self.get_shard(serve.get_multiplexed_model_id())
+    async def lookup(self, key: ShardKey, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
+        ls = await self._get(key)
         return ({int(r): ls.searcher.matched(int(r)) for r in rows},
                 {int(c): ls.chunks[int(c)] for c in chunk_idxs})
 
+    async def prepare(self, key: ShardKey) -> dict:
+        """Load and verify `key` before the router sends it traffic (a new version, or start-up)."""
+        ls = await self._get(key)
+        return {"shard": self.shard, "tenant": key.tenant, "version": ls.index_version, "ntotal": ls.searcher.ntotal}
+
+    async def retire(self, key: ShardKey) -> bool:
+        """Drop a version the router moved off (in-flight requests keep their own reference)."""
+        return self.cache.pop(key) is not None
+
     async def status(self) -> dict:
-        return {"shard": self.shard, "problems": dict(self.problems)}
+        return {"shard": self.shard, "loaded": len(self.cache), "bytes": self.cache.bytes,
+                "max_bytes": self.cache.max_bytes, "problems": dict(self.problems)}
+
+    def check_health(self) -> None:
+        """Serve's periodic probe: a replica whose gauge task died is restarted rather than kept."""
+        t = self._refresher
+        if t is not None and t.done() and not t.cancelled() and t.exception() is not None:
+            raise RuntimeError(f"shard {self.shard}: metrics task failed: {t.exception()!r}")
 
 
 # ---------------------------------------------------------------------------------- LLM
@@ -210,4 +224,3 @@ class Synthesizer:
 
     async def complete(self, messages: list[dict], max_tokens: int) -> str:
         return await self.model.acomplete(messages, max_tokens=max_tokens, temperature=0.0)
-

@@ -48,3 +48,22 @@ def forbidden(message: str) -> ApiError:
 
 def llm_failed(message: str) -> ApiError:
     return ApiError(502, "llm_failed", f"the LLM backend failed: {message}")
+
+
+def rate_limited(tenant: str, retry_after: int) -> ApiError:
+    return ApiError(429, "rate_limited", f"tenant '{tenant}' is over its request rate; retry in {retry_after} s",
+                    {"Retry-After": str(retry_after)})
+
+
+def overloaded(why: str) -> ApiError:
+    return ApiError(503, "overloaded", f"the server is at capacity ({why}); retry shortly", {"Retry-After": "1"})
+
+
+def shard_unavailable(shard: int, why: str) -> ApiError:
+    return ApiError(503, "shard_unavailable", f"shard {shard} did not answer ({why}), also on a retry; "
+                                              "retry shortly", {"Retry-After": "1"})
+
+
+def deadline_exceeded(seconds: float, stage: str) -> ApiError:
+    return ApiError(504, "deadline_exceeded", f"the request did not finish within its {seconds:g} s deadline "
+                                              f"(it was {stage})")

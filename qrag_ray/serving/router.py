@@ -1,9 +1,17 @@
-"""The FastAPI ingress: authenticate, embed, fan out to the shards, merge, dedup, (optionally) answer.
+"""The FastAPI ingress: authenticate, limit, embed, fan out to the shards, merge once, (optionally) answer.
 
-Ranking is the in-process engine's: the same `merge_hits` over the same per-shard `ShardHits`, the
-same widening (x4 per round from `initial_multiplier`) while a wider search could change the page, and
-the same `format_results`. Every user mistake is an `ApiError` rendered as `{"error", "message"}` with a
-4xx; only bugs are 500s.
+Ranking is the in-process engine's: each shard replica runs `search_shard_exact` (its own top k
+final), the router merges once with the same `merge_hits` and formats with the same `format_results`.
+
+What keeps it up while things change:
+- the tenants file is re-read every `tenants_reload_s` (registry.py): keys rotate and tenants come
+  and go without a restart;
+- each tenant has an active index version; a new one (`qrag publish`) is loaded on every shard
+  before the pointer moves, and every request carries the exact version it started with;
+- one deadline (`request_timeout_s`) covers embedding, fan-out and the LLM; a dead shard replica is
+  retried once; overload and per-tenant limits answer 503 / 429 with Retry-After at once.
+Every user mistake is an `ApiError` rendered as `{"error", "message"}` with a 4xx/5xx status; only
+bugs are 500s.
 """
 
 from __future__ import annotations
@@ -14,15 +22,18 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from qrag_ray.errors import QragError
+from qrag_ray.errors import QragError, find_user_error
 from qrag_ray.serving import api_models as m
-from qrag_ray.serving.errors import ApiError, bad_request, index_unavailable, llm_failed, llm_not_configured
+from qrag_ray.serving.deployments import ShardKey, VersionMoved
+from qrag_ray.serving.errors import (ApiError, bad_request, deadline_exceeded, index_unavailable, llm_failed,
+                                     llm_not_configured, overloaded, rate_limited, shard_unavailable)
 from qrag_ray.serving.tenants import Tenant, Tenants
 
 logger = logging.getLogger("ray.serve")
@@ -31,8 +42,9 @@ app = FastAPI(
     title="qrag-ray",
     version="1",
     description="Question-based retrieval over sharded FAISS indexes (Ray Serve). Send `Authorization: Bearer KEY` "
-                "when the server has a tenants file.",
+                "when the server has a tenants file; the admin status takes the admin key.",
 )
+bearer = Security(HTTPBearer(auto_error=False, description="the tenant's API key (`qrag tenants add` prints it once)"))
 
 _ROUTER: "Router | None" = None  # the replica's Router, for the module-level handlers below
 
@@ -80,10 +92,10 @@ async def _validation_error(request: Request, e: RequestValidationError):
         return _error(request, 400, "malformed_json", "the request body is not valid JSON")
     parts, detail = [], []
     for err in errs:
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        loc = [x for x in err.get("loc", ()) if x != "body"]
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}")
-        detail.append({"loc": loc, "msg": msg, "type": err.get("type")})
+        parts.append(f"{'.'.join(str(x) for x in loc) or 'body'}: {msg}")
+        detail.append({"loc": loc or ["body"], "msg": msg, "type": str(err.get("type", "invalid"))})
     too_long = any(err.get("type") == "string_too_long" for err in errs)
     return _error(request, 413 if too_long else 422, "query_too_long" if too_long else "invalid_request",
                   "; ".join(parts), detail=detail)
@@ -93,7 +105,7 @@ async def _validation_error(request: Request, e: RequestValidationError):
 async def _http_error(request: Request, e: StarletteHTTPException):
     kind = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
     msg = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
-    return _error(request, e.status_code, kind, msg)
+    return _error(request, e.status_code, kind, msg, headers=getattr(e, "headers", None))
 
 
 @app.exception_handler(Exception)
@@ -116,14 +128,29 @@ async def _timing(request: Request, call_next):
                 "route": _route_of(request), "tenant": _tenant_of(request), "status": str(status)})
 
 
-# ------------------------------------------------------------------------------ per-tenant state
-@dataclass
-class TenantIndex:
-    """What the router needs of an index: no vectors, no texts (those stay in the shard replicas)."""
+def _errors(*codes: int) -> dict:
+    """The documented error responses of a route: the same body for all, with their headers."""
+    out: dict = {}
+    for c in codes:
+        out[c] = {"model": m.ErrorResponse, "description": m.ERROR_DESCRIPTIONS[c]}
+        if c in m.RETRY_AFTER_STATUSES:
+            out[c]["headers"] = {"Retry-After": {"description": "seconds to wait before retrying",
+                                                 "schema": {"type": "integer"}}}
+        if c == 401:
+            out[c]["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
+    return out
 
+
+# ------------------------------------------------------------------------------ per-tenant state
+@dataclass(frozen=True)
+class TenantIndex:
+    """One immutable index version as the router needs it: no vectors, no texts (those stay in the
+    shard replicas)."""
+
+    dir: str
+    version: str
     manifest: object
     policy: object
-    multiplier: int
     num_shards: int
     embedder: str
 
@@ -145,129 +172,267 @@ class Retrieval:
     timings: dict
 
 
+_DEAD_REPLICA: tuple[type, ...] | None = None
+
+
+def _dead_replica_errors() -> tuple[type, ...]:
+    global _DEAD_REPLICA
+    if _DEAD_REPLICA is None:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        _DEAD_REPLICA = (ActorDiedError, ActorUnavailableError, RayActorError)
+    return _DEAD_REPLICA
+
+
 # ------------------------------------------------------------------------------ the deployment
 @serve.ingress(app)
 class Router:
-    def __init__(self, embedder, shards: list, synthesizer, tenants: list[dict], open_tenant: bool, args: dict):
+    async def __init__(self, shards: list, synthesizer, args: dict):
         from qrag_ray.serving.config import AppArgs
+        from qrag_ray.serving.deployments import _assigned_cpus
+        from qrag_ray.serving.encoder import QueryEncoder
         from qrag_ray.serving.metrics import RouterMetrics
+        from qrag_ray.serving.ratelimit import RateLimiter
+        from qrag_ray.serving.registry import TenantRegistry
 
-        self.embedder = embedder
         self.shards = list(shards)
         self.synth = synthesizer
-        self.tenants = Tenants({t["name"]: Tenant.model_validate(t) for t in tenants}, open=open_tenant)
         self.args = AppArgs.model_validate(args)
         self.metrics = RouterMetrics()
-        self._indexes: OrderedDict[str, TenantIndex] = OrderedDict()
+        self.registry = (TenantRegistry.from_file(self.args.tenants) if self.args.tenants
+                         else TenantRegistry(self.args.load_tenants()))
+        self.limiter = RateLimiter()
+        self._configure_limits()
+        self.encoder = QueryEncoder(threads=_assigned_cpus())
+        self._versions: OrderedDict[tuple[str, str], TenantIndex] = OrderedDict()  # (dir, version) -> index
+        self._active: dict[str, TenantIndex] = {}  # tenant -> the version its requests start on
+        self._problems: dict[str, str] = {}  # tenant -> why its index (or its newest version) is not served
+        self._retry_at: dict[tuple[str, str], float] = {}  # (tenant, version) that failed to warm -> next try
+        self._inflight = 0
+        self._watcher: asyncio.Task | None = None
         _set_router(self)
+        self._ensure_watcher()
+
+    # ---- background: registry reloads, version swaps ---------------------------------------------
+    def _configure_limits(self) -> None:
+        default = self.args.default_rate_limit
+        self.limiter.configure({t.name: ((lim.rps, lim.burst) if (lim := t.rate_limit or default) else None)
+                                for t in self.registry.tenants.by_name.values()})
+
+    def _ensure_watcher(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        first = True
+        while True:
+            try:
+                if self.registry.refresh():
+                    self._configure_limits()
+                    for gone in set(self._active) - set(self.registry.tenants.by_name):
+                        await self._retire_later(self._active.pop(gone), gone, 0.0)
+                if first:  # start-up: load the first tenants everywhere, so a broken one shows before traffic
+                    first = False
+                    for t in list(self.registry.tenants.by_name.values())[: self.args.warm_tenants]:
+                        await self._check_version(t, warm=True)
+                for name in list(self._active):
+                    t = self.registry.tenants.by_name.get(name)
+                    if t is not None:
+                        await self._check_version(t, warm=True)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the watcher must outlive any one bad tenant
+                logger.exception("tenant watcher pass failed")
+            await asyncio.sleep(self.args.tenants_reload_s)
+
+    def _index_of(self, tenant: Tenant) -> TenantIndex:
+        """The version `tenant.index` points at now (reads CURRENT / manifest.json; cached per version)."""
+        from qrag_ray.index.format import load_manifest
+        from qrag_ray.index.versions import resolve_index
+        from qrag_ray.search.engine import check_hybrid
+        from qrag_ray.search.merge import FusionPolicy
+
+        r = resolve_index(tenant.index)
+        key = (str(r.dir), r.version)
+        ti = self._versions.get(key)
+        if ti is None:
+            man = load_manifest(r.dir)
+            if man.index_version != r.version:
+                raise VersionMoved(f"{r.dir} changed while it was read")
+            if man.num_shards > len(self.shards):
+                raise QragError(f"it has {man.num_shards} shards but the app runs {len(self.shards)} "
+                                "ShardSearcher deployments (raise args.shards)")
+            policy = FusionPolicy.from_manifest(man)
+            check_hybrid(policy, man)
+            ti = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model)
+            self._versions[key] = ti
+            while len(self._versions) > 4096:
+                self._versions.popitem(last=False)
+        else:
+            self._versions.move_to_end(key)
+        return ti
+
+    async def _check_version(self, tenant: Tenant, warm: bool) -> TenantIndex | None:
+        """Resolve the tenant's index; switch to a new version only once every shard has loaded it."""
+        try:
+            ti = self._index_of(tenant)
+        except QragError as e:
+            self._problems[tenant.name] = str(e)
+            return self._active.get(tenant.name)
+        old = self._active.get(tenant.name)
+        if old is not None and old.version == ti.version and old.dir == ti.dir:
+            return old
+        if warm:
+            if time.monotonic() < self._retry_at.get((tenant.name, ti.version), 0.0):
+                return old
+            try:
+                key = ShardKey(tenant.name, ti.dir, ti.version)
+                await asyncio.gather(self.encoder.model(ti.embedder),
+                                     *[self._call(i, "prepare", key) for i in range(ti.num_shards)])
+            except (ApiError, QragError) as e:
+                reason = e.message if isinstance(e, ApiError) else str(e)
+                self._problems[tenant.name] = (f"version {ti.version} failed to load, still serving "
+                                               f"{old.version}: {reason}" if old else reason)
+                self._retry_at[(tenant.name, ti.version)] = time.monotonic() + 30.0
+                return old
+        self._active[tenant.name] = ti
+        self._problems.pop(tenant.name, None)
+        if old is not None:
+            logger.info("tenant %r now serves index version %s (was %s)", tenant.name, ti.version, old.version)
+            await self._retire_later(old, tenant.name, self.args.request_timeout_s + 1.0)
+        return ti
+
+    async def _retire_later(self, ti: TenantIndex, tenant: str, delay: float) -> None:
+        async def retire():
+            await asyncio.sleep(delay)  # requests started on it finish first
+            if any(a.dir == ti.dir and a.version == ti.version for a in self._active.values()):
+                return
+            key = ShardKey(tenant, ti.dir, ti.version)
+            await asyncio.gather(*[self.shards[i].retire.remote(key) for i in range(ti.num_shards)],
+                                 return_exceptions=True)
+
+        asyncio.get_running_loop().create_task(retire())
+
+    async def _tenant_index(self, tenant: Tenant) -> TenantIndex:
+        ti = self._active.get(tenant.name)
+        if ti is None:  # first use: no traffic to protect yet, so no warm-up either
+            ti = await self._check_version(tenant, warm=False)
+        if ti is None:
+            raise index_unavailable(tenant.name, self._problems.get(tenant.name, "it could not be read"))
+        return ti
 
     # ---- helpers -------------------------------------------------------------------------------
     def _auth(self, request: Request, index: str | None = None) -> Tenant:
-        tenant = self.tenants.authenticate(request.headers.get("authorization"))
+        self._ensure_watcher()
+        tenants: Tenants = self.registry.tenants
+        tenant = tenants.authenticate(request.headers.get("authorization"))
         request.state.tenant = tenant.name
-        return self.tenants.resolve(tenant, index)
+        tenant = tenants.resolve(tenant, index)
+        wait = self.limiter.retry_after(tenant.name)
+        if wait:
+            raise rate_limited(tenant.name, wait)
+        return tenant
 
-    def _tenant_index(self, tenant: Tenant) -> TenantIndex:
-        ti = self._indexes.get(tenant.name)
-        if ti is not None:
-            self._indexes.move_to_end(tenant.name)
-            return ti
-        from qrag_ray.index.format import load_manifest
-        from qrag_ray.search.engine import check_hybrid, initial_multiplier
-        from qrag_ray.search.merge import FusionPolicy
+    async def _call(self, i: int, method: str, *args):
+        """One shard call; a replica that died under it is retried once (Serve routes the retry to a
+        live replica). Errors a user can act on come back as ApiError/QragError."""
+        from ray.serve.exceptions import BackPressureError
 
+        for attempt in (1, 2):
+            try:
+                return await getattr(self.shards[i], method).remote(*args)
+            except BackPressureError:
+                raise overloaded(f"shard {i} is at its queue limit") from None
+            except Exception as e:
+                ue = find_user_error(e)  # e.g. a shard that cannot load this tenant's index
+                if ue is not None:
+                    raise ue from None
+                if not isinstance(e, _dead_replica_errors()):
+                    raise
+                if attempt == 2:
+                    raise shard_unavailable(i, type(e).__name__) from None
+                logger.warning("shard %d replica failed (%s); retrying once", i, type(e).__name__)
+
+    async def _deadline(self, coro, stage: dict):
+        """Run a request under the app's deadline; a miss is a 504 that names the stage it was in."""
+        if self._inflight >= self.args.max_inflight:
+            coro.close()
+            raise overloaded(f"{self._inflight} requests in flight on this replica")
+        self._inflight += 1
         try:
-            man = load_manifest(tenant.index)
-        except QragError as e:
-            raise index_unavailable(tenant.name, str(e)) from None
-        if man.num_shards > len(self.shards):
-            raise index_unavailable(tenant.name, f"it has {man.num_shards} shards but the app runs "
-                                                 f"{len(self.shards)} ShardSearcher deployments (raise args.shards)")
-        policy = FusionPolicy.from_manifest(man)
-        try:
-            check_hybrid(policy, man)
-        except QragError as e:
-            raise index_unavailable(tenant.name, str(e)) from None
-        ti = TenantIndex(man, policy, initial_multiplier(man), man.num_shards, man.embedder_model)
-        self._indexes[tenant.name] = ti
-        while len(self._indexes) > 256:
-            self._indexes.popitem(last=False)
-        return ti
+            return await asyncio.wait_for(coro, timeout=self.args.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise deadline_exceeded(self.args.request_timeout_s, stage.get("stage", "starting")) from None
+        finally:
+            self._inflight -= 1
 
     async def _llm(self, messages: list[dict], max_tokens: int, what: str) -> str:
         if self.synth is None:
             raise llm_not_configured(what)
         try:
             return await self.synth.complete.remote(messages, max_tokens)
+        except asyncio.CancelledError:
+            raise
         except Exception as e:  # noqa: BLE001 - an LLM outage is a 502 for the client, logged here
             logger.warning("LLM call failed: %s", e)
-            from qrag_ray.cli import find_user_error
-
             ue = find_user_error(e)
             raise llm_failed(str(ue) if ue else type(e).__name__) from None
 
-    async def _retrieve(self, tenant: Tenant, text: str, k: int, min_score: float | None,
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
+    async def _embed_batch(self, items: list[tuple[str, str]]) -> list:
+        """Concurrent queries' texts embedded in one call per model (items: (text, model))."""
+        return await self.encoder.encode([t for t, _ in items], [mdl for _, mdl in items])
+
+    async def _retrieve(self, tenant: Tenant, text: str, k: int, min_score: float | None, stage: dict,
                         query: str | None = None, bm25_alpha: float | None = None) -> Retrieval:
         """Embed `text` (the query or its HyDE passage), fan out, merge. Hybrid search (the index's
         setting, or the request's `bm25_alpha`) also matches the user's own words, `query`, with BM25."""
         from qrag_ray.search.engine import format_results
         from qrag_ray.search.merge import merge_hits
 
-        ti = self._tenant_index(tenant)
-        policy = ti.policy
-        if bm25_alpha is not None:
-            if not ti.manifest.has_bm25:
-                raise bad_request("no_bm25_index", f"index '{tenant.name}' has no BM25 channel, so bm25_alpha "
-                                                   "cannot apply: re-index it with bm25.enabled")
-            policy = policy.with_bm25_alpha(bm25_alpha)
-        t0 = time.perf_counter()
-        emb = await self.embedder.embed.remote([text], ti.embedder)
-        qv = emb.vectors
-        t1 = time.perf_counter()
-        handles = [self.shards[i].options(multiplexed_model_id=tenant.name) for i in range(ti.num_shards)]
-        mult, rounds, search_s, merge_s = ti.multiplier, 0, 0.0, 0.0
-        try:
-            while True:
-                rounds += 1
-                ts = time.perf_counter()
-                lex = [query or text] if policy.bm25_alpha is not None else None
-                replies = await asyncio.gather(*[h.search.remote(qv, k * mult, k, min_score, lex) for h in handles])
-                tm = time.perf_counter()
-                hits = [r.hits for r in replies]
-                total = sum(r.ntotal for r in replies)
-                res, more = merge_hits(hits, 0, k, min_score, policy)
-                search_s += tm - ts
-                merge_s += time.perf_counter() - tm
-                if more and k * mult < total:
-                    mult *= 4
-                    continue
+        for attempt in (1, 2):
+            ti = await self._tenant_index(tenant)
+            policy = ti.policy
+            if bm25_alpha is not None:
+                if not ti.manifest.has_bm25:
+                    raise bad_request("no_bm25_index", f"index '{tenant.name}' has no BM25 channel, so bm25_alpha "
+                                                       "cannot apply: re-index it with bm25.enabled")
+                policy = policy.with_bm25_alpha(bm25_alpha)
+            t0 = time.perf_counter()
+            stage["stage"] = "embedding the query"
+            qv = (await self._embed_batch((text, ti.embedder)))[None, :]
+            t1 = time.perf_counter()
+            stage["stage"] = "searching the shards"
+            key = ShardKey(tenant.name, ti.dir, ti.version)
+            lex = [query or text] if policy.bm25_alpha is not None else None
+            try:
+                replies = await asyncio.gather(*[self._call(i, "search", key, qv, k, min_score, lex, bm25_alpha)
+                                                 for i in range(ti.num_shards)])
                 break
-        except ApiError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a shard that cannot load this tenant's index
-            from qrag_ray.cli import find_user_error
-
-            ue = find_user_error(e)
-            if ue is None:
-                raise
-            raise index_unavailable(tenant.name, str(ue)) from None
-        tf = time.perf_counter()
+            except VersionMoved:  # a plain index directory was republished under this request
+                self._active.pop(tenant.name, None)
+                if attempt == 2:
+                    raise index_unavailable(tenant.name, "its index changed twice during one request") from None
+            except QragError as e:
+                raise index_unavailable(tenant.name, str(e)) from None
+        tm = time.perf_counter()
+        hits = [r.hits[0] for r in replies]
+        res, _ = merge_hits(hits, 0, k, min_score, policy)
+        merge_s = time.perf_counter() - tm
         matched = {(r.shard, row): v for r in replies for row, v in r.matched.items()}
         chunks = {ci: meta for r in replies for ci, meta in r.chunks.items()}
-        await self._fill_missing(handles, res, matched, chunks)
+        await self._fill_missing(key, res, matched, chunks, ti.num_shards)
+        tf = time.perf_counter()
         results = format_results(res, _Chunks(chunks), lambda s, row: matched[(s, row)])
-        format_s = time.perf_counter() - tf
         before = sum(int((h.rows[0] >= 0).sum()) for h in hits)
         self.metrics.before.observe(before, tags={"tenant": tenant.name})
         self.metrics.after.observe(len(results), tags={"tenant": tenant.name})
-        versions = {r.index_version for r in replies}
-        timings = {"embed_ms": (t1 - t0) * 1000, "search_ms": search_s * 1000, "merge_ms": merge_s * 1000,
-                   "format_ms": format_s * 1000, "rounds": rounds, "candidates": before,
-                   "shard_search_ms": [round(r.search_ms, 3) for r in replies]}
-        return Retrieval(results, ",".join(sorted(versions)), timings)
+        timings = {"embed_ms": (t1 - t0) * 1000, "search_ms": (tm - t1) * 1000, "merge_ms": merge_s * 1000,
+                   "format_ms": (time.perf_counter() - tf) * 1000, "rounds": max(r.rounds for r in replies),
+                   "candidates": before, "shard_search_ms": [round(r.search_ms, 3) for r in replies]}
+        return Retrieval(results, ti.version, timings)
 
-    @staticmethod
-    async def _fill_missing(handles, res, matched: dict, chunks: dict) -> None:
+    async def _fill_missing(self, key: ShardKey, res, matched: dict, chunks: dict, num_shards: int) -> None:
         """Rows / chunks on the page that a shard did not send up front (only if the fusion policy
         ranks a chunk differently inside its shard than across shards)."""
         want: dict[int, tuple[set, set]] = {}
@@ -276,21 +441,23 @@ class Router:
                 if (shard, row) not in matched:
                     want.setdefault(shard, (set(), set()))[0].add(row)
             if r.chunk_idx not in chunks:  # a chunk lives in shard chunk_idx % shards (pipeline)
-                want.setdefault(r.chunk_idx % len(handles), (set(), set()))[1].add(r.chunk_idx)
+                want.setdefault(r.chunk_idx % num_shards, (set(), set()))[1].add(r.chunk_idx)
         if not want:
             return
-        got = await asyncio.gather(*[handles[s].lookup.remote(sorted(rows), sorted(cis)) for s, (rows, cis) in want.items()])
+        got = await asyncio.gather(*[self._call(s, "lookup", key, sorted(rows), sorted(cis))
+                                     for s, (rows, cis) in want.items()])
         for s, (mt, ch) in zip(want, got):
             matched.update({(s, row): v for row, v in mt.items()})
             chunks.update(ch)
 
-    async def _query_text(self, req: m._Request) -> tuple[str, str | None]:
+    async def _query_text(self, req: m._Request, stage: dict) -> tuple[str, str | None]:
         """The text to embed: the query, or in HyDE mode an LLM-written passage answering it."""
         if req.mode != "hyde":
             return req.query, None
         from qrag_ray.generation.parsing import parse_output
         from qrag_ray.generation.prompts import get_prompt
 
+        stage["stage"] = "writing the HyDE passage (LLM)"
         raw = await self._llm(get_prompt("hyde").render(req.query), self.args.hyde_max_tokens, "mode=hyde")
         texts = parse_output(raw, "text")
         passage = texts[0] if texts else req.query
@@ -298,21 +465,24 @@ class Router:
 
     # ---- routes --------------------------------------------------------------------------------
     @app.post("/v1/search", response_model=m.SearchResponse,
-              responses={400: {"model": m.ErrorResponse}, 401: {"model": m.ErrorResponse},
-                         403: {"model": m.ErrorResponse}, 404: {"model": m.ErrorResponse},
-                         413: {"model": m.ErrorResponse}, 422: {"model": m.ErrorResponse}})
+              responses=_errors(400, 401, 403, 404, 413, 422, 429, 502, 503, 504), dependencies=[bearer])
     async def search(self, req: m.SearchRequest, request: Request) -> m.SearchResponse:
         """Top k distinct chunks for a query (exactly k when the index has them)."""
         t0 = time.perf_counter()
         tenant = self._auth(request, req.index)
-        text, hypothetical = await self._query_text(req)
-        r = await self._retrieve(tenant, text, req.k, req.min_score, req.query, req.bm25_alpha)
-        return m.SearchResponse(results=r.results, index=tenant.name, index_version=r.index_version, mode=req.mode,
-                                took_ms=(time.perf_counter() - t0) * 1000, hypothetical=hypothetical,
-                                timings=r.timings)
+        stage: dict = {}
+
+        async def run():
+            text, hypothetical = await self._query_text(req, stage)
+            r = await self._retrieve(tenant, text, req.k, req.min_score, stage, req.query, req.bm25_alpha)
+            return m.SearchResponse(results=r.results, index=tenant.name, index_version=r.index_version,
+                                    mode=req.mode, took_ms=(time.perf_counter() - t0) * 1000,
+                                    hypothetical=hypothetical, timings=r.timings)
+
+        return await self._deadline(run(), stage)
 
     @app.post("/v1/answer", response_model=m.AnswerResponse,
-              responses={401: {"model": m.ErrorResponse}, 503: {"model": m.ErrorResponse}})
+              responses=_errors(400, 401, 403, 404, 413, 422, 429, 502, 503, 504), dependencies=[bearer])
     async def answer(self, req: m.AnswerRequest, request: Request) -> m.AnswerResponse:
         """An answer synthesized from the retrieved chunks with [n] citations, or "I don't know"."""
         from qrag_ray.generation.parsing import DONT_KNOW, extract_citations, parse_answer
@@ -322,51 +492,94 @@ class Router:
         tenant = self._auth(request, req.index)
         if self.synth is None:
             raise llm_not_configured("/v1/answer")
-        text, _ = await self._query_text(req)
-        r = await self._retrieve(tenant, text, req.k, req.min_score, req.query, req.bm25_alpha)
-        # results are best first, so the supported ones are a prefix and [n] numbers both lists alike
-        support = [x for x in r.results if x["score"] >= self.args.answer_min_score]
-        answer, citations = DONT_KNOW, []
-        if support:
-            msgs = get_prompt("answer").render(req.query, context=[x["text"] for x in support])
-            answer = parse_answer(await self._llm(msgs, req.max_tokens, "/v1/answer"))
-            if answer != DONT_KNOW:
-                citations = [m.Citation(n=n, chunk_id=support[n - 1]["chunk_id"], doc_id=support[n - 1]["doc_id"])
-                             for n in extract_citations(answer) if 1 <= n <= len(support)]
-        return m.AnswerResponse(answer=answer, citations=citations, results=r.results, index=tenant.name,
-                                index_version=r.index_version, mode=req.mode,
-                                took_ms=(time.perf_counter() - t0) * 1000)
+        stage: dict = {}
 
-    @app.get("/v1/indexes", response_model=m.IndexesResponse, responses={401: {"model": m.ErrorResponse}})
+        async def run():
+            text, _ = await self._query_text(req, stage)
+            r = await self._retrieve(tenant, text, req.k, req.min_score, stage, req.query, req.bm25_alpha)
+            # Gate on raw similarity, not the fused score: rrf/sum/hybrid scores live on other scales.
+            # Results are best first, so the supported ones are a prefix and [n] numbers both lists alike.
+            support = [x for x in r.results if x.get("cosine", x["score"]) >= self.args.answer_min_cosine]
+            answer, citations = DONT_KNOW, []
+            if support:
+                stage["stage"] = "writing the answer (LLM)"
+                msgs = get_prompt("answer").render(req.query, context=[x["text"] for x in support])
+                answer = parse_answer(await self._llm(msgs, req.max_tokens, "/v1/answer"))
+                if answer != DONT_KNOW:
+                    citations = [m.Citation(n=n, chunk_id=support[n - 1]["chunk_id"], doc_id=support[n - 1]["doc_id"])
+                                 for n in extract_citations(answer) if 1 <= n <= len(support)]
+            return m.AnswerResponse(answer=answer, citations=citations, results=r.results, index=tenant.name,
+                                    index_version=r.index_version, mode=req.mode,
+                                    took_ms=(time.perf_counter() - t0) * 1000)
+
+        return await self._deadline(run(), stage)
+
+    @app.get("/v1/indexes", response_model=m.IndexesResponse, responses=_errors(401, 429), dependencies=[bearer])
     async def indexes(self, request: Request) -> m.IndexesResponse:
         """The indexes this key may query (its tenant's)."""
         tenant = self._auth(request)
         try:
-            ti = self._tenant_index(tenant)
+            ti = await self._tenant_index(tenant)
         except ApiError as e:
             return m.IndexesResponse(indexes=[m.IndexInfo(name=tenant.name, index_version=None, representation=None,
                                                           num_shards=None, embedder=None, available=False,
                                                           error=e.message)])
         d = ti.manifest.data
         return m.IndexesResponse(indexes=[m.IndexInfo(
-            name=tenant.name, index_version=ti.manifest.index_version, representation=d.get("representation"),
+            name=tenant.name, index_version=ti.version, representation=d.get("representation"),
             num_shards=ti.num_shards, embedder=ti.embedder, counts=d.get("counts", {}), available=True)])
 
-    @app.get("/healthz", response_model=m.HealthResponse, responses={503: {"model": m.HealthResponse}})
-    async def healthz(self):
-        """200 when every tenant's index and every shard replica loaded; 503 with the reasons otherwise."""
-        problems: list[dict] = []
-        for t in self.tenants.by_name.values():
-            try:
-                self._tenant_index(t)
-            except ApiError as e:
-                problems.append({"tenant": t.name, "reason": e.message})
-        statuses = await asyncio.gather(*[s.status.remote() for s in self.shards], return_exceptions=True)
-        for i, st in enumerate(statuses):
+    @app.get("/healthz", response_model=m.HealthResponse)
+    async def healthz(self) -> m.HealthResponse:
+        """Liveness: this replica answers. No key, no details (per-tenant state is the admin status's)."""
+        self._ensure_watcher()
+        return m.HealthResponse(status="ok")
+
+    @app.get("/v1/admin/status", response_model=m.AdminStatus, responses=_errors(401, 403), dependencies=[bearer])
+    async def admin_status(self, request: Request) -> m.AdminStatus:
+        """Every tenant's served version and problems, every shard deployment's cache (admin key only)."""
+        self._ensure_watcher()
+        tenants = self.registry.tenants
+        tenants.is_admin(request.headers.get("authorization"))
+        shard_status = await asyncio.gather(*[s.status.remote() for s in self.shards], return_exceptions=True)
+        shard_problems: dict[str, list] = {}
+        shards = []
+        for i, st in enumerate(shard_status):
             if isinstance(st, BaseException):
-                problems.append({"shard": i, "reason": f"shard replica unreachable: {type(st).__name__}"})
+                shards.append(m.ShardStatus(shard=i, reachable=False, error=type(st).__name__))
                 continue
-            for tenant, reason in st["problems"].items():
-                problems.append({"tenant": tenant, "shard": st["shard"], "reason": reason})
-        body = m.HealthResponse(status="unhealthy" if problems else "ok", problems=problems)
-        return JSONResponse(body.model_dump(), status_code=503 if problems else 200)
+            shards.append(m.ShardStatus(shard=i, reachable=True, loaded=st["loaded"], bytes=st["bytes"],
+                                        max_bytes=st["max_bytes"]))
+            for tenant, p in st["problems"].items():
+                shard_problems.setdefault(tenant, []).append({"shard": i, **p})
+        out = []
+        for t in tenants.by_name.values():
+            active = self._active.get(t.name)
+            try:
+                newest = self._index_of(t)
+                problem = self._problems.get(t.name)
+            except QragError as e:
+                newest, problem = None, str(e)
+            versions = {x.version for x in (active, newest) if x is not None}
+            sp = [p for p in shard_problems.get(t.name, []) if p["version"] in versions]
+            problems = ([problem] if problem else []) + [f"shard {p['shard']}: {p['reason']}" for p in sp]
+            out.append(m.TenantStatus(
+                name=t.name, status="error" if problems else "ok", problems=problems,
+                serving_version=active.version if active else None,
+                current_version=newest.version if newest else None,
+                num_shards=(active or newest).num_shards if (active or newest) else None,
+                rate_limit=t.rate_limit.model_dump() if t.rate_limit else None))
+        reg = self.registry
+        ok = all(t.status == "ok" for t in out) and all(s.reachable for s in shards) and reg.error is None
+        return m.AdminStatus(status="ok" if ok else "degraded", tenants=out, shards=shards,
+                             registry=m.RegistryStatus(path=str(reg.path) if reg.path else None,
+                                                       tenants=len(tenants.by_name), reloads=reg.reloads,
+                                                       loaded_at=reg.loaded_at, error=reg.error),
+                             inflight=self._inflight)
+
+    def check_health(self) -> None:
+        """Serve's periodic probe: restart a replica whose tenant watcher died (it would stop seeing
+        key rotations and new versions)."""
+        w = self._watcher
+        if w is not None and w.done() and not w.cancelled() and w.exception() is not None:
+            raise RuntimeError(f"tenant watcher failed: {w.exception()!r}")

@@ -2,10 +2,15 @@
 
 A tenants file is YAML:
 
+    admin_key_sha256: 9c1e...   # optional: the key of GET /v1/admin/status (`qrag tenants admin-key`)
     tenants:
       - name: acme
-        index: /mnt/qrag/acme-index
-        key_sha256: 3f2a...   # sha256 hex of the bearer key; the key itself is shown once by `qrag tenants add`
+        index: /mnt/qrag/acme        # an index directory, or a versioned root (`qrag publish`)
+        key_sha256: 3f2a...          # sha256 hex of the bearer key; the key is shown once by `qrag tenants add`
+        rate_limit: {rps: 20, burst: 40}   # optional, per Router replica
+
+The server re-reads the file while it runs (serving/registry.py): adding, rotating and revoking keys
+and adding or removing tenants need no restart.
 
 Each tenant owns exactly one index, named after the tenant, so "which chunks may this key see" is a
 single lookup. Without a tenants file the server has one open tenant (`default`) and no keys; that mode
@@ -20,7 +25,7 @@ import os
 import re
 import secrets
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -42,12 +47,20 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+class RateLimit(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rps: float = Field(..., gt=0, description="sustained requests per second (per Router replica)")
+    burst: int = Field(..., ge=1, description="requests allowed at once after an idle spell")
+
+
 class Tenant(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     index: str
     key_sha256: str | None = Field(None, description="sha256 hex of the API key; None only for the open default tenant")
+    rate_limit: RateLimit | None = None
 
     @field_validator("name")
     @classmethod
@@ -64,9 +77,21 @@ class Tenant(BaseModel):
         return v
 
 
+def _check_hash(v: str | None) -> str | None:
+    if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+        raise ValueError("must be 64 lowercase hex characters (sha256 of the key)")
+    return v
+
+
 class _TenantsFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    admin_key_sha256: str | None = None
     tenants: list[Tenant] = Field(default_factory=list)
+
+    @field_validator("admin_key_sha256")
+    @classmethod
+    def _admin(cls, v: str | None) -> str | None:
+        return _check_hash(v)
 
 
 @dataclass(frozen=True)
@@ -75,13 +100,19 @@ class Tenants:
 
     by_name: dict[str, Tenant]
     open: bool  # no keys: the single default tenant answers unauthenticated requests
+    admin_sha256: str | None = None
+    by_hash: dict[str, Tenant] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.by_hash:
+            self.by_hash.update({t.key_sha256: t for t in self.by_name.values() if t.key_sha256})
 
     @classmethod
     def single(cls, index: str) -> "Tenants":
         return cls({DEFAULT_TENANT: Tenant(name=DEFAULT_TENANT, index=str(index))}, open=True)
 
     @classmethod
-    def from_list(cls, tenants: list[Tenant | dict]) -> "Tenants":
+    def from_list(cls, tenants: list[Tenant | dict], admin_sha256: str | None = None) -> "Tenants":
         ts = [t if isinstance(t, Tenant) else Tenant.model_validate(t) for t in tenants]
         if not ts:
             raise QragError("the tenants file lists no tenants")
@@ -93,31 +124,33 @@ class Tenants:
         if missing:
             raise QragError(f"tenants without key_sha256: {', '.join(missing)} (create entries with `qrag tenants add`)")
         hashes = [t.key_sha256 for t in ts]
-        if len(set(hashes)) != len(hashes):
-            raise QragError("two tenants share one API key")
-        return cls({t.name: t for t in ts}, open=False)
+        if len(set(hashes)) != len(hashes) or admin_sha256 in hashes:
+            raise QragError("two tenants (or a tenant and the admin) share one API key")
+        return cls({t.name: t for t in ts}, open=False, admin_sha256=admin_sha256)
 
     def to_list(self) -> list[dict]:
         return [t.model_dump() for t in self.by_name.values()]
 
     # ---- request checks ----------------------------------------------------------------------
     def authenticate(self, authorization: str | None) -> Tenant:
-        """The tenant whose key is in `Authorization: Bearer KEY` (401 otherwise)."""
+        """The tenant whose key is in `Authorization: Bearer KEY` (401 otherwise). Keys are looked up
+        by their sha256, so 1,000 tenants cost one dict lookup, and the file never holds a key."""
         if self.open:
             return self.by_name[DEFAULT_TENANT]
-        if not authorization:
-            raise unauthorized("missing API key: send 'Authorization: Bearer KEY'")
-        scheme, _, key = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise unauthorized("malformed Authorization header: expected 'Bearer KEY'")
-        h = hash_key(key.strip())
-        found = None
-        for t in self.by_name.values():  # constant-time compare, no early exit on a hash prefix
-            if hmac.compare_digest(h, t.key_sha256 or ""):
-                found = t
+        found = self.by_hash.get(hash_key(_bearer(authorization)))
         if found is None:
             raise unauthorized("unknown API key")
         return found
+
+    def is_admin(self, authorization: str | None) -> bool:
+        """The admin key (or any caller of an open, single-index server, which binds to 127.0.0.1)."""
+        if self.open:
+            return True
+        if self.admin_sha256 is None:
+            raise forbidden("this server has no admin key: set one with `qrag tenants admin-key`")
+        if not hmac.compare_digest(hash_key(_bearer(authorization)), self.admin_sha256):
+            raise unauthorized("unknown admin key")
+        return True
 
     def resolve(self, tenant: Tenant, index: str | None) -> Tenant:
         """The tenant whose index the request reads: its own; naming another tenant's index is 403."""
@@ -126,6 +159,15 @@ class Tenants:
         if index in self.by_name:
             raise forbidden(f"this API key may not read index '{index}'")
         raise not_found(f"unknown index '{index}'")
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization:
+        raise unauthorized("missing API key: send 'Authorization: Bearer KEY'")
+    scheme, _, key = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise unauthorized("malformed Authorization header: expected 'Bearer KEY'")
+    return key.strip()
 
 
 # ---- the tenants file --------------------------------------------------------------------------
@@ -143,20 +185,76 @@ def load_tenants(path: str | Path) -> Tenants:
         from qrag_ray.config import format_validation_error
 
         raise QragError(f"tenants file {p}: {format_validation_error(e)}") from None
-    return Tenants.from_list(tf.tenants)
+    return Tenants.from_list(tf.tenants, tf.admin_key_sha256)
 
 
-def add_tenant(path: str | Path, name: str, index: str | Path, key: str | None = None) -> str:
-    """Append a tenant (or rotate its key) and return the new key; the file only ever holds its hash."""
-    p = Path(path)
-    data: dict = {"tenants": []}
-    if p.is_file():
+def _read_file(p: Path) -> dict:
+    if not p.is_file():
+        return {"tenants": []}
+    try:
         data = yaml.safe_load(p.read_text()) or {"tenants": []}
+    except yaml.YAMLError as e:
+        raise QragError(f"tenants file {p} is not valid YAML: {e}") from None
+    try:
         _TenantsFile.model_validate(data)
+    except ValidationError as e:
+        from qrag_ray.config import format_validation_error
+
+        raise QragError(f"tenants file {p}: {format_validation_error(e)}") from None
+    data.setdefault("tenants", [])
+    return data
+
+
+def _entry(data: dict, name: str, p: Path) -> dict:
+    for t in data["tenants"]:
+        if t.get("name") == name:
+            return t
+    have = ", ".join(t.get("name", "?") for t in data["tenants"]) or "none"
+    raise QragError(f"no tenant {name!r} in {p} (tenants: {have})")
+
+
+def add_tenant(path: str | Path, name: str, index: str | Path, key: str | None = None,
+               rate_limit: dict | None = None) -> str:
+    """Add a tenant (or replace its entry with a new key) and return the key; the file holds only its hash."""
+    p = Path(path)
+    data = _read_file(p)
     key = key or new_key()
-    entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key)).model_dump()
-    tenants = [t for t in data.get("tenants", []) if t.get("name") != name] + [entry]
-    data["tenants"] = tenants
+    entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key),
+                   rate_limit=rate_limit).model_dump(exclude_none=True)
+    data["tenants"] = [t for t in data["tenants"] if t.get("name") != name] + [entry]
+    _write_file(p, data)
+    return key
+
+
+def rotate_key(path: str | Path, name: str) -> str:
+    """A new key for an existing tenant; the old one stops working at the servers' next reload."""
+    p = Path(path)
+    data = _read_file(p)
+    _entry(data, name, p)["key_sha256"] = hash_key(key := new_key())
+    _write_file(p, data)
+    return key
+
+
+def remove_tenant(path: str | Path, name: str) -> None:
+    p = Path(path)
+    data = _read_file(p)
+    _entry(data, name, p)
+    data["tenants"] = [t for t in data["tenants"] if t.get("name") != name]
+    _write_file(p, data)
+
+
+def set_admin_key(path: str | Path) -> str:
+    p = Path(path)
+    data = _read_file(p)
+    data["admin_key_sha256"] = hash_key(key := new_key())
+    _write_file(p, data)
+    return key
+
+
+def _write_file(p: Path, data: dict) -> None:
+    """Write the whole file to a temporary sibling and rename it over: a server re-reading it sees
+    the old table or the new one, never half a file."""
+    _TenantsFile.model_validate(data)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
     with os.fdopen(fd, "w") as f:
@@ -164,7 +262,7 @@ def add_tenant(path: str | Path, name: str, index: str | Path, key: str | None =
         yaml.safe_dump(data, f, sort_keys=False)
     os.chmod(tmp, 0o600)
     os.replace(tmp, p)
-    return key
 
 
-__all__ = ["ApiError", "DEFAULT_TENANT", "Tenant", "Tenants", "add_tenant", "hash_key", "load_tenants", "new_key"]
+__all__ = ["ApiError", "DEFAULT_TENANT", "RateLimit", "Tenant", "Tenants", "add_tenant", "hash_key", "load_tenants",
+           "new_key", "remove_tenant", "rotate_key", "set_admin_key"]

@@ -161,15 +161,15 @@ def served(ray_local, tenant_indexes, fake_llm):
     from ray import serve
 
     from qrag_ray.serving.app import build_app
-    from qrag_ray.serving.tenants import add_tenant
+    from qrag_ray.serving.tenants import add_tenant, set_admin_key
 
     tenants_file = tenant_indexes["workdir"] / "tenants.yaml"
     keys = {name: add_tenant(tenants_file, name, tenant_indexes[name]) for name in ("alpha", "beta", "gamma", "delta")}
+    keys["admin"] = set_admin_key(tenants_file)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.5}}
-    opts = {n: small for n in ("Router", "QueryEmbedder", "ShardSearcher0", "ShardSearcher1", "ShardSearcher2",
-                               "Synthesizer")}
+    opts = {n: small for n in ("Router", "ShardSearcher0", "ShardSearcher1", "ShardSearcher2", "Synthesizer")}
     gen = {"backend": "openai", "base_url": fake_llm.url, "model": "fake-llm", "api_key_env": ""}
     t0 = time.time()
     serve.run(build_app({"tenants": str(tenants_file), "generator": gen}, opts), name="qrag", route_prefix="/")

@@ -43,20 +43,38 @@ def test_open_app_is_healthy_and_documents_its_api(served):
     c = served["client"]
     r = c.get("/open/healthz")
     assert r.status_code == 200, r.text
-    assert r.json()["status"] == "ok"
+    assert r.json() == {"status": "ok"}
     spec = c.get("/open/openapi.json").json()
-    assert {"/v1/search", "/v1/answer", "/v1/indexes", "/healthz"} <= set(spec["paths"])
+    assert {"/v1/search", "/v1/answer", "/v1/indexes", "/healthz", "/v1/admin/status"} <= set(spec["paths"])
     assert c.get("/open/docs").status_code == 200
+    # the open (127.0.0.1) server shows its status to anyone who can reach it
+    st = c.get("/open/v1/admin/status").json()
+    assert st["status"] == "ok" and [t["name"] for t in st["tenants"]] == ["default"]
 
 
-def test_broken_shard_keeps_app_unhealthy_with_reason(served):
-    r = served["client"].get("/healthz")
-    assert r.status_code == 503
-    body = r.json()
-    assert body["status"] == "unhealthy"
-    bad = [p for p in body["problems"] if p.get("tenant") == "gamma"]
-    assert bad and bad[0]["shard"] == 1 and "checksum" in bad[0]["reason"].lower(), body
-    assert not [p for p in body["problems"] if p.get("tenant") in ("alpha", "beta")], body
+def test_liveness_tells_nothing_and_admin_status_needs_the_admin_key(served):
+    c = served["client"]
+    r = c.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}  # no tenant names, paths or errors
+    assert c.get("/v1/admin/status").status_code == 401
+    r = c.get("/v1/admin/status", headers=auth(served, "alpha"))  # a tenant's key is not the admin's
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+
+
+def test_broken_shard_is_reported_to_the_admin_and_the_others_keep_working(served):
+    deadline = time.time() + 120  # the router loads the first tenants on every shard in the background
+    while True:
+        body = served["client"].get("/v1/admin/status", headers=auth(served, "admin")).json()
+        by_name = {t["name"]: t for t in body["tenants"]}
+        if by_name["gamma"]["problems"] or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert body["status"] == "degraded"
+    bad = by_name["gamma"]
+    assert bad["status"] == "error" and any(p.startswith("shard 1:") and "checksum" in p.lower() for p in bad["problems"]), bad
+    for name in ("alpha", "beta", "delta"):
+        assert by_name[name]["status"] == "ok" and by_name[name]["current_version"], by_name[name]
+    assert [s["shard"] for s in body["shards"]] == [0, 1, 2] and all(s["reachable"] for s in body["shards"])
     # the broken tenant gets a clear 503, the others keep working
     r = search(served, {"query": "for loop", "k": 3}, tenant="gamma")
     assert r.status_code == 503 and r.json()["error"] == "index_unavailable"

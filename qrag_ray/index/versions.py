@@ -1,0 +1,141 @@
+"""Versioned index roots: immutable version directories plus a `CURRENT` pointer (no Ray).
+
+A served index must be replaceable while queries run, and a query must never read half of one
+version and half of another. Rewriting an index directory in place cannot promise that (a replica
+that loads shard 2 a second after shard 1 may see different files), so an operator publishes into
+a *root*:
+
+    ROOT/versions/<index_version>/manifest.json ...   one immutable, checksummed index each
+    ROOT/CURRENT                                      the name of the version to serve (one line)
+
+`qrag publish` copies a built index into `versions/`, checks it (checksums, every shard opens with
+FAISS), and only then moves `CURRENT` with an atomic rename. The server reads `CURRENT`, loads the new
+version on every shard, and switches its own pointer only when all loaded (serving/router.py); each
+request carries the exact version directory it was started with. A plain index directory (no
+`CURRENT`) still works: its version is the manifest's `index_version`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from qrag_ray.errors import IndexFormatError, QragError
+from qrag_ray.index.format import MANIFEST, load_manifest, verify_files
+
+CURRENT = "CURRENT"
+VERSIONS = "versions"
+
+
+@dataclass(frozen=True)
+class ResolvedIndex:
+    """What one tenant's index path points at right now."""
+
+    root: Path  # the path the tenant names
+    dir: Path  # the directory holding manifest.json
+    version: str  # the manifest's index_version
+
+
+def is_versioned_root(path: str | Path) -> bool:
+    p = Path(path)
+    return (p / CURRENT).is_file() or ((p / VERSIONS).is_dir() and not (p / MANIFEST).is_file())
+
+
+def current_version_name(root: str | Path) -> str:
+    p = Path(root) / CURRENT
+    try:
+        name = p.read_text().strip()
+    except FileNotFoundError:
+        raise IndexFormatError(f"{root} is a versioned index root with nothing published yet (no {CURRENT})") from None
+    if not name or "/" in name or name.startswith("."):
+        raise IndexFormatError(f"{p} holds no valid version name: {name!r}")
+    return name
+
+
+def resolve_index(path: str | Path) -> ResolvedIndex:
+    """The directory and version a tenant's index path serves now (reads one small file or two)."""
+    p = Path(path)
+    if is_versioned_root(p):
+        d = p / VERSIONS / current_version_name(p)
+        return ResolvedIndex(p, d, load_manifest(d).index_version)
+    return ResolvedIndex(p, p, load_manifest(p).index_version)
+
+
+def check_index(index_dir: str | Path) -> dict:
+    """Everything a server will do when it loads the index, done once before publishing: checksums of
+    every file, and every shard opened by the same searcher the replicas use."""
+    from qrag_ray.index.searcher import ShardSearcher
+
+    m = load_manifest(index_dir)
+    verify_files(m)
+    vectors = 0
+    for i in range(m.num_shards):
+        vectors += ShardSearcher(m.path, i, m, verify=False).ntotal
+    if vectors != int(m.data.get("counts", {}).get("vectors", vectors)):
+        raise IndexFormatError(f"{index_dir}: shards hold {vectors} vectors, the manifest counts "
+                               f"{m.data['counts']['vectors']}")
+    return {"index_version": m.index_version, "num_shards": m.num_shards, "vectors": vectors}
+
+
+def list_versions(root: str | Path) -> list[str]:
+    """Published version names, oldest first (by the time they were published)."""
+    v = Path(root) / VERSIONS
+    if not v.is_dir():
+        return []
+    dirs = [d for d in v.iterdir() if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST).is_file()]
+    return [d.name for d in sorted(dirs, key=lambda d: (d.stat().st_mtime, d.name))]
+
+
+def _write_pointer(root: Path, name: str) -> None:
+    tmp = root / f".{CURRENT}.{uuid.uuid4().hex[:8]}"
+    tmp.write_text(name + "\n")
+    os.replace(tmp, root / CURRENT)
+
+
+def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> dict:
+    """Copy a built index into ROOT/versions/<index_version>, check it, point CURRENT at it, and
+    delete versions beyond the `keep` newest (never the one being served or the one just replaced,
+    so a server still draining requests on it keeps its files)."""
+    if keep < 2:
+        raise QragError("--keep must be at least 2: the version being replaced stays until servers moved off it")
+    src = Path(index_dir)
+    r = Path(root)
+    if r.exists() and (r / MANIFEST).is_file():
+        raise QragError(f"{r} is a plain index directory, not a versioned root: publish into a new path")
+    if src.resolve() == r.resolve() or r.resolve() in src.resolve().parents:
+        raise QragError(f"the index to publish ({src}) must not lie inside the root ({r})")
+    info = check_index(src)  # a broken build never reaches versions/
+    name = info["index_version"]
+    versions = r / VERSIONS
+    versions.mkdir(parents=True, exist_ok=True)
+    dest = versions / name
+    previous = current_version_name(r) if (r / CURRENT).is_file() else None
+    if not (dest / MANIFEST).is_file():
+        tmp = versions / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+        shutil.copytree(src, tmp)
+        check_index(tmp)  # the copy, as the servers will read it
+        os.replace(tmp, dest)
+    os.utime(dest)  # newest published, for pruning order
+    _write_pointer(r, name)
+    removed = []
+    names = list_versions(r)
+    for old in names[: max(0, len(names) - keep)]:
+        if old not in (name, previous):
+            shutil.rmtree(versions / old, ignore_errors=True)
+            removed.append(old)
+    return {**info, "root": str(r), "previous": previous, "removed": removed}
+
+
+def rollback(root: str | Path, version: str) -> str:
+    """Point CURRENT at an already published version (it stays checked: versions are immutable)."""
+    r = Path(root)
+    d = r / VERSIONS / version
+    if not (d / MANIFEST).is_file():
+        have = ", ".join(list_versions(r)) or "none"
+        raise QragError(f"version {version!r} is not published under {r} (published: {have})")
+    load_manifest(d, verify=True)
+    _write_pointer(r, version)
+    return version

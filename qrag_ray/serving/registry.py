@@ -1,0 +1,68 @@
+"""The live tenant table of a Router replica: the tenants file, re-read when it changes (no Ray).
+
+Operators rotate and revoke keys and add or remove tenants with `qrag tenants ...`, which rewrites
+the file atomically; on Kubernetes the file is a mounted Secret/ConfigMap, which the kubelet swaps
+by symlink. Either way the Router polls the file's identity (inode, size, mtime) every
+`tenants_reload_s` and re-parses it when that changes, so a change reaches every replica within
+about one interval, with no restart and no redeploy. A file that fails to parse (a typo while
+editing by hand) keeps the last good table in force and is reported on the admin status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from qrag_ray.errors import QragError
+from qrag_ray.serving.tenants import Tenants, load_tenants
+
+logger = logging.getLogger("ray.serve")
+
+
+def _identity(p: Path) -> tuple | None:
+    try:
+        st = os.stat(p)  # follows symlinks: a ConfigMap swap changes the target's identity
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class TenantRegistry:
+    """`tenants` is the table in force; `refresh()` swaps it when the file changed and parses."""
+
+    def __init__(self, tenants: Tenants, path: str | Path | None = None):
+        self.tenants = tenants
+        self.path = Path(path) if path else None
+        self._seen = _identity(self.path) if self.path else None
+        self.error: str | None = None
+        self.loaded_at = time.time()
+        self.reloads = 0
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "TenantRegistry":
+        p = Path(path)
+        seen = _identity(p)
+        reg = cls(load_tenants(p), p)
+        reg._seen = seen  # the identity of the content just parsed (a change during the parse is seen next time)
+        return reg
+
+    def refresh(self) -> bool:
+        """Re-read the file if it changed; True when a new table came into force."""
+        if self.path is None:
+            return False
+        ident = _identity(self.path)
+        if ident == self._seen:
+            return False
+        self._seen = ident
+        try:
+            tenants = load_tenants(self.path)
+        except QragError as e:
+            self.error = f"kept the previous tenants table: {e}"
+            logger.error("tenants file %s: %s", self.path, self.error)
+            return False
+        self.tenants, self.error = tenants, None
+        self.loaded_at, self.reloads = time.time(), self.reloads + 1
+        logger.info("tenants file %s reloaded: %d tenants", self.path, len(tenants.by_name))
+        return True
