@@ -147,6 +147,17 @@ def tenant_indexes(ray_local, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def index_builder():
+    """`build_tenant_index` for test modules (conftest helpers are not importable by name)."""
+    return build_tenant_index
+
+
+@pytest.fixture(scope="session")
+def tenant_topics():
+    return ALPHA_TOPICS, BETA_TOPICS
+
+
+@pytest.fixture(scope="session")
 def fake_llm():
     f = FakeLLM()
     yield f

@@ -1,0 +1,267 @@
+"""Operating the Serve app while things change, over real HTTP: keys rotated and revoked, tenants with
+any shard count, an index version swapped under load, shard replicas killed under load, rate limits.
+
+Everything is real (local Ray, Serve, FAISS, MiniLM); changes are made the way an operator makes them
+(`qrag tenants ...` functions rewriting the file, `qrag publish` moving a versioned root's pointer).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+ALPHA_TOPICS = ["for", "while", "if", "break", "continue", "pass", "return", "global", "nonlocal", "lambda",
+                "booleans", "comparisons", "integers", "floating", "assert", "del"]
+BETA_TOPICS = ["with", "context-managers", "try", "exceptions", "raise", "dict", "lists", "strings", "slicings",
+               "subscriptions", "yield", "await", "import", "in"]
+RELOAD_S = 0.5
+QUERY = {"query": "When does the else clause of a for loop run?", "k": 5}
+
+
+def _wait(pred, timeout: float, what: str, step: float = 0.25):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+class Load:
+    """`workers` threads sending searches until stopped; every response is kept for the asserts."""
+
+    def __init__(self, url: str, headers: dict, workers: int = 4, body: dict | None = None, timeout: float = 60):
+        self.url, self.headers, self.body, self.timeout = url, headers, body or QUERY, timeout
+        self.stop = threading.Event()
+        self.responses: list[dict] = []
+        self.pool = ThreadPoolExecutor(workers)
+        self.futures = [self.pool.submit(self._run) for _ in range(workers)]
+
+    def _run(self):
+        with httpx.Client(base_url=self.url, timeout=self.timeout) as c:
+            while not self.stop.is_set():
+                t0 = time.time()
+                try:
+                    r = c.post("/v1/search", json=self.body, headers=self.headers)
+                    body = r.json()
+                    status = r.status_code
+                except httpx.HTTPError as e:
+                    body, status = {"error": type(e).__name__}, 0
+                self.responses.append({"status": status, "body": body, "t0": t0, "s": time.time() - t0})
+
+    def finish(self) -> list[dict]:
+        self.stop.set()
+        for f in self.futures:
+            f.result()
+        self.pool.shutdown()
+        return self.responses
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_topics_match_the_fixtures(tenant_topics):
+    assert tenant_topics == (ALPHA_TOPICS, BETA_TOPICS)
+
+
+@pytest.fixture(scope="module")
+def ops(ray_local, tenant_indexes, index_builder):
+    """App `ops` at /ops: tenants with 1, 2 and 3 shards, a rate-limited one, a versioned root, and
+    two replicas of every shard deployment; the tenants file is re-read every RELOAD_S."""
+    from ray import serve
+
+    from qrag_ray.index.versions import publish_version
+    from qrag_ray.serving.app import build_app
+    from qrag_ray.serving.tenants import add_tenant, set_admin_key
+
+    wd = tenant_indexes["workdir"]
+    one = index_builder(wd, "one", ALPHA_TOPICS[:6], shards=1)
+    two = index_builder(wd, "two", BETA_TOPICS[:8], shards=2)
+    root = wd / "swap-root"
+    publish_version(root, tenant_indexes["alpha"])
+    tf = wd / "ops-tenants.yaml"
+    keys = {"one": add_tenant(tf, "one", one), "two": add_tenant(tf, "two", two),
+            "three": add_tenant(tf, "three", tenant_indexes["beta"]),
+            "rot": add_tenant(tf, "rot", tenant_indexes["alpha"]),
+            "limited": add_tenant(tf, "limited", one, rate_limit={"rps": 0.5, "burst": 2}),
+            "swap": add_tenant(tf, "swap", root)}
+    keys["admin"] = set_admin_key(tf)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    small = {"ray_actor_options": {"num_cpus": 0.25}}
+    opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 2} for i in range(3)}}
+    args = {"tenants": str(tf), "tenants_reload_s": RELOAD_S, "request_timeout_s": 20}
+    serve.run(build_app(args, opts), name="ops", route_prefix="/ops")
+    url = f"http://127.0.0.1:{port}/ops"
+    client = httpx.Client(base_url=url, timeout=120)
+    yield {"url": url, "client": client, "keys": keys, "tenants_file": tf, "root": root, "one": one, "two": two,
+           **tenant_indexes}
+    client.close()
+    serve.delete("ops")
+
+
+def H(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def status(ops) -> dict:
+    return ops["client"].get("/v1/admin/status", headers=H(ops["keys"]["admin"])).json()
+
+
+def test_tenants_with_1_2_and_3_shards_are_all_healthy(ops):
+    c = ops["client"]
+    for name, shards, topics in (("one", 1, ALPHA_TOPICS[:6]), ("two", 2, BETA_TOPICS[:8]), ("three", 3, BETA_TOPICS)):
+        r = c.post("/v1/search", json={"query": "How do loops end?", "k": 4}, headers=H(ops["keys"][name]))
+        assert r.status_code == 200, r.text
+        assert len(r.json()["results"]) == 4 and {x["doc_id"] for x in r.json()["results"]} <= set(topics)
+        idx = c.get("/v1/indexes", headers=H(ops["keys"][name])).json()["indexes"][0]
+        assert idx["num_shards"] == shards and idx["available"]
+    assert c.get("/healthz").json() == {"status": "ok"}
+    st = _wait(lambda: (s := status(ops))["status"] == "ok" and s, 60, "admin status ok")
+    by = {t["name"]: t for t in st["tenants"]}
+    assert {n: by[n]["num_shards"] for n in ("one", "two", "three")} == {"one": 1, "two": 2, "three": 3}
+    assert all(t["status"] == "ok" and not t["problems"] for t in st["tenants"]), st
+
+
+def test_key_rotation_revocation_and_new_tenants_without_restart(ops):
+    from qrag_ray.serving.tenants import add_tenant, remove_tenant, rotate_key
+
+    c, tf, keys = ops["client"], ops["tenants_file"], ops["keys"]
+    old = keys["rot"]
+    assert c.post("/v1/search", json=QUERY, headers=H(old)).status_code == 200
+    t0 = time.time()
+    new = rotate_key(tf, "rot")
+    _wait(lambda: c.post("/v1/search", json=QUERY, headers=H(old)).status_code == 401, 10, "old key refused")
+    assert time.time() - t0 < 10
+    assert c.post("/v1/search", json=QUERY, headers=H(new)).status_code == 200
+    # a new tenant, added while serving
+    fresh = add_tenant(tf, "fresh", ops["two"])
+    r = _wait(lambda: (x := c.post("/v1/search", json=QUERY, headers=H(fresh))).status_code == 200 and x, 10,
+              "new tenant served")
+    assert {x["doc_id"] for x in r.json()["results"]} <= set(BETA_TOPICS)
+    # revoked: the tenant is gone
+    remove_tenant(tf, "rot")
+    _wait(lambda: c.post("/v1/search", json=QUERY, headers=H(new)).status_code == 401, 10, "removed tenant refused")
+    # a broken file (an operator's typo) keeps the last good table and says so
+    good = tf.read_text()
+    tf.write_text("tenants: [this is: not valid")
+    st = _wait(lambda: (s := status(ops))["registry"]["error"] and s, 10, "registry error reported")
+    assert "kept the previous tenants table" in st["registry"]["error"]
+    assert c.post("/v1/search", json=QUERY, headers=H(fresh)).status_code == 200
+    tf.write_text(good)
+    _wait(lambda: status(ops)["registry"]["error"] is None, 10, "registry recovered")
+
+
+def test_rate_limit_answers_429_with_retry_after(ops):
+    c, key = ops["client"], ops["keys"]["limited"]
+    codes = [c.post("/v1/search", json=QUERY, headers=H(key)) for _ in range(4)]
+    assert [r.status_code for r in codes[:2]] == [200, 200]
+    limited = [r for r in codes[2:] if r.status_code == 429]
+    assert limited, [r.status_code for r in codes]
+    r = limited[0]
+    assert r.json()["error"] == "rate_limited" and int(r.headers["retry-after"]) >= 1
+    # other tenants are not slowed by it
+    assert c.post("/v1/search", json=QUERY, headers=H(ops["keys"]["one"])).status_code == 200
+
+
+def test_index_version_swapped_under_load(ops):
+    """alpha is served from a versioned root; beta is published over it while 4 clients search. No
+    request fails, every response comes from one version (its chunks all belong to that corpus), and
+    traffic moves to the new version."""
+    from qrag_ray.index.format import load_manifest
+    from qrag_ray.index.versions import publish_version
+
+    v1 = load_manifest(ops["alpha"]).index_version
+    v2 = load_manifest(ops["beta"]).index_version
+    corpus = {v1: set(ALPHA_TOPICS), v2: set(BETA_TOPICS)}
+    load = Load(ops["url"], H(ops["keys"]["swap"]))
+    time.sleep(3)
+    publish_version(ops["root"], ops["beta"])
+    t_pub = time.time()
+    _wait(lambda: any(r["body"].get("index_version") == v2 for r in load.responses), 60, "new version served")
+    time.sleep(3)
+    responses = load.finish()
+    failed = [r for r in responses if r["status"] != 200]
+    assert not failed, failed[:3]
+    seen = {r["body"]["index_version"] for r in responses}
+    assert seen == {v1, v2}
+    for r in responses:
+        docs = {x["doc_id"] for x in r["body"]["results"]}
+        assert docs <= corpus[r["body"]["index_version"]], (r["body"]["index_version"], docs)
+    # once switched (one Router replica here), every request that starts afterwards is on the new version
+    switched = min(r["t0"] + r["s"] for r in responses if r["body"]["index_version"] == v2)
+    late = [r for r in responses if r["t0"] > switched]
+    assert late and all(r["body"]["index_version"] == v2 for r in late)
+    assert switched - t_pub < 60
+    st = status(ops)
+    swap = next(t for t in st["tenants"] if t["name"] == "swap")
+    assert swap["serving_version"] == swap["current_version"] == v2
+
+
+def _replica_handles(app: str, deployment: str):
+    import ray
+
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"].startswith(f"SERVE_REPLICA::{app}#{deployment}#")]
+    return [ray.get_actor(a["name"], namespace=a["namespace"]) for a in names]
+
+
+@pytest.mark.slow
+def test_shard_replica_killed_under_load_with_a_second_replica(ops):
+    import ray
+
+    reps = _replica_handles("ops", "ShardSearcher0")
+    assert len(reps) == 2
+    load = Load(ops["url"], H(ops["keys"]["three"]))
+    time.sleep(3)
+    ray.kill(reps[0], no_restart=True)
+    time.sleep(8)
+    responses = load.finish()
+    failed = [r for r in responses if r["status"] != 200]
+    assert len(responses) > 20
+    assert not failed, failed[:3]
+
+
+@pytest.mark.slow
+def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant_indexes):
+    """With one replica per shard there is nothing to fail over to: requests get 200 or a JSON
+    503/504 within the deadline while Serve replaces the replica, then 200 again."""
+    import ray
+    from ray import serve
+
+    from qrag_ray.serving.app import build_app
+
+    small = {"ray_actor_options": {"num_cpus": 0.25}}
+    opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 1} for i in range(3)}}
+    deadline_s = 4.0
+    serve.run(build_app({"index": str(tenant_indexes["alpha"]), "request_timeout_s": deadline_s}, opts),
+              name="solo", route_prefix="/solo")
+    url = ops["url"].removesuffix("/ops") + "/solo"  # the same Serve proxy
+    try:
+        _wait(lambda: httpx.post(f"{url}/v1/search", json=QUERY, timeout=60).status_code == 200, 120,
+              "warm (the model and shards load in the background at start)")
+        load = Load(url, {}, workers=3, timeout=deadline_s + 30)
+        time.sleep(2)
+        ray.kill(_replica_handles("solo", "ShardSearcher1")[0], no_restart=True)
+        time.sleep(10)
+        responses = load.finish()
+        assert {r["status"] for r in responses} <= {200, 503, 504}, {r["status"] for r in responses}
+        assert max(r["s"] for r in responses) < deadline_s + 10  # answered, never hung
+        for r in responses:
+            if r["status"] != 200:
+                assert r["body"]["error"] in ("shard_unavailable", "deadline_exceeded", "overloaded"), r["body"]
+                assert r["body"]["message"]
+        _wait(lambda: httpx.post(f"{url}/v1/search", json=QUERY, timeout=60).status_code == 200, 120,
+              "served again after Serve replaced the replica")
+    finally:
+        serve.delete("solo")
