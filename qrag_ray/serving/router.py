@@ -46,6 +46,26 @@ app = FastAPI(
 )
 bearer = Security(HTTPBearer(auto_error=False, description="the tenant's API key (`qrag tenants add` prints it once)"))
 
+
+def _openapi() -> dict:
+    """FastAPI's schema, minus the empty `example: {}` Serve's class-based view leaves on request
+    bodies: an example the server itself rejects (no `query`) is not a truthful one."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
+                           servers=app.servers or None)
+        for ops in spec.get("paths", {}).values():
+            for op in ops.values():
+                for media in (op.get("requestBody") or {}).get("content", {}).values():
+                    if media.get("example") == {}:
+                        media.pop("example")
+        app.openapi_schema = spec
+    return app.openapi_schema
+
+
+app.openapi = _openapi
+
 _ROUTER: "Router | None" = None  # the replica's Router, for the module-level handlers below
 
 
@@ -97,8 +117,7 @@ async def _validation_error(request: Request, e: RequestValidationError):
         parts.append(f"{'.'.join(str(x) for x in loc) or 'body'}: {msg}")
         detail.append({"loc": loc or ["body"], "msg": msg, "type": str(err.get("type", "invalid"))})
     too_long = any(err.get("type") == "string_too_long" for err in errs)
-    return _error(request, 413 if too_long else 422, "query_too_long" if too_long else "invalid_request",
-                  "; ".join(parts), detail=detail)
+    return _error(request, 422, "query_too_long" if too_long else "invalid_request", "; ".join(parts), detail=detail)
 
 
 @app.exception_handler(StarletteHTTPException)
@@ -465,7 +484,7 @@ class Router:
 
     # ---- routes --------------------------------------------------------------------------------
     @app.post("/v1/search", response_model=m.SearchResponse,
-              responses=_errors(400, 401, 403, 404, 413, 422, 429, 502, 503, 504), dependencies=[bearer])
+              responses=_errors(400, 401, 403, 404, 422, 429, 502, 503, 504), dependencies=[bearer])
     async def search(self, req: m.SearchRequest, request: Request) -> m.SearchResponse:
         """Top k distinct chunks for a query (exactly k when the index has them)."""
         t0 = time.perf_counter()
@@ -482,7 +501,7 @@ class Router:
         return await self._deadline(run(), stage)
 
     @app.post("/v1/answer", response_model=m.AnswerResponse,
-              responses=_errors(400, 401, 403, 404, 413, 422, 429, 502, 503, 504), dependencies=[bearer])
+              responses=_errors(400, 401, 403, 404, 422, 429, 502, 503, 504), dependencies=[bearer])
     async def answer(self, req: m.AnswerRequest, request: Request) -> m.AnswerResponse:
         """An answer synthesized from the retrieved chunks with [n] citations, or "I don't know"."""
         from qrag_ray.generation.parsing import DONT_KNOW, extract_citations, parse_answer
