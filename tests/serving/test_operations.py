@@ -265,3 +265,51 @@ def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant
               "served again after Serve replaced the replica")
     finally:
         serve.delete("solo")
+
+
+@pytest.mark.slow
+def test_a_thousand_tenants_start_and_serve(ops, index_builder):
+    """1,000 tenants, each with its own tiny index directory (one of them a different corpus), in one
+    tenants file: the app starts, any tenant answers from its own index, the admin status lists all."""
+    import random
+    import shutil
+
+    import yaml
+    from ray import serve
+
+    from qrag_ray.serving.app import build_app
+    from qrag_ray.serving.tenants import hash_key, new_key
+
+    wd = ops["workdir"] / "many"
+    wd.mkdir(exist_ok=True)
+    tiny = index_builder(wd, "tiny", ["for", "while"], shards=1)
+    n = 1000
+    keys, entries = {}, []
+    for i in range(n):
+        d = wd / f"t{i:04d}"
+        if not d.exists():
+            shutil.copytree(ops["two"] if i == 500 else tiny, d)
+        keys[i] = new_key()
+        entries.append({"name": f"t{i:04d}", "index": str(d), "key_sha256": hash_key(keys[i])})
+    admin = new_key()
+    tf = wd / "tenants.yaml"
+    tf.write_text(yaml.safe_dump({"admin_key_sha256": hash_key(admin), "tenants": entries}))
+    small = {"ray_actor_options": {"num_cpus": 0.25}}
+    t0 = time.time()
+    serve.run(build_app({"tenants": str(tf)}, {"Router": small, "ShardSearcher0": small, "ShardSearcher1": small}),
+              name="many", route_prefix="/many")
+    started = time.time() - t0
+    url = ops["url"].removesuffix("/ops") + "/many"
+    try:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            for i in [500] + random.Random(0).sample(range(n), 20):
+                r = c.post("/v1/search", json=QUERY, headers=H(keys[i]))
+                assert r.status_code == 200, (i, r.text)
+                docs = {x["doc_id"] for x in r.json()["results"]}
+                assert docs <= (set(BETA_TOPICS[:8]) if i == 500 else {"for", "while"}), (i, docs)
+            st = c.get("/v1/admin/status", headers=H(admin)).json()
+            assert len(st["tenants"]) == n and all(t["status"] == "ok" for t in st["tenants"])
+            assert st["shards"][0]["loaded"] >= 21  # small tenants share one replica per shard number
+        assert started < 300
+    finally:
+        serve.delete("many")

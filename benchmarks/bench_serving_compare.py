@@ -1,0 +1,206 @@
+"""Serving throughput and latency, this tree against a baseline commit, in ONE Ray cluster, ONE run.
+
+    python benchmarks/bench_serving_compare.py [--baseline-ref 8eac447] [--queries 60] [--concurrency 1,8,32]
+                                               [--rounds 2] [--out runs/bench_serving_compare.json]
+
+Both apps serve the same index (the `qrag demo` corpus, 3 shards, atom-sentence, built under
+runs/bench_serving/) side by side: app `new` imports qrag_ray from this tree, app `base` from a git
+worktree of the baseline commit (their replicas get it through the app's runtime_env PYTHONPATH), both
+with their default deployment options. The machine is shared and noisy, so nothing is compared across
+runs:
+  - concurrency 1: in-process `SearchEngine.search` (this tree), `new` and `base` alternate query by
+    query; p50/p99 of each;
+  - concurrency 8 and 32: blocks of `--queries` requests alternate between `base` and `new`, `--rounds`
+    times; qps = successful requests / wall time of that app's blocks.
+Targets (issue 18): new p50 <= 1.5x in-process at concurrency 1; new qps >= 3x base at 8 and 32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_serving import build_demo_index, free_port, make_queries, pct  # noqa: E402
+
+ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def baseline_tree(ref: str) -> Path:
+    """A detached git worktree of `ref` under runs/ (made once, reused)."""
+    tree = ROOT / "runs" / f"bench-baseline-{ref}"
+    if not (tree / "qrag_ray").is_dir():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True,
+                       capture_output=True)
+    return tree
+
+
+def deploy(index: Path, base: Path, port: int) -> None:
+    from ray.serve._private.api import serve_start
+    from ray.serve.schema import ServeDeploySchema
+
+    client = serve_start(http_options={"host": "127.0.0.1", "port": port})
+    apps = []
+    for name, tree, extra in (("base", base, {}), ("new", ROOT, {"request_timeout_s": 60})):
+        apps.append({"name": name, "route_prefix": f"/{name}", "import_path": "qrag_ray.serving.app:build_app",
+                     "args": {"index": str(index), **extra},
+                     "runtime_env": {"env_vars": {**ENV, "PYTHONPATH": str(tree)}}})
+    client.deploy_apps(ServeDeploySchema(applications=apps), _blocking=True)
+
+
+def wait_ready(url: str, timeout: float = 600) -> None:
+    import httpx
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if httpx.post(f"{url}/v1/search", json={"query": "for loop", "k": 3}, timeout=60).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"{url} not ready")
+
+
+def interleaved_c1(index: Path, urls: dict[str, str], queries: list[str], k: int) -> dict:
+    import httpx
+    import torch
+
+    from qrag_ray.search.engine import SearchEngine
+
+    torch.set_num_threads(1)  # one CPU, like the replicas
+    engine = SearchEngine(index, threads=1)
+    clients = {n: httpx.Client(base_url=u, timeout=600) for n, u in urls.items()}
+    lat: dict[str, list[float]] = {"in_process": [], **{n: [] for n in urls}}
+    same = 0
+    for q in queries[:5]:
+        engine.search([q], k=k)
+        for c in clients.values():
+            c.post("/v1/search", json={"query": q, "k": k})
+    for q in queries:
+        t0 = time.perf_counter()
+        want = engine.search([q], k=k)[0]
+        lat["in_process"].append((time.perf_counter() - t0) * 1000)
+        for n, c in clients.items():
+            t0 = time.perf_counter()
+            r = c.post("/v1/search", json={"query": q, "k": k})
+            lat[n].append((time.perf_counter() - t0) * 1000)
+            if n == "new":
+                same += [x["chunk_id"] for x in r.json()["results"]] == [x["chunk_id"] for x in want]
+    for c in clients.values():
+        c.close()
+    out = {n: {"p50_ms": pct(v, 50), "p99_ms": pct(v, 99), "mean_ms": statistics.mean(v)} for n, v in lat.items()}
+    out["new_same_ranking_as_in_process"] = same / len(queries)
+    return out
+
+
+async def block(url: str, queries: list[str], k: int, concurrency: int) -> tuple[int, int, float, list[float]]:
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    ok, errors, lat = 0, 0, []
+    limits = httpx.Limits(max_connections=concurrency * 2)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        async def one(q: str):
+            nonlocal ok, errors
+            async with sem:
+                t0 = time.perf_counter()
+                r = await client.post("/v1/search", json={"query": q, "k": k})
+                if r.status_code == 200:
+                    ok += 1
+                    lat.append((time.perf_counter() - t0) * 1000)
+                else:
+                    errors += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[one(q) for q in queries])
+        return ok, errors, time.perf_counter() - t0, lat
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--baseline-ref", default="8eac447")
+    ap.add_argument("--queries", type=int, default=60)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_serving"))
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench_serving_compare.json"))
+    a = ap.parse_args()
+
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    import ray
+    from ray import serve
+
+    base = baseline_tree(a.baseline_ref)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": ENV})
+    wd = Path(a.workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    index = build_demo_index(wd)
+    port = free_port()
+    t0 = time.time()
+    deploy(index, base, port)
+    urls = {n: f"http://127.0.0.1:{port}/{n}" for n in ("base", "new")}
+    for u in urls.values():
+        wait_ready(u)
+    queries = make_queries(a.queries)
+    report: dict = {"command": " ".join([Path(sys.executable).name] + sys.argv), "baseline_ref": a.baseline_ref,
+                    "index": str(index), "queries": len(queries), "k": a.k, "cpus": os.cpu_count(),
+                    "deploy_s": time.time() - t0, "load_avg_start": os.getloadavg()}
+    conc = [int(c) for c in a.concurrency.split(",")]
+    if 1 in conc:
+        report["c1"] = interleaved_c1(index, urls, queries, a.k)
+    for c in (c for c in conc if c != 1):
+        agg = {n: {"ok": 0, "errors": 0, "wall_s": 0.0, "lat": []} for n in urls}
+        for _ in range(a.rounds):
+            for n in ("base", "new"):
+                ok, err, wall, lat = asyncio.run(block(urls[n], queries, a.k, c))
+                agg[n]["ok"] += ok
+                agg[n]["errors"] += err
+                agg[n]["wall_s"] += wall
+                agg[n]["lat"] += lat
+        report[f"c{c}"] = {n: {"qps": v["ok"] / v["wall_s"], "ok": v["ok"], "errors": v["errors"],
+                               "p50_ms": pct(v["lat"], 50), "p99_ms": pct(v["lat"], 99)} for n, v in agg.items()}
+        report[f"c{c}"]["new_over_base_qps"] = report[f"c{c}"]["new"]["qps"] / report[f"c{c}"]["base"]["qps"]
+    report["load_avg_end"] = os.getloadavg()
+    serve.shutdown()
+    ray.shutdown()
+
+    print(f"\nindex {index}, {len(queries)} queries, k={a.k}; baseline {a.baseline_ref}; load avg "
+          f"{report['load_avg_start'][0]:.1f} -> {report['load_avg_end'][0]:.1f}")
+    print(f"{'path':28s} {'conc':>4s} {'p50 ms':>8s} {'p99 ms':>8s} {'qps':>7s} {'errors':>6s}")
+    if "c1" in report:
+        for n in ("in_process", "base", "new"):
+            r = report["c1"][n]
+            print(f"{n:28s} {1:>4d} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {1000 / r['mean_ms']:7.1f} {0:>6d}")
+        report["new_p50_over_in_process"] = report["c1"]["new"]["p50_ms"] / report["c1"]["in_process"]["p50_ms"]
+        report["base_p50_over_in_process"] = report["c1"]["base"]["p50_ms"] / report["c1"]["in_process"]["p50_ms"]
+    for c in (c for c in conc if c != 1):
+        for n in ("base", "new"):
+            r = report[f"c{c}"][n]
+            print(f"{n:28s} {c:>4d} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['qps']:7.1f} {r['errors']:>6d}")
+    if "c1" in report:
+        print(f"c=1 p50 / in-process p50: new {report['new_p50_over_in_process']:.2f}x, base "
+              f"{report['base_p50_over_in_process']:.2f}x (target new <= 1.5x); same ranking "
+              f"{report['c1']['new_same_ranking_as_in_process']:.0%}")
+    for c in (c for c in conc if c != 1):
+        print(f"c={c} qps new / base: {report[f'c{c}']['new_over_base_qps']:.2f}x (target >= 3x)")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
