@@ -90,3 +90,14 @@ def test_policy_and_config_carry_alpha():
         build_index_config(None, **{"search.bm25_alpha": 1.5, "bm25.enabled": True})
     cfg = IndexConfig.model_validate({"bm25": {"enabled": True}, "search": {"bm25_alpha": 0.6}})
     assert cfg.bm25.doc2query and cfg.search.bm25_alpha == 0.6
+
+
+def test_each_chunk_carries_its_best_raw_cosine_whatever_the_fusion():
+    """/v1/answer gates on this: fused scores (calibrated, rrf, hybrid) live on other scales."""
+    per = [hits(0, [0.62, 0.55, 0.30], [1, 1, 2], [1.0, 10.0], [1, 2], kinds=["question", "sentence", "sentence"])]
+    calibrated = FusionPolicy(kind_bias={"question": -0.2}, bm25_alpha=0.5)
+    for policy in (FusionPolicy(), FusionPolicy(fusion="rrf"), calibrated):
+        res = {r.chunk_idx: r for r in merge_hits(per, 0, 2, policy=policy)[0]}
+        assert res[1].cosine == pytest.approx(0.62) and res[2].cosine == pytest.approx(0.30)
+    hybrid = {r.chunk_idx: r for r in merge_hits(per, 0, 2, policy=calibrated)[0]}
+    assert hybrid[2].score > 0.30  # its fused score is not its similarity
