@@ -52,10 +52,10 @@ def deploy(index: Path, base: Path, port: int) -> None:
     client = serve_start(http_options={"host": "127.0.0.1", "port": port})
     apps = []
     for name, tree, extra in (("base", base, {}), ("new", ROOT, {"request_timeout_s": 60})):
-        apps.append({"name": name, "route_prefix": f"/{name}", "import_path": "qrag_ray.serving.app:build_app",
+        apps.append({"name": name, "route_prefix": f"/{name}", "import_path": "serve_shim:build",
                      "args": {"index": str(index), **extra},
-                     "runtime_env": {"env_vars": {**ENV, "PYTHONPATH": str(tree)}}})
-    client.deploy_apps(ServeDeploySchema(applications=apps), _blocking=True)
+                     "runtime_env": {"env_vars": {**ENV, "PYTHONPATH": f"{tree}:{ROOT / 'benchmarks'}"}}})
+    client.deploy_apps(ServeDeploySchema(applications=apps))  # wait_ready() polls until both answer
 
 
 def wait_ready(url: str, timeout: float = 600) -> None:

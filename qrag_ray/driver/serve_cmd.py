@@ -120,7 +120,7 @@ def register(app: typer.Typer) -> None:
         import ray
         from ray import serve
 
-        from qrag_ray.serving.app import build_app
+        from qrag_ray.serving.app import build_application
 
         console = Console(stderr=True)
         env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
             # replica logs (one line per request) stay in /tmp/ray/session_*/logs, not on this terminal
             ray.init(address="local", num_cpus=max(8, 4 * (os.cpu_count() or 2)), runtime_env=env,
                      logging_level="ERROR", log_to_driver=False)
-        application = build_app(args, dep_opts)
+        application = build_application(args, dep_opts)
         serve.start(http_options={"host": http_host, "port": int(http_port)})
         serve.run(application, name=name, route_prefix="/", blocking=False)
         url = f"http://{'127.0.0.1' if http_host in ('0.0.0.0', '::') else http_host}:{http_port}"

@@ -68,8 +68,16 @@ def shard_count(tenants) -> int:
     return most
 
 
-def build_app(args: dict[str, Any] | None = None, deployment_options: dict[str, dict] | None = None) -> Application:
-    """The qrag Serve application for `args` (AppArgs: `index` or `tenants`, limits, optional generator)."""
+def build_app(args: dict[str, Any]) -> Application:
+    """The import path of serve configs (`serve deploy`, KubeRay): Serve calls an app builder with
+    exactly one parameter, the `args:` dict; deployment options come from the config's `deployments:`."""
+    return build_application(args)
+
+
+def build_application(args: dict[str, Any] | None = None,
+                      deployment_options: dict[str, dict] | None = None) -> Application:
+    """The qrag Serve application for `args` (AppArgs: `index` or `tenants`, limits, optional generator),
+    with per-deployment option overrides by name (`qrag serve --config`, tests)."""
     a = parse_app_args(args)
     shards = a.shards or shard_count(a.load_tenants())
     searchers = [

@@ -42,7 +42,10 @@ def test_serve_config_matches_rays_schema_and_our_app(path, tmp_path):
     if args.tenants:
         fake_args["tenants"] = str(tmp_path / "t.yaml")
         (tmp_path / "t.yaml").write_text("tenants:\n  - {name: a, index: /nonexistent, key_sha256: '" + "0" * 64 + "'}\n")
-    built = ray_build(builder(fake_args), name=app.name)
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    # exactly as Serve's controller calls it for `serve deploy` / KubeRay (one-parameter builders only)
+    built = ray_build(call_user_app_builder_with_args_if_necessary(builder, fake_args), name=app.name)
     names = {d.name for d in built.deployments}
     assert {d.name for d in app.deployments} <= names, names
     assert built.ingress_deployment_name == "Router"
@@ -62,10 +65,10 @@ def test_canonical_config_is_for_a_cluster():
 def test_deployment_overrides_apply(tmp_path):
     from ray.serve._private.build_app import build_app as ray_build
 
-    from qrag_ray.serving.app import build_app
+    from qrag_ray.serving.app import build_application
 
-    app = build_app({"index": str(tmp_path), "shards": 2},
-                    {"ShardSearcher1": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0.25}}})
+    app = build_application({"index": str(tmp_path), "shards": 2},
+                            {"ShardSearcher1": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0.25}}})
     deps = {d.name: d for d in ray_build(app, name="x").deployments}
     assert deps["ShardSearcher1"].num_replicas == 3
     assert deps["ShardSearcher1"].ray_actor_options["num_cpus"] == 0.25

@@ -81,7 +81,7 @@ def ops(ray_local, tenant_indexes, index_builder):
     from ray import serve
 
     from qrag_ray.index.versions import publish_version
-    from qrag_ray.serving.app import build_app
+    from qrag_ray.serving.app import build_application
     from qrag_ray.serving.tenants import add_tenant, set_admin_key
 
     wd = tenant_indexes["workdir"]
@@ -101,7 +101,7 @@ def ops(ray_local, tenant_indexes, index_builder):
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 2} for i in range(3)}}
     args = {"tenants": str(tf), "tenants_reload_s": RELOAD_S, "request_timeout_s": 20}
-    serve.run(build_app(args, opts), name="ops", route_prefix="/ops")
+    serve.run(build_application(args, opts), name="ops", route_prefix="/ops")
     url = f"http://127.0.0.1:{port}/ops"
     client = httpx.Client(base_url=url, timeout=120)
     yield {"url": url, "client": client, "keys": keys, "tenants_file": tf, "root": root, "one": one, "two": two,
@@ -239,12 +239,12 @@ def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant
     import ray
     from ray import serve
 
-    from qrag_ray.serving.app import build_app
+    from qrag_ray.serving.app import build_application
 
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 1} for i in range(3)}}
     deadline_s = 4.0
-    serve.run(build_app({"index": str(tenant_indexes["alpha"]), "request_timeout_s": deadline_s}, opts),
+    serve.run(build_application({"index": str(tenant_indexes["alpha"]), "request_timeout_s": deadline_s}, opts),
               name="solo", route_prefix="/solo")
     url = ops["url"].removesuffix("/ops") + "/solo"  # the same Serve proxy
     try:
@@ -277,7 +277,7 @@ def test_a_thousand_tenants_start_and_serve(ops, index_builder):
     import yaml
     from ray import serve
 
-    from qrag_ray.serving.app import build_app
+    from qrag_ray.serving.app import build_application
     from qrag_ray.serving.tenants import hash_key, new_key
 
     wd = ops["workdir"] / "many"
@@ -296,7 +296,7 @@ def test_a_thousand_tenants_start_and_serve(ops, index_builder):
     tf.write_text(yaml.safe_dump({"admin_key_sha256": hash_key(admin), "tenants": entries}))
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     t0 = time.time()
-    serve.run(build_app({"tenants": str(tf)}, {"Router": small, "ShardSearcher0": small, "ShardSearcher1": small}),
+    serve.run(build_application({"tenants": str(tf)}, {"Router": small, "ShardSearcher0": small, "ShardSearcher1": small}),
               name="many", route_prefix="/many")
     started = time.time() - t0
     url = ops["url"].removesuffix("/ops") + "/many"
