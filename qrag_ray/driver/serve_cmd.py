@@ -64,15 +64,15 @@ def plan_from_config(data: dict | None, index: str | None, tenants: str | None, 
 
 
 def wait_healthy(url: str, timeout_s: float = 300.0, admin_key: str | None = None) -> dict:
-    """Wait for /healthz (liveness), then return the admin status when this caller may read it
-    (an open single-index server, or with the admin key), else the liveness body."""
+    """Wait for /readyz (the first tenants loaded), then return the admin status when this caller may
+    read it (an open single-index server, or with the admin key), else the readiness body."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(f"{url}/healthz", timeout=10)
+            r = httpx.get(f"{url}/readyz", timeout=10)
             last = r.json()
             if r.status_code == 200:
                 headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}

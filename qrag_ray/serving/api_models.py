@@ -128,6 +128,10 @@ class HealthResponse(BaseModel):
     status: Literal["ok"]
 
 
+class ReadyResponse(BaseModel):
+    status: Literal["starting"]
+
+
 class ValidationIssue(BaseModel):
     loc: list[str | int] = Field(..., description="path of the offending field in the body")
     msg: str
@@ -147,6 +151,8 @@ class TenantStatus(BaseModel):
     serving_version: str | None = Field(None, description="the version requests start on now")
     current_version: str | None = Field(None, description="the version the index path points at (newer while it loads)")
     num_shards: int | None = None
+    searched_in: Literal["router", "shards"] | None = Field(
+        None, description="small indexes are searched inside the Router, bigger ones by the ShardSearcher replicas")
     rate_limit: dict | None = None
 
 
@@ -159,6 +165,12 @@ class ShardStatus(BaseModel):
     error: str | None = None
 
 
+class CacheStatus(BaseModel):
+    loaded: int
+    bytes: int
+    max_bytes: int
+
+
 class RegistryStatus(BaseModel):
     path: str | None
     tenants: int
@@ -169,7 +181,9 @@ class RegistryStatus(BaseModel):
 
 class AdminStatus(BaseModel):
     status: Literal["ok", "degraded"]
+    ready: bool = Field(..., description="the first tenants are loaded (GET /readyz answers 200)")
     tenants: list[TenantStatus]
     shards: list[ShardStatus]
+    router_cache: CacheStatus = Field(..., description="this Router replica's cache of small tenants' shards")
     registry: RegistryStatus
     inflight: int

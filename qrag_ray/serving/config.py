@@ -34,6 +34,10 @@ class AppArgs(BaseModel):
                                description="ShardSearcher deployments to create; default: the most shards of any tenant index")
     shard_cache_bytes: int = Field(2 << 30, ge=1 << 20,
                                    description="bytes of loaded tenant shards one ShardSearcher replica keeps (LRU)")
+    local_search_max_bytes: int = Field(
+        64 << 20, ge=0, description="tenants whose index files total at most this are searched inside the Router "
+                                    "replica (no shard hop); bigger ones fan out to the ShardSearcher deployments")
+    router_cache_bytes: int = Field(1 << 30, ge=0, description="bytes of small tenants' shards a Router replica keeps (LRU)")
     faiss_threads: int | None = Field(None, ge=1, description="default: the replica's num_cpus")
     generator: GeneratorConfig | None = Field(None, description="LLM for mode=hyde and /v1/answer (backend openai or vllm)")
     answer_min_cosine: float = Field(

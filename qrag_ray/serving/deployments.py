@@ -1,6 +1,7 @@
 """Serve deployments behind the router: one searcher per shard number, and the LLM.
 
-Each ShardSearcher replica serves one shard number for every tenant. A request names exactly what
+Each ShardSearcher replica serves one shard number for every tenant that is too big to be searched
+inside the Router (`local_search_max_bytes`; small tenants are searched there, with the same code). A request names exactly what
 to search: the tenant, the index *version directory* and the version it must be (`ShardKey`), so
 a request is answered from one version on every shard, and a replica needs no tenant table of its
 own (the router's registry is the only one, and it reloads). Loaded shards live in a cache bounded
@@ -105,18 +106,20 @@ def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> 
                        initial_multiplier(manifest), nbytes)
 
 
-class ShardSearcherDeployment:
-    """Shard `shard` of any tenant's index, loaded on demand into a byte-bounded LRU."""
+class ShardStore:
+    """Loaded tenant shards (any shard number) in a byte-bounded LRU, one load per key, FAISS off the
+    event loop. A ShardSearcher replica keeps one for its shard number; the Router keeps one for the
+    small tenants it searches itself (no process hop). Both answer through the same methods, so a
+    tenant ranks the same whichever process searches it."""
 
-    def __init__(self, shard: int, cache_bytes: int = DEFAULT_CACHE_BYTES, faiss_threads: int | None = None):
+    def __init__(self, cache_bytes: int, threads: int):
         from qrag_ray.serving.metrics import ShardMetrics
 
-        self.shard = shard
-        self.threads = faiss_threads or _assigned_cpus()
+        self.threads = threads
         self.cache = ByteLRU(cache_bytes)
         self.metrics = ShardMetrics()
-        self.problems: dict[str, dict] = {}  # tenant -> {"version", "reason"} of its last failed load
-        self._loading: dict[ShardKey, asyncio.Future] = {}
+        self.problems: dict[str, dict] = {}  # tenant -> {"shard", "version", "reason"} of its last failed load
+        self._loading: dict[tuple[ShardKey, int], asyncio.Future] = {}
         self._refresher: asyncio.Task | None = None
 
     def _ensure_refresher(self) -> None:
@@ -127,88 +130,123 @@ class ShardSearcherDeployment:
         """Ray drops a gauge sample that is not re-reported within ~2 export intervals, so the
         loaded-version gauge is re-set periodically for as long as the shard stays loaded."""
         while True:
-            for key in self.cache.keys():
-                self.metrics.version.set(1, tags={"tenant": key.tenant, "shard": str(self.shard),
+            for key, shard in self.cache.keys():
+                self.metrics.version.set(1, tags={"tenant": key.tenant, "shard": str(shard),
                                                   "index_version": key.version})
             await asyncio.sleep(2.0)
 
-    async def _get(self, key: ShardKey) -> LoadedShard:
+    def refresher_failed(self) -> BaseException | None:
+        t = self._refresher
+        return t.exception() if t is not None and t.done() and not t.cancelled() else None
+
+    async def get(self, shard: int, key: ShardKey) -> LoadedShard:
         self._ensure_refresher()
-        hit = self.cache.get(key)
+        ck = (key, shard)
+        hit = self.cache.get(ck)
         if hit is not None:
             return hit
-        pending = self._loading.get(key)
+        pending = self._loading.get(ck)
         if pending is not None:  # one load per key, however many requests wait for it
             return await asyncio.shield(pending)
         fut = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "exception never retrieved"
-        self._loading[key] = fut
+        self._loading[ck] = fut
         try:
-            loaded = await asyncio.to_thread(load_shard, key.tenant, key.index_dir, self.shard, self.threads)
+            loaded = await asyncio.to_thread(load_shard, key.tenant, key.index_dir, shard, self.threads)
             if loaded.index_version != key.version:
                 raise VersionMoved(f"{key.index_dir} now holds index version {loaded.index_version}, "
                                    f"not {key.version}")
         except Exception as e:
             if not isinstance(e, VersionMoved):
-                self.problems[key.tenant] = {"version": key.version, "reason": f"{type(e).__name__}: {e}"}
-                logger.error("shard %d of tenant %r (%s) failed to load: %s", self.shard, key.tenant,
-                             key.index_dir, e)
+                self.problems[key.tenant] = {"shard": shard, "version": key.version, "reason": f"{type(e).__name__}: {e}"}
+                logger.error("shard %d of tenant %r (%s) failed to load: %s", shard, key.tenant, key.index_dir, e)
             fut.set_exception(e)
             raise
         finally:
-            self._loading.pop(key, None)
-        self.problems.pop(key.tenant, None)
-        for old in self.cache.put(key, loaded, loaded.nbytes):
-            logger.info("shard %d: evicted tenant %r version %s (cache %d bytes)", self.shard, old.tenant,
+            self._loading.pop(ck, None)
+        if self.problems.get(key.tenant, {}).get("shard") == shard:
+            self.problems.pop(key.tenant, None)
+        for old, old_shard in self.cache.put(ck, loaded, loaded.nbytes):
+            logger.info("evicted shard %d of tenant %r version %s (cache %d bytes)", old_shard, old.tenant,
                         old.version, self.cache.max_bytes)
-        logger.info("shard %d of tenant %r loaded: %d vectors, index %s, %d bytes", self.shard, key.tenant,
+        logger.info("shard %d of tenant %r loaded: %d vectors, index %s, %d bytes", shard, key.tenant,
                     loaded.searcher.ntotal, loaded.index_version, loaded.nbytes)
         fut.set_result(loaded)
         return loaded
 
-    async def search(self, key: ShardKey, qvecs: np.ndarray, k: int, min_score: float | None,
+    async def search(self, shard: int, key: ShardKey, qvecs: np.ndarray, k: int, min_score: float | None,
                      queries: list[str] | None = None, bm25_alpha: float | None = None) -> ShardReply:
-        from qrag_ray.search.engine import search_shard_exact
-
-        ls = await self._get(key)
+        ls = await self.get(shard, key)
         policy = ls.policy if bm25_alpha is None else ls.policy.with_bm25_alpha(bm25_alpha)
         t0 = time.perf_counter()
-        hits, rounds = await asyncio.to_thread(search_shard_exact, ls.searcher, qvecs, k, ls.multiplier,
-                                               min_score, policy, queries)
-        ms = (time.perf_counter() - t0) * 1000
-        self.metrics.latency.observe(ms, tags={"tenant": key.tenant, "shard": str(self.shard)})
-        reply = ShardReply(self.shard, ls.index_version, ls.searcher.ntotal, hits, search_ms=ms, rounds=rounds)
-        # Texts for this shard's own top-k chunks: the only rows of this shard that can reach the page.
-        for h in hits:
-            for r in merge_hits([h], 0, k, min_score, policy)[0]:
-                reply.chunks[r.chunk_idx] = ls.chunks[r.chunk_idx]
-                for _, row, _ in r.matches:
-                    reply.matched[row] = ls.searcher.matched(row)
+        reply = await asyncio.to_thread(_search_loaded, ls, shard, qvecs, k, min_score, policy, queries)
+        reply.search_ms = (time.perf_counter() - t0) * 1000
+        self.metrics.latency.observe(reply.search_ms, tags={"tenant": key.tenant, "shard": str(shard)})
         return reply
 
-    async def lookup(self, key: ShardKey, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
-        ls = await self._get(key)
+    async def lookup(self, shard: int, key: ShardKey, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
+        ls = await self.get(shard, key)
         return ({int(r): ls.searcher.matched(int(r)) for r in rows},
                 {int(c): ls.chunks[int(c)] for c in chunk_idxs})
 
+    async def prepare(self, shard: int, key: ShardKey) -> dict:
+        """Load and verify `key` before it gets traffic (a new version, or start-up)."""
+        ls = await self.get(shard, key)
+        return {"shard": shard, "tenant": key.tenant, "version": ls.index_version, "ntotal": ls.searcher.ntotal}
+
+    async def retire(self, shard: int, key: ShardKey) -> bool:
+        """Drop a version the router moved off (in-flight requests keep their own reference)."""
+        return self.cache.pop((key, shard)) is not None
+
+    def status(self) -> dict:
+        return {"loaded": len(self.cache), "bytes": self.cache.bytes, "max_bytes": self.cache.max_bytes,
+                "problems": dict(self.problems)}
+
+
+def _search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, k: int, min_score: float | None,
+                   policy: FusionPolicy, queries: list[str] | None) -> ShardReply:
+    """The shard's final local hits plus the texts of its own top-k chunks: the only rows of this
+    shard that can reach the page (run in a worker thread)."""
+    from qrag_ray.search.engine import search_shard_exact
+
+    hits, rounds = search_shard_exact(ls.searcher, qvecs, k, ls.multiplier, min_score, policy, queries)
+    reply = ShardReply(shard, ls.index_version, ls.searcher.ntotal, hits, rounds=rounds)
+    for h in hits:
+        for r in merge_hits([h], 0, k, min_score, policy)[0]:
+            reply.chunks[r.chunk_idx] = ls.chunks[r.chunk_idx]
+            for _, row, _ in r.matches:
+                reply.matched[row] = ls.searcher.matched(row)
+    return reply
+
+
+class ShardSearcherDeployment:
+    """Shard `shard` of any tenant's index, loaded on demand (a ShardStore for one shard number)."""
+
+    def __init__(self, shard: int, cache_bytes: int = DEFAULT_CACHE_BYTES, faiss_threads: int | None = None):
+        self.shard = shard
+        self.store = ShardStore(cache_bytes, faiss_threads or _assigned_cpus())
+
+    async def search(self, key: ShardKey, qvecs: np.ndarray, k: int, min_score: float | None,
+                     queries: list[str] | None = None, bm25_alpha: float | None = None) -> ShardReply:
+        return await self.store.search(self.shard, key, qvecs, k, min_score, queries, bm25_alpha)
+
+    async def lookup(self, key: ShardKey, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
+        return await self.store.lookup(self.shard, key, rows, chunk_idxs)
+
     async def prepare(self, key: ShardKey) -> dict:
-        """Load and verify `key` before the router sends it traffic (a new version, or start-up)."""
-        ls = await self._get(key)
-        return {"shard": self.shard, "tenant": key.tenant, "version": ls.index_version, "ntotal": ls.searcher.ntotal}
+        return await self.store.prepare(self.shard, key)
 
     async def retire(self, key: ShardKey) -> bool:
-        """Drop a version the router moved off (in-flight requests keep their own reference)."""
-        return self.cache.pop(key) is not None
+        return await self.store.retire(self.shard, key)
 
     async def status(self) -> dict:
-        return {"shard": self.shard, "loaded": len(self.cache), "bytes": self.cache.bytes,
-                "max_bytes": self.cache.max_bytes, "problems": dict(self.problems)}
+        return {"shard": self.shard, **self.store.status()}
 
     def check_health(self) -> None:
         """Serve's periodic probe: a replica whose gauge task died is restarted rather than kept."""
-        t = self._refresher
-        if t is not None and t.done() and not t.cancelled() and t.exception() is not None:
-            raise RuntimeError(f"shard {self.shard}: metrics task failed: {t.exception()!r}")
+        e = self.store.refresher_failed()
+        if e is not None:
+            raise RuntimeError(f"shard {self.shard}: metrics task failed: {e!r}")
 
 
 # ---------------------------------------------------------------------------------- LLM

@@ -172,6 +172,7 @@ class TenantIndex:
     policy: object
     num_shards: int
     embedder: str
+    local: bool  # small enough to search inside the Router (no shard hop)
 
 
 class _Chunks:
@@ -208,7 +209,7 @@ def _dead_replica_errors() -> tuple[type, ...]:
 class Router:
     async def __init__(self, shards: list, synthesizer, args: dict):
         from qrag_ray.serving.config import AppArgs
-        from qrag_ray.serving.deployments import _assigned_cpus
+        from qrag_ray.serving.deployments import ShardStore, _assigned_cpus
         from qrag_ray.serving.encoder import QueryEncoder
         from qrag_ray.serving.metrics import RouterMetrics
         from qrag_ray.serving.ratelimit import RateLimiter
@@ -223,11 +224,13 @@ class Router:
         self.limiter = RateLimiter()
         self._configure_limits()
         self.encoder = QueryEncoder(threads=_assigned_cpus())
+        self.local = ShardStore(self.args.router_cache_bytes, self.args.faiss_threads or _assigned_cpus())
         self._versions: OrderedDict[tuple[str, str], TenantIndex] = OrderedDict()  # (dir, version) -> index
         self._active: dict[str, TenantIndex] = {}  # tenant -> the version its requests start on
         self._problems: dict[str, str] = {}  # tenant -> why its index (or its newest version) is not served
         self._retry_at: dict[tuple[str, str], float] = {}  # (tenant, version) that failed to warm -> next try
         self._inflight = 0
+        self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished
         self._watcher: asyncio.Task | None = None
         _set_router(self)
         self._ensure_watcher()
@@ -254,6 +257,7 @@ class Router:
                     first = False
                     for t in list(self.registry.tenants.by_name.values())[: self.args.warm_tenants]:
                         await self._check_version(t, warm=True)
+                    self._ready = True
                 for name in list(self._active):
                     t = self.registry.tenants.by_name.get(name)
                     if t is not None:
@@ -283,7 +287,9 @@ class Router:
                                 "ShardSearcher deployments (raise args.shards)")
             policy = FusionPolicy.from_manifest(man)
             check_hybrid(policy, man)
-            ti = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model)
+            nbytes = sum(man.file(rel).stat().st_size for rel in man.data["files"])
+            ti = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model,
+                             local=nbytes <= self.args.local_search_max_bytes)
             self._versions[key] = ti
             while len(self._versions) > 4096:
                 self._versions.popitem(last=False)
@@ -307,7 +313,7 @@ class Router:
             try:
                 key = ShardKey(tenant.name, ti.dir, ti.version)
                 await asyncio.gather(self.encoder.model(ti.embedder),
-                                     *[self._call(i, "prepare", key) for i in range(ti.num_shards)])
+                                     *[self._call(ti, i, "prepare", key) for i in range(ti.num_shards)])
             except (ApiError, QragError) as e:
                 reason = e.message if isinstance(e, ApiError) else str(e)
                 self._problems[tenant.name] = (f"version {ti.version} failed to load, still serving "
@@ -327,7 +333,7 @@ class Router:
             if any(a.dir == ti.dir and a.version == ti.version for a in self._active.values()):
                 return
             key = ShardKey(tenant, ti.dir, ti.version)
-            await asyncio.gather(*[self.shards[i].retire.remote(key) for i in range(ti.num_shards)],
+            await asyncio.gather(*[self._call(ti, i, "retire", key) for i in range(ti.num_shards)],
                                  return_exceptions=True)
 
         asyncio.get_running_loop().create_task(retire())
@@ -352,11 +358,14 @@ class Router:
             raise rate_limited(tenant.name, wait)
         return tenant
 
-    async def _call(self, i: int, method: str, *args):
-        """One shard call; a replica that died under it is retried once (Serve routes the retry to a
-        live replica). Errors a user can act on come back as ApiError/QragError."""
+    async def _call(self, ti: TenantIndex, i: int, method: str, *args):
+        """One shard call: in this process for a small tenant, else to ShardSearcher i, where a replica
+        that died under the call is retried once (Serve routes the retry to a live replica). Errors a
+        user can act on come back as ApiError/QragError."""
         from ray.serve.exceptions import BackPressureError
 
+        if ti.local:
+            return await getattr(self.local, method)(i, *args)
         for attempt in (1, 2):
             try:
                 return await getattr(self.shards[i], method).remote(*args)
@@ -425,7 +434,7 @@ class Router:
             key = ShardKey(tenant.name, ti.dir, ti.version)
             lex = [query or text] if policy.bm25_alpha is not None else None
             try:
-                replies = await asyncio.gather(*[self._call(i, "search", key, qv, k, min_score, lex, bm25_alpha)
+                replies = await asyncio.gather(*[self._call(ti, i, "search", key, qv, k, min_score, lex, bm25_alpha)
                                                  for i in range(ti.num_shards)])
                 break
             except VersionMoved:  # a plain index directory was republished under this request
@@ -440,7 +449,7 @@ class Router:
         merge_s = time.perf_counter() - tm
         matched = {(r.shard, row): v for r in replies for row, v in r.matched.items()}
         chunks = {ci: meta for r in replies for ci, meta in r.chunks.items()}
-        await self._fill_missing(key, res, matched, chunks, ti.num_shards)
+        await self._fill_missing(ti, key, res, matched, chunks)
         tf = time.perf_counter()
         results = format_results(res, _Chunks(chunks), lambda s, row: matched[(s, row)])
         before = sum(int((h.rows[0] >= 0).sum()) for h in hits)
@@ -451,7 +460,7 @@ class Router:
                    "candidates": before, "shard_search_ms": [round(r.search_ms, 3) for r in replies]}
         return Retrieval(results, ti.version, timings)
 
-    async def _fill_missing(self, key: ShardKey, res, matched: dict, chunks: dict, num_shards: int) -> None:
+    async def _fill_missing(self, ti: TenantIndex, key: ShardKey, res, matched: dict, chunks: dict) -> None:
         """Rows / chunks on the page that a shard did not send up front (only if the fusion policy
         ranks a chunk differently inside its shard than across shards)."""
         want: dict[int, tuple[set, set]] = {}
@@ -460,10 +469,10 @@ class Router:
                 if (shard, row) not in matched:
                     want.setdefault(shard, (set(), set()))[0].add(row)
             if r.chunk_idx not in chunks:  # a chunk lives in shard chunk_idx % shards (pipeline)
-                want.setdefault(r.chunk_idx % num_shards, (set(), set()))[1].add(r.chunk_idx)
+                want.setdefault(r.chunk_idx % ti.num_shards, (set(), set()))[1].add(r.chunk_idx)
         if not want:
             return
-        got = await asyncio.gather(*[self._call(s, "lookup", key, sorted(rows), sorted(cis))
+        got = await asyncio.gather(*[self._call(ti, s, "lookup", key, sorted(rows), sorted(cis))
                                      for s, (rows, cis) in want.items()])
         for s, (mt, ch) in zip(want, got):
             matched.update({(s, row): v for row, v in mt.items()})
@@ -554,6 +563,16 @@ class Router:
         self._ensure_watcher()
         return m.HealthResponse(status="ok")
 
+    @app.get("/readyz", response_model=m.HealthResponse, responses={503: {"model": m.ReadyResponse,
+                                                                          "description": "still warming up"}})
+    async def readyz(self):
+        """Readiness: 200 once the first tenants' shards and models are loaded (failures included: they
+        are the admin status's to report), 503 before. No key, no details."""
+        self._ensure_watcher()
+        if self._ready:
+            return m.HealthResponse(status="ok")
+        return JSONResponse({"status": "starting"}, status_code=503)
+
     @app.get("/v1/admin/status", response_model=m.AdminStatus, responses=_errors(401, 403), dependencies=[bearer])
     async def admin_status(self, request: Request) -> m.AdminStatus:
         """Every tenant's served version and problems, every shard deployment's cache (admin key only)."""
@@ -562,6 +581,8 @@ class Router:
         tenants.is_admin(request.headers.get("authorization"))
         shard_status = await asyncio.gather(*[s.status.remote() for s in self.shards], return_exceptions=True)
         shard_problems: dict[str, list] = {}
+        for tenant, p in self.local.status()["problems"].items():
+            shard_problems.setdefault(tenant, []).append(p)
         shards = []
         for i, st in enumerate(shard_status):
             if isinstance(st, BaseException):
@@ -570,7 +591,7 @@ class Router:
             shards.append(m.ShardStatus(shard=i, reachable=True, loaded=st["loaded"], bytes=st["bytes"],
                                         max_bytes=st["max_bytes"]))
             for tenant, p in st["problems"].items():
-                shard_problems.setdefault(tenant, []).append({"shard": i, **p})
+                shard_problems.setdefault(tenant, []).append(p)
         out = []
         for t in tenants.by_name.values():
             active = self._active.get(t.name)
@@ -582,15 +603,20 @@ class Router:
             versions = {x.version for x in (active, newest) if x is not None}
             sp = [p for p in shard_problems.get(t.name, []) if p["version"] in versions]
             problems = ([problem] if problem else []) + [f"shard {p['shard']}: {p['reason']}" for p in sp]
+            known = active or newest
             out.append(m.TenantStatus(
                 name=t.name, status="error" if problems else "ok", problems=problems,
+                searched_in=None if known is None else ("router" if known.local else "shards"),
                 serving_version=active.version if active else None,
                 current_version=newest.version if newest else None,
                 num_shards=(active or newest).num_shards if (active or newest) else None,
                 rate_limit=t.rate_limit.model_dump() if t.rate_limit else None))
         reg = self.registry
         ok = all(t.status == "ok" for t in out) and all(s.reachable for s in shards) and reg.error is None
-        return m.AdminStatus(status="ok" if ok else "degraded", tenants=out, shards=shards,
+        loc = self.local.status()
+        return m.AdminStatus(status="ok" if ok else "degraded", ready=self._ready, tenants=out, shards=shards,
+                             router_cache=m.CacheStatus(loaded=loc["loaded"], bytes=loc["bytes"],
+                                                        max_bytes=loc["max_bytes"]),
                              registry=m.RegistryStatus(path=str(reg.path) if reg.path else None,
                                                        tenants=len(tenants.by_name), reloads=reg.reloads,
                                                        loaded_at=reg.loaded_at, error=reg.error),
@@ -602,3 +628,5 @@ class Router:
         w = self._watcher
         if w is not None and w.done() and not w.cancelled() and w.exception() is not None:
             raise RuntimeError(f"tenant watcher failed: {w.exception()!r}")
+        if (e := self.local.refresher_failed()) is not None:
+            raise RuntimeError(f"metrics task failed: {e!r}")

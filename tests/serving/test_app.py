@@ -45,7 +45,7 @@ def test_open_app_is_healthy_and_documents_its_api(served):
     assert r.status_code == 200, r.text
     assert r.json() == {"status": "ok"}
     spec = c.get("/open/openapi.json").json()
-    assert {"/v1/search", "/v1/answer", "/v1/indexes", "/healthz", "/v1/admin/status"} <= set(spec["paths"])
+    assert {"/v1/search", "/v1/answer", "/v1/indexes", "/healthz", "/readyz", "/v1/admin/status"} <= set(spec["paths"])
     assert c.get("/open/docs").status_code == 200
     # the open (127.0.0.1) server shows its status to anyone who can reach it
     st = c.get("/open/v1/admin/status").json()
@@ -56,6 +56,11 @@ def test_liveness_tells_nothing_and_admin_status_needs_the_admin_key(served):
     c = served["client"]
     r = c.get("/healthz")
     assert r.status_code == 200 and r.json() == {"status": "ok"}  # no tenant names, paths or errors
+    deadline = time.time() + 120
+    while (r := c.get("/readyz")).status_code == 503 and time.time() < deadline:
+        assert r.json() == {"status": "starting"}
+        time.sleep(1)
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
     assert c.get("/v1/admin/status").status_code == 401
     r = c.get("/v1/admin/status", headers=auth(served, "alpha"))  # a tenant's key is not the admin's
     assert r.status_code == 401 and r.json()["error"] == "unauthorized"
@@ -75,6 +80,7 @@ def test_broken_shard_is_reported_to_the_admin_and_the_others_keep_working(serve
     for name in ("alpha", "beta", "delta"):
         assert by_name[name]["status"] == "ok" and by_name[name]["current_version"], by_name[name]
     assert [s["shard"] for s in body["shards"]] == [0, 1, 2] and all(s["reachable"] for s in body["shards"])
+    assert by_name["alpha"]["searched_in"] == "router"  # a small index: no shard hop
     # the broken tenant gets a clear 503, the others keep working
     r = search(served, {"query": "for loop", "k": 3}, tenant="gamma")
     assert r.status_code == 503 and r.json()["error"] == "index_unavailable"

@@ -100,7 +100,8 @@ def ops(ray_local, tenant_indexes, index_builder):
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 2} for i in range(3)}}
-    args = {"tenants": str(tf), "tenants_reload_s": RELOAD_S, "request_timeout_s": 20}
+    # every tenant fans out to the ShardSearcher replicas here (small ones are searched in the Router by default)
+    args = {"tenants": str(tf), "tenants_reload_s": RELOAD_S, "request_timeout_s": 20, "local_search_max_bytes": 0}
     serve.run(build_application(args, opts), name="ops", route_prefix="/ops")
     url = f"http://127.0.0.1:{port}/ops"
     client = httpx.Client(base_url=url, timeout=120)
@@ -131,6 +132,7 @@ def test_tenants_with_1_2_and_3_shards_are_all_healthy(ops):
     by = {t["name"]: t for t in st["tenants"]}
     assert {n: by[n]["num_shards"] for n in ("one", "two", "three")} == {"one": 1, "two": 2, "three": 3}
     assert all(t["status"] == "ok" and not t["problems"] for t in st["tenants"]), st
+    assert {t["searched_in"] for t in st["tenants"]} == {"shards"} and st["router_cache"]["loaded"] == 0
 
 
 def test_key_rotation_revocation_and_new_tenants_without_restart(ops):
@@ -244,7 +246,8 @@ def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 1} for i in range(3)}}
     deadline_s = 4.0
-    serve.run(build_application({"index": str(tenant_indexes["alpha"]), "request_timeout_s": deadline_s}, opts),
+    serve.run(build_application({"index": str(tenant_indexes["alpha"]), "request_timeout_s": deadline_s,
+                                 "local_search_max_bytes": 0}, opts),
               name="solo", route_prefix="/solo")
     url = ops["url"].removesuffix("/ops") + "/solo"  # the same Serve proxy
     try:
@@ -309,7 +312,8 @@ def test_a_thousand_tenants_start_and_serve(ops, index_builder):
                 assert docs <= (set(BETA_TOPICS[:8]) if i == 500 else {"for", "while"}), (i, docs)
             st = c.get("/v1/admin/status", headers=H(admin)).json()
             assert len(st["tenants"]) == n and all(t["status"] == "ok" for t in st["tenants"])
-            assert st["shards"][0]["loaded"] >= 21  # small tenants share one replica per shard number
+            assert st["router_cache"]["loaded"] >= 21  # small tenants are searched together in the Router
+            assert {t["searched_in"] for t in st["tenants"]} == {"router"}
         assert started < 300
     finally:
         serve.delete("many")
