@@ -408,8 +408,10 @@ class Router:
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
     async def _embed_batch(self, items: list[tuple[str, str]]) -> list:
-        """Concurrent queries' texts embedded in one call per model (items: (text, model))."""
-        return await self.encoder.encode([t for t, _ in items], [mdl for _, mdl in items])
+        """Concurrent queries' texts embedded in one call per model (items: (text, model)); each gets
+        (its vector, the batch size) so the response's timings show whether batching happened."""
+        vecs = await self.encoder.encode([t for t, _ in items], [mdl for _, mdl in items])
+        return [(v, len(items)) for v in vecs]
 
     async def _retrieve(self, tenant: Tenant, text: str, k: int, min_score: float | None, stage: dict,
                         query: str | None = None, bm25_alpha: float | None = None) -> Retrieval:
@@ -428,7 +430,8 @@ class Router:
                 policy = policy.with_bm25_alpha(bm25_alpha)
             t0 = time.perf_counter()
             stage["stage"] = "embedding the query"
-            qv = (await self._embed_batch((text, ti.embedder)))[None, :]
+            vec, batch = await self._embed_batch((text, ti.embedder))
+            qv = vec[None, :]
             t1 = time.perf_counter()
             stage["stage"] = "searching the shards"
             key = ShardKey(tenant.name, ti.dir, ti.version)
@@ -455,7 +458,8 @@ class Router:
         before = sum(int((h.rows[0] >= 0).sum()) for h in hits)
         self.metrics.before.observe(before, tags={"tenant": tenant.name})
         self.metrics.after.observe(len(results), tags={"tenant": tenant.name})
-        timings = {"embed_ms": (t1 - t0) * 1000, "search_ms": (tm - t1) * 1000, "merge_ms": merge_s * 1000,
+        timings = {"embed_ms": (t1 - t0) * 1000, "embed_batch": batch, "search_ms": (tm - t1) * 1000,
+                   "merge_ms": merge_s * 1000,
                    "format_ms": (time.perf_counter() - tf) * 1000, "rounds": max(r.rounds for r in replies),
                    "candidates": before, "shard_search_ms": [round(r.search_ms, 3) for r in replies]}
         return Retrieval(results, ti.version, timings)
