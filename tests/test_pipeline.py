@@ -80,9 +80,15 @@ def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monk
         build_with({"input": str(corpus), "output": str(out), "representation": "chunk", "overwrite": True})
     monkeypatch.setattr(pipeline, "write_manifest", real)
     assert load_manifest(out, verify=True).index_version == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "small.jsonl"]
+    # no staging dir is left; the work dir (checkpoints) is, so the same command resumes
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.work", "idx", "small.jsonl"]
     res = SearchEngine(out).search(["What does the assert statement do?"], k=3)[0]
     assert len(res) == 3
+    again = build_with({"input": str(corpus), "output": str(out), "representation": "chunk", "overwrite": True})
+    assert again.vectors_embedded == 0 and again.vectors_reused == again.vectors > 0
+    assert again.shards_reused == 1  # only the manifest and the publish were left to do
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "small.jsonl"]
+    assert load_manifest(out, verify=True).data["counts"]["documents"] == 2
 
 
 def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_writer):
