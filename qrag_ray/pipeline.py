@@ -248,6 +248,7 @@ class _Build:
     shard_stats: list = field(default_factory=list)
     staging: Path | None = None
     chunks_ds: object = None  # materialized chunks when the LLM path needed them
+    inputs: str = ""  # fingerprint of the input files and deletions: a finished stream is reused only for the same
 
 
 def _prepare(cfg: IndexConfig, console) -> _Build:
@@ -264,14 +265,17 @@ def _prepare(cfg: IndexConfig, console) -> _Build:
     aux_q = (cfg.filters.prune_tau is not None or cfg.filters.min_question_chunk_sim is not None
              or cfg.filters.require_content_overlap)
     work = ck.work_dir_for(out, cfg.build.work_dir)
-    key = {"content": ck.content_config(cfg.model_dump(mode="json")), "input": ck.input_fingerprint(files)}
-    resumed = ck.open_work_dir(work, key)
+    for extra in cfg.build.extra_inputs:
+        files += resolve_files(extra, cfg.format)
+    resumed = ck.open_work_dir(work, ck.work_key(cfg.model_dump(mode="json")))
     ensure_ray(cfg.address, cfg.num_cpus)
     if resumed and console:
         console.print(f"[bold]resuming[/] from checkpoints in {work}")
     return _Build(cfg=cfg, report=report, timer=_Timer(report, console), console=console, out=out, work=work,
                   run=ck.new_run_id(), resumed=resumed, kinds=kinds, gran=gran, aux_q=aux_q,
-                  t_start=time.perf_counter())
+                  t_start=time.perf_counter(),
+                  inputs=ck.stable_hash([ck.input_fingerprint(files), cfg.build.delete_ids,
+                                         [ck.input_fingerprint([f]) for f in cfg.build.delete_ids]]))
 
 
 def _stream(b: _Build) -> None:
@@ -282,8 +286,8 @@ def _stream(b: _Build) -> None:
     from qrag_ray.index import checkpoint as ck
 
     done = b.work / "stream.json"
-    if done.is_file():
-        st = json.loads(done.read_text())
+    st = json.loads(done.read_text()) if done.is_file() else {}
+    if st.get("inputs") == b.inputs:
         b.run, b.rows, b.dim = st["run"], st["rows"], st["dim"]
         for k in ("documents", "chunks", "questions"):
             setattr(b.report, k, st[k])
@@ -315,7 +319,7 @@ def _stream(b: _Build) -> None:
     report.stage_seconds["stream"] = round(time.perf_counter() - t0, 3)
     b.rows = int(counts["rows"])
     b.dim = _dim_of(b)
-    ck.atomic_write_text(done, json.dumps({"run": b.run, "rows": b.rows, "dim": b.dim, "documents": report.documents,
+    ck.atomic_write_text(done, json.dumps({"inputs": b.inputs, "run": b.run, "rows": b.rows, "dim": b.dim, "documents": report.documents,
                                            "chunks": report.chunks, "questions": report.questions}))
 
 
@@ -328,11 +332,14 @@ def _chunk_stage(b: _Build):
     gcfg = cfg.generator
     qcol = gcfg.precomputed_column if gcfg.backend == "precomputed" else None
     docs = read_corpus(cfg.input, cfg.format, questions_column=qcol)
+    for extra in cfg.build.extra_inputs:  # --append: earlier versions' inputs plus the new documents
+        docs = docs.union(read_corpus(extra, cfg.format, questions_column=qcol))
     work, run = b.work, b.run
+    deleted = _deleted_ids(cfg.build.delete_ids)
 
     def chunker(batch: dict) -> dict:
         t0 = time.perf_counter()
-        drows = _rows_of(batch)
+        drows = [d for d in _rows_of(batch) if str(d["doc_id"]) not in deleted]
         rows = [r for d in drows for r in chunk_rows(d, cfg)]
         cols = {k: np.asarray([r[k] for r in rows], dtype=object) for k in ("chunk_id", "doc_id", "title", "text")}
         cols["chunk_idx"] = np.asarray([r["chunk_idx"] for r in rows], np.int64)
@@ -349,6 +356,17 @@ def _chunk_stage(b: _Build):
     # its own CPU request (not the embedder's) keeps Ray Data from fusing chunking into the embedding
     # actors: the two stages run side by side instead of taking turns in one process
     return docs.map_batches(chunker, batch_format="numpy", batch_size=cfg.build.docs_per_batch, num_cpus=_LIGHT_CPU)
+
+
+def _deleted_ids(files: list[str]) -> frozenset:
+    """Document ids to leave out, one per line (--delete-ids); blank lines ignored."""
+    ids: set[str] = set()
+    for f in files:
+        p = Path(f)
+        if not p.is_file():
+            raise QragError(f"--delete-ids file not found: {f}")
+        ids.update(line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip())
+    return frozenset(ids)
 
 
 def _generate_stage(b: _Build, chunks):
@@ -437,9 +455,9 @@ def _embed_stage(b: _Build, rows):
     e = cfg.embedder
     qk = "question" if ("question" in kinds or b.aux_q) else next(
         (k for k in ("quote", "atomquote") if k in kinds), None)
-    threads = None if e.num_gpus else max(1, (os.cpu_count() or 2) // e.actors)
+    threads = None if e.num_gpus else (e.threads or max(1, (os.cpu_count() or 2) // e.actors))
     return rows.map_batches(
-        EmbedSink, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads, str(b.work), qk),
+        EmbedSink, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads, str(b.work), qk, b.run),
         compute=ray.data.ActorPoolStrategy(size=e.actors), num_gpus=e.num_gpus or None,
         num_cpus=None if e.num_gpus else 1, batch_size=cfg.build.rows_per_part, batch_format="numpy")
 

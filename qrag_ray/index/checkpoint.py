@@ -37,6 +37,31 @@ def content_config(cfg_dump: dict) -> dict:
     return {k: v for k, v in cfg_dump.items() if k not in OPERATIONAL}
 
 
+def work_key(cfg_dump: dict) -> dict:
+    """What the checkpoints depend on: everything that decides a vector, not which documents are in
+    (input paths, appended files and deletions only change which rows a run keeps; rows are keyed
+    by content and each run lists its own, so an append or a deletion reuses every unchanged vector)."""
+    return {k: v for k, v in content_config(cfg_dump).items() if k != "input"}
+
+
+def run_keys_dir(work: Path, run: str, shard: int) -> Path:
+    return work / "runs" / run / "keys" / shard_dir_name(shard)
+
+
+def run_row_keys(work: Path, run: str, shard: int) -> np.ndarray:
+    """Sorted keys of every vector row this run's stream produced for a shard (embedded or reused)."""
+    d = run_keys_dir(work, run, shard)
+    arrs = [np.load(f) for f in sorted(d.glob("*.npy"))] if d.is_dir() else []
+    return np.unique(np.concatenate(arrs)) if arrs else np.zeros(0, np.int64)
+
+
+def atomic_save_npy(arr: np.ndarray, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp.npy")
+    np.save(tmp, arr)
+    os.replace(tmp, path)
+
+
 def stable_hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -83,12 +83,13 @@ class EmbedSink:
     same bits whichever rows shared its batch (a resumed run batches differently)."""
 
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
-                 work: str, question_kind: str | None):
+                 work: str, question_kind: str | None, run: str):
         from qrag_ray.embedding import Embedder
 
         self.e = Embedder(model, batch_size, max_seq_length, threads)
         self.work = Path(work)
         self.qk = question_kind
+        self.run = run
         self.done = ck.done_row_keys(self.work)
 
     def __call__(self, batch: dict) -> dict:
@@ -101,8 +102,12 @@ class EmbedSink:
         questions = 0
         if self.qk:
             questions = int(np.sum((batch["kind"] == self.qk) & (batch["qn"] >= 0)))
+        # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
+        for sh in np.unique(batch["shard"]):
+            k = keys[batch["shard"] == sh]
+            ck.atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
         if len(todo):
-            vecs = encode_canonical(self.e.st, [str(batch["embed_text"][i]) for i in todo])
+            vecs = encode_canonical(self.e.st, [str(batch["embed_text"][i]) for i in todo], self.e.batch_size)
             dim = vecs.shape[1]
             shard = batch["shard"][todo]
             for s in np.unique(shard):
@@ -170,6 +175,7 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
     from qrag_ray.index.writer import build_faiss
 
     w = Path(work)
+    _one_thread_per_cpu()
     sample = sample_vectors(w, total_rows, train_sample)
     if not len(sample):
         sample = np.zeros((0, dim), np.float32)
@@ -186,6 +192,20 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
     return str(path)
 
 
+def _one_thread_per_cpu() -> None:
+    """FAISS (OpenMP) threads = the CPUs this Ray task was given: more threads than granted CPUs
+    wait on each other when the node is busy (a 1-CPU IVF training took 92 s instead of ~2 s)."""
+    import faiss
+
+    try:
+        import ray
+
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    except Exception:  # noqa: BLE001 - outside Ray: leave FAISS's default
+        return
+    faiss.omp_set_num_threads(max(1, int(cpus)))
+
+
 def _signature(files: list[Path], extra) -> str:
     return ck.stable_hash({"files": [f.name for f in files], "extra": extra})
 
@@ -198,11 +218,14 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
 
     cfg = IndexConfig.model_validate_json(cfg_json)
     w = Path(work)
+    _one_thread_per_cpu()
     sd = ck.shard_dir_name(shard)
     parts = [p for p in ck.registered_parts(w, run) if shard in p["shards"]]
     chunk_files = sorted(w / "chunks" / sd / f"{p['part']}.parquet" for p in parts)
     vec_files = ck.parquet_files(w / "vectors" / sd)
-    sig = _signature(chunk_files + vec_files, [trained and Path(trained).name, dim])
+    keep = ck.run_row_keys(w, run, shard)
+    sig = _signature(chunk_files + vec_files, [trained and Path(trained).name, dim,
+                                               hashlib.sha256(keep.tobytes()).hexdigest()])
     out = w / "built" / f"{shard:05d}"
     stats_path = out / "stats.json"
     if stats_path.is_file():
@@ -227,6 +250,7 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
                           "text": pa.array([], pa.string()), "qn": pa.array([], pa.int32()),
                           "ord": pa.array([], pa.int32()), "store": pa.array([], pa.bool_()),
                           "row_key": pa.array([], pa.int64()), "vector": pa.array([], pa.list_(pa.float32(), dim))})
+    table = table.filter(pa.array(ck.isin_sorted(table.column("row_key").to_numpy(), keep)))
     # one order whatever the parts were: by chunk, then the row's place in its chunk
     table = table.take(pc.sort_indices(table, [("chunk_idx", "ascending"), ("ord", "ascending"),
                                                        ("row_key", "ascending")]))
