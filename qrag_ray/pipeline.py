@@ -484,7 +484,8 @@ def _train(b: _Build) -> None:
         return
     with b.timer.stage("train"):
         task = ray.remote(num_cpus=1)(train_quantizer)
-        b.trained = ray.get(task.remote(str(b.work), b.cfg.index.factory, b.cfg.index.train_sample, b.rows, b.dim))
+        b.trained = ray.get(task.remote(str(b.work), b.cfg.index.factory, b.cfg.index.train_sample, b.rows, b.dim,
+                                        b.run, b.cfg.shards))
 
 
 def _build_shards(b: _Build) -> None:

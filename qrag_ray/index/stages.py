@@ -29,6 +29,9 @@ from qrag_ray.index import checkpoint as ck
 CHUNK_SCHEMA = pa.schema([("chunk_idx", pa.int64()), ("chunk_id", pa.string()), ("doc_id", pa.string()),
                           ("title", pa.string()), ("text", pa.string()), ("shard", pa.int32())])
 VECTOR_COLS = ["chunk_idx", "kind", "text", "qn", "ord", "store", "row_key", "vector"]
+# rows whose key is a multiple of this are also written to work/sample: a large build draws its
+# training sample from there instead of scanning every vector part (88M rows -> ~86k candidates)
+SAMPLE_STRIPE = 1024
 # a generated row's position in its chunk: after every base row, grouped by the request's unit
 GEN_ORD_BASE = 100_000
 
@@ -124,8 +127,12 @@ class EmbedSink:
                     "row_key": pa.array(keys[rows], pa.int64()),
                     "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
                 })
-                ck.atomic_write_parquet(
-                    t, self.work / "vectors" / ck.shard_dir_name(int(s)) / f"{ck.part_name(keys[rows])}.parquet")
+                name = ck.part_name(keys[rows])
+                stripe = (keys[rows] % SAMPLE_STRIPE) == 0
+                if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)
+                    ck.atomic_write_parquet(t.filter(pa.array(stripe)),
+                                            self.work / "sample" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
+                ck.atomic_write_parquet(t, self.work / "vectors" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
         return {"rows": np.asarray([n]), "embedded": np.asarray([len(todo)]), "reused": np.asarray([n - len(todo)]),
                 "questions": np.asarray([questions]), "seconds": np.asarray([time.perf_counter() - t0])}
 
@@ -142,18 +149,21 @@ def needs_training(factory: str, dim: int) -> bool:
         raise QragError(f"invalid FAISS factory string '{factory}' (e.g. Flat, HNSW32, IVF1024,PQ48)") from None
 
 
-def sample_vectors(work: Path, total_rows: int, n: int) -> np.ndarray:
+def sample_vectors(work: Path, total_rows: int, n: int, keep: np.ndarray | None = None) -> np.ndarray:
     """A deterministic sample of about n stored vectors over all parts: rows whose key falls under a
     threshold (keys are hashes, so this is uniform), then the n smallest keys. Part by part, so memory
     is the sample, not the corpus."""
     modulus = 1_000_003
-    frac = min(1.0, 1.5 * n / max(1, total_rows))
+    striped = total_rows / SAMPLE_STRIPE >= 3 * n  # the stripe alone holds enough candidates
+    pool = total_rows / SAMPLE_STRIPE if striped else total_rows
+    frac = min(1.0, 1.5 * n / max(1.0, pool))
     cut = int(np.ceil(modulus * frac))
     keys, vecs = [], []
-    for f in ck.parquet_files(work / "vectors"):
+    for f in ck.parquet_files(work / ("sample" if striped else "vectors")):
         t = pq.read_table(f, columns=["row_key", "store", "vector"])
         k = t.column("row_key").to_numpy()
-        sel = np.flatnonzero((k % modulus < cut) & t.column("store").to_numpy(zero_copy_only=False))
+        mine = ck.isin_sorted(k, keep) if keep is not None else np.ones(len(k), bool)
+        sel = np.flatnonzero((k % modulus < cut) & mine & t.column("store").to_numpy(zero_copy_only=False))
         if len(sel):
             from qrag_ray.index.writer import vectors_of
 
@@ -162,11 +172,13 @@ def sample_vectors(work: Path, total_rows: int, n: int) -> np.ndarray:
     if not keys:
         return np.zeros((0, 0), np.float32)
     k = np.concatenate(keys)
-    order = np.argsort(k, kind="stable")[:n]
-    return np.ascontiguousarray(np.concatenate(vecs)[order])
+    _, first = np.unique(k, return_index=True)  # a row re-embedded after a kill may sit in two files
+    first = first[:n]  # np.unique sorts: the n smallest keys
+    return np.ascontiguousarray(np.concatenate(vecs)[first])
 
 
-def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int, dim: int) -> str:
+def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int, dim: int,
+                    run: str | None = None, shards: int = 0) -> str:
     """Train the factory's quantizer once on a sample of every shard's vectors; the trained, empty
     index is written under the work dir (named by the sample's content) and its path returned."""
     import faiss
@@ -176,7 +188,10 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
 
     w = Path(work)
     _one_thread_per_cpu()
-    sample = sample_vectors(w, total_rows, train_sample)
+    keep = None
+    if run is not None:  # only this run's rows: an append/delete trains as a full rebuild would
+        keep = np.unique(np.concatenate([ck.run_row_keys(w, run, s) for s in range(shards)] or [np.zeros(0, np.int64)]))
+    sample = sample_vectors(w, total_rows, train_sample, keep)
     if not len(sample):
         sample = np.zeros((0, dim), np.float32)
     name = hashlib.sha256(sample.tobytes() + factory.encode()).hexdigest()[:16]
