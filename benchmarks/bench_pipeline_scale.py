@@ -190,20 +190,27 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     n = [r["passages"] / 1e6 for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     a.plot(n, [r["wall_s"] / 60 for r in rows], "o-", label="total")
     a.plot(n, [r["stage_seconds"].get("stream", 0) / 60 for r in rows], "s--", label="stream (read→embed)")
     a.set_xlabel("passages (M)"), a.set_ylabel("minutes"), a.legend(), a.set_title("time")
     b.plot(n, [r["peak_rss_mb"]["driver"] for r in rows], "o-", label="driver")
-    names = sorted({k for r in rows for k in r["peak_rss_mb"]["workers"]})
+    # the pipeline's own processes; Ray's bookkeeping actors stay in the JSON but out of the plot
+    names = [k for k in ("ray::MapWorker", "ray::MapBatches", "ray::ReadText->SplitBlocks", "ray::train_quantizer",
+                         "ray::_build_one_shard", "ray::assemble") if any(k in r["peak_rss_mb"]["workers"] for r in rows)]
     for k in names:
         b.plot(n, [r["peak_rss_mb"]["workers"].get(k, 0) for r in rows], ".--", label=k)
     b.plot(n, [r["peak_rss_mb"]["raylet"] for r in rows], "x:", label="raylet")
     b.set_xlabel("passages (M)"), b.set_ylabel("peak RSS (MB)"), b.set_title("memory per process")
-    b.legend(fontsize=7)
+    b.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+
+
+def replot(json_path: str, png: str) -> None:
+    """Redraw the plot from a saved result: python -c 'from bench_pipeline_scale import replot; ...'."""
+    plot(json.loads(Path(json_path).read_text())["runs"], Path(png))
 
 
 def main() -> None:
