@@ -56,7 +56,8 @@ def test_killed_build_resumes_to_the_same_index(local_ray, build_with, tmp_path)
     assert not (tmp_path / ".idx.work").exists()  # published: the checkpoints are gone
 
     fresh = build_with({**cfg, "output": str(tmp_path / "fresh")})
-    assert fresh.vectors_reused == 0 and fresh.vectors_embedded == fresh.vectors == resumed.vectors
+    # (an embedding actor that Ray restarts mid-build reuses its own finished parts: reused may be > 0)
+    assert fresh.vectors_reused + fresh.vectors_embedded == fresh.vectors == resumed.vectors
     a, b = load_manifest(out, verify=True).data, load_manifest(tmp_path / "fresh", verify=True).data
     assert a["files"] == b["files"]  # byte-identical shards and chunks
     assert a["content_hash"] == b["content_hash"]
