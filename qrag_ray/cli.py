@@ -23,7 +23,7 @@ err = Console(stderr=True)
 
 @app.command()
 def index(
-    input: str = typer.Option(..., "--input", "-i", help="corpus file, folder or glob"),
+    input: Optional[str] = typer.Option(None, "--input", "-i", help="corpus file, folder or glob"),
     format: str = typer.Option("jsonl", "--format", "-f", help="jsonl|parquet|msmarco|beir|html"),
     output: str = typer.Option(..., "--output", "-o", help="index directory to publish"),
     representation: str = typer.Option(None, "--representation", "-r",
@@ -48,10 +48,22 @@ def index(
     bm25_alpha: Optional[float] = typer.Option(
         None, "--bm25-alpha", help="default hybrid weight of the dense score, 0..1 (implies --bm25)"),
     json_out: bool = typer.Option(False, "--json", help="print the build report as JSON"),
+    append: Optional[str] = typer.Option(None, "--append", help="add these documents to the index at --output (new version)"),
+    delete_ids: Optional[str] = typer.Option(None, "--delete-ids", help="file of document ids to remove from the index at --output"),
+    keep_work: bool = typer.Option(False, "--keep-work", help="keep the checkpoints (later --append/--delete-ids reuse them)"),
 ):
     """Build a sharded question index from a corpus."""
     from qrag_ray.config import build_index_config
     from qrag_ray.pipeline import build_index
+
+    if append or delete_ids:
+        from qrag_ray.index.incremental import incremental_config
+
+        report = build_index(incremental_config(output, append, delete_ids), console=Console(stderr=True))
+        print(json.dumps(report.to_dict(), indent=2, default=str)) if json_out else _print_summary(report, Console(stderr=True))
+        return
+    if input is None:
+        raise QragError("--input is required")
 
     if shards is not None and shards < 1:
         raise QragError(f"--shards must be at least 1, got {shards}")
@@ -62,7 +74,8 @@ def index(
            "generator.prompt": prompt, "generator.base_url": base_url, "index.factory": factory,
            "filters.prune_tau": prune_tau, "chunker.method": chunker, "chunker.size": chunk_size,
            "chunker.overlap": chunk_overlap, "embedder.model": embedder,
-           "bm25.enabled": True if bm25_alpha is not None else bm25, "search.bm25_alpha": bm25_alpha},
+           "bm25.enabled": True if bm25_alpha is not None else bm25, "search.bm25_alpha": bm25_alpha,
+           "build.keep_work": keep_work or None},
     )
     out = Console(stderr=True)
     report = build_index(cfg, console=out)
@@ -130,7 +143,8 @@ def _register_optional_commands() -> None:
     """Sub-apps living in their own modules (serving, evaluation, demo) register themselves."""
     import importlib
 
-    for mod in ("qrag_ray.driver.serve_cmd", "qrag_ray.driver.eval_cmd", "qrag_ray.driver.demo_cmd"):
+    for mod in ("qrag_ray.driver.serve_cmd", "qrag_ray.driver.eval_cmd", "qrag_ray.driver.demo_cmd",
+                "qrag_ray.driver.cache_cmd"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -129,6 +129,8 @@ class EmbedderConfig(_Strict):
     num_gpus: float = 0.0
     actors: int = Field(1, ge=1)
     max_seq_length: int | None = None
+    threads: int | None = Field(None, ge=1, description="torch threads per CPU actor (default: cores / actors); "
+                                "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
 
 
 class SearchConfig(_Strict):
@@ -207,6 +209,17 @@ class IndexBuildConfig(_Strict):
     use_gpu: bool | Literal["auto"] = "auto"
 
 
+class BuildConfig(_Strict):
+    """How a build runs, not what it makes (left out of the manifest's content hash)."""
+
+    work_dir: str | None = Field(None, description="checkpoint folder; default <output parent>/.<name>.work")
+    keep_work: bool = Field(False, description="keep the checkpoints after a successful publish")
+    rows_per_part: int = Field(4096, ge=1, description="vector rows per embedding batch (one checkpoint part)")
+    docs_per_batch: int = Field(1024, ge=1, description="documents per chunking batch")
+    extra_inputs: list[str] = Field(default_factory=list, description="more corpus paths read with `input` (--append)")
+    delete_ids: list[str] = Field(default_factory=list, description="files of document ids left out (--delete-ids)")
+
+
 class IndexConfig(_Strict):
     """Everything that decides what an index contains."""
 
@@ -222,6 +235,7 @@ class IndexConfig(_Strict):
     index: IndexBuildConfig = IndexBuildConfig()
     search: SearchConfig = SearchConfig()
     bm25: Bm25Config = Bm25Config()
+    build: BuildConfig = BuildConfig()
     cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
     overwrite: bool = False
     address: str | None = None  # Ray cluster address; None = local Ray in-process

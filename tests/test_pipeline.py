@@ -80,9 +80,15 @@ def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monk
         build_with({"input": str(corpus), "output": str(out), "representation": "chunk", "overwrite": True})
     monkeypatch.setattr(pipeline, "write_manifest", real)
     assert load_manifest(out, verify=True).index_version == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "small.jsonl"]
+    # no staging dir is left; the work dir (checkpoints) is, so the same command resumes
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.work", "idx", "small.jsonl"]
     res = SearchEngine(out).search(["What does the assert statement do?"], k=3)[0]
     assert len(res) == 3
+    again = build_with({"input": str(corpus), "output": str(out), "representation": "chunk", "overwrite": True})
+    assert again.vectors_embedded == 0 and again.vectors_reused == again.vectors > 0
+    assert again.shards_reused == 1  # only the manifest and the publish were left to do
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "small.jsonl"]
+    assert load_manifest(out, verify=True).data["counts"]["documents"] == 2
 
 
 def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_writer):
@@ -141,7 +147,8 @@ def test_factories_through_the_pipeline(factory, build_with, local_ray, pydoc_js
 @pytest.mark.slow
 def test_killed_build_leaves_old_index(kinds_index, tmp_path, pydoc_jsonl):
     """A real crash: SIGKILL the `qrag index` process while it runs; the old index at OUTPUT stays
-    loadable and any leftover is a `.OUTPUT.tmp-*` folder that no reader loads."""
+    loadable and the leftovers are the `.OUTPUT.work` checkpoints (tests/test_resume.py resumes them)
+    or a `.OUTPUT.tmp-*` folder that no reader loads."""
     out = tmp_path / "idx"
     shutil.copytree(kinds_index[0], out)
     before = load_manifest(out, verify=True).index_version
@@ -149,11 +156,12 @@ def test_killed_build_leaves_old_index(kinds_index, tmp_path, pydoc_jsonl):
            "--representation", "atom-sentence", "--overwrite"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and not list(tmp_path.glob(".idx.tmp-*/chunks.parquet")):
+    # the first checkpoint part: the build is mid-way (the staging dir only appears at publish time)
+    while time.time() < deadline and proc.poll() is None and not list(tmp_path.glob(".idx.work/vectors/*/*.parquet")):
         time.sleep(0.2)
     if proc.poll() is not None:
         pytest.fail(f"qrag index exited ({proc.returncode}) before it could be killed: {proc.stderr.read()[-2000:]}")
-    assert list(tmp_path.glob(".idx.tmp-*")), "the build never started writing"
+    assert list(tmp_path.glob(".idx.work/vectors/*/*.parquet")), "the build never started writing"
     os.killpg(proc.pid, signal.SIGKILL)  # the whole process group this test started (driver + its Ray)
     proc.wait(timeout=60)
     assert load_manifest(out, verify=True).index_version == before

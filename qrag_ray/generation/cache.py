@@ -23,6 +23,10 @@ SCHEMA = pa.schema([("key", pa.string()), ("raw", pa.string()),
 
 
 def default_cache_dir() -> Path:
+    """QRAG_QUESTION_CACHE (the questions folder itself, e.g. on shared storage for a cluster), else
+    QRAG_CACHE/questions, else ~/.cache/qrag-ray/questions. `cache_dir` in the config wins over both."""
+    if os.environ.get("QRAG_QUESTION_CACHE"):
+        return Path(os.environ["QRAG_QUESTION_CACHE"])
     root = os.environ.get("QRAG_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qrag-ray")
     return Path(root) / "questions"
 
@@ -68,3 +72,68 @@ class QuestionCache:
             t = pq.read_table(f, columns=["key", "raw"])
             out.update(zip(t.column("key").to_pylist(), t.column("raw").to_pylist()))
         return out
+
+    def compact(self, buckets: int = 16, keep_sources: bool = False) -> dict:
+        """Merge the cache's many small run files into `buckets` files, one row per key.
+
+        Safe beside running builds: only files complete when compaction starts are read (a writer's
+        files are its own, in its own run folder, written to the end before they are readable); the
+        merged files appear by atomic rename before any source is removed, so a key is always in at
+        least one readable file. Memory is one bucket at a time (keys split by their first hex
+        digits), not the cache. A build that listed the cache's files just before a compaction removed
+        them fails its read and must be re-run (it resumes); compact between builds, or pass
+        keep_sources and delete later. Returns counts."""
+        import shutil
+        import uuid
+
+        import pyarrow.compute as pc
+
+        sources = self.files()
+        if len(sources) <= 1:
+            return {"files_before": len(sources), "files_after": len(sources), "rows_before": len(self),
+                    "rows_after": len(self)}
+        cid = uuid.uuid4().hex[:10]
+        tmp = self.root / f".compact-{cid}"
+        rows_before = 0
+        for i, f in enumerate(sources):  # pass 1: split every source by key bucket
+            t = pq.read_table(f).select(SCHEMA.names).cast(SCHEMA)
+            rows_before += t.num_rows
+            b = pc.cast(pc.utf8_slice_codeunits(t.column("key"), 0, 4), pa.string())
+            ids = [int(x, 16) % buckets if x else 0 for x in b.to_pylist()]
+            ids = pa.array(ids, pa.int32())
+            for k in range(buckets):
+                part = t.filter(pc.equal(ids, k))
+                if part.num_rows:
+                    (tmp / f"{k:03d}").mkdir(parents=True, exist_ok=True)
+                    pq.write_table(part, tmp / f"{k:03d}" / f"{i:06d}.parquet")
+        out = self.root / f"compact-{cid}"
+        out.mkdir()
+        rows_after = 0
+        for k in range(buckets):  # pass 2: one bucket in memory, first row per key wins
+            d = tmp / f"{k:03d}"
+            if not d.is_dir():
+                continue
+            t = pa.concat_tables([pq.read_table(p) for p in sorted(d.glob("*.parquet"))])
+            keys = t.column("key").to_pylist()
+            seen, keep = set(), []
+            for j, key in enumerate(keys):
+                if key not in seen:
+                    seen.add(key)
+                    keep.append(j)
+            t = t.take(pa.array(keep, pa.int64()))
+            rows_after += t.num_rows
+            part = out / f".{k:03d}.parquet.tmp"
+            pq.write_table(t, part)
+            os.replace(part, out / f"part-{k:03d}.parquet")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not keep_sources:
+            for f in sources:
+                Path(f).unlink(missing_ok=True)
+            # emptied run folders, once idle for a while: a running build may still write into its own
+            import time
+
+            for d in sorted(self.root.iterdir(), reverse=True):
+                if d.is_dir() and d != out and not any(d.rglob("*")) and time.time() - d.stat().st_mtime > 600:
+                    d.rmdir()
+        return {"files_before": len(sources), "files_after": len(self.files()), "rows_before": rows_before,
+                "rows_after": rows_after}

@@ -157,6 +157,10 @@ def write_manifest(tmp_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
     data["format_version"] = FORMAT_VERSION
     data["files"] = files
     data["index_version"] = content_version(files)
+    if "content" in data:  # files + content config, no timestamps: equal for a resumed build
+        from qrag_ray.index.checkpoint import manifest_content_hash
+
+        data["content_hash"] = manifest_content_hash(files, data["content"])
     data.setdefault("created_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     tmp = tmp_dir / (MANIFEST + ".part")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))

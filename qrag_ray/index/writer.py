@@ -56,14 +56,20 @@ def _gpu_count() -> int:
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
 
-def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0):
+def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0, add: bool = True,
+                trained: str | None = None):
+    """`trained`: a saved, trained empty index (the build's shared quantizer) to fill instead of
+    training one on these vectors; `add=False` returns the trained index empty."""
     import faiss
 
     d = vecs.shape[1]
-    try:
-        index = faiss.index_factory(d, cfg.factory, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError:
-        raise QragError(f"invalid FAISS factory string '{cfg.factory}' (e.g. Flat, HNSW32, IVF1024,PQ48)") from None
+    if trained is not None:
+        index = faiss.read_index(trained)
+    else:
+        try:
+            index = faiss.index_factory(d, cfg.factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError:
+            raise QragError(f"invalid FAISS factory string '{cfg.factory}' (e.g. Flat, HNSW32, IVF1024,PQ48)") from None
     use_gpu = _gpu_count() > 0 if cfg.use_gpu == "auto" else bool(cfg.use_gpu)
     if use_gpu and _gpu_count() == 0:
         raise RuntimeError("index.use_gpu is true but FAISS sees no GPU (install faiss-gpu on a GPU worker)")
@@ -82,16 +88,17 @@ def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0):
         except RuntimeError as e:
             # IVF / PQ need more training vectors than centroids; on a small shard that is a config
             # mismatch the user can fix, not a crash
-            raise QragError(f"cannot train FAISS '{cfg.factory}' on {n} vectors of this shard "
-                            f"({str(e).split('Error: ')[-1].strip()}); use fewer shards, a smaller "
+            raise QragError(f"cannot train FAISS '{cfg.factory}' on {n} vectors "
+                            f"({str(e).split('Error: ')[-1].strip()}); use a smaller "
                             "nlist/PQ code, or Flat/HNSW32") from None
-    if len(vecs):
+    if add and len(vecs):
         work.add(vecs)
     return faiss.index_gpu_to_cpu(work) if work is not index else index
 
 
 def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: FilterConfig,
-                index_cfg: IndexBuildConfig, dim: int, bm25: Bm25Config | None = None) -> dict:
+                index_cfg: IndexBuildConfig, dim: int, bm25: Bm25Config | None = None,
+                trained: str | None = None) -> dict:
     """Build and write shard files under out_dir; returns stats for the manifest."""
     import faiss
 
@@ -109,7 +116,7 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
     kvecs = np.ascontiguousarray(vecs[rows]) if len(rows) else np.zeros((0, dim), np.float32)
     if len(kvecs) and kvecs.shape[1] != dim:
         raise RuntimeError(f"shard {shard}: vectors have dim {kvecs.shape[1]}, expected {dim}")
-    index = build_faiss(kvecs, index_cfg, seed=shard)
+    index = build_faiss(kvecs, index_cfg, seed=shard, trained=trained)
     faiss.write_index(index, str(out_dir / shard_faiss(shard)))
     meta = pa.table({
         "chunk_idx": pa.array(kept.column("chunk_idx").to_numpy() if len(rows) else [], type=pa.int64()),

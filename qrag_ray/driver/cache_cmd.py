@@ -1,0 +1,33 @@
+"""`qrag cache`: inspect and compact the question cache (shared by every build that points at it)."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    cache_app = typer.Typer(no_args_is_help=True, help="The question cache (cache_dir, QRAG_QUESTION_CACHE).")
+
+    @cache_app.command("stats")
+    def stats(cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder")):
+        """Files and rows in the cache."""
+        from qrag_ray.generation.cache import QuestionCache
+
+        c = QuestionCache(cache_dir)
+        print(json.dumps({"root": str(c.root), "files": len(c.files()), "rows": len(c)}))
+
+    @cache_app.command("compact")
+    def compact(cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder"),
+                buckets: int = typer.Option(16, "--buckets", help="output files (keys split by hash)")):
+        """Merge the cache's run files into a few files with one row per key."""
+        from qrag_ray.errors import QragError
+        from qrag_ray.generation.cache import QuestionCache
+
+        if buckets < 1:
+            raise QragError(f"--buckets must be at least 1, got {buckets}")
+        print(json.dumps({"root": str(QuestionCache(cache_dir).root), **QuestionCache(cache_dir).compact(buckets)}))
+
+    app.add_typer(cache_app, name="cache")

@@ -1,0 +1,178 @@
+"""The build's work dir: checkpoints that let a killed `qrag index` resume where it stopped.
+
+Layout (beside the output, `<parent>/.<name>.work/`):
+    key.json                      what this work dir was built for (config + input fingerprint)
+    chunks/runs/<run>/<part>.json registry of the chunk parts written by run <run> (counts inside)
+    chunks/s=00003/<part>.parquet one shard's chunk rows of one batch (content-named, idempotent)
+    vectors/s=00003/<part>.parquet embedded vector rows of one batch for shard 3 (with row_key)
+    shards/00003/...              a finished shard (faiss, meta, bm25, chunks, stats.json)
+    trained/<hash>.faiss          the IVF/PQ quantizer trained once on a sample of all vectors
+
+Every file is written to a temporary name and renamed, so a file that exists is complete. A vector
+row is identified by `row_key` (a hash of what it is, not where it was computed), so a resumed run
+drops the rows some earlier run already embedded, whatever batches either run formed. A changed
+config or input gets a fresh work dir (key.json differs); a successful build removes it.
+Pure helpers only (paths, keys, hashes, atomic writes); the Ray wiring is in qrag_ray.index.stages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+# config fields that do not change what an index contains (where it goes, how it runs)
+OPERATIONAL = ("output", "overwrite", "address", "num_cpus", "cache_dir", "build")
+_MASK63 = (1 << 63) - 1
+
+
+def content_config(cfg_dump: dict) -> dict:
+    return {k: v for k, v in cfg_dump.items() if k not in OPERATIONAL}
+
+
+def work_key(cfg_dump: dict) -> dict:
+    """What the checkpoints depend on: everything that decides a vector, not which documents are in
+    (input paths, appended files and deletions only change which rows a run keeps; rows are keyed
+    by content and each run lists its own, so an append or a deletion reuses every unchanged vector)."""
+    return {k: v for k, v in content_config(cfg_dump).items() if k != "input"}
+
+
+def run_keys_dir(work: Path, run: str, shard: int) -> Path:
+    return work / "runs" / run / "keys" / shard_dir_name(shard)
+
+
+def run_row_keys(work: Path, run: str, shard: int) -> np.ndarray:
+    """Sorted keys of every vector row this run's stream produced for a shard (embedded or reused)."""
+    d = run_keys_dir(work, run, shard)
+    arrs = [np.load(f) for f in sorted(d.glob("*.npy"))] if d.is_dir() else []
+    return np.unique(np.concatenate(arrs)) if arrs else np.zeros(0, np.int64)
+
+
+def atomic_save_npy(arr: np.ndarray, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp.npy")
+    np.save(tmp, arr)
+    os.replace(tmp, path)
+
+
+def stable_hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def input_fingerprint(files: list[str]) -> list[list]:
+    """(path, size, mtime_ns) per input file: an edited corpus must not resume from stale vectors."""
+    out = []
+    for f in sorted(files):
+        try:
+            st = os.stat(f)
+            out.append([f, st.st_size, st.st_mtime_ns])
+        except OSError:  # remote URI: the path alone
+            out.append([f, None, None])
+    return out
+
+
+def work_dir_for(output: str | Path, explicit: str | None = None) -> Path:
+    if explicit:
+        return Path(explicit)
+    out = Path(output)
+    return out.parent / f".{out.name}.work"
+
+
+def open_work_dir(work: Path, key: dict) -> bool:
+    """Create or reuse `work` for `key`; returns True when earlier checkpoints are being resumed.
+    A work dir left by a different config or input is wiped: its vectors would be wrong here."""
+    kpath = work / "key.json"
+    if work.is_dir():
+        try:
+            same = json.loads(kpath.read_text()) == json.loads(json.dumps(key, default=str))
+        except (OSError, ValueError):
+            same = False
+        if same:
+            return True
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(kpath, json.dumps(key, sort_keys=True, default=str))
+    return False
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def atomic_write_parquet(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def shard_dir_name(shard: int) -> str:
+    return f"s={shard:05d}"
+
+
+def row_keys(chunk_idx, kind, ordinal, text, embed_text) -> np.ndarray:
+    """63-bit identity of each vector row: its chunk, kind, position in the chunk and both texts."""
+    out = np.empty(len(chunk_idx), np.int64)
+    for i, (c, k, o, t, e) in enumerate(zip(chunk_idx, kind, ordinal, text, embed_text)):
+        h = hashlib.blake2b(f"{int(c)}\x1f{k}\x1f{int(o)}\x1f{t}\x1f{e}".encode(), digest_size=8).digest()
+        out[i] = int.from_bytes(h, "little") & _MASK63
+    return out
+
+
+def part_name(keys: np.ndarray) -> str:
+    """A part file's name from the sorted keys it holds: the same rows always give the same name."""
+    return hashlib.blake2b(np.sort(np.asarray(keys, np.int64)).tobytes(), digest_size=10).hexdigest()
+
+
+def parquet_files(folder: Path) -> list[Path]:
+    """Complete parquet files of a folder (temporaries start with a dot), sorted by name."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*.parquet") if not p.name.startswith("."))
+
+
+def done_row_keys(work: Path) -> np.ndarray:
+    """Sorted keys of every vector row some run already embedded (read column-only)."""
+    keys = [pq.read_table(f, columns=["row_key"]).column("row_key").to_numpy()
+            for f in parquet_files(work / "vectors")]
+    return np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+
+
+def isin_sorted(keys: np.ndarray, sorted_ref: np.ndarray) -> np.ndarray:
+    if not len(sorted_ref) or not len(keys):
+        return np.zeros(len(keys), bool)
+    pos = np.searchsorted(sorted_ref, keys)
+    pos[pos == len(sorted_ref)] = 0
+    return sorted_ref[pos] == keys
+
+
+def run_registry(work: Path, run: str) -> Path:
+    return work / "chunks" / "runs" / run
+
+
+def registered_parts(work: Path, run: str) -> list[dict]:
+    """The chunk parts this run wrote (one small JSON each: part name, shards, counts)."""
+    reg = run_registry(work, run)
+    if not reg.is_dir():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(reg.glob("*.json"))]
+
+
+def manifest_content_hash(files: dict[str, str], content: dict) -> str:
+    """What an index *is*: every file's sha256 plus the content config; no timestamps, timings or
+    hosts, so an interrupted-and-resumed build and an uninterrupted one hash the same."""
+    return stable_hash({"files": dict(sorted(files.items())), "content": content})

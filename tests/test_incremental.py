@@ -1,0 +1,59 @@
+"""Incremental versions of an index: `--append` adds documents and `--delete-ids` removes them without
+re-embedding the unchanged chunks, and the published index equals a full rebuild over the same
+documents (file for file, hence the same search results). Real Ray, MiniLM and FAISS."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qrag_ray.index.format import load_manifest
+from qrag_ray.index.incremental import incremental_config
+from qrag_ray.search.engine import SearchEngine
+
+QUERIES = ["When does the else clause of a for loop run?", "What does the assert statement do?",
+           "How do I make an object usable in a with statement?", "What is a lambda expression?"]
+
+
+def _search(index):
+    eng = SearchEngine(index)
+    return [[(r["chunk_id"], round(r["score"], 5)) for r in res] for res in eng.search(QUERIES, k=4)]
+
+
+@pytest.mark.slow
+def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_records, jsonl_writer, tmp_path):
+    from qrag_ray.pipeline import build_index
+
+    docs = corpus_records()
+    old = jsonl_writer(tmp_path / "old.jsonl", docs[:9])
+    new = jsonl_writer(tmp_path / "new.jsonl", docs[9:])
+    both = jsonl_writer(tmp_path / "both.jsonl", docs)
+    common = {"representation": "hybrid", "generator.backend": "precomputed", "shards": 2,
+              "chunker.method": "none"}
+    out = tmp_path / "idx"
+    first = build_with({**common, "input": str(old), "output": str(out), "build.keep_work": True})
+    assert (tmp_path / ".idx.work").is_dir()
+
+    appended = build_index(incremental_config(str(out), append=str(new)))
+    full = build_with({**common, "input": str(both), "output": str(tmp_path / "full")})
+    # only the new documents were embedded; the rest came from the kept checkpoints
+    assert appended.vectors_reused == first.vectors
+    assert appended.vectors_embedded == full.vectors - first.vectors > 0
+    assert load_manifest(out).index_version != first.manifest["index_version"]  # a new version
+    a, f = load_manifest(out, verify=True).data, load_manifest(tmp_path / "full").data
+    assert a["files"] == f["files"] and a["counts"] == f["counts"]
+    assert _search(out) == _search(tmp_path / "full")
+
+    ids = tmp_path / "gone.txt"
+    ids.write_text("for\nlambda\n")
+    deleted = build_index(incremental_config(str(out), delete_ids=str(ids)))
+    assert deleted.vectors_embedded == 0 and deleted.documents == len(docs) - 2
+    rest = jsonl_writer(tmp_path / "rest.jsonl", [d for d in docs if d["id"] not in ("for", "lambda")])
+    ref = build_with({**common, "input": str(rest), "output": str(tmp_path / "ref")})
+    d, r = load_manifest(out, verify=True).data, load_manifest(tmp_path / "ref").data
+    assert d["files"] == r["files"] and deleted.vectors == ref.vectors
+    hits = _search(out)
+    assert hits == _search(tmp_path / "ref")
+    assert not any(cid.split("#")[0] in ("for", "lambda") for res in hits for cid, _ in res)
+    assert json.loads((out / "manifest.json").read_text())["config"]["build"]["delete_ids"] == [str(ids)]
