@@ -195,8 +195,21 @@ class Bm25Config(_Strict):
 
     enabled: bool = False
     doc2query: bool = Field(True, description="index a chunk's generated questions with its text (when it has any)")
-    k1: float = Field(1.5, gt=0)
-    b: float = Field(0.75, ge=0, le=1)
+    # Lucene's BM25 as Anserini runs it (k1 0.9, b 0.4, stemmed English): 51.4 nDCG@10 on the TREC
+    # DL19 pool vs Lucene's 50.6, where bm25s's own defaults (1.5, 0.75, no stemming) gave 41.5
+    k1: float = Field(0.9, gt=0)
+    b: float = Field(0.4, ge=0, le=1)
+    stemmer: str | None = Field("english", description="Snowball stemmer (PyStemmer) for documents and queries; null = none")
+
+    @field_validator("stemmer")
+    @classmethod
+    def _known_stemmer(cls, v: str | None) -> str | None:
+        if v:
+            import Stemmer
+
+            if v not in Stemmer.algorithms():
+                raise ValueError(f"unknown stemmer {v!r} (known: {', '.join(Stemmer.algorithms())})")
+        return v or None
 
 
 class IndexBuildConfig(_Strict):
