@@ -20,7 +20,7 @@ from qrag_ray.errors import QragError
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
 
 # Vector kinds a representation may combine. Each row of a shard is one of these.
-VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window")
+VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window", "title")
 
 # The issue-6 winner for a small offline generator (docs/EVALUATION.md §4.6): the chunk at half
 # weight plus one "atom" slot where a sentence, a question written about it, or that question
@@ -235,6 +235,9 @@ class IndexConfig(_Strict):
     index: IndexBuildConfig = IndexBuildConfig()
     search: SearchConfig = SearchConfig()
     bm25: Bm25Config = Bm25Config()
+    # embed the document title with each chunk ("title\ntext", as BEIR does); the `title` kind is the
+    # other way, a vector of its own (docs/EVALUATION.md)
+    title_prefix: bool = False
     cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
     overwrite: bool = False
     address: str | None = None  # Ray cluster address; None = local Ray in-process
@@ -251,6 +254,8 @@ class IndexConfig(_Strict):
         # a preset's bm25/search defaults apply unless the config set that field itself; a preset's
         # hybrid weight stays out when the config turned its BM25 channel off (`--no-bm25`)
         preset = REPRESENTATIONS.get(self.representation, {})
+        if "title_prefix" in preset and "title_prefix" not in self.model_fields_set:
+            self.title_prefix = preset["title_prefix"]
         for key, val in preset.get("bm25", {}).items():
             if key not in self.bm25.model_fields_set:
                 setattr(self.bm25, key, copy.deepcopy(val))

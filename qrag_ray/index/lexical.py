@@ -39,12 +39,14 @@ def lexical_docs(chunk_idx: np.ndarray, kind: list[str], text: list[str], qn: np
                  doc2query: bool) -> tuple[np.ndarray, list[str]]:
     """(chunk ids, BM25 text) from a shard's vector rows, before any vector filter: the `chunk` row
     every chunk has (stored or auxiliary) gives its text; with doc2query each distinct generated
-    question of the chunk is appended. Ids come out sorted."""
+    question of the chunk is appended; a `title` row's text is appended first. Ids come out sorted."""
     body: dict[int, str] = {}
     extra: dict[int, list[str]] = {}
     for ci, kd, tx, n in zip(chunk_idx.tolist(), kind, text, qn.tolist()):
         if kd == "chunk":
             body[ci] = tx
+        elif kd == "title":  # the document's title is evidence for BM25 too (BEIR's title + text)
+            extra.setdefault(ci, []).insert(0, tx)
         elif doc2query and kd in QUESTION_KINDS and n >= 0:
             qs = extra.setdefault(ci, [])
             if tx not in qs:
