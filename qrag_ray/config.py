@@ -147,6 +147,8 @@ class SearchConfig(_Strict):
     # alpha * dense + (1 - alpha) * BM25 / the query's best BM25 score. Needs an index built with
     # bm25.enabled. None = dense only.
     bm25_alpha: float | None = Field(None, ge=0.0, le=1.0, description="weight of the dense score in a dense+BM25 hybrid")
+    bm25_norm: Literal["max", "minmax", "zscore"] = Field(
+        "max", description="per-query scale of both lists before the alpha mix (qrag_ray.search.merge.normalise)")
 
     @field_validator("kind_weights")
     @classmethod

@@ -249,7 +249,7 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")
-    base = {"chunker": {"method": "none"}} if dataset == "squad" else {}
+    base = {"chunker": {"method": "none"}} if dataset in ("squad", "bipar") else {}  # one passage = one chunk
     base = deep_update(base, base_overrides or {})
     hyde_gen = base.get("generator")
     results: dict[str, dict] = {}
