@@ -92,3 +92,22 @@ def test_run_suite_writes_table_json_and_plot(tmp_path):
     assert len(rep["regressions"]) == 2  # chunk fell 10 points; mix was not measured
     with pytest.raises(QragError, match="unknown suite slice 'nightly'"):
         run_suite(s, tmp_path / "out3", "nightly", runner=runner)
+
+
+def test_title_options_drop_out_on_an_untitled_corpus():
+    from qrag_ray.evaluation.suite import without_titles
+
+    assert without_titles({"representation": "chunk", "title_prefix": True}) == {"representation": "chunk",
+                                                                                 "title_prefix": False}
+    assert without_titles({"representation": "chunk+title", "search": {"fusion": "sum"}}) == {
+        "representation": "chunk", "search": {"fusion": "sum"}}
+    assert without_titles({"representation": "atom-sentence"}) == {"representation": "atom-sentence"}
+
+
+def test_an_index_is_reused_by_what_it_holds_not_by_the_preset_name():
+    from qrag_ray.evaluation.driver import _build_view
+
+    a = {"representation": "atom-sentence", "bm25": {"enabled": True}, "search": {"bm25_alpha": 0.5}}
+    b = {"representation": "sentence", "bm25": {"enabled": True}}
+    assert _build_view(a) == _build_view(b)
+    assert _build_view(a) != _build_view({**b, "representation": "chunk"})

@@ -85,7 +85,7 @@ def test_policy_and_config_carry_alpha():
     assert FusionPolicy.from_config(SearchConfig(bm25_alpha=0.75)).bm25_alpha == 0.75
     assert FusionPolicy.from_config({}).bm25_alpha is None
     with pytest.raises(QragError, match="bm25.enabled"):
-        build_index_config(None, **{"search.bm25_alpha": 0.7})
+        build_index_config(None, representation="chunk", **{"search.bm25_alpha": 0.7})
     with pytest.raises(QragError, match="bm25_alpha"):
         build_index_config(None, **{"search.bm25_alpha": 1.5, "bm25.enabled": True})
     cfg = IndexConfig.model_validate({"bm25": {"enabled": True}, "search": {"bm25_alpha": 0.6}})

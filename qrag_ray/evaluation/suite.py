@@ -211,10 +211,27 @@ def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: 
 
 # --------------------------------------------------------------------------------------------- running
 
+def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A configuration as it acts on a corpus with no titles: the title prefix and the `title` kind
+    add nothing there, so they are dropped and the configuration shares the index of its untitled
+    twin instead of embedding the same texts again."""
+    from qrag_ray.config import REPRESENTATIONS
+
+    out = dict(cfg)
+    if out.get("title_prefix") or REPRESENTATIONS.get(out["representation"], {}).get("title_prefix"):
+        out["title_prefix"] = False
+    kinds = out["representation"].split("+")
+    if "title" in kinds and len(kinds) > 1:
+        out["representation"] = "+".join(k for k in kinds if k != "title")
+    return out
+
+
 def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: Path, console=None) -> dict:
     from qrag_ray.evaluation.driver import Variant, run_eval
+    from qrag_ray.evaluation.loaders import load_eval_set
 
-    variants = [Variant(c, dict(suite.configs[c])) for c in configs]
+    titled = any(d["title"] for d in load_eval_set(ds.kind, ds.data, ds.subset, ds.split, ds.offset).corpus)
+    variants = [Variant(c, dict(suite.configs[c]) if titled else without_titles(suite.configs[c])) for c in configs]
     res = run_eval(ds.kind, ds.data, variants, out / ds.name, subset=ds.subset, ks=[1, 10],
                    base_overrides=suite.base, console=console, split=ds.split, offset=ds.offset)
     return {c: r["metrics"] for c, r in res["results"].items()}
