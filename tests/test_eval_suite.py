@@ -111,3 +111,21 @@ def test_an_index_is_reused_by_what_it_holds_not_by_the_preset_name():
     b = {"representation": "sentence", "bm25": {"enabled": True}}
     assert _build_view(a) == _build_view(b)
     assert _build_view(a) != _build_view({**b, "representation": "chunk"})
+
+
+def test_resume_keeps_unchanged_figures_and_skip_leaves_pairs_out(tmp_path):
+    text = SUITE.replace("datasets: {b: {subset: 10}}}", "datasets: {a: {}, b: {subset: 10}}, skip: {a: [mix]}}")
+    s = load_suite(_write(tmp_path, text))
+    calls = []
+
+    def runner(ds, suite, cfgs, out, console):
+        calls.append((ds.name, tuple(cfgs)))
+        return {c: {"nDCG@10": 0.5} for c in cfgs}
+
+    rep = run_suite(s, tmp_path / "o", "ci", runner=runner)
+    assert calls == [("a", ("chunk",)), ("b", ("chunk", "mix"))] and "mix" not in rep["metrics"]["a"]
+    assert "mean" not in rep["table"]["mix"]  # not measured on every dataset
+    calls.clear()
+    s.configs["mix"] = {**s.configs["mix"], "search": {"bm25_alpha": 0.7}}  # a changed definition runs again
+    run_suite(s, tmp_path / "o", "ci", runner=runner, resume=True)
+    assert calls == [("b", ("mix",))]

@@ -96,6 +96,7 @@ def register(app: typer.Typer) -> None:
         configs: Optional[str] = typer.Option(None, "--configs", help="comma-separated config names (default: all)"),
         output: str = typer.Option("runs/suite", "--output", "-o"),
         record: bool = typer.Option(False, "--record", help="also print the measured table as an expected: block"),
+        resume: bool = typer.Option(False, "--resume", help="keep figures an earlier run of this slice wrote to --output"),
     ):
         """Every configuration on every dataset: one table with the mean, JSON and a plot; exit 1 when a
         figure falls below the one recorded for the slice."""
@@ -105,7 +106,7 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True)
         suite = load_suite(path)
         rep = run_suite(suite, output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
-                        console=console)
+                        console=console, resume=resume)
         print(rep["markdown"])
         for line in rep["regressions"]:
             print(f"REGRESSION  {line}")

@@ -12,7 +12,8 @@ YAML (`eval/suite.yaml`):
     base        IndexConfig overrides for every run (embedder, exact search, BM25 settings)
     datasets    {name: {kind, data, subset?, offset?, split?}}
     configs     {name: {representation, <IndexConfig overrides>...}, in table order}
-    slices      {slice: {configs?: [names], datasets: {name: {subset?, offset?}}}}: smaller runs (e.g. ci)
+    slices      {slice: {configs?: [names], datasets: {name: {subset?, offset?}}, skip?: {dataset: [configs]}}}:
+                smaller runs (e.g. ci); `skip` leaves out pairs too costly to build there (shown as "–")
     expected    {slice: {dataset: {config: percent}}}; slice "full" is the datasets as given
 
 A slice runs only the datasets it names, each with the slice's subset/offset, and only its configs
@@ -237,12 +238,31 @@ def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: P
     return {c: r["metrics"] for c, r in res["results"].items()}
 
 
+def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, dict]]:
+    """{dataset: {config: metrics}} of an earlier run of this slice in `out` whose configuration
+    definitions are the current ones (a definition that changed is measured again)."""
+    p = out / "suite.json"
+    if not p.is_file():
+        return {}
+    try:
+        old = json.loads(p.read_text())
+    except json.JSONDecodeError:
+        return {}
+    if old.get("slice") != slice_name:
+        return {}
+    defs = old.get("configs") or {}
+    return {ds: {c: m for c, m in row.items() if c in suite.configs and defs.get(c, suite.configs[c]) == suite.configs[c]}
+            for ds, row in (old.get("metrics") or {}).items()}
+
+
 def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: list[str] | None = None,
               configs: list[str] | None = None, console=None,
-              runner: Callable[..., dict] | None = None) -> dict:
+              runner: Callable[..., dict] | None = None, resume: bool = False) -> dict:
     """Run the selected configurations on the selected datasets (as `slice_name` reads them), write
     suite.json, suite.md and suite.png under `out`, and compare with the recorded figures of that
-    slice. `runner(dataset, suite, configs, out, console) -> {config: metrics}` is injectable."""
+    slice. `runner(dataset, suite, configs, out, console) -> {config: metrics}` is injectable.
+    `resume`: keep the figures an earlier run of the same slice wrote to `out` for unchanged
+    configurations, and measure only the rest (a long run interrupted, or split over sessions)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     names = [d.name for d in suite.datasets]
@@ -254,6 +274,8 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     sl = suite.slices.get(slice_name)
     cfgs = configs or list((sl or {}).get("configs") or suite.configs)
     run = runner or _evaluate_dataset
+    prev = _previous(out, slice_name, suite) if resume else {}
+    skip = (sl or {}).get("skip") or {}
     table: dict[str, dict[str, float]] = {c: {} for c in cfgs}
     raw: dict[str, dict] = {}
     done: list[str] = []
@@ -265,7 +287,12 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
             continue
         if console:
             console.rule(f"suite: {ds.name} ({slice_name})")
-        metrics = run(ds, suite, cfgs, out, console)
+        kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in cfgs}
+        todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])]
+        metrics = dict(kept)
+        if todo:
+            metrics |= run(ds, suite, todo, out, console)
+        metrics = {c: metrics[c] for c in cfgs if c in metrics}
         raw[ds.name] = metrics
         for c in cfgs:
             v = (metrics.get(c) or {}).get(suite.metric)
@@ -277,6 +304,7 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     table = with_mean(table, done)
     regs, better = compare_expected(table, suite.expected.get(slice_name, {}), suite.tolerance)
     report = {"slice": slice_name, "metric": suite.metric, "datasets": done, "table": table, "metrics": raw,
+              "configs": {c: suite.configs[c] for c in cfgs}, "skipped": skip,
               "regressions": regs, "better": better}
     (out / "suite.json").write_text(json.dumps(report, indent=2))
     md = format_table(table, done, suite.metric, mark="default" if "default" in table else None)
