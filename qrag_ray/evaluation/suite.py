@@ -106,6 +106,8 @@ def load_suite(path: str | Path) -> Suite:
             raise QragError(f"{where}: slice {sl!r} needs a 'datasets' mapping (and may not be named {FULL!r})")
         bad = [x for x in spec["datasets"] if x not in {d.name for d in dsets}]
         bad += [x for x in spec.get("configs") or [] if x not in configs]
+        for ds, cs in (spec.get("skip") or {}).items():
+            bad += [x for x in [ds] if x not in spec["datasets"]] + [x for x in cs or [] if x not in configs]
         if bad:
             raise QragError(f"{where}: slice {sl!r} names unknown dataset(s) or config(s): {', '.join(map(str, bad))}")
     expected = raw.get("expected") or {}
