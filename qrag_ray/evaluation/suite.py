@@ -240,21 +240,38 @@ def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: P
     return {c: r["metrics"] for c, r in res["results"].items()}
 
 
-def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, dict]]:
-    """{dataset: {config: metrics}} of an earlier run of this slice in `out` whose configuration
-    definitions are the current ones (a definition that changed is measured again)."""
-    p = out / "suite.json"
-    if not p.is_file():
-        return {}
+def _read_json(p: Path) -> dict:
     try:
-        old = json.loads(p.read_text())
+        return json.loads(p.read_text()) if p.is_file() else {}
     except json.JSONDecodeError:
         return {}
-    if old.get("slice") != slice_name:
-        return {}
-    defs = old.get("configs") or {}
-    return {ds: {c: m for c, m in row.items() if c in suite.configs and defs.get(c, suite.configs[c]) == suite.configs[c]}
-            for ds, row in (old.get("metrics") or {}).items()}
+
+
+def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, dict]]:
+    """{dataset: {config: metrics}} measured earlier in `out` for this slice: the `qrag eval` reports
+    of each dataset folder (results.json when its slice matches, partial.json of an interrupted run),
+    then suite.json, whose stored definitions must equal the current ones (a definition that changed
+    is measured again; the eval reports carry no definitions and are taken by name)."""
+    sl = suite.slices.get(slice_name)
+    prev: dict[str, dict[str, dict]] = {}
+    for d in suite.datasets:
+        ds = d.sliced(sl)
+        if ds is None:
+            continue
+        rep = _read_json(out / ds.name / "results.json")
+        meta = rep.get("meta") or {}
+        row = {}
+        if meta.get("subset") == ds.subset and int(meta.get("offset") or 0) == ds.offset:
+            row |= {c: r["metrics"] for c, r in (rep.get("representations") or {}).items() if "metrics" in r}
+        row |= {c: r["metrics"] for c, r in _read_json(out / ds.name / "partial.json").items() if "metrics" in r}
+        prev[ds.name] = row
+    old = _read_json(out / "suite.json")
+    if old.get("slice") == slice_name:
+        defs = old.get("configs") or {}
+        for ds, row in (old.get("metrics") or {}).items():
+            prev.setdefault(ds, {}).update(
+                {c: m for c, m in row.items() if c in suite.configs and defs.get(c, suite.configs[c]) == suite.configs[c]})
+    return {ds: {c: m for c, m in row.items() if c in suite.configs} for ds, row in prev.items()}
 
 
 def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: list[str] | None = None,
