@@ -122,7 +122,8 @@ def base_vector_rows(chunk: dict, kinds: list[str], cfg: IndexConfig, aux_q: boo
 
     sentences = atoms_of(chunk, cfg) if {"sentence", "window"} & set(kinds) else None
     qs = list(chunk.get("questions") or []) if cfg.generator.backend == "precomputed" else []
-    return vector_rows(chunk, kinds, qs, sentences, aux_questions=aux_q and bool(qs))
+    return vector_rows(chunk, kinds, qs, sentences, aux_questions=aux_q and bool(qs), title=chunk.get("title"),
+                       title_prefix=cfg.title_prefix)
 
 
 def question_vector_rows(row: dict, kinds: list[str], aux_q: bool) -> list[dict]:

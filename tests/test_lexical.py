@@ -136,3 +136,53 @@ def test_global_idf_refuses_another_idf_before_rewriting_any_shard(tmp_path):
     with pytest.raises(ValueError, match="method 'lucene', not 'robertson'"):
         globalize_idf(shards)
     assert (shards[0] / "data.csc.index.npy").read_bytes() == before
+
+
+# ------------------------------------------------------------------------------------- stemming, by hand
+
+TOY = ["The runner runs quickly", "Running is fun", "Cats sleep all day"]
+
+
+def _bm25_by_hand(tf: int, dl: int, avgdl: float, df: int, n: int, k1: float, b: float) -> float:
+    """Lucene's (>= 8) BM25 term score: idf = ln(1 + (N - df + 0.5) / (df + 0.5)) times
+    tf / (tf + k1 (1 - b + b dl / avgdl)) (Lucene 8 dropped the constant (k1 + 1) factor)."""
+    idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+    return idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))
+
+
+def test_stemmed_bm25_matches_a_hand_computed_score(tmp_path):
+    # stemmed, stopwords out: d0 = runner run quick (3), d1 = run fun (2), d2 = cat sleep all day (4)
+    k1, b = 0.9, 0.4
+    build_bm25(np.asarray([10, 11, 12]), TOY, tmp_path / "s", k1=k1, b=b, stemmer="english")
+    lex = ShardLexicon(tmp_path / "s")
+    assert lex.stemmer == "english"
+    scores, ids = lex.search(["ran? no: runs"], k=3)  # query stems to "ran", "run"; "ran" is in no document
+    avgdl = (3 + 2 + 4) / 3
+    want = {10: _bm25_by_hand(1, 3, avgdl, 2, 3, k1, b), 11: _bm25_by_hand(1, 2, avgdl, 2, 3, k1, b)}
+    assert ids[0, :2].tolist() == [11, 10] and ids[0, 2] == -1  # the shorter document first
+    np.testing.assert_allclose(scores[0, :2], [want[11], want[10]], rtol=1e-5)
+
+
+def test_without_stemming_running_does_not_match_runs(tmp_path):
+    build_bm25(np.asarray([10, 11, 12]), TOY, tmp_path / "u", k1=0.9, b=0.4, stemmer=None)
+    lex = ShardLexicon(tmp_path / "u")
+    _, ids = lex.search(["running"], k=3)
+    assert ids[0].tolist() == [11, -1, -1]
+
+
+def test_an_index_built_before_stemming_keeps_unstemmed_queries(tmp_path):
+    from qrag_ray.index.lexical import TOKENIZER
+
+    build_bm25(np.asarray([10, 11, 12]), TOY, tmp_path / "old", k1=0.9, b=0.4, stemmer=None)
+    (tmp_path / "old" / TOKENIZER).unlink()  # what an index of the previous release holds
+    assert ShardLexicon(tmp_path / "old").stemmer is None
+
+
+def test_unknown_stemmer_is_a_config_error():
+    from pydantic import ValidationError
+
+    from qrag_ray.config import Bm25Config
+
+    assert Bm25Config().stemmer == "english" and (Bm25Config().k1, Bm25Config().b) == (0.9, 0.4)
+    with pytest.raises(ValidationError, match="unknown stemmer 'klingon'"):
+        Bm25Config(stemmer="klingon")

@@ -72,7 +72,8 @@ def test_bm25_preset_brings_its_channel_and_weight_unless_turned_off():
     assert cfg.bm25.enabled and cfg.bm25.doc2query and cfg.search.bm25_alpha == 0.67
     assert cfg.search.groups == {"atom": ["sentence", "question", "quote"]}
     # the preset must not leak into the defaults other configs start from
-    assert not IndexConfig().bm25.enabled and IndexConfig().search.bm25_alpha is None
+    plain = IndexConfig(representation="chunk")
+    assert not plain.bm25.enabled and plain.search.bm25_alpha is None and not plain.title_prefix
     assert not IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"}).bm25.enabled
     # field by field: a chosen weight or doc2query setting wins; BM25 off means dense search, not an error
     mine = IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"},
@@ -185,3 +186,14 @@ def test_sentence_windows_need_two_sentences():
     assert sentence_windows([]) == []
     assert sentence_windows(["Only one."]) == []
     assert sentence_windows(["A.", "B.", "C."]) == ["A. B.", "B. C."]
+
+
+def test_default_preset_is_what_index_builds_without_a_representation():
+    """issue 19: the title-prefixed chunk + stemmed BM25 at alpha 0.67, chosen across the suite."""
+    cfg = IndexConfig()
+    assert cfg.representation == "default" and representation_plan(cfg) == (["chunk"], None)
+    assert cfg.title_prefix and cfg.bm25.enabled and cfg.bm25.stemmer == "english" and cfg.search.bm25_alpha == 0.67
+    # --no-bm25 gives its dense form, and a chosen title setting wins
+    off = IndexConfig(bm25={"enabled": False}, title_prefix=False)
+    assert off.search.bm25_alpha is None and not off.title_prefix
+    assert not IndexConfig(representation="chunk").bm25.enabled

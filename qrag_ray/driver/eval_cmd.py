@@ -14,7 +14,7 @@ from qrag_ray.errors import QragError
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
-        dataset: str = typer.Option(..., "--dataset", help="squad|beir|jsonl"),
+        dataset: str = typer.Option(..., "--dataset", help="squad|bipar|beir|jsonl"),
         data: str = typer.Option(..., "--data", help="SQuAD JSON file, BEIR folder, or folder with corpus.jsonl/queries.jsonl/qrels.tsv"),
         representations: str = typer.Option("chunk,atom-sentence", "--representations", help="comma-separated"),
         subset: Optional[int] = typer.Option(None, "--subset", help="first N contexts/documents with their queries"),
@@ -86,4 +86,34 @@ def register(app: typer.Typer) -> None:
             with open(json_out, "w") as f:
                 json.dump(res.measured, f, indent=2, default=str)
         if not res.passed:
+            raise typer.Exit(1)
+
+    @app.command("suite")
+    def suite_cmd(
+        path: str = typer.Option("eval/suite.yaml", "--suite", help="suite YAML (datasets x configurations -> figures)"),
+        slice_name: str = typer.Option("full", "--slice", help="'full', or a slice the YAML names (e.g. ci)"),
+        datasets: Optional[str] = typer.Option(None, "--datasets", help="comma-separated dataset names (default: all)"),
+        configs: Optional[str] = typer.Option(None, "--configs", help="comma-separated config names (default: all)"),
+        output: str = typer.Option("runs/suite", "--output", "-o"),
+        record: bool = typer.Option(False, "--record", help="also print the measured table as an expected: block"),
+        resume: bool = typer.Option(False, "--resume", help="keep figures an earlier run of this slice wrote to --output"),
+    ):
+        """Every configuration on every dataset: one table with the mean, JSON and a plot; exit 1 when a
+        figure falls below the one recorded for the slice."""
+        from qrag_ray.evaluation.driver import parse_list
+        from qrag_ray.evaluation.suite import load_suite, recorded_yaml, run_suite
+
+        console = Console(stderr=True)
+        suite = load_suite(path)
+        rep = run_suite(suite, output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
+                        console=console, resume=resume)
+        print(rep["markdown"])
+        for line in rep["regressions"]:
+            print(f"REGRESSION  {line}")
+        for line in rep["better"]:
+            print(f"BETTER      {line}")
+        if record:
+            print(recorded_yaml(rep["table"], rep["datasets"], slice_name))
+        console.print(f"wrote {', '.join(rep['paths'].values())}")
+        if rep["regressions"]:
             raise typer.Exit(1)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qrag_ray.config import IndexConfig, deep_update, representation_plan
+from qrag_ray.config import IndexConfig, deep_update, representation_plan, resolve_representation
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import evaluate, leaked_queries
@@ -62,6 +62,11 @@ _NOT_BUILD = {"overwrite", "address", "num_cpus", "cache_dir", "output", "search
 
 def _build_view(cfg: dict) -> dict:
     out = {k: v for k, v in cfg.items() if k not in _NOT_BUILD}
+    try:  # a preset is its vectors: `default` builds what `chunk` with the same settings builds
+        kinds, gran = resolve_representation(str(out.get("representation")))
+        out["representation"] = {"kinds": sorted(kinds), "granularity": gran}
+    except ValueError:
+        pass
     gen = dict(out.get("generator") or {})
     for k in ("batch_size", "concurrency", "engine_kwargs", "num_gpus", "max_parallel_requests",
               "request_timeout_s"):  # throughput knobs; the cache key ignores them too
@@ -249,7 +254,7 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")
-    base = {"chunker": {"method": "none"}} if dataset == "squad" else {}
+    base = {"chunker": {"method": "none"}} if dataset in ("squad", "bipar") else {}  # one passage = one chunk
     base = deep_update(base, base_overrides or {})
     hyde_gen = base.get("generator")
     results: dict[str, dict] = {}

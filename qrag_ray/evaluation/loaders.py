@@ -4,6 +4,7 @@ Three input shapes, one result (`EvalSet`):
 
 - SQuAD v1.1 JSON (`load_squad`): every paragraph context is one document, every question a query whose
   single relevant document is its own context (SQuAD-as-retrieval, DESIGN §6).
+- BiPaR (`load_bipar`): SQuAD-format novel passages; its "titles" are file ids, so none are kept.
 - BEIR folders (`load_beir`): corpus.jsonl, queries.jsonl, qrels/<split>.tsv.
 - Plain JSONL + TSV qrels (`load_jsonl_qrels`).
 
@@ -21,7 +22,7 @@ from typing import Any, Iterator
 
 from qrag_ray.errors import QragError
 
-EVAL_KINDS = ("squad", "beir", "jsonl")
+EVAL_KINDS = ("squad", "bipar", "beir", "jsonl")
 
 
 @dataclass
@@ -256,6 +257,18 @@ def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> 
                      {q["qid"]: q["text"] for q in queries}, qrels, subset, p, offset)
 
 
+def load_bipar(path: str | Path, subset: int | None = None, offset: int = 0) -> EvalSet:
+    """BiPaR monolingual English (e.g. Monolingual_EN_valid.json: 375 novel passages, 1,500 questions):
+    SQuAD v1.1 format, read by `load_squad`. Its article "titles" are file ids ("lu_ding_ji_753", a book
+    in pinyin and a number), not words a reader would search with, so they are dropped: title
+    evidence is measured only where titles are titles."""
+    es = load_squad(path, subset, offset)
+    for d in es.corpus:
+        d["title"] = ""
+    return EvalSet(name=es.name.replace("squad:", "bipar:", 1), corpus=es.corpus, queries=es.queries,
+                   qrels=es.qrels)
+
+
 def load_beir(folder: str | Path, split: str = "test", subset: int | None = None, offset: int = 0) -> EvalSet:
     """A BEIR dataset folder: corpus.jsonl (`_id`, `title`, `text`), queries.jsonl (`_id`, `text`) and
     qrels/{split}.tsv (header `query-id corpus-id score`, graded).
@@ -301,10 +314,12 @@ def load_jsonl_qrels(corpus_jsonl: str | Path, queries_jsonl: str | Path, qrels_
 
 def load_eval_set(kind: str, data: str | Path, subset: int | None = None, split: str = "test",
                   offset: int = 0) -> EvalSet:
-    """Dispatch on kind: "squad" (data = the JSON file), "beir" (data = the dataset folder; `split`
+    """Dispatch on kind: "squad" or "bipar" (data = the JSON file), "beir" (data = the dataset folder; `split`
     picks qrels/{split}.tsv), "jsonl" (data = a folder holding corpus.jsonl, queries.jsonl, qrels.tsv)."""
     if kind == "squad":
         return load_squad(data, subset, offset)
+    if kind == "bipar":
+        return load_bipar(data, subset, offset)
     if kind == "beir":
         return load_beir(data, split=split, subset=subset, offset=offset)
     if kind == "jsonl":

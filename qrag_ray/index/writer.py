@@ -134,7 +134,7 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
         # from all rows, before the vector filters: a pruned question still names the chunk's words
         ids, docs = lexical_docs(table.column("chunk_idx").to_numpy(), table.column("kind").to_pylist(),
                                  table.column("text").to_pylist(), table.column("qn").to_numpy(), bm25.doc2query)
-        vocab = build_bm25(ids, docs, out_dir / shard_bm25(shard), bm25.k1, bm25.b)
+        vocab = build_bm25(ids, docs, out_dir / shard_bm25(shard), bm25.k1, bm25.b, bm25.stemmer)
         lexical = {"bm25": shard_bm25(shard), "bm25_docs": int(len(ids)), "bm25_vocab": vocab}
     return {
         **lexical,

@@ -70,6 +70,7 @@ class FusionPolicy:
     kind_bias: dict = field(default_factory=dict)
     groups: dict = field(default_factory=dict)  # group name -> kinds
     bm25_alpha: float | None = None  # None: dense only
+    bm25_norm: str = "max"  # how both lists are put on one scale before alpha mixes them (hybrid_scores)
 
     @classmethod
     def from_config(cls, search: dict | None) -> "FusionPolicy":
@@ -79,7 +80,8 @@ class FusionPolicy:
         return cls(fusion=s.get("fusion", "max"), kind_weights=dict(s.get("kind_weights") or {}),
                    rrf_k=int(s.get("rrf_k", 60)), kind_bias=dict(s.get("kind_bias") or {}),
                    groups={g: tuple(ks) for g, ks in (s.get("groups") or {}).items()},
-                   bm25_alpha=None if s.get("bm25_alpha") is None else float(s["bm25_alpha"]))
+                   bm25_alpha=None if s.get("bm25_alpha") is None else float(s["bm25_alpha"]),
+                   bm25_norm=str(s.get("bm25_norm") or "max"))
 
     def with_bm25_alpha(self, alpha: float) -> "FusionPolicy":
         """This policy with a query-time alpha (`qrag search --bm25-alpha`, the HTTP `bm25_alpha`)."""
@@ -171,7 +173,32 @@ def hybrid_scores(dense: dict[int, float], c: Candidates, policy: FusionPolicy) 
     else:
         lex, lfloor = dict(zip(lex_ids, lex_sc)), c.lex_floor
     dfloor = min(dense.values()) if dense else 0.0
+    if policy.fusion != "rrf" and policy.bm25_norm != "max":
+        dense, dfloor = normalise(dense, dfloor, policy.bm25_norm)
+        lex, lfloor = normalise(lex, lfloor, policy.bm25_norm)
     return {ch: a * dense.get(ch, dfloor) + (1 - a) * lex.get(ch, lfloor) for ch in dense.keys() | lex.keys()}
+
+
+def normalise(scores: dict[int, float], floor: float, how: str) -> tuple[dict[int, float], float]:
+    """One list's scores (and the floor an unseen chunk counts with) on a per-query scale, so a fixed
+    alpha means the same on every query: "minmax" maps the list onto [0, 1] (floor and list minimum
+    at 0), "zscore" subtracts the list's mean and divides by its spread. "max" (the default) keeps
+    the dense cosines raw and BM25 over the query's best, as `_gather_lexical` made it."""
+    if how == "max" or not scores:
+        return scores, floor
+    vals = np.fromiter(scores.values(), np.float64, len(scores))
+    if how == "minmax":
+        lo = min(float(vals.min()), floor)
+        span = float(vals.max()) - lo
+        if span <= 0:
+            return {ch: 1.0 for ch in scores}, 0.0
+        return {ch: (v - lo) / span for ch, v in scores.items()}, (floor - lo) / span
+    if how == "zscore":
+        mu, sd = float(vals.mean()), float(vals.std())
+        if sd <= 0:
+            return {ch: 0.0 for ch in scores}, min(0.0, floor - mu)
+        return {ch: (v - mu) / sd for ch, v in scores.items()}, (floor - mu) / sd
+    raise QragError(f"unknown score normalisation {how!r} (known: max, minmax, zscore)")
 
 
 def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,344 @@
+"""The multi-dataset suite (issue 19): every configuration on every dataset, one table, one mean.
+
+Presets used to be tuned on SQuAD alone, whose questions share the passage's words; on web queries
+(TREC DL) the ranking of configurations reverses. The suite runs the same configurations over datasets
+of different query styles and prints configuration x dataset with the mean, so a default is chosen
+across them, and holds the figures against the ones recorded in the YAML (pyserini's 2CR style: the
+file is the expected table, `qrag suite` checks it).
+
+YAML (`eval/suite.yaml`):
+    metric      the figure of the table (percent), e.g. nDCG@10
+    tolerance   percent points a figure may fall below its recorded value (default 1.0)
+    base        IndexConfig overrides for every run (embedder, exact search, BM25 settings)
+    datasets    {name: {kind, data, subset?, offset?, split?}}
+    configs     {name: {representation, <IndexConfig overrides>...}, in table order}
+    slices      {slice: {configs?: [names], datasets: {name: {subset?, offset?}}, skip?: {dataset: [configs]}}}:
+                smaller runs (e.g. ci); `skip` leaves out pairs too costly to build there (shown as "–")
+    expected    {slice: {dataset: {config: percent}}}; slice "full" is the datasets as given
+
+A slice runs only the datasets it names, each with the slice's subset/offset, and only its configs
+(all when it lists none).
+Configurations that build the same vectors share one index per dataset (`qrag eval` reuses an index
+whose build settings match; fusion settings are applied at query time), so twenty configurations
+cost about five index builds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from qrag_ray.config import deep_update
+from qrag_ray.errors import QragError
+from qrag_ray.evaluation.loaders import EVAL_KINDS
+
+FULL = "full"
+
+
+@dataclass
+class SuiteDataset:
+    name: str
+    kind: str
+    data: str
+    subset: int | None = None
+    offset: int = 0
+    split: str = "test"
+
+    def sliced(self, sl: dict[str, Any] | None) -> "SuiteDataset | None":
+        """This dataset as a slice reads it (None: the full dataset); None when the slice leaves it out."""
+        if sl is None:
+            return self
+        if self.name not in (sl.get("datasets") or {}):
+            return None
+        d = sl["datasets"][self.name] or {}
+        return SuiteDataset(self.name, self.kind, self.data, d.get("subset"), int(d.get("offset", 0)), self.split)
+
+
+@dataclass
+class Suite:
+    metric: str
+    tolerance: float
+    base: dict[str, Any]
+    datasets: list[SuiteDataset]
+    configs: dict[str, dict[str, Any]]
+    slices: dict[str, dict[str, Any]]
+    expected: dict[str, dict[str, dict[str, float]]]  # slice -> dataset -> config -> percent
+    path: Path | None = None
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Parse and validate a suite YAML (every configuration checked against IndexConfig up front)."""
+    from pydantic import ValidationError
+
+    from qrag_ray.config import IndexConfig, format_validation_error, load_yaml
+    from qrag_ray.evaluation.matrix import resolve_data_path
+
+    p = Path(path)
+    raw = load_yaml(p)
+    where = str(p)
+    metric = raw.get("metric", "nDCG@10")
+    tolerance = float(raw.get("tolerance", 1.0))
+    base = raw.get("base") or {}
+    if not isinstance(base, dict):
+        raise QragError(f"{where}: 'base' must be a mapping of index config overrides")
+    dsets = []
+    for name, d in (raw.get("datasets") or {}).items():
+        if not isinstance(d, dict) or d.get("kind") not in EVAL_KINDS or not isinstance(d.get("data"), str):
+            raise QragError(f"{where}: dataset {name!r} needs kind ({', '.join(EVAL_KINDS)}) and data")
+        dsets.append(SuiteDataset(str(name), d["kind"], resolve_data_path(d["data"], p.parent), d.get("subset"),
+                                  int(d.get("offset", 0)), str(d.get("split", "test"))))
+    configs = raw.get("configs") or {}
+    if not dsets or not isinstance(configs, dict) or not configs:
+        raise QragError(f"{where}: needs at least one dataset and one config")
+    for name, c in configs.items():
+        if not isinstance(c, dict) or not c.get("representation"):
+            raise QragError(f"{where}: config {name!r} needs a representation")
+        try:
+            IndexConfig.model_validate(deep_update(base, c))
+        except ValidationError as e:
+            raise QragError(f"{where}: config {name!r}: {format_validation_error(e)}") from None
+    slices = raw.get("slices") or {}
+    for sl, spec in slices.items():
+        if sl == FULL or not isinstance(spec, dict) or not isinstance(spec.get("datasets"), dict):
+            raise QragError(f"{where}: slice {sl!r} needs a 'datasets' mapping (and may not be named {FULL!r})")
+        bad = [x for x in spec["datasets"] if x not in {d.name for d in dsets}]
+        bad += [x for x in spec.get("configs") or [] if x not in configs]
+        for ds, cs in (spec.get("skip") or {}).items():
+            bad += [x for x in [ds] if x not in spec["datasets"]] + [x for x in cs or [] if x not in configs]
+        if bad:
+            raise QragError(f"{where}: slice {sl!r} names unknown dataset(s) or config(s): {', '.join(map(str, bad))}")
+    expected = raw.get("expected") or {}
+    for sl, table in expected.items():
+        for ds, row in (table or {}).items():
+            unknown = set(row or {}) - set(configs)
+            if ds not in {d.name for d in dsets} or unknown:
+                raise QragError(f"{where}: expected.{sl}.{ds} names an unknown dataset or config {sorted(unknown)}")
+    return Suite(metric, tolerance, base, dsets, {str(k): dict(v) for k, v in configs.items()},
+                 {str(k): dict(v) for k, v in slices.items()},
+                 {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()}, p)
+
+
+# --------------------------------------------------------------------------------------------- tables
+
+def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> dict[str, dict[str, float]]:
+    """{config: {dataset: value}} plus a "mean" over `datasets` (only for configs measured on all)."""
+    out = {}
+    for cfg, row in table.items():
+        r = dict(row)
+        vals = [r[d] for d in datasets if r.get(d) is not None]
+        if datasets and len(vals) == len(datasets):
+            r["mean"] = sum(vals) / len(vals)
+        out[cfg] = r
+    return out
+
+
+def rule_check(table: Mapping[str, Mapping[str, float]], datasets: list[str], candidate: str,
+               references: tuple[str, ...] = ("chunk", "bm25"), margin: float = 1.0) -> dict[str, float]:
+    """The default's rule (issue 19): on every dataset within `margin` points of the best of the
+    reference configurations (the single channels). Returns {dataset: shortfall} for the datasets
+    where `candidate` falls further below; empty = the rule holds."""
+    bad = {}
+    for d in datasets:
+        refs = [table[r][d] for r in references if r in table and table[r].get(d) is not None]
+        got = table.get(candidate, {}).get(d)
+        if refs and got is not None and got < max(refs) - margin - 1e-9:
+            bad[d] = max(refs) - got
+    return bad
+
+
+def format_table(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: str,
+                 mark: str | None = None) -> str:
+    """Markdown: one row per configuration, one column per dataset and the mean; the best figure of
+    each column in bold, `mark` (the default) with a star."""
+    cols = datasets + ["mean"]
+    best = {c: max((r.get(c) for r in table.values() if r.get(c) is not None), default=None) for c in cols}
+    lines = [f"| {metric} | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for cfg, row in table.items():
+        cells = []
+        for c in cols:
+            v = row.get(c)
+            s = "–" if v is None else f"{v:.1f}"
+            cells.append(f"**{s}**" if v is not None and best[c] is not None and abs(v - best[c]) < 0.05 else s)
+        lines.append(f"| {cfg}{' ★' if cfg == mark else ''} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compare_expected(table: Mapping[str, Mapping[str, float]], expected: Mapping[str, Mapping[str, float]],
+                     tolerance: float) -> tuple[list[str], list[str]]:
+    """(regressions, improvements) as lines: measured below recorded - tolerance, or above + tolerance.
+    A recorded figure that was not measured is a regression (a broken runner must not pass)."""
+    regs, better = [], []
+    for ds, row in expected.items():
+        for cfg, exp in row.items():
+            if exp is None:
+                continue
+            got = table.get(cfg, {}).get(ds)
+            if got is None:
+                regs.append(f"{ds} / {cfg}: not measured (recorded {exp:.1f})")
+            elif got < exp - tolerance - 1e-9:
+                regs.append(f"{ds} / {cfg}: {got:.2f} vs recorded {exp:.1f} ({got - exp:+.2f}, tolerance {tolerance:g})")
+            elif got > exp + tolerance + 1e-9:
+                better.append(f"{ds} / {cfg}: {got:.2f} better than recorded {exp:.1f} ({got - exp:+.2f})")
+    return regs, better
+
+
+def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: str, path: Path) -> Path | None:
+    """Grouped horizontal bars, one group per configuration (datasets and the mean), Agg canvas only."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    cols = datasets + ["mean"]
+    cfgs = list(table)
+    fig = Figure(figsize=(9, 0.45 * len(cfgs) * max(1, len(cols)) / 2 + 1.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(111)
+    h = 0.8 / len(cols)
+    for j, c in enumerate(cols):
+        ys = [i + j * h for i in range(len(cfgs))]
+        xs = [table[cfg].get(c) or 0.0 for cfg in cfgs]
+        ax.barh(ys, xs, height=h, label=c, color="black" if c == "mean" else None)
+    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(cfgs))])
+    ax.set_yticklabels(cfgs, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(metric)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# --------------------------------------------------------------------------------------------- running
+
+def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A configuration as it acts on a corpus with no titles: the title prefix and the `title` kind
+    add nothing there, so they are dropped and the configuration shares the index of its untitled
+    twin instead of embedding the same texts again."""
+    from qrag_ray.config import REPRESENTATIONS
+
+    out = dict(cfg)
+    if out.get("title_prefix") or REPRESENTATIONS.get(out["representation"], {}).get("title_prefix"):
+        out["title_prefix"] = False
+    kinds = out["representation"].split("+")
+    if "title" in kinds and len(kinds) > 1:
+        out["representation"] = "+".join(k for k in kinds if k != "title")
+    return out
+
+
+def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: Path, console=None) -> dict:
+    from qrag_ray.evaluation.driver import Variant, run_eval
+    from qrag_ray.evaluation.loaders import load_eval_set
+
+    titled = any(d["title"] for d in load_eval_set(ds.kind, ds.data, ds.subset, ds.split, ds.offset).corpus)
+    variants = [Variant(c, dict(suite.configs[c]) if titled else without_titles(suite.configs[c])) for c in configs]
+    res = run_eval(ds.kind, ds.data, variants, out / ds.name, subset=ds.subset, ks=[1, 10],
+                   base_overrides=suite.base, console=console, split=ds.split, offset=ds.offset)
+    return {c: r["metrics"] for c, r in res["results"].items()}
+
+
+def _read_json(p: Path) -> dict:
+    try:
+        return json.loads(p.read_text()) if p.is_file() else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, dict]]:
+    """{dataset: {config: metrics}} measured earlier in `out` for this slice: the `qrag eval` reports
+    of each dataset folder (results.json when its slice matches, partial.json of an interrupted run),
+    then suite.json, whose stored definitions must equal the current ones (a definition that changed
+    is measured again; the eval reports carry no definitions and are taken by name)."""
+    sl = suite.slices.get(slice_name)
+    prev: dict[str, dict[str, dict]] = {}
+    for d in suite.datasets:
+        ds = d.sliced(sl)
+        if ds is None:
+            continue
+        rep = _read_json(out / ds.name / "results.json")
+        meta = rep.get("meta") or {}
+        row = {}
+        if meta.get("subset") == ds.subset and int(meta.get("offset") or 0) == ds.offset:
+            row |= {c: r["metrics"] for c, r in (rep.get("representations") or {}).items() if "metrics" in r}
+        row |= {c: r["metrics"] for c, r in _read_json(out / ds.name / "partial.json").items() if "metrics" in r}
+        prev[ds.name] = row
+    old = _read_json(out / "suite.json")
+    if old.get("slice") == slice_name:
+        defs = old.get("configs") or {}
+        for ds, row in (old.get("metrics") or {}).items():
+            prev.setdefault(ds, {}).update(
+                {c: m for c, m in row.items() if c in suite.configs and defs.get(c, suite.configs[c]) == suite.configs[c]})
+    return {ds: {c: m for c, m in row.items() if c in suite.configs} for ds, row in prev.items()}
+
+
+def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: list[str] | None = None,
+              configs: list[str] | None = None, console=None,
+              runner: Callable[..., dict] | None = None, resume: bool = False) -> dict:
+    """Run the selected configurations on the selected datasets (as `slice_name` reads them), write
+    suite.json, suite.md and suite.png under `out`, and compare with the recorded figures of that
+    slice. `runner(dataset, suite, configs, out, console) -> {config: metrics}` is injectable.
+    `resume`: keep the figures an earlier run of the same slice wrote to `out` for unchanged
+    configurations, and measure only the rest (a long run interrupted, or split over sessions)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [d.name for d in suite.datasets]
+    unknown = [d for d in datasets or [] if d not in names] + [c for c in configs or [] if c not in suite.configs]
+    if unknown:
+        raise QragError(f"unknown suite dataset(s) or config(s): {', '.join(unknown)}")
+    if slice_name != FULL and slice_name not in suite.slices:
+        raise QragError(f"unknown suite slice {slice_name!r} (known: {', '.join([FULL, *suite.slices])})")
+    sl = suite.slices.get(slice_name)
+    cfgs = configs or list((sl or {}).get("configs") or suite.configs)
+    run = runner or _evaluate_dataset
+    prev = _previous(out, slice_name, suite) if resume else {}
+    skip = (sl or {}).get("skip") or {}
+    table: dict[str, dict[str, float]] = {c: {} for c in cfgs}
+    raw: dict[str, dict] = {}
+    done: list[str] = []
+    for d in suite.datasets:
+        if datasets and d.name not in datasets:
+            continue
+        ds = d.sliced(sl)
+        if ds is None:
+            continue
+        if console:
+            console.rule(f"suite: {ds.name} ({slice_name})")
+        kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in cfgs}
+        todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])]
+        metrics = dict(kept)
+        if todo:
+            metrics |= run(ds, suite, todo, out, console)
+        metrics = {c: metrics[c] for c in cfgs if c in metrics}
+        raw[ds.name] = metrics
+        for c in cfgs:
+            v = (metrics.get(c) or {}).get(suite.metric)
+            if v is not None and math.isfinite(v):
+                table[c][ds.name] = 100.0 * v
+        done.append(ds.name)
+    if not done:
+        raise QragError(f"no suite dataset has slice {slice_name!r}")
+    table = with_mean(table, done)
+    regs, better = compare_expected(table, suite.expected.get(slice_name, {}), suite.tolerance)
+    report = {"slice": slice_name, "metric": suite.metric, "datasets": done, "table": table, "metrics": raw,
+              "configs": {c: suite.configs[c] for c in cfgs}, "skipped": skip,
+              "regressions": regs, "better": better}
+    (out / "suite.json").write_text(json.dumps(report, indent=2))
+    md = format_table(table, done, suite.metric, mark="default" if "default" in table else None)
+    (out / "suite.md").write_text(md + "\n")
+    png = plot(table, done, suite.metric, out / "suite.png")
+    report["paths"] = {"json": str(out / "suite.json"), "md": str(out / "suite.md"),
+                       **({"png": str(png)} if png else {})}
+    report["markdown"] = md
+    return report
+
+
+def recorded_yaml(table: Mapping[str, Mapping[str, float]], datasets: list[str], slice_name: str) -> str:
+    """The measured table as an `expected:` block to paste into the suite YAML."""
+    lines = [f"  {slice_name}:"]
+    for d in datasets:
+        cells = ", ".join(f"{c}: {row[d]:.1f}" for c, row in table.items() if row.get(d) is not None)
+        lines.append(f"    {d}: {{{cells}}}")
+    return "\n".join(lines)

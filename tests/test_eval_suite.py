@@ -1,0 +1,131 @@
+"""The multi-dataset suite: loading and validating the YAML, the table with its mean, the default's
+rule, the check against recorded figures and the files written (runner injected; the real runs are
+`qrag suite --slice ci` in `make test`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qrag_ray.errors import QragError
+from qrag_ray.evaluation.suite import compare_expected, format_table, load_suite, rule_check, run_suite, with_mean
+
+SUITE = """
+metric: nDCG@10
+base: {bm25: {enabled: true}}
+datasets:
+  a: {kind: squad, data: a.json}
+  b: {kind: beir, data: bdir}
+configs:
+  chunk: {representation: chunk}
+  bm25: {representation: chunk, search: {bm25_alpha: 0.0}}
+  mix: {representation: chunk, search: {bm25_alpha: 0.5, bm25_norm: zscore}}
+slices:
+  ci: {configs: [chunk, mix], datasets: {b: {subset: 10}}}
+expected:
+  ci: {b: {chunk: 50.0, mix: 60.0}}
+"""
+
+
+def _write(tmp_path: Path, text: str = SUITE) -> Path:
+    p = tmp_path / "suite.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_load_resolves_paths_and_slices(tmp_path):
+    s = load_suite(_write(tmp_path))
+    assert [d.name for d in s.datasets] == ["a", "b"] and s.datasets[1].data == str(tmp_path / "bdir")
+    assert list(s.configs) == ["chunk", "bm25", "mix"]
+    assert s.datasets[1].sliced(s.slices["ci"]).subset == 10 and s.datasets[0].sliced(s.slices["ci"]) is None
+
+
+@pytest.mark.parametrize("edit, msg", [
+    (("bm25_norm: zscore", "bm25_norm: median"), "config 'mix'"),
+    (("kind: beir", "kind: trec"), "dataset 'b' needs kind"),
+    (("configs: [chunk, mix]", "configs: [chunk, nope]"), "unknown dataset(s) or config(s): nope"),
+    (("b: {chunk: 50.0", "c: {chunk: 50.0"), "expected.ci.c"),
+])
+def test_bad_suites_are_one_line_errors(tmp_path, edit, msg):
+    with pytest.raises(QragError, match=None) as ei:
+        load_suite(_write(tmp_path, SUITE.replace(*edit)))
+    assert msg in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_mean_only_over_configs_measured_everywhere():
+    t = with_mean({"x": {"a": 10.0, "b": 20.0}, "y": {"a": 30.0}}, ["a", "b"])
+    assert t["x"]["mean"] == 15.0 and "mean" not in t["y"]
+
+
+def test_rule_holds_within_a_point_of_the_best_single_channel():
+    t = {"chunk": {"a": 70.0, "b": 40.0}, "bm25": {"a": 50.0, "b": 52.0}, "mix": {"a": 69.2, "b": 50.5}}
+    assert rule_check(t, ["a", "b"], "mix") == {"b": pytest.approx(1.5)}
+    t["mix"]["b"] = 51.0
+    assert rule_check(t, ["a", "b"], "mix") == {}
+
+
+def test_compare_expected_flags_drops_missing_and_gains():
+    regs, better = compare_expected({"chunk": {"b": 48.5}, "mix": {"b": 62.0}},
+                                    {"b": {"chunk": 50.0, "mix": 60.0, "bm25": 40.0}}, tolerance=1.0)
+    assert len(regs) == 2 and "chunk" in regs[0] and "not measured" in regs[1]
+    assert len(better) == 1 and "mix" in better[0]
+
+
+def test_run_suite_writes_table_json_and_plot(tmp_path):
+    s = load_suite(_write(tmp_path))
+    seen = []
+
+    def runner(ds, suite, cfgs, out, console):
+        seen.append((ds.name, ds.subset, tuple(cfgs)))
+        return {"chunk": {"nDCG@10": 0.495}, "mix": {"nDCG@10": 0.61}}
+
+    rep = run_suite(s, tmp_path / "out", "ci", runner=runner)
+    assert seen == [("b", 10, ("chunk", "mix"))]
+    assert rep["table"]["chunk"] == {"b": pytest.approx(49.5), "mean": pytest.approx(49.5)}
+    assert rep["regressions"] == [] and rep["better"] == []
+    data = json.loads(Path(rep["paths"]["json"]).read_text())
+    assert data["datasets"] == ["b"] and Path(rep["paths"]["png"]).stat().st_size > 1000
+    assert "| mix | **61.0** | **61.0** |" in format_table(rep["table"], ["b"], "nDCG@10")
+    rep = run_suite(s, tmp_path / "out2", "ci", runner=lambda *a: {"chunk": {"nDCG@10": 0.40}})
+    assert len(rep["regressions"]) == 2  # chunk fell 10 points; mix was not measured
+    with pytest.raises(QragError, match="unknown suite slice 'nightly'"):
+        run_suite(s, tmp_path / "out3", "nightly", runner=runner)
+
+
+def test_title_options_drop_out_on_an_untitled_corpus():
+    from qrag_ray.evaluation.suite import without_titles
+
+    assert without_titles({"representation": "chunk", "title_prefix": True}) == {"representation": "chunk",
+                                                                                 "title_prefix": False}
+    assert without_titles({"representation": "chunk+title", "search": {"fusion": "sum"}}) == {
+        "representation": "chunk", "search": {"fusion": "sum"}}
+    assert without_titles({"representation": "atom-sentence"}) == {"representation": "atom-sentence"}
+
+
+def test_an_index_is_reused_by_what_it_holds_not_by_the_preset_name():
+    from qrag_ray.evaluation.driver import _build_view
+
+    a = {"representation": "atom-sentence", "bm25": {"enabled": True}, "search": {"bm25_alpha": 0.5}}
+    b = {"representation": "sentence", "bm25": {"enabled": True}}
+    assert _build_view(a) == _build_view(b)
+    assert _build_view(a) != _build_view({**b, "representation": "chunk"})
+
+
+def test_resume_keeps_unchanged_figures_and_skip_leaves_pairs_out(tmp_path):
+    text = SUITE.replace("datasets: {b: {subset: 10}}}", "datasets: {a: {}, b: {subset: 10}}, skip: {a: [mix]}}")
+    s = load_suite(_write(tmp_path, text))
+    calls = []
+
+    def runner(ds, suite, cfgs, out, console):
+        calls.append((ds.name, tuple(cfgs)))
+        return {c: {"nDCG@10": 0.5} for c in cfgs}
+
+    rep = run_suite(s, tmp_path / "o", "ci", runner=runner)
+    assert calls == [("a", ("chunk",)), ("b", ("chunk", "mix"))] and "mix" not in rep["metrics"]["a"]
+    assert "mean" not in rep["table"]["mix"]  # not measured on every dataset
+    calls.clear()
+    s.configs["mix"] = {**s.configs["mix"], "search": {"bm25_alpha": 0.7}}  # a changed definition runs again
+    run_suite(s, tmp_path / "o", "ci", runner=runner, resume=True)
+    assert calls == [("b", ("mix",))]
