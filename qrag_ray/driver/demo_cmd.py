@@ -166,6 +166,7 @@ def register(app: typer.Typer) -> None:
         shards: int = typer.Option(2, "--shards"),
         k: int = typer.Option(3, "--k"),
         query: Optional[list[str]] = typer.Option(None, "--query", "-q", help="ask your own question(s)"),
+        cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder (default ~/.cache/qrag-ray/questions)"),
     ):
         """Question-based retrieval on the Python language reference, next to the chunk baseline."""
         from qrag_ray.config import build_index_config
@@ -181,7 +182,7 @@ def register(app: typer.Typer) -> None:
         rep = representation or (QUESTION_REPRESENTATION if generator != "none" else NO_LLM_REPRESENTATION)
         names = None if all_topics else ([t.strip() for t in topics.split(",") if t.strip()] if topics else DEMO_TOPICS)
         wd = Path(workdir)
-        common = dict(input=str(wd / "corpus.jsonl"), format="jsonl", shards=shards, overwrite=True,
+        common = dict(input=str(wd / "corpus.jsonl"), format="jsonl", shards=shards, overwrite=True, cache_dir=cache_dir,
                       **{"chunker.method": "token", "chunker.size": 200, "chunker.overlap": 20})
         # both configs are checked before anything is written or printed: a bad flag is one line
         cfg = build_index_config(None, output=str(wd / "index"), representation=rep,
