@@ -221,4 +221,17 @@ def filter_native_stderr() -> bool:
 
     _native_filter = threading.Thread(target=pump, name="qrag-stderr-filter", daemon=True)
     _native_filter.start()
+
+    def drain() -> None:
+        # registered before Ray is imported, so it runs after Ray's own atexit shutdown: put the real
+        # stderr back on fd 2 and let the thread pass on what is still in the pipe
+        try:
+            os.dup2(real, 2)
+        except OSError:
+            return
+        _native_filter.join(timeout=1.0)
+
+    import atexit
+
+    atexit.register(drain)
     return True
