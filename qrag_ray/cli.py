@@ -21,6 +21,18 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 err = Console(stderr=True)
 
 
+@app.callback()
+def _global_options(
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+                                help="show third-party logs and warnings (Ray, Ray Data, transformers, vLLM); -vv debug"),
+):
+    """Question-based retrieval indexed with Ray Data and served with Ray Serve."""
+    from qrag_ray.logs import filter_native_stderr, set_verbosity
+
+    set_verbosity(verbose)
+    filter_native_stderr()
+
+
 @app.command()
 def index(
     input: Optional[str] = typer.Option(None, "--input", "-i", help="corpus file, folder or glob"),
@@ -168,6 +180,19 @@ def _click_modules() -> list:
     return mods
 
 
+def _usage_error(e) -> int:
+    """A click usage error as one line ('error: Missing option ... (see qrag index --help)'); a bare
+    `qrag` or a group without its command still gets the help it asks for."""
+    ctx = getattr(e, "ctx", None)
+    if type(e).__name__ == "NoArgsIsHelpError":
+        e.show()
+        return e.exit_code or 2
+    where = f" (see {ctx.command_path} --help)" if ctx is not None and getattr(ctx, "command_path", None) else ""
+    msg = " ".join(e.format_message().split())
+    err.print(f"[red]error:[/] {escape(msg)}{escape(where)}", highlight=False, markup=True, soft_wrap=True)
+    return e.exit_code or 2
+
+
 def main(argv: list[str] | None = None) -> int:
     mods = _click_modules()
     aborts = tuple(a for m in mods for a in [getattr(m.exceptions, "Abort", None)] if a is not None)
@@ -183,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print("aborted")
         return 130
     except usage as e:
-        e.show()
-        return e.exit_code or 2
+        return _usage_error(e)
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130

@@ -9,9 +9,24 @@ from __future__ import annotations
 
 
 class QragError(Exception):
-    """An error caused by input; its message is shown to the user as is."""
+    """An error caused by input; its message is shown to the user as is.
+
+    The message is kept apart from `args` because Ray Data appends its retry advice ("Failed to apply
+    UDF transform after 1/1 attempts ... max_map_retries") to `args[0]` of any exception a map task
+    raises; `str()` and pickling (the way back from a Ray worker) use the message as it was raised.
+    """
 
     exit_code = 2
+
+    def __init__(self, message: object = "", *args: object):
+        super().__init__(message, *args)
+        self.message = str(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return (type(self), (self.message,), {k: v for k, v in self.__dict__.items() if k != "message"})
 
 
 class IndexFormatError(QragError):

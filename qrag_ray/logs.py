@@ -1,0 +1,237 @@
+"""What third-party libraries may print: nothing but errors at the default verbosity, all of it with `-v`.
+
+A `qrag` command's own output is its progress display, its results and, on a user error, one line.
+Ray, Ray Data, transformers, sentence-transformers and vLLM each print their own INFO lines, warnings,
+progress bars and C++ log lines (e.g. Ray's `core_worker.cc` error about actor constructor arguments,
+logged for every Ray Data actor pool), which bury that output and, on an error, the one useful line.
+`set_verbosity(0)` (the CLI default) turns them off; `-v` (`set_verbosity(1)`) leaves every library
+at its own defaults.
+
+Most switches are environment variables, set before the library is imported or Ray is started, so the
+processes Ray starts on this machine (raylet, workers, the vLLM engine) inherit them; a variable the
+user set already wins. Ray Data configures its `ray.data` logger when imported, so its console handler
+is muted after that (`quiet_ray_data`), its log file keeps everything. Ray's C++ core worker writes
+its own log lines straight to file descriptor 2 (e.g. an ERROR-level line about actor constructor
+arguments for every Ray Data actor pool, which is no error for us): `filter_native_stderr` passes fd 2
+through a filter that drops those lines. Setting RAY_BACKEND_LOG_LEVEL instead would also strip the
+log files of Ray's own processes, and Ray announces that variable on stderr itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+import warnings
+
+VERBOSE_ENV = "QRAG_VERBOSE"
+
+# Defaults applied at verbosity 0 (each only when the user has not set the variable).
+QUIET_ENV: dict[str, str] = {
+    "TRANSFORMERS_VERBOSITY": "error",  # transformers' warnings and advice
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # "Loading weights" bars (transformers routes them through the hub's switch)
+    "TQDM_DISABLE": "1",  # any other tqdm bar (sentence-transformers, vLLM's model loader)
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "VLLM_CONFIGURE_LOGGING": "1",
+    # an errored object ref nobody waited for (one shard task failed, the others' refs are dropped)
+    # is reported at garbage collection: the error already reached the user as an exception
+    "RAY_IGNORE_UNHANDLED_ERRORS": "1",
+    "RAY_DEDUP_LOGS": "1",
+}
+
+# Python warnings from libraries we call (not from qrag_ray itself) hidden at verbosity 0.
+_QUIET_WARNING_MODULES = r"(sentence_transformers|transformers|torch|huggingface_hub|vllm|ray|pyarrow|faiss|accelerate)(\..*)?"
+
+_level: int | None = None
+
+
+def verbosity() -> int:
+    """The verbosity set by the CLI (`-v` count), else $QRAG_VERBOSE, else 0."""
+    if _level is not None:
+        return _level
+    try:
+        return int(os.environ.get(VERBOSE_ENV, "0") or 0)
+    except ValueError:
+        return 0
+
+
+def set_verbosity(level: int) -> None:
+    """Apply `level` to this process and, through the environment, to the processes it starts."""
+    global _level
+    _level = max(0, int(level))
+    os.environ[VERBOSE_ENV] = str(_level)
+    own = logging.DEBUG if _level >= 2 else logging.INFO if _level == 1 else logging.WARNING
+    for name in ("qrag", "qrag_ray"):
+        lg = logging.getLogger(name)
+        lg.setLevel(own)
+        if not any(getattr(h, "_qrag", False) for h in lg.handlers):
+            h = logging.StreamHandler()
+            h.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            h._qrag = True  # type: ignore[attr-defined]
+            lg.addHandler(h)
+            lg.propagate = False
+    if _level > 0:
+        return
+    for k, v in QUIET_ENV.items():
+        os.environ.setdefault(k, v)
+    for cat in (FutureWarning, DeprecationWarning, UserWarning, RuntimeWarning):
+        warnings.filterwarnings("ignore", category=cat, module=_QUIET_WARNING_MODULES)
+    # sentence-transformers and torch raise some warnings from frames outside their own modules
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("sentence_transformers", "transformers", "huggingface_hub", "vllm", "httpx", "faiss",
+                 "filelock", "urllib3"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    _quiet_transformers_if_loaded()
+
+
+def _quiet_transformers_if_loaded() -> None:
+    """transformers reads its env once at import: a process that imported it already is set directly."""
+    import sys
+
+    if "transformers" in sys.modules:
+        try:
+            from transformers.utils import logging as tlog
+
+            tlog.set_verbosity_error()
+            tlog.disable_progress_bar()
+        except Exception:  # noqa: BLE001 - an older transformers without these: nothing to quiet
+            pass
+
+
+class _Below(logging.Filter):
+    """Drops records below a level (above CRITICAL: all of them)."""
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level
+
+
+def _mute_console(logger: logging.Logger, level: int) -> None:
+    for h in logger.handlers:
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            if not any(isinstance(f, _Below) for f in h.filters):
+                h.addFilter(_Below(level))
+
+
+def quiet_ray_data() -> None:
+    """Mute Ray's and Ray Data's console logging at verbosity 0 (call after `import ray.data`).
+
+    Ray Data prints INFO lines per dataset execution and, on a failed task, the user's traceback twice
+    plus its retry advice; the CLI shows the error itself as one line. Its file handler (ray-data.log
+    in the Ray session's log folder) still records everything. Ray's own console handler is held at
+    ERROR with a filter, since any later `ray.init()` (Ray Data LLM calls one) resets the "ray"
+    logger's level to INFO; `ray.llm` gets an ERROR-level handler so it does not add its own INFO one."""
+    if verbosity() > 0:
+        return
+    _mute_console(logging.getLogger("ray.data"), logging.CRITICAL + 1)
+    _mute_console(logging.getLogger("ray"), logging.ERROR)
+    llm = logging.getLogger("ray.llm")
+    if not llm.handlers:
+        h = logging.StreamHandler()
+        h.setLevel(logging.ERROR)
+        llm.addHandler(h)
+        llm.propagate = False
+    _quiet_raylet_messages()
+
+
+def _quiet_raylet_messages() -> None:
+    """Ray's driver prints the raylet's messages to stdout from a background thread, whatever
+    `log_to_driver` says: "WARNING: 12 PYTHON worker processes have been started ... 6x the maximum
+    expected startup concurrency" whenever a pipeline starts its stage actors (the vLLM processor
+    starts eight). On stdout they would also corrupt `qrag index --json`. At verbosity 0 they go to
+    the `qrag_ray.ray` logger at DEBUG instead; a failure they announce still arrives as an exception."""
+    try:
+        import ray._private.worker as rw
+    except ImportError:
+        return
+    original = getattr(rw, "print_to_stdstream", None)
+    if original is None or getattr(original, "_qrag_quiet", False):
+        return
+
+    def print_to_stdstream(data, *args, **kwargs):
+        if verbosity() == 0 and isinstance(data, dict) and data.get("pid") == "raylet":
+            for line in data.get("lines") or []:
+                logging.getLogger("qrag_ray.ray").debug("raylet: %s", line)
+            return None
+        return original(data, *args, **kwargs)
+
+    print_to_stdstream._qrag_quiet = True  # type: ignore[attr-defined]
+    rw.print_to_stdstream = print_to_stdstream
+
+
+# "[2026-11-25 00:53:13,848 E 5914 5914] core_worker.cc:2465: ..." (glog-style; FATAL lines are kept)
+RAY_NATIVE_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [DIWE] \d+ \d+\] \S+:\d+: ")
+
+
+def is_native_noise(line: str) -> bool:
+    """A line Ray's C++ code logged to stderr below FATAL."""
+    return bool(RAY_NATIVE_LOG.match(line))
+
+
+_native_filter: threading.Thread | None = None
+
+
+def filter_native_stderr() -> bool:
+    """At verbosity 0, route file descriptor 2 through a thread that drops Ray's C++ log lines.
+
+    Python's own stderr (rich output, warnings, tracebacks) keeps writing to the real stderr through a
+    duplicate descriptor, so it is neither delayed nor filtered. Only done when sys.stderr is the
+    process's own (not a test's capture), once per process; returns whether the filter is active."""
+    global _native_filter
+    if _native_filter is not None:
+        return True
+    if verbosity() > 0 or sys.stderr is not sys.__stderr__ or sys.stderr is None:
+        return False
+    try:
+        if sys.stderr.fileno() != 2:
+            return False
+        sys.stderr.flush()
+        real = os.dup(2)
+        r, w = os.pipe()
+        os.dup2(w, 2)
+        os.close(w)
+    except (OSError, ValueError, AttributeError):
+        return False
+    sys.stderr = open(real, "w", buffering=1, encoding=getattr(sys.__stderr__, "encoding", None) or "utf-8",
+                      errors="backslashreplace", closefd=False)
+
+    def pump() -> None:
+        buf = b""
+        while True:
+            try:
+                data = os.read(r, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            out = [ln for ln in lines if not is_native_noise(ln.decode("utf-8", "replace"))]
+            if out:
+                try:
+                    os.write(real, b"\n".join(out) + b"\n")
+                except OSError:
+                    return
+
+    _native_filter = threading.Thread(target=pump, name="qrag-stderr-filter", daemon=True)
+    _native_filter.start()
+
+    def drain() -> None:
+        # registered before Ray is imported, so it runs after Ray's own atexit shutdown: put the real
+        # stderr back on fd 2 and let the thread pass on what is still in the pipe
+        try:
+            os.dup2(real, 2)
+        except OSError:
+            return
+        _native_filter.join(timeout=1.0)
+
+    import atexit
+
+    atexit.register(drain)
+    return True

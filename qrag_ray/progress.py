@@ -1,0 +1,282 @@
+"""One progress display for long work: a row per pipeline stage, under it a row per running Ray Data
+operator with its rows done, total, rate and ETA.
+
+Ray Data's own bars are one tqdm bar per operator per dataset execution, printed as log lines when
+stderr is not a terminal, and they know nothing of our stages; so they stay off and a Ray Data
+`ExecutionCallback` (registered once in the DataContext, `attach_ray_data`) reads the running
+operators' counters on the driver and feeds this display instead. Generation (the vLLM processor's
+stages), embedding and the shard writes all run as Ray Data operators, so each gets its rows, rate
+and ETA without the pipeline counting anything.
+
+On a terminal the display is a rich live view that clears itself when a stage ends, leaving one
+"✓ stage (time)" line. When stderr is not a terminal (CI, a log file) nothing is printed while a
+stage runs except a status line every `QRAG_PROGRESS_INTERVAL` seconds (default 30), so a failing
+command whose error comes early prints only its error line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskID, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.text import Text
+
+UPDATE_EVERY_S = 0.25  # how often the callback reads the operators' counters
+
+
+def interval_s() -> float:
+    try:
+        return float(os.environ.get("QRAG_PROGRESS_INTERVAL", "30"))
+    except ValueError:
+        return 30.0
+
+
+# ---------------------------------------------------------------- pure helpers
+
+_WRAPPER = re.compile(r"\b(?:MapBatches|Map|FlatMap|Filter|MapRows)\((.*?)\)")
+
+
+def op_label(name: str) -> str:
+    """A Ray Data operator name as a person reads it: 'ReadText->MapBatches(parse)' -> 'ReadText → parse',
+    'MapBatches(_EmbedStage)' -> 'embed', 'vLLMEngineStage' -> 'LLM (vLLM)'."""
+    if "_EmbedStage" in name:
+        return "embed"
+    if "vLLMEngineStage" in name:
+        return "LLM generation (vLLM)"
+    s = re.sub(r"->SplitBlocks\(\d+\)", "", name)
+    s = _WRAPPER.sub(lambda m: m.group(1), s)
+    s = s.replace("->", " → ").replace("<lambda>", "λ")
+    s = re.sub(r"\b_+(?=\w)", "", s)
+    return s if len(s) <= 48 else s[:47] + "…"
+
+
+def rate_and_eta(done: int, total: int | None, elapsed_s: float) -> tuple[float | None, float | None]:
+    """(items per second, seconds left) from the progress so far; None where it cannot be known yet."""
+    if elapsed_s <= 0 or done <= 0:
+        return None, None
+    rate = done / elapsed_s
+    if total is None or total < done:
+        return rate, None
+    return rate, (total - done) / rate
+
+
+# The operators that do a stage's real work: when an execution has one, the display shows only it
+# (the vLLM processor alone has eight operators: tokenizers, templates, projections, the write).
+MAIN_OPS = ("LLM generation (vLLM)", "embed")
+
+
+def shown_ops(labels: list[str]) -> list[int]:
+    """Positions of the operators worth a row: the main ones if any, else all."""
+    main = [i for i, lb in enumerate(labels) if lb in MAIN_OPS]
+    return main or list(range(len(labels)))
+
+
+def status_line(stage: str, ops: list[tuple[str, int, int | None, float]]) -> str:
+    """One plain line for logs: 'embed: embed 1200/3400 rows, 85.0/s, ETA 26s' (ops: label, done,
+    total, seconds since the operator started)."""
+    parts = []
+    for label, done, total, el in ops:
+        rate, eta = rate_and_eta(done, total, el)
+        p = f"{label} {done}/{total if total is not None else '?'} rows"
+        if rate is not None:
+            p += f", {rate:.1f}/s"
+        if eta is not None:
+            p += f", ETA {_fmt_s(eta)}"
+        parts.append(p)
+    return f"… {stage}: " + ("; ".join(parts) if parts else "running")
+
+
+def _fmt_s(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+# ---------------------------------------------------------------- the display
+
+
+class _RateColumn(ProgressColumn):
+    def render(self, task) -> Text:
+        return Text(f"{task.speed:.1f}/s" if task.speed else "", style="progress.data.speed")
+
+
+def _ops_only(column: type[ProgressColumn]) -> type[ProgressColumn]:
+    """A column that stays blank on stage rows (a stage shows its name and elapsed time only)."""
+
+    class OpsOnly(column):  # type: ignore[valid-type, misc]
+        def render(self, task):
+            return Text("") if task.fields.get("stage") else super().render(task)
+
+    return OpsOnly
+
+
+class _EtaColumn(TimeRemainingColumn):
+    def render(self, task) -> Text:
+        if task.fields.get("stage") or task.total is None:
+            return Text("")
+        t = super().render(task)
+        return Text("ETA ") + t
+
+
+@dataclass
+class _Op:
+    task: TaskID | None
+    label: str
+    t0: float
+    done: int = 0
+    total: int | None = None
+
+
+@dataclass
+class _Stage:
+    name: str
+    t0: float
+    task: TaskID | None = None
+    ops: dict = field(default_factory=dict)  # (execution id, op index) -> _Op
+
+
+class Display:
+    """The display bound to one console (stderr). Stages nest in order; operators live under the
+    innermost open stage. Thread-safe: Ray Data's executor thread reports operators."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.live = console.is_terminal and not os.environ.get("QRAG_NO_PROGRESS")
+        self.progress = Progress(
+            TextColumn("{task.description}"), _ops_only(BarColumn)(bar_width=28),
+            _ops_only(MofNCompleteColumn)(), _ops_only(_RateColumn)(), TimeElapsedColumn(), _EtaColumn(),
+            console=console, transient=True,
+            disable=not self.live, refresh_per_second=4)
+        self.stages: list[_Stage] = []
+        self.lock = threading.RLock()
+        self.last_line = time.monotonic()
+
+    # stages
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[_Stage]:
+        with self.lock:
+            st = _Stage(name, time.perf_counter())
+            if self.live:
+                if not self.stages:
+                    self.progress.start()
+                st.task = self.progress.add_task(f"[bold cyan]▶ {name}[/]", total=None, stage=True)
+            self.stages.append(st)
+            self.last_line = time.monotonic()
+        ok = False
+        try:
+            yield st
+            ok = True
+        finally:
+            with self.lock:
+                self._close_ops(st, list(st.ops))
+                if st.task is not None:
+                    self.progress.remove_task(st.task)
+                self.stages.remove(st)
+                if self.live and not self.stages:
+                    self.progress.stop()
+            if ok:
+                self.console.print(f"  [green]✓[/] {name} ({time.perf_counter() - st.t0:.1f}s)", highlight=False)
+
+    # operators (called from Ray Data's executor thread)
+    def report(self, execution: str, ops: list[tuple[int, str, int, int | None]], finished: bool = False) -> None:
+        """ops: (position, operator name, rows done, estimated total rows or None)."""
+        with self.lock:
+            if not self.stages:
+                return
+            st = self.stages[-1]
+            now = time.perf_counter()
+            ops = [ops[i] for i in shown_ops([op_label(o[1]) for o in ops])]
+            for pos, name, done, total in ops:
+                key = (execution, pos)
+                op = st.ops.get(key)
+                if op is None:
+                    if finished:
+                        continue
+                    label = op_label(name)
+                    task = self.progress.add_task(f"   {label}", total=total) if self.live else None
+                    op = st.ops[key] = _Op(task, label, now)
+                op.done, op.total = done, (total if total is None or total >= done else done)
+                if op.task is not None:
+                    self.progress.update(op.task, completed=done, total=op.total)
+            if finished:
+                self._close_ops(st, [k for k in st.ops if k[0] == execution])
+            elif not self.live and time.monotonic() - self.last_line >= interval_s():
+                self.last_line = time.monotonic()
+                self.console.print(status_line(st.name, [(o.label, o.done, o.total, now - o.t0)
+                                                         for o in st.ops.values()]), highlight=False,
+                                   soft_wrap=True)
+
+    def _close_ops(self, st: _Stage, keys: list) -> None:
+        for k in keys:
+            op = st.ops.pop(k, None)
+            if op is not None and op.task is not None:
+                self.progress.remove_task(op.task)
+
+
+_displays: dict[int, Display] = {}
+_current: Display | None = None
+
+
+def display_for(console: Console) -> Display:
+    d = _displays.get(id(console))
+    if d is None or d.console is not console:
+        d = _displays[id(console)] = Display(console)
+    return d
+
+
+@contextlib.contextmanager
+def stage(console: Console | None, name: str) -> Iterator[None]:
+    """Show `name` as a running stage on `console` (no console: nothing shown), with the Ray Data
+    operators that run inside it."""
+    global _current
+    if console is None:
+        yield
+        return
+    d = display_for(console)
+    prev, _current = _current, d
+    try:
+        with d.stage(name):
+            yield
+    finally:
+        _current = prev
+
+
+# ---------------------------------------------------------------- Ray Data wiring
+
+
+def attach_ray_data(ctx) -> None:
+    """Register the display's callback in a Ray Data context (once) and turn Ray Data's own bars and
+    per-execution prints off (QRAG_PROGRESS=1 keeps Ray Data's bars, for debugging them)."""
+    try:
+        from qrag_ray.progress_ray import RayDataProgress
+
+        if RayDataProgress not in ctx.custom_execution_callback_classes:
+            ctx.custom_execution_callback_classes.append(RayDataProgress)
+    except Exception:  # noqa: BLE001 - a Ray without callbacks: no operator rows, stages still show
+        pass
+    ctx.enable_progress_bars = os.environ.get("QRAG_PROGRESS") == "1"
+    ctx.print_on_execution_start = False
+
+
+def current() -> Display | None:
+    """The display of the innermost running stage (None outside any)."""
+    return _current
+
+
+def granular(ds, min_blocks: int = 16, rows_per_block: int = 256):
+    """A materialized dataset of few large blocks split into up to `min_blocks` blocks, so a stage
+    over it (the embedding actor pool) reports progress more than once; a dataset with enough blocks
+    already, or a lazy one, is returned as it is."""
+    try:
+        blocks, rows = ds.num_blocks(), ds.count()
+    except (AttributeError, NotImplementedError, TypeError):
+        return ds
+    want = min(min_blocks, -(-rows // rows_per_block))
+    return ds.repartition(want) if blocks < want else ds

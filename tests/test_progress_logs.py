@@ -1,0 +1,187 @@
+"""The progress display (qrag_ray.progress), the log filters (qrag_ray.logs), QragError's message
+surviving Ray's retry annotation, and the demo's comparison table (pure parts)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+import time
+
+import pytest
+from rich.console import Console
+
+from qrag_ray import logs, progress
+from qrag_ray.errors import IndexFormatError, QragError
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_qrag_error_message_survives_ray_annotation_and_pickling():
+    """Ray Data appends its retry advice to args[0] of an exception raised in a map task; the message
+    the user sees is the one raised, also after the trip back from the worker (pickle)."""
+    e = IndexFormatError("bad.jsonl line 3: malformed JSON line")
+    e.args = (e.args[0] + "\nFailed to apply UDF transform after 1/1 attempts ... max_map_retries",)
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is IndexFormatError and back.exit_code == 2
+    assert str(back) == str(e) == "bad.jsonl line 3: malformed JSON line"
+    assert str(QragError()) == ""
+
+
+# ---------------------------------------------------------------- progress: pure helpers
+
+
+@pytest.mark.parametrize("name,label", [
+    ("ReadText->SplitBlocks(16)->MapBatches(parse)", "ReadText → parse"),
+    ("MapBatches(_EmbedStage)", "embed"),
+    ("MapBatches(chunker)", "chunker"),
+    ("vLLMEngineStage", "LLM generation (vLLM)"),
+    ("Write", "Write"),
+])
+def test_op_label(name, label):
+    assert progress.op_label(name) == label
+
+
+def test_rate_and_eta():
+    assert progress.rate_and_eta(0, 100, 5.0) == (None, None)
+    assert progress.rate_and_eta(50, 100, 10.0) == (5.0, 10.0)
+    assert progress.rate_and_eta(50, None, 10.0) == (5.0, None)
+    assert progress.rate_and_eta(50, 100, 0.0) == (None, None)
+
+
+def test_status_line():
+    line = progress.status_line("embed", [("embed", 1200, 3400, 20.0), ("Write", 0, None, 20.0)])
+    assert line == "… embed: embed 1200/3400 rows, 60.0/s, ETA 37s; Write 0/? rows"
+    assert progress.status_line("generate", []) == "… generate: running"
+
+
+# ---------------------------------------------------------------- progress: the display
+
+
+def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, force_terminal=terminal, width=120, color_system=None), buf
+
+
+def test_display_off_a_terminal_prints_only_finished_stages_and_periodic_status(monkeypatch):
+    con, buf = _console(False)
+    monkeypatch.setenv("QRAG_PROGRESS_INTERVAL", "0")
+    with progress.stage(con, "embed"):
+        progress.current().report("ds1", [(1, "MapBatches(_EmbedStage)", 10, 40)])
+    assert progress.current() is None
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("… embed: embed 10/40 rows")
+    assert lines[-1].strip().startswith("✓ embed (")
+
+    con, buf = _console(False)
+    with pytest.raises(QragError):
+        with progress.stage(con, "read+chunk"):
+            raise QragError("bad line")
+    assert buf.getvalue() == ""  # a failed stage leaves the error line alone
+
+
+def test_display_on_a_terminal_is_live_and_leaves_one_line_per_stage():
+    con, buf = _console(True)
+    with progress.stage(con, "generate"):
+        d = progress.current()
+        assert d.live
+        d.report("ds1", [(1, "vLLMEngineStage", 3, 30)])
+        (task,) = [t for t in d.progress.tasks if not t.fields.get("stage")]
+        assert (task.completed, task.total, task.description.strip()) == (3, 30, "LLM generation (vLLM)")
+        d.report("ds1", [(1, "vLLMEngineStage", 30, 30)], finished=True)
+        assert [t.fields.get("stage") for t in d.progress.tasks] == [True]  # operator rows gone
+        time.sleep(0.3)
+    assert not d.progress.live.is_started
+    assert "✓ generate (" in buf.getvalue()
+
+
+def test_no_console_no_display():
+    with progress.stage(None, "embed"):
+        assert progress.current() is None
+
+
+def test_ray_data_operators_reach_the_display(local_ray, monkeypatch):
+    """The ExecutionCallback registered by ensure_ray reports a real Ray Data execution's operators,
+    and `granular` splits a one-block dataset so they report more than once."""
+    import ray.data
+
+    ds = ray.data.range(2000, override_num_blocks=1).materialize()
+    split = progress.granular(ds).materialize()
+    assert ds.num_blocks() == 1 and split.num_blocks() == 8 and split.count() == 2000
+    con, buf = _console(False)
+    monkeypatch.setenv("QRAG_PROGRESS_INTERVAL", "0")
+    with progress.stage(con, "square"):
+        assert split.map_batches(lambda b: {"id": b["id"] ** 2}).sum("id") == sum(i * i for i in range(2000))
+    out = buf.getvalue()
+    assert "… square: " in out and "rows" in out, out
+    assert out.splitlines()[-1].strip().startswith("✓ square (")
+
+
+# ---------------------------------------------------------------- logs
+
+
+def test_native_noise_filter():
+    noise = ("[2026-11-25 00:53:13,848 E 5914 5914] core_worker.cc:2465: Actor with class name: "
+             "'MapWorker(MapBatches(_EmbedStage))' has constructor arguments in the object store")
+    assert logs.is_native_noise(noise)
+    assert logs.is_native_noise("[2026-11-25 00:56:55,380 I 12086 12086] logging.cc:303: Set ray log level")
+    assert not logs.is_native_noise("[2026-11-25 00:56:55,380 F 1 1] raylet.cc:1: Check failed")  # fatal stays
+    assert not logs.is_native_noise("error: bad.jsonl line 3: malformed JSON line")
+
+
+def test_set_verbosity_quiets_libraries_unless_verbose(monkeypatch):
+    for k in logs.QUIET_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")  # the user's own setting wins
+    monkeypatch.setattr(logs, "_level", None)
+    logs.set_verbosity(1)
+    assert logs.verbosity() == 1 and "HF_HUB_DISABLE_PROGRESS_BARS" not in __import__("os").environ
+    logs.set_verbosity(0)
+    import os
+
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and os.environ["TRANSFORMERS_VERBOSITY"] == "info"
+    assert logging.getLogger("sentence_transformers").level == logging.ERROR
+
+
+def test_quiet_ray_data_mutes_its_console_only(monkeypatch):
+    lg = logging.getLogger("ray.data")
+    console, file_like = logging.StreamHandler(io.StringIO()), logging.Handler()
+    lg.addHandler(console)
+    lg.addHandler(file_like)
+    try:
+        monkeypatch.setattr(logs, "_level", 0)
+        logs.quiet_ray_data()
+        rec = logging.LogRecord("ray.data", logging.ERROR, __file__, 1, "boom", None, None)
+        assert not console.filter(rec) and file_like.filter(rec)
+    finally:
+        lg.removeHandler(console)
+        lg.removeHandler(file_like)
+
+
+# ---------------------------------------------------------------- the demo's table
+
+
+def _hit(doc, score, *matched):
+    return {"doc_id": doc, "score": score, "text": f"{doc} text",
+            "matched": [{"kind": k, "text": t, "score": score} for k, t in matched]}
+
+
+def test_demo_comparison_rows():
+    from qrag_ray.driver.demo_cmd import comparison_rows, first_rank, matched_question, won_by
+
+    ours = [_hit("context-managers", 0.81, ("question", "What methods make an object a context manager?"),
+                 ("chunk", "…")),
+            _hit("try", 0.60, ("chunk", "The try statement specifies handlers"), ("question", "What is try?"))]
+    base = [_hit("try", 0.55, ("chunk", "…")), _hit("with", 0.52, ("chunk", "…")), _hit("if", 0.4, ("chunk", "…"))]
+    assert matched_question(ours[0]) == "What methods make an object a context manager?"
+    assert won_by(ours[1]) == "chunk" and matched_question(base[0]) is None
+    expected = ("context-managers", "with")
+    assert first_rank(ours, expected) == 1 and first_rank(base, expected) == 2
+    assert first_rank(base, ("for",)) is None
+    rows = comparison_rows(ours, base, expected)
+    assert [r[0] for r in rows] == ["1", "2", "3"]
+    assert "✓" in rows[0][1] and "matched generated question" in rows[0][1] and "context manager?" in rows[0][1]
+    assert "matched its chunk; best question" in rows[1][1]
+    assert rows[2][1] == "" and "[bold]if[/] 0.400" in rows[2][2]
+    assert "✓" in rows[1][2] and "✓" not in rows[0][2]
