@@ -31,10 +31,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_serving import build_demo_index, free_port, make_queries, pct  # noqa: E402
+
+# Ray hands the driver's sys.path to every worker ahead of the app's PYTHONPATH, so this tree must not
+# be on it: the baseline app would import this tree's qrag_ray instead of the baseline's (this process
+# still finds qrag_ray through the editable install, which comes after PYTHONPATH). deploy() checks.
+sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != ROOT]
 
 ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -178,6 +182,11 @@ def main() -> int:
     urls = {n: f"http://127.0.0.1:{port}/{n}" for n in ("base", "new")}
     for u in urls.values():
         wait_ready(u)
+    import httpx
+
+    paths = {n: set(httpx.get(f"{u}/openapi.json", timeout=60).json()["paths"]) for n, u in urls.items()}
+    if "/readyz" not in paths["new"] or "/readyz" in paths["base"]:
+        raise RuntimeError(f"the apps do not run the code they should (routes: {paths})")
     queries = make_queries(a.queries)
     report: dict = {"command": " ".join([Path(sys.executable).name] + sys.argv), "baseline_ref": a.baseline_ref,
                     "index": str(index), "queries": len(queries), "k": a.k, "cpus": os.cpu_count(),
