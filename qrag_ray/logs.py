@@ -58,6 +58,20 @@ def verbosity() -> int:
         return 0
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record comes (a handler that kept the stream it was made
+    with would write into a closed one once a test harness or a redirect swapped it). Records still
+    propagate: with no root handler (the CLI) nothing prints twice, and log capture still sees them."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def set_verbosity(level: int) -> None:
     """Apply `level` to this process and, through the environment, to the processes it starts."""
     global _level
@@ -68,11 +82,10 @@ def set_verbosity(level: int) -> None:
         lg = logging.getLogger(name)
         lg.setLevel(own)
         if not any(getattr(h, "_qrag", False) for h in lg.handlers):
-            h = logging.StreamHandler()
+            h = _StderrHandler()
             h.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
             h._qrag = True  # type: ignore[attr-defined]
             lg.addHandler(h)
-            lg.propagate = False
     if _level > 0:
         return
     for k, v in QUIET_ENV.items():

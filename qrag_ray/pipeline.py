@@ -268,13 +268,13 @@ def _prepare(cfg: IndexConfig, console) -> _Build:
     kinds, gran = representation_plan(cfg)
     aux_q = (cfg.filters.prune_tau is not None or cfg.filters.min_question_chunk_sim is not None
              or cfg.filters.require_content_overlap)
-    work = ck.work_dir_for(out, cfg.build.work_dir)
     for extra in cfg.build.extra_inputs:
         files += resolve_files(extra, cfg.format)
-    resumed = ck.open_work_dir(work, ck.work_key(cfg.model_dump(mode="json")))
     from qrag_ray.io.precheck import precheck_build
 
-    precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts
+    precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts or anything is written
+    work = ck.work_dir_for(out, cfg.build.work_dir)
+    resumed = ck.open_work_dir(work, ck.work_key(cfg.model_dump(mode="json")))
     ensure_ray(cfg.address, cfg.num_cpus)
     if resumed and console:
         console.print(f"[bold]resuming[/] from checkpoints in {work}")

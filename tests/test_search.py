@@ -64,7 +64,8 @@ def test_result_shape_and_matched(engines):
     engine, _ = engines["sentences"]
     res = engine.search(["When does the else clause of a for loop run?"], k=3)[0]
     r = res[0]
-    assert set(r) == {"chunk_id", "doc_id", "title", "score", "text", "matched"}
+    assert set(r) == {"chunk_id", "doc_id", "title", "score", "text", "matched", "cosine"}
+    assert r["cosine"] == pytest.approx(r["score"], abs=1e-5)  # max fusion, no calibration: the best cosine
     assert r["doc_id"] in ("for", "while", "break") and r["chunk_id"].startswith(r["doc_id"] + "#")
     assert r["matched"] and all(m["kind"] == "sentence" for m in r["matched"])
     assert r["matched"][0]["text"] in r["text"]  # the matched sentence comes from the chunk
