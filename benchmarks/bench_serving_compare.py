@@ -171,10 +171,12 @@ def main() -> int:
     from ray import serve
 
     base = baseline_tree(a.baseline_ref)
+    a.out = str(Path(a.out).resolve())
+    wd = Path(a.workdir).resolve()
+    wd.mkdir(parents=True, exist_ok=True)
+    os.chdir(wd)  # Ray also hands the driver's working directory to the workers' sys.path
     ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
              runtime_env={"env_vars": ENV})
-    wd = Path(a.workdir)
-    wd.mkdir(parents=True, exist_ok=True)
     index = build_demo_index(wd)
     port = free_port()
     t0 = time.time()
