@@ -141,8 +141,13 @@ def test_question_cache_reads_runs_and_skips_broken_files(tmp_path, caplog):
     good = tmp_path / "c" / "run-b" / "0.parquet"
     (tmp_path / "c" / "run-c").mkdir()
     (tmp_path / "c" / "run-c" / "0.parquet").write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # killed writer
-    with caplog.at_level(logging.WARNING, logger="qrag_ray.generation.cache"):
-        files = cache.files()
+    lg = logging.getLogger("qrag_ray.generation.cache")
+    lg.addHandler(caplog.handler)  # on the logger itself: what other tests did to the root's handlers cannot hide it
+    try:
+        with caplog.at_level(logging.WARNING, logger="qrag_ray.generation.cache"):
+            files = cache.files()
+    finally:
+        lg.removeHandler(caplog.handler)
     assert len(files) == 2
     assert "skipping unreadable question-cache file" in caplog.text
     assert len(cache) == 3
