@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qrag_ray.errors import IndexFormatError, QragError
-from qrag_ray.index.format import MANIFEST, load_manifest, verify_files
+from qrag_ray.index.format import MANIFEST, Manifest, load_manifest, verify_files
 
 CURRENT = "CURRENT"
 VERSIONS = "versions"
@@ -36,7 +36,11 @@ class ResolvedIndex:
 
     root: Path  # the path the tenant names
     dir: Path  # the directory holding manifest.json
-    version: str  # the manifest's index_version
+    manifest: Manifest  # read once here, so callers need not read it again
+
+    @property
+    def version(self) -> str:
+        return self.manifest.index_version
 
 
 def is_versioned_root(path: str | Path) -> bool:
@@ -60,8 +64,8 @@ def resolve_index(path: str | Path) -> ResolvedIndex:
     p = Path(path)
     if is_versioned_root(p):
         d = p / VERSIONS / current_version_name(p)
-        return ResolvedIndex(p, d, load_manifest(d).index_version)
-    return ResolvedIndex(p, p, load_manifest(p).index_version)
+        return ResolvedIndex(p, d, load_manifest(d))
+    return ResolvedIndex(p, p, load_manifest(p))
 
 
 def check_index(index_dir: str | Path) -> dict:

@@ -270,7 +270,6 @@ class Router:
 
     def _index_of(self, tenant: Tenant) -> TenantIndex:
         """The version `tenant.index` points at now (reads CURRENT / manifest.json; cached per version)."""
-        from qrag_ray.index.format import load_manifest
         from qrag_ray.index.versions import resolve_index
         from qrag_ray.search.engine import check_hybrid
         from qrag_ray.search.merge import FusionPolicy
@@ -279,9 +278,7 @@ class Router:
         key = (str(r.dir), r.version)
         ti = self._versions.get(key)
         if ti is None:
-            man = load_manifest(r.dir)
-            if man.index_version != r.version:
-                raise VersionMoved(f"{r.dir} changed while it was read")
+            man = r.manifest  # the manifest the version was read from: no second read to disagree with
             if man.num_shards > len(self.shards):
                 raise QragError(f"it has {man.num_shards} shards but the app runs {len(self.shards)} "
                                 "ShardSearcher deployments (raise args.shards)")
