@@ -36,7 +36,7 @@ def corpus_texts(path: str | None, limit: int) -> tuple[list[str], str]:
     else:
         from pydoc_data.topics import topics
 
-        from qrag_ray.driver.demo_cmd import unwrap
+        from qrag_ray.io.pydoc_corpus import unwrap
 
         docs = [unwrap(topics[k]) for k in sorted(topics)]
         source = "pydoc_data.topics (Python language reference)"

@@ -50,7 +50,7 @@ def free_port() -> int:
 def make_queries(n: int) -> list[str]:
     from pydoc_data.topics import topics
 
-    from qrag_ray.driver.demo_cmd import DEMO_QUERIES
+    from qrag_ray.io.pydoc_corpus import DEMO_QUERIES
 
     qs = list(DEMO_QUERIES)
     for name in sorted(topics):
@@ -60,7 +60,7 @@ def make_queries(n: int) -> list[str]:
 
 def build_demo_index(workdir: Path) -> Path:
     from qrag_ray.config import build_index_config
-    from qrag_ray.driver.demo_cmd import write_pydoc_corpus
+    from qrag_ray.io.pydoc_corpus import write_pydoc_corpus
     from qrag_ray.pipeline import build_index
 
     out = workdir / "index"
@@ -167,7 +167,7 @@ def main() -> int:
     import ray
     from ray import serve
 
-    from qrag_ray.driver.serve_cmd import wait_healthy
+    from qrag_ray.cli.serve_cmd import wait_healthy
     from qrag_ray.serving.app import build_app
 
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

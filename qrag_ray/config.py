@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qrag_ray.errors import QragError
@@ -351,29 +350,15 @@ def nest_dotted(flat: Mapping[str, Any]) -> dict:
 
 
 def load_yaml_any(path: str | Path):
-    p = Path(path)
-    if not p.is_file():
-        raise QragError(f"file not found: {p}")
-    try:
-        return yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise QragError(f"{p} is not valid YAML: {e}") from None
+    from qrag_ray.io.yaml_file import read_yaml
+
+    return read_yaml(path)
 
 
 def load_yaml(path: str | Path) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise QragError(f"config file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise QragError(f"config file {p} is not valid YAML{where}: {problem}") from None
-    if not isinstance(data, dict):
-        raise QragError(f"config file {p} must hold a mapping at the top level")
-    return data
+    from qrag_ray.io.yaml_file import read_yaml
+
+    return read_yaml(path, "config file", default={}, expect=dict)
 
 
 def build_index_config(config_file: str | Path | None = None, **overrides: Any) -> IndexConfig:

@@ -3,6 +3,9 @@
 read -> normalize -> chunk -> (atomize) -> generate (cache | backend) -> parse -> vector rows -> embed
 (actor pool) -> vectors partitioned by shard -> one task per shard: filters + FAISS + metadata ->
 manifest -> atomic publish. Each step's logic lives in a pure module; this file only wires them.
+
+Size: over 400 lines because the wiring of every stage (streaming, checkpoints, resume, incremental
+builds, progress) is read in one place; the stages themselves live in index/stages.py and friends.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pyarrow.parquet as pq
 from qrag_ray.config import IndexConfig, representation_plan
 from qrag_ray.errors import QragError
 from qrag_ray.generation.stage import GenerationStats
-from qrag_ray.index.format import (chunk_key, check_output_dir, new_staging_dir, publish,
+from qrag_ray.index.format import (chunk_key, shard_of, check_output_dir, new_staging_dir, publish,
                                    write_manifest)
 
 log = logging.getLogger("qrag.index")
@@ -56,7 +59,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     """Join a cluster when an address is given, else start Ray in-process.
 
     In-process Ray gets more logical CPUs than cores: the vLLM-CPU engine, the tokenizer stages and the
-    embedder each hold a CPU slot, and with 2 slots the engine would never schedule (MODELS.md).
+    embedder each hold a CPU slot, and with 2 slots the engine would never schedule (see
+    qrag_ray/generation/backends/vllm.py).
     """
     import ray
     import ray.data
@@ -66,11 +70,17 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     # default UserCodeException wrapper loses the cause on the way back, which would turn one clear
     # line into a traceback.
     ctx.raise_original_map_exception = True
-    from qrag_ray import logs, progress
+    from qrag_ray import logs
 
     quiet = logs.verbosity() == 0 if quiet is None else quiet
     logs.quiet_ray_data()
-    progress.attach_ray_data(ctx)  # our stage display reads Ray Data's operators; its own bars stay off
+    try:  # our stage display reads Ray Data's operators; its own bars stay off
+        from qrag_ray.progress_ray import attach_ray_data
+
+        attach_ray_data(ctx)
+    except ImportError:  # a Ray without execution callbacks: no operator rows, stages still show
+        ctx.enable_progress_bars = os.environ.get("QRAG_PROGRESS") == "1"
+        ctx.print_on_execution_start = False
     if ray.is_initialized():
         return
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
@@ -104,7 +114,7 @@ def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
     for c in chunk_document(doc, cfg.chunker):
         idx = chunk_key(c["chunk_id"])
         c["chunk_idx"] = idx
-        c["shard"] = idx % cfg.shards
+        c["shard"] = shard_of(idx, cfg.shards)
         if "questions" in doc:
             c["questions"] = list(doc["questions"])
         rows.append(c)

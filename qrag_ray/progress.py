@@ -3,7 +3,7 @@ operator with its rows done, total, rate and ETA.
 
 Ray Data's own bars are one tqdm bar per operator per dataset execution, printed as log lines when
 stderr is not a terminal, and they know nothing of our stages; so they stay off and a Ray Data
-`ExecutionCallback` (registered once in the DataContext, `attach_ray_data`) reads the running
+`ExecutionCallback` (registered once in the DataContext, `progress_ray.attach_ray_data`) reads the running
 operators' counters on the driver and feeds this display instead. Generation (the vLLM processor's
 stages), embedding and the shard writes all run as Ray Data operators, so each gets its rows, rate
 and ETA without the pipeline counting anything.
@@ -246,23 +246,6 @@ def stage(console: Console | None, name: str) -> Iterator[None]:
             yield
     finally:
         _current = prev
-
-
-# ---------------------------------------------------------------- Ray Data wiring
-
-
-def attach_ray_data(ctx) -> None:
-    """Register the display's callback in a Ray Data context (once) and turn Ray Data's own bars and
-    per-execution prints off (QRAG_PROGRESS=1 keeps Ray Data's bars, for debugging them)."""
-    try:
-        from qrag_ray.progress_ray import RayDataProgress
-
-        if RayDataProgress not in ctx.custom_execution_callback_classes:
-            ctx.custom_execution_callback_classes.append(RayDataProgress)
-    except Exception:  # noqa: BLE001 - a Ray without callbacks: no operator rows, stages still show
-        pass
-    ctx.enable_progress_bars = os.environ.get("QRAG_PROGRESS") == "1"
-    ctx.print_on_execution_start = False
 
 
 def current() -> Display | None:

@@ -7,6 +7,7 @@ workers, and a class defined inside a function would be pickled by value with th
 
 from __future__ import annotations
 
+import os
 import time
 
 from ray.data._internal.execution.execution_callback import ExecutionCallback
@@ -53,3 +54,12 @@ class RayDataProgress(ExecutionCallback):
 
     def after_execution_fails(self, executor, error) -> None:
         self._send(executor, finished=True)
+
+
+def attach_ray_data(ctx) -> None:
+    """Register the display's callback in a Ray Data context (once) and turn Ray Data's own bars and
+    per-execution prints off (QRAG_PROGRESS=1 keeps Ray Data's bars, for debugging them)."""
+    if RayDataProgress not in ctx.custom_execution_callback_classes:
+        ctx.custom_execution_callback_classes.append(RayDataProgress)
+    ctx.enable_progress_bars = os.environ.get("QRAG_PROGRESS") == "1"
+    ctx.print_on_execution_start = False

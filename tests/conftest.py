@@ -47,7 +47,7 @@ def pydoc_docs(with_questions: bool = True) -> list[dict]:
     """The corpus records, unwrapped like `qrag demo` does so sentences are not cut at line ends."""
     from pydoc_data.topics import topics
 
-    from qrag_ray.driver.demo_cmd import unwrap
+    from qrag_ray.io.pydoc_corpus import unwrap
 
     out = []
     for name, qs in PYDOC_QUESTIONS.items():

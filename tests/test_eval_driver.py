@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qrag_ray.cli import main
-from qrag_ray.driver.demo_cmd import unwrap
+from qrag_ray.io.pydoc_corpus import unwrap
 
 TOPICS = ("assert", "class", "for", "try", "while", "import", "lambda", "global")
 QUERIES = {

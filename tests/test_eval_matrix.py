@@ -164,14 +164,6 @@ def test_repo_matrix_is_valid():
     assert [r.metric for r in check(list(conds.values()), bad)] == ["R@5"]
 
 
-def test_run_matrix_default_runner_needs_driver(matrix_file, monkeypatch):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "qrag_ray.evaluation.driver", None)  # import fails
-    with pytest.raises(QragError, match="eval driver is not available"):
-        run_matrix(matrix_file)
-
-
 # ------------------------------------------------------------------------------------------- report
 
 def test_write_report(tmp_path):

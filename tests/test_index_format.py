@@ -94,7 +94,7 @@ def sentence_table(embed):
     per topic)."""
     from pydoc_data.topics import topics
 
-    from qrag_ray.driver.demo_cmd import unwrap
+    from qrag_ray.io.pydoc_corpus import unwrap
 
     rows = []
     for n, name in enumerate(sorted(topics)[:30]):

@@ -168,7 +168,7 @@ def _hit(doc, score, *matched):
 
 
 def test_demo_comparison_rows():
-    from qrag_ray.driver.demo_cmd import comparison_rows, first_rank, matched_question, won_by
+    from qrag_ray.cli.demo_cmd import comparison_rows, first_rank, matched_question, won_by
 
     ours = [_hit("context-managers", 0.81, ("question", "What methods make an object a context manager?"),
                  ("chunk", "…")),

@@ -19,7 +19,7 @@ from qrag_ray.index.format import load_manifest
 def _corpus(path):
     from pydoc_data.topics import topics
 
-    from qrag_ray.driver.demo_cmd import unwrap
+    from qrag_ray.io.pydoc_corpus import unwrap
 
     recs = [{"id": k, "title": k, "text": unwrap(v)} for k, v in sorted(topics.items())[:15]]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))

@@ -143,6 +143,7 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
 
     from qrag_ray.embedding import encode
     from qrag_ray.generation.cache import QuestionCache
+    from qrag_ray.generation.parsing import hyde_passage
     from qrag_ray.generation.requests import make_request
     from qrag_ray.generation.stage import generate
     from qrag_ray.models.registry import resolve_llm
@@ -154,7 +155,7 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
     t0 = time.perf_counter()
     answered, stats = generate(ds, gcfg, QuestionCache(None), model_path)
     rows = sorted(answered.take_all(), key=lambda r: int(r["chunk_idx"]))
-    passages = [(r.get("raw") or queries[int(r["chunk_idx"])]).strip() or queries[int(r["chunk_idx"])] for r in rows]
+    passages = [hyde_passage(r.get("raw"), queries[int(r["chunk_idx"])]) for r in rows]  # as served
     vecs = encode(engine.embedder, passages)
     info = {"llm_seconds": time.perf_counter() - t0, "generated": stats.generated,
             "output_tokens": stats.output_tokens,
@@ -274,12 +275,10 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
 
 
 def evaluate_condition(condition) -> dict:
-    """Runner for the regression matrix: one condition -> metrics (fractions)."""
+    """Runner for the regression matrix (`run_matrix(..., runner=evaluate_condition)`): one
+    `matrix.Condition` -> metrics (fractions). matrix.py stays a leaf: it never imports this module."""
     import tempfile
 
-    from qrag_ray.evaluation.matrix import Condition
-
-    assert isinstance(condition, Condition)
     out = Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id
     overrides = condition.index_overrides()
     rep = overrides.pop("representation")

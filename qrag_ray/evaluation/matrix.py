@@ -1,8 +1,8 @@
 """Regression matrix ("two-click reproduction", in the manner of pyserini's 2CR pages).
 
 `eval/matrix.yaml` lists conditions: one dataset + one index configuration each, with the figures the
-condition is expected to reproduce. `run_matrix` measures the selected conditions through an injectable
-runner (by default the eval driver, `qrag_ray.evaluation.driver.evaluate_condition`) and `compare` /
+condition is expected to reproduce. `run_matrix` measures the selected conditions through a runner
+injected by the caller (`qrag matrix` passes the eval driver's `evaluate_condition`) and `compare` /
 `check` hold the measurements against the recorded figures.
 
 Units: `expected` and `tolerance` are percent points (as papers print them). Measured values are
@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-import yaml
 
 from qrag_ray.config import deep_update
 from qrag_ray.errors import QragError
@@ -257,13 +256,10 @@ def _validate_index_config(cond: Condition, where: str) -> None:
 
 def load_matrix(path: str | Path) -> list[Condition]:
     """Parse and validate a matrix YAML file (a list of conditions, or {conditions: [...]})."""
+    from qrag_ray.io.yaml_file import read_yaml
+
     p = Path(path)
-    if not p.is_file():
-        raise QragError(f"matrix file not found: {p}")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise QragError(f"matrix file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    raw = read_yaml(p, "matrix file")
     if isinstance(raw, dict) and "conditions" in raw:
         raw = raw["conditions"]
     if not isinstance(raw, list) or not raw:
@@ -355,16 +351,8 @@ def check(conditions: list[Condition], measured: Mapping[str, Mapping[str, float
     return compare(conditions, measured, measured_scale).regressions
 
 
-def _default_runner() -> Callable[[Condition], dict[str, float]]:
-    try:
-        from qrag_ray.evaluation.driver import evaluate_condition  # type: ignore[import-not-found]
-    except ImportError as e:
-        raise QragError(f"the eval driver is not available ({e}); pass runner=...") from None
-    return evaluate_condition
-
-
-def run_matrix(path: str | Path, ids: Iterable[str] | None = None,
-               runner: Callable[[Condition], Mapping[str, float]] | None = None,
+def run_matrix(path: str | Path, ids: Iterable[str] | None = None, *,
+               runner: Callable[[Condition], Mapping[str, float]],
                tags: Iterable[str] | None = None,
                measured_scale: Literal["fraction", "percent"] = "fraction",
                on_result: Callable[[Condition, Mapping[str, float]], None] | None = None) -> MatrixResult:
@@ -374,10 +362,9 @@ def run_matrix(path: str | Path, ids: Iterable[str] | None = None,
     conds = select(load_matrix(path), ids, tags)
     if not conds:
         raise QragError(f"no matrix condition selected from {path}")
-    run = runner or _default_runner()
     measured: dict[str, dict[str, float]] = {}
     for c in conds:
-        got = run(c)
+        got = runner(c)
         if not isinstance(got, Mapping):
             raise TypeError(f"runner returned {type(got).__name__} for condition '{c.id}', expected a mapping")
         measured[c.id] = dict(got)

@@ -1,6 +1,6 @@
 """LLM output -> questions, (question, answer) pairs, atomic statements. Pure functions, no model, no Ray.
 
-Real replies are messy, small models most of all (MODELS.md: Qwen2.5-Coder-0.5B numbers its lines despite
+Real replies are messy, small models most of all (measured with the bundled Qwen2.5-Coder-0.5B: it numbers its lines despite
 "no prefix", adds preambles, and without a repetition penalty loops until max_tokens and is cut mid-line).
 These parsers undo the formatting and keep the content:
 
@@ -16,6 +16,9 @@ These parsers undo the formatting and keep the content:
 
 Parsing is not filtering: a well-formed question is kept however silly ("What is the capital of Berlin?");
 semantic filters live in qrag_ray.filters.
+
+Size: one module over 400 lines on purpose: the cleaners share private regexes and boundary rules, and
+splitting them apart would export those internals only to re-import them.
 """
 
 from __future__ import annotations
@@ -580,6 +583,14 @@ def extract_citations(answer: str) -> list[int]:
             if k not in seen:
                 seen.append(k)
     return seen
+
+
+def hyde_passage(raw: str | None, query: str) -> str:
+    """The text HyDE embeds: the LLM's cleaned passage, or the query itself when the reply is empty.
+    One function for the served mode and the evaluated baseline, so what `qrag eval --hyde` scores is
+    what `/v1/search` with mode=hyde does."""
+    texts = parse_output(raw, "text")
+    return texts[0] if texts else query
 
 
 def parse_output(raw: str | None, output_kind: str, max_items: int | None = None, **kwargs) -> list[str]:

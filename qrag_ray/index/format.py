@@ -32,6 +32,7 @@ def chunk_key(chunk_id: str) -> int:
 
 
 def shard_of(chunk_idx: int, num_shards: int) -> int:
+    """The one placement rule: the pipeline writes a chunk here and the router looks it up here."""
     return chunk_idx % num_shards
 
 

@@ -6,7 +6,6 @@ the same results. Returns vector-level hits; dedup by chunk happens in qrag_ray.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,7 +106,3 @@ class ShardSearcher:
     def matched(self, row: int) -> tuple[str, str]:
         return self.kind[row], self.text[row]
 
-
-def default_threads() -> int | None:
-    v = os.environ.get("OMP_NUM_THREADS")
-    return int(v) if v and v.isdigit() else None

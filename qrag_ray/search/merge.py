@@ -235,14 +235,11 @@ def fuse_scores(c: Candidates, policy: FusionPolicy, scores: np.ndarray) -> dict
     return fused
 
 
-def dedup(c: Candidates, k: int, kinds: np.ndarray | None = None, kind_weights: dict[str, float] | None = None,
-          min_score: float | None = None, max_matches: int = 3,
+def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: int = 3,
           policy: FusionPolicy | None = None) -> list[ChunkResult]:
     """Top k distinct chunks under the fusion policy (default: max over the chunk's vectors).
     `min_score` applies to the chunk's best (calibrated) vector score whatever the fusion."""
-    policy = policy or FusionPolicy(kind_weights=dict(kind_weights or {}))
-    if kinds is not None:
-        c = Candidates(c.scores, c.chunk_idx, c.shard, c.row, c.cutoffs, kinds)
+    policy = policy or FusionPolicy()
     scores = policy.calibrate(c.scores, c.kinds)
     order = np.lexsort((c.row, c.shard, -scores))  # score desc, deterministic ties
     cidx = c.chunk_idx[order]

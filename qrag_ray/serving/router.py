@@ -12,6 +12,9 @@ What keeps it up while things change:
   retried once; overload and per-tenant limits answer 503 / 429 with Retry-After at once.
 Every user mistake is an `ApiError` rendered as `{"error", "message"}` with a 4xx/5xx status; only
 bugs are 500s.
+
+Size: over 400 lines because a Serve ingress is one class (routes, tenants, versions, deadlines); its
+parts with logic of their own (registry, rate limits, shard cache, encoder, errors) are separate modules.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qrag_ray.errors import QragError, find_user_error
+from qrag_ray.index.format import shard_of
 from qrag_ray.serving import api_models as m
 from qrag_ray.serving.deployments import ShardKey, VersionMoved
 from qrag_ray.serving.errors import (ApiError, bad_request, deadline_exceeded, index_unavailable, llm_failed,
@@ -469,8 +473,8 @@ class Router:
             for shard, row, _ in r.matches:
                 if (shard, row) not in matched:
                     want.setdefault(shard, (set(), set()))[0].add(row)
-            if r.chunk_idx not in chunks:  # a chunk lives in shard chunk_idx % shards (pipeline)
-                want.setdefault(r.chunk_idx % ti.num_shards, (set(), set()))[1].add(r.chunk_idx)
+            if r.chunk_idx not in chunks:  # the shard the pipeline wrote the chunk to
+                want.setdefault(shard_of(r.chunk_idx, ti.num_shards), (set(), set()))[1].add(r.chunk_idx)
         if not want:
             return
         got = await asyncio.gather(*[self._call(ti, s, "lookup", key, sorted(rows), sorted(cis))
@@ -483,13 +487,12 @@ class Router:
         """The text to embed: the query, or in HyDE mode an LLM-written passage answering it."""
         if req.mode != "hyde":
             return req.query, None
-        from qrag_ray.generation.parsing import parse_output
+        from qrag_ray.generation.parsing import hyde_passage
         from qrag_ray.generation.prompts import get_prompt
 
         stage["stage"] = "writing the HyDE passage (LLM)"
         raw = await self._llm(get_prompt("hyde").render(req.query), self.args.hyde_max_tokens, "mode=hyde")
-        texts = parse_output(raw, "text")
-        passage = texts[0] if texts else req.query
+        passage = hyde_passage(raw, req.query)
         return passage, passage
 
     # ---- routes --------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qrag_ray.errors import QragError
+from qrag_ray.io.yaml_file import read_yaml
 from qrag_ray.serving.errors import ApiError, forbidden, not_found, unauthorized
 
 DEFAULT_TENANT = "default"
@@ -173,12 +174,7 @@ def _bearer(authorization: str | None) -> str:
 # ---- the tenants file --------------------------------------------------------------------------
 def load_tenants(path: str | Path) -> Tenants:
     p = Path(path)
-    if not p.is_file():
-        raise QragError(f"tenants file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise QragError(f"tenants file {p} is not valid YAML: {e}") from None
+    data = read_yaml(p, "tenants file", default={})
     try:
         tf = _TenantsFile.model_validate(data)
     except ValidationError as e:
@@ -191,10 +187,7 @@ def load_tenants(path: str | Path) -> Tenants:
 def _read_file(p: Path) -> dict:
     if not p.is_file():
         return {"tenants": []}
-    try:
-        data = yaml.safe_load(p.read_text()) or {"tenants": []}
-    except yaml.YAMLError as e:
-        raise QragError(f"tenants file {p} is not valid YAML: {e}") from None
+    data = read_yaml(p, "tenants file", default={"tenants": []})
     try:
         _TenantsFile.model_validate(data)
     except ValidationError as e:

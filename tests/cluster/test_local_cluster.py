@@ -70,7 +70,7 @@ def nodes(cluster) -> dict[str, str]:
 def cluster_index(cluster, tmp_path_factory) -> Path:
     from pydoc_data.topics import topics
 
-    from qrag_ray.driver.demo_cmd import unwrap
+    from qrag_ray.io.pydoc_corpus import unwrap
 
     d = tmp_path_factory.mktemp("lc-index")
     corpus = d / "corpus.jsonl"
@@ -117,7 +117,8 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes):
     import ray
     from ray import serve
 
-    from qrag_ray.deploy.validate import dashboard_exprs, promql_metric_names
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from validate_deploy import dashboard_exprs, promql_metric_names
     from qrag_ray.search.engine import SearchEngine
 
     port = free_port()

@@ -9,14 +9,16 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from qrag_ray.deploy import validate as v
-
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))  # a repo tool, not part of the installed package
+
+import validate_deploy as v  # noqa: E402
 OVERLAYS = REPO / "k8s" / "overlays"
 
 

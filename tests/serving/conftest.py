@@ -38,7 +38,7 @@ def free_port() -> int:
 def write_corpus(path: Path, names: list[str]) -> None:
     from pydoc_data.topics import topics
 
-    from qrag_ray.driver.demo_cmd import unwrap
+    from qrag_ray.io.pydoc_corpus import unwrap
 
     with path.open("w", encoding="utf-8") as f:
         for name in names:

@@ -60,7 +60,7 @@ def test_user_errors_are_one_line(tmp_path, fake_index, capsys, argv, msg):
 def test_flags_override_the_serve_config(tmp_path):
     import yaml
 
-    from qrag_ray.driver.serve_cmd import load_serve_config, plan_from_config
+    from qrag_ray.cli.serve_cmd import load_serve_config, plan_from_config
 
     data = load_serve_config("serve_configs/qrag.yaml")
     args, deps, http = plan_from_config(data, str(tmp_path), None, "http://llm:9/v1", "m")

@@ -17,16 +17,12 @@ DEFAULT_PORT = 8000
 
 def load_serve_config(path: str | Path) -> dict:
     """A `serve deploy` YAML, validated with Ray's own ServeDeploySchema (one qrag application)."""
-    import yaml
     from pydantic import ValidationError as V2Error
 
+    from qrag_ray.io.yaml_file import read_yaml
+
     p = Path(path)
-    if not p.is_file():
-        raise QragError(f"serve config not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise QragError(f"serve config {p} is not valid YAML: {e}") from None
+    data = read_yaml(p, "serve config", default={})
     from ray.serve.schema import ServeDeploySchema
 
     from qrag_ray.config import format_validation_error

@@ -9,9 +9,9 @@ Ray's validate_config), the import of the app builder, click's parser of the rea
 `build_index_config` for the index config, and `EXPORTED_METRICS` of the serving package. No cluster,
 no network; `kubectl kustomize` is used for a cross-check only when it is installed.
 
-    python -m qrag_ray.deploy.validate                       # every overlay + cluster/cloud-gpu.yaml
-    python -m qrag_ray.deploy.validate k8s/overlays/cpu-dev  # one overlay (or a single YAML file)
-    python -m qrag_ray.deploy.validate --sync-serve-config   # regenerate serveConfigV2 from serve_configs/
+    python scripts/validate_deploy.py                       # every overlay + cluster/cloud-gpu.yaml
+    python scripts/validate_deploy.py k8s/overlays/cpu-dev  # one overlay (or a single YAML file)
+    python scripts/validate_deploy.py --sync-serve-config   # regenerate serveConfigV2 from serve_configs/
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SERVE_CONFIG = REPO / "serve_configs" / "qrag.yaml"
 RAYSERVICE = REPO / "k8s" / "base" / "rayservice.yaml"
 OVERLAYS = {"cpu-dev": {"gpu": False}, "gpu-prod": {"gpu": True}}
@@ -280,7 +280,7 @@ def check_rayservice(doc: dict, *, require_gpu: bool, canonical: dict | None) ->
     out += [f"serveConfigV2 {m}" for m in check_serve_config(cfg)]
     if canonical is not None and cfg != canonical:
         out.append(f"serveConfigV2 differs from {SERVE_CONFIG.relative_to(REPO)}; run "
-                   "`python -m qrag_ray.deploy.validate --sync-serve-config`")
+                   "`python scripts/validate_deploy.py --sync-serve-config`")
     spec = doc["spec"].get("rayClusterConfig")
     if not isinstance(spec, dict):
         return out + ["spec.rayClusterConfig missing"]
@@ -298,9 +298,9 @@ def check_rayservice(doc: dict, *, require_gpu: bool, canonical: dict | None) ->
 def qrag_click_command():
     import typer
 
-    from qrag_ray.cli import _register_optional_commands, app
+    from qrag_ray.cli.app import app, register_commands
 
-    _register_optional_commands()
+    register_commands()
     return typer.main.get_command(app)
 
 
@@ -635,7 +635,7 @@ def sync_serve_config(rayservice: Path = RAYSERVICE, serve_config: Path = SERVE_
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m qrag_ray.deploy.validate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python scripts/validate_deploy.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", help="overlay directories or YAML files (default: the whole repo)")
     ap.add_argument("--gpu", action="store_true", help="require a GPU worker group (for given paths)")
     ap.add_argument("--sync-serve-config", action="store_true",

@@ -77,10 +77,11 @@ def register(app: typer.Typer) -> None:
         json_out: Optional[str] = typer.Option(None, "--json", help="write measured figures here"),
     ):
         """Re-run the regression matrix; exit 1 on a regression beyond tolerance."""
-        from qrag_ray.evaluation.driver import parse_list
+        from qrag_ray.evaluation.driver import evaluate_condition, parse_list
         from qrag_ray.evaluation.matrix import run_matrix
 
-        res = run_matrix(path, ids=parse_list(ids) or None, tags=parse_list(tags) or None)
+        res = run_matrix(path, ids=parse_list(ids) or None, runner=evaluate_condition,
+                         tags=parse_list(tags) or None)
         print(res.comparison.summary())
         if json_out:
             with open(json_out, "w") as f:

@@ -1,0 +1,92 @@
+"""`qrag index`: build (or append to, or delete from) a sharded question index from a corpus."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from qrag_ray.errors import QragError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def index(
+        input: Optional[str] = typer.Option(None, "--input", "-i", help="corpus file, folder or glob"),
+        format: str = typer.Option("jsonl", "--format", "-f", help="jsonl|parquet|msmarco|beir|html"),
+        output: str = typer.Option(..., "--output", "-o", help="index directory to publish"),
+        representation: str = typer.Option(None, "--representation", "-r",
+                                           help="default (no flag: title-prefixed chunk + BM25)|chunk|hype|quote|quote-onedoc|atom-sentence|atom-question|hybrid|atom-hybrid|atom-hybrid-bm25|kind+kind"),
+        shards: int = typer.Option(None, "--shards", "-s", help="number of shards (>= 1)"),
+        generator: str = typer.Option(None, "--generator", "-g", help="vllm|openai|precomputed|none"),
+        questions: int = typer.Option(None, "--questions", "-n", help="questions per chunk prompt"),
+        config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML config (flags override it)"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing index at --output"),
+        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: local Ray in-process)"),
+        factory: Optional[str] = typer.Option(None, "--factory", help="FAISS factory string, e.g. Flat, HNSW32, IVF1024,PQ48"),
+        prune_tau: Optional[float] = typer.Option(None, "--prune-tau", help="Q-Q pruning threshold"),
+        chunker: Optional[str] = typer.Option(None, "--chunker", help="token|sentence|paragraph|none"),
+        chunk_size: Optional[int] = typer.Option(None, "--chunk-size"),
+        chunk_overlap: Optional[int] = typer.Option(None, "--chunk-overlap"),
+        embedder: Optional[str] = typer.Option(None, "--embedder", help="embedder name or local folder"),
+        model: Optional[str] = typer.Option(None, "--model", help="LLM for question generation (name or local folder)"),
+        prompt: Optional[str] = typer.Option(None, "--prompt", help="prompt template name"),
+        base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for --generator openai"),
+        cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder"),
+        bm25: Optional[bool] = typer.Option(None, "--bm25/--no-bm25", help="also build a BM25 index per shard (hybrid search)"),
+        bm25_alpha: Optional[float] = typer.Option(
+            None, "--bm25-alpha", help="default hybrid weight of the dense score, 0..1 (implies --bm25)"),
+        json_out: bool = typer.Option(False, "--json", help="print the build report as JSON"),
+        append: Optional[str] = typer.Option(None, "--append", help="add these documents to the index at --output (new version)"),
+        delete_ids: Optional[str] = typer.Option(None, "--delete-ids", help="file of document ids to remove from the index at --output"),
+        keep_work: bool = typer.Option(False, "--keep-work", help="keep the checkpoints (later --append/--delete-ids reuse them)"),
+    ):
+        """Build a sharded question index from a corpus."""
+        from qrag_ray.config import build_index_config
+        from qrag_ray.pipeline import build_index
+
+        if append or delete_ids:
+            from qrag_ray.index.incremental import incremental_config
+
+            report = build_index(incremental_config(output, append, delete_ids), console=Console(stderr=True))
+            print(json.dumps(report.to_dict(), indent=2, default=str)) if json_out else _print_summary(report, Console(stderr=True))
+            return
+        if input is None:
+            raise QragError("--input is required")
+
+        if shards is not None and shards < 1:
+            raise QragError(f"--shards must be at least 1, got {shards}")
+        cfg = build_index_config(
+            config, input=input, format=format, output=output, representation=representation, shards=shards,
+            overwrite=overwrite or None, address=address, cache_dir=cache_dir,
+            **{"generator.backend": generator, "generator.questions": questions, "generator.model": model,
+               "generator.prompt": prompt, "generator.base_url": base_url, "index.factory": factory,
+               "filters.prune_tau": prune_tau, "chunker.method": chunker, "chunker.size": chunk_size,
+               "chunker.overlap": chunk_overlap, "embedder.model": embedder,
+               "bm25.enabled": True if bm25_alpha is not None else bm25, "search.bm25_alpha": bm25_alpha,
+               "build.keep_work": keep_work or None},
+        )
+        out = Console(stderr=True)
+        report = build_index(cfg, console=out)
+        if json_out:
+            print(json.dumps(report.to_dict(), indent=2, default=str))
+        else:
+            _print_summary(report, out)
+
+
+def _print_summary(report, console: Console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"index published at {report.output}", show_header=False)
+    g = report.generation
+    rows = [("documents", report.documents), ("chunks", report.chunks), ("questions", report.questions),
+            ("vectors (before filters)", f"{report.vectors} ({report.vectors_before_filters})"),
+            ("LLM requests: cached / generated", f"{g.cached} / {g.generated}"),
+            ("LLM tokens: prompt / output", f"{g.prompt_tokens} / {g.output_tokens}"),
+            ("index size", f"{report.index_bytes / 1e6:.2f} MB")]
+    rows += [(f"time: {k}", f"{v:.1f}s") for k, v in report.stage_seconds.items()]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    console.print(t)

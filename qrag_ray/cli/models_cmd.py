@@ -1,0 +1,19 @@
+"""`qrag prepare-models`: load the bundled embedder and convert the bundled LLM once (both offline)."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("prepare-models")
+    def prepare_models(llm: bool = typer.Option(True, "--llm/--no-llm", help="also prepare the bundled Qwen LLM")):
+        """Check the bundled embedder and convert the bundled LLM once (cached)."""
+        from qrag_ray.embedding import load_sentence_transformer
+        from qrag_ray.models.registry import resolve_embedder, resolve_llm
+
+        st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
+        Console(stderr=True).print(f"embedder all-MiniLM-L6-v2: {resolve_embedder('all-MiniLM-L6-v2')} (dim {st.get_sentence_embedding_dimension()})")
+        if llm:
+            Console(stderr=True).print(f"LLM qwen2.5-coder-0.5b-instruct: {resolve_llm('qwen2.5-coder-0.5b-instruct')}")

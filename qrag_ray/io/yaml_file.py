@@ -1,0 +1,35 @@
+"""The one YAML reader: every file a user hands us (index config, serve config, tenants, matrix, suite,
+prompt, variants) goes through it, so a missing file or a YAML slip reads the same everywhere: one line
+naming the file, the line and column, and the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from qrag_ray.errors import QragError
+
+
+def read_yaml(path: str | Path, what: str = "file", default: Any = None, expect: type | None = None) -> Any:
+    """The parsed file; `default` for an empty one; QragError when it is missing, is not YAML, or
+    (with `expect`) does not hold that type at the top level."""
+    p = Path(path)
+    if not p.is_file():
+        raise QragError(f"{what} not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise QragError(f"{what} {p} is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError as e:
+        raise QragError(f"{what} {p} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+    if data is None:
+        data = default
+    if expect is not None and not isinstance(data, expect):
+        kind = {dict: "a mapping", list: "a list"}.get(expect, expect.__name__)
+        raise QragError(f"{what} {p} must hold {kind} at the top level")
+    return data

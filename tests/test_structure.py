@@ -1,0 +1,124 @@
+"""The package's shape, checked by walking its imports (top-level and function-level, with `ast`): no
+import cycle, nothing outside the CLI imports the CLI, and no module grows past ~400 lines without a
+note in its docstring saying why. Milliseconds; no Ray."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "qrag_ray"
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for f in PKG.rglob("*.py"):
+        parts = list(f.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = f
+    return mods
+
+
+MODS = _modules()
+
+
+def _owner(name: str) -> str | None:
+    """The package module `name` refers to (a module, or the module that defines the imported name)."""
+    while name and name not in MODS:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for mod, f in MODS.items():
+        pkg = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str | None] = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(_owner(a.name) for a in node.names if a.name.startswith("qrag_ray"))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                if base.startswith("qrag_ray"):
+                    deps.update(_owner(f"{base}.{a.name}") for a in node.names)
+        deps.discard(None)
+        deps.discard(mod)
+        graph[mod] = deps  # type: ignore[assignment]
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_the_walker_sees_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_only_the_cli_imports_the_cli():
+    bad = {m: sorted(d for d in deps if d.startswith("qrag_ray.cli"))
+           for m, deps in import_graph().items() if not m.startswith("qrag_ray.cli")}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+@pytest.mark.parametrize("mod", sorted(MODS))
+def test_big_modules_say_why(mod):
+    f = MODS[mod]
+    src = f.read_text()
+    if len(src.splitlines()) <= MAX_LINES:
+        return
+    doc = ast.get_docstring(ast.parse(src)) or ""
+    assert "Size:" in doc, f"{f.relative_to(PKG.parent)} has {len(src.splitlines())} lines and no 'Size:' note"
