@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (set up + demo) and `make test`.
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-unit test-fast bench clean
 
 setup:
 	scripts/setup.sh
@@ -12,7 +12,11 @@ demo: setup
 test: setup
 	scripts/test.sh
 
-# Only the fast tests (no LLM engine, no multi-node cluster): a few minutes.
+# The unit tier only (pure logic, no Ray, no model): seconds.
+test-unit:
+	.venv/bin/python -m pytest -m unit -q
+
+# Unit + integration (no LLM engine, no multi-node cluster): about 9 minutes.
 test-fast:
 	.venv/bin/python -m pytest -m "not slow" -q
 

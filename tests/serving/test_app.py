@@ -254,13 +254,13 @@ def test_unknown_route_and_method(served):
 
 # ------------------------------------------------------------------------------------ LLM paths
 def test_hyde_embeds_the_llm_passage(served, fake_llm):
-    n0 = len(fake_llm.requests)
+    n0 = len(fake_llm.bodies)
     r = search(served, {"query": "How do I make an object usable in a with statement?", "k": 5, "mode": "hyde"},
                tenant="beta")
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["mode"] == "hyde" and body["hypothetical"] == HYDE_PASSAGE
-    assert len(fake_llm.requests) == n0 + 1 and "Passage:" in fake_llm.requests[-1]["messages"][-1]["content"]
+    assert len(fake_llm.bodies) == n0 + 1 and "Passage:" in fake_llm.bodies[-1]["messages"][-1]["content"]
     # the vector searched is the passage's: same ranking as an in-process search for the passage text
     from qrag_ray.search.engine import SearchEngine
 
@@ -277,7 +277,7 @@ def test_answer_cites_chunk_ids(served, fake_llm):
     assert [c["n"] for c in body["citations"]] == [1, 2]
     ids = [x["chunk_id"] for x in body["results"]]
     assert [c["chunk_id"] for c in body["citations"]] == ids[:2]
-    prompt = fake_llm.requests[-1]["messages"][-1]["content"]
+    prompt = fake_llm.bodies[-1]["messages"][-1]["content"]
     assert body["results"][0]["text"].strip()[:60] in prompt
 
 
@@ -288,12 +288,12 @@ def test_answer_says_i_dont_know_when_the_model_does(served):
 
 
 def test_answer_without_support_does_not_ask_the_llm(served, fake_llm):
-    n0 = len(fake_llm.requests)
+    n0 = len(fake_llm.bodies)
     r = served["client"].post("/v1/answer", json={"query": "zxqv blorf wibble frobnicate", "k": 3},
                               headers=auth(served, "beta"))
     assert r.status_code == 200
     assert r.json()["answer"] == "I don't know" and r.json()["citations"] == []
-    assert len(fake_llm.requests) == n0
+    assert len(fake_llm.bodies) == n0
 
 
 def test_answer_without_llm_is_503(served):
