@@ -15,46 +15,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qrag_ray.errors import QragError
+from qrag_ray.presets import PRESETS
 
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
 
 # Vector kinds a representation may combine. Each row of a shard is one of these.
 VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window", "title")
 
-# The issue-6 winner for a small offline generator (docs/EVALUATION.md §4.6): the chunk at half
-# weight plus one "atom" slot where a sentence, a question written about it, or that question
-# embedded with the chunk compete, the questions only after an offset (question-question cosines
-# run ~0.2 above question-statement ones with MiniLM; recalibrate for another embedder with
-# eval/analysis/fusion_grid.py). Until session 8 it was chunk+sentence+quote with plain sum.
-_ATOM_HYBRID: dict[str, Any] = {
-    "kinds": ["chunk", "sentence", "question", "quote"], "granularity": "atom",
-    "search": {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
-               "groups": {"atom": ["sentence", "question", "quote"]}},
-}
-
-# Named representations (DESIGN §2) as presets over vector kinds + question granularity.
-# A custom representation joins kinds with '+', e.g. "sentence+quote".
-REPRESENTATIONS: dict[str, dict[str, Any]] = {
-    "chunk": {"kinds": ["chunk"], "granularity": None},
-    "hype": {"kinds": ["question"], "granularity": "chunk"},
-    "quote": {"kinds": ["quote"], "granularity": "chunk"},
-    "quote-onedoc": {"kinds": ["onedoc"], "granularity": "chunk"},
-    "atom-sentence": {"kinds": ["sentence"], "granularity": None},
-    "atom-question": {"kinds": ["question"], "granularity": "atom"},
-    "hybrid": {"kinds": ["chunk", "question"], "granularity": "chunk"},
-    "atom-hybrid": _ATOM_HYBRID,
-    # atom-hybrid plus a BM25 channel over each chunk's text and its generated questions (doc2query),
-    # mixed in at alpha = 0.67 (docs/EVALUATION.md §4.8): the best configuration measured on SQuAD
-    # (full dev 82.7 R@1 vs 74.8 dense). The same vectors as atom-hybrid; BM25 adds < 1 KB per chunk.
-    "atom-hybrid-bm25": {**_ATOM_HYBRID, "bm25": {"enabled": True},
-                         "search": {**_ATOM_HYBRID["search"], "bm25_alpha": 0.67}},
-    # The shipped default (`qrag index` with no --representation), chosen across the suite of issue 19
-    # (SQuAD, BiPaR, TREC DL19; docs/EVALUATION.md): the title-prefixed chunk plus stemmed BM25 at
-    # alpha 0.67. No LLM, one vector per chunk; on every dataset of the suite it beats both the chunk
-    # and BM25 alone, where sentence atoms lose ~6 nDCG points to the chunk on web queries.
-    "default": {"kinds": ["chunk"], "granularity": None, "title_prefix": True, "bm25": {"enabled": True},
-                "search": {"bm25_alpha": 0.67}},
-}
+# Named representations (DESIGN §2): the presets of qrag_ray/presets.py (named, versioned, with what
+# each is for; `qrag presets`) as IndexConfig defaults. A custom representation joins kinds with '+',
+# e.g. "sentence+quote".
+REPRESENTATIONS: dict[str, dict[str, Any]] = {name: p.as_config() for name, p in PRESETS.items()}
 
 _QUESTION_KINDS = {"question", "quote", "atomquote", "onedoc"}
 

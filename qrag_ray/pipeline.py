@@ -276,6 +276,7 @@ def _prepare(cfg: IndexConfig, console) -> _Build:
     files = resolve_files(cfg.input, cfg.format)
     report = BuildReport(output=str(out))
     kinds, gran = representation_plan(cfg)
+    _warn_uncalibrated(cfg)
     aux_q = (cfg.filters.prune_tau is not None or cfg.filters.min_question_chunk_sim is not None
              or cfg.filters.require_content_overlap)
     for extra in cfg.build.extra_inputs:
@@ -293,6 +294,17 @@ def _prepare(cfg: IndexConfig, console) -> _Build:
                   t_start=time.perf_counter(),
                   inputs=ck.stable_hash([ck.input_fingerprint(files), cfg.build.delete_ids,
                                          [ck.input_fingerprint([f]) for f in cfg.build.delete_ids]]))
+
+
+def _warn_uncalibrated(cfg: IndexConfig) -> None:
+    """A preset's fusion offsets were measured with one embedder; with another (and the offsets left
+    as the preset set them) say so once, at build time."""
+    from qrag_ray.presets import PRESETS, calibration_note
+
+    note = calibration_note(cfg.representation, cfg.embedder.model)
+    preset = PRESETS.get(cfg.representation)
+    if note and preset is not None and cfg.search.kind_bias == preset.search.get("kind_bias", {}):
+        log.warning(note)
 
 
 def _stream(b: _Build) -> None:

@@ -31,7 +31,7 @@ def _global_options(
     filter_native_stderr()
 
 
-COMMAND_MODULES = ("index_cmd", "search_cmd", "models_cmd", "serve_cmd", "eval_cmd", "demo_cmd", "cache_cmd")
+COMMAND_MODULES = ("index_cmd", "search_cmd", "presets_cmd", "models_cmd", "serve_cmd", "eval_cmd", "demo_cmd", "cache_cmd")
 _registered = False
 
 

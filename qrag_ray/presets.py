@@ -1,0 +1,95 @@
+"""Named, versioned index presets: what `--representation NAME` means.
+
+A preset fixes the vector kinds, the question granularity (None: no LLM), and the query-time fusion
+that goes with them. Fusion biases are score offsets measured with one embedder (question-question
+cosines run ~0.2 above question-statement ones with MiniLM), so a preset names the embedder it was
+calibrated for; `calibration_note` says when an index uses another. A preset that changes meaning
+gets a new `version` (atom-hybrid@1 was chunk+sentence+quote with a plain sum; @2 is the one below),
+and `qrag presets` lists them with what each is for. Pure data, no Ray; config.py turns them into
+IndexConfig defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MINILM = "all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    version: int
+    purpose: str
+    kinds: tuple[str, ...]
+    granularity: str | None  # "chunk" | "atom": one question prompt per chunk / per atomic statement
+    search: dict[str, Any] = field(default_factory=dict)
+    bm25: dict[str, Any] = field(default_factory=dict)
+    title_prefix: bool | None = None  # None: the config's own setting
+    calibrated_for: str | None = None  # the embedder whose score scale `search` biases were tuned on
+    source: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def needs_llm(self) -> bool:
+        return self.granularity is not None
+
+    def as_config(self) -> dict[str, Any]:
+        """The preset as IndexConfig defaults (what config.REPRESENTATIONS holds)."""
+        out: dict[str, Any] = {"kinds": list(self.kinds), "granularity": self.granularity}
+        if self.title_prefix is not None:
+            out["title_prefix"] = self.title_prefix
+        if self.bm25:
+            out["bm25"] = dict(self.bm25)
+        if self.search:
+            out["search"] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.search.items()}
+        return out
+
+
+_ATOM_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
+                "groups": {"atom": ["sentence", "question", "quote"]}}
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("chunk", 1, "the baseline: one vector per chunk", ("chunk",), None),
+    Preset("hype", 1, "HyPE: only the questions an LLM wrote per chunk", ("question",), "chunk",
+           source="HyPE (Vake et al. 2025)"),
+    Preset("quote", 1, "QuOTE: each question embedded with its chunk", ("quote",), "chunk", source="QuOTE (2025)"),
+    Preset("quote-onedoc", 1, "QuOTE, all of a chunk's questions in one text with it", ("onedoc",), "chunk",
+           source="QuOTE (2025)"),
+    Preset("atom-sentence", 1, "one vector per sentence (atoms without an LLM)", ("sentence",), None,
+           source="Raina & Gales (2024)"),
+    Preset("atom-question", 1, "questions written per atomic statement", ("question",), "atom",
+           source="Raina & Gales (2024)"),
+    Preset("hybrid", 1, "chunk + its generated questions, the best vector counts (the demo's preset)",
+           ("chunk", "question"), "chunk"),
+    Preset("atom-hybrid", 2, "chunk at half weight + one atom slot (sentence, question or quote) with "
+           "calibrated question offsets; the best dense preset with a small offline LLM",
+           ("chunk", "sentence", "question", "quote"), "atom", search=_ATOM_SEARCH, calibrated_for=MINILM,
+           source="docs/EVALUATION.md §4.6"),
+    Preset("atom-hybrid-bm25", 2, "atom-hybrid + BM25 over the chunk and its questions (alpha 0.67); the best "
+           "measured on SQuAD (full dev 82.7 R@1 vs 74.8 dense)",
+           ("chunk", "sentence", "question", "quote"), "atom", search={**_ATOM_SEARCH, "bm25_alpha": 0.67},
+           bm25={"enabled": True}, calibrated_for=MINILM, source="docs/EVALUATION.md §4.8"),
+    Preset("default", 1, "the shipped default: title-prefixed chunk + stemmed BM25 (alpha 0.67); no LLM, "
+           "beats chunk and BM25 alone on SQuAD, BiPaR and TREC DL19",
+           ("chunk",), None, search={"bm25_alpha": 0.67}, bm25={"enabled": True}, title_prefix=True,
+           source="docs/EVALUATION.md (issue 19 suite)"),
+)}
+
+
+def calibration_note(preset_name: str, embedder: str) -> str | None:
+    """Why the preset's fusion biases may not fit `embedder` (None when they do, or it has none)."""
+    p = PRESETS.get(preset_name)
+    if p is None or p.calibrated_for is None:
+        return None
+    def norm(s: str) -> str:
+        return s.lower().replace("_", "-")
+
+    if norm(p.calibrated_for) in norm(embedder):  # a registry name, a hub id or a local folder of it
+        return None
+    return (f"preset {p.id} has fusion offsets calibrated for {p.calibrated_for}, not {embedder}: "
+            "re-measure them (eval/analysis/fusion_grid.py) and set search.kind_bias / kind_weights")

@@ -1,0 +1,57 @@
+"""Presets: named, versioned, listed by `qrag presets`, and the same IndexConfig defaults as before."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qrag_ray.cli import main
+from qrag_ray.config import REPRESENTATIONS, IndexConfig
+from qrag_ray.presets import MINILM, PRESETS, calibration_note
+
+
+def test_every_preset_is_a_representation_with_its_own_defaults():
+    assert list(REPRESENTATIONS) == list(PRESETS)
+    cfg = IndexConfig(representation="atom-hybrid", generator={"backend": "precomputed"})
+    p = PRESETS["atom-hybrid"]
+    assert p.id == "atom-hybrid@2" and p.needs_llm and p.calibrated_for == MINILM
+    assert cfg.search.fusion == "sum" and cfg.search.kind_bias == p.search["kind_bias"]
+    d = IndexConfig()  # no --representation: the shipped default
+    assert d.representation == "default" and d.title_prefix and d.bm25.enabled and d.search.bm25_alpha == 0.67
+    assert not PRESETS["default"].needs_llm and not PRESETS["chunk"].needs_llm
+
+
+def test_a_preset_object_cannot_be_changed_in_place():
+    with pytest.raises(Exception):
+        PRESETS["chunk"].version = 9  # type: ignore[misc]
+    REPRESENTATIONS["atom-hybrid"]["search"]["kind_bias"]["question"] = 0.0  # a copy: the preset is untouched
+    try:
+        assert PRESETS["atom-hybrid"].search["kind_bias"]["question"] == -0.2
+    finally:
+        REPRESENTATIONS["atom-hybrid"]["search"]["kind_bias"]["question"] = -0.2
+
+
+@pytest.mark.parametrize("embedder,warns", [
+    ("all-MiniLM-L6-v2", False),
+    ("/home/u/.cache/qrag-ray/models/all_minilm_l6_v2/model", False),
+    ("sentence-transformers/all-MiniLM-L6-v2", False),
+    ("BAAI/bge-small-en-v1.5", True),
+])
+def test_calibration_note_names_the_embedder_the_offsets_were_tuned_on(embedder, warns):
+    note = calibration_note("atom-hybrid-bm25", embedder)
+    assert (note is not None) == warns
+    if warns:
+        assert "atom-hybrid-bm25@2" in note and MINILM in note and embedder in note
+    assert calibration_note("chunk", embedder) is None  # nothing calibrated to fit
+
+
+def test_qrag_presets_lists_them(capsys):
+    assert main(["presets", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == list(PRESETS)
+    by = {r["name"]: r for r in rows}
+    assert by["default"]["bm25_alpha"] == 0.67 and by["default"]["needs_llm"] is False
+    assert by["hype"]["needs_llm"] is True and by["atom-hybrid"]["id"] == "atom-hybrid@2"
+    assert main(["presets"]) == 0
+    assert "atom-hybrid@2" in capsys.readouterr().out
