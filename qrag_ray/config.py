@@ -211,8 +211,18 @@ class BuildConfig(_Strict):
     delete_ids: list[str] = Field(default_factory=list, description="files of document ids left out (--delete-ids)")
 
 
+# IndexConfig fields that say where an index goes and how this run goes, not what the index is: left out
+# of the manifest's content hash, the checkpoints' key and the eval driver's index reuse (one list).
+RUN_OPTIONS = ("output", "overwrite", "address", "num_cpus", "cache_dir", "build")
+
+
+def index_identity(cfg_dump: dict) -> dict:
+    """A config dump without its run options: what decides the index's contents."""
+    return {k: v for k, v in cfg_dump.items() if k not in RUN_OPTIONS}
+
+
 class IndexConfig(_Strict):
-    """Everything that decides what an index contains."""
+    """What an index contains (and, in RUN_OPTIONS, where it goes and how the build runs)."""
 
     input: str | None = None
     format: Literal["jsonl", "parquet", "msmarco", "beir", "html"] = "jsonl"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qrag_ray.config import IndexConfig, deep_update, representation_plan, resolve_representation
+from qrag_ray.config import RUN_OPTIONS, IndexConfig, deep_update, representation_plan, resolve_representation
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import evaluate, leaked_queries
@@ -57,7 +57,7 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
 
 # Config fields that do not change the vectors: an index built under other values is reused as is
 # (`search` is applied at query time, so fusion variants share one index).
-_NOT_BUILD = {"overwrite", "address", "num_cpus", "cache_dir", "output", "search"}
+_NOT_BUILD = {*RUN_OPTIONS, "search"}
 
 
 def _build_view(cfg: dict) -> dict:

@@ -28,13 +28,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-# config fields that do not change what an index contains (where it goes, how it runs)
-OPERATIONAL = ("output", "overwrite", "address", "num_cpus", "cache_dir", "build")
+from qrag_ray.config import index_identity
+
 _MASK63 = (1 << 63) - 1
 
 
 def content_config(cfg_dump: dict) -> dict:
-    return {k: v for k, v in cfg_dump.items() if k not in OPERATIONAL}
+    """What the index contains, not where it goes or how the run goes (config.RUN_OPTIONS)."""
+    return index_identity(cfg_dump)
 
 
 def work_key(cfg_dump: dict) -> dict:
