@@ -353,3 +353,14 @@ def test_custom_template_json_and_errors(tmp_path):
 def test_template_rejects_unknown_output_kind():
     with pytest.raises(QragError):
         PromptTemplate(name="x", version="x@1", user="{text}", output="json")  # type: ignore[arg-type]
+
+
+def test_builtin_templates_are_the_data_files_and_keep_their_cache_identity():
+    """The templates live in prompt_templates/*.yaml; moving them there (from Python constants) kept every
+    cache key, so users' question caches stay valid. A deliberate edit changes the figure here too."""
+    from qrag_ray.generation.prompts import TEMPLATE_NAMES, TEMPLATES_DIR
+
+    assert sorted(p.stem for p in TEMPLATES_DIR.glob("*.yaml")) == sorted(TEMPLATE_NAMES) == sorted(PROMPTS)
+    assert {n: prompt_version(n) for n in ("hype", "quote-basic", "atomize", "atom-question", "hyde", "answer")} == {
+        "hype": "hype@1-63137ab4", "quote-basic": "quote-basic@1-ad90fe1f", "atomize": "atomize@1-76cc1460",
+        "atom-question": "atom-question@1-7773d257", "hyde": "hyde@1-b8182446", "answer": "answer@2-656d876a"}
