@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from qrag_ray.config import EmbedderConfig, IndexConfig
     from qrag_ray.embedding import encode, load_sentence_transformer
-    from qrag_ray.pipeline import ensure_ray
+    from qrag_ray.runtime import ensure_ray
 
     texts, source = corpus_texts(args.input, args.limit)
     ecfg = EmbedderConfig() if args.batch_size is None else EmbedderConfig(batch_size=args.batch_size)

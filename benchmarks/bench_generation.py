@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if not docs:
         print("no input chunks", file=sys.stderr)
         return 2
-    from qrag_ray.pipeline import ensure_ray
+    from qrag_ray.runtime import ensure_ray
 
     ensure_ray(None, None)
     load_before = os.getloadavg()

