@@ -7,9 +7,9 @@ models forbid unknown fields: a misspelt `min_socre` should be an error, not sil
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, field_validator
 
 MAX_QUERY_CHARS = 2000
 MAX_K = 100
@@ -34,6 +34,19 @@ ERROR_DESCRIPTIONS = {
 RETRY_AFTER_STATUSES = (429, 503)
 
 
+def _int_not_bool_or_text(v):
+    if isinstance(v, (bool, str)):
+        raise ValueError("Input should be a valid integer")
+    return v
+
+
+# Numbers as JSON Schema types them, so the published schema and the server agree on what is valid (the
+# schemathesis test holds them to it): pydantic's lax mode would take `true` for a number and "5" for an
+# integer; JSON Schema's integer does include 5.0.
+JsonInt = Annotated[int, BeforeValidator(_int_not_bool_or_text)]
+JsonNumber = StrictFloat  # a JSON number, ints included; not a bool, not a string
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -41,10 +54,10 @@ class _Request(BaseModel):
                        description=f"the question, 1..{MAX_QUERY_CHARS} characters, not only whitespace")
     mode: Literal["default", "hyde"] = Field(
         "default", description="default: embed the query; hyde: embed an LLM-written hypothetical answer passage")
-    min_score: float | None = Field(None, ge=-1.0, le=1.0, description="drop chunks scoring below this cosine")
+    min_score: JsonNumber | None = Field(None, ge=-1.0, le=1.0, description="drop chunks scoring below this cosine")
     index: str | None = Field(None, pattern=INDEX_NAME,
                               description="index name; defaults to the one the API key belongs to")
-    bm25_alpha: float | None = Field(
+    bm25_alpha: JsonNumber | None = Field(
         None, ge=0.0, le=1.0, description="hybrid search with this dense weight (the index needs a BM25 channel); "
                                           "default: the index's own setting")
 
@@ -57,12 +70,12 @@ class _Request(BaseModel):
 
 
 class SearchRequest(_Request):
-    k: int = Field(DEFAULT_K, ge=1, le=MAX_K, description=f"number of distinct chunks, 1..{MAX_K}")
+    k: JsonInt = Field(DEFAULT_K, ge=1, le=MAX_K, description=f"number of distinct chunks, 1..{MAX_K}")
 
 
 class AnswerRequest(_Request):
-    k: int = Field(DEFAULT_ANSWER_K, ge=1, le=MAX_K, description="chunks given to the LLM as context")
-    max_tokens: int = Field(256, ge=1, le=2048)
+    k: JsonInt = Field(DEFAULT_ANSWER_K, ge=1, le=MAX_K, description="chunks given to the LLM as context")
+    max_tokens: JsonInt = Field(256, ge=1, le=2048)
 
 
 class Match(BaseModel):

@@ -137,18 +137,36 @@ async def _bug(request: Request, e: Exception):
     return _error(request, 500, "internal", f"internal error ({type(e).__name__}); see the Router replica log")
 
 
-@app.middleware("http")
-async def _timing(request: Request, call_next):
-    t0 = time.perf_counter()
-    status = 500
-    try:
-        response = await call_next(request)
-        status = response.status_code
-        return response
-    finally:
-        if _ROUTER is not None:
-            _ROUTER.metrics.latency.observe((time.perf_counter() - t0) * 1000, tags={
-                "route": _route_of(request), "tenant": _tenant_of(request), "status": str(status)})
+class _Timing:
+    """Request latency per route, tenant and status. A plain ASGI middleware: Starlette's
+    `@app.middleware("http")` (BaseHTTPMiddleware) runs every request through extra tasks and
+    streams, which cost more than the rest of this replica's request handling on a small index."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = [500]
+        state = scope.setdefault("state", {})
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            if _ROUTER is not None:
+                route = getattr(scope.get("route"), "path", None) or "unmatched"
+                _ROUTER.metrics.latency.observe((time.perf_counter() - t0) * 1000, tags={
+                    "route": route, "tenant": state.get("tenant") or "-", "status": str(status[0])})
+
+
+app.add_middleware(_Timing)
 
 
 def _errors(*codes: int) -> dict:
@@ -407,7 +425,7 @@ class Router:
             ue = find_user_error(e)
             raise llm_failed(str(ue) if ue else type(e).__name__) from None
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0)  # no wait: under load the queue fills during an encode
     async def _embed_batch(self, items: list[tuple[str, str]]) -> list:
         """Concurrent queries' texts embedded in one call per model (items: (text, model)); each gets
         (its vector, the batch size) so the response's timings show whether batching happened."""
@@ -438,8 +456,12 @@ class Router:
             key = ShardKey(tenant.name, ti.dir, ti.version)
             lex = [query or text] if policy.bm25_alpha is not None else None
             try:
-                replies = await asyncio.gather(*[self._call(ti, i, "search", key, qv, k, min_score, lex, bm25_alpha)
-                                                 for i in range(ti.num_shards)])
+                if ti.local:  # a small tenant: all its shards here, in one worker thread
+                    replies = await self.local.search_all(list(range(ti.num_shards)), key, qv, k, min_score, lex,
+                                                          bm25_alpha)
+                else:
+                    replies = await asyncio.gather(*[self._call(ti, i, "search", key, qv, k, min_score, lex,
+                                                                bm25_alpha) for i in range(ti.num_shards)])
                 break
             except VersionMoved:  # a plain index directory was republished under this request
                 self._active.pop(tenant.name, None)

@@ -231,6 +231,9 @@ def test_key_for_another_tenants_index(served):
     ('{"query": "for loop", "k": 0}', 422, "invalid_request"),
     ('{"query": "for loop", "k": 101}', 422, "invalid_request"),
     ('{"query": "for loop", "k": "ten"}', 422, "invalid_request"),
+    ('{"query": "for loop", "k": "5"}', 422, "invalid_request"),  # the schema says integer, not a string of one
+    ('{"query": "for loop", "bm25_alpha": false}', 422, "invalid_request"),  # a boolean is not a number
+    ('{"query": "for loop", "k": 2.5}', 422, "invalid_request"),
     ('{"query": "for loop", "mode": "bm25"}', 422, "invalid_request"),
     ('{"query": "for loop", "min_socre": 0.5}', 422, "invalid_request"),
     ('{"k": 5}', 422, "invalid_request"),
@@ -243,6 +246,13 @@ def test_bad_input_is_a_clear_4xx(served, body, status, kind):
     assert r.status_code == status, r.text
     j = r.json()
     assert j["error"] == kind and j["message"]
+
+
+def test_numbers_as_json_schema_types_them(served):
+    """JSON Schema's integer includes 3.0 (schemathesis sends it): the server takes what its schema allows."""
+    r = search(served, {"query": "for loop", "k": 3.0, "bm25_alpha": None, "min_score": -1}, tenant="alpha")
+    assert r.status_code == 200, r.text
+    assert len(r.json()["results"]) == 3
 
 
 def test_unknown_route_and_method(served):
