@@ -109,11 +109,35 @@ class EmbedderConfig(_Strict):
                                 "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
 
 
+# SearchConfig fields that are research knobs: the preset (representation) sets them, calibrated for
+# its embedder. A user's config file sets them only inside `search.experimental:`, so that a file which
+# changes the fusion says so; `bm25_alpha` is the one user-level search setting.
+EXPERIMENTAL_SEARCH = ("fusion", "kind_weights", "rrf_k", "kind_bias", "groups", "bm25_norm")
+
+
 class SearchConfig(_Strict):
     """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge).
 
     Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically; changing it
-    needs no re-index (eval reuses the vectors)."""
+    needs no re-index (eval reuses the vectors). Stored flat (manifests, presets); read also with the
+    research knobs under `experimental:`, the form user config files must use (`build_index_config`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_experimental(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or "experimental" not in data:
+            return data
+        data = dict(data)
+        exp = data.pop("experimental") or {}
+        if not isinstance(exp, Mapping):
+            raise ValueError("search.experimental must be a mapping of research knobs")
+        unknown = sorted(set(exp) - set(EXPERIMENTAL_SEARCH))
+        if unknown:
+            raise ValueError(f"unknown experimental search knob(s) {unknown} (known: {', '.join(EXPERIMENTAL_SEARCH)})")
+        twice = sorted(set(exp) & set(data))
+        if twice:
+            raise ValueError(f"{twice} given both in search and in search.experimental")
+        return data | dict(exp)
 
     fusion: Literal["max", "rrf", "sum"] = "max"
     kind_weights: dict[str, float] = Field(default_factory=dict, description="score multiplier per vector kind")
@@ -346,10 +370,23 @@ def build_index_config(config_file: str | Path | None = None, **overrides: Any) 
     """YAML file (optional) overlaid with CLI overrides; dotted keys ('generator.questions') nest."""
     data: dict = load_yaml(config_file) if config_file else {}
     data = deep_update(data, nest_dotted(overrides))
+    _research_knobs_marked(data)
     try:
         return IndexConfig.model_validate(data)
     except ValidationError as e:
         raise QragError(format_validation_error(e)) from None
+
+
+def _research_knobs_marked(data: Mapping) -> None:
+    """A user's config changes fusion only under `search.experimental:` (the preset owns it); manifests
+    and eval variants, which record fusion as data, go straight to IndexConfig and are not held to it."""
+    search = data.get("search")
+    flat = sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []
+    if flat:
+        raise QragError(
+            f"invalid configuration: search.{flat[0]} is a research knob that the representation's preset sets "
+            f"(qrag presets); to override it anyway, put it under search.experimental "
+            f"(search: {{experimental: {{{flat[0]}: ...}}}}). Users set search.bm25_alpha only.")
 
 
 def format_validation_error(e: ValidationError) -> str:

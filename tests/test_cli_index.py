@@ -89,12 +89,17 @@ def no_index_written(tmp_path, out):
     (["--input", "{corpus}", "--config", "{tmp}/notyaml.yaml"], ["not valid YAML"]),
     (["--input", "{corpus}", "--config", "{tmp}/twogroups.yaml"], ["search.groups", "'sentence' is in two groups"]),
     (["--input", "{corpus}", "--config", "{tmp}/bias.yaml"], ["search.kind_bias", "[-2, 2]"]),
+    (["--input", "{corpus}", "--config", "{tmp}/flatfusion.yaml"], ["search.fusion", "search.experimental"]),
+    (["--input", "{corpus}", "--config", "{tmp}/badknob.yaml"], ["fusoin", "known: fusion"]),
 ])
 def test_bad_flags(args, needles, corpus, tmp_path, capsys):
     (tmp_path / "unknown.yaml").write_text("chunker:\n  sise: 100\n")
     (tmp_path / "notyaml.yaml").write_text("chunker: [unclosed\n")
-    (tmp_path / "twogroups.yaml").write_text("search: {groups: {a: [sentence], b: [sentence, question]}}\n")
-    (tmp_path / "bias.yaml").write_text("search: {kind_bias: {question: 5}}\n")
+    (tmp_path / "twogroups.yaml").write_text(
+        "search: {experimental: {groups: {a: [sentence], b: [sentence, question]}}}\n")
+    (tmp_path / "bias.yaml").write_text("search: {experimental: {kind_bias: {question: 5}}}\n")
+    (tmp_path / "flatfusion.yaml").write_text("search: {fusion: rrf}\n")
+    (tmp_path / "badknob.yaml").write_text("search: {experimental: {fusoin: rrf}}\n")
     out = tmp_path / "out"
     argv = ["index", "--output", str(out)] + [a.format(tmp=tmp_path, corpus=corpus) for a in args]
     one_clear_line(capsys, main(argv), *needles)
