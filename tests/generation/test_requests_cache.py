@@ -260,3 +260,57 @@ def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(ray_local
     assert fake_openai.chat_requests == 3
     assert r2.generation.cached == 4 and r2.generation.generated == 3
     assert all(changed[2]["text"] in t for t in fake_openai.user_texts())
+
+
+@pytest.mark.slow
+def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(ray_local, fake_openai, tmp_path):
+    """Two real `qrag index` processes (two drivers on this test's Ray cluster, as two jobs on a shared
+    cluster would be) write one question cache at the same time; the cache then reads cleanly, holds
+    every question both generated, and a third build over both corpora takes every question from it."""
+    import subprocess
+    import sys
+
+    import ray
+    from pydoc_data.topics import topics
+
+    from qrag_ray.config import build_index_config
+    from qrag_ray.generation.cache import QuestionCache
+    from qrag_ray.io.pydoc_corpus import unwrap
+    from qrag_ray.pipeline import build_index
+
+    names = sorted(topics)[:16]
+    halves = {"a": names[:8], "b": names[8:]}
+    for h, ns in halves.items():
+        _corpus(tmp_path / f"{h}.jsonl", [{"id": n, "text": unwrap(topics[n])[:1500]} for n in ns])
+    _corpus(tmp_path / "all.jsonl", [{"id": n, "text": unwrap(topics[n])[:1500]} for n in names])
+    cache = tmp_path / "shared-cache"
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(
+        f"generator:\n  backend: openai\n  base_url: {fake_openai.base_url}\n  model: fake-model\n  questions: 3\n"
+        f"  api_key_env: ''\ncache_dir: {cache}\nchunker:\n  method: token\n  size: 120\n  overlap: 20\n")
+    address = ray.get_runtime_context().gcs_address
+
+    def cmd(corpus: str, out: str) -> list[str]:
+        return [sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(tmp_path / corpus), "--output",
+                str(tmp_path / out), "--representation", "hype", "--generator", "openai", "--config",
+                str(cfg_file), "--address", address, "--json"]
+
+    fake_openai.delay_s = 0.05  # the two builds' generation overlaps in time
+    procs = [subprocess.Popen(cmd(f"{h}.jsonl", f"idx-{h}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for h in halves]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    generated = [json.loads(o)["generation"]["generated"] for o, _ in outs]
+    assert all(g > 0 for g in generated) and fake_openai.max_inflight >= 2
+    assert fake_openai.chat_requests == sum(generated)
+
+    c = QuestionCache(cache)
+    assert len(c.files()) == len(list(cache.rglob("*.parquet")))  # every file readable: none torn
+    assert len(c) == sum(generated) == len(c.read_all())  # one row per request, from both builds
+
+    fake_openai.reset()
+    r = build_index(build_index_config(cfg_file, input=str(tmp_path / "all.jsonl"), output=str(tmp_path / "idx-all"),
+                                       representation="hype"))
+    assert r.generation.generated == 0 and r.generation.cached == sum(generated)
+    assert fake_openai.chat_requests == 0
