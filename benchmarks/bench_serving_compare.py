@@ -111,6 +111,24 @@ def interleaved_c1(index: Path, urls: dict[str, str], queries: list[str], k: int
     return out
 
 
+def ray_cpu_by_process() -> dict[str, float]:
+    """CPU seconds so far per Ray process title (ray::ProxyActor, ray::ServeReplica:new:Router, ...),
+    several processes of one title summed: where a request's CPU goes."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if cmd.startswith("ray::"):
+                t = p.cpu_times()
+                name = cmd.split()[0]
+                out[name] = out.get(name, 0.0) + t.user + t.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
 def ray_cpu_seconds() -> float:
     """CPU seconds used so far by every Ray worker process of this session (replicas, Serve's proxy and
     controller). Blocks alternate between the apps, so the delta over a block is that app's cost:
@@ -164,7 +182,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_serving"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_serving_compare.json"))
+    ap.add_argument("--serve-env", choices=("default", "tuned"), default="default",
+                    help="tuned: start Ray with qrag's SERVE_PROCESS_ENV (what `qrag serve` does); both apps get it")
     a = ap.parse_args()
+    if a.serve_env == "tuned":
+        from qrag_ray.serving.config import SERVE_PROCESS_ENV
+
+        os.environ.update(SERVE_PROCESS_ENV)
 
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     import ray
@@ -175,7 +199,8 @@ def main() -> int:
     wd = Path(a.workdir).resolve()
     wd.mkdir(parents=True, exist_ok=True)
     os.chdir(wd)  # Ray also hands the driver's working directory to the workers' sys.path
-    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+    # logical CPUs: two apps' replicas (the new Router asks for a whole CPU) must all be scheduled at once
+    ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
              runtime_env={"env_vars": ENV})
     index = build_demo_index(wd)
     port = free_port()
@@ -191,18 +216,24 @@ def main() -> int:
         raise RuntimeError(f"the apps do not run the code they should (routes: {paths})")
     queries = make_queries(a.queries)
     report: dict = {"command": " ".join([Path(sys.executable).name] + sys.argv), "baseline_ref": a.baseline_ref,
+                    "serve_env": a.serve_env,
                     "index": str(index), "queries": len(queries), "k": a.k, "cpus": os.cpu_count(),
                     "deploy_s": time.time() - t0, "load_avg_start": os.getloadavg()}
     conc = [int(c) for c in a.concurrency.split(",")]
     if 1 in conc:
         report["c1"] = interleaved_c1(index, urls, queries, a.k)
     for c in (c for c in conc if c != 1):
-        agg = {n: {"ok": 0, "errors": 0, "wall_s": 0.0, "lat": [], "cpu_s": 0.0} for n in urls}
+        agg = {n: {"ok": 0, "errors": 0, "wall_s": 0.0, "lat": [], "cpu_s": 0.0, "by_proc": {}} for n in urls}
         for _ in range(a.rounds):
             for n in ("base", "new"):
-                cpu0 = ray_cpu_seconds()
+                before = ray_cpu_by_process()
                 ok, err, wall, lat = asyncio.run(block(urls[n], queries, a.k, c))
-                agg[n]["cpu_s"] += ray_cpu_seconds() - cpu0
+                after = ray_cpu_by_process()
+                for name, v in after.items():
+                    d = v - before.get(name, 0.0)
+                    if d > 0:
+                        agg[n]["by_proc"][name] = agg[n]["by_proc"].get(name, 0.0) + d
+                agg[n]["cpu_s"] += sum(max(0.0, v - before.get(name, 0.0)) for name, v in after.items())
                 agg[n]["ok"] += ok
                 agg[n]["errors"] += err
                 agg[n]["wall_s"] += wall
@@ -211,6 +242,9 @@ def main() -> int:
         report[f"c{c}"] = {n: {"qps": v["ok"] / v["wall_s"], "ok": v["ok"], "errors": v["errors"],
                                "p50_ms": pct(v["lat"], 50), "p99_ms": pct(v["lat"], 99),
                                "cpu_ms_per_request": 1000 * v["cpu_s"] / max(1, v["ok"]),
+                               "cpu_ms_per_request_by_process": {
+                                   k: round(1000 * s / max(1, v["ok"]), 2)
+                                   for k, s in sorted(v["by_proc"].items(), key=lambda t: -t[1]) if s > 0.05},
                                "qps_if_all_cores": ncpu * v["ok"] / max(v["cpu_s"], 1e-9)} for n, v in agg.items()}
         r = report[f"c{c}"]
         r["new_over_base_qps"] = r["new"]["qps"] / r["base"]["qps"]
@@ -234,6 +268,10 @@ def main() -> int:
             r = report[f"c{c}"][n]
             print(f"{n:28s} {c:>4d} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['qps']:7.1f} {r['errors']:>6d} "
                   f"{r['cpu_ms_per_request']:10.1f} {r['qps_if_all_cores']:13.1f}")
+    for c in (c for c in conc if c != 1):
+        for n in ("base", "new"):
+            top = list(report[f"c{c}"][n]["cpu_ms_per_request_by_process"].items())[:5]
+            print(f"  c={c} {n} CPU ms/request by process: " + ", ".join(f"{k} {v}" for k, v in top))
     if "c1" in report:
         print(f"c=1 p50 / in-process p50: new {report['new_p50_over_in_process']:.2f}x, base "
               f"{report['base_p50_over_in_process']:.2f}x (target new <= 1.5x); same ranking "

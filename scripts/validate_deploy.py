@@ -266,6 +266,22 @@ def pod_templates(doc: dict) -> list[tuple[str, dict, dict]]:
     return out
 
 
+def check_serve_env(doc: dict) -> list[str]:
+    """Serve reads its request-path switches when each Ray process starts, so every pod that can host a
+    replica or the proxy must carry them (the same values `qrag serve` sets for its local Ray)."""
+    from qrag_ray.serving.config import SERVE_PROCESS_ENV
+
+    out = []
+    for role, _, template in pod_templates(doc):
+        for c in _containers(template):
+            env = {e.get("name"): e.get("value") for e in c.get("env") or [] if isinstance(e, dict)}
+            bad = sorted(k for k, v in SERVE_PROCESS_ENV.items() if env.get(k) != v)
+            if bad:
+                out.append(f"{role} container {c.get('name')!r}: env {', '.join(bad)} missing or not "
+                           "qrag_ray.serving.config.SERVE_PROCESS_ENV's value")
+    return out
+
+
 def check_rayservice(doc: dict, *, require_gpu: bool, canonical: dict | None) -> list[str]:
     out = []
     if doc.get("apiVersion") != RAY_API:
@@ -285,6 +301,7 @@ def check_rayservice(doc: dict, *, require_gpu: bool, canonical: dict | None) ->
     if not isinstance(spec, dict):
         return out + ["spec.rayClusterConfig missing"]
     out += check_cluster_spec(spec, require_gpu=require_gpu)
+    out += check_serve_env(doc)
     if isinstance(cfg, dict) and not out:
         floor, cap = serve_cpu_floor(cfg), max_cpus(spec)
         if floor > cap:

@@ -125,8 +125,12 @@ def register(app: typer.Typer) -> None:
         else:
             import os
 
+            from qrag_ray.serving.config import SERVE_PROCESS_ENV
+
             # a busy 2-core laptop can miss Serve's 5 s proxy readiness check; the workers inherit this env
             os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+            for var, val in SERVE_PROCESS_ENV.items():  # Serve's request path tuned (docs/BENCHMARKS.md)
+                os.environ.setdefault(var, val)
             # replica logs (one line per request) stay in /tmp/ray/session_*/logs, not on this terminal
             ray.init(address="local", num_cpus=max(8, 4 * (os.cpu_count() or 2)), runtime_env=env,
                      logging_level="ERROR", log_to_driver=False)

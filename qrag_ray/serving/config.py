@@ -21,6 +21,19 @@ ROUTER = "Router"
 SYNTHESIZER = "Synthesizer"
 
 
+# Ray Serve's own request path, tuned for this app: the switches of RAY_SERVE_THROUGHPUT_OPTIMIZED except
+# direct ingress (which wants HAProxy in front). Ray reads them when each process starts, so they must
+# be in the environment of every Ray process: `qrag serve` sets them before it starts its local Ray,
+# and the RayService manifests set them on every pod. Measured in docs/BENCHMARKS.md.
+SERVE_PROCESS_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # our handlers are async and offload FAISS/torch
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",  # access-log lines written in batches
+    "RAY_SERVE_LOG_TO_STDERR": "0",  # replica logs go to their files only
+    "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",  # Router -> ShardSearcher calls over gRPC
+}
+
+
 def shard_deployment(i: int) -> str:
     return f"ShardSearcher{i}"
 

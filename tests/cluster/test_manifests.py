@@ -205,6 +205,15 @@ def test_planted_drift_from_canonical_serve_config_fails(rendered, canonical):
     assert any("differs from serve_configs/qrag.yaml" in p for p in probs), probs
 
 
+def test_every_rayservice_pod_carries_the_tuned_serve_env(rendered):
+    doc = _rayservice(rendered)
+    assert v.check_serve_env(doc) == []
+    worker = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    worker["env"] = [e for e in worker["env"] if e["name"] != "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"]
+    probs = v.check_rayservice(doc, require_gpu=True, canonical=None)
+    assert any("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" in p and "worker" in p for p in probs), probs
+
+
 def test_planted_missing_gpu_limit_and_autoscaling_fail(rendered):
     doc = _rayservice(rendered)
     spec = doc["spec"]["rayClusterConfig"]

@@ -88,6 +88,10 @@ def ray_local():
         # A loaded 2-core box can take longer than Serve's 5 s proxy readiness default.
         os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
         os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
+        from qrag_ray.serving.config import SERVE_PROCESS_ENV
+
+        for var, val in SERVE_PROCESS_ENV.items():  # test the request path `qrag serve` and the manifests run
+            os.environ.setdefault(var, val)
         ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                  _metrics_export_port=free_port(),
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
