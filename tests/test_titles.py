@@ -35,7 +35,7 @@ def _top_doc(local_ray, build_with, corpus, out, **cfg) -> list[str]:
 
 @pytest.mark.parametrize("cfg", [
     {"representation": "chunk", "title_prefix": True},
-    {"representation": "chunk+title", "search.fusion": "max"},
+    {"representation": "chunk+title", "search.experimental.fusion": "max"},
     {"representation": "chunk", "bm25.enabled": True, "search.bm25_alpha": 0.0, "title_prefix": False,
      "_kinds": "chunk+title"},
 ], ids=["prefix", "title-vector", "title-in-bm25"])
