@@ -105,3 +105,33 @@ def test_cli_search_overrides_alpha_and_refuses_an_index_without_bm25(hybrid_ind
         assert main(["search", *argv, "loops"]) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+
+def test_hybrid_rounds_go_deep_and_rank_like_exhaustive_lists(hybrid_index, minilm):
+    """A chunk one list missed is scored at that list's floor, so shallow lists (k x M hits) can sink a
+    chunk that BM25 puts 2nd but the dense list cut off. A hybrid query's first round asks each shard
+    for HYBRID_MIN_DEPTH hits per channel (a dense query still asks k x M), and small k then ranks
+    exactly as exhaustive lists do."""
+    from qrag_ray.search import engine as eng_mod
+    from qrag_ray.search.merge import merge_hits
+
+    engine = SearchEngine(hybrid_index[0], embedder=minilm)
+    asked: list[tuple[int, bool]] = []
+    for s in engine.shards:
+        real = s.search
+        s.search = lambda qv, k, texts=None, _real=real: asked.append((k, texts is not None)) or _real(qv, k, texts)
+    qv = engine.embed(QUERIES)
+    deep = [s.search(qv, s.ntotal, QUERIES) for s in engine.shards]
+    asked.clear()
+    for k in (1, 2, 3):
+        got = engine.search_vectors(qv, k, queries=QUERIES)
+        for qi in range(len(QUERIES)):
+            want = merge_hits([h.row(qi) for h in deep], 0, k, None, engine.policy)[0]
+            assert [r.chunk_idx for r in got[qi]] == [r.chunk_idx for r in want]
+            assert [r.score for r in got[qi]] == pytest.approx([r.score for r in want], abs=1e-6)
+    assert asked and all(depth >= eng_mod.HYBRID_MIN_DEPTH and text for depth, text in asked)
+    asked.clear()
+    engine.policy = FusionPolicy()  # dense only: the depth stays k x M
+    engine.search_vectors(qv, 2)
+    assert asked and asked[0] == (2 * engine.multiplier, False)

@@ -20,6 +20,11 @@ from qrag_ray.index.searcher import ShardHits, ShardSearcher
 from qrag_ray.search.merge import ChunkResult, FusionPolicy, merge_hits
 
 MAX_K = 1000
+# A hybrid query's first round asks each shard for at least this many vectors and BM25 hits. A chunk
+# one list missed is scored at that list's floor, so with k x M (20-40) hits per list a chunk that is
+# 2nd in BM25 but 60th by cosine gets the dense floor of a short list and sinks; 100 deep, the real
+# path matches the deep re-ranking grid of docs/EVALUATION.md within a few tenths (DL19 +2.5 nDCG@10).
+HYBRID_MIN_DEPTH = 100
 
 
 def initial_multiplier(manifest: Manifest) -> int:
@@ -105,6 +110,8 @@ def search_shard_exact(searcher: ShardSearcher, qvecs: np.ndarray, k: int, multi
     out: list[ShardHits | None] = [None] * len(qvecs)
     todo = np.arange(len(qvecs))
     m, rounds = multiplier, 0
+    if use_text:
+        m = max(m, -(-HYBRID_MIN_DEPTH // k))
     while len(todo):
         rounds += 1
         hits = searcher.search(qvecs[todo], k * m, [queries[i] for i in todo] if use_text else None)
