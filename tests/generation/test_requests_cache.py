@@ -265,24 +265,22 @@ def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(ray_local
 @pytest.mark.slow
 def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(ray_local, fake_openai, tmp_path):
     """Two real `qrag index` processes (two drivers on this test's Ray cluster, as two jobs on a shared
-    cluster would be) write one question cache at the same time; the cache then reads cleanly, holds
-    every question both generated, and a third build over both corpora takes every question from it."""
+    cluster would be) write one question cache at the same time; the cache then reads cleanly and holds
+    one row per request of both builds, no key twice (that a build takes a filled cache's answers
+    instead of asking is the tests above)."""
     import subprocess
     import sys
 
     import ray
     from pydoc_data.topics import topics
 
-    from qrag_ray.config import build_index_config
     from qrag_ray.generation.cache import QuestionCache
     from qrag_ray.io.pydoc_corpus import unwrap
-    from qrag_ray.pipeline import build_index
 
     names = sorted(topics)[:16]
     halves = {"a": names[:8], "b": names[8:]}
     for h, ns in halves.items():
         _corpus(tmp_path / f"{h}.jsonl", [{"id": n, "text": unwrap(topics[n])[:1500]} for n in ns])
-    _corpus(tmp_path / "all.jsonl", [{"id": n, "text": unwrap(topics[n])[:1500]} for n in names])
     cache = tmp_path / "shared-cache"
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(
@@ -309,8 +307,3 @@ def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(ray_local, fake
     assert len(c.files()) == len(list(cache.rglob("*.parquet")))  # every file readable: none torn
     assert len(c) == sum(generated) == len(c.read_all())  # one row per request, from both builds
 
-    fake_openai.reset()
-    r = build_index(build_index_config(cfg_file, input=str(tmp_path / "all.jsonl"), output=str(tmp_path / "idx-all"),
-                                       representation="hype"))
-    assert r.generation.generated == 0 and r.generation.cached == sum(generated)
-    assert fake_openai.chat_requests == 0

@@ -362,8 +362,9 @@ def test_qrag_query_prints_a_table(served, capsys):
 
 
 @pytest.mark.slow
-def test_qrag_serve_command_end_to_end(served, capsys):
-    """`qrag serve --index DIR` in its own process (its own local Ray), queried with `qrag query`."""
+def test_qrag_serve_command_end_to_end(tenant_indexes, capsys):
+    """`qrag serve --index DIR` in its own process (its own local Ray), queried with `qrag query`. Needs
+    only an index, not this module's Serve app (the slow tier would start one for this test alone)."""
     import os
     import signal
     import socket
@@ -379,7 +380,7 @@ def test_qrag_serve_command_end_to_end(served, capsys):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
-    proc = subprocess.Popen([sys.executable, "-m", "qrag_ray.cli", "serve", "--index", str(served["alpha"]),
+    proc = subprocess.Popen([sys.executable, "-m", "qrag_ray.cli", "serve", "--index", str(tenant_indexes["alpha"]),
                              "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 
