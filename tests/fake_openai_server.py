@@ -95,6 +95,7 @@ def _make_handler(state: FakeOpenAI):
             pass
 
         def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
+            self._done()  # before the reply leaves: a client may send its next request the moment it has it
             body = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -103,6 +104,13 @@ def _make_handler(state: FakeOpenAI):
                 self.send_header(k, v)
             self.end_headers()
             self.wfile.write(body)
+
+        def _done(self) -> None:
+            """This request stops counting as in flight (once)."""
+            if getattr(self, "_counted", False):
+                self._counted = False
+                with state.lock:
+                    state.inflight -= 1
 
         def _authorized(self) -> bool:
             want = state.require_key
@@ -137,6 +145,7 @@ def _make_handler(state: FakeOpenAI):
                 failure = state.failures.popleft() if state.failures else None
                 state.inflight += 1
                 state.max_inflight = max(state.max_inflight, state.inflight)
+                self._counted = True
                 delay = state.delay_s
             try:
                 if delay:
@@ -161,8 +170,7 @@ def _make_handler(state: FakeOpenAI):
                               "total_tokens": prompt_tokens + completion_tokens},
                 })
             finally:
-                with state.lock:
-                    state.inflight -= 1
+                self._done()
 
     return Handler
 

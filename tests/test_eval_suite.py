@@ -129,3 +129,25 @@ def test_resume_keeps_unchanged_figures_and_skip_leaves_pairs_out(tmp_path):
     s.configs["mix"] = {**s.configs["mix"], "search": {"bm25_alpha": 0.7}}  # a changed definition runs again
     run_suite(s, tmp_path / "o", "ci", runner=runner, resume=True)
     assert calls == [("b", ("mix",))]
+
+
+def test_resume_with_other_configs_writes_the_whole_table(tmp_path):
+    """Measured in pieces (`--configs A`, then `--resume --configs B`): suite.json and suite.md hold
+    A's figures as well as B's, and A is not measured again."""
+    s = load_suite(_write(tmp_path))
+    calls = []
+
+    def runner(ds, suite, cfgs, out, console):
+        calls.append((ds.name, tuple(cfgs)))
+        return {c: {"nDCG@10": 0.5 if c == "chunk" else 0.6} for c in cfgs}
+
+    run_suite(s, tmp_path / "o", "ci", configs=["chunk"], runner=runner)
+    rep = run_suite(s, tmp_path / "o", "ci", configs=["mix"], runner=runner, resume=True)
+    assert calls == [("b", ("chunk",)), ("b", ("mix",))]
+    assert rep["table"]["chunk"]["b"] == 50.0 and rep["table"]["mix"]["b"] == 60.0
+    on_disk = json.loads((tmp_path / "o" / "suite.json").read_text())
+    assert set(on_disk["table"]) == {"chunk", "mix"}
+    assert "| chunk |" in (tmp_path / "o" / "suite.md").read_text()
+    # without --resume the output is this run's configurations only
+    rep = run_suite(s, tmp_path / "o", "ci", configs=["mix"], runner=runner)
+    assert set(rep["table"]) == {"mix"}

@@ -295,6 +295,11 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     run = runner or _evaluate_dataset
     prev = _previous(out, slice_name, suite) if resume else {}
     skip = (sl or {}).get("skip") or {}
+    # a resumed run that measures a few configurations still writes the figures it kept for the others,
+    # so a table assembled over several runs is whole in suite.json, suite.md and the plot
+    kept_cfgs = {c for row in prev.values() for c in row}
+    cfgs_run = cfgs
+    cfgs = [c for c in suite.configs if c in cfgs_run or c in kept_cfgs]
     table: dict[str, dict[str, float]] = {c: {} for c in cfgs}
     raw: dict[str, dict] = {}
     done: list[str] = []
@@ -307,7 +312,7 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
         if console:
             console.rule(f"suite: {ds.name} ({slice_name})")
         kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in cfgs}
-        todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])]
+        todo = [c for c in cfgs_run if c not in kept and c not in (skip.get(ds.name) or [])]
         metrics = dict(kept)
         if todo:
             metrics |= run(ds, suite, todo, out, console)
