@@ -7,7 +7,7 @@ import json
 import pytest
 
 from qrag_ray.cli import main
-from qrag_ray.config import REPRESENTATIONS, IndexConfig
+from qrag_ray.config import REPRESENTATIONS, IndexConfig, representation_plan
 from qrag_ray.presets import MINILM, PRESETS, calibration_note
 
 
@@ -55,3 +55,19 @@ def test_qrag_presets_lists_them(capsys):
     assert by["hype"]["needs_llm"] is True and by["atom-hybrid"]["id"] == "atom-hybrid@2"
     assert main(["presets"]) == 0
     assert "atom-hybrid@2" in capsys.readouterr().out
+
+
+def test_sentence_window_bm25_is_the_suites_csw_bm25():
+    """The preset is the configuration the suite measured as `csw+bm25@0.67`, so its figures apply."""
+    from pathlib import Path
+
+    import yaml
+
+    suite = yaml.safe_load((Path(__file__).resolve().parents[1] / "eval" / "suite.yaml").read_text())
+    measured = suite["configs"]["csw+bm25@0.67"]
+    p = PRESETS["sentence-window-bm25"]
+    assert "+".join(p.kinds) == measured["representation"] and not p.needs_llm
+    assert p.search == measured["search"] and p.bm25 == {"enabled": True} == suite["base"]["bm25"]
+    cfg = IndexConfig(representation="sentence-window-bm25")
+    assert representation_plan(cfg) == (["chunk", "sentence", "window"], None) and cfg.bm25.enabled and cfg.search.bm25_alpha == 0.67
+    assert cfg.search.kind_weights == {"chunk": 0.5} and not cfg.title_prefix
