@@ -107,7 +107,6 @@ def test_cli_search_overrides_alpha_and_refuses_an_index_without_bm25(hybrid_ind
         assert msg in err and "Traceback" not in err and len(err.splitlines()) == 1
 
 
-
 def test_hybrid_rounds_go_deep_and_rank_like_exhaustive_lists(hybrid_index, minilm):
     """A chunk one list missed is scored at that list's floor, so shallow lists (k x M hits) can sink a
     chunk that BM25 puts 2nd but the dense list cut off. A hybrid query's first round asks each shard

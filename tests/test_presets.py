@@ -69,5 +69,6 @@ def test_sentence_window_bm25_is_the_suites_csw_bm25():
     assert "+".join(p.kinds) == measured["representation"] and not p.needs_llm
     assert p.search == measured["search"] and p.bm25 == {"enabled": True} == suite["base"]["bm25"]
     cfg = IndexConfig(representation="sentence-window-bm25")
-    assert representation_plan(cfg) == (["chunk", "sentence", "window"], None) and cfg.bm25.enabled and cfg.search.bm25_alpha == 0.67
+    assert representation_plan(cfg) == (["chunk", "sentence", "window"], None)
+    assert cfg.bm25.enabled and cfg.search.bm25_alpha == 0.67
     assert cfg.search.kind_weights == {"chunk": 0.5} and not cfg.title_prefix

@@ -295,12 +295,11 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     run = runner or _evaluate_dataset
     prev = _previous(out, slice_name, suite) if resume else {}
     skip = (sl or {}).get("skip") or {}
-    # a resumed run that measures a few configurations still writes the figures it kept for the others,
+    # a resumed run that measures a few configurations still shows the figures it kept for the others,
     # so a table assembled over several runs is whole in suite.json, suite.md and the plot
-    kept_cfgs = {c for row in prev.values() for c in row}
-    cfgs_run = cfgs
-    cfgs = [c for c in suite.configs if c in cfgs_run or c in kept_cfgs]
-    table: dict[str, dict[str, float]] = {c: {} for c in cfgs}
+    others = {c for row in prev.values() for c in row} - set(cfgs)
+    shown = [c for c in suite.configs if c in cfgs or c in others] if others else cfgs
+    table: dict[str, dict[str, float]] = {c: {} for c in shown}
     raw: dict[str, dict] = {}
     done: list[str] = []
     for d in suite.datasets:
@@ -311,14 +310,14 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
             continue
         if console:
             console.rule(f"suite: {ds.name} ({slice_name})")
-        kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in cfgs}
-        todo = [c for c in cfgs_run if c not in kept and c not in (skip.get(ds.name) or [])]
+        kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in shown}
+        todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])]
         metrics = dict(kept)
         if todo:
             metrics |= run(ds, suite, todo, out, console)
-        metrics = {c: metrics[c] for c in cfgs if c in metrics}
+        metrics = {c: metrics[c] for c in shown if c in metrics}
         raw[ds.name] = metrics
-        for c in cfgs:
+        for c in shown:
             v = (metrics.get(c) or {}).get(suite.metric)
             if v is not None and math.isfinite(v):
                 table[c][ds.name] = 100.0 * v
@@ -328,7 +327,7 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     table = with_mean(table, done)
     regs, better = compare_expected(table, suite.expected.get(slice_name, {}), suite.tolerance)
     report = {"slice": slice_name, "metric": suite.metric, "datasets": done, "table": table, "metrics": raw,
-              "configs": {c: suite.configs[c] for c in cfgs}, "skipped": skip,
+              "configs": {c: suite.configs[c] for c in shown}, "skipped": skip,
               "regressions": regs, "better": better}
     (out / "suite.json").write_text(json.dumps(report, indent=2))
     md = format_table(table, done, suite.metric, mark="default" if "default" in table else None)
