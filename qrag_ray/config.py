@@ -3,6 +3,8 @@
 One object describes a whole index build so that the manifest can record exactly what produced an
 index, the question cache can key on it, and `qrag eval` can build comparable indexes that differ in
 one field only. CLI flags override fields of a YAML file; nothing else reads ad-hoc settings.
+
+Size: one module on purpose, so the whole schema (and what is identity, what is a run option) reads in one place.
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ class EmbedderConfig(_Strict):
     max_seq_length: int | None = None
     threads: int | None = Field(None, ge=1, description="torch threads per CPU actor (default: cores / actors); "
                                 "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
+    # CPU inference: onnx (ONNX Runtime, same vectors within 2e-7, faster; qrag_ray/onnx_backend.py), torch, or
+    # auto (onnx where it runs, else torch); GPUs use torch
+    backend: Literal["auto", "torch", "onnx"] = "auto"
 
 
 # SearchConfig fields that are research knobs: the preset (representation) sets them, calibrated for
@@ -235,14 +240,17 @@ class BuildConfig(_Strict):
     delete_ids: list[str] = Field(default_factory=list, description="files of document ids left out (--delete-ids)")
 
 
-# IndexConfig fields that say where an index goes and how this run goes, not what the index is: left out
-# of the manifest's content hash, the checkpoints' key and the eval driver's index reuse (one list).
+# IndexConfig fields that say where an index goes and how this run goes, not what the index is: left out of the
+# manifest's content hash, the checkpoints' key and the eval driver's index reuse (one list; + embedder.backend).
 RUN_OPTIONS = ("output", "overwrite", "address", "num_cpus", "cache_dir", "build")
 
 
 def index_identity(cfg_dump: dict) -> dict:
-    """A config dump without its run options: what decides the index's contents."""
-    return {k: v for k, v in cfg_dump.items() if k not in RUN_OPTIONS}
+    """A config dump without its run options (or the embedder's backend: same vectors within 2e-7)."""
+    out = {k: v for k, v in cfg_dump.items() if k not in RUN_OPTIONS}
+    if isinstance(out.get("embedder"), dict):
+        out["embedder"] = {k: v for k, v in out["embedder"].items() if k != "backend"}
+    return out
 
 
 class IndexConfig(_Strict):

@@ -6,12 +6,19 @@ FAISS inner product equals cosine similarity everywhere (index, pruning, serving
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
 
+logger = logging.getLogger(__name__)
 
-def load_sentence_transformer(model: str, device: str | None = None, max_seq_length: int | None = None):
+
+def load_sentence_transformer(model: str, device: str | None = None, max_seq_length: int | None = None,
+                              backend: str = "auto", threads: int | None = None):
+    """backend: "torch"; "onnx" (CPU; raises QragError when the model cannot run there); "auto": ONNX
+    Runtime on CPU when it is installed and the model exports and agrees with torch, else torch
+    (qrag_ray/onnx_backend.py says why)."""
     from sentence_transformers import SentenceTransformer
 
     from qrag_ray.models.registry import resolve_embedder
@@ -21,6 +28,19 @@ def load_sentence_transformer(model: str, device: str | None = None, max_seq_len
     st = SentenceTransformer(resolve_embedder(model), device=device)
     if max_seq_length:
         st.max_seq_length = max_seq_length
+    if backend == "onnx" or (backend == "auto" and device == "cpu"):
+        from qrag_ray.onnx_backend import OnnxUnavailable, use_onnx
+
+        try:
+            use_onnx(st, threads)
+        except OnnxUnavailable as e:
+            if backend == "onnx":
+                from qrag_ray.errors import QragError
+
+                raise QragError(f"embedder backend onnx: {e}") from None
+            logger.info("embedder %s stays on torch: %s", model, e)
+    elif backend not in ("auto", "torch"):
+        raise ValueError(f"unknown embedder backend {backend!r}")
     return st
 
 
@@ -81,12 +101,12 @@ class Embedder:
     """map_batches stage: adds a `vector` column (float32, unit norm) computed from `embed_text`."""
 
     def __init__(self, model: str, batch_size: int = 64, max_seq_length: int | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, backend: str = "auto"):
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        self.st = load_sentence_transformer(model, max_seq_length=max_seq_length)
+        self.st = load_sentence_transformer(model, max_seq_length=max_seq_length, backend=backend, threads=threads)
         self.batch_size = batch_size
 
     def __call__(self, batch: dict) -> dict:

@@ -225,7 +225,6 @@ def _prepare(cfg: IndexConfig, console) -> _Build:
     files = resolve_files(cfg.input, cfg.format)
     report = BuildReport(output=str(out))
     kinds, gran = representation_plan(cfg)
-    _warn_uncalibrated(cfg)
     aux_q = (cfg.filters.prune_tau is not None or cfg.filters.min_question_chunk_sim is not None
              or cfg.filters.require_content_overlap)
     for extra in cfg.build.extra_inputs:
@@ -233,6 +232,7 @@ def _prepare(cfg: IndexConfig, console) -> _Build:
     from qrag_ray.io.precheck import precheck_build
 
     precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts or anything is written
+    _warn_uncalibrated(cfg)  # after the checks: a build that fails says one thing
     work = ck.work_dir_for(out, cfg.build.work_dir)
     resumed = ck.open_work_dir(work, ck.work_key(cfg.model_dump(mode="json")))
     ensure_ray(cfg.address, cfg.num_cpus)
@@ -435,7 +435,7 @@ def _embed_stage(b: _Build, rows):
         (k for k in ("quote", "atomquote") if k in kinds), None)
     threads = None if e.num_gpus else (e.threads or max(1, (os.cpu_count() or 2) // e.actors))
     return rows.map_batches(
-        EmbedSink, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads, str(b.work), qk, b.run),
+        EmbedSink, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads, str(b.work), qk, b.run, e.backend),
         compute=ray.data.ActorPoolStrategy(size=e.actors), num_gpus=e.num_gpus or None,
         num_cpus=None if e.num_gpus else 1, batch_size=cfg.build.rows_per_part, batch_format="numpy")
 
@@ -562,10 +562,11 @@ def _attach_atoms(batch: dict) -> dict:
 class _EmbedStage:
     """Actor-pool stage: loads the model once, emits vectors as a fixed-size-list column."""
 
-    def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None):
+    def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
+                 backend: str = "auto"):
         from qrag_ray.embedding import Embedder
 
-        self.e = Embedder(model, batch_size, max_seq_length, threads)
+        self.e = Embedder(model, batch_size, max_seq_length, threads, backend)
 
     def __call__(self, batch: dict) -> pa.Table:
         from qrag_ray.embedding import encode
@@ -585,6 +586,6 @@ def _embed(rows, cfg: IndexConfig):
     e = cfg.embedder
     threads = None if e.num_gpus else max(1, (os.cpu_count() or 2) // e.actors)
     return granular(rows).map_batches(
-        _EmbedStage, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads),
+        _EmbedStage, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads, e.backend),
         compute=ray.data.ActorPoolStrategy(size=e.actors), num_gpus=e.num_gpus or None,
         num_cpus=None if e.num_gpus else 1, batch_size=max(e.batch_size, 256), batch_format="numpy")

@@ -32,7 +32,7 @@ if [[ "${QRAG_NO_LLM:-0}" != "1" ]]; then
   EXTRAS="cpu,dev"
 else
   EXTRAS="dev"
-  python -m pip install -q -c "$CONSTRAINTS" faiss-cpu
+  python -m pip install -q -c "$CONSTRAINTS" faiss-cpu "onnxruntime>=1.17" "onnx>=1.15"
 fi
 echo "[setup] installing qrag-ray[$EXTRAS]"
 python -m pip install -q -c "$CONSTRAINTS" -e ".[$EXTRAS]"

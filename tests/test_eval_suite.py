@@ -151,3 +151,23 @@ def test_resume_with_other_configs_writes_the_whole_table(tmp_path):
     # without --resume the output is this run's configurations only
     rep = run_suite(s, tmp_path / "o", "ci", configs=["mix"], runner=runner)
     assert set(rep["table"]) == {"mix"}
+
+
+def test_resume_with_other_datasets_keeps_the_datasets_left_out(tmp_path):
+    """Measured in pieces by dataset (`--datasets a`, then `--resume --datasets b`): the second run keeps
+    a's figures in the table and its mean, and does not measure a again."""
+    text = SUITE.replace("datasets: {b: {subset: 10}}}", "datasets: {a: {}, b: {subset: 10}}}")
+    s = load_suite(_write(tmp_path, text))
+    calls = []
+
+    def runner(ds, suite, cfgs, out, console):
+        calls.append((ds.name, tuple(cfgs)))
+        return {c: {"nDCG@10": 0.4 if ds.name == "a" else 0.6} for c in cfgs}
+
+    run_suite(s, tmp_path / "o", "ci", datasets=["a"], runner=runner)
+    rep = run_suite(s, tmp_path / "o", "ci", datasets=["b"], runner=runner, resume=True)
+    assert calls == [("a", ("chunk", "mix")), ("b", ("chunk", "mix"))]
+    assert rep["datasets"] == ["a", "b"] and rep["table"]["chunk"] == {"a": 40.0, "b": 60.0, "mean": 50.0}
+    # without --resume a run of one dataset reports that dataset only
+    rep = run_suite(s, tmp_path / "o", "ci", datasets=["b"], runner=runner)
+    assert rep["datasets"] == ["b"]

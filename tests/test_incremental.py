@@ -57,3 +57,22 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     assert hits == _search(tmp_path / "ref")
     assert not any(cid.split("#")[0] in ("for", "lambda") for res in hits for cid, _ in res)
     assert json.loads((out / "manifest.json").read_text())["config"]["build"]["delete_ids"] == [str(ids)]
+
+
+def test_an_index_built_by_an_older_preset_keeps_its_kinds(tmp_path):
+    """default@1 was one vector per chunk; appending to an index it built must not add sentence and
+    window vectors for the new documents only (the recorded config names `default`, whose kinds changed)."""
+    from qrag_ray.config import IndexConfig, representation_plan
+
+    old = IndexConfig(representation="chunk-bm25", input=str(tmp_path / "a.jsonl")).model_dump(mode="json")
+    old["representation"] = "default"  # as default@1 recorded it: its search settings were chunk-bm25's
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    (idx / "manifest.json").write_text(json.dumps({
+        "format_version": 1, "index_version": "v1", "num_shards": 0, "shards": [], "files": [],
+        "embedder": {"model": "all-MiniLM-L6-v2", "dim": 384}, "representation": "default", "kinds": ["chunk"],
+        "config": old}))
+    cfg = incremental_config(str(idx), append=str(tmp_path / "b.jsonl"))
+    assert representation_plan(cfg) == (["chunk"], None) and cfg.representation == "chunk"
+    assert cfg.title_prefix and cfg.search.bm25_alpha == 0.67 and cfg.bm25.enabled
+    assert cfg.build.extra_inputs == [str(tmp_path / "b.jsonl")]

@@ -19,6 +19,9 @@ def test_every_preset_is_a_representation_with_its_own_defaults():
     assert cfg.search.fusion == "sum" and cfg.search.kind_bias == p.search["kind_bias"]
     d = IndexConfig()  # no --representation: the shipped default
     assert d.representation == "default" and d.title_prefix and d.bm25.enabled and d.search.bm25_alpha == 0.67
+    assert representation_plan(d) == (["chunk", "sentence", "window"], None) and PRESETS["default"].version == 2
+    lean = IndexConfig(representation="chunk-bm25")  # default@1: one vector per chunk
+    assert representation_plan(lean) == (["chunk"], None) and lean.title_prefix and lean.search.bm25_alpha == 0.67
     assert not PRESETS["default"].needs_llm and not PRESETS["chunk"].needs_llm
 
 
@@ -57,8 +60,9 @@ def test_qrag_presets_lists_them(capsys):
     assert "atom-hybrid@2" in capsys.readouterr().out
 
 
-def test_sentence_window_bm25_is_the_suites_csw_bm25():
-    """The preset is the configuration the suite measured as `csw+bm25@0.67`, so its figures apply."""
+def test_default_and_sentence_window_bm25_are_the_suites_csw_bm25():
+    """The presets are the configuration the suite measured as `csw+bm25@0.67` (the default with the
+    title prefixed to the chunk), so its figures apply."""
     from pathlib import Path
 
     import yaml
@@ -72,3 +76,6 @@ def test_sentence_window_bm25_is_the_suites_csw_bm25():
     assert representation_plan(cfg) == (["chunk", "sentence", "window"], None)
     assert cfg.bm25.enabled and cfg.search.bm25_alpha == 0.67
     assert cfg.search.kind_weights == {"chunk": 0.5} and not cfg.title_prefix
+    d = PRESETS["default"]
+    assert (d.kinds, d.search, d.bm25, d.title_prefix) == (p.kinds, p.search, p.bm25, True)
+    assert suite["configs"]["default"] == {"representation": "default"}

@@ -189,9 +189,11 @@ def test_sentence_windows_need_two_sentences():
 
 
 def test_default_preset_is_what_index_builds_without_a_representation():
-    """issue 19: the title-prefixed chunk + stemmed BM25 at alpha 0.67, chosen across the suite."""
+    """issue 19: the title-prefixed chunk at half weight + its best sentence or window + stemmed BM25 at
+    alpha 0.67, the best mean across the suite."""
     cfg = IndexConfig()
-    assert cfg.representation == "default" and representation_plan(cfg) == (["chunk"], None)
+    assert cfg.representation == "default" and representation_plan(cfg) == (["chunk", "sentence", "window"], None)
+    assert cfg.search.fusion == "sum" and cfg.search.kind_weights == {"chunk": 0.5}
     assert cfg.title_prefix and cfg.bm25.enabled and cfg.bm25.stemmer == "english" and cfg.search.bm25_alpha == 0.67
     # --no-bm25 gives its dense form, and a chosen title setting wins
     off = IndexConfig(bm25={"enabled": False}, title_prefix=False)

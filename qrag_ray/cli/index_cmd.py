@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         format: str = typer.Option("jsonl", "--format", "-f", help="jsonl|parquet|msmarco|beir|html"),
         output: str = typer.Option(..., "--output", "-o", help="index directory to publish"),
         representation: str = typer.Option(None, "--representation", "-r",
-                                           help="a preset (`qrag presets` lists them; no flag: default, the title-prefixed chunk + BM25) or kinds joined by '+'"),
+                                           help="a preset (`qrag presets` lists them; no flag: default, title-prefixed chunk + sentences + windows + BM25) or kinds joined by '+'"),
         shards: int = typer.Option(None, "--shards", "-s", help="number of shards (>= 1)"),
         generator: str = typer.Option(None, "--generator", "-g", help="vllm|openai|precomputed|none"),
         questions: int = typer.Option(None, "--questions", "-n", help="questions per chunk prompt"),

@@ -303,15 +303,17 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     raw: dict[str, dict] = {}
     done: list[str] = []
     for d in suite.datasets:
-        if datasets and d.name not in datasets:
-            continue
         ds = d.sliced(sl)
         if ds is None:
             continue
-        if console:
+        # a dataset left out of this run keeps the figures an earlier run of the slice wrote (resume)
+        selected = not datasets or d.name in datasets
+        if not selected and not prev.get(ds.name):
+            continue
+        if console and selected:
             console.rule(f"suite: {ds.name} ({slice_name})")
         kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in shown}
-        todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])]
+        todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])] if selected else []
         metrics = dict(kept)
         if todo:
             metrics |= run(ds, suite, todo, out, console)

@@ -10,7 +10,7 @@ is the index a full rebuild over the same documents would publish, file for file
 
 from __future__ import annotations
 
-from qrag_ray.config import IndexConfig
+from qrag_ray.config import IndexConfig, resolve_representation
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
 
@@ -25,6 +25,15 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     data = dict(m.data.get("config") or {})
     if not data.get("input"):
         raise QragError(f"{output}: its manifest records no input; rebuild it with this qrag first")
+    kinds = m.data.get("kinds")
+    try:
+        now = resolve_representation(str(data.get("representation") or "default"))[0]
+    except ValueError:
+        now = None
+    if kinds and now != list(kinds):
+        # the preset's name means other vector kinds since this index was built (default@1 was chunk only):
+        # keep the kinds the index holds; every other setting is in the recorded config already
+        data["representation"] = "+".join(kinds)
     build = dict(data.get("build") or {})
     if append:
         build["extra_inputs"] = list(build.get("extra_inputs") or []) + [append]

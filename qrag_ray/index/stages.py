@@ -86,10 +86,10 @@ class EmbedSink:
     same bits whichever rows shared its batch (a resumed run batches differently)."""
 
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
-                 work: str, question_kind: str | None, run: str):
+                 work: str, question_kind: str | None, run: str, backend: str = "auto"):
         from qrag_ray.embedding import Embedder
 
-        self.e = Embedder(model, batch_size, max_seq_length, threads)
+        self.e = Embedder(model, batch_size, max_seq_length, threads, backend)
         self.work = Path(work)
         self.qk = question_kind
         self.run = run

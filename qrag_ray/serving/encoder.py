@@ -27,7 +27,7 @@ class QueryEncoder:
         from qrag_ray.embedding import load_sentence_transformer
 
         torch.set_num_threads(self.threads)
-        st = load_sentence_transformer(name, device=None)
+        st = load_sentence_transformer(name, device=None, threads=self.threads)
         logger.info("query embedder loaded %s", name)
         return st
 

@@ -1,0 +1,202 @@
+"""ONNX Runtime for the transformer inside a sentence-transformers model, on CPU.
+
+Why: on a CPU, ONNX Runtime runs MiniLM's forward pass 1.7x (batches of 32) to 2.4x (one query) faster
+than torch on one thread, with the same vectors (max |diff| 2e-7; docs/BENCHMARKS.md). That is most of
+a CPU build's time and half of the serving Router's CPU per query. Only the transformer's forward pass
+moves: tokenisation, length sorting, pooling and normalisation stay sentence-transformers' own, so any
+pooling a model folder declares keeps working and the vectors (hence the indexes) do not change.
+
+The graph is exported from the loaded model with torch's exporter once per model folder and cached
+under ~/.cache/qrag/onnx/ (`QRAG_ONNX_CACHE`); it is written to a temporary file and renamed, so
+processes exporting at the same time never read half a file. A probe sentence is encoded both ways
+before the ONNX path is used; a model whose export disagrees stays on torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "torch", "onnx")
+_PROBE = ["How long can a flea live without a host?", "Ships sail on the sea."]
+_MAX_PROBE_DIFF = 1e-4
+_OPSET = 17
+
+
+class OnnxUnavailable(RuntimeError):
+    """Why this model cannot run on ONNX Runtime here (the caller decides: fall back or fail)."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("QRAG_ONNX_CACHE") or Path.home() / ".cache" / "qrag" / "onnx")
+
+
+def _transformer(st):
+    """The model's first module when it is a Hugging Face transformer encoder (else None)."""
+    try:
+        first = st[0]
+    except Exception:
+        return None
+    model = getattr(first, "model", None) or getattr(first, "auto_model", None)
+    if model is None or not hasattr(model, "config") or getattr(st, "tokenizer", None) is None:
+        return None
+    return first
+
+
+def _graph_key(st, names: list[str]) -> str:
+    """Which exported graph fits this model: its weights' folder, sizes and times, and the exporter."""
+    import onnxruntime
+    import torch
+
+    parts = [torch.__version__, onnxruntime.__version__, str(_OPSET), ",".join(names)]
+    src = getattr(st[0], "model", None)
+    name_or_path = str(getattr(getattr(src, "config", None), "_name_or_path", "") or "")
+    folder = Path(name_or_path)
+    if folder.is_dir():
+        for f in sorted(folder.glob("*")):
+            if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):
+                s = f.stat()
+                parts.append(f"{f.resolve()}:{s.st_size}:{int(s.st_mtime)}")
+    else:  # no folder to fingerprint: the weights themselves
+        h = hashlib.sha256()
+        for k, v in sorted(src.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().cpu().numpy().tobytes())
+        parts.append(h.hexdigest())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _export(model, names: list[str], path: Path) -> None:
+    import torch
+
+    class _Hidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, *args):
+            return self.m(**dict(zip(names, args)), return_dict=True).last_hidden_state
+
+    ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=torch.long)
+    dummy = {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp")
+    axes = {n: {0: "batch", 1: "tokens"} for n in names}
+    axes["last_hidden_state"] = {0: "batch", 1: "tokens"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(_Hidden(model).eval(), tuple(dummy[n] for n in names), str(tmp),
+                              input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
+                              opset_version=_OPSET, dynamo=False)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class _OrtModel:
+    """Stands in for the Hugging Face model: same call, same `last_hidden_state`, ONNX Runtime inside;
+    anything else (its config, dtype, ...) is read from the torch model it replaces."""
+
+    def __init__(self, session, names: list[str], torch_model):
+        self.session = session
+        self.names = names
+        self.torch_model = torch_model
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["torch_model"], name)
+
+    def forward(self, **kw):
+        import torch
+        from transformers.modeling_outputs import BaseModelOutput
+
+        feeds = {}
+        for n in self.names:
+            v = kw.get(n)
+            if v is None and n == "token_type_ids":
+                v = torch.zeros_like(kw["input_ids"])
+            feeds[n] = v.detach().cpu().numpy().astype(np.int64, copy=False)
+        out = self.session.run(None, feeds)[0]
+        return BaseModelOutput(last_hidden_state=torch.from_numpy(out))
+
+    __call__ = forward
+
+
+def use_onnx(st, threads: int | None = None) -> None:
+    """Run `st`'s transformer on ONNX Runtime from now on (raises OnnxUnavailable, `st` unchanged)."""
+    try:
+        import onnxruntime as ort
+        import torch
+    except ImportError as e:
+        raise OnnxUnavailable(f"onnxruntime is not installed ({e}); pip install 'qrag-ray[cpu]'") from None
+    first = _transformer(st)
+    if first is None:
+        raise OnnxUnavailable("the model's first module is not a transformer encoder")
+    if str(getattr(st, "device", "cpu")) != "cpu":
+        raise OnnxUnavailable("the ONNX backend runs on CPU only")
+    model = getattr(first, "model", None) or first.auto_model
+    import inspect
+
+    params = set(inspect.signature(model.forward).parameters)
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in params]
+    if names[:2] != ["input_ids", "attention_mask"]:
+        raise OnnxUnavailable(f"unexpected model inputs {sorted(params)[:8]}")
+    path = cache_dir() / f"{type(model).__name__}-{_graph_key(st, names)}.onnx"
+    if not path.is_file():
+        try:
+            import onnx  # noqa: F401  (torch's exporter needs it)
+        except ImportError as e:
+            raise OnnxUnavailable(f"exporting needs the onnx package ({e})") from None
+        logger.info("exporting %s to ONNX: %s", type(model).__name__, path)
+        try:
+            _export(model, names, path)
+        except Exception as e:  # an architecture the exporter cannot trace
+            raise OnnxUnavailable(f"ONNX export failed: {type(e).__name__}: {e}") from None
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(threads or torch.get_num_threads())
+    so.inter_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise OnnxUnavailable(f"ONNX Runtime cannot load {path}: {e}") from None
+    want = st.encode(_PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    attr = "model" if getattr(first, "model", None) is not None else "auto_model"
+    torch_model = getattr(first, attr)
+    _swap(first, attr, _OrtModel(session, names, torch_model))
+    try:
+        got = st.encode(_PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+        diff = float(np.abs(np.asarray(want) - np.asarray(got)).max())
+    except Exception as e:
+        _unswap(first, attr, torch_model)
+        raise OnnxUnavailable(f"ONNX Runtime failed on a probe sentence: {type(e).__name__}: {e}") from None
+    if not diff <= _MAX_PROBE_DIFF:
+        _unswap(first, attr, torch_model)
+        raise OnnxUnavailable(f"ONNX vectors differ from torch's by {diff:.2e} on a probe sentence")
+    st._qrag_backend = "onnx"
+
+
+def _swap(module, attr: str, ort_model: _OrtModel) -> None:
+    """Calls of `module.<attr>` go to ONNX Runtime. The torch model stays registered under another name,
+    so the parameters (and with them `st.device`) are still there; an instance attribute is found before
+    nn.Module's submodule lookup, which is why a plain callable can stand in."""
+    mods = module._modules
+    mods["_qrag_torch_model"] = mods.pop(attr)
+    object.__setattr__(module, attr, ort_model)
+
+
+def _unswap(module, attr: str, torch_model) -> None:
+    object.__delattr__(module, attr)
+    module._modules.pop("_qrag_torch_model", None)
+    module._modules[attr] = torch_model
+
+
+def backend_of(st) -> str:
+    return getattr(st, "_qrag_backend", "torch")

@@ -1,0 +1,75 @@
+"""The ONNX Runtime embedder backend: the same vectors as torch (so indexes built either way agree and
+a build resumed on the other backend stays valid), the graph cached once per model, the backend left
+out of an index's identity, and a clear error where it cannot run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qrag_ray.config import IndexConfig, index_identity
+from qrag_ray.embedding import encode, encode_canonical, load_sentence_transformer
+from qrag_ray.errors import QragError
+from qrag_ray.onnx_backend import backend_of
+
+TEXTS = ["what is a python generator expression", "Ships sail on the sea.",
+         "A flea can live up to a year, but its general lifespan depends on its living conditions, such as "
+         "the availability of hosts. " * 12,  # past max_seq_length: truncated the same way
+         "", "naïve café — 東京 2024"]
+
+
+@pytest.fixture(scope="module")
+def torch_minilm():
+    return load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="torch")
+
+
+def test_auto_runs_minilm_on_onnx_with_torchs_vectors(minilm, torch_minilm):
+    assert backend_of(minilm) == "onnx" and backend_of(torch_minilm) == "torch"
+    for fn in (encode, encode_canonical):
+        a, b = fn(torch_minilm, TEXTS), fn(minilm, TEXTS)
+        assert a.shape == b.shape == (len(TEXTS), 384) and a.dtype == b.dtype == np.float32
+        assert np.abs(a - b).max() < 1e-5
+        assert np.allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    # the rank of a query's nearest text is the backend's business no more
+    q_t, q_o = encode(torch_minilm, ["how long do fleas live"]), encode(minilm, ["how long do fleas live"])
+    docs = encode(torch_minilm, TEXTS)
+    assert int(np.argmax(docs @ q_t[0])) == int(np.argmax(docs @ q_o[0])) == 2
+
+
+def test_graph_is_exported_once_per_model(tmp_path, monkeypatch):
+    from qrag_ray.models.tiny import write_tiny_model
+
+    monkeypatch.setenv("QRAG_ONNX_CACHE", str(tmp_path / "cache"))
+    model = write_tiny_model(tmp_path / "tiny", hidden=32, layers=1)
+    first = load_sentence_transformer(str(model), device="cpu", backend="onnx")
+    graphs = list((tmp_path / "cache").glob("*.onnx"))
+    assert backend_of(first) == "onnx" and len(graphs) == 1
+    mtime = graphs[0].stat().st_mtime_ns
+    second = load_sentence_transformer(str(model), device="cpu", backend="onnx")
+    assert [g.stat().st_mtime_ns for g in (tmp_path / "cache").glob("*.onnx")] == [mtime]
+    ref = load_sentence_transformer(str(model), device="cpu", backend="torch")
+    assert np.abs(encode(second, TEXTS) - encode(ref, TEXTS)).max() < 1e-5
+    assert not list((tmp_path / "cache").glob(".*tmp"))  # no half-written file left behind
+
+
+def test_onnx_where_it_cannot_run_is_a_clear_error(monkeypatch):
+    import qrag_ray.onnx_backend as ob
+
+    def no_runtime(*a, **k):
+        raise ob.OnnxUnavailable("onnxruntime is not installed (test)")
+
+    monkeypatch.setattr(ob, "use_onnx", no_runtime)
+    with pytest.raises(QragError, match="embedder backend onnx: onnxruntime is not installed"):
+        load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="onnx")
+    st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="auto")  # auto falls back
+    assert backend_of(st) == "torch"
+
+
+def test_backend_is_not_part_of_an_indexs_identity():
+    a = IndexConfig().model_dump()
+    b = IndexConfig(embedder={"backend": "torch"}).model_dump()
+    assert a["embedder"]["backend"] == "auto" and b["embedder"]["backend"] == "torch"
+    assert index_identity(a) == index_identity(b)
+    assert "backend" not in index_identity(a)["embedder"]
+    with pytest.raises(ValueError):
+        IndexConfig(embedder={"backend": "tensorrt"})
