@@ -65,6 +65,28 @@ def deploy(index: Path, base: Path, port: int) -> None:
     client.deploy_apps(ServeDeploySchema(applications=apps))  # wait_ready() polls until both answer
 
 
+def direct_ingress_urls(apps: tuple[str, ...], timeout: float = 600) -> dict[str, str]:
+    """With direct ingress each app's ingress replica serves HTTP on a port the controller hands out from
+    30000 up; its `/-/routes` names the app it serves."""
+    import httpx
+
+    found: dict[str, str] = {}
+    deadline = time.time() + timeout
+    while time.time() < deadline and len(found) < len(apps):
+        for p in range(30000, 30032):
+            try:
+                routes = httpx.get(f"http://127.0.0.1:{p}/-/routes", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            for prefix, app in (routes.items() if isinstance(routes, dict) else ()):
+                if app in apps:
+                    found[app] = f"http://127.0.0.1:{p}{prefix}"
+        time.sleep(2)
+    if len(found) < len(apps):
+        raise RuntimeError(f"direct ingress ports not found for {set(apps) - set(found)}")
+    return found
+
+
 def wait_ready(url: str, timeout: float = 600) -> None:
     import httpx
 
@@ -182,13 +204,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_serving"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_serving_compare.json"))
-    ap.add_argument("--serve-env", choices=("default", "tuned"), default="default",
-                    help="tuned: start Ray with qrag's SERVE_PROCESS_ENV (what `qrag serve` does); both apps get it")
+    ap.add_argument("--serve-env", choices=("default", "tuned", "direct"), default="default",
+                    help="tuned: start Ray with qrag's SERVE_PROCESS_ENV (what `qrag serve` does); direct: that and "
+                         "Ray's experimental direct ingress (no HTTP proxy: each app's ingress replica listens on a "
+                         "port of its own from 30000); both apps get it")
     a = ap.parse_args()
-    if a.serve_env == "tuned":
+    if a.serve_env in ("tuned", "direct"):
         from qrag_ray.serving.config import SERVE_PROCESS_ENV
 
         os.environ.update(SERVE_PROCESS_ENV)
+    if a.serve_env == "direct":
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
 
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     import ray
@@ -206,7 +232,10 @@ def main() -> int:
     port = free_port()
     t0 = time.time()
     deploy(index, base, port)
-    urls = {n: f"http://127.0.0.1:{port}/{n}" for n in ("base", "new")}
+    if a.serve_env == "direct":
+        urls = direct_ingress_urls(("base", "new"))
+    else:
+        urls = {n: f"http://127.0.0.1:{port}/{n}" for n in ("base", "new")}
     for u in urls.values():
         wait_ready(u)
     import httpx

@@ -110,10 +110,11 @@ def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_w
     ("chunk", {"chunk"}), ("hype", {"question"}), ("quote", {"quote"}), ("quote-onedoc", {"onedoc"}),
     ("atom-sentence", {"sentence"}), ("atom-question", {"question"}), ("hybrid", {"chunk", "question"}),
     ("atom-hybrid", {"chunk", "sentence", "question", "quote"}),
-    ("atom-hybrid-bm25", {"chunk", "sentence", "question", "quote"}), ("default", {"chunk"}),
+    ("atom-hybrid-bm25", {"chunk", "sentence", "question", "quote"}), ("default", {"chunk", "sentence", "window"}),
+    ("chunk-bm25", {"chunk"}),
 ])
 def test_every_named_representation(rep, kinds, build_with, local_ray, pydoc_jsonl, tmp_path):
-    backend = "none" if rep in ("chunk", "atom-sentence", "default") else "precomputed"
+    backend = "none" if rep in ("chunk", "atom-sentence", "default", "chunk-bm25") else "precomputed"
     report = build_with({"input": str(pydoc_jsonl), "output": str(tmp_path / rep), "representation": rep,
                          "generator.backend": backend, "shards": 2, "chunker.method": "none"})
     m = load_manifest(tmp_path / rep, verify=True)
@@ -122,8 +123,8 @@ def test_every_named_representation(rep, kinds, build_with, local_ray, pydoc_jso
     res = SearchEngine(tmp_path / rep).search(["When does the else clause of a for loop run?"], k=3)[0]
     assert len({r["chunk_id"] for r in res}) == 3
     # only the presets with BM25 build the channel, and their results carry the lexical score
-    assert m.has_bm25 == (rep in ("atom-hybrid-bm25", "default"))
-    assert m.data["config"]["title_prefix"] == (rep == "default")
+    assert m.has_bm25 == (rep in ("atom-hybrid-bm25", "default", "chunk-bm25"))
+    assert m.data["config"]["title_prefix"] == (rep in ("default", "chunk-bm25"))
     assert all(("bm25" in r) == m.has_bm25 for r in res)
 
 
