@@ -362,9 +362,11 @@ def test_qrag_query_prints_a_table(served, capsys):
 
 
 @pytest.mark.slow
-def test_qrag_serve_command_end_to_end(tenant_indexes, capsys):
+@pytest.mark.parametrize("direct", [False, True], ids=["proxy", "direct-ingress"])
+def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
     """`qrag serve --index DIR` in its own process (its own local Ray), queried with `qrag query`. Needs
-    only an index, not this module's Serve app (the slow tier would start one for this test alone)."""
+    only an index, not this module's Serve app (the slow tier would start one for this test alone).
+    With --direct-ingress the process listening on --port is the Router replica itself, not Serve's proxy."""
     import os
     import signal
     import socket
@@ -381,7 +383,7 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys):
         port = sock.getsockname()[1]
     env = {**os.environ, "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
     proc = subprocess.Popen([sys.executable, "-m", "qrag_ray.cli", "serve", "--index", str(tenant_indexes["alpha"]),
-                             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--port", str(port)] + (["--direct-ingress"] if direct else []), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 
     def read():
@@ -399,6 +401,12 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys):
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).json()["status"] == "ok"
         assert main(["query", "--url", f"http://127.0.0.1:{port}", "--k", "2", QUERIES[0]]) == 0
         assert "2 results from 'default'" in capsys.readouterr().out
+        import psutil
+
+        owner = [c.pid for c in psutil.net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
+        title = " ".join(psutil.Process(owner[0]).cmdline()) if owner else ""
+        assert ("ServeReplica" in title and "Router" in title) if direct else "ProxyActor" in title, title
     finally:
         proc.send_signal(signal.SIGINT)
         try:
