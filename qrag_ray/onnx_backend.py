@@ -25,7 +25,6 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "onnx")
 _PROBE = ["How long can a flea live without a host?", "Ships sail on the sea."]
 _MAX_PROBE_DIFF = 1e-4
 _OPSET = 17
@@ -39,26 +38,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("QRAG_ONNX_CACHE") or Path.home() / ".cache" / "qrag" / "onnx")
 
 
-def _transformer(st):
-    """The model's first module when it is a Hugging Face transformer encoder (else None)."""
+def _transformer(st) -> tuple[object, str] | None:
+    """(the model's first module, the attribute holding its Hugging Face encoder), or None when the first
+    module is not a transformer encoder."""
     try:
         first = st[0]
     except Exception:
         return None
-    model = getattr(first, "model", None) or getattr(first, "auto_model", None)
+    attr = "model" if getattr(first, "model", None) is not None else "auto_model"
+    model = getattr(first, attr, None)
     if model is None or not hasattr(model, "config") or getattr(st, "tokenizer", None) is None:
         return None
-    return first
+    return first, attr
 
 
-def _graph_key(st, names: list[str]) -> str:
+def _graph_key(src, names: list[str]) -> str:
     """Which exported graph fits this model: its weights' folder, sizes and times, and the exporter."""
     import onnxruntime
     import torch
 
     parts = [torch.__version__, onnxruntime.__version__, str(_OPSET), ",".join(names)]
-    src = getattr(st[0], "model", None)
-    name_or_path = str(getattr(getattr(src, "config", None), "_name_or_path", "") or "")
+    name_or_path = str(getattr(src.config, "_name_or_path", "") or "")
     folder = Path(name_or_path)
     if folder.is_dir():
         for f in sorted(folder.glob("*")):
@@ -137,27 +137,28 @@ def use_onnx(st, threads: int | None = None) -> None:
         import torch
     except ImportError as e:
         raise OnnxUnavailable(f"onnxruntime is not installed ({e}); pip install 'qrag-ray[cpu]'") from None
-    first = _transformer(st)
-    if first is None:
+    found = _transformer(st)
+    if found is None:
         raise OnnxUnavailable("the model's first module is not a transformer encoder")
     if str(getattr(st, "device", "cpu")) != "cpu":
         raise OnnxUnavailable("the ONNX backend runs on CPU only")
-    model = getattr(first, "model", None) or first.auto_model
+    first, attr = found
+    torch_model = getattr(first, attr)
     import inspect
 
-    params = set(inspect.signature(model.forward).parameters)
+    params = set(inspect.signature(torch_model.forward).parameters)
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in params]
     if names[:2] != ["input_ids", "attention_mask"]:
         raise OnnxUnavailable(f"unexpected model inputs {sorted(params)[:8]}")
-    path = cache_dir() / f"{type(model).__name__}-{_graph_key(st, names)}.onnx"
+    path = cache_dir() / f"{type(torch_model).__name__}-{_graph_key(torch_model, names)}.onnx"
     if not path.is_file():
         try:
             import onnx  # noqa: F401  (torch's exporter needs it)
         except ImportError as e:
             raise OnnxUnavailable(f"exporting needs the onnx package ({e})") from None
-        logger.info("exporting %s to ONNX: %s", type(model).__name__, path)
+        logger.info("exporting %s to ONNX: %s", type(torch_model).__name__, path)
         try:
-            _export(model, names, path)
+            _export(torch_model, names, path)
         except Exception as e:  # an architecture the exporter cannot trace
             raise OnnxUnavailable(f"ONNX export failed: {type(e).__name__}: {e}") from None
     so = ort.SessionOptions()
@@ -168,8 +169,6 @@ def use_onnx(st, threads: int | None = None) -> None:
     except Exception as e:
         raise OnnxUnavailable(f"ONNX Runtime cannot load {path}: {e}") from None
     want = st.encode(_PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-    attr = "model" if getattr(first, "model", None) is not None else "auto_model"
-    torch_model = getattr(first, attr)
     _swap(first, attr, _OrtModel(session, names, torch_model))
     try:
         got = st.encode(_PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
