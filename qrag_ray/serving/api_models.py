@@ -103,7 +103,10 @@ class SearchResponse(BaseModel):
     took_ms: float
     hypothetical: str | None = Field(None, description="mode=hyde: the passage that was embedded")
     timings: dict = Field(default_factory=dict,
-                          description="embed_ms, search_ms (shard fan-out), merge_ms (merge + dedup), format_ms, rounds")
+                          description="path (where the search ran: 'shards', 'router' for a small tenant, 'router, one "
+                                      "call' when a lone request's embedding and search shared one worker-thread "
+                                      "call), embed_ms, embed_batch, search_ms (shard fan-out), merge_ms "
+                                      "(merge + dedup), format_ms, rounds")
 
 
 class Citation(BaseModel):

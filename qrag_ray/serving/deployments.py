@@ -189,22 +189,17 @@ class ShardStore:
                          bm25_alpha: float | None = None) -> list[ShardReply]:
         """Every shard of a small tenant searched in ONE worker thread, one after the other: each search
         is well under a millisecond there, so one thread hop instead of one per shard is what counts."""
-        loaded = [await self.get(s, key) for s in shards]
+        loaded = await self.get_all(shards, key)
+        replies = await asyncio.to_thread(search_loaded_all, shards, loaded, qvecs, k, min_score, queries, bm25_alpha)
+        self.observe(key, replies)
+        return replies
 
-        def run() -> list[ShardReply]:
-            out = []
-            for s, ls in zip(shards, loaded):
-                policy = ls.policy if bm25_alpha is None else ls.policy.with_bm25_alpha(bm25_alpha)
-                t0 = time.perf_counter()
-                reply = _search_loaded(ls, s, qvecs, k, min_score, policy, queries)
-                reply.search_ms = (time.perf_counter() - t0) * 1000
-                out.append(reply)
-            return out
+    async def get_all(self, shards: list[int], key: ShardKey) -> list[LoadedShard]:
+        return [await self.get(s, key) for s in shards]
 
-        replies = await asyncio.to_thread(run)
+    def observe(self, key: ShardKey, replies: list[ShardReply]) -> None:
         for r in replies:
             self.metrics.latency.observe(r.search_ms, tags={"tenant": key.tenant, "shard": str(r.shard)})
-        return replies
 
     async def lookup(self, shard: int, key: ShardKey, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
         ls = await self.get(shard, key)
@@ -225,15 +220,31 @@ class ShardStore:
                 "problems": dict(self.problems)}
 
 
+def search_loaded_all(shards: list[int], loaded: list[LoadedShard], qvecs: np.ndarray, k: int,
+                      min_score: float | None, queries: list[str] | None,
+                      bm25_alpha: float | None, page: bool = True) -> list[ShardReply]:
+    """`_search_loaded` for several loaded shards in the calling (worker) thread, each timed."""
+    out = []
+    for s, ls in zip(shards, loaded):
+        policy = ls.policy if bm25_alpha is None else ls.policy.with_bm25_alpha(bm25_alpha)
+        t0 = time.perf_counter()
+        reply = _search_loaded(ls, s, qvecs, k, min_score, policy, queries, page)
+        reply.search_ms = (time.perf_counter() - t0) * 1000
+        out.append(reply)
+    return out
+
+
 def _search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, k: int, min_score: float | None,
-                   policy: FusionPolicy, queries: list[str] | None) -> ShardReply:
-    """The shard's final local hits plus the texts of its own top-k chunks: the only rows of this
-    shard that can reach the page (run in a worker thread)."""
+                   policy: FusionPolicy, queries: list[str] | None, page: bool = True) -> ShardReply:
+    """The shard's final local hits plus (`page`) the texts of its own top-k chunks: the only rows of
+    this shard that can reach the page, sent with the hits to save a second call. In the Router's own
+    process that second call is a dict lookup, so there `page=False` skips the per-shard merge and only
+    the merged page's chunks are looked up (run in a worker thread)."""
     from qrag_ray.search.engine import search_shard_exact
 
     hits, rounds = search_shard_exact(ls.searcher, qvecs, k, ls.multiplier, min_score, policy, queries)
     reply = ShardReply(shard, ls.index_version, ls.searcher.ntotal, hits, rounds=rounds)
-    for h in hits:
+    for h in (hits if page else ()):
         for r in merge_hits([h], 0, k, min_score, policy)[0]:
             reply.chunks[r.chunk_idx] = ls.chunks[r.chunk_idx]
             for _, row, _ in r.matches:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import numpy as np
 
@@ -20,6 +21,10 @@ class QueryEncoder:
         self.threads = threads
         self._models: dict[str, object] = {}
         self._loading: dict[str, asyncio.Future] = {}
+        # One encode at a time: a lone request encodes in its own worker thread (Router._retrieve) while a
+        # batch may be encoding in another, and a fast tokenizer shared by two threads can fail
+        # ("Already borrowed"); the forward pass has the replica's CPUs to itself anyway.
+        self._lock = threading.Lock()
 
     def _load_sync(self, name: str):
         import torch
@@ -30,6 +35,13 @@ class QueryEncoder:
         st = load_sentence_transformer(name, device=None, threads=self.threads)
         logger.info("query embedder loaded %s", name)
         return st
+
+    def encode_sync(self, st, texts: list[str]) -> np.ndarray:
+        """Encode in the calling (worker) thread."""
+        from qrag_ray.embedding import encode
+
+        with self._lock:
+            return encode(st, texts)
 
     async def model(self, name: str):
         st = self._models.get(name)
@@ -48,13 +60,11 @@ class QueryEncoder:
 
     async def encode(self, texts: list[str], models: list[str]) -> list[np.ndarray]:
         """One vector per text, each with its own model; one encode call per distinct model."""
-        from qrag_ray.embedding import encode
-
         out: list[np.ndarray | None] = [None] * len(texts)
         for name in dict.fromkeys(models):
             idx = [i for i, m in enumerate(models) if m == name]
             st = await self.model(name)
-            vecs = await asyncio.to_thread(encode, st, [texts[i] for i in idx])
+            vecs = await asyncio.to_thread(self.encode_sync, st, [texts[i] for i in idx])
             for i, v in zip(idx, vecs):
                 out[i] = v
         return out  # type: ignore[return-value]

@@ -226,6 +226,19 @@ def _dead_replica_errors() -> tuple[type, ...]:
     return _DEAD_REPLICA
 
 
+def _embed_then_search(encoder, st, text: str, shards: list[int], loaded: list, k: int, min_score: float | None,
+                       lex: list[str] | None, bm25_alpha: float | None) -> tuple[list, float, float]:
+    """Embed one query and search a small tenant's loaded shards, in the calling worker thread; returns
+    (replies, embed ms, search ms)."""
+    from qrag_ray.serving.deployments import search_loaded_all
+
+    t0 = time.perf_counter()
+    qv = encoder.encode_sync(st, [text])
+    t1 = time.perf_counter()
+    replies = search_loaded_all(shards, loaded, qv, k, min_score, lex, bm25_alpha, page=False)  # page: _fill_missing
+    return replies, (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000
+
+
 # ------------------------------------------------------------------------------ the deployment
 @serve.ingress(app)
 class Router:
@@ -447,21 +460,37 @@ class Router:
                     raise bad_request("no_bm25_index", f"index '{tenant.name}' has no BM25 channel, so bm25_alpha "
                                                        "cannot apply: re-index it with bm25.enabled")
                 policy = policy.with_bm25_alpha(bm25_alpha)
-            t0 = time.perf_counter()
-            stage["stage"] = "embedding the query"
-            vec, batch = await self._embed_batch((text, ti.embedder))
-            qv = vec[None, :]
-            t1 = time.perf_counter()
-            stage["stage"] = "searching the shards"
             key = ShardKey(tenant.name, ti.dir, ti.version)
             lex = [query or text] if policy.bm25_alpha is not None else None
+            shards = list(range(ti.num_shards))
+            # A lone request on a small tenant has nothing to batch with: its embedding and search run in
+            # ONE worker-thread call (the batch queue and two thread hops cost ~0.8 ms of a ~10 ms
+            # request at concurrency 1, docs/BENCHMARKS.md).
             try:
-                if ti.local:  # a small tenant: all its shards here, in one worker thread
-                    replies = await self.local.search_all(list(range(ti.num_shards)), key, qv, k, min_score, lex,
-                                                          bm25_alpha)
+                if ti.local and self._inflight <= 1:
+                    stage["stage"] = "embedding the query"
+                    st = await self.encoder.model(ti.embedder)  # loaded once; a no-op after the first request
+                    stage["stage"] = "embedding the query and searching"
+                    loaded = await self.local.get_all(shards, key)
+                    batch = 1
+                    replies, embed_ms, search_ms = await asyncio.to_thread(
+                        _embed_then_search, self.encoder, st, text, shards, loaded, k, min_score, lex, bm25_alpha)
+                    self.local.observe(key, replies)
+                    path = "router, one call"
                 else:
-                    replies = await asyncio.gather(*[self._call(ti, i, "search", key, qv, k, min_score, lex,
-                                                                bm25_alpha) for i in range(ti.num_shards)])
+                    t0 = time.perf_counter()
+                    stage["stage"] = "embedding the query"
+                    vec, batch = await self._embed_batch((text, ti.embedder))
+                    qv = vec[None, :]
+                    t1 = time.perf_counter()
+                    stage["stage"] = "searching the shards"
+                    path = "router" if ti.local else "shards"
+                    if ti.local:  # a small tenant: all its shards here, in one worker thread
+                        replies = await self.local.search_all(shards, key, qv, k, min_score, lex, bm25_alpha)
+                    else:
+                        replies = await asyncio.gather(*[self._call(ti, i, "search", key, qv, k, min_score, lex,
+                                                                    bm25_alpha) for i in shards])
+                    embed_ms, search_ms = (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000
                 break
             except VersionMoved:  # a plain index directory was republished under this request
                 self._active.pop(tenant.name, None)
@@ -481,15 +510,16 @@ class Router:
         before = sum(int((h.rows[0] >= 0).sum()) for h in hits)
         self.metrics.before.observe(before, tags={"tenant": tenant.name})
         self.metrics.after.observe(len(results), tags={"tenant": tenant.name})
-        timings = {"embed_ms": (t1 - t0) * 1000, "embed_batch": batch, "search_ms": (tm - t1) * 1000,
+        timings = {"path": path, "embed_ms": embed_ms, "embed_batch": batch, "search_ms": search_ms,
                    "merge_ms": merge_s * 1000,
                    "format_ms": (time.perf_counter() - tf) * 1000, "rounds": max(r.rounds for r in replies),
                    "candidates": before, "shard_search_ms": [round(r.search_ms, 3) for r in replies]}
         return Retrieval(results, ti.version, timings)
 
     async def _fill_missing(self, ti: TenantIndex, key: ShardKey, res, matched: dict, chunks: dict) -> None:
-        """Rows / chunks on the page that a shard did not send up front (only if the fusion policy
-        ranks a chunk differently inside its shard than across shards)."""
+        """Rows / chunks on the page that a shard did not send up front: a lone request's page on a small
+        tenant (searched here, `page=False`), else only if the fusion policy ranks a chunk differently
+        inside its shard than across shards."""
         want: dict[int, tuple[set, set]] = {}
         for r in res:
             for shard, row, _ in r.matches:
@@ -499,8 +529,8 @@ class Router:
                 want.setdefault(shard_of(r.chunk_idx, ti.num_shards), (set(), set()))[1].add(r.chunk_idx)
         if not want:
             return
-        got = await asyncio.gather(*[self._call(ti, s, "lookup", key, sorted(rows), sorted(cis))
-                                     for s, (rows, cis) in want.items()])
+        calls = [self._call(ti, s, "lookup", key, sorted(rows), sorted(cis)) for s, (rows, cis) in want.items()]
+        got = [await c for c in calls] if ti.local else await asyncio.gather(*calls)  # local: dict lookups, no I/O
         for s, (mt, ch) in zip(want, got):
             matched.update({(s, row): v for row, v in mt.items()})
             chunks.update(ch)

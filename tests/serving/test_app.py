@@ -124,11 +124,41 @@ def test_results_equal_in_process_search(served, prefix, tenant):
             want = engine.search([q], k=k)[0]
             got = search(served, {"query": q, "k": k}, tenant=tenant, prefix=prefix).json()
             assert got["index_version"] == engine.manifest.index_version
+            assert got["timings"]["path"] == "router, one call"  # a lone request: embed + search in one call
             assert [x["chunk_id"] for x in got["results"]] == [x["chunk_id"] for x in want]
             for g, w in zip(got["results"], want):
                 assert g["score"] == pytest.approx(w["score"], abs=1e-4)
                 assert [(m["kind"], m["text"]) for m in g["matched"]] == [(m["kind"], m["text"]) for m in w["matched"]]
                 assert (g["doc_id"], g["title"], g["text"]) == (w["doc_id"], w["title"], w["text"])
+
+
+def test_concurrent_requests_are_batched_and_rank_as_in_process(served):
+    """Requests that overlap take the batched path (one encode for several queries, then the search),
+    lone ones the one-call path: both must rank exactly as the in-process engine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from qrag_ray.search.engine import SearchEngine
+
+    engine = SearchEngine(served["alpha"])
+    queries = [f"{q} ({i})" for i in range(8) for q in QUERIES]
+    want = {q: [x["chunk_id"] for x in r] for q, r in zip(queries, engine.search(queries, k=5))}
+    url, headers = str(served["client"].base_url), auth(served, "alpha")
+
+    def one(q):
+        with httpx.Client(base_url=url, timeout=120) as c:
+            return q, c.post("/v1/search", json={"query": q, "k": 5}, headers=headers)
+
+    with ThreadPoolExecutor(12) as pool:
+        got = list(pool.map(one, queries))
+    paths = set()
+    for q, r in got:
+        assert r.status_code == 200, r.text
+        assert [x["chunk_id"] for x in r.json()["results"]] == want[q], q
+        paths.add(r.json()["timings"]["path"])
+    assert "router" in paths, paths  # some requests overlapped and were batched
+    assert paths <= {"router", "router, one call"}
 
 
 def test_hybrid_tenant_equals_in_process_hybrid_search(served):

@@ -125,6 +125,7 @@ def test_tenants_with_1_2_and_3_shards_are_all_healthy(ops):
         r = c.post("/v1/search", json={"query": "How do loops end?", "k": 4}, headers=H(ops["keys"][name]))
         assert r.status_code == 200, r.text
         assert len(r.json()["results"]) == 4 and {x["doc_id"] for x in r.json()["results"]} <= set(topics)
+        assert r.json()["timings"]["path"] == "shards"
         idx = c.get("/v1/indexes", headers=H(ops["keys"][name])).json()["indexes"][0]
         assert idx["num_shards"] == shards and idx["available"]
     assert c.get("/healthz").json() == {"status": "ok"}
