@@ -222,13 +222,14 @@ class ShardStore:
 
 def search_loaded_all(shards: list[int], loaded: list[LoadedShard], qvecs: np.ndarray, k: int,
                       min_score: float | None, queries: list[str] | None,
-                      bm25_alpha: float | None, page: bool = True) -> list[ShardReply]:
-    """`_search_loaded` for several loaded shards in the calling (worker) thread, each timed."""
+                      bm25_alpha: float | None) -> list[ShardReply]:
+    """A small tenant's shards, loaded in the Router's own process, searched in the calling (worker)
+    thread, each timed. Hits only (`page=False`): the Router looks the merged page's chunks up itself."""
     out = []
     for s, ls in zip(shards, loaded):
         policy = ls.policy if bm25_alpha is None else ls.policy.with_bm25_alpha(bm25_alpha)
         t0 = time.perf_counter()
-        reply = _search_loaded(ls, s, qvecs, k, min_score, policy, queries, page)
+        reply = _search_loaded(ls, s, qvecs, k, min_score, policy, queries, page=False)
         reply.search_ms = (time.perf_counter() - t0) * 1000
         out.append(reply)
     return out

@@ -235,7 +235,7 @@ def _embed_then_search(encoder, st, text: str, shards: list[int], loaded: list, 
     t0 = time.perf_counter()
     qv = encoder.encode_sync(st, [text])
     t1 = time.perf_counter()
-    replies = search_loaded_all(shards, loaded, qv, k, min_score, lex, bm25_alpha, page=False)  # page: _fill_missing
+    replies = search_loaded_all(shards, loaded, qv, k, min_score, lex, bm25_alpha)
     return replies, (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000
 
 
@@ -517,9 +517,9 @@ class Router:
         return Retrieval(results, ti.version, timings)
 
     async def _fill_missing(self, ti: TenantIndex, key: ShardKey, res, matched: dict, chunks: dict) -> None:
-        """Rows / chunks on the page that a shard did not send up front: a lone request's page on a small
-        tenant (searched here, `page=False`), else only if the fusion policy ranks a chunk differently
-        inside its shard than across shards."""
+        """Rows / chunks on the page that a shard did not send up front: the whole page of a small tenant
+        (searched here, hits only), else only if the fusion policy ranks a chunk differently inside its
+        shard than across shards."""
         want: dict[int, tuple[set, set]] = {}
         for r in res:
             for shard, row, _ in r.matches:
