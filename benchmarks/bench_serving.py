@@ -20,11 +20,12 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from qrag_ray.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,12 +40,6 @@ def pct(xs: list[float], p: float) -> float:
         return float("nan")
     i = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
     return xs[i]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_queries(n: int) -> list[str]:

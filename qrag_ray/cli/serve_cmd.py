@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from qrag_ray.errors import QragError
+from qrag_ray.ports import free_port
 
 DEFAULT_PORT = 8000
 
@@ -57,14 +58,6 @@ def plan_from_config(data: dict | None, index: str | None, tenants: str | None, 
     dep_opts = {d["name"]: d for d in app_cfg.get("deployments") or []}
     http = dict((data or {}).get("http_options") or {})
     return args, dep_opts, http
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _routes(url: str) -> Any:
@@ -173,7 +166,7 @@ def register(app: typer.Typer) -> None:
         application = build_application(args, dep_opts)
         # with direct ingress Ray still starts its proxy: it gets a free port, the Router replica the user's (the
         # replica's server binds the same host as the proxy, from these options)
-        proxy_port = _free_port() if direct_ingress else int(http_port)
+        proxy_port = free_port() if direct_ingress else int(http_port)
         serve.start(http_options={"host": http_host, "port": proxy_port})
         serve.run(application, name=name, route_prefix="/", blocking=False)
         url = f"http://{'127.0.0.1' if http_host in ('0.0.0.0', '::') else http_host}:{http_port}"

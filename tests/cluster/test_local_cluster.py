@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,17 +23,13 @@ if str(REPO) not in sys.path:
 
 from cluster import local_cluster as lc  # noqa: E402
 
+from qrag_ray.ports import free_port
+
 pytestmark = pytest.mark.slow
 
 TOPICS = ["assert", "async", "break", "continue", "del", "for", "if", "lambda", "pass", "return", "while", "with",
           "global", "nonlocal", "try", "raise", "import", "yield"]
 QUERY = "What does the break statement do?"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def qrag(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

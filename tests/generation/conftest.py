@@ -21,13 +21,9 @@ def fake_openai():
 @pytest.fixture
 def closed_port_url() -> str:
     """A base_url on which nothing listens (a port that was free a moment ago)."""
-    import socket
+    from qrag_ray.ports import free_port
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"http://127.0.0.1:{port}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"
 
 
 @pytest.fixture(scope="session")

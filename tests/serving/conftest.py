@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 from pathlib import Path
 
 import pytest
 from fake_openai_server import running_fake_openai
+
+from qrag_ray.ports import free_port
 
 # Topic subsets of the Python language reference (ships with Python): disjoint, so isolation is
 # checkable by doc id; `with`/context managers/exceptions live only in beta.
@@ -26,12 +27,6 @@ BETA_TOPICS = ["with", "context-managers", "try", "exceptions", "raise", "dict",
 HYDE_PASSAGE = ("A with statement calls the context manager's __enter__ method on entry and its __exit__ "
                 "method on exit, even when the block raises an exception.")
 IDK_MARKER = "penguin"  # a question containing it makes the fake LLM answer "I don't know"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_corpus(path: Path, names: list[str]) -> None:

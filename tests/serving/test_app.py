@@ -372,6 +372,7 @@ def test_metrics_on_the_scrape_endpoint(served):
 # ------------------------------------------------------------------------------------ CLI
 def test_qrag_query_prints_a_table(served, capsys):
     from qrag_ray.cli import main
+    from qrag_ray.ports import free_port
 
     url = served["url"]
     assert main(["query", "--url", url, "--key", served["keys"]["beta"], "--k", "3",
@@ -399,7 +400,6 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
     With --direct-ingress the process listening on --port is the Router replica itself, not Serve's proxy."""
     import os
     import signal
-    import socket
     import subprocess
     import sys
     import threading
@@ -408,9 +408,7 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
 
     from qrag_ray.cli import main
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
     proc = subprocess.Popen([sys.executable, "-m", "qrag_ray.cli", "serve", "--index", str(tenant_indexes["alpha"]),
                              "--port", str(port)] + (["--direct-ingress"] if direct else []), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

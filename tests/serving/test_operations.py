@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from qrag_ray.ports import free_port
+
 ALPHA_TOPICS = ["for", "while", "if", "break", "continue", "pass", "return", "global", "nonlocal", "lambda",
                 "booleans", "comparisons", "integers", "floating", "assert", "del"]
 BETA_TOPICS = ["with", "context-managers", "try", "exceptions", "raise", "dict", "lists", "strings", "slicings",
@@ -60,14 +62,6 @@ class Load:
             f.result()
         self.pool.shutdown()
         return self.responses
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_topics_match_the_fixtures(tenant_topics):
