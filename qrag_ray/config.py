@@ -263,7 +263,8 @@ def with_preset(data: Mapping[str, Any]) -> dict[str, Any]:
     and search fields it leaves unset; what the config sets wins. The preset's hybrid weight stays out
     when the config turned its BM25 channel off (`--no-bm25`). Neither input is modified."""
     out = dict(data)
-    preset = REPRESENTATIONS.get(out.get("representation", IndexConfig.model_fields["representation"].default))
+    name = out.get("representation", IndexConfig.model_fields["representation"].default)
+    preset = REPRESENTATIONS.get(name) if isinstance(name, str) else None
     if not preset:
         return out
     if "title_prefix" in preset:
