@@ -1,11 +1,13 @@
-"""Typed configuration for indexing (and the query-time LLM), loadable from YAML.
+"""Typed configuration for indexing, loadable from YAML.
 
-One object describes a whole index build so that the manifest can record exactly what produced an
-index and `qrag eval` can build comparable indexes that differ in one field only. Each field has a
-role (qrag_ray.config_roles: spec, corpus, search policy, run option) declared once beside its class;
-`index_identity` derives what an index *is* from those roles. A representation's preset fills the
-fields a config leaves unset through one explicit call (`index_config`), never by changing a model
-after validation. CLI flags override fields of a YAML file; nothing else reads ad-hoc settings.
+One object (IndexConfig) describes a whole index build so that the manifest can record exactly what
+produced an index and `qrag eval` can build comparable indexes that differ in one field only. Each
+field has a role (qrag_ray.config_roles: spec, corpus, search policy, run option) declared once beside
+its class; `index_identity` derives what an index *is* from those roles. A representation's preset
+fills the fields a config leaves unset through one explicit call (`index_config`), never by changing
+a model after validation. The search policy (qrag_ray.search_policy) and the LLM sections
+(qrag_ray.llm_config) have modules of their own. CLI flags override fields of a YAML file; nothing
+else reads ad-hoc settings.
 """
 
 from __future__ import annotations
@@ -17,15 +19,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from qrag_ray.config_roles import Strict, field_roles, fields_with_role, select
+from qrag_ray.config_roles import Strict, field_roles, select
 from qrag_ray.errors import QragError
-from qrag_ray.llm_config import GeneratorConfig, LLMConfig, SamplingConfig  # noqa: F401 - the whole schema imports from here
+from qrag_ray.llm_config import GeneratorConfig, SamplingConfig  # noqa: F401 - the schema imports from here
 from qrag_ray.presets import PRESETS
+from qrag_ray.search_policy import VECTOR_KINDS, SearchConfig, research_knobs_marked
 
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
-
-# Vector kinds a representation may combine. Each row of a shard is one of these.
-VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window", "title")
 
 # Named representations: the presets of qrag_ray/presets.py (named, versioned, with what each is for;
 # `qrag presets`) as the values they give a config. A custom representation joins kinds with '+',
@@ -72,88 +72,6 @@ class EmbedderConfig(Strict):
     # CPU inference: onnx (ONNX Runtime, same vectors within 2e-7, faster; qrag_ray/onnx_backend.py), torch, or
     # auto (onnx where it runs, else torch); GPUs use torch
     backend: Literal["auto", "torch", "onnx"] = "auto"
-
-
-# The research knobs (role "preset"): the representation's preset sets them, calibrated for its
-# embedder. A user's config file sets them only inside `search.experimental:`, so that a file which
-# changes the fusion says so; `bm25_alpha` is the one user-level search setting.
-@field_roles(preset=("fusion", "kind_weights", "rrf_k", "kind_bias", "groups", "bm25_norm"))
-class SearchConfig(Strict):
-    """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge).
-
-    Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically; changing it
-    needs no re-index (eval reuses the vectors). Stored flat (manifests, presets); read also with the
-    research knobs under `experimental:`, the form user config files must use (`build_index_config`)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _lift_experimental(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping) or "experimental" not in data:
-            return data
-        data = dict(data)
-        exp = data.pop("experimental") or {}
-        if not isinstance(exp, Mapping):
-            raise ValueError("search.experimental must be a mapping of research knobs")
-        unknown = sorted(set(exp) - set(EXPERIMENTAL_SEARCH))
-        if unknown:
-            raise ValueError(f"unknown experimental search knob(s) {unknown} (known: {', '.join(EXPERIMENTAL_SEARCH)})")
-        twice = sorted(set(exp) & set(data))
-        if twice:
-            raise ValueError(f"{twice} given both in search and in search.experimental")
-        return data | dict(exp)
-
-    fusion: Literal["max", "rrf", "sum"] = "max"
-    kind_weights: dict[str, float] = Field(default_factory=dict, description="score multiplier per vector kind")
-    rrf_k: int = Field(60, ge=1, description="RRF constant: 1/(rrf_k + rank) per kind list")
-    kind_bias: dict[str, float] = Field(default_factory=dict, description="added to a vector's (weighted) score per kind")
-    groups: dict[str, list[str]] = Field(
-        default_factory=dict, description="kinds fused as one: the best calibrated vector of the group counts once")
-    # Dense + BM25 hybrid: chunk score = alpha * dense + (1 - alpha) * BM25 / the query's best BM25
-    # score. Needs an index built with bm25.enabled. None = dense only.
-    bm25_alpha: float | None = Field(None, ge=0.0, le=1.0, description="weight of the dense score in a dense+BM25 hybrid")
-    bm25_norm: Literal["max", "minmax", "zscore"] = Field(
-        "max", description="per-query scale of both lists before the alpha mix (qrag_ray.search.merge.normalise)")
-
-    @field_validator("kind_weights")
-    @classmethod
-    def _known_kinds(cls, v: dict[str, float]) -> dict[str, float]:
-        _check_kinds(v, "kind_weights")
-        if any(w <= 0 for w in v.values()):
-            raise ValueError("kind_weights must be positive")
-        return v
-
-    @field_validator("kind_bias")
-    @classmethod
-    def _bias_kinds(cls, v: dict[str, float]) -> dict[str, float]:
-        _check_kinds(v, "kind_bias")
-        if any(not -2.0 <= b <= 2.0 for b in v.values()):
-            raise ValueError("kind_bias values must lie in [-2, 2] (cosine scores lie in [-1, 1])")
-        return v
-
-    @field_validator("groups")
-    @classmethod
-    def _disjoint_groups(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
-        seen: dict[str, str] = {}
-        for g, ks in v.items():
-            if g in VECTOR_KINDS:
-                raise ValueError(f"group name {g!r} is a vector kind; name groups apart from kinds")
-            if not ks:
-                raise ValueError(f"group {g!r} lists no kinds")
-            _check_kinds(ks, f"group {g!r}")
-            for k in ks:
-                if k in seen:
-                    raise ValueError(f"vector kind {k!r} is in two groups ({seen[k]!r} and {g!r})")
-                seen[k] = g
-        return v
-
-
-EXPERIMENTAL_SEARCH = fields_with_role(SearchConfig, "preset")
-
-
-def _check_kinds(kinds, where: str) -> None:
-    bad = [k for k in kinds if k not in VECTOR_KINDS]
-    if bad:
-        raise ValueError(f"unknown vector kind(s) {bad} in {where} (known: {', '.join(VECTOR_KINDS)})")
 
 
 class Bm25Config(Strict):
@@ -371,23 +289,11 @@ def build_index_config(config_file: str | Path | None = None, **overrides: Any) 
     """YAML file (optional) overlaid with CLI overrides; dotted keys ('generator.questions') nest."""
     data: dict = load_yaml(config_file) if config_file else {}
     data = deep_update(data, nest_dotted(overrides))
-    _research_knobs_marked(data)
+    research_knobs_marked(data)
     try:
         return index_config(data)
     except ValidationError as e:
         raise QragError(format_validation_error(e)) from None
-
-
-def _research_knobs_marked(data: Mapping) -> None:
-    """A user's config changes fusion only under `search.experimental:` (the preset owns it); manifests
-    and eval variants, which record fusion as data, go straight to IndexConfig and are not held to it."""
-    search = data.get("search")
-    flat = sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []
-    if flat:
-        raise QragError(
-            f"invalid configuration: search.{flat[0]} is a research knob that the representation's preset sets "
-            f"(qrag presets); to override it anyway, put it under search.experimental "
-            f"(search: {{experimental: {{{flat[0]}: ...}}}}). Users set search.bm25_alpha only.")
 
 
 def format_validation_error(e: ValidationError) -> str:

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qrag_ray.config import (EXPERIMENTAL_SEARCH, GeneratorConfig, IndexConfig, build_index_config, deep_update,
-                             index_config, index_identity, with_preset)
+from qrag_ray.config import (GeneratorConfig, IndexConfig, build_index_config, deep_update, index_config,
+                             index_identity, with_preset)
 from qrag_ray.config_roles import Strict, field_roles, role_of
 from qrag_ray.index import checkpoint as ck
+from qrag_ray.search_policy import EXPERIMENTAL_SEARCH
 
 ROOT = Path(__file__).resolve().parents[1]
 
