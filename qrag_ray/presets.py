@@ -2,11 +2,10 @@
 
 A preset fixes the vector kinds, the question granularity (None: no LLM), and the query-time fusion
 that goes with them. Fusion biases are score offsets measured with one embedder (question-question
-cosines run ~0.2 above question-statement ones with MiniLM), so a preset names the embedder it was
-calibrated for; `calibration_note` says when an index uses another. A preset that changes meaning
-gets a new `version` (atom-hybrid@1 was chunk+sentence+quote with a plain sum; @2 is the one below),
-and `qrag presets` lists them with what each is for. Pure data, no Ray; config.py turns them into
-IndexConfig defaults.
+cosines run higher than question-statement ones), so a preset names the embedder it was calibrated
+for; `calibration_note` says when an index uses another. A preset that changes meaning gets a new
+`version`, and `qrag presets` lists them with what each is for. Pure data, no Ray; config.with_preset
+applies one to a config, filling only the fields the config leaves unset.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ class Preset:
         return self.granularity is not None
 
     def as_config(self) -> dict[str, Any]:
-        """The preset as IndexConfig defaults (what config.REPRESENTATIONS holds)."""
+        """The preset as the config values it gives (what config.REPRESENTATIONS holds)."""
         out: dict[str, Any] = {"kinds": list(self.kinds), "granularity": self.granularity}
         if self.title_prefix is not None:
             out["title_prefix"] = self.title_prefix
@@ -53,8 +52,8 @@ class Preset:
 _ATOM_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
                 "groups": {"atom": ["sentence", "question", "quote"]}}
 
-# Sum fusion of the chunk at half weight and its best sentence or two-sentence window, with BM25 (eval/suite.yaml's
-# `_csw` + bm25_alpha 0.67; tests/test_presets.py pins the two equal)
+# Sum fusion of the chunk at half weight and its best sentence or two-sentence window, with BM25: the suite's
+# `csw+bm25@0.67` configuration (eval/suite.yaml), which tests/test_presets.py holds equal to it
 _CSW_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"window": -0.02},
                "groups": {"atom": ["sentence", "window"]}, "bm25_alpha": 0.67}
 
@@ -76,21 +75,21 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            ("chunk", "sentence", "question", "quote"), "atom", search=_ATOM_SEARCH, calibrated_for=MINILM,
            source="docs/EVALUATION.md §4.6"),
     Preset("atom-hybrid-bm25", 2, "atom-hybrid + BM25 over the chunk and its questions (alpha 0.67); the best "
-           "measured on SQuAD (full dev 82.7 R@1 vs 74.8 dense)",
+           "on SQuAD-style questions, which share the passage's words",
            ("chunk", "sentence", "question", "quote"), "atom", search={**_ATOM_SEARCH, "bm25_alpha": 0.67},
            bm25={"enabled": True}, calibrated_for=MINILM, source="docs/EVALUATION.md §4.8"),
     Preset("sentence-window-bm25", 1, "the default without the title prefix (for corpora whose titles are ids, "
            "not words): chunk at half weight + its best sentence or two-sentence window + stemmed BM25",
            ("chunk", "sentence", "window"), None, search=_CSW_SEARCH, bm25={"enabled": True}, calibrated_for=MINILM,
-           source="docs/EVALUATION.md (issue 19 suite, csw+bm25@0.67)"),
+           source="docs/EVALUATION.md (the suite's csw+bm25@0.67)"),
     Preset("chunk-bm25", 1, "one vector per chunk: title-prefixed chunk + stemmed BM25 (alpha 0.67); no LLM; "
-           "the default's index at ~1/7 of the vectors for 0.4 nDCG@10 less on the suite's mean (default@1)",
+           "a fraction of the default's vectors for a little less on the suite's mean (default@1)",
            ("chunk",), None, search={"bm25_alpha": 0.67}, bm25={"enabled": True}, title_prefix=True,
-           source="docs/EVALUATION.md (issue 19 suite)"),
+           source="docs/EVALUATION.md (the suite)"),
     Preset("default", 2, "the shipped default, the best mean of the suite: title-prefixed chunk at half weight + "
-           "its best sentence or two-sentence window + stemmed BM25 (alpha 0.67); no LLM; ~7 vectors per chunk "
-           "(@1 was chunk-bm25)", ("chunk", "sentence", "window"), None, search=_CSW_SEARCH,
-           bm25={"enabled": True}, title_prefix=True, calibrated_for=MINILM, source="docs/EVALUATION.md (issue 19 suite)"),
+           "its best sentence or two-sentence window + stemmed BM25 (alpha 0.67); no LLM; a vector per chunk, "
+           "sentence and window (@1 was chunk-bm25)", ("chunk", "sentence", "window"), None, search=_CSW_SEARCH,
+           bm25={"enabled": True}, title_prefix=True, calibrated_for=MINILM, source="docs/EVALUATION.md (the suite)"),
 )}
 
 

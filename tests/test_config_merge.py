@@ -39,12 +39,12 @@ def test_experimental_search_block_reads_as_the_flat_fields_and_records_flat():
 
 
 def test_experimental_overrides_the_preset_only_where_set():
-    from qrag_ray.config import REPRESENTATIONS, IndexConfig
+    from qrag_ray.config import REPRESENTATIONS, index_config
 
     preset = REPRESENTATIONS["atom-hybrid"]["search"]
-    cfg = IndexConfig.model_validate({"representation": "atom-hybrid", "generator": {"backend": "precomputed"},
-                                      "search": {"experimental": {"fusion": "sum"}}})
-    assert cfg.search.fusion == "sum"
+    cfg = index_config({"representation": "atom-hybrid", "generator": {"backend": "precomputed"},
+                        "search": {"experimental": {"fusion": "max"}}})
+    assert cfg.search.fusion == "max"
     assert cfg.search.kind_bias == preset["kind_bias"]  # what the block left alone comes from the preset
 
 

@@ -102,10 +102,10 @@ def test_offset_evaluates_a_held_out_slice(eval_folder, tmp_path):
 def test_reuse_needs_the_same_kinds_not_just_the_same_config(tmp_path):
     """A preset whose kinds changed (atom-hybrid gained bare question vectors) must not reuse an index
     built under the old preset with an otherwise identical config."""
-    from qrag_ray.config import IndexConfig
+    from qrag_ray.config import index_config
     from qrag_ray.evaluation.driver import find_reusable
 
-    cfg = IndexConfig(representation="atom-hybrid", generator={"backend": "precomputed"})
+    cfg = index_config({"representation": "atom-hybrid", "generator": {"backend": "precomputed"}})
     d = tmp_path / "indexes" / "atom-hybrid"
     d.mkdir(parents=True)
     man = {"config": cfg.model_dump(mode="json"), "kinds": ["chunk", "sentence", "question", "quote"]}
@@ -119,17 +119,17 @@ def test_reuse_needs_the_same_kinds_not_just_the_same_config(tmp_path):
 def test_an_index_built_before_a_config_section_existed_is_reused_unless_the_section_matters(tmp_path):
     """Manifests record the whole config; one written before `bm25` existed lacks it. The default
     (no BM25) must still match it, and a variant that asks for BM25 must not."""
-    from qrag_ray.config import IndexConfig
+    from qrag_ray.config import index_config
     from qrag_ray.evaluation.driver import find_reusable
 
-    cfg = IndexConfig(representation="atom-sentence")
+    cfg = index_config({"representation": "atom-sentence"})
     d = tmp_path / "indexes" / "atom-sentence"
     d.mkdir(parents=True)
     old = cfg.model_dump(mode="json")
     del old["bm25"]
     (d / "manifest.json").write_text(json.dumps({"config": old, "kinds": ["sentence"]}))
     assert find_reusable(tmp_path / "indexes", d, cfg) == d
-    assert find_reusable(tmp_path / "indexes", d, IndexConfig(representation="atom-sentence", bm25={"enabled": True})) is None
+    assert find_reusable(tmp_path / "indexes", d, index_config({"representation": "atom-sentence", "bm25": {"enabled": True}})) is None
     # a recorded config this release rejects is not reusable (and not an error)
     (d / "manifest.json").write_text(json.dumps({"config": old | {"retired_field": 1}, "kinds": ["sentence"]}))
     assert find_reusable(tmp_path / "indexes", d, cfg) is None

@@ -73,7 +73,7 @@ def test_planted_drop_fails(matrix_file):
     regs = check(conds, {"chunk": {"R@1": 0.605, "R@5": 0.864}})  # R@1 two points below 62.5
     assert len(regs) == 1
     r = regs[0]
-    assert (r.condition, r.metric, r.expected) == ("chunk", "R@1", 62.5)
+    assert (r.subject, r.metric, r.expected) == ("chunk", "R@1", 62.5)
     assert r.measured == pytest.approx(60.5) and r.delta == pytest.approx(-2.0)
     assert "R@1" in str(r)
 
@@ -117,7 +117,7 @@ def test_run_matrix_with_injected_runner(matrix_file):
     res = run_matrix(matrix_file, runner=runner)
     assert seen == ["chunk", "sentence-ci", "partial"]
     assert not res.passed
-    assert [(r.condition, r.metric) for r in res.comparison.regressions] == [("chunk", "R@1")]
+    assert [(r.subject, r.metric) for r in res.comparison.regressions] == [("chunk", "R@1")]
 
     res = run_matrix(matrix_file, ids=["partial"], runner=runner)
     assert res.passed and list(res.measured) == ["partial"]

@@ -67,10 +67,10 @@ def test_rule_holds_within_a_point_of_the_best_single_channel():
 
 
 def test_compare_expected_flags_drops_missing_and_gains():
-    regs, better = compare_expected({"chunk": {"b": 48.5}, "mix": {"b": 62.0}},
-                                    {"b": {"chunk": 50.0, "mix": 60.0, "bm25": 40.0}}, tolerance=1.0)
-    assert len(regs) == 2 and "chunk" in regs[0] and "not measured" in regs[1]
-    assert len(better) == 1 and "mix" in better[0]
+    res = compare_expected({"chunk": {"b": 48.5}, "mix": {"b": 62.0}},
+                           {"b": {"chunk": 50.0, "mix": 60.0, "bm25": 40.0}}, "nDCG@10", tolerance=1.0)
+    assert [(r.subject, r.measured) for r in res.regressions] == [("b / chunk", 48.5), ("b / bm25", None)]
+    assert "not measured" in str(res.regressions[1]) and [i.subject for i in res.improvements] == ["b / mix"]
 
 
 def test_run_suite_writes_table_json_and_plot(tmp_path):
@@ -105,12 +105,12 @@ def test_title_options_drop_out_on_an_untitled_corpus():
 
 
 def test_an_index_is_reused_by_what_it_holds_not_by_the_preset_name():
-    from qrag_ray.evaluation.driver import _build_view
+    from qrag_ray.config import index_identity
 
     a = {"representation": "atom-sentence", "bm25": {"enabled": True}, "search": {"bm25_alpha": 0.5}}
     b = {"representation": "sentence", "bm25": {"enabled": True}}
-    assert _build_view(a) == _build_view(b)
-    assert _build_view(a) != _build_view({**b, "representation": "chunk"})
+    assert index_identity(a) == index_identity(b)
+    assert index_identity(a) != index_identity({**b, "representation": "chunk"})
 
 
 def test_resume_keeps_unchanged_figures_and_skip_leaves_pairs_out(tmp_path):

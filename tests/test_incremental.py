@@ -62,9 +62,9 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
 def test_an_index_built_by_an_older_preset_keeps_its_kinds(tmp_path):
     """default@1 was one vector per chunk; appending to an index it built must not add sentence and
     window vectors for the new documents only (the recorded config names `default`, whose kinds changed)."""
-    from qrag_ray.config import IndexConfig, representation_plan
+    from qrag_ray.config import index_config, representation_plan
 
-    old = IndexConfig(representation="chunk-bm25", input=str(tmp_path / "a.jsonl")).model_dump(mode="json")
+    old = index_config({"representation": "chunk-bm25", "input": str(tmp_path / "a.jsonl")}).model_dump(mode="json")
     old["representation"] = "default"  # as default@1 recorded it: its search settings were chunk-bm25's
     idx = tmp_path / "idx"
     idx.mkdir()

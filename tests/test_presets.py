@@ -1,4 +1,4 @@
-"""Presets: named, versioned, listed by `qrag presets`, and the same IndexConfig defaults as before."""
+"""Presets: named, versioned, listed by `qrag presets`, and applied by `index_config` where a config is silent."""
 
 from __future__ import annotations
 
@@ -7,20 +7,20 @@ import json
 import pytest
 
 from qrag_ray.cli import main
-from qrag_ray.config import REPRESENTATIONS, IndexConfig, representation_plan
+from qrag_ray.config import REPRESENTATIONS, index_config, representation_plan
 from qrag_ray.presets import MINILM, PRESETS, calibration_note
 
 
 def test_every_preset_is_a_representation_with_its_own_defaults():
     assert list(REPRESENTATIONS) == list(PRESETS)
-    cfg = IndexConfig(representation="atom-hybrid", generator={"backend": "precomputed"})
+    cfg = index_config({"representation": "atom-hybrid", "generator": {"backend": "precomputed"}})
     p = PRESETS["atom-hybrid"]
     assert p.id == "atom-hybrid@2" and p.needs_llm and p.calibrated_for == MINILM
     assert cfg.search.fusion == "sum" and cfg.search.kind_bias == p.search["kind_bias"]
-    d = IndexConfig()  # no --representation: the shipped default
+    d = index_config({})  # no --representation: the shipped default
     assert d.representation == "default" and d.title_prefix and d.bm25.enabled and d.search.bm25_alpha == 0.67
     assert representation_plan(d) == (["chunk", "sentence", "window"], None) and PRESETS["default"].version == 2
-    lean = IndexConfig(representation="chunk-bm25")  # default@1: one vector per chunk
+    lean = index_config({"representation": "chunk-bm25"})  # default@1: one vector per chunk
     assert representation_plan(lean) == (["chunk"], None) and lean.title_prefix and lean.search.bm25_alpha == 0.67
     assert not PRESETS["default"].needs_llm and not PRESETS["chunk"].needs_llm
 
@@ -72,7 +72,7 @@ def test_default_and_sentence_window_bm25_are_the_suites_csw_bm25():
     p = PRESETS["sentence-window-bm25"]
     assert "+".join(p.kinds) == measured["representation"] and not p.needs_llm
     assert p.search == measured["search"] and p.bm25 == {"enabled": True} == suite["base"]["bm25"]
-    cfg = IndexConfig(representation="sentence-window-bm25")
+    cfg = index_config({"representation": "sentence-window-bm25"})
     assert representation_plan(cfg) == (["chunk", "sentence", "window"], None)
     assert cfg.bm25.enabled and cfg.search.bm25_alpha == 0.67
     assert cfg.search.kind_weights == {"chunk": 0.5} and not cfg.title_prefix

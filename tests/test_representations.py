@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from qrag_ray.config import IndexConfig, representation_plan, resolve_representation
+from qrag_ray.config import IndexConfig, index_config, representation_plan, resolve_representation
 from qrag_ray.index.format import chunk_key
 from qrag_ray.pipeline import base_vector_rows
 from qrag_ray.representations import dedup_questions, sentence_windows
@@ -53,42 +53,41 @@ def test_rows_per_representation(rep):
 
 
 def test_preset_search_defaults_yield_to_the_config():
-    # atom-hybrid won the issue-6 ablation with calibrated group fusion; the preset brings it, an explicit
-    # choice wins field by field
-    cfg = IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"})
+    # the preset brings its calibrated group fusion; an explicit choice wins field by field
+    cfg = index_config(dict(representation="atom-hybrid", generator={"backend": "vllm"}))
     assert representation_plan(cfg) == (["chunk", "sentence", "question", "quote"], "atom")
     assert cfg.search.fusion == "sum" and cfg.search.kind_weights == {"chunk": 0.5}
     assert cfg.search.kind_bias == {"question": -0.2, "quote": -0.05}
     assert cfg.search.groups == {"atom": ["sentence", "question", "quote"]}
-    mine = IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"}, search={"fusion": "max"})
+    mine = index_config(dict(representation="atom-hybrid", generator={"backend": "vllm"}, search={"fusion": "max"}))
     assert mine.search.fusion == "max" and mine.search.kind_bias == {"question": -0.2, "quote": -0.05}
-    assert IndexConfig(representation="chunk+sentence+quote", generator={"backend": "vllm"}).search.fusion == "max"
+    assert index_config(dict(representation="chunk+sentence+quote", generator={"backend": "vllm"})).search.fusion == "max"
 
 
 def test_bm25_preset_brings_its_channel_and_weight_unless_turned_off():
     # atom-hybrid-bm25 is atom-hybrid plus BM25 (doc2query) at alpha 0.67 (EVALUATION.md §4.8)
-    cfg = IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"})
+    cfg = index_config(dict(representation="atom-hybrid-bm25", generator={"backend": "vllm"}))
     assert representation_plan(cfg) == (["chunk", "sentence", "question", "quote"], "atom")
     assert cfg.bm25.enabled and cfg.bm25.doc2query and cfg.search.bm25_alpha == 0.67
     assert cfg.search.groups == {"atom": ["sentence", "question", "quote"]}
     # the preset must not leak into the defaults other configs start from
-    plain = IndexConfig(representation="chunk")
+    plain = index_config(dict(representation="chunk"))
     assert not plain.bm25.enabled and plain.search.bm25_alpha is None and not plain.title_prefix
-    assert not IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"}).bm25.enabled
+    assert not index_config(dict(representation="atom-hybrid", generator={"backend": "vllm"})).bm25.enabled
     # field by field: a chosen weight or doc2query setting wins; BM25 off means dense search, not an error
-    mine = IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"},
-                       bm25={"doc2query": False}, search={"bm25_alpha": 0.5})
+    mine = index_config(dict(representation="atom-hybrid-bm25", generator={"backend": "vllm"},
+                             bm25={"doc2query": False}, search={"bm25_alpha": 0.5}))
     assert mine.bm25.enabled and not mine.bm25.doc2query and mine.search.bm25_alpha == 0.5
-    off = IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"}, bm25={"enabled": False})
+    off = index_config(dict(representation="atom-hybrid-bm25", generator={"backend": "vllm"}, bm25={"enabled": False}))
     assert not off.bm25.enabled and off.search.bm25_alpha is None and off.search.fusion == "sum"
     # each config gets its own copy of the preset's values: changing one changes no other
     cfg.search.kind_weights["chunk"] = 1.0
-    assert IndexConfig(representation="atom-hybrid-bm25", generator={"backend": "vllm"}).search.kind_weights == {"chunk": 0.5}
-    assert IndexConfig(representation="atom-hybrid", generator={"backend": "vllm"}).search.kind_weights == {"chunk": 0.5}
+    assert index_config(dict(representation="atom-hybrid-bm25", generator={"backend": "vllm"})).search.kind_weights == {"chunk": 0.5}
+    assert index_config(dict(representation="atom-hybrid", generator={"backend": "vllm"})).search.kind_weights == {"chunk": 0.5}
     cfg.search.kind_weights["chunk"] = 0.5
-    # what a manifest records validates back to the same config (eval reuse, serving)
+    # what a manifest records validates back to the same config (eval reuse, serving), no preset needed
     again = IndexConfig.model_validate(cfg.model_dump(mode="json"))
-    assert again.bm25 == cfg.bm25 and again.search == cfg.search
+    assert again.bm25 == cfg.bm25 and again.search == cfg.search and again.title_prefix == cfg.title_prefix
 
 
 def test_question_kinds_need_a_generator():
@@ -189,13 +188,13 @@ def test_sentence_windows_need_two_sentences():
 
 
 def test_default_preset_is_what_index_builds_without_a_representation():
-    """issue 19: the title-prefixed chunk at half weight + its best sentence or window + stemmed BM25 at
-    alpha 0.67, the best mean across the suite."""
-    cfg = IndexConfig()
+    """The title-prefixed chunk at half weight + its best sentence or window + stemmed BM25 at alpha
+    0.67, the best mean across the suite."""
+    cfg = index_config({})
     assert cfg.representation == "default" and representation_plan(cfg) == (["chunk", "sentence", "window"], None)
     assert cfg.search.fusion == "sum" and cfg.search.kind_weights == {"chunk": 0.5}
     assert cfg.title_prefix and cfg.bm25.enabled and cfg.bm25.stemmer == "english" and cfg.search.bm25_alpha == 0.67
     # --no-bm25 gives its dense form, and a chosen title setting wins
-    off = IndexConfig(bm25={"enabled": False}, title_prefix=False)
+    off = index_config({"bm25": {"enabled": False}, "title_prefix": False})
     assert off.search.bm25_alpha is None and not off.title_prefix
-    assert not IndexConfig(representation="chunk").bm25.enabled
+    assert not index_config({"representation": "chunk"}).bm25.enabled

@@ -1,4 +1,4 @@
-"""Titles are evidence (issue 19): a query that matches only a document's title finds that document,
+"""Titles are evidence: a query that matches only a document's title finds that document,
 through a real index (real MiniLM, real FAISS, real bm25s), whether the title is prefixed to the chunk's
 embedded text or is a vector of its own."""
 

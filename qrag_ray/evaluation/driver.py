@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qrag_ray.config import RUN_OPTIONS, IndexConfig, deep_update, representation_plan, resolve_representation
+from pydantic import ValidationError
+
+from qrag_ray.config import (GeneratorConfig, IndexConfig, deep_update, format_validation_error, index_config,
+                             index_identity, representation_plan, resolve_representation)
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import evaluate, leaked_queries
@@ -36,8 +39,6 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
                   question_counts: list[str] | None = None, hyde: bool = False) -> list[Variant]:
     """The paper sweeps as variants: every representation, then τ and question-count sweeps applied
     to each question-based representation, and HyDE over the chunk index."""
-    from qrag_ray.config import resolve_representation
-
     out = [Variant(r, {"representation": r}) for r in representations]
     q_reps = [r for r in representations if resolve_representation(r)[1] is not None]
     for r in q_reps:
@@ -52,26 +53,6 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
     labels = [v.label for v in out]
     if len(set(labels)) != len(labels):
         raise QragError(f"duplicate evaluation variants: {labels}")
-    return out
-
-
-# Config fields that do not change the vectors: an index built under other values is reused as is
-# (`search` is applied at query time, so fusion variants share one index).
-_NOT_BUILD = {*RUN_OPTIONS, "search"}
-
-
-def _build_view(cfg: dict) -> dict:
-    out = {k: v for k, v in cfg.items() if k not in _NOT_BUILD}
-    try:  # a preset is its vectors: `default` builds what `chunk` with the same settings builds
-        kinds, gran = resolve_representation(str(out.get("representation")))
-        out["representation"] = {"kinds": sorted(kinds), "granularity": gran}
-    except ValueError:
-        pass
-    gen = dict(out.get("generator") or {})
-    for k in ("batch_size", "concurrency", "engine_kwargs", "num_gpus", "max_parallel_requests",
-              "request_timeout_s"):  # throughput knobs; the cache key ignores them too
-        gen.pop(k, None)
-    out["generator"] = gen
     return out
 
 
@@ -107,12 +88,14 @@ def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
     kinds = man.get("kinds")
     if kinds is not None and sorted(kinds) != sorted(representation_plan(cfg)[0]):
         return False
-    return _build_view(_with_defaults(man.get("config", {}))) == _build_view(cfg.model_dump(mode="json"))
+    # one index identity (the search policy is applied at query time, so fusion variants share one index)
+    return index_identity(_with_defaults(man.get("config", {}))) == index_identity(cfg.model_dump(mode="json"))
 
 
 def _with_defaults(recorded: dict) -> dict:
     """A manifest's config with the fields added since it was built at their defaults, so an index
-    stays reusable when a release adds a config section (e.g. `bm25`) that it does not use."""
+    stays reusable when a release adds a config section (e.g. `bm25`) that it does not use. A recorded
+    config is complete: no preset applies to it."""
     try:
         return IndexConfig.model_validate(recorded).model_dump(mode="json")
     except Exception:  # noqa: BLE001 - a config this release rejects is simply not reusable
@@ -120,7 +103,7 @@ def _with_defaults(recorded: dict) -> dict:
 
 
 def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | None:
-    """An index under `indexes` built with the same build settings (the variant's own dir first)."""
+    """An index under `indexes` with the same identity (the variant's own dir first)."""
     cands = [preferred] + sorted(p for p in indexes.glob("*") if p.is_dir() and p != preferred)
     return next((p for p in cands if _same_config(p, cfg)), None)
 
@@ -172,15 +155,9 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     data = deep_update(base, v.overrides)
     data |= {"input": str(corpus_path), "format": "jsonl", "output": str(idx_dir), "overwrite": True}
     try:
-        cfg = IndexConfig.model_validate(data)
-    except Exception as e:
-        from pydantic import ValidationError
-
-        from qrag_ray.config import format_validation_error
-
-        if isinstance(e, ValidationError):
-            raise QragError(f"variant {v.label}: {format_validation_error(e)}") from None
-        raise
+        cfg = index_config(data)
+    except ValidationError as e:
+        raise QragError(f"variant {v.label}: {format_validation_error(e)}") from None
     build = {}
     reuse = find_reusable(idx_dir.parent, idx_dir, cfg)
     if reuse is not None:
@@ -201,9 +178,10 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     t0 = time.perf_counter()
     extra: dict = {}
     if v.hyde:
-        from qrag_ray.config import GeneratorConfig
-
-        gcfg = GeneratorConfig.model_validate(hyde_generator or {})
+        try:
+            gcfg = GeneratorConfig.model_validate(hyde_generator or {})
+        except ValidationError as e:
+            raise QragError(f"HyDE generator: {format_validation_error(e)}") from None
         if gcfg.backend in ("none", "precomputed"):
             raise QragError("HyDE needs an LLM: pass --generator vllm or openai")
         qvecs, extra = hyde_vectors(engine, queries, gcfg)

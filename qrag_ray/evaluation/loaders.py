@@ -3,7 +3,7 @@
 Three input shapes, one result (`EvalSet`):
 
 - SQuAD v1.1 JSON (`load_squad`): every paragraph context is one document, every question a query whose
-  single relevant document is its own context (SQuAD-as-retrieval, DESIGN §6).
+  single relevant document is its own context (SQuAD as retrieval, as QuOTE and HyPE evaluate it).
 - BiPaR (`load_bipar`): SQuAD-format novel passages; its "titles" are file ids, so none are kept.
 - BEIR folders (`load_beir`): corpus.jsonl, queries.jsonl, qrels/<split>.tsv.
 - Plain JSONL + TSV qrels (`load_jsonl_qrels`).

@@ -3,7 +3,7 @@
 `eval/matrix.yaml` lists conditions: one dataset + one index configuration each, with the figures the
 condition is expected to reproduce. `run_matrix` measures the selected conditions through a runner
 injected by the caller (`qrag matrix` passes the eval driver's `evaluate_condition`) and `compare` /
-`check` hold the measurements against the recorded figures.
+`check` hold the measurements against the recorded figures (qrag_ray.evaluation.regression).
 
 Units: `expected` and `tolerance` are percent points (as papers print them). Measured values are
 fractions, as `qrag_ray.evaluation.metrics.evaluate` returns them (pass `measured_scale="percent"` when
@@ -39,9 +39,9 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 from qrag_ray.config import deep_update
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EVAL_KINDS
+from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures
 
 DEFAULT_TOLERANCE = 1.0
-_EPS = 1e-9  # a figure exactly at the tolerance edge passes despite float rounding (0.615 * 100)
 
 _FIELDS = {"id", "dataset", "data", "subset", "offset", "representation", "embedder", "generator", "extra",
            "expected", "tolerance", "tags", "split", "notes"}
@@ -70,8 +70,8 @@ class Condition:
         return not self.expected or all(v is None for v in self.expected.values())
 
     def index_overrides(self) -> dict[str, Any]:
-        """The condition's index configuration as a nested dict for `IndexConfig.model_validate` /
-        `build_index_config` (without input/output, which the driver fills in)."""
+        """The condition's index configuration as a nested dict for `config.index_config` (without
+        input/output, which the driver fills in)."""
         cfg: dict[str, Any] = {"representation": self.representation}
         if self.embedder:
             cfg["embedder"] = dict(self.embedder)
@@ -81,53 +81,15 @@ class Condition:
 
 
 @dataclass
-class Regression:
-    """A metric of a condition below its recorded figure by more than the tolerance (or not measured)."""
+class MatrixComparison(Comparison):
+    """The regression check of the conditions run, with the figures of record-only metrics and the
+    conditions not run."""
 
-    condition: str
-    metric: str
-    expected: float  # percent
-    measured: float | None  # percent; None = the runner did not report this metric
-    tolerance: float
-
-    @property
-    def delta(self) -> float | None:
-        return None if self.measured is None else self.measured - self.expected
-
-    def __str__(self) -> str:
-        if self.measured is None:
-            return f"{self.condition}: {self.metric} not measured (expected {self.expected:.1f})"
-        return (f"{self.condition}: {self.metric} {self.measured:.2f} vs recorded {self.expected:.1f} "
-                f"({self.delta:+.2f} points, tolerance {self.tolerance:g})")
-
-
-@dataclass
-class Improvement(Regression):
-    """A metric above its recorded figure by more than the tolerance: "better than recorded"."""
-
-    def __str__(self) -> str:
-        return (f"{self.condition}: {self.metric} {self.measured:.2f} better than recorded "
-                f"{self.expected:.1f} ({self.delta:+.2f} points)")
-
-
-@dataclass
-class MatrixComparison:
-    regressions: list[Regression] = field(default_factory=list)
-    improvements: list[Improvement] = field(default_factory=list)
-    within: list[tuple[str, str]] = field(default_factory=list)  # (condition, metric) within tolerance
     record_only: dict[str, dict[str, float]] = field(default_factory=dict)  # condition -> percent figures
     not_run: list[str] = field(default_factory=list)
 
-    @property
-    def passed(self) -> bool:
-        return not self.regressions
-
     def summary(self) -> str:
-        lines = []
-        for r in self.regressions:
-            lines.append(f"REGRESSION  {r}")
-        for i in self.improvements:
-            lines.append(f"BETTER      {i}")
+        lines = self.lines()
         for cid, figs in self.record_only.items():
             vals = ", ".join(f'"{m}": {v:.1f}' for m, v in figs.items())
             lines.append(f"RECORDED    {cid}: {{{vals}}}")
@@ -246,10 +208,10 @@ def _validate_index_config(cond: Condition, where: str) -> None:
     """Catch typos in representation / embedder / generator / extra when the matrix is loaded."""
     from pydantic import ValidationError
 
-    from qrag_ray.config import IndexConfig, format_validation_error
+    from qrag_ray.config import format_validation_error, index_config
 
     try:
-        IndexConfig.model_validate(cond.index_overrides())
+        index_config(cond.index_overrides())
     except ValidationError as e:
         raise QragError(f"{where}: {format_validation_error(e)}") from None
 
@@ -310,15 +272,16 @@ def _to_percent(v: Any, scale: str) -> float | None:
 
 def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, float]],
             measured_scale: Literal["fraction", "percent"] = "fraction") -> MatrixComparison:
-    """Hold measurements against recorded figures. Conditions absent from `measured` are `not_run`;
-    a null expected figure is recorded, never failed; a recorded metric the runner did not report is
-    a regression (a broken runner must not pass)."""
+    """Hold measurements against recorded figures (regression.compare_figures). Conditions absent
+    from `measured` are `not_run`; a null expected figure is recorded, never failed."""
     if measured_scale not in ("fraction", "percent"):
         raise ValueError(f"measured_scale must be 'fraction' or 'percent', got {measured_scale!r}")
-    res = MatrixComparison()
+    figures: list[Figure] = []
+    record_only: dict[str, dict[str, float]] = {}
+    not_run: list[str] = []
     for c in conditions:
         if c.id not in measured:
-            res.not_run.append(c.id)
+            not_run.append(c.id)
             continue
         got = {m: _to_percent(v, measured_scale) for m, v in metrics_of(measured[c.id]).items()}
         expected = c.expected or {}
@@ -328,24 +291,14 @@ def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, flo
             open_metrics = [m for m, v in expected.items() if v is None]
         figs = {m: got[m] for m in open_metrics if got.get(m) is not None}
         if figs:
-            res.record_only[c.id] = figs
-        for metric, exp in expected.items():
-            if exp is None:
-                continue
-            val = got.get(metric)
-            if val is None:
-                res.regressions.append(Regression(c.id, metric, exp, None, c.tolerance))
-            elif val < exp - c.tolerance - _EPS:
-                res.regressions.append(Regression(c.id, metric, exp, val, c.tolerance))
-            elif val > exp + c.tolerance + _EPS:
-                res.improvements.append(Improvement(c.id, metric, exp, val, c.tolerance))
-            else:
-                res.within.append((c.id, metric))
-    return res
+            record_only[c.id] = figs
+        figures += [Figure(c.id, m, exp, got.get(m), c.tolerance) for m, exp in expected.items()]
+    checked = compare_figures(figures)
+    return MatrixComparison(checked.regressions, checked.improvements, checked.within, record_only, not_run)
 
 
 def check(conditions: list[Condition], measured: Mapping[str, Mapping[str, float]],
-          measured_scale: Literal["fraction", "percent"] = "fraction") -> list[Regression]:
+          measured_scale: Literal["fraction", "percent"] = "fraction") -> list[Figure]:
     """Regressions only: metrics measured below `expected - tolerance` (or missing). Empty = pass.
     Use `compare` for the "better than recorded" list and record-only figures too."""
     return compare(conditions, measured, measured_scale).regressions

@@ -1,6 +1,6 @@
 """Retrieval metrics over ranked runs (pure functions; values are fractions in [0, 1]).
 
-Conventions (DESIGN §6):
+Conventions:
 - `run`: {qid: [doc_id, ...]} ranked best first. Ranks are over distinct documents: a repeated doc_id
   keeps its first position (the search engine already dedups by chunk; this is a guard).
 - `qrels`: {qid: {doc_id: grade}}; a grade > 0 is relevant. Averages are over the queries of `qrels`

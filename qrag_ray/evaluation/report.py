@@ -1,4 +1,4 @@
-"""Side-by-side evaluation report: results.json, results.md and recall.png (DESIGN §6).
+"""Side-by-side evaluation report: results.json, results.md and recall.png.
 
 Input: {representation: {"metrics": {"R@1": 0.62, ...} (fractions), "vectors": int, "chunks": int,
 "index_bytes": int, "stage_seconds": {stage: seconds}}}; any field may be missing (shown as "–").

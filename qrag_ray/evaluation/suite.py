@@ -1,10 +1,10 @@
-"""The multi-dataset suite (issue 19): every configuration on every dataset, one table, one mean.
+"""The multi-dataset suite: every configuration on every dataset, one table, one mean.
 
-Presets used to be tuned on SQuAD alone, whose questions share the passage's words; on web queries
-(TREC DL) the ranking of configurations reverses. The suite runs the same configurations over datasets
-of different query styles and prints configuration x dataset with the mean, so a default is chosen
-across them, and holds the figures against the ones recorded in the YAML (pyserini's 2CR style: the
-file is the expected table, `qrag suite` checks it).
+A configuration tuned on one query style can rank differently on another (questions that share the
+passage's words, web queries), so the suite runs the same configurations over datasets of different
+query styles and prints configuration x dataset with the mean, so a default is chosen across them,
+and holds the figures against the ones recorded in the YAML (pyserini's 2CR style: the file is the
+expected table, `qrag suite` checks it through qrag_ray.evaluation.regression).
 
 YAML (`eval/suite.yaml`):
     metric      the figure of the table (percent), e.g. nDCG@10
@@ -19,21 +19,22 @@ YAML (`eval/suite.yaml`):
 A slice runs only the datasets it names, each with the slice's subset/offset, and only its configs
 (all when it lists none).
 Configurations that build the same vectors share one index per dataset (`qrag eval` reuses an index
-whose build settings match; fusion settings are applied at query time), so twenty configurations
-cost about five index builds.
+of the same identity, config.index_identity; fusion settings are applied at query time), so a
+configuration that differs only in its search policy costs no build.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from qrag_ray.config import deep_update
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EVAL_KINDS
+from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures
 
 FULL = "full"
 
@@ -70,10 +71,10 @@ class Suite:
 
 
 def load_suite(path: str | Path) -> Suite:
-    """Parse and validate a suite YAML (every configuration checked against IndexConfig up front)."""
+    """Parse and validate a suite YAML (every configuration checked as an IndexConfig up front)."""
     from pydantic import ValidationError
 
-    from qrag_ray.config import IndexConfig, format_validation_error, load_yaml
+    from qrag_ray.config import format_validation_error, index_config, load_yaml
     from qrag_ray.evaluation.matrix import resolve_data_path
 
     p = Path(path)
@@ -97,7 +98,7 @@ def load_suite(path: str | Path) -> Suite:
         if not isinstance(c, dict) or not c.get("representation"):
             raise QragError(f"{where}: config {name!r} needs a representation")
         try:
-            IndexConfig.model_validate(deep_update(base, c))
+            index_config(deep_update(base, c))
         except ValidationError as e:
             raise QragError(f"{where}: config {name!r}: {format_validation_error(e)}") from None
     slices = raw.get("slices") or {}
@@ -137,7 +138,7 @@ def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> 
 
 def rule_check(table: Mapping[str, Mapping[str, float]], datasets: list[str], candidate: str,
                references: tuple[str, ...] = ("chunk", "bm25"), margin: float = 1.0) -> dict[str, float]:
-    """The default's rule (issue 19): on every dataset within `margin` points of the best of the
+    """The default's rule: on every dataset within `margin` points of the best of the
     reference configurations (the single channels). Returns {dataset: shortfall} for the datasets
     where `candidate` falls further below; empty = the rule holds."""
     bad = {}
@@ -167,22 +168,11 @@ def format_table(table: Mapping[str, Mapping[str, float]], datasets: list[str], 
 
 
 def compare_expected(table: Mapping[str, Mapping[str, float]], expected: Mapping[str, Mapping[str, float]],
-                     tolerance: float) -> tuple[list[str], list[str]]:
-    """(regressions, improvements) as lines: measured below recorded - tolerance, or above + tolerance.
-    A recorded figure that was not measured is a regression (a broken runner must not pass)."""
-    regs, better = [], []
-    for ds, row in expected.items():
-        for cfg, exp in row.items():
-            if exp is None:
-                continue
-            got = table.get(cfg, {}).get(ds)
-            if got is None:
-                regs.append(f"{ds} / {cfg}: not measured (recorded {exp:.1f})")
-            elif got < exp - tolerance - 1e-9:
-                regs.append(f"{ds} / {cfg}: {got:.2f} vs recorded {exp:.1f} ({got - exp:+.2f}, tolerance {tolerance:g})")
-            elif got > exp + tolerance + 1e-9:
-                better.append(f"{ds} / {cfg}: {got:.2f} better than recorded {exp:.1f} ({got - exp:+.2f})")
-    return regs, better
+                     metric: str, tolerance: float) -> Comparison:
+    """The table (config -> dataset -> percent) against the recorded figures (dataset -> config ->
+    percent) through the one regression check (qrag_ray.evaluation.regression)."""
+    return compare_figures(Figure(f"{ds} / {cfg}", metric, exp, table.get(cfg, {}).get(ds), tolerance)
+                           for ds, row in expected.items() for cfg, exp in row.items())
 
 
 def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: str, path: Path) -> Path | None:
@@ -327,7 +317,8 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     if not done:
         raise QragError(f"no suite dataset has slice {slice_name!r}")
     table = with_mean(table, done)
-    regs, better = compare_expected(table, suite.expected.get(slice_name, {}), suite.tolerance)
+    checked = compare_expected(table, suite.expected.get(slice_name, {}), suite.metric, suite.tolerance)
+    regs, better = [str(r) for r in checked.regressions], [str(b) for b in checked.improvements]
     report = {"slice": slice_name, "metric": suite.metric, "datasets": done, "table": table, "metrics": raw,
               "configs": {c: suite.configs[c] for c in shown}, "skipped": skip,
               "regressions": regs, "better": better}

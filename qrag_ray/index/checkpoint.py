@@ -34,15 +34,15 @@ _MASK63 = (1 << 63) - 1
 
 
 def content_config(cfg_dump: dict) -> dict:
-    """What the index contains, not where it goes or how the run goes (config.RUN_OPTIONS)."""
+    """The manifest's `content`: what the index is (config.index_identity)."""
     return index_identity(cfg_dump)
 
 
 def work_key(cfg_dump: dict) -> dict:
-    """What the checkpoints depend on: everything that decides a vector, not which documents are in
-    (input paths, appended files and deletions only change which rows a run keeps; rows are keyed
-    by content and each run lists its own, so an append or a deletion reuses every unchanged vector)."""
-    return {k: v for k, v in content_config(cfg_dump).items() if k != "input"}
+    """What the checkpoints depend on: the index identity without its documents (input paths,
+    appended files and deletions only change which rows a run keeps; rows are keyed by content and
+    each run lists its own, so an append or a deletion reuses every unchanged vector)."""
+    return index_identity(cfg_dump, corpus=False)
 
 
 def run_keys_dir(work: Path, run: str, shard: int) -> Path:

@@ -11,8 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from qrag_ray.config import GeneratorConfig, format_validation_error
+from qrag_ray.config import format_validation_error
 from qrag_ray.errors import QragError
+from qrag_ray.llm_config import LLMConfig
 from qrag_ray.serving.tenants import RateLimit, Tenants, load_tenants
 
 # Deployment names, fixed: serve configs refer to them under `deployments:`. The query embedder runs
@@ -52,7 +53,7 @@ class AppArgs(BaseModel):
                                     "replica (no shard hop); bigger ones fan out to the ShardSearcher deployments")
     router_cache_bytes: int = Field(1 << 30, ge=0, description="bytes of small tenants' shards a Router replica keeps (LRU)")
     faiss_threads: int | None = Field(None, ge=1, description="default: the replica's num_cpus")
-    generator: GeneratorConfig | None = Field(None, description="LLM for mode=hyde and /v1/answer (backend openai or vllm)")
+    generator: LLMConfig | None = Field(None, description="LLM for mode=hyde and /v1/answer (backend openai or vllm)")
     answer_min_cosine: float = Field(
         0.35, ge=-1.0, le=1.0, description="/v1/answer says \"I don't know\" without asking the LLM when no retrieved "
                                            "chunk has a vector this similar to the query (raw cosine, whatever the fusion)")
@@ -68,8 +69,8 @@ class AppArgs(BaseModel):
     def _one_source(self) -> "AppArgs":
         if (self.index is None) == (self.tenants is None):
             raise ValueError("give exactly one of 'index' (one open index) or 'tenants' (a tenants file)")
-        if self.generator is not None and self.generator.backend not in ("openai", "vllm"):
-            raise ValueError("generator.backend must be 'openai' or 'vllm' for serving")
+        if self.generator is not None:
+            self.generator.check_endpoint()
         return self
 
     def load_tenants(self) -> Tenants:

@@ -82,6 +82,11 @@ def test_deployment_overrides_apply(tmp_path):
     ({"index": "/a", "shards": 0}, "shards"),
     ({"index": "/a", "generator": {"backend": "none"}}, "backend"),
     ({"index": "/a", "generator": {"backend": "gpt"}}, "generator.backend"),
+    ({"index": "/a", "generator": {"base_url": "http://llm/v1"}}, "generator.backend"),
+    ({"index": "/a", "generator": {"backend": "openai"}}, "needs generator.base_url"),
+    # serving's LLM takes no index-time generation settings
+    ({"index": "/a", "generator": {"backend": "vllm", "questions_per_atom": 3}}, "generator.questions_per_atom"),
+    ({"index": "/a", "generator": {"backend": "vllm", "sampling": {"n": 4}}}, "generator.sampling.n"),
 ])
 def test_bad_app_args(args, msg):
     with pytest.raises(QragError, match=msg):

@@ -1,0 +1,69 @@
+"""Measured figures against recorded ones: the one regression check of `qrag matrix` and `qrag suite`.
+
+Figures are percent points. A measured figure more than `tolerance` below its recorded one is a
+regression, more than `tolerance` above it is "better than recorded" (the file should be updated),
+anything else is within tolerance. A recorded figure that was not measured is a regression: a broken
+runner must not pass. A recorded figure of None means "record only" and is never checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+_EPS = 1e-9  # a figure exactly at the tolerance edge passes despite float rounding (0.615 * 100)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One recorded figure and what was measured for it."""
+
+    subject: str  # what was measured: a matrix condition, a suite's "dataset / config"
+    metric: str
+    expected: float | None  # percent; None: record only
+    measured: float | None  # percent; None: the runner did not report it
+    tolerance: float
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.measured is None or self.expected is None else self.measured - self.expected
+
+    def __str__(self) -> str:
+        where = f"{self.subject}: {self.metric}"
+        if self.measured is None:
+            return f"{where} not measured (recorded {self.expected:.1f})"
+        if self.delta > 0:
+            return f"{where} {self.measured:.2f} better than recorded {self.expected:.1f} ({self.delta:+.2f} points)"
+        return (f"{where} {self.measured:.2f} vs recorded {self.expected:.1f} "
+                f"({self.delta:+.2f} points, tolerance {self.tolerance:g})")
+
+
+@dataclass
+class Comparison:
+    regressions: list[Figure] = field(default_factory=list)
+    improvements: list[Figure] = field(default_factory=list)
+    within: list[Figure] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressions
+
+    def lines(self) -> list[str]:
+        """One line per regression and per figure better than recorded, as the CLIs print them."""
+        return [f"REGRESSION  {r}" for r in self.regressions] + [f"BETTER      {i}" for i in self.improvements]
+
+
+def compare_figures(figures: Iterable[Figure]) -> Comparison:
+    """Sort each recorded figure into regression, better than recorded or within tolerance (figures
+    recorded as None are skipped)."""
+    out = Comparison()
+    for f in figures:
+        if f.expected is None:
+            continue
+        if f.measured is None or f.measured < f.expected - f.tolerance - _EPS:
+            out.regressions.append(f)
+        elif f.measured > f.expected + f.tolerance + _EPS:
+            out.improvements.append(f)
+        else:
+            out.within.append(f)
+    return out

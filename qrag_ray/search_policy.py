@@ -1,0 +1,112 @@
+"""The search policy (SearchConfig): the query-time fusion of a chunk's vector scores and the dense +
+BM25 hybrid weight. The representation's preset owns it, the manifest records it, a query may
+override its hybrid weight, and changing it needs no re-index: IndexConfig holds it as its `search`
+section, whose role keeps it out of the index identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from qrag_ray.config_roles import Strict, field_roles, fields_with_role
+from qrag_ray.errors import QragError
+
+# Vector kinds a representation may combine. Each row of a shard is one of these.
+VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window", "title")
+
+
+# The research knobs (role "preset"): the representation's preset sets them, calibrated for its
+# embedder. A user's config file sets them only inside `search.experimental:`, so that a file which
+# changes the fusion says so; `bm25_alpha` is the one user-level search setting.
+@field_roles(preset=("fusion", "kind_weights", "rrf_k", "kind_bias", "groups", "bm25_norm"))
+class SearchConfig(Strict):
+    """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge).
+
+    Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically; changing it
+    needs no re-index (eval reuses the vectors). Stored flat (manifests, presets); read also with the
+    research knobs under `experimental:`, the form user config files must use (`build_index_config`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_experimental(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or "experimental" not in data:
+            return data
+        data = dict(data)
+        exp = data.pop("experimental") or {}
+        if not isinstance(exp, Mapping):
+            raise ValueError("search.experimental must be a mapping of research knobs")
+        unknown = sorted(set(exp) - set(EXPERIMENTAL_SEARCH))
+        if unknown:
+            raise ValueError(f"unknown experimental search knob(s) {unknown} (known: {', '.join(EXPERIMENTAL_SEARCH)})")
+        twice = sorted(set(exp) & set(data))
+        if twice:
+            raise ValueError(f"{twice} given both in search and in search.experimental")
+        return data | dict(exp)
+
+    fusion: Literal["max", "rrf", "sum"] = "max"
+    kind_weights: dict[str, float] = Field(default_factory=dict, description="score multiplier per vector kind")
+    rrf_k: int = Field(60, ge=1, description="RRF constant: 1/(rrf_k + rank) per kind list")
+    kind_bias: dict[str, float] = Field(default_factory=dict, description="added to a vector's (weighted) score per kind")
+    groups: dict[str, list[str]] = Field(
+        default_factory=dict, description="kinds fused as one: the best calibrated vector of the group counts once")
+    # Dense + BM25 hybrid: chunk score = alpha * dense + (1 - alpha) * BM25 / the query's best BM25
+    # score. Needs an index built with bm25.enabled. None = dense only.
+    bm25_alpha: float | None = Field(None, ge=0.0, le=1.0, description="weight of the dense score in a dense+BM25 hybrid")
+    bm25_norm: Literal["max", "minmax", "zscore"] = Field(
+        "max", description="per-query scale of both lists before the alpha mix (qrag_ray.search.merge.normalise)")
+
+    @field_validator("kind_weights")
+    @classmethod
+    def _known_kinds(cls, v: dict[str, float]) -> dict[str, float]:
+        _check_kinds(v, "kind_weights")
+        if any(w <= 0 for w in v.values()):
+            raise ValueError("kind_weights must be positive")
+        return v
+
+    @field_validator("kind_bias")
+    @classmethod
+    def _bias_kinds(cls, v: dict[str, float]) -> dict[str, float]:
+        _check_kinds(v, "kind_bias")
+        if any(not -2.0 <= b <= 2.0 for b in v.values()):
+            raise ValueError("kind_bias values must lie in [-2, 2] (cosine scores lie in [-1, 1])")
+        return v
+
+    @field_validator("groups")
+    @classmethod
+    def _disjoint_groups(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        seen: dict[str, str] = {}
+        for g, ks in v.items():
+            if g in VECTOR_KINDS:
+                raise ValueError(f"group name {g!r} is a vector kind; name groups apart from kinds")
+            if not ks:
+                raise ValueError(f"group {g!r} lists no kinds")
+            _check_kinds(ks, f"group {g!r}")
+            for k in ks:
+                if k in seen:
+                    raise ValueError(f"vector kind {k!r} is in two groups ({seen[k]!r} and {g!r})")
+                seen[k] = g
+        return v
+
+
+EXPERIMENTAL_SEARCH = fields_with_role(SearchConfig, "preset")
+
+
+def _check_kinds(kinds, where: str) -> None:
+    bad = [k for k in kinds if k not in VECTOR_KINDS]
+    if bad:
+        raise ValueError(f"unknown vector kind(s) {bad} in {where} (known: {', '.join(VECTOR_KINDS)})")
+
+
+def research_knobs_marked(data: Mapping) -> None:
+    """A user's config changes fusion only under `search.experimental:` (the preset owns it); manifests
+    and eval variants, which record fusion as data, go through config.index_config and are not held to it."""
+    search = data.get("search")
+    flat = sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []
+    if flat:
+        raise QragError(
+            f"invalid configuration: search.{flat[0]} is a research knob that the representation's preset sets "
+            f"(qrag presets); to override it anyway, put it under search.experimental "
+            f"(search: {{experimental: {{{flat[0]}: ...}}}}). Users set search.bm25_alpha only.")
