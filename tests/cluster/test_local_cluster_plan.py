@@ -6,14 +6,9 @@ default /tmp/ray temp dir) and must give each node its own resource so tests can
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from cluster import local_cluster as lc  # noqa: E402
+from cluster import local_cluster as lc
 
 DEFAULT_RAY_PORTS = {6379, 8265, 10001, 8000, 8076, 8077, 52365, 44217}
 
