@@ -8,6 +8,7 @@ for a cluster joined by address (docs/CLUSTER.md, "Who can reach what")."""
 from __future__ import annotations
 
 import os
+import sys
 
 from qrag_ray.errors import QragError
 
@@ -22,8 +23,6 @@ def client_auth_mode() -> str:
     """
     if "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = "token"
-        import sys
-
         ray = sys.modules.get("ray")
         if ray is not None and not ray.is_initialized():
             from ray._raylet import Config

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -39,23 +40,23 @@ def token_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def head(token_file):
-    """A one-node cluster (head with 1 CPU and its dashboard) in token mode by default: RAY_AUTH_MODE
-    is unset here, only the token's file is given."""
-    saved = {k: os.environ.pop(k) for k in AUTH_VARS if k in os.environ}
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_file)
+    """A one-node cluster (head with 1 CPU and its dashboard) started by the script's CLI in a process of
+    its own, in token mode by default: RAY_AUTH_MODE is unset, only the token's file is given. (Ray
+    caches a token per process, so this test process never loads one.)"""
     name = f"a{os.getpid() % 100000}"
     cdir = lc.default_dir(name)
+    env = _env_without_auth(RAY_AUTH_TOKEN_PATH=str(token_file))
+    cli = [sys.executable, "-m", "cluster.local_cluster"]
+    r = subprocess.run([*cli, "up", "--name", name, "--workers", "0", "--head-cpus", "1"], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
     try:
-        state = lc.up(name=name, workers=0, head_cpus=1, cdir=cdir, quiet=True, timeout=180)
-        try:
-            yield state
-        finally:
-            assert lc.down(name=name, cdir=cdir, quiet=True), "cluster processes survived SIGKILL"
-            assert lc.cluster_pids(cdir) == []
+        assert r.returncode == 0, r.stderr[-3000:]
+        yield SimpleNamespace(**json.loads(r.stdout))
     finally:
-        for k in AUTH_VARS:
-            os.environ.pop(k, None)
-        os.environ.update(saved)
+        down = subprocess.run([*cli, "down", "--name", name], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=REPO)
+        assert down.returncode == 0, down.stderr[-3000:]
+        assert lc.cluster_pids(cdir) == []
 
 
 def _jobs_api(url: str, method: str = "GET", body: dict | None = None, token: str | None = None) -> tuple[int, str]:
