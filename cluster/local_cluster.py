@@ -162,11 +162,24 @@ def _env(cdir: Path) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # a driver's RAY_ADDRESS must not redirect `ray start`
     env.pop("RAY_ADDRESS", None)
-    # Ray 2.60: a head turns token auth on by itself when ~/.ray/auth_token exists, but a joining
-    # worker and `ray.init(address=...)` never do, so the workers could not join. The mode is made
-    # explicit for every node (loopback-only cluster: disabled unless the caller asked for tokens).
-    env.setdefault("RAY_AUTH_MODE", "disabled")
+    # Token authentication on every node: without it anyone who reaches the dashboard or the GCS can
+    # run code as this user. Ray 2.60 turns it on by itself for a head only when ~/.ray/auth_token
+    # exists and never for a joining worker, so the mode is explicit. The token is Ray's own lookup:
+    # RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token (made by `up` when missing),
+    # which is where a driver on this machine finds it too.
+    env.setdefault("RAY_AUTH_MODE", "token")
     return env
+
+
+def ensure_token(env: dict[str, str]) -> None:
+    """Make Ray's default token file (`ray get-auth-token --generate`) unless a token is already set;
+    `ray start` in token mode refuses to run without one. The token is never printed."""
+    if env.get("RAY_AUTH_MODE") != "token":
+        return
+    r = subprocess.run([_ray_bin(), "get-auth-token", "--generate"], env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"no Ray auth token: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
 
 
 def _ray_bin() -> str:
@@ -274,7 +287,9 @@ def live_nodes(address: str, timeout: float = 5.0) -> list[dict]:
     """ALIVE nodes according to the GCS: [{node_id, resources}]"""
     from ray._raylet import GcsClient
 
-    # the cluster's auth mode is explicit (see _env); a client in token mode needs RAY_AUTH_MODE=token
+    from qrag_ray.runtime import client_auth_mode
+
+    client_auth_mode()  # the GCS of a token cluster answers only a client in token mode
     client = GcsClient(address=address)
     infos = client.get_all_node_info(timeout=timeout)
     out = []
@@ -331,6 +346,7 @@ def _up_once(name: str, workers: int, worker_cpus: int, head_cpus: int, base_por
                          nodes=plan_nodes(base, workers, worker_cpus, head_cpus), started_at=time.time())
     (cdir / "cluster.json").write_text(state.to_json())
     env = _env(cdir)
+    ensure_token(env)
     log = open(cdir / "ray-start.log", "ab")
     try:
         for node in state.nodes:

@@ -2,11 +2,74 @@
 backend run on its own, tests): Ray Data's error and progress settings, quiet logs at the default
 verbosity, and an in-process Ray with more logical CPUs than cores (the vLLM-CPU engine, the tokenizer
 stages and the embedder each hold a CPU slot; with 2 slots the engine would never schedule, see
-qrag_ray/generation/backends/vllm.py)."""
+qrag_ray/generation/backends/vllm.py), and Ray's token authentication on by default, for a local Ray and
+for a cluster joined by address (docs/CLUSTER.md, "Who can reach what")."""
 
 from __future__ import annotations
 
 import os
+import sys
+
+from qrag_ray.errors import QragError
+
+
+def client_auth_mode() -> str:
+    """Ray token authentication for this process and the Ray processes it starts, unless the caller set
+    RAY_AUTH_MODE: an unauthenticated Ray lets anyone who reaches its dashboard or GCS run code.
+
+    A new local Ray then makes its token itself (~/.ray/auth_token); joining a cluster reads Ray's
+    token sources: RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token. Ray caches the
+    mode in its config, which is refreshed here while no Ray runs in this process.
+    """
+    if "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        ray = sys.modules.get("ray")
+        if ray is not None and not ray.is_initialized():
+            from ray._raylet import Config
+
+            Config.initialize("")
+    return os.environ["RAY_AUTH_MODE"]
+
+
+def auth_refused_message(address: str, mode: str) -> str:
+    """Pure: the one line a user gets when a cluster refuses this client, saying what to set."""
+    fix = ("set RAY_AUTH_TOKEN to the cluster's token, or RAY_AUTH_TOKEN_PATH to a file holding it "
+           "(`ray get-auth-token` prints it on the head node)")
+    if mode != "token":
+        fix = f"this client has RAY_AUTH_MODE={mode}: unset it (or set it to token) and {fix}"
+    return f"the Ray cluster at {address} requires its authentication token: {fix}"
+
+
+def join_ray(address: str, **kwargs) -> None:
+    """ray.init onto a running cluster in token mode; a refused token becomes one line saying what to set.
+
+    Ray raises its AuthenticationError itself when no token is found here; when the cluster rejects
+    the token this client sent (or sent none), ray.init raises a ConnectionError whose cause is a
+    RuntimeError carrying the GCS's InvalidAuthToken status as text.
+    """
+    import ray
+
+    mode = client_auth_mode()
+    try:
+        ray.init(address=address, **kwargs)
+    except Exception as e:  # noqa: BLE001 - only an authentication failure is translated
+        if not refused_for_auth(e):
+            raise
+        raise QragError(auth_refused_message(address, mode)) from None
+
+
+def refused_for_auth(exc: BaseException) -> bool:
+    """Pure: whether Ray's exception (or one in its cause chain) is an authentication failure."""
+    from ray.exceptions import AuthenticationError
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, AuthenticationError) or "InvalidAuthToken" in str(cause):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool | None = None) -> None:
@@ -41,8 +104,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     kwargs = dict(runtime_env=env, logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet)
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        ray.init(address=address, **kwargs)
+        join_ray(address, **kwargs)
     else:
+        client_auth_mode()
         # address="local": a new in-process Ray, never one that `ray start` happened to leave in
         # /tmp/ray on this machine (ray.init(None) would join it and then reject num_cpus).
         for attempt in range(3):

@@ -148,7 +148,9 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True)
         env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
         if address:
-            ray.init(address=address, runtime_env=env, logging_level="ERROR")
+            from qrag_ray.runtime import join_ray
+
+            join_ray(address, runtime_env=env, logging_level="ERROR")
         else:
             import os
 

@@ -1,6 +1,7 @@
-"""A real 3-node Ray cluster on this machine (head + node_a + node_b, `cluster/local_cluster.py`):
-`qrag index --address` spreads shard builds over the worker nodes, `qrag serve --address` runs the
-Serve app on them, and the live Prometheus scrape holds every metric the Grafana dashboard queries.
+"""A real 3-node Ray cluster on this machine (head + node_a + node_b, `cluster/local_cluster.py`), in
+Ray's token-authentication mode as every cluster the project starts: `qrag index --address` spreads
+shard builds over the worker nodes, `qrag serve --address` runs the Serve app on them, and the live
+Prometheus scrape holds every metric the Grafana dashboard queries.
 
 The module fixture starts the cluster once and always tears it down, then asserts that no process of
 it is left. Nothing here uses `ray stop` or default ports: another Ray may be running on the box.
@@ -17,13 +18,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from cluster import local_cluster as lc  # noqa: E402
-
+from cluster import local_cluster as lc
 from qrag_ray.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
@@ -88,6 +86,14 @@ def test_cluster_has_three_nodes_with_their_own_resources(cluster, nodes):
     assert lc.status(cluster.name, Path(cluster.dir))["running"]
 
 
+def test_cluster_runs_in_token_mode(cluster):
+    import httpx
+
+    for pid in lc.cluster_pids(Path(cluster.dir)):
+        assert b"RAY_AUTH_MODE=token" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"), pid
+    assert httpx.get(f"{cluster.dashboard_url}/api/jobs/", timeout=30).status_code == 401
+
+
 def test_index_shards_are_built_on_different_worker_nodes(cluster_index, nodes):
     from qrag_ray.index.format import load_manifest
 
@@ -112,9 +118,8 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes):
     import ray
     from ray import serve
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    from validate_deploy import dashboard_exprs, promql_metric_names
     from qrag_ray.search.engine import SearchEngine
+    from tools.validate_deploy.monitoring import dashboard_exprs, promql_metric_names
 
     port = free_port()
     r = qrag("serve", "--index", str(cluster_index), "--address", cluster.address, "--port", str(port), "--detach",

@@ -6,14 +6,9 @@ default /tmp/ray temp dir) and must give each node its own resource so tests can
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from cluster import local_cluster as lc  # noqa: E402
+from cluster import local_cluster as lc
 
 DEFAULT_RAY_PORTS = {6379, 8265, 10001, 8000, 8076, 8077, 52365, 44217}
 
@@ -55,13 +50,15 @@ def test_ray_start_commands_use_own_ports_temp_dir_and_loopback():
             assert cmd[cmd.index("--address") + 1] == f"{lc.HOST}:27000"
 
 
-def test_env_marks_processes_and_fixes_auth_mode(monkeypatch):
+def test_env_marks_processes_and_turns_token_auth_on(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     env = lc._env(Path("/tmp/qrag-lc-t"))
     assert env[lc.ENV_MARKER] == "/tmp/qrag-lc-t"
     assert "RAY_ADDRESS" not in env  # a driver's address must not redirect `ray start`
-    assert env["RAY_AUTH_MODE"] == "disabled"
+    assert env["RAY_AUTH_MODE"] == "token"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # an explicit choice of the caller is kept
+    assert lc._env(Path("/tmp/qrag-lc-t"))["RAY_AUTH_MODE"] == "disabled"
 
 
 def test_temp_dir_is_short_enough_for_unix_sockets():

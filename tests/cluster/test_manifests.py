@@ -9,27 +9,28 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))  # a repo tool, not part of the installed package
+from tools.validate_deploy import kuberay, launcher, monitoring, security, serve
+from tools.validate_deploy.cli import OVERLAYS as OVERLAY_NAMES
+from tools.validate_deploy.cli import main, validate_docs, validate_overlay, validate_repo
+from tools.validate_deploy.render import RenderError, render_kustomization
 
-import validate_deploy as v  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = REPO / "k8s" / "overlays"
 
 
 @pytest.fixture(scope="module")
 def canonical() -> dict:
-    return v.load_canonical_serve_config()
+    return serve.load_canonical_serve_config()
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
-    return {name: v.render_kustomization(OVERLAYS / name) for name in v.OVERLAYS}
+    return {name: render_kustomization(OVERLAYS / name) for name in OVERLAY_NAMES}
 
 
 def _one(docs: list[dict], kind: str, name: str | None = None) -> dict:
@@ -42,13 +43,14 @@ def _one(docs: list[dict], kind: str, name: str | None = None) -> dict:
 
 
 def test_whole_repo_validates():
-    report = v.validate_repo()
+    report = validate_repo()
     assert report.ok, "\n".join(report.problems)
     kinds = {w.split(": ", 1)[-1].split("/")[0] for w in report.checked}
-    assert {"RayJob", "RayService", "PodMonitor", "ConfigMap", "PersistentVolumeClaim", "Namespace"} <= kinds
+    assert {"RayJob", "RayService", "PodMonitor", "ConfigMap", "PersistentVolumeClaim", "Namespace",
+            "NetworkPolicy"} <= kinds
 
 
-@pytest.mark.parametrize("overlay", sorted(v.OVERLAYS))
+@pytest.mark.parametrize("overlay", sorted(OVERLAY_NAMES))
 def test_overlay_yaml_parses_and_has_the_resources(overlay, rendered):
     docs = rendered[overlay]
     for d in docs:
@@ -68,19 +70,11 @@ def test_overlay_yaml_parses_and_has_the_resources(overlay, rendered):
 
 def test_gpu_prod_has_gpu_groups_and_cpu_dev_none(rendered):
     for kind, key in (("RayJob", "rayClusterSpec"), ("RayService", "rayClusterConfig")):
-        assert v.gpu_groups(_one(rendered["gpu-prod"], kind)["spec"][key]), kind
-        assert not v.gpu_groups(_one(rendered["cpu-dev"], kind)["spec"][key]), kind
-        gpu = v.gpu_groups(_one(rendered["gpu-prod"], kind)["spec"][key])[0]
+        assert kuberay.gpu_groups(_one(rendered["gpu-prod"], kind)["spec"][key]), kind
+        assert not kuberay.gpu_groups(_one(rendered["cpu-dev"], kind)["spec"][key]), kind
+        gpu = kuberay.gpu_groups(_one(rendered["gpu-prod"], kind)["spec"][key])[0]
         c = gpu["template"]["spec"]["containers"][0]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
-
-
-@pytest.mark.parametrize("overlay", sorted(v.OVERLAYS))
-def test_renderer_matches_kubectl_kustomize(overlay, rendered):
-    real = v.kubectl_kustomize(OVERLAYS / overlay)
-    if real is None:
-        pytest.skip("kubectl not installed (the renderer is still exercised by every other test)")
-    assert v.canonical_docs(rendered[overlay]) == v.canonical_docs(real)
 
 
 def test_serve_config_v2_is_the_canonical_serve_config(rendered, canonical):
@@ -95,24 +89,24 @@ def test_embed_serve_config_roundtrip_keeps_the_rest_of_the_file(tmp_path):
     rs.write_text("# head comment\nkind: RayService\nspec:\n  serveConfigV2: |\n    old: 1\n  rayClusterConfig:\n    x: 1\n")
     sc = tmp_path / "serve.yaml"
     sc.write_text("# c\napplications:\n  - name: a\n    import_path: m:f\n")
-    assert v.sync_serve_config(rs, sc) is True
+    assert serve.sync_serve_config(rs, sc) is True
     d = yaml.safe_load(rs.read_text())
     assert yaml.safe_load(d["spec"]["serveConfigV2"]) == {"applications": [{"name": "a", "import_path": "m:f"}]}
     assert d["spec"]["rayClusterConfig"] == {"x": 1}
     assert rs.read_text().startswith("# head comment\n")
-    assert v.sync_serve_config(rs, sc) is False  # idempotent
+    assert serve.sync_serve_config(rs, sc) is False  # idempotent
 
 
 def test_rayjob_entrypoint_parses_with_the_real_qrag_index():
     job = yaml.safe_load((REPO / "k8s" / "base" / "rayjob-index.yaml").read_text())
-    sub, params = v.parse_entrypoint(job["spec"]["entrypoint"])
+    sub, params = kuberay.parse_entrypoint(job["spec"]["entrypoint"])
     assert sub == "index"
     assert params["address"] == "auto" and params["shards"] == 16 and params["format"] == "msmarco"
 
 
 def test_cluster_launcher_validates_against_rays_schema():
     cfg = yaml.safe_load((REPO / "cluster" / "cloud-gpu.yaml").read_text())
-    assert v.check_cluster_launcher(cfg) == []
+    assert launcher.check_cluster_launcher(cfg) == []
     types = cfg["available_node_types"]
     assert types[cfg["head_node_type"]]["resources"]["CPU"] == 0
     assert any(t["resources"].get("GPU") for t in types.values())
@@ -131,23 +125,33 @@ def test_dashboard_queries_only_exported_or_serve_metrics():
     from qrag_ray.serving.metrics import EXPORTED_METRICS
 
     dash = json.loads((REPO / "k8s" / "base" / "dashboards" / "qrag-dashboard.json").read_text())
-    assert v.check_dashboard(dash, EXPORTED_METRICS) == []
-    names = set().union(*(v.promql_metric_names(e) for e in v.dashboard_exprs(dash)))
+    assert monitoring.check_dashboard(dash, EXPORTED_METRICS) == []
+    names = set().union(*(monitoring.promql_metric_names(e) for e in monitoring.dashboard_exprs(dash)))
     assert names & set(EXPORTED_METRICS), "the dashboard charts none of our metrics"
     assert any(n.startswith("ray_serve_") for n in names)
 
 
 def test_promql_metric_names():
     e = ('histogram_quantile(0.95, sum by (le, shard) (rate(ray_qrag_x_bucket{tenant="a",le!="+Inf"}[5m]))) '
-         '/ on (shard) group_left ray_y_total offset 5m')
-    assert v.promql_metric_names(e) == {"ray_qrag_x_bucket", "ray_y_total"}
+         '/ on (shard) group_left ray_y_total offset 5m + sum({__name__="ray_z"})')
+    assert monitoring.promql_metric_names(e) == {"ray_qrag_x_bucket", "ray_y_total", "ray_z"}
+    with pytest.raises(ValueError, match="not PromQL"):
+        monitoring.promql_metric_names("sum(rate(ray_qrag_x[5m])")
+
+
+def test_planted_unparseable_query_fails():
+    from qrag_ray.serving.metrics import EXPORTED_METRICS
+
+    dash = json.loads((REPO / "k8s" / "base" / "dashboards" / "qrag-dashboard.json").read_text())
+    dash["panels"][0]["targets"][0]["expr"] = "sum by (route (rate(ray_qrag_request_latency_ms_count[5m]))"
+    assert any("not PromQL" in p for p in monitoring.check_dashboard(dash, EXPORTED_METRICS))
 
 
 def test_cli_exit_codes(tmp_path, capsys):
-    assert v.main([]) == 0
+    assert main([]) == 0
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: ray.io/v1\nkind: RayJob\nmetadata: {name: j}\nspec: {entrypoint: qrag nope}\n")
-    assert v.main([str(bad)]) == 1
+    assert main([str(bad)]) == 1
     assert "not a qrag subcommand" in capsys.readouterr().err
 
 
@@ -169,13 +173,13 @@ def test_planted_wrong_import_path_fails(rendered):
     def wrong(cfg):
         cfg["applications"][0]["import_path"] = "qrag_ray.serving.app:build_ap"
 
-    probs = v.check_rayservice(_set_serve(_rayservice(rendered), wrong), require_gpu=True, canonical=None)
+    probs = kuberay.check_rayservice(_set_serve(_rayservice(rendered), wrong), require_gpu=True, canonical=None)
     assert any("does not import" in p and "build_ap" in p for p in probs), probs
 
     def no_module(cfg):
         cfg["applications"][0]["import_path"] = "qrag_ray.servin.app:build_app"
 
-    probs = v.check_rayservice(_set_serve(_rayservice(rendered), no_module), require_gpu=True, canonical=None)
+    probs = kuberay.check_rayservice(_set_serve(_rayservice(rendered), no_module), require_gpu=True, canonical=None)
     assert any("does not import" in p for p in probs), probs
 
 
@@ -183,7 +187,7 @@ def test_planted_serve_schema_violation_fails(rendered):
     def bad(cfg):
         cfg["applications"][0]["deployments"][0]["max_ongoing_requests"] = -3
 
-    probs = v.check_rayservice(_set_serve(_rayservice(rendered), bad), require_gpu=True, canonical=None)
+    probs = kuberay.check_rayservice(_set_serve(_rayservice(rendered), bad), require_gpu=True, canonical=None)
     assert any("ServeDeploySchema" in p for p in probs), probs
 
 
@@ -193,7 +197,7 @@ def test_planted_missing_autoscaling_fails(rendered):
         dep.pop("autoscaling_config")
         dep["num_replicas"] = 2
 
-    probs = v.check_rayservice(_set_serve(_rayservice(rendered), fixed), require_gpu=True, canonical=None)
+    probs = kuberay.check_rayservice(_set_serve(_rayservice(rendered), fixed), require_gpu=True, canonical=None)
     assert any("no autoscaling_config" in p for p in probs), probs
 
 
@@ -201,28 +205,28 @@ def test_planted_drift_from_canonical_serve_config_fails(rendered, canonical):
     def drift(cfg):
         cfg["applications"][0]["args"]["shards"] = 5
 
-    probs = v.check_rayservice(_set_serve(_rayservice(rendered), drift), require_gpu=True, canonical=canonical)
+    probs = kuberay.check_rayservice(_set_serve(_rayservice(rendered), drift), require_gpu=True, canonical=canonical)
     assert any("differs from serve_configs/qrag.yaml" in p for p in probs), probs
 
 
 def test_every_rayservice_pod_carries_the_tuned_serve_env(rendered):
     doc = _rayservice(rendered)
-    assert v.check_serve_env(doc) == []
+    assert kuberay.check_serve_env(doc) == []
     worker = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
     worker["env"] = [e for e in worker["env"] if e["name"] != "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"]
-    probs = v.check_rayservice(doc, require_gpu=True, canonical=None)
+    probs = kuberay.check_rayservice(doc, require_gpu=True, canonical=None)
     assert any("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" in p and "worker" in p for p in probs), probs
 
 
 def test_planted_missing_gpu_limit_and_autoscaling_fail(rendered):
     doc = _rayservice(rendered)
     spec = doc["spec"]["rayClusterConfig"]
-    for g in v.gpu_groups(spec):
+    for g in kuberay.gpu_groups(spec):
         for c in g["template"]["spec"]["containers"]:
             c["resources"]["limits"].pop("nvidia.com/gpu")
     spec["enableInTreeAutoscaling"] = False
     spec["workerGroupSpecs"][0]["minReplicas"] = 99
-    probs = v.check_rayservice(doc, require_gpu=True, canonical=None)
+    probs = kuberay.check_rayservice(doc, require_gpu=True, canonical=None)
     assert any("nvidia.com/gpu" in p for p in probs)
     assert any("enableInTreeAutoscaling" in p for p in probs)
     assert any("minReplicas" in p for p in probs)
@@ -234,7 +238,7 @@ def test_planted_cluster_too_small_for_the_app(rendered):
     doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] = 1
     doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["minReplicas"] = 1
     doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
-    probs = v.check_rayservice(doc, require_gpu=False, canonical=None)
+    probs = kuberay.check_rayservice(doc, require_gpu=False, canonical=None)
     assert any("CPUs at min_replicas" in p for p in probs), probs
 
 
@@ -252,7 +256,7 @@ def test_planted_bad_entrypoint_fails(rendered, entrypoint, expect):
     job = _one(docs, "RayJob")
     job["spec"]["entrypoint"] = entrypoint
     cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
-    probs = v.check_rayjob(job, require_gpu=True, configmaps=cms)
+    probs = kuberay.check_rayjob(job, require_gpu=True, configmaps=cms)
     assert any(expect in p for p in probs), probs
 
 
@@ -260,7 +264,7 @@ def test_planted_invalid_index_config_fails(rendered):
     docs = copy.deepcopy(rendered["cpu-dev"])
     cm = _one(docs, "ConfigMap", "qrag-index-config")
     cm["data"]["index.yaml"] = cm["data"]["index.yaml"].replace("questions: 10", "questionz: 10")
-    probs = v.check_rayjob(_one(docs, "RayJob"), require_gpu=False,
+    probs = kuberay.check_rayjob(_one(docs, "RayJob"), require_gpu=False,
                            configmaps={d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"})
     assert any("questionz" in p for p in probs), probs
 
@@ -269,7 +273,7 @@ def test_planted_rayjob_lifecycle_errors_fail(rendered):
     job = copy.deepcopy(_one(rendered["cpu-dev"], "RayJob"))
     job["spec"]["shutdownAfterJobFinishes"] = False
     job["spec"].pop("ttlSecondsAfterFinished")
-    probs = v.check_rayjob(job, require_gpu=False, configmaps={})
+    probs = kuberay.check_rayjob(job, require_gpu=False, configmaps={})
     assert any("shutdownAfterJobFinishes" in p for p in probs)
     assert any("ttlSecondsAfterFinished" in p for p in probs)
 
@@ -279,7 +283,7 @@ def test_planted_metric_not_exported_fails():
 
     dash = json.loads((REPO / "k8s" / "base" / "dashboards" / "qrag-dashboard.json").read_text())
     dash["panels"][0]["targets"][0]["expr"] = "sum(rate(ray_qrag_requests_total[5m]))"
-    probs = v.check_dashboard(dash, EXPORTED_METRICS)
+    probs = monitoring.check_dashboard(dash, EXPORTED_METRICS)
     assert any("ray_qrag_requests_total" in p for p in probs), probs
 
 
@@ -287,25 +291,25 @@ def test_planted_servicemonitor_and_port_mismatch_fail(rendered):
     docs = copy.deepcopy(rendered["gpu-prod"])
     pm = _one(docs, "PodMonitor", "qrag-ray-head")
     pm["kind"] = "ServiceMonitor"
-    probs = v.check_podmonitors(docs)
+    probs = monitoring.check_podmonitors(docs)
     assert any("not a ServiceMonitor" in p for p in probs)
     assert any("no PodMonitor selects Ray head pods" in p for p in probs)
     docs = copy.deepcopy(rendered["gpu-prod"])
     _one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["metrics-export-port"] = "9090"
-    assert any("metrics-export-port" in p for p in v.check_podmonitors(docs))
+    assert any("metrics-export-port" in p for p in monitoring.check_podmonitors(docs))
 
 
 def test_planted_cluster_launcher_errors_fail():
     cfg = yaml.safe_load((REPO / "cluster" / "cloud-gpu.yaml").read_text())
     bad = copy.deepcopy(cfg)
     bad["available_node_types"]["gpu_worker"]["min_wokers"] = 1  # typo: the schema forbids extra fields
-    assert any("schema" in p for p in v.check_cluster_launcher(bad))
+    assert any("schema" in p for p in launcher.check_cluster_launcher(bad))
     bad = copy.deepcopy(cfg)
     bad["available_node_types"]["head"]["resources"] = {"CPU": 8, "GPU": 1}
-    assert any("CPU-only" in p for p in v.check_cluster_launcher(bad))
+    assert any("CPU-only" in p for p in launcher.check_cluster_launcher(bad))
     bad = copy.deepcopy(cfg)
     del bad["available_node_types"]["gpu_worker"]
-    assert any("no GPU worker type" in p for p in v.check_cluster_launcher(bad))
+    assert any("no GPU worker type" in p for p in launcher.check_cluster_launcher(bad))
 
 
 def test_planted_error_in_a_file_copy_fails_the_overlay(tmp_path, canonical):
@@ -314,7 +318,194 @@ def test_planted_error_in_a_file_copy_fails_the_overlay(tmp_path, canonical):
     job = tmp_path / "k8s" / "overlays" / "gpu-prod" / "rayjob-gpu.yaml"  # the overlay sets the entrypoint
     assert "--cache-dir" in job.read_text()
     job.write_text(job.read_text().replace("--cache-dir", "--cache-directory"))
-    report = v.validate_overlay(tmp_path / "k8s" / "overlays" / "gpu-prod", require_gpu=True, canonical_serve=canonical)
+    report = validate_overlay(tmp_path / "k8s" / "overlays" / "gpu-prod", require_gpu=True, canonical_serve=canonical)
     assert not report.ok and any("No such option: --cache-directory" in p for p in report.problems), report.problems
-    clean = v.validate_overlay(REPO / "k8s" / "overlays" / "gpu-prod", require_gpu=True, canonical_serve=canonical)
+    clean = validate_overlay(REPO / "k8s" / "overlays" / "gpu-prod", require_gpu=True, canonical_serve=canonical)
     assert clean.ok, clean.problems
+
+
+def test_render_error_is_a_problem_not_a_crash(tmp_path):
+    shutil.copytree(REPO / "k8s", tmp_path / "k8s")
+    (tmp_path / "k8s" / "base" / "kustomization.yaml").write_text(
+        (tmp_path / "k8s" / "base" / "kustomization.yaml").read_text().replace("rayservice.yaml", "rayservce.yaml"))
+    with pytest.raises(RenderError):
+        render_kustomization(tmp_path / "k8s" / "overlays" / "cpu-dev")
+    report = validate_overlay(tmp_path / "k8s" / "overlays" / "cpu-dev", require_gpu=False)
+    assert not report.ok and "cannot render" in report.problems[0] and "rayservce.yaml" in report.problems[0]
+
+
+# ---------------------------------------------------------------- the lock-down (security.py)
+
+
+def _ray_docs(rendered, overlay="gpu-prod"):
+    return [d for d in rendered[overlay] if d["kind"] in ("RayJob", "RayService")]
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAY_NAMES))
+def test_every_overlay_is_locked_down(overlay, rendered):
+    docs = rendered[overlay]
+    assert security.check_manifests(docs) == []
+    for d in _ray_docs(rendered, overlay):
+        assert security.check_ray_resource(d) == [], d["kind"]
+        assert security.cluster_spec(d)["authOptions"] == {"mode": "token"}
+    ns = _one(docs, "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    svc = _one(docs, "RayService")
+    assert security.serve_tenants_paths(svc) == ["/etc/qrag/tenants/tenants.yaml"]
+
+
+def test_planted_manifest_without_token_auth_fails(rendered):
+    for doc in _ray_docs(rendered):
+        doc = copy.deepcopy(doc)
+        security.cluster_spec(doc).pop("authOptions")
+        assert any("token authentication is off" in p for p in security.check_ray_resource(doc)), doc["kind"]
+    doc = copy.deepcopy(_one(rendered["cpu-dev"], "RayService"))
+    security.cluster_spec(doc)["rayVersion"] = "2.47.1"
+    assert any("has no token authentication" in p for p in security.check_token_auth(doc))
+    doc = copy.deepcopy(_one(rendered["cpu-dev"], "RayJob"))
+    worker = security.cluster_spec(doc)["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    worker.setdefault("env", []).append({"name": "RAY_AUTH_MODE", "value": "disabled"})
+    assert any("overrides authOptions" in p for p in security.check_token_auth(doc))
+
+
+@pytest.mark.parametrize("plant, expect", [
+    (lambda pod, c: [pod["securityContext"].pop("runAsNonRoot"), c["securityContext"].pop("runAsNonRoot")],
+     "may run as root"),
+    (lambda pod, c: c["securityContext"].update(runAsUser=0), "runAsUser 0 is root"),
+    (lambda pod, c: c["securityContext"].pop("allowPrivilegeEscalation"), "allowPrivilegeEscalation"),
+    (lambda pod, c: c["securityContext"].update(capabilities={"add": ["SYS_ADMIN"]}), "capabilities must drop ALL"),
+    (lambda pod, c: c["securityContext"].update(readOnlyRootFilesystem=False), "readOnlyRootFilesystem"),
+    (lambda pod, c: pod.pop("securityContext") and c["securityContext"].update(runAsNonRoot=True), "seccompProfile"),
+    (lambda pod, c: c.pop("securityContext"), "allowPrivilegeEscalation must be false"),
+    (lambda pod, c: c.update(volumeMounts=[m for m in c["volumeMounts"] if m["mountPath"] != "/tmp"]),
+     "no writable emptyDir at /tmp"),
+    (lambda pod, c: pod["volumes"].append({"name": "host", "hostPath": {"path": "/"}}), "hostPath"),
+    (lambda pod, c: pod.update(hostNetwork=True), "hostNetwork is on"),
+], ids=["root", "uid0", "escalation", "caps", "rw-root", "seccomp", "no-container-sc", "no-tmp", "hostpath", "hostnet"])
+def test_planted_container_that_may_run_as_root_or_write_its_root_fails(rendered, plant, expect):
+    for kind in ("RayJob", "RayService"):
+        doc = copy.deepcopy(_one(rendered["gpu-prod"], kind))
+        pod = security.cluster_spec(doc)["workerGroupSpecs"][-1]["template"]["spec"]
+        plant(pod, pod["containers"][0])
+        probs = security.check_pod_security(doc)
+        assert any(expect in p and "worker group" in p for p in probs), (kind, probs)
+
+
+def test_planted_autoscaler_and_submitter_without_security_context_fail(rendered):
+    doc = copy.deepcopy(_one(rendered["cpu-dev"], "RayJob"))
+    security.cluster_spec(doc)["autoscalerOptions"].pop("securityContext")
+    doc["spec"]["submitterPodTemplate"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] = False
+    probs = security.check_pod_security(doc)
+    assert any(p.startswith("autoscaler sidecar") and "allowPrivilegeEscalation" in p for p in probs), probs
+    assert any("submitter pod" in p and "readOnlyRootFilesystem" in p for p in probs), probs
+    doc["spec"].pop("submitterPodTemplate")
+    assert any("no submitterPodTemplate" in p for p in security.check_pod_security(doc))
+
+
+def test_planted_namespace_without_restricted_pod_security_fails(rendered):
+    docs = copy.deepcopy(rendered["cpu-dev"])
+    _one(docs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "privileged"
+    assert any("must be restricted" in p for p in security.check_namespace(docs))
+
+
+def _policies_replaced(rendered, *policies) -> list[dict]:
+    docs = [d for d in copy.deepcopy(rendered["gpu-prod"]) if d["kind"] != "NetworkPolicy"]
+    return docs + [{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": f"p{i}"},
+                    "spec": spec} for i, spec in enumerate(policies)]
+
+
+def test_planted_manifests_without_network_policies_fail(rendered):
+    probs = security.check_manifests(_policies_replaced(rendered))
+    assert any("no default-deny ingress NetworkPolicy" in p for p in probs)
+    assert any("RayService qrag head pod: no NetworkPolicy selects it" in p for p in probs), probs
+    assert any("RayJob qrag-index submitter pod: no NetworkPolicy selects it" in p for p in probs), probs
+    assert any("Serve port 8000" in p for p in probs)
+
+
+@pytest.mark.parametrize("rule, target, expect", [
+    ({"ports": [{"port": 6379}]}, {"matchLabels": {"ray.io/node-type": "head"}}, "opens ports [6379] to any address"),
+    ({}, {"matchLabels": {"app.kubernetes.io/component": "qrag-serve"}}, "opens every port to any address"),
+    ({"from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 8265}]}, {}, "to any address"),
+    ({"from": [{"namespaceSelector": {}}]}, {"matchLabels": {"app.kubernetes.io/component": "qrag-index"}},
+     "opens every port to another namespace"),
+    ({"from": [{"namespaceSelector": {}}], "ports": [{"port": 8265}]}, {"matchLabels": {"ray.io/node-type": "worker"}},
+     "to another namespace"),
+    ({"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/component": "qrag-serve"}}}]},
+     {"matchLabels": {"app.kubernetes.io/component": "qrag-index"}}, "outside its Ray cluster (['qrag-serve'])"),
+    ({"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/component": "qrag-index-submitter"}}}],
+      "ports": [{"port": 10001}]}, {"matchLabels": {"ray.io/node-type": "head"}}, "outside its Ray cluster"),
+])
+def test_planted_policy_that_opens_ray_ports_fails(rendered, rule, target, expect):
+    base = [d["spec"] for d in rendered["gpu-prod"] if d["kind"] == "NetworkPolicy"]
+    docs = _policies_replaced(rendered, *base, {"podSelector": target, "policyTypes": ["Ingress"], "ingress": [rule]})
+    probs = security.check_network_policies(docs)
+    assert any(expect in p for p in probs), probs
+
+
+def test_label_selector_semantics():
+    labels = {"app.kubernetes.io/component": "qrag-serve", "ray.io/node-type": "head"}
+    assert security.selector_matches({}, labels)
+    assert security.selector_matches({"matchLabels": {"ray.io/node-type": "head"}}, labels)
+    assert not security.selector_matches({"matchLabels": {"ray.io/node-type": "worker"}}, labels)
+    expr = {"matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In", "values": ["qrag-index"]}]}
+    assert not security.selector_matches(expr, labels)
+    assert security.selector_matches({"matchExpressions": [{"key": "x", "operator": "DoesNotExist"}]}, labels)
+    assert not security.selector_matches({"matchExpressions": [{"key": "x", "operator": "Exists"}]}, labels)
+
+
+@pytest.mark.parametrize("volume, expect", [
+    ({"name": "tenants", "configMap": {"name": "qrag-tenants"}}, "comes from a configMap volume, not a Secret"),
+    ({"name": "tenants", "persistentVolumeClaim": {"claimName": "qrag-data"}}, "persistentVolumeClaim volume"),
+    (None, "is on no mounted volume"),
+])
+def test_planted_tenants_not_from_a_secret_fails(rendered, volume, expect):
+    doc = copy.deepcopy(_one(rendered["cpu-dev"], "RayService"))
+    pod = security.cluster_spec(doc)["workerGroupSpecs"][0]["template"]["spec"]
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "tenants"] + ([volume] if volume else [])
+    if volume is None:
+        c = pod["containers"][0]
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "tenants"]
+    probs = security.check_ray_resource(doc)
+    assert any(expect in p and "worker group" in p for p in probs), probs
+
+
+def test_planted_launcher_without_token_auth_fails():
+    cfg = yaml.safe_load((REPO / "cluster" / "cloud-gpu.yaml").read_text())
+    assert launcher.check_launcher_auth(cfg) == []
+    bad = copy.deepcopy(cfg)
+    bad["worker_start_ray_commands"] = [c.replace("RAY_AUTH_MODE=token ", "") for c in bad["worker_start_ray_commands"]]
+    assert any("worker_start_ray_commands: `ray start` without RAY_AUTH_MODE=token" in p
+               for p in launcher.check_cluster_launcher(bad))
+    bad = copy.deepcopy(cfg)
+    bad["head_start_ray_commands"] = [c.replace("--num-cpus=0", "--num-cpus=0 --dashboard-host=0.0.0.0")
+                                      for c in bad["head_start_ray_commands"]]
+    assert any("listens on 0.0.0.0" in p for p in launcher.check_launcher_auth(bad))
+    bad = copy.deepcopy(cfg)
+    bad["file_mounts"] = {}
+    assert any("token is not copied" in p for p in launcher.check_launcher_auth(bad))
+
+
+def test_planted_manifest_file_without_auth_fails_the_overlay(tmp_path):
+    """The whole path the CI check takes: a base file edited to drop token auth and the policies makes
+    the rendered overlay fail."""
+    shutil.copytree(REPO / "k8s", tmp_path / "k8s")
+    rs = tmp_path / "k8s" / "base" / "rayservice.yaml"
+    rs.write_text(rs.read_text().replace("    authOptions:\n      mode: token\n", ""))
+    kz = tmp_path / "k8s" / "base" / "kustomization.yaml"
+    kz.write_text(kz.read_text().replace("  - networkpolicies.yaml\n", ""))
+    report = validate_overlay(tmp_path / "k8s" / "overlays" / "cpu-dev", require_gpu=False,
+                              canonical_serve=serve.load_canonical_serve_config())
+    assert any("RayService/qrag: Ray token authentication is off" in p for p in report.problems), report.problems
+    assert any("no default-deny ingress NetworkPolicy" in p for p in report.problems), report.problems
+    assert not any("RayJob/qrag-index: Ray token authentication" in p for p in report.problems)
+
+
+def test_cli_fails_a_single_manifest_without_the_lock_down(tmp_path, capsys, rendered):
+    job = copy.deepcopy(_one(rendered["cpu-dev"], "RayJob"))
+    security.cluster_spec(job).pop("authOptions")
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(job))
+    assert main([str(f)]) == 1
+    err = capsys.readouterr().err
+    assert "token authentication is off" in err and "no default-deny ingress NetworkPolicy" in err
+    assert validate_docs(rendered["cpu-dev"], require_gpu=False).ok

@@ -1,0 +1,160 @@
+"""Ray's control plane is authenticated wherever the project starts or joins Ray.
+
+A real head started the project's way (cluster/local_cluster.py, dashboard on) with its token in a file
+of this test (RAY_AUTH_TOKEN_PATH): the real Jobs API refuses a submission without the token (401) or
+with a wrong one (403) and runs one that carries it; `qrag index --address` without the token fails with
+one line saying what to set; the local Ray of `ensure_ray` runs in token mode with no setup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cluster import local_cluster as lc
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration
+
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("auth") / "token"
+    path.write_text(secrets.token_hex(32))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def head(token_file):
+    """A one-node cluster (head with 1 CPU and its dashboard) started by the script's CLI in a process of
+    its own, in token mode by default: RAY_AUTH_MODE is unset, only the token's file is given. (Ray
+    caches a token per process, so this test process never loads one.)"""
+    name = f"a{os.getpid() % 100000}"
+    cdir = lc.default_dir(name)
+    env = _env_without_auth(RAY_AUTH_TOKEN_PATH=str(token_file))
+    cli = [sys.executable, "-m", "cluster.local_cluster"]
+    r = subprocess.run([*cli, "up", "--name", name, "--workers", "0", "--head-cpus", "1"], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    try:
+        assert r.returncode == 0, r.stderr[-3000:]
+        yield SimpleNamespace(**json.loads(r.stdout))
+    finally:
+        down = subprocess.run([*cli, "down", "--name", name], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=REPO)
+        assert down.returncode == 0, down.stderr[-3000:]
+        assert lc.cluster_pids(cdir) == []
+
+
+def _jobs_api(url: str, method: str = "GET", body: dict | None = None, token: str | None = None) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _env_without_auth(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in AUTH_VARS and k != "RAY_ADDRESS"}
+    return env | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
+
+
+def test_nodes_run_in_token_mode(head):
+    pids = lc.cluster_pids(Path(head.dir))
+    assert pids
+    for pid in pids:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"RAY_AUTH_MODE=token" in env, pid
+
+
+def test_jobs_api_refuses_a_submission_without_the_token(head, token_file):
+    url = f"{head.dashboard_url}/api/jobs/"
+    job = {"entrypoint": "echo unauthenticated"}
+    code, text = _jobs_api(url, "POST", job)
+    assert code == 401, text
+    code, text = _jobs_api(url, "POST", job, token=secrets.token_hex(32))
+    assert code == 403, text
+    code, _ = _jobs_api(url, token=None)  # listing jobs is refused too
+    assert code == 401
+
+
+def test_jobs_api_runs_a_submission_with_the_token(head, token_file):
+    token = token_file.read_text()
+    code, text = _jobs_api(f"{head.dashboard_url}/api/jobs/", "POST",
+                           {"entrypoint": "python -c \"print('authenticated job ran')\""}, token=token)
+    assert code == 200, text
+    job_id = json.loads(text)["submission_id"]
+    deadline = time.monotonic() + 120
+    status = None
+    while time.monotonic() < deadline:
+        code, text = _jobs_api(f"{head.dashboard_url}/api/jobs/{job_id}", token=token)
+        assert code == 200, text
+        status = json.loads(text)["status"]
+        if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        time.sleep(1)
+    assert status == "SUCCEEDED", status
+    code, logs = _jobs_api(f"{head.dashboard_url}/api/jobs/{job_id}/logs", token=token)
+    assert code == 200 and "authenticated job ran" in json.loads(logs)["logs"]
+
+
+def test_a_driver_with_the_token_joins(head, token_file):
+    code = ("from qrag_ray.runtime import ensure_ray; import ray; ensure_ray(%r);"
+            "print(int(ray.cluster_resources()['head']))" % head.address)
+    r = subprocess.run([sys.executable, "-c", code], env=_env_without_auth(RAY_AUTH_TOKEN_PATH=str(token_file)),
+                       capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "1"
+
+
+@pytest.mark.parametrize("case", ["no token", "wrong token", "mode disabled"])
+def test_qrag_index_without_the_token_says_what_to_set(head, tmp_path, token_file, case):
+    extra = {"no token": {"HOME": str(tmp_path)},  # no ~/.ray/auth_token either
+             "wrong token": {"RAY_AUTH_TOKEN": secrets.token_hex(32)},
+             "mode disabled": {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": str(token_file)}}[case]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "text": "Ray clusters authenticate every client."}) + "\n")
+    r = subprocess.run([sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(corpus), "--output",
+                        str(tmp_path / "idx"), "--address", head.address],
+                       env=_env_without_auth(**extra), capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"Ray cluster at {head.address} requires its authentication token" in errors[0]
+    assert "RAY_AUTH_TOKEN" in errors[0] and "RAY_AUTH_TOKEN_PATH" in errors[0]
+    if case == "mode disabled":
+        assert "RAY_AUTH_MODE=disabled" in errors[0]
+    assert not (tmp_path / "idx").exists()
+
+
+def test_local_ray_of_qrag_runs_in_token_mode_without_setup(tmp_path):
+    """ensure_ray(None), as `qrag index` calls it, with no auth variable and an empty home: Ray makes
+    the token of the local instance itself."""
+    code = ("from qrag_ray.runtime import ensure_ray; ensure_ray(None, 2);"
+            "from ray._raylet import AuthenticationMode, get_authentication_mode;"
+            "import os, ray; print(get_authentication_mode() == AuthenticationMode.TOKEN, os.environ['RAY_AUTH_MODE']);"
+            "ray.shutdown()")
+    r = subprocess.run([sys.executable, "-c", code], env=_env_without_auth(HOME=str(tmp_path)),
+                       capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "True token"
+    assert (tmp_path / ".ray" / "auth_token").is_file()

@@ -1,0 +1,1 @@
+"""Repository tools (run from the repo root, not installed with qrag_ray)."""

@@ -1,0 +1,5 @@
+import sys
+
+from tools.validate_deploy.cli import main
+
+sys.exit(main())

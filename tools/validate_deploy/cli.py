@@ -1,0 +1,127 @@
+"""Whole overlays and the repository, and the command line (`python -m tools.validate_deploy`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import yaml
+
+from tools.validate_deploy import REPO, kuberay, launcher, monitoring, security, serve
+from tools.validate_deploy.render import RenderError, load_docs, render_kustomization
+
+OVERLAYS = {"cpu-dev": {"gpu": False}, "gpu-prod": {"gpu": True}}
+CLUSTER_LAUNCHER = REPO / "cluster" / "cloud-gpu.yaml"
+
+
+@dataclass
+class Report:
+    """Problems found, each prefixed with where it is (file or resource)."""
+
+    problems: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+
+    def add(self, where: str, msg: str) -> None:
+        self.problems.append(f"{where}: {msg}")
+
+    def extend(self, where: str, msgs: Iterable[str]) -> None:
+        for m in msgs:
+            self.add(where, m)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def validate_docs(docs: list[dict], *, require_gpu: bool, canonical_serve: dict | None = None,
+                  exported: Iterable[str] | None = None, report: Report | None = None, where: str = "") -> Report:
+    report = report or Report()
+    kinds = [d.get("kind") for d in docs]
+    for need in ("RayJob", "RayService", "PodMonitor"):
+        if need not in kinds:
+            report.add(where, f"no {need} in the manifests")
+    configmaps = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ConfigMap"}
+    for d in docs:
+        if not isinstance(d, dict) or not d.get("apiVersion") or not d.get("kind") or not (d.get("metadata") or {}).get("name"):
+            report.add(where, f"a resource lacks apiVersion/kind/metadata.name: {str(d)[:80]}")
+            continue
+        w = f"{where}{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] == "RayService":
+            report.extend(w, kuberay.check_rayservice(d, require_gpu=require_gpu, canonical=canonical_serve))
+            report.extend(w, security.check_ray_resource(d))
+        elif d["kind"] == "RayJob":
+            report.extend(w, kuberay.check_rayjob(d, require_gpu=require_gpu, configmaps=configmaps))
+            report.extend(w, security.check_ray_resource(d))
+        elif d["kind"] == "ConfigMap" and any(k.endswith(".json") for k in d.get("data") or {}):
+            for k, v in d["data"].items():
+                if k.endswith(".json"):
+                    try:
+                        dash = json.loads(v)
+                    except json.JSONDecodeError as e:
+                        report.add(w, f"{k} is not JSON: {e}")
+                        continue
+                    metrics = exported if exported is not None else monitoring.exported_metrics()
+                    report.extend(f"{w}[{k}]", monitoring.check_dashboard(dash, metrics))
+        report.checked.append(w)
+    report.extend(where + "monitoring", monitoring.check_podmonitors(docs))
+    report.extend(where + "security", security.check_manifests(docs))
+    return report
+
+
+def validate_overlay(path: str | Path, *, require_gpu: bool, canonical_serve: dict | None = None,
+                     exported: Iterable[str] | None = None, report: Report | None = None) -> Report:
+    path = Path(path)
+    report = report or Report()
+    try:
+        docs = render_kustomization(path)
+    except (RenderError, OSError, yaml.YAMLError) as e:
+        report.add(str(path), f"cannot render: {e}")
+        return report
+    return validate_docs(docs, require_gpu=require_gpu, canonical_serve=canonical_serve, exported=exported,
+                         report=report, where=f"{path.name}: ")
+
+
+def validate_repo(root: Path = REPO) -> Report:
+    report = Report()
+    canonical = serve.load_canonical_serve_config(root / "serve_configs" / "qrag.yaml")
+    report.extend("serve_configs/qrag.yaml", serve.check_serve_config(canonical))
+    for name, opts in OVERLAYS.items():
+        validate_overlay(root / "k8s" / "overlays" / name, require_gpu=opts["gpu"], canonical_serve=canonical,
+                         report=report)
+    report.extend("cluster/cloud-gpu.yaml",
+                  launcher.check_cluster_launcher(yaml.safe_load((root / "cluster" / "cloud-gpu.yaml").read_text())))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tools.validate_deploy import __doc__ as doc
+
+    ap = argparse.ArgumentParser(prog="python -m tools.validate_deploy", description=doc.split("\n\n")[0])
+    ap.add_argument("paths", nargs="*", help="overlay directories or YAML files (default: the whole repo)")
+    ap.add_argument("--gpu", action="store_true", help="require a GPU worker group (for given paths)")
+    ap.add_argument("--sync-serve-config", action="store_true",
+                    help="regenerate serveConfigV2 in k8s/base/rayservice.yaml from serve_configs/qrag.yaml")
+    a = ap.parse_args(argv)
+    if a.sync_serve_config:
+        changed = serve.sync_serve_config()
+        print(f"k8s/base/rayservice.yaml: serveConfigV2 {'updated' if changed else 'already in sync'}")
+    if a.paths:
+        report = Report()
+        canonical = serve.load_canonical_serve_config()
+        for p in map(Path, a.paths):
+            if p.is_dir():
+                validate_overlay(p, require_gpu=a.gpu, canonical_serve=canonical, report=report)
+            elif "available_node_types" in p.read_text():
+                report.extend(str(p), launcher.check_cluster_launcher(yaml.safe_load(p.read_text())))
+            else:
+                validate_docs(load_docs(p), require_gpu=a.gpu, canonical_serve=canonical, report=report, where=f"{p}: ")
+    else:
+        report = validate_repo()
+    for msg in report.problems:
+        print(f"error: {msg}", file=sys.stderr)
+    print(f"{len(report.checked)} resources checked, {len(report.problems)} problems")
+    return 0 if report.ok else 1

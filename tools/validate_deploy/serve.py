@@ -1,0 +1,109 @@
+"""The Serve config: Ray's ServeDeploySchema, the import of every app, autoscaling, the CPU floor, and
+the generated serveConfigV2 of the RayService."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tools.validate_deploy import REPO
+
+SERVE_CONFIG = REPO / "serve_configs" / "qrag.yaml"
+RAYSERVICE = REPO / "k8s" / "base" / "rayservice.yaml"
+
+
+def import_attr(import_path: str) -> Any:
+    """Import `module:attr` or `module.attr` as Serve does; raises ImportError/AttributeError."""
+    if ":" in import_path:
+        mod, attr = import_path.split(":", 1)
+    else:
+        mod, _, attr = import_path.rpartition(".")
+    if not mod or not attr:
+        raise ImportError(f"malformed import_path {import_path!r}")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_serve_config(cfg: Any) -> list[str]:
+    """Ray's own schema, the import path of every app, autoscaling on every listed deployment."""
+    from pydantic import ValidationError
+    from ray.serve.schema import ServeDeploySchema
+
+    if not isinstance(cfg, dict):
+        return ["serve config is not a mapping"]
+    out = []
+    try:
+        ServeDeploySchema.model_validate(cfg)
+    except ValidationError as e:
+        out.append("does not validate against ray.serve.schema.ServeDeploySchema: "
+                   + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()))
+        return out
+    for app in cfg.get("applications", []):
+        name = app.get("name", "?")
+        try:
+            obj = import_attr(app["import_path"])
+            if not callable(obj) and type(obj).__name__ != "Application":
+                out.append(f"application {name}: import_path {app['import_path']} is neither an Application nor a builder")
+        except (ImportError, AttributeError) as e:
+            out.append(f"application {name}: import_path {app['import_path']!r} does not import ({e})")
+        deps = app.get("deployments") or []
+        if not deps:
+            out.append(f"application {name}: no deployments listed (no autoscaling_config to apply)")
+        for dep in deps:
+            ac = dep.get("autoscaling_config")
+            if not ac:
+                out.append(f"application {name}: deployment {dep.get('name')} has no autoscaling_config")
+            elif ac.get("min_replicas", 1) > ac.get("max_replicas", 1):
+                out.append(f"application {name}: deployment {dep.get('name')}: min_replicas > max_replicas")
+    return out
+
+
+def serve_cpu_floor(cfg: dict) -> float:
+    """CPUs the app needs with every deployment at min_replicas (what the cluster must at least hold)."""
+    total = 0.0
+    for app in cfg.get("applications", []):
+        for dep in app.get("deployments") or []:
+            n = (dep.get("autoscaling_config") or {}).get("min_replicas", dep.get("num_replicas", 1))
+            total += n * float((dep.get("ray_actor_options") or {}).get("num_cpus", 1))
+    return total
+
+
+def load_canonical_serve_config(path: Path = SERVE_CONFIG) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def embed_serve_config(rayservice_text: str, serve_yaml_text: str) -> str:
+    """Replace the `serveConfigV2: |` block of a RayService file (keeping its comments) with the
+    canonical serve config, comments included, indented as a YAML block scalar."""
+    lines = rayservice_text.splitlines(keepends=True)
+    for i, ln in enumerate(lines):
+        m = re.match(r"^(\s*)serveConfigV2:\s*\|[-+]?\s*$", ln)
+        if m:
+            break
+    else:
+        raise ValueError("no `serveConfigV2: |` block in the RayService file")
+    key_indent = len(m.group(1))
+    j = i + 1
+    while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > key_indent):
+        j += 1
+    pad = " " * (key_indent + 2)
+    body = [pad + ln if ln.strip() else "\n" for ln in serve_yaml_text.rstrip("\n").splitlines(keepends=True)]
+    body[-1] = body[-1].rstrip("\n") + "\n"
+    return "".join(lines[:i + 1] + body + lines[j:])
+
+
+def sync_serve_config(rayservice: Path = RAYSERVICE, serve_config: Path = SERVE_CONFIG) -> bool:
+    """Rewrite rayservice's serveConfigV2 from serve_config; True when the file changed."""
+    old = rayservice.read_text()
+    new = embed_serve_config(old, serve_config.read_text())
+    if yaml.safe_load(yaml.safe_load(new)["spec"]["serveConfigV2"]) != yaml.safe_load(serve_config.read_text()):
+        raise AssertionError("embedding the serve config changed its content")
+    if new != old:
+        rayservice.write_text(new)
+    return new != old
