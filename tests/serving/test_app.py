@@ -411,6 +411,7 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
     import httpx
 
     from qrag_ray.cli import main
+    from qrag_ray.ports import free_port
 
     port = free_port()
     env = {**os.environ, "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
