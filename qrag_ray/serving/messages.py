@@ -33,10 +33,6 @@ class Query:
     policy: FusionPolicy  # the index's fusion policy with the request's bm25_alpha, checked against the index
     lexical: str | None = None  # the user's own words, for BM25, when the policy is hybrid
 
-    @property
-    def lexical_batch(self) -> list[str] | None:
-        return None if self.lexical is None else [self.lexical]
-
 
 @dataclass
 class ShardReply:

@@ -1,15 +1,7 @@
 """The Router deployment (FastAPI ingress): its routes, each a thin call into the modules that do the
-work. What keeps it up while things change:
-
-- the tenants file is re-read every `tenants_reload_s` (registry.py): keys rotate and tenants come
-  and go without a restart;
-- each tenant's index version is watched, warmed, swapped and retired by TenantVersions (versions.py),
-  and every request carries the exact version it started with;
-- one deadline (`request_timeout_s`) covers embedding, fan-out and the LLM; a dead shard replica is
-  retried once (retrieval.py); overload and per-tenant limits answer 503 / 429 with Retry-After at once.
-
-Ranking is the in-process engine's: the shards run `search_shard_exact`, the Retriever merges once
-with the same `merge_hits` and formats with the same `format_results`.
+work: tenants and keys (registry.py), versions (versions.py), the query's path (retrieval.py), the LLM
+(answer.py). One deadline (`request_timeout_s`) covers a request; overload and per-tenant limits answer
+503 / 429 with Retry-After at once; the tenants file is re-read every `tenants_reload_s`.
 """
 
 from __future__ import annotations

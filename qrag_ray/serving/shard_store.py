@@ -69,7 +69,8 @@ def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page
     from qrag_ray.search.shard_search import search_shard_exact
 
     t0 = time.perf_counter()
-    hits, rounds = search_shard_exact(ls.searcher, qvecs, q.k, ls.multiplier, q.min_score, q.policy, q.lexical_batch)
+    texts = None if q.lexical is None else [q.lexical]
+    hits, rounds = search_shard_exact(ls.searcher, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts)
     reply = ShardReply(shard, ls.index_version, ls.searcher.ntotal, hits, rounds=rounds)
     for h in (hits if page else ()):
         for r in merge_hits([h], 0, q.k, q.min_score, q.policy)[0]:
