@@ -10,11 +10,9 @@ from qrag_ray.serving.config import assigned_cpus
 from qrag_ray.serving.messages import Query, ShardKey, ShardReply
 from qrag_ray.serving.shard_store import ShardStore
 
-DEFAULT_CACHE_BYTES = 2 << 30
-
 
 class ShardSearcherDeployment:
-    def __init__(self, shard: int, cache_bytes: int = DEFAULT_CACHE_BYTES, faiss_threads: int | None = None):
+    def __init__(self, shard: int, cache_bytes: int, faiss_threads: int | None):
         self.shard = shard
         self.store = ShardStore(cache_bytes, faiss_threads or assigned_cpus())
 
