@@ -112,7 +112,7 @@ def test_hybrid_rounds_go_deep_and_rank_like_exhaustive_lists(hybrid_index, mini
     chunk that BM25 puts 2nd but the dense list cut off. A hybrid query's first round asks each shard
     for HYBRID_MIN_DEPTH hits per channel (a dense query still asks k x M), and small k then ranks
     exactly as exhaustive lists do."""
-    from qrag_ray.search import engine as eng_mod
+    from qrag_ray.search.shard_search import HYBRID_MIN_DEPTH
     from qrag_ray.search.merge import merge_hits
 
     engine = SearchEngine(hybrid_index[0], embedder=minilm)
@@ -129,7 +129,7 @@ def test_hybrid_rounds_go_deep_and_rank_like_exhaustive_lists(hybrid_index, mini
             want = merge_hits([h.row(qi) for h in deep], 0, k, None, engine.policy)[0]
             assert [r.chunk_idx for r in got[qi]] == [r.chunk_idx for r in want]
             assert [r.score for r in got[qi]] == pytest.approx([r.score for r in want], abs=1e-6)
-    assert asked and all(depth >= eng_mod.HYBRID_MIN_DEPTH and text for depth, text in asked)
+    assert asked and all(depth >= HYBRID_MIN_DEPTH and text for depth, text in asked)
     asked.clear()
     engine.policy = FusionPolicy()  # dense only: the depth stays k x M
     engine.search_vectors(qv, 2)

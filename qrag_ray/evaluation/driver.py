@@ -126,10 +126,10 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
 
     from qrag_ray.embedding import encode
     from qrag_ray.generation.cache import QuestionCache
-    from qrag_ray.generation.parsing import hyde_passage
     from qrag_ray.generation.requests import make_request
     from qrag_ray.generation.stage import generate
     from qrag_ray.models.registry import resolve_llm
+    from qrag_ray.serving.answer import hyde_passage
 
     reqs = [make_request(gcfg, "hyde", q, None) | {"unit": -1, "chunk_idx": i, "shard": 0, "text": q}
             for i, q in enumerate(queries)]

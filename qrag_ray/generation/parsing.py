@@ -28,19 +28,15 @@ import re
 from collections.abc import Iterable
 
 __all__ = [
-    "DONT_KNOW",
     "clean_text",
-    "extract_citations",
     "is_interrogative",
     "normalize_key",
-    "parse_answer",
     "parse_atoms",
     "parse_output",
     "parse_qa",
     "parse_questions",
+    "strip_reply_format",
 ]
-
-DONT_KNOW = "I don't know"  # the exact reply the `answer` prompt asks for (prompts.DONT_KNOW)
 
 MIN_WORDS = 3
 MAX_QUESTION_WORDS = 60
@@ -558,39 +554,12 @@ def parse_atoms(
     return out[:max_atoms] if max_atoms is not None else out
 
 
-_DONT_KNOW_RE = re.compile(r"^\W*i\s+(?:do\s+not|don[’']?t)\s+know\b", re.IGNORECASE)
-_CITATION = re.compile(r"\[(\d{1,3}(?:\s*[,;]\s*\d{1,3})*)\]")
-
-
-def parse_answer(raw: str | None) -> str:
-    """The synthesizer's answer, cleaned; any short 'I don't know' variant becomes exactly DONT_KNOW."""
+def strip_reply_format(raw: str | None) -> str:
+    """A free-text reply (an answer, a passage) without chat tokens, <think> blocks, code-fence and role
+    lines, or a leading "Answer:" label."""
     text = clean_text(raw)
     text = "\n".join(ln for ln in text.split("\n") if not _FENCE.fullmatch(ln.strip()) and not _ROLE_LINE.match(ln))
-    text = _ANSWER_LABEL.sub("", text.strip(), count=1).strip() if _ANSWER_LINE.match(text.strip()) else text.strip()
-    if not text:
-        return DONT_KNOW
-    if _DONT_KNOW_RE.match(text) and len(text.split()) <= 12:
-        return DONT_KNOW
-    return text
-
-
-def extract_citations(answer: str) -> list[int]:
-    """Passage numbers cited as [1], [2], [1, 3] in an answer, in first-seen order."""
-    seen: list[int] = []
-    for m in _CITATION.finditer(answer or ""):
-        for n in re.split(r"\s*[,;]\s*", m.group(1)):
-            k = int(n)
-            if k not in seen:
-                seen.append(k)
-    return seen
-
-
-def hyde_passage(raw: str | None, query: str) -> str:
-    """The text HyDE embeds: the LLM's cleaned passage, or the query itself when the reply is empty.
-    One function for the served mode and the evaluated baseline, so what `qrag eval --hyde` scores is
-    what `/v1/search` with mode=hyde does."""
-    texts = parse_output(raw, "text")
-    return texts[0] if texts else query
+    return _ANSWER_LABEL.sub("", text.strip(), count=1).strip() if _ANSWER_LINE.match(text.strip()) else text.strip()
 
 
 def parse_output(raw: str | None, output_kind: str, max_items: int | None = None, **kwargs) -> list[str]:

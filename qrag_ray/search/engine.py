@@ -1,12 +1,9 @@
-"""In-process search over all shards: embed, search each shard until its own top k is final, merge once.
-
-`qrag search` and `qrag eval` use this directly; the Serve app runs the same pieces
-(`search_shard_exact` in each shard replica, `merge_hits` in the router), so results are identical.
-"""
+"""In-process search over all shards (`qrag search`, `qrag eval`): embed, search each shard until its
+own top k is final, merge once. The Serve app runs the same `search_shard_exact` and `merge_hits`
+(search/shard_search.py, search/merge.py), so served and in-process results are identical."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,23 +13,17 @@ import pyarrow.parquet as pq
 
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import CHUNKS, Manifest, load_manifest, verify_files
-from qrag_ray.index.searcher import ShardHits, ShardSearcher
+from qrag_ray.index.searcher import ShardSearcher
 from qrag_ray.search.merge import ChunkResult, FusionPolicy, merge_hits
+from qrag_ray.search.shard_search import check_hybrid, format_results, initial_multiplier, search_shard_exact
 
 MAX_K = 1000
-# A hybrid query's first round asks each shard for at least this many vectors and BM25 hits. A chunk
-# one list missed is scored at that list's floor, so with k x M (20-40) hits per list a chunk that is
-# 2nd in BM25 but 60th by cosine gets the dense floor of a short list and sinks; 100 deep, the real
-# path matches the deep re-ranking grid of docs/EVALUATION.md (suite quick slice, default: DL19 71.7 -> 74.2
-# nDCG@10, mean 75.2 -> 76.3).
-HYBRID_MIN_DEPTH = 100
 
 
-def initial_multiplier(manifest: Manifest) -> int:
-    """Vectors to ask per wanted chunk: about twice the mean vectors per chunk."""
-    counts = manifest.data.get("counts", {})
-    vpc = counts.get("vectors", 1) / max(1, counts.get("chunks", 1))
-    return max(2, math.ceil(2 * vpc))
+def validate_k(k: int) -> int:
+    if not isinstance(k, int) or k < 1 or k > MAX_K:
+        raise QragError(f"k must be between 1 and {MAX_K}, got {k}")
+    return k
 
 
 class ChunkTable:
@@ -57,75 +48,12 @@ class ChunkTable:
         return {c: self.cols[c][pos] for c in self.cols}
 
 
-def validate_k(k: int) -> int:
-    if not isinstance(k, int) or k < 1 or k > MAX_K:
-        raise QragError(f"k must be between 1 and {MAX_K}, got {k}")
-    return k
-
-
-def format_results(results: list[ChunkResult], chunks: ChunkTable, matched_of) -> list[dict]:
-    """Result dicts (docs/ARCHITECTURE.md); matched_of(shard, row) -> (kind, text)."""
-    out = []
-    for r in results:
-        meta = chunks.get(r.chunk_idx)
-        matched = []
-        for shard, row, score in r.matches:
-            kind, text = matched_of(shard, row)
-            matched.append({"kind": kind, "text": text, "score": round(float(score), 6)})
-        res = {"chunk_id": meta["chunk_id"], "doc_id": meta["doc_id"], "title": meta["title"],
-               "score": round(float(r.score), 6), "text": meta["text"], "matched": matched}
-        if r.lexical is not None:
-            res["bm25"] = round(float(r.lexical), 6)
-        if r.cosine is not None:
-            res["cosine"] = round(float(r.cosine), 6)
-        out.append(res)
-    return out
-
-
 @dataclass
 class SearchTimings:
     embed_ms: float = 0.0
     search_ms: float = 0.0
     merge_ms: float = 0.0
     rounds: int = 0
-
-
-def check_hybrid(policy: FusionPolicy, manifest: Manifest) -> None:
-    """Hybrid search needs the BM25 files; shared by the engine and the Serve router."""
-    if policy.bm25_alpha is not None and not manifest.has_bm25:
-        raise QragError(f"hybrid search (search.bm25_alpha) needs a BM25 index, and {manifest.path} has none: "
-                        "re-index with bm25.enabled")
-
-
-def search_shard_exact(searcher: ShardSearcher, qvecs: np.ndarray, k: int, multiplier: int,
-                       min_score: float | None, policy: FusionPolicy,
-                       queries: list[str] | None = None) -> tuple[list[ShardHits], int]:
-    """One shard's hits per query, each deep enough that the shard's own top k distinct chunks are
-    final (widening x4 while `needs_more` says a deeper list could change them).
-
-    Every vector of a chunk lives in one shard, so the global top k chunks are among the shards'
-    local top k: the caller merges once, with no further rounds across shards or processes. The
-    in-process engine and the Serve shard replicas both call this, so they rank identically."""
-    total = searcher.ntotal
-    use_text = policy.bm25_alpha is not None and queries is not None
-    out: list[ShardHits | None] = [None] * len(qvecs)
-    todo = np.arange(len(qvecs))
-    m, rounds = multiplier, 0
-    if use_text:
-        m = max(m, -(-HYBRID_MIN_DEPTH // k))
-    while len(todo):
-        rounds += 1
-        hits = searcher.search(qvecs[todo], k * m, [queries[i] for i in todo] if use_text else None)
-        again = []
-        for j, qi in enumerate(todo):
-            one = hits.row(j)
-            if k * m < total and merge_hits([one], 0, k, min_score, policy)[1]:
-                again.append(qi)
-            else:
-                out[qi] = one
-        todo = np.asarray(again, dtype=np.int64)
-        m *= 4
-    return out, rounds  # type: ignore[return-value]
 
 
 class SearchEngine:
@@ -183,4 +111,4 @@ class SearchEngine:
         self.last_timings.embed_ms = (time.perf_counter() - t0) * 1000
         results = self.search_vectors(qvecs, k, min_score, queries)
         matched_of = lambda shard, row: self.shards[shard].matched(row)  # noqa: E731
-        return [format_results(r, self.chunks, matched_of) for r in results]
+        return [format_results(r, self.chunks.get, matched_of) for r in results]

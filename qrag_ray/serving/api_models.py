@@ -27,8 +27,9 @@ ERROR_DESCRIPTIONS = {
     404: "unknown index",
     422: "a field is missing, of the wrong type or out of range, or the query is too long (`detail` lists each)",
     429: "the tenant is over its request rate (Retry-After)",
+    501: "mode=hyde and /v1/answer need an LLM, and this server has none configured",
     502: "the LLM backend failed",
-    503: "index unavailable, no LLM configured, a shard down after a retry, or the server at capacity",
+    503: "index unavailable, a shard down after a retry, or the server at capacity",
     504: "the request missed its deadline",
 }
 RETRY_AFTER_STATUSES = (429, 503)

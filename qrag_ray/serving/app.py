@@ -19,7 +19,8 @@ from ray import serve
 from ray.serve import Application
 
 from qrag_ray.serving.config import ROUTER, SYNTHESIZER, parse_app_args, shard_deployment
-from qrag_ray.serving.deployments import ShardSearcherDeployment, Synthesizer
+from qrag_ray.serving.answer import Synthesizer
+from qrag_ray.serving.shard_deployment import ShardSearcherDeployment
 
 logger = logging.getLogger(__name__)
 

@@ -39,6 +39,19 @@ def shard_deployment(i: int) -> str:
     return f"ShardSearcher{i}"
 
 
+def assigned_cpus(default: int = 1) -> int:
+    """The replica's CPU share, so FAISS / torch threads match what Ray scheduled it for."""
+    try:
+        import ray
+
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        if cpus:
+            return max(1, int(round(cpus)))
+    except Exception:  # noqa: BLE001 - outside Ray: keep the default
+        pass
+    return default
+
+
 class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -1,8 +1,7 @@
 """Query embedding inside the Router replica: models by name, loaded once, encoded off the event loop.
 
-Embedding in the ingress saves a process hop per request (on a 2-core box each hop cost ~20 ms under
-load, docs/BENCHMARKS.md), and the Router batches concurrent queries into one encode call
-(`@serve.batch`), which is where a transformer's throughput comes from.
+Embedding in the ingress saves a process hop per request, and the Router batches concurrent queries
+into one encode call (retrieval.py, `@serve.batch`), which is where a transformer's throughput comes from.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ class QueryEncoder:
         self.threads = threads
         self._models: dict[str, object] = {}
         self._loading: dict[str, asyncio.Future] = {}
-        # One encode at a time: a lone request encodes in its own worker thread (Router._retrieve) while a
+        # One encode at a time: a lone request encodes in its own worker thread (retrieval.py) while a
         # batch may be encoding in another, and a fast tokenizer shared by two threads can fail
         # ("Already borrowed"); the forward pass has the replica's CPUs to itself anyway.
         self._lock = threading.Lock()

@@ -16,9 +16,6 @@ class ApiError(Exception):
         self.message = message
         self.headers = headers or {}
 
-    def body(self) -> dict:
-        return {"error": self.kind, "message": self.message}
-
 
 def unauthorized(message: str) -> ApiError:
     return ApiError(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
@@ -29,7 +26,8 @@ def not_found(message: str) -> ApiError:
 
 
 def llm_not_configured(what: str) -> ApiError:
-    return ApiError(503, "llm_not_configured",
+    """501: a feature this server does not offer, not a temporary outage (clients retry a 503)."""
+    return ApiError(501, "llm_not_configured",
                     f"{what} needs an LLM, and this server has none configured: start it with a generator "
                     "(qrag serve --llm-url URL, or args.generator in the serve config)")
 

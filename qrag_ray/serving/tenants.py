@@ -147,9 +147,10 @@ class Tenants:
         """The admin key (or any caller of an open, single-index server, which binds to 127.0.0.1)."""
         if self.open:
             return True
+        key = _bearer(authorization)  # no credentials at all: 401 (with WWW-Authenticate), whatever the server has
         if self.admin_sha256 is None:
             raise forbidden("this server has no admin key: set one with `qrag tenants admin-key`")
-        if not hmac.compare_digest(hash_key(_bearer(authorization)), self.admin_sha256):
+        if not hmac.compare_digest(hash_key(key), self.admin_sha256):
             raise unauthorized("unknown admin key")
         return True
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from qrag_ray.generation.parsing import (clean_text, hyde_passage, is_interrogative, normalize_key, parse_atoms,
-                                         parse_output, parse_qa, parse_questions)
+from qrag_ray.generation.parsing import (clean_text, is_interrogative, normalize_key, parse_atoms, parse_output,
+                                         parse_qa, parse_questions)
 
 from .conftest import LLM_OUTPUTS
 
@@ -308,12 +308,3 @@ def test_one_line_reply_keeps_a_finished_answer_and_drops_only_a_cut_tail():
         ("What is the capital of Germany?", "Berlin is the capital."), ("Which river flows through it?", "")]
     # the caller's word wins over the guess
     assert parse_qa("What is the capital of Germany? Berlin", truncated=False) == [("What is the capital of Germany?", "Berlin")]
-
-
-def test_hyde_passage_is_the_cleaned_reply_or_the_query():
-    """The served mode=hyde and `qrag eval --hyde` both embed this (they used to differ)."""
-    raw = "<think>plan the answer</think>\nA for loop's else runs when the loop ends without break.<|im_end|>"
-    assert hyde_passage(raw, "q?") == "A for loop's else runs when the loop ends without break."
-    assert hyde_passage("", "when does else run?") == "when does else run?"
-    assert hyde_passage(None, "q") == "q"
-    assert hyde_passage("<think>only thinking</think>  ", "q") == "q"

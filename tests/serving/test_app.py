@@ -336,11 +336,15 @@ def test_answer_without_support_does_not_ask_the_llm(served, fake_llm):
     assert len(fake_llm.bodies) == n0
 
 
-def test_answer_without_llm_is_503(served):
-    r = served["client"].post("/open/v1/answer", json={"query": "for loop"})
-    assert r.status_code == 503 and r.json()["error"] == "llm_not_configured"
-    r = served["client"].post("/open/v1/search", json={"query": "for loop", "mode": "hyde"})
-    assert r.status_code == 503 and r.json()["error"] == "llm_not_configured"
+def test_answer_and_hyde_without_llm_are_501(served):
+    """A feature this server does not offer is not a temporary outage (clients retry a 503)."""
+    for route, body in (("/open/v1/answer", {"query": "for loop"}),
+                        ("/open/v1/search", {"query": "for loop", "mode": "hyde"})):
+        r = served["client"].post(route, json=body)
+        assert r.status_code == 501 and r.json()["error"] == "llm_not_configured", r.text
+        assert "retry-after" not in r.headers
+    paths = served["client"].get("/open/openapi.json").json()["paths"]
+    assert all("501" in paths[p]["post"]["responses"] for p in ("/v1/answer", "/v1/search"))  # documented
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -407,6 +411,7 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
     import httpx
 
     from qrag_ray.cli import main
+    from qrag_ray.ports import free_port
 
     port = free_port()
     env = {**os.environ, "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}

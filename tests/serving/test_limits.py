@@ -72,6 +72,9 @@ def test_rotate_remove_and_admin_key(tmp_path):
     with pytest.raises(ApiError) as e:
         t.is_admin(f"Bearer {new}")
     assert e.value.status == 403  # no admin key configured yet
+    with pytest.raises(ApiError) as e:
+        t.is_admin(None)
+    assert (e.value.status, e.value.headers) == (401, {"WWW-Authenticate": "Bearer"})  # no credentials: 401 first
     admin = set_admin_key(f)
     t = load_tenants(f)
     assert t.is_admin(f"Bearer {admin}") and admin not in f.read_text() and hash_key(admin) in f.read_text()

@@ -1,0 +1,153 @@
+"""The FastAPI app the Router serves: error rendering, the request-latency middleware, the OpenAPI
+document. Routes are the Router's (serving/router.py).
+
+Every user mistake is an `ApiError` rendered as `{"error", "message"}` with its 4xx/5xx status; only
+bugs are 500s. The app's metrics live on `app.state` of the app that serves the request (created on
+the first request inside the replica), never in a module global: Serve pickles the ingress class by
+value, so a module global would not be the one the handlers read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from fastapi import FastAPI, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from qrag_ray.serving import api_models as m
+from qrag_ray.serving.errors import ApiError
+
+logger = logging.getLogger("ray.serve")
+
+app = FastAPI(
+    title="qrag-ray",
+    version="1",
+    description="Question-based retrieval over sharded FAISS indexes (Ray Serve). Send `Authorization: Bearer KEY` "
+                "when the server has a tenants file; the admin status takes the admin key.",
+)
+bearer = Security(HTTPBearer(auto_error=False, description="the tenant's API key (`qrag tenants add` prints it once)"))
+
+
+def metrics_of(asgi_app):
+    """The RouterMetrics of this app in this process (one set per replica)."""
+    found = getattr(asgi_app.state, "metrics", None)
+    if found is None:
+        from qrag_ray.serving.metrics import RouterMetrics
+
+        found = asgi_app.state.metrics = RouterMetrics()
+    return found
+
+
+def error_responses(*codes: int) -> dict:
+    """The documented error responses of a route: the same body for all, with their headers."""
+    out: dict = {}
+    for c in codes:
+        out[c] = {"model": m.ErrorResponse, "description": m.ERROR_DESCRIPTIONS[c]}
+        if c in m.RETRY_AFTER_STATUSES:
+            out[c]["headers"] = {"Retry-After": {"description": "seconds to wait before retrying",
+                                                 "schema": {"type": "integer"}}}
+        if c == 401:
+            out[c]["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
+    return out
+
+
+def _openapi() -> dict:
+    """FastAPI's schema, minus the empty `example: {}` Serve's class-based view leaves on request
+    bodies: an example the server itself rejects (no `query`) is not a truthful one."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
+                           servers=app.servers or None)
+        for ops in spec.get("paths", {}).values():
+            for op in ops.values():
+                for media in (op.get("requestBody") or {}).get("content", {}).values():
+                    if media.get("example") == {}:
+                        media.pop("example")
+        app.openapi_schema = spec
+    return app.openapi_schema
+
+
+app.openapi = _openapi
+
+
+# ------------------------------------------------------------------------------ error rendering
+def _route_of(scope) -> str:
+    return getattr(scope.get("route"), "path", None) or "unmatched"
+
+
+def _error(request: Request, status: int, kind: str, message: str, headers: dict | None = None,
+           detail: list | None = None) -> JSONResponse:
+    tenant = getattr(request.state, "tenant", None) or "-"
+    metrics_of(request.app).errors.inc(tags={"route": _route_of(request.scope), "tenant": tenant, "kind": kind})
+    body = {"error": kind, "message": message}
+    if detail:
+        body["detail"] = detail
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+@app.exception_handler(ApiError)
+async def _api_error(request: Request, e: ApiError):
+    return _error(request, e.status, e.kind, e.message, e.headers)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, e: RequestValidationError):
+    errs = e.errors()
+    if any(err.get("type") == "json_invalid" for err in errs):
+        return _error(request, 400, "malformed_json", "the request body is not valid JSON")
+    parts, detail = [], []
+    for err in errs:
+        loc = [x for x in err.get("loc", ()) if x != "body"]
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{'.'.join(str(x) for x in loc) or 'body'}: {msg}")
+        detail.append({"loc": loc or ["body"], "msg": msg, "type": str(err.get("type", "invalid"))})
+    too_long = any(err.get("type") == "string_too_long" for err in errs)
+    return _error(request, 422, "query_too_long" if too_long else "invalid_request", "; ".join(parts), detail=detail)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, e: StarletteHTTPException):
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+    msg = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
+    return _error(request, e.status_code, kind, msg, headers=getattr(e, "headers", None))
+
+
+@app.exception_handler(Exception)
+async def _bug(request: Request, e: Exception):
+    logger.exception("unhandled error in %s %s", request.method, request.url.path)
+    return _error(request, 500, "internal", f"internal error ({type(e).__name__}); see the Router replica log")
+
+
+class _Timing:
+    """Request latency per route, tenant and status. A plain ASGI middleware: Starlette's
+    `@app.middleware("http")` (BaseHTTPMiddleware) runs every request through extra tasks and
+    streams, which cost more than the rest of this replica's request handling on a small index."""
+
+    def __init__(self, asgi_app):
+        self.app = asgi_app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = [500]
+        state = scope.setdefault("state", {})
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            metrics_of(scope["app"]).latency.observe((time.perf_counter() - t0) * 1000, tags={
+                "route": _route_of(scope), "tenant": state.get("tenant") or "-", "status": str(status[0])})
+
+
+app.add_middleware(_Timing)

@@ -1,0 +1,170 @@
+"""TenantVersions without Serve: a fake shard caller and a fake index reader stand in for the shard
+deployments and the index directories (milliseconds, no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from qrag_ray.errors import QragError
+from qrag_ray.serving.errors import ApiError, shard_unavailable
+from qrag_ray.serving.tenants import Tenant
+from qrag_ray.serving.versions import TenantIndex, TenantVersions
+
+ALPHA = Tenant(name="alpha", index="/idx/alpha")
+BETA = Tenant(name="beta", index="/idx/beta")
+
+
+def version(v: str, shards: int = 3) -> TenantIndex:
+    return TenantIndex(f"/idx/versions/{v}", v, None, None, shards, "minilm", local=False)
+
+
+class Fakes:
+    """`points[path]` is what each index path points at; `fail` holds (version, shard) loads that
+    fail; `gate` (when set) holds every prepare until it opens."""
+
+    def __init__(self):
+        self.points: dict[str, TenantIndex | Exception] = {ALPHA.index: version("v1"), BETA.index: version("b1", 2)}
+        self.calls: list[tuple[str, str, int]] = []  # (method, version, shard)
+        self.fail: set[tuple[str, int]] = set()
+        self.gate: asyncio.Event | None = None
+        self.warmed: list[str] = []
+        self.now = 100.0
+
+    def read(self, path: str) -> TenantIndex:
+        got = self.points[path]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    async def call(self, ti: TenantIndex, shard: int, method: str, key) -> dict:
+        assert key.version == ti.version and key.index_dir == ti.dir
+        if method == "prepare" and self.gate is not None:
+            await self.gate.wait()
+        self.calls.append((method, ti.version, shard))
+        if method == "prepare" and (ti.version, shard) in self.fail:
+            raise shard_unavailable(shard, "ActorDiedError")
+        return {}
+
+    async def warm(self, model: str) -> None:
+        self.warmed.append(model)
+
+    def versions(self) -> TenantVersions:
+        return TenantVersions(self.read, self.call, self.warm, retire_after_s=0.0, retry_s=30.0,
+                              clock=lambda: self.now)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_first_use_loads_without_warm_up_and_start_up_warms_the_first_tenants():
+    f = Fakes()
+
+    async def go():
+        tv = f.versions()
+        assert (await tv.current(ALPHA)).version == "v1"
+        assert f.calls == []  # first use: no traffic to protect, no prepare
+        await tv.sync({"alpha": ALPHA, "beta": BETA}, warm_first=2)
+        return tv
+
+    tv = run(go())
+    assert tv.active["beta"].version == "b1" and {("prepare", "b1", 0), ("prepare", "b1", 1)} <= set(f.calls)
+    assert f.warmed == ["minilm"]  # beta warmed its embedder; alpha was already served on v1
+
+
+def test_swap_only_after_every_shard_prepared_then_old_version_retired():
+    f = Fakes()
+
+    async def go():
+        tv = f.versions()
+        await tv.current(ALPHA)
+        f.points[ALPHA.index] = version("v2")
+        f.gate = asyncio.Event()
+        swap = asyncio.ensure_future(tv.sync({"alpha": ALPHA}))
+        await asyncio.sleep(0.01)
+        assert (await tv.current(ALPHA)).version == "v1"  # still loading v2: requests stay on v1
+        f.gate.set()
+        await swap
+        assert (await tv.current(ALPHA)).version == "v2"
+        await asyncio.sleep(0.01)  # the retirement task (retire_after_s=0)
+
+    run(go())
+    prepared = [c for c in f.calls if c[0] == "prepare"]
+    assert sorted(prepared) == [("prepare", "v2", i) for i in range(3)]
+    assert sorted(c for c in f.calls if c[0] == "retire") == [("retire", "v1", i) for i in range(3)]
+
+
+def test_failed_warm_keeps_the_old_version_and_retries_after_the_delay():
+    f = Fakes()
+
+    async def go():
+        tv = f.versions()
+        await tv.current(ALPHA)
+        f.points[ALPHA.index] = version("v2")
+        f.fail.add(("v2", 1))
+        await tv.sync({"alpha": ALPHA})
+        assert tv.active["alpha"].version == "v1"
+        assert tv.problems["alpha"].startswith("version v2 failed to load, still serving v1: shard 1")
+        n = len(f.calls)
+        f.now += 10
+        await tv.sync({"alpha": ALPHA})  # before retry_s: not tried again
+        assert len(f.calls) == n
+        f.fail.clear()
+        f.now += 25
+        await tv.sync({"alpha": ALPHA})
+        assert tv.active["alpha"].version == "v2" and "alpha" not in tv.problems
+        await asyncio.sleep(0.01)
+
+    run(go())
+    assert ("retire", "v2", 1) not in f.calls and ("retire", "v1", 0) in f.calls
+
+
+def test_unreadable_index_keeps_serving_and_is_reported():
+    f = Fakes()
+
+    async def go():
+        tv = f.versions()
+        await tv.current(ALPHA)
+        f.points[ALPHA.index] = QragError("no manifest.json in /idx/alpha")
+        await tv.sync({"alpha": ALPHA})
+        assert tv.active["alpha"].version == "v1"
+        assert tv.newest(ALPHA) == (None, "no manifest.json in /idx/alpha")
+        with pytest.raises(ApiError) as e:
+            await tv.current(BETA.model_copy(update={"index": ALPHA.index}))
+        assert e.value.status == 503 and e.value.kind == "index_unavailable" and "manifest" in e.value.message
+
+    run(go())
+
+
+def test_removed_tenant_is_retired_on_every_shard():
+    f = Fakes()
+
+    async def go():
+        tv = f.versions()
+        await tv.current(ALPHA)
+        await tv.current(BETA)
+        await tv.sync({"alpha": ALPHA})  # beta left the tenants file
+        await asyncio.sleep(0.01)
+        return tv
+
+    tv = run(go())
+    assert set(tv.active) == {"alpha"}
+    assert sorted(c for c in f.calls if c[0] == "retire") == [("retire", "b1", 0), ("retire", "b1", 1)]
+
+
+def test_version_moved_resolves_again_without_warm_up():
+    """A plain directory republished in place: a shard saw another version, so the pointer is dropped
+    and the next request resolves the directory again (no prepare: traffic is waiting)."""
+    f = Fakes()
+
+    async def go():
+        tv = f.versions()
+        await tv.current(ALPHA)
+        f.points[ALPHA.index] = version("v3")
+        tv.moved("alpha")
+        assert (await tv.current(ALPHA)).version == "v3"
+
+    run(go())
+    assert f.calls == []
