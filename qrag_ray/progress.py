@@ -5,8 +5,8 @@ Ray Data's own bars are one tqdm bar per operator per dataset execution, printed
 stderr is not a terminal, and they know nothing of our stages; so they stay off and a Ray Data
 `ExecutionCallback` (registered once in the DataContext, `progress_ray.attach_ray_data`) reads the running
 operators' counters on the driver and feeds this display instead. Generation (the vLLM processor's
-stages), embedding and the shard writes all run as Ray Data operators, so each gets its rows, rate
-and ETA without the pipeline counting anything.
+stages) and embedding run as Ray Data operators, so each gets its rows, rate and ETA without the
+pipeline counting anything; the embedding sink emits one row per vector it has done for that reason.
 
 On a terminal the display is a rich live view that clears itself when a stage ends, leaving one
 "✓ stage (time)" line. When stderr is not a terminal (CI, a log file) nothing is printed while a
