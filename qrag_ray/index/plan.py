@@ -20,7 +20,6 @@ class BuildPlan:
     out: Path  # the index directory to publish
     work: Path  # the checkpoints (qrag_ray.index.checkpoint)
     run: str  # this run's id: the chunk parts and row keys it registers
-    resumed: bool  # the work dir held checkpoints of an earlier run of the same config
     kinds: list[str]  # vector kinds to store
     granularity: str | None  # questions per chunk or per atom; None: no LLM questions
     aux_questions: bool  # questions embedded only to filter (stored or not)
