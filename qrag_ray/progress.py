@@ -5,8 +5,8 @@ Ray Data's own bars are one tqdm bar per operator per dataset execution, printed
 stderr is not a terminal, and they know nothing of our stages; so they stay off and a Ray Data
 `ExecutionCallback` (registered once in the DataContext, `progress_ray.attach_ray_data`) reads the running
 operators' counters on the driver and feeds this display instead. Generation (the vLLM processor's
-stages), embedding and the shard writes all run as Ray Data operators, so each gets its rows, rate
-and ETA without the pipeline counting anything.
+stages) and embedding run as Ray Data operators, so each gets its rows, rate and ETA without the
+pipeline counting anything; the embedding sink emits one row per vector it has done for that reason.
 
 On a terminal the display is a rich live view that clears itself when a stage ends, leaving one
 "✓ stage (time)" line. When stderr is not a terminal (CI, a log file) nothing is printed while a
@@ -44,13 +44,17 @@ def interval_s() -> float:
 _WRAPPER = re.compile(r"\b(?:MapBatches|Map|FlatMap|Filter|MapRows)\((.*?)\)")
 
 
+# operators named for what they do: the build's embedding sink (qrag_ray.index.udfs.EmbedSink, whose
+# output rows are the vectors it has done) and the vLLM processor's engine
+_NAMED_OPS = {"EmbedSink": "embed", "vLLMEngineStage": "LLM generation (vLLM)"}
+
+
 def op_label(name: str) -> str:
     """A Ray Data operator name as a person reads it: 'ReadText->MapBatches(parse)' -> 'ReadText → parse',
-    'MapBatches(_EmbedStage)' -> 'embed', 'vLLMEngineStage' -> 'LLM (vLLM)'."""
-    if "_EmbedStage" in name:
-        return "embed"
-    if "vLLMEngineStage" in name:
-        return "LLM generation (vLLM)"
+    'MapBatches(EmbedSink)' -> 'embed', 'vLLMEngineStage' -> 'LLM generation (vLLM)'."""
+    for key, label in _NAMED_OPS.items():
+        if key in name:
+            return label
     s = re.sub(r"->SplitBlocks\(\d+\)", "", name)
     s = _WRAPPER.sub(lambda m: m.group(1), s)
     s = s.replace("->", " → ").replace("<lambda>", "λ")
@@ -70,7 +74,7 @@ def rate_and_eta(done: int, total: int | None, elapsed_s: float) -> tuple[float 
 
 # The operators that do a stage's real work: when an execution has one, the display shows only it
 # (the vLLM processor alone has eight operators: tokenizers, templates, projections, the write).
-MAIN_OPS = ("LLM generation (vLLM)", "embed")
+MAIN_OPS = tuple(_NAMED_OPS.values())
 
 
 def shown_ops(labels: list[str]) -> list[int]:
@@ -251,15 +255,3 @@ def stage(console: Console | None, name: str) -> Iterator[None]:
 def current() -> Display | None:
     """The display of the innermost running stage (None outside any)."""
     return _current
-
-
-def granular(ds, min_blocks: int = 16, rows_per_block: int = 256):
-    """A materialized dataset of few large blocks split into up to `min_blocks` blocks, so a stage
-    over it (the embedding actor pool) reports progress more than once; a dataset with enough blocks
-    already, or a lazy one, is returned as it is."""
-    try:
-        blocks, rows = ds.num_blocks(), ds.count()
-    except (AttributeError, NotImplementedError, TypeError):
-        return ds
-    want = min(min_blocks, -(-rows // rows_per_block))
-    return ds.repartition(want) if blocks < want else ds

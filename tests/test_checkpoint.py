@@ -34,7 +34,7 @@ def test_row_keys_name_content_not_position():
 
 
 def test_sample_is_chosen_by_key_whatever_the_parts(tmp_path):
-    from qrag_ray.index.stages import sample_vectors
+    from qrag_ray.index.tasks import sample_vectors
 
     rng = np.random.default_rng(1)
     keys = rng.integers(0, 2**62, 500, dtype=np.int64)

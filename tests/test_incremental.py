@@ -69,7 +69,7 @@ def test_an_index_built_by_an_older_preset_keeps_its_kinds(tmp_path):
     idx = tmp_path / "idx"
     idx.mkdir()
     (idx / "manifest.json").write_text(json.dumps({
-        "format_version": 1, "index_version": "v1", "num_shards": 0, "shards": [], "files": [],
+        "format_version": 1, "index_version": "v1", "num_shards": 0, "shards": [], "files": {},
         "embedder": {"model": "all-MiniLM-L6-v2", "dim": 384}, "representation": "default", "kinds": ["chunk"],
         "config": old}))
     cfg = incremental_config(str(idx), append=str(tmp_path / "b.jsonl"))

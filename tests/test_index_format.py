@@ -4,6 +4,7 @@ atomic publish that never lets a reader see a half index."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import faiss
@@ -14,8 +15,8 @@ import pytest
 
 from qrag_ray.config import FilterConfig, IndexBuildConfig
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import (FORMAT_VERSION, load_manifest, publish, sha256_file, shard_faiss, shard_meta,
-                                   verify_files, write_manifest)
+from qrag_ray.index.format import (FORMAT_VERSION, IndexDescription, load_manifest, publish, sha256_file, shard_faiss,
+                                   shard_meta, verify_files, write_manifest)
 from qrag_ray.index.searcher import ShardSearcher
 from qrag_ray.index.writer import write_shard
 from qrag_ray.text.sentences import split_sentences
@@ -85,6 +86,59 @@ def test_flipped_byte_fails_checksum(kinds_index, tmp_path):
     ShardSearcher(bad, 0)  # the other shards are fine
 
 
+# ---------------------------------------------------------------- the typed manifest (no build)
+
+SHARD = {"id": 0, "faiss": "shards/00000.faiss", "meta": "shards/00000.parquet", "vectors": 2,
+         "vectors_before_filters": 3, "chunks": 1, "kinds": {"chunk": 2}, "seconds": 0.5}
+# as an early build wrote it: no kinds, content, content_hash or built_on; a later qrag's field too
+OLD = {"format_version": 1, "index_version": "0123abcd", "created_at": "2026-11-23T00:00:00Z", "num_shards": 1,
+       "representation": "chunk", "embedder": {"model": "all-MiniLM-L6-v2", "dim": 384, "normalize": True},
+       "faiss": {"factory": "Flat", "metric": "inner_product"}, "shards": [SHARD],
+       "counts": {"documents": 1, "chunks": 1, "questions": 0, "vectors": 2, "vectors_before_filters": 3},
+       "files": {}, "config": {"shards": 1}, "stage_seconds": {"total": 1.0}, "from_the_future": [1, 2]}
+
+
+def _index_with(tmp_path, manifest: dict):
+    d = tmp_path / "idx"
+    d.mkdir(exist_ok=True)
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return d
+
+
+def test_an_older_manifest_reads_back_as_written(tmp_path):
+    m = load_manifest(_index_with(tmp_path, OLD))
+    assert m.data == OLD  # no key added, none lost
+    assert (m.num_shards, m.dim, m.embedder_model, m.index_version, m.representation) == (
+        1, 384, "all-MiniLM-L6-v2", "0123abcd", "chunk")
+    assert m.shard(0) == SHARD and not m.has_bm25 and m.kinds is None and m.content_hash is None
+    assert m.file("shards/00000.faiss") == tmp_path / "idx" / "shards" / "00000.faiss"
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"shards": [SHARD | {"vectors": "many"}]}, "shards.0.vectors: Input should be a valid integer"),
+    ({"num_shards": 2}, "1 shards listed, num_shards=2"),
+    ({"embedder": {"model": "m"}}, "embedder.dim: Field required"),
+])
+def test_a_mistyped_manifest_is_a_corrupt_index(tmp_path, change, needle):
+    with pytest.raises(IndexFormatError, match="corrupt manifest .*" + re.escape(needle)):
+        load_manifest(_index_with(tmp_path, OLD | change))
+
+
+def test_write_manifest_adds_files_and_versions_to_the_description(tmp_path):
+    staging = tmp_path / "staging"
+    (staging / "shards").mkdir(parents=True)
+    (staging / "shards" / "00000.faiss").write_bytes(b"faiss")
+    (staging / "shards" / "00000.parquet").write_bytes(b"meta")
+    desc = {k: v for k, v in OLD.items() if k not in ("format_version", "index_version", "files", "created_at")}
+    plain = write_manifest(staging, IndexDescription.model_validate(desc))
+    assert plain.files == {"shards/00000.faiss": sha256_file(staging / "shards" / "00000.faiss"),
+                           "shards/00000.parquet": sha256_file(staging / "shards" / "00000.parquet")}
+    assert plain.content_hash is None and "content_hash" not in plain.data  # only with a content config
+    assert json.loads((staging / "manifest.json").read_text()) == plain.data == load_manifest(staging).data
+    with_content = write_manifest(staging, IndexDescription.model_validate(desc | {"content": {"shards": 1}}))
+    assert with_content.index_version == plain.index_version and len(with_content.content_hash) == 64
+
+
 # ---------------------------------------------------------------- FAISS factories via the shard writer
 
 
@@ -142,7 +196,8 @@ def _staged_copy(src, tmp_path, name):
     shutil.copytree(src, staging)
     (staging / "manifest.json").unlink()
     data = json.loads((src / "manifest.json").read_text())
-    return staging, {k: v for k, v in data.items() if k not in ("files", "index_version", "format_version")}
+    return staging, IndexDescription.model_validate(
+        {k: v for k, v in data.items() if k not in ("files", "index_version", "format_version")})
 
 
 def test_publish_replaces_old_index_atomically(kinds_index, sentence_cli_index, tmp_path):
@@ -153,7 +208,7 @@ def test_publish_replaces_old_index_atomically(kinds_index, sentence_cli_index, 
     staging, data = _staged_copy(new_src, tmp_path, "idx")
     written = write_manifest(staging, data)
     publish(staging, out)
-    assert load_manifest(out, verify=True).index_version == written["index_version"]
+    assert load_manifest(out, verify=True).index_version == written.index_version
     assert not staging.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # the old index was removed, nothing left over
 

@@ -34,7 +34,8 @@ def test_qrag_error_message_survives_ray_annotation_and_pickling():
 
 @pytest.mark.parametrize("name,label", [
     ("ReadText->SplitBlocks(16)->MapBatches(parse)", "ReadText → parse"),
-    ("MapBatches(_EmbedStage)", "embed"),
+    ("MapBatches(EmbedSink)", "embed"),
+    ("MapBatches(base)->MapBatches(EmbedSink)", "embed"),
     ("MapBatches(chunker)", "chunker"),
     ("vLLMEngineStage", "LLM generation (vLLM)"),
     ("Write", "Write"),
@@ -68,7 +69,7 @@ def test_display_off_a_terminal_prints_only_finished_stages_and_periodic_status(
     con, buf = _console(False)
     monkeypatch.setenv("QRAG_PROGRESS_INTERVAL", "0")
     with progress.stage(con, "embed"):
-        progress.current().report("ds1", [(1, "MapBatches(_EmbedStage)", 10, 40)])
+        progress.current().report("ds1", [(1, "MapBatches(EmbedSink)", 10, 40)])
     assert progress.current() is None
     lines = buf.getvalue().splitlines()
     assert lines[0].startswith("… embed: embed 10/40 rows")
@@ -102,20 +103,42 @@ def test_no_console_no_display():
 
 
 def test_ray_data_operators_reach_the_display(local_ray, monkeypatch):
-    """The ExecutionCallback registered by ensure_ray reports a real Ray Data execution's operators,
-    and `granular` splits a one-block dataset so they report more than once."""
+    """The ExecutionCallback registered by ensure_ray reports a real Ray Data execution's operators."""
     import ray.data
 
-    ds = ray.data.range(2000, override_num_blocks=1).materialize()
-    split = progress.granular(ds).materialize()
-    assert ds.num_blocks() == 1 and split.num_blocks() == 8 and split.count() == 2000
+    ds = ray.data.range(2000, override_num_blocks=8)
     con, buf = _console(False)
     monkeypatch.setenv("QRAG_PROGRESS_INTERVAL", "0")
     with progress.stage(con, "square"):
-        assert split.map_batches(lambda b: {"id": b["id"] ** 2}).sum("id") == sum(i * i for i in range(2000))
+        assert ds.map_batches(lambda b: {"id": b["id"] ** 2}).sum("id") == sum(i * i for i in range(2000))
     out = buf.getvalue()
     assert "… square: " in out and "rows" in out, out
     assert out.splitlines()[-1].strip().startswith("✓ square (")
+
+
+def test_a_build_shows_its_embedding_counting_up_to_its_vectors(local_ray, build_with, corpus_records, jsonl_writer,
+                                                                tmp_path, monkeypatch):
+    """A real build: the embedding operator is labelled `embed`, it is the one row the stream stage
+    shows, and its rows count the vectors embedded, up to all of them."""
+    reports = []
+    real = progress.Display.report
+
+    def recorded(self, execution, ops, finished=False):
+        reports.append([(progress.op_label(name), done) for _, name, done, _ in ops])
+        return real(self, execution, ops, finished)
+
+    monkeypatch.setattr(progress.Display, "report", recorded)
+    con, buf = _console(False)
+    corpus = jsonl_writer(tmp_path / "few.jsonl", corpus_records(with_questions=False)[:4])
+    report = build_with({"input": str(corpus), "output": str(tmp_path / "idx"), "representation": "chunk+sentence",
+                         "chunker.method": "none"}, console=con)
+    embed = [done for ops in reports for label, done in ops if label == "embed"]
+    assert embed and embed == sorted(embed)  # counts up
+    # every streamed row is embedded once (the shards then drop exact duplicates)
+    assert embed[-1] == report.vectors_embedded + report.vectors_reused >= report.vectors_before_filters > 4
+    assert progress.shown_ops([label for label, _ in reports[-1]]) == [
+        i for i, (label, _) in enumerate(reports[-1]) if label == "embed"]
+    assert "✓ stream (" in buf.getvalue()
 
 
 # ---------------------------------------------------------------- logs
@@ -123,7 +146,7 @@ def test_ray_data_operators_reach_the_display(local_ray, monkeypatch):
 
 def test_native_noise_filter():
     noise = ("[2026-11-25 00:53:13,848 E 5914 5914] core_worker.cc:2465: Actor with class name: "
-             "'MapWorker(MapBatches(_EmbedStage))' has constructor arguments in the object store")
+             "'MapWorker(MapBatches(EmbedSink))' has constructor arguments in the object store")
     assert logs.is_native_noise(noise)
     assert logs.is_native_noise("[2026-11-25 00:56:55,380 I 12086 12086] logging.cc:303: Set ray log level")
     assert not logs.is_native_noise("[2026-11-25 00:56:55,380 F 1 1] raylet.cc:1: Check failed")  # fatal stays

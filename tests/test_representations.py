@@ -10,7 +10,7 @@ import pytest
 
 from qrag_ray.config import IndexConfig, index_config, representation_plan, resolve_representation
 from qrag_ray.index.format import chunk_key
-from qrag_ray.pipeline import base_vector_rows
+from qrag_ray.index.rows import base_vector_rows
 from qrag_ray.representations import dedup_questions, sentence_windows
 from qrag_ray.text.sentences import split_sentences
 

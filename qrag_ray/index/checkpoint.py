@@ -12,7 +12,8 @@ Every file is written to a temporary name and renamed, so a file that exists is 
 row is identified by `row_key` (a hash of what it is, not where it was computed), so a resumed run
 drops the rows some earlier run already embedded, whatever batches either run formed. A changed
 config or input gets a fresh work dir (key.json differs); a successful build removes it.
-Pure helpers only (paths, keys, hashes, atomic writes); the Ray wiring is in qrag_ray.index.stages.
+Pure helpers only (paths, keys, hashes, atomic writes); the Ray wiring is in qrag_ray.index.udfs and
+qrag_ray.index.tasks.
 """
 
 from __future__ import annotations

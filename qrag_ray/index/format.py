@@ -1,4 +1,4 @@
-"""On-disk index format (docs/ARCHITECTURE.md): paths, manifest, checksums, atomic publish.
+"""On-disk index format (docs/ARCHITECTURE.md): paths, the typed manifest, checksums, atomic publish.
 
 The index is published by renaming a fully written and verified temp directory over the target, so a
 server or `qrag search` never loads a half-written index, and a crash mid-build leaves the previous
@@ -13,9 +13,11 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from qrag_ray.errors import IndexFormatError, QragError
 
@@ -51,7 +53,7 @@ def shard_bm25(shard: int) -> str:
 
 def files_under(m: "Manifest", folder: str) -> list[str]:
     """The manifest's files inside `folder` (a shard's BM25 folder), for verify_files."""
-    return [rel for rel in m.data["files"] if rel.startswith(folder.rstrip("/") + "/")]
+    return [rel for rel in m.files if rel.startswith(folder.rstrip("/") + "/")]
 
 
 def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
@@ -62,38 +64,102 @@ def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
-class Manifest:
-    path: Path  # index directory
-    data: dict[str, Any]
+class _Record(BaseModel):
+    # unknown keys are kept (a newer qrag's fields survive a read); `data` dumps only the keys that
+    # were given, so a manifest reads back exactly as it was written
+    model_config = ConfigDict(extra="allow", frozen=True)
 
-    @property
-    def num_shards(self) -> int:
-        return int(self.data["num_shards"])
+
+class EmbedderInfo(_Record):
+    model: str
+    dim: int
+    normalize: bool = True
+
+
+class FaissInfo(_Record):
+    factory: str
+    metric: str = "inner_product"
+
+
+class Counts(_Record):
+    documents: int
+    chunks: int
+    questions: int
+    vectors: int
+    vectors_before_filters: int
+
+
+class ShardEntry(_Record):
+    """One shard's files and what the build put in them."""
+
+    id: int
+    faiss: str
+    meta: str
+    vectors: int
+    vectors_before_filters: int
+    chunks: int
+    kinds: dict[str, int]
+    seconds: float
+    built_on: dict[str, str] | None = None  # the node that built it (shard builds spread over a cluster)
+    bm25: str | None = None  # the shard's BM25 folder, when built with bm25.enabled
+    bm25_docs: int | None = None
+    bm25_vocab: int | None = None
+
+
+class IndexDescription(_Record):
+    """What a build records about an index; `write_manifest` adds the files and the versions.
+    Optional fields are the ones an older build did not write."""
+
+    representation: str
+    kinds: list[str] | None = None
+    question_granularity: str | None = None
+    embedder: EmbedderInfo
+    faiss: FaissInfo | None = None
+    num_shards: int
+    shards: list[ShardEntry]
+    counts: Counts | None = None
+    generation: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    stage_seconds: dict[str, float] | None = None
+    content: dict[str, Any] | None = None  # the content config (checkpoint.content_config)
+
+    @model_validator(mode="after")
+    def _one_entry_per_shard(self):
+        if len(self.shards) != self.num_shards:
+            raise ValueError(f"{len(self.shards)} shards listed, num_shards={self.num_shards}")
+        return self
+
+
+class Manifest(IndexDescription):
+    """manifest.json of the index at `path`: written once by the build, read by search and serving."""
+
+    format_version: int
+    index_version: str  # from the files' checksums: equal indexes have equal versions
+    files: dict[str, str]  # path under the index dir -> sha256
+    content_hash: str | None = None  # files + content config: equal for a resumed build
+    created_at: str | None = None
+    path: Path = Field(exclude=True)  # the index directory (not written)
+
+    @cached_property
+    def data(self) -> dict[str, Any]:
+        """The manifest as JSON data, exactly the keys it was written with."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
     @property
     def dim(self) -> int:
-        return int(self.data["embedder"]["dim"])
+        return self.embedder.dim
 
     @property
     def embedder_model(self) -> str:
-        return str(self.data["embedder"]["model"])
+        return self.embedder.model
 
-    @property
-    def index_version(self) -> str:
-        return str(self.data["index_version"])
-
-    @property
-    def representation(self) -> str:
-        return str(self.data["representation"])
-
-    def shard(self, i: int) -> dict:
+    def shard(self, i: int) -> dict[str, Any]:
         return self.data["shards"][i]
 
     @property
     def has_bm25(self) -> bool:
         """Every shard has a BM25 folder (built with bm25.enabled): hybrid search can run."""
-        return all(s.get("bm25") for s in self.data["shards"])
+        return all(s.bm25 for s in self.shards)
 
     def file(self, rel: str) -> Path:
         return self.path / rel
@@ -116,13 +182,13 @@ def load_manifest(index_dir: str | Path, verify: bool = False) -> Manifest:
     fv = data.get("format_version")
     if fv != FORMAT_VERSION:
         raise IndexFormatError(f"{mpath}: unsupported format_version {fv!r} (this qrag reads {FORMAT_VERSION})")
-    for key in ("index_version", "num_shards", "embedder", "shards", "files", "representation"):
-        if key not in data:
-            raise IndexFormatError(f"corrupt manifest {mpath}: missing '{key}'")
-    if len(data["shards"]) != data["num_shards"]:
-        raise IndexFormatError(f"corrupt manifest {mpath}: {len(data['shards'])} shards listed, num_shards={data['num_shards']}")
-    m = Manifest(d, data)
-    for rel in data["files"]:
+    try:
+        m = Manifest.model_validate({**data, "path": d})
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise IndexFormatError(f"corrupt manifest {mpath}: {where}: {err['msg'].removeprefix('Value error, ')}") from None
+    for rel in m.files:
         if not (d / rel).is_file():
             raise IndexFormatError(f"index {d} is incomplete: missing {rel}")
     if verify:
@@ -131,8 +197,8 @@ def load_manifest(index_dir: str | Path, verify: bool = False) -> Manifest:
 
 
 def verify_files(m: Manifest, rels: list[str] | None = None) -> None:
-    for rel in rels if rels is not None else list(m.data["files"]):
-        want = m.data["files"].get(rel)
+    for rel in rels if rels is not None else list(m.files):
+        want = m.files.get(rel)
         if want is None:
             raise IndexFormatError(f"{rel} is not listed in {m.path / MANIFEST}")
         got = sha256_file(m.path / rel)
@@ -148,25 +214,24 @@ def content_version(files: dict[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
-def write_manifest(tmp_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
-    """Checksum every file under tmp_dir, fill files/index_version and write manifest.json."""
+def write_manifest(tmp_dir: Path, description: IndexDescription) -> Manifest:
+    """Checksum every file under tmp_dir, add the files and versions to the description and write
+    manifest.json."""
     files = {}
     for p in sorted(tmp_dir.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
             files[str(p.relative_to(tmp_dir))] = sha256_file(p)
-    data = dict(data)
-    data["format_version"] = FORMAT_VERSION
-    data["files"] = files
-    data["index_version"] = content_version(files)
-    if "content" in data:  # files + content config, no timestamps: equal for a resumed build
+    extra: dict[str, Any] = {"format_version": FORMAT_VERSION, "files": files, "index_version": content_version(files),
+                             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if description.content is not None:
         from qrag_ray.index.checkpoint import manifest_content_hash
 
-        data["content_hash"] = manifest_content_hash(files, data["content"])
-    data.setdefault("created_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        extra["content_hash"] = manifest_content_hash(files, description.content)
+    m = Manifest.model_validate({**description.model_dump(mode="json", exclude_unset=True), **extra, "path": tmp_dir})
     tmp = tmp_dir / (MANIFEST + ".part")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    tmp.write_text(json.dumps(m.data, indent=2, sort_keys=True, default=str))
     os.replace(tmp, tmp_dir / MANIFEST)
-    return data
+    return m
 
 
 def check_output_dir(output: str | Path, overwrite: bool) -> Path:

@@ -22,10 +22,10 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
         m = load_manifest(output)
     except QragError as e:
         raise QragError(f"--append/--delete-ids update an existing index: {e}") from None
-    data = dict(m.data.get("config") or {})
+    data = dict(m.config or {})
     if not data.get("input"):
         raise QragError(f"{output}: its manifest records no input; rebuild it with this qrag first")
-    kinds = m.data.get("kinds")
+    kinds = m.kinds
     try:
         now = resolve_representation(str(data.get("representation") or "default"))[0]
     except ValueError:

@@ -23,7 +23,9 @@ def fake_index(tmp_path):
     d.mkdir()
     (d / "manifest.json").write_text(json.dumps({
         "format_version": 1, "index_version": "v", "num_shards": 1, "embedder": {"model": "m", "dim": 3},
-        "shards": [{}], "files": {}, "representation": "chunk"}))
+        "shards": [{"id": 0, "faiss": "shards/00000.faiss", "meta": "shards/00000.parquet", "vectors": 0,
+                    "vectors_before_filters": 0, "chunks": 0, "kinds": {}, "seconds": 0.0}],
+        "files": {}, "representation": "chunk"}))
     return d
 
 

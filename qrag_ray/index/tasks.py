@@ -1,12 +1,10 @@
-"""Ray wiring of the streaming, resumable build: the map UDFs and the tasks that write checkpoints.
+"""The Ray tasks after the stream: train the shared quantizer, build each shard from its checkpoint
+parts, assemble the staging dir.
 
-The stream (read -> chunk -> vector rows -> embed) runs on Ray Data's streaming executor: stages
-overlap and backpressure bounds what is in flight. The chunk UDF and the embedding actors write their
-own checkpoint parts into the work dir (qrag_ray.index.checkpoint) and pass on only what the next
-stage needs; the embedding actors pass on a one-row summary per batch, so the driver sums counters and
-never holds vectors or text. After the stream: one task trains the IVF/PQ quantizer on a sample of all
-vectors (every shard gets a copy, so scores from different shards compare), one task per shard
-assembles its files from the parts, one task writes chunks.parquet and globalizes the BM25 IDF.
+One task trains the IVF/PQ quantizer on a sample of all vectors (every shard gets a copy, so scores
+from different shards compare), one task per shard assembles its files from the parts, one task writes
+chunks.parquet and globalizes the BM25 IDF. Every task reads and writes files under the work dir, so
+a re-run finds what a killed one finished.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,119 +22,11 @@ import pyarrow.parquet as pq
 
 from qrag_ray.errors import QragError
 from qrag_ray.index import checkpoint as ck
+from qrag_ray.index.rows import CHUNK_SCHEMA
+from qrag_ray.index.udfs import SAMPLE_STRIPE
 
-CHUNK_SCHEMA = pa.schema([("chunk_idx", pa.int64()), ("chunk_id", pa.string()), ("doc_id", pa.string()),
-                          ("title", pa.string()), ("text", pa.string()), ("shard", pa.int32())])
 VECTOR_COLS = ["chunk_idx", "kind", "text", "qn", "ord", "store", "row_key", "vector"]
-# rows whose key is a multiple of this are also written to work/sample: a large build draws its
-# training sample from there instead of scanning every vector part (88M rows -> ~86k candidates)
-SAMPLE_STRIPE = 1024
-# a generated row's position in its chunk: after every base row, grouped by the request's unit
-GEN_ORD_BASE = 100_000
 
-
-# ---------------------------------------------------------------- chunk stage (tasks)
-
-
-def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: float = 0.0) -> None:
-    """Write one batch's chunk rows as per-shard parts and register them for this run.
-
-    Duplicate chunk ids inside the batch are a corpus error caught here, early; across batches the
-    shard task catches them. Parts are named by content, so a retried or resumed batch rewrites the
-    same file."""
-    n = len(cols["chunk_idx"])
-    ids = np.asarray(cols["chunk_idx"], np.int64)
-    if n and len(np.unique(ids)) != n:
-        uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
-        bad = cols["chunk_id"][int(first[np.flatnonzero(counts > 1)[0]])]
-        raise QragError(f"duplicate document id: chunk {bad!r} occurs twice (document ids must be unique)")
-    table = pa.table({k: pa.array(list(cols[k]) if k in ("chunk_id", "doc_id", "title", "text") else cols[k],
-                                  type=CHUNK_SCHEMA.field(k).type) for k in CHUNK_SCHEMA.names})
-    h = hashlib.blake2b(digest_size=10)
-    h.update(ids.tobytes())
-    for t in table.column("text").to_pylist():
-        h.update(t.encode())
-    h.update(str(n_docs).encode())
-    name = h.hexdigest()
-    shards = sorted(set(table.column("shard").to_pylist()))
-    for s in shards:
-        sub = table.filter(pc.equal(table.column("shard"), s))
-        ck.atomic_write_parquet(sub, work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
-    ck.atomic_write_text(ck.run_registry(work, run) / f"{name}.json",
-                         json.dumps({"part": name, "documents": n_docs, "chunks": n, "shards": shards,
-                                     "seconds": round(seconds, 4)}))
-
-
-# ---------------------------------------------------------------- embed stage (actor pool)
-
-
-def vector_columns(rows: list[dict]) -> dict:
-    """Vector rows as numpy columns (the embed stage's input)."""
-    cols = {"chunk_idx": np.int64, "shard": np.int32, "kind": object, "text": object, "embed_text": object,
-            "qn": np.int32, "ord": np.int32, "store": bool}
-    return {c: np.asarray([r[c] for r in rows], dtype=t) if rows else np.zeros(0, t) for c, t in cols.items()}
-
-
-class EmbedSink:
-    """Embeds the rows no earlier run embedded and writes them as per-shard parts in the work dir.
-
-    Returns one summary row per batch (counts and busy seconds), never the vectors: the shard tasks
-    read them from the parts. Vectors are computed with `encode_canonical`, so a row's vector is the
-    same bits whichever rows shared its batch (a resumed run batches differently)."""
-
-    def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
-                 work: str, question_kind: str | None, run: str, backend: str = "auto"):
-        from qrag_ray.embedding import Embedder
-
-        self.e = Embedder(model, batch_size, max_seq_length, threads, backend)
-        self.work = Path(work)
-        self.qk = question_kind
-        self.run = run
-        self.done = ck.done_row_keys(self.work)
-
-    def __call__(self, batch: dict) -> dict:
-        from qrag_ray.embedding import encode_canonical
-
-        t0 = time.perf_counter()
-        n = len(batch["chunk_idx"])
-        keys = ck.row_keys(batch["chunk_idx"], batch["kind"], batch["ord"], batch["text"], batch["embed_text"])
-        todo = np.flatnonzero(~ck.isin_sorted(keys, self.done))
-        questions = 0
-        if self.qk:
-            questions = int(np.sum((batch["kind"] == self.qk) & (batch["qn"] >= 0)))
-        # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
-        for sh in np.unique(batch["shard"]):
-            k = keys[batch["shard"] == sh]
-            ck.atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
-        if len(todo):
-            vecs = encode_canonical(self.e.st, [str(batch["embed_text"][i]) for i in todo], self.e.batch_size)
-            dim = vecs.shape[1]
-            shard = batch["shard"][todo]
-            for s in np.unique(shard):
-                sel = np.flatnonzero(shard == s)
-                rows = todo[sel]
-                flat = pa.array(vecs[sel].reshape(-1), type=pa.float32())
-                t = pa.table({
-                    "chunk_idx": pa.array(batch["chunk_idx"][rows], pa.int64()),
-                    "kind": pa.array(batch["kind"][rows].tolist(), pa.string()),
-                    "text": pa.array(batch["text"][rows].tolist(), pa.string()),
-                    "qn": pa.array(batch["qn"][rows], pa.int32()),
-                    "ord": pa.array(batch["ord"][rows], pa.int32()),
-                    "store": pa.array(batch["store"][rows].astype(bool), pa.bool_()),
-                    "row_key": pa.array(keys[rows], pa.int64()),
-                    "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
-                })
-                name = ck.part_name(keys[rows])
-                stripe = (keys[rows] % SAMPLE_STRIPE) == 0
-                if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)
-                    ck.atomic_write_parquet(t.filter(pa.array(stripe)),
-                                            self.work / "sample" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
-                ck.atomic_write_parquet(t, self.work / "vectors" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
-        return {"rows": np.asarray([n]), "embedded": np.asarray([len(todo)]), "reused": np.asarray([n - len(todo)]),
-                "questions": np.asarray([questions]), "seconds": np.asarray([time.perf_counter() - t0])}
-
-
-# ---------------------------------------------------------------- after the stream (tasks)
 
 
 def needs_training(factory: str, dim: int) -> bool:
@@ -209,7 +98,7 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
 
 def _one_thread_per_cpu() -> None:
     """FAISS (OpenMP) threads = the CPUs this Ray task was given: more threads than granted CPUs
-    wait on each other when the node is busy (a 1-CPU IVF training took 92 s instead of ~2 s)."""
+    wait on each other when the node is busy."""
     import faiss
 
     try:
@@ -275,6 +164,16 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     stats["signature"] = sig
     ck.atomic_write_text(stats_path, json.dumps(stats))
     stats["reused"] = False
+    return stats
+
+
+def build_one_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None) -> dict:
+    """build_shard as a Ray task: its stats also record the node it ran on (`built_on`)."""
+    import ray
+
+    stats = build_shard(shard, work, run, cfg_json, dim, trained)
+    ctx = ray.get_runtime_context()
+    stats["built_on"] = {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
     return stats
 
 

@@ -1,0 +1,169 @@
+"""The build's stream: read -> chunk -> (atomize, generate) -> vector rows -> embed, on Ray Data's
+streaming executor. Stages overlap and backpressure bounds what is in flight; the chunker and the
+embedding actors write their own checkpoint parts (qrag_ray.index.udfs) and the driver only sums the
+sink's per-row counters, never holding vectors or text."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from qrag_ray.errors import QragError
+from qrag_ray.generation.stage import GenerationStats
+from qrag_ray.index import checkpoint as ck
+from qrag_ray.index.plan import BuildPlan, StageClock
+
+# CPU request of the light per-row stages (chunking, row building)
+_LIGHT_CPU = 0.5
+_COUNTED = ("documents", "chunks", "questions")
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """What the stream leaves for the shard builds: the run whose rows they keep, and its counts."""
+
+    run: str
+    rows: int  # vector rows of this run (embedded now or reused)
+    dim: int
+    documents: int
+    chunks: int
+    questions: int
+    embedded: int  # embedded by this run
+    reused: int  # found in the checkpoints of an earlier run
+    generation: GenerationStats = field(default_factory=GenerationStats)
+
+
+def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
+    """Run the stream, or reuse it: a work dir whose stream finished for the same inputs (stream.json)
+    was killed after it, so only the shard builds are left."""
+    done = plan.work / "stream.json"
+    st = json.loads(done.read_text()) if done.is_file() else {}
+    if st.get("inputs") == plan.inputs:
+        clock.seconds.update({"read+chunk": 0.0, "embed": 0.0})
+        return Streamed(run=st["run"], rows=st["rows"], dim=st["dim"], embedded=0, reused=st["rows"],
+                        **{k: st[k] for k in _COUNTED})
+    cfg = plan.cfg
+    generation = GenerationStats()
+    t0 = time.perf_counter()
+    with clock.stage("stream"):
+        chunks = _chunks(plan)
+        chunks, questions = _generate(plan, chunks, clock, generation)
+        counts = _embed(plan, _vector_rows(plan, chunks, questions))
+    parts = ck.registered_parts(plan.work, plan.run)
+    documents, n_chunks = sum(p["documents"] for p in parts), sum(p["chunks"] for p in parts)
+    if documents == 0:
+        raise QragError(f"empty corpus: no documents in {cfg.input}")
+    if n_chunks == 0:
+        raise QragError(f"empty corpus: the documents in {cfg.input} hold no text")
+    clock.seconds["read+chunk"] = round(sum(p.get("seconds", 0.0) for p in parts), 3) or 1e-3
+    clock.seconds["embed"] = round(counts["seconds"], 3) or 1e-3
+    clock.seconds["stream"] = round(time.perf_counter() - t0, 3)
+    out = Streamed(run=plan.run, rows=counts["rows"], dim=_dim_of(plan), documents=documents, chunks=n_chunks,
+                   questions=counts["questions"], embedded=counts["embedded"],
+                   reused=counts["rows"] - counts["embedded"], generation=generation)
+    ck.atomic_write_text(done, json.dumps({"inputs": plan.inputs, "run": out.run, "rows": out.rows, "dim": out.dim,
+                                           **{k: getattr(out, k) for k in _COUNTED}}))
+    return out
+
+
+def _chunks(plan: BuildPlan):
+    """Documents -> chunk rows (lazy)."""
+    from qrag_ray.index.udfs import make_chunker
+    from qrag_ray.io.readers import read_corpus
+
+    cfg, gcfg = plan.cfg, plan.cfg.generator
+    qcol = gcfg.precomputed_column if gcfg.backend == "precomputed" else None
+    docs = read_corpus(cfg.input, cfg.format, questions_column=qcol)
+    for extra in cfg.build.extra_inputs:  # --append: earlier versions' inputs plus the new documents
+        docs = docs.union(read_corpus(extra, cfg.format, questions_column=qcol))
+    # its own CPU request (not the embedder's) keeps Ray Data from fusing chunking into the embedding
+    # actors: the two stages run side by side instead of taking turns in one process
+    return docs.map_batches(make_chunker(cfg, plan.work, plan.run, plan.deleted, bool(qcol)), batch_format="numpy",
+                            batch_size=cfg.build.docs_per_batch, num_cpus=_LIGHT_CPU)
+
+
+def _needs_llm(plan: BuildPlan) -> bool:
+    gcfg = plan.cfg.generator
+    return gcfg.backend in ("vllm", "openai") and (
+        plan.granularity is not None or ("sentence" in plan.kinds and gcfg.atoms == "llm"))
+
+
+def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats):
+    """LLM atoms and questions through the question cache: (chunk rows, question vector rows or None).
+    The generation join needs its requests materialized, so this path is not streamed."""
+    if not _needs_llm(plan):
+        return chunks, None
+    from qrag_ray.generation.cache import QuestionCache
+    from qrag_ray.generation.stage import generate
+    from qrag_ray.index.udfs import attach_atoms, make_atomize_requests, make_question_requests, make_question_rows
+
+    cfg, gcfg, gran = plan.cfg, plan.cfg.generator, plan.granularity
+    chunks = chunks.materialize()
+    cache = QuestionCache(cfg.cache_dir)
+    model_path = None
+    if gcfg.backend == "vllm":
+        with clock.stage("prepare-model"):
+            from qrag_ray.models.registry import resolve_llm
+
+            model_path = resolve_llm(gcfg.model)
+    if gcfg.atoms == "llm" and (gran == "atom" or "sentence" in plan.kinds):
+        with clock.stage("atomize"):
+            requests = chunks.map_batches(make_atomize_requests(gcfg), batch_format="numpy").materialize()
+            answered, st = generate(requests, gcfg, cache, model_path)
+            stats.add(st, "atomize")
+            chunks = answered.map_batches(attach_atoms, batch_format="numpy").materialize()
+    if gran is None:
+        return chunks, None
+    with clock.stage("generate"):
+        requests = chunks.map_batches(make_question_requests(cfg, gran), batch_format="numpy").materialize()
+        if not requests.count():
+            return chunks, None
+        answered, st = generate(requests, gcfg, cache, model_path)
+        stats.add(st, "questions")
+        return chunks, answered.map_batches(make_question_rows(plan.kinds, plan.aux_questions), batch_format="numpy")
+
+
+def _vector_rows(plan: BuildPlan, chunks, questions):
+    """Chunk rows -> the rows to embed (chunk, sentence, precomputed questions...), plus the LLM's."""
+    from qrag_ray.index.udfs import make_base_rows
+
+    rows = chunks.map_batches(make_base_rows(plan.kinds, plan.cfg, plan.aux_questions), batch_format="numpy",
+                              num_cpus=_LIGHT_CPU)
+    return rows.union(questions) if questions is not None else rows
+
+
+def _embed(plan: BuildPlan, rows) -> dict:
+    """The embedding actor pool as the stream's sink: it writes the vector parts; its per-row
+    counters are summed here."""
+    import ray.data
+
+    from qrag_ray.index.udfs import EmbedSink
+
+    e = plan.cfg.embedder
+    threads = None if e.num_gpus else (e.threads or max(1, (os.cpu_count() or 2) // e.actors))
+    done = rows.map_batches(
+        EmbedSink, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads, str(plan.work),
+                                        plan.question_kind, plan.run, e.backend),
+        compute=ray.data.ActorPoolStrategy(size=e.actors), num_gpus=e.num_gpus or None,
+        num_cpus=None if e.num_gpus else 1, batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
+    counts = {"rows": 0, "embedded": 0, "questions": 0, "seconds": 0.0}
+    for batch in done.iter_batches(batch_size=None, batch_format="numpy"):
+        counts["rows"] += len(batch["embedded"])
+        counts["embedded"] += int(np.count_nonzero(batch["embedded"]))
+        counts["questions"] += int(np.count_nonzero(batch["question"]))
+        counts["seconds"] += float(batch["seconds"].sum())
+    return counts
+
+
+def _dim_of(plan: BuildPlan) -> int:
+    for f in ck.parquet_files(plan.work / "vectors"):
+        if pq.read_metadata(f).num_rows:
+            return pq.read_schema(f).field("vector").type.list_size
+    from qrag_ray.embedding import embedder_dim
+
+    return embedder_dim(plan.cfg.embedder.model)

@@ -1,0 +1,191 @@
+"""The Ray Data UDFs of the build's stream: chunking, vector rows, LLM requests and answers, and the
+embedding sink. Each turns one numpy batch into the next stage's columns (the logic is in
+qrag_ray.index.rows); the chunker and the embedding sink also write their checkpoint parts into the
+work dir (qrag_ray.index.checkpoint), so a killed build resumes from them.
+
+A UDF's function name is its operator's name in the progress display (qrag_ray.progress.op_label).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from qrag_ray.config import IndexConfig
+from qrag_ray.errors import QragError
+from qrag_ray.index import checkpoint as ck
+from qrag_ray.index.rows import (CHUNK_SCHEMA, atom_columns, atoms_of, base_vector_columns, chunk_columns, chunk_rows,
+                                 payload, question_vector_columns, request_columns, rows_of)
+
+# rows whose key is a multiple of this are also written to work/sample: a large build draws its
+# training sample from there instead of scanning every vector part
+SAMPLE_STRIPE = 1024
+
+
+# ---------------------------------------------------------------- documents -> chunks
+
+
+def make_chunker(cfg: IndexConfig, work: Path, run: str, deleted: frozenset, with_questions: bool):
+    """Documents -> chunk rows; every batch also lands as chunk parts in the work dir."""
+
+    def chunker(batch: dict) -> dict:
+        t0 = time.perf_counter()
+        docs = [d for d in rows_of(batch) if str(d["doc_id"]) not in deleted]
+        cols = chunk_columns([r for d in docs for r in chunk_rows(d, cfg)], with_questions)
+        if docs:
+            write_chunk_part(cols, len(docs), work, run, seconds=time.perf_counter() - t0)
+        return cols
+
+    return chunker
+
+
+def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: float = 0.0) -> None:
+    """Write one batch's chunk rows as per-shard parts and register them for this run.
+
+    Duplicate chunk ids inside the batch are a corpus error caught here, early; across batches the
+    shard task catches them. Parts are named by content, so a retried or resumed batch rewrites the
+    same file."""
+    n = len(cols["chunk_idx"])
+    ids = np.asarray(cols["chunk_idx"], np.int64)
+    if n and len(np.unique(ids)) != n:
+        uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
+        bad = cols["chunk_id"][int(first[np.flatnonzero(counts > 1)[0]])]
+        raise QragError(f"duplicate document id: chunk {bad!r} occurs twice (document ids must be unique)")
+    table = pa.table({k: pa.array(list(cols[k]) if k in ("chunk_id", "doc_id", "title", "text") else cols[k],
+                                  type=CHUNK_SCHEMA.field(k).type) for k in CHUNK_SCHEMA.names})
+    h = hashlib.blake2b(digest_size=10)
+    h.update(ids.tobytes())
+    for t in table.column("text").to_pylist():
+        h.update(t.encode())
+    h.update(str(n_docs).encode())
+    name = h.hexdigest()
+    shards = sorted(set(table.column("shard").to_pylist()))
+    for s in shards:
+        sub = table.filter(pc.equal(table.column("shard"), s))
+        ck.atomic_write_parquet(sub, work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
+    ck.atomic_write_text(ck.run_registry(work, run) / f"{name}.json",
+                         json.dumps({"part": name, "documents": n_docs, "chunks": n, "shards": shards,
+                                     "seconds": round(seconds, 4)}))
+
+
+# ---------------------------------------------------------------- chunks -> vector rows, LLM requests
+
+
+def make_base_rows(kinds: list[str], cfg: IndexConfig, aux_q: bool):
+    """Chunk rows -> the rows to embed that need no LLM (chunk, sentence, window, precomputed questions)."""
+
+    def base(batch: dict) -> dict:
+        return base_vector_columns(rows_of(batch), kinds, cfg, aux_q)
+
+    return base
+
+
+def make_atomize_requests(gcfg):
+    """Chunk rows -> one atomize request per chunk."""
+    from qrag_ray.generation.requests import atomize_request
+
+    def atomize(batch: dict) -> dict:
+        return request_columns([atomize_request(r, gcfg) | payload(r) for r in rows_of(batch)])
+
+    return atomize
+
+
+def attach_atoms(batch: dict) -> dict:
+    """Answered atomize requests -> chunk rows with their atoms."""
+    return atom_columns(batch)
+
+
+def make_question_requests(cfg: IndexConfig, granularity: str):
+    """Chunk rows -> question requests, one per chunk or one per atom."""
+    from qrag_ray.generation.requests import question_requests
+
+    def requests(batch: dict) -> dict:
+        out = []
+        for r in rows_of(batch):
+            atoms = atoms_of(r, cfg) if granularity == "atom" else None
+            out += [q | payload(r) for q in question_requests(r, atoms, cfg.generator, granularity)]
+        return request_columns(out)
+
+    return requests
+
+
+def make_question_rows(kinds: list[str], aux_q: bool):
+    """Answered question requests -> the rows to embed for their questions."""
+
+    def questions(batch: dict) -> dict:
+        return question_vector_columns(rows_of(batch), kinds, aux_q)
+
+    return questions
+
+
+# ---------------------------------------------------------------- the embedding sink (actor pool)
+
+
+class EmbedSink:
+    """Embeds the rows no earlier run embedded and writes them as per-shard parts in the work dir.
+
+    Returns, per input row, whether it was embedded now (not reused), whether it is a question and
+    its share of the batch's busy seconds, never the vectors: the shard tasks read them from the parts,
+    and the operator's output rows count the vectors done. Vectors are computed with
+    `encode_canonical`, so a row's vector is the same bits whichever rows shared its batch (a resumed
+    run batches differently)."""
+
+    def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
+                 work: str, question_kind: str | None, run: str, backend: str = "auto"):
+        from qrag_ray.embedding import Embedder
+
+        self.e = Embedder(model, batch_size, max_seq_length, threads, backend)
+        self.work = Path(work)
+        self.qk = question_kind
+        self.run = run
+        self.done = ck.done_row_keys(self.work)
+
+    def __call__(self, batch: dict) -> dict:
+        t0 = time.perf_counter()
+        n = len(batch["chunk_idx"])
+        keys = ck.row_keys(batch["chunk_idx"], batch["kind"], batch["ord"], batch["text"], batch["embed_text"])
+        todo = np.flatnonzero(~ck.isin_sorted(keys, self.done))
+        question = (batch["kind"] == self.qk) & (batch["qn"] >= 0) if self.qk else np.zeros(n, bool)
+        # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
+        for sh in np.unique(batch["shard"]):
+            k = keys[batch["shard"] == sh]
+            ck.atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
+        if len(todo):
+            self._write_vectors(batch, keys, todo)
+        embedded = np.zeros(n, bool)
+        embedded[todo] = True
+        return {"embedded": embedded, "question": np.asarray(question, bool),
+                "seconds": np.full(n, (time.perf_counter() - t0) / max(1, n))}
+
+    def _write_vectors(self, batch: dict, keys: np.ndarray, todo: np.ndarray) -> None:
+        from qrag_ray.embedding import encode_canonical
+
+        vecs = encode_canonical(self.e.st, [str(batch["embed_text"][i]) for i in todo], self.e.batch_size)
+        dim = vecs.shape[1]
+        shard = batch["shard"][todo]
+        for s in np.unique(shard):
+            sel = np.flatnonzero(shard == s)
+            rows = todo[sel]
+            flat = pa.array(vecs[sel].reshape(-1), type=pa.float32())
+            t = pa.table({
+                "chunk_idx": pa.array(batch["chunk_idx"][rows], pa.int64()),
+                "kind": pa.array(batch["kind"][rows].tolist(), pa.string()),
+                "text": pa.array(batch["text"][rows].tolist(), pa.string()),
+                "qn": pa.array(batch["qn"][rows], pa.int32()),
+                "ord": pa.array(batch["ord"][rows], pa.int32()),
+                "store": pa.array(batch["store"][rows].astype(bool), pa.bool_()),
+                "row_key": pa.array(keys[rows], pa.int64()),
+                "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
+            })
+            name = ck.part_name(keys[rows])
+            stripe = (keys[rows] % SAMPLE_STRIPE) == 0
+            if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)
+                ck.atomic_write_parquet(t.filter(pa.array(stripe)),
+                                        self.work / "sample" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
+            ck.atomic_write_parquet(t, self.work / "vectors" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
