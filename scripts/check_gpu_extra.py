@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,11 +61,10 @@ def resolved(report: dict) -> dict[str, str]:
     return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in report["install"]}
 
 
-def check(python_version: str, work: Path) -> dict[str, str] | None:
+def check(python_version: str, requirements: Path, work: Path) -> dict[str, str] | None:
     """The resolved versions for one Python version (None: it does not resolve)."""
-    requirements, report = work / "gpu-requirements.txt", work / f"report-{python_version}.json"
-    requirements.write_text("\n".join(gpu_requirements()) + "\n")
-    p = subprocess.run(dry_run_command(python_version, requirements, report, work / "target"),
+    report = work / f"report-{python_version}.json"
+    p = subprocess.run(dry_run_command(python_version, requirements, report, work / f"target-{python_version}"),
                        env=public_index_env(work / "pip-cache"), text=True, stderr=subprocess.PIPE)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
@@ -76,17 +76,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--python", nargs="+", default=list(PYTHONS), help="target Python versions")
     args = ap.parse_args(argv)
-    failed = []
     with tempfile.TemporaryDirectory(prefix="qrag-gpu-extra-") as tmp:
-        for v in args.python:
-            got = check(v, Path(tmp))
-            if got is None:
-                failed.append(v)
-                print(f"Python {v}: qrag-ray[gpu] does not resolve for Linux x86-64", flush=True)
-                continue
-            shown = ", ".join(f"{name} {got.get(name, '-')}" for name in SHOWN)
-            print(f"Python {v}: qrag-ray[gpu] resolves for Linux x86-64 ({len(got)} packages): {shown}", flush=True)
-    return 1 if failed else 0
+        work = Path(tmp)
+        requirements = work / "gpu-requirements.txt"
+        requirements.write_text("\n".join(gpu_requirements()) + "\n")
+        # the resolutions wait on the index (one metadata request after another), not on the CPU: side by side
+        with ThreadPoolExecutor(len(args.python)) as pool:
+            results = list(pool.map(lambda v: check(v, requirements, work), args.python))
+    for v, got in zip(args.python, results):
+        if got is None:
+            print(f"Python {v}: qrag-ray[gpu] does not resolve for Linux x86-64")
+            continue
+        shown = ", ".join(f"{name} {got.get(name, '-')}" for name in SHOWN)
+        print(f"Python {v}: qrag-ray[gpu] resolves for Linux x86-64 ({len(got)} packages): {shown}")
+    return 1 if None in results else 0
 
 
 if __name__ == "__main__":
