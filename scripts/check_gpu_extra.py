@@ -1,0 +1,96 @@
+"""Resolve `pip install "qrag-ray[gpu]"` for a Linux x86-64 GPU machine, on any machine, GPU or not.
+
+pip's resolver runs in dry-run mode, told the target platform and Python version, against the public index
+only: this machine's pip configuration (a local wheel folder, extra indexes, constraints) is ignored, since a
+user's GPU machine has none of it. Nothing is installed or built; only wheels count, as on the target.
+
+    python scripts/check_gpu_extra.py                 # every Python version the GPU stack supports
+    python scripts/check_gpu_extra.py --python 3.12
+
+Prints the resolved versions of the packages that matter, one line per Python version; exit 1 when one does
+not resolve (pip's own explanation is printed above it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHONS = ("3.11", "3.12", "3.13", "3.14")
+# The target: glibc 2.35 (Ubuntu 22.04, the base of Ray's GPU images). Some of vLLM's dependencies ship
+# only manylinux_2_31 wheels, so an older glibc does not resolve; pip does not widen a manylinux_2_X tag to
+# the older ones by itself, hence the whole list.
+GLIBC_MINOR = 35
+SHOWN = ("vllm", "torch", "faiss-gpu", "ray", "sentence-transformers", "transformers")
+
+
+def gpu_requirements(pyproject: Path = REPO / "pyproject.toml") -> list[str]:
+    """What `pip install ".[gpu]"` asks for: the project's dependencies and its `gpu` extra."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+
+
+def platform_args(glibc_minor: int = GLIBC_MINOR) -> list[str]:
+    tags = [f"manylinux_2_{m}_x86_64" for m in range(glibc_minor, 16, -1)] + ["manylinux2014_x86_64"]
+    return [arg for tag in tags for arg in ("--platform", tag)]
+
+
+def dry_run_command(python_version: str, requirements: Path, report: Path, target: Path) -> list[str]:
+    return [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+            "--target", str(target), *platform_args(), "--implementation", "cp",
+            "--python-version", python_version, "--only-binary=:all:",
+            "--report", str(report), "-r", str(requirements)]
+
+
+def public_index_env(cache: Path) -> dict[str, str]:
+    """The environment without pip's configuration: no config files, no PIP_* variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_CACHE_DIR=str(cache), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
+
+
+def resolved(report: dict) -> dict[str, str]:
+    return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in report["install"]}
+
+
+def check(python_version: str, requirements: Path, work: Path) -> dict[str, str] | None:
+    """The resolved versions for one Python version (None: it does not resolve)."""
+    report = work / f"report-{python_version}.json"
+    p = subprocess.run(dry_run_command(python_version, requirements, report, work / f"target-{python_version}"),
+                       env=public_index_env(work / "pip-cache"), text=True, stderr=subprocess.PIPE)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        return None
+    return resolved(json.loads(report.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--python", nargs="+", default=list(PYTHONS), help="target Python versions")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="qrag-gpu-extra-") as tmp:
+        work = Path(tmp)
+        requirements = work / "gpu-requirements.txt"
+        requirements.write_text("\n".join(gpu_requirements()) + "\n")
+        # the resolutions wait on the index (one metadata request after another), not on the CPU: side by side
+        with ThreadPoolExecutor(len(args.python)) as pool:
+            results = list(pool.map(lambda v: check(v, requirements, work), args.python))
+    for v, got in zip(args.python, results):
+        if got is None:
+            print(f"Python {v}: qrag-ray[gpu] does not resolve for Linux x86-64")
+            continue
+        shown = ", ".join(f"{name} {got.get(name, '-')}" for name in SHOWN)
+        print(f"Python {v}: qrag-ray[gpu] resolves for Linux x86-64 ({len(got)} packages): {shown}")
+    return 1 if None in results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

