@@ -197,7 +197,7 @@ def plot(rows: list[dict], path: Path) -> None:
     b.plot(n, [r["peak_rss_mb"]["driver"] for r in rows], "o-", label="driver")
     # the pipeline's own processes; Ray's bookkeeping actors stay in the JSON but out of the plot
     names = [k for k in ("ray::MapWorker", "ray::MapBatches", "ray::ReadText->SplitBlocks", "ray::train_quantizer",
-                         "ray::_build_one_shard", "ray::assemble") if any(k in r["peak_rss_mb"]["workers"] for r in rows)]
+                         "ray::build_one_shard", "ray::assemble") if any(k in r["peak_rss_mb"]["workers"] for r in rows)]
     for k in names:
         b.plot(n, [r["peak_rss_mb"]["workers"].get(k, 0) for r in rows], ".--", label=k)
     b.plot(n, [r["peak_rss_mb"]["raylet"] for r in rows], "x:", label="raylet")

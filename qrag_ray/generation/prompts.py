@@ -215,7 +215,7 @@ def _load_builtin(name: str) -> PromptTemplate:
 
 PROMPTS: dict[str, PromptTemplate] = {n: _load_builtin(n) for n in TEMPLATE_NAMES}
 
-# What an answer prompt must reply when the passages do not support an answer (parsing.parse_answer).
+# What an answer prompt must reply when the passages do not support an answer (serving.answer.parse_answer).
 DONT_KNOW = "I don't know"
 
 
