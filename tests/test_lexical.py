@@ -186,3 +186,25 @@ def test_unknown_stemmer_is_a_config_error():
     assert Bm25Config().stemmer == "english" and (Bm25Config().k1, Bm25Config().b) == (0.9, 0.4)
     with pytest.raises(ValidationError, match="unknown stemmer 'klingon'"):
         Bm25Config(stemmer="klingon")
+
+
+def test_a_stemmed_shard_is_the_same_bytes_whatever_the_hash_seed(tmp_path):
+    # bm25s numbers stemmed terms in set order; two builds in processes with other hash seeds must
+    # still write identical files, or a rebuilt index gets another content hash
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys, numpy as np; from qrag_ray.index.lexical import build_bm25\n"
+              "texts = ['Loops run while a condition holds', 'break ends the running loop early',\n"
+              "         'else clauses run when loops finish', 'generators yield values lazily']\n"
+              "build_bm25(np.arange(4), texts, sys.argv[1], 0.9, 0.4, 'english')\n")
+    digests = []
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        subprocess.run([sys.executable, "-c", script, str(out)], check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed})
+        digests.append({f.relative_to(out).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+                        for f in sorted(out.rglob("*")) if f.is_file()})
+    assert digests[0] and digests[0] == digests[1]

@@ -94,9 +94,24 @@ def build_bm25(chunk_idx: np.ndarray, texts: list[str], out_dir: str | Path, k1:
     if not len(texts):
         return 0
     ret = bm25s.BM25(k1=k1, b=b)
-    ret.index(tokenize(texts, ids=True, stemmer=stemmer), show_progress=False)
+    ret.index(_numbered_by_first_use(tokenize(texts, ids=True, stemmer=stemmer)), show_progress=False)
     ret.save(str(out))
     return len(ret.vocab_dict)
+
+
+def _numbered_by_first_use(tok):
+    """The same tokens with term ids in order of first use. bm25s numbers stemmed terms in the iteration
+    order of a set, which changes with the process's hash seed: without this, a rebuild of the same
+    shard writes other bytes (and the index gets another content hash)."""
+    from bm25s.tokenization import Tokenized
+
+    renumber: dict[int, int] = {}
+    ids = [[renumber.setdefault(t, len(renumber)) for t in doc] for doc in tok.ids]
+    term = {i: w for w, i in tok.vocab.items()}
+    vocab = {term[old]: new for old, new in renumber.items()}
+    for w in sorted(set(tok.vocab) - set(vocab)):  # terms no document kept (none expected)
+        vocab[w] = len(vocab)
+    return Tokenized(ids=ids, vocab=vocab)
 
 
 def lucene_idf(n_docs: int, df: np.ndarray) -> np.ndarray:
