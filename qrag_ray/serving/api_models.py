@@ -21,11 +21,12 @@ NOT_BLANK = r"\S"  # JSON Schema patterns are searches: "contains a non-space ch
 
 # What each error status means on this API (every route documents the ones it can answer).
 ERROR_DESCRIPTIONS = {
-    400: "malformed JSON, or a request the index cannot serve (e.g. bm25_alpha on an index without BM25)",
+    400: "the request body is not valid JSON",
     401: "missing, malformed or unknown API key",
     403: "the key may not read the index named, or the server has no admin key",
     404: "unknown index",
     422: "a field is missing, of the wrong type or out of range, or the query is too long (`detail` lists each)",
+    409: "a request this index cannot serve as built (bm25_alpha on an index without a BM25 channel)",
     429: "the tenant is over its request rate (Retry-After)",
     501: "mode=hyde and /v1/answer need an LLM, and this server has none configured",
     502: "the LLM backend failed",

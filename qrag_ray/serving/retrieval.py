@@ -61,7 +61,7 @@ def resolve_query(ti: TenantIndex, tenant: str, req, text: str) -> Query:
         try:
             check_hybrid(policy, ti.manifest, f"index '{tenant}'")
         except NoBm25Index as e:
-            raise bad_request("no_bm25_index", str(e)) from None
+            raise bad_request("no_bm25_index", str(e), status=409) from None
     return Query(text, req.k, req.min_score, policy, req.query if policy.bm25_alpha is not None else None)
 
 

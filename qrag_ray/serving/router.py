@@ -111,7 +111,7 @@ class Router:
 
     # ---- routes --------------------------------------------------------------------------------
     @app.post("/v1/search", response_model=m.SearchResponse,
-              responses=error_responses(400, 401, 403, 404, 422, 429, 501, 502, 503, 504), dependencies=[bearer])
+              responses=error_responses(400, 401, 403, 404, 409, 422, 429, 501, 502, 503, 504), dependencies=[bearer])
     async def search(self, req: m.SearchRequest, request: Request) -> m.SearchResponse:
         """Top k distinct chunks for a query (exactly k when the index has them)."""
         t0 = time.perf_counter()
@@ -128,7 +128,7 @@ class Router:
         return await self._deadline(run(), stage)
 
     @app.post("/v1/answer", response_model=m.AnswerResponse,
-              responses=error_responses(400, 401, 403, 404, 422, 429, 501, 502, 503, 504), dependencies=[bearer])
+              responses=error_responses(400, 401, 403, 404, 409, 422, 429, 501, 502, 503, 504), dependencies=[bearer])
     async def answer(self, req: m.AnswerRequest, request: Request) -> m.AnswerResponse:
         """An answer synthesized from the retrieved chunks with [n] citations, or "I don't know"."""
         t0 = time.perf_counter()

@@ -200,9 +200,10 @@ def test_request_bm25_alpha_overrides_the_index_setting(served):
     dense = SearchEngine(served["delta"], policy=FusionPolicy())
     got = search(served, {"query": QUERIES[0], "k": 10, "bm25_alpha": 1.0}, tenant="delta").json()["results"]
     assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in dense.search([QUERIES[0]], k=10)[0]]
-    # an index without a BM25 channel: a clear 400, not a silent dense answer
+    # an index without a BM25 channel: a clear 409 (the request is valid, the index cannot serve it),
+    # not a silent dense answer
     r = search(served, {"query": QUERIES[0], "k": 3, "bm25_alpha": 0.5}, tenant="alpha")
-    assert r.status_code == 400 and r.json()["error"] == "no_bm25_index" and "bm25.enabled" in r.json()["message"]
+    assert r.status_code == 409 and r.json()["error"] == "no_bm25_index" and "bm25.enabled" in r.json()["message"]
     r = search(served, {"query": QUERIES[0], "k": 3, "bm25_alpha": 1.5}, tenant="delta")
     assert r.status_code == 422
 
@@ -389,7 +390,7 @@ def test_qrag_query_prints_a_table(served, capsys):
                  "What does the __exit__ method of a context manager do?"]) == 0
     assert "[1]" in capsys.readouterr().out
     assert main(["query", "--url", url, "--key", served["keys"]["alpha"], "--bm25-alpha", "0.5", "for loop"]) == 2
-    assert "HTTP 400 no_bm25_index" in capsys.readouterr().err
+    assert "HTTP 409 no_bm25_index" in capsys.readouterr().err
     assert main(["query", "--url", url, "--key", served["keys"]["delta"], "--bm25-alpha", "0", "--json",
                  "--k", "2", "nonlocal statement"]) == 0
     res = json.loads(capsys.readouterr().out)["results"]
