@@ -149,7 +149,7 @@ def test_forward_by_tokens_matches_canonical_in_input_order(minilm):
 
 @pytest.mark.integration
 def test_bfloat16_keeps_vectors_close_and_tf32_is_refused_on_cpu():
-    from qrag_ray.embedding import Forward, encode_canonical, load_sentence_transformer
+    from qrag_ray.embedding import Forward, encode, encode_canonical, load_sentence_transformer
     from qrag_ray.embedding.tokens import token_ids
 
     texts = _texts()
@@ -160,5 +160,7 @@ def test_bfloat16_keeps_vectors_close_and_tf32_is_refused_on_cpu():
     want = encode_canonical(fp32, texts, 16)
     assert got.dtype == np.float32 and 0 < np.abs(got - want).max() < 3e-2
     assert (got * want).sum(1).min() > 0.99
+    q = encode(bf16, texts[:4])  # the query side's call on a half-precision model
+    assert q.dtype == np.float32 and (q * want[:4]).sum(1).min() > 0.99
     with pytest.raises(ValueError, match="tf32"):
         load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", dtype="tf32")
