@@ -14,9 +14,9 @@ DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """`auto` is float32 on CPU (the vectors every CPU index holds) and bfloat16 on CUDA: compared with
-    float32 it keeps the rankings (docs/BENCHMARKS.md) at about four times the forward rate, and unlike
-    float16 it cannot overflow. tf32 is a CUDA matmul mode; on CPU it is refused rather than ignored."""
+    """`auto` is float32 on CPU (the vectors every CPU index holds) and bfloat16 on CUDA: it keeps the
+    rankings of float32 (docs/BENCHMARKS.md) at a multiple of its forward rate, and unlike float16 it
+    cannot overflow. tf32 is a CUDA matmul mode; on CPU it is refused rather than ignored."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown embedder dtype {dtype!r} (one of {', '.join(DTYPES)})")
     cuda = str(device).startswith("cuda")
