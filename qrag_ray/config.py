@@ -72,6 +72,11 @@ class EmbedderConfig(Strict):
     # CPU inference: onnx (ONNX Runtime, same vectors within 2e-7, faster; qrag_ray/onnx_backend.py), torch, or
     # auto (onnx where it runs, else torch); GPUs use torch
     backend: Literal["auto", "torch", "onnx"] = "auto"
+    dtype: Literal["auto", "float32", "tf32", "bfloat16", "float16"] = Field(
+        "auto", description="forward-pass precision: auto is float32 on CPU (vectors unchanged) and bfloat16 on "
+        "CUDA (keeps rankings); tf32 is CUDA only")
+    tokens_per_batch: int = Field(65536, ge=256, description="GPU forward pass size in tokens (rows x padded "
+                                  "length), not rows, so short and long texts both fill the GPU")
 
 
 class Bm25Config(Strict):

@@ -1,0 +1,125 @@
+"""Loading the embedder: device, precision and backend, and the plain (query-side) encode."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """`auto` is float32 on CPU (the vectors every CPU index holds) and bfloat16 on CUDA: it keeps the
+    rankings of float32 (docs/BENCHMARKS.md) at a multiple of its forward rate, and unlike float16 it
+    cannot overflow. tf32 is a CUDA matmul mode; on CPU it is refused rather than ignored."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown embedder dtype {dtype!r} (one of {', '.join(DTYPES)})")
+    cuda = str(device).startswith("cuda")
+    if dtype == "auto":
+        return "bfloat16" if cuda else "float32"
+    if dtype == "tf32" and not cuda:
+        raise ValueError("embedder dtype tf32 needs a CUDA device (on CPU use float32 or bfloat16)")
+    return dtype
+
+
+def load_sentence_transformer(model: str, device: str | None = None, max_seq_length: int | None = None,
+                              backend: str = "auto", threads: int | None = None, dtype: str = "float32"):
+    """device None: CUDA when there is one, else CPU. dtype: see `resolve_dtype` (half precisions cast
+    the weights; tf32 keeps float32 weights and is switched on around each encode, see `precision`).
+    backend: "torch"; "onnx" (CPU, float32; raises QragError when the model cannot run there); "auto":
+    ONNX Runtime on CPU in float32 when it is installed and the model exports and agrees with torch,
+    else torch (qrag_ray/onnx_backend.py says why)."""
+    from sentence_transformers import SentenceTransformer
+
+    from qrag_ray.models.registry import resolve_embedder
+
+    if device is None:
+        device = "cuda" if _cuda_available() else "cpu"
+    dt = resolve_dtype(dtype, device)
+    st = SentenceTransformer(resolve_embedder(model), device=device)
+    if max_seq_length:
+        st.max_seq_length = max_seq_length
+    if dt in ("bfloat16", "float16"):
+        import torch
+
+        st.to(getattr(torch, dt))
+    st._qrag_dtype = dt
+    if backend == "onnx" or (backend == "auto" and device == "cpu" and dt == "float32"):
+        from qrag_ray.onnx_backend import OnnxUnavailable, use_onnx
+
+        try:
+            if dt != "float32":
+                raise OnnxUnavailable(f"the ONNX backend runs float32 only, not {dt}")
+            use_onnx(st, threads)
+        except OnnxUnavailable as e:
+            if backend == "onnx":
+                from qrag_ray.errors import QragError
+
+                raise QragError(f"embedder backend onnx: {e}") from None
+            logger.info("embedder %s stays on torch: %s", model, e)
+    elif backend not in ("auto", "torch"):
+        raise ValueError(f"unknown embedder backend {backend!r}")
+    return st
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def precision(st) -> Iterator[None]:
+    """TF32 matmuls while `st` encodes, when it was loaded with dtype tf32. torch's switch is per
+    process, so it is set for the call and restored after: another model in the same process keeps
+    float32."""
+    if getattr(st, "_qrag_dtype", "float32") != "tf32":
+        yield
+        return
+    import torch
+
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def encode(st, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    with precision(st):
+        vecs = st.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
+                         convert_to_numpy=True, show_progress_bar=False)
+    return np.ascontiguousarray(vecs, dtype=np.float32)
+
+
+class Embedder:
+    """The loaded model and batch size an embedding actor holds (the actor's constructor builds it)."""
+
+    def __init__(self, model: str, batch_size: int = 64, max_seq_length: int | None = None,
+                 threads: int | None = None, backend: str = "auto", dtype: str = "float32",
+                 device: str | None = None):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.st = load_sentence_transformer(model, device=device, max_seq_length=max_seq_length, backend=backend,
+                                            threads=threads, dtype=dtype)
+        self.batch_size = batch_size
+
+
+def embedding_dim(st) -> int:
+    get = getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension
+    return int(get())
+
+
+def embedder_dim(model: str) -> int:
+    return embedding_dim(load_sentence_transformer(model, device="cpu"))
