@@ -60,7 +60,7 @@ class FilterConfig(Strict):
 
 
 # Throughput knobs and the inference backend (ONNX and torch give the same vectors to float rounding).
-@field_roles(run=("batch_size", "num_gpus", "actors", "threads", "backend"))
+@field_roles(run=("batch_size", "num_gpus", "actors", "threads", "backend", "tokens_per_batch"))
 class EmbedderConfig(Strict):
     model: str = "all-MiniLM-L6-v2"  # registry name or a local sentence-transformers folder
     batch_size: int = Field(64, ge=1)
@@ -69,8 +69,9 @@ class EmbedderConfig(Strict):
     max_seq_length: int | None = None
     threads: int | None = Field(None, ge=1, description="torch threads per CPU actor (default: cores / actors); "
                                 "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
-    # CPU inference: onnx (ONNX Runtime, same vectors within 2e-7, faster; qrag_ray/onnx_backend.py), torch, or
-    # auto (onnx where it runs, else torch); GPUs use torch
+    # CPU inference: onnx (ONNX Runtime; checked against torch on a probe text when loaded, so it gives the
+    # same vectors to float rounding; qrag_ray/onnx_backend.py), torch, or auto (onnx where it runs, else
+    # torch); GPUs use torch
     backend: Literal["auto", "torch", "onnx"] = "auto"
     dtype: Literal["auto", "float32", "tf32", "bfloat16", "float16"] = Field(
         "auto", description="forward-pass precision: auto is float32 on CPU (vectors unchanged) and bfloat16 on "
