@@ -60,7 +60,7 @@ class FilterConfig(Strict):
 
 
 # Throughput knobs and the inference backend (ONNX and torch give the same vectors to float rounding).
-@field_roles(run=("batch_size", "num_gpus", "actors", "threads", "backend", "tokens_per_batch"))
+@field_roles(run=("batch_size", "num_gpus", "actors", "threads", "backend", "tokens_per_batch", "tokenize"))
 class EmbedderConfig(Strict):
     model: str = "all-MiniLM-L6-v2"  # registry name or a local sentence-transformers folder
     batch_size: int = Field(64, ge=1)
@@ -78,6 +78,12 @@ class EmbedderConfig(Strict):
         "CUDA (keeps rankings); tf32 is CUDA only")
     tokens_per_batch: int = Field(65536, ge=256, description="GPU forward pass size in tokens (rows x padded "
                                   "length), not rows, so short and long texts both fill the GPU")
+    tokenize: Literal["auto", "actor", "tasks"] = Field(
+        "auto", description="where texts become token ids: in the embedding actor, or in CPU workers that feed "
+        "it ready arrays (a GPU's forward pass outruns one tokenizing thread); auto = tasks with num_gpus")
+
+    def tokenize_apart(self) -> bool:
+        return self.tokenize == "tasks" or (self.tokenize == "auto" and self.num_gpus > 0)
 
 
 class Bm25Config(Strict):

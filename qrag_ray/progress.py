@@ -46,7 +46,7 @@ _WRAPPER = re.compile(r"\b(?:MapBatches|Map|FlatMap|Filter|MapRows)\((.*?)\)")
 
 # operators named for what they do: the build's embedding sink (qrag_ray.index.udfs.EmbedSink, whose
 # output rows are the vectors it has done) and the vLLM processor's engine
-_NAMED_OPS = {"EmbedSink": "embed", "vLLMEngineStage": "LLM generation (vLLM)"}
+_NAMED_OPS = {"EmbedSink": "embed", "Tokenize": "tokenize", "vLLMEngineStage": "LLM generation (vLLM)"}
 
 
 def op_label(name: str) -> str:

@@ -30,6 +30,20 @@ def test_build_report(kinds_index):
     assert report.generation.generated == 0  # precomputed: no LLM call
 
 
+def test_tokenizing_in_cpu_workers_writes_the_same_index(kinds_index, build_with, pydoc_jsonl, tmp_path):
+    """The GPU build's shape (texts tokenized in CPU workers, the embedding actor only runs the model),
+    forced on the CPU: every vector is the same bits, so the index files are the same bytes."""
+    ref, _ = kinds_index
+    out = tmp_path / "split"
+    build_with({"input": str(pydoc_jsonl), "output": str(out), "shards": 3,
+                "representation": "chunk+sentence+question+quote+onedoc", "generator.backend": "precomputed",
+                "index.factory": "Flat", "chunker.method": "token", "chunker.size": 120, "chunker.overlap": 20,
+                "embedder.tokenize": "tasks"})
+    a, b = json.loads((ref / "manifest.json").read_text()), json.loads((out / "manifest.json").read_text())
+    assert a["files"] and a["files"] == b["files"]
+    assert a["counts"] == b["counts"]
+
+
 def test_pruning_and_fallback(filtered_index, read_index, corpus_records, embed):
     out, report = filtered_index
     data = read_index(out)

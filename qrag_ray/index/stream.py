@@ -146,9 +146,17 @@ def _embed(plan: BuildPlan, rows) -> dict:
 
     e = plan.cfg.embedder
     threads = None if e.num_gpus else (e.threads or max(1, (os.cpu_count() or 2) // e.actors))
+    if e.tokenize_apart():
+        from qrag_ray.embedding import Tokenize
+
+        # CPU workers tokenize and sort by length; the embedding actors only stack and run the model
+        workers = max(1, int(ray.cluster_resources().get("CPU", 2)) // 2)
+        rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
+                                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers), num_cpus=1,
+                                batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
     done = rows.map_batches(
         EmbedSink, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads, str(plan.work),
-                                        plan.question_kind, plan.run, e.backend),
+                                        plan.question_kind, plan.run, e.backend, e.dtype, e.tokens_per_batch),
         compute=ray.data.ActorPoolStrategy(size=e.actors), num_gpus=e.num_gpus or None,
         num_cpus=None if e.num_gpus else 1, batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
     counts = {"rows": 0, "embedded": 0, "questions": 0, "seconds": 0.0}

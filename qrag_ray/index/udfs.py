@@ -132,15 +132,20 @@ class EmbedSink:
 
     Returns, per input row, whether it was embedded now (not reused), whether it is a question and
     its share of the batch's busy seconds, never the vectors: the shard tasks read them from the parts,
-    and the operator's output rows count the vectors done. Vectors are computed with
-    `encode_canonical`, so a row's vector is the same bits whichever rows shared its batch (a resumed
-    run batches differently)."""
+    and the operator's output rows count the vectors done. Rows arrive as texts, or as token ids from
+    `embedding.Tokenize` workers (`input_ids`, `n_tokens`). On the CPU every forward pass has the
+    canonical shape, so a row's vector is the same bits whichever rows shared its batch (a resumed run
+    batches differently); on a GPU passes are sized in tokens (`tokens_per_batch`)."""
 
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
-                 work: str, question_kind: str | None, run: str, backend: str = "auto"):
-        from qrag_ray.embedding import Embedder
+                 work: str, question_kind: str | None, run: str, backend: str = "auto", dtype: str = "auto",
+                 tokens_per_batch: int = 65536):
+        from qrag_ray.embedding import Embedder, Forward
 
-        self.e = Embedder(model, batch_size, max_seq_length, threads, backend)
+        self.e = Embedder(model, batch_size, max_seq_length, threads, backend, dtype=dtype)
+        on_gpu = str(self.e.st.device).startswith("cuda")
+        self.forward = (Forward(self.e.st, tokens_per_batch=tokens_per_batch) if on_gpu
+                        else Forward(self.e.st, canonical_rows=batch_size))
         self.work = Path(work)
         self.qk = question_kind
         self.run = run
@@ -164,9 +169,14 @@ class EmbedSink:
                 "seconds": np.full(n, (time.perf_counter() - t0) / max(1, n))}
 
     def _write_vectors(self, batch: dict, keys: np.ndarray, todo: np.ndarray) -> None:
-        from qrag_ray.embedding import encode_canonical
+        if "input_ids" in batch:
+            vecs = self.forward(batch["input_ids"][todo], batch["n_tokens"][todo])
+        else:
+            from qrag_ray.embedding.tokens import token_ids
 
-        vecs = encode_canonical(self.e.st, [str(batch["embed_text"][i]) for i in todo], self.e.batch_size)
+            ids, lens = token_ids(self.e.st.tokenizer, [str(batch["embed_text"][i]) for i in todo],
+                                  int(self.e.st.max_seq_length or 512))
+            vecs = self.forward(ids, lens)
         dim = vecs.shape[1]
         shard = batch["shard"][todo]
         for s in np.unique(shard):

@@ -31,7 +31,7 @@ class QueryEncoder:
         from qrag_ray.embedding import load_sentence_transformer
 
         torch.set_num_threads(self.threads)
-        st = load_sentence_transformer(name, device=None, threads=self.threads)
+        st = load_sentence_transformer(name, device=None, threads=self.threads, dtype="auto")  # CUDA: half precision
         logger.info("query embedder loaded %s", name)
         return st
 
