@@ -10,8 +10,9 @@ import logging
 import re
 
 from qrag_ray.errors import find_user_error
-from qrag_ray.generation.parsing import clean_text, strip_reply_format
+from qrag_ray.generation.parsing import strip_reply_format
 from qrag_ray.generation.prompts import DONT_KNOW
+from qrag_ray.generation.reply_text import clean_text
 from qrag_ray.serving import api_models as m
 from qrag_ray.serving.errors import llm_failed, llm_not_configured
 

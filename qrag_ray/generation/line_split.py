@@ -1,0 +1,151 @@
+"""One prepared reply line -> the questions on it with their answers, or its sentences: where a
+question or a sentence starts (not after an abbreviation or an initial) and where the text before a
+question is the previous question's answer. Pure functions, no model, no Ray.
+"""
+
+from __future__ import annotations
+
+import re
+
+from qrag_ray.generation.reply_text import ANSWER_LABEL, PREAMBLE, strip_prefixes, strip_wrappers
+
+_ABBREVIATIONS = {
+    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "eg", "ie", "inc", "ltd",
+    "co", "corp", "no", "vol", "fig", "approx", "gen", "gov", "rev", "mt", "ft", "u.s", "u.k", "a.m", "p.m",
+    "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "op", "cf", "al",
+}
+
+_WH = r"(?:what|which|who|whom|whose|when|where|why|how)"
+_AUX = (
+    r"(?:is|are|was|were|am|do|does|did|can|could|should|would|will|shall|has|have|had|may|might|must|"
+    r"isn't|aren't|wasn't|weren't|don't|doesn't|didn't|can't|couldn't|shouldn't|wouldn't|won't|hasn't|"
+    r"haven't|hadn't)"
+)
+_INTERROGATIVE = re.compile(
+    rf"^(?:{_WH}\b|{_AUX}\s|(?:in|on|at|for|from|to|by|with|under|during|after|before|of|between|among|"
+    rf"within|since|until|through|about|according\s+to\s+[^,?]{{1,60}},)\s+{_WH}\b)",
+    re.IGNORECASE,
+)
+_INTERROGATIVE_INNER = re.compile(rf"(?<=\s)(?:What|Which|Who|Whom|Whose|When|Where|Why|How)\b")
+
+
+def is_interrogative(text: str) -> bool:
+    """Does `text` open like a question (wh-word, auxiliary verb, or preposition + wh-word)?"""
+    return bool(_INTERROGATIVE.match(text.strip().lstrip("¿\"'“‘*_(")))
+
+
+def _is_boundary(text: str, pos: int) -> bool:
+    """Is the punctuation at text[pos] a sentence boundary (not an abbreviation or initial)?"""
+    ch = text[pos]
+    if ch in "!;:":
+        return True
+    # '.': look at the word before
+    word = re.search(r"([\w.]+)\.?$", text[:pos + 1].rstrip("."))
+    w = (word.group(1) if word else "").lower().rstrip(".")
+    if not w:
+        return True
+    if w in _ABBREVIATIONS or (len(w) == 1 and w.isalpha()) or re.fullmatch(r"(?:[a-z]\.)+[a-z]", w):
+        return False
+    return True
+
+
+def _boundaries(seg: str) -> list[int]:
+    """Start offsets of sentences inside `seg` (after '. ', '! ', ': ', '; ' followed by a non-lowercase char)."""
+    out = []
+    for m in re.finditer(r"[.!;:]+(\s+)(?=[^a-z\s])", seg):
+        if _is_boundary(seg, m.start()):
+            out.append(m.end())
+    return out
+
+
+def clean_question(s: str) -> str:
+    """A question without prefixes or wrappers, its whitespace collapsed and one "?" at the end."""
+    s = strip_prefixes(s)
+    s = strip_wrappers(s)
+    s = re.sub(r"\s+", " ", s).strip()
+    s = re.sub(r"\s+\?", "?", s)
+    s = re.sub(r"\?+", "?", s)
+    return s.lstrip("¿").strip()
+
+
+def _is_label(text: str) -> bool:
+    """Is `text` nothing but numbering / a 'Question:' label (so it belongs to the question after it)?"""
+    t = text.strip()
+    return bool(t) and not strip_prefixes(t).strip(" .:-–—)(")
+
+
+def _cut_question(seg: str, first: bool) -> tuple[str, str]:
+    """Split a '?'-terminated segment into (text before the question, the question)."""
+    seg = seg.strip()
+    bounds = _boundaries(seg)
+    interrogative = [p for p in bounds if is_interrogative(strip_prefixes(seg[p:]))]
+    if is_interrogative(strip_prefixes(seg)):
+        interrogative = [b for b in interrogative if not _is_label(seg[:b])] or [0]
+        # "What is X: Is it Y?" stays whole when it opens like a question and nothing before looks like
+        # an answer or a preamble; only a later interrogative sentence start after '.', '!' moves the cut.
+        interrogative = [b for b in interrogative if b == 0 or seg[:b].rstrip()[-1:] in ".!;"] or [0]
+    if interrogative:
+        p = interrogative[-1]
+    elif first:
+        # "Sure! Berlin has how many inhabitants?" -> cut after a preamble-looking sentence
+        p = 0
+        for b in bounds:
+            if PREAMBLE.match(strip_prefixes(seg[:b])) or seg[:b].rstrip().endswith(":"):
+                p = b
+    elif bounds:
+        p = bounds[-1]
+    else:
+        # "Elon Musk When was Tesla founded?" (an answer without a full stop, then the next question)
+        m = _INTERROGATIVE_INNER.search(seg)
+        p = m.start() if m else 0
+    # numbering or a label just before the cut belongs to the question ("Paris. 2. What …?")
+    earlier = [0] + [b for b in bounds if b < p]
+    for b in reversed(earlier):
+        if p and _is_label(seg[b:p]):
+            p = b
+        else:
+            break
+    return seg[:p].strip(), seg[p:].strip()
+
+
+def clean_answer(a: str) -> str:
+    """An answer without an "Answer:" label, a dangling "Question:" label at its end, quotes or extra spaces."""
+    a = ANSWER_LABEL.sub("", a.strip()).strip()
+    a = re.sub(r"(?:^|\s)(?:q|question|query)\s*\d{0,3}\s*:?\s*$", "", a, flags=re.IGNORECASE).strip()
+    a = a.strip(" ,;\"'“”")
+    a = re.sub(r"\s+", " ", a)
+    return a
+
+
+def split_line(line: str) -> tuple[list[list[str]], str]:
+    """[[question, answer], ...] found on one prepared line, plus the text before the first question."""
+    pairs: list[list[str]] = []
+    lead = ""
+    start = 0
+    for m in re.finditer(r"\?+", line):
+        seg = line[start:m.end()]
+        before, question = _cut_question(seg, first=not pairs)
+        if pairs:
+            pairs[-1][1] = (pairs[-1][1] + " " + before).strip()
+        else:
+            lead = before
+        pairs.append([question, ""])
+        start = m.end()
+    tail = line[start:].strip()
+    if pairs:
+        pairs[-1][1] = tail
+        return pairs, lead
+    return pairs, tail
+
+
+def sentences(line: str) -> list[str]:
+    """The non-empty sentences of `line`; a full stop after an abbreviation or an initial does not end one."""
+    parts, start = [], 0
+    for m in re.finditer(r"[.!?]+[\"'”’)\]]*(\s+)(?=[^a-z\s])", line):
+        if line[m.start()] == "." and not _is_boundary(line, m.start()):
+            continue
+        parts.append(line[start:m.start(1)].strip())
+        start = m.end()
+    parts.append(line[start:].strip())
+    return [p for p in parts if p]
+

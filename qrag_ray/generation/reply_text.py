@@ -1,0 +1,252 @@
+"""A raw LLM reply -> its content lines: chat tokens, <think> blocks, code fences, role lines, JSON
+wrapping, numbering, bullets, labels and quotes removed. Also the rules every parser applies to those
+lines: whether the final one was cut off by max_tokens, which items are acceptable, and deduplication.
+Pure functions, no model, no Ray; `qrag_ray.generation.parsing` builds the parsers on them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+MAX_CHARS = 500
+
+_SPECIAL_TOKENS = re.compile(
+    r"<\|[A-Za-z0-9_]+\|>|<\/?s>|<eos>|<bos>|<(?:start|end)_of_turn>|\[/?INST\]", re.IGNORECASE
+)
+_END_TOKENS = re.compile(r"<\|(?:im_end|endoftext|eot_id|end)\|>|<\/s>|<eos>|<end_of_turn>", re.IGNORECASE)
+_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
+FENCE = re.compile(r"^\s*(?:```|~~~)[\w+.-]*\s*")
+ROLE_LINE = re.compile(r"^\s*(?:assistant|user|system)\s*:?\s*$", re.IGNORECASE)
+
+# One numbering/bullet/label prefix; applied repeatedly ("- **Q1:** " -> "").
+_NUM_Q_LOOKAHEAD = (
+    r"(?=(?:what|which|who|whom|whose|when|where|why|how|is|are|was|were|do|does|did|can|could|should|"
+    r"would|will|has|have|had|in|on|at|for|according)\b)"
+)
+_PREFIX = re.compile(
+    r"""^(?:
+        \#{1,6}\s+                                   # markdown heading
+      | >\s*                                         # blockquote
+      | [-*+•·▪◦●○■►▶–—]\s+                          # bullets
+      | [-•·–—]+(?=[A-Z"“'])                         # bullet glued to the text
+      | \(?\d{1,3}\s*[.)\]:](?!\d)\s*                # 1.  1)  (1)  1:  1]
+      | \d{1,3}\s*[-–—]\s+                           # 1 -
+      | \[\d{1,3}\]\s*                               # [1]
+      | \#\d{1,3}(?:[.):-]\s*|\s+(?=[A-Z]))            # #1
+      | \(?[a-h]\)\s+                                # a)  (b)
+      | (?:q|question|query|item)\s*\#?\d{1,3}\s*[.):\-–—]\s*   # Q1:  Question 1.  Q1)
+      | (?:q|question|query|generated\ question|hypothetical\ question)\s*[:.\-–—]\s+   # Q:  Question:
+      | (?:q|question)\s*:                           # Q:What
+    )""" + "|^(?:q|question)\\s*\\d{1,3}\\s+" + _NUM_Q_LOOKAHEAD,   # Q1 What
+    re.IGNORECASE | re.VERBOSE,
+)
+ANSWER_LABEL = re.compile(r"^\s*(?:\*\*)?(?:a|ans|answer)\s*\d{0,3}\s*(?:\*\*)?\s*[:.)\-–—]\s*", re.IGNORECASE)
+ANSWER_LINE = re.compile(r"^\s*(?:\*\*)?(?:a|ans|answer)\s*\d{0,3}\s*(?:\*\*)?\s*:", re.IGNORECASE)
+
+_PAIRS = {'"': '"', "'": "'", "“": "”", "‘": "’", "«": "»", "`": "`", "*": "*", "_": "_", "(": ")", "[": "]"}
+_CLOSERS = set(_PAIRS.values()) | {"”", "’"}
+
+# A sentence that announces the content rather than being it ("Sure! Here are 10 questions:").
+PREAMBLE = re.compile(
+    r"^(?:sure|certainly|okay|ok|of course|absolutely|great|alright|here(?:'s| is| are)|below (?:is|are)|"
+    r"the following|i (?:have|will|'ll|can)|let me|these are|based on)\b",
+    re.IGNORECASE,
+)
+_TERMINAL = re.compile(r"[.!?。！？…)\]\"'”’»*`]\s*$")
+_REPEAT_WORD = re.compile(r"\b(\w+)(?:\W+\1\b){3,}", re.IGNORECASE)
+
+
+def clean_text(raw: str | None) -> str:
+    """Remove chat special tokens and <think> blocks; normalise newlines. Keeps everything else."""
+    if not raw:
+        return ""
+    text = str(raw).replace("\r\n", "\n").replace("\r", "\n")
+    text = _THINK.sub("", text)
+    text = _SPECIAL_TOKENS.sub("\n", text)
+    return text.replace("？", "?").replace("\u00a0", " ")
+
+
+def normalize_key(text: str) -> str:
+    """Dedup key: lower case, punctuation and whitespace runs collapsed."""
+    return re.sub(r"[\W_]+", " ", text.lower()).strip()
+
+
+def strip_wrappers(s: str) -> str:
+    """`s` without the quotes, brackets or emphasis marks around it, and without an unbalanced one at either end."""
+    s = s.strip()
+    for _ in range(4):
+        if len(s) >= 2 and s[0] in _PAIRS and s[-1] == _PAIRS[s[0]]:
+            s = s[1:-1].strip()
+            continue
+        break
+    # an unbalanced opener left at the start (its closer went with the text after "?")
+    while s and s[0] in _PAIRS:
+        opener, closer = s[0], _PAIRS[s[0]]
+        if opener == closer:
+            if s.count(opener) % 2 == 0:
+                break
+        elif s.count(closer) >= s.count(opener):
+            break
+        s = s[1:].lstrip()
+    while s and s[-1] in _CLOSERS and s[-1] not in "?":
+        closer = s[-1]
+        openers = [o for o, c in _PAIRS.items() if c == closer]
+        if closer in ("'", '"', "`", "*", "_"):
+            if s.count(closer) % 2 == 0:
+                break
+        elif any(s.count(o) >= s.count(closer) for o in openers):
+            break
+        s = s[:-1].rstrip()
+    return s
+
+
+def strip_prefixes(s: str, extra: re.Pattern | None = None) -> str:
+    """`s` without its leading numbering, bullets and labels (and `extra`'s), however many are stacked."""
+    for _ in range(8):
+        before = s
+        s = s.strip()
+        s = _PREFIX.sub("", s, count=1)
+        if extra is not None:
+            s = extra.sub("", s, count=1)
+        s = strip_wrappers(s)
+        if s == before.strip():
+            break
+    return s.strip()
+
+
+def _prepare_line(line: str) -> str:
+    """Line-level cleanup shared by all parsers: fences, markdown bold, JSON-ish punctuation, prefixes."""
+    line = FENCE.sub("", line)
+    line = line.replace("**", "").strip()
+    if line.startswith("__") or line.endswith("__"):
+        line = line.strip("_").strip()
+    # JSON-ish list items: ["What is X?", "What is Y?"] or  "What is X?",
+    line = re.sub(r"^\[\s*(?=[\"'“])", "", line)
+    line = re.sub(r"(?<=[\"'”])\s*\]?\s*,?\s*$", "", line)
+    line = line.strip().rstrip(",;").strip()
+    line = strip_prefixes(line)
+    return strip_wrappers(line)
+
+
+def _json_items(text: str) -> list[str] | None:
+    """If the reply holds JSON (a list of strings / objects, or {"questions": [...]}), its items as lines."""
+    lines = [ln for ln in text.split("\n") if not re.fullmatch(r"\s*(?:```|~~~)[\w+.-]*\s*", ln)]
+    starts = [i for i, ln in enumerate(lines) if ln.lstrip()[:1] in ("[", "{")]
+    if not starts:
+        return None
+    i = starts[0]
+    ends = [j for j in range(len(lines) - 1, i - 1, -1) if lines[j].rstrip()[-1:] in ("]", "}")]
+    if not ends:
+        return None
+    body = "\n".join(lines[i:ends[0] + 1]).strip()
+    try:
+        data = json.loads(body)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(data, (list, dict)):
+        return None
+    out: list[str] = []
+
+    def walk(x) -> None:
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, list):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            lower = {str(k).lower(): v for k, v in x.items()}
+            q = next((lower[k] for k in ("question", "q", "query", "statement", "fact", "atom", "text") if k in lower), None)
+            if isinstance(q, str):
+                a = next((lower[k] for k in ("answer", "a") if k in lower), None)
+                out.append(f"{q.strip()} {a.strip()}" if isinstance(a, str) and a.strip() else q)
+                return
+            for k in ("questions", "atoms", "facts", "statements", "items", "pairs", "qa"):
+                if k in lower:
+                    walk(lower[k])
+                    return
+            for v in x.values():
+                if isinstance(v, (list, dict)):
+                    walk(v)
+
+    walk(data)
+    return [" ".join(s.split()) for s in out]
+
+
+def reply_lines(raw: str | None) -> tuple[list[str], bool]:
+    """Prepared, non-empty content lines and whether the reply ended normally (newline / end token / JSON)."""
+    if not raw or not str(raw).strip():
+        return [], True
+    raw = str(raw)
+    ended = bool(_END_TOKENS.search(raw[-40:])) or raw.endswith("\n")
+    text = clean_text(raw)
+    items = _json_items(text)
+    if items is not None:
+        return [ln for ln in (_prepare_line(s) for s in items) if ln], True
+    out = []
+    for ln in text.split("\n"):
+        if FENCE.match(ln) and not FENCE.sub("", ln).strip():
+            continue
+        if ROLE_LINE.match(ln):
+            continue
+        p = _prepare_line(ln)
+        if p and re.search(r"\w", p):
+            out.append(p)
+    return out, ended
+
+
+def looks_cut(last: str, others: Iterable[str], ended: bool, truncated: bool | None) -> bool:
+    """Was the final line cut off by max_tokens?"""
+    if truncated is False or ended or not last:
+        return False
+    if _TERMINAL.search(last):
+        return False
+    if truncated:
+        return True
+    others = list(others)
+    if not others:
+        return False
+    finished = sum(1 for o in others if _TERMINAL.search(o))
+    return finished * 2 >= len(others)
+
+
+def drop_cut_tail(lines: list[str], ended: bool, truncated: bool | None) -> None:
+    """Drop the text after the final '?' of the reply when max_tokens cut it ("…? …? What is the Eif").
+    It is neither an answer nor a question. The guess counts the '?'-segments of the final line as
+    finished units beside the other lines, so a one-line loop is judged like a multi-line one."""
+    marks = list(re.finditer(r"\?+", lines[-1]))
+    if not marks:
+        return
+    head, tail = lines[-1][:marks[-1].end()], lines[-1][marks[-1].end():].strip()
+    segments = [seg for seg in re.split(r"(?<=\?)\s+", head) if seg.strip()]
+    if tail and looks_cut(tail, lines[:-1] + segments, ended, truncated):
+        lines[-1] = head
+
+
+def acceptable(item: str, min_words: int, max_words: int) -> bool:
+    """Is `item` worth keeping: `min_words` to `max_words` words, at most MAX_CHARS characters, a letter in
+    it, and no word repeated 4+ times in a row?"""
+    words = item.split()
+    if len(words) < min_words or len(words) > max_words or len(item) > MAX_CHARS:
+        return False
+    if not re.search(r"[^\W\d_]", item):
+        return False
+    if _REPEAT_WORD.search(item):
+        return False
+    return True
+
+
+class Dedup:
+    """Remembers the items seen so far by `normalize_key`; `add` is True only for an item's first copy."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def add(self, item: str) -> bool:
+        key = normalize_key(item)
+        if not key or key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
