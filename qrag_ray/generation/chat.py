@@ -7,7 +7,7 @@
 Messages come from the prompt registry, e.g.
 ``get_prompt("hyde").render(query)`` and ``get_prompt("answer").render(query, context=[chunk texts])``;
 parse the reply with ``parsing.parse_output(text, "text")`` / ``serving.answer.parse_answer`` /
-``parsing.extract_citations``.
+``serving.answer.extract_citations``.
 
 Backends:
 
