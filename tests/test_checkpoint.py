@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from qrag_ray.index import checkpoint as ck
 
 
+@pytest.mark.integration
 def test_canonical_encoding_does_not_depend_on_the_batch(minilm):
     from qrag_ray.embedding import encode, encode_canonical
 

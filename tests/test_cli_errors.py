@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -15,6 +15,7 @@ from qrag_ray.cli import main
 from qrag_ray.index.format import shard_faiss
 
 
+@pytest.mark.integration
 def test_index_summary(sentence_cli_index):
     out, rc, stderr = sentence_cli_index
     assert rc == 0
@@ -29,6 +30,7 @@ def test_index_summary(sentence_cli_index):
     assert str(m["counts"]["chunks"]) in row
 
 
+@pytest.mark.integration
 def test_search_prints_k_distinct_chunks(sentence_cli_index, capsys):
     out = sentence_cli_index[0]
     capsys.readouterr()
@@ -41,6 +43,7 @@ def test_search_prints_k_distinct_chunks(sentence_cli_index, capsys):
     assert res["results"][0]["doc_id"] in ("for", "while", "break")
 
 
+@pytest.mark.integration
 def test_search_end_to_end_subprocess(sentence_cli_index):
     """The installed entry point in a fresh process: the contract exactly as a user runs it."""
     out = sentence_cli_index[0]
@@ -106,6 +109,7 @@ def test_bad_flags(args, needles, corpus, tmp_path, capsys):
     no_index_written(tmp_path, out)
 
 
+@pytest.mark.integration
 def test_non_empty_output_needs_overwrite(corpus, tmp_path, capsys, sentence_cli_index):
     out = tmp_path / "out"
     shutil.copytree(sentence_cli_index[0], out)
@@ -122,6 +126,7 @@ def test_non_empty_output_needs_overwrite(corpus, tmp_path, capsys, sentence_cli
     assert (other / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.integration
 def test_empty_and_malformed_corpus(local_ray, tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -140,6 +145,7 @@ def test_empty_and_malformed_corpus(local_ray, tmp_path, capsys):
                    "notext.jsonl line 1", "no string field 'text'")
 
 
+@pytest.mark.integration
 def test_search_corrupt_index(sentence_cli_index, tmp_path, capsys):
     bad = tmp_path / "bad"
     shutil.copytree(sentence_cli_index[0], bad)

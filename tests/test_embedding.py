@@ -128,6 +128,7 @@ def _texts() -> list[str]:
     return TEXTS + [" ".join(rng.choice(words, int(rng.integers(1, 90)))) for _ in range(60)]
 
 
+@pytest.mark.integration
 def test_canonical_vectors_are_the_bits_of_the_padded_encode(minilm):
     from qrag_ray.embedding import encode_canonical
 
@@ -135,6 +136,7 @@ def test_canonical_vectors_are_the_bits_of_the_padded_encode(minilm):
     assert np.array_equal(encode_canonical(minilm, texts, 16), _pad_reference(minilm, texts, 16))
 
 
+@pytest.mark.integration
 def test_forward_by_tokens_matches_canonical_in_input_order(minilm):
     from qrag_ray.embedding import Forward, encode_canonical
     from qrag_ray.embedding.tokens import token_ids

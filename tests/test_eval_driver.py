@@ -36,6 +36,7 @@ def eval_folder(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.integration
 def test_eval_side_by_side_writes_report_and_reuses_indexes(eval_folder, tmp_path):
     out = tmp_path / "run"
     args = ["eval", "--dataset", "jsonl", "--data", str(eval_folder), "--representations", "chunk,atom-sentence",
@@ -60,6 +61,7 @@ def test_eval_side_by_side_writes_report_and_reuses_indexes(eval_folder, tmp_pat
     assert again["chunk"]["metrics"] == results["chunk"]["metrics"]
 
 
+@pytest.mark.integration
 def test_leakage_is_reported_and_strict_fails(eval_folder, tmp_path, capsys):
     out = tmp_path / "leak"
     base = ["eval", "--dataset", "jsonl", "--data", str(eval_folder), "--representations", "hype",
@@ -87,6 +89,7 @@ def test_bad_eval_input_is_one_line(tmp_path, capsys):
     assert "--offset must be 0 or more" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_offset_evaluates_a_held_out_slice(eval_folder, tmp_path):
     out = tmp_path / "held"
     assert main(["eval", "--dataset", "jsonl", "--data", str(eval_folder), "--representations", "chunk",

@@ -8,6 +8,8 @@ import pytest
 from qrag_ray.config import FilterConfig
 from qrag_ray.filters import content_words, filter_chunk_rows, greedy_prune, select_questions
 
+pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
+
 QS = ["What does the break statement do?", "What does the break statement do in Python?",
       "What does a break statement do?", "Does break skip the else clause of a loop?"]
 CHUNK = ("break may only occur syntactically nested in a for or while loop. It terminates the nearest "

@@ -11,6 +11,8 @@ from qrag_ray.errors import QragError
 from qrag_ray.search.engine import SearchEngine
 from qrag_ray.search.merge import FusionPolicy
 
+pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
+
 QUERIES = [
     "When does the else clause of a for loop run?",
     "What does __exit__ receive?",

@@ -24,6 +24,7 @@ from qrag_ray.text.sentences import split_sentences
 # ---------------------------------------------------------------- manifest of a built index
 
 
+@pytest.mark.integration
 def test_manifest_fields_and_checksums(kinds_index):
     out, report = kinds_index
     m = json.loads((out / "manifest.json").read_text())
@@ -47,6 +48,7 @@ def test_manifest_fields_and_checksums(kinds_index):
     assert load_manifest(out, verify=True).index_version == m["index_version"]
 
 
+@pytest.mark.integration
 def test_load_manifest_rejects_bad_indexes(kinds_index, tmp_path):
     src, _ = kinds_index
     with pytest.raises(IndexFormatError, match="index not found"):
@@ -70,6 +72,7 @@ def test_load_manifest_rejects_bad_indexes(kinds_index, tmp_path):
         load_manifest(bad)
 
 
+@pytest.mark.integration
 def test_flipped_byte_fails_checksum(kinds_index, tmp_path):
     src, _ = kinds_index
     bad = tmp_path / "flip"
@@ -164,6 +167,7 @@ def sentence_table(embed):
     return table, vecs
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("factory,cls", [("Flat", faiss.IndexFlat), ("HNSW32", faiss.IndexHNSWFlat),
                                          ("IVF8,PQ16", faiss.IndexIVFPQ)])
 def test_factories(sentence_table, tmp_path, factory, cls):
@@ -200,6 +204,7 @@ def _staged_copy(src, tmp_path, name):
         {k: v for k, v in data.items() if k not in ("files", "index_version", "format_version")})
 
 
+@pytest.mark.integration
 def test_publish_replaces_old_index_atomically(kinds_index, sentence_cli_index, tmp_path):
     old_src, _ = kinds_index
     new_src = sentence_cli_index[0]
@@ -213,6 +218,7 @@ def test_publish_replaces_old_index_atomically(kinds_index, sentence_cli_index, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # the old index was removed, nothing left over
 
 
+@pytest.mark.integration
 def test_publish_refuses_unverified_staging(kinds_index, sentence_cli_index, tmp_path):
     old_src, _ = kinds_index
     out = tmp_path / "idx"
@@ -226,6 +232,7 @@ def test_publish_refuses_unverified_staging(kinds_index, sentence_cli_index, tmp
     assert load_manifest(out, verify=True).index_version == before  # old index untouched and valid
 
 
+@pytest.mark.integration
 def test_staging_dir_is_not_an_index(kinds_index, tmp_path):
     """A build killed mid-write leaves `.OUTPUT.tmp-*`: it has no manifest until complete, so nothing
     loads it, and the published OUTPUT next to it is unaffected."""

@@ -23,6 +23,7 @@ def torch_minilm():
     return load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="torch")
 
 
+@pytest.mark.integration
 def test_auto_runs_minilm_on_onnx_with_torchs_vectors(minilm, torch_minilm):
     assert backend_of(minilm) == "onnx" and backend_of(torch_minilm) == "torch"
     for fn in (encode, encode_canonical):

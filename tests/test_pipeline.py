@@ -21,6 +21,7 @@ from qrag_ray.representations import dedup_questions
 from qrag_ray.search.engine import SearchEngine
 
 
+@pytest.mark.integration
 def test_build_report(kinds_index):
     _, report = kinds_index
     assert report.documents == 14 and report.chunks > 14
@@ -30,6 +31,7 @@ def test_build_report(kinds_index):
     assert report.generation.generated == 0  # precomputed: no LLM call
 
 
+@pytest.mark.integration
 def test_tokenizing_in_cpu_workers_writes_the_same_index(kinds_index, build_with, pydoc_jsonl, tmp_path):
     """The GPU build's shape (texts tokenized in CPU workers, the embedding actor only runs the model),
     forced on the CPU: every vector is the same bits, so the index files are the same bytes."""
@@ -44,6 +46,7 @@ def test_tokenizing_in_cpu_workers_writes_the_same_index(kinds_index, build_with
     assert a["counts"] == b["counts"]
 
 
+@pytest.mark.integration
 def test_pruning_and_fallback(filtered_index, read_index, corpus_records, embed):
     out, report = filtered_index
     data = read_index(out)
@@ -72,6 +75,7 @@ def test_pruning_and_fallback(filtered_index, read_index, corpus_records, embed)
     assert len(brk) < len(dedup_questions(next(d["questions"] for d in corpus_records() if d["id"] == "break")))
 
 
+@pytest.mark.integration
 def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monkeypatch, jsonl_writer,
                                          corpus_records):
     """The shard files are written, then the process 'dies' while writing the manifest: OUTPUT still
@@ -105,6 +109,7 @@ def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monk
     assert load_manifest(out, verify=True).data["counts"]["documents"] == 2
 
 
+@pytest.mark.integration
 def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_writer):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")

@@ -102,6 +102,7 @@ def test_no_console_no_display():
         assert progress.current() is None
 
 
+@pytest.mark.integration
 def test_ray_data_operators_reach_the_display(local_ray, monkeypatch):
     """The ExecutionCallback registered by ensure_ray reports a real Ray Data execution's operators."""
     import ray.data
@@ -116,6 +117,7 @@ def test_ray_data_operators_reach_the_display(local_ray, monkeypatch):
     assert out.splitlines()[-1].strip().startswith("✓ square (")
 
 
+@pytest.mark.integration
 def test_a_build_shows_its_embedding_counting_up_to_its_vectors(local_ray, build_with, corpus_records, jsonl_writer,
                                                                 tmp_path, monkeypatch):
     """A real build: the embedding operator is labelled `embed`, it is the one row the stream stage

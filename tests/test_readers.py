@@ -97,6 +97,7 @@ def test_html_title_falls_back_to_h1():
 # ---------------------------------------------------------------- readers through Ray Data
 
 
+@pytest.mark.integration
 def test_jsonl_reader(local_ray, tmp_path, jsonl_writer):
     p = jsonl_writer(tmp_path / "c.jsonl", [
         {"id": "d1", "title": "One", "text": "First doc.", "questions": ["What is first?"]},
@@ -110,6 +111,7 @@ def test_jsonl_reader(local_ray, tmp_path, jsonl_writer):
     assert "questions" not in docs_of(read_corpus(str(p), "jsonl"))["d1"]
 
 
+@pytest.mark.integration
 def test_parquet_reader(local_ray, tmp_path):
     p = tmp_path / "c.parquet"
     pq.write_table(pa.table({"id": ["a", "b"], "title": ["TA", None], "text": ["Alpha.", "Beta."],
@@ -119,6 +121,7 @@ def test_parquet_reader(local_ray, tmp_path):
     assert docs["b"]["title"] == "" and docs["b"]["questions"] == []
 
 
+@pytest.mark.integration
 def test_msmarco_reader(local_ray, tmp_path):
     p = tmp_path / "collection.tsv"
     p.write_text("0\tThe presence of communication amid scientific minds.\n1\tManhattan Project.\n")
@@ -127,6 +130,7 @@ def test_msmarco_reader(local_ray, tmp_path):
                     "1": {"doc_id": "1", "title": "", "text": "Manhattan Project."}}
 
 
+@pytest.mark.integration
 def test_beir_reader(local_ray, tmp_path, jsonl_writer):
     jsonl_writer(tmp_path / "scifact" / "corpus.jsonl", [
         {"_id": "4983", "title": "Microstructural development", "text": "Alterations of the architecture.",
@@ -138,6 +142,7 @@ def test_beir_reader(local_ray, tmp_path, jsonl_writer):
                              "text": "Alterations of the architecture."}}
 
 
+@pytest.mark.integration
 def test_html_reader(local_ray, tmp_path):
     (tmp_path / "site" / "sub").mkdir(parents=True)
     (tmp_path / "site" / "planets.html").write_text(HTML)
@@ -148,6 +153,7 @@ def test_html_reader(local_ray, tmp_path):
     assert docs["sub/page.htm"]["title"] == "page"
 
 
+@pytest.mark.integration
 def test_malformed_jsonl_line_is_named(local_ray, tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps({"id": "a", "text": "ok"}) + "\n" + json.dumps({"id": "b", "text": "ok"})

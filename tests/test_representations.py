@@ -127,6 +127,7 @@ def built(kinds_index, read_index, corpus_records):
     return data, chunks, rows, qs_of, report
 
 
+@pytest.mark.integration
 def test_vectors_per_kind(built):
     data, chunks, rows, qs_of, report = built
     assert len(chunks) == report.chunks > len(qs_of)  # 120-token windows split the longer topics
@@ -144,6 +145,7 @@ def test_vectors_per_kind(built):
     assert m["kinds"] == ["chunk", "sentence", "question", "quote", "onedoc"]
 
 
+@pytest.mark.integration
 def test_stored_vectors_are_minilm_embeddings(built, embed):
     """quote stores embed("question\\nchunk"); question, sentence and chunk store their own text's
     embedding; onedoc embeds the chunk followed by all its questions."""
@@ -161,12 +163,14 @@ def test_stored_vectors_are_minilm_embeddings(built, embed):
         assert sorted(t for t, _ in by_kind["quote"]) == sorted(qs)
 
 
+@pytest.mark.integration
 def test_vectors_are_unit_norm(built):
     data = built[0]
     for s in data["shards"]:
         np.testing.assert_allclose(np.linalg.norm(s["vectors"], axis=1), 1.0, atol=1e-4)
 
 
+@pytest.mark.integration
 def test_all_vectors_of_a_chunk_in_its_shard(built):
     data, chunks, rows, _, _ = built
     n = data["manifest"]["num_shards"]

@@ -9,6 +9,8 @@ import pytest
 from qrag_ray.errors import QragError
 from qrag_ray.search.engine import SearchEngine
 
+pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
+
 QUERIES = [
     "When does the else clause of a for loop run?",
     "How do I make an object usable in a with statement?",

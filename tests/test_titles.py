@@ -33,6 +33,7 @@ def _top_doc(local_ray, build_with, corpus, out, **cfg) -> list[str]:
     return [r["doc_id"] for r in SearchEngine(out).search([QUERY], k=3)[0]]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("cfg", [
     {"representation": "chunk", "title_prefix": True},
     {"representation": "chunk+title", "search.experimental.fusion": "max"},
@@ -46,6 +47,7 @@ def test_a_title_only_match_retrieves_its_document(cfg, local_ray, build_with, t
     assert _top_doc(local_ray, build_with, titled_corpus, tmp_path / "idx", **cfg)[0] == "haddad"
 
 
+@pytest.mark.integration
 def test_without_titles_the_same_query_misses(local_ray, build_with, titled_corpus, tmp_path):
     """The control: the texts alone do not single the document out, so the tests above measure titles."""
     assert _top_doc(local_ray, build_with, titled_corpus, tmp_path / "idx", representation="chunk")[0] != "haddad"

@@ -13,6 +13,8 @@ from qrag_ray.index.format import load_manifest
 from qrag_ray.index.versions import (CURRENT, VERSIONS, list_versions, publish_version, resolve_index,
                                      rollback)
 
+pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
+
 
 @pytest.fixture()
 def two_indexes(kinds_index, sentence_cli_index):

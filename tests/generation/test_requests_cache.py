@@ -203,7 +203,8 @@ def _questions_by_doc(index_dir: str) -> dict[str, set[str]]:
     return out
 
 
-def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(ray_local, fake_openai, tmp_path):
+@pytest.mark.integration
+def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(local_ray, fake_openai, tmp_path):
     """One chain of three builds (each costs seconds of Ray + MiniLM): first run, identical re-run,
     re-run with one chunk edited."""
     from qrag_ray.index.format import load_manifest
@@ -242,7 +243,7 @@ def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(ray_loc
 
 
 @pytest.mark.slow
-def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(ray_local, fake_openai, tmp_path):
+def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(local_ray, fake_openai, tmp_path):
     from qrag_ray.pipeline import build_index
 
     corpus = _corpus(tmp_path / "docs.jsonl", DOCS)
@@ -263,7 +264,7 @@ def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(ray_local
 
 
 @pytest.mark.slow
-def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(ray_local, fake_openai, tmp_path):
+def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake_openai, tmp_path):
     """Two real `qrag index` processes (two drivers on this test's Ray cluster, as two jobs on a shared
     cluster would be) write one question cache at the same time; the cache then reads cleanly and holds
     one row per request of both builds, no key twice (that a build takes a filled cache's answers

@@ -48,7 +48,7 @@ def _cfg(tmp: Path, out: str) -> IndexConfig:
 
 
 @pytest.fixture(scope="module")
-def built(ray_local, tmp_path_factory):
+def built(local_ray, tmp_path_factory):
     from qrag_ray.models.qwen import qwen_status
     from qrag_ray.pipeline import build_index
 

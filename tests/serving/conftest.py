@@ -6,7 +6,6 @@ OpenAI-compatible HTTP server (tests/fake_openai_server.py) behind the real `ope
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -16,6 +15,8 @@ import pytest
 from fake_openai_server import running_fake_openai
 
 from qrag_ray.ports import free_port
+from support.corpus import topic_records, write_jsonl
+from support.indexes import build
 
 # Topic subsets of the Python language reference (ships with Python): disjoint, so isolation is
 # checkable by doc id; `with`/context managers/exceptions live only in beta.
@@ -29,35 +30,18 @@ HYDE_PASSAGE = ("A with statement calls the context manager's __enter__ method o
 IDK_MARKER = "penguin"  # a question containing it makes the fake LLM answer "I don't know"
 
 
-def write_corpus(path: Path, names: list[str]) -> None:
-    from pydoc_data.topics import topics
-
-    from qrag_ray.io.pydoc_corpus import unwrap
-
-    with path.open("w", encoding="utf-8") as f:
-        for name in names:
-            text = unwrap(topics[name])
-            f.write(json.dumps({"id": name, "title": text.splitlines()[0].strip(), "text": text}) + "\n")
-
-
 def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int = 3, **extra) -> Path:
-    from qrag_ray.config import build_index_config
-    from qrag_ray.pipeline import build_index
-
     cache = os.environ.get("QRAG_SERVING_TEST_CACHE")  # dev loop only: reuse indexes built by an earlier run
     if cache:
         workdir = Path(cache)
         workdir.mkdir(parents=True, exist_ok=True)
         if (workdir / f"{name}-index" / "manifest.json").is_file():
             return workdir / f"{name}-index"
-    corpus = workdir / f"{name}.jsonl"
-    write_corpus(corpus, names)
+    corpus = write_jsonl(workdir / f"{name}.jsonl", topic_records(names))
     out = workdir / f"{name}-index"
-    cfg = build_index_config(None, input=str(corpus), format="jsonl", output=str(out),
-                             representation="atom-sentence", shards=shards, overwrite=True,
-                             generator={"backend": "none"}, chunker={"method": "token", "size": 120, "overlap": 20},
-                             **extra)
-    build_index(cfg)
+    build({"input": str(corpus), "format": "jsonl", "output": str(out), "representation": "atom-sentence",
+           "shards": shards, "overwrite": True, "generator": {"backend": "none"},
+           "chunker": {"method": "token", "size": 120, "overlap": 20}, **extra})
     return out
 
 
@@ -73,32 +57,7 @@ def serving_reply(messages: list[dict]) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_local():
-    """A private local Ray (never an existing cluster), or the one this test session already started;
-    shut down only if started here."""
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        # A loaded 2-core box can take longer than Serve's 5 s proxy readiness default.
-        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-        os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
-        from qrag_ray.serving.config import SERVE_PROCESS_ENV
-
-        for var, val in SERVE_PROCESS_ENV.items():  # test the request path `qrag serve` and the manifests run
-            os.environ.setdefault(var, val)
-        ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                 _metrics_export_port=free_port(),
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-                                           "TRANSFORMERS_OFFLINE": "1"}})
-    node = next(n for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == ray.util.get_node_ip_address())
-    yield {"metrics_port": int(node["MetricsExportPort"])}
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="session")
-def tenant_indexes(ray_local, tmp_path_factory):
+def tenant_indexes(local_ray, tmp_path_factory):
     wd = tmp_path_factory.mktemp("serving")
     alpha = build_tenant_index(wd, "alpha", ALPHA_TOPICS)
     beta = build_tenant_index(wd, "beta", BETA_TOPICS)
@@ -132,7 +91,7 @@ def fake_llm():
 
 
 @pytest.fixture(scope="module")
-def served(ray_local, tenant_indexes, fake_llm):
+def served(local_ray, tenant_indexes, fake_llm):
     """Serve once (the app tests live in one module): app `qrag` (tenants alpha, beta, broken gamma; fake LLM) at `/` (and delta, alpha with hybrid
     search) and app `open` (alpha as the open default tenant, no LLM) at `/open`."""
     import httpx
@@ -156,6 +115,6 @@ def served(ray_local, tenant_indexes, fake_llm):
     client = httpx.Client(base_url=url, timeout=120)
     yield {"topics": (ALPHA_TOPICS, BETA_TOPICS), "hyde_passage": HYDE_PASSAGE, "idk_marker": IDK_MARKER,
            "url": url, "client": client, "keys": keys, "tenants_file": tenants_file, "startup_s": time.time() - t0,
-           **tenant_indexes, **ray_local}
+           **tenant_indexes, **local_ray}
     client.close()
     serve.shutdown()

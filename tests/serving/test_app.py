@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
+
 ALPHA_TOPICS = ["for", "while", "if", "break", "continue", "pass", "return", "global", "nonlocal", "lambda",
                 "booleans", "comparisons", "integers", "floating", "assert", "del"]
 BETA_TOPICS = ["with", "context-managers", "try", "exceptions", "raise", "dict", "lists", "strings", "slicings",

@@ -69,7 +69,7 @@ def test_topics_match_the_fixtures(tenant_topics):
 
 
 @pytest.fixture(scope="module")
-def ops(ray_local, tenant_indexes, index_builder):
+def ops(local_ray, tenant_indexes, index_builder):
     """App `ops` at /ops: tenants with 1, 2 and 3 shards, a rate-limited one, a versioned root, and
     two replicas of every shard deployment; the tenants file is re-read every RELOAD_S."""
     from ray import serve
@@ -113,6 +113,7 @@ def status(ops) -> dict:
     return ops["client"].get("/v1/admin/status", headers=H(ops["keys"]["admin"])).json()
 
 
+@pytest.mark.integration
 def test_tenants_with_1_2_and_3_shards_are_all_healthy(ops):
     c = ops["client"]
     for name, shards, topics in (("one", 1, ALPHA_TOPICS[:6]), ("two", 2, BETA_TOPICS[:8]), ("three", 3, BETA_TOPICS)):
@@ -130,6 +131,7 @@ def test_tenants_with_1_2_and_3_shards_are_all_healthy(ops):
     assert {t["searched_in"] for t in st["tenants"]} == {"shards"} and st["router_cache"]["loaded"] == 0
 
 
+@pytest.mark.integration
 def test_key_rotation_revocation_and_new_tenants_without_restart(ops):
     from qrag_ray.serving.tenants import add_tenant, remove_tenant, rotate_key
 
@@ -159,6 +161,7 @@ def test_key_rotation_revocation_and_new_tenants_without_restart(ops):
     _wait(lambda: status(ops)["registry"]["error"] is None, 10, "registry recovered")
 
 
+@pytest.mark.integration
 def test_rate_limit_answers_429_with_retry_after(ops):
     c, key = ops["client"], ops["keys"]["limited"]
     codes = [c.post("/v1/search", json=QUERY, headers=H(key)) for _ in range(4)]
@@ -171,6 +174,7 @@ def test_rate_limit_answers_429_with_retry_after(ops):
     assert c.post("/v1/search", json=QUERY, headers=H(ops["keys"]["one"])).status_code == 200
 
 
+@pytest.mark.integration
 def test_index_version_swapped_under_load(ops):
     """alpha is served from a versioned root; beta is published over it while 4 clients search. No
     request fails, every response comes from one version (its chunks all belong to that corpus), and
