@@ -13,7 +13,7 @@ from qrag_ray.embedding.forward import plan
 from qrag_ray.embedding.load import resolve_dtype
 from qrag_ray.embedding.tokens import Tokenize, by_length, load_tokenizer, padded_lengths, token_ids
 
-SHAPE = str(Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "minilm-shape")
+SHAPE = str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "minilm-shape")
 TEXTS = ["What does the break statement do?", "", "x " * 400, "Ships sail on the sea.",
          "A loop's else clause runs when the loop ends without break, " * 3, "ünïcödé 東京 text"]
 

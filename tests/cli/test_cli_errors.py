@@ -2,7 +2,7 @@
 
 Each case runs the real CLI in a fresh process (`python -m qrag_ray.cli`, this tree first on the path)
 and checks the WHOLE stderr: one line starting with "error: ", naming the problem; no traceback, no
-Ray log line, no progress line. In-process calls (tests/test_cli_index.py) cannot see what Ray's C++
+Ray log line, no progress line. In-process calls (tests/cli/test_cli_index.py) cannot see what Ray's C++
 core worker or Ray Data's loggers write to the process's stderr; these can.
 
 Most cases fail before Ray starts (about a second each). The two marked slow start Ray (15-30 s
@@ -23,7 +23,7 @@ import pytest
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def qrag(*args: str, cwd: Path, env: dict | None = None, timeout: int = 180) -> subprocess.CompletedProcess:

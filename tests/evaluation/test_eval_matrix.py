@@ -11,7 +11,7 @@ from qrag_ray.errors import QragError
 from qrag_ray.evaluation.matrix import Condition, check, compare, load_matrix, run_matrix, select
 from qrag_ray.evaluation.report import write_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 MATRIX = """
 - id: chunk
