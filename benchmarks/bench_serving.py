@@ -11,7 +11,7 @@ runs/bench_serving/. Measures, on one index in one process:
      response's `timings.merge_ms / took_ms`), and whether the rankings are identical;
   2. Serve at the other concurrencies (p50/p99 per request, throughput);
   3. with an LLM: mode=hyde vs the question index (mode=default) per query, through the same app.
-Targets (issue 3): Serve p50 <= 1.5x in-process at concurrency 1; merge/dedup <= 10% of query time.
+Targets: Serve p50 <= 1.5x in-process at concurrency 1; merge/dedup <= 10% of query time.
 """
 
 from __future__ import annotations

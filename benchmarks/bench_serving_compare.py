@@ -16,7 +16,7 @@ runs:
   - for every block, the CPU seconds all Ray processes used: CPU ms per request, and the qps that
     implies with every core busy (what wall-clock qps shows on an idle box; on a loaded one wall-clock
     qps measures the CPU share each app won, not its cost).
-Targets (issue 18): new p50 <= 1.5x in-process at concurrency 1; new qps >= 3x base at 8 and 32.
+Targets: new p50 <= 1.5x in-process at concurrency 1; new qps >= 3x base at 8 and 32.
 """
 
 from __future__ import annotations

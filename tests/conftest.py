@@ -121,7 +121,7 @@ def sentence_cli_index(local_ray, pydoc_jsonl, index_root):
 
 @pytest.fixture(scope="session")
 def filtered_index(local_ray, pydoc_jsonl, index_root):
-    """hype index with Q-Q pruning and a question-chunk similarity filter (DESIGN §2)."""
+    """hype index with Q-Q pruning and a question-chunk similarity filter."""
     out = index_root / "filtered"
     report = build({"input": str(pydoc_jsonl), "output": str(out), "shards": 2, "representation": "hype",
                     "generator.backend": "precomputed", "filters.prune_tau": 0.8,

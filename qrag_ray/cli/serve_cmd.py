@@ -73,8 +73,8 @@ def _routes(url: str) -> Any:
 def direct_ingress_env(port: int, replicas: int = 16) -> dict[str, str]:
     """Ray Serve's direct ingress (Ray 2.60, experimental): no proxy actor; each replica of the ingress
     deployment runs its own HTTP server on a port the controller hands out from a range. Starting the
-    range at the user's port puts the (first) Router replica on it. Measured: c=1 p50 1.44-1.57x the in-process
-    search instead of 2.2-2.3x through the proxy, and the proxy's CPU per request gone (docs/BENCHMARKS.md)."""
+    range at the user's port puts the (first) Router replica on it: one actor hop and the proxy's CPU per
+    request fewer than through the proxy (docs/BENCHMARKS.md has the latency it saves)."""
     return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
             "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + replicas - 1)}

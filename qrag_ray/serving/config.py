@@ -25,7 +25,7 @@ SYNTHESIZER = "Synthesizer"
 # Ray Serve's own request path, tuned for this app: the switches of RAY_SERVE_THROUGHPUT_OPTIMIZED except
 # direct ingress (which wants HAProxy in front). Ray reads them when each process starts, so they must
 # be in the environment of every Ray process: `qrag serve` sets them before it starts its local Ray,
-# and the RayService manifests set them on every pod. Measured in docs/BENCHMARKS.md.
+# and the RayService manifests set them on every pod (docs/BENCHMARKS.md: what they save).
 SERVE_PROCESS_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # our handlers are async and offload FAISS/torch
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",

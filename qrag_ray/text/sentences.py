@@ -1,7 +1,7 @@
 """Sentence splitting for structured atoms and the sentence chunker.
 
 Splits on end punctuation followed by whitespace — what a user would do without a tagger, and what the
-reference figures in DESIGN §6 were measured with — but does not split after common abbreviations or
+reference figures the regression matrix reproduces (eval/matrix.yaml) used — but does not split after common abbreviations or
 single-letter initials ("U.S.", "Dr.", "J. Smith"), which would leave fragments that embed badly.
 """
 

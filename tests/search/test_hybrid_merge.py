@@ -103,7 +103,7 @@ def test_each_chunk_carries_its_best_raw_cosine_whatever_the_fusion():
     assert hybrid[2].score > 0.30  # its fused score is not its similarity
 
 
-# ------------------------------------------------------------------------- score normalisations (issue 19)
+# ------------------------------------------------------------------------- score normalisations
 
 def test_minmax_and_zscore_put_both_lists_on_one_scale():
     from qrag_ray.search.merge import normalise

