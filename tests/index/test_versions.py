@@ -58,11 +58,11 @@ def test_keep_prunes_old_versions_but_never_the_one_replaced(tmp_path, two_index
     import json
 
     m = json.loads((c / "manifest.json").read_text())
-    m["note"] = "third"
-    from qrag_ray.index.format import write_manifest
+    from qrag_ray.index.format import IndexDescription, write_manifest
 
     (c / "extra.txt").write_text("a third version\n")
-    vc = write_manifest(c, {k: v for k, v in m.items() if k not in ("files", "index_version")})["index_version"]
+    desc = IndexDescription.model_validate({k: v for k, v in m.items() if k in IndexDescription.model_fields})
+    vc = write_manifest(c, desc).index_version
     info = publish_version(root, c, keep=2)
     assert info["previous"] == vb and info["removed"] == [va]
     assert set(list_versions(root)) == {vb, vc}
