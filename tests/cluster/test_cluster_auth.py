@@ -78,11 +78,17 @@ def _env_without_auth(**extra: str) -> dict[str, str]:
 
 
 def test_nodes_run_in_token_mode(head):
-    pids = lc.cluster_pids(Path(head.dir))
-    assert pids
-    for pid in pids:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        assert b"RAY_AUTH_MODE=token" in env, pid
+    """The GCS and the raylet (native binaries, whose environment stays readable; Ray's Python
+    processes overwrite theirs with their process title) were started in token mode."""
+    found = set()
+    for pid in lc.cluster_pids(Path(head.dir)):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        name = next((n for n in ("gcs_server", "raylet") if f"/{n}\0".encode() in cmd), None)
+        if name:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert b"RAY_AUTH_MODE=token" in env, (name, pid)
+            found.add(name)
+    assert found == {"gcs_server", "raylet"}
 
 
 def test_jobs_api_refuses_a_submission_without_the_token(head, token_file):
