@@ -176,12 +176,13 @@ def _make_handler(state: FakeOpenAI):
 
 
 @contextlib.contextmanager
-def running_fake_openai(reply: Callable[[list[dict]], str] | None = None) -> Iterator[FakeOpenAI]:
-    """A running fake server; `.base_url` (= `.url`) ends in /v1. Stopped on exit."""
+def running_fake_openai(reply: Callable[[list[dict]], str] | None = None, port: int = 0) -> Iterator[FakeOpenAI]:
+    """A running fake server (on `port`, default a free one); `.base_url` (= `.url`) ends in /v1. Stopped
+    on exit."""
     state = FakeOpenAI()
     if reply is not None:
         state.reply = reply
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(state))
+    server = ThreadingHTTPServer(("127.0.0.1", port), _make_handler(state))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-openai",
                               daemon=True)

@@ -119,3 +119,19 @@ def test_no_module_over_the_limit(mod):
     f = MODS[mod]
     lines = len(f.read_text().splitlines())
     assert lines <= MAX_LINES, f"{f.relative_to(PKG.parent)} has {lines} lines; split it by job"
+
+
+def test_no_issue_numbers_in_code():
+    """Comments state the rule and why; where a rule came from (an issue, a run) is the commit's and
+    docs/'s to say, so code, tests, scripts and configuration name no issue."""
+    import re
+
+    root = PKG.parent
+    pattern = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    found = []
+    for top in ("qrag_ray", "tests", "scripts", "benchmarks", "eval", "tools", "cluster", "k8s", "serve_configs"):
+        for f in (root / top).rglob("*"):
+            if f.suffix in {".py", ".sh", ".yaml", ".yml", ".toml"} and "data" not in f.relative_to(root).parts:
+                found += [f"{f.relative_to(root)}:{n}" for n, line in enumerate(f.read_text().splitlines(), 1)
+                          if pattern.search(line)]
+    assert found == []

@@ -1,4 +1,4 @@
-"""Dense + BM25 fusion grid over one built index, through the real merge (issue 19).
+"""Dense + BM25 fusion grid over one built index, through the real merge.
 
 Why: choosing the hybrid default across datasets means scoring alphas x normalisations on every
 dataset, and each `qrag eval` variant costs a full search pass. Here every query is searched once,

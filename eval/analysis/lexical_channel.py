@@ -1,10 +1,9 @@
 """How much a lexical (BM25) channel adds to the dense presets, and how much the generated questions add
 to it (doc2query: the chunk's BM25 text expanded with its questions), like for like on one built index.
 
-Why this exists: issue 6 asks what the 0.5B generator's questions are worth. In the dense index they add
-about 1 R@1 over fusing chunk and sentences. SQuAD questions were written by annotators reading the
-paragraph, so they share its words: a lexical channel is the biggest lever on this data. The
-question is whether the questions still pay once it is there, so every dense configuration is paired
+Why this exists: to tell what a small generator's questions are worth once a lexical channel is there.
+SQuAD questions were written by annotators reading the paragraph, so they share its words: a lexical
+channel is the biggest lever on this data. So every dense configuration is paired
 with BM25 over the chunk alone and BM25 over chunk + questions. The BM25 weight is chosen on the
 even-numbered articles and reported on the odd ones, as in fusion_grid.py. The product's hybrid
 search (bm25.enabled + search.bm25_alpha; EVALUATION.md §4.8) reproduces these figures through the

@@ -1,0 +1,30 @@
+"""What a user sees from `qrag demo`: the checks shared by the demo test and the fresh-install test."""
+
+from __future__ import annotations
+
+import re
+
+WITH_Q = "How do I make an object usable in a with statement?"
+NO_LLM_TOPICS = "for,while,with,context-managers,try"
+
+
+def assert_quiet(stderr: str) -> None:
+    """Nothing but our own lines: no traceback, no Ray/Ray Data log line, no third-party bar."""
+    assert "Traceback" not in stderr
+    for line in stderr.splitlines():
+        assert not re.match(r"^\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d", line), line  # Ray's log formats
+        assert "Loading weights" not in line and "Warning" not in line and "(raylet)" not in line, line
+
+
+def assert_no_llm_demo(stdout: str, stderr: str) -> None:
+    """The demo without the LLM on NO_LLM_TOPICS: it says why, compares atom-sentence with the chunk
+    baseline, and atom-sentence puts the right topic first for at least 2 of the 3 demo questions."""
+    assert "no LLM (QRAG_NO_LLM=1): questions need the LLM" in " ".join(stderr.split())
+    assert_quiet(stderr)
+    assert "atom-sentence" in stdout and "chunk (baseline)" in stdout
+    assert "(raylet)" not in stdout
+    for q in ("When does the else clause of a for loop run?", WITH_Q):
+        assert q in stdout
+    m = re.search(r"right topic at rank 1: atom-sentence (\d)/3, chunk (\d)/3", stdout)
+    assert m, stdout
+    assert int(m.group(1)) >= 2, stdout  # the subset holds every answer
