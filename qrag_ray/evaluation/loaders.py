@@ -1,6 +1,6 @@
 """Evaluation sets: a corpus, queries and graded relevance judgments (qrels).
 
-Three input shapes, one result (`EvalSet`):
+Four input shapes, one result (`EvalSet`):
 
 - SQuAD v1.1 JSON (`load_squad`): every paragraph context is one document, every question a query whose
   single relevant document is its own context (SQuAD as retrieval, as QuOTE and HyPE evaluate it).
@@ -15,12 +15,14 @@ query ids and titles are strings; qrels grades are ints (a grade > 0 means relev
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from qrag_ray.errors import QragError
+from qrag_ray.evaluation.metrics import gold_titles_from_qrels
 
 EVAL_KINDS = ("squad", "bipar", "beir", "jsonl")
 
@@ -48,17 +50,11 @@ class EvalSet:
     @property
     def gold_titles(self) -> dict[str, set[str]]:
         """{qid: titles of its relevant documents} (empty titles left out), for title accuracy."""
-        out: dict[str, set[str]] = {}
-        for qid, rels in self.qrels.items():
-            out[qid] = {self.doc_titles.get(d, "") for d, g in rels.items() if g > 0} - {""}
-        return out
+        return gold_titles_from_qrels(self.qrels, self.doc_titles)
 
     def stats(self) -> dict[str, int]:
-        return {
-            "documents": len(self.corpus),
-            "queries": len(self.queries),
-            "judgments": sum(len(r) for r in self.qrels.values()),
-        }
+        return {"documents": len(self.corpus), "queries": len(self.queries),
+                "judgments": sum(len(r) for r in self.qrels.values())}
 
     def write_corpus_jsonl(self, path: str | Path) -> Path:
         """Write the corpus as JSONL rows {doc_id, title, text} (the `jsonl` input format of `qrag index`)."""
@@ -75,11 +71,13 @@ class EvalSet:
 
 # --------------------------------------------------------------------------------------------- helpers
 
-def _check_subset(subset: int | None, offset: int = 0) -> None:
+def check_slice(subset: Any, offset: Any, where: str = "", none: str = "None") -> None:
+    """A subset is a positive integer or none (`none` names it: None, or null in YAML), an offset a
+    non-negative integer; `where` prefixes the error."""
     if subset is not None and (isinstance(subset, bool) or not isinstance(subset, int) or subset < 1):
-        raise QragError(f"subset must be a positive integer or None, got {subset!r}")
+        raise QragError(f"{where}subset must be a positive integer or {none}, got {subset!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise QragError(f"offset must be a non-negative integer, got {offset!r}")
+        raise QragError(f"{where}offset must be a non-negative integer, got {offset!r}")
 
 
 def _slice_name(subset: int | None, offset: int) -> str:
@@ -118,18 +116,24 @@ def _field(obj: dict, names: tuple[str, ...], p: Path, lineno: int, required: bo
     return None
 
 
-def _read_corpus_jsonl(p: Path, id_fields: tuple[str, ...]) -> list[dict]:
-    corpus, seen = [], set()
+def _read_texts(p: Path, id_fields: tuple[str, ...], what: str) -> dict[str, dict]:
+    """{id: row} of JSONL rows with an id (the first of `id_fields` present) and a string `text`."""
+    rows: dict[str, dict] = {}
     for lineno, obj in _iter_jsonl(p):
-        doc_id = str(_field(obj, id_fields, p, lineno))
-        text = _field(obj, ("text",), p, lineno)
-        if not isinstance(text, str):
+        rid = str(_field(obj, id_fields, p, lineno))
+        if not isinstance(_field(obj, ("text",), p, lineno), str):
             raise QragError(f"{p}:{lineno}: field 'text' must be a string")
-        if doc_id in seen:
-            raise QragError(f"{p}:{lineno}: duplicate document id {doc_id!r}")
-        seen.add(doc_id)
+        if rid in rows:
+            raise QragError(f"{p}:{lineno}: duplicate {what} id {rid!r}")
+        rows[rid] = obj
+    return rows
+
+
+def _read_corpus_jsonl(p: Path, id_fields: tuple[str, ...]) -> list[dict]:
+    corpus = []
+    for doc_id, obj in _read_texts(p, id_fields, "document").items():
         title = obj.get("title")
-        row = {"doc_id": doc_id, "title": "" if title is None else str(title), "text": text}
+        row = {"doc_id": doc_id, "title": "" if title is None else str(title), "text": obj["text"]}
         if isinstance(obj.get("questions"), list):  # precomputed questions travel to `qrag index`
             row["questions"] = [str(q) for q in obj["questions"]]
         corpus.append(row)
@@ -137,16 +141,7 @@ def _read_corpus_jsonl(p: Path, id_fields: tuple[str, ...]) -> list[dict]:
 
 
 def _read_queries_jsonl(p: Path, id_fields: tuple[str, ...]) -> dict[str, str]:
-    queries: dict[str, str] = {}
-    for lineno, obj in _iter_jsonl(p):
-        qid = str(_field(obj, id_fields, p, lineno))
-        text = _field(obj, ("text",), p, lineno)
-        if not isinstance(text, str):
-            raise QragError(f"{p}:{lineno}: field 'text' must be a string")
-        if qid in queries:
-            raise QragError(f"{p}:{lineno}: duplicate query id {qid!r}")
-        queries[qid] = text
-    return queries
+    return {qid: obj["text"] for qid, obj in _read_texts(p, id_fields, "query").items()}
 
 
 def _read_qrels_tsv(p: Path) -> dict[str, dict[str, int]]:
@@ -159,8 +154,7 @@ def _read_qrels_tsv(p: Path) -> dict[str, dict[str, int]]:
             s = line.strip()
             if not s or s.startswith("#"):
                 continue
-            parts = s.split("\t") if "\t" in s else s.split()
-            parts = [x.strip() for x in parts]
+            parts = [x.strip() for x in (s.split("\t") if "\t" in s else s.split())]
             is_first, first = first, False
             if len(parts) == 3:
                 qid, doc_id, grade_s = parts
@@ -216,11 +210,9 @@ def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> 
     order) and the article title (as written in the file, e.g. "Super_Bowl_50"); every question is a query
     whose only relevant document (grade 1) is its own context. `subset=N` keeps the first N contexts in
     file order with all their questions; `offset=M` skips the first M contexts first, so
-    `offset=300, subset=300` is a held-out slice next to the first 300. Full dev v1.1: 2,067 contexts,
-    10,570 questions.
+    `offset=300, subset=300` is a held-out slice next to the first 300.
     """
-    _check_subset(subset, offset)
-    limit = offset + subset if subset is not None else None
+    check_slice(subset, offset)
     p = _require_file(Path(path), "SQuAD file")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -230,31 +222,25 @@ def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> 
     if not isinstance(articles, list):
         raise QragError(f"{p}: not a SQuAD file (no top-level 'data' list)")
     corpus: list[dict] = []
-    queries: list[dict] = []
+    queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
-    for ai, art in enumerate(articles):
-        title = str(art.get("title") or "")
-        for pi, para in enumerate(art.get("paragraphs") or []):
-            if limit is not None and len(corpus) >= limit:
-                break
-            if "context" not in para:
-                raise QragError(f"{p}: article {ai} paragraph {pi} has no 'context'")
-            doc_id = f"{ai:03d}-{pi:03d}"
-            corpus.append({"doc_id": doc_id, "title": title, "text": para["context"]})
-            for qi, qa in enumerate(para.get("qas") or []):
-                qid = str(qa.get("id") or f"{doc_id}-q{qi:03d}")
-                if "question" not in qa:
-                    raise QragError(f"{p}: question {qid!r} has no 'question' text")
-                if qid in qrels:
-                    raise QragError(f"{p}: duplicate question id {qid!r}")
-                queries.append({"qid": qid, "text": qa["question"]})
-                qrels[qid] = {doc_id: 1}
-        if limit is not None and len(corpus) >= limit:
-            break
-    # the loop already stopped at offset + subset; _assemble drops the first `offset` contexts and
-    # their questions, as it does for BEIR and JSONL
-    return _assemble(f"squad:{p.stem}" + _slice_name(subset, offset), corpus,
-                     {q["qid"]: q["text"] for q in queries}, qrels, subset, p, offset)
+    paragraphs = ((ai, pi, art, para) for ai, art in enumerate(articles)
+                  for pi, para in enumerate(art.get("paragraphs") or []))
+    # read up to offset + subset contexts; _assemble drops the first `offset` with their questions
+    for ai, pi, art, para in itertools.islice(paragraphs, offset + subset if subset is not None else None):
+        if "context" not in para:
+            raise QragError(f"{p}: article {ai} paragraph {pi} has no 'context'")
+        doc_id = f"{ai:03d}-{pi:03d}"
+        corpus.append({"doc_id": doc_id, "title": str(art.get("title") or ""), "text": para["context"]})
+        for qi, qa in enumerate(para.get("qas") or []):
+            qid = str(qa.get("id") or f"{doc_id}-q{qi:03d}")
+            if "question" not in qa:
+                raise QragError(f"{p}: question {qid!r} has no 'question' text")
+            if qid in qrels:
+                raise QragError(f"{p}: duplicate question id {qid!r}")
+            queries[qid] = qa["question"]
+            qrels[qid] = {doc_id: 1}
+    return _assemble(f"squad:{p.stem}" + _slice_name(subset, offset), corpus, queries, qrels, subset, p, offset)
 
 
 def load_bipar(path: str | Path, subset: int | None = None, offset: int = 0) -> EvalSet:
@@ -263,10 +249,8 @@ def load_bipar(path: str | Path, subset: int | None = None, offset: int = 0) -> 
     in pinyin and a number), not words a reader would search with, so they are dropped: title
     evidence is measured only where titles are titles."""
     es = load_squad(path, subset, offset)
-    for d in es.corpus:
-        d["title"] = ""
-    return EvalSet(name=es.name.replace("squad:", "bipar:", 1), corpus=es.corpus, queries=es.queries,
-                   qrels=es.qrels)
+    return EvalSet(name=es.name.replace("squad:", "bipar:", 1), corpus=[d | {"title": ""} for d in es.corpus],
+                   queries=es.queries, qrels=es.qrels)
 
 
 def load_beir(folder: str | Path, split: str = "test", subset: int | None = None, offset: int = 0) -> EvalSet:
@@ -278,17 +262,15 @@ def load_beir(folder: str | Path, split: str = "test", subset: int | None = None
     documents all lie among them; their judgments of documents outside the subset are dropped.
     `offset=M` skips the first M documents first.
     """
-    _check_subset(subset, offset)
+    check_slice(subset, offset)
     root = Path(folder)
     if not root.is_dir():
         raise QragError(f"BEIR folder not found: {root}")
     corpus = _read_corpus_jsonl(_require_file(root / "corpus.jsonl", "BEIR corpus"), ("_id", "id", "doc_id"))
     queries = _read_queries_jsonl(_require_file(root / "queries.jsonl", "BEIR queries"), ("_id", "id", "qid"))
     qrels_p = _require_file(root / "qrels" / f"{split}.tsv", f"BEIR qrels for split '{split}'")
-    qrels = _read_qrels_tsv(qrels_p)
-    es = _assemble(f"beir:{root.name}/{split}" + _slice_name(subset, offset), corpus, queries, qrels,
-                   subset, qrels_p, offset)
-    return es
+    return _assemble(f"beir:{root.name}/{split}" + _slice_name(subset, offset), corpus, queries,
+                     _read_qrels_tsv(qrels_p), subset, qrels_p, offset)
 
 
 def load_jsonl_qrels(corpus_jsonl: str | Path, queries_jsonl: str | Path, qrels_tsv: str | Path,
@@ -301,15 +283,13 @@ def load_jsonl_qrels(corpus_jsonl: str | Path, queries_jsonl: str | Path, qrels_
     corpus documents (after skipping `offset`) and only the queries whose relevant documents all lie
     among them.
     """
-    _check_subset(subset, offset)
+    check_slice(subset, offset)
     cp = _require_file(Path(corpus_jsonl), "corpus file")
     qp = _require_file(Path(queries_jsonl), "queries file")
     rp = _require_file(Path(qrels_tsv), "qrels file")
-    corpus = _read_corpus_jsonl(cp, ("doc_id", "id", "_id"))
-    queries = _read_queries_jsonl(qp, ("qid", "id", "_id"))
-    qrels = _read_qrels_tsv(rp)
     return _assemble(f"jsonl:{cp.parent.name or cp.stem}" + _slice_name(subset, offset),
-                     corpus, queries, qrels, subset, rp, offset)
+                     _read_corpus_jsonl(cp, ("doc_id", "id", "_id")), _read_queries_jsonl(qp, ("qid", "id", "_id")),
+                     _read_qrels_tsv(rp), subset, rp, offset)
 
 
 def load_eval_set(kind: str, data: str | Path, subset: int | None = None, split: str = "test",
