@@ -12,7 +12,7 @@ measured and shown, never failed, until someone writes the measured figures into
 
 YAML condition fields:
     id            unique name
-    dataset       squad | beir | jsonl          (qrag_ray.evaluation.loaders.load_eval_set kinds)
+    dataset       squad | bipar | beir | jsonl         (qrag_ray.evaluation.loaders.load_eval_set kinds)
     data          path of the data (file or folder); ${VAR} and ${VAR:-default} are expanded and a
                   relative path is taken relative to the matrix file
     subset        first N documents, or null for all
@@ -28,23 +28,20 @@ YAML condition fields:
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping
 
+from pydantic import ValidationError
 
-from qrag_ray.config import deep_update
+from qrag_ray.config import deep_update, format_validation_error, index_config
 from qrag_ray.errors import QragError
-from qrag_ray.evaluation.loaders import EVAL_KINDS
-from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures
+from qrag_ray.evaluation.loaders import EVAL_KINDS, check_slice
+from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
 
 DEFAULT_TOLERANCE = 1.0
-
-_FIELDS = {"id", "dataset", "data", "subset", "offset", "representation", "embedder", "generator", "extra",
-           "expected", "tolerance", "tags", "split", "notes"}
 
 
 @dataclass
@@ -80,6 +77,9 @@ class Condition:
         return deep_update(cfg, self.extra)
 
 
+_FIELDS = {f.name for f in fields(Condition)}
+
+
 @dataclass
 class MatrixComparison(Comparison):
     """The regression check of the conditions run, with the figures of record-only metrics and the
@@ -113,9 +113,9 @@ class MatrixResult:
 # --------------------------------------------------------------------------------------------- loading
 
 def _number(v: Any, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if (n := finite_number(v)) is None:
         raise QragError(f"{where} must be a number, got {v!r}")
-    return float(v)
+    return n
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -125,11 +125,9 @@ def resolve_data_path(data: str, base: Path | None = None) -> str:
     """Expand `${NAME}` / `${NAME:-default}` and `~`; a relative result is taken relative to `base`
     (the matrix file's folder)."""
     def _sub(m: re.Match) -> str:
-        val = os.environ.get(m.group(1))
-        if val:
+        val = os.environ.get(m.group(1)) or m.group(2)
+        if val is not None:
             return val
-        if m.group(2) is not None:
-            return m.group(2)
         raise QragError(f"data path {data!r} uses ${{{m.group(1)}}}, which is not set")
 
     p = Path(os.path.expanduser(_VAR.sub(_sub, data)))
@@ -155,12 +153,8 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     if not isinstance(data, str) or not data:
         raise QragError(f"{where}: 'data' must be a path")
     data = resolve_data_path(data, base)
-    subset = raw.get("subset")
-    if subset is not None and (isinstance(subset, bool) or not isinstance(subset, int) or subset < 1):
-        raise QragError(f"{where}: subset must be a positive integer or null, got {subset!r}")
-    offset = raw.get("offset", 0)
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise QragError(f"{where}: offset must be a non-negative integer, got {offset!r}")
+    subset, offset = raw.get("subset"), raw.get("offset", 0)
+    check_slice(subset, offset, f"{where}: ", "null")
 
     def _component(name: str, key: str) -> dict[str, Any]:
         v = raw.get(name)
@@ -178,15 +172,11 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     if not isinstance(extra, dict):
         raise QragError(f"{where}: 'extra' must be a mapping of index config overrides")
 
-    expected_raw = raw.get("expected")
-    expected: dict[str, float | None] | None
-    if expected_raw is None:
-        expected = None
-    elif isinstance(expected_raw, dict):
-        expected = {str(m): (None if v is None else _number(v, f"{where}: expected {m}"))
-                    for m, v in expected_raw.items()}
-    else:
+    expected = raw.get("expected")
+    if expected is not None and not isinstance(expected, dict):
         raise QragError(f"{where}: 'expected' must be a mapping of metric -> percent, or null")
+    if expected is not None:
+        expected = {str(m): None if v is None else _number(v, f"{where}: expected {m}") for m, v in expected.items()}
     tolerance = _number(raw.get("tolerance", DEFAULT_TOLERANCE), f"{where}: tolerance")
     if tolerance < 0:
         raise QragError(f"{where}: tolerance must be >= 0")
@@ -200,20 +190,11 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
                      representation=str(raw.get("representation") or "chunk"), embedder=embedder,
                      generator=generator, extra=extra, expected=expected, tolerance=tolerance, tags=tags,
                      split=str(raw.get("split") or "test"), notes=str(raw.get("notes") or ""))
-    _validate_index_config(cond, where)
-    return cond
-
-
-def _validate_index_config(cond: Condition, where: str) -> None:
-    """Catch typos in representation / embedder / generator / extra when the matrix is loaded."""
-    from pydantic import ValidationError
-
-    from qrag_ray.config import format_validation_error, index_config
-
-    try:
+    try:  # typos in representation / embedder / generator / extra fail when the matrix is loaded
         index_config(cond.index_overrides())
     except ValidationError as e:
         raise QragError(f"{where}: {format_validation_error(e)}") from None
+    return cond
 
 
 def load_matrix(path: str | Path) -> list[Condition]:
@@ -265,9 +246,8 @@ def metrics_of(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _to_percent(v: Any, scale: str) -> float | None:
-    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v) * 100.0 if scale == "fraction" else float(v)
+    n = finite_number(v)
+    return n * 100.0 if n is not None and scale == "fraction" else n
 
 
 def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, float]],

@@ -8,10 +8,19 @@ runner must not pass. A recorded figure of None means "record only" and is never
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 _EPS = 1e-9  # a figure exactly at the tolerance edge passes despite float rounding (0.615 * 100)
+
+
+def finite_number(v: Any) -> float | None:
+    """`v` as a float when it is a finite int or float (not a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
 
 
 @dataclass(frozen=True)
