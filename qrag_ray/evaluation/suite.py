@@ -26,15 +26,18 @@ configuration that differs only in its search policy costs no build.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from qrag_ray.config import deep_update
+from pydantic import ValidationError
+
+from qrag_ray.config import REPRESENTATIONS, deep_update, format_validation_error, index_config, load_yaml
 from qrag_ray.errors import QragError
-from qrag_ray.evaluation.loaders import EVAL_KINDS
-from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures
+from qrag_ray.evaluation.driver import Variant, run_eval
+from qrag_ray.evaluation.loaders import EVAL_KINDS, load_eval_set
+from qrag_ray.evaluation.matrix import resolve_data_path
+from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
 
 FULL = "full"
 
@@ -67,21 +70,12 @@ class Suite:
     configs: dict[str, dict[str, Any]]
     slices: dict[str, dict[str, Any]]
     expected: dict[str, dict[str, dict[str, float]]]  # slice -> dataset -> config -> percent
-    path: Path | None = None
 
 
 def load_suite(path: str | Path) -> Suite:
     """Parse and validate a suite YAML (every configuration checked as an IndexConfig up front)."""
-    from pydantic import ValidationError
-
-    from qrag_ray.config import format_validation_error, index_config, load_yaml
-    from qrag_ray.evaluation.matrix import resolve_data_path
-
     p = Path(path)
-    raw = load_yaml(p)
-    where = str(p)
-    metric = raw.get("metric", "nDCG@10")
-    tolerance = float(raw.get("tolerance", 1.0))
+    raw, where = load_yaml(p), str(p)
     base = raw.get("base") or {}
     if not isinstance(base, dict):
         raise QragError(f"{where}: 'base' must be a mapping of index config overrides")
@@ -117,22 +111,20 @@ def load_suite(path: str | Path) -> Suite:
             unknown = set(row or {}) - set(configs)
             if ds not in {d.name for d in dsets} or unknown:
                 raise QragError(f"{where}: expected.{sl}.{ds} names an unknown dataset or config {sorted(unknown)}")
-    return Suite(metric, tolerance, base, dsets, {str(k): dict(v) for k, v in configs.items()},
-                 {str(k): dict(v) for k, v in slices.items()},
-                 {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()}, p)
+    return Suite(raw.get("metric", "nDCG@10"), float(raw.get("tolerance", 1.0)), base, dsets,
+                 {str(k): dict(v) for k, v in configs.items()}, {str(k): dict(v) for k, v in slices.items()},
+                 {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()})
 
 
 # --------------------------------------------------------------------------------------------- tables
 
 def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> dict[str, dict[str, float]]:
     """{config: {dataset: value}} plus a "mean" over `datasets` (only for configs measured on all)."""
-    out = {}
-    for cfg, row in table.items():
-        r = dict(row)
+    out = {cfg: dict(row) for cfg, row in table.items()}
+    for r in out.values():
         vals = [r[d] for d in datasets if r.get(d) is not None]
         if datasets and len(vals) == len(datasets):
             r["mean"] = sum(vals) / len(vals)
-        out[cfg] = r
     return out
 
 
@@ -189,11 +181,9 @@ def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: 
     ax = fig.add_subplot(111)
     h = 0.8 / len(cols)
     for j, c in enumerate(cols):
-        ys = [i + j * h for i in range(len(cfgs))]
-        xs = [table[cfg].get(c) or 0.0 for cfg in cfgs]
-        ax.barh(ys, xs, height=h, label=c, color="black" if c == "mean" else None)
-    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(cfgs))])
-    ax.set_yticklabels(cfgs, fontsize=8)
+        ax.barh([i + j * h for i in range(len(cfgs))], [table[cfg].get(c) or 0.0 for cfg in cfgs], height=h,
+                label=c, color="black" if c == "mean" else None)
+    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(cfgs))], cfgs, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(metric)
     ax.legend(fontsize=8, loc="lower right")
@@ -208,8 +198,6 @@ def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
     """A configuration as it acts on a corpus with no titles: the title prefix and the `title` kind
     add nothing there, so they are dropped and the configuration shares the index of its untitled
     twin instead of embedding the same texts again."""
-    from qrag_ray.config import REPRESENTATIONS
-
     out = dict(cfg)
     if out.get("title_prefix") or REPRESENTATIONS.get(out["representation"], {}).get("title_prefix"):
         out["title_prefix"] = False
@@ -220,9 +208,6 @@ def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: Path, console=None) -> dict:
-    from qrag_ray.evaluation.driver import Variant, run_eval
-    from qrag_ray.evaluation.loaders import load_eval_set
-
     titled = any(d["title"] for d in load_eval_set(ds.kind, ds.data, ds.subset, ds.split, ds.offset).corpus)
     variants = [Variant(c, dict(suite.configs[c]) if titled else without_titles(suite.configs[c])) for c in configs]
     res = run_eval(ds.kind, ds.data, variants, out / ds.name, subset=ds.subset, ks=[1, 10],
@@ -257,10 +242,9 @@ def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, d
         prev[ds.name] = row
     old = _read_json(out / "suite.json")
     if old.get("slice") == slice_name:
-        defs = old.get("configs") or {}
+        defs, now = old.get("configs") or {}, suite.configs
         for ds, row in (old.get("metrics") or {}).items():
-            prev.setdefault(ds, {}).update(
-                {c: m for c, m in row.items() if c in suite.configs and defs.get(c, suite.configs[c]) == suite.configs[c]})
+            prev.setdefault(ds, {}).update({c: m for c, m in row.items() if defs.get(c, now.get(c)) == now.get(c)})
     return {ds: {c: m for c, m in row.items() if c in suite.configs} for ds, row in prev.items()}
 
 
@@ -274,15 +258,14 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     configurations, and measure only the rest (a long run interrupted, or split over sessions)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    names = [d.name for d in suite.datasets]
-    unknown = [d for d in datasets or [] if d not in names] + [c for c in configs or [] if c not in suite.configs]
+    unknown = [d for d in datasets or [] if d not in {x.name for x in suite.datasets}]
+    unknown += [c for c in configs or [] if c not in suite.configs]
     if unknown:
         raise QragError(f"unknown suite dataset(s) or config(s): {', '.join(unknown)}")
     if slice_name != FULL and slice_name not in suite.slices:
         raise QragError(f"unknown suite slice {slice_name!r} (known: {', '.join([FULL, *suite.slices])})")
     sl = suite.slices.get(slice_name)
     cfgs = configs or list((sl or {}).get("configs") or suite.configs)
-    run = runner or _evaluate_dataset
     prev = _previous(out, slice_name, suite) if resume else {}
     skip = (sl or {}).get("skip") or {}
     # a resumed run that measures a few configurations still shows the figures it kept for the others,
@@ -290,8 +273,7 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     others = {c for row in prev.values() for c in row} - set(cfgs)
     shown = [c for c in suite.configs if c in cfgs or c in others] if others else cfgs
     table: dict[str, dict[str, float]] = {c: {} for c in shown}
-    raw: dict[str, dict] = {}
-    done: list[str] = []
+    raw, done = {}, []
     for d in suite.datasets:
         ds = d.sliced(sl)
         if ds is None:
@@ -304,32 +286,25 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
             console.rule(f"suite: {ds.name} ({slice_name})")
         kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in shown}
         todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])] if selected else []
-        metrics = dict(kept)
-        if todo:
-            metrics |= run(ds, suite, todo, out, console)
-        metrics = {c: metrics[c] for c in shown if c in metrics}
-        raw[ds.name] = metrics
+        metrics = kept | ((runner or _evaluate_dataset)(ds, suite, todo, out, console) if todo else {})
+        raw[ds.name] = metrics = {c: metrics[c] for c in shown if c in metrics}
         for c in shown:
-            v = (metrics.get(c) or {}).get(suite.metric)
-            if v is not None and math.isfinite(v):
+            if (v := finite_number((metrics.get(c) or {}).get(suite.metric))) is not None:
                 table[c][ds.name] = 100.0 * v
         done.append(ds.name)
     if not done:
         raise QragError(f"no suite dataset has slice {slice_name!r}")
     table = with_mean(table, done)
     checked = compare_expected(table, suite.expected.get(slice_name, {}), suite.metric, suite.tolerance)
-    regs, better = [str(r) for r in checked.regressions], [str(b) for b in checked.improvements]
     report = {"slice": slice_name, "metric": suite.metric, "datasets": done, "table": table, "metrics": raw,
               "configs": {c: suite.configs[c] for c in shown}, "skipped": skip,
-              "regressions": regs, "better": better}
+              "regressions": [str(r) for r in checked.regressions], "better": [str(b) for b in checked.improvements]}
     (out / "suite.json").write_text(json.dumps(report, indent=2))
     md = format_table(table, done, suite.metric, mark="default" if "default" in table else None)
     (out / "suite.md").write_text(md + "\n")
     png = plot(table, done, suite.metric, out / "suite.png")
-    report["paths"] = {"json": str(out / "suite.json"), "md": str(out / "suite.md"),
-                       **({"png": str(png)} if png else {})}
-    report["markdown"] = md
-    return report
+    return report | {"paths": {"json": str(out / "suite.json"), "md": str(out / "suite.md"),
+                               **({"png": str(png)} if png else {})}, "markdown": md}
 
 
 def recorded_yaml(table: Mapping[str, Mapping[str, float]], datasets: list[str], slice_name: str) -> str:
