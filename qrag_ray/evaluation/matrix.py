@@ -40,6 +40,7 @@ from qrag_ray.config import deep_update, format_validation_error, index_config
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EVAL_KINDS, check_slice
 from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
+from qrag_ray.io.yaml_file import read_yaml
 
 DEFAULT_TOLERANCE = 1.0
 
@@ -69,12 +70,9 @@ class Condition:
     def index_overrides(self) -> dict[str, Any]:
         """The condition's index configuration as a nested dict for `config.index_config` (without
         input/output, which the driver fills in)."""
-        cfg: dict[str, Any] = {"representation": self.representation}
-        if self.embedder:
-            cfg["embedder"] = dict(self.embedder)
-        if self.generator:
-            cfg["generator"] = dict(self.generator)
-        return deep_update(cfg, self.extra)
+        cfg = {"representation": self.representation, "embedder": dict(self.embedder),
+               "generator": dict(self.generator)}
+        return deep_update({k: v for k, v in cfg.items() if v}, self.extra)
 
 
 _FIELDS = {f.name for f in fields(Condition)}
@@ -158,13 +156,9 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
 
     def _component(name: str, key: str) -> dict[str, Any]:
         v = raw.get(name)
-        if v is None:
-            return {}
-        if isinstance(v, str):
-            return {key: v}
-        if isinstance(v, dict):
-            return dict(v)
-        raise QragError(f"{where}: '{name}' must be a name or a mapping")
+        if v is not None and not isinstance(v, (str, dict)):
+            raise QragError(f"{where}: '{name}' must be a name or a mapping")
+        return {key: v} if isinstance(v, str) else dict(v or {})
 
     embedder = _component("embedder", "model")
     generator = _component("generator", "backend")
@@ -181,8 +175,7 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     if tolerance < 0:
         raise QragError(f"{where}: tolerance must be >= 0")
     tags = raw.get("tags") or []
-    if isinstance(tags, str):
-        tags = [tags]
+    tags = [tags] if isinstance(tags, str) else tags
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise QragError(f"{where}: 'tags' must be a list of strings")
 
@@ -199,8 +192,6 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
 
 def load_matrix(path: str | Path) -> list[Condition]:
     """Parse and validate a matrix YAML file (a list of conditions, or {conditions: [...]})."""
-    from qrag_ray.io.yaml_file import read_yaml
-
     p = Path(path)
     raw = read_yaml(p, "matrix file")
     if isinstance(raw, dict) and "conditions" in raw:
@@ -208,11 +199,9 @@ def load_matrix(path: str | Path) -> list[Condition]:
     if not isinstance(raw, list) or not raw:
         raise QragError(f"matrix file {p} must hold a non-empty list of conditions")
     conds = [_parse_condition(c, i, str(p), p.parent) for i, c in enumerate(raw)]
-    seen: set[str] = set()
-    for c in conds:
-        if c.id in seen:
-            raise QragError(f"{p}: duplicate condition id '{c.id}'")
-        seen.add(c.id)
+    ids = [c.id for c in conds]
+    if (dup := next((cid for i, cid in enumerate(ids) if cid in ids[:i]), None)) is not None:
+        raise QragError(f"{p}: duplicate condition id '{dup}'")
     return conds
 
 
@@ -256,20 +245,16 @@ def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, flo
     from `measured` are `not_run`; a null expected figure is recorded, never failed."""
     if measured_scale not in ("fraction", "percent"):
         raise ValueError(f"measured_scale must be 'fraction' or 'percent', got {measured_scale!r}")
-    figures: list[Figure] = []
-    record_only: dict[str, dict[str, float]] = {}
-    not_run: list[str] = []
+    figures, record_only, not_run = [], {}, []
     for c in conditions:
         if c.id not in measured:
             not_run.append(c.id)
             continue
         got = {m: _to_percent(v, measured_scale) for m, v in metrics_of(measured[c.id]).items()}
         expected = c.expected or {}
-        if c.record_only:
-            open_metrics = [m for m in got if _METRIC.match(m)]
-        else:
-            open_metrics = [m for m, v in expected.items() if v is None]
-        figs = {m: got[m] for m in open_metrics if got.get(m) is not None}
+        opened = ([m for m in got if _METRIC.match(m)] if c.record_only
+                  else [m for m, v in expected.items() if v is None])
+        figs = {m: got[m] for m in opened if got.get(m) is not None}
         if figs:
             record_only[c.id] = figs
         figures += [Figure(c.id, m, exp, got.get(m), c.tolerance) for m, exp in expected.items()]
@@ -286,12 +271,9 @@ def check(conditions: list[Condition], measured: Mapping[str, Mapping[str, float
 
 def run_matrix(path: str | Path, ids: Iterable[str] | None = None, *,
                runner: Callable[[Condition], Mapping[str, float]],
-               tags: Iterable[str] | None = None,
-               measured_scale: Literal["fraction", "percent"] = "fraction",
-               on_result: Callable[[Condition, Mapping[str, float]], None] | None = None) -> MatrixResult:
+               tags: Iterable[str] | None = None) -> MatrixResult:
     """Load the matrix, run the selected conditions (all, `ids`, and/or those tagged with `tags`) through
-    `runner(condition) -> {metric: value}` and compare. `on_result` is called after each condition
-    (progress output)."""
+    `runner(condition) -> {metric: value}` (fractions) and compare."""
     conds = select(load_matrix(path), ids, tags)
     if not conds:
         raise QragError(f"no matrix condition selected from {path}")
@@ -301,6 +283,4 @@ def run_matrix(path: str | Path, ids: Iterable[str] | None = None, *,
         if not isinstance(got, Mapping):
             raise TypeError(f"runner returned {type(got).__name__} for condition '{c.id}', expected a mapping")
         measured[c.id] = dict(got)
-        if on_result is not None:
-            on_result(c, measured[c.id])
-    return MatrixResult(measured=measured, comparison=compare(conds, measured, measured_scale))
+    return MatrixResult(measured, compare(conds, measured))
