@@ -1,12 +1,5 @@
-"""Evaluation sets: a corpus, queries and graded relevance judgments (qrels).
-
-Four input shapes, one result (`EvalSet`):
-
-- SQuAD v1.1 JSON (`load_squad`): every paragraph context is one document, every question a query whose
-  single relevant document is its own context (SQuAD as retrieval, as QuOTE and HyPE evaluate it).
-- BiPaR (`load_bipar`): SQuAD-format novel passages; its "titles" are file ids, so none are kept.
-- BEIR folders (`load_beir`): corpus.jsonl, queries.jsonl, qrels/<split>.tsv.
-- Plain JSONL + TSV qrels (`load_jsonl_qrels`).
+"""Evaluation sets: a corpus, queries and graded relevance judgments (qrels), read from SQuAD v1.1 JSON
+(SQuAD as retrieval, as QuOTE and HyPE evaluate it), BiPaR, BEIR folders or plain JSONL + TSV qrels.
 
 Loaders are deterministic (file order; `subset` takes a prefix after skipping `offset` documents),
 read only what they are given, and raise `QragError` with one clear line on bad input. Document ids,
@@ -19,7 +12,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.metrics import gold_titles_from_qrels
@@ -63,9 +56,7 @@ class EvalSet:
         with p.open("w", encoding="utf-8") as f:
             for d in self.corpus:
                 row = {"doc_id": d["doc_id"], "title": d.get("title") or "", "text": d["text"]}
-                if "questions" in d:
-                    row["questions"] = d["questions"]
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                f.write(json.dumps(row | {k: d[k] for k in ("questions",) if k in d}, ensure_ascii=False) + "\n")
         return p
 
 
@@ -80,20 +71,23 @@ def check_slice(subset: Any, offset: Any, where: str = "", none: str = "None") -
         raise QragError(f"{where}offset must be a non-negative integer, got {offset!r}")
 
 
-def _slice_name(subset: int | None, offset: int) -> str:
-    if not subset and not offset:
-        return ""
-    return f"[{offset or ''}:{offset + subset if subset else ''}]"
-
-
 def _require_file(p: Path, what: str) -> Path:
     if not p.is_file():
         raise QragError(f"{what} not found: {p}")
     return p
 
 
-def _iter_jsonl(p: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; a malformed line is a QragError naming it."""
+def _field(obj: dict, names: tuple[str, ...], p: Path, lineno: int) -> Any:
+    for n in names:
+        if n in obj and obj[n] is not None:
+            return obj[n]
+    raise QragError(f"{p}:{lineno}: missing field {' or '.join(repr(n) for n in names)}")
+
+
+def _read_texts(p: Path, id_fields: tuple[str, ...], what: str) -> dict[str, dict]:
+    """{id: row} of the non-blank JSONL lines, objects with an id (the first of `id_fields` present) and a
+    string `text`; a bad line is a QragError naming it."""
+    rows: dict[str, dict] = {}
     with p.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -104,28 +98,12 @@ def _iter_jsonl(p: Path) -> Iterator[tuple[int, dict]]:
                 raise QragError(f"{p}:{lineno}: malformed JSON line ({e.msg})") from None
             if not isinstance(obj, dict):
                 raise QragError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
-
-
-def _field(obj: dict, names: tuple[str, ...], p: Path, lineno: int, required: bool = True) -> Any:
-    for n in names:
-        if n in obj and obj[n] is not None:
-            return obj[n]
-    if required:
-        raise QragError(f"{p}:{lineno}: missing field {' or '.join(repr(n) for n in names)}")
-    return None
-
-
-def _read_texts(p: Path, id_fields: tuple[str, ...], what: str) -> dict[str, dict]:
-    """{id: row} of JSONL rows with an id (the first of `id_fields` present) and a string `text`."""
-    rows: dict[str, dict] = {}
-    for lineno, obj in _iter_jsonl(p):
-        rid = str(_field(obj, id_fields, p, lineno))
-        if not isinstance(_field(obj, ("text",), p, lineno), str):
-            raise QragError(f"{p}:{lineno}: field 'text' must be a string")
-        if rid in rows:
-            raise QragError(f"{p}:{lineno}: duplicate {what} id {rid!r}")
-        rows[rid] = obj
+            rid = str(_field(obj, id_fields, p, lineno))
+            if not isinstance(_field(obj, ("text",), p, lineno), str):
+                raise QragError(f"{p}:{lineno}: field 'text' must be a string")
+            if rid in rows:
+                raise QragError(f"{p}:{lineno}: duplicate {what} id {rid!r}")
+            rows[rid] = obj
     return rows
 
 
@@ -176,7 +154,9 @@ def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dic
               subset: int | None, source: Path, offset: int = 0) -> EvalSet:
     """Check qrels against the full corpus and queries, keep judged queries with a relevant document,
     then apply `offset`/`subset` (N docs after the first `offset`; queries whose relevant docs all lie
-    inside)."""
+    inside). The name gets the slice, e.g. "[300:600]"."""
+    if subset or offset:
+        name += f"[{offset or ''}:{offset + subset if subset else ''}]"
     doc_ids = {d["doc_id"] for d in corpus}
     for qid, rels in qrels.items():
         unknown = [d for d in rels if d not in doc_ids]
@@ -190,12 +170,8 @@ def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dic
             raise QragError(f"{source}: offset {offset} skips all {len(corpus)} documents")
         corpus = corpus[offset:offset + subset if subset is not None else None]
         doc_ids = {d["doc_id"] for d in corpus}
-    kept_qrels: dict[str, dict[str, int]] = {}
-    for qid, rels in qrels.items():
-        relevant = [d for d, g in rels.items() if g > 0]
-        if not relevant or any(d not in doc_ids for d in relevant):
-            continue
-        kept_qrels[qid] = {d: g for d, g in rels.items() if d in doc_ids}
+    kept_qrels = {qid: {d: g for d, g in rels.items() if d in doc_ids} for qid, rels in qrels.items()
+                  if (relevant := [d for d, g in rels.items() if g > 0]) and all(d in doc_ids for d in relevant)}
     kept_queries = [{"qid": q, "text": t} for q, t in queries.items() if q in kept_qrels]
     return EvalSet(name=name, corpus=corpus, queries=kept_queries,
                    qrels={q["qid"]: kept_qrels[q["qid"]] for q in kept_queries})
@@ -240,14 +216,13 @@ def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> 
                 raise QragError(f"{p}: duplicate question id {qid!r}")
             queries[qid] = qa["question"]
             qrels[qid] = {doc_id: 1}
-    return _assemble(f"squad:{p.stem}" + _slice_name(subset, offset), corpus, queries, qrels, subset, p, offset)
+    return _assemble(f"squad:{p.stem}", corpus, queries, qrels, subset, p, offset)
 
 
 def load_bipar(path: str | Path, subset: int | None = None, offset: int = 0) -> EvalSet:
-    """BiPaR monolingual English (e.g. Monolingual_EN_valid.json: 375 novel passages, 1,500 questions):
-    SQuAD v1.1 format, read by `load_squad`. Its article "titles" are file ids ("lu_ding_ji_753", a book
-    in pinyin and a number), not words a reader would search with, so they are dropped: title
-    evidence is measured only where titles are titles."""
+    """BiPaR monolingual English (novel passages in SQuAD v1.1 format, read by `load_squad`). Its article
+    "titles" are file ids ("lu_ding_ji_753", a book in pinyin and a number), not words a reader would
+    search with, so they are dropped: title evidence is measured only where titles are titles."""
     es = load_squad(path, subset, offset)
     return EvalSet(name=es.name.replace("squad:", "bipar:", 1), corpus=[d | {"title": ""} for d in es.corpus],
                    queries=es.queries, qrels=es.qrels)
@@ -255,13 +230,8 @@ def load_bipar(path: str | Path, subset: int | None = None, offset: int = 0) -> 
 
 def load_beir(folder: str | Path, split: str = "test", subset: int | None = None, offset: int = 0) -> EvalSet:
     """A BEIR dataset folder: corpus.jsonl (`_id`, `title`, `text`), queries.jsonl (`_id`, `text`) and
-    qrels/{split}.tsv (header `query-id corpus-id score`, graded).
-
-    Only queries judged in the split with at least one relevant document (grade > 0) are kept.
-    `subset=N` keeps the first N corpus documents in file order and only the queries whose relevant
-    documents all lie among them; their judgments of documents outside the subset are dropped.
-    `offset=M` skips the first M documents first.
-    """
+    qrels/{split}.tsv (header `query-id corpus-id score`, graded). Only queries judged in the split with a
+    relevant document are kept; with `subset`, their judgments of documents outside it are dropped."""
     check_slice(subset, offset)
     root = Path(folder)
     if not root.is_dir():
@@ -269,37 +239,29 @@ def load_beir(folder: str | Path, split: str = "test", subset: int | None = None
     corpus = _read_corpus_jsonl(_require_file(root / "corpus.jsonl", "BEIR corpus"), ("_id", "id", "doc_id"))
     queries = _read_queries_jsonl(_require_file(root / "queries.jsonl", "BEIR queries"), ("_id", "id", "qid"))
     qrels_p = _require_file(root / "qrels" / f"{split}.tsv", f"BEIR qrels for split '{split}'")
-    return _assemble(f"beir:{root.name}/{split}" + _slice_name(subset, offset), corpus, queries,
-                     _read_qrels_tsv(qrels_p), subset, qrels_p, offset)
+    return _assemble(f"beir:{root.name}/{split}", corpus, queries, _read_qrels_tsv(qrels_p), subset, qrels_p, offset)
 
 
 def load_jsonl_qrels(corpus_jsonl: str | Path, queries_jsonl: str | Path, qrels_tsv: str | Path,
                      subset: int | None = None, offset: int = 0) -> EvalSet:
     """Plain files: corpus JSONL (`id` or `doc_id`, optional `title`, `text`), queries JSONL (`id` or
     `qid`, `text`) and a qrels TSV (`qid doc_id grade`, with or without a header, tab or space separated;
-    4-column TREC lines `qid 0 doc_id grade` are accepted too).
-
-    Only judged queries with a relevant document (grade > 0) are kept. `subset=N` keeps the first N
-    corpus documents (after skipping `offset`) and only the queries whose relevant documents all lie
-    among them.
-    """
+    4-column TREC lines `qid 0 doc_id grade` are accepted too). Only judged queries with a relevant
+    document are kept."""
     check_slice(subset, offset)
     cp = _require_file(Path(corpus_jsonl), "corpus file")
     qp = _require_file(Path(queries_jsonl), "queries file")
     rp = _require_file(Path(qrels_tsv), "qrels file")
-    return _assemble(f"jsonl:{cp.parent.name or cp.stem}" + _slice_name(subset, offset),
-                     _read_corpus_jsonl(cp, ("doc_id", "id", "_id")), _read_queries_jsonl(qp, ("qid", "id", "_id")),
-                     _read_qrels_tsv(rp), subset, rp, offset)
+    return _assemble(f"jsonl:{cp.parent.name or cp.stem}", _read_corpus_jsonl(cp, ("doc_id", "id", "_id")),
+                     _read_queries_jsonl(qp, ("qid", "id", "_id")), _read_qrels_tsv(rp), subset, rp, offset)
 
 
 def load_eval_set(kind: str, data: str | Path, subset: int | None = None, split: str = "test",
                   offset: int = 0) -> EvalSet:
     """Dispatch on kind: "squad" or "bipar" (data = the JSON file), "beir" (data = the dataset folder; `split`
     picks qrels/{split}.tsv), "jsonl" (data = a folder holding corpus.jsonl, queries.jsonl, qrels.tsv)."""
-    if kind == "squad":
-        return load_squad(data, subset, offset)
-    if kind == "bipar":
-        return load_bipar(data, subset, offset)
+    if kind in ("squad", "bipar"):
+        return (load_squad if kind == "squad" else load_bipar)(data, subset, offset)
     if kind == "beir":
         return load_beir(data, split=split, subset=subset, offset=offset)
     if kind == "jsonl":
