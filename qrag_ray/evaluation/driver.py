@@ -1,15 +1,13 @@
-"""`qrag eval`: build one index per variant with the same settings, run every query through the user
-search path (dedup included), and report the variants side by side.
-
-A variant is a representation plus optional overrides (a pruning threshold, a question count, HyDE at
-query time). Indexes live under OUTPUT/indexes/<label> and are reused when their recorded config
-matches, and generated questions come from the shared question cache, so an interrupted or repeated
-evaluation only pays for what changed.
+"""`qrag eval`: build one index per variant (a representation plus overrides: a pruning threshold, a
+question count, HyDE at query time), run every query through the user search path (dedup included), and
+report the variants side by side. Indexes under OUTPUT/indexes/<label> are reused when their recorded
+config matches and questions come from the shared cache, so a repeated run only pays for what changed.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from qrag_ray.config import (GeneratorConfig, IndexConfig, deep_update, format_v
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import DEFAULT_KS, evaluate, leaked_queries
+from qrag_ray.evaluation.report import write_report
 
 
 @dataclass
@@ -199,8 +198,6 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
 def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Path, subset: int | None = None,
              ks: list[int] | None = None, base_overrides: dict | None = None, strict: bool = False,
              console=None, split: str = "test", offset: int = 0) -> dict:
-    from qrag_ray.evaluation.report import write_report
-
     ks = sorted(set(ks or DEFAULT_KS))
     if any(k < 1 for k in ks):
         raise QragError("--k values must be positive")
@@ -232,8 +229,6 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
 def evaluate_condition(condition) -> dict:
     """Runner for the regression matrix (`run_matrix(..., runner=evaluate_condition)`): one
     `matrix.Condition` -> metrics (fractions). matrix.py stays a leaf: it never imports this module."""
-    import tempfile
-
     out = Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id
     overrides = condition.index_overrides()
     rep = overrides.pop("representation")

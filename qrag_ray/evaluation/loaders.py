@@ -22,13 +22,8 @@ EVAL_KINDS = ("squad", "bipar", "beir", "jsonl")
 
 @dataclass
 class EvalSet:
-    """A retrieval evaluation set.
-
-    corpus: [{"doc_id", "title", "text"}] in file order.
-    queries: [{"qid", "text"}] in file order; every query has at least one relevant document.
-    qrels: {qid: {doc_id: grade}}; only documents of `corpus` appear.
-    doc_titles: {doc_id: title} ("" when the source has no title).
-    """
+    """corpus: [{"doc_id", "title", "text"}] and queries: [{"qid", "text"}] in file order, every query with
+    a relevant document; qrels: {qid: {doc_id: grade}} over `corpus` only; doc_titles: {doc_id: title}."""
 
     name: str
     corpus: list[dict]
@@ -59,8 +54,6 @@ class EvalSet:
                 f.write(json.dumps(row | {k: d[k] for k in ("questions",) if k in d}, ensure_ascii=False) + "\n")
         return p
 
-
-# --------------------------------------------------------------------------------------------- helpers
 
 def check_slice(subset: Any, offset: Any, where: str = "", none: str = "None") -> None:
     """A subset is a positive integer or none (`none` names it: None, or null in YAML), an offset a
@@ -177,17 +170,10 @@ def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dic
                    qrels={q["qid"]: kept_qrels[q["qid"]] for q in kept_queries})
 
 
-# --------------------------------------------------------------------------------------------- loaders
-
 def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> EvalSet:
-    """SQuAD v1.1 JSON as a retrieval set.
-
-    Every paragraph context is one document with doc_id "{article:03d}-{paragraph:03d}" (indices in file
-    order) and the article title (as written in the file, e.g. "Super_Bowl_50"); every question is a query
-    whose only relevant document (grade 1) is its own context. `subset=N` keeps the first N contexts in
-    file order with all their questions; `offset=M` skips the first M contexts first, so
-    `offset=300, subset=300` is a held-out slice next to the first 300.
-    """
+    """SQuAD v1.1 JSON as a retrieval set: every paragraph context is one document, doc_id
+    "{article:03d}-{paragraph:03d}" (file order) with the article title as written ("Super_Bowl_50"), and
+    every question a query whose only relevant document (grade 1) is its own context."""
     check_slice(subset, offset)
     p = _require_file(Path(path), "SQuAD file")
     try:

@@ -1,29 +1,19 @@
 """Regression matrix ("two-click reproduction", in the manner of pyserini's 2CR pages).
 
-`eval/matrix.yaml` lists conditions: one dataset + one index configuration each, with the figures the
-condition is expected to reproduce. `run_matrix` measures the selected conditions through a runner
-injected by the caller (`qrag matrix` passes the eval driver's `evaluate_condition`) and `compare` /
-`check` hold the measurements against the recorded figures (qrag_ray.evaluation.regression).
+`eval/matrix.yaml` lists conditions, one dataset + one index configuration each with the figures it is
+expected to reproduce. `run_matrix` measures them through an injected runner (`qrag matrix` passes the
+driver's `evaluate_condition`); `compare` / `check` hold them against the recorded figures.
 
-Units: `expected` and `tolerance` are percent points (as papers print them). Measured values are
-fractions, as `qrag_ray.evaluation.metrics.evaluate` returns them (pass `measured_scale="percent"` when
-they are already percentages). `expected: null` (or a null metric) means "record only": the condition is
-measured and shown, never failed, until someone writes the measured figures into the YAML.
+`expected` and `tolerance` are percent points (as papers print them); measured values are fractions, as
+`metrics.evaluate` returns them (`measured_scale="percent"` when they are not). `expected: null` (or a
+null metric) means "record only": measured and shown, never failed, until the figures are written down.
 
-YAML condition fields:
-    id            unique name
-    dataset       squad | bipar | beir | jsonl         (qrag_ray.evaluation.loaders.load_eval_set kinds)
-    data          path of the data (file or folder); ${VAR} and ${VAR:-default} are expanded and a
-                  relative path is taken relative to the matrix file
-    subset        first N documents, or null for all
-    offset        skip this many documents first (a held-out slice next to a tuned one); default 0
-    representation, embedder (model name or {model, ...}), generator (backend name or {backend, ...})
-    extra         free dict of IndexConfig overrides (deep-merged last), e.g. {chunker: {method: none}}
-    expected      {metric: percent} or null
-    tolerance     percent points (default 1.0)
-    tags          e.g. [ci]
-    split         BEIR qrels split (default "test")
-    notes         free text
+YAML condition fields: id (unique); dataset (a `load_eval_set` kind); data (file or folder; ${VAR} and
+${VAR:-default} are expanded, a relative path is relative to the matrix file); subset (first N documents
+or null); offset (skip N documents first, a held-out slice; default 0); representation; embedder (model
+name or {model, ...}); generator (backend name or {backend, ...}); extra (IndexConfig overrides, merged
+last, e.g. {chunker: {method: none}}); expected ({metric: percent} or null); tolerance (percent points,
+default 1.0); tags (e.g. [ci]); split (BEIR qrels split, default "test"); notes.
 """
 
 from __future__ import annotations
@@ -107,8 +97,6 @@ class MatrixResult:
     def passed(self) -> bool:
         return self.comparison.passed
 
-
-# --------------------------------------------------------------------------------------------- loading
 
 def _number(v: Any, where: str) -> float:
     if (n := finite_number(v)) is None:
@@ -222,21 +210,7 @@ def select(conditions: list[Condition], ids: Iterable[str] | None = None,
     return out
 
 
-# --------------------------------------------------------------------------------------------- checking
-
 _METRIC = re.compile(r"^[A-Za-z]+@\d+$")
-
-
-def metrics_of(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The metric mapping of a runner result: the result itself, or its "metrics" entry when it has one
-    (a driver may return {"metrics": {...}, "vectors": ..., ...}, the shape `write_report` takes)."""
-    inner = result.get("metrics")
-    return dict(inner) if isinstance(inner, Mapping) else dict(result)
-
-
-def _to_percent(v: Any, scale: str) -> float | None:
-    n = finite_number(v)
-    return n * 100.0 if n is not None and scale == "fraction" else n
 
 
 def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, float]],
@@ -246,11 +220,15 @@ def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, flo
     if measured_scale not in ("fraction", "percent"):
         raise ValueError(f"measured_scale must be 'fraction' or 'percent', got {measured_scale!r}")
     figures, record_only, not_run = [], {}, []
+    scale = 100.0 if measured_scale == "fraction" else 1.0
     for c in conditions:
         if c.id not in measured:
             not_run.append(c.id)
             continue
-        got = {m: _to_percent(v, measured_scale) for m, v in metrics_of(measured[c.id]).items()}
+        # a runner result is the metrics, or holds them under "metrics" (the shape `write_report` takes)
+        result = measured[c.id]
+        result = result["metrics"] if isinstance(result.get("metrics"), Mapping) else result
+        got = {m: None if (n := finite_number(v)) is None else n * scale for m, v in result.items()}
         expected = c.expected or {}
         opened = ([m for m in got if _METRIC.match(m)] if c.record_only
                   else [m for m, v in expected.items() if v is None])

@@ -6,11 +6,8 @@ Conventions:
 - `qrels`: {qid: {doc_id: grade}}; a grade > 0 is relevant. Averages are over the queries of `qrels`
   that have at least one relevant document; a query absent from `run` or with an empty ranking counts
   as a miss (0). Queries of `run` that are not in `qrels` are ignored.
-- recall@k: fraction of a query's relevant documents in its top k, averaged. With one gold document
-  per query (SQuAD) this is the context accuracy C@k of QuOTE and the R@K of Raina & Gales.
-- hit@k: 1 if any relevant document is in the top k.
-- title accuracy T@k (QuOTE): 1 if any of the top k documents has the title of a gold document.
-- MRR@k: reciprocal rank of the first relevant document within the top k.
+- recall@k with one gold document per query (SQuAD) is the context accuracy C@k of QuOTE and the R@K
+  of Raina & Gales; title accuracy T@k is QuOTE's.
 - nDCG@k: gains = grades (linear), discount 1/log2(rank + 1), ideal = the query's judged grades sorted,
   cut at k (the trec_eval `ndcg_cut` convention, so results agree with ir_measures / pytrec_eval).
 """

@@ -122,11 +122,8 @@ def _plot(path: Path, results: Mapping[str, Mapping[str, Any]], title: str | Non
 
 def write_report(output_dir: str | Path, results: Mapping[str, Mapping[str, Any]],
                  title: str | None = None, meta: Mapping[str, Any] | None = None) -> dict[str, Path]:
-    """Write results.json, results.md and recall.png into output_dir (created if needed).
-
-    `meta` (dataset, query count, embedder, ...) is stored in the JSON and listed above the table.
-    Returns {"json": path, "md": path, "png": path}.
-    """
+    """Write results.json, results.md and recall.png into output_dir; `meta` (dataset, query count, ...)
+    is stored in the JSON and listed above the table. Returns {"json": path, "md": path, "png": path}."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "md": out / "results.md", "png": out / "recall.png"}

@@ -1,10 +1,8 @@
 """The multi-dataset suite: every configuration on every dataset, one table, one mean.
 
-A configuration tuned on one query style can rank differently on another (questions that share the
-passage's words, web queries), so the suite runs the same configurations over datasets of different
-query styles and prints configuration x dataset with the mean, so a default is chosen across them,
-and holds the figures against the ones recorded in the YAML (pyserini's 2CR style: the file is the
-expected table, `qrag suite` checks it through qrag_ray.evaluation.regression).
+A configuration tuned on one query style can rank differently on another, so the suite runs the same
+configurations over datasets of different query styles, so a default is chosen across them, and holds
+the figures against the ones recorded in the YAML (pyserini's 2CR style, through `regression`).
 
 YAML (`eval/suite.yaml`):
     metric      the figure of the table (percent), e.g. nDCG@10
@@ -17,10 +15,8 @@ YAML (`eval/suite.yaml`):
     expected    {slice: {dataset: {config: percent}}}; slice "full" is the datasets as given
 
 A slice runs only the datasets it names, each with the slice's subset/offset, and only its configs
-(all when it lists none).
-Configurations that build the same vectors share one index per dataset (`qrag eval` reuses an index
-of the same identity, config.index_identity; fusion settings are applied at query time), so a
-configuration that differs only in its search policy costs no build.
+(all when it lists none). Configurations that build the same vectors share one index per dataset
+(`qrag eval` reuses an index of the same config.index_identity), so a search policy costs no build.
 """
 
 from __future__ import annotations
@@ -116,8 +112,6 @@ def load_suite(path: str | Path) -> Suite:
                  {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()})
 
 
-# --------------------------------------------------------------------------------------------- tables
-
 def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> dict[str, dict[str, float]]:
     """{config: {dataset: value}} plus a "mean" over `datasets` (only for configs measured on all)."""
     out = {cfg: dict(row) for cfg, row in table.items()}
@@ -191,8 +185,6 @@ def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: 
     fig.savefig(path, dpi=110)
     return path
 
-
-# --------------------------------------------------------------------------------------------- running
 
 def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
     """A configuration as it acts on a corpus with no titles: the title prefix and the `title` kind
