@@ -129,16 +129,14 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     if not isinstance(cid, str) or not cid.strip():
         raise QragError(f"{src}: condition #{idx + 1} needs a non-empty string 'id'")
     where = f"{src}: condition '{cid}'"
-    unknown = sorted(set(raw) - _FIELDS)
-    if unknown:
+    if unknown := sorted(set(raw) - _FIELDS):
         raise QragError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_FIELDS))})")
     dataset = raw.get("dataset")
     if dataset not in EVAL_KINDS:
         raise QragError(f"{where}: dataset must be one of {', '.join(EVAL_KINDS)}, got {dataset!r}")
-    data = raw.get("data")
-    if not isinstance(data, str) or not data:
+    if not isinstance(raw.get("data"), str) or not raw["data"]:
         raise QragError(f"{where}: 'data' must be a path")
-    data = resolve_data_path(data, base)
+    data = resolve_data_path(raw["data"], base)
     subset, offset = raw.get("subset"), raw.get("offset", 0)
     check_slice(subset, offset, f"{where}: ", "null")
 
@@ -153,7 +151,6 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     extra = raw.get("extra") or {}
     if not isinstance(extra, dict):
         raise QragError(f"{where}: 'extra' must be a mapping of index config overrides")
-
     expected = raw.get("expected")
     if expected is not None and not isinstance(expected, dict):
         raise QragError(f"{where}: 'expected' must be a mapping of metric -> percent, or null")
@@ -166,7 +163,6 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     tags = [tags] if isinstance(tags, str) else tags
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise QragError(f"{where}: 'tags' must be a list of strings")
-
     cond = Condition(id=cid, dataset=dataset, data=data, subset=subset, offset=offset,
                      representation=str(raw.get("representation") or "chunk"), embedder=embedder,
                      generator=generator, extra=extra, expected=expected, tolerance=tolerance, tags=tags,
@@ -196,18 +192,12 @@ def load_matrix(path: str | Path) -> list[Condition]:
 def select(conditions: list[Condition], ids: Iterable[str] | None = None,
            tags: Iterable[str] | None = None) -> list[Condition]:
     """Conditions by id (in the order given) and/or carrying any of `tags`; unknown ids are an error."""
-    out = list(conditions)
-    if ids is not None:
-        ids = list(ids)
-        by_id = {c.id: c for c in conditions}
-        missing = [i for i in ids if i not in by_id]
-        if missing:
-            raise QragError(f"unknown matrix condition(s): {', '.join(missing)} (known: {', '.join(by_id)})")
-        out = [by_id[i] for i in ids]
-    if tags is not None:
-        tagset = set(tags)
-        out = [c for c in out if tagset & set(c.tags)]
-    return out
+    ids, by_id = None if ids is None else list(ids), {c.id: c for c in conditions}
+    if missing := [i for i in ids or [] if i not in by_id]:
+        raise QragError(f"unknown matrix condition(s): {', '.join(missing)} (known: {', '.join(by_id)})")
+    out = list(conditions) if ids is None else [by_id[i] for i in ids]
+    tagset = None if tags is None else set(tags)
+    return out if tagset is None else [c for c in out if tagset & set(c.tags)]
 
 
 _METRIC = re.compile(r"^[A-Za-z]+@\d+$")

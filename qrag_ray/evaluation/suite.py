@@ -104,8 +104,7 @@ def load_suite(path: str | Path) -> Suite:
     expected = raw.get("expected") or {}
     for sl, table in expected.items():
         for ds, row in (table or {}).items():
-            unknown = set(row or {}) - set(configs)
-            if ds not in {d.name for d in dsets} or unknown:
+            if (unknown := set(row or {}) - set(configs)) or ds not in {d.name for d in dsets}:
                 raise QragError(f"{where}: expected.{sl}.{ds} names an unknown dataset or config {sorted(unknown)}")
     return Suite(raw.get("metric", "nDCG@10"), float(raw.get("tolerance", 1.0)), base, dsets,
                  {str(k): dict(v) for k, v in configs.items()}, {str(k): dict(v) for k, v in slices.items()},
@@ -221,10 +220,7 @@ def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, d
     is measured again; the eval reports carry no definitions and are taken by name)."""
     sl = suite.slices.get(slice_name)
     prev: dict[str, dict[str, dict]] = {}
-    for d in suite.datasets:
-        ds = d.sliced(sl)
-        if ds is None:
-            continue
+    for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
         rep = _read_json(out / ds.name / "results.json")
         meta = rep.get("meta") or {}
         row = {}
@@ -266,12 +262,9 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     shown = [c for c in suite.configs if c in cfgs or c in others] if others else cfgs
     table: dict[str, dict[str, float]] = {c: {} for c in shown}
     raw, done = {}, []
-    for d in suite.datasets:
-        ds = d.sliced(sl)
-        if ds is None:
-            continue
+    for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
         # a dataset left out of this run keeps the figures an earlier run of the slice wrote (resume)
-        selected = not datasets or d.name in datasets
+        selected = not datasets or ds.name in datasets
         if not selected and not prev.get(ds.name):
             continue
         if console and selected:
