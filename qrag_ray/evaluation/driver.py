@@ -79,18 +79,14 @@ def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
     kinds = man.get("kinds")
     if kinds is not None and sorted(kinds) != sorted(representation_plan(cfg)[0]):
         return False
-    # one index identity (the search policy is applied at query time, so fusion variants share one index)
-    return index_identity(_with_defaults(man.get("config", {}))) == index_identity(cfg.model_dump(mode="json"))
-
-
-def _with_defaults(recorded: dict) -> dict:
-    """A manifest's config with the fields added since it was built at their defaults, so an index
-    stays reusable when a release adds a config section (e.g. `bm25`) that it does not use. A recorded
-    config is complete: no preset applies to it."""
+    # the recorded config (complete: no preset applies) with fields added since at their defaults, so an
+    # index stays reusable when a release adds a section (e.g. `bm25`) it does not use
     try:
-        return IndexConfig.model_validate(recorded).model_dump(mode="json")
+        recorded = IndexConfig.model_validate(man.get("config", {})).model_dump(mode="json")
     except Exception:  # noqa: BLE001 - a config this release rejects is simply not reusable
-        return recorded
+        recorded = man.get("config", {})
+    # one index identity (the search policy is applied at query time, so fusion variants share one index)
+    return index_identity(recorded) == index_identity(cfg.model_dump(mode="json"))
 
 
 def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | None:
@@ -207,12 +203,11 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
     corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")
     base = {"chunker": {"method": "none"}} if dataset in ("squad", "bipar") else {}  # one passage = one chunk
     base = deep_update(base, base_overrides or {})
-    hyde_gen = base.get("generator")
     results: dict[str, dict] = {}
     for v in variants:
         if console:
             console.rule(f"{v.label}")
-        results[v.label] = run_variant(ev, v, base, out, ks, corpus_path, hyde_gen, console)
+        results[v.label] = run_variant(ev, v, base, out, ks, corpus_path, base.get("generator"), console)
         (out / "partial.json").write_text(json.dumps(results, indent=2, default=str))
     stats = ev.stats()
     meta = {"dataset": dataset, "data": str(data), "subset": subset, **({"offset": offset} if offset else {}),

@@ -127,12 +127,9 @@ def _read_qrels_tsv(p: Path) -> dict[str, dict[str, int]]:
                 continue
             parts = [x.strip() for x in (s.split("\t") if "\t" in s else s.split())]
             is_first, first = first, False
-            if len(parts) == 3:
-                qid, doc_id, grade_s = parts
-            elif len(parts) == 4:
-                qid, _, doc_id, grade_s = parts
-            else:
+            if len(parts) not in (3, 4):  # 4: a TREC line, `qid iter doc_id grade`
                 raise QragError(f"{p}:{lineno}: expected 'qid doc_id grade' (3 columns), got {len(parts)} columns")
+            qid, doc_id, grade_s = parts[0], parts[-2], parts[-1]
             try:
                 grade = int(float(grade_s))
             except ValueError:

@@ -49,25 +49,19 @@ def hit_at_k(run: Run, qrels: Qrels, k: int) -> float:
     return _mean([1.0 if rel & set(_ranked(run.get(q), k)) else 0.0 for q, rel in _relevant(qrels).items()])
 
 
-def gold_titles_from_qrels(qrels: Qrels, doc_titles: Mapping[str, str]) -> dict[str, set[str]]:
-    """{qid: non-empty titles of its relevant documents}."""
-    return {q: {doc_titles.get(d) or "" for d, g in rels.items() if g > 0} - {""} for q, rels in qrels.items()}
-
-
-def _gold(qrels: Qrels, doc_titles: Mapping[str, str],
-          gold_titles: Mapping[str, Iterable[str]] | None) -> dict[str, set[str]]:
+def gold_titles_from_qrels(qrels: Qrels, doc_titles: Mapping[str, str],
+                           gold_titles: Mapping[str, Iterable[str]] | None = None) -> dict[str, set[str]]:
+    """{qid: non-empty gold titles}: `gold_titles` when given, else the titles of its relevant documents."""
     if gold_titles is None:
-        return gold_titles_from_qrels(qrels, doc_titles)
-    return {q: set(t) - {""} for q, t in gold_titles.items()}
+        gold_titles = {q: {doc_titles.get(d) for d, g in rels.items() if g > 0} for q, rels in qrels.items()}
+    return {q: set(t) - {"", None} for q, t in gold_titles.items()}
 
 
 def title_accuracy_at_k(run: Run, qrels: Qrels, k: int, doc_titles: Mapping[str, str],
                         gold_titles: Mapping[str, Iterable[str]] | None = None) -> float:
-    """T@k: fraction of queries for which any of the top k documents shares a gold document's title.
-
-    Gold titles default to the titles of each query's relevant documents. Averaged over the judged
-    queries that have a non-empty gold title (0.0 when none has one)."""
-    gold = _gold(qrels, doc_titles, gold_titles)
+    """T@k: fraction of queries for which any of the top k documents shares a gold title, over the judged
+    queries that have one (0.0 when none has)."""
+    gold = gold_titles_from_qrels(qrels, doc_titles, gold_titles)
     return _mean([1.0 if any((doc_titles.get(d) or "") in gold[q] for d in _ranked(run.get(q), k)) else 0.0
                   for q in _relevant(qrels) if gold.get(q)])
 
@@ -99,7 +93,7 @@ def evaluate(run: Run, qrels: Qrels, ks: Sequence[int] = DEFAULT_KS,
     ks = sorted(set(int(k) for k in ks))
     out = {f"R@{k}": recall_at_k(run, qrels, k) for k in ks} | {f"Hit@{k}": hit_at_k(run, qrels, k) for k in ks}
     if doc_titles is not None:
-        gold = _gold(qrels, doc_titles, gold_titles)
+        gold = gold_titles_from_qrels(qrels, doc_titles, gold_titles)
         if any(gold.get(q) for q in _relevant(qrels)):
             out |= {f"T@{k}": title_accuracy_at_k(run, qrels, k, doc_titles, gold) for k in ks}
     out[f"MRR@{mrr_k}"] = mrr_at_k(run, qrels, mrr_k)

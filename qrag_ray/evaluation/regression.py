@@ -66,9 +66,7 @@ def compare_figures(figures: Iterable[Figure]) -> Comparison:
     """Sort each recorded figure into regression, better than recorded or within tolerance (figures
     recorded as None are skipped)."""
     out = Comparison()
-    for f in figures:
-        if f.expected is None:
-            continue
+    for f in (f for f in figures if f.expected is not None):
         if f.measured is None or f.measured < f.expected - f.tolerance - _EPS:
             out.regressions.append(f)
         elif f.measured > f.expected + f.tolerance + _EPS:

@@ -143,11 +143,8 @@ def format_table(table: Mapping[str, Mapping[str, float]], datasets: list[str], 
     best = {c: max((r.get(c) for r in table.values() if r.get(c) is not None), default=None) for c in cols}
     lines = [f"| {metric} | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for cfg, row in table.items():
-        cells = []
-        for c in cols:
-            v = row.get(c)
-            s = "–" if v is None else f"{v:.1f}"
-            cells.append(f"**{s}**" if v is not None and best[c] is not None and abs(v - best[c]) < 0.05 else s)
+        cells = ["–" if (v := row.get(c)) is None else f"**{v:.1f}**" if abs(v - best[c]) < 0.05 else f"{v:.1f}"
+                 for c in cols]
         lines.append(f"| {cfg}{' ★' if cfg == mark else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
