@@ -138,8 +138,8 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     from qrag_ray.search.merge import FusionPolicy
 
     idx_dir = out_dir / "indexes" / v.label.replace("/", "_")
-    data = deep_update(base, v.overrides)
-    data |= {"input": str(corpus_path), "format": "jsonl", "output": str(idx_dir), "overwrite": True}
+    data = deep_update(base, v.overrides) | {"input": str(corpus_path), "format": "jsonl", "output": str(idx_dir),
+                                             "overwrite": True}
     try:
         cfg = index_config(data)
     except ValidationError as e:

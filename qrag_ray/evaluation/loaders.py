@@ -1,9 +1,7 @@
 """Evaluation sets: a corpus, queries and graded relevance judgments (qrels), read from SQuAD v1.1 JSON
 (SQuAD as retrieval, as QuOTE and HyPE evaluate it), BiPaR, BEIR folders or plain JSONL + TSV qrels.
-
-Loaders are deterministic (file order; `subset` takes a prefix after skipping `offset` documents),
-read only what they are given, and raise `QragError` with one clear line on bad input. Document ids,
-query ids and titles are strings; qrels grades are ints (a grade > 0 means relevant).
+Loaders are deterministic (file order; `subset` takes a prefix after skipping `offset` documents) and
+raise `QragError` with one line on bad input. Ids and titles are strings; grades ints (> 0: relevant).
 """
 
 from __future__ import annotations
@@ -120,23 +118,19 @@ def _read_qrels_tsv(p: Path) -> dict[str, dict[str, int]]:
     lines `qid iter doc_id grade`. A repeated (qid, doc_id) keeps the last grade."""
     qrels: dict[str, dict[str, int]] = {}
     with p.open(encoding="utf-8") as f:
-        first = True
-        for lineno, line in enumerate(f, 1):
-            s = line.strip()
-            if not s or s.startswith("#"):
+        lines = [(n, s) for n, line in enumerate(f, 1) if (s := line.strip()) and not s.startswith("#")]
+    for i, (lineno, s) in enumerate(lines):
+        parts = [x.strip() for x in (s.split("\t") if "\t" in s else s.split())]
+        if len(parts) not in (3, 4):  # 4: a TREC line, `qid iter doc_id grade`
+            raise QragError(f"{p}:{lineno}: expected 'qid doc_id grade' (3 columns), got {len(parts)} columns")
+        qid, doc_id, grade_s = parts[0], parts[-2], parts[-1]
+        try:
+            grade = int(float(grade_s))
+        except ValueError:
+            if i == 0:  # header, e.g. "query-id corpus-id score"
                 continue
-            parts = [x.strip() for x in (s.split("\t") if "\t" in s else s.split())]
-            is_first, first = first, False
-            if len(parts) not in (3, 4):  # 4: a TREC line, `qid iter doc_id grade`
-                raise QragError(f"{p}:{lineno}: expected 'qid doc_id grade' (3 columns), got {len(parts)} columns")
-            qid, doc_id, grade_s = parts[0], parts[-2], parts[-1]
-            try:
-                grade = int(float(grade_s))
-            except ValueError:
-                if is_first:  # header, e.g. "query-id corpus-id score"
-                    continue
-                raise QragError(f"{p}:{lineno}: grade {grade_s!r} is not a number") from None
-            qrels.setdefault(qid, {})[doc_id] = grade
+            raise QragError(f"{p}:{lineno}: grade {grade_s!r} is not a number") from None
+        qrels.setdefault(qid, {})[doc_id] = grade
     return qrels
 
 
@@ -149,8 +143,7 @@ def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dic
         name += f"[{offset or ''}:{offset + subset if subset else ''}]"
     doc_ids = {d["doc_id"] for d in corpus}
     for qid, rels in qrels.items():
-        unknown = [d for d in rels if d not in doc_ids]
-        if unknown:
+        if unknown := [d for d in rels if d not in doc_ids]:
             more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
             raise QragError(f"{source}: qrels for query {qid!r} name unknown document {unknown[0]!r}{more}")
         if qid not in queries:
@@ -203,9 +196,8 @@ def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> 
 
 
 def load_bipar(path: str | Path, subset: int | None = None, offset: int = 0) -> EvalSet:
-    """BiPaR monolingual English (novel passages in SQuAD v1.1 format, read by `load_squad`). Its article
-    "titles" are file ids ("lu_ding_ji_753", a book in pinyin and a number), not words a reader would
-    search with, so they are dropped: title evidence is measured only where titles are titles."""
+    """BiPaR monolingual English (novel passages in SQuAD v1.1 format). Its "titles" are file ids
+    ("lu_ding_ji_753"), not words a reader would search with, so they are dropped."""
     es = load_squad(path, subset, offset)
     return EvalSet(name=es.name.replace("squad:", "bipar:", 1), corpus=[d | {"title": ""} for d in es.corpus],
                    queries=es.queries, qrels=es.qrels)
@@ -227,10 +219,9 @@ def load_beir(folder: str | Path, split: str = "test", subset: int | None = None
 
 def load_jsonl_qrels(corpus_jsonl: str | Path, queries_jsonl: str | Path, qrels_tsv: str | Path,
                      subset: int | None = None, offset: int = 0) -> EvalSet:
-    """Plain files: corpus JSONL (`id` or `doc_id`, optional `title`, `text`), queries JSONL (`id` or
-    `qid`, `text`) and a qrels TSV (`qid doc_id grade`, with or without a header, tab or space separated;
-    4-column TREC lines `qid 0 doc_id grade` are accepted too). Only judged queries with a relevant
-    document are kept."""
+    """Plain files: corpus JSONL (`id` or `doc_id`, optional `title`, `text`), queries JSONL (`id` or `qid`,
+    `text`) and a qrels TSV (`qid doc_id grade` or TREC `qid 0 doc_id grade`, tabs or spaces, header or not).
+    Only judged queries with a relevant document are kept."""
     check_slice(subset, offset)
     cp = _require_file(Path(corpus_jsonl), "corpus file")
     qp = _require_file(Path(queries_jsonl), "queries file")

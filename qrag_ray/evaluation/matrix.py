@@ -58,8 +58,7 @@ class Condition:
         return not self.expected or all(v is None for v in self.expected.values())
 
     def index_overrides(self) -> dict[str, Any]:
-        """The condition's index configuration as a nested dict for `config.index_config` (without
-        input/output, which the driver fills in)."""
+        """The index configuration for `config.index_config` (the driver fills in input and output)."""
         cfg = {"representation": self.representation, "embedder": dict(self.embedder),
                "generator": dict(self.generator)}
         return deep_update({k: v for k, v in cfg.items() if v}, self.extra)
@@ -70,8 +69,7 @@ _FIELDS = {f.name for f in fields(Condition)}
 
 @dataclass
 class MatrixComparison(Comparison):
-    """The regression check of the conditions run, with the figures of record-only metrics and the
-    conditions not run."""
+    """The regression check of the conditions run, the figures of record-only metrics, the conditions not run."""
 
     record_only: dict[str, dict[str, float]] = field(default_factory=dict)  # condition -> percent figures
     not_run: list[str] = field(default_factory=list)
@@ -232,8 +230,7 @@ def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, flo
 
 def check(conditions: list[Condition], measured: Mapping[str, Mapping[str, float]],
           measured_scale: Literal["fraction", "percent"] = "fraction") -> list[Figure]:
-    """Regressions only: metrics measured below `expected - tolerance` (or missing). Empty = pass.
-    Use `compare` for the "better than recorded" list and record-only figures too."""
+    """The regressions of `compare` (measured below `expected - tolerance`, or missing); empty = pass."""
     return compare(conditions, measured, measured_scale).regressions
 
 

@@ -1,9 +1,8 @@
 """Side-by-side evaluation report: results.json, results.md and recall.png.
 
-Input: {representation: {"metrics": {"R@1": 0.62, ...} (fractions), "vectors": int, "chunks": int,
-"index_bytes": int, "stage_seconds": {stage: seconds}}}; any field may be missing (shown as "–").
-Metrics are printed as percentages with one decimal. The plot uses matplotlib's Agg canvas directly
-(no pyplot, no global backend switch), so it works headless and inside Ray workers.
+Input: {representation: {"metrics": {"R@1": 0.62, ...} (fractions), "vectors", "chunks", "index_bytes",
+"stage_seconds": {stage: seconds}}}; a missing field shows as "–", metrics as percentages. The plot uses
+matplotlib's Agg canvas (no pyplot, no global backend switch), so it works headless and in Ray workers.
 """
 
 from __future__ import annotations
@@ -66,11 +65,9 @@ def _fmt(v: Any, spec: str, scale: float = 1.0) -> str:
 def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """The side-by-side table (metrics in percent), best value per metric column in bold."""
     header = ["representation", "vectors", "vectors/chunk", *COLUMNS, "build s", "index MB"]
-    best: dict[str, float] = {}
-    for col in COLUMNS:
-        vals = [v for e in results.values() if (v := finite_number((e.get("metrics") or {}).get(col))) is not None]
-        if len(vals) > 1:
-            best[col] = max(vals)
+    cols = {c: [v for e in results.values() if (v := finite_number((e.get("metrics") or {}).get(c))) is not None]
+            for c in COLUMNS}
+    best = {c: max(vals) for c, vals in cols.items() if len(vals) > 1}
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
     for rep, entry in results.items():
         metrics = entry.get("metrics") or {}

@@ -123,9 +123,8 @@ def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> 
 
 def rule_check(table: Mapping[str, Mapping[str, float]], datasets: list[str], candidate: str,
                references: tuple[str, ...] = ("chunk", "bm25"), margin: float = 1.0) -> dict[str, float]:
-    """The default's rule: on every dataset within `margin` points of the best of the
-    reference configurations (the single channels). Returns {dataset: shortfall} for the datasets
-    where `candidate` falls further below; empty = the rule holds."""
+    """The default's rule: on every dataset within `margin` points of the best reference configuration (the
+    single channels). Returns {dataset: shortfall} where `candidate` falls further below; empty = it holds."""
     bad = {}
     for d in datasets:
         refs = [table[r][d] for r in references if r in table and table[r].get(d) is not None]
@@ -164,8 +163,7 @@ def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: 
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    cols = datasets + ["mean"]
-    cfgs = list(table)
+    cols, cfgs = datasets + ["mean"], list(table)
     fig = Figure(figsize=(9, 0.45 * len(cfgs) * max(1, len(cols)) / 2 + 1.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(111)
@@ -183,9 +181,8 @@ def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: 
 
 
 def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A configuration as it acts on a corpus with no titles: the title prefix and the `title` kind
-    add nothing there, so they are dropped and the configuration shares the index of its untitled
-    twin instead of embedding the same texts again."""
+    """A configuration on a corpus with no titles: the title prefix and the `title` kind add nothing there,
+    so they are dropped and it shares the index of its untitled twin instead of embedding the same texts."""
     out = dict(cfg)
     if out.get("title_prefix") or REPRESENTATIONS.get(out["representation"], {}).get("title_prefix"):
         out["title_prefix"] = False
@@ -211,10 +208,9 @@ def _read_json(p: Path) -> dict:
 
 
 def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, dict]]:
-    """{dataset: {config: metrics}} measured earlier in `out` for this slice: the `qrag eval` reports
-    of each dataset folder (results.json when its slice matches, partial.json of an interrupted run),
-    then suite.json, whose stored definitions must equal the current ones (a definition that changed
-    is measured again; the eval reports carry no definitions and are taken by name)."""
+    """{dataset: {config: metrics}} measured earlier in `out` for this slice: each dataset folder's `qrag
+    eval` reports (results.json of the same slice, partial.json of an interrupted run; taken by name), then
+    suite.json, whose stored definitions must equal the current ones (a changed one is measured again)."""
     sl = suite.slices.get(slice_name)
     prev: dict[str, dict[str, dict]] = {}
     for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
@@ -234,13 +230,12 @@ def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, d
 
 
 def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: list[str] | None = None,
-              configs: list[str] | None = None, console=None,
-              runner: Callable[..., dict] | None = None, resume: bool = False) -> dict:
+              configs: list[str] | None = None, console=None, runner: Callable[..., dict] | None = None,
+              resume: bool = False) -> dict:
     """Run the selected configurations on the selected datasets (as `slice_name` reads them), write
-    suite.json, suite.md and suite.png under `out`, and compare with the recorded figures of that
-    slice. `runner(dataset, suite, configs, out, console) -> {config: metrics}` is injectable.
-    `resume`: keep the figures an earlier run of the same slice wrote to `out` for unchanged
-    configurations, and measure only the rest (a long run interrupted, or split over sessions)."""
+    suite.json, suite.md and suite.png under `out`, and compare with the slice's recorded figures.
+    `runner(dataset, suite, configs, out, console) -> {config: metrics}` is injectable. `resume` keeps the
+    figures an earlier run of the slice wrote to `out` for unchanged configurations, measuring the rest."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     unknown = [d for d in datasets or [] if d not in {x.name for x in suite.datasets}]
