@@ -138,10 +138,9 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     from qrag_ray.search.merge import FusionPolicy
 
     idx_dir = out_dir / "indexes" / v.label.replace("/", "_")
-    data = deep_update(base, v.overrides) | {"input": str(corpus_path), "format": "jsonl", "output": str(idx_dir),
-                                             "overwrite": True}
     try:
-        cfg = index_config(data)
+        cfg = index_config(deep_update(base, v.overrides) | {"input": str(corpus_path), "format": "jsonl",
+                                                             "output": str(idx_dir), "overwrite": True})
     except ValidationError as e:
         raise QragError(f"variant {v.label}: {format_validation_error(e)}") from None
     reuse = find_reusable(idx_dir.parent, idx_dir, cfg)
@@ -224,12 +223,11 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
 def evaluate_condition(condition) -> dict:
     """Runner for the regression matrix (`run_matrix(..., runner=evaluate_condition)`): one
     `matrix.Condition` -> metrics (fractions). matrix.py stays a leaf: it never imports this module."""
-    out = Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id
     overrides = condition.index_overrides()
     rep = overrides.pop("representation")
-    res = run_eval(condition.dataset, condition.data, [Variant(rep, {"representation": rep})], out,
-                   subset=condition.subset, base_overrides=overrides, split=condition.split,
-                   offset=condition.offset)
+    res = run_eval(condition.dataset, condition.data, [Variant(rep, {"representation": rep})],
+                   Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id, subset=condition.subset,
+                   base_overrides=overrides, split=condition.split, offset=condition.offset)
     return res["results"][rep]["metrics"]
 
 

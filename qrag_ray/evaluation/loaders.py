@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,10 @@ class EvalSet:
     corpus: list[dict]
     queries: list[dict]
     qrels: dict[str, dict[str, int]]
-    doc_titles: dict[str, str] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if not self.doc_titles:
-            self.doc_titles = {d["doc_id"]: d.get("title") or "" for d in self.corpus}
+    @property
+    def doc_titles(self) -> dict[str, str]:
+        return {d["doc_id"]: d.get("title") or "" for d in self.corpus}
 
     @property
     def gold_titles(self) -> dict[str, set[str]]:
@@ -99,14 +98,10 @@ def _read_texts(p: Path, id_fields: tuple[str, ...], what: str) -> dict[str, dic
 
 
 def _read_corpus_jsonl(p: Path, id_fields: tuple[str, ...]) -> list[dict]:
-    corpus = []
-    for doc_id, obj in _read_texts(p, id_fields, "document").items():
-        title = obj.get("title")
-        row = {"doc_id": doc_id, "title": "" if title is None else str(title), "text": obj["text"]}
-        if isinstance(obj.get("questions"), list):  # precomputed questions travel to `qrag index`
-            row["questions"] = [str(q) for q in obj["questions"]]
-        corpus.append(row)
-    return corpus
+    # precomputed questions travel to `qrag index`
+    return [{"doc_id": doc_id, "title": "" if obj.get("title") is None else str(obj["title"]), "text": obj["text"]}
+            | ({"questions": [str(q) for q in obj["questions"]]} if isinstance(obj.get("questions"), list) else {})
+            for doc_id, obj in _read_texts(p, id_fields, "document").items()]
 
 
 def _read_queries_jsonl(p: Path, id_fields: tuple[str, ...]) -> dict[str, str]:

@@ -1,8 +1,6 @@
-"""The multi-dataset suite: every configuration on every dataset, one table, one mean.
-
-A configuration tuned on one query style can rank differently on another, so the suite runs the same
-configurations over datasets of different query styles, so a default is chosen across them, and holds
-the figures against the ones recorded in the YAML (pyserini's 2CR style, through `regression`).
+"""The multi-dataset suite: every configuration on every dataset, one table, one mean, so a default is
+chosen across query styles (a configuration tuned on one can rank differently on another), held against
+the figures recorded in the YAML (pyserini's 2CR style, through `regression`).
 
 YAML (`eval/suite.yaml`):
     metric      the figure of the table (percent), e.g. nDCG@10
