@@ -98,12 +98,9 @@ def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | No
 def generated_texts(index_dir: Path) -> list[str]:
     import pyarrow.parquet as pq
 
-    out = []
-    for f in sorted((index_dir / "shards").glob("*.parquet")):
-        t = pq.read_table(f, columns=["kind", "text"])
-        out += [tx for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist())
-                if kd in ("question", "quote")]
-    return out
+    tables = (pq.read_table(f, columns=["kind", "text"]) for f in sorted((index_dir / "shards").glob("*.parquet")))
+    return [tx for t in tables for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist())
+            if kd in ("question", "quote")]
 
 
 def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
@@ -198,8 +195,7 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
         raise QragError("--k values must be positive")
     ev = load_eval_set(dataset, data, subset=subset, split=split, offset=offset)
     out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
-    corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")
+    corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")  # creates `out`
     base = {"chunker": {"method": "none"}} if dataset in ("squad", "bipar") else {}  # one passage = one chunk
     base = deep_update(base, base_overrides or {})
     results: dict[str, dict] = {}

@@ -115,9 +115,7 @@ def resolve_data_path(data: str, base: Path | None = None) -> str:
         raise QragError(f"data path {data!r} uses ${{{m.group(1)}}}, which is not set")
 
     p = Path(os.path.expanduser(_VAR.sub(_sub, data)))
-    if not p.is_absolute() and base is not None:
-        p = base / p
-    return str(p)
+    return str(p if p.is_absolute() or base is None else base / p)
 
 
 def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> Condition:

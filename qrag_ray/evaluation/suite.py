@@ -47,10 +47,8 @@ class SuiteDataset:
 
     def sliced(self, sl: dict[str, Any] | None) -> "SuiteDataset | None":
         """This dataset as a slice reads it (None: the full dataset); None when the slice leaves it out."""
-        if sl is None:
-            return self
-        if self.name not in (sl.get("datasets") or {}):
-            return None
+        if sl is None or self.name not in (sl.get("datasets") or {}):
+            return self if sl is None else None
         d = sl["datasets"][self.name] or {}
         return SuiteDataset(self.name, self.kind, self.data, d.get("subset"), int(d.get("offset", 0)), self.split)
 
