@@ -48,7 +48,8 @@ class EvalSet:
         with p.open("w", encoding="utf-8") as f:
             for d in self.corpus:
                 row = {"doc_id": d["doc_id"], "title": d.get("title") or "", "text": d["text"]}
-                f.write(json.dumps(row | {k: d[k] for k in ("questions",) if k in d}, ensure_ascii=False) + "\n")
+                questions = {"questions": d["questions"]} if "questions" in d else {}
+                f.write(json.dumps(row | questions, ensure_ascii=False) + "\n")
         return p
 
 
