@@ -1,15 +1,13 @@
-"""`qrag eval`: build one index per variant with the same settings, run every query through the user
-search path (dedup included), and report the variants side by side.
-
-A variant is a representation plus optional overrides (a pruning threshold, a question count, HyDE at
-query time). Indexes live under OUTPUT/indexes/<label> and are reused when their recorded config
-matches, and generated questions come from the shared question cache, so an interrupted or repeated
-evaluation only pays for what changed.
+"""`qrag eval`: build one index per variant (a representation plus overrides: a pruning threshold, a
+question count, HyDE at query time), run every query through the user search path (dedup included), and
+report the variants side by side. Indexes under OUTPUT/indexes/<label> are reused when their recorded
+config matches and questions come from the shared cache, so a repeated run only pays for what changed.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +16,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from qrag_ray.config import (GeneratorConfig, IndexConfig, deep_update, format_validation_error, index_config,
-                             index_identity, representation_plan, resolve_representation)
+                             index_identity, load_yaml, load_yaml_any, representation_plan, resolve_representation)
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
-from qrag_ray.evaluation.metrics import evaluate, leaked_queries
+from qrag_ray.evaluation.metrics import DEFAULT_KS, evaluate, leaked_queries
+from qrag_ray.evaluation.report import write_report
 
 
 @dataclass
@@ -40,14 +39,12 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
     """The paper sweeps as variants: every representation, then τ and question-count sweeps applied
     to each question-based representation, and HyDE over the chunk index."""
     out = [Variant(r, {"representation": r}) for r in representations]
-    q_reps = [r for r in representations if resolve_representation(r)[1] is not None]
-    for r in q_reps:
-        for tau in prune_taus or []:
-            out.append(Variant(f"{r}@tau={tau:g}", {"representation": r, "filters": {"prune_tau": tau}}))
-        for n in question_counts or []:
-            q = None if str(n).lower() in ("auto", "llm", "none") else int(n)
-            key = "questions" if resolve_representation(r)[1] == "chunk" else "questions_per_atom"
-            out.append(Variant(f"{r}@n={n}", {"representation": r, "generator": {key: q}}))
+    for r in [r for r in representations if resolve_representation(r)[1] is not None]:
+        key = "questions" if resolve_representation(r)[1] == "chunk" else "questions_per_atom"
+        out += [Variant(f"{r}@tau={tau:g}", {"representation": r, "filters": {"prune_tau": tau}})
+                for tau in prune_taus or []]
+        out += [Variant(f"{r}@n={n}", {"representation": r, "generator": {
+            key: None if str(n).lower() in ("auto", "llm", "none") else int(n)}}) for n in question_counts or []]
     if hyde:
         out.append(Variant("hyde", {"representation": "chunk", "generator": {"backend": "none"}}, hyde=True))
     labels = [v.label for v in out]
@@ -59,8 +56,6 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
 def load_variants(path: str | Path) -> list[Variant]:
     """Variants from YAML: a list of {label, representation, hyde?, <IndexConfig overrides>...}, so an
     ablation (prompt, filters, fusion, kinds) is a file of named configurations, not code."""
-    from qrag_ray.config import load_yaml_any
-
     data = load_yaml_any(path)
     if isinstance(data, dict):
         data = data.get("variants")
@@ -70,36 +65,28 @@ def load_variants(path: str | Path) -> list[Variant]:
     for i, item in enumerate(data):
         if not isinstance(item, dict) or not item.get("label") or not item.get("representation"):
             raise QragError(f"{path}: variant #{i + 1} needs a label and a representation")
-        item = dict(item)
-        label, hyde = str(item.pop("label")), bool(item.pop("hyde", False))
-        out.append(Variant(label, item, hyde=hyde))
+        out.append(Variant(str(item["label"]), {k: v for k, v in item.items() if k not in ("label", "hyde")},
+                           hyde=bool(item.get("hyde", False))))
     return out
 
 
 def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
-    m = index_dir / "manifest.json"
-    if not m.is_file():
-        return False
     try:
-        man = json.loads(m.read_text())
-    except json.JSONDecodeError:
+        man = json.loads((index_dir / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
         return False
     # the kinds too: a preset's kinds can change between releases under the same representation name
     kinds = man.get("kinds")
     if kinds is not None and sorted(kinds) != sorted(representation_plan(cfg)[0]):
         return False
-    # one index identity (the search policy is applied at query time, so fusion variants share one index)
-    return index_identity(_with_defaults(man.get("config", {}))) == index_identity(cfg.model_dump(mode="json"))
-
-
-def _with_defaults(recorded: dict) -> dict:
-    """A manifest's config with the fields added since it was built at their defaults, so an index
-    stays reusable when a release adds a config section (e.g. `bm25`) that it does not use. A recorded
-    config is complete: no preset applies to it."""
+    # the recorded config (complete: no preset applies) with fields added since at their defaults, so an
+    # index stays reusable when a release adds a section (e.g. `bm25`) it does not use
     try:
-        return IndexConfig.model_validate(recorded).model_dump(mode="json")
+        recorded = IndexConfig.model_validate(man.get("config", {})).model_dump(mode="json")
     except Exception:  # noqa: BLE001 - a config this release rejects is simply not reusable
-        return recorded
+        recorded = man.get("config", {})
+    # one index identity (the search policy is applied at query time, so fusion variants share one index)
+    return index_identity(recorded) == index_identity(cfg.model_dump(mode="json"))
 
 
 def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | None:
@@ -111,12 +98,9 @@ def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | No
 def generated_texts(index_dir: Path) -> list[str]:
     import pyarrow.parquet as pq
 
-    out = []
-    for f in sorted((index_dir / "shards").glob("*.parquet")):
-        t = pq.read_table(f, columns=["kind", "text"])
-        out += [tx for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist())
-                if kd in ("question", "quote")]
-    return out
+    tables = (pq.read_table(f, columns=["kind", "text"]) for f in sorted((index_dir / "shards").glob("*.parquet")))
+    return [tx for t in tables for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist())
+            if kd in ("question", "quote")]
 
 
 def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
@@ -140,38 +124,32 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
     rows = sorted(answered.take_all(), key=lambda r: int(r["chunk_idx"]))
     passages = [hyde_passage(r.get("raw"), queries[int(r["chunk_idx"])]) for r in rows]  # as served
     vecs = encode(engine.embedder, passages)
-    info = {"llm_seconds": time.perf_counter() - t0, "generated": stats.generated,
-            "output_tokens": stats.output_tokens,
-            "llm_seconds_per_query": stats.seconds / max(1, stats.generated) if stats.generated else None}
-    return vecs, info
+    return vecs, {"llm_seconds": time.perf_counter() - t0, "generated": stats.generated,
+                  "output_tokens": stats.output_tokens,
+                  "llm_seconds_per_query": stats.seconds / stats.generated if stats.generated else None}
 
 
 def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int], corpus_path: Path,
                 hyde_generator: dict | None = None, console=None) -> dict:
     from qrag_ray.pipeline import build_index
     from qrag_ray.search.engine import SearchEngine
+    from qrag_ray.search.merge import FusionPolicy
 
     idx_dir = out_dir / "indexes" / v.label.replace("/", "_")
-    data = deep_update(base, v.overrides)
-    data |= {"input": str(corpus_path), "format": "jsonl", "output": str(idx_dir), "overwrite": True}
     try:
-        cfg = index_config(data)
+        cfg = index_config(deep_update(base, v.overrides) | {"input": str(corpus_path), "format": "jsonl",
+                                                             "output": str(idx_dir), "overwrite": True})
     except ValidationError as e:
         raise QragError(f"variant {v.label}: {format_validation_error(e)}") from None
-    build = {}
     reuse = find_reusable(idx_dir.parent, idx_dir, cfg)
     if reuse is not None:
         if console:
             console.print(f"[dim]reusing index {reuse}[/]")
-        idx_dir = reuse
-        man = json.loads((idx_dir / "manifest.json").read_text())
-        build = {"stage_seconds": man.get("stage_seconds", {}), "reused": True}
+        idx_dir, man = reuse, json.loads((reuse / "manifest.json").read_text())
+        stage = dict(man.get("stage_seconds", {}))
     else:
         rep = build_index(cfg, console=console)
-        build = {"stage_seconds": rep.stage_seconds, "reused": False}
-        man = rep.manifest
-    from qrag_ray.search.merge import FusionPolicy
-
+        man, stage = rep.manifest, dict(rep.stage_seconds)
     engine = SearchEngine(idx_dir, policy=FusionPolicy.from_config(cfg.search))
     queries = [q["text"] for q in ev.queries]
     kmax = max(ks)
@@ -186,36 +164,25 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
             raise QragError("HyDE needs an LLM: pass --generator vllm or openai")
         qvecs, extra = hyde_vectors(engine, queries, gcfg)
         t1 = time.perf_counter()
-        results = engine.search_vectors(qvecs, kmax, queries=queries)
-        chunk_doc = lambda ci: engine.chunks.get(ci)["doc_id"]  # noqa: E731
-        ranked = [[chunk_doc(r.chunk_idx) for r in res] for res in results]
+        ranked = [[engine.chunks.get(r.chunk_idx)["doc_id"] for r in res]
+                  for res in engine.search_vectors(qvecs, kmax, queries=queries)]
     else:
         t1 = time.perf_counter()
-        res = engine.search(queries, k=kmax)
-        ranked = [[r["doc_id"] for r in rs] for rs in res]
-    search_s = time.perf_counter() - t1
-    run = {}
-    for q, docs in zip(ev.queries, ranked):
-        seen, uniq = set(), []
-        for d in docs:
-            if d not in seen:
-                seen.add(d)
-                uniq.append(d)
-        run[q["qid"]] = uniq
-    metrics = evaluate(run, ev.qrels, ks=ks, doc_titles=ev.doc_titles, gold_titles=ev.gold_titles)
-    leaked = leaked_queries(generated_texts(idx_dir), ev.queries)
-    counts = man.get("counts", {})
-    stage = dict(build["stage_seconds"])
-    stage["search"] = round(search_s, 3)
+        ranked = [[r["doc_id"] for r in rs] for rs in engine.search(queries, k=kmax)]
+    stage["search"] = round(time.perf_counter() - t1, 3)
     if v.hyde:
         stage["hyde_llm"] = round(extra.get("llm_seconds", 0.0), 3)
+    run = {q["qid"]: list(dict.fromkeys(docs)) for q, docs in zip(ev.queries, ranked)}
+    metrics = evaluate(run, ev.qrels, ks=ks, doc_titles=ev.doc_titles)
+    leaked = leaked_queries(generated_texts(idx_dir), ev.queries)
+    counts = man.get("counts", {})
     return {
         "metrics": metrics, "vectors": counts.get("vectors"), "chunks": counts.get("chunks"),
         "questions": counts.get("questions"), "vectors_before_filters": counts.get("vectors_before_filters"),
         "index_bytes": sum(p.stat().st_size for p in idx_dir.rglob("*") if p.is_file()),
         "stage_seconds": stage, "query_ms": round(1000 * (time.perf_counter() - t0) / max(1, len(queries)), 3),
         "generation": man.get("generation", {}), "leaked_queries": len(leaked), "leaked_examples": leaked[:5],
-        "index_reused": build["reused"], "index_dir": str(idx_dir),
+        "index_reused": reuse is not None, "index_dir": str(idx_dir),
         "config": man.get("config", {}) | {"search": cfg.search.model_dump(mode="json")},
         **({"hyde": extra} if extra else {}),
     }
@@ -224,27 +191,25 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
 def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Path, subset: int | None = None,
              ks: list[int] | None = None, base_overrides: dict | None = None, strict: bool = False,
              console=None, split: str = "test", offset: int = 0) -> dict:
-    from qrag_ray.evaluation.report import write_report
-
-    ks = sorted(set(ks or [1, 2, 5, 10, 20]))
+    ks = sorted(set(ks or DEFAULT_KS))
     if any(k < 1 for k in ks):
         raise QragError("--k values must be positive")
     ev = load_eval_set(dataset, data, subset=subset, split=split, offset=offset)
     out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
-    corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")
+    corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")  # creates `out`
     base = {"chunker": {"method": "none"}} if dataset in ("squad", "bipar") else {}  # one passage = one chunk
     base = deep_update(base, base_overrides or {})
-    hyde_gen = base.get("generator")
     results: dict[str, dict] = {}
     for v in variants:
         if console:
             console.rule(f"{v.label}")
-        results[v.label] = run_variant(ev, v, base, out, ks, corpus_path, hyde_gen, console)
+        results[v.label] = run_variant(ev, v, base, out, ks, corpus_path, base.get("generator"), console)
         (out / "partial.json").write_text(json.dumps(results, indent=2, default=str))
+    stats = ev.stats()
     meta = {"dataset": dataset, "data": str(data), "subset": subset, **({"offset": offset} if offset else {}),
-            **ev.stats(), "ks": ks}
-    paths = write_report(out, results, title=f"qrag eval: {dataset} ({ev.stats()['documents']} docs, {ev.stats()['queries']} queries)", meta=meta)
+            **stats, "ks": ks}
+    title = f"qrag eval: {dataset} ({stats['documents']} docs, {stats['queries']} queries)"
+    paths = write_report(out, results, title=title, meta=meta)
     (out / "partial.json").unlink(missing_ok=True)
     leaks = {k: r["leaked_queries"] for k, r in results.items() if r["leaked_queries"]}
     if strict and leaks:
@@ -255,20 +220,13 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
 def evaluate_condition(condition) -> dict:
     """Runner for the regression matrix (`run_matrix(..., runner=evaluate_condition)`): one
     `matrix.Condition` -> metrics (fractions). matrix.py stays a leaf: it never imports this module."""
-    import tempfile
-
-    out = Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id
     overrides = condition.index_overrides()
     rep = overrides.pop("representation")
-    res = run_eval(condition.dataset, condition.data, [Variant(rep, {"representation": rep})], out,
-                   subset=condition.subset, base_overrides=overrides, split=condition.split,
-                   offset=condition.offset)
+    res = run_eval(condition.dataset, condition.data, [Variant(rep, {"representation": rep})],
+                   Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id, subset=condition.subset,
+                   base_overrides=overrides, split=condition.split, offset=condition.offset)
     return res["results"][rep]["metrics"]
 
 
 def config_overrides_from_file(path: str | None) -> dict:
-    if not path:
-        return {}
-    from qrag_ray.config import load_yaml
-
-    return load_yaml(path)
+    return load_yaml(path) if path else {}

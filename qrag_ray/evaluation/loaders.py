@@ -1,64 +1,45 @@
-"""Evaluation sets: a corpus, queries and graded relevance judgments (qrels).
-
-Three input shapes, one result (`EvalSet`):
-
-- SQuAD v1.1 JSON (`load_squad`): every paragraph context is one document, every question a query whose
-  single relevant document is its own context (SQuAD as retrieval, as QuOTE and HyPE evaluate it).
-- BiPaR (`load_bipar`): SQuAD-format novel passages; its "titles" are file ids, so none are kept.
-- BEIR folders (`load_beir`): corpus.jsonl, queries.jsonl, qrels/<split>.tsv.
-- Plain JSONL + TSV qrels (`load_jsonl_qrels`).
-
-Loaders are deterministic (file order; `subset` takes a prefix after skipping `offset` documents),
-read only what they are given, and raise `QragError` with one clear line on bad input. Document ids,
-query ids and titles are strings; qrels grades are ints (a grade > 0 means relevant).
+"""Evaluation sets: a corpus, queries and graded relevance judgments (qrels), read from SQuAD v1.1 JSON
+(SQuAD as retrieval, as QuOTE and HyPE evaluate it), BiPaR, BEIR folders or plain JSONL + TSV qrels.
+Loaders are deterministic (file order; `subset` takes a prefix after skipping `offset` documents) and
+raise `QragError` with one line on bad input. Ids and titles are strings; grades ints (> 0: relevant).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from qrag_ray.errors import QragError
+from qrag_ray.evaluation.metrics import gold_titles_from_qrels
 
 EVAL_KINDS = ("squad", "bipar", "beir", "jsonl")
 
 
 @dataclass
 class EvalSet:
-    """A retrieval evaluation set.
-
-    corpus: [{"doc_id", "title", "text"}] in file order.
-    queries: [{"qid", "text"}] in file order; every query has at least one relevant document.
-    qrels: {qid: {doc_id: grade}}; only documents of `corpus` appear.
-    doc_titles: {doc_id: title} ("" when the source has no title).
-    """
+    """corpus: [{"doc_id", "title", "text"}] and queries: [{"qid", "text"}] in file order, every query with
+    a relevant document; qrels: {qid: {doc_id: grade}} over `corpus` only; doc_titles: {doc_id: title}."""
 
     name: str
     corpus: list[dict]
     queries: list[dict]
     qrels: dict[str, dict[str, int]]
-    doc_titles: dict[str, str] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if not self.doc_titles:
-            self.doc_titles = {d["doc_id"]: d.get("title") or "" for d in self.corpus}
+    @property
+    def doc_titles(self) -> dict[str, str]:
+        return {d["doc_id"]: d.get("title") or "" for d in self.corpus}
 
     @property
     def gold_titles(self) -> dict[str, set[str]]:
         """{qid: titles of its relevant documents} (empty titles left out), for title accuracy."""
-        out: dict[str, set[str]] = {}
-        for qid, rels in self.qrels.items():
-            out[qid] = {self.doc_titles.get(d, "") for d, g in rels.items() if g > 0} - {""}
-        return out
+        return gold_titles_from_qrels(self.qrels, self.doc_titles)
 
     def stats(self) -> dict[str, int]:
-        return {
-            "documents": len(self.corpus),
-            "queries": len(self.queries),
-            "judgments": sum(len(r) for r in self.qrels.values()),
-        }
+        return {"documents": len(self.corpus), "queries": len(self.queries),
+                "judgments": sum(len(r) for r in self.qrels.values())}
 
     def write_corpus_jsonl(self, path: str | Path) -> Path:
         """Write the corpus as JSONL rows {doc_id, title, text} (the `jsonl` input format of `qrag index`)."""
@@ -67,25 +48,18 @@ class EvalSet:
         with p.open("w", encoding="utf-8") as f:
             for d in self.corpus:
                 row = {"doc_id": d["doc_id"], "title": d.get("title") or "", "text": d["text"]}
-                if "questions" in d:
-                    row["questions"] = d["questions"]
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                questions = {"questions": d["questions"]} if "questions" in d else {}
+                f.write(json.dumps(row | questions, ensure_ascii=False) + "\n")
         return p
 
 
-# --------------------------------------------------------------------------------------------- helpers
-
-def _check_subset(subset: int | None, offset: int = 0) -> None:
+def check_slice(subset: Any, offset: Any, where: str = "", none: str = "None") -> None:
+    """A subset is a positive integer or none (`none` names it: None, or null in YAML), an offset a
+    non-negative integer; `where` prefixes the error."""
     if subset is not None and (isinstance(subset, bool) or not isinstance(subset, int) or subset < 1):
-        raise QragError(f"subset must be a positive integer or None, got {subset!r}")
+        raise QragError(f"{where}subset must be a positive integer or {none}, got {subset!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise QragError(f"offset must be a non-negative integer, got {offset!r}")
-
-
-def _slice_name(subset: int | None, offset: int) -> str:
-    if not subset and not offset:
-        return ""
-    return f"[{offset or ''}:{offset + subset if subset else ''}]"
+        raise QragError(f"{where}offset must be a non-negative integer, got {offset!r}")
 
 
 def _require_file(p: Path, what: str) -> Path:
@@ -94,8 +68,17 @@ def _require_file(p: Path, what: str) -> Path:
     return p
 
 
-def _iter_jsonl(p: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; a malformed line is a QragError naming it."""
+def _field(obj: dict, names: tuple[str, ...], p: Path, lineno: int) -> Any:
+    for n in names:
+        if n in obj and obj[n] is not None:
+            return obj[n]
+    raise QragError(f"{p}:{lineno}: missing field {' or '.join(repr(n) for n in names)}")
+
+
+def _read_texts(p: Path, id_fields: tuple[str, ...], what: str) -> dict[str, dict]:
+    """{id: row} of the non-blank JSONL lines, objects with an id (the first of `id_fields` present) and a
+    string `text`; a bad line is a QragError naming it."""
+    rows: dict[str, dict] = {}
     with p.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -106,47 +89,24 @@ def _iter_jsonl(p: Path) -> Iterator[tuple[int, dict]]:
                 raise QragError(f"{p}:{lineno}: malformed JSON line ({e.msg})") from None
             if not isinstance(obj, dict):
                 raise QragError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
-
-
-def _field(obj: dict, names: tuple[str, ...], p: Path, lineno: int, required: bool = True) -> Any:
-    for n in names:
-        if n in obj and obj[n] is not None:
-            return obj[n]
-    if required:
-        raise QragError(f"{p}:{lineno}: missing field {' or '.join(repr(n) for n in names)}")
-    return None
+            rid = str(_field(obj, id_fields, p, lineno))
+            if not isinstance(_field(obj, ("text",), p, lineno), str):
+                raise QragError(f"{p}:{lineno}: field 'text' must be a string")
+            if rid in rows:
+                raise QragError(f"{p}:{lineno}: duplicate {what} id {rid!r}")
+            rows[rid] = obj
+    return rows
 
 
 def _read_corpus_jsonl(p: Path, id_fields: tuple[str, ...]) -> list[dict]:
-    corpus, seen = [], set()
-    for lineno, obj in _iter_jsonl(p):
-        doc_id = str(_field(obj, id_fields, p, lineno))
-        text = _field(obj, ("text",), p, lineno)
-        if not isinstance(text, str):
-            raise QragError(f"{p}:{lineno}: field 'text' must be a string")
-        if doc_id in seen:
-            raise QragError(f"{p}:{lineno}: duplicate document id {doc_id!r}")
-        seen.add(doc_id)
-        title = obj.get("title")
-        row = {"doc_id": doc_id, "title": "" if title is None else str(title), "text": text}
-        if isinstance(obj.get("questions"), list):  # precomputed questions travel to `qrag index`
-            row["questions"] = [str(q) for q in obj["questions"]]
-        corpus.append(row)
-    return corpus
+    # precomputed questions travel to `qrag index`
+    return [{"doc_id": doc_id, "title": "" if obj.get("title") is None else str(obj["title"]), "text": obj["text"]}
+            | ({"questions": [str(q) for q in obj["questions"]]} if isinstance(obj.get("questions"), list) else {})
+            for doc_id, obj in _read_texts(p, id_fields, "document").items()]
 
 
 def _read_queries_jsonl(p: Path, id_fields: tuple[str, ...]) -> dict[str, str]:
-    queries: dict[str, str] = {}
-    for lineno, obj in _iter_jsonl(p):
-        qid = str(_field(obj, id_fields, p, lineno))
-        text = _field(obj, ("text",), p, lineno)
-        if not isinstance(text, str):
-            raise QragError(f"{p}:{lineno}: field 'text' must be a string")
-        if qid in queries:
-            raise QragError(f"{p}:{lineno}: duplicate query id {qid!r}")
-        queries[qid] = text
-    return queries
+    return {qid: obj["text"] for qid, obj in _read_texts(p, id_fields, "query").items()}
 
 
 def _read_qrels_tsv(p: Path) -> dict[str, dict[str, int]]:
@@ -154,27 +114,19 @@ def _read_qrels_tsv(p: Path) -> dict[str, dict[str, int]]:
     lines `qid iter doc_id grade`. A repeated (qid, doc_id) keeps the last grade."""
     qrels: dict[str, dict[str, int]] = {}
     with p.open(encoding="utf-8") as f:
-        first = True
-        for lineno, line in enumerate(f, 1):
-            s = line.strip()
-            if not s or s.startswith("#"):
+        lines = [(n, s) for n, line in enumerate(f, 1) if (s := line.strip()) and not s.startswith("#")]
+    for i, (lineno, s) in enumerate(lines):
+        parts = [x.strip() for x in (s.split("\t") if "\t" in s else s.split())]
+        if len(parts) not in (3, 4):  # 4: a TREC line, `qid iter doc_id grade`
+            raise QragError(f"{p}:{lineno}: expected 'qid doc_id grade' (3 columns), got {len(parts)} columns")
+        qid, doc_id, grade_s = parts[0], parts[-2], parts[-1]
+        try:
+            grade = int(float(grade_s))
+        except ValueError:
+            if i == 0:  # header, e.g. "query-id corpus-id score"
                 continue
-            parts = s.split("\t") if "\t" in s else s.split()
-            parts = [x.strip() for x in parts]
-            is_first, first = first, False
-            if len(parts) == 3:
-                qid, doc_id, grade_s = parts
-            elif len(parts) == 4:
-                qid, _, doc_id, grade_s = parts
-            else:
-                raise QragError(f"{p}:{lineno}: expected 'qid doc_id grade' (3 columns), got {len(parts)} columns")
-            try:
-                grade = int(float(grade_s))
-            except ValueError:
-                if is_first:  # header, e.g. "query-id corpus-id score"
-                    continue
-                raise QragError(f"{p}:{lineno}: grade {grade_s!r} is not a number") from None
-            qrels.setdefault(qid, {})[doc_id] = grade
+            raise QragError(f"{p}:{lineno}: grade {grade_s!r} is not a number") from None
+        qrels.setdefault(qid, {})[doc_id] = grade
     return qrels
 
 
@@ -182,11 +134,12 @@ def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dic
               subset: int | None, source: Path, offset: int = 0) -> EvalSet:
     """Check qrels against the full corpus and queries, keep judged queries with a relevant document,
     then apply `offset`/`subset` (N docs after the first `offset`; queries whose relevant docs all lie
-    inside)."""
+    inside). The name gets the slice, e.g. "[300:600]"."""
+    if subset or offset:
+        name += f"[{offset or ''}:{offset + subset if subset else ''}]"
     doc_ids = {d["doc_id"] for d in corpus}
     for qid, rels in qrels.items():
-        unknown = [d for d in rels if d not in doc_ids]
-        if unknown:
+        if unknown := [d for d in rels if d not in doc_ids]:
             more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
             raise QragError(f"{source}: qrels for query {qid!r} name unknown document {unknown[0]!r}{more}")
         if qid not in queries:
@@ -196,31 +149,18 @@ def _assemble(name: str, corpus: list[dict], queries: dict[str, str], qrels: dic
             raise QragError(f"{source}: offset {offset} skips all {len(corpus)} documents")
         corpus = corpus[offset:offset + subset if subset is not None else None]
         doc_ids = {d["doc_id"] for d in corpus}
-    kept_qrels: dict[str, dict[str, int]] = {}
-    for qid, rels in qrels.items():
-        relevant = [d for d, g in rels.items() if g > 0]
-        if not relevant or any(d not in doc_ids for d in relevant):
-            continue
-        kept_qrels[qid] = {d: g for d, g in rels.items() if d in doc_ids}
+    kept_qrels = {qid: {d: g for d, g in rels.items() if d in doc_ids} for qid, rels in qrels.items()
+                  if (relevant := [d for d, g in rels.items() if g > 0]) and all(d in doc_ids for d in relevant)}
     kept_queries = [{"qid": q, "text": t} for q, t in queries.items() if q in kept_qrels]
     return EvalSet(name=name, corpus=corpus, queries=kept_queries,
                    qrels={q["qid"]: kept_qrels[q["qid"]] for q in kept_queries})
 
 
-# --------------------------------------------------------------------------------------------- loaders
-
 def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> EvalSet:
-    """SQuAD v1.1 JSON as a retrieval set.
-
-    Every paragraph context is one document with doc_id "{article:03d}-{paragraph:03d}" (indices in file
-    order) and the article title (as written in the file, e.g. "Super_Bowl_50"); every question is a query
-    whose only relevant document (grade 1) is its own context. `subset=N` keeps the first N contexts in
-    file order with all their questions; `offset=M` skips the first M contexts first, so
-    `offset=300, subset=300` is a held-out slice next to the first 300. Full dev v1.1: 2,067 contexts,
-    10,570 questions.
-    """
-    _check_subset(subset, offset)
-    limit = offset + subset if subset is not None else None
+    """SQuAD v1.1 JSON as a retrieval set: every paragraph context is one document, doc_id
+    "{article:03d}-{paragraph:03d}" (file order) with the article title as written ("Super_Bowl_50"), and
+    every question a query whose only relevant document (grade 1) is its own context."""
+    check_slice(subset, offset)
     p = _require_file(Path(path), "SQuAD file")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -230,96 +170,68 @@ def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> 
     if not isinstance(articles, list):
         raise QragError(f"{p}: not a SQuAD file (no top-level 'data' list)")
     corpus: list[dict] = []
-    queries: list[dict] = []
+    queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
-    for ai, art in enumerate(articles):
-        title = str(art.get("title") or "")
-        for pi, para in enumerate(art.get("paragraphs") or []):
-            if limit is not None and len(corpus) >= limit:
-                break
-            if "context" not in para:
-                raise QragError(f"{p}: article {ai} paragraph {pi} has no 'context'")
-            doc_id = f"{ai:03d}-{pi:03d}"
-            corpus.append({"doc_id": doc_id, "title": title, "text": para["context"]})
-            for qi, qa in enumerate(para.get("qas") or []):
-                qid = str(qa.get("id") or f"{doc_id}-q{qi:03d}")
-                if "question" not in qa:
-                    raise QragError(f"{p}: question {qid!r} has no 'question' text")
-                if qid in qrels:
-                    raise QragError(f"{p}: duplicate question id {qid!r}")
-                queries.append({"qid": qid, "text": qa["question"]})
-                qrels[qid] = {doc_id: 1}
-        if limit is not None and len(corpus) >= limit:
-            break
-    # the loop already stopped at offset + subset; _assemble drops the first `offset` contexts and
-    # their questions, as it does for BEIR and JSONL
-    return _assemble(f"squad:{p.stem}" + _slice_name(subset, offset), corpus,
-                     {q["qid"]: q["text"] for q in queries}, qrels, subset, p, offset)
+    paragraphs = ((ai, pi, art, para) for ai, art in enumerate(articles)
+                  for pi, para in enumerate(art.get("paragraphs") or []))
+    # read up to offset + subset contexts; _assemble drops the first `offset` with their questions
+    for ai, pi, art, para in itertools.islice(paragraphs, offset + subset if subset is not None else None):
+        if "context" not in para:
+            raise QragError(f"{p}: article {ai} paragraph {pi} has no 'context'")
+        doc_id = f"{ai:03d}-{pi:03d}"
+        corpus.append({"doc_id": doc_id, "title": str(art.get("title") or ""), "text": para["context"]})
+        for qi, qa in enumerate(para.get("qas") or []):
+            qid = str(qa.get("id") or f"{doc_id}-q{qi:03d}")
+            if "question" not in qa:
+                raise QragError(f"{p}: question {qid!r} has no 'question' text")
+            if qid in qrels:
+                raise QragError(f"{p}: duplicate question id {qid!r}")
+            queries[qid] = qa["question"]
+            qrels[qid] = {doc_id: 1}
+    return _assemble(f"squad:{p.stem}", corpus, queries, qrels, subset, p, offset)
 
 
 def load_bipar(path: str | Path, subset: int | None = None, offset: int = 0) -> EvalSet:
-    """BiPaR monolingual English (e.g. Monolingual_EN_valid.json: 375 novel passages, 1,500 questions):
-    SQuAD v1.1 format, read by `load_squad`. Its article "titles" are file ids ("lu_ding_ji_753", a book
-    in pinyin and a number), not words a reader would search with, so they are dropped: title
-    evidence is measured only where titles are titles."""
+    """BiPaR monolingual English (novel passages in SQuAD v1.1 format). Its "titles" are file ids
+    ("lu_ding_ji_753"), not words a reader would search with, so they are dropped."""
     es = load_squad(path, subset, offset)
-    for d in es.corpus:
-        d["title"] = ""
-    return EvalSet(name=es.name.replace("squad:", "bipar:", 1), corpus=es.corpus, queries=es.queries,
-                   qrels=es.qrels)
+    return EvalSet(name=es.name.replace("squad:", "bipar:", 1), corpus=[d | {"title": ""} for d in es.corpus],
+                   queries=es.queries, qrels=es.qrels)
 
 
 def load_beir(folder: str | Path, split: str = "test", subset: int | None = None, offset: int = 0) -> EvalSet:
     """A BEIR dataset folder: corpus.jsonl (`_id`, `title`, `text`), queries.jsonl (`_id`, `text`) and
-    qrels/{split}.tsv (header `query-id corpus-id score`, graded).
-
-    Only queries judged in the split with at least one relevant document (grade > 0) are kept.
-    `subset=N` keeps the first N corpus documents in file order and only the queries whose relevant
-    documents all lie among them; their judgments of documents outside the subset are dropped.
-    `offset=M` skips the first M documents first.
-    """
-    _check_subset(subset, offset)
+    qrels/{split}.tsv (header `query-id corpus-id score`, graded). Only queries judged in the split with a
+    relevant document are kept; with `subset`, their judgments of documents outside it are dropped."""
+    check_slice(subset, offset)
     root = Path(folder)
     if not root.is_dir():
         raise QragError(f"BEIR folder not found: {root}")
     corpus = _read_corpus_jsonl(_require_file(root / "corpus.jsonl", "BEIR corpus"), ("_id", "id", "doc_id"))
     queries = _read_queries_jsonl(_require_file(root / "queries.jsonl", "BEIR queries"), ("_id", "id", "qid"))
     qrels_p = _require_file(root / "qrels" / f"{split}.tsv", f"BEIR qrels for split '{split}'")
-    qrels = _read_qrels_tsv(qrels_p)
-    es = _assemble(f"beir:{root.name}/{split}" + _slice_name(subset, offset), corpus, queries, qrels,
-                   subset, qrels_p, offset)
-    return es
+    return _assemble(f"beir:{root.name}/{split}", corpus, queries, _read_qrels_tsv(qrels_p), subset, qrels_p, offset)
 
 
 def load_jsonl_qrels(corpus_jsonl: str | Path, queries_jsonl: str | Path, qrels_tsv: str | Path,
                      subset: int | None = None, offset: int = 0) -> EvalSet:
-    """Plain files: corpus JSONL (`id` or `doc_id`, optional `title`, `text`), queries JSONL (`id` or
-    `qid`, `text`) and a qrels TSV (`qid doc_id grade`, with or without a header, tab or space separated;
-    4-column TREC lines `qid 0 doc_id grade` are accepted too).
-
-    Only judged queries with a relevant document (grade > 0) are kept. `subset=N` keeps the first N
-    corpus documents (after skipping `offset`) and only the queries whose relevant documents all lie
-    among them.
-    """
-    _check_subset(subset, offset)
+    """Plain files: corpus JSONL (`id` or `doc_id`, optional `title`, `text`), queries JSONL (`id` or `qid`,
+    `text`) and a qrels TSV (`qid doc_id grade` or TREC `qid 0 doc_id grade`, tabs or spaces, header or not).
+    Only judged queries with a relevant document are kept."""
+    check_slice(subset, offset)
     cp = _require_file(Path(corpus_jsonl), "corpus file")
     qp = _require_file(Path(queries_jsonl), "queries file")
     rp = _require_file(Path(qrels_tsv), "qrels file")
-    corpus = _read_corpus_jsonl(cp, ("doc_id", "id", "_id"))
-    queries = _read_queries_jsonl(qp, ("qid", "id", "_id"))
-    qrels = _read_qrels_tsv(rp)
-    return _assemble(f"jsonl:{cp.parent.name or cp.stem}" + _slice_name(subset, offset),
-                     corpus, queries, qrels, subset, rp, offset)
+    return _assemble(f"jsonl:{cp.parent.name or cp.stem}", _read_corpus_jsonl(cp, ("doc_id", "id", "_id")),
+                     _read_queries_jsonl(qp, ("qid", "id", "_id")), _read_qrels_tsv(rp), subset, rp, offset)
 
 
 def load_eval_set(kind: str, data: str | Path, subset: int | None = None, split: str = "test",
                   offset: int = 0) -> EvalSet:
     """Dispatch on kind: "squad" or "bipar" (data = the JSON file), "beir" (data = the dataset folder; `split`
     picks qrels/{split}.tsv), "jsonl" (data = a folder holding corpus.jsonl, queries.jsonl, qrels.tsv)."""
-    if kind == "squad":
-        return load_squad(data, subset, offset)
-    if kind == "bipar":
-        return load_bipar(data, subset, offset)
+    if kind in ("squad", "bipar"):
+        return (load_squad if kind == "squad" else load_bipar)(data, subset, offset)
     if kind == "beir":
         return load_beir(data, split=split, subset=subset, offset=offset)
     if kind == "jsonl":

@@ -1,50 +1,38 @@
 """Regression matrix ("two-click reproduction", in the manner of pyserini's 2CR pages).
 
-`eval/matrix.yaml` lists conditions: one dataset + one index configuration each, with the figures the
-condition is expected to reproduce. `run_matrix` measures the selected conditions through a runner
-injected by the caller (`qrag matrix` passes the eval driver's `evaluate_condition`) and `compare` /
-`check` hold the measurements against the recorded figures (qrag_ray.evaluation.regression).
+`eval/matrix.yaml` lists conditions, one dataset + one index configuration each with the figures it is
+expected to reproduce. `run_matrix` measures them through an injected runner (`qrag matrix` passes the
+driver's `evaluate_condition`); `compare` / `check` hold them against the recorded figures.
 
-Units: `expected` and `tolerance` are percent points (as papers print them). Measured values are
-fractions, as `qrag_ray.evaluation.metrics.evaluate` returns them (pass `measured_scale="percent"` when
-they are already percentages). `expected: null` (or a null metric) means "record only": the condition is
-measured and shown, never failed, until someone writes the measured figures into the YAML.
+`expected` and `tolerance` are percent points (as papers print them); measured values are fractions, as
+`metrics.evaluate` returns them (`measured_scale="percent"` when they are not). `expected: null` (or a
+null metric) means "record only": measured and shown, never failed, until the figures are written down.
 
-YAML condition fields:
-    id            unique name
-    dataset       squad | beir | jsonl          (qrag_ray.evaluation.loaders.load_eval_set kinds)
-    data          path of the data (file or folder); ${VAR} and ${VAR:-default} are expanded and a
-                  relative path is taken relative to the matrix file
-    subset        first N documents, or null for all
-    offset        skip this many documents first (a held-out slice next to a tuned one); default 0
-    representation, embedder (model name or {model, ...}), generator (backend name or {backend, ...})
-    extra         free dict of IndexConfig overrides (deep-merged last), e.g. {chunker: {method: none}}
-    expected      {metric: percent} or null
-    tolerance     percent points (default 1.0)
-    tags          e.g. [ci]
-    split         BEIR qrels split (default "test")
-    notes         free text
+YAML condition fields: id (unique); dataset (a `load_eval_set` kind); data (file or folder; ${VAR} and
+${VAR:-default} are expanded, a relative path is relative to the matrix file); subset (first N documents
+or null); offset (skip N documents first, a held-out slice; default 0); representation; embedder (model
+name or {model, ...}); generator (backend name or {backend, ...}); extra (IndexConfig overrides, merged
+last, e.g. {chunker: {method: none}}); expected ({metric: percent} or null); tolerance (percent points,
+default 1.0); tags (e.g. [ci]); split (BEIR qrels split, default "test"); notes.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping
 
+from pydantic import ValidationError
 
-from qrag_ray.config import deep_update
+from qrag_ray.config import deep_update, format_validation_error, index_config
 from qrag_ray.errors import QragError
-from qrag_ray.evaluation.loaders import EVAL_KINDS
-from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures
+from qrag_ray.evaluation.loaders import EVAL_KINDS, check_slice
+from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
+from qrag_ray.io.yaml_file import read_yaml
 
 DEFAULT_TOLERANCE = 1.0
-
-_FIELDS = {"id", "dataset", "data", "subset", "offset", "representation", "embedder", "generator", "extra",
-           "expected", "tolerance", "tags", "split", "notes"}
 
 
 @dataclass
@@ -70,20 +58,18 @@ class Condition:
         return not self.expected or all(v is None for v in self.expected.values())
 
     def index_overrides(self) -> dict[str, Any]:
-        """The condition's index configuration as a nested dict for `config.index_config` (without
-        input/output, which the driver fills in)."""
-        cfg: dict[str, Any] = {"representation": self.representation}
-        if self.embedder:
-            cfg["embedder"] = dict(self.embedder)
-        if self.generator:
-            cfg["generator"] = dict(self.generator)
-        return deep_update(cfg, self.extra)
+        """The index configuration for `config.index_config` (the driver fills in input and output)."""
+        cfg = {"representation": self.representation, "embedder": dict(self.embedder),
+               "generator": dict(self.generator)}
+        return deep_update({k: v for k, v in cfg.items() if v}, self.extra)
+
+
+_FIELDS = {f.name for f in fields(Condition)}
 
 
 @dataclass
 class MatrixComparison(Comparison):
-    """The regression check of the conditions run, with the figures of record-only metrics and the
-    conditions not run."""
+    """The regression check of the conditions run, the figures of record-only metrics, the conditions not run."""
 
     record_only: dict[str, dict[str, float]] = field(default_factory=dict)  # condition -> percent figures
     not_run: list[str] = field(default_factory=list)
@@ -110,12 +96,10 @@ class MatrixResult:
         return self.comparison.passed
 
 
-# --------------------------------------------------------------------------------------------- loading
-
 def _number(v: Any, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if (n := finite_number(v)) is None:
         raise QragError(f"{where} must be a number, got {v!r}")
-    return float(v)
+    return n
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -125,17 +109,13 @@ def resolve_data_path(data: str, base: Path | None = None) -> str:
     """Expand `${NAME}` / `${NAME:-default}` and `~`; a relative result is taken relative to `base`
     (the matrix file's folder)."""
     def _sub(m: re.Match) -> str:
-        val = os.environ.get(m.group(1))
-        if val:
+        val = os.environ.get(m.group(1)) or m.group(2)
+        if val is not None:
             return val
-        if m.group(2) is not None:
-            return m.group(2)
         raise QragError(f"data path {data!r} uses ${{{m.group(1)}}}, which is not set")
 
     p = Path(os.path.expanduser(_VAR.sub(_sub, data)))
-    if not p.is_absolute() and base is not None:
-        p = base / p
-    return str(p)
+    return str(p if p.is_absolute() or base is None else base / p)
 
 
 def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> Condition:
@@ -145,81 +125,53 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     if not isinstance(cid, str) or not cid.strip():
         raise QragError(f"{src}: condition #{idx + 1} needs a non-empty string 'id'")
     where = f"{src}: condition '{cid}'"
-    unknown = sorted(set(raw) - _FIELDS)
-    if unknown:
+    if unknown := sorted(set(raw) - _FIELDS):
         raise QragError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_FIELDS))})")
     dataset = raw.get("dataset")
     if dataset not in EVAL_KINDS:
         raise QragError(f"{where}: dataset must be one of {', '.join(EVAL_KINDS)}, got {dataset!r}")
-    data = raw.get("data")
-    if not isinstance(data, str) or not data:
+    if not isinstance(raw.get("data"), str) or not raw["data"]:
         raise QragError(f"{where}: 'data' must be a path")
-    data = resolve_data_path(data, base)
-    subset = raw.get("subset")
-    if subset is not None and (isinstance(subset, bool) or not isinstance(subset, int) or subset < 1):
-        raise QragError(f"{where}: subset must be a positive integer or null, got {subset!r}")
-    offset = raw.get("offset", 0)
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise QragError(f"{where}: offset must be a non-negative integer, got {offset!r}")
+    data = resolve_data_path(raw["data"], base)
+    subset, offset = raw.get("subset"), raw.get("offset", 0)
+    check_slice(subset, offset, f"{where}: ", "null")
 
     def _component(name: str, key: str) -> dict[str, Any]:
         v = raw.get(name)
-        if v is None:
-            return {}
-        if isinstance(v, str):
-            return {key: v}
-        if isinstance(v, dict):
-            return dict(v)
-        raise QragError(f"{where}: '{name}' must be a name or a mapping")
+        if v is not None and not isinstance(v, (str, dict)):
+            raise QragError(f"{where}: '{name}' must be a name or a mapping")
+        return {key: v} if isinstance(v, str) else dict(v or {})
 
     embedder = _component("embedder", "model")
     generator = _component("generator", "backend")
     extra = raw.get("extra") or {}
     if not isinstance(extra, dict):
         raise QragError(f"{where}: 'extra' must be a mapping of index config overrides")
-
-    expected_raw = raw.get("expected")
-    expected: dict[str, float | None] | None
-    if expected_raw is None:
-        expected = None
-    elif isinstance(expected_raw, dict):
-        expected = {str(m): (None if v is None else _number(v, f"{where}: expected {m}"))
-                    for m, v in expected_raw.items()}
-    else:
+    expected = raw.get("expected")
+    if expected is not None and not isinstance(expected, dict):
         raise QragError(f"{where}: 'expected' must be a mapping of metric -> percent, or null")
+    if expected is not None:
+        expected = {str(m): None if v is None else _number(v, f"{where}: expected {m}") for m, v in expected.items()}
     tolerance = _number(raw.get("tolerance", DEFAULT_TOLERANCE), f"{where}: tolerance")
     if tolerance < 0:
         raise QragError(f"{where}: tolerance must be >= 0")
     tags = raw.get("tags") or []
-    if isinstance(tags, str):
-        tags = [tags]
+    tags = [tags] if isinstance(tags, str) else tags
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise QragError(f"{where}: 'tags' must be a list of strings")
-
     cond = Condition(id=cid, dataset=dataset, data=data, subset=subset, offset=offset,
                      representation=str(raw.get("representation") or "chunk"), embedder=embedder,
                      generator=generator, extra=extra, expected=expected, tolerance=tolerance, tags=tags,
                      split=str(raw.get("split") or "test"), notes=str(raw.get("notes") or ""))
-    _validate_index_config(cond, where)
-    return cond
-
-
-def _validate_index_config(cond: Condition, where: str) -> None:
-    """Catch typos in representation / embedder / generator / extra when the matrix is loaded."""
-    from pydantic import ValidationError
-
-    from qrag_ray.config import format_validation_error, index_config
-
-    try:
+    try:  # typos in representation / embedder / generator / extra fail when the matrix is loaded
         index_config(cond.index_overrides())
     except ValidationError as e:
         raise QragError(f"{where}: {format_validation_error(e)}") from None
+    return cond
 
 
 def load_matrix(path: str | Path) -> list[Condition]:
     """Parse and validate a matrix YAML file (a list of conditions, or {conditions: [...]})."""
-    from qrag_ray.io.yaml_file import read_yaml
-
     p = Path(path)
     raw = read_yaml(p, "matrix file")
     if isinstance(raw, dict) and "conditions" in raw:
@@ -227,47 +179,24 @@ def load_matrix(path: str | Path) -> list[Condition]:
     if not isinstance(raw, list) or not raw:
         raise QragError(f"matrix file {p} must hold a non-empty list of conditions")
     conds = [_parse_condition(c, i, str(p), p.parent) for i, c in enumerate(raw)]
-    seen: set[str] = set()
-    for c in conds:
-        if c.id in seen:
-            raise QragError(f"{p}: duplicate condition id '{c.id}'")
-        seen.add(c.id)
+    ids = [c.id for c in conds]
+    if (dup := next((cid for i, cid in enumerate(ids) if cid in ids[:i]), None)) is not None:
+        raise QragError(f"{p}: duplicate condition id '{dup}'")
     return conds
 
 
 def select(conditions: list[Condition], ids: Iterable[str] | None = None,
            tags: Iterable[str] | None = None) -> list[Condition]:
     """Conditions by id (in the order given) and/or carrying any of `tags`; unknown ids are an error."""
-    out = list(conditions)
-    if ids is not None:
-        ids = list(ids)
-        by_id = {c.id: c for c in conditions}
-        missing = [i for i in ids if i not in by_id]
-        if missing:
-            raise QragError(f"unknown matrix condition(s): {', '.join(missing)} (known: {', '.join(by_id)})")
-        out = [by_id[i] for i in ids]
-    if tags is not None:
-        tagset = set(tags)
-        out = [c for c in out if tagset & set(c.tags)]
-    return out
+    ids, by_id = None if ids is None else list(ids), {c.id: c for c in conditions}
+    if missing := [i for i in ids or [] if i not in by_id]:
+        raise QragError(f"unknown matrix condition(s): {', '.join(missing)} (known: {', '.join(by_id)})")
+    out = list(conditions) if ids is None else [by_id[i] for i in ids]
+    tagset = None if tags is None else set(tags)
+    return out if tagset is None else [c for c in out if tagset & set(c.tags)]
 
-
-# --------------------------------------------------------------------------------------------- checking
 
 _METRIC = re.compile(r"^[A-Za-z]+@\d+$")
-
-
-def metrics_of(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The metric mapping of a runner result: the result itself, or its "metrics" entry when it has one
-    (a driver may return {"metrics": {...}, "vectors": ..., ...}, the shape `write_report` takes)."""
-    inner = result.get("metrics")
-    return dict(inner) if isinstance(inner, Mapping) else dict(result)
-
-
-def _to_percent(v: Any, scale: str) -> float | None:
-    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v) * 100.0 if scale == "fraction" else float(v)
 
 
 def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, float]],
@@ -276,20 +205,20 @@ def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, flo
     from `measured` are `not_run`; a null expected figure is recorded, never failed."""
     if measured_scale not in ("fraction", "percent"):
         raise ValueError(f"measured_scale must be 'fraction' or 'percent', got {measured_scale!r}")
-    figures: list[Figure] = []
-    record_only: dict[str, dict[str, float]] = {}
-    not_run: list[str] = []
+    figures, record_only, not_run = [], {}, []
+    scale = 100.0 if measured_scale == "fraction" else 1.0
     for c in conditions:
         if c.id not in measured:
             not_run.append(c.id)
             continue
-        got = {m: _to_percent(v, measured_scale) for m, v in metrics_of(measured[c.id]).items()}
+        # a runner result is the metrics, or holds them under "metrics" (the shape `write_report` takes)
+        result = measured[c.id]
+        result = result["metrics"] if isinstance(result.get("metrics"), Mapping) else result
+        got = {m: None if (n := finite_number(v)) is None else n * scale for m, v in result.items()}
         expected = c.expected or {}
-        if c.record_only:
-            open_metrics = [m for m in got if _METRIC.match(m)]
-        else:
-            open_metrics = [m for m, v in expected.items() if v is None]
-        figs = {m: got[m] for m in open_metrics if got.get(m) is not None}
+        opened = ([m for m in got if _METRIC.match(m)] if c.record_only
+                  else [m for m, v in expected.items() if v is None])
+        figs = {m: got[m] for m in opened if got.get(m) is not None}
         if figs:
             record_only[c.id] = figs
         figures += [Figure(c.id, m, exp, got.get(m), c.tolerance) for m, exp in expected.items()]
@@ -299,19 +228,15 @@ def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, flo
 
 def check(conditions: list[Condition], measured: Mapping[str, Mapping[str, float]],
           measured_scale: Literal["fraction", "percent"] = "fraction") -> list[Figure]:
-    """Regressions only: metrics measured below `expected - tolerance` (or missing). Empty = pass.
-    Use `compare` for the "better than recorded" list and record-only figures too."""
+    """The regressions of `compare` (measured below `expected - tolerance`, or missing); empty = pass."""
     return compare(conditions, measured, measured_scale).regressions
 
 
 def run_matrix(path: str | Path, ids: Iterable[str] | None = None, *,
                runner: Callable[[Condition], Mapping[str, float]],
-               tags: Iterable[str] | None = None,
-               measured_scale: Literal["fraction", "percent"] = "fraction",
-               on_result: Callable[[Condition, Mapping[str, float]], None] | None = None) -> MatrixResult:
+               tags: Iterable[str] | None = None) -> MatrixResult:
     """Load the matrix, run the selected conditions (all, `ids`, and/or those tagged with `tags`) through
-    `runner(condition) -> {metric: value}` and compare. `on_result` is called after each condition
-    (progress output)."""
+    `runner(condition) -> {metric: value}` (fractions) and compare."""
     conds = select(load_matrix(path), ids, tags)
     if not conds:
         raise QragError(f"no matrix condition selected from {path}")
@@ -321,6 +246,4 @@ def run_matrix(path: str | Path, ids: Iterable[str] | None = None, *,
         if not isinstance(got, Mapping):
             raise TypeError(f"runner returned {type(got).__name__} for condition '{c.id}', expected a mapping")
         measured[c.id] = dict(got)
-        if on_result is not None:
-            on_result(c, measured[c.id])
-    return MatrixResult(measured=measured, comparison=compare(conds, measured, measured_scale))
+    return MatrixResult(measured, compare(conds, measured))

@@ -6,11 +6,8 @@ Conventions:
 - `qrels`: {qid: {doc_id: grade}}; a grade > 0 is relevant. Averages are over the queries of `qrels`
   that have at least one relevant document; a query absent from `run` or with an empty ranking counts
   as a miss (0). Queries of `run` that are not in `qrels` are ignored.
-- recall@k: fraction of a query's relevant documents in its top k, averaged. With one gold document
-  per query (SQuAD) this is the context accuracy C@k of QuOTE and the R@K of Raina & Gales.
-- hit@k: 1 if any relevant document is in the top k.
-- title accuracy T@k (QuOTE): 1 if any of the top k documents has the title of a gold document.
-- MRR@k: reciprocal rank of the first relevant document within the top k.
+- recall@k with one gold document per query (SQuAD) is the context accuracy C@k of QuOTE and the R@K
+  of Raina & Gales; title accuracy T@k is QuOTE's.
 - nDCG@k: gains = grades (linear), discount 1/log2(rank + 1), ideal = the query's judged grades sorted,
   cut at k (the trec_eval `ndcg_cut` convention, so results agree with ir_measures / pytrec_eval).
 """
@@ -30,20 +27,12 @@ def _ranked(docs: Sequence[str] | None, k: int) -> list[str]:
     """First k distinct doc ids of a ranking."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    out: list[str] = []
-    seen: set[str] = set()
-    for d in docs or ():
-        if d in seen:
-            continue
-        seen.add(d)
-        out.append(d)
-        if len(out) >= k:
-            break
-    return out
+    return list(dict.fromkeys(docs or ()))[:k]
 
 
-def _judged_queries(qrels: Qrels) -> list[str]:
-    return [q for q, rels in qrels.items() if any(g > 0 for g in rels.values())]
+def _relevant(qrels: Qrels) -> dict[str, set[str]]:
+    """{qid: its relevant documents} for the queries the averages run over (those with one)."""
+    return {q: rel for q, rels in qrels.items() if (rel := {d for d, g in rels.items() if g > 0})}
 
 
 def _mean(values: list[float]) -> float:
@@ -52,72 +41,43 @@ def _mean(values: list[float]) -> float:
 
 def recall_at_k(run: Run, qrels: Qrels, k: int) -> float:
     """Mean fraction of each query's relevant documents found in its top k (= C@k with one gold doc)."""
-    vals = []
-    for q in _judged_queries(qrels):
-        rel = {d for d, g in qrels[q].items() if g > 0}
-        top = _ranked(run.get(q), k)
-        vals.append(sum(1 for d in top if d in rel) / len(rel))
-    return _mean(vals)
+    return _mean([len(rel & set(_ranked(run.get(q), k))) / len(rel) for q, rel in _relevant(qrels).items()])
 
 
 def hit_at_k(run: Run, qrels: Qrels, k: int) -> float:
     """Fraction of queries with at least one relevant document in the top k (success@k)."""
-    vals = []
-    for q in _judged_queries(qrels):
-        rel = {d for d, g in qrels[q].items() if g > 0}
-        vals.append(1.0 if any(d in rel for d in _ranked(run.get(q), k)) else 0.0)
-    return _mean(vals)
+    return _mean([1.0 if rel & set(_ranked(run.get(q), k)) else 0.0 for q, rel in _relevant(qrels).items()])
 
 
-def gold_titles_from_qrels(qrels: Qrels, doc_titles: Mapping[str, str]) -> dict[str, set[str]]:
-    """{qid: non-empty titles of its relevant documents}."""
-    return {
-        q: {doc_titles.get(d) or "" for d, g in rels.items() if g > 0} - {""}
-        for q, rels in qrels.items()
-    }
+def gold_titles_from_qrels(qrels: Qrels, doc_titles: Mapping[str, str],
+                           gold_titles: Mapping[str, Iterable[str]] | None = None) -> dict[str, set[str]]:
+    """{qid: non-empty gold titles}: `gold_titles` when given, else the titles of its relevant documents."""
+    if gold_titles is None:
+        gold_titles = {q: {doc_titles.get(d) for d, g in rels.items() if g > 0} for q, rels in qrels.items()}
+    return {q: set(t) - {"", None} for q, t in gold_titles.items()}
 
 
 def title_accuracy_at_k(run: Run, qrels: Qrels, k: int, doc_titles: Mapping[str, str],
                         gold_titles: Mapping[str, Iterable[str]] | None = None) -> float:
-    """T@k: fraction of queries for which any of the top k documents shares a gold document's title.
-
-    Gold titles default to the titles of each query's relevant documents. Averaged over the judged
-    queries that have a non-empty gold title (0.0 when none has one)."""
-    if gold_titles is None:
-        gold = gold_titles_from_qrels(qrels, doc_titles)
-    else:
-        gold = {q: set(t) - {""} for q, t in gold_titles.items()}
-    vals = []
-    for q in _judged_queries(qrels):
-        titles = gold.get(q) or set()
-        if not titles:
-            continue
-        top = _ranked(run.get(q), k)
-        vals.append(1.0 if any((doc_titles.get(d) or "") in titles for d in top) else 0.0)
-    return _mean(vals)
+    """T@k: fraction of queries for which any of the top k documents shares a gold title, over the judged
+    queries that have one (0.0 when none has)."""
+    gold = gold_titles_from_qrels(qrels, doc_titles, gold_titles)
+    return _mean([1.0 if any((doc_titles.get(d) or "") in gold[q] for d in _ranked(run.get(q), k)) else 0.0
+                  for q in _relevant(qrels) if gold.get(q)])
 
 
 def mrr_at_k(run: Run, qrels: Qrels, k: int = 10) -> float:
     """Mean reciprocal rank of the first relevant document within the top k (0 when none)."""
-    vals = []
-    for q in _judged_queries(qrels):
-        rels = qrels[q]
-        rr = 0.0
-        for i, d in enumerate(_ranked(run.get(q), k), 1):
-            if rels.get(d, 0) > 0:
-                rr = 1.0 / i
-                break
-        vals.append(rr)
-    return _mean(vals)
+    return _mean([next((1.0 / i for i, d in enumerate(_ranked(run.get(q), k), 1) if d in rel), 0.0)
+                  for q, rel in _relevant(qrels).items()])
 
 
 def ndcg_at_k(run: Run, qrels: Qrels, k: int = 10) -> float:
     """Mean nDCG@k with graded gains (grade), log2 discount, ideal ranking from the qrels."""
     vals = []
-    for q in _judged_queries(qrels):
+    for q in _relevant(qrels):
         rels = qrels[q]
-        dcg = sum(max(rels.get(d, 0), 0) / math.log2(i + 1)
-                  for i, d in enumerate(_ranked(run.get(q), k), 1))
+        dcg = sum(max(rels.get(d, 0), 0) / math.log2(i + 1) for i, d in enumerate(_ranked(run.get(q), k), 1))
         ideal = sorted((g for g in rels.values() if g > 0), reverse=True)[:k]
         idcg = sum(g / math.log2(i + 1) for i, g in enumerate(ideal, 1))
         vals.append(dcg / idcg if idcg > 0 else 0.0)
@@ -131,17 +91,11 @@ def evaluate(run: Run, qrels: Qrels, ks: Sequence[int] = DEFAULT_KS,
     """All metrics as fractions: "R@k", "Hit@k" for each k, "T@k" for each k when titles are known
     (doc_titles given and some gold document has a title), "MRR@{mrr_k}", "nDCG@{ndcg_k}"."""
     ks = sorted(set(int(k) for k in ks))
-    out: dict[str, float] = {}
-    for k in ks:
-        out[f"R@{k}"] = recall_at_k(run, qrels, k)
-    for k in ks:
-        out[f"Hit@{k}"] = hit_at_k(run, qrels, k)
+    out = {f"R@{k}": recall_at_k(run, qrels, k) for k in ks} | {f"Hit@{k}": hit_at_k(run, qrels, k) for k in ks}
     if doc_titles is not None:
-        gold = (gold_titles_from_qrels(qrels, doc_titles) if gold_titles is None
-                else {q: set(t) - {""} for q, t in gold_titles.items()})
-        if any(gold.get(q) for q in _judged_queries(qrels)):
-            for k in ks:
-                out[f"T@{k}"] = title_accuracy_at_k(run, qrels, k, doc_titles, gold)
+        gold = gold_titles_from_qrels(qrels, doc_titles, gold_titles)
+        if any(gold.get(q) for q in _relevant(qrels)):
+            out |= {f"T@{k}": title_accuracy_at_k(run, qrels, k, doc_titles, gold) for k in ks}
     out[f"MRR@{mrr_k}"] = mrr_at_k(run, qrels, mrr_k)
     out[f"nDCG@{ndcg_k}"] = ndcg_at_k(run, qrels, ndcg_k)
     return out
@@ -149,7 +103,7 @@ def evaluate(run: Run, qrels: Qrels, ks: Sequence[int] = DEFAULT_KS,
 
 def num_queries(qrels: Qrels) -> int:
     """Number of queries the averages run over (judged, with a relevant document)."""
-    return len(_judged_queries(qrels))
+    return len(_relevant(qrels))
 
 
 def _norm_question(s: str) -> str:
@@ -159,6 +113,5 @@ def _norm_question(s: str) -> str:
 def leaked_queries(generated: Iterable[str], queries: Iterable[Mapping[str, str]]) -> list[str]:
     """QuOTE §3.2.5 leakage check: qids of evaluation queries that equal a generated question
     (case, punctuation and whitespace ignored)."""
-    gen = {_norm_question(g) for g in generated if g}
-    gen.discard("")
+    gen = {_norm_question(g) for g in generated if g} - {""}
     return [q["qid"] for q in queries if _norm_question(q["text"]) in gen]

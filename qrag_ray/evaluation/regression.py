@@ -1,17 +1,25 @@
 """Measured figures against recorded ones: the one regression check of `qrag matrix` and `qrag suite`.
 
-Figures are percent points. A measured figure more than `tolerance` below its recorded one is a
-regression, more than `tolerance` above it is "better than recorded" (the file should be updated),
-anything else is within tolerance. A recorded figure that was not measured is a regression: a broken
-runner must not pass. A recorded figure of None means "record only" and is never checked.
+Figures are percent points. More than `tolerance` below the recorded figure is a regression, more than
+`tolerance` above is "better than recorded" (update the file). A recorded figure not measured is a
+regression (a broken runner must not pass); one recorded as None is "record only", never checked.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 _EPS = 1e-9  # a figure exactly at the tolerance edge passes despite float rounding (0.615 * 100)
+
+
+def finite_number(v: Any) -> float | None:
+    """`v` as a float when it is a finite int or float (not a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
 
 
 @dataclass(frozen=True)
@@ -54,12 +62,9 @@ class Comparison:
 
 
 def compare_figures(figures: Iterable[Figure]) -> Comparison:
-    """Sort each recorded figure into regression, better than recorded or within tolerance (figures
-    recorded as None are skipped)."""
+    """Sort each recorded figure (not None) into regression, better than recorded or within tolerance."""
     out = Comparison()
-    for f in figures:
-        if f.expected is None:
-            continue
+    for f in (f for f in figures if f.expected is not None):
         if f.measured is None or f.measured < f.expected - f.tolerance - _EPS:
             out.regressions.append(f)
         elif f.measured > f.expected + f.tolerance + _EPS:

@@ -1,9 +1,8 @@
 """Side-by-side evaluation report: results.json, results.md and recall.png.
 
-Input: {representation: {"metrics": {"R@1": 0.62, ...} (fractions), "vectors": int, "chunks": int,
-"index_bytes": int, "stage_seconds": {stage: seconds}}}; any field may be missing (shown as "–").
-Metrics are printed as percentages with one decimal. The plot uses matplotlib's Agg canvas directly
-(no pyplot, no global backend switch), so it works headless and inside Ray workers.
+Input: {representation: {"metrics": {"R@1": 0.62, ...} (fractions), "vectors", "chunks", "index_bytes",
+"stage_seconds": {stage: seconds}}}; a missing field shows as "–", metrics as percentages. The plot uses
+matplotlib's Agg canvas (no pyplot, no global backend switch), so it works headless and in Ray workers.
 """
 
 from __future__ import annotations
@@ -14,41 +13,33 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from qrag_ray.evaluation.regression import finite_number
+
 COLUMNS = ("R@1", "R@2", "R@5", "R@10", "R@20", "T@1", "MRR@10", "nDCG@10")
 _RECALL = re.compile(r"^R@(\d+)$")
 _DASH = "–"
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
-
-
 def build_seconds(entry: Mapping[str, Any]) -> float | None:
     """stage_seconds["total"] when given, else the sum of the stages."""
     st = entry.get("stage_seconds") or {}
-    if not isinstance(st, Mapping) or not st:
+    if not isinstance(st, Mapping):
         return None
-    if _num(st.get("total")) is not None:
-        return float(st["total"])
-    vals = [_num(v) for v in st.values()]
-    vals = [v for v in vals if v is not None]
+    if (total := finite_number(st.get("total"))) is not None:
+        return total
+    vals = [v for v in map(finite_number, st.values()) if v is not None]
     return sum(vals) if vals else None
 
 
 def vectors_per_chunk(entry: Mapping[str, Any]) -> float | None:
-    v, c = _num(entry.get("vectors")), _num(entry.get("chunks"))
+    v, c = finite_number(entry.get("vectors")), finite_number(entry.get("chunks"))
     return v / c if v is not None and c else None
 
 
 def _row_summary(entry: Mapping[str, Any]) -> dict[str, Any]:
-    ib = _num(entry.get("index_bytes"))
-    return {
-        "vectors_per_chunk": vectors_per_chunk(entry),
-        "build_seconds": build_seconds(entry),
-        "index_mb": ib / 1e6 if ib is not None else None,
-    }
+    ib = finite_number(entry.get("index_bytes"))
+    return {"vectors_per_chunk": vectors_per_chunk(entry), "build_seconds": build_seconds(entry),
+            "index_mb": ib / 1e6 if ib is not None else None}
 
 
 def _clean(obj: Any) -> Any:
@@ -66,38 +57,26 @@ def _clean(obj: Any) -> Any:
     return str(obj)
 
 
-def _pct(v: Any) -> str:
-    n = _num(v)
-    return _DASH if n is None else f"{100.0 * n:.1f}"
-
-
-def _fmt(v: Any, spec: str) -> str:
-    n = _num(v)
-    return _DASH if n is None else format(n, spec)
+def _fmt(v: Any, spec: str, scale: float = 1.0) -> str:
+    n = finite_number(v)
+    return _DASH if n is None else format(scale * n, spec)
 
 
 def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """The side-by-side table (metrics in percent), best value per metric column in bold."""
     header = ["representation", "vectors", "vectors/chunk", *COLUMNS, "build s", "index MB"]
-    best: dict[str, float] = {}
-    for col in COLUMNS:
-        vals = [_num((e.get("metrics") or {}).get(col)) for e in results.values()]
-        vals = [v for v in vals if v is not None]
-        if len(vals) > 1:
-            best[col] = max(vals)
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    cols = {c: [v for e in results.values() if (v := finite_number((e.get("metrics") or {}).get(c))) is not None]
+            for c in COLUMNS}
+    best = {c: max(vals) for c, vals in cols.items() if len(vals) > 1}
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
     for rep, entry in results.items():
         metrics = entry.get("metrics") or {}
         s = _row_summary(entry)
-        vectors = _num(entry.get("vectors"))
+        vectors = finite_number(entry.get("vectors"))
         cells = [f"`{rep}`", _DASH if vectors is None else f"{int(vectors):,}", _fmt(s["vectors_per_chunk"], ".2f")]
         for col in COLUMNS:
-            cell = _pct(metrics.get(col))
-            v = _num(metrics.get(col))
-            if col in best and v is not None and v == best[col]:
-                cell = f"**{cell}**"
-            cells.append(cell)
+            cell = _fmt(metrics.get(col), ".1f", 100.0)
+            cells.append(f"**{cell}**" if col in best and finite_number(metrics.get(col)) == best[col] else cell)
         cells += [_fmt(s["build_seconds"], ".1f"), _fmt(s["index_mb"], ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -111,28 +90,24 @@ def _plot(path: Path, results: Mapping[str, Mapping[str, Any]], title: str | Non
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     reps = list(results)
-    for rep in reps:
-        metrics = results[rep].get("metrics") or {}
-        pts = sorted((int(m.group(1)), 100.0 * float(v)) for key, v in metrics.items()
-                     if (m := _RECALL.match(key)) and _num(v) is not None)
+    for rep, entry in results.items():
+        pts = sorted((int(m.group(1)), 100.0 * float(v)) for key, v in (entry.get("metrics") or {}).items()
+                     if (m := _RECALL.match(key)) and finite_number(v) is not None)
         if pts:
-            ax1.plot([k for k, _ in pts], [v for _, v in pts], marker="o", label=rep)
+            ax1.plot(*zip(*pts), marker="o", label=rep)
     ax1.set_xscale("log", base=2)
     ks = sorted({int(m.group(1)) for e in results.values() for key in (e.get("metrics") or {})
                  if (m := _RECALL.match(key))})
     if ks:
         ax1.set_xticks(ks, [str(k) for k in ks])
-    ax1.set_xlabel("k (distinct chunks)")
-    ax1.set_ylabel("recall@k (%)")
-    ax1.set_title("recall@k")
+    ax1.set(xlabel="k (distinct chunks)", ylabel="recall@k (%)", title="recall@k")
     ax1.grid(True, alpha=0.3)
     if any(ax1.get_lines()):
         ax1.legend(fontsize=8)
     vpc = [vectors_per_chunk(results[r]) for r in reps]
     ax2.bar(range(len(reps)), [v if v is not None else 0.0 for v in vpc], color="tab:gray")
     ax2.set_xticks(range(len(reps)), reps, rotation=30, ha="right", fontsize=8)
-    ax2.set_ylabel("vectors per chunk")
-    ax2.set_title("index size")
+    ax2.set(ylabel="vectors per chunk", title="index size")
     for i, v in enumerate(vpc):
         if v is not None:
             ax2.annotate(f"{v:.1f}", (i, v), ha="center", va="bottom", fontsize=8)
@@ -144,32 +119,18 @@ def _plot(path: Path, results: Mapping[str, Mapping[str, Any]], title: str | Non
 
 def write_report(output_dir: str | Path, results: Mapping[str, Mapping[str, Any]],
                  title: str | None = None, meta: Mapping[str, Any] | None = None) -> dict[str, Path]:
-    """Write results.json, results.md and recall.png into output_dir (created if needed).
-
-    `meta` (dataset, query count, embedder, ...) is stored in the JSON and listed above the table.
-    Returns {"json": path, "md": path, "png": path}.
-    """
+    """Write results.json, results.md and recall.png into output_dir; `meta` (dataset, query count, ...)
+    is stored in the JSON and listed above the table. Returns {"json": path, "md": path, "png": path}."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "md": out / "results.md", "png": out / "recall.png"}
-
-    doc = {
-        "meta": _clean(dict(meta or {})),
-        "representations": {rep: {**_clean(dict(e)), **_clean(_row_summary(e))} for rep, e in results.items()},
-    }
+    doc = {"meta": _clean(dict(meta or {})),
+           "representations": {rep: {**_clean(dict(e)), **_clean(_row_summary(e))} for rep, e in results.items()}}
     paths["json"].write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-    md = [f"# {title or 'Retrieval evaluation'}", ""]
-    for k, v in (meta or {}).items():
-        md.append(f"- **{k}**: {v}")
-    if meta:
-        md.append("")
-    md.append(markdown_table(results))
-    md.append("Metrics in percent (R@k = recall@k over distinct chunks = context accuracy C@k with one gold "
-              "chunk; T@1 = title accuracy). Best per column in bold.")
-    md.append("")
-    md.append("![recall@k](recall.png)")
+    md = [f"# {title or 'Retrieval evaluation'}", "", *(f"- **{k}**: {v}" for k, v in (meta or {}).items()),
+          *([""] if meta else []), markdown_table(results),
+          "Metrics in percent (R@k = recall@k over distinct chunks = context accuracy C@k with one gold "
+          "chunk; T@1 = title accuracy). Best per column in bold.", "", "![recall@k](recall.png)"]
     paths["md"].write_text("\n".join(md) + "\n", encoding="utf-8")
-
     _plot(paths["png"], results, title)
     return paths

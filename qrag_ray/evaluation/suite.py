@@ -1,10 +1,6 @@
-"""The multi-dataset suite: every configuration on every dataset, one table, one mean.
-
-A configuration tuned on one query style can rank differently on another (questions that share the
-passage's words, web queries), so the suite runs the same configurations over datasets of different
-query styles and prints configuration x dataset with the mean, so a default is chosen across them,
-and holds the figures against the ones recorded in the YAML (pyserini's 2CR style: the file is the
-expected table, `qrag suite` checks it through qrag_ray.evaluation.regression).
+"""The multi-dataset suite: every configuration on every dataset, one table, one mean, so a default is
+chosen across query styles (a configuration tuned on one can rank differently on another), held against
+the figures recorded in the YAML (pyserini's 2CR style, through `regression`).
 
 YAML (`eval/suite.yaml`):
     metric      the figure of the table (percent), e.g. nDCG@10
@@ -17,24 +13,25 @@ YAML (`eval/suite.yaml`):
     expected    {slice: {dataset: {config: percent}}}; slice "full" is the datasets as given
 
 A slice runs only the datasets it names, each with the slice's subset/offset, and only its configs
-(all when it lists none).
-Configurations that build the same vectors share one index per dataset (`qrag eval` reuses an index
-of the same identity, config.index_identity; fusion settings are applied at query time), so a
-configuration that differs only in its search policy costs no build.
+(all when it lists none). Configurations that build the same vectors share one index per dataset
+(`qrag eval` reuses an index of the same config.index_identity), so a search policy costs no build.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from qrag_ray.config import deep_update
+from pydantic import ValidationError
+
+from qrag_ray.config import REPRESENTATIONS, deep_update, format_validation_error, index_config, load_yaml
 from qrag_ray.errors import QragError
-from qrag_ray.evaluation.loaders import EVAL_KINDS
-from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures
+from qrag_ray.evaluation.driver import Variant, run_eval
+from qrag_ray.evaluation.loaders import EVAL_KINDS, load_eval_set
+from qrag_ray.evaluation.matrix import resolve_data_path
+from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
 
 FULL = "full"
 
@@ -50,10 +47,8 @@ class SuiteDataset:
 
     def sliced(self, sl: dict[str, Any] | None) -> "SuiteDataset | None":
         """This dataset as a slice reads it (None: the full dataset); None when the slice leaves it out."""
-        if sl is None:
-            return self
-        if self.name not in (sl.get("datasets") or {}):
-            return None
+        if sl is None or self.name not in (sl.get("datasets") or {}):
+            return self if sl is None else None
         d = sl["datasets"][self.name] or {}
         return SuiteDataset(self.name, self.kind, self.data, d.get("subset"), int(d.get("offset", 0)), self.split)
 
@@ -67,21 +62,12 @@ class Suite:
     configs: dict[str, dict[str, Any]]
     slices: dict[str, dict[str, Any]]
     expected: dict[str, dict[str, dict[str, float]]]  # slice -> dataset -> config -> percent
-    path: Path | None = None
 
 
 def load_suite(path: str | Path) -> Suite:
     """Parse and validate a suite YAML (every configuration checked as an IndexConfig up front)."""
-    from pydantic import ValidationError
-
-    from qrag_ray.config import format_validation_error, index_config, load_yaml
-    from qrag_ray.evaluation.matrix import resolve_data_path
-
     p = Path(path)
-    raw = load_yaml(p)
-    where = str(p)
-    metric = raw.get("metric", "nDCG@10")
-    tolerance = float(raw.get("tolerance", 1.0))
+    raw, where = load_yaml(p), str(p)
     base = raw.get("base") or {}
     if not isinstance(base, dict):
         raise QragError(f"{where}: 'base' must be a mapping of index config overrides")
@@ -114,33 +100,27 @@ def load_suite(path: str | Path) -> Suite:
     expected = raw.get("expected") or {}
     for sl, table in expected.items():
         for ds, row in (table or {}).items():
-            unknown = set(row or {}) - set(configs)
-            if ds not in {d.name for d in dsets} or unknown:
+            if (unknown := set(row or {}) - set(configs)) or ds not in {d.name for d in dsets}:
                 raise QragError(f"{where}: expected.{sl}.{ds} names an unknown dataset or config {sorted(unknown)}")
-    return Suite(metric, tolerance, base, dsets, {str(k): dict(v) for k, v in configs.items()},
-                 {str(k): dict(v) for k, v in slices.items()},
-                 {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()}, p)
+    return Suite(raw.get("metric", "nDCG@10"), float(raw.get("tolerance", 1.0)), base, dsets,
+                 {str(k): dict(v) for k, v in configs.items()}, {str(k): dict(v) for k, v in slices.items()},
+                 {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()})
 
-
-# --------------------------------------------------------------------------------------------- tables
 
 def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> dict[str, dict[str, float]]:
     """{config: {dataset: value}} plus a "mean" over `datasets` (only for configs measured on all)."""
-    out = {}
-    for cfg, row in table.items():
-        r = dict(row)
+    out = {cfg: dict(row) for cfg, row in table.items()}
+    for r in out.values():
         vals = [r[d] for d in datasets if r.get(d) is not None]
         if datasets and len(vals) == len(datasets):
             r["mean"] = sum(vals) / len(vals)
-        out[cfg] = r
     return out
 
 
 def rule_check(table: Mapping[str, Mapping[str, float]], datasets: list[str], candidate: str,
                references: tuple[str, ...] = ("chunk", "bm25"), margin: float = 1.0) -> dict[str, float]:
-    """The default's rule: on every dataset within `margin` points of the best of the
-    reference configurations (the single channels). Returns {dataset: shortfall} for the datasets
-    where `candidate` falls further below; empty = the rule holds."""
+    """The default's rule: on every dataset within `margin` points of the best reference configuration (the
+    single channels). Returns {dataset: shortfall} where `candidate` falls further below; empty = it holds."""
     bad = {}
     for d in datasets:
         refs = [table[r][d] for r in references if r in table and table[r].get(d) is not None]
@@ -158,11 +138,8 @@ def format_table(table: Mapping[str, Mapping[str, float]], datasets: list[str], 
     best = {c: max((r.get(c) for r in table.values() if r.get(c) is not None), default=None) for c in cols}
     lines = [f"| {metric} | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for cfg, row in table.items():
-        cells = []
-        for c in cols:
-            v = row.get(c)
-            s = "–" if v is None else f"{v:.1f}"
-            cells.append(f"**{s}**" if v is not None and best[c] is not None and abs(v - best[c]) < 0.05 else s)
+        cells = ["–" if (v := row.get(c)) is None else f"**{v:.1f}**" if abs(v - best[c]) < 0.05 else f"{v:.1f}"
+                 for c in cols]
         lines.append(f"| {cfg}{' ★' if cfg == mark else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -182,18 +159,15 @@ def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: 
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    cols = datasets + ["mean"]
-    cfgs = list(table)
+    cols, cfgs = datasets + ["mean"], list(table)
     fig = Figure(figsize=(9, 0.45 * len(cfgs) * max(1, len(cols)) / 2 + 1.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(111)
     h = 0.8 / len(cols)
     for j, c in enumerate(cols):
-        ys = [i + j * h for i in range(len(cfgs))]
-        xs = [table[cfg].get(c) or 0.0 for cfg in cfgs]
-        ax.barh(ys, xs, height=h, label=c, color="black" if c == "mean" else None)
-    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(cfgs))])
-    ax.set_yticklabels(cfgs, fontsize=8)
+        ax.barh([i + j * h for i in range(len(cfgs))], [table[cfg].get(c) or 0.0 for cfg in cfgs], height=h,
+                label=c, color="black" if c == "mean" else None)
+    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(cfgs))], cfgs, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(metric)
     ax.legend(fontsize=8, loc="lower right")
@@ -202,14 +176,9 @@ def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: 
     return path
 
 
-# --------------------------------------------------------------------------------------------- running
-
 def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A configuration as it acts on a corpus with no titles: the title prefix and the `title` kind
-    add nothing there, so they are dropped and the configuration shares the index of its untitled
-    twin instead of embedding the same texts again."""
-    from qrag_ray.config import REPRESENTATIONS
-
+    """A configuration on a corpus with no titles: the title prefix and the `title` kind add nothing there,
+    so they are dropped and it shares the index of its untitled twin instead of embedding the same texts."""
     out = dict(cfg)
     if out.get("title_prefix") or REPRESENTATIONS.get(out["representation"], {}).get("title_prefix"):
         out["title_prefix"] = False
@@ -220,9 +189,6 @@ def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: Path, console=None) -> dict:
-    from qrag_ray.evaluation.driver import Variant, run_eval
-    from qrag_ray.evaluation.loaders import load_eval_set
-
     titled = any(d["title"] for d in load_eval_set(ds.kind, ds.data, ds.subset, ds.split, ds.offset).corpus)
     variants = [Variant(c, dict(suite.configs[c]) if titled else without_titles(suite.configs[c])) for c in configs]
     res = run_eval(ds.kind, ds.data, variants, out / ds.name, subset=ds.subset, ks=[1, 10],
@@ -238,16 +204,12 @@ def _read_json(p: Path) -> dict:
 
 
 def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, dict]]:
-    """{dataset: {config: metrics}} measured earlier in `out` for this slice: the `qrag eval` reports
-    of each dataset folder (results.json when its slice matches, partial.json of an interrupted run),
-    then suite.json, whose stored definitions must equal the current ones (a definition that changed
-    is measured again; the eval reports carry no definitions and are taken by name)."""
+    """{dataset: {config: metrics}} measured earlier in `out` for this slice: each dataset folder's `qrag
+    eval` reports (results.json of the same slice, partial.json of an interrupted run; taken by name), then
+    suite.json, whose stored definitions must equal the current ones (a changed one is measured again)."""
     sl = suite.slices.get(slice_name)
     prev: dict[str, dict[str, dict]] = {}
-    for d in suite.datasets:
-        ds = d.sliced(sl)
-        if ds is None:
-            continue
+    for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
         rep = _read_json(out / ds.name / "results.json")
         meta = rep.get("meta") or {}
         row = {}
@@ -257,32 +219,29 @@ def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, d
         prev[ds.name] = row
     old = _read_json(out / "suite.json")
     if old.get("slice") == slice_name:
-        defs = old.get("configs") or {}
+        defs, now = old.get("configs") or {}, suite.configs
         for ds, row in (old.get("metrics") or {}).items():
-            prev.setdefault(ds, {}).update(
-                {c: m for c, m in row.items() if c in suite.configs and defs.get(c, suite.configs[c]) == suite.configs[c]})
+            prev.setdefault(ds, {}).update({c: m for c, m in row.items() if defs.get(c, now.get(c)) == now.get(c)})
     return {ds: {c: m for c, m in row.items() if c in suite.configs} for ds, row in prev.items()}
 
 
 def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: list[str] | None = None,
-              configs: list[str] | None = None, console=None,
-              runner: Callable[..., dict] | None = None, resume: bool = False) -> dict:
+              configs: list[str] | None = None, console=None, runner: Callable[..., dict] | None = None,
+              resume: bool = False) -> dict:
     """Run the selected configurations on the selected datasets (as `slice_name` reads them), write
-    suite.json, suite.md and suite.png under `out`, and compare with the recorded figures of that
-    slice. `runner(dataset, suite, configs, out, console) -> {config: metrics}` is injectable.
-    `resume`: keep the figures an earlier run of the same slice wrote to `out` for unchanged
-    configurations, and measure only the rest (a long run interrupted, or split over sessions)."""
+    suite.json, suite.md and suite.png under `out`, and compare with the slice's recorded figures.
+    `runner(dataset, suite, configs, out, console) -> {config: metrics}` is injectable. `resume` keeps the
+    figures an earlier run of the slice wrote to `out` for unchanged configurations, measuring the rest."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    names = [d.name for d in suite.datasets]
-    unknown = [d for d in datasets or [] if d not in names] + [c for c in configs or [] if c not in suite.configs]
+    unknown = [d for d in datasets or [] if d not in {x.name for x in suite.datasets}]
+    unknown += [c for c in configs or [] if c not in suite.configs]
     if unknown:
         raise QragError(f"unknown suite dataset(s) or config(s): {', '.join(unknown)}")
     if slice_name != FULL and slice_name not in suite.slices:
         raise QragError(f"unknown suite slice {slice_name!r} (known: {', '.join([FULL, *suite.slices])})")
     sl = suite.slices.get(slice_name)
     cfgs = configs or list((sl or {}).get("configs") or suite.configs)
-    run = runner or _evaluate_dataset
     prev = _previous(out, slice_name, suite) if resume else {}
     skip = (sl or {}).get("skip") or {}
     # a resumed run that measures a few configurations still shows the figures it kept for the others,
@@ -290,46 +249,35 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     others = {c for row in prev.values() for c in row} - set(cfgs)
     shown = [c for c in suite.configs if c in cfgs or c in others] if others else cfgs
     table: dict[str, dict[str, float]] = {c: {} for c in shown}
-    raw: dict[str, dict] = {}
-    done: list[str] = []
-    for d in suite.datasets:
-        ds = d.sliced(sl)
-        if ds is None:
-            continue
+    raw, done = {}, []
+    for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
         # a dataset left out of this run keeps the figures an earlier run of the slice wrote (resume)
-        selected = not datasets or d.name in datasets
+        selected = not datasets or ds.name in datasets
         if not selected and not prev.get(ds.name):
             continue
         if console and selected:
             console.rule(f"suite: {ds.name} ({slice_name})")
         kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in shown}
         todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])] if selected else []
-        metrics = dict(kept)
-        if todo:
-            metrics |= run(ds, suite, todo, out, console)
-        metrics = {c: metrics[c] for c in shown if c in metrics}
-        raw[ds.name] = metrics
+        metrics = kept | ((runner or _evaluate_dataset)(ds, suite, todo, out, console) if todo else {})
+        raw[ds.name] = metrics = {c: metrics[c] for c in shown if c in metrics}
         for c in shown:
-            v = (metrics.get(c) or {}).get(suite.metric)
-            if v is not None and math.isfinite(v):
+            if (v := finite_number((metrics.get(c) or {}).get(suite.metric))) is not None:
                 table[c][ds.name] = 100.0 * v
         done.append(ds.name)
     if not done:
         raise QragError(f"no suite dataset has slice {slice_name!r}")
     table = with_mean(table, done)
     checked = compare_expected(table, suite.expected.get(slice_name, {}), suite.metric, suite.tolerance)
-    regs, better = [str(r) for r in checked.regressions], [str(b) for b in checked.improvements]
     report = {"slice": slice_name, "metric": suite.metric, "datasets": done, "table": table, "metrics": raw,
               "configs": {c: suite.configs[c] for c in shown}, "skipped": skip,
-              "regressions": regs, "better": better}
+              "regressions": [str(r) for r in checked.regressions], "better": [str(b) for b in checked.improvements]}
     (out / "suite.json").write_text(json.dumps(report, indent=2))
     md = format_table(table, done, suite.metric, mark="default" if "default" in table else None)
     (out / "suite.md").write_text(md + "\n")
     png = plot(table, done, suite.metric, out / "suite.png")
-    report["paths"] = {"json": str(out / "suite.json"), "md": str(out / "suite.md"),
-                       **({"png": str(png)} if png else {})}
-    report["markdown"] = md
-    return report
+    return report | {"paths": {"json": str(out / "suite.json"), "md": str(out / "suite.md"),
+                               **({"png": str(png)} if png else {})}, "markdown": md}
 
 
 def recorded_yaml(table: Mapping[str, Mapping[str, float]], datasets: list[str], slice_name: str) -> str:
