@@ -6,8 +6,7 @@ import json
 from typing import Optional
 
 import typer
-from rich.console import Console
-
+from qrag_ray.cli.app import err
 from qrag_ray.errors import QragError
 
 
@@ -39,7 +38,6 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.config import deep_update, nest_dotted
         from qrag_ray.evaluation.driver import config_overrides_from_file, parse_list, plan_variants, run_eval
 
-        console = Console(stderr=True)
         try:
             ks = parse_list(k, int)
             taus = parse_list(prune_taus, float)
@@ -63,11 +61,11 @@ def register(app: typer.Typer) -> None:
             if len(set(labels)) != len(labels):
                 raise QragError(f"duplicate evaluation variants: {labels}")
         res = run_eval(dataset, data, variants, output, subset=subset, ks=ks, base_overrides=base,
-                       strict=strict, console=console, split=split, offset=offset)
+                       strict=strict, console=err, split=split, offset=offset)
         print(open(res["paths"]["md"]).read())
-        console.print(f"wrote {', '.join(res['paths'].values())}")
+        err.print(f"wrote {', '.join(res['paths'].values())}")
         if res["leaks"]:
-            console.print(f"[yellow]warning:[/] generated questions equal evaluation queries: {res['leaks']}")
+            err.print(f"[yellow]warning:[/] generated questions equal evaluation queries: {res['leaks']}")
 
     @app.command("matrix")
     def matrix_cmd(
@@ -104,10 +102,9 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.evaluation.driver import parse_list
         from qrag_ray.evaluation.suite import load_suite, recorded_yaml, run_suite
 
-        console = Console(stderr=True)
         suite = load_suite(path)
         rep = run_suite(suite, output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
-                        console=console, resume=resume)
+                        console=err, resume=resume)
         print(rep["markdown"])
         for line in rep["regressions"]:
             print(f"REGRESSION  {line}")
@@ -115,6 +112,6 @@ def register(app: typer.Typer) -> None:
             print(f"BETTER      {line}")
         if record:
             print(recorded_yaml(rep["table"], rep["datasets"], slice_name))
-        console.print(f"wrote {', '.join(rep['paths'].values())}")
+        err.print(f"wrote {', '.join(rep['paths'].values())}")
         if rep["regressions"]:
             raise typer.Exit(1)

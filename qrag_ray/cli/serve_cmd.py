@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from qrag_ray.cli.app import err
 from qrag_ray.errors import QragError
 from qrag_ray.ports import free_port
 
@@ -18,19 +19,18 @@ DEFAULT_PORT = 8000
 
 def load_serve_config(path: str | Path) -> dict:
     """A `serve deploy` YAML, validated with Ray's own ServeDeploySchema (one qrag application)."""
-    from pydantic import ValidationError as V2Error
+    from pydantic import ValidationError
 
+    from qrag_ray.config import format_validation_error
     from qrag_ray.io.yaml_file import read_yaml
 
     p = Path(path)
     data = read_yaml(p, "serve config", default={})
-    from ray.serve.schema import ServeDeploySchema
-
-    from qrag_ray.config import format_validation_error
+    from ray.serve.schema import ServeDeploySchema  # after the cheap checks: importing Serve takes seconds
 
     try:
         ServeDeploySchema.model_validate(data)
-    except V2Error as e:
+    except ValidationError as e:
         msg = format_validation_error(e).removeprefix("invalid configuration: ")
         raise QragError(f"serve config {p} does not match Ray's Serve schema: {msg}") from None
     apps = data.get("applications") or []
@@ -45,12 +45,10 @@ def plan_from_config(data: dict | None, index: str | None, tenants: str | None, 
     app_cfg = ((data or {}).get("applications") or [{}])[0]
     args: dict[str, Any] = dict(app_cfg.get("args") or {})
     if index or tenants:  # a flag replaces the config's source entirely
-        args.pop("index", None)
-        args.pop("tenants", None)
-        if index:
-            args["index"] = str(Path(index).expanduser().resolve())
-        if tenants:
-            args["tenants"] = str(Path(tenants).expanduser().resolve())
+        for key, val in (("index", index), ("tenants", tenants)):
+            args.pop(key, None)
+            if val:
+                args[key] = str(Path(val).expanduser().resolve())
     if llm_url:
         args["generator"] = {**(args.get("generator") or {}), "backend": "openai", "base_url": llm_url}
         if llm_model:
@@ -71,10 +69,8 @@ def _routes(url: str) -> Any:
 
 
 def direct_ingress_env(port: int, replicas: int = 16) -> dict[str, str]:
-    """Ray Serve's direct ingress (Ray 2.60, experimental): no proxy actor; each replica of the ingress
-    deployment runs its own HTTP server on a port the controller hands out from a range. Starting the
-    range at the user's port puts the (first) Router replica on it: one actor hop and the proxy's CPU per
-    request fewer than through the proxy (docs/BENCHMARKS.md has the latency it saves)."""
+    """Ray Serve's direct ingress (experimental): each ingress replica serves HTTP itself on a port from
+    a range; starting the range at the user's port puts the (first) Router replica on it, no proxy hop."""
     return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
             "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + replicas - 1)}
@@ -124,10 +120,7 @@ def register(app: typer.Typer) -> None:
         if not args.get("index") and not args.get("tenants"):
             raise QragError("give --index DIR or --tenants FILE (or a --config whose args name one)")
         if args.get("index"):
-            from qrag_ray.index.format import load_manifest
-            from qrag_ray.index.versions import resolve_index
-
-            load_manifest(resolve_index(args["index"]).dir)  # a clear one-line error before Ray starts
+            _check_index(args["index"])
         if args.get("tenants"):
             from qrag_ray.serving.tenants import load_tenants
 
@@ -145,7 +138,6 @@ def register(app: typer.Typer) -> None:
 
         from qrag_ray.serving.app import build_application
 
-        console = Console(stderr=True)
         env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
         if address:
             from qrag_ray.runtime import join_ray
@@ -156,9 +148,9 @@ def register(app: typer.Typer) -> None:
 
             from qrag_ray.serving.config import SERVE_PROCESS_ENV
 
-            # a busy 2-core laptop can miss Serve's 5 s proxy readiness check; the workers inherit this env
-            os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-            for var, val in SERVE_PROCESS_ENV.items():  # Serve's request path tuned (docs/BENCHMARKS.md)
+            # the workers inherit this env: Serve's request path tuned (docs/BENCHMARKS.md), and a proxy
+            # readiness timeout a busy 2-core laptop can meet (Serve's default is 5 s)
+            for var, val in {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", **SERVE_PROCESS_ENV}.items():
                 os.environ.setdefault(var, val)
             if direct_ingress:
                 os.environ.update(direct_ingress_env(int(http_port)))
@@ -177,17 +169,16 @@ def register(app: typer.Typer) -> None:
             routes = _routes(url)
             if routes != {"/": name}:
                 raise QragError(f"direct ingress: port {http_port} does not answer as the Router of '{name}' ({routes})")
-            console.print(f"direct ingress: the Router replica answers on port {http_port} itself "
-                          f"(Serve's proxy is on port {proxy_port}, unused)")
+            err.print(f"direct ingress: the Router replica answers on port {http_port} itself "
+                      f"(Serve's proxy is on port {proxy_port}, unused)")
         bad = [t for t in health.get("tenants", []) if t.get("status") != "ok"]
         if bad:
-            console.print(f"[yellow]serving, but with problems:[/] "
-                          f"{json.dumps({t['name']: t['problems'] for t in bad})}")
+            err.print(f"[yellow]serving, but with problems:[/] {json.dumps({t['name']: t['problems'] for t in bad})}")
         mode = "tenants (Bearer keys required)" if args.get("tenants") else "open default tenant (no key)"
-        console.print(f"qrag serving at {url}  ({mode}); API docs at {url}/docs")
+        err.print(f"qrag serving at {url}  ({mode}); API docs at {url}/docs")
         if detach:
             return
-        console.print("Ctrl-C to stop")
+        err.print("Ctrl-C to stop")
         try:
             while True:
                 time.sleep(3600)
@@ -213,11 +204,8 @@ def register(app: typer.Typer) -> None:
         """Query a running qrag server and print the results for a person."""
         import httpx
 
-        body: dict[str, Any] = {"query": text, "k": k, "mode": mode}
-        if min_score is not None:
-            body["min_score"] = min_score
-        if bm25_alpha is not None:
-            body["bm25_alpha"] = bm25_alpha
+        body = {"query": text, "k": k, "mode": mode, "min_score": min_score, "bm25_alpha": bm25_alpha}
+        body = {n: v for n, v in body.items() if v is not None}
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         route = "/v1/answer" if answer else "/v1/search"
         try:
@@ -250,12 +238,9 @@ def register(app: typer.Typer) -> None:
         """Add a tenant (or replace its entry) and print its new API key once."""
         from pydantic import ValidationError
 
-        from qrag_ray.index.format import load_manifest
         from qrag_ray.serving.tenants import add_tenant
 
-        from qrag_ray.index.versions import resolve_index
-
-        load_manifest(resolve_index(index).dir)
+        _check_index(index)
         limit = None
         if rps is not None or burst is not None:
             if rps is None:
@@ -267,9 +252,8 @@ def register(app: typer.Typer) -> None:
             from qrag_ray.config import format_validation_error
 
             raise QragError(format_validation_error(e)) from None
-        Console(stderr=True).print(f"tenant '{name}' -> {Path(index).resolve()} in {file}; its API key "
-                                   "(shown once, stored as sha256):")
-        print(key)
+        _print_key(f"tenant '{name}' -> {Path(index).resolve()} in {file}; its API key (shown once, stored as sha256):",
+                   key)
 
     @tenants_app.command("rotate")
     def tenants_rotate(
@@ -279,10 +263,8 @@ def register(app: typer.Typer) -> None:
         """Give a tenant a new API key (printed once); running servers refuse the old one within seconds."""
         from qrag_ray.serving.tenants import rotate_key
 
-        key = rotate_key(file, name)
-        Console(stderr=True).print(f"tenant '{name}': new API key (shown once; the old key stops working at the "
-                                   "servers' next reload):")
-        print(key)
+        _print_key(f"tenant '{name}': new API key (shown once; the old key stops working at the servers' next reload):",
+                   rotate_key(file, name))
 
     @tenants_app.command("remove")
     def tenants_remove(
@@ -293,16 +275,14 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.serving.tenants import remove_tenant
 
         remove_tenant(file, name)
-        Console(stderr=True).print(f"tenant '{name}' removed from {file}")
+        err.print(f"tenant '{name}' removed from {file}")
 
     @tenants_app.command("admin-key")
     def tenants_admin_key(file: str = typer.Option(..., "--file", help="tenants YAML")):
         """Set (or replace) the admin key of GET /v1/admin/status and print it once."""
         from qrag_ray.serving.tenants import set_admin_key
 
-        key = set_admin_key(file)
-        Console(stderr=True).print(f"admin key for {file} (shown once, stored as sha256):")
-        print(key)
+        _print_key(f"admin key for {file} (shown once, stored as sha256):", set_admin_key(file))
 
     @tenants_app.command("list")
     def tenants_list(file: str = typer.Option(..., "--file", help="tenants YAML")):
@@ -326,13 +306,27 @@ def register(app: typer.Typer) -> None:
 
         if rollback:
             versions.rollback(root, rollback)
-            Console(stderr=True).print(f"{root}: CURRENT -> {rollback}")
+            err.print(f"{root}: CURRENT -> {rollback}")
             return
         info = versions.publish_version(root, index, keep=keep)
-        Console(stderr=True).print(
+        err.print(
             f"{root}: CURRENT -> {info['index_version']} ({info['num_shards']} shards, {info['vectors']} vectors; "
             f"was {info['previous'] or 'nothing'}; removed {', '.join(info['removed']) or 'none'})")
         print(info["index_version"])
+
+
+def _check_index(path: str) -> None:
+    """A missing or broken index as one clear line, before Ray starts or a file is written."""
+    from qrag_ray.index.format import load_manifest
+    from qrag_ray.index.versions import resolve_index
+
+    load_manifest(resolve_index(path).dir)
+
+
+def _print_key(note: str, key: str) -> None:
+    """A new secret: what it is on stderr, the key alone on stdout (so a script can capture it)."""
+    err.print(note)
+    print(key)
 
 
 def print_results(data: dict, query: str, answer: bool = False) -> None:
@@ -347,18 +341,16 @@ def print_results(data: dict, query: str, answer: bool = False) -> None:
     t = Table(title=f"{len(data.get('results', []))} results from '{data.get('index')}' "
                     f"(index {str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)",
               show_lines=True)
-    t.add_column("#", justify="right")
-    t.add_column("score", justify="right")
-    t.add_column("chunk")
-    t.add_column("matched")
-    t.add_column("text")
+    for col in ("#", "score", "chunk", "matched", "text"):
+        t.add_column(col, justify="right" if col in ("#", "score") else "left")
     for i, r in enumerate(data.get("results", []), 1):
         best = r["matched"][0] if r.get("matched") else {}
         t.add_row(str(i), f"{r['score']:.3f}", r["chunk_id"],
-                  f"{best.get('kind', '')}: {_clip(best.get('text', ''), 100)}", _clip(r.get("text", ""), 200))
+                  f"{best.get('kind', '')}: {clip(best.get('text', ''), 100)}", clip(r.get("text", ""), 200))
     out.print(t)
 
 
-def _clip(s: str, n: int) -> str:
+def clip(s: str, n: int) -> str:
+    """`s` on one line, cut to at most `n` characters."""
     s = " ".join(str(s).split())
     return s if len(s) <= n else s[: n - 1] + "…"
