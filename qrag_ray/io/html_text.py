@@ -21,20 +21,13 @@ def html_to_text(html: str | bytes) -> tuple[str, str]:
     soup = BeautifulSoup(html, "html.parser")
     for tag in soup(_DROP):
         tag.decompose()
-    title = ""
-    if soup.title and soup.title.get_text(strip=True):
-        title = soup.title.get_text(" ", strip=True)
-    elif (h1 := soup.find("h1")) is not None:
-        title = h1.get_text(" ", strip=True)
+    head = soup.title if soup.title and soup.title.get_text(strip=True) else soup.find("h1")
+    title = head.get_text(" ", strip=True) if head is not None else ""
     if soup.title:
         soup.title.decompose()
     for table in soup.find_all("table"):
-        lines = []
-        for tr in table.find_all("tr"):
-            cells = [c.get_text(" ", strip=True) for c in tr.find_all(["td", "th"])]
-            cells = [c for c in cells if c]
-            if cells:
-                lines.append(" | ".join(cells))
+        rows = ([c.get_text(" ", strip=True) for c in tr.find_all(["td", "th"])] for tr in table.find_all("tr"))
+        lines = [" | ".join(c for c in cells if c) for cells in rows if any(cells)]
         table.replace_with(soup.new_string("\n\n" + "\n".join(lines) + "\n\n"))
     for br in soup.find_all("br"):
         br.replace_with("\n")

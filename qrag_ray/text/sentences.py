@@ -1,8 +1,8 @@
 """Sentence splitting for structured atoms and the sentence chunker.
 
-Splits on end punctuation followed by whitespace — what a user would do without a tagger, and what the
-reference figures the regression matrix reproduces (eval/matrix.yaml) used — but does not split after common abbreviations or
-single-letter initials ("U.S.", "Dr.", "J. Smith"), which would leave fragments that embed badly.
+Splits on end punctuation followed by whitespace (what a user would do without a tagger, and what the
+regression matrix's reference figures used) but not after common abbreviations or single-letter
+initials ("U.S.", "Dr.", "J. Smith"), which would leave fragments that embed badly.
 """
 
 from __future__ import annotations
