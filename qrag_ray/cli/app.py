@@ -25,7 +25,6 @@ def _global_options(
     verbose: int = typer.Option(0, "--verbose", "-v", count=True,
                                 help="show third-party logs and warnings (Ray, Ray Data, transformers, vLLM); -vv debug"),
 ):
-    """Question-based retrieval indexed with Ray Data and served with Ray Serve."""
     from qrag_ray.logs import filter_native_stderr, set_verbosity
 
     set_verbosity(verbose)

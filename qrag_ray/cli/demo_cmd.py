@@ -9,13 +9,16 @@ second run skips the LLM. Without the LLM (`QRAG_NO_LLM=1`, or no vLLM) `atom-se
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
+from itertools import zip_longest
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from qrag_ray.cli.app import err
 from qrag_ray.cli.serve_cmd import clip
@@ -29,8 +32,6 @@ QUESTION_KINDS = ("question", "quote", "atomquote")
 
 def llm_unavailable() -> str | None:
     """Why the bundled LLM cannot generate here (None when it can)."""
-    import importlib.util
-
     if os.environ.get("QRAG_NO_LLM") == "1":
         return "QRAG_NO_LLM=1"
     if importlib.util.find_spec("vllm") is None:
@@ -38,15 +39,9 @@ def llm_unavailable() -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- pure: what the table shows
-
-
 def matched_question(result: dict) -> str | None:
     """The generated question through which a hit was found: its best-scoring question vector."""
-    for m in result.get("matched") or []:
-        if m.get("kind") in QUESTION_KINDS:
-            return m.get("text")
-    return None
+    return next((m.get("text") for m in result.get("matched") or [] if m.get("kind") in QUESTION_KINDS), None)
 
 
 def won_by(result: dict) -> str:
@@ -61,32 +56,21 @@ def first_rank(results: list[dict], expected: tuple[str, ...]) -> int | None:
 
 def comparison_rows(ours: list[dict], base: list[dict], expected: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """Table rows: rank, our hit (topic, score, how it matched), the baseline's hit (topic, score)."""
-    rows = []
-    for i in range(max(len(ours), len(base))):
-        cells: list[str] = [str(i + 1)]
-        for res, show_match in ((ours, True), (base, False)):
-            if i >= len(res):
-                cells.append("")
-                continue
-            r = res[i]
-            mark = "[green]✓[/] " if r.get("doc_id") in expected else ""
-            cell = f"{mark}[bold]{r['doc_id']}[/] {r['score']:.3f}"
-            if show_match:
-                q = matched_question(r)
-                kind = won_by(r)
-                if q and kind in QUESTION_KINDS:
-                    cell += f"\n  [italic]matched generated question:[/] “{clip(q, 90)}”"
-                elif q:
-                    cell += f"\n  [dim]matched its {kind}; best question: “{clip(q, 70)}”[/]"
-                else:
-                    text = (r.get("matched") or [{}])[0].get("text") or r.get("text", "")
-                    cell += f"\n  [dim]matched its {kind}: {clip(text, 80)}[/]"
-            cells.append(cell)
-        rows.append(tuple(cells))
-    return rows
+    def cell(r: dict | None, show_match: bool) -> str:
+        if r is None:
+            return ""
+        hit = f"{'[green]✓[/] ' if r.get('doc_id') in expected else ''}[bold]{r['doc_id']}[/] {r['score']:.3f}"
+        if not show_match:
+            return hit
+        q, kind = matched_question(r), won_by(r)
+        if q and kind in QUESTION_KINDS:
+            return f"{hit}\n  [italic]matched generated question:[/] “{clip(q, 90)}”"
+        if q:
+            return f"{hit}\n  [dim]matched its {kind}; best question: “{clip(q, 70)}”[/]"
+        text = (r.get("matched") or [{}])[0].get("text") or r.get("text", "")
+        return f"{hit}\n  [dim]matched its {kind}: {clip(text, 80)}[/]"
 
-
-# ---------------------------------------------------------------- the command
+    return [(str(i), cell(o, True), cell(b, False)) for i, (o, b) in enumerate(zip_longest(ours, base), 1)]
 
 
 def register(app: typer.Typer) -> None:
@@ -116,10 +100,8 @@ def register(app: typer.Typer) -> None:
 
         out = Console()
         validate_k(k)
-        why_not = None
-        if generator is None:
-            why_not = llm_unavailable()
-            generator = "none" if why_not else "vllm"
+        why_not = llm_unavailable() if generator is None else None
+        generator = ("none" if why_not else "vllm") if generator is None else generator
         rep = representation or (QUESTION_REPRESENTATION if generator != "none" else NO_LLM_REPRESENTATION)
         names = None if all_topics else ([t.strip() for t in topics.split(",") if t.strip()] if topics else DEMO_TOPICS)
         wd = Path(workdir)
@@ -160,16 +142,13 @@ def register(app: typer.Typer) -> None:
                           f"{baseline} {rb or f'>{k}'}\n")
                 wins[0] += ro == 1
                 wins[1] += rb == 1
-        if any(q in DEMO_EXPECTED for q in asks):
-            known = sum(q in DEMO_EXPECTED for q in asks)
+        if known := sum(q in DEMO_EXPECTED for q in asks):
             out.print(f"right topic at rank 1: {rep} {wins[0]}/{known}, {baseline} {wins[1]}/{known}")
         out.print(f"{rep} index built in {t_ours:.0f}s. Search it yourself: qrag search --index {cfg.output} "
                   "--k 5 \"your question\"")
 
 
-def _table(q: str, rep: str, baseline: str, rows: list[tuple[str, ...]]):
-    from rich.table import Table
-
+def _table(q: str, rep: str, baseline: str, rows: list[tuple[str, ...]]) -> Table:
     t = Table(title=f"[bold]{q}", title_justify="left", show_lines=True, expand=False)
     t.add_column("#", justify="right")
     t.add_column(f"{rep} (generated questions)" if rep != NO_LLM_REPRESENTATION else rep, ratio=3)

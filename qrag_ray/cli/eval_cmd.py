@@ -47,11 +47,9 @@ def register(app: typer.Typer) -> None:
             raise QragError("--subset must be at least 1")
         if offset < 0:
             raise QragError("--offset must be 0 or more")
-        base = config_overrides_from_file(config)
-        flags = nest_dotted({"generator.backend": generator, "generator.questions": questions,
-                             "generator.prompt": prompt, "embedder.model": embedder, "shards": shards,
-                             "index.factory": factory})
-        base = deep_update(base, flags)
+        base = deep_update(config_overrides_from_file(config), nest_dotted({
+            "generator.backend": generator, "generator.questions": questions, "generator.prompt": prompt,
+            "embedder.model": embedder, "shards": shards, "index.factory": factory}))
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
         if variants_file:
             from qrag_ray.evaluation.driver import load_variants
@@ -78,8 +76,7 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.evaluation.driver import evaluate_condition, parse_list
         from qrag_ray.evaluation.matrix import run_matrix
 
-        res = run_matrix(path, ids=parse_list(ids) or None, runner=evaluate_condition,
-                         tags=parse_list(tags) or None)
+        res = run_matrix(path, ids=parse_list(ids) or None, runner=evaluate_condition, tags=parse_list(tags) or None)
         print(res.comparison.summary())
         if json_out:
             with open(json_out, "w") as f:
@@ -106,10 +103,9 @@ def register(app: typer.Typer) -> None:
         rep = run_suite(suite, output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
                         console=err, resume=resume)
         print(rep["markdown"])
-        for line in rep["regressions"]:
-            print(f"REGRESSION  {line}")
-        for line in rep["better"]:
-            print(f"BETTER      {line}")
+        for label, key in (("REGRESSION", "regressions"), ("BETTER", "better")):
+            for line in rep[key]:
+                print(f"{label:<12}{line}")
         if record:
             print(recorded_yaml(rep["table"], rep["datasets"], slice_name))
         err.print(f"wrote {', '.join(rep['paths'].values())}")

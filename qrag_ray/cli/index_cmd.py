@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from qrag_ray.cli.app import err
 from qrag_ray.errors import QragError
@@ -75,8 +76,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_summary(report, console: Console) -> None:
-    from rich.table import Table
-
     t = Table(title=f"index published at {report.output}", show_header=False)
     g = report.generation
     rows = [("documents", report.documents), ("chunks", report.chunks), ("questions", report.questions),

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 
 def register(app: typer.Typer) -> None:
     @app.command("presets")
     def presets(json_out: bool = typer.Option(False, "--json", help="print them as JSON")):
         """List the index presets: vector kinds, LLM or not, BM25 weight, calibration, purpose."""
-        from rich.console import Console
-        from rich.table import Table
-
         from qrag_ray.presets import PRESETS
 
         if json_out:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from qrag_ray.cli.app import err
 from qrag_ray.errors import QragError
@@ -53,9 +55,8 @@ def plan_from_config(data: dict | None, index: str | None, tenants: str | None, 
         args["generator"] = {**(args.get("generator") or {}), "backend": "openai", "base_url": llm_url}
         if llm_model:
             args["generator"]["model"] = llm_model
-    dep_opts = {d["name"]: d for d in app_cfg.get("deployments") or []}
-    http = dict((data or {}).get("http_options") or {})
-    return args, dep_opts, http
+    return (args, {d["name"]: d for d in app_cfg.get("deployments") or []},
+            dict((data or {}).get("http_options") or {}))
 
 
 def _routes(url: str) -> Any:
@@ -144,8 +145,6 @@ def register(app: typer.Typer) -> None:
 
             join_ray(address, runtime_env=env, logging_level="ERROR")
         else:
-            import os
-
             from qrag_ray.serving.config import SERVE_PROCESS_ENV
 
             # the workers inherit this env: Serve's request path tuned (docs/BENCHMARKS.md), and a proxy
@@ -206,10 +205,9 @@ def register(app: typer.Typer) -> None:
 
         body = {"query": text, "k": k, "mode": mode, "min_score": min_score, "bm25_alpha": bm25_alpha}
         body = {n: v for n, v in body.items() if v is not None}
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        route = "/v1/answer" if answer else "/v1/search"
         try:
-            r = httpx.post(url.rstrip("/") + route, json=body, headers=headers, timeout=120)
+            r = httpx.post(url.rstrip("/") + ("/v1/answer" if answer else "/v1/search"), json=body,
+                           headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=120)
         except httpx.HTTPError as e:
             raise QragError(f"cannot reach {url}: {e}") from None
         try:
@@ -241,11 +239,9 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.serving.tenants import add_tenant
 
         _check_index(index)
-        limit = None
-        if rps is not None or burst is not None:
-            if rps is None:
-                raise QragError("--burst needs --rps")
-            limit = {"rps": rps, "burst": burst if burst is not None else max(1, int(2 * rps))}
+        if burst is not None and rps is None:
+            raise QragError("--burst needs --rps")
+        limit = None if rps is None else {"rps": rps, "burst": burst if burst is not None else max(1, int(2 * rps))}
         try:
             key = add_tenant(file, name, index, rate_limit=limit)
         except ValidationError as e:
@@ -330,8 +326,6 @@ def _print_key(note: str, key: str) -> None:
 
 
 def print_results(data: dict, query: str, answer: bool = False) -> None:
-    from rich.table import Table
-
     out = Console()
     if answer:
         out.rule(f"[bold]{query}")

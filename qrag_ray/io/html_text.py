@@ -34,8 +34,5 @@ def html_to_text(html: str | bytes) -> tuple[str, str]:
     for tag in soup.find_all(_BLOCKS):
         tag.insert_before("\n\n")
         tag.insert_after("\n\n")
-    text = soup.get_text()
-    text = re.sub(r"[ \t\r\f\v]+", " ", text)
-    text = re.sub(r" *\n *", "\n", text)
-    text = re.sub(r"\n{3,}", "\n\n", text).strip()
-    return title, text
+    text = re.sub(r" *\n *", "\n", re.sub(r"[ \t\r\f\v]+", " ", soup.get_text()))
+    return title, re.sub(r"\n{3,}", "\n\n", text).strip()

@@ -22,10 +22,8 @@ DEMO_EXPECTED: dict[str, tuple[str, ...]] = {
     DEMO_QUERIES[1]: ("context-managers", "with"),
     DEMO_QUERIES[2]: ("try",),
 }
-# The statements part of the language reference plus a few neighbours: every demo answer is in it
-# (`context-managers` and `with` for the with-statement question) along with topics that compete
-# for the same words (`async` has `async with`, `raise` and `exceptions` talk about finally), and it
-# is about 30 chunks of 200 tokens: one LLM prompt each.
+# The statements part of the language reference: every demo answer plus topics that compete for the same
+# words (`async with`, `raise` and `exceptions` on finally), in about 30 chunks of 200 tokens (LLM prompts).
 DEMO_TOPICS = ("assert", "async", "break", "context-managers", "continue", "del", "exceptions", "for",
                "if", "pass", "raise", "return", "try", "while", "with", "yield")
 

@@ -27,8 +27,7 @@ def read_yaml(path: str | Path, what: str = "file", default: Any = None, expect:
         raise QragError(f"{what} {p} is not valid YAML{where}: {problem}") from None
     except UnicodeDecodeError as e:
         raise QragError(f"{what} {p} is not UTF-8 text: {e.reason} at byte {e.start}") from None
-    if data is None:
-        data = default
+    data = default if data is None else data
     if expect is not None and not isinstance(data, expect):
         kind = {dict: "a mapping", list: "a list"}.get(expect, expect.__name__)
         raise QragError(f"{what} {p} must hold {kind} at the top level")
