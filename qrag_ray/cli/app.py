@@ -1,8 +1,5 @@
-"""The `qrag` app and its entry point. Thin: parse flags, call library functions, print results.
-
-User mistakes end with one line on stderr and exit code 2, never a traceback; that includes errors
-raised inside Ray tasks, which arrive wrapped and are unwrapped here.
-"""
+"""The `qrag` app and its entry point: parse flags, call library functions, print results. A user mistake
+ends with one line on stderr and exit code 2, never a traceback, also when raised inside a Ray task."""
 
 from __future__ import annotations
 
@@ -36,8 +33,7 @@ _registered = False
 
 
 def register_commands() -> None:
-    """Each command lives in its own module of this package and registers itself (in help order).
-    Idempotent: tests and the deploy validator call `main` many times in one process."""
+    """Each command module registers itself, in help order; once per process (`main` runs many times)."""
     global _registered
     if not _registered:
         _registered = True
@@ -69,14 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         typer.main.get_command(app).main(args=argv, prog_name="qrag", standalone_mode=False)
         return 0
-    except aborts:
-        err.print("aborted")
+    except (*aborts, KeyboardInterrupt) as e:
+        err.print("interrupted" if isinstance(e, KeyboardInterrupt) else "aborted")
         return 130
     except tuple(m.exceptions.ClickException for m in mods) as e:
         return _usage_error(e)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130
     except BaseException as e:  # noqa: BLE001 - map user errors to one line, keep bugs loud
         ue = find_user_error(e)
         if ue is None:

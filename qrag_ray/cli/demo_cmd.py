@@ -1,11 +1,8 @@
-"""`qrag demo`: question-based retrieval next to the chunk baseline, on the same questions, over a corpus
-that ships with Python (the language reference bundled for `help()`), so it needs no download.
-
-A subset of the topics is indexed twice: with questions the bundled Qwen writes for every chunk (the
-`hybrid` preset by default) and as plain chunks; each question shows both top-k lists side by side,
-with the generated question that matched each hit. Generation goes through the question cache, so a
-second run skips the LLM. Without the LLM (`QRAG_NO_LLM=1`, or no vLLM) `atom-sentence` stands in.
-"""
+"""`qrag demo`: question-based retrieval next to the chunk baseline on a corpus that ships with Python (the
+language reference bundled for `help()`: no download). Topics are indexed with questions the bundled Qwen
+writes per chunk and as plain chunks; each question shows both top-k lists, with the generated question
+that matched each hit. The question cache makes a second run skip the LLM; without an LLM (`QRAG_NO_LLM=1`
+or no vLLM) `atom-sentence` stands in."""
 
 from __future__ import annotations
 
@@ -135,7 +132,13 @@ def register(app: typer.Typer) -> None:
         for q in asks:
             ours, base = (e.search([q], k=k)[0] for e in engines)
             expected = DEMO_EXPECTED.get(q, ())
-            out.print(_table(q, rep, baseline, comparison_rows(ours, base, expected)))
+            t = Table(title=f"[bold]{q}", title_justify="left", show_lines=True, expand=False)
+            t.add_column("#", justify="right")
+            t.add_column(f"{rep} (generated questions)" if rep != NO_LLM_REPRESENTATION else rep, ratio=3)
+            t.add_column(f"{baseline} (baseline)", ratio=1)
+            for row in comparison_rows(ours, base, expected):
+                t.add_row(*row)
+            out.print(t)
             if expected:
                 ro, rb = first_rank(ours, expected), first_rank(base, expected)
                 out.print(f"  right topic ({', '.join(expected)}) first at rank: {rep} {ro or f'>{k}'}, "
@@ -146,13 +149,3 @@ def register(app: typer.Typer) -> None:
             out.print(f"right topic at rank 1: {rep} {wins[0]}/{known}, {baseline} {wins[1]}/{known}")
         out.print(f"{rep} index built in {t_ours:.0f}s. Search it yourself: qrag search --index {cfg.output} "
                   "--k 5 \"your question\"")
-
-
-def _table(q: str, rep: str, baseline: str, rows: list[tuple[str, ...]]) -> Table:
-    t = Table(title=f"[bold]{q}", title_justify="left", show_lines=True, expand=False)
-    t.add_column("#", justify="right")
-    t.add_column(f"{rep} (generated questions)" if rep != NO_LLM_REPRESENTATION else rep, ratio=3)
-    t.add_column(f"{baseline} (baseline)", ratio=1)
-    for r in rows:
-        t.add_row(*r)
-    return t

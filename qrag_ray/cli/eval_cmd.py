@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
     ):
         """Compare representations side by side on labelled data."""
         from qrag_ray.config import deep_update, nest_dotted
-        from qrag_ray.evaluation.driver import config_overrides_from_file, parse_list, plan_variants, run_eval
+        from qrag_ray.evaluation.driver import (config_overrides_from_file, load_variants, parse_list, plan_variants,
+                                                run_eval)
 
         try:
             ks = parse_list(k, int)
@@ -52,8 +53,6 @@ def register(app: typer.Typer) -> None:
             "embedder.model": embedder, "shards": shards, "index.factory": factory}))
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
         if variants_file:
-            from qrag_ray.evaluation.driver import load_variants
-
             variants += load_variants(variants_file)
             labels = [v.label for v in variants]
             if len(set(labels)) != len(labels):

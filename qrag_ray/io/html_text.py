@@ -1,9 +1,6 @@
-"""HTML -> plain text that keeps table cells.
-
-Tables carry facts users ask about (dates, figures); a plain get_text() glues cells together. Each
-table row becomes one line with cells separated by " | ", block elements become paragraphs, and
-script/style/nav chrome is dropped.
-"""
+"""HTML -> plain text that keeps table cells: tables carry facts users ask about, which a plain get_text()
+glues together. A table row becomes one line of " | "-separated cells, block elements become paragraphs,
+script/style/nav chrome is dropped."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Check a small local corpus on the driver before Ray starts.
-
-A bad record found inside a Ray Data task reaches the user only after Ray has started (seconds) and
-through Ray's exception wrappers. A corpus small enough to parse in about a second
-(`QRAG_PRECHECK_MAX_BYTES`, 64 MB by default) is parsed here first with the readers' own functions, so
-the error is the same line, with the file and line number, at once. Larger or remote corpora are
-checked by the readers as they run.
-"""
+"""Check a small local corpus on the driver before Ray starts: a bad record found in a Ray Data task reaches
+the user only after Ray started, through its exception wrappers. A corpus parsed in about a second
+(`QRAG_PRECHECK_MAX_BYTES`, 64 MB by default) is parsed here first with the readers' own functions: the
+same line, with file and line number, at once. Larger or remote corpora are checked by the readers."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ def max_bytes() -> int:
 
 
 def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str | None = None) -> None:
-    """Parse every record of `files` when they are local text files of at most `max_bytes()` together;
-    QragError for a malformed record (file and line), a repeated document id, or no documents."""
+    """Parse every record of small local text `files`: QragError for a bad record, a repeated id or none."""
     from qrag_ray.io.readers import parse_jsonl_line, parse_msmarco_line
 
     local_text = fmt in ("jsonl", "beir", "msmarco") and not any("://" in f for f in files)
@@ -58,8 +53,7 @@ def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str
 
 
 def precheck_build(cfg, files: list[str]) -> None:
-    """Everything about an index build that can be checked in a moment on the driver: the corpus
-    (above), the embedder name, and for vLLM generation the model name and that vLLM is installed."""
+    """What a build can check in a moment: the corpus, the embedder, and for vLLM the model and vLLM itself."""
     import importlib.util
 
     from qrag_ray.models.registry import _LLM_ALIASES, resolve_embedder

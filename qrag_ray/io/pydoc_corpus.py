@@ -1,7 +1,5 @@
-"""A real corpus that ships with Python: the language reference as bundled for `help()`
-(`pydoc_data.topics`), one JSONL document per topic. The demo, tests and benchmarks all index it, so
-none of them needs a download; here because a library module (not the CLI) is what they may import.
-"""
+"""A real corpus that ships with Python, the language reference bundled for `help()` (`pydoc_data.topics`):
+one JSONL document per topic, so the demo, tests and benchmarks need no download."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Corpus readers: every input format becomes a Ray Dataset of {doc_id, title, text[, questions]}.
-
-Parsing of one record is a pure function (normalize_record) so bad input is reported the same way
-whatever the reader, with the file and line when we know them.
-"""
+"""Corpus readers: every input format becomes a Ray Dataset of {doc_id, title, text[, questions]}. One pure
+function parses a record (normalize_record), so bad input reads the same whatever the reader."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Chunkers: documents -> chunks (pure functions).
-
-The token window counts whitespace-delimited tokens and cuts at character offsets, so chunks keep the
-document's own spacing and a chunk's text is always a substring of the document (useful when a user
-checks a citation). HyPE used 500/50 windows; paragraph and sentence chunking follow natural units.
-"""
+"""Chunkers: documents -> chunks (pure functions). The token window counts whitespace-delimited tokens and
+cuts at character offsets, so a chunk keeps the document's spacing and is always a substring of it (a
+user can check a citation); paragraph and sentence chunking follow natural units."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Sentence splitting for structured atoms and the sentence chunker.
-
-Splits on end punctuation followed by whitespace (what a user would do without a tagger, and what the
-regression matrix's reference figures used) but not after common abbreviations or single-letter
-initials ("U.S.", "Dr.", "J. Smith"), which would leave fragments that embed badly.
-"""
+"""Sentences for structured atoms and the sentence chunker: split on end punctuation and whitespace (what
+a user would do without a tagger, and what the reference figures used) but not after common abbreviations
+or single-letter initials ("U.S.", "Dr.", "J. Smith"), which would leave fragments that embed badly."""
 
 from __future__ import annotations
 
