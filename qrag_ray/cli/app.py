@@ -3,6 +3,7 @@ ends with one line on stderr and exit code 2, never a traceback, also when raise
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from qrag_ray.errors import find_user_error
+from qrag_ray.logs import filter_native_stderr, set_verbosity
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Question-based retrieval indexed with Ray Data and served with Ray Serve.")
@@ -22,38 +24,22 @@ def _global_options(
     verbose: int = typer.Option(0, "--verbose", "-v", count=True,
                                 help="show third-party logs and warnings (Ray, Ray Data, transformers, vLLM); -vv debug"),
 ):
-    from qrag_ray.logs import filter_native_stderr, set_verbosity
-
     set_verbosity(verbose)
     filter_native_stderr()
 
 
 COMMAND_MODULES = ("index_cmd", "search_cmd", "presets_cmd", "models_cmd", "serve_cmd", "eval_cmd", "demo_cmd", "cache_cmd")
-_registered = False
 
 
+@functools.cache
 def register_commands() -> None:
     """Each command module registers itself, in help order; once per process (`main` runs many times)."""
-    global _registered
-    if not _registered:
-        _registered = True
-        for name in COMMAND_MODULES:
-            importlib.import_module(f"qrag_ray.cli.{name}").register(app)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"qrag_ray.cli.{name}").register(app)
 
 
 def _error_line(msg: str) -> None:
     err.print(f"[red]error:[/] {escape(' '.join(msg.split()))}", highlight=False, soft_wrap=True)
-
-
-def _usage_error(e) -> int:
-    """A click usage error as one line ('error: Missing option ... (see qrag index --help)'); a bare
-    `qrag` or a group without its command still gets the help it asks for."""
-    if type(e).__name__ == "NoArgsIsHelpError":
-        e.show()
-    else:
-        ctx = getattr(e, "ctx", None)
-        _error_line(e.format_message() + (f" (see {ctx.command_path} --help)" if ctx is not None else ""))
-    return e.exit_code or 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         err.print("interrupted" if isinstance(e, KeyboardInterrupt) else "aborted")
         return 130
     except tuple(m.exceptions.ClickException for m in mods) as e:
-        return _usage_error(e)
+        # one line ('error: Missing option ... (see qrag index --help)'); a bare `qrag` or a group without
+        # its command still gets the help it asks for
+        if type(e).__name__ == "NoArgsIsHelpError":
+            e.show()
+        else:
+            ctx = getattr(e, "ctx", None)
+            _error_line(e.format_message() + (f" (see {ctx.command_path} --help)" if ctx is not None else ""))
+        return e.exit_code or 2
     except BaseException as e:  # noqa: BLE001 - map user errors to one line, keep bugs loud
         ue = find_user_error(e)
         if ue is None:

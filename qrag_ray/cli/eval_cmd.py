@@ -1,4 +1,4 @@
-"""`qrag eval` and `qrag matrix`: thin CLI over qrag_ray.evaluation."""
+"""`qrag eval`, `qrag matrix` and `qrag suite`: thin CLI over qrag_ray.evaluation."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 from typing import Optional
 
 import typer
+
 from qrag_ray.cli.app import err
 from qrag_ray.errors import QragError
 
@@ -98,8 +99,7 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.evaluation.driver import parse_list
         from qrag_ray.evaluation.suite import load_suite, recorded_yaml, run_suite
 
-        suite = load_suite(path)
-        rep = run_suite(suite, output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
+        rep = run_suite(load_suite(path), output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
                         console=err, resume=resume)
         print(rep["markdown"])
         for label, key in (("REGRESSION", "regressions"), ("BETTER", "better")):

@@ -66,8 +66,7 @@ def register(app: typer.Typer) -> None:
                    "filters.prune_tau": prune_tau, "chunker.method": chunker, "chunker.size": chunk_size,
                    "chunker.overlap": chunk_overlap, "embedder.model": embedder,
                    "bm25.enabled": True if bm25_alpha is not None else bm25, "search.bm25_alpha": bm25_alpha,
-                   "build.keep_work": keep_work or None},
-            )
+                   "build.keep_work": keep_work or None})
         report = build_index(cfg, console=err)
         if json_out:
             print(json.dumps(report.to_dict(), indent=2, default=str))

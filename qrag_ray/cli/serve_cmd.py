@@ -77,9 +77,9 @@ def direct_ingress_env(port: int, replicas: int = 16) -> dict[str, str]:
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + replicas - 1)}
 
 
-def wait_healthy(url: str, timeout_s: float = 300.0, admin_key: str | None = None) -> dict:
-    """Wait for /readyz (the first tenants loaded), then return the admin status when this caller may
-    read it (an open single-index server, or with the admin key), else the readiness body."""
+def wait_healthy(url: str, timeout_s: float = 300.0) -> dict:
+    """Wait for /readyz (the first tenants loaded), then return the admin status where it is open (a
+    single-index server), else the readiness body."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -89,8 +89,7 @@ def wait_healthy(url: str, timeout_s: float = 300.0, admin_key: str | None = Non
             r = httpx.get(f"{url}/readyz", timeout=10)
             last = r.json()
             if r.status_code == 200:
-                headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-                st = httpx.get(f"{url}/v1/admin/status", headers=headers, timeout=60)
+                st = httpx.get(f"{url}/v1/admin/status", timeout=60)
                 return st.json() if st.status_code == 200 else last
         except (httpx.HTTPError, ValueError) as e:
             last = str(e)
@@ -121,12 +120,14 @@ def register(app: typer.Typer) -> None:
         if not args.get("index") and not args.get("tenants"):
             raise QragError("give --index DIR or --tenants FILE (or a --config whose args name one)")
         if args.get("index"):
-            _check_index(args["index"])
+            from qrag_ray.index.versions import resolve_index
+
+            resolve_index(args["index"])  # reads the manifest: a clear one-line error before Ray starts
         if args.get("tenants"):
             from qrag_ray.serving.tenants import load_tenants
 
             load_tenants(args["tenants"])
-        http_host = host or ("127.0.0.1" if not config else http.get("host", "127.0.0.1"))
+        http_host = host or http.get("host", "127.0.0.1")
         http_port = port or http.get("port", DEFAULT_PORT)
         if detach and not address:
             raise QragError("--detach needs --address: a local in-process Ray stops when qrag exits")
@@ -137,16 +138,14 @@ def register(app: typer.Typer) -> None:
         import ray
         from ray import serve
 
+        from qrag_ray.runtime import join_ray
         from qrag_ray.serving.app import build_application
+        from qrag_ray.serving.config import SERVE_PROCESS_ENV
 
         env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
         if address:
-            from qrag_ray.runtime import join_ray
-
             join_ray(address, runtime_env=env, logging_level="ERROR")
         else:
-            from qrag_ray.serving.config import SERVE_PROCESS_ENV
-
             # the workers inherit this env: Serve's request path tuned (docs/BENCHMARKS.md), and a proxy
             # readiness timeout a busy 2-core laptop can meet (Serve's default is 5 s)
             for var, val in {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", **SERVE_PROCESS_ENV}.items():
@@ -236,9 +235,10 @@ def register(app: typer.Typer) -> None:
         """Add a tenant (or replace its entry) and print its new API key once."""
         from pydantic import ValidationError
 
+        from qrag_ray.index.versions import resolve_index
         from qrag_ray.serving.tenants import add_tenant
 
-        _check_index(index)
+        resolve_index(index)
         if burst is not None and rps is None:
             raise QragError("--burst needs --rps")
         limit = None if rps is None else {"rps": rps, "burst": burst if burst is not None else max(1, int(2 * rps))}
@@ -309,14 +309,6 @@ def register(app: typer.Typer) -> None:
             f"{root}: CURRENT -> {info['index_version']} ({info['num_shards']} shards, {info['vectors']} vectors; "
             f"was {info['previous'] or 'nothing'}; removed {', '.join(info['removed']) or 'none'})")
         print(info["index_version"])
-
-
-def _check_index(path: str) -> None:
-    """A missing or broken index as one clear line, before Ray starts or a file is written."""
-    from qrag_ray.index.format import load_manifest
-    from qrag_ray.index.versions import resolve_index
-
-    load_manifest(resolve_index(path).dir)
 
 
 def _print_key(note: str, key: str) -> None:

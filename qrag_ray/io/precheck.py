@@ -14,20 +14,17 @@ from qrag_ray.errors import QragError
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
 
-def max_bytes() -> int:
-    try:
-        return int(os.environ.get("QRAG_PRECHECK_MAX_BYTES", DEFAULT_MAX_BYTES))
-    except ValueError:
-        return DEFAULT_MAX_BYTES
-
-
 def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str | None = None) -> None:
     """Parse every record of small local text `files`: QragError for a bad record, a repeated id or none."""
     from qrag_ray.io.readers import parse_jsonl_line, parse_msmarco_line
 
+    try:
+        limit = int(os.environ.get("QRAG_PRECHECK_MAX_BYTES", DEFAULT_MAX_BYTES))
+    except ValueError:
+        limit = DEFAULT_MAX_BYTES
     local_text = fmt in ("jsonl", "beir", "msmarco") and not any("://" in f for f in files)
     try:
-        if not local_text or sum(os.path.getsize(f) for f in files) > max_bytes():
+        if not local_text or sum(os.path.getsize(f) for f in files) > limit:
             return
     except OSError:
         return

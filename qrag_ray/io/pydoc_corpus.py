@@ -36,8 +36,7 @@ def write_pydoc_corpus(path: Path, topics: tuple[str, ...] | list[str] | None = 
     from pydoc_data.topics import topics as all_topics
 
     names = sorted(all_topics) if not topics else list(topics)
-    unknown = [t for t in names if t not in all_topics]
-    if unknown:
+    if unknown := [t for t in names if t not in all_topics]:
         raise QragError(f"unknown pydoc topic(s) {unknown} (see `python -c \"import pydoc_data.topics as t; "
                         "print(sorted(t.topics))\"`)")
     path.parent.mkdir(parents=True, exist_ok=True)

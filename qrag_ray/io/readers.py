@@ -141,8 +141,6 @@ def _line_number(path: str, line: str) -> str:
 
 def _columns(rows: list[dict], questions_column: str | None) -> dict:
     out = {k: np.array([r[k] for r in rows], dtype=object) for k in ("doc_id", "title", "text")}
-    if questions_column:
-        out["questions"] = np.empty(len(rows), dtype=object)
-        for i, r in enumerate(rows):
-            out["questions"][i] = list(r.get("questions", []))
+    if questions_column:  # one list per row (np.array would make a 2-D array of equal-length lists)
+        out["questions"] = np.fromiter((list(r.get("questions", [])) for r in rows), dtype=object, count=len(rows))
     return out

@@ -17,22 +17,15 @@ _BOUNDARY = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
 def split_sentences(text: str) -> list[str]:
     """Sentences of `text`, stripped, in order; empty input gives []."""
     text = (text or "").strip()
-    if not text:
-        return []
     out: list[str] = []
     start = 0
     for m in _BOUNDARY.finditer(text):
         candidate = text[start:m.start()].rstrip()
         # the word that ends at the boundary, without its final dot
-        last = candidate.rsplit(None, 1)[-1] if candidate else ""
-        word = last.rstrip(".").lower().lstrip("(\"'“‘")
+        word = (candidate.rsplit(None, 1) or [""])[-1].rstrip(".").lower().lstrip("(\"'“‘")
         if candidate.endswith(".") and (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())):
             continue
-        piece = text[start:m.end()].strip()
-        if piece:
+        if piece := text[start:m.end()].strip():
             out.append(piece)
         start = m.end()
-    tail = text[start:].strip()
-    if tail:
-        out.append(tail)
-    return out
+    return out + [tail] if (tail := text[start:].strip()) else out
