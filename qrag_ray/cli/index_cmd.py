@@ -6,7 +6,6 @@ import json
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from qrag_ray.cli.app import err
@@ -47,11 +46,10 @@ def register(app: typer.Typer) -> None:
     ):
         """Build a sharded question index from a corpus."""
         from qrag_ray.config import build_index_config
+        from qrag_ray.index.incremental import incremental_config
         from qrag_ray.pipeline import build_index
 
         if append or delete_ids:
-            from qrag_ray.index.incremental import incremental_config
-
             cfg = incremental_config(output, append, delete_ids)
         elif input is None:
             raise QragError("--input is required")
@@ -71,10 +69,10 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print(json.dumps(report.to_dict(), indent=2, default=str))
         else:
-            _print_summary(report, err)
+            _print_summary(report)
 
 
-def _print_summary(report, console: Console) -> None:
+def _print_summary(report) -> None:
     t = Table(title=f"index published at {report.output}", show_header=False)
     g = report.generation
     rows = [("documents", report.documents), ("chunks", report.chunks), ("questions", report.questions),
@@ -84,4 +82,4 @@ def _print_summary(report, console: Console) -> None:
             ("index size", f"{report.index_bytes / 1e6:.2f} MB")]
     for k, v in rows + [(f"time: {k}", f"{v:.1f}s") for k, v in report.stage_seconds.items()]:
         t.add_row(k, str(v))
-    console.print(t)
+    err.print(t)

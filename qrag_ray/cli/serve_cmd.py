@@ -59,16 +59,6 @@ def plan_from_config(data: dict | None, index: str | None, tenants: str | None, 
             dict((data or {}).get("http_options") or {}))
 
 
-def _routes(url: str) -> Any:
-    """What the server on `url` says it routes (`/-/routes`: {route prefix: app name})."""
-    import httpx
-
-    try:
-        return httpx.get(f"{url}/-/routes", timeout=10).json()
-    except (httpx.HTTPError, ValueError) as e:
-        return str(e)
-
-
 def direct_ingress_env(port: int, replicas: int = 16) -> dict[str, str]:
     """Ray Serve's direct ingress (experimental): each ingress replica serves HTTP itself on a port from
     a range; starting the range at the user's port puts the (first) Router replica on it, no proxy hop."""
@@ -115,17 +105,16 @@ def register(app: typer.Typer) -> None:
             "on --port (more replicas: the next ports), no Serve proxy in between (docs/SERVING.md)"),
     ):
         """Serve an index (or many tenants' indexes) over HTTP with Ray Serve."""
+        from qrag_ray.index.versions import resolve_index
+        from qrag_ray.serving.tenants import load_tenants
+
         data = load_serve_config(config) if config else None
         args, dep_opts, http = plan_from_config(data, index, tenants, llm_url, llm_model)
         if not args.get("index") and not args.get("tenants"):
             raise QragError("give --index DIR or --tenants FILE (or a --config whose args name one)")
         if args.get("index"):
-            from qrag_ray.index.versions import resolve_index
-
             resolve_index(args["index"])  # reads the manifest: a clear one-line error before Ray starts
         if args.get("tenants"):
-            from qrag_ray.serving.tenants import load_tenants
-
             load_tenants(args["tenants"])
         http_host = host or http.get("host", "127.0.0.1")
         http_port = port or http.get("port", DEFAULT_PORT)
@@ -135,6 +124,7 @@ def register(app: typer.Typer) -> None:
             raise QragError("--direct-ingress starts its own local Ray (the switch is read when Ray's processes "
                             "start); on a cluster set the environment of docs/SERVING.md on every node instead")
 
+        import httpx
         import ray
         from ray import serve
 
@@ -164,7 +154,10 @@ def register(app: typer.Typer) -> None:
         url = f"http://{'127.0.0.1' if http_host in ('0.0.0.0', '::') else http_host}:{http_port}"
         health = wait_healthy(url)
         if direct_ingress:
-            routes = _routes(url)
+            try:  # what the server on the user's port routes: {route prefix: app name}
+                routes = httpx.get(f"{url}/-/routes", timeout=10).json()
+            except (httpx.HTTPError, ValueError) as e:
+                routes = str(e)
             if routes != {"/": name}:
                 raise QragError(f"direct ingress: port {http_port} does not answer as the Router of '{name}' ({routes})")
             err.print(f"direct ingress: the Router replica answers on port {http_port} itself "
@@ -235,6 +228,7 @@ def register(app: typer.Typer) -> None:
         """Add a tenant (or replace its entry) and print its new API key once."""
         from pydantic import ValidationError
 
+        from qrag_ray.config import format_validation_error
         from qrag_ray.index.versions import resolve_index
         from qrag_ray.serving.tenants import add_tenant
 
@@ -245,8 +239,6 @@ def register(app: typer.Typer) -> None:
         try:
             key = add_tenant(file, name, index, rate_limit=limit)
         except ValidationError as e:
-            from qrag_ray.config import format_validation_error
-
             raise QragError(format_validation_error(e)) from None
         _print_key(f"tenant '{name}' -> {Path(index).resolve()} in {file}; its API key (shown once, stored as sha256):",
                    key)

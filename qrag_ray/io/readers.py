@@ -89,7 +89,6 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
     if fmt not in INPUT_FORMATS:
         raise QragError(f"unknown input format '{fmt}' (known: {', '.join(INPUT_FORMATS)})")
     files = resolve_files(path, fmt)
-
     if fmt in ("jsonl", "beir", "msmarco"):
         def parse(batch: dict) -> dict:
             rows = []
