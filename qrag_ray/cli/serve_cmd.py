@@ -146,8 +146,7 @@ def register(app: typer.Typer) -> None:
             ray.init(address="local", num_cpus=max(8, 4 * (os.cpu_count() or 2)), runtime_env=env,
                      logging_level="ERROR", log_to_driver=False)
         application = build_application(args, dep_opts)
-        # with direct ingress Ray still starts its proxy: it gets a free port, the Router replica the user's (the
-        # replica's server binds the same host as the proxy, from these options)
+        # with direct ingress Serve's proxy (whose host the Router's server binds too) gets a free port
         proxy_port = free_port() if direct_ingress else int(http_port)
         serve.start(http_options={"host": http_host, "port": proxy_port})
         serve.run(application, name=name, route_prefix="/", blocking=False)
@@ -162,8 +161,7 @@ def register(app: typer.Typer) -> None:
                 raise QragError(f"direct ingress: port {http_port} does not answer as the Router of '{name}' ({routes})")
             err.print(f"direct ingress: the Router replica answers on port {http_port} itself "
                       f"(Serve's proxy is on port {proxy_port}, unused)")
-        bad = [t for t in health.get("tenants", []) if t.get("status") != "ok"]
-        if bad:
+        if bad := [t for t in health.get("tenants", []) if t.get("status") != "ok"]:
             err.print(f"[yellow]serving, but with problems:[/] {json.dumps({t['name']: t['problems'] for t in bad})}")
         mode = "tenants (Bearer keys required)" if args.get("tenants") else "open default tenant (no key)"
         err.print(f"qrag serving at {url}  ({mode}); API docs at {url}/docs")
