@@ -314,9 +314,8 @@ def print_results(data: dict, query: str, answer: bool = False) -> None:
         out.print(data.get("answer", ""))
         for c in data.get("citations", []):
             out.print(f"  [{c['n']}] {c['chunk_id']}")
-    t = Table(title=f"{len(data.get('results', []))} results from '{data.get('index')}' "
-                    f"(index {str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)",
-              show_lines=True)
+    t = Table(show_lines=True, title=f"{len(data.get('results', []))} results from '{data.get('index')}' (index "
+                                     f"{str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)")
     for col in ("#", "score", "chunk", "matched", "text"):
         t.add_column(col, justify="right" if col in ("#", "score") else "left")
     for i, r in enumerate(data.get("results", []), 1):
