@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
 
         if buckets < 1:
             raise QragError(f"--buckets must be at least 1, got {buckets}")
-        print(json.dumps({"root": str(QuestionCache(cache_dir).root), **QuestionCache(cache_dir).compact(buckets)}))
+        c = QuestionCache(cache_dir)
+        print(json.dumps({"root": str(c.root), **c.compact(buckets)}))
 
     app.add_typer(cache_app, name="cache")

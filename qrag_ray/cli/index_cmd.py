@@ -6,8 +6,9 @@ import json
 from typing import Optional
 
 import typer
-from rich.console import Console
+from rich.table import Table
 
+from qrag_ray.cli.app import err
 from qrag_ray.errors import QragError
 
 
@@ -45,40 +46,33 @@ def register(app: typer.Typer) -> None:
     ):
         """Build a sharded question index from a corpus."""
         from qrag_ray.config import build_index_config
+        from qrag_ray.index.incremental import incremental_config
         from qrag_ray.pipeline import build_index
 
         if append or delete_ids:
-            from qrag_ray.index.incremental import incremental_config
-
-            report = build_index(incremental_config(output, append, delete_ids), console=Console(stderr=True))
-            print(json.dumps(report.to_dict(), indent=2, default=str)) if json_out else _print_summary(report, Console(stderr=True))
-            return
-        if input is None:
+            cfg = incremental_config(output, append, delete_ids)
+        elif input is None:
             raise QragError("--input is required")
-
-        if shards is not None and shards < 1:
+        elif shards is not None and shards < 1:
             raise QragError(f"--shards must be at least 1, got {shards}")
-        cfg = build_index_config(
-            config, input=input, format=format, output=output, representation=representation, shards=shards,
-            overwrite=overwrite or None, address=address, cache_dir=cache_dir,
-            **{"generator.backend": generator, "generator.questions": questions, "generator.model": model,
-               "generator.prompt": prompt, "generator.base_url": base_url, "index.factory": factory,
-               "filters.prune_tau": prune_tau, "chunker.method": chunker, "chunker.size": chunk_size,
-               "chunker.overlap": chunk_overlap, "embedder.model": embedder,
-               "bm25.enabled": True if bm25_alpha is not None else bm25, "search.bm25_alpha": bm25_alpha,
-               "build.keep_work": keep_work or None},
-        )
-        out = Console(stderr=True)
-        report = build_index(cfg, console=out)
+        else:
+            cfg = build_index_config(
+                config, input=input, format=format, output=output, representation=representation, shards=shards,
+                overwrite=overwrite or None, address=address, cache_dir=cache_dir,
+                **{"generator.backend": generator, "generator.questions": questions, "generator.model": model,
+                   "generator.prompt": prompt, "generator.base_url": base_url, "index.factory": factory,
+                   "filters.prune_tau": prune_tau, "chunker.method": chunker, "chunker.size": chunk_size,
+                   "chunker.overlap": chunk_overlap, "embedder.model": embedder,
+                   "bm25.enabled": True if bm25_alpha is not None else bm25, "search.bm25_alpha": bm25_alpha,
+                   "build.keep_work": keep_work or None})
+        report = build_index(cfg, console=err)
         if json_out:
             print(json.dumps(report.to_dict(), indent=2, default=str))
         else:
-            _print_summary(report, out)
+            _print_summary(report)
 
 
-def _print_summary(report, console: Console) -> None:
-    from rich.table import Table
-
+def _print_summary(report) -> None:
     t = Table(title=f"index published at {report.output}", show_header=False)
     g = report.generation
     rows = [("documents", report.documents), ("chunks", report.chunks), ("questions", report.questions),
@@ -86,7 +80,6 @@ def _print_summary(report, console: Console) -> None:
             ("LLM requests: cached / generated", f"{g.cached} / {g.generated}"),
             ("LLM tokens: prompt / output", f"{g.prompt_tokens} / {g.output_tokens}"),
             ("index size", f"{report.index_bytes / 1e6:.2f} MB")]
-    rows += [(f"time: {k}", f"{v:.1f}s") for k, v in report.stage_seconds.items()]
-    for k, v in rows:
+    for k, v in rows + [(f"time: {k}", f"{v:.1f}s") for k, v in report.stage_seconds.items()]:
         t.add_row(k, str(v))
-    console.print(t)
+    err.print(t)

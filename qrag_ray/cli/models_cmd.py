@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
+
+from qrag_ray.cli.app import err
 
 
 def register(app: typer.Typer) -> None:
@@ -14,6 +15,7 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.models.registry import resolve_embedder, resolve_llm
 
         st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
-        Console(stderr=True).print(f"embedder all-MiniLM-L6-v2: {resolve_embedder('all-MiniLM-L6-v2')} (dim {st.get_sentence_embedding_dimension()})")
+        err.print(f"embedder all-MiniLM-L6-v2: {resolve_embedder('all-MiniLM-L6-v2')} "
+                  f"(dim {st.get_sentence_embedding_dimension()})")
         if llm:
-            Console(stderr=True).print(f"LLM qwen2.5-coder-0.5b-instruct: {resolve_llm('qwen2.5-coder-0.5b-instruct')}")
+            err.print(f"LLM qwen2.5-coder-0.5b-instruct: {resolve_llm('qwen2.5-coder-0.5b-instruct')}")

@@ -5,17 +5,16 @@ from __future__ import annotations
 import json
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from qrag_ray.presets import PRESETS
 
 
 def register(app: typer.Typer) -> None:
     @app.command("presets")
     def presets(json_out: bool = typer.Option(False, "--json", help="print them as JSON")):
         """List the index presets: vector kinds, LLM or not, BM25 weight, calibration, purpose."""
-        from rich.console import Console
-        from rich.table import Table
-
-        from qrag_ray.presets import PRESETS
-
         if json_out:
             print(json.dumps([{"name": p.name, "id": p.id, "purpose": p.purpose, "kinds": list(p.kinds),
                                "needs_llm": p.needs_llm, "granularity": p.granularity,

@@ -28,10 +28,8 @@ def register(app: typer.Typer) -> None:
         validate_k(k)
         if not query.strip():
             raise QragError("query must be a non-empty string")
-        policy = None
-        if bm25_alpha is not None:
-            policy = FusionPolicy.from_manifest(load_manifest(index)).with_bm25_alpha(bm25_alpha)
-        engine = SearchEngine(index, policy=policy)
+        engine = SearchEngine(index, policy=None if bm25_alpha is None else
+                              FusionPolicy.from_manifest(load_manifest(index)).with_bm25_alpha(bm25_alpha))
         results = engine.search([query], k=k, min_score=min_score)[0]
         print(json.dumps({"results": results, "index_version": engine.manifest.index_version}, indent=2,
                          ensure_ascii=False))

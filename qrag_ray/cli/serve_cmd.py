@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
+from qrag_ray.cli.app import err
 from qrag_ray.errors import QragError
 from qrag_ray.ports import free_port
 
@@ -18,19 +21,18 @@ DEFAULT_PORT = 8000
 
 def load_serve_config(path: str | Path) -> dict:
     """A `serve deploy` YAML, validated with Ray's own ServeDeploySchema (one qrag application)."""
-    from pydantic import ValidationError as V2Error
+    from pydantic import ValidationError
 
+    from qrag_ray.config import format_validation_error
     from qrag_ray.io.yaml_file import read_yaml
 
     p = Path(path)
     data = read_yaml(p, "serve config", default={})
-    from ray.serve.schema import ServeDeploySchema
-
-    from qrag_ray.config import format_validation_error
+    from ray.serve.schema import ServeDeploySchema  # after the cheap checks: importing Serve takes seconds
 
     try:
         ServeDeploySchema.model_validate(data)
-    except V2Error as e:
+    except ValidationError as e:
         msg = format_validation_error(e).removeprefix("invalid configuration: ")
         raise QragError(f"serve config {p} does not match Ray's Serve schema: {msg}") from None
     apps = data.get("applications") or []
@@ -45,44 +47,29 @@ def plan_from_config(data: dict | None, index: str | None, tenants: str | None, 
     app_cfg = ((data or {}).get("applications") or [{}])[0]
     args: dict[str, Any] = dict(app_cfg.get("args") or {})
     if index or tenants:  # a flag replaces the config's source entirely
-        args.pop("index", None)
-        args.pop("tenants", None)
-        if index:
-            args["index"] = str(Path(index).expanduser().resolve())
-        if tenants:
-            args["tenants"] = str(Path(tenants).expanduser().resolve())
+        for key, val in (("index", index), ("tenants", tenants)):
+            args.pop(key, None)
+            if val:
+                args[key] = str(Path(val).expanduser().resolve())
     if llm_url:
         args["generator"] = {**(args.get("generator") or {}), "backend": "openai", "base_url": llm_url}
         if llm_model:
             args["generator"]["model"] = llm_model
-    dep_opts = {d["name"]: d for d in app_cfg.get("deployments") or []}
-    http = dict((data or {}).get("http_options") or {})
-    return args, dep_opts, http
-
-
-def _routes(url: str) -> Any:
-    """What the server on `url` says it routes (`/-/routes`: {route prefix: app name})."""
-    import httpx
-
-    try:
-        return httpx.get(f"{url}/-/routes", timeout=10).json()
-    except (httpx.HTTPError, ValueError) as e:
-        return str(e)
+    return (args, {d["name"]: d for d in app_cfg.get("deployments") or []},
+            dict((data or {}).get("http_options") or {}))
 
 
 def direct_ingress_env(port: int, replicas: int = 16) -> dict[str, str]:
-    """Ray Serve's direct ingress (Ray 2.60, experimental): no proxy actor; each replica of the ingress
-    deployment runs its own HTTP server on a port the controller hands out from a range. Starting the
-    range at the user's port puts the (first) Router replica on it: one actor hop and the proxy's CPU per
-    request fewer than through the proxy (docs/BENCHMARKS.md has the latency it saves)."""
+    """Ray Serve's direct ingress (experimental): each ingress replica serves HTTP itself on a port from
+    a range; starting the range at the user's port puts the (first) Router replica on it, no proxy hop."""
     return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
             "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + replicas - 1)}
 
 
-def wait_healthy(url: str, timeout_s: float = 300.0, admin_key: str | None = None) -> dict:
-    """Wait for /readyz (the first tenants loaded), then return the admin status when this caller may
-    read it (an open single-index server, or with the admin key), else the readiness body."""
+def wait_healthy(url: str, timeout_s: float = 300.0) -> dict:
+    """Wait for /readyz (the first tenants loaded), then return the admin status where it is open (a
+    single-index server), else the readiness body."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -92,8 +79,7 @@ def wait_healthy(url: str, timeout_s: float = 300.0, admin_key: str | None = Non
             r = httpx.get(f"{url}/readyz", timeout=10)
             last = r.json()
             if r.status_code == 200:
-                headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-                st = httpx.get(f"{url}/v1/admin/status", headers=headers, timeout=60)
+                st = httpx.get(f"{url}/v1/admin/status", timeout=60)
                 return st.json() if st.status_code == 200 else last
         except (httpx.HTTPError, ValueError) as e:
             last = str(e)
@@ -119,20 +105,18 @@ def register(app: typer.Typer) -> None:
             "on --port (more replicas: the next ports), no Serve proxy in between (docs/SERVING.md)"),
     ):
         """Serve an index (or many tenants' indexes) over HTTP with Ray Serve."""
+        from qrag_ray.index.versions import resolve_index
+        from qrag_ray.serving.tenants import load_tenants
+
         data = load_serve_config(config) if config else None
         args, dep_opts, http = plan_from_config(data, index, tenants, llm_url, llm_model)
         if not args.get("index") and not args.get("tenants"):
             raise QragError("give --index DIR or --tenants FILE (or a --config whose args name one)")
         if args.get("index"):
-            from qrag_ray.index.format import load_manifest
-            from qrag_ray.index.versions import resolve_index
-
-            load_manifest(resolve_index(args["index"]).dir)  # a clear one-line error before Ray starts
+            resolve_index(args["index"])  # reads the manifest: a clear one-line error before Ray starts
         if args.get("tenants"):
-            from qrag_ray.serving.tenants import load_tenants
-
             load_tenants(args["tenants"])
-        http_host = host or ("127.0.0.1" if not config else http.get("host", "127.0.0.1"))
+        http_host = host or http.get("host", "127.0.0.1")
         http_port = port or http.get("port", DEFAULT_PORT)
         if detach and not address:
             raise QragError("--detach needs --address: a local in-process Ray stops when qrag exits")
@@ -140,25 +124,21 @@ def register(app: typer.Typer) -> None:
             raise QragError("--direct-ingress starts its own local Ray (the switch is read when Ray's processes "
                             "start); on a cluster set the environment of docs/SERVING.md on every node instead")
 
+        import httpx
         import ray
         from ray import serve
 
+        from qrag_ray.runtime import join_ray
         from qrag_ray.serving.app import build_application
+        from qrag_ray.serving.config import SERVE_PROCESS_ENV
 
-        console = Console(stderr=True)
         env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
         if address:
-            from qrag_ray.runtime import join_ray
-
             join_ray(address, runtime_env=env, logging_level="ERROR")
         else:
-            import os
-
-            from qrag_ray.serving.config import SERVE_PROCESS_ENV
-
-            # a busy 2-core laptop can miss Serve's 5 s proxy readiness check; the workers inherit this env
-            os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-            for var, val in SERVE_PROCESS_ENV.items():  # Serve's request path tuned (docs/BENCHMARKS.md)
+            # the workers inherit this env: Serve's request path tuned (docs/BENCHMARKS.md), and a proxy
+            # readiness timeout a busy 2-core laptop can meet (Serve's default is 5 s)
+            for var, val in {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", **SERVE_PROCESS_ENV}.items():
                 os.environ.setdefault(var, val)
             if direct_ingress:
                 os.environ.update(direct_ingress_env(int(http_port)))
@@ -166,28 +146,28 @@ def register(app: typer.Typer) -> None:
             ray.init(address="local", num_cpus=max(8, 4 * (os.cpu_count() or 2)), runtime_env=env,
                      logging_level="ERROR", log_to_driver=False)
         application = build_application(args, dep_opts)
-        # with direct ingress Ray still starts its proxy: it gets a free port, the Router replica the user's (the
-        # replica's server binds the same host as the proxy, from these options)
+        # with direct ingress Serve's proxy (whose host the Router's server binds too) gets a free port
         proxy_port = free_port() if direct_ingress else int(http_port)
         serve.start(http_options={"host": http_host, "port": proxy_port})
         serve.run(application, name=name, route_prefix="/", blocking=False)
         url = f"http://{'127.0.0.1' if http_host in ('0.0.0.0', '::') else http_host}:{http_port}"
         health = wait_healthy(url)
         if direct_ingress:
-            routes = _routes(url)
+            try:  # what the server on the user's port routes: {route prefix: app name}
+                routes = httpx.get(f"{url}/-/routes", timeout=10).json()
+            except (httpx.HTTPError, ValueError) as e:
+                routes = str(e)
             if routes != {"/": name}:
                 raise QragError(f"direct ingress: port {http_port} does not answer as the Router of '{name}' ({routes})")
-            console.print(f"direct ingress: the Router replica answers on port {http_port} itself "
-                          f"(Serve's proxy is on port {proxy_port}, unused)")
-        bad = [t for t in health.get("tenants", []) if t.get("status") != "ok"]
-        if bad:
-            console.print(f"[yellow]serving, but with problems:[/] "
-                          f"{json.dumps({t['name']: t['problems'] for t in bad})}")
+            err.print(f"direct ingress: the Router replica answers on port {http_port} itself "
+                      f"(Serve's proxy is on port {proxy_port}, unused)")
+        if bad := [t for t in health.get("tenants", []) if t.get("status") != "ok"]:
+            err.print(f"[yellow]serving, but with problems:[/] {json.dumps({t['name']: t['problems'] for t in bad})}")
         mode = "tenants (Bearer keys required)" if args.get("tenants") else "open default tenant (no key)"
-        console.print(f"qrag serving at {url}  ({mode}); API docs at {url}/docs")
+        err.print(f"qrag serving at {url}  ({mode}); API docs at {url}/docs")
         if detach:
             return
-        console.print("Ctrl-C to stop")
+        err.print("Ctrl-C to stop")
         try:
             while True:
                 time.sleep(3600)
@@ -213,15 +193,11 @@ def register(app: typer.Typer) -> None:
         """Query a running qrag server and print the results for a person."""
         import httpx
 
-        body: dict[str, Any] = {"query": text, "k": k, "mode": mode}
-        if min_score is not None:
-            body["min_score"] = min_score
-        if bm25_alpha is not None:
-            body["bm25_alpha"] = bm25_alpha
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        route = "/v1/answer" if answer else "/v1/search"
+        body = {"query": text, "k": k, "mode": mode, "min_score": min_score, "bm25_alpha": bm25_alpha}
+        body = {n: v for n, v in body.items() if v is not None}
         try:
-            r = httpx.post(url.rstrip("/") + route, json=body, headers=headers, timeout=120)
+            r = httpx.post(url.rstrip("/") + ("/v1/answer" if answer else "/v1/search"), json=body,
+                           headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=120)
         except httpx.HTTPError as e:
             raise QragError(f"cannot reach {url}: {e}") from None
         try:
@@ -250,26 +226,20 @@ def register(app: typer.Typer) -> None:
         """Add a tenant (or replace its entry) and print its new API key once."""
         from pydantic import ValidationError
 
-        from qrag_ray.index.format import load_manifest
+        from qrag_ray.config import format_validation_error
+        from qrag_ray.index.versions import resolve_index
         from qrag_ray.serving.tenants import add_tenant
 
-        from qrag_ray.index.versions import resolve_index
-
-        load_manifest(resolve_index(index).dir)
-        limit = None
-        if rps is not None or burst is not None:
-            if rps is None:
-                raise QragError("--burst needs --rps")
-            limit = {"rps": rps, "burst": burst if burst is not None else max(1, int(2 * rps))}
+        resolve_index(index)
+        if burst is not None and rps is None:
+            raise QragError("--burst needs --rps")
+        limit = None if rps is None else {"rps": rps, "burst": burst if burst is not None else max(1, int(2 * rps))}
         try:
             key = add_tenant(file, name, index, rate_limit=limit)
         except ValidationError as e:
-            from qrag_ray.config import format_validation_error
-
             raise QragError(format_validation_error(e)) from None
-        Console(stderr=True).print(f"tenant '{name}' -> {Path(index).resolve()} in {file}; its API key "
-                                   "(shown once, stored as sha256):")
-        print(key)
+        _print_key(f"tenant '{name}' -> {Path(index).resolve()} in {file}; its API key (shown once, stored as sha256):",
+                   key)
 
     @tenants_app.command("rotate")
     def tenants_rotate(
@@ -279,10 +249,8 @@ def register(app: typer.Typer) -> None:
         """Give a tenant a new API key (printed once); running servers refuse the old one within seconds."""
         from qrag_ray.serving.tenants import rotate_key
 
-        key = rotate_key(file, name)
-        Console(stderr=True).print(f"tenant '{name}': new API key (shown once; the old key stops working at the "
-                                   "servers' next reload):")
-        print(key)
+        _print_key(f"tenant '{name}': new API key (shown once; the old key stops working at the servers' next reload):",
+                   rotate_key(file, name))
 
     @tenants_app.command("remove")
     def tenants_remove(
@@ -293,16 +261,14 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.serving.tenants import remove_tenant
 
         remove_tenant(file, name)
-        Console(stderr=True).print(f"tenant '{name}' removed from {file}")
+        err.print(f"tenant '{name}' removed from {file}")
 
     @tenants_app.command("admin-key")
     def tenants_admin_key(file: str = typer.Option(..., "--file", help="tenants YAML")):
         """Set (or replace) the admin key of GET /v1/admin/status and print it once."""
         from qrag_ray.serving.tenants import set_admin_key
 
-        key = set_admin_key(file)
-        Console(stderr=True).print(f"admin key for {file} (shown once, stored as sha256):")
-        print(key)
+        _print_key(f"admin key for {file} (shown once, stored as sha256):", set_admin_key(file))
 
     @tenants_app.command("list")
     def tenants_list(file: str = typer.Option(..., "--file", help="tenants YAML")):
@@ -326,39 +292,40 @@ def register(app: typer.Typer) -> None:
 
         if rollback:
             versions.rollback(root, rollback)
-            Console(stderr=True).print(f"{root}: CURRENT -> {rollback}")
+            err.print(f"{root}: CURRENT -> {rollback}")
             return
         info = versions.publish_version(root, index, keep=keep)
-        Console(stderr=True).print(
+        err.print(
             f"{root}: CURRENT -> {info['index_version']} ({info['num_shards']} shards, {info['vectors']} vectors; "
             f"was {info['previous'] or 'nothing'}; removed {', '.join(info['removed']) or 'none'})")
         print(info["index_version"])
 
 
-def print_results(data: dict, query: str, answer: bool = False) -> None:
-    from rich.table import Table
+def _print_key(note: str, key: str) -> None:
+    """A new secret: what it is on stderr, the key alone on stdout (so a script can capture it)."""
+    err.print(note)
+    print(key)
 
+
+def print_results(data: dict, query: str, answer: bool = False) -> None:
     out = Console()
     if answer:
         out.rule(f"[bold]{query}")
         out.print(data.get("answer", ""))
         for c in data.get("citations", []):
             out.print(f"  [{c['n']}] {c['chunk_id']}")
-    t = Table(title=f"{len(data.get('results', []))} results from '{data.get('index')}' "
-                    f"(index {str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)",
-              show_lines=True)
-    t.add_column("#", justify="right")
-    t.add_column("score", justify="right")
-    t.add_column("chunk")
-    t.add_column("matched")
-    t.add_column("text")
+    t = Table(show_lines=True, title=f"{len(data.get('results', []))} results from '{data.get('index')}' (index "
+                                     f"{str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)")
+    for col in ("#", "score", "chunk", "matched", "text"):
+        t.add_column(col, justify="right" if col in ("#", "score") else "left")
     for i, r in enumerate(data.get("results", []), 1):
         best = r["matched"][0] if r.get("matched") else {}
         t.add_row(str(i), f"{r['score']:.3f}", r["chunk_id"],
-                  f"{best.get('kind', '')}: {_clip(best.get('text', ''), 100)}", _clip(r.get("text", ""), 200))
+                  f"{best.get('kind', '')}: {clip(best.get('text', ''), 100)}", clip(r.get("text", ""), 200))
     out.print(t)
 
 
-def _clip(s: str, n: int) -> str:
+def clip(s: str, n: int) -> str:
+    """`s` on one line, cut to at most `n` characters."""
     s = " ".join(str(s).split())
     return s if len(s) <= n else s[: n - 1] + "…"

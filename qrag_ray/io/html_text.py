@@ -1,9 +1,6 @@
-"""HTML -> plain text that keeps table cells.
-
-Tables carry facts users ask about (dates, figures); a plain get_text() glues cells together. Each
-table row becomes one line with cells separated by " | ", block elements become paragraphs, and
-script/style/nav chrome is dropped.
-"""
+"""HTML -> plain text that keeps table cells: tables carry facts users ask about, which a plain get_text()
+glues together. A table row becomes one line of " | "-separated cells, block elements become paragraphs,
+script/style/nav chrome is dropped."""
 
 from __future__ import annotations
 
@@ -21,28 +18,18 @@ def html_to_text(html: str | bytes) -> tuple[str, str]:
     soup = BeautifulSoup(html, "html.parser")
     for tag in soup(_DROP):
         tag.decompose()
-    title = ""
-    if soup.title and soup.title.get_text(strip=True):
-        title = soup.title.get_text(" ", strip=True)
-    elif (h1 := soup.find("h1")) is not None:
-        title = h1.get_text(" ", strip=True)
+    head = soup.title if soup.title and soup.title.get_text(strip=True) else soup.find("h1")
+    title = head.get_text(" ", strip=True) if head is not None else ""
     if soup.title:
         soup.title.decompose()
     for table in soup.find_all("table"):
-        lines = []
-        for tr in table.find_all("tr"):
-            cells = [c.get_text(" ", strip=True) for c in tr.find_all(["td", "th"])]
-            cells = [c for c in cells if c]
-            if cells:
-                lines.append(" | ".join(cells))
+        rows = ([c.get_text(" ", strip=True) for c in tr.find_all(["td", "th"])] for tr in table.find_all("tr"))
+        lines = [" | ".join(c for c in cells if c) for cells in rows if any(cells)]
         table.replace_with(soup.new_string("\n\n" + "\n".join(lines) + "\n\n"))
     for br in soup.find_all("br"):
         br.replace_with("\n")
     for tag in soup.find_all(_BLOCKS):
         tag.insert_before("\n\n")
         tag.insert_after("\n\n")
-    text = soup.get_text()
-    text = re.sub(r"[ \t\r\f\v]+", " ", text)
-    text = re.sub(r" *\n *", "\n", text)
-    text = re.sub(r"\n{3,}", "\n\n", text).strip()
-    return title, text
+    text = re.sub(r" *\n *", "\n", re.sub(r"[ \t\r\f\v]+", " ", soup.get_text()))
+    return title, re.sub(r"\n{3,}", "\n\n", text).strip()

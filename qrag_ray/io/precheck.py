@@ -1,12 +1,7 @@
-"""Check a small local corpus on the driver before Ray starts.
-
-A bad record found inside a Ray Data task reaches the user only after Ray has started (10-30 s on a
-laptop) and through Ray's exception wrappers. For a corpus small enough to parse in about a second
-(`QRAG_PRECHECK_MAX_BYTES`, 64 MB by default) the driver parses every record first with the same
-pure functions the readers use, so the error is the same line, with the file and line number, and
-comes at once. Larger or remote corpora skip this and are checked by the readers as they run; the
-pipeline reports those errors the same way.
-"""
+"""Check a small local corpus on the driver before Ray starts: a bad record found in a Ray Data task reaches
+the user only after Ray started, through its exception wrappers. A corpus parsed in about a second
+(`QRAG_PRECHECK_MAX_BYTES`, 64 MB by default) is parsed here first with the readers' own functions: the
+same line, with file and line number, at once. Larger or remote corpora are checked by the readers."""
 
 from __future__ import annotations
 
@@ -19,44 +14,31 @@ from qrag_ray.errors import QragError
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
 
-def max_bytes() -> int:
-    try:
-        return int(os.environ.get("QRAG_PRECHECK_MAX_BYTES", DEFAULT_MAX_BYTES))
-    except ValueError:
-        return DEFAULT_MAX_BYTES
-
-
-def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str | None = None,
-                    limit: int | None = None) -> bool:
-    """Parse every record of `files` when they are local text files of at most `limit` bytes together.
-
-    Raises QragError for a malformed record (file and line), a repeated document id, or a corpus with
-    no documents; returns whether the check ran."""
+def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str | None = None) -> None:
+    """Parse every record of small local text `files`: QragError for a bad record, a repeated id or none."""
     from qrag_ray.io.readers import parse_jsonl_line, parse_msmarco_line
 
-    limit = max_bytes() if limit is None else limit
-    if fmt not in ("jsonl", "beir", "msmarco") or any("://" in f for f in files):
-        return False
     try:
-        if sum(os.path.getsize(f) for f in files) > limit:
-            return False
+        limit = int(os.environ.get("QRAG_PRECHECK_MAX_BYTES", DEFAULT_MAX_BYTES))
+    except ValueError:
+        limit = DEFAULT_MAX_BYTES
+    local_text = fmt in ("jsonl", "beir", "msmarco") and not any("://" in f for f in files)
+    try:
+        if not local_text or sum(os.path.getsize(f) for f in files) > limit:
+            return
     except OSError:
-        return False
+        return
     seen: dict[str, str] = {}
     for f in files:
         name = os.path.basename(f)
-        opener = gzip.open if f.endswith(".gz") else open
         try:
-            with opener(f, "rt", encoding="utf-8", errors="strict") as fh:
+            with (gzip.open if f.endswith(".gz") else open)(f, "rt", encoding="utf-8", errors="strict") as fh:
                 for n, line in enumerate(fh, 1):
                     where = f"{name} line {n}"
                     line = line.rstrip("\r\n")
                     rec = (parse_msmarco_line(line, where) if fmt == "msmarco"
                            else parse_jsonl_line(line, where, questions_column))
-                    if rec is None:
-                        continue
-                    first = seen.setdefault(rec["doc_id"], where)
-                    if first != where:
+                    if rec is not None and (first := seen.setdefault(rec["doc_id"], where)) != where:
                         raise QragError(f"{where}: duplicate document id {rec['doc_id']!r} (first at {first}); "
                                         "document ids must be unique")
         except UnicodeDecodeError as e:
@@ -65,28 +47,24 @@ def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str
             raise QragError(f"cannot read {f}: {e.strerror or e}") from None
     if not seen:
         raise QragError(f"empty corpus: no documents in {path}")
-    return True
 
 
 def precheck_build(cfg, files: list[str]) -> None:
-    """Everything about an index build that can be checked in a moment on the driver: the corpus
-    (above), the embedder name, and for vLLM generation the model name and that vLLM is installed."""
+    """What a build can check in a moment: the corpus, the embedder, and for vLLM the model and vLLM itself."""
     import importlib.util
 
     from qrag_ray.models.registry import _LLM_ALIASES, resolve_embedder
 
     gcfg = cfg.generator
-    qcol = gcfg.precomputed_column if gcfg.backend == "precomputed" else None
-    precheck_corpus(cfg.input, cfg.format, files, qcol)
+    precheck_corpus(cfg.input, cfg.format, files, gcfg.precomputed_column if gcfg.backend == "precomputed" else None)
     emb = Path(resolve_embedder(cfg.embedder.model))
     if not any((emb / f).is_file() for f in ("modules.json", "config.json")):
         raise QragError(f"embedder folder {emb} holds no sentence-transformers model (no modules.json or config.json)")
     if gcfg.backend == "vllm":
         model = Path(gcfg.model).expanduser()
-        if model.is_dir():
-            if not (model / "config.json").is_file():
-                raise QragError(f"model folder {model} is not an HF model folder (no config.json)")
-        elif gcfg.model.lower() not in _LLM_ALIASES:
+        if model.is_dir() and not (model / "config.json").is_file():
+            raise QragError(f"model folder {model} is not an HF model folder (no config.json)")
+        if not model.is_dir() and gcfg.model.lower() not in _LLM_ALIASES:
             raise QragError(f"unknown LLM '{gcfg.model}': give a local HF model folder or one of "
                             f"{sorted(set(_LLM_ALIASES))}")
         if importlib.util.find_spec("vllm") is None:

@@ -1,7 +1,5 @@
-"""A real corpus that ships with Python: the language reference as bundled for `help()`
-(`pydoc_data.topics`), one JSONL document per topic. The demo, tests and benchmarks all index it, so
-none of them needs a download; here because a library module (not the CLI) is what they may import.
-"""
+"""A real corpus that ships with Python, the language reference bundled for `help()` (`pydoc_data.topics`):
+one JSONL document per topic, so the demo, tests and benchmarks need no download."""
 
 from __future__ import annotations
 
@@ -17,17 +15,12 @@ DEMO_QUERIES = (
     "What happens if an exception is raised inside a finally clause?",
 )
 # The topics that answer each demo question (a hit on one of them is marked in the table).
-DEMO_EXPECTED: dict[str, tuple[str, ...]] = {
-    DEMO_QUERIES[0]: ("for", "while", "break"),
-    DEMO_QUERIES[1]: ("context-managers", "with"),
-    DEMO_QUERIES[2]: ("try",),
-}
-# The statements part of the language reference plus a few neighbours: every demo answer is in it
-# (`context-managers` and `with` for the with-statement question) along with topics that compete
-# for the same words (`async` has `async with`, `raise` and `exceptions` talk about finally), and it
-# is about 30 chunks of 200 tokens: one LLM prompt each.
+DEMO_EXPECTED = dict(zip(DEMO_QUERIES, [("for", "while", "break"), ("context-managers", "with"), ("try",)]))
+# The statements part of the language reference: every demo answer plus topics that compete for the same
+# words (`async with`, `raise` and `exceptions` on finally), in about 30 chunks of 200 tokens (LLM prompts).
 DEMO_TOPICS = ("assert", "async", "break", "context-managers", "continue", "del", "exceptions", "for",
                "if", "pass", "raise", "return", "try", "while", "with", "yield")
+
 
 def unwrap(text: str) -> str:
     """Join the topics' hard-wrapped lines into paragraphs, so a sentence is not cut at a line end."""
@@ -40,8 +33,7 @@ def write_pydoc_corpus(path: Path, topics: tuple[str, ...] | list[str] | None = 
     from pydoc_data.topics import topics as all_topics
 
     names = sorted(all_topics) if not topics else list(topics)
-    unknown = [t for t in names if t not in all_topics]
-    if unknown:
+    if unknown := [t for t in names if t not in all_topics]:
         raise QragError(f"unknown pydoc topic(s) {unknown} (see `python -c \"import pydoc_data.topics as t; "
                         "print(sorted(t.topics))\"`)")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,5 @@
-"""Corpus readers: every input format becomes a Ray Dataset of {doc_id, title, text[, questions]}.
-
-Parsing of one record is a pure function (normalize_record) so bad input is reported the same way
-whatever the reader, with the file and line when we know them.
-"""
+"""Corpus readers: every input format becomes a Ray Dataset of {doc_id, title, text[, questions]}. One pure
+function parses a record (normalize_record), so bad input reads the same whatever the reader."""
 
 from __future__ import annotations
 
@@ -18,10 +15,8 @@ from qrag_ray.config import INPUT_FORMATS
 from qrag_ray.errors import QragError
 
 _ID_KEYS = ("doc_id", "id", "_id", "pid", "docid")
-
-
-def _is_remote(path: str) -> bool:
-    return "://" in path
+_SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz"), "parquet": (".parquet",), "msmarco": (".tsv",),
+             "html": (".html", ".htm")}
 
 
 def normalize_record(rec: dict[str, Any], where: str, questions_column: str | None = None) -> dict:
@@ -34,19 +29,14 @@ def normalize_record(rec: dict[str, Any], where: str, questions_column: str | No
     text = rec.get("text", rec.get("contents"))
     if not isinstance(text, str):
         raise QragError(f"{where}: record {doc_id!r} has no string field 'text'")
-    title = rec.get("title") or ""
-    out = {"doc_id": str(doc_id), "title": str(title), "text": text}
+    out = {"doc_id": str(doc_id), "title": str(rec.get("title") or ""), "text": text}
     if questions_column:
         qs = rec.get(questions_column)
-        if qs is None:
-            qs = []
         if isinstance(qs, str):
             qs = [q for q in qs.split("\n") if q.strip()]
-        if isinstance(qs, np.ndarray):
-            qs = qs.tolist()
-        if not isinstance(qs, list) or not all(isinstance(q, str) for q in qs):
+        if qs is not None and not (isinstance(qs, list) and all(isinstance(q, str) for q in qs)):
             raise QragError(f"{where}: record {doc_id!r}: '{questions_column}' must be a list of strings")
-        out["questions"] = qs
+        out["questions"] = qs or []
     return out
 
 
@@ -71,10 +61,8 @@ def parse_msmarco_line(line: str, where: str) -> dict | None:
 
 def resolve_files(path: str, fmt: str) -> list[str]:
     """Input files for a path (file, folder or glob); a clear error when there are none."""
-    if _is_remote(path):
+    if "://" in path:
         return [path]
-    suffixes = {"jsonl": (".jsonl", ".json", ".jsonl.gz"), "parquet": (".parquet",),
-                "msmarco": (".tsv",), "html": (".html", ".htm"), "beir": ("corpus.jsonl",)}[fmt]
     p = Path(path)
     if fmt == "beir":
         corpus = p / "corpus.jsonl" if p.is_dir() else p
@@ -84,13 +72,13 @@ def resolve_files(path: str, fmt: str) -> list[str]:
     if any(ch in path for ch in "*?["):
         files = sorted(glob.glob(path, recursive=True))
     elif p.is_dir():
-        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.name.endswith(suffixes))
+        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.name.endswith(_SUFFIXES[fmt]))
     elif p.is_file():
         files = [str(p)]
     else:
         raise QragError(f"input not found: {path}")
     if not files:
-        raise QragError(f"no {fmt} files ({', '.join(suffixes)}) under {path}")
+        raise QragError(f"no {fmt} files ({', '.join(_SUFFIXES[fmt])}) under {path}")
     return files
 
 
@@ -101,10 +89,7 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
     if fmt not in INPUT_FORMATS:
         raise QragError(f"unknown input format '{fmt}' (known: {', '.join(INPUT_FORMATS)})")
     files = resolve_files(path, fmt)
-
     if fmt in ("jsonl", "beir", "msmarco"):
-        ds = ray.data.read_text(files, include_paths=True)
-
         def parse(batch: dict) -> dict:
             rows = []
             for line, src in zip(batch["text"], batch["path"]):
@@ -119,33 +104,28 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
                     rows.append(rec)
             return _columns(rows, questions_column)
 
-        return ds.map_batches(parse, batch_format="numpy", batch_size=4096)
+        return ray.data.read_text(files, include_paths=True).map_batches(parse, batch_format="numpy", batch_size=4096)
 
     if fmt == "parquet":
-        ds = ray.data.read_parquet(files)
+        def norm(batch) -> dict:
+            return _columns([normalize_record(r, "parquet", questions_column) for r in batch.to_pylist()],
+                            questions_column)
 
-        def norm(batch: dict) -> dict:
-            n = len(next(iter(batch.values()))) if batch else 0
-            rows = [normalize_record({k: _py(v[i]) for k, v in batch.items()}, "parquet", questions_column)
-                    for i in range(n)]
-            return _columns(rows, questions_column)
+        return ray.data.read_parquet(files).map_batches(norm, batch_format="pyarrow", batch_size=4096)
 
-        return ds.map_batches(norm, batch_format="numpy", batch_size=4096)
-
-    # html
-    ds = ray.data.read_binary_files(files, include_paths=True)
     root = path if Path(path).is_dir() else str(Path(path).parent)
 
-    def extract(batch: dict) -> dict:
+    def extract(batch: dict) -> dict:  # html
         from qrag_ray.io.html_text import html_to_text
 
         rows = []
         for data, src in zip(batch["bytes"], batch["path"]):
             title, text = html_to_text(bytes(data))
-            rel = os.path.relpath(src, root) if not _is_remote(src) else src
+            rel = src if "://" in src else os.path.relpath(src, root)
             rows.append({"doc_id": rel, "title": title or Path(src).stem, "text": text})
         return _columns(rows, None)
 
+    ds = ray.data.read_binary_files(files, include_paths=True)
     return ds.map_batches(extract, batch_format="numpy", batch_size=64)
 
 
@@ -153,29 +133,13 @@ def _line_number(path: str, line: str) -> str:
     """1-based number of the first line of `path` equal to `line` ('?' when it cannot be read)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            for n, got in enumerate(f, 1):
-                if got.rstrip("\r\n") == line.rstrip("\r\n"):
-                    return str(n)
+            return next((str(n) for n, got in enumerate(f, 1) if got.rstrip("\r\n") == line.rstrip("\r\n")), "?")
     except OSError:
-        pass
-    return "?"
-
-
-def _py(v: Any) -> Any:
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
+        return "?"
 
 
 def _columns(rows: list[dict], questions_column: str | None) -> dict:
-    cols = {"doc_id": [r["doc_id"] for r in rows], "title": [r["title"] for r in rows],
-            "text": [r["text"] for r in rows]}
-    out = {k: np.array(v, dtype=object) for k, v in cols.items()}
-    if questions_column:
-        arr = np.empty(len(rows), dtype=object)
-        for i, r in enumerate(rows):
-            arr[i] = list(r.get("questions", []))
-        out["questions"] = arr
+    out = {k: np.array([r[k] for r in rows], dtype=object) for k in ("doc_id", "title", "text")}
+    if questions_column:  # one list per row (np.array would make a 2-D array of equal-length lists)
+        out["questions"] = np.fromiter((list(r.get("questions", [])) for r in rows), dtype=object, count=len(rows))
     return out

@@ -1,6 +1,5 @@
-"""The one YAML reader: every file a user hands us (index config, serve config, tenants, matrix, suite,
-prompt, variants) goes through it, so a missing file or a YAML slip reads the same everywhere: one line
-naming the file, the line and column, and the problem."""
+"""The one YAML reader for every file a user hands us, so a missing file or a YAML slip reads the same
+everywhere: one line naming the file, the line and column, and the problem."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from qrag_ray.errors import QragError
 
 
 def read_yaml(path: str | Path, what: str = "file", default: Any = None, expect: type | None = None) -> Any:
-    """The parsed file; `default` for an empty one; QragError when it is missing, is not YAML, or
-    (with `expect`) does not hold that type at the top level."""
+    """The parsed file (`default` when empty); QragError when missing, not YAML, or not an `expect`."""
     p = Path(path)
     if not p.is_file():
         raise QragError(f"{what} not found: {p}")
@@ -27,8 +25,7 @@ def read_yaml(path: str | Path, what: str = "file", default: Any = None, expect:
         raise QragError(f"{what} {p} is not valid YAML{where}: {problem}") from None
     except UnicodeDecodeError as e:
         raise QragError(f"{what} {p} is not UTF-8 text: {e.reason} at byte {e.start}") from None
-    if data is None:
-        data = default
+    data = default if data is None else data
     if expect is not None and not isinstance(data, expect):
         kind = {dict: "a mapping", list: "a list"}.get(expect, expect.__name__)
         raise QragError(f"{what} {p} must hold {kind} at the top level")

@@ -1,9 +1,6 @@
-"""Chunkers: documents -> chunks (pure functions).
-
-The token window counts whitespace-delimited tokens and cuts at character offsets, so chunks keep the
-document's own spacing and a chunk's text is always a substring of the document (useful when a user
-checks a citation). HyPE used 500/50 windows; paragraph and sentence chunking follow natural units.
-"""
+"""Chunkers: documents -> chunks (pure functions). The token window counts whitespace-delimited tokens and
+cuts at character offsets, so a chunk keeps the document's spacing and is always a substring of it (a
+user can check a citation); paragraph and sentence chunking follow natural units."""
 
 from __future__ import annotations
 
@@ -18,32 +15,22 @@ _PARA = re.compile(r"\n\s*\n")
 
 
 def token_windows(text: str, size: int, overlap: int) -> list[str]:
+    """Windows of `size` tokens, each sharing `overlap` with the next; the last one reaches the end."""
     spans = [m.span() for m in _TOKEN.finditer(text)]
     if not spans:
         return []
     if overlap >= size:
         raise ValueError("overlap must be smaller than size")
-    step = size - overlap
-    out = []
-    for start in range(0, len(spans), step):
-        window = spans[start:start + size]
-        out.append(text[window[0][0]:window[-1][1]])
-        if start + size >= len(spans):
-            break
-    return out
+    starts = range(0, max(len(spans) - overlap, 1), size - overlap)
+    return [text[spans[s][0]:spans[min(s + size, len(spans)) - 1][1]] for s in starts]
 
 
 def paragraphs(text: str, max_tokens: int | None = None, overlap: int = 0) -> list[str]:
     """Blank-line separated paragraphs; a paragraph longer than max_tokens is windowed."""
     out = []
-    for p in _PARA.split(text or ""):
-        p = p.strip()
-        if not p:
-            continue
-        if max_tokens and len(_TOKEN.findall(p)) > max_tokens:
-            out.extend(token_windows(p, max_tokens, min(overlap, max_tokens - 1)))
-        else:
-            out.append(p)
+    for p in filter(None, (p.strip() for p in _PARA.split(text or ""))):
+        long = max_tokens and len(_TOKEN.findall(p)) > max_tokens
+        out.extend(token_windows(p, max_tokens, min(overlap, max_tokens - 1)) if long else [p])
     return out
 
 
@@ -54,24 +41,18 @@ def sentence_groups(text: str, max_sentences: int) -> list[str]:
 
 
 def chunk_text(text: str, cfg: ChunkerConfig) -> list[str]:
+    text = text or ""
     if cfg.method == "none":
-        t = (text or "").strip()
-        return [t] if t else []
+        return [text.strip()] if text.strip() else []
     if cfg.method == "token":
-        return token_windows(text or "", cfg.size, cfg.overlap)
+        return token_windows(text, cfg.size, cfg.overlap)
     if cfg.method == "paragraph":
         return paragraphs(text, max_tokens=cfg.size, overlap=cfg.overlap)
-    if cfg.method == "sentence":
-        return sentence_groups(text, cfg.size)
-    raise ValueError(f"unknown chunker {cfg.method}")
+    return sentence_groups(text, cfg.size)  # "sentence": the config admits no other method
 
 
 def chunk_document(doc: dict, cfg: ChunkerConfig) -> Iterator[dict]:
     """Chunk rows for one normalized document; chunk_id = '{doc_id}#{n}'."""
     for n, piece in enumerate(chunk_text(doc["text"], cfg)):
-        yield {
-            "chunk_id": f"{doc['doc_id']}#{n}",
-            "doc_id": doc["doc_id"],
-            "title": doc.get("title") or "",
-            "text": piece,
-        }
+        yield {"chunk_id": f"{doc['doc_id']}#{n}", "doc_id": doc["doc_id"], "title": doc.get("title") or "",
+               "text": piece}

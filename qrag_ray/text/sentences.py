@@ -1,9 +1,6 @@
-"""Sentence splitting for structured atoms and the sentence chunker.
-
-Splits on end punctuation followed by whitespace — what a user would do without a tagger, and what the
-reference figures the regression matrix reproduces (eval/matrix.yaml) used — but does not split after common abbreviations or
-single-letter initials ("U.S.", "Dr.", "J. Smith"), which would leave fragments that embed badly.
-"""
+"""Sentences for structured atoms and the sentence chunker: split on end punctuation and whitespace (what
+a user would do without a tagger, and what the reference figures used) but not after common abbreviations
+or single-letter initials ("U.S.", "Dr.", "J. Smith"), which would leave fragments that embed badly."""
 
 from __future__ import annotations
 
@@ -20,22 +17,15 @@ _BOUNDARY = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
 def split_sentences(text: str) -> list[str]:
     """Sentences of `text`, stripped, in order; empty input gives []."""
     text = (text or "").strip()
-    if not text:
-        return []
     out: list[str] = []
     start = 0
     for m in _BOUNDARY.finditer(text):
         candidate = text[start:m.start()].rstrip()
         # the word that ends at the boundary, without its final dot
-        last = candidate.rsplit(None, 1)[-1] if candidate else ""
-        word = last.rstrip(".").lower().lstrip("(\"'“‘")
+        word = (candidate.rsplit(None, 1) or [""])[-1].rstrip(".").lower().lstrip("(\"'“‘")
         if candidate.endswith(".") and (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())):
             continue
-        piece = text[start:m.end()].strip()
-        if piece:
+        if piece := text[start:m.end()].strip():
             out.append(piece)
         start = m.end()
-    tail = text[start:].strip()
-    if tail:
-        out.append(tail)
-    return out
+    return out + [tail] if (tail := text[start:].strip()) else out
