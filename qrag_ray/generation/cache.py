@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -58,9 +60,7 @@ class QuestionCache:
         import ray.data
 
         files = self.files()
-        if not files:
-            return None
-        return ray.data.read_parquet(files, columns=["key", "raw", "prompt_tokens", "output_tokens"])
+        return ray.data.read_parquet(files, columns=SCHEMA.names) if files else None
 
     def new_run_dir(self) -> str:
         return str(self.root / f"run-{uuid.uuid4().hex[:12]}")
@@ -83,15 +83,12 @@ class QuestionCache:
         digits), not the cache. A build that listed the cache's files just before a compaction removed
         them fails its read and must be re-run (it resumes); compact between builds, or pass
         keep_sources and delete later. Returns counts."""
-        import shutil
-        import uuid
-
         import pyarrow.compute as pc
 
         sources = self.files()
         if len(sources) <= 1:
-            return {"files_before": len(sources), "files_after": len(sources), "rows_before": len(self),
-                    "rows_after": len(self)}
+            rows = len(self)
+            return {"files_before": len(sources), "files_after": len(sources), "rows_before": rows, "rows_after": rows}
         cid = uuid.uuid4().hex[:10]
         tmp = self.root / f".compact-{cid}"
         rows_before = 0
@@ -99,8 +96,7 @@ class QuestionCache:
             t = pq.read_table(f).select(SCHEMA.names).cast(SCHEMA)
             rows_before += t.num_rows
             b = pc.cast(pc.utf8_slice_codeunits(t.column("key"), 0, 4), pa.string())
-            ids = [int(x, 16) % buckets if x else 0 for x in b.to_pylist()]
-            ids = pa.array(ids, pa.int32())
+            ids = pa.array([int(x, 16) % buckets if x else 0 for x in b.to_pylist()], pa.int32())
             for k in range(buckets):
                 part = t.filter(pc.equal(ids, k))
                 if part.num_rows:
@@ -114,13 +110,10 @@ class QuestionCache:
             if not d.is_dir():
                 continue
             t = pa.concat_tables([pq.read_table(p) for p in sorted(d.glob("*.parquet"))])
-            keys = t.column("key").to_pylist()
-            seen, keep = set(), []
-            for j, key in enumerate(keys):
-                if key not in seen:
-                    seen.add(key)
-                    keep.append(j)
-            t = t.take(pa.array(keep, pa.int64()))
+            first: dict[str, int] = {}
+            for j, key in enumerate(t.column("key").to_pylist()):
+                first.setdefault(key, j)
+            t = t.take(pa.array(list(first.values()), pa.int64()))
             rows_after += t.num_rows
             part = out / f".{k:03d}.parquet.tmp"
             pq.write_table(t, part)
@@ -130,8 +123,6 @@ class QuestionCache:
             for f in sources:
                 Path(f).unlink(missing_ok=True)
             # emptied run folders, once idle for a while: a running build may still write into its own
-            import time
-
             for d in sorted(self.root.iterdir(), reverse=True):
                 if d.is_dir() and d != out and not any(d.rglob("*")) and time.time() - d.stat().st_mtime > 600:
                     d.rmdir()

@@ -14,22 +14,19 @@ The modules import their heavy dependencies lazily, so importing this package is
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from collections.abc import Callable
+
+from qrag_ray.errors import QragError
 
 BACKENDS = ("vllm", "openai")
 
 
-def get_backend(name: str) -> Any:
+def get_backend(name: str) -> Callable:
     """The `run` function of a backend by name."""
-    if name == "vllm":
-        from qrag_ray.generation.backends.vllm import run
-    elif name == "openai":
-        from qrag_ray.generation.backends.openai import run
-    else:
-        from qrag_ray.errors import QragError
-
+    if name not in BACKENDS:
         raise QragError(f"unknown generator backend '{name}' (known: {', '.join(BACKENDS)})")
-    return run
+    return importlib.import_module(f"{__name__}.{name}").run
 
 
 __all__ = ["BACKENDS", "get_backend"]
