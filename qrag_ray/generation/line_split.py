@@ -26,7 +26,7 @@ _INTERROGATIVE = re.compile(
     rf"within|since|until|through|about|according\s+to\s+[^,?]{{1,60}},)\s+{_WH}\b)",
     re.IGNORECASE,
 )
-_INTERROGATIVE_INNER = re.compile(rf"(?<=\s)(?:What|Which|Who|Whom|Whose|When|Where|Why|How)\b")
+_INTERROGATIVE_INNER = re.compile(r"(?<=\s)(?:What|Which|Who|Whom|Whose|When|Where|Why|How)\b")
 
 
 def is_interrogative(text: str) -> bool:
@@ -36,36 +36,24 @@ def is_interrogative(text: str) -> bool:
 
 def _is_boundary(text: str, pos: int) -> bool:
     """Is the punctuation at text[pos] a sentence boundary (not an abbreviation or initial)?"""
-    ch = text[pos]
-    if ch in "!;:":
+    if text[pos] in "!;:":
         return True
     # '.': look at the word before
     word = re.search(r"([\w.]+)\.?$", text[:pos + 1].rstrip("."))
     w = (word.group(1) if word else "").lower().rstrip(".")
-    if not w:
-        return True
-    if w in _ABBREVIATIONS or (len(w) == 1 and w.isalpha()) or re.fullmatch(r"(?:[a-z]\.)+[a-z]", w):
-        return False
-    return True
+    return not w or not (w in _ABBREVIATIONS or (len(w) == 1 and w.isalpha())
+                         or re.fullmatch(r"(?:[a-z]\.)+[a-z]", w))
 
 
 def _boundaries(seg: str) -> list[int]:
     """Start offsets of sentences inside `seg` (after '. ', '! ', ': ', '; ' followed by a non-lowercase char)."""
-    out = []
-    for m in re.finditer(r"[.!;:]+(\s+)(?=[^a-z\s])", seg):
-        if _is_boundary(seg, m.start()):
-            out.append(m.end())
-    return out
+    return [m.end() for m in re.finditer(r"[.!;:]+(\s+)(?=[^a-z\s])", seg) if _is_boundary(seg, m.start())]
 
 
 def clean_question(s: str) -> str:
     """A question without prefixes or wrappers, its whitespace collapsed and one "?" at the end."""
-    s = strip_prefixes(s)
-    s = strip_wrappers(s)
-    s = re.sub(r"\s+", " ", s).strip()
-    s = re.sub(r"\s+\?", "?", s)
-    s = re.sub(r"\?+", "?", s)
-    return s.lstrip("¿").strip()
+    s = re.sub(r"\s+", " ", strip_wrappers(strip_prefixes(s))).strip()
+    return re.sub(r"\?+", "?", re.sub(r"\s+\?", "?", s)).lstrip("¿").strip()
 
 
 def _is_label(text: str) -> bool:
@@ -112,16 +100,13 @@ def clean_answer(a: str) -> str:
     """An answer without an "Answer:" label, a dangling "Question:" label at its end, quotes or extra spaces."""
     a = ANSWER_LABEL.sub("", a.strip()).strip()
     a = re.sub(r"(?:^|\s)(?:q|question|query)\s*\d{0,3}\s*:?\s*$", "", a, flags=re.IGNORECASE).strip()
-    a = a.strip(" ,;\"'“”")
-    a = re.sub(r"\s+", " ", a)
-    return a
+    return re.sub(r"\s+", " ", a.strip(" ,;\"'“”"))
 
 
 def split_line(line: str) -> tuple[list[list[str]], str]:
     """[[question, answer], ...] found on one prepared line, plus the text before the first question."""
     pairs: list[list[str]] = []
-    lead = ""
-    start = 0
+    lead, start = "", 0
     for m in re.finditer(r"\?+", line):
         seg = line[start:m.end()]
         before, question = _cut_question(seg, first=not pairs)
