@@ -74,15 +74,13 @@ class QuestionCache:
         return out
 
     def compact(self, buckets: int = 16, keep_sources: bool = False) -> dict:
-        """Merge the cache's many small run files into `buckets` files, one row per key.
+        """Merge the cache's many small run files into `buckets` files, one row per key; returns counts.
 
-        Safe beside running builds: only files complete when compaction starts are read (a writer's
-        files are its own, in its own run folder, written to the end before they are readable); the
-        merged files appear by atomic rename before any source is removed, so a key is always in at
-        least one readable file. Memory is one bucket at a time (keys split by their first hex
-        digits), not the cache. A build that listed the cache's files just before a compaction removed
-        them fails its read and must be re-run (it resumes); compact between builds, or pass
-        keep_sources and delete later. Returns counts."""
+        Safe beside running builds: only files complete when compaction starts are read (each writer
+        writes whole files into its own run folder), and the merged files appear by atomic rename before
+        any source is removed, so a key is always in a readable file. Memory is one bucket at a time (keys
+        split by their first hex digits). A build that listed the files just before a compaction removed
+        them fails its read and must be re-run (it resumes): compact between builds, or keep_sources."""
         import pyarrow.compute as pc
 
         sources = self.files()

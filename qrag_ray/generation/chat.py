@@ -1,8 +1,7 @@
 """Online chat completions for query time (HyDE, answer synthesis) over the same backends as indexing.
 
 `get_chat_model(cfg.generator)` gives a `ChatModel`: `await model.acomplete(messages, max_tokens=,
-temperature=)` or, outside an event loop, `model.complete(...)`. Messages come from the prompt registry
-(``get_prompt("answer").render(query, context=[chunk texts])``).
+temperature=)` or, outside an event loop, `model.complete(...)`; messages come from the prompt registry.
 
 - `OpenAIChatModel` posts to ``{cfg.base_url}/chat/completions`` through the backend's `OpenAIChatClient`
   (retries, one-line `QragError`s), at most ``cfg.max_parallel_requests`` requests in flight per model.
@@ -51,11 +50,14 @@ def _check_messages(messages: Messages) -> list[dict[str, str]]:
     return out
 
 
-def _check_args(max_tokens: int, temperature: float) -> None:
+def _checked(messages: Messages, max_tokens: int, temperature: float) -> list[dict[str, str]]:
+    """`_check_messages`, then the sampling arguments."""
+    msgs = _check_messages(messages)
     if int(max_tokens) < 1:
         raise QragError(f"max_tokens must be >= 1, got {max_tokens}")
     if float(temperature) < 0:
         raise QragError(f"temperature must be >= 0, got {temperature}")
+    return msgs
 
 
 class OpenAIChatModel:
@@ -69,16 +71,14 @@ class OpenAIChatModel:
         self._sems: dict[int, asyncio.Semaphore] = {}
 
     async def acomplete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
-        msgs = _check_messages(messages)
-        _check_args(max_tokens, temperature)
+        msgs = _checked(messages, max_tokens, temperature)
         loop = id(asyncio.get_running_loop())  # one semaphore per event loop: a model serves several
         async with self._sems.setdefault(loop, asyncio.Semaphore(self.cfg.max_parallel_requests)):
             r = await self.client.achat(msgs, max_tokens=max_tokens, temperature=temperature, n=1)
         return r["texts"][0] if r["texts"] else ""
 
     def complete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
-        msgs = _check_messages(messages)
-        _check_args(max_tokens, temperature)
+        msgs = _checked(messages, max_tokens, temperature)
         r = self.client.chat(msgs, max_tokens=max_tokens, temperature=temperature, n=1)
         return r["texts"][0] if r["texts"] else ""
 
@@ -197,8 +197,7 @@ class VLLMChatModel:
         return final.outputs[0].text if final is not None and final.outputs else ""
 
     def _submit(self, messages: Messages, max_tokens: int, temperature: float):
-        msgs = _check_messages(messages)
-        _check_args(max_tokens, temperature)
+        msgs = _checked(messages, max_tokens, temperature)
         self.start()
         job = self._generate(self._prompt_ids(msgs), self._sampling(max_tokens, temperature))
         return asyncio.run_coroutine_threadsafe(job, self._loop)

@@ -33,9 +33,7 @@ _ATOM_PREFIX = re.compile(r"^(?:(?:atomic\s+)?(?:fact|atom|statement|claim)\s*\#
 _META = re.compile(
     r"^(?:would you like|do you (?:want|need)|shall i|should i (?:generate|write|create|continue|provide)|"
     r"can i help|is there anything|let me know|i hope|hope this|feel free|need more|want more)\b"
-    r"|\b(?:more|additional|other|further) questions\b",
-    re.IGNORECASE,
-)
+    r"|\b(?:more|additional|other|further) questions\b", re.IGNORECASE)
 
 
 def _qa_pairs(raw: str | None, *, require_qmark: bool, truncated: bool | None, min_words: int,

@@ -88,14 +88,10 @@ class PromptTemplate:
         if self.uses_context and context is None:
             raise QragError(f"prompt '{self.name}' needs a context (the chunk or the retrieved passages)")
         values = {"text": str(text), "n": self.count_phrase(n), "context": format_context(context)}
-        messages: list[Message] = []
-        if self.system:
-            messages.append({"role": "system", "content": _fill(self.system, values)})
+        messages = [{"role": "system", "content": _fill(self.system, values)}] if self.system else []
         for user, assistant in self.few_shot:
-            messages.append({"role": "user", "content": _fill(user, values)})
-            messages.append({"role": "assistant", "content": assistant})
-        messages.append({"role": "user", "content": _fill(self.user, values)})
-        return messages
+            messages += [{"role": "user", "content": _fill(user, values)}, {"role": "assistant", "content": assistant}]
+        return messages + [{"role": "user", "content": _fill(self.user, values)}]
 
     @property
     def full_version(self) -> str:
@@ -122,9 +118,8 @@ class PromptTemplate:
         data = dict(data)
         data.setdefault("version", f"{data['name']}@1")
         data["few_shot"] = tuple(tuple(t) for t in data.get("few_shot") or ())
-        for t in data["few_shot"]:
-            if len(t) != 2:
-                raise QragError(f"prompt '{data['name']}': each few_shot entry must be a [user, assistant] pair")
+        if any(len(t) != 2 for t in data["few_shot"]):
+            raise QragError(f"prompt '{data['name']}': each few_shot entry must be a [user, assistant] pair")
         return cls(**data)
 
 
@@ -144,10 +139,8 @@ def fence(text: str) -> str:
 
 def format_context(context: str | Sequence[str] | None) -> str:
     """A list of passages becomes '[1]\\n<<<\\nfirst\\n>>>\\n\\n[2] ...' (fenced); a string is used as is."""
-    if context is None:
-        return ""
-    if isinstance(context, str):
-        return context
+    if context is None or isinstance(context, str):
+        return context or ""
     return "\n\n".join(f"[{i}]\n{fence(c)}" for i, c in enumerate(context, 1))
 
 

