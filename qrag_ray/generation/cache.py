@@ -27,10 +27,9 @@ SCHEMA = pa.schema([("key", pa.string()), ("raw", pa.string()),
 def default_cache_dir() -> Path:
     """QRAG_QUESTION_CACHE (the questions folder itself, e.g. on shared storage for a cluster), else
     QRAG_CACHE/questions, else ~/.cache/qrag-ray/questions. `cache_dir` in the config wins over both."""
-    if os.environ.get("QRAG_QUESTION_CACHE"):
-        return Path(os.environ["QRAG_QUESTION_CACHE"])
-    root = os.environ.get("QRAG_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qrag-ray")
-    return Path(root) / "questions"
+    if shared := os.environ.get("QRAG_QUESTION_CACHE"):
+        return Path(shared)
+    return Path(os.environ.get("QRAG_CACHE") or Path.home() / ".cache" / "qrag-ray") / "questions"
 
 
 class QuestionCache:
@@ -42,7 +41,7 @@ class QuestionCache:
         """Readable cache files; truncated ones (a killed writer) are skipped with a warning."""
         good = []
         for p in sorted(self.root.rglob("*.parquet")):
-            if any(part.startswith(".") for part in p.relative_to(self.root).parts):
+            if any(part.startswith(".") for part in p.relative_to(self.root).parts):  # compaction temporaries
                 continue
             try:
                 md = pq.read_metadata(p)

@@ -238,6 +238,3 @@ def get_chat_model(cfg: GeneratorConfig, model_path: str | None = None) -> ChatM
     if cfg.backend == "vllm":
         return VLLMChatModel(cfg, model_path)
     raise QragError(f"no chat model for generator.backend='{cfg.backend}': use 'openai' (with base_url) or 'vllm'")
-
-
-__all__ = ["CallableChatModel", "ChatModel", "OpenAIChatModel", "VLLMChatModel", "get_chat_model"]

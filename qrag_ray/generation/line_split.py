@@ -74,12 +74,9 @@ def _cut_question(seg: str, first: bool) -> tuple[str, str]:
         interrogative = [b for b in interrogative if b == 0 or seg[:b].rstrip()[-1:] in ".!;"] or [0]
     if interrogative:
         p = interrogative[-1]
-    elif first:
-        # "Sure! Berlin has how many inhabitants?" -> cut after a preamble-looking sentence
-        p = 0
-        for b in bounds:
-            if PREAMBLE.match(strip_prefixes(seg[:b])) or seg[:b].rstrip().endswith(":"):
-                p = b
+    elif first:  # "Sure! Berlin has how many inhabitants?" -> cut after the last preamble-looking sentence
+        p = max((b for b in bounds if PREAMBLE.match(strip_prefixes(seg[:b])) or seg[:b].rstrip().endswith(":")),
+                default=0)
     elif bounds:
         p = bounds[-1]
     else:

@@ -194,7 +194,3 @@ def prompt_version(name: str | PromptTemplate) -> str:
     """Cache-key identity of a prompt: changes whenever its text, few-shot turns, count wording or output kind
     change (`PromptTemplate.full_version`)."""
     return get_prompt(name).full_version
-
-
-__all__ = ["DONT_KNOW", "OUTPUT_KINDS", "PROMPTS", "PromptTemplate", "format_context", "get_prompt",
-           "load_prompt_file", "prompt_version"]

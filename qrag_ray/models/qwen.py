@@ -201,10 +201,9 @@ def qwen_status(cache_root: Path | str | None = None) -> dict[str, Any]:
     except QragError as e:
         status["problem"] = str(e)
         return status
-    sizes = [p.stat().st_size if p.is_file() else None for p in parts]
-    status["parts"] = [{"path": str(p), "bytes": size, "expected_bytes": want}
-                       for p, size, want in zip(parts, sizes, QWEN_PART_SIZES)]
-    bad = [p.name for p, size, want in zip(parts, sizes, QWEN_PART_SIZES) if size != want]
+    status["parts"] = [{"path": str(p), "bytes": p.stat().st_size if p.is_file() else None, "expected_bytes": want}
+                       for p, want in zip(parts, QWEN_PART_SIZES)]
+    bad = [Path(d["path"]).name for d in status["parts"] if d["bytes"] != d["expected_bytes"]]
     status["parts_installed"] = not bad
     if bad:
         status["problem"] = f"part file(s) missing or of the wrong size: {', '.join(bad)}"

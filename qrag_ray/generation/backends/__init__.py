@@ -19,6 +19,3 @@ def get_backend(name: str) -> Callable:
     if name not in BACKENDS:
         raise QragError(f"unknown generator backend '{name}' (known: {', '.join(BACKENDS)})")
     return importlib.import_module(f"{__name__}.{name}").run
-
-
-__all__ = ["BACKENDS", "get_backend"]

@@ -272,6 +272,3 @@ def run(ds, cfg: GeneratorConfig, model_path: str | None = None, *, check: bool 
         _OpenAIStage, fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()}, batch_format="numpy",
         batch_size=max(1, min(cfg.batch_size, 4 * cfg.max_parallel_requests)),
         compute=ray.data.ActorPoolStrategy(size=cfg.concurrency), num_cpus=0.25)
-
-
-__all__ = ["OpenAIChatClient", "preflight", "run"]

@@ -174,7 +174,3 @@ def run(ds, cfg: GeneratorConfig, model_path: str | None = None):
     expanded = ds.flat_map(expand, num_cpus=MAP_NUM_CPUS if cfg.num_gpus <= 0 else 1)
     out = build_vllm_processor(cfg, path, seeded=True)(expanded)
     return out.groupby("key").map_groups(_join_candidates, batch_format="numpy")
-
-
-__all__ = ["run", "build_vllm_processor", "cpu_env_vars", "engine_kwargs_for", "sampling_params_for",
-           "check_model_path"]
