@@ -66,11 +66,8 @@ class QuestionCache:
 
     def read_all(self) -> dict[str, str]:
         """key -> raw for small caches (tests, diagnostics)."""
-        out: dict[str, str] = {}
-        for f in self.files():
-            t = pq.read_table(f, columns=["key", "raw"])
-            out.update(zip(t.column("key").to_pylist(), t.column("raw").to_pylist()))
-        return out
+        tables = [pq.read_table(f, columns=["key", "raw"]) for f in self.files()]
+        return {k: raw for t in tables for k, raw in zip(t["key"].to_pylist(), t["raw"].to_pylist())}
 
     def compact(self, buckets: int = 16, keep_sources: bool = False) -> dict:
         """Merge the cache's many small run files into `buckets` files, one row per key; returns counts.

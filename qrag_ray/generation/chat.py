@@ -24,6 +24,8 @@ from typing import Protocol, runtime_checkable
 
 from qrag_ray.config import GeneratorConfig
 from qrag_ray.errors import QragError
+from qrag_ray.generation.backends.openai import OpenAIChatClient
+from qrag_ray.generation.backends.vllm import check_model_path, cpu_env_vars, engine_kwargs_for, per_request_seed_ok
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +44,9 @@ def _check_messages(messages: Messages) -> list[dict[str, str]]:
         messages = messages.tolist()
     if not isinstance(messages, (list, tuple)) or not messages:
         raise QragError("chat messages must be a non-empty list of {role, content} dicts")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise QragError(f"bad chat message {m!r}: expected a dict with 'role' and 'content'")
-        out.append({"role": str(m["role"]), "content": str(m["content"])})
-    return out
+    if bad := [m for m in messages if not isinstance(m, dict) or "role" not in m or "content" not in m]:
+        raise QragError(f"bad chat message {bad[0]!r}: expected a dict with 'role' and 'content'")
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
 
 
 def _checked(messages: Messages, max_tokens: int, temperature: float) -> list[dict[str, str]]:
@@ -64,8 +63,6 @@ class OpenAIChatModel:
     """Chat over an OpenAI-compatible endpoint (`cfg.base_url`, model `cfg.model`)."""
 
     def __init__(self, cfg: GeneratorConfig):
-        from qrag_ray.generation.backends.openai import OpenAIChatClient
-
         self.cfg = cfg
         self.client = OpenAIChatClient(cfg)
         self._sems: dict[int, asyncio.Semaphore] = {}
@@ -94,8 +91,6 @@ class VLLMChatModel:
     """In-process vLLM AsyncLLM engine on a private event-loop thread."""
 
     def __init__(self, cfg: GeneratorConfig, model_path: str | None = None):
-        from qrag_ray.generation.backends.vllm import check_model_path
-
         self.cfg = cfg
         if model_path is None:
             from qrag_ray.models.registry import resolve_llm
@@ -110,8 +105,6 @@ class VLLMChatModel:
     def _engine_args(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        from qrag_ray.generation.backends.vllm import engine_kwargs_for
-
         kw = engine_kwargs_for(self.cfg)
         kw.pop("task_type", None)
         kw.setdefault("disable_log_stats", True)
@@ -125,8 +118,6 @@ class VLLMChatModel:
             if self._engine is not None:
                 return self
             if self.cfg.num_gpus <= 0:
-                from qrag_ray.generation.backends.vllm import cpu_env_vars
-
                 for k, v in cpu_env_vars().items():
                     os.environ.setdefault(k, v)
             loop = asyncio.new_event_loop()
@@ -182,8 +173,6 @@ class VLLMChatModel:
 
     def _sampling(self, max_tokens: int, temperature: float):
         from vllm import SamplingParams
-
-        from qrag_ray.generation.backends.vllm import per_request_seed_ok
 
         s = self.cfg.sampling
         seed = int(s.seed) if per_request_seed_ok(self.cfg.num_gpus, temperature) else None

