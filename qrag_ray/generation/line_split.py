@@ -105,8 +105,7 @@ def split_line(line: str) -> tuple[list[list[str]], str]:
     pairs: list[list[str]] = []
     lead, start = "", 0
     for m in re.finditer(r"\?+", line):
-        seg = line[start:m.end()]
-        before, question = _cut_question(seg, first=not pairs)
+        before, question = _cut_question(line[start:m.end()], first=not pairs)
         if pairs:
             pairs[-1][1] = (pairs[-1][1] + " " + before).strip()
         else:
@@ -124,10 +123,9 @@ def sentences(line: str) -> list[str]:
     """The non-empty sentences of `line`; a full stop after an abbreviation or an initial does not end one."""
     parts, start = [], 0
     for m in re.finditer(r"[.!?]+[\"'”’)\]]*(\s+)(?=[^a-z\s])", line):
-        if line[m.start()] == "." and not _is_boundary(line, m.start()):
-            continue
-        parts.append(line[start:m.start(1)].strip())
-        start = m.end()
+        if line[m.start()] != "." or _is_boundary(line, m.start()):
+            parts.append(line[start:m.start(1)].strip())
+            start = m.end()
     parts.append(line[start:].strip())
     return [p for p in parts if p]
 
