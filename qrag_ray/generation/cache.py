@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -25,10 +27,9 @@ SCHEMA = pa.schema([("key", pa.string()), ("raw", pa.string()),
 def default_cache_dir() -> Path:
     """QRAG_QUESTION_CACHE (the questions folder itself, e.g. on shared storage for a cluster), else
     QRAG_CACHE/questions, else ~/.cache/qrag-ray/questions. `cache_dir` in the config wins over both."""
-    if os.environ.get("QRAG_QUESTION_CACHE"):
-        return Path(os.environ["QRAG_QUESTION_CACHE"])
-    root = os.environ.get("QRAG_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qrag-ray")
-    return Path(root) / "questions"
+    if shared := os.environ.get("QRAG_QUESTION_CACHE"):
+        return Path(shared)
+    return Path(os.environ.get("QRAG_CACHE") or Path.home() / ".cache" / "qrag-ray") / "questions"
 
 
 class QuestionCache:
@@ -40,7 +41,7 @@ class QuestionCache:
         """Readable cache files; truncated ones (a killed writer) are skipped with a warning."""
         good = []
         for p in sorted(self.root.rglob("*.parquet")):
-            if any(part.startswith(".") for part in p.relative_to(self.root).parts):
+            if any(part.startswith(".") for part in p.relative_to(self.root).parts):  # compaction temporaries
                 continue
             try:
                 md = pq.read_metadata(p)
@@ -58,40 +59,30 @@ class QuestionCache:
         import ray.data
 
         files = self.files()
-        if not files:
-            return None
-        return ray.data.read_parquet(files, columns=["key", "raw", "prompt_tokens", "output_tokens"])
+        return ray.data.read_parquet(files, columns=SCHEMA.names) if files else None
 
     def new_run_dir(self) -> str:
         return str(self.root / f"run-{uuid.uuid4().hex[:12]}")
 
     def read_all(self) -> dict[str, str]:
         """key -> raw for small caches (tests, diagnostics)."""
-        out: dict[str, str] = {}
-        for f in self.files():
-            t = pq.read_table(f, columns=["key", "raw"])
-            out.update(zip(t.column("key").to_pylist(), t.column("raw").to_pylist()))
-        return out
+        tables = [pq.read_table(f, columns=["key", "raw"]) for f in self.files()]
+        return {k: raw for t in tables for k, raw in zip(t["key"].to_pylist(), t["raw"].to_pylist())}
 
     def compact(self, buckets: int = 16, keep_sources: bool = False) -> dict:
-        """Merge the cache's many small run files into `buckets` files, one row per key.
+        """Merge the cache's many small run files into `buckets` files, one row per key; returns counts.
 
-        Safe beside running builds: only files complete when compaction starts are read (a writer's
-        files are its own, in its own run folder, written to the end before they are readable); the
-        merged files appear by atomic rename before any source is removed, so a key is always in at
-        least one readable file. Memory is one bucket at a time (keys split by their first hex
-        digits), not the cache. A build that listed the cache's files just before a compaction removed
-        them fails its read and must be re-run (it resumes); compact between builds, or pass
-        keep_sources and delete later. Returns counts."""
-        import shutil
-        import uuid
-
+        Safe beside running builds: only files complete when compaction starts are read (each writer
+        writes whole files into its own run folder), and the merged files appear by atomic rename before
+        any source is removed, so a key is always in a readable file. Memory is one bucket at a time (keys
+        split by their first hex digits). A build that listed the files just before a compaction removed
+        them fails its read and must be re-run (it resumes): compact between builds, or keep_sources."""
         import pyarrow.compute as pc
 
         sources = self.files()
         if len(sources) <= 1:
-            return {"files_before": len(sources), "files_after": len(sources), "rows_before": len(self),
-                    "rows_after": len(self)}
+            rows = len(self)
+            return {"files_before": len(sources), "files_after": len(sources), "rows_before": rows, "rows_after": rows}
         cid = uuid.uuid4().hex[:10]
         tmp = self.root / f".compact-{cid}"
         rows_before = 0
@@ -99,8 +90,7 @@ class QuestionCache:
             t = pq.read_table(f).select(SCHEMA.names).cast(SCHEMA)
             rows_before += t.num_rows
             b = pc.cast(pc.utf8_slice_codeunits(t.column("key"), 0, 4), pa.string())
-            ids = [int(x, 16) % buckets if x else 0 for x in b.to_pylist()]
-            ids = pa.array(ids, pa.int32())
+            ids = pa.array([int(x, 16) % buckets if x else 0 for x in b.to_pylist()], pa.int32())
             for k in range(buckets):
                 part = t.filter(pc.equal(ids, k))
                 if part.num_rows:
@@ -114,13 +104,10 @@ class QuestionCache:
             if not d.is_dir():
                 continue
             t = pa.concat_tables([pq.read_table(p) for p in sorted(d.glob("*.parquet"))])
-            keys = t.column("key").to_pylist()
-            seen, keep = set(), []
-            for j, key in enumerate(keys):
-                if key not in seen:
-                    seen.add(key)
-                    keep.append(j)
-            t = t.take(pa.array(keep, pa.int64()))
+            first: dict[str, int] = {}
+            for j, key in enumerate(t.column("key").to_pylist()):
+                first.setdefault(key, j)
+            t = t.take(pa.array(list(first.values()), pa.int64()))
             rows_after += t.num_rows
             part = out / f".{k:03d}.parquet.tmp"
             pq.write_table(t, part)
@@ -130,8 +117,6 @@ class QuestionCache:
             for f in sources:
                 Path(f).unlink(missing_ok=True)
             # emptied run folders, once idle for a while: a running build may still write into its own
-            import time
-
             for d in sorted(self.root.iterdir(), reverse=True):
                 if d.is_dir() and d != out and not any(d.rglob("*")) and time.time() - d.stat().st_mtime > 600:
                     d.rmdir()

@@ -1,27 +1,14 @@
 """Online chat completions for query time (HyDE, answer synthesis) over the same backends as indexing.
 
-    model = get_chat_model(cfg.generator)           # GeneratorConfig: backend "openai" or "vllm"
-    text = await model.acomplete(messages, max_tokens=256, temperature=0.0)
-    text = model.complete(messages)                 # sync; do not call from inside a running event loop
+`get_chat_model(cfg.generator)` gives a `ChatModel`: `await model.acomplete(messages, max_tokens=,
+temperature=)` or, outside an event loop, `model.complete(...)`; messages come from the prompt registry.
 
-Messages come from the prompt registry, e.g.
-``get_prompt("hyde").render(query)`` and ``get_prompt("answer").render(query, context=[chunk texts])``;
-parse the reply with ``parsing.parse_output(text, "text")`` / ``serving.answer.parse_answer`` /
-``serving.answer.extract_citations``.
-
-Backends:
-
-- ``openai``: `OpenAIChatModel` posts to ``{cfg.base_url}/chat/completions`` with httpx (an
-  ``AsyncClient`` per event loop for `acomplete`, a ``Client`` for `complete`); retries on 429/5xx with
-  backoff; `QragError` on 401/403, other 4xx and an unreachable endpoint; at most
-  ``cfg.max_parallel_requests`` requests of one model object in flight.
-- ``vllm``: `VLLMChatModel` runs an in-process vLLM ``AsyncLLM`` engine (vllm imported lazily, on first
-  use or `start()`) from the registry / local model path (`qrag_ray.models.registry.resolve_llm`). The
-  engine lives on its own event-loop thread, so `acomplete` works from any event loop (Ray Serve
-  replicas, FastAPI) and `complete` from plain code; concurrent calls are batched by vLLM. On CPU the
-  vLLM CPU env vars are set (if unset) before the engine starts; startup is ~35-60 s on 2 cores, so call
-  `start()` in a replica's constructor. Sampling beyond max_tokens/temperature (top_p,
-  repetition_penalty) comes from ``cfg.sampling``. Call `close()` to free the engine.
+- `OpenAIChatModel` posts to ``{cfg.base_url}/chat/completions`` through the backend's `OpenAIChatClient`
+  (retries, one-line `QragError`s), at most ``cfg.max_parallel_requests`` requests in flight per model.
+- `VLLMChatModel` runs an in-process vLLM ``AsyncLLM`` engine (vllm imported lazily) on its own
+  event-loop thread, so `acomplete` works from any loop (Serve replicas, FastAPI) and `complete` from
+  plain code; vLLM batches concurrent calls. Startup takes long on CPU, so call `start()` in a replica's
+  constructor; top_p and repetition_penalty come from ``cfg.sampling``. `close()` frees the engine.
 - `CallableChatModel` wraps a function ``messages -> str`` (tests, fakes).
 """
 
@@ -37,6 +24,8 @@ from typing import Protocol, runtime_checkable
 
 from qrag_ray.config import GeneratorConfig
 from qrag_ray.errors import QragError
+from qrag_ray.generation.backends.openai import OpenAIChatClient
+from qrag_ray.generation.backends.vllm import check_model_path, cpu_env_vars, engine_kwargs_for, per_request_seed_ok
 
 logger = logging.getLogger(__name__)
 
@@ -55,57 +44,38 @@ def _check_messages(messages: Messages) -> list[dict[str, str]]:
         messages = messages.tolist()
     if not isinstance(messages, (list, tuple)) or not messages:
         raise QragError("chat messages must be a non-empty list of {role, content} dicts")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise QragError(f"bad chat message {m!r}: expected a dict with 'role' and 'content'")
-        out.append({"role": str(m["role"]), "content": str(m["content"])})
-    return out
+    if bad := [m for m in messages if not isinstance(m, dict) or "role" not in m or "content" not in m]:
+        raise QragError(f"bad chat message {bad[0]!r}: expected a dict with 'role' and 'content'")
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
 
 
-def _check_args(max_tokens: int, temperature: float) -> None:
+def _checked(messages: Messages, max_tokens: int, temperature: float) -> list[dict[str, str]]:
+    """`_check_messages`, then the sampling arguments."""
+    msgs = _check_messages(messages)
     if int(max_tokens) < 1:
         raise QragError(f"max_tokens must be >= 1, got {max_tokens}")
     if float(temperature) < 0:
         raise QragError(f"temperature must be >= 0, got {temperature}")
+    return msgs
 
 
-def _no_running_loop(what: str) -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise RuntimeError(f"{what}.complete() blocks; inside an event loop use `await {what}.acomplete(...)`")
-
-
-# ------------------------------------------------------------------------------------------ openai
 class OpenAIChatModel:
     """Chat over an OpenAI-compatible endpoint (`cfg.base_url`, model `cfg.model`)."""
 
     def __init__(self, cfg: GeneratorConfig):
-        from qrag_ray.generation.backends.openai import OpenAIChatClient
-
         self.cfg = cfg
         self.client = OpenAIChatClient(cfg)
         self._sems: dict[int, asyncio.Semaphore] = {}
 
-    def _sem(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        s = self._sems.get(id(loop))
-        if s is None:
-            s = self._sems[id(loop)] = asyncio.Semaphore(self.cfg.max_parallel_requests)
-        return s
-
     async def acomplete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
-        msgs = _check_messages(messages)
-        _check_args(max_tokens, temperature)
-        async with self._sem():
+        msgs = _checked(messages, max_tokens, temperature)
+        loop = id(asyncio.get_running_loop())  # one semaphore per event loop: a model serves several
+        async with self._sems.setdefault(loop, asyncio.Semaphore(self.cfg.max_parallel_requests)):
             r = await self.client.achat(msgs, max_tokens=max_tokens, temperature=temperature, n=1)
         return r["texts"][0] if r["texts"] else ""
 
     def complete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
-        msgs = _check_messages(messages)
-        _check_args(max_tokens, temperature)
+        msgs = _checked(messages, max_tokens, temperature)
         r = self.client.chat(msgs, max_tokens=max_tokens, temperature=temperature, n=1)
         return r["texts"][0] if r["texts"] else ""
 
@@ -117,30 +87,23 @@ class OpenAIChatModel:
         self.client.close()
 
 
-# -------------------------------------------------------------------------------------------- vllm
 class VLLMChatModel:
     """In-process vLLM AsyncLLM engine on a private event-loop thread."""
 
     def __init__(self, cfg: GeneratorConfig, model_path: str | None = None):
-        from qrag_ray.generation.backends.vllm import check_model_path
-
         self.cfg = cfg
         if model_path is None:
             from qrag_ray.models.registry import resolve_llm
 
             model_path = resolve_llm(cfg.model)
         self.model_path = check_model_path(model_path)
-        self._engine = None
-        self._tokenizer = None
+        self._engine = self._tokenizer = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    # ---- lifecycle ---------------------------------------------------------------------------------
     def _engine_args(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
-
-        from qrag_ray.generation.backends.vllm import engine_kwargs_for
 
         kw = engine_kwargs_for(self.cfg)
         kw.pop("task_type", None)
@@ -150,13 +113,11 @@ class VLLMChatModel:
         return AsyncEngineArgs(model=self.model_path, **kw)
 
     def start(self) -> "VLLMChatModel":
-        """Start the engine now (blocking; ~35-60 s on CPU). Idempotent; `acomplete` calls it lazily."""
+        """Start the engine now (blocking). Idempotent; `acomplete` calls it lazily."""
         with self._lock:
             if self._engine is not None:
                 return self
             if self.cfg.num_gpus <= 0:
-                from qrag_ray.generation.backends.vllm import cpu_env_vars
-
                 for k, v in cpu_env_vars().items():
                     os.environ.setdefault(k, v)
             loop = asyncio.new_event_loop()
@@ -204,23 +165,14 @@ class VLLMChatModel:
         if thread is not None:
             thread.join(timeout=10)
 
-    def __enter__(self) -> "VLLMChatModel":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    # ---- generation --------------------------------------------------------------------------------
     def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         ids = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding
+        if hasattr(ids, "keys"):  # a dict or BatchEncoding
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
     def _sampling(self, max_tokens: int, temperature: float):
         from vllm import SamplingParams
-
-        from qrag_ray.generation.backends.vllm import per_request_seed_ok
 
         s = self.cfg.sampling
         seed = int(s.seed) if per_request_seed_ok(self.cfg.num_gpus, temperature) else None
@@ -229,18 +181,15 @@ class VLLMChatModel:
 
     async def _generate(self, ids: list[int], params) -> str:
         final = None
-        async for out in self._engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
-            final = out
-        if final is None or not final.outputs:
-            return ""
-        return final.outputs[0].text
+        async for final in self._engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+            pass
+        return final.outputs[0].text if final is not None and final.outputs else ""
 
     def _submit(self, messages: Messages, max_tokens: int, temperature: float):
-        msgs = _check_messages(messages)
-        _check_args(max_tokens, temperature)
+        msgs = _checked(messages, max_tokens, temperature)
         self.start()
-        ids = self._prompt_ids(msgs)
-        return asyncio.run_coroutine_threadsafe(self._generate(ids, self._sampling(max_tokens, temperature)), self._loop)
+        job = self._generate(self._prompt_ids(msgs), self._sampling(max_tokens, temperature))
+        return asyncio.run_coroutine_threadsafe(job, self._loop)
 
     async def acomplete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
         if self._engine is None:  # first call: start without blocking the caller's loop
@@ -248,11 +197,14 @@ class VLLMChatModel:
         return await asyncio.wrap_future(self._submit(messages, max_tokens, temperature))
 
     def complete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
-        _no_running_loop("VLLMChatModel")
-        return self._submit(messages, max_tokens, temperature).result()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no running loop: blocking is fine
+            return self._submit(messages, max_tokens, temperature).result()
+        raise RuntimeError("VLLMChatModel.complete() blocks; inside an event loop use "
+                           "`await VLLMChatModel.acomplete(...)`")
 
 
-# ------------------------------------------------------------------------------------------- fakes
 class CallableChatModel:
     """A ChatModel over a plain function `fn(messages, max_tokens=, temperature=) -> str` (tests, stubs)."""
 
@@ -267,10 +219,7 @@ class CallableChatModel:
 
 
 def get_chat_model(cfg: GeneratorConfig, model_path: str | None = None) -> ChatModel:
-    """The online chat model for `cfg.backend`: "openai" (HTTP) or "vllm" (in-process engine, lazy).
-
-    `model_path` (vllm only) overrides resolving `cfg.model` through the registry.
-    """
+    """The online chat model for `cfg.backend`; `model_path` (vllm only) overrides resolving `cfg.model`."""
     if isinstance(cfg, dict):
         cfg = GeneratorConfig.model_validate(cfg)
     if cfg.backend == "openai":
@@ -278,6 +227,3 @@ def get_chat_model(cfg: GeneratorConfig, model_path: str | None = None) -> ChatM
     if cfg.backend == "vllm":
         return VLLMChatModel(cfg, model_path)
     raise QragError(f"no chat model for generator.backend='{cfg.backend}': use 'openai' (with base_url) or 'vllm'")
-
-
-__all__ = ["CallableChatModel", "ChatModel", "OpenAIChatModel", "VLLMChatModel", "get_chat_model"]

@@ -26,7 +26,7 @@ _INTERROGATIVE = re.compile(
     rf"within|since|until|through|about|according\s+to\s+[^,?]{{1,60}},)\s+{_WH}\b)",
     re.IGNORECASE,
 )
-_INTERROGATIVE_INNER = re.compile(rf"(?<=\s)(?:What|Which|Who|Whom|Whose|When|Where|Why|How)\b")
+_INTERROGATIVE_INNER = re.compile(r"(?<=\s)(?:What|Which|Who|Whom|Whose|When|Where|Why|How)\b")
 
 
 def is_interrogative(text: str) -> bool:
@@ -36,36 +36,24 @@ def is_interrogative(text: str) -> bool:
 
 def _is_boundary(text: str, pos: int) -> bool:
     """Is the punctuation at text[pos] a sentence boundary (not an abbreviation or initial)?"""
-    ch = text[pos]
-    if ch in "!;:":
+    if text[pos] in "!;:":
         return True
     # '.': look at the word before
     word = re.search(r"([\w.]+)\.?$", text[:pos + 1].rstrip("."))
     w = (word.group(1) if word else "").lower().rstrip(".")
-    if not w:
-        return True
-    if w in _ABBREVIATIONS or (len(w) == 1 and w.isalpha()) or re.fullmatch(r"(?:[a-z]\.)+[a-z]", w):
-        return False
-    return True
+    return not w or not (w in _ABBREVIATIONS or (len(w) == 1 and w.isalpha())
+                         or re.fullmatch(r"(?:[a-z]\.)+[a-z]", w))
 
 
 def _boundaries(seg: str) -> list[int]:
     """Start offsets of sentences inside `seg` (after '. ', '! ', ': ', '; ' followed by a non-lowercase char)."""
-    out = []
-    for m in re.finditer(r"[.!;:]+(\s+)(?=[^a-z\s])", seg):
-        if _is_boundary(seg, m.start()):
-            out.append(m.end())
-    return out
+    return [m.end() for m in re.finditer(r"[.!;:]+(\s+)(?=[^a-z\s])", seg) if _is_boundary(seg, m.start())]
 
 
 def clean_question(s: str) -> str:
     """A question without prefixes or wrappers, its whitespace collapsed and one "?" at the end."""
-    s = strip_prefixes(s)
-    s = strip_wrappers(s)
-    s = re.sub(r"\s+", " ", s).strip()
-    s = re.sub(r"\s+\?", "?", s)
-    s = re.sub(r"\?+", "?", s)
-    return s.lstrip("¿").strip()
+    s = re.sub(r"\s+", " ", strip_wrappers(strip_prefixes(s))).strip()
+    return re.sub(r"\?+", "?", re.sub(r"\s+\?", "?", s)).lstrip("¿").strip()
 
 
 def _is_label(text: str) -> bool:
@@ -86,12 +74,9 @@ def _cut_question(seg: str, first: bool) -> tuple[str, str]:
         interrogative = [b for b in interrogative if b == 0 or seg[:b].rstrip()[-1:] in ".!;"] or [0]
     if interrogative:
         p = interrogative[-1]
-    elif first:
-        # "Sure! Berlin has how many inhabitants?" -> cut after a preamble-looking sentence
-        p = 0
-        for b in bounds:
-            if PREAMBLE.match(strip_prefixes(seg[:b])) or seg[:b].rstrip().endswith(":"):
-                p = b
+    elif first:  # "Sure! Berlin has how many inhabitants?" -> cut after the last preamble-looking sentence
+        p = max((b for b in bounds if PREAMBLE.match(strip_prefixes(seg[:b])) or seg[:b].rstrip().endswith(":")),
+                default=0)
     elif bounds:
         p = bounds[-1]
     else:
@@ -112,19 +97,15 @@ def clean_answer(a: str) -> str:
     """An answer without an "Answer:" label, a dangling "Question:" label at its end, quotes or extra spaces."""
     a = ANSWER_LABEL.sub("", a.strip()).strip()
     a = re.sub(r"(?:^|\s)(?:q|question|query)\s*\d{0,3}\s*:?\s*$", "", a, flags=re.IGNORECASE).strip()
-    a = a.strip(" ,;\"'“”")
-    a = re.sub(r"\s+", " ", a)
-    return a
+    return re.sub(r"\s+", " ", a.strip(" ,;\"'“”"))
 
 
 def split_line(line: str) -> tuple[list[list[str]], str]:
     """[[question, answer], ...] found on one prepared line, plus the text before the first question."""
     pairs: list[list[str]] = []
-    lead = ""
-    start = 0
+    lead, start = "", 0
     for m in re.finditer(r"\?+", line):
-        seg = line[start:m.end()]
-        before, question = _cut_question(seg, first=not pairs)
+        before, question = _cut_question(line[start:m.end()], first=not pairs)
         if pairs:
             pairs[-1][1] = (pairs[-1][1] + " " + before).strip()
         else:
@@ -142,10 +123,9 @@ def sentences(line: str) -> list[str]:
     """The non-empty sentences of `line`; a full stop after an abbreviation or an initial does not end one."""
     parts, start = [], 0
     for m in re.finditer(r"[.!?]+[\"'”’)\]]*(\s+)(?=[^a-z\s])", line):
-        if line[m.start()] == "." and not _is_boundary(line, m.start()):
-            continue
-        parts.append(line[start:m.start(1)].strip())
-        start = m.end()
+        if line[m.start()] != "." or _is_boundary(line, m.start()):
+            parts.append(line[start:m.start(1)].strip())
+            start = m.end()
     parts.append(line[start:].strip())
     return [p for p in parts if p]
 

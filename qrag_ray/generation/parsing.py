@@ -1,23 +1,14 @@
 """LLM output -> questions, (question, answer) pairs, atomic statements. Pure functions, no model, no Ray.
 
-Real replies are messy, small models' most of all: they number their lines despite "no prefix", add
-preambles, and without a repetition penalty loop until max_tokens and are cut mid-line.
-These parsers undo the formatting and keep the content:
+Real replies are messy, small models' most of all: numbered lines despite "no prefix", preambles, loops
+cut off by max_tokens. The parsers undo the formatting and keep the content: numbering, bullets, labels,
+markdown, fences, quotes, JSON and chat tokens go (`reply_text`); a QuOTE "Question? Answer" line keeps
+the question up to its "?" and the rest as its answer, several questions on a line are split
+(`line_split`); preambles, closing offers, non-questions, duplicates, too short, too long or degenerate
+items and a final line cut off by max_tokens are dropped.
 
-- numbering and bullets: "1." "1)" "(1)" "[1]" "#1" "Q1:" "Question 1:" "- " "* " "•" "**1.**" "### 1.",
-  labels ("Q:", "Question:", "Query:"), markdown bold, code fences, surrounding quotes, JSON arrays, chat
-  special tokens (<|im_end|>) and <think> blocks;
-- QuOTE "Question? Answer" lines: the question is kept up to and including its "?", the rest is its
-  answer (`parse_qa` returns both); several questions on one line are split;
-- preambles ("Sure! Here are 10 questions:"), closing offers ("Would you like more questions?"), blank
-  lines, non-questions, duplicates (case, whitespace and punctuation-insensitive; first kept), too short
-  (< 3 words) and absurdly long or degenerate (a word repeated 4+ times in a row) items are dropped;
-- a final line cut off by max_tokens is dropped (see `truncated`).
-
-Parsing is not filtering: a well-formed question is kept however silly ("What is the capital of Berlin?");
-semantic filters live in qrag_ray.filters. The line work beneath the parsers lives in
-`qrag_ray.generation.reply_text` (a reply -> its content lines) and `qrag_ray.generation.line_split`
-(one line -> its questions with their answers, or its sentences).
+Parsing is not filtering: a well-formed question is kept however silly ("What is the capital of
+Berlin?"); semantic filters live in qrag_ray.filters.
 """
 
 from __future__ import annotations
@@ -29,36 +20,24 @@ from qrag_ray.generation.reply_text import (ANSWER_LABEL, ANSWER_LINE, FENCE, PR
                                             clean_text, drop_cut_tail, looks_cut, normalize_key, reply_lines,
                                             strip_prefixes, strip_wrappers)
 
-__all__ = [
-    "clean_text",
-    "is_interrogative",
-    "normalize_key",
-    "parse_atoms",
-    "parse_output",
-    "parse_qa",
-    "parse_questions",
-    "strip_reply_format",
-]
+__all__ = ["clean_text", "is_interrogative", "normalize_key", "parse_atoms", "parse_output", "parse_qa",
+           "parse_questions", "strip_reply_format"]
 
 MIN_WORDS = 3
 MAX_QUESTION_WORDS = 60
 MAX_ATOM_WORDS = 80
 
-_ATOM_PREFIX = re.compile(
-    r"^(?:(?:atomic\s+)?(?:fact|atom|statement|claim)\s*\#?\d{0,3}\s*[:.)\-–—]\s*)", re.IGNORECASE
-)
+_ATOM_PREFIX = re.compile(r"^(?:(?:atomic\s+)?(?:fact|atom|statement|claim)\s*\#?\d{0,3}\s*[:.)\-–—]\s*)",
+                          re.IGNORECASE)
 # Chat around the task rather than content: greetings, offers, sign-offs.
 _META = re.compile(
     r"^(?:would you like|do you (?:want|need)|shall i|should i (?:generate|write|create|continue|provide)|"
     r"can i help|is there anything|let me know|i hope|hope this|feel free|need more|want more)\b"
-    r"|\b(?:more|additional|other|further) questions\b",
-    re.IGNORECASE,
-)
+    r"|\b(?:more|additional|other|further) questions\b", re.IGNORECASE)
 
 
-def _qa_pairs(
-    raw: str | None, *, require_qmark: bool, truncated: bool | None, min_words: int, max_words: int
-) -> list[tuple[str, str]]:
+def _qa_pairs(raw: str | None, *, require_qmark: bool, truncated: bool | None, min_words: int,
+              max_words: int) -> list[tuple[str, str]]:
     lines, ended = reply_lines(raw)
     if not lines:
         return []
@@ -69,7 +48,6 @@ def _qa_pairs(
     last_answer: list[str] | None = None  # the pair whose answer came from the final line
     for i, line in enumerate(lines):
         is_last = i == len(lines) - 1
-        cut_here = last_cut and is_last
         if ANSWER_LINE.match(line):
             # two-line format "Q: …?" / "A: …": the answer belongs to the previous question
             if out and not out[-1][1]:
@@ -78,7 +56,7 @@ def _qa_pairs(
                     last_answer = out[-1]
             continue
         pairs, rest = split_line(line)
-        if not require_qmark and not cut_here:
+        if not require_qmark and not (last_cut and is_last):
             tail = pairs[-1][1] if pairs else rest
             t = clean_question(tail) if tail else ""
             if t and is_interrogative(t) and not t.endswith(":"):
@@ -86,21 +64,17 @@ def _qa_pairs(
                     pairs[-1][1] = ""
                 pairs.append([re.sub(r"[\s.!;:,]+$", "", t) + "?", ""])
         for q, a in pairs:
-            q = clean_question(q)
-            a = clean_answer(a)
+            q, a = clean_question(q), clean_answer(a)
             if not acceptable(q, min_words, max_words) or _META.search(q):
                 continue
             if dedup.add(q):
                 out.append([q, a])
                 if is_last:
                     last_answer = out[-1]
-            elif a:
-                # a repeated question may bring the answer its first copy lacked
+            elif a:  # a repeated question may bring the answer its first copy lacked
                 key = normalize_key(q)
-                for pair in out:
-                    if not pair[1] and normalize_key(pair[0]) == key:
-                        pair[1] = a
-                        break
+                if lacking := next((p for p in out if not p[1] and normalize_key(p[0]) == key), None):
+                    lacking[1] = a
     if last_answer is not None and last_answer[1] and not ended and truncated is not False:
         # an answer cut off by max_tokens: drop it (the question itself was complete). Unless the caller
         # says so, guess from the other answers: cut if most of them end with punctuation and this not.
@@ -110,15 +84,9 @@ def _qa_pairs(
     return [(q, a) for q, a in out]
 
 
-def parse_questions(
-    raw: str | None,
-    *,
-    max_questions: int | None = None,
-    require_qmark: bool = True,
-    truncated: bool | None = None,
-    min_words: int = MIN_WORDS,
-    max_words: int = MAX_QUESTION_WORDS,
-) -> list[str]:
+def parse_questions(raw: str | None, *, max_questions: int | None = None, require_qmark: bool = True,
+                    truncated: bool | None = None, min_words: int = MIN_WORDS,
+                    max_words: int = MAX_QUESTION_WORDS) -> list[str]:
     """Questions in `raw`, cleaned, deduplicated, in order; [] for an empty or None reply.
 
     `require_qmark=False` also keeps lines that open like a question (wh-word or auxiliary verb) and adds
@@ -128,39 +96,22 @@ def parse_questions(
     yields a question unless its "?" was reached. `max_questions` keeps the first N after dedup.
     """
     pairs = _qa_pairs(raw, require_qmark=require_qmark, truncated=truncated, min_words=min_words, max_words=max_words)
-    qs = [q for q, _ in pairs]
-    return qs[:max_questions] if max_questions is not None else qs
+    return [q for q, _ in pairs][:max_questions]
 
 
-def parse_qa(
-    raw: str | None,
-    *,
-    max_pairs: int | None = None,
-    truncated: bool | None = None,
-    min_words: int = MIN_WORDS,
-    max_words: int = MAX_QUESTION_WORDS,
-) -> list[tuple[str, str]]:
+def parse_qa(raw: str | None, *, max_pairs: int | None = None, truncated: bool | None = None,
+             min_words: int = MIN_WORDS, max_words: int = MAX_QUESTION_WORDS) -> list[tuple[str, str]]:
     """QuOTE 'Question? Answer' pairs (also 'Q: …?' / 'A: …' on two lines). The answer is '' when missing
     or cut off by max_tokens. Questions equal `parse_questions(raw)`."""
-    pairs = _qa_pairs(raw, require_qmark=True, truncated=truncated, min_words=min_words, max_words=max_words)
-    return pairs[:max_pairs] if max_pairs is not None else pairs
+    return _qa_pairs(raw, require_qmark=True, truncated=truncated, min_words=min_words, max_words=max_words)[:max_pairs]
 
-def parse_atoms(
-    raw: str | None,
-    *,
-    max_atoms: int | None = None,
-    truncated: bool | None = None,
-    min_words: int = MIN_WORDS,
-    max_words: int = MAX_ATOM_WORDS,
-    split_sentences: bool = True,
-) -> list[str]:
+
+def parse_atoms(raw: str | None, *, max_atoms: int | None = None, truncated: bool | None = None,
+                min_words: int = MIN_WORDS, max_words: int = MAX_ATOM_WORDS, split_sentences: bool = True) -> list[str]:
     """Atomic statements, one per line: numbering/bullets/"Fact 1:" labels stripped, preambles and sign-offs
     dropped, a line holding several sentences split into them, duplicates removed, a cut last line dropped."""
     lines, ended = reply_lines(raw)
-    if not lines:
-        return []
-    lines = [strip_prefixes(ln, _ATOM_PREFIX) for ln in lines]
-    lines = [ln for ln in lines if ln]
+    lines = [ln for ln in (strip_prefixes(ln, _ATOM_PREFIX) for ln in lines) if ln]
     if not lines:
         return []
     if looks_cut(lines[-1], lines[:-1], ended, truncated):
@@ -170,16 +121,14 @@ def parse_atoms(
     for line in lines:
         if line.rstrip().endswith(":") or _META.search(line):
             continue
-        pieces = sentences(line) if split_sentences else [line]
-        for piece in pieces:
+        for piece in sentences(line) if split_sentences else [line]:
             piece = strip_wrappers(re.sub(r"\s+", " ", piece)).strip()
-            if PREAMBLE.match(piece) and (piece.endswith(":") or "fact" in piece.lower() or "statement" in piece.lower()):
-                continue
-            if piece.endswith(":") or not acceptable(piece, min_words, max_words):
+            announces = PREAMBLE.match(piece) and ("fact" in piece.lower() or "statement" in piece.lower())
+            if announces or piece.endswith(":") or not acceptable(piece, min_words, max_words):
                 continue
             if dedup.add(piece):
                 out.append(piece)
-    return out[:max_atoms] if max_atoms is not None else out
+    return out[:max_atoms]
 
 
 def strip_reply_format(raw: str | None) -> str:

@@ -1,29 +1,19 @@
 """Versioned prompt templates for question generation, atomisation, HyDE and answer synthesis.
 
-Every prompt the system sends to an LLM is a data file in prompt_templates/ (one YAML per template, the
-papers' text verbatim), loaded here as a `PromptTemplate` into the `PROMPTS` registry, so
-that the manifest can name exactly which prompt built an index and the question cache can key on it
-(`prompt_version`). Config refers to templates by name (`generator.prompt: hype`); a path to a YAML/JSON
-file with the same fields is accepted too, for custom prompts.
+Every prompt sent to an LLM is a data file in prompt_templates/ (one YAML per template, the papers' text
+verbatim, with its source), loaded here into `PROMPTS`, so the manifest can name the prompt that built
+an index and the question cache can key on it (`prompt_version`). Config names a template
+(`generator.prompt: hype`) or a path to a YAML/JSON file with the same fields (a custom prompt). The
+Raina & Gales (2024) templates take their strings from the authors' released code (VatsalRaina/QARAG,
+qarag/zero-shot/), as the seed text lost the paper's Table 2.
 
-Sources (the texts are kept verbatim where the papers give them):
-- `hype`: HyPE (Vake et al. 2025), Fig. 3.
-- `quote-basic`, `quote-complex`, `quote-multihop-*`: QuOTE (2025), Table 4.2.
-- `blog`: the "hypothetical question embedding" blog post's system prompt ("Suggest 10 clear questions…").
-- `atomize`, `atom-question`, `hyde-sentence`: Raina & Gales (2024), Table 2. The seed text lost the
-  table's contents; the strings are the ones in the authors' released code (VatsalRaina/QARAG,
-  qarag/zero-shot/{atom_generation,question_atom_aware_generation,expanded_query_generation}.py).
-- `hyde`: HyDE (Gao et al. 2022) style "write a passage to answer the question".
-- `answer`: our synthesizer prompt (numbered chunks, [n] citations, exact "I don't know").
+Placeholders in `system`, `user` and few-shot user turns: `{text}` (the chunk, atom or question), `{n}`
+(the count phrase: `count_exact` for an int, `count_free` for None = "the LLM decides"; an empty phrase
+drops the placeholder and one space before it) and `{context}` (atom prompts: the chunk; `answer`: the
+retrieved chunks, numbered). Only these three are substituted, so other braces are safe.
 
-Placeholders in `system`, `user` and few-shot user turns: `{text}` (the chunk, atom or question),
-`{n}` (the count phrase: `count_exact` with the number for an int, `count_free` for None = "the LLM
-decides"; when the phrase is empty the placeholder and one space before it disappear) and `{context}`
-(atom prompts: the whole chunk; `answer`: the retrieved chunks, numbered [1], [2], ...). Only these three
-are substituted, so literal braces in a template or in the inserted text are safe.
-
-Bump `version` when you change a template on purpose; `prompt_version` also hashes the template text,
-so even an edit that forgets the bump invalidates cached questions.
+Bump `version` on a deliberate change; `prompt_version` also hashes the template text, so even an edit
+that forgets the bump invalidates cached questions.
 """
 
 from __future__ import annotations
@@ -33,7 +23,7 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,16 +55,12 @@ class PromptTemplate:
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_KINDS:
-            raise QragError(f"prompt '{self.name}': output must be one of {', '.join(OUTPUT_KINDS)}, got '{self.output}'")
+            raise QragError(f"prompt '{self.name}': output must be one of {', '.join(OUTPUT_KINDS)}, "
+                            f"got '{self.output}'")
         if "{text}" not in self.user and "{text}" not in (self.system or ""):
             raise QragError(f"prompt '{self.name}': the template has no {{text}} placeholder")
         # accept lists (from YAML/JSON) but store tuples so the template stays hashable and frozen
         object.__setattr__(self, "few_shot", tuple((str(u), str(a)) for u, a in self.few_shot))
-
-    # ---- rendering -------------------------------------------------------------------------------
-    @property
-    def uses_count(self) -> bool:
-        return "{n}" in self.user or "{n}" in (self.system or "")
 
     @property
     def uses_context(self) -> bool:
@@ -85,7 +71,8 @@ class PromptTemplate:
         if n is None:
             return self.count_free
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise QragError(f"prompt '{self.name}': the number of questions must be a positive integer or None, got {n!r}")
+            raise QragError(f"prompt '{self.name}': the number of questions must be a positive integer or None, "
+                            f"got {n!r}")
         if n == 1 and self.count_one is not None:
             return self.count_one
         return self.count_exact.replace("{n}", str(n))
@@ -101,67 +88,43 @@ class PromptTemplate:
         if self.uses_context and context is None:
             raise QragError(f"prompt '{self.name}' needs a context (the chunk or the retrieved passages)")
         values = {"text": str(text), "n": self.count_phrase(n), "context": format_context(context)}
-        messages: list[Message] = []
-        if self.system:
-            messages.append({"role": "system", "content": _fill(self.system, values)})
+        messages = [{"role": "system", "content": _fill(self.system, values)}] if self.system else []
         for user, assistant in self.few_shot:
-            messages.append({"role": "user", "content": _fill(user, values)})
-            messages.append({"role": "assistant", "content": assistant})
-        messages.append({"role": "user", "content": _fill(self.user, values)})
-        return messages
-
-    # ---- identity --------------------------------------------------------------------------------
-    def parts(self) -> dict[str, Any]:
-        """Everything that decides what is sent and how it is parsed (hashed by `fingerprint`)."""
-        return {
-            "system": self.system,
-            "user": self.user,
-            "output": self.output,
-            "few_shot": [list(t) for t in self.few_shot],
-            "count_exact": self.count_exact,
-            "count_free": self.count_free,
-            "count_one": self.count_one,
-        }
-
-    @property
-    def fingerprint(self) -> str:
-        blob = json.dumps(self.parts(), sort_keys=True, ensure_ascii=False)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
+            messages += [{"role": "user", "content": _fill(user, values)}, {"role": "assistant", "content": assistant}]
+        return messages + [{"role": "user", "content": _fill(self.user, values)}]
 
     @property
     def full_version(self) -> str:
-        """'<version>-<sha256[:8] of the template parts>', e.g. 'hype@1-3f2a9c1d'."""
-        return f"{self.version}-{self.fingerprint}"
+        """'<version>-<sha256[:8] of everything that decides what is sent and how it is parsed>'."""
+        parts = {"system": self.system, "user": self.user, "output": self.output,
+                 "few_shot": [list(t) for t in self.few_shot], "count_exact": self.count_exact,
+                 "count_free": self.count_free, "count_one": self.count_one}
+        blob = json.dumps(parts, sort_keys=True, ensure_ascii=False)
+        return f"{self.version}-{hashlib.sha256(blob.encode('utf-8')).hexdigest()[:8]}"
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["few_shot"] = [list(t) for t in self.few_shot]
-        return d
+        return dataclasses.asdict(self) | {"few_shot": [list(t) for t in self.few_shot]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PromptTemplate":
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise QragError(f"prompt template: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+            raise QragError(f"prompt template: unknown field(s) {', '.join(unknown)} "
+                            f"(known: {', '.join(sorted(known))})")
         missing = [k for k in ("name", "user") if not data.get(k)]
         if missing:
             raise QragError(f"prompt template: missing field(s) {', '.join(missing)}")
         data = dict(data)
         data.setdefault("version", f"{data['name']}@1")
         data["few_shot"] = tuple(tuple(t) for t in data.get("few_shot") or ())
-        for t in data["few_shot"]:
-            if len(t) != 2:
-                raise QragError(f"prompt '{data['name']}': each few_shot entry must be a [user, assistant] pair")
+        if any(len(t) != 2 for t in data["few_shot"]):
+            raise QragError(f"prompt '{data['name']}': each few_shot entry must be a [user, assistant] pair")
         return cls(**data)
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
-    def sub(m: re.Match) -> str:
-        value = values[m.group(2)]
-        return (m.group(1) + value) if value else ""
-
-    return _PLACEHOLDER.sub(sub, template)
+    return _PLACEHOLDER.sub(lambda m: m.group(1) + values[m.group(2)] if values[m.group(2)] else "", template)
 
 
 FENCE_OPEN, FENCE_CLOSE = "<<<", ">>>"
@@ -176,10 +139,8 @@ def fence(text: str) -> str:
 
 def format_context(context: str | Sequence[str] | None) -> str:
     """A list of passages becomes '[1]\\n<<<\\nfirst\\n>>>\\n\\n[2] ...' (fenced); a string is used as is."""
-    if context is None:
-        return ""
-    if isinstance(context, str):
-        return context
+    if context is None or isinstance(context, str):
+        return context or ""
     return "\n\n".join(f"[{i}]\n{fence(c)}" for i, c in enumerate(context, 1))
 
 
@@ -197,9 +158,7 @@ def load_prompt_file(path: str | Path) -> PromptTemplate:
         raise QragError(f"prompt file {p}: {e}") from None
 
 
-# ---- the templates ---------------------------------------------------------------------------------
-# Data files, one per template (prompt_templates/<name>.yaml, shipped with the package): the papers'
-# prompts verbatim, with their source. Listed here for a stable order.
+# The shipped templates, listed for a stable order.
 TEMPLATES_DIR = Path(__file__).resolve().parent / "prompt_templates"
 TEMPLATE_NAMES = ("hype", "hype-fewshot", "quote-basic", "quote-complex", "quote-multihop-basic",
                   "quote-multihop-complex", "blog", "atomize", "atom-question", "atom-question-fewshot", "hyde",
@@ -227,29 +186,11 @@ def get_prompt(name: str) -> PromptTemplate:
         return PROMPTS[name]
     if isinstance(name, str) and name.lower().endswith((".yaml", ".yml", ".json")):
         return load_prompt_file(name)
-    raise QragError(f"unknown prompt '{name}' (known: {', '.join(sorted(PROMPTS))}, or a path to a .yaml/.json template)")
+    raise QragError(f"unknown prompt '{name}' (known: {', '.join(sorted(PROMPTS))}, "
+                    "or a path to a .yaml/.json template)")
 
 
 def prompt_version(name: str | PromptTemplate) -> str:
-    """Cache-key identity of a prompt: '<name>@<version>-<sha256 of its parts>[:8]'.
-
-    Changes whenever the template text, few-shot turns, count wording or output kind change.
-    """
+    """Cache-key identity of a prompt: changes whenever its text, few-shot turns, count wording or output kind
+    change (`PromptTemplate.full_version`)."""
     return get_prompt(name).full_version
-
-
-def list_prompts() -> list[str]:
-    return sorted(PROMPTS)
-
-
-__all__ = [
-    "DONT_KNOW",
-    "OUTPUT_KINDS",
-    "PROMPTS",
-    "PromptTemplate",
-    "format_context",
-    "get_prompt",
-    "list_prompts",
-    "load_prompt_file",
-    "prompt_version",
-]

@@ -12,9 +12,8 @@ from collections.abc import Iterable
 
 MAX_CHARS = 500
 
-_SPECIAL_TOKENS = re.compile(
-    r"<\|[A-Za-z0-9_]+\|>|<\/?s>|<eos>|<bos>|<(?:start|end)_of_turn>|\[/?INST\]", re.IGNORECASE
-)
+_SPECIAL_TOKENS = re.compile(r"<\|[A-Za-z0-9_]+\|>|<\/?s>|<eos>|<bos>|<(?:start|end)_of_turn>|\[/?INST\]",
+                             re.IGNORECASE)
 _END_TOKENS = re.compile(r"<\|(?:im_end|endoftext|eot_id|end)\|>|<\/s>|<eos>|<end_of_turn>", re.IGNORECASE)
 _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
 FENCE = re.compile(r"^\s*(?:```|~~~)[\w+.-]*\s*")
@@ -51,9 +50,7 @@ _CLOSERS = set(_PAIRS.values()) | {"”", "’"}
 # A sentence that announces the content rather than being it ("Sure! Here are 10 questions:").
 PREAMBLE = re.compile(
     r"^(?:sure|certainly|okay|ok|of course|absolutely|great|alright|here(?:'s| is| are)|below (?:is|are)|"
-    r"the following|i (?:have|will|'ll|can)|let me|these are|based on)\b",
-    re.IGNORECASE,
-)
+    r"the following|i (?:have|will|'ll|can)|let me|these are|based on)\b", re.IGNORECASE)
 _TERMINAL = re.compile(r"[.!?。！？…)\]\"'”’»*`]\s*$")
 _REPEAT_WORD = re.compile(r"\b(\w+)(?:\W+\1\b){3,}", re.IGNORECASE)
 
@@ -77,26 +74,22 @@ def strip_wrappers(s: str) -> str:
     """`s` without the quotes, brackets or emphasis marks around it, and without an unbalanced one at either end."""
     s = s.strip()
     for _ in range(4):
-        if len(s) >= 2 and s[0] in _PAIRS and s[-1] == _PAIRS[s[0]]:
-            s = s[1:-1].strip()
-            continue
-        break
+        if not (len(s) >= 2 and s[0] in _PAIRS and s[-1] == _PAIRS[s[0]]):
+            break
+        s = s[1:-1].strip()
     # an unbalanced opener left at the start (its closer went with the text after "?")
     while s and s[0] in _PAIRS:
         opener, closer = s[0], _PAIRS[s[0]]
-        if opener == closer:
-            if s.count(opener) % 2 == 0:
-                break
-        elif s.count(closer) >= s.count(opener):
+        if (s.count(opener) % 2 == 0) if opener == closer else (s.count(closer) >= s.count(opener)):
             break
         s = s[1:].lstrip()
-    while s and s[-1] in _CLOSERS and s[-1] not in "?":
+    while s and s[-1] in _CLOSERS:
         closer = s[-1]
-        openers = [o for o, c in _PAIRS.items() if c == closer]
         if closer in ("'", '"', "`", "*", "_"):
-            if s.count(closer) % 2 == 0:
-                break
-        elif any(s.count(o) >= s.count(closer) for o in openers):
+            balanced = s.count(closer) % 2 == 0
+        else:
+            balanced = any(s.count(o) >= s.count(closer) for o, c in _PAIRS.items() if c == closer)
+        if balanced:
             break
         s = s[:-1].rstrip()
     return s
@@ -105,45 +98,35 @@ def strip_wrappers(s: str) -> str:
 def strip_prefixes(s: str, extra: re.Pattern | None = None) -> str:
     """`s` without its leading numbering, bullets and labels (and `extra`'s), however many are stacked."""
     for _ in range(8):
-        before = s
-        s = s.strip()
-        s = _PREFIX.sub("", s, count=1)
+        before = s.strip()
+        s = _PREFIX.sub("", before, count=1)
         if extra is not None:
             s = extra.sub("", s, count=1)
         s = strip_wrappers(s)
-        if s == before.strip():
+        if s == before:
             break
     return s.strip()
 
 
 def _prepare_line(line: str) -> str:
     """Line-level cleanup shared by all parsers: fences, markdown bold, JSON-ish punctuation, prefixes."""
-    line = FENCE.sub("", line)
-    line = line.replace("**", "").strip()
+    line = FENCE.sub("", line).replace("**", "").strip()
     if line.startswith("__") or line.endswith("__"):
         line = line.strip("_").strip()
     # JSON-ish list items: ["What is X?", "What is Y?"] or  "What is X?",
     line = re.sub(r"^\[\s*(?=[\"'“])", "", line)
     line = re.sub(r"(?<=[\"'”])\s*\]?\s*,?\s*$", "", line)
-    line = line.strip().rstrip(",;").strip()
-    line = strip_prefixes(line)
-    return strip_wrappers(line)
+    return strip_wrappers(strip_prefixes(line.strip().rstrip(",;").strip()))
 
 
 def _json_items(text: str) -> list[str] | None:
     """If the reply holds JSON (a list of strings / objects, or {"questions": [...]}), its items as lines."""
-    lines = [ln for ln in text.split("\n") if not re.fullmatch(r"\s*(?:```|~~~)[\w+.-]*\s*", ln)]
-    starts = [i for i, ln in enumerate(lines) if ln.lstrip()[:1] in ("[", "{")]
-    if not starts:
-        return None
-    i = starts[0]
-    ends = [j for j in range(len(lines) - 1, i - 1, -1) if lines[j].rstrip()[-1:] in ("]", "}")]
-    if not ends:
-        return None
-    body = "\n".join(lines[i:ends[0] + 1]).strip()
+    lines = [ln for ln in text.split("\n") if not FENCE.fullmatch(ln)]
     try:
-        data = json.loads(body)
-    except (ValueError, TypeError):
+        i = next(i for i, ln in enumerate(lines) if ln.lstrip()[:1] in ("[", "{"))
+        end = next(j for j in range(len(lines) - 1, i - 1, -1) if lines[j].rstrip()[-1:] in ("]", "}"))
+        data = json.loads("\n".join(lines[i:end + 1]).strip())
+    except (StopIteration, ValueError, TypeError):  # no JSON in the reply
         return None
     if not isinstance(data, (list, dict)):
         return None
@@ -157,7 +140,8 @@ def _json_items(text: str) -> list[str] | None:
                 walk(y)
         elif isinstance(x, dict):
             lower = {str(k).lower(): v for k, v in x.items()}
-            q = next((lower[k] for k in ("question", "q", "query", "statement", "fact", "atom", "text") if k in lower), None)
+            keys = ("question", "q", "query", "statement", "fact", "atom", "text")
+            q = next((lower[k] for k in keys if k in lower), None)
             if isinstance(q, str):
                 a = next((lower[k] for k in ("answer", "a") if k in lower), None)
                 out.append(f"{q.strip()} {a.strip()}" if isinstance(a, str) and a.strip() else q)
@@ -184,31 +168,19 @@ def reply_lines(raw: str | None) -> tuple[list[str], bool]:
     items = _json_items(text)
     if items is not None:
         return [ln for ln in (_prepare_line(s) for s in items) if ln], True
-    out = []
-    for ln in text.split("\n"):
-        if FENCE.match(ln) and not FENCE.sub("", ln).strip():
-            continue
-        if ROLE_LINE.match(ln):
-            continue
-        p = _prepare_line(ln)
-        if p and re.search(r"\w", p):
-            out.append(p)
-    return out, ended
+    kept = [ln for ln in text.split("\n") if not (FENCE.match(ln) and not FENCE.sub("", ln).strip())
+            and not ROLE_LINE.match(ln)]
+    return [p for p in map(_prepare_line, kept) if p and re.search(r"\w", p)], ended
 
 
 def looks_cut(last: str, others: Iterable[str], ended: bool, truncated: bool | None) -> bool:
     """Was the final line cut off by max_tokens?"""
-    if truncated is False or ended or not last:
-        return False
-    if _TERMINAL.search(last):
+    if truncated is False or ended or not last or _TERMINAL.search(last):
         return False
     if truncated:
         return True
     others = list(others)
-    if not others:
-        return False
-    finished = sum(1 for o in others if _TERMINAL.search(o))
-    return finished * 2 >= len(others)
+    return bool(others) and 2 * sum(1 for o in others if _TERMINAL.search(o)) >= len(others)
 
 
 def drop_cut_tail(lines: list[str], ended: bool, truncated: bool | None) -> None:
@@ -227,14 +199,8 @@ def drop_cut_tail(lines: list[str], ended: bool, truncated: bool | None) -> None
 def acceptable(item: str, min_words: int, max_words: int) -> bool:
     """Is `item` worth keeping: `min_words` to `max_words` words, at most MAX_CHARS characters, a letter in
     it, and no word repeated 4+ times in a row?"""
-    words = item.split()
-    if len(words) < min_words or len(words) > max_words or len(item) > MAX_CHARS:
-        return False
-    if not re.search(r"[^\W\d_]", item):
-        return False
-    if _REPEAT_WORD.search(item):
-        return False
-    return True
+    return (min_words <= len(item.split()) <= max_words and len(item) <= MAX_CHARS
+            and bool(re.search(r"[^\W\d_]", item)) and not _REPEAT_WORD.search(item))
 
 
 class Dedup:

