@@ -1,24 +1,15 @@
 """What third-party libraries may print: nothing but errors at the default verbosity, all of it with `-v`.
 
-A `qrag` command's own output is its progress display, its results and, on a user error, one line.
-Ray, Ray Data, transformers, sentence-transformers and vLLM each print their own INFO lines, warnings,
-progress bars and C++ log lines (e.g. Ray's `core_worker.cc` error about actor constructor arguments,
-logged for every Ray Data actor pool), which bury that output and, on an error, the one useful line.
-`set_verbosity(0)` (the CLI default) turns them off; `-v` (`set_verbosity(1)`) leaves every library
-at its own defaults.
-
-Most switches are environment variables, set before the library is imported or Ray is started, so the
-processes Ray starts on this machine (raylet, workers, the vLLM engine) inherit them; a variable the
-user set already wins. Ray Data configures its `ray.data` logger when imported, so its console handler
-is muted after that (`quiet_ray_data`), its log file keeps everything. Ray's C++ core worker writes
-its own log lines straight to file descriptor 2 (e.g. an ERROR-level line about actor constructor
-arguments for every Ray Data actor pool, which is no error for us): `filter_native_stderr` passes fd 2
-through a filter that drops those lines. Setting RAY_BACKEND_LOG_LEVEL instead would also strip the
-log files of Ray's own processes, and Ray announces that variable on stderr itself.
+A `qrag` command's own output is its progress display, its results and, on a user error, one line; the
+INFO lines, warnings, progress bars and C++ log lines of Ray, transformers, sentence-transformers and vLLM
+would bury it. `set_verbosity(0)` (the CLI default) turns them off; `-v` leaves every library at its own
+defaults. Most switches are environment variables, set before the library is imported or Ray is started,
+so the processes Ray starts inherit them; a variable the user set already wins.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -63,13 +54,7 @@ class _StderrHandler(logging.StreamHandler):
     with would write into a closed one once a test harness or a redirect swapped it). Records still
     propagate: with no root handler (the CLI) nothing prints twice, and log capture still sees them."""
 
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
+    stream = property(lambda self: sys.stderr, lambda self, value: None)
 
 
 def set_verbosity(level: int) -> None:
@@ -97,14 +82,7 @@ def set_verbosity(level: int) -> None:
     for name in ("sentence_transformers", "transformers", "huggingface_hub", "vllm", "httpx", "faiss",
                  "filelock", "urllib3"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    _quiet_transformers_if_loaded()
-
-
-def _quiet_transformers_if_loaded() -> None:
-    """transformers reads its env once at import: a process that imported it already is set directly."""
-    import sys
-
-    if "transformers" in sys.modules:
+    if "transformers" in sys.modules:  # it reads its env once at import: set it directly
         try:
             from transformers.utils import logging as tlog
 
@@ -114,32 +92,20 @@ def _quiet_transformers_if_loaded() -> None:
             pass
 
 
-class _Below(logging.Filter):
-    """Drops records below a level (above CRITICAL: all of them)."""
-
-    def __init__(self, level: int):
-        super().__init__()
-        self.level = level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= self.level
-
-
 def _mute_console(logger: logging.Logger, level: int) -> None:
+    """Drop records below `level` (above CRITICAL: all of them) from the logger's console handlers, once."""
     for h in logger.handlers:
-        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-            if not any(isinstance(f, _Below) for f in h.filters):
-                h.addFilter(_Below(level))
+        console = isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        if console and not hasattr(h, "_qrag_muted"):
+            h.addFilter(lambda record: record.levelno >= level)
+            h._qrag_muted = True  # type: ignore[attr-defined]
 
 
 def quiet_ray_data() -> None:
-    """Mute Ray's and Ray Data's console logging at verbosity 0 (call after `import ray.data`).
-
-    Ray Data prints INFO lines per dataset execution and, on a failed task, the user's traceback twice
-    plus its retry advice; the CLI shows the error itself as one line. Its file handler (ray-data.log
-    in the Ray session's log folder) still records everything. Ray's own console handler is held at
-    ERROR with a filter, since any later `ray.init()` (Ray Data LLM calls one) resets the "ray"
-    logger's level to INFO; `ray.llm` gets an ERROR-level handler so it does not add its own INFO one."""
+    """Mute Ray's and Ray Data's console logging at verbosity 0 (call after `import ray.data`, which
+    configures its logger). Ray Data prints INFO lines per execution and a failed task's traceback twice;
+    its log file keeps everything. Ray's console handler is held at ERROR with a filter, since a later
+    `ray.init()` resets the "ray" logger to INFO; `ray.llm` gets an ERROR handler so it adds no INFO one."""
     if verbosity() > 0:
         return
     _mute_console(logging.getLogger("ray.data"), logging.CRITICAL + 1)
@@ -154,11 +120,9 @@ def quiet_ray_data() -> None:
 
 
 def _quiet_raylet_messages() -> None:
-    """Ray's driver prints the raylet's messages to stdout from a background thread, whatever
-    `log_to_driver` says: "WARNING: 12 PYTHON worker processes have been started ... 6x the maximum
-    expected startup concurrency" whenever a pipeline starts its stage actors (the vLLM processor
-    starts eight). On stdout they would also corrupt `qrag index --json`. At verbosity 0 they go to
-    the `qrag_ray.ray` logger at DEBUG instead; a failure they announce still arrives as an exception."""
+    """Ray's driver prints the raylet's messages ("N PYTHON worker processes have been started") to stdout
+    whatever `log_to_driver` says, which would corrupt `qrag index --json`. At verbosity 0 they go to the
+    `qrag_ray.ray` logger at DEBUG; a failure they announce still arrives as an exception."""
     try:
         import ray._private.worker as rw
     except ImportError:
@@ -191,11 +155,12 @@ _native_filter: threading.Thread | None = None
 
 
 def filter_native_stderr() -> bool:
-    """At verbosity 0, route file descriptor 2 through a thread that drops Ray's C++ log lines.
+    """At verbosity 0, route file descriptor 2 through a thread that drops the lines Ray's C++ core
+    writes there (e.g. an ERROR about actor constructor arguments for every Ray Data actor pool).
 
-    Python's own stderr (rich output, warnings, tracebacks) keeps writing to the real stderr through a
-    duplicate descriptor, so it is neither delayed nor filtered. Only done when sys.stderr is the
-    process's own (not a test's capture), once per process; returns whether the filter is active."""
+    RAY_BACKEND_LOG_LEVEL would also strip Ray's own log files. Python's stderr keeps writing to the real
+    stderr through a duplicate descriptor, unfiltered. Only done when sys.stderr is the process's own
+    (not a test's capture), once per process; returns whether the filter is active."""
     global _native_filter
     if _native_filter is not None:
         return True
@@ -216,21 +181,14 @@ def filter_native_stderr() -> bool:
 
     def pump() -> None:
         buf = b""
-        while True:
-            try:
-                data = os.read(r, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            out = [ln for ln in lines if not is_native_noise(ln.decode("utf-8", "replace"))]
-            if out:
-                try:
+        try:
+            while data := os.read(r, 65536):
+                *lines, buf = (buf + data).split(b"\n")
+                out = [ln for ln in lines if not is_native_noise(ln.decode("utf-8", "replace"))]
+                if out:
                     os.write(real, b"\n".join(out) + b"\n")
-                except OSError:
-                    return
+        except OSError:
+            return
 
     _native_filter = threading.Thread(target=pump, name="qrag-stderr-filter", daemon=True)
     _native_filter.start()
@@ -243,8 +201,6 @@ def filter_native_stderr() -> bool:
         except OSError:
             return
         _native_filter.join(timeout=1.0)
-
-    import atexit
 
     atexit.register(drain)
     return True

@@ -1,20 +1,17 @@
 """ONNX Runtime for the transformer inside a sentence-transformers model, on CPU.
 
-Why: on a CPU, ONNX Runtime runs MiniLM's forward pass 1.7x (batches of 32) to 2.4x (one query) faster
-than torch on one thread, with the same vectors (max |diff| 2e-7; docs/BENCHMARKS.md). That is most of
-a CPU build's time and half of the serving Router's CPU per query. Only the transformer's forward pass
-moves: tokenisation, length sorting, pooling and normalisation stay sentence-transformers' own, so any
-pooling a model folder declares keeps working and the vectors (hence the indexes) do not change.
-
-The graph is exported from the loaded model with torch's exporter once per model folder and cached
-under ~/.cache/qrag/onnx/ (`QRAG_ONNX_CACHE`); it is written to a temporary file and renamed, so
-processes exporting at the same time never read half a file. A probe sentence is encoded both ways
-before the ONNX path is used; a model whose export disagrees stays on torch.
+On a CPU, ONNX Runtime runs the transformer's forward pass faster than torch, with the same vectors
+(docs/BENCHMARKS.md). Only the forward pass moves: tokenisation, pooling and normalisation stay
+sentence-transformers' own, so a model folder's pooling keeps working and the indexes do not change.
+The graph is exported once per model and cached under ~/.cache/qrag/onnx/ (`QRAG_ONNX_CACHE`), written
+to a temporary file and renamed so concurrent exporters never read half a file. A probe is encoded both
+ways before the ONNX path is used; a model whose export disagrees stays on torch.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import os
 import uuid
@@ -89,8 +86,7 @@ def _export(model, names: list[str], path: Path) -> None:
     dummy = {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp")
-    axes = {n: {0: "batch", 1: "tokens"} for n in names}
-    axes["last_hidden_state"] = {0: "batch", 1: "tokens"}
+    axes = {n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -118,12 +114,9 @@ class _OrtModel:
         import torch
         from transformers.modeling_outputs import BaseModelOutput
 
-        feeds = {}
-        for n in self.names:
-            v = kw.get(n)
-            if v is None and n == "token_type_ids":
-                v = torch.zeros_like(kw["input_ids"])
-            feeds[n] = v.detach().cpu().numpy().astype(np.int64, copy=False)
+        if "token_type_ids" in self.names and kw.get("token_type_ids") is None:
+            kw["token_type_ids"] = torch.zeros_like(kw["input_ids"])
+        feeds = {n: kw[n].detach().cpu().numpy().astype(np.int64, copy=False) for n in self.names}
         out = self.session.run(None, feeds)[0]
         return BaseModelOutput(last_hidden_state=torch.from_numpy(out))
 
@@ -144,8 +137,6 @@ def use_onnx(st, threads: int | None = None) -> None:
         raise OnnxUnavailable("the ONNX backend runs on CPU only")
     first, attr = found
     torch_model = getattr(first, attr)
-    import inspect
-
     params = set(inspect.signature(torch_model.forward).parameters)
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in params]
     if names[:2] != ["input_ids", "attention_mask"]:

@@ -1,17 +1,11 @@
 """One progress display for long work: a row per pipeline stage, under it a row per running Ray Data
 operator with its rows done, total, rate and ETA.
 
-Ray Data's own bars are one tqdm bar per operator per dataset execution, printed as log lines when
-stderr is not a terminal, and they know nothing of our stages; so they stay off and a Ray Data
-`ExecutionCallback` (registered once in the DataContext, `progress_ray.attach_ray_data`) reads the running
-operators' counters on the driver and feeds this display instead. Generation (the vLLM processor's
-stages) and embedding run as Ray Data operators, so each gets its rows, rate and ETA without the
-pipeline counting anything; the embedding sink emits one row per vector it has done for that reason.
-
-On a terminal the display is a rich live view that clears itself when a stage ends, leaving one
-"✓ stage (time)" line. When stderr is not a terminal (CI, a log file) nothing is printed while a
-stage runs except a status line every `QRAG_PROGRESS_INTERVAL` seconds (default 30), so a failing
-command whose error comes early prints only its error line.
+Ray Data's own bars (one tqdm bar per operator per execution, log lines off a terminal) know nothing of
+our stages, so they stay off; a Ray Data `ExecutionCallback` (qrag_ray.progress_ray) feeds the running
+operators' counters to this display instead. On a terminal it is a rich live view that leaves one
+"✓ stage (time)" line per stage. Off a terminal (CI, a log file) it prints only a status line every
+`QRAG_PROGRESS_INTERVAL` seconds (default 30), so a command that fails early prints only its error.
 """
 
 from __future__ import annotations
@@ -39,13 +33,10 @@ def interval_s() -> float:
         return 30.0
 
 
-# ---------------------------------------------------------------- pure helpers
-
 _WRAPPER = re.compile(r"\b(?:MapBatches|Map|FlatMap|Filter|MapRows)\((.*?)\)")
 
-
-# operators named for what they do: the build's embedding sink (qrag_ray.index.udfs.EmbedSink, whose
-# output rows are the vectors it has done) and the vLLM processor's engine
+# operators named for what they do: the build's embedding sink (its output rows are the vectors it has
+# done) and the vLLM processor's engine
 _NAMED_OPS = {"EmbedSink": "embed", "Tokenize": "tokenize", "vLLMEngineStage": "LLM generation (vLLM)"}
 
 
@@ -67,9 +58,7 @@ def rate_and_eta(done: int, total: int | None, elapsed_s: float) -> tuple[float 
     if elapsed_s <= 0 or done <= 0:
         return None, None
     rate = done / elapsed_s
-    if total is None or total < done:
-        return rate, None
-    return rate, (total - done) / rate
+    return rate, ((total - done) / rate if total is not None and total >= done else None)
 
 
 # The operators that do a stage's real work: when an execution has one, the display shows only it
@@ -89,21 +78,15 @@ def status_line(stage: str, ops: list[tuple[str, int, int | None, float]]) -> st
     parts = []
     for label, done, total, el in ops:
         rate, eta = rate_and_eta(done, total, el)
-        p = f"{label} {done}/{total if total is not None else '?'} rows"
-        if rate is not None:
-            p += f", {rate:.1f}/s"
-        if eta is not None:
-            p += f", ETA {_fmt_s(eta)}"
-        parts.append(p)
+        parts.append(f"{label} {done}/{total if total is not None else '?'} rows"
+                     + (f", {rate:.1f}/s" if rate is not None else "")
+                     + (f", ETA {_fmt_s(eta)}" if eta is not None else ""))
     return f"… {stage}: " + ("; ".join(parts) if parts else "running")
 
 
 def _fmt_s(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-# ---------------------------------------------------------------- the display
 
 
 class _RateColumn(ProgressColumn):
@@ -123,10 +106,7 @@ def _ops_only(column: type[ProgressColumn]) -> type[ProgressColumn]:
 
 class _EtaColumn(TimeRemainingColumn):
     def render(self, task) -> Text:
-        if task.fields.get("stage") or task.total is None:
-            return Text("")
-        t = super().render(task)
-        return Text("ETA ") + t
+        return Text("") if task.fields.get("stage") or task.total is None else Text("ETA ") + super().render(task)
 
 
 @dataclass
@@ -154,15 +134,13 @@ class Display:
         self.console = console
         self.live = console.is_terminal and not os.environ.get("QRAG_NO_PROGRESS")
         self.progress = Progress(
-            TextColumn("{task.description}"), _ops_only(BarColumn)(bar_width=28),
-            _ops_only(MofNCompleteColumn)(), _ops_only(_RateColumn)(), TimeElapsedColumn(), _EtaColumn(),
-            console=console, transient=True,
-            disable=not self.live, refresh_per_second=4)
+            TextColumn("{task.description}"), _ops_only(BarColumn)(bar_width=28), _ops_only(MofNCompleteColumn)(),
+            _ops_only(_RateColumn)(), TimeElapsedColumn(), _EtaColumn(),
+            console=console, transient=True, disable=not self.live, refresh_per_second=4)
         self.stages: list[_Stage] = []
         self.lock = threading.RLock()
         self.last_line = time.monotonic()
 
-    # stages
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[_Stage]:
         with self.lock:
@@ -173,10 +151,8 @@ class Display:
                 st.task = self.progress.add_task(f"[bold cyan]▶ {name}[/]", total=None, stage=True)
             self.stages.append(st)
             self.last_line = time.monotonic()
-        ok = False
         try:
             yield st
-            ok = True
         finally:
             with self.lock:
                 self._close_ops(st, list(st.ops))
@@ -185,8 +161,8 @@ class Display:
                 self.stages.remove(st)
                 if self.live and not self.stages:
                     self.progress.stop()
-            if ok:
-                self.console.print(f"  [green]✓[/] {name} ({time.perf_counter() - st.t0:.1f}s)", highlight=False)
+        # reached only when the stage succeeded: a failed stage leaves its error line alone
+        self.console.print(f"  [green]✓[/] {name} ({time.perf_counter() - st.t0:.1f}s)", highlight=False)
 
     # operators (called from Ray Data's executor thread)
     def report(self, execution: str, ops: list[tuple[int, str, int, int | None]], finished: bool = False) -> None:
@@ -213,9 +189,8 @@ class Display:
                 self._close_ops(st, [k for k in st.ops if k[0] == execution])
             elif not self.live and time.monotonic() - self.last_line >= interval_s():
                 self.last_line = time.monotonic()
-                self.console.print(status_line(st.name, [(o.label, o.done, o.total, now - o.t0)
-                                                         for o in st.ops.values()]), highlight=False,
-                                   soft_wrap=True)
+                ops_now = [(o.label, o.done, o.total, now - o.t0) for o in st.ops.values()]
+                self.console.print(status_line(st.name, ops_now), highlight=False, soft_wrap=True)
 
     def _close_ops(self, st: _Stage, keys: list) -> None:
         for k in keys:
@@ -224,15 +199,14 @@ class Display:
                 self.progress.remove_task(op.task)
 
 
-_displays: dict[int, Display] = {}
+_displays: dict[Console, Display] = {}
 _current: Display | None = None
 
 
 def display_for(console: Console) -> Display:
-    d = _displays.get(id(console))
-    if d is None or d.console is not console:
-        d = _displays[id(console)] = Display(console)
-    return d
+    if console not in _displays:
+        _displays[console] = Display(console)
+    return _displays[console]
 
 
 @contextlib.contextmanager

@@ -1,7 +1,6 @@
 """The search policy (SearchConfig): the query-time fusion of a chunk's vector scores and the dense +
-BM25 hybrid weight. The representation's preset owns it, the manifest records it, a query may
-override its hybrid weight, and changing it needs no re-index: IndexConfig holds it as its `search`
-section, whose role keeps it out of the index identity.
+BM25 hybrid weight. The representation's preset owns it, a query may override its hybrid weight, and
+changing it needs no re-index: its role keeps IndexConfig's `search` section out of the index identity.
 """
 
 from __future__ import annotations
@@ -24,10 +23,8 @@ VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence",
 @field_roles(preset=("fusion", "kind_weights", "rrf_k", "kind_bias", "groups", "bm25_norm"))
 class SearchConfig(Strict):
     """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge).
-
-    Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically; changing it
-    needs no re-index (eval reuses the vectors). Stored flat (manifests, presets); read also with the
-    research knobs under `experimental:`, the form user config files must use (`build_index_config`)."""
+    Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically. Stored flat;
+    read also with the research knobs under `experimental:`, the form user config files must use."""
 
     @model_validator(mode="before")
     @classmethod
@@ -38,11 +35,9 @@ class SearchConfig(Strict):
         exp = data.pop("experimental") or {}
         if not isinstance(exp, Mapping):
             raise ValueError("search.experimental must be a mapping of research knobs")
-        unknown = sorted(set(exp) - set(EXPERIMENTAL_SEARCH))
-        if unknown:
+        if unknown := sorted(set(exp) - set(EXPERIMENTAL_SEARCH)):
             raise ValueError(f"unknown experimental search knob(s) {unknown} (known: {', '.join(EXPERIMENTAL_SEARCH)})")
-        twice = sorted(set(exp) & set(data))
-        if twice:
+        if twice := sorted(set(exp) & set(data)):
             raise ValueError(f"{twice} given both in search and in search.experimental")
         return data | dict(exp)
 
@@ -95,8 +90,7 @@ EXPERIMENTAL_SEARCH = fields_with_role(SearchConfig, "preset")
 
 
 def _check_kinds(kinds, where: str) -> None:
-    bad = [k for k in kinds if k not in VECTOR_KINDS]
-    if bad:
+    if bad := [k for k in kinds if k not in VECTOR_KINDS]:
         raise ValueError(f"unknown vector kind(s) {bad} in {where} (known: {', '.join(VECTOR_KINDS)})")
 
 
@@ -104,8 +98,7 @@ def research_knobs_marked(data: Mapping) -> None:
     """A user's config changes fusion only under `search.experimental:` (the preset owns it); manifests
     and eval variants, which record fusion as data, go through config.index_config and are not held to it."""
     search = data.get("search")
-    flat = sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []
-    if flat:
+    if flat := sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []:
         raise QragError(
             f"invalid configuration: search.{flat[0]} is a research knob that the representation's preset sets "
             f"(qrag presets); to override it anyway, put it under search.experimental "
