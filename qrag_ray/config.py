@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from functools import reduce
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,7 +55,7 @@ class FilterConfig(Strict):
     keep_chunk_fallback: bool = True  # a chunk left with no vector keeps its own text vector
 
 
-# Throughput knobs and the inference backend (ONNX and torch give the same vectors to float rounding).
+# throughput knobs and the inference backend (ONNX and torch give the same vectors to float rounding)
 @field_roles(run=("batch_size", "num_gpus", "actors", "threads", "backend", "tokens_per_batch", "tokenize"))
 class EmbedderConfig(Strict):
     model: str = "all-MiniLM-L6-v2"  # registry name or a local sentence-transformers folder
@@ -71,9 +72,9 @@ class EmbedderConfig(Strict):
         "CUDA (keeps rankings); tf32 is CUDA only")
     tokens_per_batch: int = Field(65536, ge=256, description="GPU forward pass size in tokens (rows x padded "
                                   "length), not rows, so short and long texts both fill the GPU")
-    tokenize: Literal["auto", "actor", "tasks"] = Field(
-        "auto", description="where texts become token ids: in the embedding actor, or in CPU workers that feed "
-        "it ready arrays (a GPU's forward pass outruns one tokenizing thread); auto = tasks with num_gpus")
+    tokenize: Literal["auto", "actor", "tasks"] = Field("auto", description="where texts become token ids: in the "
+        "embedding actor, or in CPU workers that feed it ready arrays (a GPU's forward pass outruns one tokenizing "
+        "thread); auto = tasks with num_gpus")
 
     def tokenize_apart(self) -> bool:
         return self.tokenize == "tasks" or (self.tokenize == "auto" and self.num_gpus > 0)
@@ -176,9 +177,8 @@ def _given(section: Any) -> Any:
 
 
 def with_preset(data: Mapping[str, Any]) -> dict[str, Any]:
-    """`data` (a partial IndexConfig) with its representation's preset filling the title prefix, BM25
-    and search fields it leaves unset. The preset's hybrid weight stays out when the config turned its
-    BM25 channel off (`--no-bm25`). Neither input is modified."""
+    """`data` (a partial IndexConfig) with its representation's preset filling the title prefix, BM25 and
+    search fields it leaves unset, but no hybrid weight for a config whose BM25 is off (`--no-bm25`)."""
     out = dict(data)
     name = out.get("representation", IndexConfig.model_fields["representation"].default)
     preset = REPRESENTATIONS.get(name) if isinstance(name, str) else None
@@ -251,10 +251,7 @@ def nest_dotted(flat: Mapping[str, Any]) -> dict:
     for key, val in flat.items():
         if val is not None:
             *parents, leaf = key.split(".")
-            cur = nested
-            for p in parents:
-                cur = cur.setdefault(p, {})
-            cur[leaf] = val
+            reduce(lambda node, p: node.setdefault(p, {}), parents, nested)[leaf] = val
     return nested
 
 

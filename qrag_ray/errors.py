@@ -1,20 +1,15 @@
-"""User-facing errors.
-
-Anything a user can cause (bad flags, missing files, corrupt indexes) raises QragError with one clear
-line; the CLI prints it to stderr and exits non-zero, the server maps it to a 4xx. Everything else is a
-bug and keeps its traceback.
+"""User-facing errors: anything a user can cause (bad flags, missing files, corrupt indexes) raises
+QragError with one clear line; the CLI prints it and exits 2, the server maps it to a 4xx. Everything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 
 class QragError(Exception):
-    """An error caused by input; its message is shown to the user as is.
-
-    The message is kept apart from `args` because Ray Data appends its retry advice ("Failed to apply
-    UDF transform after 1/1 attempts ... max_map_retries") to `args[0]` of any exception a map task
-    raises; `str()` and pickling (the way back from a Ray worker) use the message as it was raised.
-    """
+    """An error caused by input; its message is shown to the user as is. It is kept apart from `args`,
+    to which Ray Data appends its retry advice in a map task: `str()` and pickling (the way back from a
+    Ray worker) use the message as it was raised."""
 
     exit_code = 2
 

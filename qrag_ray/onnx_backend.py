@@ -16,6 +16,7 @@ import logging
 import os
 import uuid
 import warnings
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -29,24 +30,6 @@ _OPSET = 17
 
 class OnnxUnavailable(RuntimeError):
     """Why this model cannot run on ONNX Runtime here (the caller decides: fall back or fail)."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("QRAG_ONNX_CACHE") or Path.home() / ".cache" / "qrag" / "onnx")
-
-
-def _transformer(st) -> tuple[object, str] | None:
-    """(the model's first module, the attribute holding its Hugging Face encoder), or None when the first
-    module is not a transformer encoder."""
-    try:
-        first = st[0]
-    except Exception:
-        return None
-    attr = "model" if getattr(first, "model", None) is not None else "auto_model"
-    model = getattr(first, attr, None)
-    if model is None or not hasattr(model, "config") or getattr(st, "tokenizer", None) is None:
-        return None
-    return first, attr
 
 
 def _graph_key(src, names: list[str]) -> str:
@@ -130,18 +113,19 @@ def use_onnx(st, threads: int | None = None) -> None:
         import torch
     except ImportError as e:
         raise OnnxUnavailable(f"onnxruntime is not installed ({e}); pip install 'qrag-ray[cpu]'") from None
-    found = _transformer(st)
-    if found is None:
+    first = st[0]  # the Hugging Face encoder is its `model` (or, in older releases, `auto_model`)
+    attr = "model" if getattr(first, "model", None) is not None else "auto_model"
+    torch_model = getattr(first, attr, None)
+    if torch_model is None or not hasattr(torch_model, "config") or getattr(st, "tokenizer", None) is None:
         raise OnnxUnavailable("the model's first module is not a transformer encoder")
     if str(getattr(st, "device", "cpu")) != "cpu":
         raise OnnxUnavailable("the ONNX backend runs on CPU only")
-    first, attr = found
-    torch_model = getattr(first, attr)
     params = set(inspect.signature(torch_model.forward).parameters)
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in params]
     if names[:2] != ["input_ids", "attention_mask"]:
         raise OnnxUnavailable(f"unexpected model inputs {sorted(params)[:8]}")
-    path = cache_dir() / f"{type(torch_model).__name__}-{_graph_key(torch_model, names)}.onnx"
+    cache = Path(os.environ.get("QRAG_ONNX_CACHE") or Path.home() / ".cache" / "qrag" / "onnx")
+    path = cache / f"{type(torch_model).__name__}-{_graph_key(torch_model, names)}.onnx"
     if not path.is_file():
         try:
             import onnx  # noqa: F401  (torch's exporter needs it)
@@ -159,17 +143,17 @@ def use_onnx(st, threads: int | None = None) -> None:
         session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     except Exception as e:
         raise OnnxUnavailable(f"ONNX Runtime cannot load {path}: {e}") from None
-    want = st.encode(_PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    probe = partial(st.encode, _PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    want = probe()
     _swap(first, attr, _OrtModel(session, names, torch_model))
     try:
-        got = st.encode(_PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-        diff = float(np.abs(np.asarray(want) - np.asarray(got)).max())
+        diff = float(np.abs(np.asarray(want) - np.asarray(probe())).max())
+        why = None if diff <= _MAX_PROBE_DIFF else f"ONNX vectors differ from torch's by {diff:.2e} on a probe sentence"
     except Exception as e:
+        why = f"ONNX Runtime failed on a probe sentence: {type(e).__name__}: {e}"
+    if why:
         _unswap(first, attr, torch_model)
-        raise OnnxUnavailable(f"ONNX Runtime failed on a probe sentence: {type(e).__name__}: {e}") from None
-    if not diff <= _MAX_PROBE_DIFF:
-        _unswap(first, attr, torch_model)
-        raise OnnxUnavailable(f"ONNX vectors differ from torch's by {diff:.2e} on a probe sentence")
+        raise OnnxUnavailable(why)
     st._qrag_backend = "onnx"
 
 

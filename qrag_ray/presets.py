@@ -1,15 +1,13 @@
-"""Named, versioned index presets: what `--representation NAME` means.
+"""Named, versioned index presets: what `--representation NAME` means (`qrag presets` lists them).
 
-A preset fixes the vector kinds, the question granularity (None: no LLM), and the query-time fusion
-that goes with them. Fusion biases are score offsets measured with one embedder (question-question
-cosines run higher than question-statement ones), so a preset names the embedder it was calibrated
-for; `calibration_note` says when an index uses another. A preset that changes meaning gets a new
-`version`, and `qrag presets` lists them with what each is for. Pure data, no Ray; config.with_preset
-applies one to a config, filling only the fields the config leaves unset.
+A preset fixes the vector kinds, the question granularity (None: no LLM) and the query-time fusion that
+goes with them. Fusion biases are score offsets measured with one embedder, so a preset names the embedder
+it was calibrated for. A preset that changes meaning gets a new `version`.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,21 +37,16 @@ class Preset:
 
     def as_config(self) -> dict[str, Any]:
         """The preset as the config values it gives (what config.REPRESENTATIONS holds)."""
-        out: dict[str, Any] = {"kinds": list(self.kinds), "granularity": self.granularity}
-        if self.title_prefix is not None:
-            out["title_prefix"] = self.title_prefix
-        if self.bm25:
-            out["bm25"] = dict(self.bm25)
-        if self.search:
-            out["search"] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.search.items()}
-        return out
+        given = {"title_prefix": self.title_prefix, "bm25": dict(self.bm25), "search": copy.deepcopy(self.search)}
+        return {"kinds": list(self.kinds), "granularity": self.granularity} | {
+            k: v for k, v in given.items() if v is not None and v != {}}
 
 
 _ATOM_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
                 "groups": {"atom": ["sentence", "question", "quote"]}}
 
-# Sum fusion of the chunk at half weight and its best sentence or two-sentence window, with BM25: the suite's
-# `csw+bm25@0.67` configuration (eval/suite.yaml), which tests/test_presets.py holds equal to it
+# the chunk at half weight summed with its best sentence or two-sentence window, with BM25: the suite's
+# `csw+bm25@0.67` (eval/suite.yaml; tests/test_presets.py holds them equal)
 _CSW_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"window": -0.02},
                "groups": {"atom": ["sentence", "window"]}, "bm25_alpha": 0.67}
 
@@ -98,10 +91,8 @@ def calibration_note(preset_name: str, embedder: str) -> str | None:
     p = PRESETS.get(preset_name)
     if p is None or p.calibrated_for is None:
         return None
-    def norm(s: str) -> str:
-        return s.lower().replace("_", "-")
-
-    if norm(p.calibrated_for) in norm(embedder):  # a registry name, a hub id or a local folder of it
+    calibrated, used = (s.lower().replace("_", "-") for s in (p.calibrated_for, embedder))
+    if calibrated in used:  # a registry name, a hub id or a local folder of it
         return None
     return (f"preset {p.id} has fusion offsets calibrated for {p.calibrated_for}, not {embedder}: "
             "re-measure them (eval/analysis/fusion_grid.py) and set search.kind_bias / kind_weights")

@@ -61,15 +61,10 @@ def rate_and_eta(done: int, total: int | None, elapsed_s: float) -> tuple[float 
     return rate, ((total - done) / rate if total is not None and total >= done else None)
 
 
-# The operators that do a stage's real work: when an execution has one, the display shows only it
-# (the vLLM processor alone has eight operators: tokenizers, templates, projections, the write).
-MAIN_OPS = tuple(_NAMED_OPS.values())
-
-
 def shown_ops(labels: list[str]) -> list[int]:
-    """Positions of the operators worth a row: the main ones if any, else all."""
-    main = [i for i, lb in enumerate(labels) if lb in MAIN_OPS]
-    return main or list(range(len(labels)))
+    """Positions of the operators worth a row: the named ones, which do a stage's real work, if any (the
+    vLLM processor alone has eight operators: tokenizers, templates, projections, the write), else all."""
+    return [i for i, lb in enumerate(labels) if lb in _NAMED_OPS.values()] or list(range(len(labels)))
 
 
 def status_line(stage: str, ops: list[tuple[str, int, int | None, float]]) -> str:
@@ -110,25 +105,17 @@ class _EtaColumn(TimeRemainingColumn):
 
 
 @dataclass
-class _Op:
-    task: TaskID | None
-    label: str
-    t0: float
-    done: int = 0
-    total: int | None = None
-
-
-@dataclass
 class _Stage:
     name: str
-    t0: float
-    task: TaskID | None = None
-    ops: dict = field(default_factory=dict)  # (execution id, op index) -> _Op
+    task: TaskID
+    t0: float = field(default_factory=time.perf_counter)
+    ops: dict = field(default_factory=dict)  # (execution id, op position) -> the operator's task
 
 
 class Display:
     """The display bound to one console (stderr). Stages nest in order; operators live under the
-    innermost open stage. Thread-safe: Ray Data's executor thread reports operators."""
+    innermost open stage. Thread-safe: Ray Data's executor thread reports operators. Off a terminal the
+    rich Progress is disabled but still holds the rows the status line reads."""
 
     def __init__(self, console: Console):
         self.console = console
@@ -144,11 +131,9 @@ class Display:
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[_Stage]:
         with self.lock:
-            st = _Stage(name, time.perf_counter())
-            if self.live:
-                if not self.stages:
-                    self.progress.start()
-                st.task = self.progress.add_task(f"[bold cyan]▶ {name}[/]", total=None, stage=True)
+            if not self.stages:
+                self.progress.start()
+            st = _Stage(name, self.progress.add_task(f"[bold cyan]▶ {name}[/]", total=None, stage=True))
             self.stages.append(st)
             self.last_line = time.monotonic()
         try:
@@ -156,57 +141,43 @@ class Display:
         finally:
             with self.lock:
                 self._close_ops(st, list(st.ops))
-                if st.task is not None:
-                    self.progress.remove_task(st.task)
+                self.progress.remove_task(st.task)
                 self.stages.remove(st)
-                if self.live and not self.stages:
+                if not self.stages:
                     self.progress.stop()
         # reached only when the stage succeeded: a failed stage leaves its error line alone
         self.console.print(f"  [green]✓[/] {name} ({time.perf_counter() - st.t0:.1f}s)", highlight=False)
 
-    # operators (called from Ray Data's executor thread)
     def report(self, execution: str, ops: list[tuple[int, str, int, int | None]], finished: bool = False) -> None:
-        """ops: (position, operator name, rows done, estimated total rows or None)."""
+        """From Ray Data's executor thread; ops: (position, operator name, rows done, estimated total or None)."""
         with self.lock:
             if not self.stages:
                 return
-            st = self.stages[-1]
-            now = time.perf_counter()
-            ops = [ops[i] for i in shown_ops([op_label(o[1]) for o in ops])]
-            for pos, name, done, total in ops:
-                key = (execution, pos)
-                op = st.ops.get(key)
-                if op is None:
+            st, labels = self.stages[-1], [op_label(o[1]) for o in ops]
+            for i in shown_ops(labels):
+                pos, _, done, total = ops[i]
+                if (execution, pos) not in st.ops:
                     if finished:
                         continue
-                    label = op_label(name)
-                    task = self.progress.add_task(f"   {label}", total=total) if self.live else None
-                    op = st.ops[key] = _Op(task, label, now)
-                op.done, op.total = done, (total if total is None or total >= done else done)
-                if op.task is not None:
-                    self.progress.update(op.task, completed=done, total=op.total)
+                    st.ops[execution, pos] = self.progress.add_task(f"   {labels[i]}", total=total, label=labels[i])
+                total = total if total is None or total >= done else done
+                self.progress.update(st.ops[execution, pos], completed=done, total=total)
             if finished:
                 self._close_ops(st, [k for k in st.ops if k[0] == execution])
             elif not self.live and time.monotonic() - self.last_line >= interval_s():
                 self.last_line = time.monotonic()
-                ops_now = [(o.label, o.done, o.total, now - o.t0) for o in st.ops.values()]
-                self.console.print(status_line(st.name, ops_now), highlight=False, soft_wrap=True)
+                tasks = {t.id: t for t in self.progress.tasks}
+                rows = [(t.fields["label"], int(t.completed), t.total, t.elapsed or 0.0)
+                        for t in (tasks[k] for k in st.ops.values())]
+                self.console.print(status_line(st.name, rows), highlight=False, soft_wrap=True)
 
     def _close_ops(self, st: _Stage, keys: list) -> None:
         for k in keys:
-            op = st.ops.pop(k, None)
-            if op is not None and op.task is not None:
-                self.progress.remove_task(op.task)
+            self.progress.remove_task(st.ops.pop(k))
 
 
 _displays: dict[Console, Display] = {}
 _current: Display | None = None
-
-
-def display_for(console: Console) -> Display:
-    if console not in _displays:
-        _displays[console] = Display(console)
-    return _displays[console]
 
 
 @contextlib.contextmanager
@@ -217,7 +188,9 @@ def stage(console: Console | None, name: str) -> Iterator[None]:
     if console is None:
         yield
         return
-    d = display_for(console)
+    if console not in _displays:
+        _displays[console] = Display(console)
+    d = _displays[console]
     prev, _current = _current, d
     try:
         with d.stage(name):

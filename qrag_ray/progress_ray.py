@@ -1,8 +1,7 @@
 """The Ray Data side of the progress display (qrag_ray.progress): an ExecutionCallback that reads the
-running operators' row counters on the driver and reports them to the current stage's display.
-
-A module of its own, importable by name: the DataContext that lists this class travels to Ray
-workers, and a class defined inside a function would be pickled by value with the display in it.
+running operators' row counters on the driver and reports them to the current stage's display. A module
+of its own, importable by name: the DataContext listing this class travels to Ray workers, and a class
+defined inside a function would be pickled by value with the display in it.
 """
 
 from __future__ import annotations
@@ -19,15 +18,8 @@ from qrag_ray import progress
 def operator_counts(topology) -> list[tuple[int, str, int, int | None]]:
     """(position, name, rows its tasks have output so far, estimated total rows or None) per operator of a
     streaming topology, its input buffers left out."""
-    out = []
-    for pos, op in enumerate(topology or {}):
-        if isinstance(op, InputDataBuffer):
-            continue
-        try:
-            out.append((pos, op.name, int(op.metrics.rows_task_outputs_generated or 0), op.num_output_rows_total()))
-        except Exception:  # noqa: BLE001 - a counter a Ray version renamed: show the others
-            continue
-    return out
+    return [(pos, op.name, int(op.metrics.rows_task_outputs_generated or 0), op.num_output_rows_total())
+            for pos, op in enumerate(topology or {}) if not isinstance(op, InputDataBuffer)]
 
 
 class RayDataProgress(ExecutionCallback):
@@ -37,11 +29,9 @@ class RayDataProgress(ExecutionCallback):
         self.last = 0.0
 
     def _send(self, executor, finished: bool = False) -> None:
-        d = progress.current()
-        if d is None:
-            return
-        ops = operator_counts(getattr(executor, "_topology", None))
-        d.report(str(getattr(executor, "_dataset_id", id(executor))), ops, finished)
+        if (d := progress.current()) is not None:
+            ops = operator_counts(getattr(executor, "_topology", None))
+            d.report(str(getattr(executor, "_dataset_id", id(executor))), ops, finished)
 
     def on_execution_step(self, executor) -> None:
         now = time.monotonic()

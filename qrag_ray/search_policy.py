@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from qrag_ray.config_roles import Strict, field_roles, fields_with_role
 from qrag_ray.errors import QragError
@@ -53,19 +53,13 @@ class SearchConfig(Strict):
     bm25_norm: Literal["max", "minmax", "zscore"] = Field(
         "max", description="per-query scale of both lists before the alpha mix (qrag_ray.search.merge.normalise)")
 
-    @field_validator("kind_weights")
+    @field_validator("kind_weights", "kind_bias")
     @classmethod
-    def _known_kinds(cls, v: dict[str, float]) -> dict[str, float]:
-        _check_kinds(v, "kind_weights")
-        if any(w <= 0 for w in v.values()):
+    def _known_kinds(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        _check_kinds(v, info.field_name)
+        if info.field_name == "kind_weights" and any(w <= 0 for w in v.values()):
             raise ValueError("kind_weights must be positive")
-        return v
-
-    @field_validator("kind_bias")
-    @classmethod
-    def _bias_kinds(cls, v: dict[str, float]) -> dict[str, float]:
-        _check_kinds(v, "kind_bias")
-        if any(not -2.0 <= b <= 2.0 for b in v.values()):
+        if info.field_name == "kind_bias" and any(not -2.0 <= b <= 2.0 for b in v.values()):
             raise ValueError("kind_bias values must lie in [-2, 2] (cosine scores lie in [-1, 1])")
         return v
 
