@@ -1,13 +1,13 @@
-"""Typed configuration for indexing, loadable from YAML.
+"""Typed configuration for indexing, loadable from YAML; CLI flags override a file's fields.
 
 One IndexConfig describes a whole build, so the manifest records what produced an index and `qrag eval`
-can build indexes that differ in one field. Each field's role (qrag_ray.config_roles) is declared beside
-its class; `index_identity` derives what an index *is* from them. A representation's preset fills the
-fields a config leaves unset through one explicit call (`index_config`). CLI flags override a YAML file.
+can build indexes that differ in one field. `index_identity` derives what an index *is* from the fields'
+roles (qrag_ray.config_roles); a representation's preset fills unset fields in `index_config`, only there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Mapping
 from functools import reduce
@@ -46,8 +46,8 @@ class ChunkerConfig(Strict):
 
 
 class FilterConfig(Strict):
-    """Question filters and Q–Q pruning, applied per chunk at shard-build time (exact: all of a chunk's
-    vectors live in one shard)."""
+    """Question filters and Q–Q pruning, applied per chunk at shard-build time (exact: a chunk's vectors
+    share a shard)."""
 
     prune_tau: float | None = Field(None, gt=-1.0, le=1.0, description="drop a question whose cosine to a kept one exceeds tau")
     min_question_chunk_sim: float | None = Field(None, description="drop questions whose cosine to their own chunk is below this")
@@ -210,11 +210,9 @@ def index_identity(cfg_dump: Mapping[str, Any], *, corpus: bool = True) -> dict[
     the checkpoints' key, the manifest's `content` and `qrag eval`'s index reuse. A representation counts
     by what it makes (kinds, granularity), so a preset and the same kinds spelled out share an index."""
     out = select(IndexConfig, cfg_dump, ("spec", "corpus") if corpus else ("spec",))
-    try:
+    with contextlib.suppress(ValueError):  # an unknown name stays as it is
         kinds, gran = resolve_representation(str(out.get("representation")))
-    except ValueError:
-        return out
-    out["representation"] = {"kinds": kinds, "granularity": gran}
+        out["representation"] = {"kinds": kinds, "granularity": gran}
     return out
 
 
@@ -236,8 +234,7 @@ def representation_plan(cfg: IndexConfig) -> tuple[list[str], str | None]:
 
 
 def deep_update(base: dict, upd: Mapping) -> dict:
-    """Nested merge for config overrides: a partial `{generator: {backend: vllm}}` keeps the rest of
-    `generator`. Neither input is modified."""
+    """Nested merge for config overrides: `{generator: {backend: vllm}}` keeps the rest of `generator`."""
     out = dict(base)
     for k, v in upd.items():
         out[k] = deep_update(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v

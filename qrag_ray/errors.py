@@ -5,6 +5,8 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class QragError(Exception):
     """An error caused by input; its message is shown to the user as is. It is kept apart from `args`,
@@ -28,21 +30,24 @@ class IndexFormatError(QragError):
     """An index directory is missing, incomplete, corrupt or of an unknown format version."""
 
 
-def find_user_error(exc: BaseException) -> QragError | None:
-    """The QragError behind an exception, looking through Ray's wrappers and cause chains."""
-    seen = set()
-    stack = [exc]
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and each exception behind it (a RayTaskError's `cause`, causes, contexts), once each."""
+    seen, stack = set(), [exc]
     while stack:
         e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        cause = getattr(e, "cause", None)  # RayTaskError.cause
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            yield e
+            cause = getattr(e, "cause", None)  # RayTaskError.cause
+            stack += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
+
+
+def find_user_error(exc: BaseException) -> QragError | None:
+    """The QragError behind an exception, looking through Ray's wrappers and cause chains."""
+    for e in exception_chain(exc):
         if isinstance(e, QragError):
             # Ray re-raises a task's QragError as a RayTaskError subclass of it whose str() is the
             # remote traceback; the user gets the original one-line message.
+            cause = getattr(e, "cause", None)
             return cause if isinstance(cause, QragError) else e
-        if isinstance(cause, BaseException):
-            stack.append(cause)
-        stack += [e.__cause__, e.__context__]
     return None

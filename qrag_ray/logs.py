@@ -1,10 +1,7 @@
-"""What third-party libraries may print: nothing but errors at the default verbosity, all of it with `-v`.
-
-A `qrag` command's own output is its progress display, its results and, on a user error, one line; the
-INFO lines, warnings, progress bars and C++ log lines of Ray, transformers, sentence-transformers and vLLM
-would bury it. `set_verbosity(0)` (the CLI default) turns them off; `-v` leaves every library at its own
-defaults. Most switches are environment variables, set before the library is imported or Ray is started,
-so the processes Ray starts inherit them; a variable the user set already wins.
+"""What third-party libraries may print: nothing but errors at the default verbosity (so that a command's
+progress, results or one error line are not buried), all of it with `-v`. Most switches are environment
+variables, set before the library is imported or Ray is started, so the processes Ray starts inherit them;
+a variable the user set already wins.
 """
 
 from __future__ import annotations
@@ -66,10 +63,9 @@ def set_verbosity(level: int) -> None:
     for name in ("qrag", "qrag_ray"):
         lg = logging.getLogger(name)
         lg.setLevel(own)
-        if not any(getattr(h, "_qrag", False) for h in lg.handlers):
+        if not any(isinstance(h, _StderrHandler) for h in lg.handlers):
             h = _StderrHandler()
             h.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-            h._qrag = True  # type: ignore[attr-defined]
             lg.addHandler(h)
     if _level > 0:
         return
@@ -103,32 +99,25 @@ def _mute_console(logger: logging.Logger, level: int) -> None:
 
 def quiet_ray_data() -> None:
     """Mute Ray's and Ray Data's console logging at verbosity 0 (call after `import ray.data`, which
-    configures its logger). Ray Data prints INFO lines per execution and a failed task's traceback twice;
-    its log file keeps everything. Ray's console handler is held at ERROR with a filter, since a later
-    `ray.init()` resets the "ray" logger to INFO; `ray.llm` gets an ERROR handler so it adds no INFO one."""
+    configures its logger); their log files keep everything. Ray's console handler is held at ERROR by a
+    filter, since a later `ray.init()` resets the "ray" logger to INFO."""
     if verbosity() > 0:
         return
     _mute_console(logging.getLogger("ray.data"), logging.CRITICAL + 1)
     _mute_console(logging.getLogger("ray"), logging.ERROR)
     llm = logging.getLogger("ray.llm")
-    if not llm.handlers:
+    if not llm.handlers:  # an ERROR handler of ours, so that ray.llm adds no INFO one
         h = logging.StreamHandler()
         h.setLevel(logging.ERROR)
         llm.addHandler(h)
         llm.propagate = False
-    _quiet_raylet_messages()
+    # Ray's driver prints the raylet's messages ("N PYTHON worker processes have been started") to stdout
+    # whatever `log_to_driver` says, which would corrupt `qrag index --json`: they go to the `qrag_ray.ray`
+    # logger at DEBUG instead (a failure they announce still arrives as an exception)
+    import ray._private.worker as rw
 
-
-def _quiet_raylet_messages() -> None:
-    """Ray's driver prints the raylet's messages ("N PYTHON worker processes have been started") to stdout
-    whatever `log_to_driver` says, which would corrupt `qrag index --json`. At verbosity 0 they go to the
-    `qrag_ray.ray` logger at DEBUG; a failure they announce still arrives as an exception."""
-    try:
-        import ray._private.worker as rw
-    except ImportError:
-        return
-    original = getattr(rw, "print_to_stdstream", None)
-    if original is None or getattr(original, "_qrag_quiet", False):
+    original = rw.print_to_stdstream
+    if getattr(original, "_qrag_quiet", False):
         return
 
     def print_to_stdstream(data, *args, **kwargs):
@@ -155,12 +144,10 @@ _native_filter: threading.Thread | None = None
 
 
 def filter_native_stderr() -> bool:
-    """At verbosity 0, route file descriptor 2 through a thread that drops the lines Ray's C++ core
-    writes there (e.g. an ERROR about actor constructor arguments for every Ray Data actor pool).
-
-    RAY_BACKEND_LOG_LEVEL would also strip Ray's own log files. Python's stderr keeps writing to the real
-    stderr through a duplicate descriptor, unfiltered. Only done when sys.stderr is the process's own
-    (not a test's capture), once per process; returns whether the filter is active."""
+    """At verbosity 0, route file descriptor 2 through a thread that drops the lines Ray's C++ core writes
+    there (e.g. an ERROR for every Ray Data actor pool; RAY_BACKEND_LOG_LEVEL would also strip Ray's log
+    files). Python's stderr keeps writing to the real one through a duplicate descriptor. Only done when
+    sys.stderr is the process's own (not a test's capture), once; returns whether the filter is active."""
     global _native_filter
     if _native_filter is not None:
         return True

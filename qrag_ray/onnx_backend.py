@@ -38,19 +38,12 @@ def _graph_key(src, names: list[str]) -> str:
     import torch
 
     parts = [torch.__version__, onnxruntime.__version__, str(_OPSET), ",".join(names)]
-    name_or_path = str(getattr(src.config, "_name_or_path", "") or "")
-    folder = Path(name_or_path)
-    if folder.is_dir():
-        for f in sorted(folder.glob("*")):
-            if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):
-                s = f.stat()
-                parts.append(f"{f.resolve()}:{s.st_size}:{int(s.st_mtime)}")
-    else:  # no folder to fingerprint: the weights themselves
-        h = hashlib.sha256()
-        for k, v in sorted(src.state_dict().items()):
-            h.update(k.encode())
-            h.update(v.detach().cpu().numpy().tobytes())
-        parts.append(h.hexdigest())
+    folder = Path(str(getattr(src.config, "_name_or_path", "") or ""))
+    if not folder.is_dir():  # models load from local folders (qrag_ray.models.registry)
+        raise OnnxUnavailable(f"no model folder to key the exported graph by ({folder})")
+    for f in sorted(folder.glob("*")):
+        if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):
+            parts.append(f"{f.resolve()}:{f.stat().st_size}:{int(f.stat().st_mtime)}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 

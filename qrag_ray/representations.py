@@ -1,8 +1,6 @@
-"""Chunk + its questions/atoms -> the rows to embed (pure).
-
-Every chunk always gets a `chunk` row: stored when the representation includes chunks, otherwise kept
-as an auxiliary vector (store=False) that the shard writer uses for question-chunk filters and as the
-fallback that keeps a chunk reachable when all its questions were filtered out. `qn` links a quote
+"""Chunk + its questions/atoms -> the rows to embed (pure). Every chunk gets a `chunk` row: stored when
+the representation includes chunks, else an auxiliary vector (store=False) for the question-chunk filters
+and the fallback that keeps a chunk reachable when all its questions were filtered out. `qn` links a quote
 vector to its question so filters decided on the question apply to both.
 """
 
@@ -39,14 +37,10 @@ def title_text(title: str | None) -> str:
 def vector_rows(chunk: dict, kinds: list[str], questions: list[str], sentences: list[str] | None = None,
                 aux_questions: bool = False, atom: str | None = None, title: str | None = None,
                 title_prefix: bool = False) -> list[dict]:
-    """`atom`: the statement the questions were generated from (atom granularity). An `atomquote` vector
-    embeds "question\natom": the question's wording plus only the fact it asks about, where `quote`
-    adds the whole chunk and drowns a single question in it.
-
-    `title` (the document's, given by the base rows only): with `title_prefix` the chunk vector embeds
-    "title\ntext" (how BEIR and sentence-transformers embed titled passages), and the `title` kind is
-    one more vector holding the title alone, so a query naming the document matches it even when the
-    chunk's text never repeats its title (its text also joins the chunk's BM25 document)."""
+    """`atom`: the statement the questions were generated from; an `atomquote` vector embeds "question\natom",
+    the question plus only the fact it asks about, where `quote` drowns it in the whole chunk. `title` (the
+    document's): with `title_prefix` the chunk vector embeds "title\ntext" (as BEIR does), and the `title`
+    kind is a vector of the title alone, so a query naming the document matches a chunk that never repeats it."""
     base = {"chunk_idx": int(chunk["chunk_idx"]), "shard": int(chunk["shard"])}
 
     def row(kind: str, text: str, embed: str | None = None, qn: int = -1, store: bool = True) -> dict:

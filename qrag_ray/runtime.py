@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from qrag_ray.errors import QragError
+from qrag_ray.errors import QragError, exception_chain
 
 
 def client_auth_mode() -> str:
@@ -54,14 +54,7 @@ def refused_for_auth(exc: BaseException) -> bool:
     ConnectionError caused by a RuntimeError carrying the GCS's InvalidAuthToken status as text."""
     from ray.exceptions import AuthenticationError
 
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, AuthenticationError) or "InvalidAuthToken" in str(cause):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
+    return any(isinstance(e, AuthenticationError) or "InvalidAuthToken" in str(e) for e in exception_chain(exc))
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool | None = None) -> None:
