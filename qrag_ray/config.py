@@ -14,7 +14,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from qrag_ray.config_roles import Strict, field_roles, select
 from qrag_ray.errors import QragError
@@ -169,13 +169,6 @@ class IndexConfig(Strict):
         return self
 
 
-def _given(section: Any) -> Any:
-    """The fields a config section sets, as a dict (a model counts only its explicitly set fields)."""
-    if isinstance(section, BaseModel):
-        return section.model_dump(exclude_unset=True)
-    return dict(section) if isinstance(section, Mapping) else section
-
-
 def with_preset(data: Mapping[str, Any]) -> dict[str, Any]:
     """`data` (a partial IndexConfig) with its representation's preset filling the title prefix, BM25 and
     search fields it leaves unset, but no hybrid weight for a config whose BM25 is off (`--no-bm25`)."""
@@ -186,16 +179,16 @@ def with_preset(data: Mapping[str, Any]) -> dict[str, Any]:
         return out
     if "title_prefix" in preset:
         out.setdefault("title_prefix", preset["title_prefix"])
-    bm25 = _given(out.get("bm25", {}))
-    if isinstance(bm25, dict):
-        out["bm25"] = bm25 = copy.deepcopy(preset.get("bm25", {})) | bm25
-    search = _given(out.get("search", {}))
-    if isinstance(search, dict):
+    bm25 = out.get("bm25", {})
+    if isinstance(bm25, Mapping):
+        out["bm25"] = bm25 = copy.deepcopy(preset.get("bm25", {})) | dict(bm25)
+    search = out.get("search", {})
+    if isinstance(search, Mapping):
         marked = search.get("experimental")
         given = set(search) | (set(marked) if isinstance(marked, Mapping) else set())
         bm25_on = isinstance(bm25, dict) and bool(bm25.get("enabled", Bm25Config.model_fields["enabled"].default))
-        out["search"] = search | {k: copy.deepcopy(v) for k, v in preset.get("search", {}).items()
-                                  if k not in given and (k != "bm25_alpha" or bm25_on)}
+        out["search"] = dict(search) | {k: copy.deepcopy(v) for k, v in preset.get("search", {}).items()
+                                        if k not in given and (k != "bm25_alpha" or bm25_on)}
     return out
 
 

@@ -1,11 +1,8 @@
 """One progress display for long work: a row per pipeline stage, under it a row per running Ray Data
-operator with its rows done, total, rate and ETA.
-
-Ray Data's own bars (one tqdm bar per operator per execution, log lines off a terminal) know nothing of
-our stages, so they stay off; a Ray Data `ExecutionCallback` (qrag_ray.progress_ray) feeds the running
-operators' counters to this display instead. On a terminal it is a rich live view that leaves one
-"✓ stage (time)" line per stage. Off a terminal (CI, a log file) it prints only a status line every
-`QRAG_PROGRESS_INTERVAL` seconds (default 30), so a command that fails early prints only its error.
+operator (rows done, total, rate, ETA), fed by qrag_ray.progress_ray; Ray Data's own bars, which know
+nothing of our stages, stay off. On a terminal it is a rich live view that leaves one "✓ stage (time)"
+line per stage. Off a terminal it prints only a status line every `QRAG_PROGRESS_INTERVAL` seconds
+(default 30), so a command that fails early prints only its error.
 """
 
 from __future__ import annotations
@@ -68,8 +65,7 @@ def shown_ops(labels: list[str]) -> list[int]:
 
 
 def status_line(stage: str, ops: list[tuple[str, int, int | None, float]]) -> str:
-    """One plain line for logs: 'embed: embed 1200/3400 rows, 85.0/s, ETA 26s' (ops: label, done,
-    total, seconds since the operator started)."""
+    """One plain line for logs from (label, done, total, seconds since the operator started) per operator."""
     parts = []
     for label, done, total, el in ops:
         rate, eta = rate_and_eta(done, total, el)

@@ -13,13 +13,12 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from qrag_ray.config_roles import Strict, field_roles, fields_with_role
 from qrag_ray.errors import QragError
 
-# Vector kinds a representation may combine. Each row of a shard is one of these.
+# the vector kinds a representation may combine; each row of a shard is one of these
 VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window", "title")
 
 
-# The research knobs (role "preset"): the representation's preset sets them, calibrated for its
-# embedder. A user's config file sets them only inside `search.experimental:`, so that a file which
-# changes the fusion says so; `bm25_alpha` is the one user-level search setting.
+# The research knobs (role "preset") are the preset's, calibrated for its embedder: a user's config file
+# sets them only inside `search.experimental:`, so that it says so; `bm25_alpha` is the user's setting.
 @field_roles(preset=("fusion", "kind_weights", "rrf_k", "kind_bias", "groups", "bm25_norm"))
 class SearchConfig(Strict):
     """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge).
@@ -47,8 +46,7 @@ class SearchConfig(Strict):
     kind_bias: dict[str, float] = Field(default_factory=dict, description="added to a vector's (weighted) score per kind")
     groups: dict[str, list[str]] = Field(
         default_factory=dict, description="kinds fused as one: the best calibrated vector of the group counts once")
-    # Dense + BM25 hybrid: chunk score = alpha * dense + (1 - alpha) * BM25 / the query's best BM25
-    # score. Needs an index built with bm25.enabled. None = dense only.
+    # chunk score = alpha * dense + (1 - alpha) * BM25 / the query's best BM25 score; None = dense only
     bm25_alpha: float | None = Field(None, ge=0.0, le=1.0, description="weight of the dense score in a dense+BM25 hybrid")
     bm25_norm: Literal["max", "minmax", "zscore"] = Field(
         "max", description="per-query scale of both lists before the alpha mix (qrag_ray.search.merge.normalise)")
