@@ -44,10 +44,8 @@ def exception_chain(exc: BaseException) -> Iterator[BaseException]:
 
 def find_user_error(exc: BaseException) -> QragError | None:
     """The QragError behind an exception, looking through Ray's wrappers and cause chains."""
-    for e in exception_chain(exc):
-        if isinstance(e, QragError):
-            # Ray re-raises a task's QragError as a RayTaskError subclass of it whose str() is the
-            # remote traceback; the user gets the original one-line message.
-            cause = getattr(e, "cause", None)
-            return cause if isinstance(cause, QragError) else e
-    return None
+    e = next((e for e in exception_chain(exc) if isinstance(e, QragError)), None)
+    # Ray re-raises a task's QragError as a RayTaskError subclass of it whose str() is the remote
+    # traceback; the user gets the original one-line message
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, QragError) else e

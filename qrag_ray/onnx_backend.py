@@ -138,31 +138,21 @@ def use_onnx(st, threads: int | None = None) -> None:
         raise OnnxUnavailable(f"ONNX Runtime cannot load {path}: {e}") from None
     probe = partial(st.encode, _PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
     want = probe()
-    _swap(first, attr, _OrtModel(session, names, torch_model))
+    # calls of `first.<attr>` go to ONNX Runtime; the torch model stays registered under another name, so its
+    # parameters (and with them `st.device`) are still there; an instance attribute is found before
+    # nn.Module's submodule lookup, which is why a plain callable can stand in
+    first._modules["_qrag_torch_model"] = first._modules.pop(attr)
+    object.__setattr__(first, attr, _OrtModel(session, names, torch_model))
     try:
         diff = float(np.abs(np.asarray(want) - np.asarray(probe())).max())
         why = None if diff <= _MAX_PROBE_DIFF else f"ONNX vectors differ from torch's by {diff:.2e} on a probe sentence"
     except Exception as e:
         why = f"ONNX Runtime failed on a probe sentence: {type(e).__name__}: {e}"
     if why:
-        _unswap(first, attr, torch_model)
+        object.__delattr__(first, attr)
+        first._modules[attr] = first._modules.pop("_qrag_torch_model")
         raise OnnxUnavailable(why)
     st._qrag_backend = "onnx"
-
-
-def _swap(module, attr: str, ort_model: _OrtModel) -> None:
-    """Calls of `module.<attr>` go to ONNX Runtime. The torch model stays registered under another name,
-    so the parameters (and with them `st.device`) are still there; an instance attribute is found before
-    nn.Module's submodule lookup, which is why a plain callable can stand in."""
-    mods = module._modules
-    mods["_qrag_torch_model"] = mods.pop(attr)
-    object.__setattr__(module, attr, ort_model)
-
-
-def _unswap(module, attr: str, torch_model) -> None:
-    object.__delattr__(module, attr)
-    module._modules.pop("_qrag_torch_model", None)
-    module._modules[attr] = torch_model
 
 
 def backend_of(st) -> str:

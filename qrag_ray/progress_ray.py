@@ -25,8 +25,7 @@ def operator_counts(topology) -> list[tuple[int, str, int, int | None]]:
 class RayDataProgress(ExecutionCallback):
     """One per dataset execution (Ray Data instantiates the classes listed in the DataContext)."""
 
-    def __init__(self):
-        self.last = 0.0
+    last = 0.0  # when the counters were last read
 
     def _send(self, executor, finished: bool = False) -> None:
         if (d := progress.current()) is not None:
@@ -39,11 +38,10 @@ class RayDataProgress(ExecutionCallback):
             self.last = now
             self._send(executor)
 
-    def after_execution_succeeds(self, executor) -> None:
+    def after_execution_fails(self, executor, error: Exception | None = None) -> None:
         self._send(executor, finished=True)
 
-    def after_execution_fails(self, executor, error) -> None:
-        self._send(executor, finished=True)
+    after_execution_succeeds = after_execution_fails
 
 
 def attach_ray_data(ctx) -> None:
