@@ -1,7 +1,5 @@
-"""User-facing errors: anything a user can cause (bad flags, missing files, corrupt indexes) raises
-QragError with one clear line; the CLI prints it and exits 2, the server maps it to a 4xx. Everything
-else is a bug and keeps its traceback.
-"""
+"""User-facing errors: anything a user can cause raises QragError with one clear line (the CLI prints it
+and exits 2, the server answers 4xx); everything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 

@@ -45,9 +45,7 @@ def select_questions(qvecs: np.ndarray, qtexts: list[str], chunk_vec: np.ndarray
         keep &= (qvecs @ chunk_vec) >= cfg.min_question_chunk_sim
     if cfg.prune_tau is not None and keep.any():
         idx = np.flatnonzero(keep)
-        survivors = idx[greedy_prune(qvecs[idx], cfg.prune_tau)]
-        keep[:] = False
-        keep[survivors] = True
+        keep = np.isin(np.arange(len(keep)), idx[greedy_prune(qvecs[idx], cfg.prune_tau)])
     return keep
 
 

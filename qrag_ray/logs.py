@@ -7,6 +7,7 @@ a variable the user set already wins.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -168,14 +169,12 @@ def filter_native_stderr() -> bool:
 
     def pump() -> None:
         buf = b""
-        try:
+        with contextlib.suppress(OSError):
             while data := os.read(r, 65536):
                 *lines, buf = (buf + data).split(b"\n")
                 out = [ln for ln in lines if not is_native_noise(ln.decode("utf-8", "replace"))]
                 if out:
                     os.write(real, b"\n".join(out) + b"\n")
-        except OSError:
-            return
 
     _native_filter = threading.Thread(target=pump, name="qrag-stderr-filter", daemon=True)
     _native_filter.start()
@@ -183,11 +182,9 @@ def filter_native_stderr() -> bool:
     def drain() -> None:
         # registered before Ray is imported, so it runs after Ray's own atexit shutdown: put the real
         # stderr back on fd 2 and let the thread pass on what is still in the pipe
-        try:
+        with contextlib.suppress(OSError):
             os.dup2(real, 2)
-        except OSError:
-            return
-        _native_filter.join(timeout=1.0)
+            _native_filter.join(timeout=1.0)
 
     atexit.register(drain)
     return True

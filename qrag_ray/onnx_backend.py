@@ -1,11 +1,8 @@
-"""ONNX Runtime for the transformer inside a sentence-transformers model, on CPU.
-
-On a CPU, ONNX Runtime runs the transformer's forward pass faster than torch, with the same vectors
-(docs/BENCHMARKS.md). Only the forward pass moves: tokenisation, pooling and normalisation stay
-sentence-transformers' own, so a model folder's pooling keeps working and the indexes do not change.
-The graph is exported once per model and cached under ~/.cache/qrag/onnx/ (`QRAG_ONNX_CACHE`), written
-to a temporary file and renamed so concurrent exporters never read half a file. A probe is encoded both
-ways before the ONNX path is used; a model whose export disagrees stays on torch.
+"""ONNX Runtime for the transformer inside a sentence-transformers model, on CPU, where it runs the forward
+pass faster than torch with the same vectors (docs/BENCHMARKS.md). Only the forward pass moves (tokenising,
+pooling, normalising stay sentence-transformers'), so the indexes do not change. The graph is exported once
+per model into ~/.cache/qrag/onnx/ (`QRAG_ONNX_CACHE`), through a temporary file renamed into place; a probe
+is encoded both ways first, and a model whose export disagrees stays on torch.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Named, versioned index presets: what `--representation NAME` means (`qrag presets` lists them).
-
-A preset fixes the vector kinds, the question granularity (None: no LLM) and the query-time fusion that
-goes with them. Fusion biases are score offsets measured with one embedder, so a preset names the embedder
-it was calibrated for. A preset that changes meaning gets a new `version`.
+"""Named, versioned index presets: what `--representation NAME` means (`qrag presets` lists them). A preset
+fixes the vector kinds, the question granularity (None: no LLM) and the query-time fusion that goes with
+them, whose biases are score offsets measured with the embedder it names. A changed meaning is a new `version`.
 """
 
 from __future__ import annotations

@@ -136,8 +136,8 @@ class Display:
             yield st
         finally:
             with self.lock:
-                self._close_ops(st, list(st.ops))
-                self.progress.remove_task(st.task)
+                for task in [st.task, *st.ops.values()]:
+                    self.progress.remove_task(task)
                 self.stages.remove(st)
                 if not self.stages:
                     self.progress.stop()
@@ -159,17 +159,13 @@ class Display:
                 total = total if total is None or total >= done else done
                 self.progress.update(st.ops[execution, pos], completed=done, total=total)
             if finished:
-                self._close_ops(st, [k for k in st.ops if k[0] == execution])
+                for key in [k for k in st.ops if k[0] == execution]:
+                    self.progress.remove_task(st.ops.pop(key))
             elif not self.live and time.monotonic() - self.last_line >= interval_s():
                 self.last_line = time.monotonic()
-                tasks = {t.id: t for t in self.progress.tasks}
                 rows = [(t.fields["label"], int(t.completed), t.total, t.elapsed or 0.0)
-                        for t in (tasks[k] for k in st.ops.values())]
+                        for t in self.progress.tasks if t.id in st.ops.values()]
                 self.console.print(status_line(st.name, rows), highlight=False, soft_wrap=True)
-
-    def _close_ops(self, st: _Stage, keys: list) -> None:
-        for k in keys:
-            self.progress.remove_task(st.ops.pop(k))
 
 
 _displays: dict[Console, Display] = {}

@@ -1,7 +1,6 @@
-"""The Ray Data side of the progress display (qrag_ray.progress): an ExecutionCallback that reads the
-running operators' row counters on the driver and reports them to the current stage's display. A module
-of its own, importable by name: the DataContext listing this class travels to Ray workers, and a class
-defined inside a function would be pickled by value with the display in it.
+"""The Ray Data side of the progress display: an ExecutionCallback reading the running operators' row
+counters on the driver. A module of its own, importable by name: the DataContext listing this class
+travels to Ray workers, and a class defined in a function would be pickled by value with the display.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from qrag_ray import progress
 
 
 def operator_counts(topology) -> list[tuple[int, str, int, int | None]]:
-    """(position, name, rows its tasks have output so far, estimated total rows or None) per operator of a
-    streaming topology, its input buffers left out."""
+    """(position, name, rows output so far, estimated total or None) per operator but the input buffers."""
     return [(pos, op.name, int(op.metrics.rows_task_outputs_generated or 0), op.num_output_rows_total())
             for pos, op in enumerate(topology or {}) if not isinstance(op, InputDataBuffer)]
 

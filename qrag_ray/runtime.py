@@ -1,7 +1,6 @@
-"""Starting or joining Ray, once, the same way for every entry point (`qrag index`, `qrag eval`, the vLLM
-backend run on its own, tests): Ray Data's error and progress settings, quiet logs at the default
-verbosity, and Ray's token authentication on by default, for a local Ray and for a cluster joined by
-address (docs/CLUSTER.md, "Who can reach what")."""
+"""Starting or joining Ray the same way for every entry point: Ray Data's error and progress settings, quiet
+logs at the default verbosity, and Ray's token authentication on by default, for a local Ray and for a
+cluster joined by address (docs/CLUSTER.md, "Who can reach what")."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
         return
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
     kwargs = dict(runtime_env=env, logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet)
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address:
+    if address := address or os.environ.get("RAY_ADDRESS"):
         return join_ray(address, **kwargs)
     client_auth_mode()
     # address="local": a new in-process Ray, never one that `ray start` happened to leave in
