@@ -86,8 +86,7 @@ class Bm25Config(Strict):
 
     enabled: bool = False
     doc2query: bool = Field(True, description="index a chunk's generated questions with its text (when it has any)")
-    # Lucene's BM25 as Anserini runs it (k1 0.9, b 0.4, stemmed English): it ranks web queries better than
-    # bm25s's own defaults (1.5, 0.75, no stemming)
+    # Lucene's BM25 as Anserini runs it ranks web queries better than bm25s's defaults (1.5, 0.75, unstemmed)
     k1: float = Field(0.9, gt=0)
     b: float = Field(0.4, ge=0, le=1)
     stemmer: str | None = Field("english", description="Snowball stemmer (PyStemmer) for documents and queries; null = none")
@@ -141,8 +140,7 @@ class IndexConfig(Strict):
     search: SearchConfig = SearchConfig()
     bm25: Bm25Config = Bm25Config()
     build: BuildConfig = BuildConfig()
-    # embed the document title with each chunk ("title\ntext", as BEIR does); the `title` kind is the
-    # other way, a vector of its own
+    # embed the title with each chunk ("title\ntext", as BEIR does); the `title` kind is a vector of its own
     title_prefix: bool = False
     cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
     overwrite: bool = False

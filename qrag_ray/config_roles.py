@@ -1,10 +1,9 @@
 """The role of each config field, declared once beside its class, and a config dump cut by role.
 
-spec: decides the index's vectors and files; the default, so a new knob can only cost a rebuild, never reuse
-an index built under another value. corpus: which documents go in (part of what an index is, not of its
-checkpoints, whose rows are keyed by content). search: the query-time policy (the preset owns it, a query
-may override it). run: where the output goes and how fast the build runs. preset: a search policy knob that
-a user's config file changes only under `search.experimental:`. A section's role covers all of it.
+spec (the default, so a new knob can only cost a rebuild): decides the index's vectors and files. corpus:
+which documents go in (not part of the checkpoints' key: their rows are keyed by content). search: the
+query-time policy. run: where the output goes and how fast the build runs. preset: a search policy knob
+that a user's config file changes only under `search.experimental:`. A section's role covers all of it.
 """
 
 from __future__ import annotations

@@ -26,8 +26,7 @@ class SamplingConfig(QuerySamplingConfig):
     n: int = Field(1, ge=1, description="candidates sampled per prompt")
 
 
-# How this run reaches the LLM, not what it answers: the question cache keys on backend, model,
-# prompt, sampling and texts only, so these may change without re-generating or re-embedding.
+# how this run reaches the LLM, not what it answers: the question cache does not key on these
 @field_roles(run=("num_gpus", "engine_kwargs", "base_url", "api_key_env", "request_timeout_s",
                   "max_parallel_requests"))
 class LLMConfig(Strict):

@@ -25,8 +25,7 @@ QUIET_ENV: dict[str, str] = {
     "TQDM_DISABLE": "1",  # any other tqdm bar (sentence-transformers, vLLM's model loader)
     "VLLM_LOGGING_LEVEL": "ERROR",
     "VLLM_CONFIGURE_LOGGING": "1",
-    # an errored object ref nobody waited for (one shard task failed, the others' refs are dropped)
-    # is reported at garbage collection: the error already reached the user as an exception
+    # an errored ref nobody waited for (a failed shard task's siblings) is reported at garbage collection
     "RAY_IGNORE_UNHANDLED_ERRORS": "1",
     "RAY_DEDUP_LOGS": "1",
 }

@@ -135,9 +135,8 @@ def use_onnx(st, threads: int | None = None) -> None:
         raise OnnxUnavailable(f"ONNX Runtime cannot load {path}: {e}") from None
     probe = partial(st.encode, _PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
     want = probe()
-    # calls of `first.<attr>` go to ONNX Runtime; the torch model stays registered under another name, so its
-    # parameters (and with them `st.device`) are still there; an instance attribute is found before
-    # nn.Module's submodule lookup, which is why a plain callable can stand in
+    # the torch model stays registered under another name, so `st.device` still finds its parameters; an
+    # instance attribute is found before nn.Module's submodule lookup, so a plain callable stands in for it
     first._modules["_qrag_torch_model"] = first._modules.pop(attr)
     object.__setattr__(first, attr, _OrtModel(session, names, torch_model))
     try:

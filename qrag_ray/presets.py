@@ -61,21 +61,20 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            source="Raina & Gales (2024)"),
     Preset("hybrid", 1, "chunk + its generated questions, the best vector counts (the demo's preset)",
            ("chunk", "question"), "chunk"),
-    Preset("atom-hybrid", 2, "chunk at half weight + one atom slot (sentence, question or quote) with "
-           "calibrated question offsets; the best dense preset with a small offline LLM",
-           ("chunk", "sentence", "question", "quote"), "atom", search=_ATOM_SEARCH, calibrated_for=MINILM,
-           source="docs/EVALUATION.md §4.6"),
-    Preset("atom-hybrid-bm25", 2, "atom-hybrid + BM25 over the chunk and its questions (alpha 0.67); the best "
-           "on SQuAD-style questions, which share the passage's words",
-           ("chunk", "sentence", "question", "quote"), "atom", search={**_ATOM_SEARCH, "bm25_alpha": 0.67},
-           bm25={"enabled": True}, calibrated_for=MINILM, source="docs/EVALUATION.md §4.8"),
+    Preset("atom-hybrid", 2, "chunk at half weight + one atom slot (sentence, question or quote) with calibrated "
+           "question offsets; the best dense preset with a small offline LLM", ("chunk", "sentence", "question",
+           "quote"), "atom", search=_ATOM_SEARCH, calibrated_for=MINILM, source="docs/EVALUATION.md §4.6"),
+    Preset("atom-hybrid-bm25", 2, "atom-hybrid + BM25 over the chunk and its questions (alpha 0.67); the best on "
+           "SQuAD-style questions, which share the passage's words", ("chunk", "sentence", "question", "quote"), "atom",
+           search={**_ATOM_SEARCH, "bm25_alpha": 0.67}, bm25={"enabled": True}, calibrated_for=MINILM,
+           source="docs/EVALUATION.md §4.8"),
     Preset("sentence-window-bm25", 1, "the default without the title prefix (for corpora whose titles are ids, "
            "not words): chunk at half weight + its best sentence or two-sentence window + stemmed BM25",
            ("chunk", "sentence", "window"), None, search=_CSW_SEARCH, bm25={"enabled": True}, calibrated_for=MINILM,
            source="docs/EVALUATION.md (the suite's csw+bm25@0.67)"),
     Preset("chunk-bm25", 1, "one vector per chunk: title-prefixed chunk + stemmed BM25 (alpha 0.67); no LLM; "
-           "a fraction of the default's vectors for a little less on the suite's mean (default@1)",
-           ("chunk",), None, search={"bm25_alpha": 0.67}, bm25={"enabled": True}, title_prefix=True,
+           "a fraction of the default's vectors for a little less on the suite's mean (default@1)", ("chunk",), None,
+           search={"bm25_alpha": 0.67}, bm25={"enabled": True}, title_prefix=True,
            source="docs/EVALUATION.md (the suite)"),
     Preset("default", 2, "the shipped default, the best mean of the suite: title-prefixed chunk at half weight + "
            "its best sentence or two-sentence window + stemmed BM25 (alpha 0.67); no LLM; a vector per chunk, "

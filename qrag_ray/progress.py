@@ -20,20 +20,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.text import Text
 
-UPDATE_EVERY_S = 0.25  # how often the callback reads the operators' counters
-
-
-def interval_s() -> float:
-    try:
-        return float(os.environ.get("QRAG_PROGRESS_INTERVAL", "30"))
-    except ValueError:
-        return 30.0
-
-
 _WRAPPER = re.compile(r"\b(?:MapBatches|Map|FlatMap|Filter|MapRows)\((.*?)\)")
 
-# operators named for what they do: the build's embedding sink (its output rows are the vectors it has
-# done) and the vLLM processor's engine
+# operators named for what they do (the embedding sink's output rows are the vectors it has done)
 _NAMED_OPS = {"EmbedSink": "embed", "Tokenize": "tokenize", "vLLMEngineStage": "LLM generation (vLLM)"}
 
 
@@ -123,6 +112,10 @@ class Display:
         self.stages: list[_Stage] = []
         self.lock = threading.RLock()
         self.last_line = time.monotonic()
+        try:  # seconds between status lines off a terminal
+            self.interval = float(os.environ.get("QRAG_PROGRESS_INTERVAL", "30"))
+        except ValueError:
+            self.interval = 30.0
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[_Stage]:
@@ -161,7 +154,7 @@ class Display:
             if finished:
                 for key in [k for k in st.ops if k[0] == execution]:
                     self.progress.remove_task(st.ops.pop(key))
-            elif not self.live and time.monotonic() - self.last_line >= interval_s():
+            elif not self.live and time.monotonic() - self.last_line >= self.interval:
                 self.last_line = time.monotonic()
                 rows = [(t.fields["label"], int(t.completed), t.total, t.elapsed or 0.0)
                         for t in self.progress.tasks if t.id in st.ops.values()]
@@ -180,9 +173,7 @@ def stage(console: Console | None, name: str) -> Iterator[None]:
     if console is None:
         yield
         return
-    if console not in _displays:
-        _displays[console] = Display(console)
-    d = _displays[console]
+    d = _displays.get(console) or _displays.setdefault(console, Display(console))
     prev, _current = _current, d
     try:
         with d.stage(name):

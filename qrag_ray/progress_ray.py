@@ -23,7 +23,7 @@ def operator_counts(topology) -> list[tuple[int, str, int, int | None]]:
 class RayDataProgress(ExecutionCallback):
     """One per dataset execution (Ray Data instantiates the classes listed in the DataContext)."""
 
-    last = 0.0  # when the counters were last read
+    every_s, last = 0.25, 0.0  # how often the counters are read; when they were last
 
     def _send(self, executor, finished: bool = False) -> None:
         if (d := progress.current()) is not None:
@@ -32,7 +32,7 @@ class RayDataProgress(ExecutionCallback):
 
     def on_execution_step(self, executor) -> None:
         now = time.monotonic()
-        if now - self.last >= progress.UPDATE_EVERY_S:
+        if now - self.last >= self.every_s:
             self.last = now
             self._send(executor)
 

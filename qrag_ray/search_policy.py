@@ -91,7 +91,6 @@ def research_knobs_marked(data: Mapping) -> None:
     and eval variants, which record fusion as data, go through config.index_config and are not held to it."""
     search = data.get("search")
     if flat := sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []:
-        raise QragError(
-            f"invalid configuration: search.{flat[0]} is a research knob that the representation's preset sets "
-            f"(qrag presets); to override it anyway, put it under search.experimental "
-            f"(search: {{experimental: {{{flat[0]}: ...}}}}). Users set search.bm25_alpha only.")
+        raise QragError(f"invalid configuration: search.{flat[0]} is a research knob that the representation's "
+                        f"preset sets (qrag presets); to override it anyway, put it under search.experimental "
+                        f"(search: {{experimental: {{{flat[0]}: ...}}}}). Users set search.bm25_alpha only.")
