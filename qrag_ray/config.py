@@ -24,6 +24,7 @@ from qrag_ray.presets import PRESETS
 from qrag_ray.search_policy import VECTOR_KINDS, SearchConfig, research_knobs_marked
 
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
+load_yaml_any = read_yaml  # any YAML document; `load_yaml` reads a config file
 
 # `--representation NAME`: a preset (`qrag presets`) as the config values it gives; or kinds joined by '+'
 REPRESENTATIONS: dict[str, dict[str, Any]] = {name: p.as_config() for name, p in PRESETS.items()}
@@ -72,9 +73,9 @@ class EmbedderConfig(Strict):
         "CUDA (keeps rankings); tf32 is CUDA only")
     tokens_per_batch: int = Field(65536, ge=256, description="GPU forward pass size in tokens (rows x padded "
                                   "length), not rows, so short and long texts both fill the GPU")
-    tokenize: Literal["auto", "actor", "tasks"] = Field("auto", description="where texts become token ids: in the "
-        "embedding actor, or in CPU workers that feed it ready arrays (a GPU's forward pass outruns one tokenizing "
-        "thread); auto = tasks with num_gpus")
+    tokenize: Literal["auto", "actor", "tasks"] = Field(
+        "auto", description="where texts become token ids: in the embedding actor, or in CPU workers that feed "
+        "it ready arrays (a GPU's forward pass outruns one tokenizing thread); auto = tasks with num_gpus")
 
     def tokenize_apart(self) -> bool:
         return self.tokenize == "tasks" or (self.tokenize == "auto" and self.num_gpus > 0)
@@ -241,9 +242,6 @@ def nest_dotted(flat: Mapping[str, Any]) -> dict:
             *parents, leaf = key.split(".")
             reduce(lambda node, p: node.setdefault(p, {}), parents, nested)[leaf] = val
     return nested
-
-
-load_yaml_any = read_yaml
 
 
 def load_yaml(path: str | Path) -> dict:

@@ -44,10 +44,6 @@ def role_of(cls: type[BaseModel], name: str) -> str:
     return next((_DECLARED[k][name] for k in cls.__mro__ if name in _DECLARED.get(k, {})), "spec")
 
 
-def fields_with_role(cls: type[BaseModel], role: str) -> tuple[str, ...]:
-    return tuple(n for n in cls.model_fields if role_of(cls, n) == role)
-
-
 def select(cls: type[BaseModel], dump: Mapping[str, Any], keep: Iterable[str]) -> dict[str, Any]:
     """The fields of a `cls` dump whose role is in `keep`; spec sections are cut field by field. A key
     the model does not know (a field an older release wrote) is kept as spec: it can only make two

@@ -7,9 +7,8 @@ from collections.abc import Iterator
 
 
 class QragError(Exception):
-    """An error caused by input; its message is shown to the user as is. It is kept apart from `args`,
-    to which Ray Data appends its retry advice in a map task: `str()` and pickling (the way back from a
-    Ray worker) use the message as it was raised."""
+    """An error caused by input, its message shown as raised: kept apart from `args` (to which Ray Data
+    appends retry advice in a map task), it is what `str()` and pickling (back from a Ray worker) use."""
 
     exit_code = 2
 

@@ -1,8 +1,7 @@
 """Per-chunk question filters on embedded vectors (pure numpy), run in the shard writer where all of a
 chunk's vectors are together. The papers' order: drop questions that do not belong to their chunk
 (question-chunk similarity as in QuOTE and Doc2Query--; no content word in common), then Q-Q pruning
-(Raina & Gales): greedily drop a question whose cosine to a kept question of the chunk exceeds tau.
-"""
+(Raina & Gales): greedily drop a question whose cosine to a kept question of the chunk exceeds tau."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ def filter_chunk_rows(kind: np.ndarray, qn: np.ndarray, store: np.ndarray, texts
                       vecs: np.ndarray, cfg: FilterConfig) -> np.ndarray:
     """Mask of rows (all of one chunk) to write to the index."""
     chunk_rows = np.flatnonzero(kind == "chunk")
-    chunk_vec = vecs[chunk_rows[0]] if len(chunk_rows) else None
-    chunk_text = texts[chunk_rows[0]] if len(chunk_rows) else ""
+    chunk_vec, chunk_text = (vecs[chunk_rows[0]], texts[chunk_rows[0]]) if len(chunk_rows) else (None, "")
     out = store.copy()
     q_rows = np.flatnonzero((kind == "question") & (qn >= 0))
     active = cfg.prune_tau is not None or cfg.min_question_chunk_sim is not None or cfg.require_content_overlap

@@ -79,13 +79,10 @@ def set_verbosity(level: int) -> None:
                  "filelock", "urllib3"):
         logging.getLogger(name).setLevel(logging.ERROR)
     if "transformers" in sys.modules:  # it reads its env once at import: set it directly
-        try:
-            from transformers.utils import logging as tlog
+        from transformers.utils import logging as tlog
 
-            tlog.set_verbosity_error()
-            tlog.disable_progress_bar()
-        except Exception:  # noqa: BLE001 - an older transformers without these: nothing to quiet
-            pass
+        tlog.set_verbosity_error()
+        tlog.disable_progress_bar()
 
 
 def _mute_console(logger: logging.Logger, level: int) -> None:

@@ -32,10 +32,8 @@ def op_label(name: str) -> str:
     for key, label in _NAMED_OPS.items():
         if key in name:
             return label
-    s = re.sub(r"->SplitBlocks\(\d+\)", "", name)
-    s = _WRAPPER.sub(lambda m: m.group(1), s)
-    s = s.replace("->", " → ").replace("<lambda>", "λ")
-    s = re.sub(r"\b_+(?=\w)", "", s)
+    s = _WRAPPER.sub(lambda m: m.group(1), re.sub(r"->SplitBlocks\(\d+\)", "", name))
+    s = re.sub(r"\b_+(?=\w)", "", s.replace("->", " → ").replace("<lambda>", "λ"))
     return s if len(s) <= 48 else s[:47] + "…"
 
 
@@ -98,9 +96,8 @@ class _Stage:
 
 
 class Display:
-    """The display bound to one console (stderr). Stages nest in order; operators live under the
-    innermost open stage. Thread-safe: Ray Data's executor thread reports operators. Off a terminal the
-    rich Progress is disabled but still holds the rows the status line reads."""
+    """The display bound to one console (stderr); operators live under the innermost open stage. Off a
+    terminal the rich Progress is disabled but still holds the rows the status line reads."""
 
     def __init__(self, console: Console):
         self.console = console

@@ -1,7 +1,6 @@
 """The Ray Data side of the progress display: an ExecutionCallback reading the running operators' row
 counters on the driver. A module of its own, importable by name: the DataContext listing this class
-travels to Ray workers, and a class defined in a function would be pickled by value with the display.
-"""
+travels to Ray workers, and a class defined in a function would be pickled by value with the display."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Chunk + its questions/atoms -> the rows to embed (pure). Every chunk gets a `chunk` row: stored when
 the representation includes chunks, else an auxiliary vector (store=False) for the question-chunk filters
-and the fallback that keeps a chunk reachable when all its questions were filtered out. `qn` links a quote
-vector to its question so filters decided on the question apply to both.
-"""
+and as the fallback of a chunk whose questions were all filtered out. `qn` links a quote vector to its
+question so filters decided on the question apply to both."""
 
 from __future__ import annotations
 

@@ -11,10 +11,9 @@ from qrag_ray.errors import QragError, exception_chain
 
 
 def client_auth_mode() -> str:
-    """Ray token authentication for this process and the Ray processes it starts, unless the caller set
-    RAY_AUTH_MODE: an unauthenticated Ray lets anyone who reaches its dashboard or GCS run code. A new
-    local Ray makes its token itself; joining a cluster reads RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH,
-    else ~/.ray/auth_token. Ray caches the mode in its config, refreshed here while no Ray runs."""
+    """Ray token authentication for this process and the Ray it starts or joins, unless the caller set
+    RAY_AUTH_MODE: an unauthenticated Ray lets anyone who reaches its dashboard or GCS run code. Ray caches
+    the mode in its config, refreshed here while no Ray runs in this process."""
     if "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = "token"
         ray = sys.modules.get("ray")

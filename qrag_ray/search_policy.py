@@ -1,7 +1,6 @@
 """The search policy (SearchConfig): the query-time fusion of a chunk's vector scores and the dense +
 BM25 hybrid weight. The representation's preset owns it, a query may override its hybrid weight, and
-changing it needs no re-index: its role keeps IndexConfig's `search` section out of the index identity.
-"""
+changing it needs no re-index: its role keeps IndexConfig's `search` section out of the index identity."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from qrag_ray.config_roles import Strict, field_roles, fields_with_role
+from qrag_ray.config_roles import Strict, field_roles, role_of
 from qrag_ray.errors import QragError
 
 # the vector kinds a representation may combine; each row of a shard is one of these
@@ -78,7 +77,7 @@ class SearchConfig(Strict):
         return v
 
 
-EXPERIMENTAL_SEARCH = fields_with_role(SearchConfig, "preset")
+EXPERIMENTAL_SEARCH = tuple(n for n in SearchConfig.model_fields if role_of(SearchConfig, n) == "preset")
 
 
 def _check_kinds(kinds, where: str) -> None:
