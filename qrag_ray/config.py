@@ -1,35 +1,32 @@
-"""Typed configuration for indexing, loadable from YAML.
+"""Typed configuration for indexing, loadable from YAML; CLI flags override a file's fields.
 
-One object (IndexConfig) describes a whole index build so that the manifest can record exactly what
-produced an index and `qrag eval` can build comparable indexes that differ in one field only. Each
-field has a role (qrag_ray.config_roles: spec, corpus, search policy, run option) declared once beside
-its class; `index_identity` derives what an index *is* from those roles. A representation's preset
-fills the fields a config leaves unset through one explicit call (`index_config`), never by changing
-a model after validation. The search policy (qrag_ray.search_policy) and the LLM sections
-(qrag_ray.llm_config) have modules of their own. CLI flags override fields of a YAML file; nothing
-else reads ad-hoc settings.
+One IndexConfig describes a whole build, so the manifest records what produced an index and `qrag eval`
+can build indexes that differ in one field. `index_identity` derives what an index *is* from the fields'
+roles (qrag_ray.config_roles); a representation's preset fills unset fields in `index_config`, only there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Mapping
+from functools import reduce
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from qrag_ray.config_roles import Strict, field_roles, select
 from qrag_ray.errors import QragError
+from qrag_ray.io.yaml_file import read_yaml
 from qrag_ray.llm_config import GeneratorConfig, SamplingConfig  # noqa: F401 - the schema imports from here
 from qrag_ray.presets import PRESETS
 from qrag_ray.search_policy import VECTOR_KINDS, SearchConfig, research_knobs_marked
 
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
+load_yaml_any = read_yaml  # any YAML document; `load_yaml` reads a config file
 
-# Named representations: the presets of qrag_ray/presets.py (named, versioned, with what each is for;
-# `qrag presets`) as the values they give a config. A custom representation joins kinds with '+',
-# e.g. "sentence+quote".
+# `--representation NAME`: a preset (`qrag presets`) as the config values it gives; or kinds joined by '+'
 REPRESENTATIONS: dict[str, dict[str, Any]] = {name: p.as_config() for name, p in PRESETS.items()}
 
 _QUESTION_KINDS = {"question", "quote", "atomquote", "onedoc"}
@@ -50,8 +47,8 @@ class ChunkerConfig(Strict):
 
 
 class FilterConfig(Strict):
-    """Question filters and Q–Q pruning, applied per chunk at shard-build time (all of a chunk's
-    vectors live in one shard, so these are exact)."""
+    """Question filters and Q–Q pruning, applied per chunk at shard-build time (exact: a chunk's vectors
+    share a shard)."""
 
     prune_tau: float | None = Field(None, gt=-1.0, le=1.0, description="drop a question whose cosine to a kept one exceeds tau")
     min_question_chunk_sim: float | None = Field(None, description="drop questions whose cosine to their own chunk is below this")
@@ -59,7 +56,7 @@ class FilterConfig(Strict):
     keep_chunk_fallback: bool = True  # a chunk left with no vector keeps its own text vector
 
 
-# Throughput knobs and the inference backend (ONNX and torch give the same vectors to float rounding).
+# throughput knobs and the inference backend (ONNX and torch give the same vectors to float rounding)
 @field_roles(run=("batch_size", "num_gpus", "actors", "threads", "backend", "tokens_per_batch", "tokenize"))
 class EmbedderConfig(Strict):
     model: str = "all-MiniLM-L6-v2"  # registry name or a local sentence-transformers folder
@@ -69,9 +66,7 @@ class EmbedderConfig(Strict):
     max_seq_length: int | None = None
     threads: int | None = Field(None, ge=1, description="torch threads per CPU actor (default: cores / actors); "
                                 "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
-    # CPU inference: onnx (ONNX Runtime; checked against torch on a probe text when loaded, so it gives the
-    # same vectors to float rounding; qrag_ray/onnx_backend.py), torch, or auto (onnx where it runs, else
-    # torch); GPUs use torch
+    # CPU inference: onnx (qrag_ray/onnx_backend.py), torch, or auto (onnx where it runs); GPUs use torch
     backend: Literal["auto", "torch", "onnx"] = "auto"
     dtype: Literal["auto", "float32", "tf32", "bfloat16", "float16"] = Field(
         "auto", description="forward-pass precision: auto is float32 on CPU (vectors unchanged) and bfloat16 on "
@@ -87,15 +82,12 @@ class EmbedderConfig(Strict):
 
 
 class Bm25Config(Strict):
-    """A BM25 index per shard next to the FAISS one, so a query can fuse lexical and dense evidence
-    (`search.bm25_alpha`): questions that share the passage's words are found by BM25 where dense
-    vectors miss them (docs/EVALUATION.md §4.7). doc2query adds each chunk's generated questions to
-    its BM25 text."""
+    """A BM25 index per shard next to the FAISS one, fused with the dense score by `search.bm25_alpha`:
+    it finds questions that share the passage's words where dense vectors miss them."""
 
     enabled: bool = False
     doc2query: bool = Field(True, description="index a chunk's generated questions with its text (when it has any)")
-    # Lucene's BM25 as Anserini runs it (k1 0.9, b 0.4, stemmed English), which ranks better than
-    # bm25s's own defaults (1.5, 0.75, no stemming) on web queries (docs/EVALUATION.md)
+    # Lucene's BM25 as Anserini runs it ranks web queries better than bm25s's defaults (1.5, 0.75, unstemmed)
     k1: float = Field(0.9, gt=0)
     b: float = Field(0.4, ge=0, le=1)
     stemmer: str | None = Field("english", description="Snowball stemmer (PyStemmer) for documents and queries; null = none")
@@ -133,12 +125,11 @@ class BuildConfig(Strict):
 @field_roles(corpus=("input",), search=("search",),
              run=("output", "overwrite", "address", "num_cpus", "cache_dir", "build"))
 class IndexConfig(Strict):
-    """What an index contains (spec and corpus), how it is searched (search), where it goes and how
-    the build runs (run). Build one with `index_config` (or `build_index_config` for a file), which
-    applies the representation's preset."""
+    """What an index contains (spec and corpus), how it is searched (search), where it goes and how the
+    build runs (run). Build one with `index_config` (or `build_index_config` for a file)."""
 
     input: str | None = None
-    format: Literal["jsonl", "parquet", "msmarco", "beir", "html"] = "jsonl"
+    format: Literal[INPUT_FORMATS] = "jsonl"
     output: str | None = None
     representation: str = "default"
     shards: int = Field(1, ge=1)
@@ -150,8 +141,7 @@ class IndexConfig(Strict):
     search: SearchConfig = SearchConfig()
     bm25: Bm25Config = Bm25Config()
     build: BuildConfig = BuildConfig()
-    # embed the document title with each chunk ("title\ntext", as BEIR does); the `title` kind is the
-    # other way, a vector of its own (docs/EVALUATION.md)
+    # embed the title with each chunk ("title\ntext", as BEIR does); the `title` kind is a vector of its own
     title_prefix: bool = False
     cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
     overwrite: bool = False
@@ -167,12 +157,9 @@ class IndexConfig(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "IndexConfig":
         kinds, gran = representation_plan(self)
-        needs_q = bool(set(kinds) & _QUESTION_KINDS)
-        if needs_q and self.generator.backend == "none":
-            raise ValueError(
-                f"representation '{self.representation}' needs generated questions: "
-                "choose --generator vllm|openai|precomputed"
-            )
+        if set(kinds) & _QUESTION_KINDS and self.generator.backend == "none":
+            raise ValueError(f"representation '{self.representation}' needs generated questions: "
+                             "choose --generator vllm|openai|precomputed")
         if "onedoc" in kinds and gran == "atom":
             raise ValueError("quote-onedoc needs chunk-granularity questions (one prompt per chunk)")
         if self.search.bm25_alpha is not None and not self.bm25.enabled:
@@ -181,17 +168,9 @@ class IndexConfig(Strict):
         return self
 
 
-def _given(section: Any) -> Any:
-    """The fields a config section sets, as a dict (a model counts only its explicitly set fields)."""
-    if isinstance(section, BaseModel):
-        return section.model_dump(exclude_unset=True)
-    return dict(section) if isinstance(section, Mapping) else section
-
-
 def with_preset(data: Mapping[str, Any]) -> dict[str, Any]:
-    """`data` (a partial IndexConfig) with its representation's preset filling the title prefix, BM25
-    and search fields it leaves unset; what the config sets wins. The preset's hybrid weight stays out
-    when the config turned its BM25 channel off (`--no-bm25`). Neither input is modified."""
+    """`data` (a partial IndexConfig) with its representation's preset filling the title prefix, BM25 and
+    search fields it leaves unset, but no hybrid weight for a config whose BM25 is off (`--no-bm25`)."""
     out = dict(data)
     name = out.get("representation", IndexConfig.model_fields["representation"].default)
     preset = REPRESENTATIONS.get(name) if isinstance(name, str) else None
@@ -199,53 +178,43 @@ def with_preset(data: Mapping[str, Any]) -> dict[str, Any]:
         return out
     if "title_prefix" in preset:
         out.setdefault("title_prefix", preset["title_prefix"])
-    bm25 = _given(out.get("bm25", {}))
-    if isinstance(bm25, dict):
-        out["bm25"] = bm25 = copy.deepcopy(preset.get("bm25", {})) | bm25
-    search = _given(out.get("search", {}))
-    if isinstance(search, dict):
+    bm25 = out.get("bm25", {})
+    if isinstance(bm25, Mapping):
+        out["bm25"] = bm25 = copy.deepcopy(preset.get("bm25", {})) | dict(bm25)
+    search = out.get("search", {})
+    if isinstance(search, Mapping):
         marked = search.get("experimental")
         given = set(search) | (set(marked) if isinstance(marked, Mapping) else set())
         bm25_on = isinstance(bm25, dict) and bool(bm25.get("enabled", Bm25Config.model_fields["enabled"].default))
-        for key, val in preset.get("search", {}).items():
-            if key not in given and (key != "bm25_alpha" or bm25_on):
-                search[key] = copy.deepcopy(val)
-        out["search"] = search
+        out["search"] = dict(search) | {k: copy.deepcopy(v) for k, v in preset.get("search", {}).items()
+                                        if k not in given and (k != "bm25_alpha" or bm25_on)}
     return out
 
 
 def index_config(data: Mapping[str, Any]) -> IndexConfig:
-    """An IndexConfig from a partial one, its representation's preset applied (pydantic's
-    ValidationError on bad input). Every config a build or an evaluation starts from is made here;
-    a recorded config (a manifest's, a worker's copy) is complete and validates as it is."""
+    """An IndexConfig from a partial one, its representation's preset applied. Every config a build or
+    an evaluation starts from is made here; a recorded config is complete and validates as it is."""
     return IndexConfig.model_validate(with_preset(data))
 
 
 def index_identity(cfg_dump: Mapping[str, Any], *, corpus: bool = True) -> dict[str, Any]:
-    """What an index is, from a config dump: its spec fields and, unless `corpus=False`, its documents
-    (qrag_ray.config_roles). The one identity behind the checkpoints' key, the manifest's `content`
-    and `qrag eval`'s index reuse. A representation counts by what it makes (vector kinds, question
-    granularity), so a preset and the same kinds spelled out share an index."""
+    """What an index is: its spec fields and, unless `corpus=False`, its documents. The identity behind
+    the checkpoints' key, the manifest's `content` and `qrag eval`'s index reuse. A representation counts
+    by what it makes (kinds, granularity), so a preset and the same kinds spelled out share an index."""
     out = select(IndexConfig, cfg_dump, ("spec", "corpus") if corpus else ("spec",))
-    try:
+    with contextlib.suppress(ValueError):  # an unknown name stays as it is
         kinds, gran = resolve_representation(str(out.get("representation")))
-    except ValueError:
-        return out
-    out["representation"] = {"kinds": kinds, "granularity": gran}
+        out["representation"] = {"kinds": kinds, "granularity": gran}
     return out
 
 
 def resolve_representation(name: str) -> tuple[list[str], str | None]:
     """Map a representation name (or 'kind+kind') to (vector kinds, default question granularity)."""
     if name in REPRESENTATIONS:
-        p = REPRESENTATIONS[name]
-        return list(p["kinds"]), p["granularity"]
+        return list(REPRESENTATIONS[name]["kinds"]), REPRESENTATIONS[name]["granularity"]
     parts = [p.strip() for p in name.split("+") if p.strip()]
-    if len(parts) >= 2 or (parts and parts[0] in VECTOR_KINDS):
-        bad = [p for p in parts if p not in VECTOR_KINDS]
-        if not bad:
-            gran = "chunk" if set(parts) & _QUESTION_KINDS else None
-            return parts, gran
+    if (len(parts) >= 2 or (parts and parts[0] in VECTOR_KINDS)) and all(p in VECTOR_KINDS for p in parts):
+        return parts, "chunk" if set(parts) & _QUESTION_KINDS else None
     known = ", ".join(list(REPRESENTATIONS) + ["or kinds joined by '+' from: " + ", ".join(VECTOR_KINDS)])
     raise ValueError(f"unknown representation '{name}' (known: {known})")
 
@@ -253,20 +222,14 @@ def resolve_representation(name: str) -> tuple[list[str], str | None]:
 def representation_plan(cfg: IndexConfig) -> tuple[list[str], str | None]:
     """Vector kinds to store and the granularity questions are generated at (None: no LLM)."""
     kinds, gran = resolve_representation(cfg.representation)
-    if gran is not None and cfg.generator.granularity is not None:
-        gran = cfg.generator.granularity
-    return kinds, gran
+    return kinds, (cfg.generator.granularity or gran) if gran is not None else None
 
 
 def deep_update(base: dict, upd: Mapping) -> dict:
-    """Nested merge for config overrides: a partial `{generator: {backend: vllm}}` keeps the rest of
-    `generator` instead of replacing the whole section. Neither input is modified."""
+    """Nested merge for config overrides: `{generator: {backend: vllm}}` keeps the rest of `generator`."""
     out = dict(base)
     for k, v in upd.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
-            out[k] = deep_update(out[k], v)
-        else:
-            out[k] = v
+        out[k] = deep_update(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -275,32 +238,19 @@ def nest_dotted(flat: Mapping[str, Any]) -> dict:
     None means "flag not given" and is left out, so it cannot clear a value from the YAML file."""
     nested: dict = {}
     for key, val in flat.items():
-        if val is None:
-            continue
-        *parents, leaf = key.split(".")
-        cur = nested
-        for p in parents:
-            cur = cur.setdefault(p, {})
-        cur[leaf] = val
+        if val is not None:
+            *parents, leaf = key.split(".")
+            reduce(lambda node, p: node.setdefault(p, {}), parents, nested)[leaf] = val
     return nested
 
 
-def load_yaml_any(path: str | Path):
-    from qrag_ray.io.yaml_file import read_yaml
-
-    return read_yaml(path)
-
-
 def load_yaml(path: str | Path) -> dict:
-    from qrag_ray.io.yaml_file import read_yaml
-
     return read_yaml(path, "config file", default={}, expect=dict)
 
 
 def build_index_config(config_file: str | Path | None = None, **overrides: Any) -> IndexConfig:
     """YAML file (optional) overlaid with CLI overrides; dotted keys ('generator.questions') nest."""
-    data: dict = load_yaml(config_file) if config_file else {}
-    data = deep_update(data, nest_dotted(overrides))
+    data = deep_update(load_yaml(config_file) if config_file else {}, nest_dotted(overrides))
     research_knobs_marked(data)
     try:
         return index_config(data)
@@ -309,9 +259,6 @@ def build_index_config(config_file: str | Path | None = None, **overrides: Any) 
 
 
 def format_validation_error(e: ValidationError) -> str:
-    msgs = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "config"
-        msg = err["msg"].removeprefix("Value error, ")
-        msgs.append(f"{loc}: {msg}")
-    return "invalid configuration: " + "; ".join(msgs)
+    return "invalid configuration: " + "; ".join(
+        f"{'.'.join(str(x) for x in err['loc']) or 'config'}: {err['msg'].removeprefix('Value error, ')}"
+        for err in e.errors())

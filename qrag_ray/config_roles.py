@@ -1,17 +1,9 @@
 """The role of each config field, declared once beside its class, and a config dump cut by role.
 
-Every field of an index config plays one role:
-    spec     decides the index's vectors and files (the default: a field nobody classified counts, so a
-             new knob can only cost a rebuild, never reuse an index built under another value)
-    corpus   which documents go in (part of what an index is; not of its checkpoints, whose rows are
-             keyed by content, so an appended file reuses every unchanged vector)
-    search   the query-time policy: the preset owns it, the manifest records it, a query may override it
-    run      where the output goes and how fast this build runs (paths, Ray, batch sizes, workers)
-    preset   (inside the search policy) a research knob that the preset sets; a user's config file
-             changes it only under `search.experimental:`
-A section's role covers all of it (the whole `search` is the search policy); inside a spec section each
-field has its own. Identities are derived from these declarations (`select`), not from lists of
-fields to subtract.
+spec (the default, so a new knob can only cost a rebuild): decides the index's vectors and files. corpus:
+which documents go in (not part of the checkpoints' key: their rows are keyed by content). search: the
+query-time policy. run: where the output goes and how fast the build runs. preset: a search policy knob
+that a user's config file changes only under `search.experimental:`. A section's role covers all of it.
 """
 
 from __future__ import annotations
@@ -25,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 class Strict(BaseModel):
     """The base of every config section: an unknown key is an error, not a silently ignored typo."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid")
 
 
 ROLES = ("spec", "corpus", "search", "run", "preset")
@@ -34,14 +26,12 @@ _DECLARED: dict[type, dict[str, str]] = {}
 
 def field_roles(**by_role: Iterable[str]):
     """Class decorator: `@field_roles(run=("batch_size", ...))`; fields it does not name are `spec`."""
-    unknown = set(by_role) - set(ROLES)
-    if unknown:
+    if unknown := set(by_role) - set(ROLES):
         raise ValueError(f"unknown field role(s) {sorted(unknown)} (known: {', '.join(ROLES)})")
 
     def mark(cls: type[BaseModel]) -> type[BaseModel]:
         roles = {name: role for role, names in by_role.items() for name in names}
-        missing = sorted(set(roles) - set(cls.model_fields))
-        if missing:
+        if missing := sorted(set(roles) - set(cls.model_fields)):
             raise ValueError(f"{cls.__name__} has no field(s) {missing} to give a role")
         _DECLARED[cls] = roles
         return cls
@@ -51,20 +41,7 @@ def field_roles(**by_role: Iterable[str]):
 
 def role_of(cls: type[BaseModel], name: str) -> str:
     """A field's declared role; a subclass inherits the roles its bases declared."""
-    for klass in cls.__mro__:
-        if name in _DECLARED.get(klass, {}):
-            return _DECLARED[klass][name]
-    return "spec"
-
-
-def fields_with_role(cls: type[BaseModel], role: str) -> tuple[str, ...]:
-    return tuple(n for n in cls.model_fields if role_of(cls, n) == role)
-
-
-def _section_model(cls: type[BaseModel], name: str) -> type[BaseModel] | None:
-    field = cls.model_fields.get(name)
-    ann = field.annotation if field is not None else None
-    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return next((_DECLARED[k][name] for k in cls.__mro__ if name in _DECLARED.get(k, {})), "spec")
 
 
 def select(cls: type[BaseModel], dump: Mapping[str, Any], keep: Iterable[str]) -> dict[str, Any]:
@@ -77,6 +54,8 @@ def select(cls: type[BaseModel], dump: Mapping[str, Any], keep: Iterable[str]) -
         role = role_of(cls, name)
         if role not in keep:
             continue
-        sub = _section_model(cls, name) if role == "spec" else None
-        out[name] = select(sub, value, keep) if sub is not None and isinstance(value, Mapping) else value
+        field = cls.model_fields.get(name)
+        sub = field.annotation if field is not None and role == "spec" else None
+        section = isinstance(sub, type) and issubclass(sub, BaseModel) and isinstance(value, Mapping)
+        out[name] = select(sub, value, keep) if section else value
     return out

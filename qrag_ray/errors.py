@@ -1,20 +1,14 @@
-"""User-facing errors.
-
-Anything a user can cause (bad flags, missing files, corrupt indexes) raises QragError with one clear
-line; the CLI prints it to stderr and exits non-zero, the server maps it to a 4xx. Everything else is a
-bug and keeps its traceback.
-"""
+"""User-facing errors: anything a user can cause raises QragError with one clear line (the CLI prints it
+and exits 2, the server answers 4xx); everything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class QragError(Exception):
-    """An error caused by input; its message is shown to the user as is.
-
-    The message is kept apart from `args` because Ray Data appends its retry advice ("Failed to apply
-    UDF transform after 1/1 attempts ... max_map_retries") to `args[0]` of any exception a map task
-    raises; `str()` and pickling (the way back from a Ray worker) use the message as it was raised.
-    """
+    """An error caused by input, its message shown as raised: kept apart from `args` (to which Ray Data
+    appends retry advice in a map task), it is what `str()` and pickling (back from a Ray worker) use."""
 
     exit_code = 2
 
@@ -33,21 +27,22 @@ class IndexFormatError(QragError):
     """An index directory is missing, incomplete, corrupt or of an unknown format version."""
 
 
-def find_user_error(exc: BaseException) -> QragError | None:
-    """The QragError behind an exception, looking through Ray's wrappers and cause chains."""
-    seen = set()
-    stack = [exc]
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and each exception behind it (a RayTaskError's `cause`, causes, contexts), once each."""
+    seen, stack = set(), [exc]
     while stack:
         e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        cause = getattr(e, "cause", None)  # RayTaskError.cause
-        if isinstance(e, QragError):
-            # Ray re-raises a task's QragError as a RayTaskError subclass of it whose str() is the
-            # remote traceback; the user gets the original one-line message.
-            return cause if isinstance(cause, QragError) else e
-        if isinstance(cause, BaseException):
-            stack.append(cause)
-        stack += [e.__cause__, e.__context__]
-    return None
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            yield e
+            cause = getattr(e, "cause", None)  # RayTaskError.cause
+            stack += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
+
+
+def find_user_error(exc: BaseException) -> QragError | None:
+    """The QragError behind an exception, looking through Ray's wrappers and cause chains."""
+    e = next((e for e in exception_chain(exc) if isinstance(e, QragError)), None)
+    # Ray re-raises a task's QragError as a RayTaskError subclass of it whose str() is the remote
+    # traceback; the user gets the original one-line message
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, QragError) else e

@@ -1,10 +1,7 @@
-"""Per-chunk question filters on embedded vectors (pure numpy).
-
-Run in the shard writer, where all vectors of a chunk are together, so they are exact. Order matters
-and follows the papers: drop questions that do not belong to their chunk (question-chunk similarity,
-QuOTE §4.1.10 / Doc2Query--; no content word in common), then Q-Q pruning (Raina & Gales §5): greedily
-drop a question whose cosine to an already kept question of the same chunk exceeds tau.
-"""
+"""Per-chunk question filters on embedded vectors (pure numpy), run in the shard writer where all of a
+chunk's vectors are together. The papers' order: drop questions that do not belong to their chunk
+(question-chunk similarity as in QuOTE and Doc2Query--; no content word in common), then Q-Q pruning
+(Raina & Gales): greedily drop a question whose cosine to a kept question of the chunk exceeds tau."""
 
 from __future__ import annotations
 
@@ -47,9 +44,7 @@ def select_questions(qvecs: np.ndarray, qtexts: list[str], chunk_vec: np.ndarray
         keep &= (qvecs @ chunk_vec) >= cfg.min_question_chunk_sim
     if cfg.prune_tau is not None and keep.any():
         idx = np.flatnonzero(keep)
-        survivors = idx[greedy_prune(qvecs[idx], cfg.prune_tau)]
-        keep[:] = False
-        keep[survivors] = True
+        keep = np.isin(np.arange(len(keep)), idx[greedy_prune(qvecs[idx], cfg.prune_tau)])
     return keep
 
 
@@ -57,18 +52,14 @@ def filter_chunk_rows(kind: np.ndarray, qn: np.ndarray, store: np.ndarray, texts
                       vecs: np.ndarray, cfg: FilterConfig) -> np.ndarray:
     """Mask of rows (all of one chunk) to write to the index."""
     chunk_rows = np.flatnonzero(kind == "chunk")
-    chunk_vec = vecs[chunk_rows[0]] if len(chunk_rows) else None
-    chunk_text = texts[chunk_rows[0]] if len(chunk_rows) else ""
+    chunk_vec, chunk_text = (vecs[chunk_rows[0]], texts[chunk_rows[0]]) if len(chunk_rows) else (None, "")
     out = store.copy()
     q_rows = np.flatnonzero((kind == "question") & (qn >= 0))
-    active = (cfg.prune_tau is not None or cfg.min_question_chunk_sim is not None
-              or cfg.require_content_overlap)
+    active = cfg.prune_tau is not None or cfg.min_question_chunk_sim is not None or cfg.require_content_overlap
     if active and len(q_rows):
         q_rows = q_rows[np.argsort(qn[q_rows], kind="stable")]
         mask = select_questions(vecs[q_rows], [texts[i] for i in q_rows], chunk_vec, chunk_text, cfg)
-        dropped = set(qn[q_rows][~mask].tolist())
-        if dropped:
-            out &= ~np.isin(qn, list(dropped))
+        out &= ~np.isin(qn, qn[q_rows][~mask])
     if cfg.keep_chunk_fallback and not out.any() and len(chunk_rows):
         out[chunk_rows[0]] = True
     return out

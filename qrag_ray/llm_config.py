@@ -11,8 +11,7 @@ from qrag_ray.config_roles import Strict, field_roles
 
 
 class QuerySamplingConfig(Strict):
-    """The decoding settings a query-time LLM call takes from its config (each call sets its own
-    temperature and max_tokens)."""
+    """Decoding settings of a query-time LLM call (each call sets its own temperature and max_tokens)."""
 
     top_p: float = 1.0
     repetition_penalty: float = 1.1
@@ -27,14 +26,12 @@ class SamplingConfig(QuerySamplingConfig):
     n: int = Field(1, ge=1, description="candidates sampled per prompt")
 
 
-# How this run reaches the LLM, not what it answers: the question cache keys on backend, model,
-# prompt, sampling and texts only, so these may change without re-generating or re-embedding.
+# how this run reaches the LLM, not what it answers: the question cache does not key on these
 @field_roles(run=("num_gpus", "engine_kwargs", "base_url", "api_key_env", "request_timeout_s",
                   "max_parallel_requests"))
 class LLMConfig(Strict):
-    """An LLM to call: an OpenAI-compatible endpoint or an in-process vLLM engine, and how it decodes.
-    What `qrag serve` takes for mode=hyde and /v1/answer; GeneratorConfig adds what question
-    generation needs."""
+    """An LLM to call (an OpenAI-compatible endpoint or an in-process vLLM engine) and how it decodes:
+    what `qrag serve` takes for mode=hyde and /v1/answer."""
 
     backend: Literal["openai", "vllm"]
     model: str = "qwen2.5-coder-0.5b-instruct"  # a registry name (qrag_ray.models) or a local HF folder
@@ -49,8 +46,7 @@ class LLMConfig(Strict):
     max_parallel_requests: int = Field(8, ge=1)
 
     def check_endpoint(self) -> None:
-        """For the validators of the configs that hold one (an index config, serve args): the chat
-        client reports a missing endpoint only when first used."""
+        """For the validators of the configs that hold one: the chat client would report it only when used."""
         if self.backend == "openai" and not self.base_url:
             raise ValueError("generator.backend=openai needs generator.base_url")
 
@@ -62,8 +58,8 @@ class GeneratorConfig(LLMConfig):
     backend: Literal["vllm", "openai", "precomputed", "none"] = "none"
     sampling: SamplingConfig = SamplingConfig()
     prompt: str = "hype"  # chunk-granularity template (qrag_ray.generation.prompts)
-    # atom granularity: one prompt per atom with the chunk as context. The default, two worked examples
-    # asking for 3 questions, suits the small offline generator best (docs/EVALUATION.md §4).
+    # atom granularity: one prompt per atom with the chunk as context; the default (two worked examples)
+    # suits the small offline generator best
     atom_prompt: str = "atom-question-fewshot"
     atomize_prompt: str = "atomize"  # unstructured atoms: LLM-written atomic statements
     questions: int | None = Field(10, ge=1, description="questions per chunk prompt; None = the LLM decides")

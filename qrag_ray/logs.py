@@ -1,24 +1,13 @@
-"""What third-party libraries may print: nothing but errors at the default verbosity, all of it with `-v`.
-
-A `qrag` command's own output is its progress display, its results and, on a user error, one line.
-Ray, Ray Data, transformers, sentence-transformers and vLLM each print their own INFO lines, warnings,
-progress bars and C++ log lines (e.g. Ray's `core_worker.cc` error about actor constructor arguments,
-logged for every Ray Data actor pool), which bury that output and, on an error, the one useful line.
-`set_verbosity(0)` (the CLI default) turns them off; `-v` (`set_verbosity(1)`) leaves every library
-at its own defaults.
-
-Most switches are environment variables, set before the library is imported or Ray is started, so the
-processes Ray starts on this machine (raylet, workers, the vLLM engine) inherit them; a variable the
-user set already wins. Ray Data configures its `ray.data` logger when imported, so its console handler
-is muted after that (`quiet_ray_data`), its log file keeps everything. Ray's C++ core worker writes
-its own log lines straight to file descriptor 2 (e.g. an ERROR-level line about actor constructor
-arguments for every Ray Data actor pool, which is no error for us): `filter_native_stderr` passes fd 2
-through a filter that drops those lines. Setting RAY_BACKEND_LOG_LEVEL instead would also strip the
-log files of Ray's own processes, and Ray announces that variable on stderr itself.
+"""What third-party libraries may print: nothing but errors at the default verbosity (so that a command's
+progress, results or one error line are not buried), all of it with `-v`. Most switches are environment
+variables, set before the library is imported or Ray is started, so the processes Ray starts inherit them;
+a variable the user set already wins.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import re
@@ -36,8 +25,7 @@ QUIET_ENV: dict[str, str] = {
     "TQDM_DISABLE": "1",  # any other tqdm bar (sentence-transformers, vLLM's model loader)
     "VLLM_LOGGING_LEVEL": "ERROR",
     "VLLM_CONFIGURE_LOGGING": "1",
-    # an errored object ref nobody waited for (one shard task failed, the others' refs are dropped)
-    # is reported at garbage collection: the error already reached the user as an exception
+    # an errored ref nobody waited for (a failed shard task's siblings) is reported at garbage collection
     "RAY_IGNORE_UNHANDLED_ERRORS": "1",
     "RAY_DEDUP_LOGS": "1",
 }
@@ -63,13 +51,7 @@ class _StderrHandler(logging.StreamHandler):
     with would write into a closed one once a test harness or a redirect swapped it). Records still
     propagate: with no root handler (the CLI) nothing prints twice, and log capture still sees them."""
 
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
+    stream = property(lambda self: sys.stderr, lambda self, value: None)
 
 
 def set_verbosity(level: int) -> None:
@@ -81,10 +63,9 @@ def set_verbosity(level: int) -> None:
     for name in ("qrag", "qrag_ray"):
         lg = logging.getLogger(name)
         lg.setLevel(own)
-        if not any(getattr(h, "_qrag", False) for h in lg.handlers):
+        if not any(isinstance(h, _StderrHandler) for h in lg.handlers):
             h = _StderrHandler()
             h.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-            h._qrag = True  # type: ignore[attr-defined]
             lg.addHandler(h)
     if _level > 0:
         return
@@ -97,74 +78,43 @@ def set_verbosity(level: int) -> None:
     for name in ("sentence_transformers", "transformers", "huggingface_hub", "vllm", "httpx", "faiss",
                  "filelock", "urllib3"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    _quiet_transformers_if_loaded()
+    if "transformers" in sys.modules:  # it reads its env once at import: set it directly
+        from transformers.utils import logging as tlog
 
-
-def _quiet_transformers_if_loaded() -> None:
-    """transformers reads its env once at import: a process that imported it already is set directly."""
-    import sys
-
-    if "transformers" in sys.modules:
-        try:
-            from transformers.utils import logging as tlog
-
-            tlog.set_verbosity_error()
-            tlog.disable_progress_bar()
-        except Exception:  # noqa: BLE001 - an older transformers without these: nothing to quiet
-            pass
-
-
-class _Below(logging.Filter):
-    """Drops records below a level (above CRITICAL: all of them)."""
-
-    def __init__(self, level: int):
-        super().__init__()
-        self.level = level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= self.level
+        tlog.set_verbosity_error()
+        tlog.disable_progress_bar()
 
 
 def _mute_console(logger: logging.Logger, level: int) -> None:
+    """Drop records below `level` (above CRITICAL: all of them) from the logger's console handlers, once."""
     for h in logger.handlers:
-        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-            if not any(isinstance(f, _Below) for f in h.filters):
-                h.addFilter(_Below(level))
+        console = isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        if console and not hasattr(h, "_qrag_muted"):
+            h.addFilter(lambda record: record.levelno >= level)
+            h._qrag_muted = True  # type: ignore[attr-defined]
 
 
 def quiet_ray_data() -> None:
-    """Mute Ray's and Ray Data's console logging at verbosity 0 (call after `import ray.data`).
-
-    Ray Data prints INFO lines per dataset execution and, on a failed task, the user's traceback twice
-    plus its retry advice; the CLI shows the error itself as one line. Its file handler (ray-data.log
-    in the Ray session's log folder) still records everything. Ray's own console handler is held at
-    ERROR with a filter, since any later `ray.init()` (Ray Data LLM calls one) resets the "ray"
-    logger's level to INFO; `ray.llm` gets an ERROR-level handler so it does not add its own INFO one."""
+    """Mute Ray's and Ray Data's console logging at verbosity 0 (call after `import ray.data`, which
+    configures its logger); their log files keep everything. Ray's console handler is held at ERROR by a
+    filter, since a later `ray.init()` resets the "ray" logger to INFO."""
     if verbosity() > 0:
         return
     _mute_console(logging.getLogger("ray.data"), logging.CRITICAL + 1)
     _mute_console(logging.getLogger("ray"), logging.ERROR)
     llm = logging.getLogger("ray.llm")
-    if not llm.handlers:
+    if not llm.handlers:  # an ERROR handler of ours, so that ray.llm adds no INFO one
         h = logging.StreamHandler()
         h.setLevel(logging.ERROR)
         llm.addHandler(h)
         llm.propagate = False
-    _quiet_raylet_messages()
+    # Ray's driver prints the raylet's messages ("N PYTHON worker processes have been started") to stdout
+    # whatever `log_to_driver` says, which would corrupt `qrag index --json`: they go to the `qrag_ray.ray`
+    # logger at DEBUG instead (a failure they announce still arrives as an exception)
+    import ray._private.worker as rw
 
-
-def _quiet_raylet_messages() -> None:
-    """Ray's driver prints the raylet's messages to stdout from a background thread, whatever
-    `log_to_driver` says: "WARNING: 12 PYTHON worker processes have been started ... 6x the maximum
-    expected startup concurrency" whenever a pipeline starts its stage actors (the vLLM processor
-    starts eight). On stdout they would also corrupt `qrag index --json`. At verbosity 0 they go to
-    the `qrag_ray.ray` logger at DEBUG instead; a failure they announce still arrives as an exception."""
-    try:
-        import ray._private.worker as rw
-    except ImportError:
-        return
-    original = getattr(rw, "print_to_stdstream", None)
-    if original is None or getattr(original, "_qrag_quiet", False):
+    original = rw.print_to_stdstream
+    if getattr(original, "_qrag_quiet", False):
         return
 
     def print_to_stdstream(data, *args, **kwargs):
@@ -191,11 +141,10 @@ _native_filter: threading.Thread | None = None
 
 
 def filter_native_stderr() -> bool:
-    """At verbosity 0, route file descriptor 2 through a thread that drops Ray's C++ log lines.
-
-    Python's own stderr (rich output, warnings, tracebacks) keeps writing to the real stderr through a
-    duplicate descriptor, so it is neither delayed nor filtered. Only done when sys.stderr is the
-    process's own (not a test's capture), once per process; returns whether the filter is active."""
+    """At verbosity 0, route file descriptor 2 through a thread that drops the lines Ray's C++ core writes
+    there (e.g. an ERROR for every Ray Data actor pool; RAY_BACKEND_LOG_LEVEL would also strip Ray's log
+    files). Python's stderr keeps writing to the real one through a duplicate descriptor. Only done when
+    sys.stderr is the process's own (not a test's capture), once; returns whether the filter is active."""
     global _native_filter
     if _native_filter is not None:
         return True
@@ -216,21 +165,12 @@ def filter_native_stderr() -> bool:
 
     def pump() -> None:
         buf = b""
-        while True:
-            try:
-                data = os.read(r, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            out = [ln for ln in lines if not is_native_noise(ln.decode("utf-8", "replace"))]
-            if out:
-                try:
+        with contextlib.suppress(OSError):
+            while data := os.read(r, 65536):
+                *lines, buf = (buf + data).split(b"\n")
+                out = [ln for ln in lines if not is_native_noise(ln.decode("utf-8", "replace"))]
+                if out:
                     os.write(real, b"\n".join(out) + b"\n")
-                except OSError:
-                    return
 
     _native_filter = threading.Thread(target=pump, name="qrag-stderr-filter", daemon=True)
     _native_filter.start()
@@ -238,13 +178,9 @@ def filter_native_stderr() -> bool:
     def drain() -> None:
         # registered before Ray is imported, so it runs after Ray's own atexit shutdown: put the real
         # stderr back on fd 2 and let the thread pass on what is still in the pipe
-        try:
+        with contextlib.suppress(OSError):
             os.dup2(real, 2)
-        except OSError:
-            return
-        _native_filter.join(timeout=1.0)
-
-    import atexit
+            _native_filter.join(timeout=1.0)
 
     atexit.register(drain)
     return True

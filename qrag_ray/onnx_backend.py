@@ -1,24 +1,19 @@
-"""ONNX Runtime for the transformer inside a sentence-transformers model, on CPU.
-
-Why: on a CPU, ONNX Runtime runs MiniLM's forward pass 1.7x (batches of 32) to 2.4x (one query) faster
-than torch on one thread, with the same vectors (max |diff| 2e-7; docs/BENCHMARKS.md). That is most of
-a CPU build's time and half of the serving Router's CPU per query. Only the transformer's forward pass
-moves: tokenisation, length sorting, pooling and normalisation stay sentence-transformers' own, so any
-pooling a model folder declares keeps working and the vectors (hence the indexes) do not change.
-
-The graph is exported from the loaded model with torch's exporter once per model folder and cached
-under ~/.cache/qrag/onnx/ (`QRAG_ONNX_CACHE`); it is written to a temporary file and renamed, so
-processes exporting at the same time never read half a file. A probe sentence is encoded both ways
-before the ONNX path is used; a model whose export disagrees stays on torch.
+"""ONNX Runtime for the transformer inside a sentence-transformers model, on CPU, where it runs the forward
+pass faster than torch with the same vectors (docs/BENCHMARKS.md). Only the forward pass moves (tokenising,
+pooling, normalising stay sentence-transformers'), so the indexes do not change. The graph is exported once
+per model into ~/.cache/qrag/onnx/ (`QRAG_ONNX_CACHE`), through a temporary file renamed into place; a probe
+is encoded both ways first, and a model whose export disagrees stays on torch.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import os
 import uuid
 import warnings
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,43 +29,18 @@ class OnnxUnavailable(RuntimeError):
     """Why this model cannot run on ONNX Runtime here (the caller decides: fall back or fail)."""
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("QRAG_ONNX_CACHE") or Path.home() / ".cache" / "qrag" / "onnx")
-
-
-def _transformer(st) -> tuple[object, str] | None:
-    """(the model's first module, the attribute holding its Hugging Face encoder), or None when the first
-    module is not a transformer encoder."""
-    try:
-        first = st[0]
-    except Exception:
-        return None
-    attr = "model" if getattr(first, "model", None) is not None else "auto_model"
-    model = getattr(first, attr, None)
-    if model is None or not hasattr(model, "config") or getattr(st, "tokenizer", None) is None:
-        return None
-    return first, attr
-
-
 def _graph_key(src, names: list[str]) -> str:
     """Which exported graph fits this model: its weights' folder, sizes and times, and the exporter."""
     import onnxruntime
     import torch
 
     parts = [torch.__version__, onnxruntime.__version__, str(_OPSET), ",".join(names)]
-    name_or_path = str(getattr(src.config, "_name_or_path", "") or "")
-    folder = Path(name_or_path)
-    if folder.is_dir():
-        for f in sorted(folder.glob("*")):
-            if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):
-                s = f.stat()
-                parts.append(f"{f.resolve()}:{s.st_size}:{int(s.st_mtime)}")
-    else:  # no folder to fingerprint: the weights themselves
-        h = hashlib.sha256()
-        for k, v in sorted(src.state_dict().items()):
-            h.update(k.encode())
-            h.update(v.detach().cpu().numpy().tobytes())
-        parts.append(h.hexdigest())
+    folder = Path(str(getattr(src.config, "_name_or_path", "") or ""))
+    if not folder.is_dir():  # models load from local folders (qrag_ray.models.registry)
+        raise OnnxUnavailable(f"no model folder to key the exported graph by ({folder})")
+    for f in sorted(folder.glob("*")):
+        if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):
+            parts.append(f"{f.resolve()}:{f.stat().st_size}:{int(f.stat().st_mtime)}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -89,8 +59,7 @@ def _export(model, names: list[str], path: Path) -> None:
     dummy = {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp")
-    axes = {n: {0: "batch", 1: "tokens"} for n in names}
-    axes["last_hidden_state"] = {0: "batch", 1: "tokens"}
+    axes = {n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -118,12 +87,9 @@ class _OrtModel:
         import torch
         from transformers.modeling_outputs import BaseModelOutput
 
-        feeds = {}
-        for n in self.names:
-            v = kw.get(n)
-            if v is None and n == "token_type_ids":
-                v = torch.zeros_like(kw["input_ids"])
-            feeds[n] = v.detach().cpu().numpy().astype(np.int64, copy=False)
+        if "token_type_ids" in self.names and kw.get("token_type_ids") is None:
+            kw["token_type_ids"] = torch.zeros_like(kw["input_ids"])
+        feeds = {n: kw[n].detach().cpu().numpy().astype(np.int64, copy=False) for n in self.names}
         out = self.session.run(None, feeds)[0]
         return BaseModelOutput(last_hidden_state=torch.from_numpy(out))
 
@@ -137,20 +103,19 @@ def use_onnx(st, threads: int | None = None) -> None:
         import torch
     except ImportError as e:
         raise OnnxUnavailable(f"onnxruntime is not installed ({e}); pip install 'qrag-ray[cpu]'") from None
-    found = _transformer(st)
-    if found is None:
+    first = st[0]  # the Hugging Face encoder is its `model` (or, in older releases, `auto_model`)
+    attr = "model" if getattr(first, "model", None) is not None else "auto_model"
+    torch_model = getattr(first, attr, None)
+    if torch_model is None or not hasattr(torch_model, "config") or getattr(st, "tokenizer", None) is None:
         raise OnnxUnavailable("the model's first module is not a transformer encoder")
     if str(getattr(st, "device", "cpu")) != "cpu":
         raise OnnxUnavailable("the ONNX backend runs on CPU only")
-    first, attr = found
-    torch_model = getattr(first, attr)
-    import inspect
-
     params = set(inspect.signature(torch_model.forward).parameters)
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in params]
     if names[:2] != ["input_ids", "attention_mask"]:
         raise OnnxUnavailable(f"unexpected model inputs {sorted(params)[:8]}")
-    path = cache_dir() / f"{type(torch_model).__name__}-{_graph_key(torch_model, names)}.onnx"
+    cache = Path(os.environ.get("QRAG_ONNX_CACHE") or Path.home() / ".cache" / "qrag" / "onnx")
+    path = cache / f"{type(torch_model).__name__}-{_graph_key(torch_model, names)}.onnx"
     if not path.is_file():
         try:
             import onnx  # noqa: F401  (torch's exporter needs it)
@@ -168,33 +133,22 @@ def use_onnx(st, threads: int | None = None) -> None:
         session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     except Exception as e:
         raise OnnxUnavailable(f"ONNX Runtime cannot load {path}: {e}") from None
-    want = st.encode(_PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-    _swap(first, attr, _OrtModel(session, names, torch_model))
+    probe = partial(st.encode, _PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    want = probe()
+    # the torch model stays registered under another name, so `st.device` still finds its parameters; an
+    # instance attribute is found before nn.Module's submodule lookup, so a plain callable stands in for it
+    first._modules["_qrag_torch_model"] = first._modules.pop(attr)
+    object.__setattr__(first, attr, _OrtModel(session, names, torch_model))
     try:
-        got = st.encode(_PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-        diff = float(np.abs(np.asarray(want) - np.asarray(got)).max())
+        diff = float(np.abs(np.asarray(want) - np.asarray(probe())).max())
+        why = None if diff <= _MAX_PROBE_DIFF else f"ONNX vectors differ from torch's by {diff:.2e} on a probe sentence"
     except Exception as e:
-        _unswap(first, attr, torch_model)
-        raise OnnxUnavailable(f"ONNX Runtime failed on a probe sentence: {type(e).__name__}: {e}") from None
-    if not diff <= _MAX_PROBE_DIFF:
-        _unswap(first, attr, torch_model)
-        raise OnnxUnavailable(f"ONNX vectors differ from torch's by {diff:.2e} on a probe sentence")
+        why = f"ONNX Runtime failed on a probe sentence: {type(e).__name__}: {e}"
+    if why:
+        object.__delattr__(first, attr)
+        first._modules[attr] = first._modules.pop("_qrag_torch_model")
+        raise OnnxUnavailable(why)
     st._qrag_backend = "onnx"
-
-
-def _swap(module, attr: str, ort_model: _OrtModel) -> None:
-    """Calls of `module.<attr>` go to ONNX Runtime. The torch model stays registered under another name,
-    so the parameters (and with them `st.device`) are still there; an instance attribute is found before
-    nn.Module's submodule lookup, which is why a plain callable can stand in."""
-    mods = module._modules
-    mods["_qrag_torch_model"] = mods.pop(attr)
-    object.__setattr__(module, attr, ort_model)
-
-
-def _unswap(module, attr: str, torch_model) -> None:
-    object.__delattr__(module, attr)
-    module._modules.pop("_qrag_torch_model", None)
-    module._modules[attr] = torch_model
 
 
 def backend_of(st) -> str:

@@ -1,15 +1,11 @@
-"""Named, versioned index presets: what `--representation NAME` means.
-
-A preset fixes the vector kinds, the question granularity (None: no LLM), and the query-time fusion
-that goes with them. Fusion biases are score offsets measured with one embedder (question-question
-cosines run higher than question-statement ones), so a preset names the embedder it was calibrated
-for; `calibration_note` says when an index uses another. A preset that changes meaning gets a new
-`version`, and `qrag presets` lists them with what each is for. Pure data, no Ray; config.with_preset
-applies one to a config, filling only the fields the config leaves unset.
+"""Named, versioned index presets: what `--representation NAME` means (`qrag presets` lists them). A preset
+fixes the vector kinds, the question granularity (None: no LLM) and the query-time fusion that goes with
+them, whose biases are score offsets measured with the embedder it names. A changed meaning is a new `version`.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,21 +35,16 @@ class Preset:
 
     def as_config(self) -> dict[str, Any]:
         """The preset as the config values it gives (what config.REPRESENTATIONS holds)."""
-        out: dict[str, Any] = {"kinds": list(self.kinds), "granularity": self.granularity}
-        if self.title_prefix is not None:
-            out["title_prefix"] = self.title_prefix
-        if self.bm25:
-            out["bm25"] = dict(self.bm25)
-        if self.search:
-            out["search"] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.search.items()}
-        return out
+        given = {"title_prefix": self.title_prefix, "bm25": dict(self.bm25), "search": copy.deepcopy(self.search)}
+        return {"kinds": list(self.kinds), "granularity": self.granularity} | {
+            k: v for k, v in given.items() if v is not None and v != {}}
 
 
 _ATOM_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"question": -0.2, "quote": -0.05},
                 "groups": {"atom": ["sentence", "question", "quote"]}}
 
-# Sum fusion of the chunk at half weight and its best sentence or two-sentence window, with BM25: the suite's
-# `csw+bm25@0.67` configuration (eval/suite.yaml), which tests/test_presets.py holds equal to it
+# the chunk at half weight summed with its best sentence or two-sentence window, with BM25: the suite's
+# `csw+bm25@0.67` (eval/suite.yaml; tests/test_presets.py holds them equal)
 _CSW_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"window": -0.02},
                "groups": {"atom": ["sentence", "window"]}, "bm25_alpha": 0.67}
 
@@ -70,21 +61,20 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            source="Raina & Gales (2024)"),
     Preset("hybrid", 1, "chunk + its generated questions, the best vector counts (the demo's preset)",
            ("chunk", "question"), "chunk"),
-    Preset("atom-hybrid", 2, "chunk at half weight + one atom slot (sentence, question or quote) with "
-           "calibrated question offsets; the best dense preset with a small offline LLM",
-           ("chunk", "sentence", "question", "quote"), "atom", search=_ATOM_SEARCH, calibrated_for=MINILM,
-           source="docs/EVALUATION.md §4.6"),
-    Preset("atom-hybrid-bm25", 2, "atom-hybrid + BM25 over the chunk and its questions (alpha 0.67); the best "
-           "on SQuAD-style questions, which share the passage's words",
-           ("chunk", "sentence", "question", "quote"), "atom", search={**_ATOM_SEARCH, "bm25_alpha": 0.67},
-           bm25={"enabled": True}, calibrated_for=MINILM, source="docs/EVALUATION.md §4.8"),
+    Preset("atom-hybrid", 2, "chunk at half weight + one atom slot (sentence, question or quote) with calibrated "
+           "question offsets; the best dense preset with a small offline LLM", ("chunk", "sentence", "question",
+           "quote"), "atom", search=_ATOM_SEARCH, calibrated_for=MINILM, source="docs/EVALUATION.md §4.6"),
+    Preset("atom-hybrid-bm25", 2, "atom-hybrid + BM25 over the chunk and its questions (alpha 0.67); the best on "
+           "SQuAD-style questions, which share the passage's words", ("chunk", "sentence", "question", "quote"), "atom",
+           search={**_ATOM_SEARCH, "bm25_alpha": 0.67}, bm25={"enabled": True}, calibrated_for=MINILM,
+           source="docs/EVALUATION.md §4.8"),
     Preset("sentence-window-bm25", 1, "the default without the title prefix (for corpora whose titles are ids, "
            "not words): chunk at half weight + its best sentence or two-sentence window + stemmed BM25",
            ("chunk", "sentence", "window"), None, search=_CSW_SEARCH, bm25={"enabled": True}, calibrated_for=MINILM,
            source="docs/EVALUATION.md (the suite's csw+bm25@0.67)"),
     Preset("chunk-bm25", 1, "one vector per chunk: title-prefixed chunk + stemmed BM25 (alpha 0.67); no LLM; "
-           "a fraction of the default's vectors for a little less on the suite's mean (default@1)",
-           ("chunk",), None, search={"bm25_alpha": 0.67}, bm25={"enabled": True}, title_prefix=True,
+           "a fraction of the default's vectors for a little less on the suite's mean (default@1)", ("chunk",), None,
+           search={"bm25_alpha": 0.67}, bm25={"enabled": True}, title_prefix=True,
            source="docs/EVALUATION.md (the suite)"),
     Preset("default", 2, "the shipped default, the best mean of the suite: title-prefixed chunk at half weight + "
            "its best sentence or two-sentence window + stemmed BM25 (alpha 0.67); no LLM; a vector per chunk, "
@@ -98,10 +88,8 @@ def calibration_note(preset_name: str, embedder: str) -> str | None:
     p = PRESETS.get(preset_name)
     if p is None or p.calibrated_for is None:
         return None
-    def norm(s: str) -> str:
-        return s.lower().replace("_", "-")
-
-    if norm(p.calibrated_for) in norm(embedder):  # a registry name, a hub id or a local folder of it
+    calibrated, used = (s.lower().replace("_", "-") for s in (p.calibrated_for, embedder))
+    if calibrated in used:  # a registry name, a hub id or a local folder of it
         return None
     return (f"preset {p.id} has fusion offsets calibrated for {p.calibrated_for}, not {embedder}: "
             "re-measure them (eval/analysis/fusion_grid.py) and set search.kind_bias / kind_weights")

@@ -1,17 +1,8 @@
 """One progress display for long work: a row per pipeline stage, under it a row per running Ray Data
-operator with its rows done, total, rate and ETA.
-
-Ray Data's own bars are one tqdm bar per operator per dataset execution, printed as log lines when
-stderr is not a terminal, and they know nothing of our stages; so they stay off and a Ray Data
-`ExecutionCallback` (registered once in the DataContext, `progress_ray.attach_ray_data`) reads the running
-operators' counters on the driver and feeds this display instead. Generation (the vLLM processor's
-stages) and embedding run as Ray Data operators, so each gets its rows, rate and ETA without the
-pipeline counting anything; the embedding sink emits one row per vector it has done for that reason.
-
-On a terminal the display is a rich live view that clears itself when a stage ends, leaving one
-"✓ stage (time)" line. When stderr is not a terminal (CI, a log file) nothing is printed while a
-stage runs except a status line every `QRAG_PROGRESS_INTERVAL` seconds (default 30), so a failing
-command whose error comes early prints only its error line.
+operator (rows done, total, rate, ETA), fed by qrag_ray.progress_ray; Ray Data's own bars, which know
+nothing of our stages, stay off. On a terminal it is a rich live view that leaves one "✓ stage (time)"
+line per stage. Off a terminal it prints only a status line every `QRAG_PROGRESS_INTERVAL` seconds
+(default 30), so a command that fails early prints only its error.
 """
 
 from __future__ import annotations
@@ -29,23 +20,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.text import Text
 
-UPDATE_EVERY_S = 0.25  # how often the callback reads the operators' counters
-
-
-def interval_s() -> float:
-    try:
-        return float(os.environ.get("QRAG_PROGRESS_INTERVAL", "30"))
-    except ValueError:
-        return 30.0
-
-
-# ---------------------------------------------------------------- pure helpers
-
 _WRAPPER = re.compile(r"\b(?:MapBatches|Map|FlatMap|Filter|MapRows)\((.*?)\)")
 
-
-# operators named for what they do: the build's embedding sink (qrag_ray.index.udfs.EmbedSink, whose
-# output rows are the vectors it has done) and the vLLM processor's engine
+# operators named for what they do (the embedding sink's output rows are the vectors it has done)
 _NAMED_OPS = {"EmbedSink": "embed", "Tokenize": "tokenize", "vLLMEngineStage": "LLM generation (vLLM)"}
 
 
@@ -55,10 +32,8 @@ def op_label(name: str) -> str:
     for key, label in _NAMED_OPS.items():
         if key in name:
             return label
-    s = re.sub(r"->SplitBlocks\(\d+\)", "", name)
-    s = _WRAPPER.sub(lambda m: m.group(1), s)
-    s = s.replace("->", " → ").replace("<lambda>", "λ")
-    s = re.sub(r"\b_+(?=\w)", "", s)
+    s = _WRAPPER.sub(lambda m: m.group(1), re.sub(r"->SplitBlocks\(\d+\)", "", name))
+    s = re.sub(r"\b_+(?=\w)", "", s.replace("->", " → ").replace("<lambda>", "λ"))
     return s if len(s) <= 48 else s[:47] + "…"
 
 
@@ -67,43 +42,29 @@ def rate_and_eta(done: int, total: int | None, elapsed_s: float) -> tuple[float 
     if elapsed_s <= 0 or done <= 0:
         return None, None
     rate = done / elapsed_s
-    if total is None or total < done:
-        return rate, None
-    return rate, (total - done) / rate
-
-
-# The operators that do a stage's real work: when an execution has one, the display shows only it
-# (the vLLM processor alone has eight operators: tokenizers, templates, projections, the write).
-MAIN_OPS = tuple(_NAMED_OPS.values())
+    return rate, ((total - done) / rate if total is not None and total >= done else None)
 
 
 def shown_ops(labels: list[str]) -> list[int]:
-    """Positions of the operators worth a row: the main ones if any, else all."""
-    main = [i for i, lb in enumerate(labels) if lb in MAIN_OPS]
-    return main or list(range(len(labels)))
+    """Positions of the operators worth a row: the named ones, which do a stage's real work, if any (the
+    vLLM processor alone has eight operators: tokenizers, templates, projections, the write), else all."""
+    return [i for i, lb in enumerate(labels) if lb in _NAMED_OPS.values()] or list(range(len(labels)))
 
 
 def status_line(stage: str, ops: list[tuple[str, int, int | None, float]]) -> str:
-    """One plain line for logs: 'embed: embed 1200/3400 rows, 85.0/s, ETA 26s' (ops: label, done,
-    total, seconds since the operator started)."""
+    """One plain line for logs from (label, done, total, seconds since the operator started) per operator."""
     parts = []
     for label, done, total, el in ops:
         rate, eta = rate_and_eta(done, total, el)
-        p = f"{label} {done}/{total if total is not None else '?'} rows"
-        if rate is not None:
-            p += f", {rate:.1f}/s"
-        if eta is not None:
-            p += f", ETA {_fmt_s(eta)}"
-        parts.append(p)
+        parts.append(f"{label} {done}/{total if total is not None else '?'} rows"
+                     + (f", {rate:.1f}/s" if rate is not None else "")
+                     + (f", ETA {_fmt_s(eta)}" if eta is not None else ""))
     return f"… {stage}: " + ("; ".join(parts) if parts else "running")
 
 
 def _fmt_s(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-# ---------------------------------------------------------------- the display
 
 
 class _RateColumn(ProgressColumn):
@@ -123,116 +84,82 @@ def _ops_only(column: type[ProgressColumn]) -> type[ProgressColumn]:
 
 class _EtaColumn(TimeRemainingColumn):
     def render(self, task) -> Text:
-        if task.fields.get("stage") or task.total is None:
-            return Text("")
-        t = super().render(task)
-        return Text("ETA ") + t
-
-
-@dataclass
-class _Op:
-    task: TaskID | None
-    label: str
-    t0: float
-    done: int = 0
-    total: int | None = None
+        return Text("") if task.fields.get("stage") or task.total is None else Text("ETA ") + super().render(task)
 
 
 @dataclass
 class _Stage:
     name: str
-    t0: float
-    task: TaskID | None = None
-    ops: dict = field(default_factory=dict)  # (execution id, op index) -> _Op
+    task: TaskID
+    t0: float = field(default_factory=time.perf_counter)
+    ops: dict = field(default_factory=dict)  # (execution id, op position) -> the operator's task
 
 
 class Display:
-    """The display bound to one console (stderr). Stages nest in order; operators live under the
-    innermost open stage. Thread-safe: Ray Data's executor thread reports operators."""
+    """The display bound to one console (stderr); operators live under the innermost open stage. Off a
+    terminal the rich Progress is disabled but still holds the rows the status line reads."""
 
     def __init__(self, console: Console):
         self.console = console
         self.live = console.is_terminal and not os.environ.get("QRAG_NO_PROGRESS")
         self.progress = Progress(
-            TextColumn("{task.description}"), _ops_only(BarColumn)(bar_width=28),
-            _ops_only(MofNCompleteColumn)(), _ops_only(_RateColumn)(), TimeElapsedColumn(), _EtaColumn(),
-            console=console, transient=True,
-            disable=not self.live, refresh_per_second=4)
+            TextColumn("{task.description}"), _ops_only(BarColumn)(bar_width=28), _ops_only(MofNCompleteColumn)(),
+            _ops_only(_RateColumn)(), TimeElapsedColumn(), _EtaColumn(),
+            console=console, transient=True, disable=not self.live, refresh_per_second=4)
         self.stages: list[_Stage] = []
         self.lock = threading.RLock()
         self.last_line = time.monotonic()
+        try:  # seconds between status lines off a terminal
+            self.interval = float(os.environ.get("QRAG_PROGRESS_INTERVAL", "30"))
+        except ValueError:
+            self.interval = 30.0
 
-    # stages
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[_Stage]:
         with self.lock:
-            st = _Stage(name, time.perf_counter())
-            if self.live:
-                if not self.stages:
-                    self.progress.start()
-                st.task = self.progress.add_task(f"[bold cyan]▶ {name}[/]", total=None, stage=True)
+            if not self.stages:
+                self.progress.start()
+            st = _Stage(name, self.progress.add_task(f"[bold cyan]▶ {name}[/]", total=None, stage=True))
             self.stages.append(st)
             self.last_line = time.monotonic()
-        ok = False
         try:
             yield st
-            ok = True
         finally:
             with self.lock:
-                self._close_ops(st, list(st.ops))
-                if st.task is not None:
-                    self.progress.remove_task(st.task)
+                for task in [st.task, *st.ops.values()]:
+                    self.progress.remove_task(task)
                 self.stages.remove(st)
-                if self.live and not self.stages:
+                if not self.stages:
                     self.progress.stop()
-            if ok:
-                self.console.print(f"  [green]✓[/] {name} ({time.perf_counter() - st.t0:.1f}s)", highlight=False)
+        # reached only when the stage succeeded: a failed stage leaves its error line alone
+        self.console.print(f"  [green]✓[/] {name} ({time.perf_counter() - st.t0:.1f}s)", highlight=False)
 
-    # operators (called from Ray Data's executor thread)
     def report(self, execution: str, ops: list[tuple[int, str, int, int | None]], finished: bool = False) -> None:
-        """ops: (position, operator name, rows done, estimated total rows or None)."""
+        """From Ray Data's executor thread; ops: (position, operator name, rows done, estimated total or None)."""
         with self.lock:
             if not self.stages:
                 return
-            st = self.stages[-1]
-            now = time.perf_counter()
-            ops = [ops[i] for i in shown_ops([op_label(o[1]) for o in ops])]
-            for pos, name, done, total in ops:
-                key = (execution, pos)
-                op = st.ops.get(key)
-                if op is None:
+            st, labels = self.stages[-1], [op_label(o[1]) for o in ops]
+            for i in shown_ops(labels):
+                pos, _, done, total = ops[i]
+                if (execution, pos) not in st.ops:
                     if finished:
                         continue
-                    label = op_label(name)
-                    task = self.progress.add_task(f"   {label}", total=total) if self.live else None
-                    op = st.ops[key] = _Op(task, label, now)
-                op.done, op.total = done, (total if total is None or total >= done else done)
-                if op.task is not None:
-                    self.progress.update(op.task, completed=done, total=op.total)
+                    st.ops[execution, pos] = self.progress.add_task(f"   {labels[i]}", total=total, label=labels[i])
+                total = total if total is None or total >= done else done
+                self.progress.update(st.ops[execution, pos], completed=done, total=total)
             if finished:
-                self._close_ops(st, [k for k in st.ops if k[0] == execution])
-            elif not self.live and time.monotonic() - self.last_line >= interval_s():
+                for key in [k for k in st.ops if k[0] == execution]:
+                    self.progress.remove_task(st.ops.pop(key))
+            elif not self.live and time.monotonic() - self.last_line >= self.interval:
                 self.last_line = time.monotonic()
-                self.console.print(status_line(st.name, [(o.label, o.done, o.total, now - o.t0)
-                                                         for o in st.ops.values()]), highlight=False,
-                                   soft_wrap=True)
-
-    def _close_ops(self, st: _Stage, keys: list) -> None:
-        for k in keys:
-            op = st.ops.pop(k, None)
-            if op is not None and op.task is not None:
-                self.progress.remove_task(op.task)
+                rows = [(t.fields["label"], int(t.completed), t.total, t.elapsed or 0.0)
+                        for t in self.progress.tasks if t.id in st.ops.values()]
+                self.console.print(status_line(st.name, rows), highlight=False, soft_wrap=True)
 
 
-_displays: dict[int, Display] = {}
+_displays: dict[Console, Display] = {}
 _current: Display | None = None
-
-
-def display_for(console: Console) -> Display:
-    d = _displays.get(id(console))
-    if d is None or d.console is not console:
-        d = _displays[id(console)] = Display(console)
-    return d
 
 
 @contextlib.contextmanager
@@ -243,7 +170,7 @@ def stage(console: Console | None, name: str) -> Iterator[None]:
     if console is None:
         yield
         return
-    d = display_for(console)
+    d = _displays.get(console) or _displays.setdefault(console, Display(console))
     prev, _current = _current, d
     try:
         with d.stage(name):

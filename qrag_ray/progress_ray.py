@@ -1,9 +1,6 @@
-"""The Ray Data side of the progress display (qrag_ray.progress): an ExecutionCallback that reads the
-running operators' row counters on the driver and reports them to the current stage's display.
-
-A module of its own, importable by name: the DataContext that lists this class travels to Ray
-workers, and a class defined inside a function would be pickled by value with the display in it.
-"""
+"""The Ray Data side of the progress display: an ExecutionCallback reading the running operators' row
+counters on the driver. A module of its own, importable by name: the DataContext listing this class
+travels to Ray workers, and a class defined in a function would be pickled by value with the display."""
 
 from __future__ import annotations
 
@@ -17,43 +14,31 @@ from qrag_ray import progress
 
 
 def operator_counts(topology) -> list[tuple[int, str, int, int | None]]:
-    """(position, name, rows its tasks have output so far, estimated total rows or None) per operator of a
-    streaming topology, its input buffers left out."""
-    out = []
-    for pos, op in enumerate(topology or {}):
-        if isinstance(op, InputDataBuffer):
-            continue
-        try:
-            out.append((pos, op.name, int(op.metrics.rows_task_outputs_generated or 0), op.num_output_rows_total()))
-        except Exception:  # noqa: BLE001 - a counter a Ray version renamed: show the others
-            continue
-    return out
+    """(position, name, rows output so far, estimated total or None) per operator but the input buffers."""
+    return [(pos, op.name, int(op.metrics.rows_task_outputs_generated or 0), op.num_output_rows_total())
+            for pos, op in enumerate(topology or {}) if not isinstance(op, InputDataBuffer)]
 
 
 class RayDataProgress(ExecutionCallback):
     """One per dataset execution (Ray Data instantiates the classes listed in the DataContext)."""
 
-    def __init__(self):
-        self.last = 0.0
+    every_s, last = 0.25, 0.0  # how often the counters are read; when they were last
 
     def _send(self, executor, finished: bool = False) -> None:
-        d = progress.current()
-        if d is None:
-            return
-        ops = operator_counts(getattr(executor, "_topology", None))
-        d.report(str(getattr(executor, "_dataset_id", id(executor))), ops, finished)
+        if (d := progress.current()) is not None:
+            ops = operator_counts(getattr(executor, "_topology", None))
+            d.report(str(getattr(executor, "_dataset_id", id(executor))), ops, finished)
 
     def on_execution_step(self, executor) -> None:
         now = time.monotonic()
-        if now - self.last >= progress.UPDATE_EVERY_S:
+        if now - self.last >= self.every_s:
             self.last = now
             self._send(executor)
 
-    def after_execution_succeeds(self, executor) -> None:
+    def after_execution_fails(self, executor, error: Exception | None = None) -> None:
         self._send(executor, finished=True)
 
-    def after_execution_fails(self, executor, error) -> None:
-        self._send(executor, finished=True)
+    after_execution_succeeds = after_execution_fails
 
 
 def attach_ray_data(ctx) -> None:

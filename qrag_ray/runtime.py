@@ -1,26 +1,19 @@
-"""Starting or joining Ray, once, the same way for every entry point (`qrag index`, `qrag eval`, the vLLM
-backend run on its own, tests): Ray Data's error and progress settings, quiet logs at the default
-verbosity, and an in-process Ray with more logical CPUs than cores (the vLLM-CPU engine, the tokenizer
-stages and the embedder each hold a CPU slot; with 2 slots the engine would never schedule, see
-qrag_ray/generation/backends/vllm.py), and Ray's token authentication on by default, for a local Ray and
-for a cluster joined by address (docs/CLUSTER.md, "Who can reach what")."""
+"""Starting or joining Ray the same way for every entry point: Ray Data's error and progress settings, quiet
+logs at the default verbosity, and Ray's token authentication on by default, for a local Ray and for a
+cluster joined by address (docs/CLUSTER.md, "Who can reach what")."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from qrag_ray.errors import QragError
+from qrag_ray.errors import QragError, exception_chain
 
 
 def client_auth_mode() -> str:
-    """Ray token authentication for this process and the Ray processes it starts, unless the caller set
-    RAY_AUTH_MODE: an unauthenticated Ray lets anyone who reaches its dashboard or GCS run code.
-
-    A new local Ray then makes its token itself (~/.ray/auth_token); joining a cluster reads Ray's
-    token sources: RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token. Ray caches the
-    mode in its config, which is refreshed here while no Ray runs in this process.
-    """
+    """Ray token authentication for this process and the Ray it starts or joins, unless the caller set
+    RAY_AUTH_MODE: an unauthenticated Ray lets anyone who reaches its dashboard or GCS run code. Ray caches
+    the mode in its config, refreshed here while no Ray runs in this process."""
     if "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = "token"
         ray = sys.modules.get("ray")
@@ -41,12 +34,7 @@ def auth_refused_message(address: str, mode: str) -> str:
 
 
 def join_ray(address: str, **kwargs) -> None:
-    """ray.init onto a running cluster in token mode; a refused token becomes one line saying what to set.
-
-    Ray raises its AuthenticationError itself when no token is found here; when the cluster rejects
-    the token this client sent (or sent none), ray.init raises a ConnectionError whose cause is a
-    RuntimeError carrying the GCS's InvalidAuthToken status as text.
-    """
+    """ray.init onto a running cluster in token mode; a refused token becomes one line saying what to set."""
     import ray
 
     mode = client_auth_mode()
@@ -59,67 +47,48 @@ def join_ray(address: str, **kwargs) -> None:
 
 
 def refused_for_auth(exc: BaseException) -> bool:
-    """Pure: whether Ray's exception (or one in its cause chain) is an authentication failure."""
+    """Pure: whether Ray's exception (or one in its cause chain) is an authentication failure: Ray raises
+    AuthenticationError when no token is found here; a token the cluster rejects comes back as a
+    ConnectionError caused by a RuntimeError carrying the GCS's InvalidAuthToken status as text."""
     from ray.exceptions import AuthenticationError
 
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, AuthenticationError) or "InvalidAuthToken" in str(cause):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
+    return any(isinstance(e, AuthenticationError) or "InvalidAuthToken" in str(e) for e in exception_chain(exc))
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool | None = None) -> None:
-    """Join a cluster when an address is given, else start Ray in-process.
-
-    In-process Ray gets more logical CPUs than cores: the vLLM-CPU engine, the tokenizer stages and the
-    embedder each hold a CPU slot, and with 2 slots the engine would never schedule (see
-    qrag_ray/generation/backends/vllm.py).
-    """
+    """Join a cluster when an address is given, else start Ray in-process with more logical CPUs than
+    cores: the vLLM-CPU engine, the tokenizer stages and the embedder each hold a CPU slot, and with 2
+    slots the engine would never schedule."""
     import ray
     import ray.data
 
+    from qrag_ray import logs
+    from qrag_ray.progress_ray import attach_ray_data
+
     ctx = ray.data.DataContext.get_current()
     # A QragError raised in a map UDF (bad record, line N) must reach the CLI as itself: Ray Data's
-    # default UserCodeException wrapper loses the cause on the way back, which would turn one clear
-    # line into a traceback.
+    # default UserCodeException wrapper loses the cause, which would turn one clear line into a traceback.
     ctx.raise_original_map_exception = True
-    from qrag_ray import logs
-
     quiet = logs.verbosity() == 0 if quiet is None else quiet
     logs.quiet_ray_data()
-    try:  # our stage display reads Ray Data's operators; its own bars stay off
-        from qrag_ray.progress_ray import attach_ray_data
-
-        attach_ray_data(ctx)
-    except ImportError:  # a Ray without execution callbacks: no operator rows, stages still show
-        ctx.enable_progress_bars = os.environ.get("QRAG_PROGRESS") == "1"
-        ctx.print_on_execution_start = False
+    attach_ray_data(ctx)  # our stage display reads Ray Data's operators; its own bars stay off
     if ray.is_initialized():
         return
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
     kwargs = dict(runtime_env=env, logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet)
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address:
-        join_ray(address, **kwargs)
-    else:
-        client_auth_mode()
-        # address="local": a new in-process Ray, never one that `ray start` happened to leave in
-        # /tmp/ray on this machine (ray.init(None) would join it and then reject num_cpus).
-        for attempt in range(3):
-            try:
-                ray.init(address="local", num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 2)),
-                         include_dashboard=False, **kwargs)
-                break
-            except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
-                # Ray gives a new raylet a fixed 30 s to register; on a 2-core laptop already busy
-                # (an LLM engine, another Ray) that is not always enough, and a retry usually is.
-                if "timed out during startup" not in str(e) or attempt == 2:
-                    raise
-                ray.shutdown()
-
-
-# ---------------------------------------------------------------- pure row builders
+    if address := address or os.environ.get("RAY_ADDRESS"):
+        return join_ray(address, **kwargs)
+    client_auth_mode()
+    # address="local": a new in-process Ray, never one that `ray start` happened to leave in
+    # /tmp/ray on this machine (ray.init(None) would join it and then reject num_cpus).
+    for attempt in range(3):
+        try:
+            ray.init(address="local", num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 2)),
+                     include_dashboard=False, **kwargs)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            # Ray gives a new raylet a fixed 30 s to register; on a busy 2-core machine that is not
+            # always enough, and a retry usually is.
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise
+            ray.shutdown()

@@ -1,33 +1,28 @@
 """The search policy (SearchConfig): the query-time fusion of a chunk's vector scores and the dense +
-BM25 hybrid weight. The representation's preset owns it, the manifest records it, a query may
-override its hybrid weight, and changing it needs no re-index: IndexConfig holds it as its `search`
-section, whose role keeps it out of the index identity.
-"""
+BM25 hybrid weight. The representation's preset owns it, a query may override its hybrid weight, and
+changing it needs no re-index: its role keeps IndexConfig's `search` section out of the index identity."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from qrag_ray.config_roles import Strict, field_roles, fields_with_role
+from qrag_ray.config_roles import Strict, field_roles, role_of
 from qrag_ray.errors import QragError
 
-# Vector kinds a representation may combine. Each row of a shard is one of these.
+# the vector kinds a representation may combine; each row of a shard is one of these
 VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window", "title")
 
 
-# The research knobs (role "preset"): the representation's preset sets them, calibrated for its
-# embedder. A user's config file sets them only inside `search.experimental:`, so that a file which
-# changes the fusion says so; `bm25_alpha` is the one user-level search setting.
+# The research knobs (role "preset") are the preset's, calibrated for its embedder: a user's config file
+# sets them only inside `search.experimental:`, so that it says so; `bm25_alpha` is the user's setting.
 @field_roles(preset=("fusion", "kind_weights", "rrf_k", "kind_bias", "groups", "bm25_norm"))
 class SearchConfig(Strict):
     """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge).
-
-    Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically; changing it
-    needs no re-index (eval reuses the vectors). Stored flat (manifests, presets); read also with the
-    research knobs under `experimental:`, the form user config files must use (`build_index_config`)."""
+    Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically. Stored flat;
+    read also with the research knobs under `experimental:`, the form user config files must use."""
 
     @model_validator(mode="before")
     @classmethod
@@ -38,11 +33,9 @@ class SearchConfig(Strict):
         exp = data.pop("experimental") or {}
         if not isinstance(exp, Mapping):
             raise ValueError("search.experimental must be a mapping of research knobs")
-        unknown = sorted(set(exp) - set(EXPERIMENTAL_SEARCH))
-        if unknown:
+        if unknown := sorted(set(exp) - set(EXPERIMENTAL_SEARCH)):
             raise ValueError(f"unknown experimental search knob(s) {unknown} (known: {', '.join(EXPERIMENTAL_SEARCH)})")
-        twice = sorted(set(exp) & set(data))
-        if twice:
+        if twice := sorted(set(exp) & set(data)):
             raise ValueError(f"{twice} given both in search and in search.experimental")
         return data | dict(exp)
 
@@ -52,25 +45,18 @@ class SearchConfig(Strict):
     kind_bias: dict[str, float] = Field(default_factory=dict, description="added to a vector's (weighted) score per kind")
     groups: dict[str, list[str]] = Field(
         default_factory=dict, description="kinds fused as one: the best calibrated vector of the group counts once")
-    # Dense + BM25 hybrid: chunk score = alpha * dense + (1 - alpha) * BM25 / the query's best BM25
-    # score. Needs an index built with bm25.enabled. None = dense only.
+    # chunk score = alpha * dense + (1 - alpha) * BM25 / the query's best BM25 score; None = dense only
     bm25_alpha: float | None = Field(None, ge=0.0, le=1.0, description="weight of the dense score in a dense+BM25 hybrid")
     bm25_norm: Literal["max", "minmax", "zscore"] = Field(
         "max", description="per-query scale of both lists before the alpha mix (qrag_ray.search.merge.normalise)")
 
-    @field_validator("kind_weights")
+    @field_validator("kind_weights", "kind_bias")
     @classmethod
-    def _known_kinds(cls, v: dict[str, float]) -> dict[str, float]:
-        _check_kinds(v, "kind_weights")
-        if any(w <= 0 for w in v.values()):
+    def _known_kinds(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        _check_kinds(v, info.field_name)
+        if info.field_name == "kind_weights" and any(w <= 0 for w in v.values()):
             raise ValueError("kind_weights must be positive")
-        return v
-
-    @field_validator("kind_bias")
-    @classmethod
-    def _bias_kinds(cls, v: dict[str, float]) -> dict[str, float]:
-        _check_kinds(v, "kind_bias")
-        if any(not -2.0 <= b <= 2.0 for b in v.values()):
+        if info.field_name == "kind_bias" and any(not -2.0 <= b <= 2.0 for b in v.values()):
             raise ValueError("kind_bias values must lie in [-2, 2] (cosine scores lie in [-1, 1])")
         return v
 
@@ -91,12 +77,11 @@ class SearchConfig(Strict):
         return v
 
 
-EXPERIMENTAL_SEARCH = fields_with_role(SearchConfig, "preset")
+EXPERIMENTAL_SEARCH = tuple(n for n in SearchConfig.model_fields if role_of(SearchConfig, n) == "preset")
 
 
 def _check_kinds(kinds, where: str) -> None:
-    bad = [k for k in kinds if k not in VECTOR_KINDS]
-    if bad:
+    if bad := [k for k in kinds if k not in VECTOR_KINDS]:
         raise ValueError(f"unknown vector kind(s) {bad} in {where} (known: {', '.join(VECTOR_KINDS)})")
 
 
@@ -104,9 +89,7 @@ def research_knobs_marked(data: Mapping) -> None:
     """A user's config changes fusion only under `search.experimental:` (the preset owns it); manifests
     and eval variants, which record fusion as data, go through config.index_config and are not held to it."""
     search = data.get("search")
-    flat = sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []
-    if flat:
-        raise QragError(
-            f"invalid configuration: search.{flat[0]} is a research knob that the representation's preset sets "
-            f"(qrag presets); to override it anyway, put it under search.experimental "
-            f"(search: {{experimental: {{{flat[0]}: ...}}}}). Users set search.bm25_alpha only.")
+    if flat := sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []:
+        raise QragError(f"invalid configuration: search.{flat[0]} is a research knob that the representation's "
+                        f"preset sets (qrag presets); to override it anyway, put it under search.experimental "
+                        f"(search: {{experimental: {{{flat[0]}: ...}}}}). Users set search.bm25_alpha only.")
