@@ -1,13 +1,12 @@
 """A query's one path inside the Router: resolve the tenant's version, embed, search its shards,
 merge once, look up the page, format.
 
-The shards are searched through one backend interface with two implementations: `LocalShards`, the
-Router's own ShardStore for small tenants (no process hop), and `RemoteShards`, the ShardSearcher
-deployments (a replica that died under the call is retried once). Concurrent queries' texts are
-embedded in one encode call (`@serve.batch`); a lone request on a small tenant has nothing to batch
-with, so the local backend embeds and searches it in ONE worker-thread call instead (the batch queue
-and a second thread hop are a noticeable share of such a request). `timings.path` says which ran:
-"router, one call", "router" or "shards".
+Two shard backends: `LocalShards`, the Router's own ShardStore for small tenants (no process hop), and
+`RemoteShards`, the ShardSearcher deployments (a replica that died under the call is retried once).
+Concurrent queries' texts are embedded in one encode call (`@serve.batch`); a lone request on a small
+tenant has nothing to batch with, so it is embedded and searched in ONE worker-thread call instead
+(the batch queue and a second thread hop are a noticeable share of such a request). `timings.path`
+says which ran: "router, one call", "router" or "shards".
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from qrag_ray.errors import QragError, find_user_error
 from qrag_ray.index.format import shard_of
 from qrag_ray.search.merge import merge_hits
 from qrag_ray.search.shard_search import NoBm25Index, check_hybrid, format_results
-from qrag_ray.serving.errors import bad_request, index_unavailable, overloaded, shard_unavailable
+from qrag_ray.serving.errors import ApiError, index_unavailable, overloaded, shard_unavailable
 from qrag_ray.serving.messages import Query, ShardKey, ShardReply, VersionMoved
 from qrag_ray.serving.shard_store import LoadedShard, ShardStore, search_loaded
 from qrag_ray.serving.tenants import Tenant
@@ -61,7 +60,7 @@ def resolve_query(ti: TenantIndex, tenant: str, req, text: str) -> Query:
         try:
             check_hybrid(policy, ti.manifest, f"index '{tenant}'")
         except NoBm25Index as e:
-            raise bad_request("no_bm25_index", str(e), status=409) from None
+            raise ApiError(409, "no_bm25_index", str(e)) from None
     return Query(text, req.k, req.min_score, policy, req.query if policy.bm25_alpha is not None else None)
 
 
@@ -90,8 +89,7 @@ class LocalShards:
         return await getattr(self.store, method)(shard, *args)
 
     async def search(self, key: ShardKey, shards: list[int], qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-        loaded = await self.store.get_all(shards, key)
-        replies = await asyncio.to_thread(_search_all, shards, loaded, qvecs, q)
+        replies = await asyncio.to_thread(_search_all, shards, await self.store.get_all(shards, key), qvecs, q)
         self.store.observe(key, replies)
         return replies
 
@@ -100,8 +98,7 @@ class LocalShards:
         st = await encoder.model(ti.embedder)  # loaded once; a no-op after the first request
         stage["stage"] = "embedding the query and searching"
         shards = list(range(ti.num_shards))
-        loaded = await self.store.get_all(shards, key)
-        hits = await asyncio.to_thread(_embed_then_search, encoder, st, shards, loaded, q)
+        hits = await asyncio.to_thread(_embed_then_search, encoder, st, shards, await self.store.get_all(shards, key), q)
         self.store.observe(key, hits.replies)
         return hits
 
@@ -127,7 +124,7 @@ class RemoteShards:
 
         for attempt in (1, 2):
             try:
-                return await getattr(self.handles[shard], method).remote(*args)
+                return await getattr(self.handles[shard], method).remote(shard, *args)
             except BackPressureError:
                 raise overloaded(f"shard {shard} is at its queue limit") from None
             except Exception as e:
@@ -217,8 +214,7 @@ class Retriever:
                     want.setdefault(shard, (set(), set()))[0].add(row)
             if r.chunk_idx not in chunks:  # the shard the pipeline wrote the chunk to
                 want.setdefault(shard_of(r.chunk_idx, ti.num_shards), (set(), set()))[1].add(r.chunk_idx)
-        if not want:
-            return
-        for s, (mt, ch) in zip(want, await self.backend(ti).lookup(key, want)):
-            matched.update({(s, row): v for row, v in mt.items()})
-            chunks.update(ch)
+        if want:
+            for s, (mt, ch) in zip(want, await self.backend(ti).lookup(key, want)):
+                matched.update({(s, row): v for row, v in mt.items()})
+                chunks.update(ch)

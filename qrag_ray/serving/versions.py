@@ -1,12 +1,11 @@
 """Which index version each tenant is served from: resolve, warm, swap, retire (no Serve needed).
 
-A tenant's index path may be a versioned root (`qrag publish` moves its CURRENT pointer) or a plain
-index directory. A new version is loaded and verified on every shard it has (and its query embedder
-loaded) while the old one keeps serving; only then does the tenant's pointer move, and the old version
-is dropped from the shard caches once the requests started on it are done (`retire_after_s`). A
-version that fails to load leaves the old one in force and is retried after `retry_s`; the reason is
-the admin status's to report. The shard calls and the embedder warm-up are injected, so all of this is
-tested with fakes in milliseconds (tests/serving/test_tenant_versions.py).
+A tenant's index path is a versioned root (`qrag publish` moves its CURRENT pointer) or a plain index
+directory. A new version is loaded and verified on every shard it has (and its query embedder loaded)
+while the old one keeps serving; only then does the tenant's pointer move, and the old version leaves
+the shard caches once the requests started on it are done (`retire_after_s`). A version that fails to
+load leaves the old one in force and is retried after `retry_s`. The shard calls and the embedder
+warm-up are injected, so this is tested with fakes in milliseconds.
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from qrag_ray.serving.messages import ShardKey
 from qrag_ray.serving.tenants import Tenant
 
 logger = logging.getLogger("ray.serve")
-
-RETRY_S = 30.0  # a version that failed to load is tried again after this long
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ class TenantIndex:
 
 class IndexReader:
     """tenant index path -> the TenantIndex it points at now (reads CURRENT / manifest.json; the rest
-    is computed once per version)."""
+    is computed once per version, for the last `keep` versions)."""
 
     def __init__(self, max_shards: int, local_max_bytes: int, keep: int = 4096):
         self.max_shards, self.local_max_bytes, self.keep = max_shards, local_max_bytes, keep
@@ -60,10 +57,9 @@ class IndexReader:
 
         r = resolve_index(path)
         key = (str(r.dir), r.version)
-        ti = self._seen.get(key)
-        if ti is not None:
+        if key in self._seen:
             self._seen.move_to_end(key)
-            return ti
+            return self._seen[key]
         man = r.manifest  # the manifest the version was read from: no second read to disagree with
         if man.num_shards > self.max_shards:
             raise QragError(f"it has {man.num_shards} shards but the app runs {self.max_shards} "
@@ -71,20 +67,19 @@ class IndexReader:
         policy = FusionPolicy.from_manifest(man)
         check_hybrid(policy, man)
         nbytes = sum(man.file(rel).stat().st_size for rel in man.data["files"])
-        ti = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model,
-                         local=nbytes <= self.local_max_bytes)
-        self._seen[key] = ti
-        while len(self._seen) > self.keep:
+        ti = self._seen[key] = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model,
+                                           local=nbytes <= self.local_max_bytes)
+        if len(self._seen) > self.keep:
             self._seen.popitem(last=False)
         return ti
 
 
-ShardCall = Callable[[TenantIndex, int, str, ShardKey], Awaitable]  # (index, shard, "prepare"|"retire", key)
-
-
 class TenantVersions:
-    def __init__(self, read: Callable[[str], TenantIndex], call_shard: ShardCall,
-                 warm_encoder: Callable[[str], Awaitable], retire_after_s: float, retry_s: float = RETRY_S,
+    """`call_shard(index, shard, "prepare"|"retire", key)` reaches a shard store; `warm_encoder(model)`
+    loads a query embedder."""
+
+    def __init__(self, read: Callable[[str], TenantIndex], call_shard: Callable[..., Awaitable],
+                 warm_encoder: Callable[[str], Awaitable], retire_after_s: float, retry_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic):
         self.read, self.call_shard, self.warm_encoder = read, call_shard, warm_encoder
         self.retire_after_s, self.retry_s, self.clock = retire_after_s, retry_s, clock
@@ -105,9 +100,7 @@ class TenantVersions:
     async def current(self, tenant: Tenant) -> TenantIndex:
         """The version a request of `tenant` starts on; first use loads without a warm-up (no traffic
         to protect yet)."""
-        ti = self.active.get(tenant.name)
-        if ti is None:
-            ti = await self.check(tenant, warm=False)
+        ti = self.active.get(tenant.name) or await self.check(tenant, warm=False)
         if ti is None:
             raise index_unavailable(tenant.name, self.problems.get(tenant.name, "it could not be read"))
         return ti
@@ -125,21 +118,20 @@ class TenantVersions:
 
     async def check(self, tenant: Tenant, warm: bool) -> TenantIndex | None:
         """Resolve the tenant's index; switch to a new version only once every shard has loaded it."""
+        old = self.active.get(tenant.name)
         try:
             ti = self.read(tenant.index)
         except QragError as e:
             self.problems[tenant.name] = str(e)
-            return self.active.get(tenant.name)
-        old = self.active.get(tenant.name)
-        if old is not None and old.version == ti.version and old.dir == ti.dir:
+            return old
+        if old is not None and (old.version, old.dir) == (ti.version, ti.dir):
             return old
         if warm:
             if self.clock() < self._retry_at.get((tenant.name, ti.version), 0.0):
                 return old
             try:
-                key = ti.key(tenant.name)
-                await asyncio.gather(self.warm_encoder(ti.embedder),
-                                     *[self.call_shard(ti, i, "prepare", key) for i in range(ti.num_shards)])
+                await asyncio.gather(self.warm_encoder(ti.embedder), *[
+                    self.call_shard(ti, i, "prepare", ti.key(tenant.name)) for i in range(ti.num_shards)])
             except (ApiError, QragError) as e:
                 reason = e.message if isinstance(e, ApiError) else str(e)
                 self.problems[tenant.name] = (f"version {ti.version} failed to load, still serving "
@@ -156,11 +148,9 @@ class TenantVersions:
     def _retire_later(self, ti: TenantIndex, tenant: str, delay: float) -> None:
         async def retire():
             await asyncio.sleep(delay)  # requests started on it finish first
-            if any(a.dir == ti.dir and a.version == ti.version for a in self.active.values()):
-                return
-            key = ti.key(tenant)
-            await asyncio.gather(*[self.call_shard(ti, i, "retire", key) for i in range(ti.num_shards)],
-                                 return_exceptions=True)
+            if not any((a.dir, a.version) == (ti.dir, ti.version) for a in self.active.values()):
+                await asyncio.gather(*[self.call_shard(ti, i, "retire", ti.key(tenant)) for i in range(ti.num_shards)],
+                                     return_exceptions=True)
 
         task = asyncio.get_running_loop().create_task(retire())
         self._retiring.add(task)  # a reference until done, so the task is not collected mid-way
