@@ -13,10 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat,
 
 MAX_QUERY_CHARS = 2000
 MAX_K = 100
-DEFAULT_K = 10
-DEFAULT_ANSWER_K = 5
-MODES = ("default", "hyde")
-INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # tenant names (serving/tenants.py)
+INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # tenant names
 NOT_BLANK = r"\S"  # JSON Schema patterns are searches: "contains a non-space character"
 
 # What each error status means on this API (every route documents the ones it can answer).
@@ -33,7 +30,6 @@ ERROR_DESCRIPTIONS = {
     503: "index unavailable, a shard down after a retry, or the server at capacity",
     504: "the request missed its deadline",
 }
-RETRY_AFTER_STATUSES = (429, 503)
 
 
 def _int_not_bool_or_text(v):
@@ -72,11 +68,11 @@ class _Request(BaseModel):
 
 
 class SearchRequest(_Request):
-    k: JsonInt = Field(DEFAULT_K, ge=1, le=MAX_K, description=f"number of distinct chunks, 1..{MAX_K}")
+    k: JsonInt = Field(10, ge=1, le=MAX_K, description=f"number of distinct chunks, 1..{MAX_K}")
 
 
 class AnswerRequest(_Request):
-    k: JsonInt = Field(DEFAULT_ANSWER_K, ge=1, le=MAX_K, description="chunks given to the LLM as context")
+    k: JsonInt = Field(5, ge=1, le=MAX_K, description="chunks given to the LLM as context")
     max_tokens: JsonInt = Field(256, ge=1, le=2048)
 
 

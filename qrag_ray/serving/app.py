@@ -1,13 +1,7 @@
-"""`build_app(args) -> Application`: the import path serve configs name (`qrag_ray.serving.app:build_app`).
-
-    Router (FastAPI ingress; embeds the query, batched)
-        -> ShardSearcher0 .. ShardSearcher{S-1}   (asyncio.gather fan-out, one retry on a dead replica)
-        -> Synthesizer                             (only with args.generator)
-
-DEFAULT_OPTIONS are the deployment options of `qrag serve` without a config; a serve config's
-`deployments:` entries override them by name. Every queue is bounded (`max_queued_requests`): under a
-spike, callers get a fast 503 instead of an ever longer wait.
-"""
+"""The Serve application: Router (ingress) -> ShardSearcher0 .. ShardSearcher{S-1} -> Synthesizer (only
+with args.generator). DEFAULT_OPTIONS are `qrag serve`'s deployment options without a config; a serve
+config's `deployments:` override them by name. Every queue is bounded (`max_queued_requests`): under a
+spike, callers get a fast 503 instead of an ever longer wait."""
 
 from __future__ import annotations
 
@@ -17,6 +11,9 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
+from qrag_ray.errors import QragError
+from qrag_ray.index.format import load_manifest
+from qrag_ray.index.versions import resolve_index
 from qrag_ray.serving.answer import Synthesizer
 from qrag_ray.serving.config import ROUTER, SYNTHESIZER, parse_app_args
 from qrag_ray.serving.shard_store import ShardStore
@@ -53,10 +50,6 @@ def _deployment(cls, name: str, overrides: dict[str, dict] | None, kind: str | N
 
 def shard_count(tenants) -> int:
     """ShardSearcher deployments needed: the most shards of any readable tenant index."""
-    from qrag_ray.errors import QragError
-    from qrag_ray.index.format import load_manifest
-    from qrag_ray.index.versions import resolve_index
-
     most = 0
     for t in tenants.by_name.values():
         try:
@@ -77,8 +70,7 @@ def build_app(args: dict[str, Any]) -> Application:
 
 def build_application(args: dict[str, Any] | None = None,
                       deployment_options: dict[str, dict] | None = None) -> Application:
-    """The qrag Serve application for `args` (AppArgs), with per-deployment option overrides by name
-    (`qrag serve --config`, tests)."""
+    """The application for `args` (AppArgs), with deployment option overrides by name (`qrag serve --config`)."""
     from qrag_ray.serving.router import Router
 
     a = parse_app_args(args)

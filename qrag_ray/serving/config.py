@@ -1,8 +1,5 @@
-"""Serve application args (`args:` of a serve config, or `qrag serve` flags), typed and pure.
-
-One place decides what the app accepts, so `serve deploy`, `qrag serve` and the RayService manifest
-fail the same way on a typo (unknown keys are rejected) instead of silently serving defaults.
-"""
+"""Serve application args (`args:` of a serve config, or `qrag serve` flags), typed and pure: `serve
+deploy`, `qrag serve` and the RayService manifest fail the same way on a typo instead of serving defaults."""
 
 from __future__ import annotations
 
@@ -20,10 +17,8 @@ from qrag_ray.serving.tenants import RateLimit, Tenants, load_tenants
 ROUTER = "Router"
 SYNTHESIZER = "Synthesizer"
 
-# Ray Serve's own request path, tuned for this app: the switches of RAY_SERVE_THROUGHPUT_OPTIMIZED except
-# direct ingress (which wants HAProxy in front). Ray reads them when each process starts, so they must
-# be in the environment of every Ray process: `qrag serve` sets them before it starts its local Ray,
-# and the RayService manifests set them on every pod.
+# RAY_SERVE_THROUGHPUT_OPTIMIZED's switches but direct ingress (which wants HAProxy in front). Ray reads
+# them when each process starts, so `qrag serve` sets them before it starts Ray, and the manifests on every pod.
 SERVE_PROCESS_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # our handlers are async and offload FAISS/torch
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",

@@ -1,8 +1,5 @@
-"""Query embedding inside the Router replica: models by name, loaded once, encoded off the event loop.
-
-Embedding in the ingress saves a process hop per request, and the Router batches concurrent queries
-into one encode call (retrieval.py, `@serve.batch`), which is where a transformer's throughput comes from.
-"""
+"""Query embedding inside the Router replica (a process hop fewer per request): models by name, loaded
+once, encoded off the event loop."""
 
 from __future__ import annotations
 
@@ -19,9 +16,8 @@ class QueryEncoder:
     def __init__(self, threads: int = 1):
         self.threads = threads
         self._models: dict[str, asyncio.Future] = {}  # name -> its load (loading or loaded)
-        # One encode at a time: a lone request encodes in its own worker thread (retrieval.py) while a
-        # batch may be encoding in another, and a fast tokenizer shared by two threads can fail
-        # ("Already borrowed"); the forward pass has the replica's CPUs to itself anyway.
+        # One encode at a time: a lone request and a batch may encode in two worker threads, and a fast
+        # tokenizer shared by two threads can fail ("Already borrowed"); the CPUs are busy anyway.
         self._lock = threading.Lock()
 
     def _load_sync(self, name: str):

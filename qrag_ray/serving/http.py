@@ -1,11 +1,7 @@
-"""The FastAPI app the Router serves: error rendering, the request-latency middleware, the OpenAPI
-document. Routes are the Router's (serving/router.py).
-
-Every user mistake is an `ApiError` rendered as `{"error", "message"}` with its 4xx/5xx status; only
-bugs are 500s. The app's metrics live on `app.state` of the app that serves the request (created on
-the first request inside the replica), never in a module global: Serve pickles the ingress class by
-value, so a module global would not be the one the handlers read.
-"""
+"""The FastAPI app the Router serves (routes: router.py): error rendering, the request-latency
+middleware, the OpenAPI document. The app's metrics live on `app.state` of the app that serves the
+request, never in a module global: Serve pickles the ingress class by value, so a module global would
+not be the one the handlers read."""
 
 from __future__ import annotations
 
@@ -47,7 +43,7 @@ def error_responses(*codes: int) -> dict:
     out: dict = {}
     for c in codes:
         out[c] = {"model": m.ErrorResponse, "description": m.ERROR_DESCRIPTIONS[c]}
-        if c in m.RETRY_AFTER_STATUSES:
+        if c in (429, 503):
             out[c]["headers"] = {"Retry-After": {"description": "seconds to wait before retrying",
                                                  "schema": {"type": "integer"}}}
         if c == 401:
@@ -59,16 +55,11 @@ def _openapi() -> dict:
     """FastAPI's schema, minus the empty `example: {}` Serve's class-based view leaves on request
     bodies: an example the server itself rejects (no `query`) is not a truthful one."""
     if app.openapi_schema is None:
-        from fastapi.openapi.utils import get_openapi
-
-        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
-                           servers=app.servers or None)
-        for ops in spec.get("paths", {}).values():
+        for ops in FastAPI.openapi(app).get("paths", {}).values():  # FastAPI's sets app.openapi_schema
             for op in ops.values():
                 for media in (op.get("requestBody") or {}).get("content", {}).values():
                     if media.get("example") == {}:
                         media.pop("example")
-        app.openapi_schema = spec
     return app.openapi_schema
 
 

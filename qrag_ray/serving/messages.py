@@ -15,8 +15,7 @@ class VersionMoved(IndexFormatError):
 
 @dataclass(frozen=True)
 class ShardKey:
-    """Exactly what to search: a request is answered from one version on every shard, and a shard
-    replica needs no tenant table of its own."""
+    """Exactly what to search: one version on every shard, and no tenant table in the shard replicas."""
 
     tenant: str
     index_dir: str  # the directory holding manifest.json (a version directory under a versioned root)

@@ -1,11 +1,6 @@
-"""Application metrics of the Serve app, exported through Ray's metrics agent (`ray.serve.metrics`).
-
-Ray prefixes custom metrics with `ray_` on every node's Prometheus endpoint and adds the Serve tags
-`deployment`, `replica`, `application`. `EXPORTED_METRICS` lists the names exactly as scraped: the
-serving tests check each against a live scrape, and the Grafana dashboard may only query these (or
-Serve's built-ins). Metric objects are created inside replicas, never at import, so importing this
-module needs no Ray.
-"""
+"""The Serve app's metrics (`ray.serve.metrics`), created inside replicas, never at import (no Ray needed).
+`EXPORTED_METRICS` lists them as scraped (Ray adds the `ray_` prefix): the serving tests check each
+against a live scrape, and the Grafana dashboard may query only these (or Serve's built-ins)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Per-tenant token buckets (pure): one noisy tenant must not starve the others on shared replicas.
-
-Each router replica keeps its own buckets, so a tenant's cluster-wide ceiling is its rate times the
-number of Router replicas. Buckets survive a tenants-file reload when the tenant's limit did not
-change, so rotating a key does not hand out a fresh burst.
-"""
+"""Per-tenant token buckets (pure), per Router replica: one noisy tenant must not starve the others.
+A bucket survives a tenants-file reload that keeps its limit, so rotating a key gives no fresh burst."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The live tenant table of a Router replica: the tenants file, re-read when it changes (no Ray).
-
-`qrag tenants ...` rewrites the file atomically; on Kubernetes it is a mounted Secret/ConfigMap, which
-the kubelet swaps by symlink. Either way the Router polls the file's identity (inode, size, mtime)
-every `tenants_reload_s` and re-parses it when that changes: no restart, no redeploy. A file that
-fails to parse (a typo while editing by hand) keeps the last good table in force and is reported on
-the admin status.
-"""
+"""The live tenant table of a Router replica (no Ray): the tenants file, re-parsed when its identity
+(inode, size, mtime; a kubelet symlink swap included) changes. A file that fails to parse keeps the
+last good table in force and is reported on the admin status."""
 
 from __future__ import annotations
 

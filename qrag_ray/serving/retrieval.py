@@ -1,13 +1,8 @@
-"""A query's one path inside the Router: resolve the tenant's version, embed, search its shards,
-merge once, look up the page, format.
-
-Two shard backends: `LocalShards`, the Router's own ShardStore for small tenants (no process hop), and
-`RemoteShards`, the ShardSearcher deployments (a replica that died under the call is retried once).
-Concurrent queries' texts are embedded in one encode call (`@serve.batch`); a lone request on a small
-tenant has nothing to batch with, so it is embedded and searched in ONE worker-thread call instead
-(the batch queue and a second thread hop are a noticeable share of such a request). `timings.path`
-says which ran: "router, one call", "router" or "shards".
-"""
+"""A query's one path inside the Router: resolve the tenant's version, embed, search its shards
+(`LocalShards`: the Router's own store, `RemoteShards`: the ShardSearcher deployments), merge once,
+look up the page, format. Concurrent queries are embedded in one encode call (`@serve.batch`); a lone
+request on a small tenant has nothing to batch with, so it is embedded and searched in ONE
+worker-thread call (`timings.path`: "router, one call", "router" or "shards")."""
 
 from __future__ import annotations
 
@@ -18,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.exceptions import BackPressureError
 
 from qrag_ray.errors import QragError, find_user_error
 from qrag_ray.index.format import shard_of
@@ -98,7 +95,8 @@ class LocalShards:
         st = await encoder.model(ti.embedder)  # loaded once; a no-op after the first request
         stage["stage"] = "embedding the query and searching"
         shards = list(range(ti.num_shards))
-        hits = await asyncio.to_thread(_embed_then_search, encoder, st, shards, await self.store.get_all(shards, key), q)
+        loaded = await self.store.get_all(shards, key)
+        hits = await asyncio.to_thread(_embed_then_search, encoder, st, shards, loaded, q)
         self.store.observe(key, hits.replies)
         return hits
 
@@ -114,24 +112,18 @@ class RemoteShards:
     path = "shards"
 
     def __init__(self, handles: list):
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
         self.handles = list(handles)
-        self.dead_replica = (ActorDiedError, ActorUnavailableError, RayActorError)
 
     async def call(self, shard: int, method: str, *args):
-        from ray.serve.exceptions import BackPressureError
-
         for attempt in (1, 2):
             try:
                 return await getattr(self.handles[shard], method).remote(shard, *args)
             except BackPressureError:
                 raise overloaded(f"shard {shard} is at its queue limit") from None
             except Exception as e:
-                ue = find_user_error(e)  # e.g. a shard that cannot load this tenant's index
-                if ue is not None:
+                if (ue := find_user_error(e)) is not None:  # e.g. a shard that cannot load this tenant's index
                     raise ue from None
-                if not isinstance(e, self.dead_replica):
+                if not isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError)):
                     raise
                 if attempt == 2:
                     raise shard_unavailable(shard, type(e).__name__) from None
@@ -148,9 +140,6 @@ class RemoteShards:
 class Retriever:
     def __init__(self, encoder, local: LocalShards, remote: RemoteShards, versions: TenantVersions):
         self.encoder, self.local, self.remote, self.versions = encoder, local, remote, versions
-
-    def backend(self, ti: TenantIndex) -> LocalShards | RemoteShards:
-        return self.local if ti.local else self.remote
 
     async def retrieve(self, tenant: Tenant, req, text: str, stage: dict, lone: bool) -> Retrieval:
         """Search `text` (the query or its HyDE passage) on the tenant's version, as `req` asks;
@@ -192,7 +181,7 @@ class Retriever:
         vec, batch = await self._embed_batch((q.text, ti.embedder))
         t1 = time.perf_counter()
         stage["stage"] = "searching the shards"
-        backend = self.backend(ti)
+        backend = self.local if ti.local else self.remote
         replies = await backend.search(key, list(range(ti.num_shards)), vec[None, :], q)
         return Hits(replies, backend.path, (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000, batch)
 
@@ -215,6 +204,6 @@ class Retriever:
             if r.chunk_idx not in chunks:  # the shard the pipeline wrote the chunk to
                 want.setdefault(shard_of(r.chunk_idx, ti.num_shards), (set(), set()))[1].add(r.chunk_idx)
         if want:
-            for s, (mt, ch) in zip(want, await self.backend(ti).lookup(key, want)):
+            for s, (mt, ch) in zip(want, await (self.local if ti.local else self.remote).lookup(key, want)):
                 matched.update({(s, row): v for row, v in mt.items()})
                 chunks.update(ch)

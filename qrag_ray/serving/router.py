@@ -1,8 +1,6 @@
 """The Router deployment (FastAPI ingress): its routes, each a thin call into the modules that do the
-work: tenants and keys (registry.py), versions (versions.py), the query's path (retrieval.py), the LLM
-(answer.py). One deadline (`request_timeout_s`) covers a request; overload and per-tenant limits answer
-503 / 429 with Retry-After at once; the tenants file is re-read every `tenants_reload_s`.
-"""
+work. One deadline (`request_timeout_s`) covers a request; overload and per-tenant limits answer 503 /
+429 with Retry-After at once."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""A least-recently-used cache bounded in bytes (pure).
-
-Tenants' shards differ by orders of magnitude in size, so the bound is the replica's memory, not a
-count. An entry bigger than the whole budget is still admitted alone (the request that needs it must
-be served).
-"""
+"""A least-recently-used cache bounded in bytes (pure): tenants' shards differ by orders of magnitude in
+size. An entry bigger than the whole budget is still admitted alone (its request must be served)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Loaded tenant shards in a byte-bounded LRU, searched off the event loop.
-
-Each ShardSearcher{i} deployment is a store asked only for shard i (of every tenant too big for the
-Router); the Router keeps one for the small tenants it searches itself (`local_search_max_bytes`, no
-process hop). Both search through `search_loaded`, so a tenant ranks the same whichever process
-searches it. Loaded shards are keyed by `ShardKey`, so a request is answered from one version on every
-shard; the cache is bounded in bytes (thousands of small tenants share a store, a big one evicts them).
-"""
+"""Loaded tenant shards in a byte-bounded LRU, searched off the event loop. Each ShardSearcher{i}
+deployment is a store asked only for shard i; the Router keeps one for the small tenants it searches
+itself. Both search through `search_loaded`, so a tenant ranks the same whichever process searches it."""
 
 from __future__ import annotations
 
@@ -16,9 +11,14 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
+from qrag_ray.index.format import CHUNKS, files_under, load_manifest, verify_files
+from qrag_ray.index.searcher import ShardSearcher
 from qrag_ray.search.merge import merge_hits
+from qrag_ray.search.shard_search import initial_multiplier, search_shard_exact
 from qrag_ray.serving.config import assigned_cpus
 from qrag_ray.serving.messages import Query, ShardKey, ShardReply, VersionMoved
 from qrag_ray.serving.shard_cache import ByteLRU
@@ -29,7 +29,7 @@ logger = logging.getLogger("ray.serve")
 @dataclass
 class LoadedShard:
     tenant: str
-    searcher: object  # qrag_ray.index.searcher.ShardSearcher
+    searcher: ShardSearcher
     chunks: dict[int, dict]  # chunk_idx -> {chunk_id, doc_id, title, text}: this shard's chunks only
     index_version: str
     multiplier: int
@@ -38,13 +38,6 @@ class LoadedShard:
 
 def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> LoadedShard:
     """Load and verify (sha256) one shard of one tenant's index: FAISS file, row metadata, its chunks."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from qrag_ray.index.format import CHUNKS, files_under, load_manifest, verify_files
-    from qrag_ray.index.searcher import ShardSearcher
-    from qrag_ray.search.shard_search import initial_multiplier
-
     manifest = load_manifest(index_dir)
     if shard >= manifest.num_shards:
         raise IndexFormatError(f"index {index_dir} has {manifest.num_shards} shards, no shard {shard}")
@@ -64,8 +57,6 @@ def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page
     only rows of this shard that can reach the page, sent with the hits to save a second call. In the
     Router's own process that second call is a dict lookup, so there (`page=False`) only the merged
     page's chunks are looked up. Runs in the calling (worker) thread."""
-    from qrag_ray.search.shard_search import search_shard_exact
-
     t0 = time.perf_counter()
     texts = None if q.lexical is None else [q.lexical]
     hits, rounds = search_shard_exact(ls.searcher, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts)

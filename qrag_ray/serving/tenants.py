@@ -1,10 +1,6 @@
-"""Tenants: who may query which index, with API keys stored only as sha256 (pure, no Ray).
-
-The tenants file's format is in docs/SERVING.md; the server re-reads it while it runs (registry.py), so
-adding, rotating and revoking keys need no restart. Each tenant owns exactly one index, named after
-the tenant, so "which chunks may this key see" is a single lookup. Without a tenants file the server
-has one open tenant (`default`) and no keys; that mode is meant for 127.0.0.1 only.
-"""
+"""Tenants (the file: docs/SERVING.md): who may query which index, API keys stored only as sha256 (pure).
+Each tenant owns exactly one index, named after it. Without a tenants file the server has one open
+tenant (`default`) and no keys, meant for 127.0.0.1 only."""
 
 from __future__ import annotations
 
@@ -22,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from qrag_ray.errors import QragError
 from qrag_ray.io.yaml_file import read_yaml
+from qrag_ray.serving.api_models import INDEX_NAME
 from qrag_ray.serving.errors import ApiError, forbidden, unauthorized
 
 DEFAULT_TENANT = "default"
 KEY_PREFIX = "qrag_"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def hash_key(key: str) -> str:
@@ -61,7 +57,7 @@ class Tenant(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not re.match(INDEX_NAME, v):
             raise ValueError("tenant names are 1-64 characters of letters, digits, '_', '-', '.'")
         return v
 

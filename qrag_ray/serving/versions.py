@@ -1,25 +1,25 @@
-"""Which index version each tenant is served from: resolve, warm, swap, retire (no Serve needed).
+"""Which index version each tenant is served from (no Serve needed; shard calls injected).
 
-A tenant's index path is a versioned root (`qrag publish` moves its CURRENT pointer) or a plain index
-directory. A new version is loaded and verified on every shard it has (and its query embedder loaded)
-while the old one keeps serving; only then does the tenant's pointer move, and the old version leaves
-the shard caches once the requests started on it are done (`retire_after_s`). A version that fails to
-load leaves the old one in force and is retried after `retry_s`. The shard calls and the embedder
-warm-up are injected, so this is tested with fakes in milliseconds.
-"""
+A new version is loaded and verified on every shard (and its embedder loaded) while the old one keeps
+serving; only then does the tenant's pointer move, and the old version leaves the shard caches once
+the requests started on it are done (`retire_after_s`). A version that fails to load leaves the old
+one in force and is retried after `retry_s`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from qrag_ray.errors import QragError
+from qrag_ray.index.versions import resolve_index
+from qrag_ray.search.merge import FusionPolicy
+from qrag_ray.search.shard_search import check_hybrid
 from qrag_ray.serving.errors import ApiError, index_unavailable
 from qrag_ray.serving.messages import ShardKey
+from qrag_ray.serving.shard_cache import ByteLRU
 from qrag_ray.serving.tenants import Tenant
 
 logger = logging.getLogger("ray.serve")
@@ -33,7 +33,7 @@ class TenantIndex:
     dir: str
     version: str
     manifest: object
-    policy: object  # FusionPolicy
+    policy: FusionPolicy
     num_shards: int
     embedder: str
     local: bool  # small enough to search inside the Router (no shard hop)
@@ -47,19 +47,13 @@ class IndexReader:
     is computed once per version, for the last `keep` versions)."""
 
     def __init__(self, max_shards: int, local_max_bytes: int, keep: int = 4096):
-        self.max_shards, self.local_max_bytes, self.keep = max_shards, local_max_bytes, keep
-        self._seen: OrderedDict[tuple[str, str], TenantIndex] = OrderedDict()
+        self.max_shards, self.local_max_bytes = max_shards, local_max_bytes
+        self._seen = ByteLRU(keep)  # (dir, version) -> TenantIndex, each counted as 1
 
     def __call__(self, path: str) -> TenantIndex:
-        from qrag_ray.index.versions import resolve_index
-        from qrag_ray.search.merge import FusionPolicy
-        from qrag_ray.search.shard_search import check_hybrid
-
         r = resolve_index(path)
-        key = (str(r.dir), r.version)
-        if key in self._seen:
-            self._seen.move_to_end(key)
-            return self._seen[key]
+        if (ti := self._seen.get((str(r.dir), r.version))) is not None:
+            return ti
         man = r.manifest  # the manifest the version was read from: no second read to disagree with
         if man.num_shards > self.max_shards:
             raise QragError(f"it has {man.num_shards} shards but the app runs {self.max_shards} "
@@ -67,10 +61,9 @@ class IndexReader:
         policy = FusionPolicy.from_manifest(man)
         check_hybrid(policy, man)
         nbytes = sum(man.file(rel).stat().st_size for rel in man.data["files"])
-        ti = self._seen[key] = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model,
-                                           local=nbytes <= self.local_max_bytes)
-        if len(self._seen) > self.keep:
-            self._seen.popitem(last=False)
+        ti = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model,
+                         local=nbytes <= self.local_max_bytes)
+        self._seen.put((ti.dir, ti.version), ti, 1)
         return ti
 
 
