@@ -1,8 +1,5 @@
-"""Request and response bodies of the HTTP API (pydantic), which FastAPI also turns into /docs.
-
-Limits are constants here so that the API, its OpenAPI schema and the tests agree on them. Request
-models forbid unknown fields: a misspelt `min_socre` should be an error, not silently ignored.
-"""
+"""Request and response bodies of the HTTP API (pydantic; FastAPI turns them into /docs). Request models
+forbid unknown fields: a misspelt `min_socre` should be an error, not silently ignored."""
 
 from __future__ import annotations
 
@@ -86,7 +83,8 @@ class SearchResult(BaseModel):
     chunk_id: str
     doc_id: str
     title: str = ""
-    score: float = Field(..., description="the chunk's score under the index's fusion policy (plain: its best vector's cosine)")
+    score: float = Field(
+        ..., description="the chunk's score under the index's fusion policy (plain: its best vector's cosine)")
     text: str
     matched: list[Match] = Field(default_factory=list, description="the chunk's best-matching vectors, best first")
     bm25: float | None = Field(None, description="hybrid indexes: the chunk's BM25 score over the query's best (0..1)")
@@ -153,7 +151,8 @@ class ValidationIssue(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    error: str = Field(..., description="stable machine-readable kind, e.g. unauthorized, rate_limited, deadline_exceeded")
+    error: str = Field(
+        ..., description="stable machine-readable kind, e.g. unauthorized, rate_limited, deadline_exceeded")
     message: str = Field(..., description="one human-readable line")
     detail: list[ValidationIssue] | None = Field(None, description="422: one entry per invalid field")
 

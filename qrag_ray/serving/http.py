@@ -30,25 +30,22 @@ bearer = Security(HTTPBearer(auto_error=False, description="the tenant's API key
 
 def metrics_of(asgi_app):
     """The RouterMetrics of this app in this process (one set per replica)."""
-    found = getattr(asgi_app.state, "metrics", None)
-    if found is None:
+    if getattr(asgi_app.state, "metrics", None) is None:
         from qrag_ray.serving.metrics import RouterMetrics
 
-        found = asgi_app.state.metrics = RouterMetrics()
-    return found
+        asgi_app.state.metrics = RouterMetrics()
+    return asgi_app.state.metrics
+
+
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+_HEADERS = {401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+            429: _RETRY_AFTER, 503: _RETRY_AFTER}
 
 
 def error_responses(*codes: int) -> dict:
     """The documented error responses of a route: the same body for all, with their headers."""
-    out: dict = {}
-    for c in codes:
-        out[c] = {"model": m.ErrorResponse, "description": m.ERROR_DESCRIPTIONS[c]}
-        if c in (429, 503):
-            out[c]["headers"] = {"Retry-After": {"description": "seconds to wait before retrying",
-                                                 "schema": {"type": "integer"}}}
-        if c == 401:
-            out[c]["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
-    return out
+    return {c: {"model": m.ErrorResponse, "description": m.ERROR_DESCRIPTIONS[c]}
+            | ({"headers": _HEADERS[c]} if c in _HEADERS else {}) for c in codes}
 
 
 def _openapi() -> dict:
@@ -115,9 +112,8 @@ async def _bug(request: Request, e: Exception):
 
 
 class _Timing:
-    """Request latency per route, tenant and status. A plain ASGI middleware: Starlette's
-    `@app.middleware("http")` (BaseHTTPMiddleware) runs every request through extra tasks and
-    streams, which cost more than the rest of this replica's request handling on a small index."""
+    """Request latency per route, tenant and status; plain ASGI, as Starlette's BaseHTTPMiddleware runs
+    every request through extra tasks and streams that cost more than the rest of a small request."""
 
     def __init__(self, asgi_app):
         self.app = asgi_app

@@ -24,8 +24,7 @@ def _identity(p: Path) -> tuple | None:
 
 
 class TenantRegistry:
-    """`tenants` is the table in force: the one given, or the file at `path`, which `refresh()`
-    re-reads when it changed."""
+    """`tenants` is the table in force: the one given, or the file at `path` (see `refresh`)."""
 
     def __init__(self, tenants: Tenants | None = None, path: str | Path | None = None):
         self.path = Path(path) if path else None

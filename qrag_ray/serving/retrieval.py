@@ -48,9 +48,8 @@ class Hits:
 
 
 def resolve_query(ti: TenantIndex, tenant: str, req, text: str) -> Query:
-    """The request (`api_models._Request`) as one Query on this index version: the fusion policy is the
-    index's, or the request's `bm25_alpha` over it (which needs the index's BM25 channel); a hybrid
-    policy also matches the user's own words with BM25."""
+    """The request (`api_models._Request`) as one Query on this index version: the index's fusion policy
+    or the request's `bm25_alpha` over it (409 without a BM25 channel); hybrid also gets the user's words."""
     policy = ti.policy
     if req.bm25_alpha is not None:
         policy = policy.with_bm25_alpha(req.bm25_alpha)
@@ -105,9 +104,8 @@ class LocalShards:
 
 
 class RemoteShards:
-    """The ShardSearcher deployments, one per shard number. Errors a user can act on come back as
-    ApiError/QragError; a replica that died under a call is retried once (Serve routes the retry to a
-    live replica)."""
+    """The ShardSearcher deployments, one per shard number; a replica that died under a call is retried
+    once (Serve routes the retry to a live replica)."""
 
     path = "shards"
 

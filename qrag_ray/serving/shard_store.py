@@ -53,10 +53,9 @@ def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> 
 
 
 def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:
-    """The shard's final local hits (timed) plus, with `page`, the texts of its own top-k chunks: the
-    only rows of this shard that can reach the page, sent with the hits to save a second call. In the
-    Router's own process that second call is a dict lookup, so there (`page=False`) only the merged
-    page's chunks are looked up. Runs in the calling (worker) thread."""
+    """The shard's final local hits (timed) plus, with `page`, the texts of its own top-k chunks, the only
+    ones that can reach the page: sent with the hits to save a second call (in the Router's own process
+    that call is a dict lookup, so `page=False` there). Runs in the calling (worker) thread."""
     t0 = time.perf_counter()
     texts = None if q.lexical is None else [q.lexical]
     hits, rounds = search_shard_exact(ls.searcher, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts)

@@ -115,8 +115,7 @@ class Tenants:
         return [t.model_dump() for t in self.by_name.values()]
 
     def authenticate(self, authorization: str | None) -> Tenant:
-        """The tenant whose key is in `Authorization: Bearer KEY` (401 otherwise), looked up by the
-        key's sha256: one dict lookup however many tenants, and the file never holds a key."""
+        """The tenant whose key is in `Authorization: Bearer KEY` (401 otherwise), found by its sha256."""
         if self.open:
             return self.by_name[DEFAULT_TENANT]
         found = self.by_hash.get(hash_key(_bearer(authorization)))
@@ -222,8 +221,7 @@ def set_admin_key(path: str | Path) -> str:
 
 
 def _write_file(p: Path, data: dict) -> None:
-    """Write the whole file to a temporary sibling and rename it over: a server re-reading it sees
-    the old table or the new one, never half a file."""
+    """Via a temporary sibling renamed over it: a server re-reading it never sees half a file."""
     _TenantsFile.model_validate(data)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")

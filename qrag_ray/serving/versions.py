@@ -27,8 +27,7 @@ logger = logging.getLogger("ray.serve")
 
 @dataclass(frozen=True)
 class TenantIndex:
-    """One immutable index version as the Router needs it: no vectors, no texts (those stay in the
-    shard stores)."""
+    """One immutable index version as the Router needs it (vectors and texts stay in the shard stores)."""
 
     dir: str
     version: str
@@ -43,8 +42,7 @@ class TenantIndex:
 
 
 class IndexReader:
-    """tenant index path -> the TenantIndex it points at now (reads CURRENT / manifest.json; the rest
-    is computed once per version, for the last `keep` versions)."""
+    """tenant index path -> the TenantIndex it points at now, computed once per version (the last `keep`)."""
 
     def __init__(self, max_shards: int, local_max_bytes: int, keep: int = 4096):
         self.max_shards, self.local_max_bytes = max_shards, local_max_bytes
@@ -91,8 +89,7 @@ class TenantVersions:
             await self.check(tenants[name], warm=True)
 
     async def current(self, tenant: Tenant) -> TenantIndex:
-        """The version a request of `tenant` starts on; first use loads without a warm-up (no traffic
-        to protect yet)."""
+        """The version a request of `tenant` starts on; first use loads without a warm-up (no traffic yet)."""
         ti = self.active.get(tenant.name) or await self.check(tenant, warm=False)
         if ti is None:
             raise index_unavailable(tenant.name, self.problems.get(tenant.name, "it could not be read"))
@@ -125,10 +122,9 @@ class TenantVersions:
             try:
                 await asyncio.gather(self.warm_encoder(ti.embedder), *[
                     self.call_shard(ti, i, "prepare", ti.key(tenant.name)) for i in range(ti.num_shards)])
-            except (ApiError, QragError) as e:
-                reason = e.message if isinstance(e, ApiError) else str(e)
+            except (ApiError, QragError) as e:  # str(ApiError) is its message
                 self.problems[tenant.name] = (f"version {ti.version} failed to load, still serving "
-                                              f"{old.version}: {reason}" if old else reason)
+                                              f"{old.version}: {e}" if old else str(e))
                 self._retry_at[(tenant.name, ti.version)] = self.clock() + self.retry_s
                 return old
         self.active[tenant.name] = ti
