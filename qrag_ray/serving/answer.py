@@ -5,7 +5,6 @@ parsers are pure (`qrag eval --hyde` embeds `hyde_passage` too, so what it score
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 
@@ -71,8 +70,6 @@ class Answerer:
         self.require(what)
         try:
             return await self.synth.complete.remote(messages, max_tokens)
-        except asyncio.CancelledError:
-            raise
         except Exception as e:  # noqa: BLE001 - an LLM outage is a 502 for the client, logged here
             logger.warning("LLM call failed: %s", e)
             ue = find_user_error(e)

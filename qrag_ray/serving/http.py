@@ -88,14 +88,12 @@ async def _validation_error(request: Request, e: RequestValidationError):
     errs = e.errors()
     if any(err.get("type") == "json_invalid" for err in errs):
         return _error(request, 400, "malformed_json", "the request body is not valid JSON")
-    parts, detail = [], []
-    for err in errs:
-        loc = [x for x in err.get("loc", ()) if x != "body"]
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(f"{'.'.join(str(x) for x in loc) or 'body'}: {msg}")
-        detail.append({"loc": loc or ["body"], "msg": msg, "type": str(err.get("type", "invalid"))})
+    detail = [{"loc": [x for x in err.get("loc", ()) if x != "body"] or ["body"],
+               "msg": str(err.get("msg", "invalid")).removeprefix("Value error, "),
+               "type": str(err.get("type", "invalid"))} for err in errs]
+    message = "; ".join(f"{'.'.join(str(x) for x in d['loc'])}: {d['msg']}" for d in detail)
     too_long = any(err.get("type") == "string_too_long" for err in errs)
-    return _error(request, 422, "query_too_long" if too_long else "invalid_request", "; ".join(parts), detail=detail)
+    return _error(request, 422, "query_too_long" if too_long else "invalid_request", message, detail=detail)
 
 
 @app.exception_handler(StarletteHTTPException)

@@ -60,15 +60,15 @@ def resolve_query(ti: TenantIndex, tenant: str, req, text: str) -> Query:
     return Query(text, req.k, req.min_score, policy, req.query if policy.bm25_alpha is not None else None)
 
 
-def _search_all(shards: list[int], loaded: list[LoadedShard], qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-    return [search_loaded(ls, s, qvecs, q, page=False) for s, ls in zip(shards, loaded)]
+def _search_all(loaded: list[LoadedShard], qvecs: np.ndarray, q: Query) -> list[ShardReply]:
+    return [search_loaded(ls, shard, qvecs, q, page=False) for shard, ls in enumerate(loaded)]
 
 
-def _embed_then_search(encoder, st, shards: list[int], loaded: list[LoadedShard], q: Query) -> Hits:
+def _embed_then_search(encoder, st, loaded: list[LoadedShard], q: Query) -> Hits:
     t0 = time.perf_counter()
     qv = encoder.encode_sync(st, [q.text])
     t1 = time.perf_counter()
-    replies = _search_all(shards, loaded, qv, q)
+    replies = _search_all(loaded, qv, q)
     return Hits(replies, "router, one call", (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000, 1)
 
 
@@ -84,8 +84,8 @@ class LocalShards:
     async def call(self, shard: int, method: str, *args):
         return await getattr(self.store, method)(shard, *args)
 
-    async def search(self, key: ShardKey, shards: list[int], qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-        replies = await asyncio.to_thread(_search_all, shards, await self.store.get_all(shards, key), qvecs, q)
+    async def search(self, key: ShardKey, n: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
+        replies = await asyncio.to_thread(_search_all, await self.store.get_all(n, key), qvecs, q)
         self.store.observe(key, replies)
         return replies
 
@@ -93,9 +93,8 @@ class LocalShards:
         stage["stage"] = "embedding the query"
         st = await encoder.model(ti.embedder)  # loaded once; a no-op after the first request
         stage["stage"] = "embedding the query and searching"
-        shards = list(range(ti.num_shards))
-        loaded = await self.store.get_all(shards, key)
-        hits = await asyncio.to_thread(_embed_then_search, encoder, st, shards, loaded, q)
+        loaded = await self.store.get_all(ti.num_shards, key)
+        hits = await asyncio.to_thread(_embed_then_search, encoder, st, loaded, q)
         self.store.observe(key, hits.replies)
         return hits
 
@@ -127,8 +126,8 @@ class RemoteShards:
                     raise shard_unavailable(shard, type(e).__name__) from None
                 logger.warning("shard %d replica failed (%s); retrying once", shard, type(e).__name__)
 
-    async def search(self, key: ShardKey, shards: list[int], qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-        return list(await asyncio.gather(*[self.call(i, "search", key, qvecs, q) for i in shards]))
+    async def search(self, key: ShardKey, n: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
+        return list(await asyncio.gather(*[self.call(i, "search", key, qvecs, q) for i in range(n)]))
 
     async def lookup(self, key: ShardKey, want: dict[int, tuple[set, set]]) -> list[tuple[dict, dict]]:
         return list(await asyncio.gather(*[self.call(s, "lookup", key, sorted(rows), sorted(cis))
@@ -180,7 +179,7 @@ class Retriever:
         t1 = time.perf_counter()
         stage["stage"] = "searching the shards"
         backend = self.local if ti.local else self.remote
-        replies = await backend.search(key, list(range(ti.num_shards)), vec[None, :], q)
+        replies = await backend.search(key, ti.num_shards, vec[None, :], q)
         return Hits(replies, backend.path, (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000, batch)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0)  # no wait: under load the queue fills during an encode

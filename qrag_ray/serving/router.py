@@ -13,9 +13,17 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from qrag_ray.serving import api_models as m
+from qrag_ray.serving.answer import Answerer
+from qrag_ray.serving.config import AppArgs, assigned_cpus
+from qrag_ray.serving.encoder import QueryEncoder
 from qrag_ray.serving.errors import ApiError, overloaded
 from qrag_ray.serving.http import app, bearer, error_responses, metrics_of
+from qrag_ray.serving.ratelimit import RateLimiter
+from qrag_ray.serving.registry import TenantRegistry
+from qrag_ray.serving.retrieval import LocalShards, RemoteShards, Retriever
+from qrag_ray.serving.shard_store import ShardStore
 from qrag_ray.serving.tenants import Tenant
+from qrag_ray.serving.versions import IndexReader, TenantVersions
 
 logger = logging.getLogger("ray.serve")
 
@@ -25,15 +33,6 @@ _QUERY_ERRORS = error_responses(400, 401, 403, 404, 409, 422, 429, 501, 502, 503
 @serve.ingress(app)
 class Router:
     async def __init__(self, shards: list, synthesizer, args: dict):
-        from qrag_ray.serving.answer import Answerer
-        from qrag_ray.serving.config import AppArgs, assigned_cpus
-        from qrag_ray.serving.encoder import QueryEncoder
-        from qrag_ray.serving.ratelimit import RateLimiter
-        from qrag_ray.serving.registry import TenantRegistry
-        from qrag_ray.serving.retrieval import LocalShards, RemoteShards, Retriever
-        from qrag_ray.serving.shard_store import ShardStore
-        from qrag_ray.serving.versions import IndexReader, TenantVersions
-
         self.args = a = AppArgs.model_validate(args)
         self.shards = list(shards)
         self.registry = TenantRegistry(None if a.tenants else a.load_tenants(), a.tenants)
@@ -71,8 +70,6 @@ class Router:
                     self._configure_limits()
                 await self.versions.sync(self.registry.tenants.by_name, self.args.warm_tenants if first else None)
                 first, self._ready = False, True
-            except asyncio.CancelledError:
-                raise
             except Exception:  # noqa: BLE001 - the watcher must outlive any one bad tenant
                 logger.exception("tenant watcher pass failed")
             await asyncio.sleep(self.args.tenants_reload_s)

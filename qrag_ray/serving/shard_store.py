@@ -129,8 +129,9 @@ class ShardStore:
                     loaded.searcher.ntotal, loaded.index_version, loaded.nbytes)
         return loaded
 
-    async def get_all(self, shards: list[int], key: ShardKey) -> list[LoadedShard]:
-        return [await self.get(s, key) for s in shards]
+    async def get_all(self, n: int, key: ShardKey) -> list[LoadedShard]:
+        """Shards 0..n-1 of `key`."""
+        return [await self.get(s, key) for s in range(n)]
 
     async def search(self, shard: int, key: ShardKey, qvecs: np.ndarray, q: Query) -> ShardReply:
         reply = await asyncio.to_thread(search_loaded, await self.get(shard, key), shard, qvecs, q, True)
