@@ -46,10 +46,9 @@ class QueryEncoder:
 
     async def encode(self, texts: list[str], models: list[str]) -> list[np.ndarray]:
         """One vector per text, each with its own model; one encode call per distinct model."""
-        out: list[np.ndarray | None] = [None] * len(texts)
+        out: dict[int, np.ndarray] = {}
         for name in dict.fromkeys(models):
             idx = [i for i, m in enumerate(models) if m == name]
             vecs = await asyncio.to_thread(self.encode_sync, await self.model(name), [texts[i] for i in idx])
-            for i, v in zip(idx, vecs):
-                out[i] = v
-        return out  # type: ignore[return-value]
+            out.update(zip(idx, vecs))
+        return [out[i] for i in range(len(texts))]
