@@ -35,7 +35,7 @@ class Router:
     async def __init__(self, shards: list, synthesizer, args: dict):
         self.args = a = AppArgs.model_validate(args)
         self.shards = list(shards)
-        self.registry = TenantRegistry(None if a.tenants else a.load_tenants(), a.tenants)
+        self.registry = TenantRegistry.from_file(a.tenants) if a.tenants else TenantRegistry(a.load_tenants())
         self.limiter = RateLimiter()
         self._configure_limits()
         self.encoder = QueryEncoder(threads=assigned_cpus())

@@ -182,13 +182,11 @@ def _entry(data: dict, name: str, p: Path) -> dict:
     raise QragError(f"no tenant {name!r} in {p} (tenants: {have})")
 
 
-def add_tenant(path: str | Path, name: str, index: str | Path, key: str | None = None,
-               rate_limit: dict | None = None) -> str:
+def add_tenant(path: str | Path, name: str, index: str | Path, rate_limit: dict | None = None) -> str:
     """Add a tenant (or replace its entry with a new key) and return the key; the file holds only its hash."""
     p = Path(path)
     data = _read_file(p)
-    key = key or new_key()
-    entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key),
+    entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key := new_key()),
                    rate_limit=rate_limit).model_dump(exclude_none=True)
     data["tenants"] = [t for t in data["tenants"] if t.get("name") != name] + [entry]
     _write_file(p, data)
