@@ -28,7 +28,6 @@ logger = logging.getLogger("ray.serve")
 
 @dataclass
 class LoadedShard:
-    tenant: str
     searcher: ShardSearcher
     chunks: dict[int, dict]  # chunk_idx -> {chunk_id, doc_id, title, text}: this shard's chunks only
     index_version: str
@@ -36,7 +35,7 @@ class LoadedShard:
     nbytes: int
 
 
-def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> LoadedShard:
+def load_shard(index_dir: str, shard: int, threads: int | None) -> LoadedShard:
     """Load and verify (sha256) one shard of one tenant's index: FAISS file, row metadata, its chunks."""
     manifest = load_manifest(index_dir)
     if shard >= manifest.num_shards:
@@ -49,7 +48,7 @@ def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> 
     info = manifest.shard(shard)
     rels = [info["faiss"], info["meta"]] + (files_under(manifest, info["bm25"]) if info.get("bm25") else [])
     nbytes = sum(os.path.getsize(manifest.file(r)) for r in rels) + int(t.nbytes)
-    return LoadedShard(tenant, searcher, chunks, manifest.index_version, initial_multiplier(manifest), nbytes)
+    return LoadedShard(searcher, chunks, manifest.index_version, initial_multiplier(manifest), nbytes)
 
 
 def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:
@@ -111,7 +110,7 @@ class ShardStore:
 
     async def _load(self, shard: int, key: ShardKey) -> LoadedShard:
         try:
-            loaded = await asyncio.to_thread(load_shard, key.tenant, key.index_dir, shard, self.threads)
+            loaded = await asyncio.to_thread(load_shard, key.index_dir, shard, self.threads)
         except Exception as e:
             self.problems[key.tenant] = {"shard": shard, "version": key.version, "reason": f"{type(e).__name__}: {e}"}
             logger.error("shard %d of tenant %r (%s) failed to load: %s", shard, key.tenant, key.index_dir, e)
