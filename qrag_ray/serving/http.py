@@ -19,12 +19,9 @@ from qrag_ray.serving.errors import ApiError
 
 logger = logging.getLogger("ray.serve")
 
-app = FastAPI(
-    title="qrag-ray",
-    version="1",
-    description="Question-based retrieval over sharded FAISS indexes (Ray Serve). Send `Authorization: Bearer KEY` "
-                "when the server has a tenants file; the admin status takes the admin key.",
-)
+app = FastAPI(title="qrag-ray", version="1", description="Question-based retrieval over sharded FAISS indexes (Ray "
+              "Serve). Send `Authorization: Bearer KEY` when the server has a tenants file; the admin status takes "
+              "the admin key.")
 bearer = Security(HTTPBearer(auto_error=False, description="the tenant's API key (`qrag tenants add` prints it once)"))
 
 
