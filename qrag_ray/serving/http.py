@@ -49,7 +49,7 @@ def _openapi() -> dict:
     """FastAPI's schema, minus the empty `example: {}` Serve's class-based view leaves on request
     bodies: an example the server itself rejects (no `query`) is not a truthful one."""
     if app.openapi_schema is None:
-        for ops in FastAPI.openapi(app).get("paths", {}).values():  # FastAPI's sets app.openapi_schema
+        for ops in FastAPI.openapi(app).get("paths", {}).values():  # FastAPI's own sets app.openapi_schema
             for op in ops.values():
                 for media in (op.get("requestBody") or {}).get("content", {}).values():
                     if media.get("example") == {}:
