@@ -5,16 +5,15 @@ parsers are pure (`qrag eval --hyde` embeds `hyde_passage` too, so what it score
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 
 from qrag_ray.errors import find_user_error
 from qrag_ray.generation.parsing import strip_reply_format
-from qrag_ray.generation.prompts import DONT_KNOW
+from qrag_ray.generation.prompts import DONT_KNOW, get_prompt
 from qrag_ray.generation.reply_text import clean_text
 from qrag_ray.serving import api_models as m
-from qrag_ray.serving.errors import llm_failed, llm_not_configured
+from qrag_ray.serving.errors import ApiError
 
 logger = logging.getLogger("ray.serve")
 
@@ -32,12 +31,8 @@ def parse_answer(raw: str | None) -> str:
 
 def extract_citations(answer: str) -> list[int]:
     """Passage numbers cited as [1], [2], [1, 3] in an answer, in first-seen order."""
-    seen: list[int] = []
-    for found in _CITATION.finditer(answer or ""):
-        for n in re.split(r"\s*[,;]\s*", found.group(1)):
-            if int(n) not in seen:
-                seen.append(int(n))
-    return seen
+    nums = [int(n) for found in _CITATION.finditer(answer or "") for n in re.split(r"\s*[,;]\s*", found.group(1))]
+    return list(dict.fromkeys(nums))
 
 
 def hyde_passage(raw: str | None, query: str) -> str:
@@ -60,33 +55,30 @@ class Synthesizer:
 
 
 class Answerer:
-    """The Router's LLM calls; `synth` is the Synthesizer's handle, or None when none is configured
-    (then mode=hyde and /v1/answer are a feature this server does not offer: 501)."""
+    """The Router's LLM calls; `synth` is the Synthesizer's handle, or None when none is configured."""
 
     def __init__(self, synth, hyde_max_tokens: int, min_cosine: float):
         self.synth, self.hyde_max_tokens, self.min_cosine = synth, hyde_max_tokens, min_cosine
 
     def require(self, what: str) -> None:
-        if self.synth is None:
-            raise llm_not_configured(what)
+        if self.synth is None:  # 501: a feature this server lacks, not an outage (clients retry a 503)
+            raise ApiError(501, "llm_not_configured", f"{what} needs an LLM, and this server has none configured: "
+                           "start it with a generator (qrag serve --llm-url URL, or args.generator in the serve "
+                           "config)")
 
     async def _complete(self, messages: list[dict], max_tokens: int, what: str) -> str:
         self.require(what)
         try:
             return await self.synth.complete.remote(messages, max_tokens)
-        except asyncio.CancelledError:
-            raise
         except Exception as e:  # noqa: BLE001 - an LLM outage is a 502 for the client, logged here
             logger.warning("LLM call failed: %s", e)
             ue = find_user_error(e)
-            raise llm_failed(str(ue) if ue else type(e).__name__) from None
+            raise ApiError(502, "llm_failed", f"the LLM backend failed: {ue or type(e).__name__}") from None
 
     async def query_text(self, req: m._Request, stage: dict) -> tuple[str, str | None]:
         """(the text to embed, the HyDE passage): the query, or in HyDE mode an LLM-written passage."""
         if req.mode != "hyde":
             return req.query, None
-        from qrag_ray.generation.prompts import get_prompt
-
         stage["stage"] = "writing the HyDE passage (LLM)"
         raw = await self._complete(get_prompt("hyde").render(req.query), self.hyde_max_tokens, "mode=hyde")
         passage = hyde_passage(raw, req.query)
@@ -96,8 +88,6 @@ class Answerer:
         """(the answer, its citations) from the results that support one. The gate is on raw similarity,
         not the fused score (rrf/sum/hybrid scores live on other scales); results are best first, so
         the supported ones are a prefix and [n] numbers both lists alike."""
-        from qrag_ray.generation.prompts import get_prompt
-
         support = [x for x in results if x.get("cosine", x["score"]) >= self.min_cosine]
         if not support:
             return DONT_KNOW, []

@@ -1,8 +1,5 @@
-"""Request and response bodies of the HTTP API (pydantic), which FastAPI also turns into /docs.
-
-Limits are constants here so that the API, its OpenAPI schema and the tests agree on them. Request
-models forbid unknown fields: a misspelt `min_socre` should be an error, not silently ignored.
-"""
+"""Request and response bodies of the HTTP API (pydantic; FastAPI turns them into /docs). Request models
+forbid unknown fields: a misspelt `min_socre` should be an error, not silently ignored."""
 
 from __future__ import annotations
 
@@ -13,10 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat,
 
 MAX_QUERY_CHARS = 2000
 MAX_K = 100
-DEFAULT_K = 10
-DEFAULT_ANSWER_K = 5
-MODES = ("default", "hyde")
-INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # tenant names (serving/tenants.py)
+INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # tenant names
 NOT_BLANK = r"\S"  # JSON Schema patterns are searches: "contains a non-space character"
 
 # What each error status means on this API (every route documents the ones it can answer).
@@ -33,7 +27,6 @@ ERROR_DESCRIPTIONS = {
     503: "index unavailable, a shard down after a retry, or the server at capacity",
     504: "the request missed its deadline",
 }
-RETRY_AFTER_STATUSES = (429, 503)
 
 
 def _int_not_bool_or_text(v):
@@ -72,11 +65,11 @@ class _Request(BaseModel):
 
 
 class SearchRequest(_Request):
-    k: JsonInt = Field(DEFAULT_K, ge=1, le=MAX_K, description=f"number of distinct chunks, 1..{MAX_K}")
+    k: JsonInt = Field(10, ge=1, le=MAX_K, description=f"number of distinct chunks, 1..{MAX_K}")
 
 
 class AnswerRequest(_Request):
-    k: JsonInt = Field(DEFAULT_ANSWER_K, ge=1, le=MAX_K, description="chunks given to the LLM as context")
+    k: JsonInt = Field(5, ge=1, le=MAX_K, description="chunks given to the LLM as context")
     max_tokens: JsonInt = Field(256, ge=1, le=2048)
 
 
@@ -90,7 +83,8 @@ class SearchResult(BaseModel):
     chunk_id: str
     doc_id: str
     title: str = ""
-    score: float = Field(..., description="the chunk's score under the index's fusion policy (plain: its best vector's cosine)")
+    score: float = Field(
+        ..., description="the chunk's score under the index's fusion policy (plain: its best vector's cosine)")
     text: str
     matched: list[Match] = Field(default_factory=list, description="the chunk's best-matching vectors, best first")
     bm25: float | None = Field(None, description="hybrid indexes: the chunk's BM25 score over the query's best (0..1)")
@@ -157,7 +151,8 @@ class ValidationIssue(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    error: str = Field(..., description="stable machine-readable kind, e.g. unauthorized, rate_limited, deadline_exceeded")
+    error: str = Field(
+        ..., description="stable machine-readable kind, e.g. unauthorized, rate_limited, deadline_exceeded")
     message: str = Field(..., description="one human-readable line")
     detail: list[ValidationIssue] | None = Field(None, description="422: one entry per invalid field")
 

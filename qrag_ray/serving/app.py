@@ -1,14 +1,7 @@
-"""`build_app(args) -> Application`: the import path serve configs name (`qrag_ray.serving.app:build_app`).
-
-    Router (FastAPI ingress; embeds the query, batched)
-        -> ShardSearcher0 .. ShardSearcher{S-1}   (asyncio.gather fan-out, one retry on a dead replica)
-        -> Synthesizer                             (only with args.generator)
-
-The defaults below are the deployment options used by `qrag serve` without a config; a serve config's
-`deployments:` entries override them by name (Serve does that for `serve deploy`; `qrag serve --config`
-passes them as `deployment_options`). Every queue is bounded (`max_queued_requests`): under a spike,
-callers get a fast 503 instead of an ever longer wait.
-"""
+"""The Serve application: Router (ingress) -> ShardSearcher0 .. ShardSearcher{S-1} -> Synthesizer (only
+with args.generator). DEFAULT_OPTIONS are `qrag serve`'s deployment options without a config; a serve
+config's `deployments:` override them by name. Every queue is bounded (`max_queued_requests`): under a
+spike, callers get a fast 503 instead of an ever longer wait."""
 
 from __future__ import annotations
 
@@ -18,9 +11,12 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from qrag_ray.serving.config import ROUTER, SYNTHESIZER, parse_app_args, shard_deployment
+from qrag_ray.errors import QragError
+from qrag_ray.index.format import load_manifest
+from qrag_ray.index.versions import resolve_index
 from qrag_ray.serving.answer import Synthesizer
-from qrag_ray.serving.shard_deployment import ShardSearcherDeployment
+from qrag_ray.serving.config import ROUTER, SYNTHESIZER, parse_app_args
+from qrag_ray.serving.shard_store import ShardStore
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +36,8 @@ DEFAULT_OPTIONS: dict[str, dict] = {
 }
 
 
-def _options(name: str, overrides: dict[str, dict] | None, kind: str | None = None) -> dict:
+def _deployment(cls, name: str, overrides: dict[str, dict] | None, kind: str | None = None):
+    """`cls` as deployment `name` with DEFAULT_OPTIONS[kind or name] under the overrides given for `name`."""
     base = dict(DEFAULT_OPTIONS[kind or name])
     o = dict((overrides or {}).get(name) or {})
     o.pop("name", None)
@@ -48,15 +45,11 @@ def _options(name: str, overrides: dict[str, dict] | None, kind: str | None = No
         base.pop("autoscaling_config", None)
     if "ray_actor_options" in o:
         o["ray_actor_options"] = {**base.get("ray_actor_options", {}), **o["ray_actor_options"]}
-    return {**base, **o, "name": name}
+    return serve.deployment(cls).options(**{**base, **o, "name": name})
 
 
 def shard_count(tenants) -> int:
     """ShardSearcher deployments needed: the most shards of any readable tenant index."""
-    from qrag_ray.errors import QragError
-    from qrag_ray.index.format import load_manifest
-    from qrag_ray.index.versions import resolve_index
-
     most = 0
     for t in tenants.by_name.values():
         try:
@@ -70,27 +63,19 @@ def shard_count(tenants) -> int:
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """The import path of serve configs (`serve deploy`, KubeRay): Serve calls an app builder with
-    exactly one parameter, the `args:` dict; deployment options come from the config's `deployments:`."""
+    """Serve calls an app builder with exactly one parameter, the `args:` dict; deployment options come
+    from the config's `deployments:`."""
     return build_application(args)
 
 
 def build_application(args: dict[str, Any] | None = None,
                       deployment_options: dict[str, dict] | None = None) -> Application:
-    """The qrag Serve application for `args` (AppArgs: `index` or `tenants`, limits, optional generator),
-    with per-deployment option overrides by name (`qrag serve --config`, tests)."""
-    a = parse_app_args(args)
-    shards = a.shards or shard_count(a.load_tenants())
-    searchers = [
-        serve.deployment(ShardSearcherDeployment).options(
-            **_options(shard_deployment(i), deployment_options, "ShardSearcher")).bind(
-            i, a.shard_cache_bytes, a.faiss_threads)
-        for i in range(shards)]
-    synth = None
-    if a.generator is not None:
-        synth = serve.deployment(Synthesizer).options(**_options(SYNTHESIZER, deployment_options)).bind(
-            a.generator.model_dump())
+    """The application for `args` (AppArgs), with deployment option overrides by name (`qrag serve --config`)."""
     from qrag_ray.serving.router import Router
 
-    return serve.deployment(Router).options(**_options(ROUTER, deployment_options)).bind(
-        searchers, synth, a.model_dump(mode="json"))
+    a = parse_app_args(args)
+    shards = [_deployment(ShardStore, f"ShardSearcher{i}", deployment_options, "ShardSearcher").bind(
+        a.shard_cache_bytes, a.faiss_threads) for i in range(a.shards or shard_count(a.load_tenants()))]
+    synth = None if a.generator is None else _deployment(Synthesizer, SYNTHESIZER, deployment_options).bind(
+        a.generator.model_dump())
+    return _deployment(Router, ROUTER, deployment_options).bind(shards, synth, a.model_dump(mode="json"))

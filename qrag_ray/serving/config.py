@@ -1,8 +1,5 @@
-"""Serve application args (`args:` of a serve config, or `qrag serve` flags), typed and pure.
-
-One place decides what the app accepts, so `serve deploy`, `qrag serve` and the RayService manifest
-fail the same way on a typo (unknown keys are rejected) instead of silently serving defaults.
-"""
+"""Serve application args (`args:` of a serve config, or `qrag serve` flags), typed and pure: `serve
+deploy`, `qrag serve` and the RayService manifest fail the same way on a typo instead of serving defaults."""
 
 from __future__ import annotations
 
@@ -16,16 +13,12 @@ from qrag_ray.errors import QragError
 from qrag_ray.llm_config import LLMConfig
 from qrag_ray.serving.tenants import RateLimit, Tenants, load_tenants
 
-# Deployment names, fixed: serve configs refer to them under `deployments:`. The query embedder runs
-# inside the Router (batched), one process hop fewer per request than a deployment of its own.
+# Deployment names, fixed: serve configs refer to them under `deployments:` (and to ShardSearcher0..S-1).
 ROUTER = "Router"
 SYNTHESIZER = "Synthesizer"
 
-
-# Ray Serve's own request path, tuned for this app: the switches of RAY_SERVE_THROUGHPUT_OPTIMIZED except
-# direct ingress (which wants HAProxy in front). Ray reads them when each process starts, so they must
-# be in the environment of every Ray process: `qrag serve` sets them before it starts its local Ray,
-# and the RayService manifests set them on every pod (docs/BENCHMARKS.md: what they save).
+# RAY_SERVE_THROUGHPUT_OPTIMIZED's switches but direct ingress (which wants HAProxy in front). Ray reads
+# them when each process starts, so `qrag serve` sets them before it starts Ray, and the manifests on every pod.
 SERVE_PROCESS_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # our handlers are async and offload FAISS/torch
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
@@ -35,21 +28,14 @@ SERVE_PROCESS_ENV = {
 }
 
 
-def shard_deployment(i: int) -> str:
-    return f"ShardSearcher{i}"
-
-
-def assigned_cpus(default: int = 1) -> int:
-    """The replica's CPU share, so FAISS / torch threads match what Ray scheduled it for."""
+def assigned_cpus() -> int:
+    """The replica's CPU share (1 outside Ray), so FAISS / torch threads match what Ray scheduled it for."""
     try:
         import ray
 
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
-        if cpus:
-            return max(1, int(round(cpus)))
-    except Exception:  # noqa: BLE001 - outside Ray: keep the default
-        pass
-    return default
+        return max(1, int(round(ray.get_runtime_context().get_assigned_resources().get("CPU") or 1)))
+    except Exception:  # noqa: BLE001 - outside Ray
+        return 1
 
 
 class AppArgs(BaseModel):
@@ -57,25 +43,29 @@ class AppArgs(BaseModel):
 
     index: str | None = Field(None, description="one index served as the open default tenant")
     tenants: str | None = Field(None, description="tenants YAML (name, index, key_sha256); every request needs a key")
-    shards: int | None = Field(None, ge=1, le=256,
-                               description="ShardSearcher deployments to create; default: the most shards of any tenant index")
-    shard_cache_bytes: int = Field(2 << 30, ge=1 << 20,
-                                   description="bytes of loaded tenant shards one ShardSearcher replica keeps (LRU)")
+    shards: int | None = Field(None, ge=1, le=256, description="ShardSearcher deployments to create; default: the "
+                                                               "most shards of any tenant index")
+    shard_cache_bytes: int = Field(
+        2 << 30, ge=1 << 20, description="bytes of loaded tenant shards one ShardSearcher replica keeps (LRU)")
     local_search_max_bytes: int = Field(
         64 << 20, ge=0, description="tenants whose index files total at most this are searched inside the Router "
                                     "replica (no shard hop); bigger ones fan out to the ShardSearcher deployments")
-    router_cache_bytes: int = Field(1 << 30, ge=0, description="bytes of small tenants' shards a Router replica keeps (LRU)")
+    router_cache_bytes: int = Field(
+        1 << 30, ge=0, description="bytes of small tenants' shards a Router replica keeps (LRU)")
     faiss_threads: int | None = Field(None, ge=1, description="default: the replica's num_cpus")
     generator: LLMConfig | None = Field(None, description="LLM for mode=hyde and /v1/answer (backend openai or vllm)")
     answer_min_cosine: float = Field(
         0.35, ge=-1.0, le=1.0, description="/v1/answer says \"I don't know\" without asking the LLM when no retrieved "
-                                           "chunk has a vector this similar to the query (raw cosine, whatever the fusion)")
+                                           "chunk has a vector this similar to the query (raw cosine, whatever the "
+                                           "fusion)")
     hyde_max_tokens: int = Field(128, ge=1, le=2048)
-    request_timeout_s: float = Field(10.0, gt=0, le=600,
-                                     description="deadline of one request across embedding, shard fan-out and the LLM")
+    request_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="deadline of one request across embedding, shard fan-out and the LLM")
     max_inflight: int = Field(96, ge=1, description="requests one Router replica works on at once; more get 503")
-    tenants_reload_s: float = Field(2.0, ge=0.1, le=300, description="how often the tenants file and index pointers are re-read")
-    warm_tenants: int = Field(8, ge=0, description="tenants loaded on every shard at start-up (the rest load on first use)")
+    tenants_reload_s: float = Field(
+        2.0, ge=0.1, le=300, description="how often the tenants file and index pointers are re-read")
+    warm_tenants: int = Field(
+        8, ge=0, description="tenants loaded on every shard at start-up (the rest load on first use)")
     default_rate_limit: RateLimit | None = Field(None, description="per-tenant limit for tenants without their own")
 
     @model_validator(mode="after")
@@ -96,4 +86,5 @@ def parse_app_args(args: dict[str, Any] | None) -> AppArgs:
     try:
         return AppArgs.model_validate(args or {})
     except ValidationError as e:
-        raise QragError("invalid serve app args: " + format_validation_error(e).removeprefix("invalid configuration: ")) from None
+        msg = format_validation_error(e).removeprefix("invalid configuration: ")
+        raise QragError(f"invalid serve app args: {msg}") from None

@@ -1,8 +1,5 @@
-"""Query embedding inside the Router replica: models by name, loaded once, encoded off the event loop.
-
-Embedding in the ingress saves a process hop per request, and the Router batches concurrent queries
-into one encode call (retrieval.py, `@serve.batch`), which is where a transformer's throughput comes from.
-"""
+"""Query embedding inside the Router replica (a process hop fewer per request): models by name, loaded
+once, encoded off the event loop."""
 
 from __future__ import annotations
 
@@ -18,11 +15,9 @@ logger = logging.getLogger("ray.serve")
 class QueryEncoder:
     def __init__(self, threads: int = 1):
         self.threads = threads
-        self._models: dict[str, object] = {}
-        self._loading: dict[str, asyncio.Future] = {}
-        # One encode at a time: a lone request encodes in its own worker thread (retrieval.py) while a
-        # batch may be encoding in another, and a fast tokenizer shared by two threads can fail
-        # ("Already borrowed"); the forward pass has the replica's CPUs to itself anyway.
+        self._models: dict[str, asyncio.Future] = {}  # name -> its load (loading or loaded)
+        # One encode at a time: a lone request and a batch may encode in two worker threads, and a fast
+        # tokenizer shared by two threads can fail ("Already borrowed"); the CPUs are busy anyway.
         self._lock = threading.Lock()
 
     def _load_sync(self, name: str):
@@ -43,27 +38,17 @@ class QueryEncoder:
             return encode(st, texts)
 
     async def model(self, name: str):
-        st = self._models.get(name)
-        if st is not None:
-            return st
-        fut = self._loading.get(name)
+        fut = self._models.get(name)
         if fut is None:  # one load per model, however many requests wait (a deadline may cancel a waiter, not the load)
-            fut = self._loading[name] = asyncio.ensure_future(asyncio.to_thread(self._load_sync, name))
-            fut.add_done_callback(lambda f, n=name: self._loaded(n, f))
+            fut = self._models[name] = asyncio.ensure_future(asyncio.to_thread(self._load_sync, name))
+            fut.add_done_callback(lambda f: self._models.pop(name) if f.cancelled() or f.exception() else None)
         return await asyncio.shield(fut)
-
-    def _loaded(self, name: str, fut: asyncio.Future) -> None:
-        self._loading.pop(name, None)
-        if not fut.cancelled() and fut.exception() is None:
-            self._models[name] = fut.result()
 
     async def encode(self, texts: list[str], models: list[str]) -> list[np.ndarray]:
         """One vector per text, each with its own model; one encode call per distinct model."""
-        out: list[np.ndarray | None] = [None] * len(texts)
+        out: dict[int, np.ndarray] = {}
         for name in dict.fromkeys(models):
             idx = [i for i, m in enumerate(models) if m == name]
-            st = await self.model(name)
-            vecs = await asyncio.to_thread(self.encode_sync, st, [texts[i] for i in idx])
-            for i, v in zip(idx, vecs):
-                out[i] = v
-        return out  # type: ignore[return-value]
+            vecs = await asyncio.to_thread(self.encode_sync, await self.model(name), [texts[i] for i in idx])
+            out.update(zip(idx, vecs))
+        return [out[i] for i in range(len(texts))]

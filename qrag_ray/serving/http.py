@@ -1,11 +1,7 @@
-"""The FastAPI app the Router serves: error rendering, the request-latency middleware, the OpenAPI
-document. Routes are the Router's (serving/router.py).
-
-Every user mistake is an `ApiError` rendered as `{"error", "message"}` with its 4xx/5xx status; only
-bugs are 500s. The app's metrics live on `app.state` of the app that serves the request (created on
-the first request inside the replica), never in a module global: Serve pickles the ingress class by
-value, so a module global would not be the one the handlers read.
-"""
+"""The FastAPI app the Router serves (routes: router.py): error rendering, the request-latency
+middleware, the OpenAPI document. The app's metrics live on `app.state` of the app that serves the
+request, never in a module global: Serve pickles the ingress class by value, so a module global would
+not be the one the handlers read."""
 
 from __future__ import annotations
 
@@ -23,52 +19,41 @@ from qrag_ray.serving.errors import ApiError
 
 logger = logging.getLogger("ray.serve")
 
-app = FastAPI(
-    title="qrag-ray",
-    version="1",
-    description="Question-based retrieval over sharded FAISS indexes (Ray Serve). Send `Authorization: Bearer KEY` "
-                "when the server has a tenants file; the admin status takes the admin key.",
-)
+app = FastAPI(title="qrag-ray", version="1", description="Question-based retrieval over sharded FAISS indexes (Ray "
+              "Serve). Send `Authorization: Bearer KEY` when the server has a tenants file; the admin status takes "
+              "the admin key.")
 bearer = Security(HTTPBearer(auto_error=False, description="the tenant's API key (`qrag tenants add` prints it once)"))
 
 
 def metrics_of(asgi_app):
     """The RouterMetrics of this app in this process (one set per replica)."""
-    found = getattr(asgi_app.state, "metrics", None)
-    if found is None:
+    if getattr(asgi_app.state, "metrics", None) is None:
         from qrag_ray.serving.metrics import RouterMetrics
 
-        found = asgi_app.state.metrics = RouterMetrics()
-    return found
+        asgi_app.state.metrics = RouterMetrics()
+    return asgi_app.state.metrics
+
+
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+_HEADERS = {401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+            429: _RETRY_AFTER, 503: _RETRY_AFTER}
 
 
 def error_responses(*codes: int) -> dict:
     """The documented error responses of a route: the same body for all, with their headers."""
-    out: dict = {}
-    for c in codes:
-        out[c] = {"model": m.ErrorResponse, "description": m.ERROR_DESCRIPTIONS[c]}
-        if c in m.RETRY_AFTER_STATUSES:
-            out[c]["headers"] = {"Retry-After": {"description": "seconds to wait before retrying",
-                                                 "schema": {"type": "integer"}}}
-        if c == 401:
-            out[c]["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
-    return out
+    return {c: {"model": m.ErrorResponse, "description": m.ERROR_DESCRIPTIONS[c]}
+            | ({"headers": _HEADERS[c]} if c in _HEADERS else {}) for c in codes}
 
 
 def _openapi() -> dict:
     """FastAPI's schema, minus the empty `example: {}` Serve's class-based view leaves on request
     bodies: an example the server itself rejects (no `query`) is not a truthful one."""
     if app.openapi_schema is None:
-        from fastapi.openapi.utils import get_openapi
-
-        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
-                           servers=app.servers or None)
-        for ops in spec.get("paths", {}).values():
+        for ops in FastAPI.openapi(app).get("paths", {}).values():  # FastAPI's own sets app.openapi_schema
             for op in ops.values():
                 for media in (op.get("requestBody") or {}).get("content", {}).values():
                     if media.get("example") == {}:
                         media.pop("example")
-        app.openapi_schema = spec
     return app.openapi_schema
 
 
@@ -100,14 +85,12 @@ async def _validation_error(request: Request, e: RequestValidationError):
     errs = e.errors()
     if any(err.get("type") == "json_invalid" for err in errs):
         return _error(request, 400, "malformed_json", "the request body is not valid JSON")
-    parts, detail = [], []
-    for err in errs:
-        loc = [x for x in err.get("loc", ()) if x != "body"]
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(f"{'.'.join(str(x) for x in loc) or 'body'}: {msg}")
-        detail.append({"loc": loc or ["body"], "msg": msg, "type": str(err.get("type", "invalid"))})
+    detail = [{"loc": [x for x in err.get("loc", ()) if x != "body"] or ["body"],
+               "msg": str(err.get("msg", "invalid")).removeprefix("Value error, "),
+               "type": str(err.get("type", "invalid"))} for err in errs]
+    message = "; ".join(f"{'.'.join(str(x) for x in d['loc'])}: {d['msg']}" for d in detail)
     too_long = any(err.get("type") == "string_too_long" for err in errs)
-    return _error(request, 422, "query_too_long" if too_long else "invalid_request", "; ".join(parts), detail=detail)
+    return _error(request, 422, "query_too_long" if too_long else "invalid_request", message, detail=detail)
 
 
 @app.exception_handler(StarletteHTTPException)
@@ -124,9 +107,8 @@ async def _bug(request: Request, e: Exception):
 
 
 class _Timing:
-    """Request latency per route, tenant and status. A plain ASGI middleware: Starlette's
-    `@app.middleware("http")` (BaseHTTPMiddleware) runs every request through extra tasks and
-    streams, which cost more than the rest of this replica's request handling on a small index."""
+    """Request latency per route, tenant and status; plain ASGI, as Starlette's BaseHTTPMiddleware runs
+    every request through extra tasks and streams that cost more than the rest of a small request."""
 
     def __init__(self, asgi_app):
         self.app = asgi_app

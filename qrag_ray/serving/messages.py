@@ -15,8 +15,7 @@ class VersionMoved(IndexFormatError):
 
 @dataclass(frozen=True)
 class ShardKey:
-    """Exactly what to search: a request is answered from one version on every shard, and a shard
-    replica needs no tenant table of its own (the Router's registry is the only one)."""
+    """Exactly what to search: one version on every shard, and no tenant table in the shard replicas."""
 
     tenant: str
     index_dir: str  # the directory holding manifest.json (a version directory under a versioned root)
@@ -37,8 +36,6 @@ class Query:
 @dataclass
 class ShardReply:
     shard: int
-    index_version: str
-    ntotal: int
     hits: list  # one ShardHits per query vector, each final for this shard's top k
     matched: dict[int, tuple[str, str]] = field(default_factory=dict)  # row -> (kind, text)
     chunks: dict[int, dict] = field(default_factory=dict)  # chunk_idx -> meta

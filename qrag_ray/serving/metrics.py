@@ -1,14 +1,6 @@
-"""Application metrics of the Serve app, exported through Ray's metrics agent (`ray.serve.metrics`).
-
-Ray prefixes custom metrics with `ray_` on the Prometheus endpoint of every node (the
-`metrics_export_port`, scraped the same way as Serve's built-in `ray_serve_*` metrics; docs/SERVING.md),
-and adds the Serve tags `deployment`, `replica`, `application`. `EXPORTED_METRICS` lists the names exactly
-as scraped: the serving tests check each against a live scrape, and the Grafana dashboard may only
-query these (or Serve's built-ins).
-
-Metric objects are created inside replicas (`ServingMetrics()`), never at import, so importing this
-module needs no Ray.
-"""
+"""The Serve app's metrics (`ray.serve.metrics`), created inside replicas, never at import (no Ray needed).
+`EXPORTED_METRICS` lists them as scraped (Ray adds the `ray_` prefix): the serving tests check each
+against a live scrape, and the Grafana dashboard may query only these (or Serve's built-ins)."""
 
 from __future__ import annotations
 
@@ -32,38 +24,33 @@ _HELP = {
     INDEX_VERSION: "1 for each (tenant, shard, index_version) loaded in a replica.",
 }
 
-
-def _histogram_names(name: str) -> dict[str, str]:
-    return {f"ray_{name}_{s}": _HELP[name] for s in ("bucket", "sum", "count")}
-
-
 EXPORTED_METRICS: dict[str, str] = {
-    **_histogram_names(REQUEST_LATENCY),
-    **_histogram_names(SHARD_LATENCY),
-    **_histogram_names(CANDIDATES_BEFORE),
-    **_histogram_names(CANDIDATES_AFTER),
+    **{f"ray_{name}_{s}": _HELP[name] for name in (REQUEST_LATENCY, SHARD_LATENCY, CANDIDATES_BEFORE, CANDIDATES_AFTER)
+       for s in ("bucket", "sum", "count")},
     f"ray_{ERRORS}_total": _HELP[ERRORS],
     f"ray_{INDEX_VERSION}": _HELP[INDEX_VERSION],
 }
 
 
+def _histogram(name: str, boundaries: list, *tags: str):
+    from ray.serve.metrics import Histogram
+
+    return Histogram(name, _HELP[name], boundaries=boundaries, tag_keys=tags)
+
+
 class RouterMetrics:
     def __init__(self):
-        from ray.serve.metrics import Counter, Histogram
+        from ray.serve.metrics import Counter
 
-        self.latency = Histogram(REQUEST_LATENCY, _HELP[REQUEST_LATENCY], boundaries=LATENCY_MS_BUCKETS,
-                                 tag_keys=("route", "tenant", "status"))
-        self.before = Histogram(CANDIDATES_BEFORE, _HELP[CANDIDATES_BEFORE], boundaries=COUNT_BUCKETS,
-                                tag_keys=("tenant",))
-        self.after = Histogram(CANDIDATES_AFTER, _HELP[CANDIDATES_AFTER], boundaries=COUNT_BUCKETS,
-                               tag_keys=("tenant",))
+        self.latency = _histogram(REQUEST_LATENCY, LATENCY_MS_BUCKETS, "route", "tenant", "status")
+        self.before = _histogram(CANDIDATES_BEFORE, COUNT_BUCKETS, "tenant")
+        self.after = _histogram(CANDIDATES_AFTER, COUNT_BUCKETS, "tenant")
         self.errors = Counter(ERRORS, _HELP[ERRORS], tag_keys=("route", "tenant", "kind"))
 
 
 class ShardMetrics:
     def __init__(self):
-        from ray.serve.metrics import Gauge, Histogram
+        from ray.serve.metrics import Gauge
 
-        self.latency = Histogram(SHARD_LATENCY, _HELP[SHARD_LATENCY], boundaries=LATENCY_MS_BUCKETS,
-                                 tag_keys=("tenant", "shard"))
+        self.latency = _histogram(SHARD_LATENCY, LATENCY_MS_BUCKETS, "tenant", "shard")
         self.version = Gauge(INDEX_VERSION, _HELP[INDEX_VERSION], tag_keys=("tenant", "shard", "index_version"))

@@ -1,15 +1,11 @@
-"""Per-tenant token buckets (pure): one noisy tenant must not starve the others on shared replicas.
-
-Each router replica keeps its own buckets, so a tenant's cluster-wide ceiling is its rate times the
-number of Router replicas (docs/SERVING.md). Buckets survive a tenants-file reload when the tenant's
-limit did not change, so rotating a key does not hand out a fresh burst.
-"""
+"""Per-tenant token buckets (pure), per Router replica: one noisy tenant must not starve the others.
+A bucket survives a tenants-file reload that keeps its limit, so rotating a key gives no fresh burst."""
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 
@@ -17,12 +13,12 @@ from typing import Callable
 class TokenBucket:
     rate: float  # tokens per second
     burst: int  # bucket size
-    tokens: float = field(default=-1.0)
+    tokens: float = -1.0  # -1: not used yet (the first use finds a full bucket)
     stamp: float = 0.0
 
     def take(self, now: float) -> float:
         """Spend one token: 0.0 when allowed, else the seconds until one is available."""
-        if self.tokens < 0:  # first use: a full bucket
+        if self.tokens < 0:
             self.tokens, self.stamp = float(self.burst), now
         self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
@@ -41,18 +37,12 @@ class RateLimiter:
 
     def configure(self, limits: dict[str, tuple[float, int] | None]) -> None:
         """Set every tenant's (rate, burst); keep a bucket whose limit is unchanged."""
-        new: dict[str, TokenBucket] = {}
-        for tenant, lim in limits.items():
-            if lim is None:
-                continue
-            old = self.buckets.get(tenant)
-            new[tenant] = old if old is not None and (old.rate, old.burst) == lim else TokenBucket(*lim)
-        self.buckets = new
+        old = self.buckets
+        self.buckets = {t: old[t] if t in old and (old[t].rate, old[t].burst) == lim else TokenBucket(*lim)
+                        for t, lim in limits.items() if lim is not None}
 
     def retry_after(self, tenant: str) -> int:
         """0 when the request may go on; else whole seconds to put in a Retry-After header (>= 1)."""
         b = self.buckets.get(tenant)
-        if b is None:
-            return 0
-        wait = b.take(self.clock())
+        wait = b.take(self.clock()) if b is not None else 0.0
         return 0 if wait == 0.0 else max(1, math.ceil(wait))

@@ -1,12 +1,6 @@
-"""The live tenant table of a Router replica: the tenants file, re-read when it changes (no Ray).
-
-Operators rotate and revoke keys and add or remove tenants with `qrag tenants ...`, which rewrites
-the file atomically; on Kubernetes the file is a mounted Secret/ConfigMap, which the kubelet swaps
-by symlink. Either way the Router polls the file's identity (inode, size, mtime) every
-`tenants_reload_s` and re-parses it when that changes, so a change reaches every replica within
-about one interval, with no restart and no redeploy. A file that fails to parse (a typo while
-editing by hand) keeps the last good table in force and is reported on the admin status.
-"""
+"""The live tenant table of a Router replica (no Ray): the tenants file, re-parsed when its identity
+(inode, size, mtime; a kubelet symlink swap included) changes. A file that fails to parse keeps the
+last good table in force and is reported on the admin status."""
 
 from __future__ import annotations
 
@@ -30,30 +24,23 @@ def _identity(p: Path) -> tuple | None:
 
 
 class TenantRegistry:
-    """`tenants` is the table in force; `refresh()` swaps it when the file changed and parses."""
+    """`tenants` is the table in force: the one given, or the file at `path` (see `refresh`)."""
 
-    def __init__(self, tenants: Tenants, path: str | Path | None = None):
-        self.tenants = tenants
+    def __init__(self, tenants: Tenants | None = None, path: str | Path | None = None):
         self.path = Path(path) if path else None
-        self._seen = _identity(self.path) if self.path else None
+        self._seen = _identity(self.path) if self.path else None  # first: a change during the parse shows next time
+        self.tenants = tenants if tenants is not None else load_tenants(self.path)
         self.error: str | None = None
         self.loaded_at = time.time()
         self.reloads = 0
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TenantRegistry":
-        p = Path(path)
-        seen = _identity(p)
-        reg = cls(load_tenants(p), p)
-        reg._seen = seen  # the identity of the content just parsed (a change during the parse is seen next time)
-        return reg
+        return cls(path=path)
 
     def refresh(self) -> bool:
         """Re-read the file if it changed; True when a new table came into force."""
-        if self.path is None:
-            return False
-        ident = _identity(self.path)
-        if ident == self._seen:
+        if self.path is None or (ident := _identity(self.path)) == self._seen:
             return False
         self._seen = ident
         try:

@@ -1,14 +1,8 @@
-"""A query's one path inside the Router: resolve the tenant's version, embed, search its shards,
-merge once, look up the page, format.
-
-The shards are searched through one backend interface with two implementations: `LocalShards`, the
-Router's own ShardStore for small tenants (no process hop), and `RemoteShards`, the ShardSearcher
-deployments (a replica that died under the call is retried once). Concurrent queries' texts are
-embedded in one encode call (`@serve.batch`); a lone request on a small tenant has nothing to batch
-with, so the local backend embeds and searches it in ONE worker-thread call instead (the batch queue
-and a second thread hop are a noticeable share of such a request). `timings.path` says which ran:
-"router, one call", "router" or "shards".
-"""
+"""A query's one path inside the Router: resolve the tenant's version, embed, search its shards
+(`LocalShards`: the Router's own store, `RemoteShards`: the ShardSearcher deployments), merge once,
+look up the page, format. Concurrent queries are embedded in one encode call (`@serve.batch`); a lone
+request on a small tenant has nothing to batch with, so it is embedded and searched in ONE
+worker-thread call (`timings.path`: "router, one call", "router" or "shards")."""
 
 from __future__ import annotations
 
@@ -19,12 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.exceptions import BackPressureError
 
 from qrag_ray.errors import QragError, find_user_error
 from qrag_ray.index.format import shard_of
 from qrag_ray.search.merge import merge_hits
 from qrag_ray.search.shard_search import NoBm25Index, check_hybrid, format_results
-from qrag_ray.serving.errors import bad_request, index_unavailable, overloaded, shard_unavailable
+from qrag_ray.serving.errors import ApiError, index_unavailable, overloaded, shard_unavailable
 from qrag_ray.serving.messages import Query, ShardKey, ShardReply, VersionMoved
 from qrag_ray.serving.shard_store import LoadedShard, ShardStore, search_loaded
 from qrag_ray.serving.tenants import Tenant
@@ -52,28 +48,27 @@ class Hits:
 
 
 def resolve_query(ti: TenantIndex, tenant: str, req, text: str) -> Query:
-    """The request (`api_models._Request`) as one Query on this index version: the fusion policy is the
-    index's, or the request's `bm25_alpha` over it (which needs the index's BM25 channel); a hybrid
-    policy also matches the user's own words with BM25."""
+    """The request (`api_models._Request`) as one Query on this index version: the index's fusion policy
+    or the request's `bm25_alpha` over it (409 without a BM25 channel); hybrid also gets the user's words."""
     policy = ti.policy
     if req.bm25_alpha is not None:
         policy = policy.with_bm25_alpha(req.bm25_alpha)
         try:
             check_hybrid(policy, ti.manifest, f"index '{tenant}'")
         except NoBm25Index as e:
-            raise bad_request("no_bm25_index", str(e), status=409) from None
+            raise ApiError(409, "no_bm25_index", str(e)) from None
     return Query(text, req.k, req.min_score, policy, req.query if policy.bm25_alpha is not None else None)
 
 
-def _search_all(shards: list[int], loaded: list[LoadedShard], qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-    return [search_loaded(ls, s, qvecs, q, page=False) for s, ls in zip(shards, loaded)]
+def _search_all(loaded: list[LoadedShard], qvecs: np.ndarray, q: Query) -> list[ShardReply]:
+    return [search_loaded(ls, shard, qvecs, q, page=False) for shard, ls in enumerate(loaded)]
 
 
-def _embed_then_search(encoder, st, shards: list[int], loaded: list[LoadedShard], q: Query) -> Hits:
+def _embed_then_search(encoder, st, loaded: list[LoadedShard], q: Query) -> Hits:
     t0 = time.perf_counter()
     qv = encoder.encode_sync(st, [q.text])
     t1 = time.perf_counter()
-    replies = _search_all(shards, loaded, qv, q)
+    replies = _search_all(loaded, qv, q)
     return Hits(replies, "router, one call", (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000, 1)
 
 
@@ -89,9 +84,8 @@ class LocalShards:
     async def call(self, shard: int, method: str, *args):
         return await getattr(self.store, method)(shard, *args)
 
-    async def search(self, key: ShardKey, shards: list[int], qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-        loaded = await self.store.get_all(shards, key)
-        replies = await asyncio.to_thread(_search_all, shards, loaded, qvecs, q)
+    async def search(self, key: ShardKey, n: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
+        replies = await asyncio.to_thread(_search_all, await self.store.get_all(n, key), qvecs, q)
         self.store.observe(key, replies)
         return replies
 
@@ -99,9 +93,8 @@ class LocalShards:
         stage["stage"] = "embedding the query"
         st = await encoder.model(ti.embedder)  # loaded once; a no-op after the first request
         stage["stage"] = "embedding the query and searching"
-        shards = list(range(ti.num_shards))
-        loaded = await self.store.get_all(shards, key)
-        hits = await asyncio.to_thread(_embed_then_search, encoder, st, shards, loaded, q)
+        loaded = await self.store.get_all(ti.num_shards, key)
+        hits = await asyncio.to_thread(_embed_then_search, encoder, st, loaded, q)
         self.store.observe(key, hits.replies)
         return hits
 
@@ -110,38 +103,31 @@ class LocalShards:
 
 
 class RemoteShards:
-    """The ShardSearcher deployments, one per shard number. Errors a user can act on come back as
-    ApiError/QragError; a replica that died under a call is retried once (Serve routes the retry to a
-    live replica)."""
+    """The ShardSearcher deployments, one per shard number; a replica that died under a call is retried
+    once (Serve routes the retry to a live replica)."""
 
     path = "shards"
 
     def __init__(self, handles: list):
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
         self.handles = list(handles)
-        self.dead_replica = (ActorDiedError, ActorUnavailableError, RayActorError)
 
     async def call(self, shard: int, method: str, *args):
-        from ray.serve.exceptions import BackPressureError
-
         for attempt in (1, 2):
             try:
-                return await getattr(self.handles[shard], method).remote(*args)
+                return await getattr(self.handles[shard], method).remote(shard, *args)
             except BackPressureError:
                 raise overloaded(f"shard {shard} is at its queue limit") from None
             except Exception as e:
-                ue = find_user_error(e)  # e.g. a shard that cannot load this tenant's index
-                if ue is not None:
+                if (ue := find_user_error(e)) is not None:  # e.g. a shard that cannot load this tenant's index
                     raise ue from None
-                if not isinstance(e, self.dead_replica):
+                if not isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError)):
                     raise
                 if attempt == 2:
                     raise shard_unavailable(shard, type(e).__name__) from None
                 logger.warning("shard %d replica failed (%s); retrying once", shard, type(e).__name__)
 
-    async def search(self, key: ShardKey, shards: list[int], qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-        return list(await asyncio.gather(*[self.call(i, "search", key, qvecs, q) for i in shards]))
+    async def search(self, key: ShardKey, n: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
+        return list(await asyncio.gather(*[self.call(i, "search", key, qvecs, q) for i in range(n)]))
 
     async def lookup(self, key: ShardKey, want: dict[int, tuple[set, set]]) -> list[tuple[dict, dict]]:
         return list(await asyncio.gather(*[self.call(s, "lookup", key, sorted(rows), sorted(cis))
@@ -151,9 +137,6 @@ class RemoteShards:
 class Retriever:
     def __init__(self, encoder, local: LocalShards, remote: RemoteShards, versions: TenantVersions):
         self.encoder, self.local, self.remote, self.versions = encoder, local, remote, versions
-
-    def backend(self, ti: TenantIndex) -> LocalShards | RemoteShards:
-        return self.local if ti.local else self.remote
 
     async def retrieve(self, tenant: Tenant, req, text: str, stage: dict, lone: bool) -> Retrieval:
         """Search `text` (the query or its HyDE passage) on the tenant's version, as `req` asks;
@@ -195,8 +178,8 @@ class Retriever:
         vec, batch = await self._embed_batch((q.text, ti.embedder))
         t1 = time.perf_counter()
         stage["stage"] = "searching the shards"
-        backend = self.backend(ti)
-        replies = await backend.search(key, list(range(ti.num_shards)), vec[None, :], q)
+        backend = self.local if ti.local else self.remote
+        replies = await backend.search(key, ti.num_shards, vec[None, :], q)
         return Hits(replies, backend.path, (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000, batch)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0)  # no wait: under load the queue fills during an encode
@@ -217,8 +200,7 @@ class Retriever:
                     want.setdefault(shard, (set(), set()))[0].add(row)
             if r.chunk_idx not in chunks:  # the shard the pipeline wrote the chunk to
                 want.setdefault(shard_of(r.chunk_idx, ti.num_shards), (set(), set()))[1].add(r.chunk_idx)
-        if not want:
-            return
-        for s, (mt, ch) in zip(want, await self.backend(ti).lookup(key, want)):
-            matched.update({(s, row): v for row, v in mt.items()})
-            chunks.update(ch)
+        if want:
+            for s, (mt, ch) in zip(want, await (self.local if ti.local else self.remote).lookup(key, want)):
+                matched.update({(s, row): v for row, v in mt.items()})
+                chunks.update(ch)

@@ -1,8 +1,6 @@
 """The Router deployment (FastAPI ingress): its routes, each a thin call into the modules that do the
-work: tenants and keys (registry.py), versions (versions.py), the query's path (retrieval.py), the LLM
-(answer.py). One deadline (`request_timeout_s`) covers a request; overload and per-tenant limits answer
-503 / 429 with Retry-After at once; the tenants file is re-read every `tenants_reload_s`.
-"""
+work. One deadline (`request_timeout_s`) covers a request; overload and per-tenant limits answer 503 /
+429 with Retry-After at once."""
 
 from __future__ import annotations
 
@@ -15,32 +13,33 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from qrag_ray.serving import api_models as m
-from qrag_ray.serving.errors import ApiError, deadline_exceeded, overloaded, rate_limited
+from qrag_ray.serving.answer import Answerer
+from qrag_ray.serving.config import AppArgs, assigned_cpus
+from qrag_ray.serving.encoder import QueryEncoder
+from qrag_ray.serving.errors import ApiError, overloaded
 from qrag_ray.serving.http import app, bearer, error_responses, metrics_of
+from qrag_ray.serving.ratelimit import RateLimiter
+from qrag_ray.serving.registry import TenantRegistry
+from qrag_ray.serving.retrieval import LocalShards, RemoteShards, Retriever
+from qrag_ray.serving.shard_store import ShardStore
 from qrag_ray.serving.tenants import Tenant
+from qrag_ray.serving.versions import IndexReader, TenantVersions
 
 logger = logging.getLogger("ray.serve")
+
+_QUERY_ERRORS = error_responses(400, 401, 403, 404, 409, 422, 429, 501, 502, 503, 504)
 
 
 @serve.ingress(app)
 class Router:
     async def __init__(self, shards: list, synthesizer, args: dict):
-        from qrag_ray.serving.answer import Answerer
-        from qrag_ray.serving.config import AppArgs, assigned_cpus
-        from qrag_ray.serving.encoder import QueryEncoder
-        from qrag_ray.serving.ratelimit import RateLimiter
-        from qrag_ray.serving.registry import TenantRegistry
-        from qrag_ray.serving.retrieval import LocalShards, RemoteShards, Retriever
-        from qrag_ray.serving.shard_store import ShardStore
-        from qrag_ray.serving.versions import IndexReader, TenantVersions
-
         self.args = a = AppArgs.model_validate(args)
         self.shards = list(shards)
         self.registry = TenantRegistry.from_file(a.tenants) if a.tenants else TenantRegistry(a.load_tenants())
         self.limiter = RateLimiter()
         self._configure_limits()
         self.encoder = QueryEncoder(threads=assigned_cpus())
-        self.local = ShardStore(a.router_cache_bytes, a.faiss_threads or assigned_cpus())
+        self.local = ShardStore(a.router_cache_bytes, a.faiss_threads)
         local, remote = LocalShards(self.local), RemoteShards(self.shards)
         self.versions = TenantVersions(
             IndexReader(len(self.shards), a.local_search_max_bytes),
@@ -71,8 +70,6 @@ class Router:
                     self._configure_limits()
                 await self.versions.sync(self.registry.tenants.by_name, self.args.warm_tenants if first else None)
                 first, self._ready = False, True
-            except asyncio.CancelledError:
-                raise
             except Exception:  # noqa: BLE001 - the watcher must outlive any one bad tenant
                 logger.exception("tenant watcher pass failed")
             await asyncio.sleep(self.args.tenants_reload_s)
@@ -84,9 +81,9 @@ class Router:
         tenant = tenants.authenticate(request.headers.get("authorization"))
         request.state.tenant = tenant.name
         tenant = tenants.resolve(tenant, index)
-        wait = self.limiter.retry_after(tenant.name)
-        if wait:
-            raise rate_limited(tenant.name, wait)
+        if wait := self.limiter.retry_after(tenant.name):
+            raise ApiError(429, "rate_limited", f"tenant '{tenant.name}' is over its request rate; retry in {wait} s",
+                           {"Retry-After": str(wait)})
         return tenant
 
     async def _deadline(self, coro, stage: dict):
@@ -98,20 +95,23 @@ class Router:
         try:
             return await asyncio.wait_for(coro, timeout=self.args.request_timeout_s)
         except asyncio.TimeoutError:
-            raise deadline_exceeded(self.args.request_timeout_s, stage.get("stage", "starting")) from None
+            at = stage.get("stage", "starting")
+            raise ApiError(504, "deadline_exceeded", "the request did not finish within its "
+                           f"{self.args.request_timeout_s:g} s deadline (it was {at})") from None
         finally:
             self._inflight -= 1
 
-    async def _retrieve(self, request: Request, tenant: Tenant, req: m._Request, text: str, stage: dict):
+    async def _retrieve(self, request: Request, tenant: Tenant, req: m._Request, stage: dict):
+        """(the retrieval, the HyDE passage) for the request's query."""
+        text, hypothetical = await self.answerer.query_text(req, stage)
         r = await self.retriever.retrieve(tenant, req, text, stage, lone=self._inflight <= 1)
         metrics = metrics_of(request.app)
         metrics.before.observe(r.timings["candidates"], tags={"tenant": tenant.name})
         metrics.after.observe(len(r.results), tags={"tenant": tenant.name})
-        return r
+        return r, hypothetical
 
     # ---- routes --------------------------------------------------------------------------------
-    @app.post("/v1/search", response_model=m.SearchResponse,
-              responses=error_responses(400, 401, 403, 404, 409, 422, 429, 501, 502, 503, 504), dependencies=[bearer])
+    @app.post("/v1/search", response_model=m.SearchResponse, responses=_QUERY_ERRORS, dependencies=[bearer])
     async def search(self, req: m.SearchRequest, request: Request) -> m.SearchResponse:
         """Top k distinct chunks for a query (exactly k when the index has them)."""
         t0 = time.perf_counter()
@@ -119,16 +119,14 @@ class Router:
         stage: dict = {}
 
         async def run():
-            text, hypothetical = await self.answerer.query_text(req, stage)
-            r = await self._retrieve(request, tenant, req, text, stage)
+            r, hypothetical = await self._retrieve(request, tenant, req, stage)
             return m.SearchResponse(results=r.results, index=tenant.name, index_version=r.index_version,
                                     mode=req.mode, took_ms=(time.perf_counter() - t0) * 1000,
                                     hypothetical=hypothetical, timings=r.timings)
 
         return await self._deadline(run(), stage)
 
-    @app.post("/v1/answer", response_model=m.AnswerResponse,
-              responses=error_responses(400, 401, 403, 404, 409, 422, 429, 501, 502, 503, 504), dependencies=[bearer])
+    @app.post("/v1/answer", response_model=m.AnswerResponse, responses=_QUERY_ERRORS, dependencies=[bearer])
     async def answer(self, req: m.AnswerRequest, request: Request) -> m.AnswerResponse:
         """An answer synthesized from the retrieved chunks with [n] citations, or "I don't know"."""
         t0 = time.perf_counter()
@@ -137,8 +135,7 @@ class Router:
         stage: dict = {}
 
         async def run():
-            text, _ = await self.answerer.query_text(req, stage)
-            r = await self._retrieve(request, tenant, req, text, stage)
+            r, _ = await self._retrieve(request, tenant, req, stage)
             answer, citations = await self.answerer.answer(req.query, r.results, req.max_tokens, stage)
             return m.AnswerResponse(answer=answer, citations=citations, results=r.results, index=tenant.name,
                                     index_version=r.index_version, mode=req.mode,
@@ -183,28 +180,17 @@ class Router:
     async def admin_status(self, request: Request) -> m.AdminStatus:
         """Every tenant's served version and problems, every shard deployment's cache (admin key only)."""
         self._ensure_watcher()
-        tenants = self.registry.tenants
+        tenants, reg = self.registry.tenants, self.registry
         tenants.is_admin(request.headers.get("authorization"))
-        shard_status = await asyncio.gather(*[s.status.remote() for s in self.shards], return_exceptions=True)
+        replies = await asyncio.gather(*[s.status.remote() for s in self.shards], return_exceptions=True)
+        shards = [m.ShardStatus(shard=i, reachable=False, error=type(st).__name__) if isinstance(st, BaseException)
+                  else m.ShardStatus(shard=i, reachable=True, **st) for i, st in enumerate(replies)]
         local = self.local.status()
-        shard_problems: dict[str, list] = {}
-        for tenant, p in local["problems"].items():
-            shard_problems.setdefault(tenant, []).append(p)
-        shards = []
-        for i, st in enumerate(shard_status):
-            if isinstance(st, BaseException):
-                shards.append(m.ShardStatus(shard=i, reachable=False, error=type(st).__name__))
-                continue
-            shards.append(m.ShardStatus(shard=i, reachable=True, loaded=st["loaded"], bytes=st["bytes"],
-                                        max_bytes=st["max_bytes"]))
-            for tenant, p in st["problems"].items():
-                shard_problems.setdefault(tenant, []).append(p)
-        out = [self._tenant_status(t, shard_problems.get(t.name, [])) for t in tenants.by_name.values()]
-        reg = self.registry
+        problems = [(t, p) for st in [local, *replies] if isinstance(st, dict) for t, p in st["problems"].items()]
+        out = [self._tenant_status(t, [p for name, p in problems if name == t.name]) for t in tenants.by_name.values()]
         ok = all(t.status == "ok" for t in out) and all(s.reachable for s in shards) and reg.error is None
         return m.AdminStatus(status="ok" if ok else "degraded", ready=self._ready, tenants=out, shards=shards,
-                             router_cache=m.CacheStatus(loaded=local["loaded"], bytes=local["bytes"],
-                                                        max_bytes=local["max_bytes"]),
+                             router_cache=m.CacheStatus(**local),
                              registry=m.RegistryStatus(path=str(reg.path) if reg.path else None,
                                                        tenants=len(tenants.by_name), reloads=reg.reloads,
                                                        loaded_at=reg.loaded_at, error=reg.error),
@@ -226,9 +212,8 @@ class Router:
 
     def check_health(self) -> None:
         """Serve's periodic probe: restart a replica whose tenant watcher died (it would stop seeing
-        key rotations and new versions)."""
+        key rotations and new versions) or whose metrics task did."""
         w = self._watcher
         if w is not None and w.done() and not w.cancelled() and w.exception() is not None:
             raise RuntimeError(f"tenant watcher failed: {w.exception()!r}")
-        if (e := self.local.refresher_failed()) is not None:
-            raise RuntimeError(f"metrics task failed: {e!r}")
+        self.local.check_health()

@@ -1,9 +1,5 @@
-"""A least-recently-used cache bounded in bytes (pure).
-
-Tenants' shards differ by orders of magnitude in size, so a cache bounded by a count (8 shards) either
-wastes memory on tiny tenants or runs out on big ones; the bound is the replica's memory. An entry
-bigger than the whole budget is still admitted alone (the request that needs it must be served).
-"""
+"""A least-recently-used cache bounded in bytes (pure): tenants' shards differ by orders of magnitude in
+size. An entry bigger than the whole budget is still admitted alone (its request must be served)."""
 
 from __future__ import annotations
 
@@ -17,18 +13,14 @@ class ByteLRU:
         self._d: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self.bytes = 0
 
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._d
-
     def __len__(self) -> int:
         return len(self._d)
 
     def get(self, key: Hashable) -> Any | None:
-        hit = self._d.get(key)
-        if hit is None:
+        if key not in self._d:
             return None
         self._d.move_to_end(key)
-        return hit[0]
+        return self._d[key][0]
 
     def put(self, key: Hashable, value: Any, nbytes: int) -> list[Hashable]:
         """Insert (or replace) and return the keys evicted to stay within the budget."""
@@ -43,11 +35,9 @@ class ByteLRU:
         return evicted
 
     def pop(self, key: Hashable) -> Any | None:
-        hit = self._d.pop(key, None)
-        if hit is None:
-            return None
-        self.bytes -= hit[1]
-        return hit[0]
+        value, nbytes = self._d.pop(key, (None, 0))
+        self.bytes -= nbytes
+        return value
 
     def keys(self) -> list[Hashable]:
         return list(self._d)

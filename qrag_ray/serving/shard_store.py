@@ -1,12 +1,6 @@
-"""Loaded tenant shards in a byte-bounded LRU, searched off the event loop.
-
-A ShardSearcher replica keeps one store for its shard number (every tenant too big for the Router);
-the Router keeps one for the small tenants it searches itself (`local_search_max_bytes`, no process
-hop). Both search through `search_loaded`, so a tenant ranks the same whichever process searches it.
-Loaded shards are keyed by `ShardKey` (tenant, version directory, version), so a request is answered
-from one version on every shard; the cache is bounded in bytes (thousands of small tenants share a
-store, a big one evicts them).
-"""
+"""Loaded tenant shards in a byte-bounded LRU, searched off the event loop. Each ShardSearcher{i}
+deployment is a store asked only for shard i; the Router keeps one for the small tenants it searches
+itself. Both search through `search_loaded`, so a tenant ranks the same whichever process searches it."""
 
 from __future__ import annotations
 
@@ -17,9 +11,15 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
+from qrag_ray.index.format import CHUNKS, files_under, load_manifest, verify_files
+from qrag_ray.index.searcher import ShardSearcher
 from qrag_ray.search.merge import merge_hits
+from qrag_ray.search.shard_search import initial_multiplier, search_shard_exact
+from qrag_ray.serving.config import assigned_cpus
 from qrag_ray.serving.messages import Query, ShardKey, ShardReply, VersionMoved
 from qrag_ray.serving.shard_cache import ByteLRU
 
@@ -28,23 +28,15 @@ logger = logging.getLogger("ray.serve")
 
 @dataclass
 class LoadedShard:
-    tenant: str
-    searcher: object  # qrag_ray.index.searcher.ShardSearcher
+    searcher: ShardSearcher
     chunks: dict[int, dict]  # chunk_idx -> {chunk_id, doc_id, title, text}: this shard's chunks only
     index_version: str
     multiplier: int
     nbytes: int
 
 
-def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> LoadedShard:
+def load_shard(index_dir: str, shard: int, threads: int | None) -> LoadedShard:
     """Load and verify (sha256) one shard of one tenant's index: FAISS file, row metadata, its chunks."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from qrag_ray.index.format import CHUNKS, files_under, load_manifest, verify_files
-    from qrag_ray.index.searcher import ShardSearcher
-    from qrag_ray.search.shard_search import initial_multiplier
-
     manifest = load_manifest(index_dir)
     if shard >= manifest.num_shards:
         raise IndexFormatError(f"index {index_dir} has {manifest.num_shards} shards, no shard {shard}")
@@ -52,26 +44,21 @@ def load_shard(tenant: str, index_dir: str, shard: int, threads: int | None) -> 
     verify_files(manifest, [CHUNKS])
     t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", "chunk_id", "doc_id", "title", "text", "shard"])
     t = t.filter(pc.equal(t.column("shard"), shard))
-    cols = {c: t.column(c).to_pylist() for c in ("chunk_idx", "chunk_id", "doc_id", "title", "text")}
-    chunks = {int(ci): {"chunk_id": a, "doc_id": b, "title": c, "text": d}
-              for ci, a, b, c, d in zip(cols["chunk_idx"], cols["chunk_id"], cols["doc_id"], cols["title"], cols["text"])}
+    chunks = {int(row.pop("chunk_idx")): row for row in t.drop_columns(["shard"]).to_pylist()}
     info = manifest.shard(shard)
     rels = [info["faiss"], info["meta"]] + (files_under(manifest, info["bm25"]) if info.get("bm25") else [])
     nbytes = sum(os.path.getsize(manifest.file(r)) for r in rels) + int(t.nbytes)
-    return LoadedShard(tenant, searcher, chunks, manifest.index_version, initial_multiplier(manifest), nbytes)
+    return LoadedShard(searcher, chunks, manifest.index_version, initial_multiplier(manifest), nbytes)
 
 
 def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:
-    """The shard's final local hits (timed) plus, with `page`, the texts of its own top-k chunks: the
-    only rows of this shard that can reach the page, sent with the hits to save a second call. In the
-    Router's own process that second call is a dict lookup, so there (`page=False`) only the merged
-    page's chunks are looked up. Runs in the calling (worker) thread."""
-    from qrag_ray.search.shard_search import search_shard_exact
-
+    """The shard's final local hits (timed) plus, with `page`, the texts of its own top-k chunks, the only
+    ones that can reach the page: sent with the hits to save a second call (in the Router's own process
+    that call is a dict lookup, so `page=False` there). Runs in the calling (worker) thread."""
     t0 = time.perf_counter()
     texts = None if q.lexical is None else [q.lexical]
     hits, rounds = search_shard_exact(ls.searcher, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts)
-    reply = ShardReply(shard, ls.index_version, ls.searcher.ntotal, hits, rounds=rounds)
+    reply = ShardReply(shard, hits, rounds=rounds)
     for h in (hits if page else ()):
         for r in merge_hits([h], 0, q.k, q.min_score, q.policy)[0]:
             reply.chunks[r.chunk_idx] = ls.chunks[r.chunk_idx]
@@ -82,22 +69,18 @@ def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page
 
 
 class ShardStore:
-    """Loaded shards (any shard number) in an LRU bounded in bytes, one load per key, FAISS off the
-    event loop."""
+    """Loaded shards in an LRU bounded in bytes, one load per key, FAISS off the event loop; also the
+    ShardSearcher deployment (FAISS threads: `threads`, else the replica's CPUs)."""
 
-    def __init__(self, cache_bytes: int, threads: int):
+    def __init__(self, cache_bytes: int, threads: int | None):
         from qrag_ray.serving.metrics import ShardMetrics
 
-        self.threads = threads
+        self.threads = threads or assigned_cpus()
         self.cache = ByteLRU(cache_bytes)
         self.metrics = ShardMetrics()
         self.problems: dict[str, dict] = {}  # tenant -> {"shard", "version", "reason"} of its last failed load
-        self._loading: dict[tuple[ShardKey, int], asyncio.Future] = {}
+        self._loading: dict[tuple[ShardKey, int], asyncio.Task] = {}
         self._refresher: asyncio.Task | None = None
-
-    def _ensure_refresher(self) -> None:
-        if self._refresher is None:
-            self._refresher = asyncio.get_running_loop().create_task(self._refresh_gauge())
 
     async def _refresh_gauge(self) -> None:
         """Ray drops a gauge sample that is not re-reported within ~2 export intervals, so the
@@ -108,51 +91,49 @@ class ShardStore:
                                                   "index_version": key.version})
             await asyncio.sleep(2.0)
 
-    def refresher_failed(self) -> BaseException | None:
+    def check_health(self) -> None:
+        """Serve's periodic probe: a replica whose gauge task died is restarted rather than kept."""
         t = self._refresher
-        return t.exception() if t is not None and t.done() and not t.cancelled() else None
+        if t is not None and t.done() and not t.cancelled() and t.exception() is not None:
+            raise RuntimeError(f"metrics task failed: {t.exception()!r}")
 
     async def get(self, shard: int, key: ShardKey) -> LoadedShard:
-        self._ensure_refresher()
+        if self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_gauge())
         ck = (key, shard)
         hit = self.cache.get(ck)
         if hit is not None:
             return hit
-        pending = self._loading.get(ck)
-        if pending is not None:  # one load per key, however many requests wait for it
-            return await asyncio.shield(pending)
-        fut = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "exception never retrieved"
-        self._loading[ck] = fut
+        if ck not in self._loading:  # one load per key, however many requests wait (a deadline cancels a waiter)
+            self._loading[ck] = asyncio.ensure_future(self._load(shard, key))
+        return await asyncio.shield(self._loading[ck])
+
+    async def _load(self, shard: int, key: ShardKey) -> LoadedShard:
         try:
-            loaded = await asyncio.to_thread(load_shard, key.tenant, key.index_dir, shard, self.threads)
-            if loaded.index_version != key.version:
-                raise VersionMoved(f"{key.index_dir} now holds index version {loaded.index_version}, "
-                                   f"not {key.version}")
+            loaded = await asyncio.to_thread(load_shard, key.index_dir, shard, self.threads)
         except Exception as e:
-            if not isinstance(e, VersionMoved):
-                self.problems[key.tenant] = {"shard": shard, "version": key.version, "reason": f"{type(e).__name__}: {e}"}
-                logger.error("shard %d of tenant %r (%s) failed to load: %s", shard, key.tenant, key.index_dir, e)
-            fut.set_exception(e)
+            self.problems[key.tenant] = {"shard": shard, "version": key.version, "reason": f"{type(e).__name__}: {e}"}
+            logger.error("shard %d of tenant %r (%s) failed to load: %s", shard, key.tenant, key.index_dir, e)
             raise
         finally:
-            self._loading.pop(ck, None)
+            del self._loading[(key, shard)]
+        if loaded.index_version != key.version:
+            raise VersionMoved(f"{key.index_dir} now holds index version {loaded.index_version}, not {key.version}")
         if self.problems.get(key.tenant, {}).get("shard") == shard:
-            self.problems.pop(key.tenant, None)
-        for old, old_shard in self.cache.put(ck, loaded, loaded.nbytes):
+            self.problems.pop(key.tenant)
+        for old, old_shard in self.cache.put((key, shard), loaded, loaded.nbytes):
             logger.info("evicted shard %d of tenant %r version %s (cache %d bytes)", old_shard, old.tenant,
                         old.version, self.cache.max_bytes)
         logger.info("shard %d of tenant %r loaded: %d vectors, index %s, %d bytes", shard, key.tenant,
                     loaded.searcher.ntotal, loaded.index_version, loaded.nbytes)
-        fut.set_result(loaded)
         return loaded
 
-    async def get_all(self, shards: list[int], key: ShardKey) -> list[LoadedShard]:
-        return [await self.get(s, key) for s in shards]
+    async def get_all(self, n: int, key: ShardKey) -> list[LoadedShard]:
+        """Shards 0..n-1 of `key`."""
+        return [await self.get(s, key) for s in range(n)]
 
     async def search(self, shard: int, key: ShardKey, qvecs: np.ndarray, q: Query) -> ShardReply:
-        ls = await self.get(shard, key)
-        reply = await asyncio.to_thread(search_loaded, ls, shard, qvecs, q, True)
+        reply = await asyncio.to_thread(search_loaded, await self.get(shard, key), shard, qvecs, q, True)
         self.observe(key, [reply])
         return reply
 
@@ -162,13 +143,11 @@ class ShardStore:
 
     async def lookup(self, shard: int, key: ShardKey, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
         ls = await self.get(shard, key)
-        return ({int(r): ls.searcher.matched(int(r)) for r in rows},
-                {int(c): ls.chunks[int(c)] for c in chunk_idxs})
+        return {int(r): ls.searcher.matched(int(r)) for r in rows}, {int(c): ls.chunks[int(c)] for c in chunk_idxs}
 
-    async def prepare(self, shard: int, key: ShardKey) -> dict:
+    async def prepare(self, shard: int, key: ShardKey) -> None:
         """Load and verify `key` before it gets traffic (a new version, or start-up)."""
-        ls = await self.get(shard, key)
-        return {"shard": shard, "tenant": key.tenant, "version": ls.index_version, "ntotal": ls.searcher.ntotal}
+        await self.get(shard, key)
 
     async def retire(self, shard: int, key: ShardKey) -> bool:
         """Drop a version the router moved off (in-flight requests keep their own reference)."""

@@ -1,21 +1,6 @@
-"""Tenants: who may query which index, with API keys stored only as sha256 (pure, no Ray).
-
-A tenants file is YAML:
-
-    admin_key_sha256: 9c1e...   # optional: the key of GET /v1/admin/status (`qrag tenants admin-key`)
-    tenants:
-      - name: acme
-        index: /mnt/qrag/acme        # an index directory, or a versioned root (`qrag publish`)
-        key_sha256: 3f2a...          # sha256 hex of the bearer key; the key is shown once by `qrag tenants add`
-        rate_limit: {rps: 20, burst: 40}   # optional, per Router replica
-
-The server re-reads the file while it runs (serving/registry.py): adding, rotating and revoking keys
-and adding or removing tenants need no restart.
-
-Each tenant owns exactly one index, named after the tenant, so "which chunks may this key see" is a
-single lookup. Without a tenants file the server has one open tenant (`default`) and no keys; that mode
-is meant for 127.0.0.1 only.
-"""
+"""Tenants (the file: docs/SERVING.md): who may query which index, API keys stored only as sha256 (pure).
+Each tenant owns exactly one index, named after it. Without a tenants file the server has one open
+tenant (`default`) and no keys, meant for 127.0.0.1 only."""
 
 from __future__ import annotations
 
@@ -33,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from qrag_ray.errors import QragError
 from qrag_ray.io.yaml_file import read_yaml
-from qrag_ray.serving.errors import ApiError, forbidden, not_found, unauthorized
+from qrag_ray.serving.api_models import INDEX_NAME
+from qrag_ray.serving.errors import ApiError, forbidden, unauthorized
 
 DEFAULT_TENANT = "default"
 KEY_PREFIX = "qrag_"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def hash_key(key: str) -> str:
@@ -46,6 +31,12 @@ def hash_key(key: str) -> str:
 
 def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def _check_hash(v: str | None, what: str = "") -> str | None:
+    if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+        raise ValueError(f"{what}must be 64 lowercase hex characters (sha256 of the key)")
+    return v
 
 
 class RateLimit(BaseModel):
@@ -66,22 +57,14 @@ class Tenant(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not re.match(INDEX_NAME, v):
             raise ValueError("tenant names are 1-64 characters of letters, digits, '_', '-', '.'")
         return v
 
     @field_validator("key_sha256")
     @classmethod
     def _hash(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
-            raise ValueError("key_sha256 must be 64 lowercase hex characters (sha256 of the key)")
-        return v
-
-
-def _check_hash(v: str | None) -> str | None:
-    if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
-        raise ValueError("must be 64 lowercase hex characters (sha256 of the key)")
-    return v
+        return _check_hash(v, "key_sha256 ")
 
 
 class _TenantsFile(BaseModel):
@@ -118,12 +101,11 @@ class Tenants:
         if not ts:
             raise QragError("the tenants file lists no tenants")
         names = [t.name for t in ts]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
+        if dup := {n for n in names if names.count(n) > 1}:
             raise QragError(f"duplicate tenant names: {', '.join(sorted(dup))}")
-        missing = [t.name for t in ts if not t.key_sha256]
-        if missing:
-            raise QragError(f"tenants without key_sha256: {', '.join(missing)} (create entries with `qrag tenants add`)")
+        if missing := [t.name for t in ts if not t.key_sha256]:
+            raise QragError(f"tenants without key_sha256: {', '.join(missing)} "
+                            "(create entries with `qrag tenants add`)")
         hashes = [t.key_sha256 for t in ts]
         if len(set(hashes)) != len(hashes) or admin_sha256 in hashes:
             raise QragError("two tenants (or a tenant and the admin) share one API key")
@@ -132,10 +114,8 @@ class Tenants:
     def to_list(self) -> list[dict]:
         return [t.model_dump() for t in self.by_name.values()]
 
-    # ---- request checks ----------------------------------------------------------------------
     def authenticate(self, authorization: str | None) -> Tenant:
-        """The tenant whose key is in `Authorization: Bearer KEY` (401 otherwise). Keys are looked up
-        by their sha256, so 1,000 tenants cost one dict lookup, and the file never holds a key."""
+        """The tenant whose key is in `Authorization: Bearer KEY` (401 otherwise), found by its sha256."""
         if self.open:
             return self.by_name[DEFAULT_TENANT]
         found = self.by_hash.get(hash_key(_bearer(authorization)))
@@ -160,7 +140,7 @@ class Tenants:
             return tenant
         if index in self.by_name:
             raise forbidden(f"this API key may not read index '{index}'")
-        raise not_found(f"unknown index '{index}'")
+        raise ApiError(404, "not_found", f"unknown index '{index}'")
 
 
 def _bearer(authorization: str | None) -> str:
@@ -173,28 +153,23 @@ def _bearer(authorization: str | None) -> str:
 
 
 # ---- the tenants file --------------------------------------------------------------------------
-def load_tenants(path: str | Path) -> Tenants:
-    p = Path(path)
-    data = read_yaml(p, "tenants file", default={})
-    try:
-        tf = _TenantsFile.model_validate(data)
-    except ValidationError as e:
-        from qrag_ray.config import format_validation_error
+def _parse(p: Path, data) -> _TenantsFile:
+    from qrag_ray.config import format_validation_error
 
+    try:
+        return _TenantsFile.model_validate(data)
+    except ValidationError as e:
         raise QragError(f"tenants file {p}: {format_validation_error(e)}") from None
+
+
+def load_tenants(path: str | Path) -> Tenants:
+    tf = _parse(Path(path), read_yaml(path, "tenants file", default={}))
     return Tenants.from_list(tf.tenants, tf.admin_key_sha256)
 
 
 def _read_file(p: Path) -> dict:
-    if not p.is_file():
-        return {"tenants": []}
-    data = read_yaml(p, "tenants file", default={"tenants": []})
-    try:
-        _TenantsFile.model_validate(data)
-    except ValidationError as e:
-        from qrag_ray.config import format_validation_error
-
-        raise QragError(f"tenants file {p}: {format_validation_error(e)}") from None
+    data = read_yaml(p, "tenants file", default={}) if p.is_file() else {}
+    _parse(p, data)
     data.setdefault("tenants", [])
     return data
 
@@ -207,13 +182,11 @@ def _entry(data: dict, name: str, p: Path) -> dict:
     raise QragError(f"no tenant {name!r} in {p} (tenants: {have})")
 
 
-def add_tenant(path: str | Path, name: str, index: str | Path, key: str | None = None,
-               rate_limit: dict | None = None) -> str:
+def add_tenant(path: str | Path, name: str, index: str | Path, rate_limit: dict | None = None) -> str:
     """Add a tenant (or replace its entry with a new key) and return the key; the file holds only its hash."""
     p = Path(path)
     data = _read_file(p)
-    key = key or new_key()
-    entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key),
+    entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key := new_key()),
                    rate_limit=rate_limit).model_dump(exclude_none=True)
     data["tenants"] = [t for t in data["tenants"] if t.get("name") != name] + [entry]
     _write_file(p, data)
@@ -246,8 +219,7 @@ def set_admin_key(path: str | Path) -> str:
 
 
 def _write_file(p: Path, data: dict) -> None:
-    """Write the whole file to a temporary sibling and rename it over: a server re-reading it sees
-    the old table or the new one, never half a file."""
+    """Via a temporary sibling renamed over it: a server re-reading it never sees half a file."""
     _TenantsFile.model_validate(data)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
@@ -256,7 +228,3 @@ def _write_file(p: Path, data: dict) -> None:
         yaml.safe_dump(data, f, sort_keys=False)
     os.chmod(tmp, 0o600)
     os.replace(tmp, p)
-
-
-__all__ = ["ApiError", "DEFAULT_TENANT", "RateLimit", "Tenant", "Tenants", "add_tenant", "hash_key", "load_tenants",
-           "new_key", "remove_tenant", "rotate_key", "set_admin_key"]

@@ -1,42 +1,38 @@
-"""Which index version each tenant is served from: resolve, warm, swap, retire (no Serve needed).
+"""Which index version each tenant is served from (no Serve needed; shard calls injected).
 
-A tenant's index path may be a versioned root (`qrag publish` moves its CURRENT pointer) or a plain
-index directory. A new version is loaded and verified on every shard it has (and its query embedder
-loaded) while the old one keeps serving; only then does the tenant's pointer move, and the old version
-is dropped from the shard caches once the requests started on it are done (`retire_after_s`). A
-version that fails to load leaves the old one in force and is retried after `retry_s`; the reason is
-the admin status's to report. The shard calls and the embedder warm-up are injected, so all of this is
-tested with fakes in milliseconds (tests/serving/test_tenant_versions.py).
-"""
+A new version is loaded and verified on every shard (and its embedder loaded) while the old one keeps
+serving; only then does the tenant's pointer move, and the old version leaves the shard caches once
+the requests started on it are done (`retire_after_s`). A version that fails to load leaves the old
+one in force and is retried after `retry_s`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from qrag_ray.errors import QragError
+from qrag_ray.index.versions import resolve_index
+from qrag_ray.search.merge import FusionPolicy
+from qrag_ray.search.shard_search import check_hybrid
 from qrag_ray.serving.errors import ApiError, index_unavailable
 from qrag_ray.serving.messages import ShardKey
+from qrag_ray.serving.shard_cache import ByteLRU
 from qrag_ray.serving.tenants import Tenant
 
 logger = logging.getLogger("ray.serve")
 
-RETRY_S = 30.0  # a version that failed to load is tried again after this long
-
 
 @dataclass(frozen=True)
 class TenantIndex:
-    """One immutable index version as the Router needs it: no vectors, no texts (those stay in the
-    shard stores)."""
+    """One immutable index version as the Router needs it (vectors and texts stay in the shard stores)."""
 
     dir: str
     version: str
     manifest: object
-    policy: object  # FusionPolicy
+    policy: FusionPolicy
     num_shards: int
     embedder: str
     local: bool  # small enough to search inside the Router (no shard hop)
@@ -46,23 +42,15 @@ class TenantIndex:
 
 
 class IndexReader:
-    """tenant index path -> the TenantIndex it points at now (reads CURRENT / manifest.json; the rest
-    is computed once per version)."""
+    """tenant index path -> the TenantIndex it points at now, computed once per version (the last `keep`)."""
 
     def __init__(self, max_shards: int, local_max_bytes: int, keep: int = 4096):
-        self.max_shards, self.local_max_bytes, self.keep = max_shards, local_max_bytes, keep
-        self._seen: OrderedDict[tuple[str, str], TenantIndex] = OrderedDict()
+        self.max_shards, self.local_max_bytes = max_shards, local_max_bytes
+        self._seen = ByteLRU(keep)  # (dir, version) -> TenantIndex, each counted as 1
 
     def __call__(self, path: str) -> TenantIndex:
-        from qrag_ray.index.versions import resolve_index
-        from qrag_ray.search.merge import FusionPolicy
-        from qrag_ray.search.shard_search import check_hybrid
-
         r = resolve_index(path)
-        key = (str(r.dir), r.version)
-        ti = self._seen.get(key)
-        if ti is not None:
-            self._seen.move_to_end(key)
+        if (ti := self._seen.get((str(r.dir), r.version))) is not None:
             return ti
         man = r.manifest  # the manifest the version was read from: no second read to disagree with
         if man.num_shards > self.max_shards:
@@ -73,18 +61,16 @@ class IndexReader:
         nbytes = sum(man.file(rel).stat().st_size for rel in man.data["files"])
         ti = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model,
                          local=nbytes <= self.local_max_bytes)
-        self._seen[key] = ti
-        while len(self._seen) > self.keep:
-            self._seen.popitem(last=False)
+        self._seen.put((ti.dir, ti.version), ti, 1)
         return ti
 
 
-ShardCall = Callable[[TenantIndex, int, str, ShardKey], Awaitable]  # (index, shard, "prepare"|"retire", key)
-
-
 class TenantVersions:
-    def __init__(self, read: Callable[[str], TenantIndex], call_shard: ShardCall,
-                 warm_encoder: Callable[[str], Awaitable], retire_after_s: float, retry_s: float = RETRY_S,
+    """`call_shard(index, shard, "prepare"|"retire", key)` reaches a shard store; `warm_encoder(model)`
+    loads a query embedder."""
+
+    def __init__(self, read: Callable[[str], TenantIndex], call_shard: Callable[..., Awaitable],
+                 warm_encoder: Callable[[str], Awaitable], retire_after_s: float, retry_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic):
         self.read, self.call_shard, self.warm_encoder = read, call_shard, warm_encoder
         self.retire_after_s, self.retry_s, self.clock = retire_after_s, retry_s, clock
@@ -103,11 +89,8 @@ class TenantVersions:
             await self.check(tenants[name], warm=True)
 
     async def current(self, tenant: Tenant) -> TenantIndex:
-        """The version a request of `tenant` starts on; first use loads without a warm-up (no traffic
-        to protect yet)."""
-        ti = self.active.get(tenant.name)
-        if ti is None:
-            ti = await self.check(tenant, warm=False)
+        """The version a request of `tenant` starts on; first use loads without a warm-up (no traffic yet)."""
+        ti = self.active.get(tenant.name) or await self.check(tenant, warm=False)
         if ti is None:
             raise index_unavailable(tenant.name, self.problems.get(tenant.name, "it could not be read"))
         return ti
@@ -125,25 +108,23 @@ class TenantVersions:
 
     async def check(self, tenant: Tenant, warm: bool) -> TenantIndex | None:
         """Resolve the tenant's index; switch to a new version only once every shard has loaded it."""
+        old = self.active.get(tenant.name)
         try:
             ti = self.read(tenant.index)
         except QragError as e:
             self.problems[tenant.name] = str(e)
-            return self.active.get(tenant.name)
-        old = self.active.get(tenant.name)
-        if old is not None and old.version == ti.version and old.dir == ti.dir:
+            return old
+        if old is not None and (old.version, old.dir) == (ti.version, ti.dir):
             return old
         if warm:
             if self.clock() < self._retry_at.get((tenant.name, ti.version), 0.0):
                 return old
             try:
-                key = ti.key(tenant.name)
-                await asyncio.gather(self.warm_encoder(ti.embedder),
-                                     *[self.call_shard(ti, i, "prepare", key) for i in range(ti.num_shards)])
-            except (ApiError, QragError) as e:
-                reason = e.message if isinstance(e, ApiError) else str(e)
+                await asyncio.gather(self.warm_encoder(ti.embedder), *[
+                    self.call_shard(ti, i, "prepare", ti.key(tenant.name)) for i in range(ti.num_shards)])
+            except (ApiError, QragError) as e:  # str(ApiError) is its message
                 self.problems[tenant.name] = (f"version {ti.version} failed to load, still serving "
-                                              f"{old.version}: {reason}" if old else reason)
+                                              f"{old.version}: {e}" if old else str(e))
                 self._retry_at[(tenant.name, ti.version)] = self.clock() + self.retry_s
                 return old
         self.active[tenant.name] = ti
@@ -156,11 +137,9 @@ class TenantVersions:
     def _retire_later(self, ti: TenantIndex, tenant: str, delay: float) -> None:
         async def retire():
             await asyncio.sleep(delay)  # requests started on it finish first
-            if any(a.dir == ti.dir and a.version == ti.version for a in self.active.values()):
-                return
-            key = ti.key(tenant)
-            await asyncio.gather(*[self.call_shard(ti, i, "retire", key) for i in range(ti.num_shards)],
-                                 return_exceptions=True)
+            if not any((a.dir, a.version) == (ti.dir, ti.version) for a in self.active.values()):
+                await asyncio.gather(*[self.call_shard(ti, i, "retire", ti.key(tenant)) for i in range(ti.num_shards)],
+                                     return_exceptions=True)
 
         task = asyncio.get_running_loop().create_task(retire())
         self._retiring.add(task)  # a reference until done, so the task is not collected mid-way
