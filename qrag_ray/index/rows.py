@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from qrag_ray.config import IndexConfig
+from qrag_ray.errors import QragError
 from qrag_ray.index.format import chunk_key, shard_of
 
 # the chunks table, in the work dir's chunk parts and in the published chunks.parquet
@@ -20,6 +21,21 @@ _VECTOR_COLUMNS = {"chunk_idx": np.int64, "shard": np.int32, "kind": object, "te
 _REQUEST_COLUMNS = ("key", "messages", "output", "unit", "atom", "chunk_idx", "shard", "text")
 
 
+def vector_schema(dim: int) -> pa.Schema:
+    """The embedded vector rows of the work dir's vector parts."""
+    return pa.schema([("chunk_idx", pa.int64()), ("kind", pa.string()), ("text", pa.string()), ("qn", pa.int32()),
+                      ("ord", pa.int32()), ("store", pa.bool_()), ("row_key", pa.int64()),
+                      ("vector", pa.list_(pa.float32(), dim))])
+
+
+def check_unique_chunks(chunk_idx: np.ndarray, chunk_id) -> None:
+    """A corpus error: two chunks with one id (so one key)."""
+    _, first, counts = np.unique(chunk_idx, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        bad = str(chunk_id[int(first[np.flatnonzero(counts > 1)[0]])])
+        raise QragError(f"duplicate document id: chunk {bad!r} occurs twice (document ids must be unique)")
+
+
 def rows_of(batch: dict) -> list[dict]:
     """A numpy batch as one dict per row (array cells as lists)."""
     n = len(next(iter(batch.values()))) if batch else 0
@@ -28,13 +44,7 @@ def rows_of(batch: dict) -> list[dict]:
 
 def _object_column(values: list) -> np.ndarray:
     """Cells that are lists or dicts stay whole (np.asarray would make a 2-d array of them)."""
-    out = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        out[i] = v
-    return out
-
-
-# ---------------------------------------------------------------- documents -> chunks
+    return np.fromiter(values, dtype=object, count=len(values))
 
 
 def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
@@ -43,9 +53,8 @@ def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
 
     rows = []
     for c in chunk_document(doc, cfg.chunker):
-        idx = chunk_key(c["chunk_id"])
-        c["chunk_idx"] = idx
-        c["shard"] = shard_of(idx, cfg.shards)
+        c["chunk_idx"] = chunk_key(c["chunk_id"])
+        c["shard"] = shard_of(c["chunk_idx"], cfg.shards)
         if "questions" in doc:
             c["questions"] = list(doc["questions"])
         rows.append(c)
@@ -60,9 +69,6 @@ def chunk_columns(rows: list[dict], with_questions: bool) -> dict:
     if with_questions:
         cols["questions"] = _object_column([r.get("questions", []) for r in rows])
     return cols
-
-
-# ---------------------------------------------------------------- chunks -> vector rows
 
 
 def atoms_of(chunk: dict, cfg: IndexConfig) -> list[str]:
@@ -92,15 +98,8 @@ def question_vector_rows(row: dict, kinds: list[str], aux_q: bool) -> list[dict]
     qs = parse_output(row.get("raw") or "", row.get("output") or "questions") if row.get("raw") else []
     qs = [q if isinstance(q, str) else q[0] for q in qs]
     rows = vector_rows(row, kinds, qs, None, aux_questions=aux_q, atom=row.get("atom") or None)
-    out = []
-    unit = int(row.get("unit", -1))
-    for r in rows:
-        if r["kind"] == "chunk":
-            continue
-        if r["qn"] >= 0:
-            r["qn"] = (unit + 1) * 1000 + r["qn"]  # unique per chunk across atoms
-        out.append(r)
-    return out
+    unit = int(row.get("unit", -1))  # qn becomes unique per chunk across atoms
+    return [r | {"qn": (unit + 1) * 1000 + r["qn"]} if r["qn"] >= 0 else r for r in rows if r["kind"] != "chunk"]
 
 
 def vector_columns(rows: list[dict]) -> dict:
@@ -110,22 +109,13 @@ def vector_columns(rows: list[dict]) -> dict:
 
 def base_vector_columns(chunks: list[dict], kinds: list[str], cfg: IndexConfig, aux_q: bool) -> dict:
     """The base rows of some chunks, each numbered by its place in its chunk (`ord`)."""
-    out = []
-    for c in chunks:
-        out += [v | {"ord": i} for i, v in enumerate(base_vector_rows(c, kinds, cfg, aux_q))]
-    return vector_columns(out)
+    return vector_columns([v | {"ord": i} for c in chunks for i, v in enumerate(base_vector_rows(c, kinds, cfg, aux_q))])
 
 
 def question_vector_columns(answered: list[dict], kinds: list[str], aux_q: bool) -> dict:
     """The question rows of some answered requests, numbered after every base row of their chunk."""
-    out = []
-    for r in answered:
-        unit = int(r.get("unit", -1))
-        out += [v | {"ord": (unit + 2) * GEN_ORD_BASE + i} for i, v in enumerate(question_vector_rows(r, kinds, aux_q))]
-    return vector_columns(out)
-
-
-# ---------------------------------------------------------------- LLM requests and answers
+    return vector_columns([v | {"ord": (int(r.get("unit", -1)) + 2) * GEN_ORD_BASE + i}
+                           for r in answered for i, v in enumerate(question_vector_rows(r, kinds, aux_q))])
 
 
 def payload(chunk: dict) -> dict:
