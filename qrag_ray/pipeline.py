@@ -1,11 +1,7 @@
-"""`qrag index`: the driver from a corpus to a published, sharded question index.
-
-prepare -> stream -> train -> build shards -> publish. Each stage is a function that takes what the
-earlier ones returned and returns what the later ones need; the Ray Data stream is in
-qrag_ray.index.stream, its UDFs in qrag_ray.index.udfs, the row logic in qrag_ray.index.rows and the
-Ray tasks after it in qrag_ray.index.tasks. A killed build re-run with the same config resumes from
-the work dir and publishes the same bytes (manifest `content_hash`).
-"""
+"""`qrag index`: the driver from a corpus to a published, sharded question index: prepare -> stream
+(qrag_ray.index.stream) -> train -> build shards (qrag_ray.index.tasks) -> publish, each stage taking
+what the earlier ones returned. A killed build re-run with the same config resumes from the work dir
+and publishes the same bytes (manifest `content_hash`)."""
 
 from __future__ import annotations
 
@@ -80,10 +76,8 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
 
     _check_input(cfg)
     out = check_output_dir(cfg.output, cfg.overwrite)
-    files = resolve_files(cfg.input, cfg.format)
+    files = [f for i in [cfg.input, *cfg.build.extra_inputs] for f in resolve_files(i, cfg.format)]
     kinds, gran = representation_plan(cfg)
-    for extra in cfg.build.extra_inputs:
-        files += resolve_files(extra, cfg.format)
     precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts or anything is written
     deleted = _deleted_ids(cfg.build.delete_ids)
     _warn_uncalibrated(cfg)  # after the checks: a build that fails says one thing
@@ -159,15 +153,14 @@ def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
     cfg = plan.cfg
     gpu = cfg.index.use_gpu is True or (cfg.index.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     with clock.stage("build-shards"):
-        # SPREAD: on a cluster, shard builds go to different nodes (memory and CPU of one node are not
-        # enough at scale); each build records where it ran (`built_on`, kept in the manifest).
+        # SPREAD: on a cluster shard builds go to different nodes (one node's memory and CPU do not scale)
         task = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, scheduling_strategy="SPREAD")(build_one_shard)
         cfg_json = cfg.model_dump_json()
         stats = ray.get([task.remote(s, str(plan.work), streamed.run, cfg_json, streamed.dim, trained)
                          for s in range(cfg.shards)])
-    reused = sum(1 for s in stats if s["reused"])
     internal = ("reused", "signature", "chunk_rows")  # the work dir's bookkeeping, not the index's
-    return [ShardEntry.model_validate({k: v for k, v in s.items() if k not in internal}) for s in stats], reused
+    return ([ShardEntry.model_validate({k: v for k, v in s.items() if k not in internal}) for s in stats],
+            sum(1 for s in stats if s["reused"]))
 
 
 def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
@@ -180,10 +173,9 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
     from qrag_ray.index.tasks import assemble
 
     cfg = plan.cfg
-    staging = None
-    try:
-        with clock.stage("publish"):
-            staging = new_staging_dir(plan.out)
+    with clock.stage("publish"):
+        staging = new_staging_dir(plan.out)
+        try:
             ray.get(ray.remote(num_cpus=1)(assemble).remote(str(plan.work), str(staging), cfg.shards, cfg.bm25.enabled))
             clock.seconds["total"] = clock.total()
             description = IndexDescription(
@@ -200,8 +192,7 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
             manifest = write_manifest(staging, description)
             index_bytes = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
             publish(staging, plan.out)
-            staging = None
-    finally:
-        if staging is not None:
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            raise
     return manifest, index_bytes

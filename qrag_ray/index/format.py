@@ -1,9 +1,6 @@
-"""On-disk index format (docs/ARCHITECTURE.md): paths, the typed manifest, checksums, atomic publish.
-
-The index is published by renaming a fully written and verified temp directory over the target, so a
-server or `qrag search` never loads a half-written index, and a crash mid-build leaves the previous
-index in place.
-"""
+"""On-disk index format (docs/ARCHITECTURE.md): paths, the typed manifest, checksums, atomic publish
+(a verified temp directory renamed over the target: no reader sees a half-written index, and a crash
+mid-build leaves the previous one in place)."""
 
 from __future__ import annotations
 
@@ -56,12 +53,9 @@ def files_under(m: "Manifest", folder: str) -> list[str]:
     return [rel for rel in m.files if rel.startswith(folder.rstrip("/") + "/")]
 
 
-def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class _Record(BaseModel):
@@ -206,22 +200,13 @@ def verify_files(m: Manifest, rels: list[str] | None = None) -> None:
             raise IndexFormatError(f"checksum mismatch for {m.path / rel}: manifest {want[:12]}…, file {got[:12]}…")
 
 
-def content_version(files: dict[str, str]) -> str:
-    h = hashlib.sha256()
-    for rel in sorted(files):
-        h.update(rel.encode())
-        h.update(files[rel].encode())
-    return h.hexdigest()[:16]
-
-
 def write_manifest(tmp_dir: Path, description: IndexDescription) -> Manifest:
     """Checksum every file under tmp_dir, add the files and versions to the description and write
     manifest.json."""
-    files = {}
-    for p in sorted(tmp_dir.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            files[str(p.relative_to(tmp_dir))] = sha256_file(p)
-    extra: dict[str, Any] = {"format_version": FORMAT_VERSION, "files": files, "index_version": content_version(files),
+    files = {str(p.relative_to(tmp_dir)): sha256_file(p) for p in sorted(tmp_dir.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    version = hashlib.sha256("".join(rel + files[rel] for rel in sorted(files)).encode()).hexdigest()[:16]
+    extra: dict[str, Any] = {"format_version": FORMAT_VERSION, "files": files, "index_version": version,
                              "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if description.content is not None:
         from qrag_ray.index.checkpoint import manifest_content_hash

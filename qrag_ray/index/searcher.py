@@ -87,21 +87,18 @@ class ShardSearcher:
     def search(self, qvecs: np.ndarray, k: int, queries: list[str] | None = None) -> ShardHits:
         """The k nearest vectors per query; with `queries` (the texts of qvecs) also the shard's k
         best BM25 chunks, for hybrid fusion."""
-        hits = self._dense(qvecs, k)
+        qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
+        if self.ntotal:
+            scores, rows = self.index.search(qvecs, max(1, min(k, self.ntotal)))
+            cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
+            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal, kinds=self._kind_arr[rows])
+        else:
+            empty = np.full((len(qvecs), 0), -1, np.int64)
+            hits = ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True,
+                             np.zeros((len(qvecs), 0), dtype=object))
         if queries is not None and self.lexicon is not None:
             hits.lex_scores, hits.lex_chunk_idx = self.lexicon.search(queries, k)
         return hits
-
-    def _dense(self, qvecs: np.ndarray, k: int) -> ShardHits:
-        qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
-        k_eff = max(1, min(k, self.ntotal)) if self.ntotal else 0
-        if k_eff == 0:
-            empty = np.full((len(qvecs), 0), -1, np.int64)
-            return ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True,
-                             np.zeros((len(qvecs), 0), dtype=object))
-        scores, rows = self.index.search(qvecs, k_eff)
-        cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
-        return ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal, kinds=self._kind_arr[rows])
 
     def matched(self, row: int) -> tuple[str, str]:
         return self.kind[row], self.text[row]

@@ -47,13 +47,17 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
         clock.seconds.update({"read+chunk": 0.0, "embed": 0.0})
         return Streamed(run=st["run"], rows=st["rows"], dim=st["dim"], embedded=0, reused=st["rows"],
                         **{k: st[k] for k in _COUNTED})
+    from qrag_ray.index.udfs import make_base_rows
+
     cfg = plan.cfg
     generation = GenerationStats()
     t0 = time.perf_counter()
     with clock.stage("stream"):
-        chunks = _chunks(plan)
-        chunks, questions = _generate(plan, chunks, clock, generation)
-        counts = _embed(plan, _vector_rows(plan, chunks, questions))
+        chunks, questions = _generate(plan, _chunks(plan), clock, generation)
+        # the rows to embed that need no LLM (chunk, sentence, precomputed questions...), plus the LLM's
+        rows = chunks.map_batches(make_base_rows(plan.kinds, cfg, plan.aux_questions), batch_format="numpy",
+                                  num_cpus=_LIGHT_CPU)
+        counts = _embed(plan, rows.union(questions) if questions is not None else rows)
     parts = ck.registered_parts(plan.work, plan.run)
     documents, n_chunks = sum(p["documents"] for p in parts), sum(p["chunks"] for p in parts)
     if documents == 0:
@@ -126,15 +130,6 @@ def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats
         answered, st = generate(requests, gcfg, cache, model_path)
         stats.add(st, "questions")
         return chunks, answered.map_batches(make_question_rows(plan.kinds, plan.aux_questions), batch_format="numpy")
-
-
-def _vector_rows(plan: BuildPlan, chunks, questions):
-    """Chunk rows -> the rows to embed (chunk, sentence, precomputed questions...), plus the LLM's."""
-    from qrag_ray.index.udfs import make_base_rows
-
-    rows = chunks.map_batches(make_base_rows(plan.kinds, plan.cfg, plan.aux_questions), batch_format="numpy",
-                              num_cpus=_LIGHT_CPU)
-    return rows.union(questions) if questions is not None else rows
 
 
 def _embed(plan: BuildPlan, rows) -> dict:

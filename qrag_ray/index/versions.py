@@ -1,18 +1,12 @@
-"""Versioned index roots: immutable version directories plus a `CURRENT` pointer (no Ray).
-
-A served index must be replaceable while queries run, and a query must never read half of one
-version and half of another. Rewriting an index directory in place cannot promise that (a replica
-that loads shard 2 a second after shard 1 may see different files), so an operator publishes into
-a *root*:
+"""Versioned index roots: immutable version directories plus a `CURRENT` pointer (no Ray), so a
+served index is replaced while queries run and no query reads half of one version and half of another.
 
     ROOT/versions/<index_version>/manifest.json ...   one immutable, checksummed index each
     ROOT/CURRENT                                      the name of the version to serve (one line)
 
-`qrag publish` copies a built index into `versions/`, checks it (checksums, every shard opens with
-FAISS), and only then moves `CURRENT` with an atomic rename. The server reads `CURRENT`, loads the new
-version on every shard, and switches its own pointer only when all loaded (serving/router.py); each
-request carries the exact version directory it was started with. A plain index directory (no
-`CURRENT`) still works: its version is the manifest's `index_version`.
+`qrag publish` copies a built index into `versions/`, checks it (checksums, every shard opens), and
+only then moves `CURRENT` with an atomic rename; the server switches only when every shard loaded the
+new version (serving/router.py). A plain index directory (no `CURRENT`) is its manifest's version.
 """
 
 from __future__ import annotations
@@ -24,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qrag_ray.errors import IndexFormatError, QragError
+from qrag_ray.index.checkpoint import atomic_write_text
 from qrag_ray.index.format import MANIFEST, Manifest, load_manifest, verify_files
 
 CURRENT = "CURRENT"
@@ -75,9 +70,7 @@ def check_index(index_dir: str | Path) -> dict:
 
     m = load_manifest(index_dir)
     verify_files(m)
-    vectors = 0
-    for i in range(m.num_shards):
-        vectors += ShardSearcher(m.path, i, m, verify=False).ntotal
+    vectors = sum(ShardSearcher(m.path, i, m, verify=False).ntotal for i in range(m.num_shards))
     if vectors != int(m.data.get("counts", {}).get("vectors", vectors)):
         raise IndexFormatError(f"{index_dir}: shards hold {vectors} vectors, the manifest counts "
                                f"{m.data['counts']['vectors']}")
@@ -91,12 +84,6 @@ def list_versions(root: str | Path) -> list[str]:
         return []
     dirs = [d for d in v.iterdir() if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST).is_file()]
     return [d.name for d in sorted(dirs, key=lambda d: (d.stat().st_mtime, d.name))]
-
-
-def _write_pointer(root: Path, name: str) -> None:
-    tmp = root / f".{CURRENT}.{uuid.uuid4().hex[:8]}"
-    tmp.write_text(name + "\n")
-    os.replace(tmp, root / CURRENT)
 
 
 def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> dict:
@@ -123,7 +110,7 @@ def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> d
         check_index(tmp)  # the copy, as the servers will read it
         os.replace(tmp, dest)
     os.utime(dest)  # newest published, for pruning order
-    _write_pointer(r, name)
+    atomic_write_text(r / CURRENT, name + "\n")
     removed = []
     names = list_versions(r)
     for old in names[: max(0, len(names) - keep)]:
@@ -141,5 +128,5 @@ def rollback(root: str | Path, version: str) -> str:
         have = ", ".join(list_versions(r)) or "none"
         raise QragError(f"version {version!r} is not published under {r} (published: {have})")
     load_manifest(d, verify=True)
-    _write_pointer(r, version)
+    atomic_write_text(r / CURRENT, version + "\n")
     return version

@@ -32,14 +32,10 @@ class ChunkTable:
     def __init__(self, manifest: Manifest, verify: bool = True):
         if verify:
             verify_files(manifest, [CHUNKS])
-        t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", "chunk_id", "doc_id", "title", "text"])
+        cols = ["chunk_idx", "chunk_id", "doc_id", "title", "text"]
+        t = pq.read_table(manifest.file(CHUNKS), columns=cols).sort_by("chunk_idx")
         self.idx = t.column("chunk_idx").to_numpy()
-        order = np.argsort(self.idx)
-        self.idx = self.idx[order]
-        self.cols = {c: [t.column(c)[int(i)].as_py() for i in order] for c in ("chunk_id", "doc_id", "title", "text")}
-
-    def __len__(self) -> int:
-        return len(self.idx)
+        self.cols = {c: t.column(c).to_pylist() for c in cols[1:]}
 
     def get(self, chunk_idx: int) -> dict:
         pos = int(np.searchsorted(self.idx, chunk_idx))

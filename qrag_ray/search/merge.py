@@ -1,9 +1,8 @@
 """Merge per-shard vector hits into k distinct chunks (pure numpy).
 
-A chunk owns many vectors, so the search over-retrieves k x M vectors per shard and dedups here. The
-chunk score is its best vector's score ("max"), optionally weighted by vector kind. Plain
-post-filtering cannot promise k chunks, nor that the k are the true top k: `needs_more` says when a
-shard was cut off above the k-th chunk's score, and the caller then asks again with a larger M.
+A chunk owns many vectors, so the search over-retrieves k x M vectors per shard and dedups here.
+Post-filtering alone cannot promise the true top k chunks: `needs_more` says when a shard was cut off
+above the k-th chunk's score, and the caller then asks again with a larger M.
 """
 
 from __future__ import annotations
@@ -46,22 +45,16 @@ class FusionPolicy:
     """How a chunk's vector scores become one chunk score; recorded in the manifest (`search` config)
     so `qrag search`, `qrag eval` and the Serve router rank the same way.
 
-    - max: the best (calibrated) vector of the chunk — HyPE/QuOTE's dedup.
-    - rrf: reciprocal-rank fusion of per-kind chunk rankings (each kind ranks chunks by their best
-      vector of that kind), so a chunk that both a sentence and a question find beats one found by
-      a single lucky vector.
-    - sum: CombSUM of the per-kind best scores (a kind that did not retrieve the chunk counts with
-      the lowest score retrieved for that kind).
+    - max: the best (calibrated) vector of the chunk.
+    - rrf: reciprocal-rank fusion of per-group chunk rankings (each ranks chunks by their best vector
+      of that group), so a chunk two kinds find beats one found by a single lucky vector.
+    - sum: CombSUM of the per-group best scores (a group that missed the chunk counts its lowest).
 
-    `bm25_alpha` (hybrid search) then mixes in the BM25 list: alpha * dense + (1 - alpha) * BM25 over
-    the query's best BM25 score (for rrf, the BM25 list is one more ranking of weight 1 - alpha).
-
-    Every vector score is first calibrated per kind, `w * score + bias` (kind_weights, kind_bias):
-    question-to-question cosines run systematically higher than question-to-statement ones, so a
-    question vector must clear its sentence by a margin before it speaks for the chunk. `groups`
-    names kinds that are alternative evidence for the same thing (a sentence and the questions
-    written about it): inside a group the best calibrated vector counts once, and sum/rrf then fuse
-    groups (each ungrouped kind is its own group).
+    `bm25_alpha` (hybrid search) mixes in the BM25 list: alpha * dense + (1 - alpha) * BM25 over the
+    query's best (for rrf, one more ranking of weight 1 - alpha). Vector scores are first calibrated
+    per kind, `w * score + bias` (question-to-question cosines run higher than question-to-statement
+    ones). `groups` names kinds that are alternative evidence for the same thing: inside a group the
+    best calibrated vector counts once (each ungrouped kind is its own group).
     """
 
     fusion: str = "max"
@@ -93,14 +86,10 @@ class FusionPolicy:
     def from_manifest(cls, manifest) -> "FusionPolicy":
         return cls.from_config((manifest.data.get("config") or {}).get("search"))
 
-    @property
-    def calibrated(self) -> bool:
-        return bool(self.kind_weights or self.kind_bias)
-
     def calibrate(self, scores: np.ndarray, kinds: np.ndarray | None) -> np.ndarray:
         """Vector scores after the per-kind `w * score + bias` (float64)."""
         out = scores.astype(np.float64)
-        if kinds is None or not self.calibrated:
+        if kinds is None or not (self.kind_weights or self.kind_bias):
             return out
         w = np.array([self.kind_weights.get(k, 1.0) for k in kinds], dtype=np.float64)
         b = np.array([self.kind_bias.get(k, 0.0) for k in kinds], dtype=np.float64)
@@ -113,10 +102,7 @@ class FusionPolicy:
         return max(w * raw + b for w, b in pairs)
 
     def group_of(self, kind: str) -> str:
-        for g, ks in self.groups.items():
-            if kind in ks:
-                return g
-        return kind
+        return next((g for g, ks in self.groups.items() if kind in ks), kind)
 
 
 def gather(per_shard: list, qi: int) -> Candidates:
@@ -161,9 +147,8 @@ def _gather_lexical(per_shard: list, qi: int) -> tuple[np.ndarray, np.ndarray, f
 
 
 def hybrid_scores(dense: dict[int, float], c: Candidates, policy: FusionPolicy) -> dict[int, float]:
-    """chunk -> alpha * dense + (1 - alpha) * lexical over the union of both lists. A chunk one list
-    missed counts that list's floor: the lowest dense score retrieved, `c.lex_floor` for BM25. Under
-    rrf the BM25 list adds (1 - alpha) / (rrf_k + rank) instead, so the scales match."""
+    """chunk -> alpha * dense + (1 - alpha) * lexical over the union of both lists; a chunk one list
+    missed counts that list's floor. Under rrf BM25 adds (1 - alpha) / (rrf_k + rank) instead."""
     a = float(policy.bm25_alpha)
     lex_ids, lex_sc = c.lex_chunks.tolist(), c.lex_scores.tolist()
     if policy.fusion == "rrf":
@@ -180,10 +165,8 @@ def hybrid_scores(dense: dict[int, float], c: Candidates, policy: FusionPolicy) 
 
 
 def normalise(scores: dict[int, float], floor: float, how: str) -> tuple[dict[int, float], float]:
-    """One list's scores (and the floor an unseen chunk counts with) on a per-query scale, so a fixed
-    alpha means the same on every query: "minmax" maps the list onto [0, 1] (floor and list minimum
-    at 0), "zscore" subtracts the list's mean and divides by its spread. "max" (the default) keeps
-    the dense cosines raw and BM25 over the query's best, as `_gather_lexical` made it."""
+    """One list's scores (and its floor) on a per-query scale, so a fixed alpha means the same on every
+    query: "minmax" maps onto [0, 1], "zscore" centres and divides by the spread, "max" keeps them."""
     if how == "max" or not scores:
         return scores, floor
     vals = np.fromiter(scores.values(), np.float64, len(scores))
@@ -276,9 +259,8 @@ def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: in
 def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: float | None = None,
                policy: FusionPolicy | None = None) -> bool:
     """True when a larger over-retrieval could change the top k: too few distinct chunks while some
-    shard still has vectors, or (max fusion) a shard cut off above the k-th chunk's score, so an unseen
-    chunk there could outrank it. For rrf/sum only the first test applies: they rank by the lists
-    retrieved, an approximation that deeper lists refine but rarely reorder at the top."""
+    shard still has vectors, or (max fusion only) a shard cut off above the k-th chunk's score. rrf and
+    sum rank by the lists retrieved, which deeper lists refine but rarely reorder at the top."""
     if not c.cutoffs:
         return False
     policy = policy or FusionPolicy()
