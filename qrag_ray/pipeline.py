@@ -13,10 +13,15 @@ from pathlib import Path
 from qrag_ray.config import IndexConfig, representation_plan
 from qrag_ray.errors import QragError
 from qrag_ray.generation.stage import GenerationStats
+from qrag_ray.index import checkpoint as ck
 from qrag_ray.index.format import (Counts, EmbedderInfo, FaissInfo, IndexDescription, Manifest, ShardEntry,
                                    check_output_dir, new_staging_dir, publish, write_manifest)
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.stream import Streamed, stream
+from qrag_ray.index.tasks import assemble, build_one_shard, needs_training, train_quantizer
+from qrag_ray.io.precheck import precheck_build
+from qrag_ray.io.readers import resolve_files
+from qrag_ray.presets import PRESETS, calibration_note
 from qrag_ray.runtime import ensure_ray
 
 log = logging.getLogger("qrag.index")
@@ -70,10 +75,6 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
 def prepare(cfg: IndexConfig, console) -> BuildPlan:
     """Validate before starting Ray (the reader resolves files now), then open the work dir: the same
     config over the same input files finds the checkpoints of an interrupted run."""
-    from qrag_ray.index import checkpoint as ck
-    from qrag_ray.io.precheck import precheck_build
-    from qrag_ray.io.readers import resolve_files
-
     _check_input(cfg)
     out = check_output_dir(cfg.output, cfg.overwrite)
     files = [f for i in [cfg.input, *cfg.build.extra_inputs] for f in resolve_files(i, cfg.format)]
@@ -118,8 +119,6 @@ def _deleted_ids(files: list[str]) -> frozenset:
 def _warn_uncalibrated(cfg: IndexConfig) -> None:
     """A preset's fusion offsets were measured with one embedder; with another (and the offsets left
     as the preset set them) say so once, at build time."""
-    from qrag_ray.presets import PRESETS, calibration_note
-
     note = calibration_note(cfg.representation, cfg.embedder.model)
     preset = PRESETS.get(cfg.representation)
     if note and preset is not None and cfg.search.kind_bias == preset.search.get("kind_bias", {}):
@@ -130,8 +129,6 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
     """IVF/PQ: one quantizer for all shards, trained in a task on a deterministic sample; returns the
     trained empty index's path (None: the factory needs no training)."""
     import ray
-
-    from qrag_ray.index.tasks import needs_training, train_quantizer
 
     factory = plan.cfg.index.factory
     if not needs_training(factory, streamed.dim):
@@ -147,8 +144,6 @@ def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
     """One task per shard; returns the shards' manifest entries and how many a finished earlier run
     had already built."""
     import ray
-
-    from qrag_ray.index.tasks import build_one_shard
 
     cfg = plan.cfg
     gpu = cfg.index.use_gpu is True or (cfg.index.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
@@ -168,9 +163,6 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
     """Assemble the shards in a staging dir beside the output, write the manifest, and rename the
     staging dir over the output; returns the manifest and the index's size in bytes."""
     import ray
-
-    from qrag_ray.index import checkpoint as ck
-    from qrag_ray.index.tasks import assemble
 
     cfg = plan.cfg
     with clock.stage("publish"):

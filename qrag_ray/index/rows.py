@@ -9,7 +9,11 @@ import pyarrow as pa
 
 from qrag_ray.config import IndexConfig
 from qrag_ray.errors import QragError
+from qrag_ray.generation.parsing import parse_atoms, parse_output
 from qrag_ray.index.format import chunk_key, shard_of
+from qrag_ray.representations import vector_rows
+from qrag_ray.text.chunking import chunk_document
+from qrag_ray.text.sentences import split_sentences
 
 # the chunks table, in the work dir's chunk parts and in the published chunks.parquet
 CHUNK_SCHEMA = pa.schema([("chunk_idx", pa.int64()), ("chunk_id", pa.string()), ("doc_id", pa.string()),
@@ -49,8 +53,6 @@ def _object_column(values: list) -> np.ndarray:
 
 def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
     """A document's chunks, each with its key, its shard and the document's precomputed questions."""
-    from qrag_ray.text.chunking import chunk_document
-
     rows = []
     for c in chunk_document(doc, cfg.chunker):
         c["chunk_idx"] = chunk_key(c["chunk_id"])
@@ -73,8 +75,6 @@ def chunk_columns(rows: list[dict], with_questions: bool) -> dict:
 
 def atoms_of(chunk: dict, cfg: IndexConfig) -> list[str]:
     """The chunk's atomic statements: the LLM's when it atomized the chunk, else its sentences."""
-    from qrag_ray.text.sentences import split_sentences
-
     if cfg.generator.atoms == "llm" and chunk.get("atoms") is not None:
         return [a for a in list(chunk["atoms"]) if a]
     return split_sentences(chunk["text"])
@@ -82,8 +82,6 @@ def atoms_of(chunk: dict, cfg: IndexConfig) -> list[str]:
 
 def base_vector_rows(chunk: dict, kinds: list[str], cfg: IndexConfig, aux_q: bool) -> list[dict]:
     """Chunk, sentence and window rows (no LLM needed); precomputed questions join here too."""
-    from qrag_ray.representations import vector_rows
-
     sentences = atoms_of(chunk, cfg) if {"sentence", "window"} & set(kinds) else None
     qs = list(chunk.get("questions") or []) if cfg.generator.backend == "precomputed" else []
     return vector_rows(chunk, kinds, qs, sentences, aux_questions=aux_q and bool(qs), title=chunk.get("title"),
@@ -92,9 +90,6 @@ def base_vector_rows(chunk: dict, kinds: list[str], cfg: IndexConfig, aux_q: boo
 
 def question_vector_rows(row: dict, kinds: list[str], aux_q: bool) -> list[dict]:
     """Vector rows for the questions of one answered request (no chunk row: base rows have it)."""
-    from qrag_ray.generation.parsing import parse_output
-    from qrag_ray.representations import vector_rows
-
     qs = parse_output(row.get("raw") or "", row.get("output") or "questions") if row.get("raw") else []
     qs = [q if isinstance(q, str) else q[0] for q in qs]
     rows = vector_rows(row, kinds, qs, None, aux_questions=aux_q, atom=row.get("atom") or None)
@@ -135,7 +130,5 @@ def request_columns(requests: list[dict]) -> dict:
 
 def atom_columns(answered: dict) -> dict:
     """Answered atomize requests back as chunk columns with their atoms."""
-    from qrag_ray.generation.parsing import parse_atoms
-
     atoms = _object_column([parse_atoms(raw or "") for raw in answered["raw"]])
     return {"chunk_idx": answered["chunk_idx"], "shard": answered["shard"], "text": answered["text"], "atoms": atoms}

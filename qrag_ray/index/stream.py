@@ -13,10 +13,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.parquet as pq
 
+from qrag_ray.embedding import Tokenize, embedder_dim
 from qrag_ray.errors import QragError
-from qrag_ray.generation.stage import GenerationStats
+from qrag_ray.generation.cache import QuestionCache
+from qrag_ray.generation.stage import GenerationStats, generate
 from qrag_ray.index import checkpoint as ck
 from qrag_ray.index.plan import BuildPlan, StageClock
+from qrag_ray.index.udfs import (EmbedSink, attach_atoms, make_atomize_requests, make_base_rows, make_chunker,
+                                 make_question_requests, make_question_rows)
+from qrag_ray.io.readers import read_corpus
+from qrag_ray.models.registry import resolve_llm
 
 # CPU request of the light per-row stages (chunking, row building)
 _LIGHT_CPU = 0.5
@@ -47,8 +53,6 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
         clock.seconds.update({"read+chunk": 0.0, "embed": 0.0})
         return Streamed(run=st["run"], rows=st["rows"], dim=st["dim"], embedded=0, reused=st["rows"],
                         **{k: st[k] for k in _COUNTED})
-    from qrag_ray.index.udfs import make_base_rows
-
     cfg = plan.cfg
     generation = GenerationStats()
     t0 = time.perf_counter()
@@ -77,9 +81,6 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
 
 def _chunks(plan: BuildPlan):
     """Documents -> chunk rows (lazy)."""
-    from qrag_ray.index.udfs import make_chunker
-    from qrag_ray.io.readers import read_corpus
-
     cfg, gcfg = plan.cfg, plan.cfg.generator
     qcol = gcfg.precomputed_column if gcfg.backend == "precomputed" else None
     docs = read_corpus(cfg.input, cfg.format, questions_column=qcol)
@@ -91,29 +92,17 @@ def _chunks(plan: BuildPlan):
                             batch_size=cfg.build.docs_per_batch, num_cpus=_LIGHT_CPU)
 
 
-def _needs_llm(plan: BuildPlan) -> bool:
-    gcfg = plan.cfg.generator
-    return gcfg.backend in ("vllm", "openai") and (
-        plan.granularity is not None or ("sentence" in plan.kinds and gcfg.atoms == "llm"))
-
-
 def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats):
     """LLM atoms and questions through the question cache: (chunk rows, question vector rows or None).
     The generation join needs its requests materialized, so this path is not streamed."""
-    if not _needs_llm(plan):
-        return chunks, None
-    from qrag_ray.generation.cache import QuestionCache
-    from qrag_ray.generation.stage import generate
-    from qrag_ray.index.udfs import attach_atoms, make_atomize_requests, make_question_requests, make_question_rows
-
     cfg, gcfg, gran = plan.cfg, plan.cfg.generator, plan.granularity
+    if gcfg.backend not in ("vllm", "openai") or (gran is None and not ("sentence" in plan.kinds and gcfg.atoms == "llm")):
+        return chunks, None
     chunks = chunks.materialize()
     cache = QuestionCache(cfg.cache_dir)
     model_path = None
     if gcfg.backend == "vllm":
         with clock.stage("prepare-model"):
-            from qrag_ray.models.registry import resolve_llm
-
             model_path = resolve_llm(gcfg.model)
     if gcfg.atoms == "llm" and (gran == "atom" or "sentence" in plan.kinds):
         with clock.stage("atomize"):
@@ -137,13 +126,9 @@ def _embed(plan: BuildPlan, rows) -> dict:
     counters are summed here."""
     import ray.data
 
-    from qrag_ray.index.udfs import EmbedSink
-
     e = plan.cfg.embedder
     threads = None if e.num_gpus else (e.threads or max(1, (os.cpu_count() or 2) // e.actors))
     if e.tokenize_apart():
-        from qrag_ray.embedding import Tokenize
-
         # CPU workers tokenize and sort by length; the embedding actors only stack and run the model
         workers = max(1, int(ray.cluster_resources().get("CPU", 2)) // 2)
         rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
@@ -167,6 +152,4 @@ def _dim_of(plan: BuildPlan) -> int:
     for f in ck.parquet_files(plan.work / "vectors"):
         if pq.read_metadata(f).num_rows:
             return pq.read_schema(f).field("vector").type.list_size
-    from qrag_ray.embedding import embedder_dim
-
     return embedder_dim(plan.cfg.embedder.model)

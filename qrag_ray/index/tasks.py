@@ -10,19 +10,22 @@ import json
 import shutil
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from qrag_ray.config import IndexBuildConfig, IndexConfig
 from qrag_ray.index import checkpoint as ck
+from qrag_ray.index.format import CHUNKS, shard_bm25
+from qrag_ray.index.lexical import globalize_idf
 from qrag_ray.index.rows import CHUNK_SCHEMA, check_unique_chunks, vector_schema
 from qrag_ray.index.udfs import SAMPLE_STRIPE
+from qrag_ray.index.writer import build_faiss, faiss_factory, vectors_of, write_shard
 
 
 def needs_training(factory: str, dim: int) -> bool:
-    from qrag_ray.index.writer import faiss_factory
-
     return not faiss_factory(dim, factory).is_trained
 
 
@@ -30,8 +33,6 @@ def sample_vectors(work: Path, total_rows: int, n: int, keep: np.ndarray | None 
     """A deterministic sample of about n stored vectors over all parts: rows whose key falls under a
     threshold (keys are hashes, so this is uniform), then the n smallest keys. Part by part, so memory
     is the sample, not the corpus."""
-    from qrag_ray.index.writer import vectors_of
-
     modulus = 1_000_003
     striped = total_rows / SAMPLE_STRIPE >= 3 * n  # the stripe alone holds enough candidates
     pool = total_rows / SAMPLE_STRIPE if striped else total_rows
@@ -55,11 +56,6 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
                     run: str | None = None, shards: int = 0) -> str:
     """Train the factory's quantizer once on a sample of every shard's vectors; the trained, empty
     index is written under the work dir (named by the sample's content) and its path returned."""
-    import faiss
-
-    from qrag_ray.config import IndexBuildConfig
-    from qrag_ray.index.writer import build_faiss
-
     w = Path(work)
     _one_thread_per_cpu()
     keep = None
@@ -80,8 +76,6 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
 def _one_thread_per_cpu() -> None:
     """FAISS (OpenMP) threads = the CPUs this Ray task was given: more threads than granted CPUs
     wait on each other when the node is busy."""
-    import faiss
-
     try:
         import ray
 
@@ -94,9 +88,6 @@ def _one_thread_per_cpu() -> None:
 def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None) -> dict:
     """One shard from its parts: chunk rows of this run, every vector part of the shard. Skipped when
     a finished build of the same inputs is already in the work dir (a resumed run)."""
-    from qrag_ray.config import IndexConfig
-    from qrag_ray.index.writer import write_shard
-
     cfg = IndexConfig.model_validate_json(cfg_json)
     w = Path(work)
     _one_thread_per_cpu()
@@ -154,8 +145,6 @@ def assemble(work: str, staging: str, num_shards: int, bm25: bool) -> None:
     """Copy the built shards into the staging dir, write chunks.parquet shard by shard (one shard's
     chunk table in memory at a time) and give every BM25 shard the global IDF. The work dir's copies
     stay untouched, so a crash here and a re-run start from the same files."""
-    from qrag_ray.index.format import CHUNKS
-
     w, st = Path(work), Path(staging)
     (st / "shards").mkdir(parents=True, exist_ok=True)
     with pq.ParquetWriter(st / CHUNKS, CHUNK_SCHEMA) as writer:
@@ -165,7 +154,4 @@ def assemble(work: str, staging: str, num_shards: int, bm25: bool) -> None:
             for p in sorted((src / "shards").iterdir()):
                 (shutil.copytree if p.is_dir() else shutil.copy2)(p, st / "shards" / p.name)
     if bm25:
-        from qrag_ray.index.format import shard_bm25
-        from qrag_ray.index.lexical import globalize_idf
-
         globalize_idf([st / shard_bm25(s) for s in range(num_shards)])

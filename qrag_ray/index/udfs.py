@@ -15,6 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from qrag_ray.config import IndexConfig
+from qrag_ray.embedding import Forward, load_sentence_transformer
+from qrag_ray.embedding.tokens import token_ids
+from qrag_ray.generation.requests import atomize_request, question_requests
 from qrag_ray.index import checkpoint as ck
 from qrag_ray.index.rows import (CHUNK_SCHEMA, atom_columns, atoms_of, base_vector_columns, check_unique_chunks,
                                  chunk_columns, chunk_rows, payload, question_vector_columns, request_columns, rows_of,
@@ -73,8 +76,6 @@ def make_base_rows(kinds: list[str], cfg: IndexConfig, aux_q: bool):
 
 def make_atomize_requests(gcfg):
     """Chunk rows -> one atomize request per chunk."""
-    from qrag_ray.generation.requests import atomize_request
-
     def atomize(batch: dict) -> dict:
         return request_columns([atomize_request(r, gcfg) | payload(r) for r in rows_of(batch)])
 
@@ -88,8 +89,6 @@ def attach_atoms(batch: dict) -> dict:
 
 def make_question_requests(cfg: IndexConfig, granularity: str):
     """Chunk rows -> question requests, one per chunk or one per atom."""
-    from qrag_ray.generation.requests import question_requests
-
     def requests(batch: dict) -> dict:
         out = []
         for r in rows_of(batch):
@@ -119,8 +118,6 @@ class EmbedSink:
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
                  work: str, question_kind: str | None, run: str, backend: str = "auto", dtype: str = "auto",
                  tokens_per_batch: int = 65536):
-        from qrag_ray.embedding import Forward, load_sentence_transformer
-
         if threads:
             import torch
 
@@ -156,8 +153,6 @@ class EmbedSink:
         if "input_ids" in batch:
             vecs = self.forward(batch["input_ids"][todo], batch["n_tokens"][todo])
         else:
-            from qrag_ray.embedding.tokens import token_ids
-
             vecs = self.forward(*token_ids(self.st.tokenizer, [str(batch["embed_text"][i]) for i in todo],
                                            int(self.st.max_seq_length or 512)))
         shard = batch["shard"][todo]

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +17,7 @@ from qrag_ray.config import Bm25Config, FilterConfig, IndexBuildConfig
 from qrag_ray.errors import QragError
 from qrag_ray.filters import filter_chunk_rows
 from qrag_ray.index.format import shard_bm25, shard_faiss, shard_meta
+from qrag_ray.index.lexical import build_bm25, lexical_docs
 
 
 def vectors_of(table: pa.Table) -> np.ndarray:
@@ -42,8 +44,6 @@ def apply_filters(table: pa.Table, vecs: np.ndarray, cfg: FilterConfig) -> np.nd
 
 def faiss_factory(dim: int, factory: str):
     """An empty inner-product index from a factory string; a bad string is the user's error."""
-    import faiss
-
     try:
         return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError:
@@ -55,8 +55,6 @@ def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0, add: boo
     """`trained`: a saved, trained empty index (the build's shared quantizer) to fill instead of
     training one on these vectors; `add=False` returns the trained index empty. Builds on a GPU when
     FAISS sees one (index.use_gpu)."""
-    import faiss
-
     index = faiss.read_index(trained) if trained is not None else faiss_factory(vecs.shape[1], cfg.factory)
     gpus = faiss.get_num_gpus()
     use_gpu = gpus > 0 if cfg.use_gpu == "auto" else bool(cfg.use_gpu)
@@ -88,8 +86,6 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
                 index_cfg: IndexBuildConfig, dim: int, bm25: Bm25Config | None = None,
                 trained: str | None = None) -> dict:
     """Build and write shard files under out_dir; returns stats for the manifest."""
-    import faiss
-
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     (out_dir / "shards").mkdir(parents=True, exist_ok=True)
@@ -110,8 +106,6 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
     pq.write_table(meta, out_dir / shard_meta(shard))
     lexical = {}
     if bm25 is not None and bm25.enabled:
-        from qrag_ray.index.lexical import build_bm25, lexical_docs
-
         # from all rows, before the vector filters: a pruned question still names the chunk's words
         ids, docs = lexical_docs(table.column("chunk_idx").to_numpy(), table.column("kind").to_pylist(),
                                  table.column("text").to_pylist(), table.column("qn").to_numpy(), bm25.doc2query)
