@@ -44,9 +44,7 @@ class BuildReport:
     manifest: dict = field(default_factory=dict)  # manifest.json as published
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("manifest")
-        return d
+        return {k: v for k, v in asdict(self).items() if k != "manifest"}
 
 
 def build_index(cfg: IndexConfig, console=None) -> BuildReport:

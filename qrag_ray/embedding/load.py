@@ -8,6 +8,9 @@ from typing import Iterator
 
 import numpy as np
 
+from qrag_ray.errors import QragError
+from qrag_ray.models.registry import resolve_embedder
+
 logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
@@ -35,8 +38,6 @@ def load_sentence_transformer(model: str, device: str | None = None, max_seq_len
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from qrag_ray.models.registry import resolve_embedder
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dt = resolve_dtype(dtype, device)
     st = SentenceTransformer(resolve_embedder(model), device=device)
@@ -54,8 +55,6 @@ def load_sentence_transformer(model: str, device: str | None = None, max_seq_len
             use_onnx(st, threads)
         except OnnxUnavailable as e:
             if backend == "onnx":
-                from qrag_ray.errors import QragError
-
                 raise QragError(f"embedder backend onnx: {e}") from None
             logger.info("embedder %s stays on torch: %s", model, e)
     elif backend not in ("auto", "torch"):

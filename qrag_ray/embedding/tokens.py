@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from qrag_ray.models.registry import resolve_embedder
+
 BUCKET = 16  # rows are padded to a multiple of this many tokens (the canonical encode's buckets)
 
 
@@ -55,8 +57,6 @@ def load_tokenizer(model: str, max_seq_length: int | None = None) -> tuple[objec
     """(the model folder's tokenizer, the token limit SentenceTransformer applies: max_seq_length, else
     sentence_bert_config.json's, else the tokenizer's own up to 512), without the weights or torch."""
     from transformers import AutoTokenizer
-
-    from qrag_ray.models.registry import resolve_embedder
 
     folder = Path(resolve_embedder(model))
     tok = AutoTokenizer.from_pretrained(str(folder))

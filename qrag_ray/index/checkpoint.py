@@ -119,11 +119,10 @@ def shard_dir_name(shard: int) -> str:
 
 def row_keys(chunk_idx, kind, ordinal, text, embed_text) -> np.ndarray:
     """63-bit identity of each vector row: its chunk, kind, position in the chunk and both texts."""
-    out = np.empty(len(chunk_idx), np.int64)
-    for i, (c, k, o, t, e) in enumerate(zip(chunk_idx, kind, ordinal, text, embed_text)):
-        h = hashlib.blake2b(f"{int(c)}\x1f{k}\x1f{int(o)}\x1f{t}\x1f{e}".encode(), digest_size=8).digest()
-        out[i] = int.from_bytes(h, "little") & _MASK63
-    return out
+    rows = (f"{int(c)}\x1f{k}\x1f{int(o)}\x1f{t}\x1f{e}"
+            for c, k, o, t, e in zip(chunk_idx, kind, ordinal, text, embed_text))
+    return np.fromiter((int.from_bytes(hashlib.blake2b(r.encode(), digest_size=8).digest(), "little") & _MASK63
+                        for r in rows), np.int64, len(chunk_idx))
 
 
 def part_name(keys: np.ndarray) -> str:

@@ -181,7 +181,8 @@ def load_manifest(index_dir: str | Path, verify: bool = False) -> Manifest:
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
-        raise IndexFormatError(f"corrupt manifest {mpath}: {where}: {err['msg'].removeprefix('Value error, ')}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise IndexFormatError(f"corrupt manifest {mpath}: {where}: {msg}") from None
     for rel in m.files:
         if not (d / rel).is_file():
             raise IndexFormatError(f"index {d} is incomplete: missing {rel}")
@@ -240,11 +241,8 @@ def new_staging_dir(output: str | Path) -> Path:
 
 
 def publish(staging: Path, output: str | Path) -> Path:
-    """Verify `staging` and move it to `output` atomically, replacing an older index there.
-
-    Two renames: the old index moves aside first, the new one takes its place, then the old one is
-    deleted. Between the renames the path is briefly absent (readers retry) but never half-written.
-    """
+    """Verify `staging` and move it to `output`: the old index moves aside, the new one takes its place,
+    the old one is deleted. Between the renames the path is briefly absent, never half-written."""
     out = Path(output)
     verify_files(load_manifest(staging))
     old = None

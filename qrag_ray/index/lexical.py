@@ -18,6 +18,9 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import Stemmer
+
+from qrag_ray.errors import QragError
 
 CHUNK_IDX = "chunk_idx.npy"
 TOKENIZER = "qrag_tokenizer.json"  # {"stemmer": "english" | null}: how this shard's text was tokenised
@@ -50,13 +53,9 @@ def _stemmer(name: str | None):
     """A PyStemmer Snowball stemmer by language name (None: no stemming), one per process."""
     if not name:
         return None
-    import Stemmer
-
     try:
         return Stemmer.Stemmer(name)
     except KeyError:
-        from qrag_ray.errors import QragError
-
         raise QragError(f"unknown BM25 stemmer {name!r} (known: {', '.join(Stemmer.algorithms())})") from None
 
 

@@ -99,12 +99,14 @@ def question_vector_rows(row: dict, kinds: list[str], aux_q: bool) -> list[dict]
 
 def vector_columns(rows: list[dict]) -> dict:
     """Vector rows as numpy columns (the embed stage's input)."""
-    return {c: np.asarray([r[c] for r in rows], dtype=t) if rows else np.zeros(0, t) for c, t in _VECTOR_COLUMNS.items()}
+    return {c: np.asarray([r[c] for r in rows], dtype=t) if rows else np.zeros(0, t)
+            for c, t in _VECTOR_COLUMNS.items()}
 
 
 def base_vector_columns(chunks: list[dict], kinds: list[str], cfg: IndexConfig, aux_q: bool) -> dict:
     """The base rows of some chunks, each numbered by its place in its chunk (`ord`)."""
-    return vector_columns([v | {"ord": i} for c in chunks for i, v in enumerate(base_vector_rows(c, kinds, cfg, aux_q))])
+    return vector_columns([v | {"ord": i} for c in chunks
+                           for i, v in enumerate(base_vector_rows(c, kinds, cfg, aux_q))])
 
 
 def question_vector_columns(answered: list[dict], kinds: list[str], aux_q: bool) -> dict:

@@ -6,14 +6,17 @@ the same results. Returns vector-level hits; dedup by chunk happens in qrag_ray.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import Manifest, files_under, load_manifest, verify_files
+from qrag_ray.index.lexical import ShardLexicon
 
 
 @dataclass
@@ -41,8 +44,6 @@ class ShardHits:
 class ShardSearcher:
     def __init__(self, index_dir: str | Path, shard: int, manifest: Manifest | None = None,
                  verify: bool = True, threads: int | None = None, use_gpu: bool = False):
-        import faiss
-
         self.manifest = manifest or load_manifest(index_dir)
         self.shard = shard
         info = self.manifest.shard(shard)
@@ -55,11 +56,8 @@ class ShardSearcher:
         except RuntimeError as e:
             raise IndexFormatError(f"cannot read shard {shard} of {self.manifest.path}: {e}") from None
         fcfg = self.manifest.data.get("config", {}).get("index", {})
-        try:
-            ivf = faiss.extract_index_ivf(index)
-            ivf.nprobe = int(fcfg.get("nprobe", 32))
-        except (RuntimeError, ValueError):
-            pass
+        with contextlib.suppress(RuntimeError, ValueError):  # not an IVF index
+            faiss.extract_index_ivf(index).nprobe = int(fcfg.get("nprobe", 32))
         if hasattr(index, "hnsw"):
             index.hnsw.efSearch = int(fcfg.get("hnsw_ef_search", 128))
         if use_gpu and faiss.get_num_gpus() > 0:
@@ -74,8 +72,6 @@ class ShardSearcher:
             raise IndexFormatError(f"shard {shard}: {index.ntotal} vectors but {len(self.chunk_idx)} metadata rows")
         self.lexicon = None
         if info.get("bm25"):
-            from qrag_ray.index.lexical import ShardLexicon
-
             if verify:
                 verify_files(self.manifest, files_under(self.manifest, info["bm25"]))
             self.lexicon = ShardLexicon(self.manifest.file(info["bm25"]))

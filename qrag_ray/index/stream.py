@@ -96,7 +96,8 @@ def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats
     """LLM atoms and questions through the question cache: (chunk rows, question vector rows or None).
     The generation join needs its requests materialized, so this path is not streamed."""
     cfg, gcfg, gran = plan.cfg, plan.cfg.generator, plan.granularity
-    if gcfg.backend not in ("vllm", "openai") or (gran is None and not ("sentence" in plan.kinds and gcfg.atoms == "llm")):
+    llm_atoms = gcfg.atoms == "llm" and (gran == "atom" or "sentence" in plan.kinds)
+    if gcfg.backend not in ("vllm", "openai") or (gran is None and not llm_atoms):
         return chunks, None
     chunks = chunks.materialize()
     cache = QuestionCache(cfg.cache_dir)
@@ -104,7 +105,7 @@ def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats
     if gcfg.backend == "vllm":
         with clock.stage("prepare-model"):
             model_path = resolve_llm(gcfg.model)
-    if gcfg.atoms == "llm" and (gran == "atom" or "sentence" in plan.kinds):
+    if llm_atoms:
         with clock.stage("atomize"):
             requests = chunks.map_batches(make_atomize_requests(gcfg), batch_format="numpy").materialize()
             answered, st = generate(requests, gcfg, cache, model_path)

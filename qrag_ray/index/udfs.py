@@ -59,7 +59,8 @@ def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: flo
     name = h.hexdigest()
     shards = sorted(set(table.column("shard").to_pylist()))
     for s in shards:
-        ck.atomic_write_parquet(table.filter(pc.equal(table.column("shard"), s)), work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
+        ck.atomic_write_parquet(table.filter(pc.equal(table.column("shard"), s)),
+                                work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
     ck.atomic_write_text(ck.run_registry(work, run) / f"{name}.json",
                          json.dumps({"part": name, "documents": n_docs, "chunks": n, "shards": shards,
                                      "seconds": round(seconds, 4)}))

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from qrag_ray.embedding import encode, load_sentence_transformer
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import CHUNKS, Manifest, load_manifest, verify_files
 from qrag_ray.index.searcher import ShardSearcher
@@ -68,14 +69,10 @@ class SearchEngine:
     @property
     def embedder(self):
         if self._embedder is None:
-            from qrag_ray.embedding import load_sentence_transformer
-
             self._embedder = load_sentence_transformer(self.manifest.embedder_model)
         return self._embedder
 
     def embed(self, queries: list[str]) -> np.ndarray:
-        from qrag_ray.embedding import encode
-
         return encode(self.embedder, queries)
 
     def search_vectors(self, qvecs: np.ndarray, k: int, min_score: float | None = None,
@@ -98,9 +95,8 @@ class SearchEngine:
         return out
 
     def search(self, queries: list[str], k: int = 10, min_score: float | None = None) -> list[list[dict]]:
-        for q in queries:
-            if not isinstance(q, str) or not q.strip():
-                raise QragError("query must be a non-empty string")
+        if not all(isinstance(q, str) and q.strip() for q in queries):
+            raise QragError("query must be a non-empty string")
         self.last_timings = SearchTimings()
         t0 = time.perf_counter()
         qvecs = self.embed(queries)
