@@ -71,8 +71,7 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
 
 
 def prepare(cfg: IndexConfig, console) -> BuildPlan:
-    """Validate before starting Ray (the reader resolves files now), then open the work dir: the same
-    config over the same input files finds the checkpoints of an interrupted run."""
+    """Validate before starting Ray, then open the work dir (where an interrupted run left checkpoints)."""
     _check_input(cfg)
     out = check_output_dir(cfg.output, cfg.overwrite)
     files = [f for i in [cfg.input, *cfg.build.extra_inputs] for f in resolve_files(i, cfg.format)]
@@ -115,8 +114,7 @@ def _deleted_ids(files: list[str]) -> frozenset:
 
 
 def _warn_uncalibrated(cfg: IndexConfig) -> None:
-    """A preset's fusion offsets were measured with one embedder; with another (and the offsets left
-    as the preset set them) say so once, at build time."""
+    """Say so when a preset's fusion offsets, left as they are, were calibrated for another embedder."""
     note = calibration_note(cfg.representation, cfg.embedder.model)
     preset = PRESETS.get(cfg.representation)
     if note and preset is not None and cfg.search.kind_bias == preset.search.get("kind_bias", {}):
@@ -124,8 +122,7 @@ def _warn_uncalibrated(cfg: IndexConfig) -> None:
 
 
 def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
-    """IVF/PQ: one quantizer for all shards, trained in a task on a deterministic sample; returns the
-    trained empty index's path (None: the factory needs no training)."""
+    """IVF/PQ: one quantizer for all shards, trained in a task; its path (None: no training needed)."""
     import ray
 
     factory = plan.cfg.index.factory
@@ -139,8 +136,7 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
 
 def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
                  clock: StageClock) -> tuple[list[ShardEntry], int]:
-    """One task per shard; returns the shards' manifest entries and how many a finished earlier run
-    had already built."""
+    """One task per shard: (the shards' manifest entries, how many an earlier run had built)."""
     import ray
 
     cfg = plan.cfg
@@ -158,8 +154,7 @@ def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
 
 def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
                   clock: StageClock) -> tuple[Manifest, int]:
-    """Assemble the shards in a staging dir beside the output, write the manifest, and rename the
-    staging dir over the output; returns the manifest and the index's size in bytes."""
+    """Assemble a staging dir, write its manifest, rename it over the output: (manifest, size in bytes)."""
     import ray
 
     cfg = plan.cfg

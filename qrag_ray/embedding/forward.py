@@ -1,15 +1,8 @@
-"""The forward step: token arrays in (from `tokens.py`), unit-norm float32 vectors out, in input order.
-
-It only groups rows, slices their ids, runs the model and normalises: no tokenizing, no per-row Python,
-so a GPU is fed as fast as it computes. Two ways to group rows:
-
-- by tokens (`tokens_per_batch`), the GPU way: rows in padded-length order fill a pass until rows x
-  padded length would pass the budget. A row's vector then depends in its last bits on its pass-mates.
-- canonical (`canonical_rows`), what every CPU build uses: a pass holds rows of one padded length only
-  and exactly `canonical_rows` rows (filled with copies of its first row), so a row's bits never depend
-  on the other rows. On a GPU this holds only for the same GPU model, driver and libraries; a GPU build
-  resumed after a crash may differ in the last bits of re-embedded rows (checksums), not in rankings.
-"""
+"""The forward step: token arrays in (from `tokens.py`), unit-norm float32 vectors out, in input order;
+no tokenizing, no per-row Python, so a GPU is fed as fast as it computes. Rows are grouped by tokens
+(`tokens_per_batch`, the GPU way: a row's last bits then depend on its pass-mates) or canonically
+(`canonical_rows`, every CPU build: one padded length and exactly that many rows per pass, so a row's
+bits never depend on the others; on a GPU only for the same GPU model, driver and libraries)."""
 
 from __future__ import annotations
 
@@ -47,9 +40,8 @@ def plan(lens: np.ndarray, limit: int, tokens_per_batch: int | None = None,
 
 
 class Forward:
-    """`Forward(st, ...)(ids, lens)` -> float32 [n, dim] in input order (the GPU actor's work). On CUDA
-    ids go through pinned memory with non-blocking copies, so the host prepares the next pass while
-    the GPU computes."""
+    """`Forward(st, ...)(ids, lens)` -> float32 [n, dim] in input order. On CUDA ids are copied from
+    pinned memory without blocking, so the host prepares the next pass while the GPU computes."""
 
     def __init__(self, st, tokens_per_batch: int | None = 65536, canonical_rows: int | None = None):
         import torch
@@ -107,10 +99,8 @@ class Forward:
 
 
 def encode_canonical(st, texts: list[str], micro_batch: int = 32) -> np.ndarray:
-    """Like `encode`, but a text's vector does not depend on which texts share its batch: a resumed
-    build batches rows differently, and BLAS results move in the last bits with the batch's shape,
-    which would change the FAISS files' checksums. Each text is padded to the bucket of its own length
-    and every pass holds exactly `micro_batch` rows."""
+    """Like `encode`, but a text's vector does not depend on its batch-mates (a resumed build batches
+    differently, and BLAS results move in the last bits with the batch's shape)."""
     texts = [str(t) for t in texts]
     tok = getattr(st, "tokenizer", None)
     if not texts or tok is None:

@@ -17,9 +17,8 @@ DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """`auto` is float32 on CPU (the vectors every CPU index holds) and bfloat16 on CUDA: it keeps the
-    rankings of float32 (docs/BENCHMARKS.md) at a multiple of its forward rate, and unlike float16 it
-    cannot overflow. tf32 is a CUDA matmul mode; on CPU it is refused rather than ignored."""
+    """`auto` is float32 on CPU and bfloat16 on CUDA (float32's rankings, faster, cannot overflow;
+    docs/BENCHMARKS.md). tf32 is a CUDA matmul mode: on CPU it is refused rather than ignored."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown embedder dtype {dtype!r} (one of {', '.join(DTYPES)})")
     cuda = str(device).startswith("cuda")

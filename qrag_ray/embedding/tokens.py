@@ -1,11 +1,6 @@
-"""Tokenization as its own step: texts -> fixed-width token id arrays and lengths, sorted by length.
-
-Apart from the forward pass because on a GPU a small encoder runs many times faster than one host
-thread tokenizes, so the model's actor must not tokenize. Rows are padded to the model's maximum
-length (one column shape in every block survives Ray Data re-batching) and carry their lengths, so
-the forward step pads only to each row's bucket. The ids equal the model tokenizer's own
-`tok(texts, truncation=True, max_length=limit)`, which keeps CPU vectors unchanged.
-"""
+"""Tokenization as its own CPU step (a GPU encodes faster than one host thread tokenizes): texts ->
+token ids padded to the model's limit (one column shape survives Ray Data re-batching) and lengths,
+equal to the tokenizer's own `tok(texts, truncation=True, max_length=limit)`."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ BUCKET = 16  # rows are padded to a multiple of this many tokens (the canonical 
 
 
 def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids int32 [n, limit], lengths int32 [n]): each text truncated to `limit` tokens with the special
-    tokens, padded with the pad id on the tokenizer's padding side."""
+    """(ids int32 [n, limit], lengths int32 [n]): truncated to `limit`, padded on the tokenizer's side."""
     texts = [str(t) for t in texts]
     if getattr(tok, "is_fast", False):
         # the Rust tokenizer straight: the Python wrapper's per-call bookkeeping costs more than the

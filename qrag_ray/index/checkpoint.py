@@ -7,9 +7,8 @@
     runs/<run>/keys/s=00003/*.npy  the row keys run <run> streamed for shard 3 (embedded or reused)
     built/00003/, trained/         finished shards, the shared IVF/PQ quantizer
 
-Every file is written under a temporary name and renamed, so a file that exists is complete. A vector
-row is identified by `row_key` (a hash of what it is), so a resumed run drops the rows any earlier run
-embedded, whatever batches either formed. Pure helpers; the Ray wiring is in udfs.py and tasks.py.
+Files are written under a temporary name and renamed, so a file that exists is complete. A resumed
+run drops the rows (by `row_key`, a hash of what they are) that any earlier run embedded.
 """
 
 from __future__ import annotations
@@ -36,9 +35,8 @@ def content_config(cfg_dump: dict) -> dict:
 
 
 def work_key(cfg_dump: dict) -> dict:
-    """What the checkpoints depend on: the index identity without its documents (input paths,
-    appended files and deletions only change which rows a run keeps; rows are keyed by content and
-    each run lists its own, so an append or a deletion reuses every unchanged vector)."""
+    """What the checkpoints depend on: the index identity without its documents (rows are keyed by
+    content, so an append or a deletion reuses every unchanged vector)."""
     return index_identity(cfg_dump, corpus=False)
 
 
@@ -93,8 +91,7 @@ def work_dir_for(output: str | Path, explicit: str | None = None) -> Path:
 
 
 def open_work_dir(work: Path, key: dict) -> bool:
-    """Create or reuse `work` for `key`; returns True when earlier checkpoints are being resumed.
-    A work dir left by a different config or input is wiped: its vectors would be wrong here."""
+    """Create or reuse `work` for `key` (True: resuming); one left for another key is wiped."""
     kpath = work / "key.json"
     if work.is_dir():
         try:
@@ -160,6 +157,5 @@ def registered_parts(work: Path, run: str) -> list[dict]:
 
 
 def manifest_content_hash(files: dict[str, str], content: dict) -> str:
-    """What an index *is*: every file's sha256 plus the content config; no timestamps, timings or
-    hosts, so an interrupted-and-resumed build and an uninterrupted one hash the same."""
+    """Every file's sha256 plus the content config, no timings or hosts: a resumed build hashes the same."""
     return stable_hash({"files": dict(sorted(files.items())), "content": content})

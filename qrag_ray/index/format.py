@@ -101,8 +101,7 @@ class ShardEntry(_Record):
 
 
 class IndexDescription(_Record):
-    """What a build records about an index; `write_manifest` adds the files and the versions.
-    Optional fields are the ones an older build did not write."""
+    """What a build records (`write_manifest` adds files and versions); optional: older builds lack it."""
 
     representation: str
     kinds: list[str] | None = None
@@ -202,8 +201,7 @@ def verify_files(m: Manifest, rels: list[str] | None = None) -> None:
 
 
 def write_manifest(tmp_dir: Path, description: IndexDescription) -> Manifest:
-    """Checksum every file under tmp_dir, add the files and versions to the description and write
-    manifest.json."""
+    """Checksum every file under tmp_dir and write manifest.json: the description, files and versions."""
     files = {str(p.relative_to(tmp_dir)): sha256_file(p) for p in sorted(tmp_dir.rglob("*"))
              if p.is_file() and p.name != MANIFEST}
     version = hashlib.sha256("".join(rel + files[rel] for rel in sorted(files)).encode()).hexdigest()[:16]

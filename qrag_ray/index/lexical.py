@@ -1,14 +1,7 @@
-"""One shard's BM25 index (bm25s): built beside the FAISS file, searched with the same queries.
-
-A sparse channel because a dense vector blurs the rare words (names, numbers) that questions share
-with their passage (docs/EVALUATION.md); doc2query adds a chunk's generated questions to its text.
-One BM25 document per chunk. IDF is global: `globalize_idf` rescales every shard's stored scores from
-its own IDF to the IDF over all shards, so a term's weight does not depend on the chunk's shard.
-Scores leave the shard raw; the merge divides them by the query's best over all shards.
-Tokens are Snowball-stemmed with English stopwords dropped (as Lucene's English analyzer does); the
-stemmer a shard was built with is written beside it (`TOKENIZER`), so queries are tokenised as its
-documents were, and an index built before stemming (no such file) keeps unstemmed queries.
-"""
+"""One shard's BM25 index (bm25s), one document per chunk: a dense vector blurs the rare words that
+questions share with their passage (docs/EVALUATION.md). IDF is global (`globalize_idf`), so a term's
+weight does not depend on the chunk's shard. Tokens are stemmed as the shard records (`TOKENIZER`;
+absent in indexes built before stemming), so queries are tokenised as its documents were."""
 
 from __future__ import annotations
 
@@ -30,9 +23,8 @@ QUESTION_KINDS = ("question", "quote", "atomquote")
 
 def lexical_docs(chunk_idx: np.ndarray, kind: list[str], text: list[str], qn: np.ndarray,
                  doc2query: bool) -> tuple[np.ndarray, list[str]]:
-    """(chunk ids, BM25 text) from a shard's vector rows, before any vector filter: the `chunk` row
-    every chunk has (stored or auxiliary) gives its text; with doc2query each distinct generated
-    question of the chunk is appended; a `title` row's text is appended first. Ids come out sorted."""
+    """(sorted chunk ids, BM25 text) from a shard's vector rows before any filter: the `chunk` row's
+    text, after it the `title` row's and (doc2query) each distinct generated question."""
     body: dict[int, str] = {}
     extra: dict[int, list[str]] = {}
     for ci, kd, tx, n in zip(chunk_idx.tolist(), kind, text, qn.tolist()):
@@ -102,18 +94,15 @@ def lucene_idf(n_docs: int, df: np.ndarray) -> np.ndarray:
 
 
 def _term_columns(path: Path) -> tuple[dict[str, int], np.ndarray]:
-    """(term -> column, documents per column) of a saved shard's CSC score matrix (bm25s's vocabulary
-    ends with an empty-string term that has no column)."""
+    """(term -> column, documents per column) of a saved shard's CSC score matrix."""
     counts = np.diff(np.load(path / _INDPTR))
     vocab = json.loads((path / _VOCAB).read_text())
     return {t: i for t, i in vocab.items() if i < len(counts)}, counts
 
 
 def globalize_idf(paths: list[str | Path]) -> None:
-    """Rewrite each shard's stored BM25 scores with the IDF over all `paths` instead of the shard's own.
-    bm25s stores idf(term) * tf-part per (term, document), so scaling a term's column by global idf /
-    shard idf is exact (the tf part keeps the shard's average length). Every shard is checked before
-    any is rewritten; vocabularies are read again in the second pass rather than all held at once."""
+    """Rewrite each shard's stored BM25 scores with the IDF over all `paths`: bm25s stores idf(term) *
+    tf-part per (term, document), so scaling a term's column by global / shard idf is exact."""
     paths = [Path(p) for p in paths]
     if len(paths) < 2:
         return
@@ -158,8 +147,7 @@ class ShardLexicon:
         return len(self.chunk_idx)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(raw scores, chunk ids), each (len(queries), min(k, docs)), best first; -1 pads the slots of
-        documents sharing no term with the query (score 0)."""
+        """(raw scores, chunk ids), each (len(queries), min(k, docs)), best first; -1 pads empty slots."""
         k = max(0, min(k, len(self)))
         scores = np.zeros((len(queries), k), np.float32)
         ids = np.full((len(queries), k), -1, np.int64)

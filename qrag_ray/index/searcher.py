@@ -1,8 +1,5 @@
-"""One shard's searcher: a FAISS index plus the row -> chunk arrays, loaded once.
-
-Used in-process by `qrag search` and inside each ShardSearcher replica of the Serve app, so both give
-the same results. Returns vector-level hits; dedup by chunk happens in qrag_ray.search.merge.
-"""
+"""One shard's searcher (FAISS index, row -> chunk arrays, BM25), used in-process and by every Serve
+shard replica alike. Returns vector-level hits; dedup by chunk happens in qrag_ray.search.merge."""
 
 from __future__ import annotations
 
@@ -81,8 +78,7 @@ class ShardSearcher:
         return int(self.index.ntotal)
 
     def search(self, qvecs: np.ndarray, k: int, queries: list[str] | None = None) -> ShardHits:
-        """The k nearest vectors per query; with `queries` (the texts of qvecs) also the shard's k
-        best BM25 chunks, for hybrid fusion."""
+        """The k nearest vectors per query; with `queries` (their texts) also the k best BM25 chunks."""
         qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
         if self.ntotal:
             scores, rows = self.index.search(qvecs, max(1, min(k, self.ntotal)))

@@ -45,8 +45,7 @@ class Streamed:
 
 
 def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
-    """Run the stream, or reuse it: a work dir whose stream finished for the same inputs (stream.json)
-    was killed after it, so only the shard builds are left."""
+    """Run the stream, or reuse the one a killed run finished for the same inputs (stream.json)."""
     done = plan.work / "stream.json"
     st = json.loads(done.read_text()) if done.is_file() else {}
     if st.get("inputs") == plan.inputs:
@@ -93,8 +92,7 @@ def _chunks(plan: BuildPlan):
 
 
 def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats):
-    """LLM atoms and questions through the question cache: (chunk rows, question vector rows or None).
-    The generation join needs its requests materialized, so this path is not streamed."""
+    """LLM atoms and questions through the cache: (chunk rows, question rows or None); not streamed."""
     cfg, gcfg, gran = plan.cfg, plan.cfg.generator, plan.granularity
     llm_atoms = gcfg.atoms == "llm" and (gran == "atom" or "sentence" in plan.kinds)
     if gcfg.backend not in ("vllm", "openai") or (gran is None and not llm_atoms):
@@ -123,8 +121,7 @@ def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats
 
 
 def _embed(plan: BuildPlan, rows) -> dict:
-    """The embedding actor pool as the stream's sink: it writes the vector parts; its per-row
-    counters are summed here."""
+    """The embedding actor pool, the stream's sink: it writes the vector parts; its counters are summed."""
     import ray.data
 
     e = plan.cfg.embedder

@@ -30,9 +30,8 @@ def needs_training(factory: str, dim: int) -> bool:
 
 
 def sample_vectors(work: Path, total_rows: int, n: int, keep: np.ndarray | None = None) -> np.ndarray:
-    """A deterministic sample of about n stored vectors over all parts: rows whose key falls under a
-    threshold (keys are hashes, so this is uniform), then the n smallest keys. Part by part, so memory
-    is the sample, not the corpus."""
+    """A deterministic sample of n stored vectors, part by part: rows whose key (a hash) falls under a
+    threshold, then the n smallest keys."""
     modulus = 1_000_003
     striped = total_rows / SAMPLE_STRIPE >= 3 * n  # the stripe alone holds enough candidates
     pool = total_rows / SAMPLE_STRIPE if striped else total_rows
@@ -54,8 +53,7 @@ def sample_vectors(work: Path, total_rows: int, n: int, keep: np.ndarray | None 
 
 def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int, dim: int,
                     run: str | None = None, shards: int = 0) -> str:
-    """Train the factory's quantizer once on a sample of every shard's vectors; the trained, empty
-    index is written under the work dir (named by the sample's content) and its path returned."""
+    """Train the quantizer once on a sample of all shards' vectors; returns the saved empty index's path."""
     w = Path(work)
     _one_thread_per_cpu()
     keep = None
@@ -74,8 +72,7 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
 
 
 def _one_thread_per_cpu() -> None:
-    """FAISS (OpenMP) threads = the CPUs this Ray task was given: more threads than granted CPUs
-    wait on each other when the node is busy."""
+    """FAISS threads = the task's CPUs: more threads than granted CPUs wait on each other."""
     try:
         import ray
 
@@ -86,8 +83,8 @@ def _one_thread_per_cpu() -> None:
 
 
 def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None) -> dict:
-    """One shard from its parts: chunk rows of this run, every vector part of the shard. Skipped when
-    a finished build of the same inputs is already in the work dir (a resumed run)."""
+    """One shard from this run's chunk parts and the shard's vector parts; reused when a finished build
+    of the same inputs is in the work dir."""
     cfg = IndexConfig.model_validate_json(cfg_json)
     w = Path(work)
     _one_thread_per_cpu()
@@ -142,9 +139,8 @@ def drop_duplicate_rows(table: pa.Table) -> pa.Table:
 
 
 def assemble(work: str, staging: str, num_shards: int, bm25: bool) -> None:
-    """Copy the built shards into the staging dir, write chunks.parquet shard by shard (one shard's
-    chunk table in memory at a time) and give every BM25 shard the global IDF. The work dir's copies
-    stay untouched, so a crash here and a re-run start from the same files."""
+    """Copy the built shards into the staging dir, write chunks.parquet shard by shard and give every
+    BM25 shard the global IDF; the work dir stays untouched, so a re-run starts from the same files."""
     w, st = Path(work), Path(staging)
     (st / "shards").mkdir(parents=True, exist_ok=True)
     with pq.ParquetWriter(st / CHUNKS, CHUNK_SCHEMA) as writer:

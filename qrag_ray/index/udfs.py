@@ -110,11 +110,10 @@ def make_question_rows(kinds: list[str], aux_q: bool):
 
 
 class EmbedSink:
-    """Embeds the rows no earlier run embedded and writes them as per-shard parts in the work dir.
-    Returns per input row whether it was embedded now, whether it is a question and its share of the
-    batch's seconds, never the vectors (the shard tasks read the parts). Rows arrive as texts or as
-    token ids from `embedding.Tokenize`. On the CPU every forward pass has the canonical shape, so a
-    resumed run gets the same bits; on a GPU passes are sized in tokens (`tokens_per_batch`)."""
+    """Embeds the rows no earlier run embedded into per-shard parts; returns per row whether it was
+    embedded now, whether it is a question and its share of the seconds, never the vectors. On the
+    CPU every pass has the canonical shape (a resumed run gets the same bits); on a GPU passes are
+    sized in tokens."""
 
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
                  work: str, question_kind: str | None, run: str, backend: str = "auto", dtype: str = "auto",

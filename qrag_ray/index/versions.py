@@ -1,12 +1,6 @@
-"""Versioned index roots: immutable version directories plus a `CURRENT` pointer (no Ray), so a
-served index is replaced while queries run and no query reads half of one version and half of another.
-
-    ROOT/versions/<index_version>/manifest.json ...   one immutable, checksummed index each
-    ROOT/CURRENT                                      the name of the version to serve (one line)
-
-`qrag publish` copies a built index into `versions/`, checks it (checksums, every shard opens), and
-only then moves `CURRENT` with an atomic rename; the server switches only when every shard loaded the
-new version (serving/router.py). A plain index directory (no `CURRENT`) is its manifest's version.
+"""Versioned index roots, `ROOT/versions/<index_version>/` plus `ROOT/CURRENT` (the version to serve),
+so a served index is replaced while queries run and no query reads two versions. `qrag publish`
+checks a copy before it moves `CURRENT` atomically; a plain index directory is its manifest's version.
 """
 
 from __future__ import annotations
@@ -64,8 +58,7 @@ def resolve_index(path: str | Path) -> ResolvedIndex:
 
 
 def check_index(index_dir: str | Path) -> dict:
-    """Everything a server will do when it loads the index, done once before publishing: checksums of
-    every file, and every shard opened by the same searcher the replicas use."""
+    """What a server does when it loads the index: every checksum, every shard opened by ShardSearcher."""
     from qrag_ray.index.searcher import ShardSearcher
 
     m = load_manifest(index_dir)
@@ -87,9 +80,8 @@ def list_versions(root: str | Path) -> list[str]:
 
 
 def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> dict:
-    """Copy a built index into ROOT/versions/<index_version>, check it, point CURRENT at it, and
-    delete versions beyond the `keep` newest (never the one being served or the one just replaced,
-    so a server still draining requests on it keeps its files)."""
+    """Copy a built index into ROOT/versions/<index_version>, check it, point CURRENT at it, and delete
+    versions beyond the `keep` newest (never the one just replaced: servers may still be draining it)."""
     if keep < 2:
         raise QragError("--keep must be at least 2: the version being replaced stays until servers moved off it")
     src = Path(index_dir)

@@ -52,9 +52,8 @@ def faiss_factory(dim: int, factory: str):
 
 def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0, add: bool = True,
                 trained: str | None = None):
-    """`trained`: a saved, trained empty index (the build's shared quantizer) to fill instead of
-    training one on these vectors; `add=False` returns the trained index empty. Builds on a GPU when
-    FAISS sees one (index.use_gpu)."""
+    """`trained`: a saved, trained empty index (the build's shared quantizer) to fill instead of training
+    one; `add=False` returns the trained index empty. Builds on a GPU when FAISS sees one."""
     index = faiss.read_index(trained) if trained is not None else faiss_factory(vecs.shape[1], cfg.factory)
     gpus = faiss.get_num_gpus()
     use_gpu = gpus > 0 if cfg.use_gpu == "auto" else bool(cfg.use_gpu)

@@ -130,8 +130,7 @@ def gather(per_shard: list, qi: int) -> Candidates:
 
 
 def _gather_lexical(per_shard: list, qi: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """All shards' BM25 hits of query qi, scores divided by the best one (raw BM25 grows with the
-    query's length, so one alpha could not fit every query otherwise)."""
+    """All shards' BM25 hits of query qi over the best one (raw BM25 grows with the query's length)."""
     ids = [h.lex_chunk_idx[qi] for h in per_shard]
     scs = [h.lex_scores[qi] for h in per_shard]
     ok = [i >= 0 for i in ids]
@@ -194,8 +193,7 @@ def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray,
 
 
 def fuse_scores(c: Candidates, policy: FusionPolicy, scores: np.ndarray) -> dict[int, float]:
-    """chunk_idx -> fused score for rrf / sum (max is handled inline by dedup). `scores`: the vector
-    scores of `c` as `policy.calibrate` made them."""
+    """chunk_idx -> fused score for rrf / sum from the calibrated vector `scores` of `c`."""
     kinds = c.kinds if c.kinds is not None else np.full(len(c.scores), "?", dtype=object)
     labels = np.array([policy.group_of(k) for k in kinds.tolist()], dtype=object)
     fused: dict[int, float] = {}
@@ -276,8 +274,7 @@ def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: flo
 
 def merge_hits(per_shard: list, qi: int, k: int, min_score: float | None = None,
                policy: FusionPolicy | None = None) -> tuple[list[ChunkResult], bool]:
-    """One query's per-shard hits -> (top k distinct chunks, whether a wider search could change them).
-    The single merge step shared by the in-process engine and the Serve router."""
+    """One query's per-shard hits -> (top k distinct chunks, whether a wider search could change them)."""
     policy = policy or FusionPolicy()
     c = gather(per_shard, qi)
     res = dedup(c, k, min_score=min_score, policy=policy)
