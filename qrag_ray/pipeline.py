@@ -62,10 +62,7 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
         raise
     if not cfg.build.keep_work:
         shutil.rmtree(plan.work, ignore_errors=True)
-    counts = manifest.counts
-    return BuildReport(output=str(plan.out), documents=counts.documents, chunks=counts.chunks,
-                       questions=counts.questions, vectors=counts.vectors,
-                       vectors_before_filters=counts.vectors_before_filters, index_bytes=index_bytes,
+    return BuildReport(output=str(plan.out), **manifest.counts.model_dump(), index_bytes=index_bytes,
                        vectors_embedded=streamed.embedded, vectors_reused=streamed.reused, shards_reused=reused,
                        generation=streamed.generation, stage_seconds=clock.seconds, manifest=manifest.data)
 

@@ -107,19 +107,16 @@ def globalize_idf(paths: list[str | Path]) -> None:
     if len(paths) < 2:
         return
     sizes = [len(np.load(p / CHUNK_IDX, mmap_mode="r")) for p in paths]
+    shards = [(p, n) for p, n in zip(paths, sizes) if n]
     df_all: Counter = Counter()
-    for p, n in zip(paths, sizes):
-        if not n:
-            continue
+    for p, _ in shards:
         method = json.loads((p / _PARAMS).read_text()).get("method", "lucene")
         if method != "lucene":  # we always build with bm25s's default; another IDF would need its own formula
             raise ValueError(f"{p}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
         vocab, counts = _term_columns(p)
         df_all.update({t: int(counts[i]) for t, i in vocab.items()})
     n_all = sum(sizes)
-    for p, n in zip(paths, sizes):
-        if not n:
-            continue
+    for p, n in shards:
         vocab, counts = _term_columns(p)
         cols = np.fromiter(vocab.values(), np.int64, len(vocab))
         local = counts[cols].astype(np.float64)

@@ -22,7 +22,8 @@ CHUNK_SCHEMA = pa.schema([("chunk_idx", pa.int64()), ("chunk_id", pa.string()), 
 GEN_ORD_BASE = 100_000
 _VECTOR_COLUMNS = {"chunk_idx": np.int64, "shard": np.int32, "kind": object, "text": object, "embed_text": object,
                    "qn": np.int32, "ord": np.int32, "store": bool}
-_REQUEST_COLUMNS = ("key", "messages", "output", "unit", "atom", "chunk_idx", "shard", "text")
+_REQUEST_COLUMNS = {"key": object, "output": object, "unit": np.int32, "atom": object, "chunk_idx": np.int64,
+                    "shard": np.int32, "text": object}  # and messages
 
 
 def vector_schema(dim: int) -> pa.Schema:
@@ -65,9 +66,8 @@ def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
 
 def chunk_columns(rows: list[dict], with_questions: bool) -> dict:
     """Chunk rows as the numpy columns of the chunk stage's output."""
-    cols = {k: np.asarray([r[k] for r in rows], dtype=object) for k in ("chunk_id", "doc_id", "title", "text")}
-    cols["chunk_idx"] = np.asarray([r["chunk_idx"] for r in rows], np.int64)
-    cols["shard"] = np.asarray([r["shard"] for r in rows], np.int32)
+    cols = {k: np.asarray([r[k] for r in rows], dtype=t) for k, t in (("chunk_id", object), ("doc_id", object),
+            ("title", object), ("text", object), ("chunk_idx", np.int64), ("shard", np.int32))}
     if with_questions:
         cols["questions"] = _object_column([r.get("questions", []) for r in rows])
     return cols
@@ -122,12 +122,8 @@ def payload(chunk: dict) -> dict:
 
 def request_columns(requests: list[dict]) -> dict:
     """LLM requests as numpy columns; messages travel as lists of {role, content} dicts."""
-    out = {k: np.asarray([r.get(k, "") for r in requests], dtype=object) for k in _REQUEST_COLUMNS if k != "messages"}
-    out["messages"] = _object_column([[dict(m) for m in r["messages"]] for r in requests])
-    out["unit"] = np.asarray([r.get("unit", "") for r in requests], np.int32)
-    out["chunk_idx"] = np.asarray([r.get("chunk_idx", "") for r in requests], np.int64)
-    out["shard"] = np.asarray([r.get("shard", "") for r in requests], np.int32)
-    return out
+    out = {k: np.asarray([r.get(k, "") for r in requests], dtype=t) for k, t in _REQUEST_COLUMNS.items()}
+    return out | {"messages": _object_column([[dict(m) for m in r["messages"]] for r in requests])}
 
 
 def atom_columns(answered: dict) -> dict:

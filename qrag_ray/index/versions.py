@@ -51,10 +51,8 @@ def current_version_name(root: str | Path) -> str:
 def resolve_index(path: str | Path) -> ResolvedIndex:
     """The directory and version a tenant's index path serves now (reads one small file or two)."""
     p = Path(path)
-    if is_versioned_root(p):
-        d = p / VERSIONS / current_version_name(p)
-        return ResolvedIndex(p, d, load_manifest(d))
-    return ResolvedIndex(p, p, load_manifest(p))
+    d = p / VERSIONS / current_version_name(p) if is_versioned_root(p) else p
+    return ResolvedIndex(p, d, load_manifest(d))
 
 
 def check_index(index_dir: str | Path) -> dict:

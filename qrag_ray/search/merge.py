@@ -247,8 +247,8 @@ def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: in
                 break
             continue
         mine = order[cidx == chunk]
-        same = mine[:max_matches]
-        results.append(ChunkResult(chunk, float(s), [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in same],
+        matches = [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in mine[:max_matches]]
+        results.append(ChunkResult(chunk, float(s), matches,
                                    lexical.get(chunk) if hybrid else None,
                                    float(c.scores[mine].max()) if len(mine) else None))
     return results
