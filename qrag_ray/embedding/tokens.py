@@ -20,8 +20,7 @@ def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray
     """(ids int32 [n, limit], lengths int32 [n]): truncated to `limit`, padded on the tokenizer's side."""
     texts = [str(t) for t in texts]
     if getattr(tok, "is_fast", False):
-        # the Rust tokenizer straight: the Python wrapper's per-call bookkeeping costs more than the
-        # tokenization of short texts
+        # the Rust tokenizer straight: the Python wrapper's bookkeeping costs more than short texts
         rust = tok.backend_tokenizer
         rust.no_padding()
         rust.enable_truncation(limit, direction=tok.truncation_side)

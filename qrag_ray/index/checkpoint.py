@@ -13,6 +13,7 @@ run drops the rows (by `row_key`, a hash of what they are) that any earlier run 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -94,12 +95,9 @@ def open_work_dir(work: Path, key: dict) -> bool:
     """Create or reuse `work` for `key` (True: resuming); one left for another key is wiped."""
     kpath = work / "key.json"
     if work.is_dir():
-        try:
-            same = json.loads(kpath.read_text()) == json.loads(json.dumps(key, default=str))
-        except (OSError, ValueError):
-            same = False
-        if same:
-            return True
+        with contextlib.suppress(OSError, ValueError):  # no or unreadable key.json: start afresh
+            if json.loads(kpath.read_text()) == json.loads(json.dumps(key, default=str)):
+                return True
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_text(kpath, json.dumps(key, sort_keys=True, default=str))

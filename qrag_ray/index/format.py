@@ -59,8 +59,7 @@ def sha256_file(path: str | Path) -> str:
 
 
 class _Record(BaseModel):
-    # unknown keys are kept (a newer qrag's fields survive a read); `data` dumps only the keys that
-    # were given, so a manifest reads back exactly as it was written
+    # unknown keys are kept and `data` dumps only the keys given: a manifest reads back as it was written
     model_config = ConfigDict(extra="allow", frozen=True)
 
 

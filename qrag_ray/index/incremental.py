@@ -26,8 +26,7 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     except ValueError:
         now = None
     if kinds and now != list(kinds):
-        # the preset's name means other vector kinds since this index was built (default@1 was chunk only):
-        # keep the kinds the index holds; every other setting is in the recorded config already
+        # the preset's name means other kinds since this index was built: keep the kinds the index holds
         data["representation"] = "+".join(kinds)
     build = dict(data.get("build") or {})
     if append:

@@ -26,8 +26,7 @@ class ShardHits:
     chunk_idx: np.ndarray
     exhausted: bool  # the shard holds no more vectors than were asked for
     kinds: np.ndarray | None = None  # vector kind per hit (object array), for kind-aware fusion
-    # BM25 hits (n_queries, k_lex), raw scores and chunk ids (-1 = none), when the query texts were
-    # given and the shard has a BM25 index
+    # BM25 hits (n_queries, k_lex), raw scores and chunk ids (-1 = none), for query texts on a BM25 shard
     lex_scores: np.ndarray | None = None
     lex_chunk_idx: np.ndarray | None = None
 

@@ -85,8 +85,7 @@ def _chunks(plan: BuildPlan):
     docs = read_corpus(cfg.input, cfg.format, questions_column=qcol)
     for extra in cfg.build.extra_inputs:  # --append: earlier versions' inputs plus the new documents
         docs = docs.union(read_corpus(extra, cfg.format, questions_column=qcol))
-    # its own CPU request (not the embedder's) keeps Ray Data from fusing chunking into the embedding
-    # actors: the two stages run side by side instead of taking turns in one process
+    # its own CPU request keeps Ray Data from fusing chunking into the embedding actors (taking turns)
     return docs.map_batches(make_chunker(cfg, plan.work, plan.run, plan.deleted, bool(qcol)), batch_format="numpy",
                             batch_size=cfg.build.docs_per_batch, num_cpus=_LIGHT_CPU)
 

@@ -23,8 +23,7 @@ from qrag_ray.index.rows import (CHUNK_SCHEMA, atom_columns, atoms_of, base_vect
                                  chunk_columns, chunk_rows, payload, question_vector_columns, request_columns, rows_of,
                                  vector_schema)
 
-# rows whose key is a multiple of this are also written to work/sample: a large build draws its
-# training sample from there instead of scanning every vector part
+# rows whose key is a multiple of this also go to work/sample, where a large build draws its training sample
 SAMPLE_STRIPE = 1024
 
 
@@ -125,8 +124,7 @@ class EmbedSink:
         self.st = load_sentence_transformer(model, max_seq_length=max_seq_length, backend=backend, threads=threads,
                                             dtype=dtype)
         on_gpu = str(self.st.device).startswith("cuda")
-        self.forward = (Forward(self.st, tokens_per_batch=tokens_per_batch) if on_gpu
-                        else Forward(self.st, canonical_rows=batch_size))
+        self.forward = Forward(self.st, tokens_per_batch, canonical_rows=None if on_gpu else batch_size)
         self.work = Path(work)
         self.qk = question_kind
         self.run = run
@@ -136,7 +134,8 @@ class EmbedSink:
         t0 = time.perf_counter()
         n = len(batch["chunk_idx"])
         keys = ck.row_keys(batch["chunk_idx"], batch["kind"], batch["ord"], batch["text"], batch["embed_text"])
-        todo = np.flatnonzero(~ck.isin_sorted(keys, self.done))
+        embedded = ~ck.isin_sorted(keys, self.done)
+        todo = np.flatnonzero(embedded)
         question = (batch["kind"] == self.qk) & (batch["qn"] >= 0) if self.qk else np.zeros(n, bool)
         # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
         for sh in np.unique(batch["shard"]):
@@ -144,8 +143,6 @@ class EmbedSink:
             ck.atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
         if len(todo):
             self._write_vectors(batch, keys, todo)
-        embedded = np.zeros(n, bool)
-        embedded[todo] = True
         return {"embedded": embedded, "question": np.asarray(question, bool),
                 "seconds": np.full(n, (time.perf_counter() - t0) / max(1, n))}
 

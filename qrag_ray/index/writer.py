@@ -71,8 +71,7 @@ def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0, add: boo
         try:
             work.train(sample)
         except RuntimeError as e:
-            # IVF / PQ need more training vectors than centroids; on a small shard that is a config
-            # mismatch the user can fix, not a crash
+            # IVF / PQ need more training vectors than centroids: on a small shard a user error, not a crash
             raise QragError(f"cannot train FAISS '{cfg.factory}' on {n} vectors "
                             f"({str(e).split('Error: ')[-1].strip()}); use a smaller "
                             "nlist/PQ code, or Flat/HNSW32") from None

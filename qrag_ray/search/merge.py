@@ -24,8 +24,7 @@ class Candidates:
     row: np.ndarray  # int64
     cutoffs: dict[int, float] = field(default_factory=dict)  # shard -> lowest score returned, if not exhausted
     kinds: np.ndarray | None = None  # object array of vector kinds, when the shards report them
-    # BM25 hits of all shards (hybrid search): chunk ids, scores over the query's best (0..1], and the
-    # score an unseen chunk counts with (0 unless some shard's list was cut off)
+    # BM25 hits of all shards: chunk ids, scores over the query's best (0..1], an unseen chunk's score
     lex_chunks: np.ndarray | None = None
     lex_scores: np.ndarray | None = None
     lex_floor: float = 0.0
@@ -42,19 +41,12 @@ class ChunkResult:
 
 @dataclass(frozen=True)
 class FusionPolicy:
-    """How a chunk's vector scores become one chunk score; recorded in the manifest (`search` config)
-    so `qrag search`, `qrag eval` and the Serve router rank the same way.
-
-    - max: the best (calibrated) vector of the chunk.
-    - rrf: reciprocal-rank fusion of per-group chunk rankings (each ranks chunks by their best vector
-      of that group), so a chunk two kinds find beats one found by a single lucky vector.
-    - sum: CombSUM of the per-group best scores (a group that missed the chunk counts its lowest).
-
-    `bm25_alpha` (hybrid search) mixes in the BM25 list: alpha * dense + (1 - alpha) * BM25 over the
-    query's best (for rrf, one more ranking of weight 1 - alpha). Vector scores are first calibrated
-    per kind, `w * score + bias` (question-to-question cosines run higher than question-to-statement
-    ones). `groups` names kinds that are alternative evidence for the same thing: inside a group the
-    best calibrated vector counts once (each ungrouped kind is its own group).
+    """How a chunk's vector scores become one chunk score (the manifest's `search` config, so every
+    search path ranks alike): max, the best calibrated vector; rrf, reciprocal-rank fusion of per-group
+    rankings (a chunk two kinds find beats one lucky vector); sum, CombSUM of per-group bests. Scores
+    are first calibrated per kind, `w * score + bias` (question-to-question cosines run higher); inside
+    a group (`groups`: kinds that are evidence for the same thing) the best vector counts once.
+    `bm25_alpha` mixes in BM25: alpha * dense + (1 - alpha) * BM25 (for rrf, a ranking of weight 1 - alpha).
     """
 
     fusion: str = "max"
