@@ -20,6 +20,8 @@ CHUNK_SCHEMA = pa.schema([("chunk_idx", pa.int64()), ("chunk_id", pa.string()), 
                           ("title", pa.string()), ("text", pa.string()), ("shard", pa.int32())])
 # a generated row's position in its chunk: after every base row, grouped by the request's unit
 GEN_ORD_BASE = 100_000
+_CHUNK_COLUMNS = {"chunk_id": object, "doc_id": object, "title": object, "text": object, "chunk_idx": np.int64,
+                  "shard": np.int32}
 _VECTOR_COLUMNS = {"chunk_idx": np.int64, "shard": np.int32, "kind": object, "text": object, "embed_text": object,
                    "qn": np.int32, "ord": np.int32, "store": bool}
 _REQUEST_COLUMNS = {"key": object, "output": object, "unit": np.int32, "atom": object, "chunk_idx": np.int64,
@@ -66,8 +68,7 @@ def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
 
 def chunk_columns(rows: list[dict], with_questions: bool) -> dict:
     """Chunk rows as the numpy columns of the chunk stage's output."""
-    cols = {k: np.asarray([r[k] for r in rows], dtype=t) for k, t in (("chunk_id", object), ("doc_id", object),
-            ("title", object), ("text", object), ("chunk_idx", np.int64), ("shard", np.int32))}
+    cols = {k: np.asarray([r[k] for r in rows], dtype=t) for k, t in _CHUNK_COLUMNS.items()}
     if with_questions:
         cols["questions"] = _object_column([r.get("questions", []) for r in rows])
     return cols

@@ -101,12 +101,10 @@ def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> d
         os.replace(tmp, dest)
     os.utime(dest)  # newest published, for pruning order
     atomic_write_text(r / CURRENT, name + "\n")
-    removed = []
     names = list_versions(r)
-    for old in names[: max(0, len(names) - keep)]:
-        if old not in (name, previous):
-            shutil.rmtree(versions / old, ignore_errors=True)
-            removed.append(old)
+    removed = [old for old in names[: max(0, len(names) - keep)] if old not in (name, previous)]
+    for old in removed:
+        shutil.rmtree(versions / old, ignore_errors=True)
     return {**info, "root": str(r), "previous": previous, "removed": removed}
 
 
