@@ -1,6 +1,5 @@
-"""The rows and columns a build passes between its stages: documents -> chunk rows -> vector rows
-(and LLM requests, and their answers back into vector rows). Pure functions over dicts and numpy
-columns; the Ray Data UDFs in qrag_ray.index.udfs call them per batch."""
+"""The rows and columns a build passes between its stages (documents -> chunks -> LLM requests ->
+vector rows): pure functions over dicts and numpy columns that the UDFs in udfs.py call per batch."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The build's stream: read -> chunk -> (atomize, generate) -> vector rows -> embed, on Ray Data's
-streaming executor. Stages overlap and backpressure bounds what is in flight; the chunker and the
-embedding actors write their own checkpoint parts (qrag_ray.index.udfs) and the driver only sums the
-sink's per-row counters, never holding vectors or text."""
+"""The build's stream on Ray Data: read -> chunk -> (atomize, generate) -> vector rows -> embed. The
+chunker and the embedding actors write checkpoint parts; the driver only sums the sink's counters."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The Ray tasks after the stream: train the shared IVF/PQ quantizer once on a sample of all vectors
-(every shard gets a copy, so scores from different shards compare), build each shard from its
-checkpoint parts, and assemble the staging dir (chunks.parquet, global BM25 IDF). Every task reads and
-writes files under the work dir, so a re-run finds what a killed one finished."""
+"""The Ray tasks after the stream: train one IVF/PQ quantizer for all shards (so their scores compare),
+build each shard from its checkpoint parts, assemble the staging dir. Every task works under the work
+dir, so a re-run finds what a killed one finished."""
 
 from __future__ import annotations
 

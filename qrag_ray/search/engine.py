@@ -1,6 +1,5 @@
-"""In-process search over all shards (`qrag search`, `qrag eval`): embed, search each shard until its
-own top k is final, merge once. The Serve app runs the same `search_shard_exact` and `merge_hits`
-(search/shard_search.py, search/merge.py), so served and in-process results are identical."""
+"""In-process search over all shards (`qrag search`, `qrag eval`) through the `search_shard_exact` and
+`merge_hits` the Serve app runs, so served and in-process results are identical."""
 
 from __future__ import annotations
 
