@@ -1,11 +1,7 @@
-"""`qrag index`: the driver from a corpus to a published, sharded question index.
-
-prepare -> stream -> train -> build shards -> publish. Each stage is a function that takes what the
-earlier ones returned and returns what the later ones need; the Ray Data stream is in
-qrag_ray.index.stream, its UDFs in qrag_ray.index.udfs, the row logic in qrag_ray.index.rows and the
-Ray tasks after it in qrag_ray.index.tasks. A killed build re-run with the same config resumes from
-the work dir and publishes the same bytes (manifest `content_hash`).
-"""
+"""`qrag index`: the driver from a corpus to a published, sharded question index: prepare -> stream
+(qrag_ray.index.stream) -> train -> build shards (qrag_ray.index.tasks) -> publish, each stage taking
+what the earlier ones returned. A killed build re-run with the same config resumes from the work dir
+and publishes the same bytes (manifest `content_hash`)."""
 
 from __future__ import annotations
 
@@ -17,10 +13,15 @@ from pathlib import Path
 from qrag_ray.config import IndexConfig, representation_plan
 from qrag_ray.errors import QragError
 from qrag_ray.generation.stage import GenerationStats
+from qrag_ray.index import checkpoint as ck
 from qrag_ray.index.format import (Counts, EmbedderInfo, FaissInfo, IndexDescription, Manifest, ShardEntry,
                                    check_output_dir, new_staging_dir, publish, write_manifest)
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.stream import Streamed, stream
+from qrag_ray.index.tasks import assemble, build_one_shard, needs_training, train_quantizer
+from qrag_ray.io.precheck import precheck_build
+from qrag_ray.io.readers import resolve_files
+from qrag_ray.presets import PRESETS, calibration_note
 from qrag_ray.runtime import ensure_ray
 
 log = logging.getLogger("qrag.index")
@@ -43,9 +44,7 @@ class BuildReport:
     manifest: dict = field(default_factory=dict)  # manifest.json as published
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("manifest")
-        return d
+        return {k: v for k, v in asdict(self).items() if k != "manifest"}
 
 
 def build_index(cfg: IndexConfig, console=None) -> BuildReport:
@@ -63,27 +62,17 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
         raise
     if not cfg.build.keep_work:
         shutil.rmtree(plan.work, ignore_errors=True)
-    counts = manifest.counts
-    return BuildReport(output=str(plan.out), documents=counts.documents, chunks=counts.chunks,
-                       questions=counts.questions, vectors=counts.vectors,
-                       vectors_before_filters=counts.vectors_before_filters, index_bytes=index_bytes,
+    return BuildReport(output=str(plan.out), **manifest.counts.model_dump(), index_bytes=index_bytes,
                        vectors_embedded=streamed.embedded, vectors_reused=streamed.reused, shards_reused=reused,
                        generation=streamed.generation, stage_seconds=clock.seconds, manifest=manifest.data)
 
 
 def prepare(cfg: IndexConfig, console) -> BuildPlan:
-    """Validate before starting Ray (the reader resolves files now), then open the work dir: the same
-    config over the same input files finds the checkpoints of an interrupted run."""
-    from qrag_ray.index import checkpoint as ck
-    from qrag_ray.io.precheck import precheck_build
-    from qrag_ray.io.readers import resolve_files
-
+    """Validate before starting Ray, then open the work dir (where an interrupted run left checkpoints)."""
     _check_input(cfg)
     out = check_output_dir(cfg.output, cfg.overwrite)
-    files = resolve_files(cfg.input, cfg.format)
+    files = [f for i in [cfg.input, *cfg.build.extra_inputs] for f in resolve_files(i, cfg.format)]
     kinds, gran = representation_plan(cfg)
-    for extra in cfg.build.extra_inputs:
-        files += resolve_files(extra, cfg.format)
     precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts or anything is written
     deleted = _deleted_ids(cfg.build.delete_ids)
     _warn_uncalibrated(cfg)  # after the checks: a build that fails says one thing
@@ -122,10 +111,7 @@ def _deleted_ids(files: list[str]) -> frozenset:
 
 
 def _warn_uncalibrated(cfg: IndexConfig) -> None:
-    """A preset's fusion offsets were measured with one embedder; with another (and the offsets left
-    as the preset set them) say so once, at build time."""
-    from qrag_ray.presets import PRESETS, calibration_note
-
+    """Say so when a preset's fusion offsets, left as they are, were calibrated for another embedder."""
     note = calibration_note(cfg.representation, cfg.embedder.model)
     preset = PRESETS.get(cfg.representation)
     if note and preset is not None and cfg.search.kind_bias == preset.search.get("kind_bias", {}):
@@ -133,11 +119,8 @@ def _warn_uncalibrated(cfg: IndexConfig) -> None:
 
 
 def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
-    """IVF/PQ: one quantizer for all shards, trained in a task on a deterministic sample; returns the
-    trained empty index's path (None: the factory needs no training)."""
+    """IVF/PQ: one quantizer for all shards, trained in a task; its path (None: no training needed)."""
     import ray
-
-    from qrag_ray.index.tasks import needs_training, train_quantizer
 
     factory = plan.cfg.index.factory
     if not needs_training(factory, streamed.dim):
@@ -150,40 +133,31 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
 
 def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
                  clock: StageClock) -> tuple[list[ShardEntry], int]:
-    """One task per shard; returns the shards' manifest entries and how many a finished earlier run
-    had already built."""
+    """One task per shard: (the shards' manifest entries, how many an earlier run had built)."""
     import ray
-
-    from qrag_ray.index.tasks import build_one_shard
 
     cfg = plan.cfg
     gpu = cfg.index.use_gpu is True or (cfg.index.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     with clock.stage("build-shards"):
-        # SPREAD: on a cluster, shard builds go to different nodes (memory and CPU of one node are not
-        # enough at scale); each build records where it ran (`built_on`, kept in the manifest).
+        # SPREAD: on a cluster shard builds go to different nodes (one node's memory and CPU do not scale)
         task = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, scheduling_strategy="SPREAD")(build_one_shard)
         cfg_json = cfg.model_dump_json()
         stats = ray.get([task.remote(s, str(plan.work), streamed.run, cfg_json, streamed.dim, trained)
                          for s in range(cfg.shards)])
-    reused = sum(1 for s in stats if s["reused"])
     internal = ("reused", "signature", "chunk_rows")  # the work dir's bookkeeping, not the index's
-    return [ShardEntry.model_validate({k: v for k, v in s.items() if k not in internal}) for s in stats], reused
+    return ([ShardEntry.model_validate({k: v for k, v in s.items() if k not in internal}) for s in stats],
+            sum(1 for s in stats if s["reused"]))
 
 
 def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
                   clock: StageClock) -> tuple[Manifest, int]:
-    """Assemble the shards in a staging dir beside the output, write the manifest, and rename the
-    staging dir over the output; returns the manifest and the index's size in bytes."""
+    """Assemble a staging dir, write its manifest, rename it over the output: (manifest, size in bytes)."""
     import ray
 
-    from qrag_ray.index import checkpoint as ck
-    from qrag_ray.index.tasks import assemble
-
     cfg = plan.cfg
-    staging = None
-    try:
-        with clock.stage("publish"):
-            staging = new_staging_dir(plan.out)
+    with clock.stage("publish"):
+        staging = new_staging_dir(plan.out)
+        try:
             ray.get(ray.remote(num_cpus=1)(assemble).remote(str(plan.work), str(staging), cfg.shards, cfg.bm25.enabled))
             clock.seconds["total"] = clock.total()
             description = IndexDescription(
@@ -200,8 +174,7 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
             manifest = write_manifest(staging, description)
             index_bytes = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
             publish(staging, plan.out)
-            staging = None
-    finally:
-        if staging is not None:
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            raise
     return manifest, index_bytes

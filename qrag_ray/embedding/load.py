@@ -8,15 +8,17 @@ from typing import Iterator
 
 import numpy as np
 
+from qrag_ray.errors import QragError
+from qrag_ray.models.registry import resolve_embedder
+
 logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """`auto` is float32 on CPU (the vectors every CPU index holds) and bfloat16 on CUDA: it keeps the
-    rankings of float32 (docs/BENCHMARKS.md) at a multiple of its forward rate, and unlike float16 it
-    cannot overflow. tf32 is a CUDA matmul mode; on CPU it is refused rather than ignored."""
+    """`auto` is float32 on CPU and bfloat16 on CUDA (float32's rankings, faster, cannot overflow;
+    docs/BENCHMARKS.md). tf32 is a CUDA matmul mode: on CPU it is refused rather than ignored."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown embedder dtype {dtype!r} (one of {', '.join(DTYPES)})")
     cuda = str(device).startswith("cuda")
@@ -29,26 +31,20 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 def load_sentence_transformer(model: str, device: str | None = None, max_seq_length: int | None = None,
                               backend: str = "auto", threads: int | None = None, dtype: str = "float32"):
-    """device None: CUDA when there is one, else CPU. dtype: see `resolve_dtype` (half precisions cast
-    the weights; tf32 keeps float32 weights and is switched on around each encode, see `precision`).
-    backend: "torch"; "onnx" (CPU, float32; raises QragError when the model cannot run there); "auto":
-    ONNX Runtime on CPU in float32 when it is installed and the model exports and agrees with torch,
-    else torch (qrag_ray/onnx_backend.py says why)."""
+    """device None: CUDA when there is one. dtype: see `resolve_dtype`. backend: "torch"; "onnx" (CPU,
+    float32; QragError when the model cannot run there); "auto": ONNX Runtime on CPU in float32 when it
+    is installed and the model exports and agrees with torch, else torch (qrag_ray/onnx_backend.py)."""
+    import torch
     from sentence_transformers import SentenceTransformer
 
-    from qrag_ray.models.registry import resolve_embedder
-
-    if device is None:
-        device = "cuda" if _cuda_available() else "cpu"
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dt = resolve_dtype(dtype, device)
     st = SentenceTransformer(resolve_embedder(model), device=device)
     if max_seq_length:
         st.max_seq_length = max_seq_length
     if dt in ("bfloat16", "float16"):
-        import torch
-
         st.to(getattr(torch, dt))
-    st._qrag_dtype = dt
+    st._qrag_dtype = dt  # tf32 keeps float32 weights and is switched on around each encode (`precision`)
     if backend == "onnx" or (backend == "auto" and device == "cpu" and dt == "float32"):
         from qrag_ray.onnx_backend import OnnxUnavailable, use_onnx
 
@@ -58,8 +54,6 @@ def load_sentence_transformer(model: str, device: str | None = None, max_seq_len
             use_onnx(st, threads)
         except OnnxUnavailable as e:
             if backend == "onnx":
-                from qrag_ray.errors import QragError
-
                 raise QragError(f"embedder backend onnx: {e}") from None
             logger.info("embedder %s stays on torch: %s", model, e)
     elif backend not in ("auto", "torch"):
@@ -67,20 +61,10 @@ def load_sentence_transformer(model: str, device: str | None = None, max_seq_len
     return st
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
 @contextlib.contextmanager
 def precision(st) -> Iterator[None]:
     """TF32 matmuls while `st` encodes, when it was loaded with dtype tf32. torch's switch is per
-    process, so it is set for the call and restored after: another model in the same process keeps
-    float32."""
+    process, so it is restored after the call: another model in the same process keeps float32."""
     if getattr(st, "_qrag_dtype", "float32") != "tf32":
         yield
         return
@@ -99,21 +83,6 @@ def encode(st, texts: list[str], batch_size: int = 64) -> np.ndarray:
         vecs = st.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
                          convert_to_numpy=True, show_progress_bar=False)
     return np.ascontiguousarray(vecs, dtype=np.float32)
-
-
-class Embedder:
-    """The loaded model and batch size an embedding actor holds (the actor's constructor builds it)."""
-
-    def __init__(self, model: str, batch_size: int = 64, max_seq_length: int | None = None,
-                 threads: int | None = None, backend: str = "auto", dtype: str = "float32",
-                 device: str | None = None):
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
-        self.st = load_sentence_transformer(model, device=device, max_seq_length=max_seq_length, backend=backend,
-                                            threads=threads, dtype=dtype)
-        self.batch_size = batch_size
 
 
 def embedding_dim(st) -> int:

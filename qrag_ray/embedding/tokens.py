@@ -1,15 +1,6 @@
-"""Tokenization as its own step: texts -> fixed-width token id arrays and lengths, sorted by length.
-
-Why apart from the forward pass: on a GPU the forward pass of a small encoder is many times faster
-than one host thread can tokenize, so the model's actor must not tokenize. This step runs wherever
-CPUs are (Ray Data tasks or a CPU actor pool, a process pool in the benchmark) and hands the forward
-step (`forward.py`) arrays it only has to slice and stack: every row is padded to the model's maximum
-length, so the column has one shape in every block and survives Ray Data re-batching, and the lengths
-come along so the forward step pads only to each row's bucket.
-
-The ids equal what the model's own tokenizer call `tok(texts, truncation=True, max_length=limit)` gives
-(the canonical encode pads those), which is what keeps CPU vectors unchanged.
-"""
+"""Tokenization as its own CPU step (a GPU encodes faster than one host thread tokenizes): texts ->
+token ids padded to the model's limit (one column shape survives Ray Data re-batching) and lengths,
+equal to the tokenizer's own `tok(texts, truncation=True, max_length=limit)`."""
 
 from __future__ import annotations
 
@@ -20,16 +11,16 @@ from pathlib import Path
 
 import numpy as np
 
+from qrag_ray.models.registry import resolve_embedder
+
 BUCKET = 16  # rows are padded to a multiple of this many tokens (the canonical encode's buckets)
 
 
 def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids int32 [n, limit], lengths int32 [n]): each text truncated to `limit` tokens with the special
-    tokens, padded with the pad id on the tokenizer's padding side."""
+    """(ids int32 [n, limit], lengths int32 [n]): truncated to `limit`, padded on the tokenizer's side."""
     texts = [str(t) for t in texts]
     if getattr(tok, "is_fast", False):
-        # the Rust tokenizer straight: the Python wrapper's per-call bookkeeping costs more than the
-        # tokenization of short texts
+        # the Rust tokenizer straight: the Python wrapper's bookkeeping costs more than short texts
         rust = tok.backend_tokenizer
         rust.no_padding()
         rust.enable_truncation(limit, direction=tok.truncation_side)
@@ -49,43 +40,33 @@ def padded_lengths(lens: np.ndarray, limit: int, bucket: int = BUCKET) -> np.nda
     return np.minimum(-(-np.asarray(lens) // bucket) * bucket, limit).astype(np.int32)
 
 
-def by_length(lens: np.ndarray, limit: int, bucket: int = BUCKET) -> np.ndarray:
+def by_length(lens: np.ndarray, limit: int) -> np.ndarray:
     """Row order that puts equal padded lengths next to each other (stable: ties keep their order)."""
-    return np.argsort(padded_lengths(lens, limit, bucket), kind="stable")
+    return np.argsort(padded_lengths(lens, limit), kind="stable")
 
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(model: str, max_seq_length: int | None = None) -> tuple[object, int]:
-    """(the model folder's tokenizer, the token limit) without loading the model's weights or torch: a
-    tokenizing process stays small. The limit is the one SentenceTransformer applies: the given
-    max_seq_length, else the folder's sentence_bert_config.json, else the tokenizer's own (at most 512).
-    Cached per process, so a Ray task pays the load once per worker."""
+    """(the model folder's tokenizer, the token limit SentenceTransformer applies: max_seq_length, else
+    sentence_bert_config.json's, else the tokenizer's own up to 512), without the weights or torch."""
     from transformers import AutoTokenizer
-
-    from qrag_ray.models.registry import resolve_embedder
 
     folder = Path(resolve_embedder(model))
     tok = AutoTokenizer.from_pretrained(str(folder))
-    limit = max_seq_length
     cfg = folder / "sentence_bert_config.json"
-    if not limit and cfg.is_file():
-        limit = json.loads(cfg.read_text()).get("max_seq_length")
-    return tok, int(limit or min(int(tok.model_max_length), 512))
+    if not max_seq_length and cfg.is_file():
+        max_seq_length = json.loads(cfg.read_text()).get("max_seq_length")
+    return tok, int(max_seq_length or min(int(tok.model_max_length), 512))
 
 
 class Tokenize:
-    """map_batches UDF for CPU workers: adds `input_ids` (int32 [n, limit]) and `n_tokens` from
-    `embed_text` and sorts the batch's rows by padded length, so the forward step finds runs of equal
-    shape. Every other column rides along in the new order (rows carry their own keys)."""
+    """map_batches UDF: adds `input_ids` (int32 [n, limit]) and `n_tokens` from `embed_text` and sorts
+    the batch's rows (every column) by padded length, so the forward step finds runs of equal shape."""
 
-    def __init__(self, model: str, max_seq_length: int | None = None, column: str = "embed_text"):
+    def __init__(self, model: str, max_seq_length: int | None = None):
         self.tok, self.limit = load_tokenizer(model, max_seq_length)
-        self.column = column
 
     def __call__(self, batch: dict) -> dict:
-        ids, lens = token_ids(self.tok, list(batch[self.column]), self.limit)
+        ids, lens = token_ids(self.tok, list(batch["embed_text"]), self.limit)
         order = by_length(lens, self.limit)
-        out = {k: np.asarray(v)[order] for k, v in batch.items()}
-        out["input_ids"] = ids[order]
-        out["n_tokens"] = lens[order]
-        return out
+        return {**{k: np.asarray(v)[order] for k, v in batch.items()}, "input_ids": ids[order], "n_tokens": lens[order]}

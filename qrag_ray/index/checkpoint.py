@@ -1,23 +1,19 @@
-"""The build's work dir: checkpoints that let a killed `qrag index` resume where it stopped.
+"""The build's work dir (`<parent>/.<name>.work/`): checkpoints that let a killed `qrag index` resume.
 
-Layout (beside the output, `<parent>/.<name>.work/`):
-    key.json                      what this work dir was built for (config + input fingerprint)
-    chunks/runs/<run>/<part>.json registry of the chunk parts written by run <run> (counts inside)
-    chunks/s=00003/<part>.parquet one shard's chunk rows of one batch (content-named, idempotent)
-    vectors/s=00003/<part>.parquet embedded vector rows of one batch for shard 3 (with row_key)
-    shards/00003/...              a finished shard (faiss, meta, bm25, chunks, stats.json)
-    trained/<hash>.faiss          the IVF/PQ quantizer trained once on a sample of all vectors
+    key.json                       what this work dir was built for (the config's work_key)
+    chunks/runs/<run>/<part>.json  the chunk parts run <run> wrote (counts inside)
+    chunks/s=00003/<part>.parquet  one batch's chunk rows of shard 3 (content-named, idempotent)
+    vectors/s=00003/<part>.parquet one batch's embedded vector rows of shard 3 (sample/: every 1024th)
+    runs/<run>/keys/s=00003/*.npy  the row keys run <run> streamed for shard 3 (embedded or reused)
+    built/00003/, trained/         finished shards, the shared IVF/PQ quantizer
 
-Every file is written to a temporary name and renamed, so a file that exists is complete. A vector
-row is identified by `row_key` (a hash of what it is, not where it was computed), so a resumed run
-drops the rows some earlier run already embedded, whatever batches either run formed. A changed
-config or input gets a fresh work dir (key.json differs); a successful build removes it.
-Pure helpers only (paths, keys, hashes, atomic writes); the Ray wiring is in qrag_ray.index.udfs and
-qrag_ray.index.tasks.
+Files are written under a temporary name and renamed, so a file that exists is complete. A resumed
+run drops the rows (by `row_key`, a hash of what they are) that any earlier run embedded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -40,9 +36,8 @@ def content_config(cfg_dump: dict) -> dict:
 
 
 def work_key(cfg_dump: dict) -> dict:
-    """What the checkpoints depend on: the index identity without its documents (input paths,
-    appended files and deletions only change which rows a run keeps; rows are keyed by content and
-    each run lists its own, so an append or a deletion reuses every unchanged vector)."""
+    """What the checkpoints depend on: the index identity without its documents (rows are keyed by
+    content, so an append or a deletion reuses every unchanged vector)."""
     return index_identity(cfg_dump, corpus=False)
 
 
@@ -52,16 +47,28 @@ def run_keys_dir(work: Path, run: str, shard: int) -> Path:
 
 def run_row_keys(work: Path, run: str, shard: int) -> np.ndarray:
     """Sorted keys of every vector row this run's stream produced for a shard (embedded or reused)."""
-    d = run_keys_dir(work, run, shard)
-    arrs = [np.load(f) for f in sorted(d.glob("*.npy"))] if d.is_dir() else []
+    arrs = [np.load(f) for f in sorted(run_keys_dir(work, run, shard).glob("*.npy"))]
     return np.unique(np.concatenate(arrs)) if arrs else np.zeros(0, np.int64)
 
 
-def atomic_save_npy(arr: np.ndarray, path: Path) -> None:
+def atomic_write(path: Path, write, suffix: str = "") -> None:
+    """`write(tmp)` to a temporary name beside `path`, then rename it to `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp.npy")
-    np.save(tmp, arr)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp{suffix}")
+    write(tmp)
     os.replace(tmp, path)
+
+
+def atomic_save_npy(arr: np.ndarray, path: Path) -> None:
+    atomic_write(path, lambda tmp: np.save(tmp, arr), ".npy")  # np.save appends .npy to any other name
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def atomic_write_parquet(table: pa.Table, path: Path) -> None:
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def stable_hash(obj) -> str:
@@ -81,23 +88,16 @@ def input_fingerprint(files: list[str]) -> list[list]:
 
 
 def work_dir_for(output: str | Path, explicit: str | None = None) -> Path:
-    if explicit:
-        return Path(explicit)
-    out = Path(output)
-    return out.parent / f".{out.name}.work"
+    return Path(explicit) if explicit else Path(output).parent / f".{Path(output).name}.work"
 
 
 def open_work_dir(work: Path, key: dict) -> bool:
-    """Create or reuse `work` for `key`; returns True when earlier checkpoints are being resumed.
-    A work dir left by a different config or input is wiped: its vectors would be wrong here."""
+    """Create or reuse `work` for `key` (True: resuming); one left for another key is wiped."""
     kpath = work / "key.json"
     if work.is_dir():
-        try:
-            same = json.loads(kpath.read_text()) == json.loads(json.dumps(key, default=str))
-        except (OSError, ValueError):
-            same = False
-        if same:
-            return True
+        with contextlib.suppress(OSError, ValueError):  # no or unreadable key.json: start afresh
+            if json.loads(kpath.read_text()) == json.loads(json.dumps(key, default=str)):
+                return True
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_text(kpath, json.dumps(key, sort_keys=True, default=str))
@@ -108,31 +108,16 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def atomic_write_parquet(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-
-
 def shard_dir_name(shard: int) -> str:
     return f"s={shard:05d}"
 
 
 def row_keys(chunk_idx, kind, ordinal, text, embed_text) -> np.ndarray:
     """63-bit identity of each vector row: its chunk, kind, position in the chunk and both texts."""
-    out = np.empty(len(chunk_idx), np.int64)
-    for i, (c, k, o, t, e) in enumerate(zip(chunk_idx, kind, ordinal, text, embed_text)):
-        h = hashlib.blake2b(f"{int(c)}\x1f{k}\x1f{int(o)}\x1f{t}\x1f{e}".encode(), digest_size=8).digest()
-        out[i] = int.from_bytes(h, "little") & _MASK63
-    return out
+    rows = (f"{int(c)}\x1f{k}\x1f{int(o)}\x1f{t}\x1f{e}"
+            for c, k, o, t, e in zip(chunk_idx, kind, ordinal, text, embed_text))
+    return np.fromiter((int.from_bytes(hashlib.blake2b(r.encode(), digest_size=8).digest(), "little") & _MASK63
+                        for r in rows), np.int64, len(chunk_idx))
 
 
 def part_name(keys: np.ndarray) -> str:
@@ -142,8 +127,6 @@ def part_name(keys: np.ndarray) -> str:
 
 def parquet_files(folder: Path) -> list[Path]:
     """Complete parquet files of a folder (temporaries start with a dot), sorted by name."""
-    if not folder.is_dir():
-        return []
     return sorted(p for p in folder.rglob("*.parquet") if not p.name.startswith("."))
 
 
@@ -168,13 +151,9 @@ def run_registry(work: Path, run: str) -> Path:
 
 def registered_parts(work: Path, run: str) -> list[dict]:
     """The chunk parts this run wrote (one small JSON each: part name, shards, counts)."""
-    reg = run_registry(work, run)
-    if not reg.is_dir():
-        return []
-    return [json.loads(p.read_text()) for p in sorted(reg.glob("*.json"))]
+    return [json.loads(p.read_text()) for p in sorted(run_registry(work, run).glob("*.json"))]
 
 
 def manifest_content_hash(files: dict[str, str], content: dict) -> str:
-    """What an index *is*: every file's sha256 plus the content config; no timestamps, timings or
-    hosts, so an interrupted-and-resumed build and an uninterrupted one hash the same."""
+    """Every file's sha256 plus the content config, no timings or hosts: a resumed build hashes the same."""
     return stable_hash({"files": dict(sorted(files.items())), "content": content})

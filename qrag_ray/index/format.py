@@ -1,9 +1,6 @@
-"""On-disk index format (docs/ARCHITECTURE.md): paths, the typed manifest, checksums, atomic publish.
-
-The index is published by renaming a fully written and verified temp directory over the target, so a
-server or `qrag search` never loads a half-written index, and a crash mid-build leaves the previous
-index in place.
-"""
+"""On-disk index format (docs/ARCHITECTURE.md): paths, the typed manifest, checksums, atomic publish
+(a verified temp directory renamed over the target: no reader sees a half-written index, and a crash
+mid-build leaves the previous one in place)."""
 
 from __future__ import annotations
 
@@ -56,17 +53,13 @@ def files_under(m: "Manifest", folder: str) -> list[str]:
     return [rel for rel in m.files if rel.startswith(folder.rstrip("/") + "/")]
 
 
-def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class _Record(BaseModel):
-    # unknown keys are kept (a newer qrag's fields survive a read); `data` dumps only the keys that
-    # were given, so a manifest reads back exactly as it was written
+    # unknown keys are kept and `data` dumps only the keys given: a manifest reads back as it was written
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
@@ -107,8 +100,7 @@ class ShardEntry(_Record):
 
 
 class IndexDescription(_Record):
-    """What a build records about an index; `write_manifest` adds the files and the versions.
-    Optional fields are the ones an older build did not write."""
+    """What a build records (`write_manifest` adds files and versions); optional: older builds lack it."""
 
     representation: str
     kinds: list[str] | None = None
@@ -187,7 +179,8 @@ def load_manifest(index_dir: str | Path, verify: bool = False) -> Manifest:
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
-        raise IndexFormatError(f"corrupt manifest {mpath}: {where}: {err['msg'].removeprefix('Value error, ')}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise IndexFormatError(f"corrupt manifest {mpath}: {where}: {msg}") from None
     for rel in m.files:
         if not (d / rel).is_file():
             raise IndexFormatError(f"index {d} is incomplete: missing {rel}")
@@ -206,22 +199,12 @@ def verify_files(m: Manifest, rels: list[str] | None = None) -> None:
             raise IndexFormatError(f"checksum mismatch for {m.path / rel}: manifest {want[:12]}…, file {got[:12]}…")
 
 
-def content_version(files: dict[str, str]) -> str:
-    h = hashlib.sha256()
-    for rel in sorted(files):
-        h.update(rel.encode())
-        h.update(files[rel].encode())
-    return h.hexdigest()[:16]
-
-
 def write_manifest(tmp_dir: Path, description: IndexDescription) -> Manifest:
-    """Checksum every file under tmp_dir, add the files and versions to the description and write
-    manifest.json."""
-    files = {}
-    for p in sorted(tmp_dir.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            files[str(p.relative_to(tmp_dir))] = sha256_file(p)
-    extra: dict[str, Any] = {"format_version": FORMAT_VERSION, "files": files, "index_version": content_version(files),
+    """Checksum every file under tmp_dir and write manifest.json: the description, files and versions."""
+    files = {str(p.relative_to(tmp_dir)): sha256_file(p) for p in sorted(tmp_dir.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    version = hashlib.sha256("".join(rel + files[rel] for rel in sorted(files)).encode()).hexdigest()[:16]
+    extra: dict[str, Any] = {"format_version": FORMAT_VERSION, "files": files, "index_version": version,
                              "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if description.content is not None:
         from qrag_ray.index.checkpoint import manifest_content_hash
@@ -255,11 +238,8 @@ def new_staging_dir(output: str | Path) -> Path:
 
 
 def publish(staging: Path, output: str | Path) -> Path:
-    """Verify `staging` and move it to `output` atomically, replacing an older index there.
-
-    Two renames: the old index moves aside first, the new one takes its place, then the old one is
-    deleted. Between the renames the path is briefly absent (readers retry) but never half-written.
-    """
+    """Verify `staging` and move it to `output`: the old index moves aside, the new one takes its place,
+    the old one is deleted. Between the renames the path is briefly absent, never half-written."""
     out = Path(output)
     verify_files(load_manifest(staging))
     old = None

@@ -1,12 +1,7 @@
-"""`qrag index --append FILE` / `--delete-ids FILE`: a new version of a published index.
-
-The new version's config is the published one's (read from its manifest, so nothing that decides a
-vector can drift) with the new file added to its inputs or the id list added to its deletions. The
-build itself is the ordinary one: rows are keyed by content, so with the previous build's work dir
-kept (`build.keep_work`, which every incremental build sets) only the new documents' rows are
-embedded; a deletion embeds nothing. Every shard is re-assembled from the kept vectors, so the result
-is the index a full rebuild over the same documents would publish, file for file.
-"""
+"""`qrag index --append FILE` / `--delete-ids FILE`: the published index's config (from its manifest,
+so nothing that decides a vector drifts) plus the change, built the ordinary way with the work dir
+kept: rows are keyed by content, so only new documents are embedded, and the result is the index a
+full rebuild over the same documents would publish, file for file."""
 
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     except ValueError:
         now = None
     if kinds and now != list(kinds):
-        # the preset's name means other vector kinds since this index was built (default@1 was chunk only):
-        # keep the kinds the index holds; every other setting is in the recorded config already
+        # the preset's name means other kinds since this index was built: keep the kinds the index holds
         data["representation"] = "+".join(kinds)
     build = dict(data.get("build") or {})
     if append:

@@ -1,33 +1,19 @@
-"""One shard's BM25 index (bm25s): built beside the FAISS file, searched with the same queries.
-
-Why a sparse channel at all: questions written by someone reading the passage share its words, and a
-dense MiniLM vector blurs exactly those rare words (names, numbers). On SQuAD dev BM25 alone beats
-every dense configuration and dense + BM25 adds 7-8 R@1 (docs/EVALUATION.md §4.7). doc2query puts a
-chunk's generated questions into its BM25 text: the words a user will ask with.
-
-One BM25 document per chunk. IDF is global: each shard indexes its own chunks, then
-`globalize_idf` rescales every shard's stored scores from its own IDF to the IDF over all shards, so a
-term's weight does not depend on which shard a chunk landed in. Per-shard IDF (Elasticsearch's
-default) cost 2.6 R@1 on SQuAD dev split into 8 shards of ~260 paragraphs (docs/EVALUATION.md §4.8);
-the gap closes as shards grow, but the rescale costs one pass over the score arrays at build time.
-Scores leave the shard raw; the merge divides them by the query's best score over all shards
-(qrag_ray.search.merge).
-
-Tokens are Snowball-stemmed (PyStemmer, "english") and English stopwords dropped, with Lucene's
-BM25 defaults as Anserini ships them (k1 0.9, b 0.4): Lucene's English analyzer stems too, and without
-stemming the channel scored 41.5 nDCG@10 on the TREC DL19 pool where Lucene's BM25 gives 50.6; with
-both, 51.4 (docs/EVALUATION.md). The stemmer a shard was built with is written beside it
-(`TOKENIZER`), so queries are always tokenised the way the shard's documents were, and an index built
-before stemming (no such file) keeps its unstemmed queries.
-"""
+"""One shard's BM25 index (bm25s), one document per chunk: a dense vector blurs the rare words that
+questions share with their passage (docs/EVALUATION.md). IDF is global (`globalize_idf`), so a term's
+weight does not depend on the chunk's shard. Tokens are stemmed as the shard records (`TOKENIZER`;
+absent in indexes built before stemming), so queries are tokenised as its documents were."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import Stemmer
+
+from qrag_ray.errors import QragError
 
 CHUNK_IDX = "chunk_idx.npy"
 TOKENIZER = "qrag_tokenizer.json"  # {"stemmer": "english" | null}: how this shard's text was tokenised
@@ -37,9 +23,8 @@ QUESTION_KINDS = ("question", "quote", "atomquote")
 
 def lexical_docs(chunk_idx: np.ndarray, kind: list[str], text: list[str], qn: np.ndarray,
                  doc2query: bool) -> tuple[np.ndarray, list[str]]:
-    """(chunk ids, BM25 text) from a shard's vector rows, before any vector filter: the `chunk` row
-    every chunk has (stored or auxiliary) gives its text; with doc2query each distinct generated
-    question of the chunk is appended; a `title` row's text is appended first. Ids come out sorted."""
+    """(sorted chunk ids, BM25 text) from a shard's vector rows before any filter: the `chunk` row's
+    text, after it the `title` row's and (doc2query) each distinct generated question."""
     body: dict[int, str] = {}
     extra: dict[int, list[str]] = {}
     for ci, kd, tx, n in zip(chunk_idx.tolist(), kind, text, qn.tolist()):
@@ -55,24 +40,15 @@ def lexical_docs(chunk_idx: np.ndarray, kind: list[str], text: list[str], qn: np
     return ids, ["\n".join([body[ci], *extra.get(ci, [])]) for ci in ids.tolist()]
 
 
+@functools.cache
 def _stemmer(name: str | None):
     """A PyStemmer Snowball stemmer by language name (None: no stemming), one per process."""
     if not name:
         return None
-    cached = _STEMMERS.get(name)
-    if cached is None:
-        import Stemmer
-
-        try:
-            cached = _STEMMERS[name] = Stemmer.Stemmer(name)
-        except KeyError:
-            from qrag_ray.errors import QragError
-
-            raise QragError(f"unknown BM25 stemmer {name!r} (known: {', '.join(Stemmer.algorithms())})") from None
-    return cached
-
-
-_STEMMERS: dict = {}
+    try:
+        return Stemmer.Stemmer(name)
+    except KeyError:
+        raise QragError(f"unknown BM25 stemmer {name!r} (known: {', '.join(Stemmer.algorithms())})") from None
 
 
 def tokenize(texts: list[str], ids: bool, stemmer: str | None = None):
@@ -83,8 +59,7 @@ def tokenize(texts: list[str], ids: bool, stemmer: str | None = None):
 
 def build_bm25(chunk_idx: np.ndarray, texts: list[str], out_dir: str | Path, k1: float, b: float,
                stemmer: str | None = None) -> int:
-    """Index and save; returns the vocabulary size. Nothing is written for an empty shard but the ids
-    and the tokenizer record."""
+    """Index and save; returns the vocabulary size. An empty shard writes only the ids and TOKENIZER."""
     import bm25s
 
     out = Path(out_dir)
@@ -100,9 +75,8 @@ def build_bm25(chunk_idx: np.ndarray, texts: list[str], out_dir: str | Path, k1:
 
 
 def _numbered_by_first_use(tok):
-    """The same tokens with term ids in order of first use. bm25s numbers stemmed terms in the iteration
-    order of a set, which changes with the process's hash seed: without this, a rebuild of the same
-    shard writes other bytes (and the index gets another content hash)."""
+    """The same tokens with term ids in order of first use: bm25s numbers stemmed terms in a set's
+    iteration order, which changes with the hash seed, so a rebuild would write other bytes."""
     from bm25s.tokenization import Tokenized
 
     renumber: dict[int, int] = {}
@@ -120,37 +94,29 @@ def lucene_idf(n_docs: int, df: np.ndarray) -> np.ndarray:
 
 
 def _term_columns(path: Path) -> tuple[dict[str, int], np.ndarray]:
-    """(term -> column, documents per column) of a saved shard's CSC score matrix: a term's column
-    holds one entry per document containing it. bm25s's vocabulary ends with an empty-string term that
-    has no column."""
+    """(term -> column, documents per column) of a saved shard's CSC score matrix."""
     counts = np.diff(np.load(path / _INDPTR))
     vocab = json.loads((path / _VOCAB).read_text())
     return {t: i for t, i in vocab.items() if i < len(counts)}, counts
 
 
 def globalize_idf(paths: list[str | Path]) -> None:
-    """Rewrite each shard's stored BM25 scores with the IDF over all `paths` instead of the shard's own.
-    bm25s stores idf(term) * tf-part per (term, document), so scaling a term's column by
-    global idf / shard idf is exact (the tf part keeps the shard's average length, which hash
-    partitioning keeps close). A no-op for a single shard. Every shard is checked and counted before
-    any is rewritten; the vocabularies are read again in the second pass rather than all held at once."""
+    """Rewrite each shard's stored BM25 scores with the IDF over all `paths`: bm25s stores idf(term) *
+    tf-part per (term, document), so scaling a term's column by global / shard idf is exact."""
     paths = [Path(p) for p in paths]
     if len(paths) < 2:
         return
     sizes = [len(np.load(p / CHUNK_IDX, mmap_mode="r")) for p in paths]
+    shards = [(p, n) for p, n in zip(paths, sizes) if n]
     df_all: Counter = Counter()
-    for p, n in zip(paths, sizes):
-        if not n:
-            continue
+    for p, _ in shards:
         method = json.loads((p / _PARAMS).read_text()).get("method", "lucene")
         if method != "lucene":  # we always build with bm25s's default; another IDF would need its own formula
             raise ValueError(f"{p}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
         vocab, counts = _term_columns(p)
         df_all.update({t: int(counts[i]) for t, i in vocab.items()})
     n_all = sum(sizes)
-    for p, n in zip(paths, sizes):
-        if not n:
-            continue
+    for p, n in shards:
         vocab, counts = _term_columns(p)
         cols = np.fromiter(vocab.values(), np.int64, len(vocab))
         local = counts[cols].astype(np.float64)
@@ -178,8 +144,7 @@ class ShardLexicon:
         return len(self.chunk_idx)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(raw scores, chunk ids), each (len(queries), min(k, docs)), best first; -1 pads the slots of
-        documents sharing no term with the query (score 0)."""
+        """(raw scores, chunk ids), each (len(queries), min(k, docs)), best first; -1 pads empty slots."""
         k = max(0, min(k, len(self)))
         scores = np.zeros((len(queries), k), np.float32)
         ids = np.full((len(queries), k), -1, np.int64)

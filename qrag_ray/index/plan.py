@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from qrag_ray.config import IndexConfig
+from qrag_ray.progress import stage
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,6 @@ class StageClock:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        from qrag_ray.progress import stage
-
         t0 = time.perf_counter()
         try:
             with stage(self.console, name):

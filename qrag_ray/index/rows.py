@@ -1,6 +1,5 @@
-"""The rows and columns a build passes between its stages: documents -> chunk rows -> vector rows
-(and LLM requests, and their answers back into vector rows). Pure functions over dicts and numpy
-columns; the Ray Data UDFs in qrag_ray.index.udfs call them per batch."""
+"""The rows and columns a build passes between its stages (documents -> chunks -> LLM requests ->
+vector rows): pure functions over dicts and numpy columns that the UDFs in udfs.py call per batch."""
 
 from __future__ import annotations
 
@@ -8,16 +7,39 @@ import numpy as np
 import pyarrow as pa
 
 from qrag_ray.config import IndexConfig
+from qrag_ray.errors import QragError
+from qrag_ray.generation.parsing import parse_atoms, parse_output
 from qrag_ray.index.format import chunk_key, shard_of
+from qrag_ray.representations import vector_rows
+from qrag_ray.text.chunking import chunk_document
+from qrag_ray.text.sentences import split_sentences
 
 # the chunks table, in the work dir's chunk parts and in the published chunks.parquet
 CHUNK_SCHEMA = pa.schema([("chunk_idx", pa.int64()), ("chunk_id", pa.string()), ("doc_id", pa.string()),
                           ("title", pa.string()), ("text", pa.string()), ("shard", pa.int32())])
 # a generated row's position in its chunk: after every base row, grouped by the request's unit
 GEN_ORD_BASE = 100_000
+_CHUNK_COLUMNS = {"chunk_id": object, "doc_id": object, "title": object, "text": object, "chunk_idx": np.int64,
+                  "shard": np.int32}
 _VECTOR_COLUMNS = {"chunk_idx": np.int64, "shard": np.int32, "kind": object, "text": object, "embed_text": object,
                    "qn": np.int32, "ord": np.int32, "store": bool}
-_REQUEST_COLUMNS = ("key", "messages", "output", "unit", "atom", "chunk_idx", "shard", "text")
+_REQUEST_COLUMNS = {"key": object, "output": object, "unit": np.int32, "atom": object, "chunk_idx": np.int64,
+                    "shard": np.int32, "text": object}  # and messages
+
+
+def vector_schema(dim: int) -> pa.Schema:
+    """The embedded vector rows of the work dir's vector parts."""
+    return pa.schema([("chunk_idx", pa.int64()), ("kind", pa.string()), ("text", pa.string()), ("qn", pa.int32()),
+                      ("ord", pa.int32()), ("store", pa.bool_()), ("row_key", pa.int64()),
+                      ("vector", pa.list_(pa.float32(), dim))])
+
+
+def check_unique_chunks(chunk_idx: np.ndarray, chunk_id) -> None:
+    """A corpus error: two chunks with one id (so one key)."""
+    _, first, counts = np.unique(chunk_idx, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        bad = str(chunk_id[int(first[np.flatnonzero(counts > 1)[0]])])
+        raise QragError(f"duplicate document id: chunk {bad!r} occurs twice (document ids must be unique)")
 
 
 def rows_of(batch: dict) -> list[dict]:
@@ -28,24 +50,15 @@ def rows_of(batch: dict) -> list[dict]:
 
 def _object_column(values: list) -> np.ndarray:
     """Cells that are lists or dicts stay whole (np.asarray would make a 2-d array of them)."""
-    out = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        out[i] = v
-    return out
-
-
-# ---------------------------------------------------------------- documents -> chunks
+    return np.fromiter(values, dtype=object, count=len(values))
 
 
 def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
     """A document's chunks, each with its key, its shard and the document's precomputed questions."""
-    from qrag_ray.text.chunking import chunk_document
-
     rows = []
     for c in chunk_document(doc, cfg.chunker):
-        idx = chunk_key(c["chunk_id"])
-        c["chunk_idx"] = idx
-        c["shard"] = shard_of(idx, cfg.shards)
+        c["chunk_idx"] = chunk_key(c["chunk_id"])
+        c["shard"] = shard_of(c["chunk_idx"], cfg.shards)
         if "questions" in doc:
             c["questions"] = list(doc["questions"])
         rows.append(c)
@@ -54,21 +67,14 @@ def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
 
 def chunk_columns(rows: list[dict], with_questions: bool) -> dict:
     """Chunk rows as the numpy columns of the chunk stage's output."""
-    cols = {k: np.asarray([r[k] for r in rows], dtype=object) for k in ("chunk_id", "doc_id", "title", "text")}
-    cols["chunk_idx"] = np.asarray([r["chunk_idx"] for r in rows], np.int64)
-    cols["shard"] = np.asarray([r["shard"] for r in rows], np.int32)
+    cols = {k: np.asarray([r[k] for r in rows], dtype=t) for k, t in _CHUNK_COLUMNS.items()}
     if with_questions:
         cols["questions"] = _object_column([r.get("questions", []) for r in rows])
     return cols
 
 
-# ---------------------------------------------------------------- chunks -> vector rows
-
-
 def atoms_of(chunk: dict, cfg: IndexConfig) -> list[str]:
     """The chunk's atomic statements: the LLM's when it atomized the chunk, else its sentences."""
-    from qrag_ray.text.sentences import split_sentences
-
     if cfg.generator.atoms == "llm" and chunk.get("atoms") is not None:
         return [a for a in list(chunk["atoms"]) if a]
     return split_sentences(chunk["text"])
@@ -76,8 +82,6 @@ def atoms_of(chunk: dict, cfg: IndexConfig) -> list[str]:
 
 def base_vector_rows(chunk: dict, kinds: list[str], cfg: IndexConfig, aux_q: bool) -> list[dict]:
     """Chunk, sentence and window rows (no LLM needed); precomputed questions join here too."""
-    from qrag_ray.representations import vector_rows
-
     sentences = atoms_of(chunk, cfg) if {"sentence", "window"} & set(kinds) else None
     qs = list(chunk.get("questions") or []) if cfg.generator.backend == "precomputed" else []
     return vector_rows(chunk, kinds, qs, sentences, aux_questions=aux_q and bool(qs), title=chunk.get("title"),
@@ -86,46 +90,29 @@ def base_vector_rows(chunk: dict, kinds: list[str], cfg: IndexConfig, aux_q: boo
 
 def question_vector_rows(row: dict, kinds: list[str], aux_q: bool) -> list[dict]:
     """Vector rows for the questions of one answered request (no chunk row: base rows have it)."""
-    from qrag_ray.generation.parsing import parse_output
-    from qrag_ray.representations import vector_rows
-
     qs = parse_output(row.get("raw") or "", row.get("output") or "questions") if row.get("raw") else []
     qs = [q if isinstance(q, str) else q[0] for q in qs]
     rows = vector_rows(row, kinds, qs, None, aux_questions=aux_q, atom=row.get("atom") or None)
-    out = []
-    unit = int(row.get("unit", -1))
-    for r in rows:
-        if r["kind"] == "chunk":
-            continue
-        if r["qn"] >= 0:
-            r["qn"] = (unit + 1) * 1000 + r["qn"]  # unique per chunk across atoms
-        out.append(r)
-    return out
+    unit = int(row.get("unit", -1))  # qn becomes unique per chunk across atoms
+    return [r | {"qn": (unit + 1) * 1000 + r["qn"]} if r["qn"] >= 0 else r for r in rows if r["kind"] != "chunk"]
 
 
 def vector_columns(rows: list[dict]) -> dict:
     """Vector rows as numpy columns (the embed stage's input)."""
-    return {c: np.asarray([r[c] for r in rows], dtype=t) if rows else np.zeros(0, t) for c, t in _VECTOR_COLUMNS.items()}
+    return {c: np.asarray([r[c] for r in rows], dtype=t) if rows else np.zeros(0, t)
+            for c, t in _VECTOR_COLUMNS.items()}
 
 
 def base_vector_columns(chunks: list[dict], kinds: list[str], cfg: IndexConfig, aux_q: bool) -> dict:
     """The base rows of some chunks, each numbered by its place in its chunk (`ord`)."""
-    out = []
-    for c in chunks:
-        out += [v | {"ord": i} for i, v in enumerate(base_vector_rows(c, kinds, cfg, aux_q))]
-    return vector_columns(out)
+    return vector_columns([v | {"ord": i} for c in chunks
+                           for i, v in enumerate(base_vector_rows(c, kinds, cfg, aux_q))])
 
 
 def question_vector_columns(answered: list[dict], kinds: list[str], aux_q: bool) -> dict:
     """The question rows of some answered requests, numbered after every base row of their chunk."""
-    out = []
-    for r in answered:
-        unit = int(r.get("unit", -1))
-        out += [v | {"ord": (unit + 2) * GEN_ORD_BASE + i} for i, v in enumerate(question_vector_rows(r, kinds, aux_q))]
-    return vector_columns(out)
-
-
-# ---------------------------------------------------------------- LLM requests and answers
+    return vector_columns([v | {"ord": (int(r.get("unit", -1)) + 2) * GEN_ORD_BASE + i}
+                           for r in answered for i, v in enumerate(question_vector_rows(r, kinds, aux_q))])
 
 
 def payload(chunk: dict) -> dict:
@@ -135,17 +122,11 @@ def payload(chunk: dict) -> dict:
 
 def request_columns(requests: list[dict]) -> dict:
     """LLM requests as numpy columns; messages travel as lists of {role, content} dicts."""
-    out = {k: np.asarray([r.get(k, "") for r in requests], dtype=object) for k in _REQUEST_COLUMNS if k != "messages"}
-    out["messages"] = _object_column([[dict(m) for m in r["messages"]] for r in requests])
-    out["unit"] = np.asarray([r.get("unit", "") for r in requests], np.int32)
-    out["chunk_idx"] = np.asarray([r.get("chunk_idx", "") for r in requests], np.int64)
-    out["shard"] = np.asarray([r.get("shard", "") for r in requests], np.int32)
-    return out
+    out = {k: np.asarray([r.get(k, "") for r in requests], dtype=t) for k, t in _REQUEST_COLUMNS.items()}
+    return out | {"messages": _object_column([[dict(m) for m in r["messages"]] for r in requests])}
 
 
 def atom_columns(answered: dict) -> dict:
     """Answered atomize requests back as chunk columns with their atoms."""
-    from qrag_ray.generation.parsing import parse_atoms
-
     atoms = _object_column([parse_atoms(raw or "") for raw in answered["raw"]])
     return {"chunk_idx": answered["chunk_idx"], "shard": answered["shard"], "text": answered["text"], "atoms": atoms}

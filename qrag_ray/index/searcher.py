@@ -1,19 +1,19 @@
-"""One shard's searcher: a FAISS index plus the row -> chunk arrays, loaded once.
-
-Used in-process by `qrag search` and inside each ShardSearcher replica of the Serve app, so both give
-the same results. Returns vector-level hits; dedup by chunk happens in qrag_ray.search.merge.
-"""
+"""One shard's searcher (FAISS index, row -> chunk arrays, BM25), used in-process and by every Serve
+shard replica alike. Returns vector-level hits; dedup by chunk happens in qrag_ray.search.merge."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import Manifest, files_under, load_manifest, verify_files
+from qrag_ray.index.lexical import ShardLexicon
 
 
 @dataclass
@@ -26,8 +26,7 @@ class ShardHits:
     chunk_idx: np.ndarray
     exhausted: bool  # the shard holds no more vectors than were asked for
     kinds: np.ndarray | None = None  # vector kind per hit (object array), for kind-aware fusion
-    # BM25 hits (n_queries, k_lex), raw scores and chunk ids (-1 = none), when the query texts were
-    # given and the shard has a BM25 index
+    # BM25 hits (n_queries, k_lex), raw scores and chunk ids (-1 = none), for query texts on a BM25 shard
     lex_scores: np.ndarray | None = None
     lex_chunk_idx: np.ndarray | None = None
 
@@ -41,8 +40,6 @@ class ShardHits:
 class ShardSearcher:
     def __init__(self, index_dir: str | Path, shard: int, manifest: Manifest | None = None,
                  verify: bool = True, threads: int | None = None, use_gpu: bool = False):
-        import faiss
-
         self.manifest = manifest or load_manifest(index_dir)
         self.shard = shard
         info = self.manifest.shard(shard)
@@ -55,11 +52,8 @@ class ShardSearcher:
         except RuntimeError as e:
             raise IndexFormatError(f"cannot read shard {shard} of {self.manifest.path}: {e}") from None
         fcfg = self.manifest.data.get("config", {}).get("index", {})
-        try:
-            ivf = faiss.extract_index_ivf(index)
-            ivf.nprobe = int(fcfg.get("nprobe", 32))
-        except (RuntimeError, ValueError):
-            pass
+        with contextlib.suppress(RuntimeError, ValueError):  # not an IVF index
+            faiss.extract_index_ivf(index).nprobe = int(fcfg.get("nprobe", 32))
         if hasattr(index, "hnsw"):
             index.hnsw.efSearch = int(fcfg.get("hnsw_ef_search", 128))
         if use_gpu and faiss.get_num_gpus() > 0:
@@ -74,8 +68,6 @@ class ShardSearcher:
             raise IndexFormatError(f"shard {shard}: {index.ntotal} vectors but {len(self.chunk_idx)} metadata rows")
         self.lexicon = None
         if info.get("bm25"):
-            from qrag_ray.index.lexical import ShardLexicon
-
             if verify:
                 verify_files(self.manifest, files_under(self.manifest, info["bm25"]))
             self.lexicon = ShardLexicon(self.manifest.file(info["bm25"]))
@@ -85,23 +77,19 @@ class ShardSearcher:
         return int(self.index.ntotal)
 
     def search(self, qvecs: np.ndarray, k: int, queries: list[str] | None = None) -> ShardHits:
-        """The k nearest vectors per query; with `queries` (the texts of qvecs) also the shard's k
-        best BM25 chunks, for hybrid fusion."""
-        hits = self._dense(qvecs, k)
+        """The k nearest vectors per query; with `queries` (their texts) also the k best BM25 chunks."""
+        qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
+        if self.ntotal:
+            scores, rows = self.index.search(qvecs, max(1, min(k, self.ntotal)))
+            cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
+            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal, kinds=self._kind_arr[rows])
+        else:
+            empty = np.full((len(qvecs), 0), -1, np.int64)
+            hits = ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True,
+                             np.zeros((len(qvecs), 0), dtype=object))
         if queries is not None and self.lexicon is not None:
             hits.lex_scores, hits.lex_chunk_idx = self.lexicon.search(queries, k)
         return hits
-
-    def _dense(self, qvecs: np.ndarray, k: int) -> ShardHits:
-        qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
-        k_eff = max(1, min(k, self.ntotal)) if self.ntotal else 0
-        if k_eff == 0:
-            empty = np.full((len(qvecs), 0), -1, np.int64)
-            return ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True,
-                             np.zeros((len(qvecs), 0), dtype=object))
-        scores, rows = self.index.search(qvecs, k_eff)
-        cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
-        return ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal, kinds=self._kind_arr[rows])
 
     def matched(self, row: int) -> tuple[str, str]:
         return self.kind[row], self.text[row]

@@ -1,7 +1,5 @@
-"""The build's stream: read -> chunk -> (atomize, generate) -> vector rows -> embed, on Ray Data's
-streaming executor. Stages overlap and backpressure bounds what is in flight; the chunker and the
-embedding actors write their own checkpoint parts (qrag_ray.index.udfs) and the driver only sums the
-sink's per-row counters, never holding vectors or text."""
+"""The build's stream on Ray Data: read -> chunk -> (atomize, generate) -> vector rows -> embed. The
+chunker and the embedding actors write checkpoint parts; the driver only sums the sink's counters."""
 
 from __future__ import annotations
 
@@ -13,10 +11,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.parquet as pq
 
+from qrag_ray.embedding import Tokenize, embedder_dim
 from qrag_ray.errors import QragError
-from qrag_ray.generation.stage import GenerationStats
+from qrag_ray.generation.cache import QuestionCache
+from qrag_ray.generation.stage import GenerationStats, generate
 from qrag_ray.index import checkpoint as ck
 from qrag_ray.index.plan import BuildPlan, StageClock
+from qrag_ray.index.udfs import (EmbedSink, attach_atoms, make_atomize_requests, make_base_rows, make_chunker,
+                                 make_question_requests, make_question_rows)
+from qrag_ray.io.readers import read_corpus
+from qrag_ray.models.registry import resolve_llm
 
 # CPU request of the light per-row stages (chunking, row building)
 _LIGHT_CPU = 0.5
@@ -39,8 +43,7 @@ class Streamed:
 
 
 def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
-    """Run the stream, or reuse it: a work dir whose stream finished for the same inputs (stream.json)
-    was killed after it, so only the shard builds are left."""
+    """Run the stream, or reuse the one a killed run finished for the same inputs (stream.json)."""
     done = plan.work / "stream.json"
     st = json.loads(done.read_text()) if done.is_file() else {}
     if st.get("inputs") == plan.inputs:
@@ -51,9 +54,11 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
     generation = GenerationStats()
     t0 = time.perf_counter()
     with clock.stage("stream"):
-        chunks = _chunks(plan)
-        chunks, questions = _generate(plan, chunks, clock, generation)
-        counts = _embed(plan, _vector_rows(plan, chunks, questions))
+        chunks, questions = _generate(plan, _chunks(plan), clock, generation)
+        # the rows to embed that need no LLM (chunk, sentence, precomputed questions...), plus the LLM's
+        rows = chunks.map_batches(make_base_rows(plan.kinds, cfg, plan.aux_questions), batch_format="numpy",
+                                  num_cpus=_LIGHT_CPU)
+        counts = _embed(plan, rows.union(questions) if questions is not None else rows)
     parts = ck.registered_parts(plan.work, plan.run)
     documents, n_chunks = sum(p["documents"] for p in parts), sum(p["chunks"] for p in parts)
     if documents == 0:
@@ -73,45 +78,29 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
 
 def _chunks(plan: BuildPlan):
     """Documents -> chunk rows (lazy)."""
-    from qrag_ray.index.udfs import make_chunker
-    from qrag_ray.io.readers import read_corpus
-
     cfg, gcfg = plan.cfg, plan.cfg.generator
     qcol = gcfg.precomputed_column if gcfg.backend == "precomputed" else None
     docs = read_corpus(cfg.input, cfg.format, questions_column=qcol)
     for extra in cfg.build.extra_inputs:  # --append: earlier versions' inputs plus the new documents
         docs = docs.union(read_corpus(extra, cfg.format, questions_column=qcol))
-    # its own CPU request (not the embedder's) keeps Ray Data from fusing chunking into the embedding
-    # actors: the two stages run side by side instead of taking turns in one process
+    # its own CPU request keeps Ray Data from fusing chunking into the embedding actors (taking turns)
     return docs.map_batches(make_chunker(cfg, plan.work, plan.run, plan.deleted, bool(qcol)), batch_format="numpy",
                             batch_size=cfg.build.docs_per_batch, num_cpus=_LIGHT_CPU)
 
 
-def _needs_llm(plan: BuildPlan) -> bool:
-    gcfg = plan.cfg.generator
-    return gcfg.backend in ("vllm", "openai") and (
-        plan.granularity is not None or ("sentence" in plan.kinds and gcfg.atoms == "llm"))
-
-
 def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats):
-    """LLM atoms and questions through the question cache: (chunk rows, question vector rows or None).
-    The generation join needs its requests materialized, so this path is not streamed."""
-    if not _needs_llm(plan):
-        return chunks, None
-    from qrag_ray.generation.cache import QuestionCache
-    from qrag_ray.generation.stage import generate
-    from qrag_ray.index.udfs import attach_atoms, make_atomize_requests, make_question_requests, make_question_rows
-
+    """LLM atoms and questions through the cache: (chunk rows, question rows or None); not streamed."""
     cfg, gcfg, gran = plan.cfg, plan.cfg.generator, plan.granularity
+    llm_atoms = gcfg.atoms == "llm" and (gran == "atom" or "sentence" in plan.kinds)
+    if gcfg.backend not in ("vllm", "openai") or (gran is None and not llm_atoms):
+        return chunks, None
     chunks = chunks.materialize()
     cache = QuestionCache(cfg.cache_dir)
     model_path = None
     if gcfg.backend == "vllm":
         with clock.stage("prepare-model"):
-            from qrag_ray.models.registry import resolve_llm
-
             model_path = resolve_llm(gcfg.model)
-    if gcfg.atoms == "llm" and (gran == "atom" or "sentence" in plan.kinds):
+    if llm_atoms:
         with clock.stage("atomize"):
             requests = chunks.map_batches(make_atomize_requests(gcfg), batch_format="numpy").materialize()
             answered, st = generate(requests, gcfg, cache, model_path)
@@ -128,27 +117,13 @@ def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats
         return chunks, answered.map_batches(make_question_rows(plan.kinds, plan.aux_questions), batch_format="numpy")
 
 
-def _vector_rows(plan: BuildPlan, chunks, questions):
-    """Chunk rows -> the rows to embed (chunk, sentence, precomputed questions...), plus the LLM's."""
-    from qrag_ray.index.udfs import make_base_rows
-
-    rows = chunks.map_batches(make_base_rows(plan.kinds, plan.cfg, plan.aux_questions), batch_format="numpy",
-                              num_cpus=_LIGHT_CPU)
-    return rows.union(questions) if questions is not None else rows
-
-
 def _embed(plan: BuildPlan, rows) -> dict:
-    """The embedding actor pool as the stream's sink: it writes the vector parts; its per-row
-    counters are summed here."""
+    """The embedding actor pool, the stream's sink: it writes the vector parts; its counters are summed."""
     import ray.data
-
-    from qrag_ray.index.udfs import EmbedSink
 
     e = plan.cfg.embedder
     threads = None if e.num_gpus else (e.threads or max(1, (os.cpu_count() or 2) // e.actors))
     if e.tokenize_apart():
-        from qrag_ray.embedding import Tokenize
-
         # CPU workers tokenize and sort by length; the embedding actors only stack and run the model
         workers = max(1, int(ray.cluster_resources().get("CPU", 2)) // 2)
         rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
@@ -172,6 +147,4 @@ def _dim_of(plan: BuildPlan) -> int:
     for f in ck.parquet_files(plan.work / "vectors"):
         if pq.read_metadata(f).num_rows:
             return pq.read_schema(f).field("vector").type.list_size
-    from qrag_ray.embedding import embedder_dim
-
     return embedder_dim(plan.cfg.embedder.model)

@@ -1,10 +1,7 @@
-"""The Ray Data UDFs of the build's stream: chunking, vector rows, LLM requests and answers, and the
-embedding sink. Each turns one numpy batch into the next stage's columns (the logic is in
-qrag_ray.index.rows); the chunker and the embedding sink also write their checkpoint parts into the
-work dir (qrag_ray.index.checkpoint), so a killed build resumes from them.
-
-A UDF's function name is its operator's name in the progress display (qrag_ray.progress.op_label).
-"""
+"""The Ray Data UDFs of the build's stream: each turns one numpy batch into the next stage's columns
+(the logic is in qrag_ray.index.rows); the chunker and the embedding sink also write checkpoint parts
+into the work dir, so a killed build resumes from them. A UDF's function name is its operator's name
+in the progress display (qrag_ray.progress.op_label)."""
 
 from __future__ import annotations
 
@@ -18,17 +15,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from qrag_ray.config import IndexConfig
-from qrag_ray.errors import QragError
+from qrag_ray.embedding import Forward, load_sentence_transformer
+from qrag_ray.embedding.tokens import token_ids
+from qrag_ray.generation.requests import atomize_request, question_requests
 from qrag_ray.index import checkpoint as ck
-from qrag_ray.index.rows import (CHUNK_SCHEMA, atom_columns, atoms_of, base_vector_columns, chunk_columns, chunk_rows,
-                                 payload, question_vector_columns, request_columns, rows_of)
+from qrag_ray.index.rows import (CHUNK_SCHEMA, atom_columns, atoms_of, base_vector_columns, check_unique_chunks,
+                                 chunk_columns, chunk_rows, payload, question_vector_columns, request_columns, rows_of,
+                                 vector_schema)
 
-# rows whose key is a multiple of this are also written to work/sample: a large build draws its
-# training sample from there instead of scanning every vector part
+# rows whose key is a multiple of this also go to work/sample, where a large build draws its training sample
 SAMPLE_STRIPE = 1024
-
-
-# ---------------------------------------------------------------- documents -> chunks
 
 
 def make_chunker(cfg: IndexConfig, work: Path, run: str, deleted: frozenset, with_questions: bool):
@@ -46,17 +42,12 @@ def make_chunker(cfg: IndexConfig, work: Path, run: str, deleted: frozenset, wit
 
 
 def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: float = 0.0) -> None:
-    """Write one batch's chunk rows as per-shard parts and register them for this run.
-
-    Duplicate chunk ids inside the batch are a corpus error caught here, early; across batches the
-    shard task catches them. Parts are named by content, so a retried or resumed batch rewrites the
-    same file."""
+    """Write one batch's chunk rows as per-shard parts, named by content (a retried or resumed batch
+    rewrites the same file), and register them for this run. Duplicate chunk ids are caught here
+    inside a batch, by the shard task across batches."""
     n = len(cols["chunk_idx"])
     ids = np.asarray(cols["chunk_idx"], np.int64)
-    if n and len(np.unique(ids)) != n:
-        uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
-        bad = cols["chunk_id"][int(first[np.flatnonzero(counts > 1)[0]])]
-        raise QragError(f"duplicate document id: chunk {bad!r} occurs twice (document ids must be unique)")
+    check_unique_chunks(ids, cols["chunk_id"])
     table = pa.table({k: pa.array(list(cols[k]) if k in ("chunk_id", "doc_id", "title", "text") else cols[k],
                                   type=CHUNK_SCHEMA.field(k).type) for k in CHUNK_SCHEMA.names})
     h = hashlib.blake2b(digest_size=10)
@@ -67,14 +58,11 @@ def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: flo
     name = h.hexdigest()
     shards = sorted(set(table.column("shard").to_pylist()))
     for s in shards:
-        sub = table.filter(pc.equal(table.column("shard"), s))
-        ck.atomic_write_parquet(sub, work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
+        ck.atomic_write_parquet(table.filter(pc.equal(table.column("shard"), s)),
+                                work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
     ck.atomic_write_text(ck.run_registry(work, run) / f"{name}.json",
                          json.dumps({"part": name, "documents": n_docs, "chunks": n, "shards": shards,
                                      "seconds": round(seconds, 4)}))
-
-
-# ---------------------------------------------------------------- chunks -> vector rows, LLM requests
 
 
 def make_base_rows(kinds: list[str], cfg: IndexConfig, aux_q: bool):
@@ -88,8 +76,6 @@ def make_base_rows(kinds: list[str], cfg: IndexConfig, aux_q: bool):
 
 def make_atomize_requests(gcfg):
     """Chunk rows -> one atomize request per chunk."""
-    from qrag_ray.generation.requests import atomize_request
-
     def atomize(batch: dict) -> dict:
         return request_columns([atomize_request(r, gcfg) | payload(r) for r in rows_of(batch)])
 
@@ -103,8 +89,6 @@ def attach_atoms(batch: dict) -> dict:
 
 def make_question_requests(cfg: IndexConfig, granularity: str):
     """Chunk rows -> question requests, one per chunk or one per atom."""
-    from qrag_ray.generation.requests import question_requests
-
     def requests(batch: dict) -> dict:
         out = []
         for r in rows_of(batch):
@@ -124,28 +108,23 @@ def make_question_rows(kinds: list[str], aux_q: bool):
     return questions
 
 
-# ---------------------------------------------------------------- the embedding sink (actor pool)
-
-
 class EmbedSink:
-    """Embeds the rows no earlier run embedded and writes them as per-shard parts in the work dir.
-
-    Returns, per input row, whether it was embedded now (not reused), whether it is a question and
-    its share of the batch's busy seconds, never the vectors: the shard tasks read them from the parts,
-    and the operator's output rows count the vectors done. Rows arrive as texts, or as token ids from
-    `embedding.Tokenize` workers (`input_ids`, `n_tokens`). On the CPU every forward pass has the
-    canonical shape, so a row's vector is the same bits whichever rows shared its batch (a resumed run
-    batches differently); on a GPU passes are sized in tokens (`tokens_per_batch`)."""
+    """Embeds the rows no earlier run embedded into per-shard parts; returns per row whether it was
+    embedded now, whether it is a question and its share of the seconds, never the vectors. On the
+    CPU every pass has the canonical shape (a resumed run gets the same bits); on a GPU passes are
+    sized in tokens."""
 
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
                  work: str, question_kind: str | None, run: str, backend: str = "auto", dtype: str = "auto",
                  tokens_per_batch: int = 65536):
-        from qrag_ray.embedding import Embedder, Forward
+        if threads:
+            import torch
 
-        self.e = Embedder(model, batch_size, max_seq_length, threads, backend, dtype=dtype)
-        on_gpu = str(self.e.st.device).startswith("cuda")
-        self.forward = (Forward(self.e.st, tokens_per_batch=tokens_per_batch) if on_gpu
-                        else Forward(self.e.st, canonical_rows=batch_size))
+            torch.set_num_threads(threads)
+        self.st = load_sentence_transformer(model, max_seq_length=max_seq_length, backend=backend, threads=threads,
+                                            dtype=dtype)
+        on_gpu = str(self.st.device).startswith("cuda")
+        self.forward = Forward(self.st, tokens_per_batch, canonical_rows=None if on_gpu else batch_size)
         self.work = Path(work)
         self.qk = question_kind
         self.run = run
@@ -155,7 +134,8 @@ class EmbedSink:
         t0 = time.perf_counter()
         n = len(batch["chunk_idx"])
         keys = ck.row_keys(batch["chunk_idx"], batch["kind"], batch["ord"], batch["text"], batch["embed_text"])
-        todo = np.flatnonzero(~ck.isin_sorted(keys, self.done))
+        embedded = ~ck.isin_sorted(keys, self.done)
+        todo = np.flatnonzero(embedded)
         question = (batch["kind"] == self.qk) & (batch["qn"] >= 0) if self.qk else np.zeros(n, bool)
         # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
         for sh in np.unique(batch["shard"]):
@@ -163,8 +143,6 @@ class EmbedSink:
             ck.atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
         if len(todo):
             self._write_vectors(batch, keys, todo)
-        embedded = np.zeros(n, bool)
-        embedded[todo] = True
         return {"embedded": embedded, "question": np.asarray(question, bool),
                 "seconds": np.full(n, (time.perf_counter() - t0) / max(1, n))}
 
@@ -172,27 +150,17 @@ class EmbedSink:
         if "input_ids" in batch:
             vecs = self.forward(batch["input_ids"][todo], batch["n_tokens"][todo])
         else:
-            from qrag_ray.embedding.tokens import token_ids
-
-            ids, lens = token_ids(self.e.st.tokenizer, [str(batch["embed_text"][i]) for i in todo],
-                                  int(self.e.st.max_seq_length or 512))
-            vecs = self.forward(ids, lens)
-        dim = vecs.shape[1]
+            vecs = self.forward(*token_ids(self.st.tokenizer, [str(batch["embed_text"][i]) for i in todo],
+                                           int(self.st.max_seq_length or 512)))
         shard = batch["shard"][todo]
         for s in np.unique(shard):
             sel = np.flatnonzero(shard == s)
             rows = todo[sel]
             flat = pa.array(vecs[sel].reshape(-1), type=pa.float32())
-            t = pa.table({
-                "chunk_idx": pa.array(batch["chunk_idx"][rows], pa.int64()),
-                "kind": pa.array(batch["kind"][rows].tolist(), pa.string()),
-                "text": pa.array(batch["text"][rows].tolist(), pa.string()),
-                "qn": pa.array(batch["qn"][rows], pa.int32()),
-                "ord": pa.array(batch["ord"][rows], pa.int32()),
-                "store": pa.array(batch["store"][rows].astype(bool), pa.bool_()),
-                "row_key": pa.array(keys[rows], pa.int64()),
-                "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
-            })
+            cols = {c: batch[c][rows] for c in ("chunk_idx", "kind", "text", "qn", "ord")}
+            t = pa.table({**cols, "store": batch["store"][rows].astype(bool), "row_key": keys[rows],
+                          "vector": pa.FixedSizeListArray.from_arrays(flat, vecs.shape[1])},
+                         schema=vector_schema(vecs.shape[1]))
             name = ck.part_name(keys[rows])
             stripe = (keys[rows] % SAMPLE_STRIPE) == 0
             if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)

@@ -1,18 +1,6 @@
-"""Versioned index roots: immutable version directories plus a `CURRENT` pointer (no Ray).
-
-A served index must be replaceable while queries run, and a query must never read half of one
-version and half of another. Rewriting an index directory in place cannot promise that (a replica
-that loads shard 2 a second after shard 1 may see different files), so an operator publishes into
-a *root*:
-
-    ROOT/versions/<index_version>/manifest.json ...   one immutable, checksummed index each
-    ROOT/CURRENT                                      the name of the version to serve (one line)
-
-`qrag publish` copies a built index into `versions/`, checks it (checksums, every shard opens with
-FAISS), and only then moves `CURRENT` with an atomic rename. The server reads `CURRENT`, loads the new
-version on every shard, and switches its own pointer only when all loaded (serving/router.py); each
-request carries the exact version directory it was started with. A plain index directory (no
-`CURRENT`) still works: its version is the manifest's `index_version`.
+"""Versioned index roots, `ROOT/versions/<index_version>/` plus `ROOT/CURRENT` (the version to serve),
+so a served index is replaced while queries run and no query reads two versions. `qrag publish`
+checks a copy before it moves `CURRENT` atomically; a plain index directory is its manifest's version.
 """
 
 from __future__ import annotations
@@ -24,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qrag_ray.errors import IndexFormatError, QragError
+from qrag_ray.index.checkpoint import atomic_write_text
 from qrag_ray.index.format import MANIFEST, Manifest, load_manifest, verify_files
 
 CURRENT = "CURRENT"
@@ -62,22 +51,17 @@ def current_version_name(root: str | Path) -> str:
 def resolve_index(path: str | Path) -> ResolvedIndex:
     """The directory and version a tenant's index path serves now (reads one small file or two)."""
     p = Path(path)
-    if is_versioned_root(p):
-        d = p / VERSIONS / current_version_name(p)
-        return ResolvedIndex(p, d, load_manifest(d))
-    return ResolvedIndex(p, p, load_manifest(p))
+    d = p / VERSIONS / current_version_name(p) if is_versioned_root(p) else p
+    return ResolvedIndex(p, d, load_manifest(d))
 
 
 def check_index(index_dir: str | Path) -> dict:
-    """Everything a server will do when it loads the index, done once before publishing: checksums of
-    every file, and every shard opened by the same searcher the replicas use."""
+    """What a server does when it loads the index: every checksum, every shard opened by ShardSearcher."""
     from qrag_ray.index.searcher import ShardSearcher
 
     m = load_manifest(index_dir)
     verify_files(m)
-    vectors = 0
-    for i in range(m.num_shards):
-        vectors += ShardSearcher(m.path, i, m, verify=False).ntotal
+    vectors = sum(ShardSearcher(m.path, i, m, verify=False).ntotal for i in range(m.num_shards))
     if vectors != int(m.data.get("counts", {}).get("vectors", vectors)):
         raise IndexFormatError(f"{index_dir}: shards hold {vectors} vectors, the manifest counts "
                                f"{m.data['counts']['vectors']}")
@@ -93,16 +77,9 @@ def list_versions(root: str | Path) -> list[str]:
     return [d.name for d in sorted(dirs, key=lambda d: (d.stat().st_mtime, d.name))]
 
 
-def _write_pointer(root: Path, name: str) -> None:
-    tmp = root / f".{CURRENT}.{uuid.uuid4().hex[:8]}"
-    tmp.write_text(name + "\n")
-    os.replace(tmp, root / CURRENT)
-
-
 def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> dict:
-    """Copy a built index into ROOT/versions/<index_version>, check it, point CURRENT at it, and
-    delete versions beyond the `keep` newest (never the one being served or the one just replaced,
-    so a server still draining requests on it keeps its files)."""
+    """Copy a built index into ROOT/versions/<index_version>, check it, point CURRENT at it, and delete
+    versions beyond the `keep` newest (never the one just replaced: servers may still be draining it)."""
     if keep < 2:
         raise QragError("--keep must be at least 2: the version being replaced stays until servers moved off it")
     src = Path(index_dir)
@@ -123,13 +100,11 @@ def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> d
         check_index(tmp)  # the copy, as the servers will read it
         os.replace(tmp, dest)
     os.utime(dest)  # newest published, for pruning order
-    _write_pointer(r, name)
-    removed = []
+    atomic_write_text(r / CURRENT, name + "\n")
     names = list_versions(r)
-    for old in names[: max(0, len(names) - keep)]:
-        if old not in (name, previous):
-            shutil.rmtree(versions / old, ignore_errors=True)
-            removed.append(old)
+    removed = [old for old in names[: max(0, len(names) - keep)] if old not in (name, previous)]
+    for old in removed:
+        shutil.rmtree(versions / old, ignore_errors=True)
     return {**info, "root": str(r), "previous": previous, "removed": removed}
 
 
@@ -141,5 +116,5 @@ def rollback(root: str | Path, version: str) -> str:
         have = ", ".join(list_versions(r)) or "none"
         raise QragError(f"version {version!r} is not published under {r} (published: {have})")
     load_manifest(d, verify=True)
-    _write_pointer(r, version)
+    atomic_write_text(r / CURRENT, version + "\n")
     return version

@@ -1,15 +1,14 @@
-"""Write one shard: filtered vectors -> FAISS index + Parquet row metadata.
-
-One Ray task per shard. All vectors of a chunk are in the shard, so per-chunk filters are exact here.
-The FAISS index comes from a factory string over inner product (vectors are unit norm: IP = cosine);
-index types that need training are trained on a sample; the build runs on GPU when the worker has one.
-"""
+"""Write one shard: filtered vectors -> FAISS index + Parquet row metadata (one Ray task per shard).
+All vectors of a chunk are in the shard, so per-chunk filters are exact here. The FAISS index comes
+from a factory string over inner product (vectors are unit norm: IP = cosine)."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,22 +17,19 @@ from qrag_ray.config import Bm25Config, FilterConfig, IndexBuildConfig
 from qrag_ray.errors import QragError
 from qrag_ray.filters import filter_chunk_rows
 from qrag_ray.index.format import shard_bm25, shard_faiss, shard_meta
+from qrag_ray.index.lexical import build_bm25, lexical_docs
 
 
 def vectors_of(table: pa.Table) -> np.ndarray:
-    col = table.column("vector")
+    """The `vector` column (fixed-size lists) as a float32 [rows, dim] array."""
     if table.num_rows == 0:
         return np.zeros((0, 0), dtype=np.float32)
-    arr = col.combine_chunks()
-    if pa.types.is_fixed_size_list(arr.type) or pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        flat = arr.flatten().to_numpy(zero_copy_only=False)
-        return np.ascontiguousarray(flat.reshape(table.num_rows, -1), dtype=np.float32)
-    # ArrowTensorType extension (Ray's tensor column)
-    return np.ascontiguousarray(np.stack(col.to_numpy(zero_copy_only=False)), dtype=np.float32)
+    flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(flat.reshape(table.num_rows, -1), dtype=np.float32)
 
 
 def apply_filters(table: pa.Table, vecs: np.ndarray, cfg: FilterConfig) -> np.ndarray:
-    """Row mask after per-chunk filters; rows come out grouped by chunk."""
+    """Row mask after per-chunk filters (of a non-empty table)."""
     chunk_idx = table.column("chunk_idx").to_numpy()
     kind = np.asarray(table.column("kind").to_pylist(), dtype=object)
     qn = table.column("qn").to_numpy()
@@ -41,37 +37,27 @@ def apply_filters(table: pa.Table, vecs: np.ndarray, cfg: FilterConfig) -> np.nd
     texts = table.column("text").to_pylist()
     keep = np.zeros(len(chunk_idx), dtype=bool)
     order = np.argsort(chunk_idx, kind="stable")
-    bounds = np.flatnonzero(np.diff(chunk_idx[order])) + 1
-    for grp in np.split(order, bounds):
-        if len(grp) == 0:
-            continue
-        sub = filter_chunk_rows(kind[grp], qn[grp], store[grp], [texts[i] for i in grp], vecs[grp], cfg)
-        keep[grp[sub]] = True
+    for grp in np.split(order, np.flatnonzero(np.diff(chunk_idx[order])) + 1):
+        keep[grp[filter_chunk_rows(kind[grp], qn[grp], store[grp], [texts[i] for i in grp], vecs[grp], cfg)]] = True
     return keep
 
 
-def _gpu_count() -> int:
-    import faiss
-
-    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+def faiss_factory(dim: int, factory: str):
+    """An empty inner-product index from a factory string; a bad string is the user's error."""
+    try:
+        return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError:
+        raise QragError(f"invalid FAISS factory string '{factory}' (e.g. Flat, HNSW32, IVF1024,PQ48)") from None
 
 
 def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0, add: bool = True,
                 trained: str | None = None):
-    """`trained`: a saved, trained empty index (the build's shared quantizer) to fill instead of
-    training one on these vectors; `add=False` returns the trained index empty."""
-    import faiss
-
-    d = vecs.shape[1]
-    if trained is not None:
-        index = faiss.read_index(trained)
-    else:
-        try:
-            index = faiss.index_factory(d, cfg.factory, faiss.METRIC_INNER_PRODUCT)
-        except RuntimeError:
-            raise QragError(f"invalid FAISS factory string '{cfg.factory}' (e.g. Flat, HNSW32, IVF1024,PQ48)") from None
-    use_gpu = _gpu_count() > 0 if cfg.use_gpu == "auto" else bool(cfg.use_gpu)
-    if use_gpu and _gpu_count() == 0:
+    """`trained`: a saved, trained empty index (the build's shared quantizer) to fill instead of training
+    one; `add=False` returns the trained index empty. Builds on a GPU when FAISS sees one."""
+    index = faiss.read_index(trained) if trained is not None else faiss_factory(vecs.shape[1], cfg.factory)
+    gpus = faiss.get_num_gpus()
+    use_gpu = gpus > 0 if cfg.use_gpu == "auto" else bool(cfg.use_gpu)
+    if use_gpu and gpus == 0:
         raise RuntimeError("index.use_gpu is true but FAISS sees no GPU (install faiss-gpu on a GPU worker)")
     work = index
     if use_gpu:
@@ -81,13 +67,11 @@ def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0, add: boo
             work = index
     if not work.is_trained:
         n = min(len(vecs), cfg.train_sample)
-        rng = np.random.default_rng(seed)
-        sample = vecs[rng.choice(len(vecs), size=n, replace=False)] if n < len(vecs) else vecs
+        sample = vecs[np.random.default_rng(seed).choice(len(vecs), size=n, replace=False)] if n < len(vecs) else vecs
         try:
             work.train(sample)
         except RuntimeError as e:
-            # IVF / PQ need more training vectors than centroids; on a small shard that is a config
-            # mismatch the user can fix, not a crash
+            # IVF / PQ need more training vectors than centroids: on a small shard a user error, not a crash
             raise QragError(f"cannot train FAISS '{cfg.factory}' on {n} vectors "
                             f"({str(e).split('Error: ')[-1].strip()}); use a smaller "
                             "nlist/PQ code, or Flat/HNSW32") from None
@@ -100,46 +84,32 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
                 index_cfg: IndexBuildConfig, dim: int, bm25: Bm25Config | None = None,
                 trained: str | None = None) -> dict:
     """Build and write shard files under out_dir; returns stats for the manifest."""
-    import faiss
-
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     (out_dir / "shards").mkdir(parents=True, exist_ok=True)
     vecs = vectors_of(table) if table.num_rows else np.zeros((0, dim), np.float32)
-    before = int(np.sum(table.column("store").to_numpy(zero_copy_only=False))) if table.num_rows else 0
-    keep = apply_filters(table, vecs, filters) if table.num_rows else np.zeros(0, bool)
-    rows = np.flatnonzero(keep)
+    before = int(np.sum(table.column("store").to_numpy(zero_copy_only=False)))
+    rows = np.flatnonzero(apply_filters(table, vecs, filters) if table.num_rows else np.zeros(0, bool))
     # stable order: by chunk then original order, so a chunk's vectors are contiguous ids
-    chunk_idx = table.column("chunk_idx").to_numpy()[rows] if table.num_rows else np.zeros(0, np.int64)
-    rows = rows[np.argsort(chunk_idx, kind="stable")]
-    kept = table.take(pa.array(rows, type=pa.int64())) if table.num_rows else table
-    kvecs = np.ascontiguousarray(vecs[rows]) if len(rows) else np.zeros((0, dim), np.float32)
+    rows = rows[np.argsort(table.column("chunk_idx").to_numpy()[rows], kind="stable")]
+    kept = table.take(pa.array(rows, type=pa.int64()))
+    kvecs = np.ascontiguousarray(vecs[rows])
     if len(kvecs) and kvecs.shape[1] != dim:
         raise RuntimeError(f"shard {shard}: vectors have dim {kvecs.shape[1]}, expected {dim}")
     index = build_faiss(kvecs, index_cfg, seed=shard, trained=trained)
     faiss.write_index(index, str(out_dir / shard_faiss(shard)))
-    meta = pa.table({
-        "chunk_idx": pa.array(kept.column("chunk_idx").to_numpy() if len(rows) else [], type=pa.int64()),
-        "kind": pa.array(kept.column("kind").to_pylist() if len(rows) else [], type=pa.string()),
-        "text": pa.array(kept.column("text").to_pylist() if len(rows) else [], type=pa.string()),
-    })
+    meta = pa.table({"chunk_idx": pa.array(kept.column("chunk_idx").to_numpy(), type=pa.int64()),
+                     "kind": pa.array(kept.column("kind").to_pylist(), type=pa.string()),
+                     "text": pa.array(kept.column("text").to_pylist(), type=pa.string())})
     pq.write_table(meta, out_dir / shard_meta(shard))
-    kinds: dict[str, int] = {}
-    for k in meta.column("kind").to_pylist():
-        kinds[k] = kinds.get(k, 0) + 1
     lexical = {}
     if bm25 is not None and bm25.enabled:
-        from qrag_ray.index.lexical import build_bm25, lexical_docs
-
         # from all rows, before the vector filters: a pruned question still names the chunk's words
         ids, docs = lexical_docs(table.column("chunk_idx").to_numpy(), table.column("kind").to_pylist(),
                                  table.column("text").to_pylist(), table.column("qn").to_numpy(), bm25.doc2query)
         vocab = build_bm25(ids, docs, out_dir / shard_bm25(shard), bm25.k1, bm25.b, bm25.stemmer)
         lexical = {"bm25": shard_bm25(shard), "bm25_docs": int(len(ids)), "bm25_vocab": vocab}
-    return {
-        **lexical,
-        "id": shard, "faiss": shard_faiss(shard), "meta": shard_meta(shard),
-        "vectors": int(index.ntotal), "vectors_before_filters": before,
-        "chunks": int(len(np.unique(meta.column("chunk_idx").to_numpy()))) if len(rows) else 0,
-        "kinds": kinds, "seconds": round(time.perf_counter() - t0, 3),
-    }
+    return {**lexical, "id": shard, "faiss": shard_faiss(shard), "meta": shard_meta(shard),
+            "vectors": int(index.ntotal), "vectors_before_filters": before,
+            "chunks": len(np.unique(meta.column("chunk_idx").to_numpy())),
+            "kinds": dict(Counter(meta.column("kind").to_pylist())), "seconds": round(time.perf_counter() - t0, 3)}

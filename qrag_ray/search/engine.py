@@ -1,6 +1,5 @@
-"""In-process search over all shards (`qrag search`, `qrag eval`): embed, search each shard until its
-own top k is final, merge once. The Serve app runs the same `search_shard_exact` and `merge_hits`
-(search/shard_search.py, search/merge.py), so served and in-process results are identical."""
+"""In-process search over all shards (`qrag search`, `qrag eval`) through the `search_shard_exact` and
+`merge_hits` the Serve app runs, so served and in-process results are identical."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from qrag_ray.embedding import encode, load_sentence_transformer
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import CHUNKS, Manifest, load_manifest, verify_files
 from qrag_ray.index.searcher import ShardSearcher
@@ -32,14 +32,10 @@ class ChunkTable:
     def __init__(self, manifest: Manifest, verify: bool = True):
         if verify:
             verify_files(manifest, [CHUNKS])
-        t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", "chunk_id", "doc_id", "title", "text"])
+        cols = ["chunk_idx", "chunk_id", "doc_id", "title", "text"]
+        t = pq.read_table(manifest.file(CHUNKS), columns=cols).sort_by("chunk_idx")
         self.idx = t.column("chunk_idx").to_numpy()
-        order = np.argsort(self.idx)
-        self.idx = self.idx[order]
-        self.cols = {c: [t.column(c)[int(i)].as_py() for i in order] for c in ("chunk_id", "doc_id", "title", "text")}
-
-    def __len__(self) -> int:
-        return len(self.idx)
+        self.cols = {c: t.column(c).to_pylist() for c in cols[1:]}
 
     def get(self, chunk_idx: int) -> dict:
         pos = int(np.searchsorted(self.idx, chunk_idx))
@@ -72,14 +68,10 @@ class SearchEngine:
     @property
     def embedder(self):
         if self._embedder is None:
-            from qrag_ray.embedding import load_sentence_transformer
-
             self._embedder = load_sentence_transformer(self.manifest.embedder_model)
         return self._embedder
 
     def embed(self, queries: list[str]) -> np.ndarray:
-        from qrag_ray.embedding import encode
-
         return encode(self.embedder, queries)
 
     def search_vectors(self, qvecs: np.ndarray, k: int, min_score: float | None = None,
@@ -102,9 +94,8 @@ class SearchEngine:
         return out
 
     def search(self, queries: list[str], k: int = 10, min_score: float | None = None) -> list[list[dict]]:
-        for q in queries:
-            if not isinstance(q, str) or not q.strip():
-                raise QragError("query must be a non-empty string")
+        if not all(isinstance(q, str) and q.strip() for q in queries):
+            raise QragError("query must be a non-empty string")
         self.last_timings = SearchTimings()
         t0 = time.perf_counter()
         qvecs = self.embed(queries)

@@ -1,9 +1,8 @@
 """Merge per-shard vector hits into k distinct chunks (pure numpy).
 
-A chunk owns many vectors, so the search over-retrieves k x M vectors per shard and dedups here. The
-chunk score is its best vector's score ("max"), optionally weighted by vector kind. Plain
-post-filtering cannot promise k chunks, nor that the k are the true top k: `needs_more` says when a
-shard was cut off above the k-th chunk's score, and the caller then asks again with a larger M.
+A chunk owns many vectors, so the search over-retrieves k x M vectors per shard and dedups here.
+Post-filtering alone cannot promise the true top k chunks: `needs_more` says when a shard was cut off
+above the k-th chunk's score, and the caller then asks again with a larger M.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ class Candidates:
     row: np.ndarray  # int64
     cutoffs: dict[int, float] = field(default_factory=dict)  # shard -> lowest score returned, if not exhausted
     kinds: np.ndarray | None = None  # object array of vector kinds, when the shards report them
-    # BM25 hits of all shards (hybrid search): chunk ids, scores over the query's best (0..1], and the
-    # score an unseen chunk counts with (0 unless some shard's list was cut off)
+    # BM25 hits of all shards: chunk ids, scores over the query's best (0..1], an unseen chunk's score
     lex_chunks: np.ndarray | None = None
     lex_scores: np.ndarray | None = None
     lex_floor: float = 0.0
@@ -43,25 +41,12 @@ class ChunkResult:
 
 @dataclass(frozen=True)
 class FusionPolicy:
-    """How a chunk's vector scores become one chunk score; recorded in the manifest (`search` config)
-    so `qrag search`, `qrag eval` and the Serve router rank the same way.
-
-    - max: the best (calibrated) vector of the chunk — HyPE/QuOTE's dedup.
-    - rrf: reciprocal-rank fusion of per-kind chunk rankings (each kind ranks chunks by their best
-      vector of that kind), so a chunk that both a sentence and a question find beats one found by
-      a single lucky vector.
-    - sum: CombSUM of the per-kind best scores (a kind that did not retrieve the chunk counts with
-      the lowest score retrieved for that kind).
-
-    `bm25_alpha` (hybrid search) then mixes in the BM25 list: alpha * dense + (1 - alpha) * BM25 over
-    the query's best BM25 score (for rrf, the BM25 list is one more ranking of weight 1 - alpha).
-
-    Every vector score is first calibrated per kind, `w * score + bias` (kind_weights, kind_bias):
-    question-to-question cosines run systematically higher than question-to-statement ones, so a
-    question vector must clear its sentence by a margin before it speaks for the chunk. `groups`
-    names kinds that are alternative evidence for the same thing (a sentence and the questions
-    written about it): inside a group the best calibrated vector counts once, and sum/rrf then fuse
-    groups (each ungrouped kind is its own group).
+    """How a chunk's vector scores become one chunk score (the manifest's `search` config, so every
+    search path ranks alike): max, the best calibrated vector; rrf, reciprocal-rank fusion of per-group
+    rankings (a chunk two kinds find beats one lucky vector); sum, CombSUM of per-group bests. Scores
+    are first calibrated per kind, `w * score + bias` (question-to-question cosines run higher); inside
+    a group (`groups`: kinds that are evidence for the same thing) the best vector counts once.
+    `bm25_alpha` mixes in BM25: alpha * dense + (1 - alpha) * BM25 (for rrf, a ranking of weight 1 - alpha).
     """
 
     fusion: str = "max"
@@ -93,14 +78,10 @@ class FusionPolicy:
     def from_manifest(cls, manifest) -> "FusionPolicy":
         return cls.from_config((manifest.data.get("config") or {}).get("search"))
 
-    @property
-    def calibrated(self) -> bool:
-        return bool(self.kind_weights or self.kind_bias)
-
     def calibrate(self, scores: np.ndarray, kinds: np.ndarray | None) -> np.ndarray:
         """Vector scores after the per-kind `w * score + bias` (float64)."""
         out = scores.astype(np.float64)
-        if kinds is None or not self.calibrated:
+        if kinds is None or not (self.kind_weights or self.kind_bias):
             return out
         w = np.array([self.kind_weights.get(k, 1.0) for k in kinds], dtype=np.float64)
         b = np.array([self.kind_bias.get(k, 0.0) for k in kinds], dtype=np.float64)
@@ -113,10 +94,7 @@ class FusionPolicy:
         return max(w * raw + b for w, b in pairs)
 
     def group_of(self, kind: str) -> str:
-        for g, ks in self.groups.items():
-            if kind in ks:
-                return g
-        return kind
+        return next((g for g, ks in self.groups.items() if kind in ks), kind)
 
 
 def gather(per_shard: list, qi: int) -> Candidates:
@@ -144,8 +122,7 @@ def gather(per_shard: list, qi: int) -> Candidates:
 
 
 def _gather_lexical(per_shard: list, qi: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """All shards' BM25 hits of query qi, scores divided by the best one (raw BM25 grows with the
-    query's length, so one alpha could not fit every query otherwise)."""
+    """All shards' BM25 hits of query qi over the best one (raw BM25 grows with the query's length)."""
     ids = [h.lex_chunk_idx[qi] for h in per_shard]
     scs = [h.lex_scores[qi] for h in per_shard]
     ok = [i >= 0 for i in ids]
@@ -161,9 +138,8 @@ def _gather_lexical(per_shard: list, qi: int) -> tuple[np.ndarray, np.ndarray, f
 
 
 def hybrid_scores(dense: dict[int, float], c: Candidates, policy: FusionPolicy) -> dict[int, float]:
-    """chunk -> alpha * dense + (1 - alpha) * lexical over the union of both lists. A chunk one list
-    missed counts that list's floor: the lowest dense score retrieved, `c.lex_floor` for BM25. Under
-    rrf the BM25 list adds (1 - alpha) / (rrf_k + rank) instead, so the scales match."""
+    """chunk -> alpha * dense + (1 - alpha) * lexical over the union of both lists; a chunk one list
+    missed counts that list's floor. Under rrf BM25 adds (1 - alpha) / (rrf_k + rank) instead."""
     a = float(policy.bm25_alpha)
     lex_ids, lex_sc = c.lex_chunks.tolist(), c.lex_scores.tolist()
     if policy.fusion == "rrf":
@@ -180,10 +156,8 @@ def hybrid_scores(dense: dict[int, float], c: Candidates, policy: FusionPolicy) 
 
 
 def normalise(scores: dict[int, float], floor: float, how: str) -> tuple[dict[int, float], float]:
-    """One list's scores (and the floor an unseen chunk counts with) on a per-query scale, so a fixed
-    alpha means the same on every query: "minmax" maps the list onto [0, 1] (floor and list minimum
-    at 0), "zscore" subtracts the list's mean and divides by its spread. "max" (the default) keeps
-    the dense cosines raw and BM25 over the query's best, as `_gather_lexical` made it."""
+    """One list's scores (and its floor) on a per-query scale, so a fixed alpha means the same on every
+    query: "minmax" maps onto [0, 1], "zscore" centres and divides by the spread, "max" keeps them."""
     if how == "max" or not scores:
         return scores, floor
     vals = np.fromiter(scores.values(), np.float64, len(scores))
@@ -211,8 +185,7 @@ def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray,
 
 
 def fuse_scores(c: Candidates, policy: FusionPolicy, scores: np.ndarray) -> dict[int, float]:
-    """chunk_idx -> fused score for rrf / sum (max is handled inline by dedup). `scores`: the vector
-    scores of `c` as `policy.calibrate` made them."""
+    """chunk_idx -> fused score for rrf / sum from the calibrated vector `scores` of `c`."""
     kinds = c.kinds if c.kinds is not None else np.full(len(c.scores), "?", dtype=object)
     labels = np.array([policy.group_of(k) for k in kinds.tolist()], dtype=object)
     fused: dict[int, float] = {}
@@ -266,8 +239,8 @@ def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: in
                 break
             continue
         mine = order[cidx == chunk]
-        same = mine[:max_matches]
-        results.append(ChunkResult(chunk, float(s), [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in same],
+        matches = [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in mine[:max_matches]]
+        results.append(ChunkResult(chunk, float(s), matches,
                                    lexical.get(chunk) if hybrid else None,
                                    float(c.scores[mine].max()) if len(mine) else None))
     return results
@@ -276,9 +249,8 @@ def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: in
 def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: float | None = None,
                policy: FusionPolicy | None = None) -> bool:
     """True when a larger over-retrieval could change the top k: too few distinct chunks while some
-    shard still has vectors, or (max fusion) a shard cut off above the k-th chunk's score, so an unseen
-    chunk there could outrank it. For rrf/sum only the first test applies: they rank by the lists
-    retrieved, an approximation that deeper lists refine but rarely reorder at the top."""
+    shard still has vectors, or (max fusion only) a shard cut off above the k-th chunk's score. rrf and
+    sum rank by the lists retrieved, which deeper lists refine but rarely reorder at the top."""
     if not c.cutoffs:
         return False
     policy = policy or FusionPolicy()
@@ -294,8 +266,7 @@ def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: flo
 
 def merge_hits(per_shard: list, qi: int, k: int, min_score: float | None = None,
                policy: FusionPolicy | None = None) -> tuple[list[ChunkResult], bool]:
-    """One query's per-shard hits -> (top k distinct chunks, whether a wider search could change them).
-    The single merge step shared by the in-process engine and the Serve router."""
+    """One query's per-shard hits -> (top k distinct chunks, whether a wider search could change them)."""
     policy = policy or FusionPolicy()
     c = gather(per_shard, qi)
     res = dedup(c, k, min_score=min_score, policy=policy)

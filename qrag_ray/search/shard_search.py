@@ -12,10 +12,8 @@ from qrag_ray.index.format import Manifest
 from qrag_ray.index.searcher import ShardHits, ShardSearcher
 from qrag_ray.search.merge import ChunkResult, FusionPolicy, merge_hits
 
-# A hybrid query's first round asks each shard for at least this many vectors and BM25 hits. A chunk
-# one list missed is scored at that list's floor, so with only k x M hits per list a chunk that BM25
-# ranks high but the dense list cut off gets the dense floor of a short list and sinks; lists this
-# deep rank like the exhaustive ones (docs/EVALUATION.md).
+# A hybrid query's first round asks each shard for at least this many vectors and BM25 hits: a chunk
+# one list missed is scored at that list's floor, and a short list's floor sinks it (docs/EVALUATION.md).
 HYBRID_MIN_DEPTH = 100
 
 
@@ -41,10 +39,8 @@ def search_shard_exact(searcher: ShardSearcher, qvecs: np.ndarray, k: int, multi
                        min_score: float | None, policy: FusionPolicy,
                        queries: list[str] | None = None) -> tuple[list[ShardHits], int]:
     """One shard's hits per query, each deep enough that the shard's own top k distinct chunks are
-    final (widening x4 while `needs_more` says a deeper list could change them).
-
-    Every vector of a chunk lives in one shard, so the global top k chunks are among the shards'
-    local top k: the caller merges once, with no further rounds across shards or processes."""
+    final (widening x4 while `needs_more` says so). A chunk's vectors all live in one shard, so the
+    global top k are among the shards' local top k: the caller merges once."""
     total = searcher.ntotal
     use_text = policy.bm25_alpha is not None and queries is not None
     out: list[ShardHits | None] = [None] * len(qvecs)
@@ -68,8 +64,7 @@ def search_shard_exact(searcher: ShardSearcher, qvecs: np.ndarray, k: int, multi
 
 
 def format_results(results: list[ChunkResult], chunk_of, matched_of) -> list[dict]:
-    """Result dicts (docs/ARCHITECTURE.md); chunk_of(chunk_idx) -> {chunk_id, doc_id, title, text},
-    matched_of(shard, row) -> (kind, text)."""
+    """Result dicts (docs/ARCHITECTURE.md); chunk_of(chunk_idx) -> dict, matched_of(shard, row) -> (kind, text)."""
     out = []
     for r in results:
         meta = chunk_of(r.chunk_idx)
