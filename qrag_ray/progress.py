@@ -1,8 +1,7 @@
-"""One progress display for long work: a row per pipeline stage, under it a row per running Ray Data
-operator (rows done, total, rate, ETA), fed by qrag_ray.progress_ray; Ray Data's own bars, which know
-nothing of our stages, stay off. On a terminal it is a rich live view that leaves one "✓ stage (time)"
-line per stage. Off a terminal it prints only a status line every `QRAG_PROGRESS_INTERVAL` seconds
-(default 30), so a command that fails early prints only its error.
+"""One progress display for long work: a row per pipeline stage and under it a row per running Ray Data
+operator (rows done, total, rate, ETA), fed by qrag_ray.progress_ray (Ray Data's own bars stay off). A
+terminal gets a rich live view leaving one "✓ stage (time)" line per stage; elsewhere a status line every
+`QRAG_PROGRESS_INTERVAL` seconds (default 30), so a command that fails early prints only its error.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Embedding: texts -> L2-normalised float32 vectors, so that FAISS inner product equals cosine
-similarity everywhere (index, pruning, serving). `load`: the model and `encode` (queries, evaluation);
-`tokens`: tokenization as its own CPU step; `forward`: the model's step over token arrays and
-`encode_canonical`, the batch-invariant encode every CPU build uses."""
+"""Embedding: texts -> L2-normalised float32 vectors (FAISS inner product = cosine everywhere). `load`:
+the model and `encode` (queries, evaluation); `tokens`: tokenization as its own CPU step; `forward`: the
+model's step over token arrays and `encode_canonical`, the batch-invariant encode of every CPU build."""
 
 from __future__ import annotations
 

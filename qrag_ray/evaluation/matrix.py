@@ -1,19 +1,8 @@
-"""Regression matrix ("two-click reproduction", in the manner of pyserini's 2CR pages).
-
-`eval/matrix.yaml` lists conditions, one dataset + one index configuration each with the figures it is
-expected to reproduce. `run_matrix` measures them through an injected runner (`qrag matrix` passes the
-driver's `evaluate_condition`); `compare` / `check` hold them against the recorded figures.
-
-`expected` and `tolerance` are percent points (as papers print them); measured values are fractions, as
-`metrics.evaluate` returns them (`measured_scale="percent"` when they are not). `expected: null` (or a
-null metric) means "record only": measured and shown, never failed, until the figures are written down.
-
-YAML condition fields: id (unique); dataset (a `load_eval_set` kind); data (file or folder; ${VAR} and
-${VAR:-default} are expanded, a relative path is relative to the matrix file); subset (first N documents
-or null); offset (skip N documents first, a held-out slice; default 0); representation; embedder (model
-name or {model, ...}); generator (backend name or {backend, ...}); extra (IndexConfig overrides, merged
-last, e.g. {chunker: {method: none}}); expected ({metric: percent} or null); tolerance (percent points,
-default 1.0); tags (e.g. [ci]); split (BEIR qrels split, default "test"); notes.
+"""Regression matrix (pyserini's "two-click reproduction"): `eval/matrix.yaml` lists conditions, one
+dataset + one index configuration each with the figures it must reproduce (fields: docs/EVALUATION.md).
+`run_matrix` measures them through an injected runner (`qrag matrix` passes the driver's
+`evaluate_condition`); `compare` / `check` hold them against the recorded figures: `expected` and
+`tolerance` in percent points, measured values fractions (`measured_scale="percent"` when they are not).
 """
 
 from __future__ import annotations

