@@ -29,7 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 def qrag(*args: str, cwd: Path, env: dict | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
     e = dict(os.environ)
     e.update({"PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-              "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "QRAG_CACHE": str(cwd / "cache")})
+              "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "QRAG_CACHE": str(cwd / "cache"),
+              # the error line alone is checked here: a loaded box can take longer than the progress
+              # interval before a Ray task meets the bad input, and the status line is not an error
+              "QRAG_PROGRESS_INTERVAL": "3600"})
     for k in ("QRAG_VERBOSE", "QRAG_PRECHECK_MAX_BYTES"):
         e.pop(k, None)
     e.update(env or {})
