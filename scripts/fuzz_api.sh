@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD/tests${PYT
 python -c "import sys, pathlib; from support.corpus import pydoc_docs, write_jsonl
 write_jsonl(pathlib.Path(sys.argv[1]), pydoc_docs(with_questions=False)[:12])" "$W/corpus.jsonl"
 qrag index -i "$W/corpus.jsonl" -o "$W/idx" -r chunk --bm25 --shards 2 >"$W/index.log" 2>&1 \
-  || { echo "error: qrag index failed (log: $W/index.log)" >&2; tail -5 "$W/index.log"; exit 1; }
+  || { echo "error: qrag index failed; the end of its log:" >&2; tail -5 "$W/index.log"; exit 1; }
 KEY=$(qrag tenants add --file "$W/tenants.yaml" --name alpha --index "$W/idx" | awk 'END {print $NF}')
 free_port() { python -c "from qrag_ray.ports import free_port; print(free_port())"; }
 rc=0
@@ -31,7 +31,12 @@ with running_fake_openai(port=int(sys.argv[1])): time.sleep(1e9)" "$lport" &
   fi
   qrag serve --tenants "$W/tenants.yaml" --port "$port" "${extra[@]}" >"$W/serve-$llm.log" 2>&1 &
   serve_pid=$!
-  for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 2; done
+  ready=0
+  for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && { ready=1; break; }; sleep 2; done
+  if [[ $ready == 0 ]]; then
+    echo "error: qrag serve (LLM: $llm) not ready after 10 minutes; the end of its log:" >&2
+    tail -5 "$W/serve-$llm.log"; exit 1
+  fi
   echo "=== schemathesis --checks all, $EXAMPLES examples per operation, LLM: $llm"
   st run --checks all --max-examples "$EXAMPLES" -H "Authorization: Bearer $KEY" \
     "http://127.0.0.1:$port/openapi.json" >"$W/st-$llm.log" 2>&1 || rc=1
