@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from cluster import local_cluster as lc
+from support.cluster_procs import native_processes_in_token_mode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,17 +79,7 @@ def _env_without_auth(**extra: str) -> dict[str, str]:
 
 
 def test_nodes_run_in_token_mode(head):
-    """The GCS and the raylet (native binaries, whose environment stays readable; Ray's Python
-    processes overwrite theirs with their process title) were started in token mode."""
-    found = set()
-    for pid in lc.cluster_pids(Path(head.dir)):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        name = next((n for n in ("gcs_server", "raylet") if f"/{n}\0".encode() in cmd), None)
-        if name:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            assert b"RAY_AUTH_MODE=token" in env, (name, pid)
-            found.add(name)
-    assert found == {"gcs_server", "raylet"}
+    assert native_processes_in_token_mode(Path(head.dir)) == {"gcs_server": 1, "raylet": 1}
 
 
 def test_jobs_api_refuses_a_submission_without_the_token(head, token_file):

@@ -20,6 +20,7 @@ import pytest
 
 from cluster import local_cluster as lc
 from qrag_ray.ports import free_port
+from support.cluster_procs import native_processes_in_token_mode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,8 +90,8 @@ def test_cluster_has_three_nodes_with_their_own_resources(cluster, nodes):
 def test_cluster_runs_in_token_mode(cluster):
     import httpx
 
-    for pid in lc.cluster_pids(Path(cluster.dir)):
-        assert b"RAY_AUTH_MODE=token" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"), pid
+    # one GCS on the head, a raylet on each of the three nodes
+    assert native_processes_in_token_mode(Path(cluster.dir)) == {"gcs_server": 1, "raylet": 3}
     assert httpx.get(f"{cluster.dashboard_url}/api/jobs/", timeout=30).status_code == 401
 
 
