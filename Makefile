@@ -16,7 +16,7 @@ test: setup
 test-unit:
 	.venv/bin/python -m pytest -m unit -q
 
-# Unit + integration (no LLM engine, no multi-node cluster): about 9 minutes.
+# Unit + integration (no LLM engine, no multi-node cluster): about 15 minutes on 2 cores.
 test-fast:
 	.venv/bin/python -m pytest -m "not slow" -q
 
