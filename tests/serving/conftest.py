@@ -17,17 +17,7 @@ from fake_openai_server import running_fake_openai
 from qrag_ray.ports import free_port
 from support.corpus import topic_records, write_jsonl
 from support.indexes import build
-
-# Topic subsets of the Python language reference (ships with Python): disjoint, so isolation is
-# checkable by doc id; `with`/context managers/exceptions live only in beta.
-ALPHA_TOPICS = ["for", "while", "if", "break", "continue", "pass", "return", "global", "nonlocal", "lambda",
-                "booleans", "comparisons", "integers", "floating", "assert", "del"]
-BETA_TOPICS = ["with", "context-managers", "try", "exceptions", "raise", "dict", "lists", "strings", "slicings",
-               "subscriptions", "yield", "await", "import", "in"]
-
-HYDE_PASSAGE = ("A with statement calls the context manager's __enter__ method on entry and its __exit__ "
-                "method on exit, even when the block raises an exception.")
-IDK_MARKER = "penguin"  # a question containing it makes the fake LLM answer "I don't know"
+from support.serving_data import ALPHA_TOPICS, BETA_TOPICS, HYDE_PASSAGE, IDK_MARKER
 
 
 def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int = 3, **extra) -> Path:
@@ -79,11 +69,6 @@ def index_builder():
 
 
 @pytest.fixture(scope="session")
-def tenant_topics():
-    return ALPHA_TOPICS, BETA_TOPICS
-
-
-@pytest.fixture(scope="session")
 def fake_llm():
     """The suite's one fake LLM server (tests/fake_openai_server.py) with the serving replies."""
     with running_fake_openai(serving_reply) as f:
@@ -113,8 +98,7 @@ def served(local_ray, tenant_indexes, fake_llm):
     serve.run(build_application({"index": str(tenant_indexes["alpha"])}, opts), name="open", route_prefix="/open")
     url = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=url, timeout=120)
-    yield {"topics": (ALPHA_TOPICS, BETA_TOPICS), "hyde_passage": HYDE_PASSAGE, "idk_marker": IDK_MARKER,
-           "url": url, "client": client, "keys": keys, "tenants_file": tenants_file, "startup_s": time.time() - t0,
+    yield {"url": url, "client": client, "keys": keys, "tenants_file": tenants_file, "startup_s": time.time() - t0,
            **tenant_indexes, **local_ray}
     client.close()
     serve.shutdown()

@@ -9,16 +9,10 @@ import json
 import time
 
 import pytest
+from hypothesis import HealthCheck, settings
+from support.serving_data import ALPHA_TOPICS, BETA_TOPICS, HYDE_PASSAGE, IDK_MARKER
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
-
-ALPHA_TOPICS = ["for", "while", "if", "break", "continue", "pass", "return", "global", "nonlocal", "lambda",
-                "booleans", "comparisons", "integers", "floating", "assert", "del"]
-BETA_TOPICS = ["with", "context-managers", "try", "exceptions", "raise", "dict", "lists", "strings", "slicings",
-               "subscriptions", "yield", "await", "import", "in"]
-HYDE_PASSAGE = ("A with statement calls the context manager's __enter__ method on entry and its __exit__ "
-                "method on exit, even when the block raises an exception.")
-IDK_MARKER = "penguin"
 
 QUERIES = [
     "When does the else clause of a for loop run?",
@@ -36,11 +30,6 @@ def search(served, body, tenant="alpha", prefix=""):
 
 
 # ------------------------------------------------------------------------------------ health, docs
-def test_fixture_data_matches(served):
-    assert (served["topics"], served["hyde_passage"], served["idk_marker"]) == (
-        (ALPHA_TOPICS, BETA_TOPICS), HYDE_PASSAGE, IDK_MARKER)
-
-
 def test_open_app_is_healthy_and_documents_its_api(served):
     c = served["client"]
     r = c.get("/open/healthz")
@@ -379,7 +368,6 @@ def test_metrics_on_the_scrape_endpoint(served):
 # ------------------------------------------------------------------------------------ CLI
 def test_qrag_query_prints_a_table(served, capsys):
     from qrag_ray.cli import main
-    from qrag_ray.ports import free_port
 
     url = served["url"]
     assert main(["query", "--url", url, "--key", served["keys"]["beta"], "--k", "3",
@@ -478,14 +466,8 @@ _SCHEMA = _schemathesis_schema()
 
 
 @_SCHEMA.parametrize()
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_openapi_fuzz_finds_nothing(case, served):
     """schemathesis against the live app over loopback: every response (valid and invalid inputs)
     matches the documented status codes, headers and bodies; no 5xx. Bounded examples per route."""
-    from hypothesis import HealthCheck, settings  # noqa: F401 - settings applied below
-
     case.call_and_validate(base_url=served["url"], headers=auth(served, "delta"))
-
-
-test_openapi_fuzz_finds_nothing = __import__("hypothesis").settings(
-    max_examples=15, deadline=None, derandomize=True,
-    suppress_health_check=list(__import__("hypothesis").HealthCheck))(test_openapi_fuzz_finds_nothing)

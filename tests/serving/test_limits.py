@@ -92,7 +92,6 @@ def test_rotate_remove_and_admin_key(tmp_path):
 
 
 def test_thousand_tenants_authenticate_by_hash(tmp_path):
-    f = tmp_path / "t.yaml"
     from qrag_ray.serving.tenants import Tenant, Tenants, new_key
 
     keys = [new_key() for _ in range(1000)]

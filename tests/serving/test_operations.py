@@ -15,11 +15,8 @@ import httpx
 import pytest
 
 from qrag_ray.ports import free_port
+from support.serving_data import ALPHA_TOPICS, BETA_TOPICS
 
-ALPHA_TOPICS = ["for", "while", "if", "break", "continue", "pass", "return", "global", "nonlocal", "lambda",
-                "booleans", "comparisons", "integers", "floating", "assert", "del"]
-BETA_TOPICS = ["with", "context-managers", "try", "exceptions", "raise", "dict", "lists", "strings", "slicings",
-               "subscriptions", "yield", "await", "import", "in"]
 RELOAD_S = 0.5
 QUERY = {"query": "When does the else clause of a for loop run?", "k": 5}
 
@@ -62,10 +59,6 @@ class Load:
             f.result()
         self.pool.shutdown()
         return self.responses
-
-
-def test_topics_match_the_fixtures(tenant_topics):
-    assert tenant_topics == (ALPHA_TOPICS, BETA_TOPICS)
 
 
 @pytest.fixture(scope="module")
