@@ -209,14 +209,14 @@ def ray_start_command(state: ClusterState, node: NodeSpec, object_store_mb: int)
     return cmd
 
 
-def _read_environ(pid: int) -> bytes:
+def read_environ(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return b""
 
 
-def _read_cmdline(pid: int) -> bytes:
+def read_cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -235,8 +235,8 @@ def cluster_pids(cdir: Path) -> list[int]:
         pid = int(p.name)
         if pid == me:
             continue
-        env = _read_environ(pid)
-        if marker in env + b"\0" or tdir in _read_cmdline(pid):
+        env = read_environ(pid)
+        if marker in env + b"\0" or tdir in read_cmdline(pid):
             # skip zombies: they hold no resources and vanish when reaped
             try:
                 stat = (p / "stat").read_text()

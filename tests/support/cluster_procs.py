@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from cluster import local_cluster as lc
@@ -11,18 +12,14 @@ from cluster import local_cluster as lc
 NATIVE = ("gcs_server", "raylet")
 
 
-def native_processes_in_token_mode(cdir: Path) -> dict[str, int]:
-    """Each GCS and raylet of the cluster in cdir, by name, with how many run with RAY_AUTH_MODE=token;
-    raises AssertionError naming the first one that does not."""
-    counts: dict[str, int] = {}
+def native_processes_in_token_mode(cdir: Path) -> Counter[str]:
+    """How many GCS and raylet processes the cluster in cdir runs, by name; raises AssertionError
+    naming the first one not in token mode."""
+    counts: Counter[str] = Counter()
     for pid in lc.cluster_pids(cdir):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:  # exited between the listing and the read
-            continue
+        cmd, env = lc.read_cmdline(pid), lc.read_environ(pid)
         name = next((n for n in NATIVE if f"/{n}\0".encode() in cmd), None)
-        if name:
-            assert b"RAY_AUTH_MODE=token" in env, (name, pid)
-            counts[name] = counts.get(name, 0) + 1
+        if name and env:  # both are empty once a process has exited: skipped
+            assert b"RAY_AUTH_MODE=token" in env.split(b"\0"), (name, pid)
+            counts[name] += 1
     return counts
