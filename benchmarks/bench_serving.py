@@ -7,7 +7,7 @@ Without --index it builds the `qrag demo` corpus (Python language reference, 3 s
 runs/bench_serving/. Measures, on one index in one process:
   1. in-process `SearchEngine.search` (embed + fan-out + merge/dedup; torch and FAISS on 1 thread, like
      the replicas) and Serve over HTTP at concurrency 1, alternating query by query so both see the
-     same load on a shared machine: p50/p99, the merge share of query time (engine.last_timings and the
+     same load on a shared machine: p50/p99, the merge share of query time (engine.last and the
      response's `timings.merge_ms / took_ms`), and whether the rankings are identical;
   2. Serve at the other concurrencies (p50/p99 per request, throughput);
   3. with an LLM: mode=hyde vs the question index (mode=default) per query, through the same app.
@@ -91,8 +91,8 @@ def bench_interleaved(index: Path, url: str, queries: list[str], k: int, rounds:
             want = engine.search([q], k=k)[0]
             ms = (time.perf_counter() - t0) * 1000
             ip_lat.append(ms)
-            ip_merge.append(engine.last_timings.merge_ms)
-            ip_share.append(engine.last_timings.merge_ms / ms)
+            ip_merge.append(engine.last.merge_ms)
+            ip_share.append(engine.last.merge_ms / ms)
             t0 = time.perf_counter()
             r = client.post("/v1/search", json={"query": q, "k": k})
             sv_lat.append((time.perf_counter() - t0) * 1000)

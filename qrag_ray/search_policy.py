@@ -1,13 +1,15 @@
-"""The search policy (SearchConfig): the query-time fusion of a chunk's vector scores and the dense +
-BM25 hybrid weight. The representation's preset owns it, a query may override its hybrid weight, and
-changing it needs no re-index: its role keeps IndexConfig's `search` section out of the index identity."""
+"""The search policy (SearchConfig), the one type every search path ranks with: the query-time fusion of
+a chunk's vector scores and the dense + BM25 hybrid weight. The representation's preset owns it, a query
+may override its hybrid weight, and changing it needs no re-index: its role keeps IndexConfig's `search`
+section out of the index identity."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+import numpy as np
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from qrag_ray.config_roles import Strict, field_roles, role_of
 from qrag_ray.errors import QragError
@@ -20,9 +22,13 @@ VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence",
 # sets them only inside `search.experimental:`, so that it says so; `bm25_alpha` is the user's setting.
 @field_roles(preset=("fusion", "kind_weights", "rrf_k", "kind_bias", "groups", "bm25_norm"))
 class SearchConfig(Strict):
-    """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge).
-    Recorded in the manifest so the CLI, `qrag eval` and the Serve router rank identically. Stored flat;
-    read also with the research knobs under `experimental:`, the form user config files must use."""
+    """How a chunk's vector scores fuse into one chunk score at query time (qrag_ray.search.merge): max,
+    the best calibrated vector; rrf, reciprocal-rank fusion of per-group rankings (a chunk two kinds find
+    beats one lucky vector); sum, CombSUM of per-group bests. Scores are first calibrated per kind,
+    `w * score + bias` (question-to-question cosines run higher); inside a group (kinds that are evidence
+    for the same thing) the best vector counts once. Recorded in the manifest so every search path ranks
+    alike. Stored flat; read also with the research knobs under `experimental:`, the form user config
+    files must use."""
 
     @model_validator(mode="before")
     @classmethod
@@ -75,6 +81,32 @@ class SearchConfig(Strict):
                     raise ValueError(f"vector kind {k!r} is in two groups ({seen[k]!r} and {g!r})")
                 seen[k] = g
         return v
+
+
+    def with_bm25_alpha(self, alpha: float) -> "SearchConfig":
+        """This policy with a query-time alpha (`qrag search --bm25-alpha`, the HTTP `bm25_alpha`)."""
+        try:
+            return self.model_validate(self.model_dump() | {"bm25_alpha": alpha})
+        except ValidationError:
+            raise QragError(f"bm25_alpha must lie in [0, 1], got {alpha}") from None
+
+    def calibrate(self, scores: np.ndarray, kinds: np.ndarray | None) -> np.ndarray:
+        """Vector scores after the per-kind `w * score + bias` (float64)."""
+        out = scores.astype(np.float64)
+        if kinds is None or not (self.kind_weights or self.kind_bias):
+            return out
+        w = np.array([self.kind_weights.get(k, 1.0) for k in kinds], dtype=np.float64)
+        b = np.array([self.kind_bias.get(k, 0.0) for k in kinds], dtype=np.float64)
+        return out * w + b
+
+    def bound(self, raw: float) -> float:
+        """The highest calibrated score a vector with raw score <= `raw` can reach (any kind)."""
+        pairs = [(1.0, 0.0)] + [(self.kind_weights.get(k, 1.0), self.kind_bias.get(k, 0.0))
+                                for k in {*self.kind_weights, *self.kind_bias}]
+        return max(w * raw + b for w, b in pairs)
+
+    def group_of(self, kind: str) -> str:
+        return next((g for g, ks in self.groups.items() if kind in ks), kind)
 
 
 EXPERIMENTAL_SEARCH = tuple(n for n in SearchConfig.model_fields if role_of(SearchConfig, n) == "preset")

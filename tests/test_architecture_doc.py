@@ -1,10 +1,12 @@
-"""docs/ARCHITECTURE.md against the code: its package layout names every module of qrag_ray/ and
-nothing else, every `.py` path it mentions exists, and its manifest block lists exactly the fields of
-the typed Manifest (nested records included), so the page cannot drift from the code unnoticed.
-Pure file reading; milliseconds."""
+"""The docs against the code: docs/ARCHITECTURE.md's package layout names every module of qrag_ray/
+and nothing else, and its manifest block lists exactly the fields of the typed Manifest (nested records
+included); in ARCHITECTURE.md, SERVING.md and EVALUATION.md every `.py` path exists and every dotted
+`qrag_ray.` name resolves; each row of "Where to change what" names things its files define. So the
+pages cannot drift from the code unnoticed. File reading and imports; no Ray."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import typing
 from pathlib import Path
@@ -17,6 +19,9 @@ from qrag_ray.index.format import Manifest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "qrag_ray"
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
+PAGES = [DOC, ROOT / "docs" / "SERVING.md", ROOT / "docs" / "EVALUATION.md"]
+# where a bare or package-relative path may live (SERVING.md's table names serving/ modules bare)
+PATH_BASES = (PKG, PKG / "serving", ROOT)
 NOT_LISTED = {"__init__.py", "__main__.py"}  # package markers: listed only when they hold a job
 
 
@@ -105,9 +110,56 @@ def test_layout_lists_every_module_once(doc):
     assert missing_in_doc == [], f"modules of qrag_ray/ that docs/ARCHITECTURE.md does not list: {missing_in_doc}"
 
 
-def test_every_path_the_page_names_exists(doc):
-    gone = sorted(p for p in py_paths(doc) if not any((base / p).is_file() for base in (PKG, ROOT)))
-    assert gone == [], f"docs/ARCHITECTURE.md names files that do not exist: {gone}"
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_path_the_page_names_exists(page):
+    gone = sorted(p for p in py_paths(page.read_text(encoding="utf-8"))
+                  if not any((base / p).is_file() for base in PATH_BASES))
+    assert gone == [], f"{page.name} names files that do not exist: {gone}"
+
+
+def _resolves(dotted: str) -> bool:
+    """`qrag_ray.a.b.name`: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_dotted_name_the_page_names_resolves(page):
+    names = set(re.findall(r"\bqrag_ray(?:\.\w+)+", page.read_text(encoding="utf-8")))
+    gone = sorted(n for n in names if not _resolves(n))
+    assert gone == [], f"{page.name} names modules or attributes that do not exist: {gone}"
+
+
+def _defined_in(name: str, files: list[Path]) -> bool:
+    """`Name`, `Name.attr` or `name`: a class, function, constant or attribute the files define."""
+    last = name.split(".")[-1]
+    pat = re.compile(rf"^\s*(?:(?:async\s+)?def|class)\s+{re.escape(last)}\b|^\s*(?:self\.)?{re.escape(last)}\s*[:=]", re.M)
+    return any(pat.search(f.read_text()) for f in files)
+
+
+def test_where_to_change_what_names_what_its_files_define(doc):
+    table = doc[doc.index("## Where to change what"):]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| to add")]
+    assert len(rows) >= 10
+    for row in rows:
+        change = row.split("|")[2]
+        files = [PKG / p for p in py_paths(change) if (PKG / p).is_file()]
+        files += [f for pat in re.findall(r"`([\w/]*<\w+>[\w]*\.py)`", change)  # `dir/<name>.py`: any module there
+                  for f in PKG.glob(re.sub(r"<\w+>", "*", pat))]
+        names = [n for n in re.findall(r"`([A-Za-z_][\w.]*)`", change) if not n.endswith(".py")]
+        assert files, f"row names no file of qrag_ray/: {row}"
+        missing = [n for n in names if not _defined_in(n, files)]
+        assert missing == [], f"{missing} not defined in {[str(f.relative_to(PKG)) for f in files]}: {row}"
 
 
 def test_manifest_fields_are_the_typed_manifest(doc):

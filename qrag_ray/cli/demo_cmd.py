@@ -93,7 +93,8 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.config import build_index_config
         from qrag_ray.generation.prompts import get_prompt
         from qrag_ray.pipeline import build_index
-        from qrag_ray.search.engine import SearchEngine, validate_k
+        from qrag_ray.search.engine import SearchEngine
+        from qrag_ray.search.query import validate_k
 
         out = Console()
         validate_k(k)

@@ -22,14 +22,14 @@ def register(app: typer.Typer) -> None:
     ):
         """Search an index in-process (no server) and print JSON results."""
         from qrag_ray.index.format import load_manifest
-        from qrag_ray.search.engine import SearchEngine, validate_k
-        from qrag_ray.search.merge import FusionPolicy
+        from qrag_ray.search.engine import SearchEngine
+        from qrag_ray.search.query import validate_k
 
         validate_k(k)
         if not query.strip():
             raise QragError("query must be a non-empty string")
         engine = SearchEngine(index, policy=None if bm25_alpha is None else
-                              FusionPolicy.from_manifest(load_manifest(index)).with_bm25_alpha(bm25_alpha))
+                              load_manifest(index).search_policy.with_bm25_alpha(bm25_alpha))
         results = engine.search([query], k=k, min_score=min_score)[0]
         print(json.dumps({"results": results, "index_version": engine.manifest.index_version}, indent=2,
                          ensure_ascii=False))

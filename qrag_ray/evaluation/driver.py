@@ -133,7 +133,6 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
                 hyde_generator: dict | None = None, console=None) -> dict:
     from qrag_ray.pipeline import build_index
     from qrag_ray.search.engine import SearchEngine
-    from qrag_ray.search.merge import FusionPolicy
 
     idx_dir = out_dir / "indexes" / v.label.replace("/", "_")
     try:
@@ -150,7 +149,7 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     else:
         rep = build_index(cfg, console=console)
         man, stage = rep.manifest, dict(rep.stage_seconds)
-    engine = SearchEngine(idx_dir, policy=FusionPolicy.from_config(cfg.search))
+    engine = SearchEngine(idx_dir, policy=cfg.search)
     queries = [q["text"] for q in ev.queries]
     kmax = max(ks)
     t0 = time.perf_counter()
@@ -164,11 +163,10 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
             raise QragError("HyDE needs an LLM: pass --generator vllm or openai")
         qvecs, extra = hyde_vectors(engine, queries, gcfg)
         t1 = time.perf_counter()
-        ranked = [[engine.chunks.get(r.chunk_idx)["doc_id"] for r in res]
-                  for res in engine.search_vectors(qvecs, kmax, queries=queries)]
     else:
         t1 = time.perf_counter()
-        ranked = [[r["doc_id"] for r in rs] for rs in engine.search(queries, k=kmax)]
+        qvecs = engine.embed(queries)
+    ranked = [[r.doc_id for r in page] for page in engine.search_vectors(qvecs, kmax, queries=queries)]
     stage["search"] = round(time.perf_counter() - t1, 3)
     if v.hyde:
         stage["hyde_llm"] = round(extra.get("llm_seconds", 0.0), 3)

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from qrag_ray.errors import IndexFormatError, QragError
+from qrag_ray.search_policy import SearchConfig
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -145,8 +146,13 @@ class Manifest(IndexDescription):
     def embedder_model(self) -> str:
         return self.embedder.model
 
-    def shard(self, i: int) -> dict[str, Any]:
-        return self.data["shards"][i]
+    def shard(self, i: int) -> ShardEntry:
+        return self.shards[i]
+
+    @cached_property
+    def search_policy(self) -> SearchConfig:
+        """The fusion policy the index was built with (its config's `search` section)."""
+        return SearchConfig.model_validate((self.config or {}).get("search") or {})
 
     @property
     def has_bm25(self) -> bool:

@@ -1,4 +1,4 @@
-"""One shard's searcher (FAISS index, row -> chunk arrays, BM25), used in-process and by every Serve
+"""One shard's index as searched (FAISS index, row -> chunk arrays, BM25), in-process and in every Serve
 shard replica alike. Returns vector-level hits; dedup by chunk happens in qrag_ray.search.merge."""
 
 from __future__ import annotations
@@ -37,18 +37,23 @@ class ShardHits:
                          pick(self.kinds), pick(self.lex_scores), pick(self.lex_chunk_idx))
 
 
-class ShardSearcher:
+# A Refine index re-ranks k_factor x k candidates with its exact codes; left at FAISS's 1 it re-ranks
+# only the k it returns, and PQ codes alone rank near neighbours poorly (docs/SCALING.md section 1).
+REFINE_K_FACTOR = 64
+
+
+class ShardIndex:
     def __init__(self, index_dir: str | Path, shard: int, manifest: Manifest | None = None,
                  verify: bool = True, threads: int | None = None, use_gpu: bool = False):
         self.manifest = manifest or load_manifest(index_dir)
         self.shard = shard
         info = self.manifest.shard(shard)
         if verify:
-            verify_files(self.manifest, [info["faiss"], info["meta"]])
+            verify_files(self.manifest, [info.faiss, info.meta])
         if threads:
             faiss.omp_set_num_threads(threads)
         try:
-            index = faiss.read_index(str(self.manifest.file(info["faiss"])))
+            index = faiss.read_index(str(self.manifest.file(info.faiss)))
         except RuntimeError as e:
             raise IndexFormatError(f"cannot read shard {shard} of {self.manifest.path}: {e}") from None
         fcfg = self.manifest.data.get("config", {}).get("index", {})
@@ -56,10 +61,12 @@ class ShardSearcher:
             faiss.extract_index_ivf(index).nprobe = int(fcfg.get("nprobe", 32))
         if hasattr(index, "hnsw"):
             index.hnsw.efSearch = int(fcfg.get("hnsw_ef_search", 128))
+        if isinstance(index, faiss.IndexRefine):
+            index.k_factor = REFINE_K_FACTOR
         if use_gpu and faiss.get_num_gpus() > 0:
             index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
         self.index = index
-        meta = pq.read_table(self.manifest.file(info["meta"]))
+        meta = pq.read_table(self.manifest.file(info.meta))
         self.chunk_idx = meta.column("chunk_idx").to_numpy()
         self.kind = meta.column("kind").to_pylist()
         self._kind_arr = np.asarray(self.kind + [""], dtype=object)  # index -1 -> ""
@@ -67,10 +74,10 @@ class ShardSearcher:
         if len(self.chunk_idx) != index.ntotal:
             raise IndexFormatError(f"shard {shard}: {index.ntotal} vectors but {len(self.chunk_idx)} metadata rows")
         self.lexicon = None
-        if info.get("bm25"):
+        if info.bm25:
             if verify:
-                verify_files(self.manifest, files_under(self.manifest, info["bm25"]))
-            self.lexicon = ShardLexicon(self.manifest.file(info["bm25"]))
+                verify_files(self.manifest, files_under(self.manifest, info.bm25))
+            self.lexicon = ShardLexicon(self.manifest.file(info.bm25))
 
     @property
     def ntotal(self) -> int:

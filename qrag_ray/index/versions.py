@@ -56,15 +56,15 @@ def resolve_index(path: str | Path) -> ResolvedIndex:
 
 
 def check_index(index_dir: str | Path) -> dict:
-    """What a server does when it loads the index: every checksum, every shard opened by ShardSearcher."""
-    from qrag_ray.index.searcher import ShardSearcher
+    """What a server does when it loads the index: every checksum, every shard opened by ShardIndex."""
+    from qrag_ray.index.searcher import ShardIndex
 
     m = load_manifest(index_dir)
     verify_files(m)
-    vectors = sum(ShardSearcher(m.path, i, m, verify=False).ntotal for i in range(m.num_shards))
-    if vectors != int(m.data.get("counts", {}).get("vectors", vectors)):
+    vectors = sum(ShardIndex(m.path, i, m, verify=False).ntotal for i in range(m.num_shards))
+    if vectors != int((m.counts.vectors if m.counts else vectors)):
         raise IndexFormatError(f"{index_dir}: shards hold {vectors} vectors, the manifest counts "
-                               f"{m.data['counts']['vectors']}")
+                               f"{m.counts.vectors}")
     return {"index_version": m.index_version, "num_shards": m.num_shards, "vectors": vectors}
 
 

@@ -7,11 +7,12 @@ above the k-th chunk's score, and the caller then asks again with a larger M.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from qrag_ray.errors import QragError
+from qrag_ray.search_policy import SearchConfig
 
 
 @dataclass
@@ -37,64 +38,6 @@ class ChunkResult:
     matches: list[tuple[int, int, float]]  # (shard, row, score), best first
     lexical: float | None = None  # hybrid search: the chunk's BM25 over the query's best (floor if unseen)
     cosine: float | None = None  # the best raw (uncalibrated) similarity of the chunk's retrieved vectors
-
-
-@dataclass(frozen=True)
-class FusionPolicy:
-    """How a chunk's vector scores become one chunk score (the manifest's `search` config, so every
-    search path ranks alike): max, the best calibrated vector; rrf, reciprocal-rank fusion of per-group
-    rankings (a chunk two kinds find beats one lucky vector); sum, CombSUM of per-group bests. Scores
-    are first calibrated per kind, `w * score + bias` (question-to-question cosines run higher); inside
-    a group (`groups`: kinds that are evidence for the same thing) the best vector counts once.
-    `bm25_alpha` mixes in BM25: alpha * dense + (1 - alpha) * BM25 (for rrf, a ranking of weight 1 - alpha).
-    """
-
-    fusion: str = "max"
-    kind_weights: dict = field(default_factory=dict)
-    rrf_k: int = 60
-    kind_bias: dict = field(default_factory=dict)
-    groups: dict = field(default_factory=dict)  # group name -> kinds
-    bm25_alpha: float | None = None  # None: dense only
-    bm25_norm: str = "max"  # how both lists are put on one scale before alpha mixes them (hybrid_scores)
-
-    @classmethod
-    def from_config(cls, search: dict | None) -> "FusionPolicy":
-        s = search or {}
-        if hasattr(s, "model_dump"):
-            s = s.model_dump()
-        return cls(fusion=s.get("fusion", "max"), kind_weights=dict(s.get("kind_weights") or {}),
-                   rrf_k=int(s.get("rrf_k", 60)), kind_bias=dict(s.get("kind_bias") or {}),
-                   groups={g: tuple(ks) for g, ks in (s.get("groups") or {}).items()},
-                   bm25_alpha=None if s.get("bm25_alpha") is None else float(s["bm25_alpha"]),
-                   bm25_norm=str(s.get("bm25_norm") or "max"))
-
-    def with_bm25_alpha(self, alpha: float) -> "FusionPolicy":
-        """This policy with a query-time alpha (`qrag search --bm25-alpha`, the HTTP `bm25_alpha`)."""
-        if not 0.0 <= alpha <= 1.0:
-            raise QragError(f"bm25_alpha must lie in [0, 1], got {alpha}")
-        return replace(self, bm25_alpha=float(alpha))
-
-    @classmethod
-    def from_manifest(cls, manifest) -> "FusionPolicy":
-        return cls.from_config((manifest.data.get("config") or {}).get("search"))
-
-    def calibrate(self, scores: np.ndarray, kinds: np.ndarray | None) -> np.ndarray:
-        """Vector scores after the per-kind `w * score + bias` (float64)."""
-        out = scores.astype(np.float64)
-        if kinds is None or not (self.kind_weights or self.kind_bias):
-            return out
-        w = np.array([self.kind_weights.get(k, 1.0) for k in kinds], dtype=np.float64)
-        b = np.array([self.kind_bias.get(k, 0.0) for k in kinds], dtype=np.float64)
-        return out * w + b
-
-    def bound(self, raw: float) -> float:
-        """The highest calibrated score a vector with raw score <= `raw` can reach (any kind)."""
-        pairs = [(1.0, 0.0)] + [(self.kind_weights.get(k, 1.0), self.kind_bias.get(k, 0.0))
-                                for k in {*self.kind_weights, *self.kind_bias}]
-        return max(w * raw + b for w, b in pairs)
-
-    def group_of(self, kind: str) -> str:
-        return next((g for g, ks in self.groups.items() if kind in ks), kind)
 
 
 def gather(per_shard: list, qi: int) -> Candidates:
@@ -137,7 +80,7 @@ def _gather_lexical(per_shard: list, qi: int) -> tuple[np.ndarray, np.ndarray, f
     return chunks, scores, (min(cut) if cut else 0.0)
 
 
-def hybrid_scores(dense: dict[int, float], c: Candidates, policy: FusionPolicy) -> dict[int, float]:
+def hybrid_scores(dense: dict[int, float], c: Candidates, policy: SearchConfig) -> dict[int, float]:
     """chunk -> alpha * dense + (1 - alpha) * lexical over the union of both lists; a chunk one list
     missed counts that list's floor. Under rrf BM25 adds (1 - alpha) / (rrf_k + rank) instead."""
     a = float(policy.bm25_alpha)
@@ -184,7 +127,7 @@ def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray,
     return uniq[o], best[o]
 
 
-def fuse_scores(c: Candidates, policy: FusionPolicy, scores: np.ndarray) -> dict[int, float]:
+def fuse_scores(c: Candidates, policy: SearchConfig, scores: np.ndarray) -> dict[int, float]:
     """chunk_idx -> fused score for rrf / sum from the calibrated vector `scores` of `c`."""
     kinds = c.kinds if c.kinds is not None else np.full(len(c.scores), "?", dtype=object)
     labels = np.array([policy.group_of(k) for k in kinds.tolist()], dtype=object)
@@ -209,10 +152,10 @@ def fuse_scores(c: Candidates, policy: FusionPolicy, scores: np.ndarray) -> dict
 
 
 def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: int = 3,
-          policy: FusionPolicy | None = None) -> list[ChunkResult]:
+          policy: SearchConfig | None = None) -> list[ChunkResult]:
     """Top k distinct chunks under the fusion policy (default: max over the chunk's vectors).
     `min_score` applies to the chunk's best (calibrated) vector score whatever the fusion."""
-    policy = policy or FusionPolicy()
+    policy = policy or SearchConfig()
     scores = policy.calibrate(c.scores, c.kinds)
     order = np.lexsort((c.row, c.shard, -scores))  # score desc, deterministic ties
     cidx = c.chunk_idx[order]
@@ -247,13 +190,13 @@ def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: in
 
 
 def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: float | None = None,
-               policy: FusionPolicy | None = None) -> bool:
+               policy: SearchConfig | None = None) -> bool:
     """True when a larger over-retrieval could change the top k: too few distinct chunks while some
     shard still has vectors, or (max fusion only) a shard cut off above the k-th chunk's score. rrf and
     sum rank by the lists retrieved, which deeper lists refine but rarely reorder at the top."""
     if not c.cutoffs:
         return False
-    policy = policy or FusionPolicy()
+    policy = policy or SearchConfig()
     highest_cut = max(policy.bound(cut) for cut in c.cutoffs.values())
     if min_score is not None and highest_cut < min_score:
         return False
@@ -265,9 +208,9 @@ def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: flo
 
 
 def merge_hits(per_shard: list, qi: int, k: int, min_score: float | None = None,
-               policy: FusionPolicy | None = None) -> tuple[list[ChunkResult], bool]:
+               policy: SearchConfig | None = None) -> tuple[list[ChunkResult], bool]:
     """One query's per-shard hits -> (top k distinct chunks, whether a wider search could change them)."""
-    policy = policy or FusionPolicy()
+    policy = policy or SearchConfig()
     c = gather(per_shard, qi)
     res = dedup(c, k, min_score=min_score, policy=policy)
     return res, needs_more(c, res, k, min_score, policy)

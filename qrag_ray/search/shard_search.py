@@ -1,43 +1,78 @@
-"""One shard's search made final for its own top k, and the result dicts: the pieces the in-process
-engine and the Serve shard stores share, so both rank and format identically."""
+"""One shard of an index, loaded and searched: its FAISS index with row metadata (index/searcher.py),
+its chunks' metadata as Arrow columns looked up by row, and the search made final for the shard's own
+top k. In-process search and every Serve shard replica load and search a shard through these."""
 
 from __future__ import annotations
 
 import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from qrag_ray.errors import QragError
-from qrag_ray.index.format import Manifest
-from qrag_ray.index.searcher import ShardHits, ShardSearcher
-from qrag_ray.search.merge import ChunkResult, FusionPolicy, merge_hits
+from qrag_ray.errors import IndexFormatError
+from qrag_ray.index.format import CHUNKS, Manifest, files_under, load_manifest, verify_files
+from qrag_ray.index.searcher import ShardHits, ShardIndex
+from qrag_ray.search.merge import merge_hits
+from qrag_ray.search.query import Query
+from qrag_ray.search.results import ChunkMeta
 
 # A hybrid query's first round asks each shard for at least this many vectors and BM25 hits: a chunk
 # one list missed is scored at that list's floor, and a short list's floor sinks it (docs/EVALUATION.md).
 HYBRID_MIN_DEPTH = 100
-
-
-class NoBm25Index(QragError):
-    """Hybrid search asked of an index built without a BM25 channel."""
-
-
-def check_hybrid(policy: FusionPolicy, manifest: Manifest, name: str | None = None) -> None:
-    """Hybrid search needs the BM25 files: the one check, for the engine, the CLI and the Router."""
-    if policy.bm25_alpha is not None and not manifest.has_bm25:
-        raise NoBm25Index(f"hybrid search (bm25_alpha) needs a BM25 index, and {name or manifest.path} has none: "
-                          "re-index it with bm25.enabled")
+_META = ["chunk_id", "doc_id", "title", "text"]
 
 
 def initial_multiplier(manifest: Manifest) -> int:
     """Vectors to ask per wanted chunk: about twice the mean vectors per chunk."""
-    counts = manifest.data.get("counts", {})
-    vpc = counts.get("vectors", 1) / max(1, counts.get("chunks", 1))
+    c = manifest.counts
+    vpc = (c.vectors if c else 1) / max(1, c.chunks if c else 1)
     return max(2, math.ceil(2 * vpc))
 
 
-def search_shard_exact(searcher: ShardSearcher, qvecs: np.ndarray, k: int, multiplier: int,
-                       min_score: float | None, policy: FusionPolicy,
-                       queries: list[str] | None = None) -> tuple[list[ShardHits], int]:
+@dataclass
+class LoadedShard:
+    index: ShardIndex
+    chunk_idx: np.ndarray  # this shard's chunk keys, sorted
+    chunks: pa.Table  # their chunk_id, doc_id, title, text, in chunk_idx order
+    index_version: str
+    multiplier: int
+    nbytes: int
+
+    def chunk_meta(self, idxs) -> dict[int, ChunkMeta]:
+        """chunk_idx -> its metadata, for chunks of this shard."""
+        idxs = np.asarray(list(idxs), dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.chunk_idx, idxs), max(len(self.chunk_idx) - 1, 0))
+        if len(idxs) and (not len(self.chunk_idx) or (self.chunk_idx[pos] != idxs).any()):
+            raise IndexFormatError(f"chunk(s) missing from the chunk table of {self.index.manifest.path}")
+        cols = [self.chunks.column(c).take(pa.array(pos)).to_pylist() for c in _META]
+        return {int(ci): ChunkMeta(*row) for ci, row in zip(idxs.tolist(), zip(*cols))}
+
+
+def load_shard(index: str | Path | Manifest, shard: int, threads: int | None = None, verify: bool = True,
+               use_gpu: bool = False) -> LoadedShard:
+    """Load (and with `verify` check the sha256 of) one shard: FAISS file, row metadata, BM25, its chunks."""
+    manifest = index if isinstance(index, Manifest) else load_manifest(index)
+    if shard >= manifest.num_shards:
+        raise IndexFormatError(f"index {manifest.path} has {manifest.num_shards} shards, no shard {shard}")
+    searcher = ShardIndex(manifest.path, shard, manifest, verify=verify, threads=threads, use_gpu=use_gpu)
+    if verify:
+        verify_files(manifest, [CHUNKS])
+    t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", *_META], filters=[("shard", "=", shard)])
+    t = t.sort_by("chunk_idx")
+    info = manifest.shard(shard)
+    rels = [info.faiss, info.meta] + (files_under(manifest, info.bm25) if info.bm25 else [])
+    nbytes = sum(os.path.getsize(manifest.file(r)) for r in rels) + int(t.nbytes)
+    return LoadedShard(searcher, t.column("chunk_idx").to_numpy(), t.select(_META), manifest.index_version,
+                       initial_multiplier(manifest), nbytes)
+
+
+def search_shard_exact(searcher: ShardIndex, qvecs: np.ndarray, k: int, multiplier: int,
+                       min_score: float | None, policy, queries: list[str] | None = None) -> tuple[list[ShardHits], int]:
     """One shard's hits per query, each deep enough that the shard's own top k distinct chunks are
     final (widening x4 while `needs_more` says so). A chunk's vectors all live in one shard, so the
     global top k are among the shards' local top k: the caller merges once."""
@@ -63,20 +98,28 @@ def search_shard_exact(searcher: ShardSearcher, qvecs: np.ndarray, k: int, multi
     return out, rounds  # type: ignore[return-value]
 
 
-def format_results(results: list[ChunkResult], chunk_of, matched_of) -> list[dict]:
-    """Result dicts (docs/ARCHITECTURE.md); chunk_of(chunk_idx) -> dict, matched_of(shard, row) -> (kind, text)."""
-    out = []
-    for r in results:
-        meta = chunk_of(r.chunk_idx)
-        matched = []
-        for shard, row, score in r.matches:
-            kind, text = matched_of(shard, row)
-            matched.append({"kind": kind, "text": text, "score": round(float(score), 6)})
-        res = {"chunk_id": meta["chunk_id"], "doc_id": meta["doc_id"], "title": meta["title"],
-               "score": round(float(r.score), 6), "text": meta["text"], "matched": matched}
-        if r.lexical is not None:
-            res["bm25"] = round(float(r.lexical), 6)
-        if r.cosine is not None:
-            res["cosine"] = round(float(r.cosine), 6)
-        out.append(res)
-    return out
+@dataclass
+class ShardReply:  # a shard's final hits per query and, when asked, its page's rows and chunks
+
+    shard: int
+    hits: list[ShardHits]  # one per query vector
+    matched: dict[int, tuple[str, str]] = field(default_factory=dict)  # row -> (kind, text)
+    chunks: dict[int, ChunkMeta] = field(default_factory=dict)  # chunk_idx -> meta
+    search_ms: float = 0.0
+    rounds: int = 1
+
+
+def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:
+    """The shard's final hits for every query vector (timed) plus, with `page`, the metadata of its own
+    top-k chunks, the only ones that can reach the page: sent with the hits so a remote caller needs no
+    second call. Runs in the calling thread."""
+    t0 = time.perf_counter()
+    texts = None if q.texts is None else list(q.texts)
+    hits, rounds = search_shard_exact(ls.index, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts)
+    reply = ShardReply(shard, hits, rounds=rounds)
+    if page:
+        top = [r for h in hits for r in merge_hits([h], 0, q.k, q.min_score, q.policy)[0]]
+        reply.chunks = ls.chunk_meta(dict.fromkeys(r.chunk_idx for r in top))
+        reply.matched = {row: ls.index.matched(row) for r in top for _, row, _ in r.matches}
+    reply.search_ms = (time.perf_counter() - t0) * 1000
+    return reply

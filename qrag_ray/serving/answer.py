@@ -12,6 +12,7 @@ from qrag_ray.errors import find_user_error
 from qrag_ray.generation.parsing import strip_reply_format
 from qrag_ray.generation.prompts import DONT_KNOW, get_prompt
 from qrag_ray.generation.reply_text import clean_text
+from qrag_ray.search.results import SearchResult
 from qrag_ray.serving import api_models as m
 from qrag_ray.serving.errors import ApiError
 
@@ -84,17 +85,17 @@ class Answerer:
         passage = hyde_passage(raw, req.query)
         return passage, passage
 
-    async def answer(self, query: str, results: list[dict], max_tokens: int, stage: dict) -> tuple[str, list]:
+    async def answer(self, query: str, results: list[SearchResult], max_tokens: int, stage: dict) -> tuple[str, list]:
         """(the answer, its citations) from the results that support one. The gate is on raw similarity,
         not the fused score (rrf/sum/hybrid scores live on other scales); results are best first, so
         the supported ones are a prefix and [n] numbers both lists alike."""
-        support = [x for x in results if x.get("cosine", x["score"]) >= self.min_cosine]
+        support = [x for x in results if (x.score if x.cosine is None else x.cosine) >= self.min_cosine]
         if not support:
             return DONT_KNOW, []
         stage["stage"] = "writing the answer (LLM)"
-        msgs = get_prompt("answer").render(query, context=[x["text"] for x in support])
+        msgs = get_prompt("answer").render(query, context=[x.text for x in support])
         text = parse_answer(await self._complete(msgs, max_tokens, "/v1/answer"))
         if text == DONT_KNOW:
             return text, []
-        return text, [m.Citation(n=n, chunk_id=support[n - 1]["chunk_id"], doc_id=support[n - 1]["doc_id"])
+        return text, [m.Citation(n=n, chunk_id=support[n - 1].chunk_id, doc_id=support[n - 1].doc_id)
                       for n in extract_citations(text) if 1 <= n <= len(support)]

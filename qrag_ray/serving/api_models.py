@@ -8,8 +8,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, field_validator
 
+from qrag_ray.search.query import MAX_K
+from qrag_ray.search.results import SearchResult
+
 MAX_QUERY_CHARS = 2000
-MAX_K = 100
 INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # tenant names
 NOT_BLANK = r"\S"  # JSON Schema patterns are searches: "contains a non-space character"
 
@@ -73,24 +75,6 @@ class AnswerRequest(_Request):
     max_tokens: JsonInt = Field(256, ge=1, le=2048)
 
 
-class Match(BaseModel):
-    kind: str = Field(..., description="vector kind that matched: question, chunk, sentence, quote, ...")
-    text: str
-    score: float
-
-
-class SearchResult(BaseModel):
-    chunk_id: str
-    doc_id: str
-    title: str = ""
-    score: float = Field(
-        ..., description="the chunk's score under the index's fusion policy (plain: its best vector's cosine)")
-    text: str
-    matched: list[Match] = Field(default_factory=list, description="the chunk's best-matching vectors, best first")
-    bm25: float | None = Field(None, description="hybrid indexes: the chunk's BM25 score over the query's best (0..1)")
-    cosine: float | None = Field(None, description="the best raw cosine of the chunk's retrieved vectors to the query")
-
-
 class SearchResponse(BaseModel):
     results: list[SearchResult]
     index: str
@@ -99,9 +83,8 @@ class SearchResponse(BaseModel):
     took_ms: float
     hypothetical: str | None = Field(None, description="mode=hyde: the passage that was embedded")
     timings: dict = Field(default_factory=dict,
-                          description="path (where the search ran: 'shards', 'router' for a small tenant, 'router, one "
-                                      "call' when a lone request's embedding and search shared one worker-thread "
-                                      "call), embed_ms, embed_batch, search_ms (shard fan-out), merge_ms "
+                          description="path (where the search ran: 'shards', or 'router' for a small tenant), "
+                                      "embed_ms, embed_batch, search_ms (shard fan-out), merge_ms "
                                       "(merge + dedup), format_ms, rounds")
 
 

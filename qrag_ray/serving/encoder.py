@@ -16,8 +16,8 @@ class QueryEncoder:
     def __init__(self, threads: int = 1):
         self.threads = threads
         self._models: dict[str, asyncio.Future] = {}  # name -> its load (loading or loaded)
-        # One encode at a time: a lone request and a batch may encode in two worker threads, and a fast
-        # tokenizer shared by two threads can fail ("Already borrowed"); the CPUs are busy anyway.
+        # One encode at a time: a batch its deadline cancelled leaves its encode running in a worker thread
+        # while the next batch starts, and a fast tokenizer shared by two threads can fail ("Already borrowed").
         self._lock = threading.Lock()
 
     def _load_sync(self, name: str):
@@ -30,13 +30,6 @@ class QueryEncoder:
         logger.info("query embedder loaded %s", name)
         return st
 
-    def encode_sync(self, st, texts: list[str]) -> np.ndarray:
-        """Encode in the calling (worker) thread."""
-        from qrag_ray.embedding import encode
-
-        with self._lock:
-            return encode(st, texts)
-
     async def model(self, name: str):
         fut = self._models.get(name)
         if fut is None:  # one load per model, however many requests wait (a deadline may cancel a waiter, not the load)
@@ -44,11 +37,17 @@ class QueryEncoder:
             fut.add_done_callback(lambda f: self._models.pop(name) if f.cancelled() or f.exception() else None)
         return await asyncio.shield(fut)
 
+    def _encode(self, st, texts: list[str]) -> np.ndarray:
+        from qrag_ray.embedding import encode
+
+        with self._lock:
+            return encode(st, texts)
+
     async def encode(self, texts: list[str], models: list[str]) -> list[np.ndarray]:
         """One vector per text, each with its own model; one encode call per distinct model."""
         out: dict[int, np.ndarray] = {}
         for name in dict.fromkeys(models):
             idx = [i for i, m in enumerate(models) if m == name]
-            vecs = await asyncio.to_thread(self.encode_sync, await self.model(name), [texts[i] for i in idx])
+            vecs = await asyncio.to_thread(self._encode, await self.model(name), [texts[i] for i in idx])
             out.update(zip(idx, vecs))
         return [out[i] for i in range(len(texts))]

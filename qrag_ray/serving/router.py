@@ -20,7 +20,7 @@ from qrag_ray.serving.errors import ApiError, overloaded
 from qrag_ray.serving.http import app, bearer, error_responses, metrics_of
 from qrag_ray.serving.ratelimit import RateLimiter
 from qrag_ray.serving.registry import TenantRegistry
-from qrag_ray.serving.retrieval import LocalShards, RemoteShards, Retriever
+from qrag_ray.serving.retrieval import RemoteShards, Retriever, RouterShards
 from qrag_ray.serving.shard_store import ShardStore
 from qrag_ray.serving.tenants import Tenant
 from qrag_ray.serving.versions import IndexReader, TenantVersions
@@ -40,12 +40,11 @@ class Router:
         self._configure_limits()
         self.encoder = QueryEncoder(threads=assigned_cpus())
         self.local = ShardStore(a.router_cache_bytes, a.faiss_threads)
-        local, remote = LocalShards(self.local), RemoteShards(self.shards)
         self.versions = TenantVersions(
             IndexReader(len(self.shards), a.local_search_max_bytes),
-            lambda ti, i, method, key: (local if ti.local else remote).call(i, method, key),
+            lambda ti, i, method, key: self.retriever.shards(ti).call(i, method, key),
             self.encoder.model, retire_after_s=a.request_timeout_s + 1.0)
-        self.retriever = Retriever(self.encoder, local, remote, self.versions)
+        self.retriever = Retriever(self.encoder, RouterShards(self.local), RemoteShards(self.shards), self.versions)
         self.answerer = Answerer(synthesizer, a.hyde_max_tokens, a.answer_min_cosine)
         self._inflight = 0
         self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished
@@ -104,7 +103,7 @@ class Router:
     async def _retrieve(self, request: Request, tenant: Tenant, req: m._Request, stage: dict):
         """(the retrieval, the HyDE passage) for the request's query."""
         text, hypothetical = await self.answerer.query_text(req, stage)
-        r = await self.retriever.retrieve(tenant, req, text, stage, lone=self._inflight <= 1)
+        r = await self.retriever.retrieve(tenant, req, text, stage)
         metrics = metrics_of(request.app)
         metrics.before.observe(r.timings["candidates"], tags={"tenant": tenant.name})
         metrics.after.observe(len(r.results), tags={"tenant": tenant.name})
@@ -205,7 +204,7 @@ class Router:
         known = active or newest
         return m.TenantStatus(
             name=t.name, status="error" if problems else "ok", problems=problems,
-            searched_in=None if known is None else ("router" if known.local else "shards"),
+            searched_in=None if known is None else self.retriever.shards(known).path,
             serving_version=active.version if active else None, current_version=newest.version if newest else None,
             num_shards=known.num_shards if known else None,
             rate_limit=t.rate_limit.model_dump() if t.rate_limit else None)

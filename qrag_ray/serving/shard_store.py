@@ -1,71 +1,37 @@
 """Loaded tenant shards in a byte-bounded LRU, searched off the event loop. Each ShardSearcher{i}
 deployment is a store asked only for shard i; the Router keeps one for the small tenants it searches
-itself. Both search through `search_loaded`, so a tenant ranks the same whichever process searches it."""
+itself. Both load and search through qrag_ray.search.shard_search, so a tenant ranks the same whichever
+process searches it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import CHUNKS, files_under, load_manifest, verify_files
-from qrag_ray.index.searcher import ShardSearcher
-from qrag_ray.search.merge import merge_hits
-from qrag_ray.search.shard_search import initial_multiplier, search_shard_exact
+from qrag_ray.search.query import Query
+from qrag_ray.search.shard_search import LoadedShard, ShardReply, load_shard, search_loaded
 from qrag_ray.serving.config import assigned_cpus
-from qrag_ray.serving.messages import Query, ShardKey, ShardReply, VersionMoved
+from qrag_ray.errors import IndexFormatError
 from qrag_ray.serving.shard_cache import ByteLRU
 
 logger = logging.getLogger("ray.serve")
 
 
-@dataclass
-class LoadedShard:
-    searcher: ShardSearcher
-    chunks: dict[int, dict]  # chunk_idx -> {chunk_id, doc_id, title, text}: this shard's chunks only
-    index_version: str
-    multiplier: int
-    nbytes: int
+class VersionMoved(IndexFormatError):
+    """The directory a request named now holds another index version (a plain index directory was
+    republished in place); the router re-resolves the tenant and retries once."""
 
 
-def load_shard(index_dir: str, shard: int, threads: int | None) -> LoadedShard:
-    """Load and verify (sha256) one shard of one tenant's index: FAISS file, row metadata, its chunks."""
-    manifest = load_manifest(index_dir)
-    if shard >= manifest.num_shards:
-        raise IndexFormatError(f"index {index_dir} has {manifest.num_shards} shards, no shard {shard}")
-    searcher = ShardSearcher(index_dir, shard, manifest, verify=True, threads=threads, use_gpu=True)
-    verify_files(manifest, [CHUNKS])
-    t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", "chunk_id", "doc_id", "title", "text", "shard"])
-    t = t.filter(pc.equal(t.column("shard"), shard))
-    chunks = {int(row.pop("chunk_idx")): row for row in t.drop_columns(["shard"]).to_pylist()}
-    info = manifest.shard(shard)
-    rels = [info["faiss"], info["meta"]] + (files_under(manifest, info["bm25"]) if info.get("bm25") else [])
-    nbytes = sum(os.path.getsize(manifest.file(r)) for r in rels) + int(t.nbytes)
-    return LoadedShard(searcher, chunks, manifest.index_version, initial_multiplier(manifest), nbytes)
+@dataclass(frozen=True)
+class ShardKey:
+    """Exactly what to search: one version on every shard, and no tenant table in the shard replicas."""
 
-
-def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:
-    """The shard's final local hits (timed) plus, with `page`, the texts of its own top-k chunks, the only
-    ones that can reach the page: sent with the hits to save a second call (in the Router's own process
-    that call is a dict lookup, so `page=False` there). Runs in the calling (worker) thread."""
-    t0 = time.perf_counter()
-    texts = None if q.lexical is None else [q.lexical]
-    hits, rounds = search_shard_exact(ls.searcher, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts)
-    reply = ShardReply(shard, hits, rounds=rounds)
-    for h in (hits if page else ()):
-        for r in merge_hits([h], 0, q.k, q.min_score, q.policy)[0]:
-            reply.chunks[r.chunk_idx] = ls.chunks[r.chunk_idx]
-            for _, row, _ in r.matches:
-                reply.matched[row] = ls.searcher.matched(row)
-    reply.search_ms = (time.perf_counter() - t0) * 1000
-    return reply
+    tenant: str
+    index_dir: str  # the directory holding manifest.json (a version directory under a versioned root)
+    version: str  # the index_version the request was started with
 
 
 class ShardStore:
@@ -110,7 +76,7 @@ class ShardStore:
 
     async def _load(self, shard: int, key: ShardKey) -> LoadedShard:
         try:
-            loaded = await asyncio.to_thread(load_shard, key.index_dir, shard, self.threads)
+            loaded = await asyncio.to_thread(load_shard, key.index_dir, shard, self.threads, True, True)
         except Exception as e:
             self.problems[key.tenant] = {"shard": shard, "version": key.version, "reason": f"{type(e).__name__}: {e}"}
             logger.error("shard %d of tenant %r (%s) failed to load: %s", shard, key.tenant, key.index_dir, e)
@@ -125,12 +91,8 @@ class ShardStore:
             logger.info("evicted shard %d of tenant %r version %s (cache %d bytes)", old_shard, old.tenant,
                         old.version, self.cache.max_bytes)
         logger.info("shard %d of tenant %r loaded: %d vectors, index %s, %d bytes", shard, key.tenant,
-                    loaded.searcher.ntotal, loaded.index_version, loaded.nbytes)
+                    loaded.index.ntotal, loaded.index_version, loaded.nbytes)
         return loaded
-
-    async def get_all(self, n: int, key: ShardKey) -> list[LoadedShard]:
-        """Shards 0..n-1 of `key`."""
-        return [await self.get(s, key) for s in range(n)]
 
     async def search(self, shard: int, key: ShardKey, qvecs: np.ndarray, q: Query) -> ShardReply:
         reply = await asyncio.to_thread(search_loaded, await self.get(shard, key), shard, qvecs, q, True)
@@ -143,7 +105,7 @@ class ShardStore:
 
     async def lookup(self, shard: int, key: ShardKey, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
         ls = await self.get(shard, key)
-        return {int(r): ls.searcher.matched(int(r)) for r in rows}, {int(c): ls.chunks[int(c)] for c in chunk_idxs}
+        return {int(r): ls.index.matched(int(r)) for r in rows}, ls.chunk_meta(chunk_idxs)
 
     async def prepare(self, shard: int, key: ShardKey) -> None:
         """Load and verify `key` before it gets traffic (a new version, or start-up)."""

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from qrag_ray.errors import QragError
 from qrag_ray.index.versions import resolve_index
-from qrag_ray.search.merge import FusionPolicy
-from qrag_ray.search.shard_search import check_hybrid
+from qrag_ray.search.query import check_hybrid
+from qrag_ray.search_policy import SearchConfig
 from qrag_ray.serving.errors import ApiError, index_unavailable
-from qrag_ray.serving.messages import ShardKey
+from qrag_ray.serving.shard_store import ShardKey
 from qrag_ray.serving.shard_cache import ByteLRU
 from qrag_ray.serving.tenants import Tenant
 
@@ -32,7 +32,7 @@ class TenantIndex:
     dir: str
     version: str
     manifest: object
-    policy: FusionPolicy
+    policy: SearchConfig
     num_shards: int
     embedder: str
     local: bool  # small enough to search inside the Router (no shard hop)
@@ -56,9 +56,9 @@ class IndexReader:
         if man.num_shards > self.max_shards:
             raise QragError(f"it has {man.num_shards} shards but the app runs {self.max_shards} "
                             "ShardSearcher deployments (raise args.shards)")
-        policy = FusionPolicy.from_manifest(man)
+        policy = man.search_policy
         check_hybrid(policy, man)
-        nbytes = sum(man.file(rel).stat().st_size for rel in man.data["files"])
+        nbytes = sum(man.file(rel).stat().st_size for rel in man.files)
         ti = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model,
                          local=nbytes <= self.local_max_bytes)
         self._seen.put((ti.dir, ti.version), ti, 1)

@@ -17,7 +17,7 @@ from qrag_ray.config import FilterConfig, IndexBuildConfig
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import (FORMAT_VERSION, IndexDescription, load_manifest, publish, sha256_file, shard_faiss,
                                    shard_meta, verify_files, write_manifest)
-from qrag_ray.index.searcher import ShardSearcher
+from qrag_ray.index.searcher import ShardIndex
 from qrag_ray.index.writer import write_shard
 from qrag_ray.text.sentences import split_sentences
 
@@ -85,8 +85,8 @@ def test_flipped_byte_fails_checksum(kinds_index, tmp_path):
     with pytest.raises(IndexFormatError, match="checksum mismatch"):
         verify_files(m)
     with pytest.raises(IndexFormatError, match="checksum mismatch"):
-        ShardSearcher(bad, 2)
-    ShardSearcher(bad, 0)  # the other shards are fine
+        ShardIndex(bad, 2)
+    ShardIndex(bad, 0)  # the other shards are fine
 
 
 # ---------------------------------------------------------------- the typed manifest (no build)
@@ -113,7 +113,7 @@ def test_an_older_manifest_reads_back_as_written(tmp_path):
     assert m.data == OLD  # no key added, none lost
     assert (m.num_shards, m.dim, m.embedder_model, m.index_version, m.representation) == (
         1, 384, "all-MiniLM-L6-v2", "0123abcd", "chunk")
-    assert m.shard(0) == SHARD and not m.has_bm25 and m.kinds is None and m.content_hash is None
+    assert m.shard(0).model_dump(exclude_unset=True) == SHARD and not m.has_bm25 and m.kinds is None and m.content_hash is None
     assert m.file("shards/00000.faiss") == tmp_path / "idx" / "shards" / "00000.faiss"
 
 

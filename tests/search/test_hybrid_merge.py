@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from qrag_ray.index.searcher import ShardHits
-from qrag_ray.search.merge import FusionPolicy, dedup, gather, merge_hits
+from qrag_ray.search.merge import dedup, gather, merge_hits
+from qrag_ray.search_policy import SearchConfig
 
 
 def hits(shard, scores, chunks, lex_scores, lex_chunks, kinds=None):
@@ -35,20 +36,20 @@ def test_lists_with_free_slots_put_unseen_chunks_at_zero():
 def test_alpha_mixes_dense_and_lexical():
     # dense prefers 1, BM25 prefers 2 strongly
     per = [hits(0, [0.9, 0.8], [1, 2], [1.0, 10.0], [1, 2])]
-    dense = merge_hits(per, 0, 2, policy=FusionPolicy())[0]
+    dense = merge_hits(per, 0, 2, policy=SearchConfig())[0]
     assert [r.chunk_idx for r in dense] == [1, 2] and dense[0].lexical is None
-    mixed = merge_hits(per, 0, 2, policy=FusionPolicy(bm25_alpha=0.5))[0]
+    mixed = merge_hits(per, 0, 2, policy=SearchConfig(bm25_alpha=0.5))[0]
     assert [r.chunk_idx for r in mixed] == [2, 1]
     assert mixed[0].score == pytest.approx(0.5 * 0.8 + 0.5 * 1.0)
     assert mixed[1].score == pytest.approx(0.5 * 0.9 + 0.5 * 0.1) and mixed[1].lexical == pytest.approx(0.1)
     # alpha 1 is the dense ranking, alpha 0 the BM25 ranking
-    assert [r.chunk_idx for r in merge_hits(per, 0, 2, policy=FusionPolicy(bm25_alpha=1.0))[0]] == [1, 2]
-    assert [r.chunk_idx for r in merge_hits(per, 0, 2, policy=FusionPolicy(bm25_alpha=0.0))[0]] == [2, 1]
+    assert [r.chunk_idx for r in merge_hits(per, 0, 2, policy=SearchConfig(bm25_alpha=1.0))[0]] == [1, 2]
+    assert [r.chunk_idx for r in merge_hits(per, 0, 2, policy=SearchConfig(bm25_alpha=0.0))[0]] == [2, 1]
 
 
 def test_a_chunk_only_bm25_found_reaches_the_page_with_the_dense_floor():
     per = [hits(0, [0.9, 0.6], [1, 2], [10.0, 1.0], [5, 1])]
-    res = merge_hits(per, 0, 3, policy=FusionPolicy(bm25_alpha=0.5))[0]
+    res = merge_hits(per, 0, 3, policy=SearchConfig(bm25_alpha=0.5))[0]
     assert [r.chunk_idx for r in res] == [5, 1, 2]
     lex_only = res[0]
     assert lex_only.matches == [] and lex_only.lexical == 1.0
@@ -59,18 +60,18 @@ def test_a_chunk_only_bm25_found_reaches_the_page_with_the_dense_floor():
 
 def test_min_score_drops_chunks_without_dense_evidence():
     per = [hits(0, [0.9, 0.6], [1, 2], [10.0, 1.0], [5, 1])]
-    res = dedup(gather(per, 0), 3, min_score=0.5, policy=FusionPolicy(bm25_alpha=0.5))
+    res = dedup(gather(per, 0), 3, min_score=0.5, policy=SearchConfig(bm25_alpha=0.5))
     assert [r.chunk_idx for r in res] == [1, 2]
 
 
 def test_hybrid_over_sum_fusion_and_rrf():
     kinds = ["chunk", "sentence", "sentence"]
     per = [hits(0, [0.7, 0.8, 0.75], [1, 1, 2], [1.0, 3.0], [1, 2], kinds)]
-    s = FusionPolicy(fusion="sum", bm25_alpha=0.5)
+    s = SearchConfig(fusion="sum", bm25_alpha=0.5)
     res = merge_hits(per, 0, 2, policy=s)[0]
     # chunk 1: sum 0.7 + 0.8 = 1.5; chunk 2: chunk floor 0.7 + 0.75 = 1.45, BM25 1.0 vs 1/3
     assert res[0].chunk_idx == 2 and res[0].score == pytest.approx(0.5 * 1.45 + 0.5 * 1.0)
-    r = FusionPolicy(fusion="rrf", bm25_alpha=0.5)
+    r = SearchConfig(fusion="rrf", bm25_alpha=0.5)
     res = merge_hits(per, 0, 2, policy=r)[0]
     # rrf: BM25 is one more ranking, weighted 1 - alpha, so the scales agree; chunk 1 tops both dense
     # lists, chunk 2 only the BM25 one
@@ -82,8 +83,8 @@ def test_policy_and_config_carry_alpha():
     from qrag_ray.config import IndexConfig, SearchConfig, build_index_config
     from qrag_ray.errors import QragError
 
-    assert FusionPolicy.from_config(SearchConfig(bm25_alpha=0.75)).bm25_alpha == 0.75
-    assert FusionPolicy.from_config({}).bm25_alpha is None
+    assert SearchConfig(bm25_alpha=0.75).bm25_alpha == 0.75
+    assert SearchConfig.model_validate({}).bm25_alpha is None
     with pytest.raises(QragError, match="bm25.enabled"):
         build_index_config(None, representation="chunk", **{"search.bm25_alpha": 0.7})
     with pytest.raises(QragError, match="bm25_alpha"):
@@ -95,8 +96,8 @@ def test_policy_and_config_carry_alpha():
 def test_each_chunk_carries_its_best_raw_cosine_whatever_the_fusion():
     """/v1/answer gates on this: fused scores (calibrated, rrf, hybrid) live on other scales."""
     per = [hits(0, [0.62, 0.55, 0.30], [1, 1, 2], [1.0, 10.0], [1, 2], kinds=["question", "sentence", "sentence"])]
-    calibrated = FusionPolicy(kind_bias={"question": -0.2}, bm25_alpha=0.5)
-    for policy in (FusionPolicy(), FusionPolicy(fusion="rrf"), calibrated):
+    calibrated = SearchConfig(kind_bias={"question": -0.2}, bm25_alpha=0.5)
+    for policy in (SearchConfig(), SearchConfig(fusion="rrf"), calibrated):
         res = {r.chunk_idx: r for r in merge_hits(per, 0, 2, policy=policy)[0]}
         assert res[1].cosine == pytest.approx(0.62) and res[2].cosine == pytest.approx(0.30)
     hybrid = {r.chunk_idx: r for r in merge_hits(per, 0, 2, policy=calibrated)[0]}
@@ -121,11 +122,12 @@ def test_normalisation_changes_which_channel_decides():
     the best lets BM25 decide at alpha 0.5; z-scores weigh the two spreads alike."""
     import numpy as np
 
-    from qrag_ray.search.merge import Candidates, FusionPolicy, hybrid_scores
+    from qrag_ray.search.merge import Candidates, hybrid_scores
+    from qrag_ray.search_policy import SearchConfig
 
     dense = {1: 0.56, 2: 0.50, 3: 0.53}
     c = Candidates(np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64),
                    lex_chunks=np.asarray([2, 1, 3]), lex_scores=np.asarray([1.0, 0.9, 0.2]))
-    top = lambda norm: max(hybrid_scores(dense, c, FusionPolicy(fusion="sum", bm25_alpha=0.5, bm25_norm=norm)).items(),  # noqa: E731
+    top = lambda norm: max(hybrid_scores(dense, c, SearchConfig(fusion="sum", bm25_alpha=0.5, bm25_norm=norm)).items(),  # noqa: E731
                            key=lambda t: t[1])[0]
     assert top("max") == 2 and top("zscore") == 1

@@ -9,7 +9,7 @@ import pytest
 
 from qrag_ray.errors import QragError
 from qrag_ray.search.engine import SearchEngine
-from qrag_ray.search.merge import FusionPolicy
+from qrag_ray.search_policy import SearchConfig
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 
@@ -51,15 +51,15 @@ def test_each_shard_has_a_checksummed_bm25_index_of_its_chunks(hybrid_index):
 
 def test_doc2query_makes_a_chunk_findable_by_its_questions_words(hybrid_index, minilm):
     # "pass" holds off-topic questions (conftest): only its generated questions mention France
-    engine = SearchEngine(hybrid_index[0], embedder=minilm, policy=FusionPolicy(bm25_alpha=0.0))
+    engine = SearchEngine(hybrid_index[0], embedder=minilm, policy=SearchConfig(bm25_alpha=0.0))
     top = engine.search(["What is the capital of France?"], k=3)[0]
     assert top[0]["doc_id"] == "pass" and top[0]["bm25"] == 1.0
     assert top[1]["bm25"] < 1.0
 
 
 def test_alpha_one_is_the_dense_ranking(hybrid_index, minilm):
-    dense = SearchEngine(hybrid_index[0], embedder=minilm, policy=FusionPolicy())
-    one = SearchEngine(hybrid_index[0], embedder=minilm, policy=FusionPolicy(bm25_alpha=1.0))
+    dense = SearchEngine(hybrid_index[0], embedder=minilm, policy=SearchConfig())
+    one = SearchEngine(hybrid_index[0], embedder=minilm, policy=SearchConfig(bm25_alpha=1.0))
     for q in QUERIES:
         a, b = dense.search([q], k=5)[0], one.search([q], k=5)[0]
         assert [r["chunk_id"] for r in a] == [r["chunk_id"] for r in b]
@@ -84,7 +84,7 @@ def test_scores_decompose_into_alpha_dense_plus_bm25(hybrid_index, minilm):
     qv = engine.embed(QUERIES)
     direct = engine.search_vectors(qv, 8, queries=QUERIES)
     via_text = engine.search(QUERIES, k=8)
-    assert [[engine.chunks.get(r.chunk_idx)["chunk_id"] for r in rs] for rs in direct] == [
+    assert [[r.chunk_id for r in rs] for rs in direct] == [
         [r["chunk_id"] for r in rs] for rs in via_text]
     with pytest.raises(QragError, match="query texts"):
         engine.search_vectors(qv, 8)
@@ -92,7 +92,7 @@ def test_scores_decompose_into_alpha_dense_plus_bm25(hybrid_index, minilm):
 
 def test_hybrid_on_an_index_without_bm25_is_a_clear_error(kinds_index, minilm):
     with pytest.raises(QragError, match="bm25.enabled"):
-        SearchEngine(kinds_index[0], embedder=minilm, policy=FusionPolicy(bm25_alpha=0.5))
+        SearchEngine(kinds_index[0], embedder=minilm, policy=SearchConfig(bm25_alpha=0.5))
 
 
 def test_cli_search_overrides_alpha_and_refuses_an_index_without_bm25(hybrid_index, kinds_index, capsys):
@@ -114,25 +114,26 @@ def test_hybrid_rounds_go_deep_and_rank_like_exhaustive_lists(hybrid_index, mini
     chunk that BM25 puts 2nd but the dense list cut off. A hybrid query's first round asks each shard
     for HYBRID_MIN_DEPTH hits per channel (a dense query still asks k x M), and small k then ranks
     exactly as exhaustive lists do."""
-    from qrag_ray.search.shard_search import HYBRID_MIN_DEPTH
+    from qrag_ray.index.format import chunk_key
     from qrag_ray.search.merge import merge_hits
+    from qrag_ray.search.shard_search import HYBRID_MIN_DEPTH
 
     engine = SearchEngine(hybrid_index[0], embedder=minilm)
     asked: list[tuple[int, bool]] = []
     for s in engine.shards:
-        real = s.search
-        s.search = lambda qv, k, texts=None, _real=real: asked.append((k, texts is not None)) or _real(qv, k, texts)
+        real = s.index.search
+        s.index.search = lambda qv, k, texts=None, _real=real: asked.append((k, texts is not None)) or _real(qv, k, texts)
     qv = engine.embed(QUERIES)
-    deep = [s.search(qv, s.ntotal, QUERIES) for s in engine.shards]
+    deep = [s.index.search(qv, s.index.ntotal, QUERIES) for s in engine.shards]
     asked.clear()
     for k in (1, 2, 3):
         got = engine.search_vectors(qv, k, queries=QUERIES)
         for qi in range(len(QUERIES)):
             want = merge_hits([h.row(qi) for h in deep], 0, k, None, engine.policy)[0]
-            assert [r.chunk_idx for r in got[qi]] == [r.chunk_idx for r in want]
+            assert [chunk_key(r.chunk_id) for r in got[qi]] == [r.chunk_idx for r in want]
             assert [r.score for r in got[qi]] == pytest.approx([r.score for r in want], abs=1e-6)
     assert asked and all(depth >= HYBRID_MIN_DEPTH and text for depth, text in asked)
     asked.clear()
-    engine.policy = FusionPolicy()  # dense only: the depth stays k x M
+    engine.policy = SearchConfig()  # dense only: the depth stays k x M
     engine.search_vectors(qv, 2)
-    assert asked and asked[0] == (2 * engine.multiplier, False)
+    assert asked and asked[0] == (2 * engine.shards[0].multiplier, False)

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from qrag_ray.generation.prompts import DONT_KNOW
+from qrag_ray.search.results import SearchResult
 from qrag_ray.serving.answer import Answerer, extract_citations, hyde_passage, parse_answer
 from qrag_ray.serving.errors import ApiError
 
@@ -53,9 +54,9 @@ class _FakeSynth:
         return self.reply
 
 
-RESULTS = [{"chunk_id": "a#0", "doc_id": "a", "text": "alpha", "score": 0.9, "cosine": 0.6},
-           {"chunk_id": "b#0", "doc_id": "b", "text": "beta", "score": 0.8, "cosine": 0.5},
-           {"chunk_id": "c#0", "doc_id": "c", "text": "gamma", "score": 0.7, "cosine": 0.1}]
+RESULTS = [SearchResult(chunk_id="a#0", doc_id="a", text="alpha", score=0.9, cosine=0.6),
+           SearchResult(chunk_id="b#0", doc_id="b", text="beta", score=0.8, cosine=0.5),
+           SearchResult(chunk_id="c#0", doc_id="c", text="gamma", score=0.7, cosine=0.1)]
 
 
 def test_answer_cites_only_the_supported_prefix():

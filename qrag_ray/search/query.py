@@ -1,0 +1,43 @@
+"""A query batch as every search path runs it, and its checks before any shard is asked: k within MAX_K
+(one limit for the CLI, `qrag eval` and HTTP), a hybrid policy only on an index with a BM25 channel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qrag_ray.errors import QragError
+from qrag_ray.index.format import Manifest
+from qrag_ray.search_policy import SearchConfig
+
+MAX_K = 1000
+
+
+class NoBm25Index(QragError):
+    """Hybrid search asked of an index built without a BM25 channel."""
+
+
+def validate_k(k: int) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1 or k > MAX_K:
+        raise QragError(f"k must be between 1 and {MAX_K}, got {k}")
+    return k
+
+
+def check_hybrid(policy: SearchConfig, manifest: Manifest, name: str | None = None) -> None:
+    """Hybrid search needs the BM25 files: the one check, for the engine, the CLI and the Router."""
+    if policy.bm25_alpha is not None and not manifest.has_bm25:
+        raise NoBm25Index(f"hybrid search (bm25_alpha) needs a BM25 index, and {name or manifest.path} has none: "
+                          "re-index it with bm25.enabled")
+
+
+@dataclass(frozen=True)
+class Query:
+    """A batch of query vectors' search, resolved once against an index version: what every shard runs.
+    A lone request is a batch of one."""
+
+    k: int
+    min_score: float | None
+    policy: SearchConfig  # the index's policy, or it with the request's bm25_alpha, checked against the index
+    texts: tuple[str, ...] | None = None  # the user's own words per query vector, for BM25 (hybrid policies)
+
+    def __post_init__(self):
+        validate_k(self.k)

@@ -1,0 +1,132 @@
+"""The Router's side of a retrieval (serving/retrieval.py) with fake shard deployments and a fake
+encoder: no Ray cluster, no Serve, no model. The shard backends' retries and errors, and Retriever's one
+path (version, embedding as a batch, the core over the tenant's backend, timings)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from ray.exceptions import ActorDiedError
+from ray.serve.exceptions import BackPressureError
+
+from qrag_ray.errors import QragError
+from qrag_ray.search_policy import SearchConfig
+from qrag_ray.serving.api_models import SearchRequest
+from qrag_ray.serving.errors import ApiError
+from qrag_ray.serving.retrieval import RemoteShards, Retriever
+from qrag_ray.serving.shard_store import VersionMoved
+from qrag_ray.serving.tenants import Tenant
+from qrag_ray.serving.versions import TenantIndex
+from tests.search.test_retrieve import HITS, A, C, FakeShards
+
+
+class _Method:
+    def __init__(self, outcomes: list):
+        self.outcomes, self.calls = list(outcomes), 0
+
+    async def remote(self, shard, *args):
+        self.calls += 1
+        out = self.outcomes.pop(0)
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+
+class _Handle:
+    def __init__(self, **methods):
+        self.__dict__.update(methods)
+
+
+def test_a_dead_replica_is_retried_once_then_the_shard_is_a_503():
+    flaky = _Method([ActorDiedError(), "reply"])
+    assert asyncio.run(RemoteShards([_Handle(search=flaky)]).call(0, "search", "key")) == "reply"
+    assert flaky.calls == 2
+    dead = _Method([ActorDiedError(), ActorDiedError()])
+    with pytest.raises(ApiError) as e:
+        asyncio.run(RemoteShards([_Handle(search=dead)]).call(0, "search", "key"))
+    assert (e.value.status, e.value.kind) == (503, "shard_unavailable")
+
+
+def test_a_full_shard_queue_is_overloaded_and_a_user_error_passes_through():
+    full = _Method([BackPressureError(num_queued_requests=1, max_queued_requests=1)])
+    with pytest.raises(ApiError) as e:
+        asyncio.run(RemoteShards([_Handle(search=full)]).call(0, "search", "key"))
+    assert (e.value.status, e.value.kind) == (503, "overloaded") and full.calls == 1
+    bad = _Method([QragError("index /x has 1 shards, no shard 3")])
+    with pytest.raises(QragError, match="no shard 3"):
+        asyncio.run(RemoteShards([_Handle(search=bad)]).call(0, "search", "key"))
+    assert bad.calls == 1  # not retried
+
+
+class _Encoder:
+    def __init__(self):
+        self.batches: list[list[str]] = []
+
+    async def encode(self, texts, models):
+        self.batches.append(list(texts))
+        return [np.full(4, i, np.float32) for i in range(len(texts))]
+
+
+class _Versions:
+    def __init__(self, ti: TenantIndex):
+        self.ti, self.moved_calls = ti, 0
+
+    async def current(self, tenant):
+        return self.ti
+
+    def moved(self, tenant):
+        self.moved_calls += 1
+
+
+class _Remote(FakeShards):
+    path = "shards"  # as RemoteShards names itself in the response's timings
+
+
+class _Moving(_Remote):
+    """Shards that find another version in the directory the first `n` times."""
+
+    def __init__(self, n: int):
+        super().__init__(HITS[:1], page=True)
+        self.n = n
+
+    async def search(self, key, num_shards, qvecs, q):
+        if self.n:
+            self.n -= 1
+            raise VersionMoved("republished")
+        return await super().search(key, num_shards, qvecs, q)
+
+
+class _Unbatched(Retriever):
+    """`@serve.batch` needs a Serve replica; here each request embeds alone (tests/serving/test_app.py
+    runs the batched encoder in a real app)."""
+
+    async def _embed_batch(self, item):
+        return (await self.encoder.encode([item[0]], [item[1]]))[0], 1
+
+
+def _retriever(remote) -> tuple[Retriever, _Versions, _Encoder]:
+    ti = TenantIndex("/idx/v1", "v1", None, SearchConfig(), 2, "all-MiniLM-L6-v2", local=False)
+    versions, enc = _Versions(ti), _Encoder()
+    return _Unbatched(enc, None, remote, versions), versions, enc
+
+
+def test_retriever_runs_the_core_over_the_tenant_backend():
+    remote = _Remote(HITS[:1], page=True)
+    retriever, _, enc = _retriever(remote)
+    assert retriever.shards(retriever.versions.ti) is remote
+    r = asyncio.run(retriever.retrieve(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
+    assert [x.doc_id for x in r.results] == [f"d{A}", f"d{C}"]
+    assert r.index_version == "v1" and enc.batches == [["q"]]
+    assert (r.timings["path"], r.timings["embed_batch"], r.timings["rounds"]) == ("shards", 1, 1)
+    assert remote.lookups == []  # remote shards sent the page with the hits
+
+
+def test_a_version_moved_mid_request_is_resolved_again_once():
+    retriever, versions, _ = _retriever(_Moving(1))
+    r = asyncio.run(retriever.retrieve(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
+    assert len(r.results) == 2 and versions.moved_calls == 1
+    retriever, versions, _ = _retriever(_Moving(2))
+    with pytest.raises(ApiError, match="changed twice"):
+        asyncio.run(retriever.retrieve(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
