@@ -24,7 +24,7 @@ def load_serve_config(path: str | Path) -> dict:
     from pydantic import ValidationError
 
     from qrag_ray.config import format_validation_error
-    from qrag_ray.io.yaml_file import read_yaml
+    from qrag_ray.yaml_file import read_yaml
 
     p = Path(path)
     data = read_yaml(p, "serve config", default={})

@@ -29,14 +29,11 @@ def is_interrogative(text: str) -> bool:
     return bool(_INTERROGATIVE.match(text.strip().lstrip("¿\"'“‘*_(")))
 
 
-def _is_boundary(text: str, pos: int) -> bool:
-    """Is the punctuation at text[pos] a sentence boundary (a full stop not after an abbreviation or initial)?"""
-    return text[pos] in "!;:" or not keeps_its_dot(text[:pos + 1])
-
-
 def _boundaries(seg: str) -> list[int]:
-    """Start offsets of sentences inside `seg` (after '. ', '! ', ': ', '; ' followed by a non-lowercase char)."""
-    return [m.end() for m in re.finditer(r"[.!;:]+(\s+)(?=[^a-z\s])", seg) if _is_boundary(seg, m.start())]
+    """Start offsets of sentences inside `seg`: after '. ', '! ', ': ', '; ' followed by a non-lowercase
+    char, but not after the full stop of an abbreviation or an initial."""
+    return [m.end() for m in re.finditer(r"[.!;:]+(\s+)(?=[^a-z\s])", seg)
+            if seg[m.start()] in "!;:" or not keeps_its_dot(seg[:m.start() + 1])]
 
 
 def clean_question(s: str) -> str:

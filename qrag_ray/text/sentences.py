@@ -30,7 +30,6 @@ def split_sentences(text: str) -> list[str]:
     for m in _BOUNDARY.finditer(text):
         if keeps_its_dot(text[start:m.start()].rstrip()):
             continue
-        if piece := text[start:m.end()].strip():
-            out.append(piece)
+        out.append(text[start:m.end()].strip())  # never empty: it holds the boundary's end punctuation
         start = m.end()
     return out + [tail] if (tail := text[start:].strip()) else out
