@@ -18,12 +18,11 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from qrag_ray.config_roles import Strict, field_roles, select
 from qrag_ray.errors import QragError
-from qrag_ray.io.yaml_file import read_yaml
 from qrag_ray.llm_config import GeneratorConfig, SamplingConfig  # noqa: F401 - the schema imports from here
 from qrag_ray.presets import PRESETS
 from qrag_ray.search_policy import VECTOR_KINDS, SearchConfig, research_knobs_marked
+from qrag_ray.yaml_file import read_yaml
 
-INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")
 load_yaml_any = read_yaml  # any YAML document; `load_yaml` reads a config file
 
 # `--representation NAME`: a preset (`qrag presets`) as the config values it gives; or kinds joined by '+'
@@ -129,7 +128,7 @@ class IndexConfig(Strict):
     build runs (run). Build one with `index_config` (or `build_index_config` for a file)."""
 
     input: str | None = None
-    format: Literal[INPUT_FORMATS] = "jsonl"
+    format: Literal["jsonl", "parquet", "msmarco", "beir", "html"] = "jsonl"  # = io.readers.INPUT_FORMATS (tested)
     output: str | None = None
     representation: str = "default"
     shards: int = Field(1, ge=1)

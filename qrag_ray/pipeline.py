@@ -10,12 +10,12 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from qrag_ray.config import IndexConfig, representation_plan
+from qrag_ray.config import IndexConfig, index_identity, representation_plan
 from qrag_ray.errors import QragError
 from qrag_ray.generation.stage import GenerationStats
-from qrag_ray.index import checkpoint as ck
+from qrag_ray.index import workdir as ck
 from qrag_ray.index.format import (Counts, EmbedderInfo, FaissInfo, IndexDescription, Manifest, ShardEntry,
-                                   check_output_dir, new_staging_dir, publish, write_manifest)
+                                   check_output_dir, new_staging_dir, publish, stable_hash, write_manifest)
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.stream import Streamed, stream
 from qrag_ray.index.tasks import assemble, build_one_shard, needs_training, train_quantizer
@@ -85,8 +85,8 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
     return BuildPlan(
         cfg=cfg, out=out, work=work, run=ck.new_run_id(), kinds=kinds, granularity=gran,
         aux_questions=f.prune_tau is not None or f.min_question_chunk_sim is not None or f.require_content_overlap,
-        inputs=ck.stable_hash([ck.input_fingerprint(files), cfg.build.delete_ids,
-                               [ck.input_fingerprint([p]) for p in cfg.build.delete_ids]]),
+        inputs=stable_hash([ck.input_fingerprint(files), cfg.build.delete_ids,
+                            [ck.input_fingerprint([p]) for p in cfg.build.delete_ids]]),
         deleted=deleted)
 
 
@@ -170,7 +170,7 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
                               vectors_before_filters=sum(s.vectors_before_filters for s in shards)),
                 generation={k: v for k, v in asdict(streamed.generation).items() if k != "by_stage"},
                 config=cfg.model_dump(mode="json"), stage_seconds=dict(clock.seconds),
-                content=ck.content_config(cfg.model_dump(mode="json")))
+                content=index_identity(cfg.model_dump(mode="json")))
             manifest = write_manifest(staging, description)
             index_bytes = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
             publish(staging, plan.out)

@@ -49,36 +49,36 @@ _CSW_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"w
                "groups": {"atom": ["sentence", "window"]}, "bm25_alpha": 0.67}
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("chunk", 1, "the baseline: one vector per chunk", ("chunk",), None),
-    Preset("hype", 1, "HyPE: only the questions an LLM wrote per chunk", ("question",), "chunk",
+    Preset("chunk", 1, "dense search only, one vector per chunk: the baseline", ("chunk",), None),
+    Preset("hype", 1, "HyPE: only the questions an LLM writes per chunk", ("question",), "chunk",
            source="HyPE (Vake et al. 2025)"),
     Preset("quote", 1, "QuOTE: each question embedded with its chunk", ("quote",), "chunk", source="QuOTE (2025)"),
-    Preset("quote-onedoc", 1, "QuOTE, all of a chunk's questions in one text with it", ("onedoc",), "chunk",
+    Preset("quote-onedoc", 1, "QuOTE in one vector per chunk: the chunk and all its questions", ("onedoc",), "chunk",
            source="QuOTE (2025)"),
     Preset("atom-sentence", 1, "one vector per sentence (atoms without an LLM)", ("sentence",), None,
            source="Raina & Gales (2024)"),
     Preset("atom-question", 1, "questions written per atomic statement", ("question",), "atom",
            source="Raina & Gales (2024)"),
-    Preset("hybrid", 1, "chunk + its generated questions, the best vector counts (the demo's preset)",
+    Preset("hybrid", 1, "chunk + its generated questions, the best vector counts (qrag demo's index)",
            ("chunk", "question"), "chunk"),
-    Preset("atom-hybrid", 2, "chunk at half weight + one atom slot (sentence, question or quote) with calibrated "
-           "question offsets; the best dense preset with a small offline LLM", ("chunk", "sentence", "question",
+    Preset("atom-hybrid", 2, "the best dense ranking with a small offline LLM: chunk at half weight + one atom slot "
+           "(sentence, question or quote) with calibrated question offsets", ("chunk", "sentence", "question",
            "quote"), "atom", search=_ATOM_SEARCH, calibrated_for=MINILM, source="docs/EVALUATION.md §4.6"),
-    Preset("atom-hybrid-bm25", 2, "atom-hybrid + BM25 over the chunk and its questions (alpha 0.67); the best on "
-           "SQuAD-style questions, which share the passage's words", ("chunk", "sentence", "question", "quote"), "atom",
-           search={**_ATOM_SEARCH, "bm25_alpha": 0.67}, bm25={"enabled": True}, calibrated_for=MINILM,
-           source="docs/EVALUATION.md §4.8"),
-    Preset("sentence-window-bm25", 1, "the default without the title prefix (for corpora whose titles are ids, "
-           "not words): chunk at half weight + its best sentence or two-sentence window + stemmed BM25",
+    Preset("atom-hybrid-bm25", 2, "users who ask in the documents' own words (FAQ, support) and can afford question "
+           "generation: atom-hybrid + BM25 over the chunk and its questions (alpha 0.67)",
+           ("chunk", "sentence", "question", "quote"), "atom", search={**_ATOM_SEARCH, "bm25_alpha": 0.67},
+           bm25={"enabled": True}, calibrated_for=MINILM, source="docs/EVALUATION.md §4.8"),
+    Preset("sentence-window-bm25", 1, "corpora whose titles are ids, not words: the default without the title prefix, "
+           "chunk at half weight + its best sentence or two-sentence window + stemmed BM25",
            ("chunk", "sentence", "window"), None, search=_CSW_SEARCH, bm25={"enabled": True}, calibrated_for=MINILM,
            source="docs/EVALUATION.md (the suite's csw+bm25@0.67)"),
-    Preset("chunk-bm25", 1, "one vector per chunk: title-prefixed chunk + stemmed BM25 (alpha 0.67); no LLM; "
-           "a fraction of the default's vectors for a little less on the suite's mean (default@1)", ("chunk",), None,
+    Preset("chunk-bm25", 1, "an index held to one vector per chunk (a fraction of the default's vectors): "
+           "title-prefixed chunk + stemmed BM25 (alpha 0.67); no LLM", ("chunk",), None,
            search={"bm25_alpha": 0.67}, bm25={"enabled": True}, title_prefix=True,
            source="docs/EVALUATION.md (the suite)"),
-    Preset("default", 2, "the shipped default, the best mean of the suite: title-prefixed chunk at half weight + "
-           "its best sentence or two-sentence window + stemmed BM25 (alpha 0.67); no LLM; a vector per chunk, "
-           "sentence and window (@1 was chunk-bm25)", ("chunk", "sentence", "window"), None, search=_CSW_SEARCH,
+    Preset("default", 2, "unknown or mixed workloads (the best mean of the suite): title-prefixed chunk at half "
+           "weight + its best sentence or two-sentence window + stemmed BM25 (alpha 0.67); no LLM; a vector per "
+           "chunk, sentence and window", ("chunk", "sentence", "window"), None, search=_CSW_SEARCH,
            bm25={"enabled": True}, title_prefix=True, calibrated_for=MINILM, source="docs/EVALUATION.md (the suite)"),
 )}
 

@@ -11,7 +11,7 @@ import yaml
 from qrag_ray.config import (GeneratorConfig, IndexConfig, build_index_config, deep_update, index_config,
                              index_identity, with_preset)
 from qrag_ray.config_roles import Strict, field_roles, role_of
-from qrag_ray.index import checkpoint as ck
+from qrag_ray.index.workdir import work_key
 from qrag_ray.search_policy import EXPERIMENTAL_SEARCH
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def test_run_options_and_the_search_policy_leave_the_identity(override):
     a, b = _dump(**base), _dump(**deep_update(base, override))
     assert a != b
     assert index_identity(a) == index_identity(b)
-    assert ck.work_key(a) == ck.work_key(b) and ck.content_config(a) == ck.content_config(b)
+    assert work_key(a) == work_key(b)
 
 
 @pytest.mark.parametrize("override", [
@@ -51,8 +51,8 @@ def test_what_decides_the_vectors_is_the_identity(override):
 
 def test_the_documents_are_in_the_content_but_not_in_the_checkpoints_key():
     a, b = _dump(input="/data/a.jsonl"), _dump(input="/data/b.jsonl")
-    assert ck.content_config(a) != ck.content_config(b)
-    assert ck.work_key(a) == ck.work_key(b) and "input" not in ck.work_key(a)
+    assert index_identity(a) != index_identity(b)
+    assert work_key(a) == work_key(b) and "input" not in work_key(a)
 
 
 def test_a_preset_counts_by_the_kinds_it_makes():

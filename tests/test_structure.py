@@ -1,17 +1,21 @@
-"""The package's shape, checked by walking its imports (top-level and function-level, with `ast`): no
-import cycle, nothing outside the CLI imports the CLI, no module grows past 400 lines (a module that
-big holds more than one job: split it by job), and the package stays within its line budget (a new
-feature pays for itself by what it makes redundant; user documentation lives in docs/). Milliseconds;
-no Ray."""
+"""The package's shape: its imports keep the contracts of pyproject.toml's [tool.importlinter] (the
+dependency direction of docs/ARCHITECTURE.md, no import cycle, nothing outside the CLI imports the
+CLI), no module grows past 400 lines (a module that big holds more than one job: split it by job), and
+the package stays within its line budget (a new feature pays for itself by what it makes redundant;
+user documentation lives in docs/). Seconds; no Ray."""
 
 from __future__ import annotations
 
-import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "qrag_ray"
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "qrag_ray"
 MAX_LINES = 400
 PACKAGE_LINES = 10_400  # the whole package, blank lines and docstrings included
 
@@ -29,92 +33,30 @@ def _modules() -> dict[str, Path]:
 MODS = _modules()
 
 
-def _owner(name: str) -> str | None:
-    """The package module `name` refers to (a module, or the module that defines the imported name)."""
-    while name and name not in MODS:
-        name = name.rpartition(".")[0]
-    return name or None
+def lint_imports(package_root: Path) -> subprocess.CompletedProcess:
+    """import-linter over the `qrag_ray` under `package_root`, with pyproject.toml's contracts."""
+    code = ("import sys; from importlinter.cli import lint_imports; "
+            f"sys.exit(lint_imports(config_filename={str(ROOT / 'pyproject.toml')!r}, no_cache=True))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=package_root,
+                          env={**os.environ, "PYTHONPATH": str(package_root)}, timeout=120)
 
 
-def import_graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {}
-    for mod, f in MODS.items():
-        pkg = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
-        deps: set[str | None] = set()
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Import):
-                deps.update(_owner(a.name) for a in node.names if a.name.startswith("qrag_ray"))
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
-                    base = ".".join(up + ([base] if base else []))
-                if base.startswith("qrag_ray"):
-                    deps.update(_owner(f"{base}.{a.name}") for a in node.names)
-        deps.discard(None)
-        deps.discard(mod)
-        graph[mod] = deps  # type: ignore[assignment]
-    return graph
+def test_import_contracts_hold():
+    """pyproject.toml's [tool.importlinter]: the layers of docs/ARCHITECTURE.md, io and models free of
+    the config, no import cycle in any package, nothing outside the CLI importing it."""
+    r = lint_imports(ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-    counter = 0
-    for root in graph:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph.get(w, ())))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    x = stack.pop()
-                    on.discard(x)
-                    comp.append(x)
-                    if x == v:
-                        break
-                if len(comp) > 1:
-                    out.append(sorted(comp))
-    return out
-
-
-def test_the_walker_sees_cycles():
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert cycles({"a": {"b"}, "b": set()}) == []
-
-
-def test_no_import_cycle():
-    assert cycles(import_graph()) == []
-
-
-def test_only_the_cli_imports_the_cli():
-    bad = {m: sorted(d for d in deps if d.startswith("qrag_ray.cli"))
-           for m, deps in import_graph().items() if not m.startswith("qrag_ray.cli")}
-    assert {m: d for m, d in bad.items() if d} == {}
+def test_import_contracts_catch_what_they_forbid(tmp_path):
+    """Each contract on a copy of the package with one import that breaks it: none holds vacuously."""
+    shutil.copytree(PKG, tmp_path / "qrag_ray", ignore=shutil.ignore_patterns("__pycache__"))
+    for mod, imp in (("config_roles", "qrag_ray.io.readers"), ("models/tiny", "qrag_ray.search_policy"),
+                     ("text/sentences", "qrag_ray.text.chunking"), ("ports", "qrag_ray.cli.app")):
+        with open(tmp_path / "qrag_ray" / f"{mod}.py", "a") as f:
+            f.write(f"import {imp}\n")
+    r = lint_imports(tmp_path)
+    assert r.returncode != 0 and "Contracts: 0 kept, 4 broken." in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("mod", sorted(MODS))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
@@ -12,7 +11,7 @@ def register(app: typer.Typer) -> None:
     cache_app = typer.Typer(no_args_is_help=True, help="The question cache (cache_dir, QRAG_QUESTION_CACHE).")
 
     @cache_app.command("stats")
-    def stats(cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder")):
+    def stats(cache_dir: str | None = typer.Option(None, "--cache-dir", help="question cache folder")):
         """Files and rows in the cache."""
         from qrag_ray.generation.cache import QuestionCache
 
@@ -20,7 +19,7 @@ def register(app: typer.Typer) -> None:
         print(json.dumps({"root": str(c.root), "files": len(c.files()), "rows": len(c)}))
 
     @cache_app.command("compact")
-    def compact(cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder"),
+    def compact(cache_dir: str | None = typer.Option(None, "--cache-dir", help="question cache folder"),
                 buckets: int = typer.Option(16, "--buckets", help="output files (keys split by hash)")):
         """Merge the cache's run files into a few files with one row per key."""
         from qrag_ray.errors import QragError

@@ -11,14 +11,13 @@ import os
 import time
 from itertools import zip_longest
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from qrag_ray.cli.app import err
-from qrag_ray.cli.serve_cmd import clip
+from qrag_ray.cli.query_cmd import clip
 from qrag_ray.io.pydoc_corpus import DEMO_EXPECTED, DEMO_QUERIES, DEMO_TOPICS, write_pydoc_corpus
 
 QUESTION_REPRESENTATION = "hybrid"  # chunk + its generated questions, fused by the best vector
@@ -74,20 +73,20 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         workdir: str = typer.Option("runs/demo", "--workdir", help="where the corpus and the two indexes go"),
-        representation: Optional[str] = typer.Option(
+        representation: str | None = typer.Option(
             None, "--representation", "-r",
             help=f"the question index (default {QUESTION_REPRESENTATION}; {NO_LLM_REPRESENTATION} without the LLM)"),
         baseline: str = typer.Option(BASELINE_REPRESENTATION, "--baseline", help="the index it is compared with"),
-        generator: Optional[str] = typer.Option(None, "--generator", "-g",
+        generator: str | None = typer.Option(None, "--generator", "-g",
                                                 help="vllm|openai|none (default: vllm when installed)"),
-        topics: Optional[str] = typer.Option(None, "--topics", help="comma-separated pydoc topics (default: the statements subset)"),
+        topics: str | None = typer.Option(None, "--topics", help="comma-separated pydoc topics (default: the statements subset)"),
         all_topics: bool = typer.Option(False, "--all-topics", help="index all 79 topics (slow with the LLM)"),
         questions: int = typer.Option(8, "--questions", "-n", help="questions the LLM writes per chunk"),
         prompt: str = typer.Option("hype-fewshot", "--prompt", help="question prompt template"),
         shards: int = typer.Option(2, "--shards"),
         k: int = typer.Option(3, "--k"),
-        query: Optional[list[str]] = typer.Option(None, "--query", "-q", help="ask your own question(s)"),
-        cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder (default ~/.cache/qrag-ray/questions)"),
+        query: list[str] | None = typer.Option(None, "--query", "-q", help="ask your own question(s)"),
+        cache_dir: str | None = typer.Option(None, "--cache-dir", help="question cache folder (default ~/.cache/qrag-ray/questions)"),
     ):
         """Question-based retrieval on the Python language reference, next to the chunk baseline."""
         from qrag_ray.config import build_index_config

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
@@ -17,23 +16,23 @@ def register(app: typer.Typer) -> None:
         dataset: str = typer.Option(..., "--dataset", help="squad|bipar|beir|jsonl"),
         data: str = typer.Option(..., "--data", help="SQuAD JSON file, BEIR folder, or folder with corpus.jsonl/queries.jsonl/qrels.tsv"),
         representations: str = typer.Option("chunk,atom-sentence", "--representations", help="comma-separated"),
-        subset: Optional[int] = typer.Option(None, "--subset", help="first N contexts/documents with their queries"),
+        subset: int | None = typer.Option(None, "--subset", help="first N contexts/documents with their queries"),
         offset: int = typer.Option(0, "--offset", help="skip the first N contexts/documents (a held-out slice: --offset 300 --subset 300)"),
         k: str = typer.Option("1,2,5,10,20", "--k", help="cut-offs for recall@k / title accuracy"),
         output: str = typer.Option("runs/eval", "--output", "-o"),
-        config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML index config applied to every variant"),
-        generator: Optional[str] = typer.Option(None, "--generator", help="vllm|openai|precomputed|none"),
-        questions: Optional[int] = typer.Option(None, "--questions"),
-        prompt: Optional[str] = typer.Option(None, "--prompt"),
-        embedder: Optional[str] = typer.Option(None, "--embedder"),
-        shards: Optional[int] = typer.Option(None, "--shards"),
-        factory: Optional[str] = typer.Option(None, "--factory"),
-        prune_taus: Optional[str] = typer.Option(None, "--prune-taus", help="τ sweep, e.g. 0.95,0.9,0.85"),
-        questions_sweep: Optional[str] = typer.Option(None, "--questions-sweep", help="e.g. 1,5,10,auto"),
+        config: str | None = typer.Option(None, "--config", "-c", help="YAML index config applied to every variant"),
+        generator: str | None = typer.Option(None, "--generator", help="vllm|openai|precomputed|none"),
+        questions: int | None = typer.Option(None, "--questions"),
+        prompt: str | None = typer.Option(None, "--prompt"),
+        embedder: str | None = typer.Option(None, "--embedder"),
+        shards: int | None = typer.Option(None, "--shards"),
+        factory: str | None = typer.Option(None, "--factory"),
+        prune_taus: str | None = typer.Option(None, "--prune-taus", help="τ sweep, e.g. 0.95,0.9,0.85"),
+        questions_sweep: str | None = typer.Option(None, "--questions-sweep", help="e.g. 1,5,10,auto"),
         hyde: bool = typer.Option(False, "--hyde", help="add the HyDE query-time baseline (needs an LLM)"),
         strict: bool = typer.Option(False, "--strict", help="fail when a generated question equals a query"),
         split: str = typer.Option("test", "--split", help="BEIR qrels split"),
-        variants_file: Optional[str] = typer.Option(None, "--variants", help="YAML list of named variants (label, representation, config overrides) added after --representations"),
+        variants_file: str | None = typer.Option(None, "--variants", help="YAML list of named variants (label, representation, config overrides) added after --representations"),
     ):
         """Compare representations side by side on labelled data."""
         from qrag_ray.config import deep_update, nest_dotted
@@ -68,9 +67,9 @@ def register(app: typer.Typer) -> None:
     @app.command("matrix")
     def matrix_cmd(
         path: str = typer.Option("eval/matrix.yaml", "--matrix", help="regression matrix YAML"),
-        ids: Optional[str] = typer.Option(None, "--ids", help="comma-separated condition ids"),
-        tags: Optional[str] = typer.Option(None, "--tags", help="comma-separated tags, e.g. ci"),
-        json_out: Optional[str] = typer.Option(None, "--json", help="write measured figures here"),
+        ids: str | None = typer.Option(None, "--ids", help="comma-separated condition ids"),
+        tags: str | None = typer.Option(None, "--tags", help="comma-separated tags, e.g. ci"),
+        json_out: str | None = typer.Option(None, "--json", help="write measured figures here"),
     ):
         """Re-run the regression matrix; exit 1 on a regression beyond tolerance."""
         from qrag_ray.evaluation.driver import evaluate_condition, parse_list
@@ -88,8 +87,8 @@ def register(app: typer.Typer) -> None:
     def suite_cmd(
         path: str = typer.Option("eval/suite.yaml", "--suite", help="suite YAML (datasets x configurations -> figures)"),
         slice_name: str = typer.Option("full", "--slice", help="'full', or a slice the YAML names (e.g. ci)"),
-        datasets: Optional[str] = typer.Option(None, "--datasets", help="comma-separated dataset names (default: all)"),
-        configs: Optional[str] = typer.Option(None, "--configs", help="comma-separated config names (default: all)"),
+        datasets: str | None = typer.Option(None, "--datasets", help="comma-separated dataset names (default: all)"),
+        configs: str | None = typer.Option(None, "--configs", help="comma-separated config names (default: all)"),
         output: str = typer.Option("runs/suite", "--output", "-o"),
         record: bool = typer.Option(False, "--record", help="also print the measured table as an expected: block"),
         resume: bool = typer.Option(False, "--resume", help="keep figures an earlier run of this slice wrote to --output"),

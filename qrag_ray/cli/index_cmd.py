@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -15,7 +14,7 @@ from qrag_ray.errors import QragError
 def register(app: typer.Typer) -> None:
     @app.command()
     def index(
-        input: Optional[str] = typer.Option(None, "--input", "-i", help="corpus file, folder or glob"),
+        input: str | None = typer.Option(None, "--input", "-i", help="corpus file, folder or glob"),
         format: str = typer.Option("jsonl", "--format", "-f", help="jsonl|parquet|msmarco|beir|html"),
         output: str = typer.Option(..., "--output", "-o", help="index directory to publish"),
         representation: str = typer.Option(None, "--representation", "-r",
@@ -23,25 +22,25 @@ def register(app: typer.Typer) -> None:
         shards: int = typer.Option(None, "--shards", "-s", help="number of shards (>= 1)"),
         generator: str = typer.Option(None, "--generator", "-g", help="vllm|openai|precomputed|none"),
         questions: int = typer.Option(None, "--questions", "-n", help="questions per chunk prompt"),
-        config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML config (flags override it)"),
+        config: str | None = typer.Option(None, "--config", "-c", help="YAML config (flags override it)"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing index at --output"),
-        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: local Ray in-process)"),
-        factory: Optional[str] = typer.Option(None, "--factory", help="FAISS factory string, e.g. Flat, HNSW32, IVF1024,PQ48"),
-        prune_tau: Optional[float] = typer.Option(None, "--prune-tau", help="Q-Q pruning threshold"),
-        chunker: Optional[str] = typer.Option(None, "--chunker", help="token|sentence|paragraph|none"),
-        chunk_size: Optional[int] = typer.Option(None, "--chunk-size"),
-        chunk_overlap: Optional[int] = typer.Option(None, "--chunk-overlap"),
-        embedder: Optional[str] = typer.Option(None, "--embedder", help="embedder name or local folder"),
-        model: Optional[str] = typer.Option(None, "--model", help="LLM for question generation (name or local folder)"),
-        prompt: Optional[str] = typer.Option(None, "--prompt", help="prompt template name"),
-        base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for --generator openai"),
-        cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="question cache folder"),
-        bm25: Optional[bool] = typer.Option(None, "--bm25/--no-bm25", help="also build a BM25 index per shard (hybrid search)"),
-        bm25_alpha: Optional[float] = typer.Option(
+        address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: local Ray in-process)"),
+        factory: str | None = typer.Option(None, "--factory", help="FAISS factory string, e.g. Flat, HNSW32, IVF1024,PQ48"),
+        prune_tau: float | None = typer.Option(None, "--prune-tau", help="Q-Q pruning threshold"),
+        chunker: str | None = typer.Option(None, "--chunker", help="token|sentence|paragraph|none"),
+        chunk_size: int | None = typer.Option(None, "--chunk-size"),
+        chunk_overlap: int | None = typer.Option(None, "--chunk-overlap"),
+        embedder: str | None = typer.Option(None, "--embedder", help="embedder name or local folder"),
+        model: str | None = typer.Option(None, "--model", help="LLM for question generation (name or local folder)"),
+        prompt: str | None = typer.Option(None, "--prompt", help="prompt template name"),
+        base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for --generator openai"),
+        cache_dir: str | None = typer.Option(None, "--cache-dir", help="question cache folder"),
+        bm25: bool | None = typer.Option(None, "--bm25/--no-bm25", help="also build a BM25 index per shard (hybrid search)"),
+        bm25_alpha: float | None = typer.Option(
             None, "--bm25-alpha", help="default hybrid weight of the dense score, 0..1 (implies --bm25)"),
         json_out: bool = typer.Option(False, "--json", help="print the build report as JSON"),
-        append: Optional[str] = typer.Option(None, "--append", help="add these documents to the index at --output (new version)"),
-        delete_ids: Optional[str] = typer.Option(None, "--delete-ids", help="file of document ids to remove from the index at --output"),
+        append: str | None = typer.Option(None, "--append", help="add these documents to the index at --output (new version)"),
+        delete_ids: str | None = typer.Option(None, "--delete-ids", help="file of document ids to remove from the index at --output"),
         keep_work: bool = typer.Option(False, "--keep-work", help="keep the checkpoints (later --append/--delete-ids reuse them)"),
     ):
         """Build a sharded question index from a corpus."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
@@ -16,8 +15,8 @@ def register(app: typer.Typer) -> None:
         query: str = typer.Argument(..., help="the question"),
         index: str = typer.Option(..., "--index", help="index directory"),
         k: int = typer.Option(10, "--k", "-k", help="number of distinct chunks"),
-        min_score: Optional[float] = typer.Option(None, "--min-score"),
-        bm25_alpha: Optional[float] = typer.Option(
+        min_score: float | None = typer.Option(None, "--min-score"),
+        bm25_alpha: float | None = typer.Option(
             None, "--bm25-alpha", help="hybrid search with this dense weight (0..1; the index needs a BM25 channel)"),
     ):
         """Search an index in-process (no server) and print JSON results."""

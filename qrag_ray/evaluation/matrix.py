@@ -19,7 +19,7 @@ from qrag_ray.config import deep_update, format_validation_error, index_config
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EVAL_KINDS, check_slice
 from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
-from qrag_ray.io.yaml_file import read_yaml
+from qrag_ray.yaml_file import read_yaml
 
 DEFAULT_TOLERANCE = 1.0
 

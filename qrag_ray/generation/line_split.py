@@ -1,6 +1,6 @@
-"""One prepared reply line -> the questions on it with their answers, or its sentences: where a
-question or a sentence starts (not after an abbreviation or an initial) and where the text before a
-question is the previous question's answer. Pure functions, no model, no Ray.
+"""One prepared reply line -> the questions on it with their answers: where a question starts (a
+sentence start, not after an abbreviation or an initial: text/sentences.py's rule) and where the text
+before a question is the previous question's answer. Pure functions, no model, no Ray.
 """
 
 from __future__ import annotations
@@ -8,12 +8,7 @@ from __future__ import annotations
 import re
 
 from qrag_ray.generation.reply_text import ANSWER_LABEL, PREAMBLE, strip_prefixes, strip_wrappers
-
-_ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "eg", "ie", "inc", "ltd",
-    "co", "corp", "no", "vol", "fig", "approx", "gen", "gov", "rev", "mt", "ft", "u.s", "u.k", "a.m", "p.m",
-    "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "op", "cf", "al",
-}
+from qrag_ray.text.sentences import keeps_its_dot
 
 _WH = r"(?:what|which|who|whom|whose|when|where|why|how)"
 _AUX = (
@@ -34,20 +29,11 @@ def is_interrogative(text: str) -> bool:
     return bool(_INTERROGATIVE.match(text.strip().lstrip("¿\"'“‘*_(")))
 
 
-def _is_boundary(text: str, pos: int) -> bool:
-    """Is the punctuation at text[pos] a sentence boundary (not an abbreviation or initial)?"""
-    if text[pos] in "!;:":
-        return True
-    # '.': look at the word before
-    word = re.search(r"([\w.]+)\.?$", text[:pos + 1].rstrip("."))
-    w = (word.group(1) if word else "").lower().rstrip(".")
-    return not w or not (w in _ABBREVIATIONS or (len(w) == 1 and w.isalpha())
-                         or re.fullmatch(r"(?:[a-z]\.)+[a-z]", w))
-
-
 def _boundaries(seg: str) -> list[int]:
-    """Start offsets of sentences inside `seg` (after '. ', '! ', ': ', '; ' followed by a non-lowercase char)."""
-    return [m.end() for m in re.finditer(r"[.!;:]+(\s+)(?=[^a-z\s])", seg) if _is_boundary(seg, m.start())]
+    """Start offsets of sentences inside `seg`: after '. ', '! ', ': ', '; ' followed by a non-lowercase
+    char, but not after the full stop of an abbreviation or an initial."""
+    return [m.end() for m in re.finditer(r"[.!;:]+(\s+)(?=[^a-z\s])", seg)
+            if seg[m.start()] in "!;:" or not keeps_its_dot(seg[:m.start() + 1])]
 
 
 def clean_question(s: str) -> str:
@@ -117,15 +103,3 @@ def split_line(line: str) -> tuple[list[list[str]], str]:
         pairs[-1][1] = tail
         return pairs, lead
     return pairs, tail
-
-
-def sentences(line: str) -> list[str]:
-    """The non-empty sentences of `line`; a full stop after an abbreviation or an initial does not end one."""
-    parts, start = [], 0
-    for m in re.finditer(r"[.!?]+[\"'”’)\]]*(\s+)(?=[^a-z\s])", line):
-        if line[m.start()] != "." or _is_boundary(line, m.start()):
-            parts.append(line[start:m.start(1)].strip())
-            start = m.end()
-    parts.append(line[start:].strip())
-    return [p for p in parts if p]
-

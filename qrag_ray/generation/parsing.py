@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 
-from qrag_ray.generation.line_split import clean_answer, clean_question, is_interrogative, sentences, split_line
+from qrag_ray.generation.line_split import clean_answer, clean_question, is_interrogative, split_line
 from qrag_ray.generation.reply_text import (ANSWER_LABEL, ANSWER_LINE, FENCE, PREAMBLE, ROLE_LINE, Dedup, acceptable,
                                             clean_text, drop_cut_tail, looks_cut, normalize_key, reply_lines,
                                             strip_prefixes, strip_wrappers)
+from qrag_ray.text import sentences
 
 __all__ = ["clean_text", "is_interrogative", "normalize_key", "parse_atoms", "parse_output", "parse_qa",
            "parse_questions", "strip_reply_format"]
@@ -117,7 +118,7 @@ def parse_atoms(raw: str | None, *, max_atoms: int | None = None, truncated: boo
     for line in lines:
         if line.rstrip().endswith(":") or _META.search(line):
             continue
-        for piece in sentences(line) if split_sentences else [line]:
+        for piece in sentences.split_sentences(line) if split_sentences else [line]:
             piece = strip_wrappers(re.sub(r"\s+", " ", piece)).strip()
             announces = PREAMBLE.match(piece) and ("fact" in piece.lower() or "statement" in piece.lower())
             if announces or piece.endswith(":") or not acceptable(piece, min_words, max_words):

@@ -1,6 +1,6 @@
-"""On-disk index format (docs/ARCHITECTURE.md): paths, the typed manifest, checksums, atomic publish
-(a verified temp directory renamed over the target: no reader sees a half-written index, and a crash
-mid-build leaves the previous one in place)."""
+"""On-disk index format (docs/ARCHITECTURE.md): paths, names from content (63-bit keys, hashes), the
+typed manifest and its checksums, atomic writes (a temporary name renamed over the path) and publish (a
+verified temp directory renamed over the target): no reader sees a half-written file or index."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from qrag_ray.errors import IndexFormatError, QragError
@@ -23,12 +26,26 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 CHUNKS = "chunks.parquet"
 SHARDS_DIR = "shards"
-_MASK63 = (1 << 63) - 1
+
+
+def key63(text: str) -> int:
+    """Stable 63-bit key of a string (a chunk id, a vector row): int64 columns and FAISS ids, sign bit clear."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
 def chunk_key(chunk_id: str) -> int:
-    """Stable 63-bit integer key of a chunk id (FAISS-side arrays hold ints, not strings)."""
-    return int.from_bytes(hashlib.blake2b(chunk_id.encode(), digest_size=8).digest(), "little") & _MASK63
+    """A chunk's `chunk_idx` (FAISS-side arrays hold ints, not strings)."""
+    return key63(chunk_id)
+
+
+def stable_hash(obj) -> str:
+    """sha256 of JSON data, key order aside: the same content gives the same name in every run."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def manifest_content_hash(files: dict[str, str], content: dict) -> str:
+    """Every file's sha256 plus the content config, no timings or hosts: a resumed build hashes the same."""
+    return stable_hash({"files": dict(sorted(files.items())), "content": content})
 
 
 def shard_of(chunk_idx: int, num_shards: int) -> int:
@@ -52,6 +69,26 @@ def shard_bm25(shard: int) -> str:
 def files_under(m: "Manifest", folder: str) -> list[str]:
     """The manifest's files inside `folder` (a shard's BM25 folder), for verify_files."""
     return [rel for rel in m.files if rel.startswith(folder.rstrip("/") + "/")]
+
+
+def atomic_write(path: Path, write, suffix: str = "") -> None:
+    """`write(tmp)` to a temporary name beside `path`, then rename it to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp{suffix}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def atomic_save_npy(arr: np.ndarray, path: Path) -> None:
+    atomic_write(path, lambda tmp: np.save(tmp, arr), ".npy")  # np.save appends .npy to any other name
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def atomic_write_parquet(table: pa.Table, path: Path) -> None:
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def sha256_file(path: str | Path) -> str:
@@ -114,7 +151,7 @@ class IndexDescription(_Record):
     generation: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     stage_seconds: dict[str, float] | None = None
-    content: dict[str, Any] | None = None  # the content config (checkpoint.content_config)
+    content: dict[str, Any] | None = None  # the index identity (config.index_identity)
 
     @model_validator(mode="after")
     def _one_entry_per_shard(self):
@@ -213,13 +250,9 @@ def write_manifest(tmp_dir: Path, description: IndexDescription) -> Manifest:
     extra: dict[str, Any] = {"format_version": FORMAT_VERSION, "files": files, "index_version": version,
                              "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if description.content is not None:
-        from qrag_ray.index.checkpoint import manifest_content_hash
-
         extra["content_hash"] = manifest_content_hash(files, description.content)
     m = Manifest.model_validate({**description.model_dump(mode="json", exclude_unset=True), **extra, "path": tmp_dir})
-    tmp = tmp_dir / (MANIFEST + ".part")
-    tmp.write_text(json.dumps(m.data, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, tmp_dir / MANIFEST)
+    atomic_write_text(tmp_dir / MANIFEST, json.dumps(m.data, indent=2, sort_keys=True, default=str))
     return m
 
 

@@ -19,7 +19,7 @@ class BuildPlan:
 
     cfg: IndexConfig
     out: Path  # the index directory to publish
-    work: Path  # the checkpoints (qrag_ray.index.checkpoint)
+    work: Path  # the checkpoints (qrag_ray.index.workdir)
     run: str  # this run's id: the chunk parts and row keys it registers
     kinds: list[str]  # vector kinds to store
     granularity: str | None  # questions per chunk or per atom; None: no LLM questions

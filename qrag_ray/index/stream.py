@@ -15,7 +15,8 @@ from qrag_ray.embedding import Tokenize, embedder_dim
 from qrag_ray.errors import QragError
 from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.generation.stage import GenerationStats, generate
-from qrag_ray.index import checkpoint as ck
+from qrag_ray.index import workdir as ck
+from qrag_ray.index.format import atomic_write_text
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.udfs import (EmbedSink, attach_atoms, make_atomize_requests, make_base_rows, make_chunker,
                                  make_question_requests, make_question_rows)
@@ -71,8 +72,8 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
     out = Streamed(run=plan.run, rows=counts["rows"], dim=_dim_of(plan), documents=documents, chunks=n_chunks,
                    questions=counts["questions"], embedded=counts["embedded"],
                    reused=counts["rows"] - counts["embedded"], generation=generation)
-    ck.atomic_write_text(done, json.dumps({"inputs": plan.inputs, "run": out.run, "rows": out.rows, "dim": out.dim,
-                                           **{k: getattr(out, k) for k in _COUNTED}}))
+    atomic_write_text(done, json.dumps({"inputs": plan.inputs, "run": out.run, "rows": out.rows, "dim": out.dim,
+                                        **{k: getattr(out, k) for k in _COUNTED}}))
     return out
 
 

@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from qrag_ray.config import IndexBuildConfig, IndexConfig
-from qrag_ray.index import checkpoint as ck
-from qrag_ray.index.format import CHUNKS, shard_bm25
+from qrag_ray.index import workdir as ck
+from qrag_ray.index.format import CHUNKS, atomic_write, atomic_write_text, shard_bm25, stable_hash
 from qrag_ray.index.lexical import globalize_idf
 from qrag_ray.index.rows import CHUNK_SCHEMA, check_unique_chunks, vector_schema
 from qrag_ray.index.udfs import SAMPLE_STRIPE
@@ -66,7 +66,7 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
         return str(path)
     index = build_faiss(sample, IndexBuildConfig(factory=factory, train_sample=max(1, len(sample)), use_gpu=False),
                         add=False)
-    ck.atomic_write(path, lambda tmp: faiss.write_index(index, str(tmp)))
+    atomic_write(path, lambda tmp: faiss.write_index(index, str(tmp)))
     return str(path)
 
 
@@ -92,8 +92,8 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     chunk_files = sorted(w / "chunks" / sd / f"{p['part']}.parquet" for p in parts)
     vec_files = ck.parquet_files(w / "vectors" / sd)
     keep = ck.run_row_keys(w, run, shard)
-    sig = ck.stable_hash({"files": [f.name for f in chunk_files + vec_files],
-                          "extra": [trained and Path(trained).name, dim, hashlib.sha256(keep.tobytes()).hexdigest()]})
+    sig = stable_hash({"files": [f.name for f in chunk_files + vec_files],
+                       "extra": [trained and Path(trained).name, dim, hashlib.sha256(keep.tobytes()).hexdigest()]})
     out = w / "built" / f"{shard:05d}"
     stats_path = out / "stats.json"
     if stats_path.is_file():
@@ -116,7 +116,7 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
                                                ("row_key", "ascending")]))
     stats = write_shard(shard, drop_duplicate_rows(table), out, cfg.filters, cfg.index, dim, cfg.bm25, trained=trained)
     stats.update(chunk_rows=int(chunks.num_rows), signature=sig)
-    ck.atomic_write_text(stats_path, json.dumps(stats))
+    atomic_write_text(stats_path, json.dumps(stats))
     return {**stats, "reused": False}
 
 

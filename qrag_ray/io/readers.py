@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from qrag_ray.config import INPUT_FORMATS
 from qrag_ray.errors import QragError
 
+INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")  # IndexConfig.format lists the same
 _ID_KEYS = ("doc_id", "id", "_id", "pid", "docid")
 _SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz"), "parquet": (".parquet",), "msmarco": (".tsv",),
              "html": (".html", ".htm")}

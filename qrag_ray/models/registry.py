@@ -30,12 +30,19 @@ def resolve_embedder(name: str) -> str:
                     f"{list(_EMBEDDER_ALIASES)} (no hub downloads)")
 
 
+def local_llm(name: str) -> Path | None:
+    """The local folder `name` gives, or None for the bundled LLM's alias; QragError for anything else."""
+    if (folder := Path(name).expanduser()).is_dir():
+        return folder
+    if name.lower() not in _LLM_ALIASES:
+        raise QragError(f"unknown LLM '{name}': give a local HF model folder or one of {list(_LLM_ALIASES)}")
+    return None
+
+
 def resolve_llm(name: str) -> str:
     """An HF-format folder vLLM can load: the bundled Qwen (prepared once, cached) or a local path."""
-    if Path(name).expanduser().is_dir():
-        return str(Path(name).expanduser().resolve())
-    if name.lower() in _LLM_ALIASES:
-        from qrag_ray.models.qwen import ensure_qwen_hf
+    if (folder := local_llm(name)) is not None:
+        return str(folder.resolve())
+    from qrag_ray.models.qwen import ensure_qwen_hf
 
-        return str(ensure_qwen_hf())
-    raise QragError(f"unknown LLM '{name}': give a local HF model folder or one of {list(_LLM_ALIASES)}")
+    return str(ensure_qwen_hf())

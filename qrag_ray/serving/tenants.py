@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qrag_ray.errors import QragError
-from qrag_ray.io.yaml_file import read_yaml
+from qrag_ray.yaml_file import read_yaml
 from qrag_ray.serving.api_models import INDEX_NAME
 from qrag_ray.serving.errors import ApiError, forbidden, unauthorized
 

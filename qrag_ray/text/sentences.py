@@ -1,6 +1,7 @@
-"""Sentences for structured atoms and the sentence chunker: split on end punctuation and whitespace (what
-a user would do without a tagger, and what the reference figures used) but not after common abbreviations
-or single-letter initials ("U.S.", "Dr.", "J. Smith"), which would leave fragments that embed badly."""
+"""The one sentence splitter, for corpus text (structured atoms, the sentence chunker) and LLM replies
+alike: split on end punctuation and whitespace (what a user would do without a tagger, and what the
+reference figures used) but not after common abbreviations or single-letter initials ("U.S.", "Dr.",
+"J. Smith"), which would leave fragments that embed badly."""
 
 from __future__ import annotations
 
@@ -14,18 +15,21 @@ _ABBREVIATIONS = {
 _BOUNDARY = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
 
 
+def keeps_its_dot(text: str) -> bool:
+    """Does `text`, ending with a full stop, end with an abbreviation or an initial (so the stop does not
+    end a sentence)? The word is the last whitespace-delimited one, without its dots and opening quotes."""
+    word = (text.rsplit(None, 1) or [""])[-1].rstrip(".").lower().lstrip("(\"'“‘")
+    return text.endswith(".") and (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()))
+
+
 def split_sentences(text: str) -> list[str]:
     """Sentences of `text`, stripped, in order; empty input gives []."""
     text = (text or "").strip()
     out: list[str] = []
     start = 0
     for m in _BOUNDARY.finditer(text):
-        candidate = text[start:m.start()].rstrip()
-        # the word that ends at the boundary, without its final dot
-        word = (candidate.rsplit(None, 1) or [""])[-1].rstrip(".").lower().lstrip("(\"'“‘")
-        if candidate.endswith(".") and (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())):
+        if keeps_its_dot(text[start:m.start()].rstrip()):
             continue
-        if piece := text[start:m.end()].strip():
-            out.append(piece)
+        out.append(text[start:m.end()].strip())  # never empty: it holds the boundary's end punctuation
         start = m.end()
     return out + [tail] if (tail := text[start:].strip()) else out

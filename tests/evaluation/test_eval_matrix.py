@@ -157,7 +157,7 @@ def test_repo_matrix_is_valid():
     ci = [c for c in conds.values() if "ci" in c.tags]
     # CI slices are small subsets with measured figures to hold (a record-only CI row checks nothing)
     assert ci and all(c.subset and not c.record_only for c in ci)
-    # a measurement matching the DESIGN figures passes; a planted 2-point drop fails
+    # a measurement matching the recorded figures passes; a planted 2-point drop fails
     good = {"squad-dev-chunk-minilm": {"R@1": 0.625, "R@2": 0.75, "R@5": 0.864, "R@10": 0.917}}
     assert check(list(conds.values()), good) == []
     bad = {"squad-dev-chunk-minilm": {**good["squad-dev-chunk-minilm"], "R@5": 0.844}}

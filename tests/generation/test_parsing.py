@@ -12,6 +12,7 @@ import pytest
 
 from qrag_ray.generation.parsing import (clean_text, is_interrogative, normalize_key, parse_atoms, parse_output,
                                          parse_qa, parse_questions)
+from qrag_ray.text.sentences import split_sentences
 
 from .conftest import LLM_OUTPUTS
 
@@ -219,6 +220,14 @@ def test_parse_atoms_atomize():
     assert parse_atoms(raw("qwen05b_atomize.txt"), split_sentences=False)[2] == (
         "The Eiffel Tower was designed by Gustave Eiffel's company. It was completed in 1889.")
 
+
+
+def test_atom_lines_split_like_the_corpus():
+    """A reply line splits into sentences by the corpus's rule (text/sentences.py): abbreviations and
+    initials keep their dot, and a sentence may start in lower case."""
+    line = "Dr. Smith moved to the U.S. in 1990. iOS came out in 2007. J. R. R. Tolkien wrote The Hobbit."
+    assert parse_atoms(line) == split_sentences(line) == [
+        "Dr. Smith moved to the U.S. in 1990.", "iOS came out in 2007.", "J. R. R. Tolkien wrote The Hobbit."]
 
 def test_parse_atoms_truncated():
     cut = "Berlin is one of the states of Germ"

@@ -7,7 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from qrag_ray.index import checkpoint as ck
+from qrag_ray.config import index_identity
+from qrag_ray.index import workdir as ck
+from qrag_ray.index.format import atomic_write_parquet, chunk_key, manifest_content_hash
 
 
 @pytest.mark.integration
@@ -35,6 +37,15 @@ def test_row_keys_name_content_not_position():
     assert ck.isin_sorted(a, np.zeros(0, np.int64)).tolist() == [False] * 3
 
 
+def test_keys_and_content_hash_are_pinned():
+    """Chunk keys, row keys and the content hash name what earlier builds wrote: a changed hash would
+    make every index and work dir on disk look foreign."""
+    assert chunk_key("doc#0") == 6624106053859343019
+    assert ck.row_keys([chunk_key("doc#0")], ["chunk"], [0], ["x"], ["x"]).tolist() == [2688597523227159469]
+    assert manifest_content_hash({"chunks.parquet": "cd"}, {"representation": "chunk"}) == (
+        "04547a3b8a7ec4dbadf5b114b0d6e4492d6ff9b1d9c4397ba5db1d1f0c7530d5")
+
+
 def test_sample_is_chosen_by_key_whatever_the_parts(tmp_path):
     from qrag_ray.index.tasks import sample_vectors
 
@@ -46,7 +57,7 @@ def test_sample_is_chosen_by_key_whatever_the_parts(tmp_path):
         for i, idx in enumerate(np.split(np.arange(500), splits)):
             t = pa.table({"row_key": keys[idx], "store": np.ones(len(idx), bool),
                           "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs[idx].ravel()), 8)})
-            ck.atomic_write_parquet(t, root / "vectors" / "s=00000" / f"{i:03d}.parquet")
+            atomic_write_parquet(t, root / "vectors" / "s=00000" / f"{i:03d}.parquet")
 
     write(tmp_path / "a", [100, 300])
     write(tmp_path / "b", [50, 120, 400, 450])
@@ -59,7 +70,7 @@ def test_sample_is_chosen_by_key_whatever_the_parts(tmp_path):
 
 def test_content_hash_ignores_timings_and_paths():
     files = {"shards/00000.faiss": "ab", "chunks.parquet": "cd"}
-    c1 = ck.content_config({"representation": "chunk", "output": "/a", "build": {"keep_work": True}})
-    c2 = ck.content_config({"representation": "chunk", "output": "/b", "build": {"keep_work": False}})
-    assert ck.manifest_content_hash(files, c1) == ck.manifest_content_hash(dict(reversed(files.items())), c2)
-    assert ck.manifest_content_hash({**files, "chunks.parquet": "ce"}, c1) != ck.manifest_content_hash(files, c1)
+    c1 = index_identity({"representation": "chunk", "output": "/a", "build": {"keep_work": True}})
+    c2 = index_identity({"representation": "chunk", "output": "/b", "build": {"keep_work": False}})
+    assert manifest_content_hash(files, c1) == manifest_content_hash(dict(reversed(files.items())), c2)
+    assert manifest_content_hash({**files, "chunks.parquet": "ce"}, c1) != manifest_content_hash(files, c1)

@@ -4,14 +4,17 @@ record parsers and the HTML text extraction that keeps table cells."""
 from __future__ import annotations
 
 import json
+import typing
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from qrag_ray.config import IndexConfig
 from qrag_ray.errors import QragError
 from qrag_ray.io.html_text import html_to_text
-from qrag_ray.io.readers import normalize_record, parse_jsonl_line, parse_msmarco_line, read_corpus, resolve_files
+from qrag_ray.io.readers import (INPUT_FORMATS, normalize_record, parse_jsonl_line, parse_msmarco_line, read_corpus,
+                                 resolve_files)
 
 
 def docs_of(ds) -> dict[str, dict]:
@@ -169,3 +172,7 @@ def test_malformed_jsonl_line_is_named(local_ray, tmp_path):
 def test_unknown_format():
     with pytest.raises(QragError, match="unknown input format 'xml'"):
         read_corpus("x", "xml")
+
+
+def test_the_config_admits_the_formats_there_are_readers_for():
+    assert typing.get_args(IndexConfig.model_fields["format"].annotation) == INPUT_FORMATS

@@ -1,8 +1,7 @@
 """The build's work dir (`<parent>/.<name>.work/`): checkpoints that let a killed `qrag index` resume
-(layout: docs/SCALING.md §6). Files are written under a temporary name and renamed, so a file that
-exists is complete. A resumed run drops the rows (by `row_key`, a hash of what they are) that any
-earlier run embedded.
-"""
+(layout: docs/SCALING.md §6): chunk and vector parts, this run's row keys, the part registry. Files are
+written atomically (index/format.py), so a file that exists is complete. A resumed run drops the rows
+(by `row_key`, a hash of what they are) that any earlier run embedded."""
 
 from __future__ import annotations
 
@@ -15,17 +14,10 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qrag_ray.config import index_identity
-
-_MASK63 = (1 << 63) - 1
-
-
-def content_config(cfg_dump: dict) -> dict:
-    """The manifest's `content`: what the index is (config.index_identity)."""
-    return index_identity(cfg_dump)
+from qrag_ray.index.format import atomic_write_text, key63
 
 
 def work_key(cfg_dump: dict) -> dict:
@@ -42,30 +34,6 @@ def run_row_keys(work: Path, run: str, shard: int) -> np.ndarray:
     """Sorted keys of every vector row this run's stream produced for a shard (embedded or reused)."""
     arrs = [np.load(f) for f in sorted(run_keys_dir(work, run, shard).glob("*.npy"))]
     return np.unique(np.concatenate(arrs)) if arrs else np.zeros(0, np.int64)
-
-
-def atomic_write(path: Path, write, suffix: str = "") -> None:
-    """`write(tmp)` to a temporary name beside `path`, then rename it to `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp{suffix}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def atomic_save_npy(arr: np.ndarray, path: Path) -> None:
-    atomic_write(path, lambda tmp: np.save(tmp, arr), ".npy")  # np.save appends .npy to any other name
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
-
-
-def atomic_write_parquet(table: pa.Table, path: Path) -> None:
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-
-
-def stable_hash(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def input_fingerprint(files: list[str]) -> list[list]:
@@ -109,8 +77,7 @@ def row_keys(chunk_idx, kind, ordinal, text, embed_text) -> np.ndarray:
     """63-bit identity of each vector row: its chunk, kind, position in the chunk and both texts."""
     rows = (f"{int(c)}\x1f{k}\x1f{int(o)}\x1f{t}\x1f{e}"
             for c, k, o, t, e in zip(chunk_idx, kind, ordinal, text, embed_text))
-    return np.fromiter((int.from_bytes(hashlib.blake2b(r.encode(), digest_size=8).digest(), "little") & _MASK63
-                        for r in rows), np.int64, len(chunk_idx))
+    return np.fromiter((key63(r) for r in rows), np.int64, len(chunk_idx))
 
 
 def part_name(keys: np.ndarray) -> str:
@@ -145,8 +112,3 @@ def run_registry(work: Path, run: str) -> Path:
 def registered_parts(work: Path, run: str) -> list[dict]:
     """The chunk parts this run wrote (one small JSON each: part name, shards, counts)."""
     return [json.loads(p.read_text()) for p in sorted(run_registry(work, run).glob("*.json"))]
-
-
-def manifest_content_hash(files: dict[str, str], content: dict) -> str:
-    """Every file's sha256 plus the content config, no timings or hosts: a resumed build hashes the same."""
-    return stable_hash({"files": dict(sorted(files.items())), "content": content})

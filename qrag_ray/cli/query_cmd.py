@@ -1,0 +1,71 @@
+"""`qrag query`: ask a running qrag server and print its results for a person (or the raw JSON)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from qrag_ray.errors import QragError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("query")
+    def query_cmd(
+        text: str = typer.Argument(..., help="the question"),
+        url: str = typer.Option("http://127.0.0.1:8000", "--url", help="server URL"),
+        key: str | None = typer.Option(None, "--key", envvar="QRAG_API_KEY", help="API key (or $QRAG_API_KEY)"),
+        k: int = typer.Option(5, "--k", "-k", help="number of distinct chunks"),
+        mode: str = typer.Option("default", "--mode", help="default|hyde"),
+        min_score: float | None = typer.Option(None, "--min-score"),
+        bm25_alpha: float | None = typer.Option(
+            None, "--bm25-alpha", help="hybrid search with this dense weight, 0..1 (index built with BM25)"),
+        answer: bool = typer.Option(False, "--answer", help="ask /v1/answer for a cited answer"),
+        json_out: bool = typer.Option(False, "--json", help="print the raw JSON response"),
+    ):
+        """Query a running qrag server and print the results for a person."""
+        import httpx
+
+        body = {"query": text, "k": k, "mode": mode, "min_score": min_score, "bm25_alpha": bm25_alpha}
+        body = {n: v for n, v in body.items() if v is not None}
+        try:
+            r = httpx.post(url.rstrip("/") + ("/v1/answer" if answer else "/v1/search"), json=body,
+                           headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=120)
+        except httpx.HTTPError as e:
+            raise QragError(f"cannot reach {url}: {e}") from None
+        try:
+            data = r.json()
+        except ValueError:
+            raise QragError(f"{url} answered HTTP {r.status_code} with a non-JSON body") from None
+        if r.status_code >= 400:
+            raise QragError(f"HTTP {r.status_code} {data.get('error', '')}: {data.get('message', data)}")
+        if json_out:
+            print(json.dumps(data, indent=2, ensure_ascii=False))
+            return
+        print_results(data, text, answer)
+
+
+def print_results(data: dict, query: str, answer: bool = False) -> None:
+    out = Console()
+    if answer:
+        out.rule(f"[bold]{query}")
+        out.print(data.get("answer", ""))
+        for c in data.get("citations", []):
+            out.print(f"  [{c['n']}] {c['chunk_id']}")
+    t = Table(show_lines=True, title=f"{len(data.get('results', []))} results from '{data.get('index')}' (index "
+                                     f"{str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)")
+    for col in ("#", "score", "chunk", "matched", "text"):
+        t.add_column(col, justify="right" if col in ("#", "score") else "left")
+    for i, r in enumerate(data.get("results", []), 1):
+        best = r["matched"][0] if r.get("matched") else {}
+        t.add_row(str(i), f"{r['score']:.3f}", r["chunk_id"],
+                  f"{best.get('kind', '')}: {clip(best.get('text', ''), 100)}", clip(r.get("text", ""), 200))
+    out.print(t)
+
+
+def clip(s: str, n: int) -> str:
+    """`s` on one line, cut to at most `n` characters."""
+    s = " ".join(str(s).split())
+    return s if len(s) <= n else s[: n - 1] + "…"
