@@ -56,21 +56,27 @@ class FilterConfig(Strict):
     keep_chunk_fallback: bool = True  # a chunk left with no vector keeps its own text vector
 
 
-# throughput knobs and the inference backend (ONNX and torch give the same vectors to float rounding)
-@field_roles(run=("batch_size", "num_gpus", "actors", "threads", "backend", "tokens_per_batch", "tokenize"))
 class EmbedderConfig(Strict):
+    """The model that makes the vectors, and what changes them; how fast it runs is `build.embedder`."""
+
     model: str = "all-MiniLM-L6-v2"  # registry name or a local sentence-transformers folder
+    max_seq_length: int | None = None
+    dtype: Literal["auto", "float32", "tf32", "bfloat16", "float16"] = Field(
+        "auto", description="forward-pass precision: auto is float32 on CPU (vectors unchanged) and bfloat16 on "
+        "CUDA (keeps rankings); tf32 is CUDA only")
+
+
+class EmbedderRunConfig(Strict):
+    """How the build's embedder runs: throughput and the inference backend (ONNX and torch give the same
+    vectors to float rounding)."""
+
     batch_size: int = Field(64, ge=1)
     num_gpus: float = 0.0
     actors: int = Field(1, ge=1)
-    max_seq_length: int | None = None
     threads: int | None = Field(None, ge=1, description="torch threads per CPU actor (default: cores / actors); "
                                 "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
     # CPU inference: onnx (qrag_ray/onnx_backend.py), torch, or auto (onnx where it runs); GPUs use torch
     backend: Literal["auto", "torch", "onnx"] = "auto"
-    dtype: Literal["auto", "float32", "tf32", "bfloat16", "float16"] = Field(
-        "auto", description="forward-pass precision: auto is float32 on CPU (vectors unchanged) and bfloat16 on "
-        "CUDA (keeps rankings); tf32 is CUDA only")
     tokens_per_batch: int = Field(65536, ge=256, description="GPU forward pass size in tokens (rows x padded "
                                   "length), not rows, so short and long texts both fill the GPU")
     tokenize: Literal["auto", "actor", "tasks"] = Field(
@@ -103,7 +109,7 @@ class Bm25Config(Strict):
         return v or None
 
 
-class IndexBuildConfig(Strict):
+class FaissConfig(Strict):
     factory: str = "Flat"  # FAISS index factory string: Flat, HNSW32, IVF4096,PQ48 ...
     train_sample: int = Field(100_000, ge=1)
     nprobe: int = Field(32, ge=1)
@@ -112,8 +118,14 @@ class IndexBuildConfig(Strict):
 
 
 class BuildConfig(Strict):
-    """How a build runs, not what it makes (IndexConfig gives the whole section the role `run`)."""
+    """Where a build's output goes and how it runs, not what it makes: IndexConfig's one `run` section."""
 
+    output: str | None = None
+    overwrite: bool = False
+    address: str | None = None  # Ray cluster address; None = local Ray in-process
+    num_cpus: int | None = None  # logical CPUs for the in-process Ray (vLLM-CPU needs more than physical)
+    cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
+    embedder: EmbedderRunConfig = EmbedderRunConfig()
     work_dir: str | None = Field(None, description="checkpoint folder; default <output parent>/.<name>.work")
     keep_work: bool = Field(False, description="keep the checkpoints after a successful publish")
     rows_per_part: int = Field(4096, ge=1, description="vector rows per embedding batch (one checkpoint part)")
@@ -122,31 +134,50 @@ class BuildConfig(Strict):
     delete_ids: list[str] = Field(default_factory=list, description="files of document ids left out (--delete-ids)")
 
 
-@field_roles(corpus=("input",), search=("search",),
-             run=("output", "overwrite", "address", "num_cpus", "cache_dir", "build"))
+# Settings an earlier release kept elsewhere -> where they live now. A user's file or flag at the old
+# place is a one-line error naming the new one; a manifest's recorded config is moved (`recorded_config`).
+MOVED = {"index": "faiss", **{k: f"build.{k}" for k in ("output", "overwrite", "address", "num_cpus", "cache_dir")},
+         **{f"embedder.{k}": f"build.embedder.{k}" for k in EmbedderRunConfig.model_fields}}
+
+
+def recorded_config(data: Mapping[str, Any] | None, refuse: bool = False) -> dict[str, Any]:
+    """A manifest's recorded config in today's layout, not validated: every reader of one goes through it,
+    so an index built before a setting moved still loads, serves and grows. `refuse`: fail on a moved key."""
+    out = data if refuse else copy.deepcopy(dict(data or {}))
+    for old, new in MOVED.items():
+        *parents, leaf = old.split(".")
+        node = reduce(lambda n, p: n.get(p) if isinstance(n, dict) else None, parents, out)
+        if isinstance(node, dict) and leaf in node:
+            if refuse:
+                raise ValueError(f"{old} is now {new} (run settings live under build:, the FAISS settings under faiss:)")
+            reduce(lambda n, p: n.setdefault(p, {}), new.split(".")[:-1], out)[new.split(".")[-1]] = node.pop(leaf)
+    return out
+
+
+@field_roles(corpus=("input",), search=("search",), run=("build",))
 class IndexConfig(Strict):
-    """What an index contains (spec and corpus), how it is searched (search), where it goes and how the
-    build runs (run). Build one with `index_config` (or `build_index_config` for a file)."""
+    """What an index contains (spec and corpus), how it is searched (`search`), where it goes and how the
+    build runs (`build`, the run role). Build one with `index_config` (or `build_index_config` for a file)."""
 
     input: str | None = None
     format: Literal[INPUT_FORMATS] = "jsonl"
-    output: str | None = None
     representation: str = "default"
     shards: int = Field(1, ge=1)
     chunker: ChunkerConfig = ChunkerConfig()
     generator: GeneratorConfig = GeneratorConfig()
     filters: FilterConfig = FilterConfig()
     embedder: EmbedderConfig = EmbedderConfig()
-    index: IndexBuildConfig = IndexBuildConfig()
+    faiss: FaissConfig = FaissConfig()
     search: SearchConfig = SearchConfig()
     bm25: Bm25Config = Bm25Config()
     build: BuildConfig = BuildConfig()
     # embed the title with each chunk ("title\ntext", as BEIR does); the `title` kind is a vector of its own
     title_prefix: bool = False
-    cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
-    overwrite: bool = False
-    address: str | None = None  # Ray cluster address; None = local Ray in-process
-    num_cpus: int | None = None  # logical CPUs for the in-process Ray (vLLM-CPU needs more than physical)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nothing_at_an_old_place(cls, data: Any) -> Any:
+        return recorded_config(data, refuse=True) if isinstance(data, Mapping) else data
 
     @field_validator("representation")
     @classmethod
@@ -205,6 +236,8 @@ def index_identity(cfg_dump: Mapping[str, Any], *, corpus: bool = True) -> dict[
     with contextlib.suppress(ValueError):  # an unknown name stays as it is
         kinds, gran = resolve_representation(str(out.get("representation")))
         out["representation"] = {"kinds": kinds, "granularity": gran}
+    if "faiss" in out:  # under its former name: the checkpoints and manifests written before the rename match
+        out["index"] = out.pop("faiss")
     return out
 
 

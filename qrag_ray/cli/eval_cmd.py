@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
             raise QragError("--offset must be 0 or more")
         base = deep_update(config_overrides_from_file(config), nest_dotted({
             "generator.backend": generator, "generator.questions": questions, "generator.prompt": prompt,
-            "embedder.model": embedder, "shards": shards, "index.factory": factory}))
+            "embedder.model": embedder, "shards": shards, "faiss.factory": factory}))
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
         if variants_file:
             variants += load_variants(variants_file)

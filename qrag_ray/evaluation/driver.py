@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from qrag_ray.config import (GeneratorConfig, IndexConfig, deep_update, format_validation_error, index_config,
-                             index_identity, load_yaml, load_yaml_any, representation_plan, resolve_representation)
+                             index_identity, load_yaml, load_yaml_any, recorded_config, representation_plan,
+                             resolve_representation)
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import DEFAULT_KS, evaluate, leaked_queries
@@ -81,10 +82,11 @@ def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
         return False
     # the recorded config (complete: no preset applies) with fields added since at their defaults, so an
     # index stays reusable when a release adds a section (e.g. `bm25`) it does not use
+    recorded = recorded_config(man.get("config"))  # in today's layout, whichever release built it
     try:
-        recorded = IndexConfig.model_validate(man.get("config", {})).model_dump(mode="json")
+        recorded = IndexConfig.model_validate(recorded).model_dump(mode="json")
     except Exception:  # noqa: BLE001 - a config this release rejects is simply not reusable
-        recorded = man.get("config", {})
+        pass
     # one index identity (the search policy is applied at query time, so fusion variants share one index)
     return index_identity(recorded) == index_identity(cfg.model_dump(mode="json"))
 
@@ -137,8 +139,8 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
 
     idx_dir = out_dir / "indexes" / v.label.replace("/", "_")
     try:
-        cfg = index_config(deep_update(base, v.overrides) | {"input": str(corpus_path), "format": "jsonl",
-                                                             "output": str(idx_dir), "overwrite": True})
+        cfg = index_config(deep_update(deep_update(base, v.overrides), {
+            "input": str(corpus_path), "format": "jsonl", "build": {"output": str(idx_dir), "overwrite": True}}))
     except ValidationError as e:
         raise QragError(f"variant {v.label}: {format_validation_error(e)}") from None
     reuse = find_reusable(idx_dir.parent, idx_dir, cfg)

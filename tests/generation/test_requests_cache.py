@@ -177,8 +177,8 @@ def _corpus(path: Path, docs: list[dict]) -> str:
 
 def _cfg(fake, tmp_path: Path, corpus: str, out: str, representation: str = "hype") -> IndexConfig:
     return IndexConfig(
-        input=corpus, format="jsonl", output=str(tmp_path / out), representation=representation, shards=2,
-        chunker={"method": "none"}, cache_dir=str(tmp_path / "qcache"), overwrite=True,
+        input=corpus, format="jsonl", representation=representation, shards=2, chunker={"method": "none"},
+        build={"output": str(tmp_path / out), "cache_dir": str(tmp_path / "qcache"), "overwrite": True},
         generator=GeneratorConfig(backend="openai", base_url=fake.base_url, model="fake-model", questions=3,
                                   max_parallel_requests=4, batch_size=8),
     )
