@@ -67,8 +67,7 @@ class EmbedderConfig(Strict):
 
 
 class EmbedderRunConfig(Strict):
-    """How the build's embedder runs: throughput and the inference backend (ONNX and torch give the same
-    vectors to float rounding)."""
+    """How the build's embedder runs: throughput, and the backend (ONNX and torch: the same vectors)."""
 
     batch_size: int = Field(64, ge=1)
     num_gpus: float = 0.0
@@ -134,16 +133,14 @@ class BuildConfig(Strict):
     delete_ids: list[str] = Field(default_factory=list, description="files of document ids left out (--delete-ids)")
 
 
-# Settings an earlier release kept elsewhere -> where they live now. A user's file or flag at the old
-# place is a one-line error naming the new one; a manifest's recorded config is moved (`recorded_config`).
 MOVED = {"index": "faiss", **{k: f"build.{k}" for k in ("output", "overwrite", "address", "num_cpus", "cache_dir")},
          **{f"embedder.{k}": f"build.embedder.{k}" for k in EmbedderRunConfig.model_fields}}
 
 
 def recorded_config(data: Mapping[str, Any] | None, refuse: bool = False) -> dict[str, Any]:
-    """A manifest's recorded config in today's layout, not validated: every reader of one goes through it,
-    so an index built before a setting moved still loads, serves and grows. `refuse`: fail on a moved key."""
-    out = data if refuse else copy.deepcopy(dict(data or {}))
+    """A manifest's recorded config with the settings that moved since (MOVED) in today's place, unvalidated: every
+    reader of one goes through it, so older indexes still load, serve and grow. `refuse`: a moved key is an error."""
+    out = copy.deepcopy(dict(data or {}))
     for old, new in MOVED.items():
         *parents, leaf = old.split(".")
         node = reduce(lambda n, p: n.get(p) if isinstance(n, dict) else None, parents, out)
@@ -173,11 +170,6 @@ class IndexConfig(Strict):
     build: BuildConfig = BuildConfig()
     # embed the title with each chunk ("title\ntext", as BEIR does); the `title` kind is a vector of its own
     title_prefix: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nothing_at_an_old_place(cls, data: Any) -> Any:
-        return recorded_config(data, refuse=True) if isinstance(data, Mapping) else data
 
     @field_validator("representation")
     @classmethod
@@ -222,10 +214,15 @@ def with_preset(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def index_config(data: Mapping[str, Any]) -> IndexConfig:
-    """An IndexConfig from a partial one, its representation's preset applied. Every config a build or
-    an evaluation starts from is made here; a recorded config is complete and validates as it is."""
-    return IndexConfig.model_validate(with_preset(data))
+def index_config(data: Mapping[str, Any], where: str = "") -> IndexConfig:
+    """An IndexConfig from a partial one, its representation's preset applied: every config a build or an evaluation
+    starts from (a recorded one is complete: `recorded_config`). Invalid: a one-line QragError after `where`."""
+    try:
+        return IndexConfig.model_validate(with_preset(recorded_config(data, refuse=True)))
+    except ValidationError as e:
+        raise QragError(where + format_validation_error(e)) from None
+    except ValueError as e:  # a setting at its old place
+        raise QragError(f"{where}invalid configuration: {e}") from None
 
 
 def index_identity(cfg_dump: Mapping[str, Any], *, corpus: bool = True) -> dict[str, Any]:
@@ -233,11 +230,10 @@ def index_identity(cfg_dump: Mapping[str, Any], *, corpus: bool = True) -> dict[
     the checkpoints' key, the manifest's `content` and `qrag eval`'s index reuse. A representation counts
     by what it makes (kinds, granularity), so a preset and the same kinds spelled out share an index."""
     out = select(IndexConfig, cfg_dump, ("spec", "corpus") if corpus else ("spec",))
+    out = {"index" if k == "faiss" else k: v for k, v in out.items()}  # its name before: older checkpoints match
     with contextlib.suppress(ValueError):  # an unknown name stays as it is
         kinds, gran = resolve_representation(str(out.get("representation")))
         out["representation"] = {"kinds": kinds, "granularity": gran}
-    if "faiss" in out:  # under its former name: the checkpoints and manifests written before the rename match
-        out["index"] = out.pop("faiss")
     return out
 
 
@@ -285,10 +281,7 @@ def build_index_config(config_file: str | Path | None = None, **overrides: Any) 
     """YAML file (optional) overlaid with CLI overrides; dotted keys ('generator.questions') nest."""
     data = deep_update(load_yaml(config_file) if config_file else {}, nest_dotted(overrides))
     research_knobs_marked(data)
-    try:
-        return index_config(data)
-    except ValidationError as e:
-        raise QragError(format_validation_error(e)) from None
+    return index_config(data)
 
 
 def format_validation_error(e: ValidationError) -> str:

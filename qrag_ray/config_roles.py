@@ -51,8 +51,7 @@ def select(cls: type[BaseModel], dump: Mapping[str, Any], keep: Iterable[str]) -
     keep = set(keep)
     out: dict[str, Any] = {}
     for name, value in dump.items():
-        role = role_of(cls, name)
-        if role not in keep:
+        if (role := role_of(cls, name)) not in keep:
             continue
         field = cls.model_fields.get(name)
         sub = field.annotation if field is not None and role == "spec" else None

@@ -28,11 +28,8 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     if kinds and now != list(kinds):
         # the preset's name means other kinds since this index was built: keep the kinds the index holds
         data["representation"] = "+".join(kinds)
-    build = dict(data.get("build") or {})
-    if append:
-        build["extra_inputs"] = list(build.get("extra_inputs") or []) + [append]
-    if delete_ids:
-        build["delete_ids"] = list(build.get("delete_ids") or []) + [delete_ids]
+    build = data.setdefault("build", {})
+    build["extra_inputs"] = list(build.get("extra_inputs") or []) + ([append] if append else [])
+    build["delete_ids"] = list(build.get("delete_ids") or []) + ([delete_ids] if delete_ids else [])
     build.update(keep_work=True, output=str(output), overwrite=True)
-    data["build"] = build
     return IndexConfig.model_validate(data)

@@ -64,8 +64,7 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
     path = w / "trained" / f"{hashlib.sha256(sample.tobytes() + factory.encode()).hexdigest()[:16]}.faiss"
     if path.is_file():
         return str(path)
-    index = build_faiss(sample, FaissConfig(factory=factory, train_sample=max(1, len(sample)), use_gpu=False),
-                        add=False)
+    index = build_faiss(sample, FaissConfig(factory=factory, train_sample=max(1, len(sample)), use_gpu=False), add=False)
     ck.atomic_write(path, lambda tmp: faiss.write_index(index, str(tmp)))
     return str(path)
 

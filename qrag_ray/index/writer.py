@@ -50,8 +50,7 @@ def faiss_factory(dim: int, factory: str):
         raise QragError(f"invalid FAISS factory string '{factory}' (e.g. Flat, HNSW32, IVF1024,PQ48)") from None
 
 
-def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = True,
-                trained: str | None = None):
+def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = True, trained: str | None = None):
     """`trained`: a saved, trained empty index (the build's shared quantizer) to fill instead of training
     one; `add=False` returns the trained index empty. Builds on a GPU when FAISS sees one."""
     index = faiss.read_index(trained) if trained is not None else faiss_factory(vecs.shape[1], cfg.factory)
