@@ -111,7 +111,7 @@ def sentence_cli_index(local_ray, pydoc_jsonl, index_root):
 
     out = index_root / "sentences"
     conf = index_root / "sentences.yaml"
-    conf.write_text("chunker:\n  method: token\n  size: 200\n  overlap: 20\nindex:\n  factory: Flat\n")
+    conf.write_text("chunker:\n  method: token\n  size: 200\n  overlap: 20\nfaiss:\n  factory: Flat\n")
     buf = io.StringIO()
     with contextlib.redirect_stderr(buf):
         rc = main(["index", "--input", str(pydoc_jsonl), "--format", "jsonl", "--output", str(out),

@@ -286,7 +286,7 @@ def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(
         f"generator:\n  backend: openai\n  base_url: {fake_openai.base_url}\n  model: fake-model\n  questions: 3\n"
-        f"  api_key_env: ''\ncache_dir: {cache}\nchunker:\n  method: token\n  size: 120\n  overlap: 20\n")
+        f"  api_key_env: ''\nbuild:\n  cache_dir: {cache}\nchunker:\n  method: token\n  size: 120\n  overlap: 20\n")
     address = ray.get_runtime_context().gcs_address
 
     def cmd(corpus: str, out: str) -> list[str]:
