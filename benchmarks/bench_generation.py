@@ -78,8 +78,8 @@ def run_recipe(docs: list[dict], representation: str, work: Path, max_tokens: in
     cache = work / f"cache-{tag}"  # empty: every request is generated
     shutil.rmtree(cache, ignore_errors=True)
     cfg = IndexConfig(
-        input=str(corpus), format="jsonl", output=str(work / f"index-{tag}"), representation=representation,
-        shards=1, chunker={"method": "none"}, cache_dir=str(cache), overwrite=True,
+        input=str(corpus), format="jsonl", representation=representation, shards=1, chunker={"method": "none"},
+        build={"output": str(work / f"index-{tag}"), "cache_dir": str(cache), "overwrite": True},
         # the zero-shot per-sentence prompt, as recorded in docs/BENCHMARKS.md (the default is now few-shot)
         generator=GeneratorConfig(backend="vllm", questions=questions, atom_prompt="atom-question",
                                   questions_per_atom=1, batch_size=batch_size,

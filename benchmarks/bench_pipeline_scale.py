@@ -137,10 +137,9 @@ def run_one(size: int, root: Path, model: str, args) -> dict:
     inp = corpus_dir(root, size)
     out = root / f"index-{size}"
     conf = root / "build.yaml"
-    conf.write_text(json.dumps({"embedder": {"batch_size": args.batch_size, "actors": args.actors,
-                                             "threads": args.threads},
-                                "build": {"rows_per_part": args.rows_per_part, "docs_per_batch": 4096},
-                                "index": {"train_sample": args.train_sample}}))
+    conf.write_text(json.dumps({"build": {"rows_per_part": args.rows_per_part, "docs_per_batch": 4096, "embedder": {
+                                    "batch_size": args.batch_size, "actors": args.actors, "threads": args.threads}},
+                                "faiss": {"train_sample": args.train_sample}}))
     cmd = [sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(inp), "--output", str(out),
            "--representation", "chunk", "--chunker", "none", "--shards", str(args.shards),
            "--factory", args.factory, "--embedder", model, "--config", str(conf), "--overwrite", "--json"]

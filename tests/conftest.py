@@ -97,9 +97,9 @@ def kinds_index(local_ray, pydoc_jsonl, index_root):
     """Every vector kind in one index (custom representation 'chunk+sentence+question+quote+onedoc'),
     3 shards, exact search: the reference for representation, shard and search checks."""
     out = index_root / "kinds"
-    report = build({"input": str(pydoc_jsonl), "output": str(out), "shards": 3,
+    report = build({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 3,
                     "representation": "chunk+sentence+question+quote+onedoc",
-                    "generator.backend": "precomputed", "index.factory": "Flat", **SMALL_CHUNKS})
+                    "generator.backend": "precomputed", "faiss.factory": "Flat", **SMALL_CHUNKS})
     return out, report
 
 
@@ -111,7 +111,7 @@ def sentence_cli_index(local_ray, pydoc_jsonl, index_root):
 
     out = index_root / "sentences"
     conf = index_root / "sentences.yaml"
-    conf.write_text("chunker:\n  method: token\n  size: 200\n  overlap: 20\nindex:\n  factory: Flat\n")
+    conf.write_text("chunker:\n  method: token\n  size: 200\n  overlap: 20\nfaiss:\n  factory: Flat\n")
     buf = io.StringIO()
     with contextlib.redirect_stderr(buf):
         rc = main(["index", "--input", str(pydoc_jsonl), "--format", "jsonl", "--output", str(out),
@@ -123,7 +123,7 @@ def sentence_cli_index(local_ray, pydoc_jsonl, index_root):
 def filtered_index(local_ray, pydoc_jsonl, index_root):
     """hype index with Q-Q pruning and a question-chunk similarity filter."""
     out = index_root / "filtered"
-    report = build({"input": str(pydoc_jsonl), "output": str(out), "shards": 2, "representation": "hype",
+    report = build({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 2, "representation": "hype",
                     "generator.backend": "precomputed", "filters.prune_tau": 0.8,
                     "filters.min_question_chunk_sim": 0.1, "chunker.method": "none"})
     return out, report

@@ -3,13 +3,16 @@ by an explicit call, and every config file the repository ships still loads."""
 
 from __future__ import annotations
 
+import copy
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from qrag_ray.config import (GeneratorConfig, IndexConfig, build_index_config, deep_update, index_config,
-                             index_identity, with_preset)
+                             index_identity, recorded_config, with_preset)
+from qrag_ray.errors import QragError
 from qrag_ray.config_roles import Strict, field_roles, role_of
 from qrag_ray.index.workdir import work_key
 from qrag_ray.search_policy import EXPERIMENTAL_SEARCH
@@ -23,9 +26,9 @@ def _dump(**data) -> dict:
 
 # ------------------------------------------------------------------------------------------ identity
 @pytest.mark.parametrize("override", [
-    {"output": "/elsewhere", "overwrite": True, "address": "ray://head:10001", "num_cpus": 8, "cache_dir": "/c"},
+    {"build": {"output": "/elsewhere", "overwrite": True, "address": "ray://head:10001", "num_cpus": 8, "cache_dir": "/c"}},
     {"build": {"rows_per_part": 128, "keep_work": True, "work_dir": "/w"}},
-    {"embedder": {"batch_size": 512, "actors": 4, "threads": 1, "num_gpus": 1, "backend": "torch"}},
+    {"build": {"embedder": {"batch_size": 512, "actors": 4, "threads": 1, "num_gpus": 1, "backend": "torch"}}},
     {"generator": {"batch_size": 64, "concurrency": 4, "num_gpus": 1, "engine_kwargs": {"max_num_seqs": 8},
                    "max_parallel_requests": 32, "request_timeout_s": 5, "api_key_env": "K"}},
     {"search": {"bm25_alpha": 0.3}},  # the search policy is applied at query time
@@ -41,7 +44,7 @@ def test_run_options_and_the_search_policy_leave_the_identity(override):
 @pytest.mark.parametrize("override", [
     {"embedder": {"model": "bge-small-en-v1.5"}}, {"embedder": {"max_seq_length": 128}},
     {"chunker": {"size": 200}}, {"title_prefix": True}, {"shards": 2}, {"bm25": {"k1": 1.2}},
-    {"index": {"factory": "HNSW32"}}, {"filters": {"prune_tau": 0.9}}, {"representation": "chunk"},
+    {"faiss": {"factory": "HNSW32"}}, {"filters": {"prune_tau": 0.9}}, {"representation": "chunk"},
     {"generator": {"sampling": {"temperature": 0.7}}},
 ])
 def test_what_decides_the_vectors_is_the_identity(override):
@@ -61,6 +64,41 @@ def test_a_preset_counts_by_the_kinds_it_makes():
     assert named == spelled and named["representation"] == {"kinds": ["sentence"], "granularity": None}
 
 
+# ------------------------------------------------------------------------------------ moved settings
+@pytest.mark.parametrize("text,new", [
+    ("index: {factory: HNSW32}\n", "faiss"), ("output: /o\n", "build.output"),
+    ("cache_dir: /c\n", "build.cache_dir"), ("embedder: {model: all-MiniLM-L6-v2, batch_size: 8}\n", "build.embedder.batch_size"),
+])
+def test_a_setting_at_its_old_place_is_an_error_naming_the_new_one(text, new, tmp_path):
+    (f := tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(QragError, match=f" is now {re.escape(new)} ") as e:
+        build_index_config(f)
+    assert "\n" not in str(e.value)
+    with pytest.raises(QragError, match=f"^where: invalid configuration: .*{re.escape(new)}"):  # eval variants, the matrix, the suite
+        index_config(yaml.safe_load(text), "where: ")
+
+
+def _as_recorded_before_the_move(dump: dict) -> dict:
+    """The same config as a manifest written before run settings moved under build: and index: became faiss:."""
+    old = copy.deepcopy(dump)
+    build = old["build"]
+    old["embedder"] |= build.pop("embedder")
+    old |= {k: build.pop(k) for k in ("output", "overwrite", "address", "num_cpus", "cache_dir")}
+    old["index"] = old.pop("faiss")
+    return old
+
+
+@pytest.mark.parametrize("preset", ["default", "chunk", "atom-hybrid-bm25"])
+def test_a_config_recorded_before_the_move_reads_as_today_with_the_same_identity(preset):
+    cfg = index_config({"representation": preset, "generator": {"backend": "vllm"}, "faiss": {"nprobe": 8},
+                        "build": {"output": "/o", "embedder": {"actors": 2}}})
+    old = _as_recorded_before_the_move(cfg.model_dump(mode="json"))
+    assert IndexConfig.model_validate(recorded_config(old)) == cfg
+    assert index_identity(recorded_config(old)) == index_identity(cfg.model_dump(mode="json"))
+    # the identity keeps the FAISS section's former name: checkpoints and manifests written before still match
+    assert index_identity(cfg.model_dump(mode="json"))["index"]["nprobe"] == 8
+
+
 def test_a_role_for_a_field_that_does_not_exist_is_an_error():
     with pytest.raises(ValueError, match="no field"):
         @field_roles(run=("bach_size",))
@@ -74,6 +112,7 @@ def test_roles_are_inherited_and_a_section_role_covers_the_section():
     assert role_of(GeneratorConfig, "base_url") == "run"  # declared on LLMConfig
     assert role_of(GeneratorConfig, "prompt") == "spec"
     assert role_of(IndexConfig, "search") == "search" and "search" not in index_identity(_dump())
+    assert role_of(IndexConfig, "build") == "run" and "build" not in index_identity(_dump())
     assert set(EXPERIMENTAL_SEARCH) == {"fusion", "kind_weights", "rrf_k", "kind_bias", "groups", "bm25_norm"}
 
 

@@ -37,10 +37,10 @@ def test_tokenizing_in_cpu_workers_writes_the_same_index(kinds_index, build_with
     forced on the CPU: every vector is the same bits, so the index files are the same bytes."""
     ref, _ = kinds_index
     out = tmp_path / "split"
-    build_with({"input": str(pydoc_jsonl), "output": str(out), "shards": 3,
+    build_with({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 3,
                 "representation": "chunk+sentence+question+quote+onedoc", "generator.backend": "precomputed",
-                "index.factory": "Flat", "chunker.method": "token", "chunker.size": 120, "chunker.overlap": 20,
-                "embedder.tokenize": "tasks"})
+                "faiss.factory": "Flat", "chunker.method": "token", "chunker.size": 120, "chunker.overlap": 20,
+                "build.embedder.tokenize": "tasks"})
     a, b = json.loads((ref / "manifest.json").read_text()), json.loads((out / "manifest.json").read_text())
     assert a["files"] and a["files"] == b["files"]
     assert a["counts"] == b["counts"]
@@ -95,14 +95,14 @@ def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monk
 
     monkeypatch.setattr(pipeline, "write_manifest", dying_write_manifest)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        build_with({"input": str(corpus), "output": str(out), "representation": "chunk", "overwrite": True})
+        build_with({"input": str(corpus), "build.output": str(out), "representation": "chunk", "build.overwrite": True})
     monkeypatch.setattr(pipeline, "write_manifest", real)
     assert load_manifest(out, verify=True).index_version == before
     # no staging dir is left; the work dir (checkpoints) is, so the same command resumes
     assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.work", "idx", "small.jsonl"]
     res = SearchEngine(out).search(["What does the assert statement do?"], k=3)[0]
     assert len(res) == 3
-    again = build_with({"input": str(corpus), "output": str(out), "representation": "chunk", "overwrite": True})
+    again = build_with({"input": str(corpus), "build.output": str(out), "representation": "chunk", "build.overwrite": True})
     assert again.vectors_embedded == 0 and again.vectors_reused == again.vectors > 0
     assert again.shards_reused == 1  # only the manifest and the publish were left to do
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "small.jsonl"]
@@ -114,10 +114,10 @@ def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_w
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
     with pytest.raises(QragError, match="empty corpus"):
-        build_with({"input": str(empty), "output": str(tmp_path / "o1")})
+        build_with({"input": str(empty), "build.output": str(tmp_path / "o1")})
     dup = jsonl_writer(tmp_path / "dup.jsonl", [{"id": "a", "text": "one"}, {"id": "a", "text": "two"}])
     with pytest.raises(QragError, match="duplicate document id"):
-        build_with({"input": str(dup), "output": str(tmp_path / "o2")})
+        build_with({"input": str(dup), "build.output": str(tmp_path / "o2")})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dup.jsonl", "empty.jsonl"]
 
 
@@ -134,7 +134,7 @@ def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_w
 ])
 def test_every_named_representation(rep, kinds, build_with, local_ray, pydoc_jsonl, tmp_path):
     backend = "none" if rep in ("chunk", "atom-sentence", "default", "chunk-bm25") else "precomputed"
-    report = build_with({"input": str(pydoc_jsonl), "output": str(tmp_path / rep), "representation": rep,
+    report = build_with({"input": str(pydoc_jsonl), "build.output": str(tmp_path / rep), "representation": rep,
                          "generator.backend": backend, "shards": 2, "chunker.method": "none"})
     m = load_manifest(tmp_path / rep, verify=True)
     assert {k for s in m.data["shards"] for k in s["kinds"]} == kinds
@@ -153,8 +153,8 @@ def test_factories_through_the_pipeline(factory, build_with, local_ray, pydoc_js
     import faiss
 
     out = tmp_path / "idx"
-    build_with({"input": str(pydoc_jsonl), "output": str(out), "representation": "atom-sentence", "shards": 2,
-                "index.factory": factory, "index.nprobe": 4, "chunker.method": "none"})
+    build_with({"input": str(pydoc_jsonl), "build.output": str(out), "representation": "atom-sentence", "shards": 2,
+                "faiss.factory": factory, "faiss.nprobe": 4, "chunker.method": "none"})
     m = load_manifest(out, verify=True)
     assert m.data["faiss"]["factory"] == factory
     raw = faiss.read_index(str(out / m.shard(0)["faiss"]))  # keep it: downcast_index does not own it
@@ -194,11 +194,11 @@ def test_killed_build_leaves_old_index(kinds_index, tmp_path, pydoc_jsonl):
 def test_factory_errors_are_user_errors():
     """A factory string FAISS rejects, or a shard too small to train IVF-PQ, is a config mistake:
     a clear QragError (one CLI line), not a FAISS traceback."""
-    from qrag_ray.config import IndexBuildConfig
+    from qrag_ray.config import FaissConfig
     from qrag_ray.index.writer import build_faiss
 
     vecs = np.random.default_rng(0).standard_normal((48, 32)).astype(np.float32)
     with pytest.raises(QragError, match="invalid FAISS factory string 'Bogus'"):
-        build_faiss(vecs, IndexBuildConfig(factory="Bogus"))
+        build_faiss(vecs, FaissConfig(factory="Bogus"))
     with pytest.raises(QragError, match="cannot train FAISS 'IVF4,PQ8' on 48 vectors"):
-        build_faiss(vecs, IndexBuildConfig(factory="IVF4,PQ8"))
+        build_faiss(vecs, FaissConfig(factory="IVF4,PQ8"))

@@ -132,7 +132,7 @@ def test_a_build_shows_its_embedding_counting_up_to_its_vectors(local_ray, build
     monkeypatch.setattr(progress.Display, "report", recorded)
     con, buf = _console(False)
     corpus = jsonl_writer(tmp_path / "few.jsonl", corpus_records(with_questions=False)[:4])
-    report = build_with({"input": str(corpus), "output": str(tmp_path / "idx"), "representation": "chunk+sentence",
+    report = build_with({"input": str(corpus), "build.output": str(tmp_path / "idx"), "representation": "chunk+sentence",
                          "chunker.method": "none"}, console=con)
     embed = [done for ops in reports for label, done in ops if label == "embed"]
     assert embed and embed == sorted(embed)  # counts up

@@ -28,7 +28,7 @@ def titled_corpus(tmp_path_factory, jsonl_writer):
 
 
 def _top_doc(local_ray, build_with, corpus, out, **cfg) -> list[str]:
-    build_with({"input": str(corpus), "output": str(out), "chunker.method": "none", "index.factory": "Flat",
+    build_with({"input": str(corpus), "build.output": str(out), "chunker.method": "none", "faiss.factory": "Flat",
                 **cfg})
     return [r["doc_id"] for r in SearchEngine(out).search([QUERY], k=3)[0]]
 

@@ -102,13 +102,13 @@ def register(app: typer.Typer) -> None:
         rep = representation or (QUESTION_REPRESENTATION if generator != "none" else NO_LLM_REPRESENTATION)
         names = None if all_topics else ([t.strip() for t in topics.split(",") if t.strip()] if topics else DEMO_TOPICS)
         wd = Path(workdir)
-        common = dict(input=str(wd / "corpus.jsonl"), format="jsonl", shards=shards, overwrite=True, cache_dir=cache_dir,
-                      **{"chunker.method": "token", "chunker.size": 200, "chunker.overlap": 20})
+        common = {"input": str(wd / "corpus.jsonl"), "format": "jsonl", "shards": shards, "build.overwrite": True,
+                  "build.cache_dir": cache_dir, "chunker.method": "token", "chunker.size": 200, "chunker.overlap": 20}
         # both configs are checked before anything is written or printed: a bad flag is one line
-        cfg = build_index_config(None, output=str(wd / "index"), representation=rep,
-                                 **common, **{"generator.backend": generator, "generator.questions": questions,
-                                              "generator.prompt": prompt, "generator.batch_size": 8})
-        base_cfg = build_index_config(None, output=str(wd / "index-baseline"), representation=baseline, **common)
+        cfg = build_index_config(None, representation=rep, **common, **{
+            "build.output": str(wd / "index"), "generator.backend": generator, "generator.questions": questions,
+            "generator.prompt": prompt, "generator.batch_size": 8})
+        base_cfg = build_index_config(None, representation=baseline, **common, **{"build.output": str(wd / "index-baseline")})
         get_prompt(prompt)
         n = write_pydoc_corpus(wd / "corpus.jsonl", names)
         asks = list(query or DEMO_QUERIES)
@@ -127,7 +127,7 @@ def register(app: typer.Typer) -> None:
                       f"{g.cached} from the question cache, {g.generated} generated ({g.seconds:.0f}s)")
         err.print(f"[bold]2/2[/] {baseline} index (the baseline)")
         build_index(base_cfg, console=err)
-        engines = [SearchEngine(cfg.output), SearchEngine(base_cfg.output)]
+        engines = [SearchEngine(cfg.build.output), SearchEngine(base_cfg.build.output)]
         wins = [0, 0]
         for q in asks:
             ours, base = (e.search([q], k=k)[0] for e in engines)
@@ -147,5 +147,5 @@ def register(app: typer.Typer) -> None:
                 wins[1] += rb == 1
         if known := sum(q in DEMO_EXPECTED for q in asks):
             out.print(f"right topic at rank 1: {rep} {wins[0]}/{known}, {baseline} {wins[1]}/{known}")
-        out.print(f"{rep} index built in {t_ours:.0f}s. Search it yourself: qrag search --index {cfg.output} "
+        out.print(f"{rep} index built in {t_ours:.0f}s. Search it yourself: qrag search --index {cfg.build.output} "
                   "--k 5 \"your question\"")

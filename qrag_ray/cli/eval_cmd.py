@@ -35,9 +35,8 @@ def register(app: typer.Typer) -> None:
         variants_file: str | None = typer.Option(None, "--variants", help="YAML list of named variants (label, representation, config overrides) added after --representations"),
     ):
         """Compare representations side by side on labelled data."""
-        from qrag_ray.config import deep_update, nest_dotted
-        from qrag_ray.evaluation.driver import (config_overrides_from_file, load_variants, parse_list, plan_variants,
-                                                run_eval)
+        from qrag_ray.config import deep_update, load_yaml, nest_dotted
+        from qrag_ray.evaluation.driver import load_variants, parse_list, plan_variants, run_eval
 
         try:
             ks = parse_list(k, int)
@@ -48,9 +47,9 @@ def register(app: typer.Typer) -> None:
             raise QragError("--subset must be at least 1")
         if offset < 0:
             raise QragError("--offset must be 0 or more")
-        base = deep_update(config_overrides_from_file(config), nest_dotted({
+        base = deep_update(load_yaml(config) if config else {}, nest_dotted({
             "generator.backend": generator, "generator.questions": questions, "generator.prompt": prompt,
-            "embedder.model": embedder, "shards": shards, "index.factory": factory}))
+            "embedder.model": embedder, "shards": shards, "faiss.factory": factory}))
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
         if variants_file:
             variants += load_variants(variants_file)

@@ -56,14 +56,14 @@ def register(app: typer.Typer) -> None:
             raise QragError(f"--shards must be at least 1, got {shards}")
         else:
             cfg = build_index_config(
-                config, input=input, format=format, output=output, representation=representation, shards=shards,
-                overwrite=overwrite or None, address=address, cache_dir=cache_dir,
+                config, input=input, format=format, representation=representation, shards=shards,
                 **{"generator.backend": generator, "generator.questions": questions, "generator.model": model,
-                   "generator.prompt": prompt, "generator.base_url": base_url, "index.factory": factory,
+                   "generator.prompt": prompt, "generator.base_url": base_url, "faiss.factory": factory,
                    "filters.prune_tau": prune_tau, "chunker.method": chunker, "chunker.size": chunk_size,
                    "chunker.overlap": chunk_overlap, "embedder.model": embedder,
                    "bm25.enabled": True if bm25_alpha is not None else bm25, "search.bm25_alpha": bm25_alpha,
-                   "build.keep_work": keep_work or None})
+                   "build.keep_work": keep_work or None, "build.output": output,
+                   "build.overwrite": overwrite or None, "build.address": address, "build.cache_dir": cache_dir})
         report = build_index(cfg, console=err)
         if json_out:
             print(json.dumps(report.to_dict(), indent=2, default=str))

@@ -6,6 +6,7 @@ config matches and questions come from the shared cache, so a repeated run only 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -16,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from qrag_ray.config import (GeneratorConfig, IndexConfig, deep_update, format_validation_error, index_config,
-                             index_identity, load_yaml, load_yaml_any, representation_plan, resolve_representation)
+                             index_identity, load_yaml_any, recorded_config, representation_plan, resolve_representation)
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import DEFAULT_KS, evaluate, leaked_queries
@@ -81,10 +82,9 @@ def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
         return False
     # the recorded config (complete: no preset applies) with fields added since at their defaults, so an
     # index stays reusable when a release adds a section (e.g. `bm25`) it does not use
-    try:
-        recorded = IndexConfig.model_validate(man.get("config", {})).model_dump(mode="json")
-    except Exception:  # noqa: BLE001 - a config this release rejects is simply not reusable
-        recorded = man.get("config", {})
+    recorded = recorded_config(man.get("config"))  # in today's layout, whichever release built it
+    with contextlib.suppress(Exception):  # a config this release rejects is compared as it is: not reusable
+        recorded = IndexConfig.model_validate(recorded).model_dump(mode="json")
     # one index identity (the search policy is applied at query time, so fusion variants share one index)
     return index_identity(recorded) == index_identity(cfg.model_dump(mode="json"))
 
@@ -135,11 +135,8 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     from qrag_ray.search.engine import SearchEngine
 
     idx_dir = out_dir / "indexes" / v.label.replace("/", "_")
-    try:
-        cfg = index_config(deep_update(base, v.overrides) | {"input": str(corpus_path), "format": "jsonl",
-                                                             "output": str(idx_dir), "overwrite": True})
-    except ValidationError as e:
-        raise QragError(f"variant {v.label}: {format_validation_error(e)}") from None
+    here = {"input": str(corpus_path), "format": "jsonl", "build": {"output": str(idx_dir), "overwrite": True}}
+    cfg = index_config(deep_update(deep_update(base, v.overrides), here), f"variant {v.label}: ")
     reuse = find_reusable(idx_dir.parent, idx_dir, cfg)
     if reuse is not None:
         if console:
@@ -224,7 +221,3 @@ def evaluate_condition(condition) -> dict:
                    Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id, subset=condition.subset,
                    base_overrides=overrides, split=condition.split, offset=condition.offset)
     return res["results"][rep]["metrics"]
-
-
-def config_overrides_from_file(path: str | None) -> dict:
-    return load_yaml(path) if path else {}

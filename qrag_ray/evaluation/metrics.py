@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Mapping, Sequence
 
+from qrag_ray.representations import norm_question
+
 Run = Mapping[str, Sequence[str]]
 Qrels = Mapping[str, Mapping[str, int]]
 
@@ -97,12 +99,8 @@ def num_queries(qrels: Qrels) -> int:
     return len(_relevant(qrels))
 
 
-def _norm_question(s: str) -> str:
-    return " ".join("".join(ch for ch in s.lower() if ch.isalnum() or ch.isspace()).split())
-
-
 def leaked_queries(generated: Iterable[str], queries: Iterable[Mapping[str, str]]) -> list[str]:
     """QuOTE §3.2.5 leakage check: qids of evaluation queries that equal a generated question
     (case, punctuation and whitespace ignored)."""
-    gen = {_norm_question(g) for g in generated if g} - {""}
-    return [q["qid"] for q in queries if _norm_question(q["text"]) in gen]
+    gen = {norm_question(g) for g in generated if g} - {""}  # the rule the index's question dedup uses
+    return [q["qid"] for q in queries if norm_question(q["text"]) in gen]

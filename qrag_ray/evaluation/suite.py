@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pydantic import ValidationError
-
-from qrag_ray.config import REPRESENTATIONS, deep_update, format_validation_error, index_config, load_yaml
+from qrag_ray.config import REPRESENTATIONS, deep_update, index_config, load_yaml
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.driver import Variant, run_eval
 from qrag_ray.evaluation.loaders import EVAL_KINDS, load_eval_set
@@ -70,10 +68,7 @@ def load_suite(path: str | Path) -> Suite:
     for name, c in configs.items():
         if not isinstance(c, dict) or not c.get("representation"):
             raise QragError(f"{where}: config {name!r} needs a representation")
-        try:
-            index_config(deep_update(base, c))
-        except ValidationError as e:
-            raise QragError(f"{where}: config {name!r}: {format_validation_error(e)}") from None
+        index_config(deep_update(base, c), f"{where}: config {name!r}: ")
     slices = raw.get("slices") or {}
     for sl, spec in slices.items():
         if sl == FULL or not isinstance(spec, dict) or not isinstance(spec.get("datasets"), dict):

@@ -221,8 +221,7 @@ def load_manifest(index_dir: str | Path, verify: bool = False) -> Manifest:
         m = Manifest.model_validate({**data, "path": d})
     except ValidationError as e:
         err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
+        where, msg = ".".join(str(x) for x in err["loc"]), err["msg"].removeprefix("Value error, ")
         raise IndexFormatError(f"corrupt manifest {mpath}: {where}: {msg}") from None
     for rel in m.files:
         if not (d / rel).is_file():

@@ -5,7 +5,7 @@ full rebuild over the same documents would publish, file for file."""
 
 from __future__ import annotations
 
-from qrag_ray.config import IndexConfig, resolve_representation
+from qrag_ray.config import IndexConfig, recorded_config, resolve_representation
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
 
@@ -17,7 +17,7 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
         m = load_manifest(output)
     except QragError as e:
         raise QragError(f"--append/--delete-ids update an existing index: {e}") from None
-    data = dict(m.config or {})
+    data = recorded_config(m.config)  # in today's layout, whichever release built it
     if not data.get("input"):
         raise QragError(f"{output}: its manifest records no input; rebuild it with this qrag first")
     kinds = m.kinds
@@ -28,11 +28,8 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     if kinds and now != list(kinds):
         # the preset's name means other kinds since this index was built: keep the kinds the index holds
         data["representation"] = "+".join(kinds)
-    build = dict(data.get("build") or {})
-    if append:
-        build["extra_inputs"] = list(build.get("extra_inputs") or []) + [append]
-    if delete_ids:
-        build["delete_ids"] = list(build.get("delete_ids") or []) + [delete_ids]
-    build["keep_work"] = True
-    data.update(build=build, output=str(output), overwrite=True)
+    build = data.setdefault("build", {})
+    build["extra_inputs"] = list(build.get("extra_inputs") or []) + ([append] if append else [])
+    build["delete_ids"] = list(build.get("delete_ids") or []) + ([delete_ids] if delete_ids else [])
+    build.update(keep_work=True, output=str(output), overwrite=True)
     return IndexConfig.model_validate(data)

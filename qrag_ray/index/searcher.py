@@ -11,6 +11,7 @@ import faiss
 import numpy as np
 import pyarrow.parquet as pq
 
+from qrag_ray.config import recorded_config
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import Manifest, files_under, load_manifest, verify_files
 from qrag_ray.index.lexical import ShardLexicon
@@ -56,7 +57,7 @@ class ShardIndex:
             index = faiss.read_index(str(self.manifest.file(info.faiss)))
         except RuntimeError as e:
             raise IndexFormatError(f"cannot read shard {shard} of {self.manifest.path}: {e}") from None
-        fcfg = self.manifest.data.get("config", {}).get("index", {})
+        fcfg = recorded_config(self.manifest.data.get("config")).get("faiss", {})
         with contextlib.suppress(RuntimeError, ValueError):  # not an IVF index
             faiss.extract_index_ivf(index).nprobe = int(fcfg.get("nprobe", 32))
         if hasattr(index, "hnsw"):

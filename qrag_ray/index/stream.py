@@ -96,7 +96,7 @@ def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats
     if gcfg.backend not in ("vllm", "openai") or (gran is None and not llm_atoms):
         return chunks, None
     chunks = chunks.materialize()
-    cache = QuestionCache(cfg.cache_dir)
+    cache = QuestionCache(cfg.build.cache_dir)
     model_path = None
     if gcfg.backend == "vllm":
         with clock.stage("prepare-model"):
@@ -122,19 +122,19 @@ def _embed(plan: BuildPlan, rows) -> dict:
     """The embedding actor pool, the stream's sink: it writes the vector parts; its counters are summed."""
     import ray.data
 
-    e = plan.cfg.embedder
-    threads = None if e.num_gpus else (e.threads or max(1, (os.cpu_count() or 2) // e.actors))
-    if e.tokenize_apart():
+    e, r = plan.cfg.embedder, plan.cfg.build.embedder
+    threads = None if r.num_gpus else (r.threads or max(1, (os.cpu_count() or 2) // r.actors))
+    if r.tokenize_apart():
         # CPU workers tokenize and sort by length; the embedding actors only stack and run the model
         workers = max(1, int(ray.cluster_resources().get("CPU", 2)) // 2)
         rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
                                 compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers), num_cpus=1,
                                 batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
     done = rows.map_batches(
-        EmbedSink, fn_constructor_args=(e.model, e.batch_size, e.max_seq_length, threads, str(plan.work),
-                                        plan.question_kind, plan.run, e.backend, e.dtype, e.tokens_per_batch),
-        compute=ray.data.ActorPoolStrategy(size=e.actors), num_gpus=e.num_gpus or None,
-        num_cpus=None if e.num_gpus else 1, batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
+        EmbedSink, fn_constructor_args=(e.model, r.batch_size, e.max_seq_length, threads, str(plan.work),
+                                        plan.question_kind, plan.run, r.backend, e.dtype, r.tokens_per_batch),
+        compute=ray.data.ActorPoolStrategy(size=r.actors), num_gpus=r.num_gpus or None,
+        num_cpus=None if r.num_gpus else 1, batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
     counts = {"rows": 0, "embedded": 0, "questions": 0, "seconds": 0.0}
     for batch in done.iter_batches(batch_size=None, batch_format="numpy"):
         counts["rows"] += len(batch["embedded"])

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from qrag_ray.config import IndexBuildConfig, IndexConfig
+from qrag_ray.config import FaissConfig, IndexConfig
 from qrag_ray.index import workdir as ck
 from qrag_ray.index.format import CHUNKS, atomic_write, atomic_write_text, shard_bm25, stable_hash
 from qrag_ray.index.lexical import globalize_idf
@@ -64,8 +64,7 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
     path = w / "trained" / f"{hashlib.sha256(sample.tobytes() + factory.encode()).hexdigest()[:16]}.faiss"
     if path.is_file():
         return str(path)
-    index = build_faiss(sample, IndexBuildConfig(factory=factory, train_sample=max(1, len(sample)), use_gpu=False),
-                        add=False)
+    index = build_faiss(sample, FaissConfig(factory=factory, train_sample=max(1, len(sample)), use_gpu=False), add=False)
     atomic_write(path, lambda tmp: faiss.write_index(index, str(tmp)))
     return str(path)
 
@@ -114,7 +113,7 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     # one order whatever the parts were: by chunk, then the row's place in its chunk
     table = table.take(pc.sort_indices(table, [("chunk_idx", "ascending"), ("ord", "ascending"),
                                                ("row_key", "ascending")]))
-    stats = write_shard(shard, drop_duplicate_rows(table), out, cfg.filters, cfg.index, dim, cfg.bm25, trained=trained)
+    stats = write_shard(shard, drop_duplicate_rows(table), out, cfg.filters, cfg.faiss, dim, cfg.bm25, trained=trained)
     stats.update(chunk_rows=int(chunks.num_rows), signature=sig)
     atomic_write_text(stats_path, json.dumps(stats))
     return {**stats, "reused": False}

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from qrag_ray.config import Bm25Config, FilterConfig, IndexBuildConfig
+from qrag_ray.config import Bm25Config, FilterConfig, FaissConfig
 from qrag_ray.errors import QragError
 from qrag_ray.filters import filter_chunk_rows
 from qrag_ray.index.format import shard_bm25, shard_faiss, shard_meta
@@ -50,15 +50,14 @@ def faiss_factory(dim: int, factory: str):
         raise QragError(f"invalid FAISS factory string '{factory}' (e.g. Flat, HNSW32, IVF1024,PQ48)") from None
 
 
-def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0, add: bool = True,
-                trained: str | None = None):
+def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = True, trained: str | None = None):
     """`trained`: a saved, trained empty index (the build's shared quantizer) to fill instead of training
     one; `add=False` returns the trained index empty. Builds on a GPU when FAISS sees one."""
     index = faiss.read_index(trained) if trained is not None else faiss_factory(vecs.shape[1], cfg.factory)
     gpus = faiss.get_num_gpus()
     use_gpu = gpus > 0 if cfg.use_gpu == "auto" else bool(cfg.use_gpu)
     if use_gpu and gpus == 0:
-        raise RuntimeError("index.use_gpu is true but FAISS sees no GPU (install faiss-gpu on a GPU worker)")
+        raise RuntimeError("faiss.use_gpu is true but FAISS sees no GPU (install faiss-gpu on a GPU worker)")
     work = index
     if use_gpu:
         try:
@@ -81,7 +80,7 @@ def build_faiss(vecs: np.ndarray, cfg: IndexBuildConfig, seed: int = 0, add: boo
 
 
 def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: FilterConfig,
-                index_cfg: IndexBuildConfig, dim: int, bm25: Bm25Config | None = None,
+                index_cfg: FaissConfig, dim: int, bm25: Bm25Config | None = None,
                 trained: str | None = None) -> dict:
     """Build and write shard files under out_dir; returns stats for the manifest."""
     t0 = time.perf_counter()

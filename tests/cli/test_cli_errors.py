@@ -72,6 +72,7 @@ def inputs(tmp_path_factory, pydoc_jsonl) -> Path:
     (d / "unknown-key.yaml").write_text("chunker:\n  sise: 100\n")
     (d / "list.yaml").write_text("- a\n- b\n")
     (d / "bad-value.yaml").write_text("chunker:\n  size: -3\n")
+    (d / "old-place.yaml").write_text("embedder:\n  actors: 2\n")
     (d / "someone-elses").mkdir()
     (d / "someone-elses" / "notes.txt").write_text("mine")
     (d / "not-a-model").mkdir()
@@ -126,6 +127,8 @@ CASES = [
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/unknown-key.yaml"], ["chunker.sise", "Extra inputs"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/list.yaml"], ["mapping at the top level"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/bad-value.yaml"], ["chunker.size"]),
+    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/old-place.yaml"],
+     ["embedder.actors is now build.embedder.actors"]),
     # qrag search: indexes and flags
     (["search", "--index", "{d}/no-index", "loops"], ["index not found"]),
     (["search", "--index", "{d}/not-an-index", "loops"], ["is not a qrag index"]),

@@ -68,9 +68,9 @@ def test_onnx_where_it_cannot_run_is_a_clear_error(monkeypatch):
 
 def test_backend_is_not_part_of_an_indexs_identity():
     a = IndexConfig().model_dump()
-    b = IndexConfig(embedder={"backend": "torch"}).model_dump()
-    assert a["embedder"]["backend"] == "auto" and b["embedder"]["backend"] == "torch"
+    b = IndexConfig(build={"embedder": {"backend": "torch"}}).model_dump()
+    assert a["build"]["embedder"]["backend"] == "auto" and b["build"]["embedder"]["backend"] == "torch"
     assert index_identity(a) == index_identity(b)
-    assert "backend" not in index_identity(a)["embedder"]
+    assert "build" not in index_identity(a)
     with pytest.raises(ValueError):
-        IndexConfig(embedder={"backend": "tensorrt"})
+        IndexConfig(build={"embedder": {"backend": "tensorrt"}})

@@ -277,7 +277,7 @@ def _cli_setup(tmp_path: Path, base_url: str) -> list[str]:
     (tmp_path / "docs.jsonl").write_text(json.dumps({"id": "d1", "text": "Berlin is the capital of Germany."}) + "\n")
     (tmp_path / "cfg.yaml").write_text(
         f"generator:\n  backend: openai\n  base_url: {base_url}\n  model: fake-model\n"
-        f"  api_key_env: QRAG_TEST_OPENAI_KEY\ncache_dir: {tmp_path / 'qcache'}\nchunker:\n  method: none\n")
+        f"  api_key_env: QRAG_TEST_OPENAI_KEY\nbuild:\n  cache_dir: {tmp_path / 'qcache'}\nchunker:\n  method: none\n")
     return ["index", "--input", str(tmp_path / "docs.jsonl"), "--output", str(tmp_path / "idx"),
             "--representation", "hype", "--generator", "openai", "--config", str(tmp_path / "cfg.yaml")]
 

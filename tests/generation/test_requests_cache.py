@@ -177,8 +177,8 @@ def _corpus(path: Path, docs: list[dict]) -> str:
 
 def _cfg(fake, tmp_path: Path, corpus: str, out: str, representation: str = "hype") -> IndexConfig:
     return IndexConfig(
-        input=corpus, format="jsonl", output=str(tmp_path / out), representation=representation, shards=2,
-        chunker={"method": "none"}, cache_dir=str(tmp_path / "qcache"), overwrite=True,
+        input=corpus, format="jsonl", representation=representation, shards=2, chunker={"method": "none"},
+        build={"output": str(tmp_path / out), "cache_dir": str(tmp_path / "qcache"), "overwrite": True},
         generator=GeneratorConfig(backend="openai", base_url=fake.base_url, model="fake-model", questions=3,
                                   max_parallel_requests=4, batch_size=8),
     )
@@ -286,7 +286,7 @@ def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(
         f"generator:\n  backend: openai\n  base_url: {fake_openai.base_url}\n  model: fake-model\n  questions: 3\n"
-        f"  api_key_env: ''\ncache_dir: {cache}\nchunker:\n  method: token\n  size: 120\n  overlap: 20\n")
+        f"  api_key_env: ''\nbuild:\n  cache_dir: {cache}\nchunker:\n  method: token\n  size: 120\n  overlap: 20\n")
     address = ray.get_runtime_context().gcs_address
 
     def cmd(corpus: str, out: str) -> list[str]:

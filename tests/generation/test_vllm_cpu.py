@@ -40,8 +40,8 @@ DOCS = [
 
 def _cfg(tmp: Path, out: str) -> IndexConfig:
     return IndexConfig(
-        input=str(tmp / "docs.jsonl"), format="jsonl", output=str(tmp / out), representation="hype", shards=1,
-        chunker={"method": "none"}, cache_dir=str(tmp / "qcache"), overwrite=True,
+        input=str(tmp / "docs.jsonl"), format="jsonl", representation="hype", shards=1, chunker={"method": "none"},
+        build={"output": str(tmp / out), "cache_dir": str(tmp / "qcache"), "overwrite": True},
         generator=GeneratorConfig(backend="vllm", questions=3, batch_size=4,
                                   sampling=SamplingConfig(max_tokens=96)),
     )

@@ -70,7 +70,7 @@ def test_sample_is_chosen_by_key_whatever_the_parts(tmp_path):
 
 def test_content_hash_ignores_timings_and_paths():
     files = {"shards/00000.faiss": "ab", "chunks.parquet": "cd"}
-    c1 = index_identity({"representation": "chunk", "output": "/a", "build": {"keep_work": True}})
-    c2 = index_identity({"representation": "chunk", "output": "/b", "build": {"keep_work": False}})
+    c1 = index_identity({"representation": "chunk", "build": {"output": "/a", "keep_work": True}})
+    c2 = index_identity({"representation": "chunk", "build": {"output": "/b", "keep_work": False}})
     assert manifest_content_hash(files, c1) == manifest_content_hash(dict(reversed(files.items())), c2)
     assert manifest_content_hash({**files, "chunks.parquet": "ce"}, c1) != manifest_content_hash(files, c1)

@@ -32,11 +32,11 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     common = {"representation": "hybrid", "generator.backend": "precomputed", "shards": 2,
               "chunker.method": "none"}
     out = tmp_path / "idx"
-    first = build_with({**common, "input": str(old), "output": str(out), "build.keep_work": True})
+    first = build_with({**common, "input": str(old), "build.output": str(out), "build.keep_work": True})
     assert (tmp_path / ".idx.work").is_dir()
 
     appended = build_index(incremental_config(str(out), append=str(new)))
-    full = build_with({**common, "input": str(both), "output": str(tmp_path / "full")})
+    full = build_with({**common, "input": str(both), "build.output": str(tmp_path / "full")})
     # only the new documents were embedded; the rest came from the kept checkpoints
     assert appended.vectors_reused == first.vectors
     assert appended.vectors_embedded == full.vectors - first.vectors > 0
@@ -50,7 +50,7 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     deleted = build_index(incremental_config(str(out), delete_ids=str(ids)))
     assert deleted.vectors_embedded == 0 and deleted.documents == len(docs) - 2
     rest = jsonl_writer(tmp_path / "rest.jsonl", [d for d in docs if d["id"] not in ("for", "lambda")])
-    ref = build_with({**common, "input": str(rest), "output": str(tmp_path / "ref")})
+    ref = build_with({**common, "input": str(rest), "build.output": str(tmp_path / "ref")})
     d, r = load_manifest(out, verify=True).data, load_manifest(tmp_path / "ref").data
     assert d["files"] == r["files"] and deleted.vectors == ref.vectors
     hits = _search(out)
@@ -76,3 +76,23 @@ def test_an_index_built_by_an_older_preset_keeps_its_kinds(tmp_path):
     assert representation_plan(cfg) == (["chunk"], None) and cfg.representation == "chunk"
     assert cfg.title_prefix and cfg.search.bm25_alpha == 0.67 and cfg.bm25.enabled
     assert cfg.build.extra_inputs == [str(tmp_path / "b.jsonl")]
+
+
+def test_an_index_recorded_before_run_settings_moved_still_grows(tmp_path):
+    """A manifest written before `index:` became `faiss:` and run settings moved under `build:`."""
+    from qrag_ray.config import index_config
+
+    old = index_config({"representation": "chunk", "input": str(tmp_path / "a.jsonl")}).model_dump(mode="json")
+    old["index"] = old.pop("faiss") | {"nprobe": 8}
+    old["embedder"] |= {"actors": 2, "batch_size": 16}
+    old |= {"output": "/elsewhere", "cache_dir": "/c"}
+    del old["build"]["embedder"], old["build"]["output"], old["build"]["cache_dir"]
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    (idx / "manifest.json").write_text(json.dumps({
+        "format_version": 1, "index_version": "v1", "num_shards": 0, "shards": [], "files": {},
+        "embedder": {"model": "all-MiniLM-L6-v2", "dim": 384}, "representation": "chunk", "kinds": ["chunk"],
+        "config": old}))
+    cfg = incremental_config(str(idx), append=str(tmp_path / "b.jsonl"))
+    assert cfg.faiss.nprobe == 8 and cfg.build.embedder.actors == 2 and cfg.build.cache_dir == "/c"
+    assert cfg.build.output == str(idx) and cfg.build.overwrite

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qrag_ray.config import FilterConfig, IndexBuildConfig
+from qrag_ray.config import FilterConfig, FaissConfig
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import (FORMAT_VERSION, IndexDescription, load_manifest, publish, sha256_file, shard_faiss,
                                    shard_meta, verify_files, write_manifest)
@@ -174,7 +174,7 @@ def test_factories(sentence_table, tmp_path, factory, cls):
     table, vecs = sentence_table
     assert len(vecs) > 600
     faiss.omp_set_num_threads(1)  # k-means under OpenMP crawls on a shared, oversubscribed 2-core box
-    stats = write_shard(0, table, tmp_path, FilterConfig(), IndexBuildConfig(factory=factory, nprobe=8), 384)
+    stats = write_shard(0, table, tmp_path, FilterConfig(), FaissConfig(factory=factory, nprobe=8), 384)
     assert stats["vectors"] == stats["vectors_before_filters"] == len(vecs)
     idx = faiss.read_index(str(tmp_path / shard_faiss(0)))
     assert isinstance(faiss.downcast_index(idx), cls) and idx.ntotal == len(vecs)

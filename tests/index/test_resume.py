@@ -30,7 +30,7 @@ def _corpus(path):
 def test_killed_build_resumes_to_the_same_index(local_ray, build_with, tmp_path):
     corpus = _corpus(tmp_path / "topics.jsonl")
     conf = tmp_path / "c.yaml"
-    conf.write_text("chunker: {method: token, size: 120, overlap: 20}\nbuild: {rows_per_part: 16}\nembedder: {threads: 1, batch_size: 8}\n")
+    conf.write_text("chunker: {method: token, size: 120, overlap: 20}\nbuild: {rows_per_part: 16, embedder: {threads: 1, batch_size: 8}}\n")
     out = tmp_path / "idx"
     cmd = [sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(corpus), "--output", str(out),
            "--representation", "chunk", "--shards", "3", "--config", str(conf), "--json"]
@@ -48,15 +48,15 @@ def test_killed_build_resumes_to_the_same_index(local_ray, build_with, tmp_path)
     assert done_before >= 3
 
     cfg = {"input": str(corpus), "representation": "chunk", "shards": 3, "chunker.method": "token",
-           "chunker.size": 120, "chunker.overlap": 20, "build.rows_per_part": 16, "embedder.threads": 1,
-           "embedder.batch_size": 8}  # forward passes of 8 rows: each part is 16 rows over several length buckets
-    resumed = build_with({**cfg, "output": str(out)})
+           "chunker.size": 120, "chunker.overlap": 20, "build.rows_per_part": 16, "build.embedder.threads": 1,
+           "build.embedder.batch_size": 8}  # forward passes of 8 rows: each part is 16 rows over several length buckets
+    resumed = build_with({**cfg, "build.output": str(out)})
     # the re-run embedded only what the killed run had not written, and reused the rest
     assert resumed.vectors_reused > 0 and resumed.vectors_embedded > 0
     assert resumed.vectors_reused + resumed.vectors_embedded == resumed.vectors
     assert not (tmp_path / ".idx.work").exists()  # published: the checkpoints are gone
 
-    fresh = build_with({**cfg, "output": str(tmp_path / "fresh")})
+    fresh = build_with({**cfg, "build.output": str(tmp_path / "fresh")})
     # (an embedding actor that Ray restarts mid-build reuses its own finished parts: reused may be > 0)
     assert fresh.vectors_reused + fresh.vectors_embedded == fresh.vectors == resumed.vectors
     a, b = load_manifest(out, verify=True).data, load_manifest(tmp_path / "fresh", verify=True).data

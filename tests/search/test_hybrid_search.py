@@ -25,7 +25,7 @@ ALPHA = 0.6
 @pytest.fixture(scope="module")
 def hybrid_index(local_ray, pydoc_jsonl, index_root, build_with):
     out = index_root / "hybrid-bm25"
-    report = build_with({"input": str(pydoc_jsonl), "output": str(out), "shards": 2, "representation": "hybrid",
+    report = build_with({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 2, "representation": "hybrid",
                          "generator.backend": "precomputed", "chunker.method": "none",
                          "bm25.enabled": True, "search.bm25_alpha": ALPHA})
     return out, report

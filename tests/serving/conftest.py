@@ -29,8 +29,8 @@ def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int =
             return workdir / f"{name}-index"
     corpus = write_jsonl(workdir / f"{name}.jsonl", topic_records(names))
     out = workdir / f"{name}-index"
-    build({"input": str(corpus), "format": "jsonl", "output": str(out), "representation": "atom-sentence",
-           "shards": shards, "overwrite": True, "generator": {"backend": "none"},
+    build({"input": str(corpus), "format": "jsonl", "build.output": str(out), "representation": "atom-sentence",
+           "shards": shards, "build.overwrite": True, "generator": {"backend": "none"},
            "chunker": {"method": "token", "size": 120, "overlap": 20}, **extra})
     return out
 

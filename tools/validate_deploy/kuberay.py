@@ -235,8 +235,8 @@ def _check_index_config(params: dict, head_template: dict, configmaps: dict[str,
                 f.write(text)
             try:
                 build_index_config(f.name, input=params.get("input"), format=params.get("format"),
-                                   output=params.get("output"), shards=params.get("shards"),
-                                   representation=params.get("representation"), address=params.get("address"))
+                                   shards=params.get("shards"), representation=params.get("representation"),
+                                   **{"build.output": params.get("output"), "build.address": params.get("address")})
             except QragError as e:
                 return [str(e)]
             finally:
