@@ -185,8 +185,8 @@ def stage(console: Console | None, name: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def live_rows(label: str, rows: Callable[[], int]) -> Iterator[None]:
-    """While inside, the operator row `label` shows at least `rows()`: the workers' own count, for an
-    operator whose batches take long (Ray Data counts a batch's rows only when all of it is done)."""
+    """Inside, the operator row `label` shows at least `rows()`, the workers' own count (Ray Data counts a
+    batch's rows only once all of it is done)."""
     _live[label] = rows
     try:
         yield

@@ -85,7 +85,6 @@ class Forward:
         return torch.nn.functional.normalize(e, p=2, dim=1)
 
     def __call__(self, ids: np.ndarray, lens: np.ndarray, on_pass=None) -> np.ndarray:
-        """on_pass(rows): called after each pass is queued (progress)."""
         import torch
 
         lens = np.asarray(lens, np.int32)
@@ -93,8 +92,7 @@ class Forward:
         for idx, x, n in self.passes(ids, lens):
             done.append(idx)
             parts.append(self.embed(self.to_device(x), self.to_device(n))[:len(idx)])
-            if on_pass is not None:
-                on_pass(len(idx))
+            on_pass and on_pass(len(idx))  # rows done, for the progress display
         out = np.zeros((len(lens), embedding_dim(self.st)), np.float32)
         if parts:
             out[np.concatenate(done)] = torch.cat(parts).cpu().numpy()

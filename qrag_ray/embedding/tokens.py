@@ -47,9 +47,8 @@ def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray
 
 
 def cut_text(text: str, limit: int) -> str:
-    """`text` up to its last whitespace within CHARS_PER_TOKEN * limit characters (itself when shorter or
-    without such a space): the encoder truncates to `limit` tokens anyway, and a long text's full
-    encoding costs as much as its length."""
+    """`text` up to its last space within CHARS_PER_TOKEN * limit characters (else itself): encoding costs
+    as much as the text is long, and truncation keeps `limit` tokens anyway."""
     budget = CHARS_PER_TOKEN * limit
     if len(text) <= budget:
         return text

@@ -125,10 +125,9 @@ def _embed(plan: BuildPlan, rows) -> dict:
     e = plan.cfg.embedder
     threads = None if e.num_gpus else (e.threads or max(1, (os.cpu_count() or 2) // e.actors))
     if e.tokenize_apart():
-        # CPU workers tokenize and sort by length, as many as the cores the embedding actors and the driver
-        # leave, all started at once; the embedding actors only stack and run the model
-        cpus = int(ray.cluster_resources().get("CPU", 2))
-        workers = max(1, cpus - e.actors - 1)
+        # CPU workers tokenize and sort by length, on every core the embedding actors and the driver leave,
+        # all started at once; the embedding actors only stack and run the model
+        workers = max(1, int(ray.cluster_resources().get("CPU", 2)) - e.actors - 1)
         rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
                                 compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
                                 batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
@@ -140,8 +139,7 @@ def _embed(plan: BuildPlan, rows) -> dict:
         num_gpus=e.num_gpus or None, num_cpus=None if e.num_gpus else 1, batch_size=plan.cfg.build.rows_per_part,
         batch_format="numpy")
     counts = {"rows": 0, "embedded": 0, "questions": 0, "seconds": 0.0}
-    # the display's embed row counts the rows of batches still in the model too (Ray Data's own
-    # counter moves only when a whole batch leaves the actor)
+    # the display's embed row counts the rows of batches still in the model (Ray Data's, whole batches)
     with progress.live_rows("embed", lambda: progress_rows(plan.work, plan.run)):
         for batch in done.iter_batches(batch_size=None, batch_format="numpy"):
             counts["rows"] += len(batch["embedded"])

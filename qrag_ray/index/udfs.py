@@ -115,14 +115,13 @@ class EmbedSink:
     """Embeds the rows no earlier run embedded into per-shard parts; returns per row whether it was
     embedded now, whether it is a question and its share of the seconds, never the vectors. On the
     CPU every pass has the canonical shape (a resumed run gets the same bits); on a GPU passes are
-    sized in tokens. Ray Data runs `CONCURRENCY` calls at a time: the model serves one batch at a time
-    (the lock) while another call's host work (row keys, Parquet writes) runs, so a GPU does not wait
-    for it; a call returns only when its own parts are written, so a killed build never counts a batch
-    it did not write. The rows done so far, batches in flight included, go to a small file per actor
-    (`progress_path`) every `NOTE_EVERY_S`, which the driver's progress display reads."""
+    sized in tokens. Ray Data runs CONCURRENCY calls at once: the model takes one batch at a time (the
+    lock) while another call's host work (row keys, Parquet parts) runs, so a GPU need not wait for it;
+    a call returns once its own parts are written (a killed build resumes from exactly those). Rows done,
+    batches in flight included, go to a file per actor every NOTE_EVERY_S (see `progress_rows`)."""
 
     CONCURRENCY = 2
-    NOTE_EVERY_S = 2.0
+    NOTE_EVERY_S = 0.25
 
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
                  work: str, question_kind: str | None, run: str, backend: str = "auto", dtype: str = "auto",
@@ -139,9 +138,8 @@ class EmbedSink:
         self.qk = question_kind
         self.run = run
         self.done = ck.done_row_keys(self.work)
-        self.model_lock, self.count_lock = threading.Lock(), threading.Lock()
-        self.rows, self.noted = 0, 0.0
-        self.note = progress_path(self.work, run) / f"{os.getpid()}-{id(self)}"
+        self.model_lock, self.count_lock, self.rows, self.noted = threading.Lock(), threading.Lock(), 0, 0.0
+        self.note = self.work / "runs" / run / "progress" / f"{os.getpid()}-{id(self)}"
 
     def __call__(self, batch: dict) -> dict:
         t0 = time.perf_counter()
@@ -155,16 +153,15 @@ class EmbedSink:
         for sh in np.unique(batch["shard"]):
             k = keys[batch["shard"] == sh]
             ck.atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
-        waited = 0.0
-        if len(todo):
-            t_wait = time.perf_counter()
-            with self.model_lock:
-                waited = time.perf_counter() - t_wait
-                vecs = self._vectors(batch, todo)
+        t_wait = time.perf_counter()
+        with self.model_lock:  # the seconds leave out the wait for it (the other call's forward)
+            t0 += time.perf_counter() - t_wait
+            vecs = self._vectors(batch, todo) if len(todo) else None
+        if vecs is not None:
             self._write_vectors(batch, keys, todo, vecs)
         self._count(0, force=True)
         return {"embedded": embedded, "question": np.asarray(question, bool),
-                "seconds": np.full(n, (time.perf_counter() - t0 - waited) / max(1, n))}
+                "seconds": np.full(n, (time.perf_counter() - t0) / max(1, n))}
 
     def _vectors(self, batch: dict, todo: np.ndarray) -> np.ndarray:
         if "input_ids" in batch:
@@ -173,7 +170,6 @@ class EmbedSink:
                                        int(self.st.max_seq_length or 512)), self._count)
 
     def _count(self, rows: int, force: bool = False) -> None:
-        """Add rows done; note the total for the progress display at most every NOTE_EVERY_S."""
         with self.count_lock:
             self.rows += rows
             if force or time.monotonic() - self.noted >= self.NOTE_EVERY_S:
@@ -198,15 +194,10 @@ class EmbedSink:
             ck.atomic_write_parquet(t, self.work / "vectors" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
 
 
-def progress_path(work: Path, run: str) -> Path:
-    """The folder of the embedding actors' row counts (one small file each)."""
-    return Path(work) / "runs" / run / "progress"
-
-
 def progress_rows(work: Path, run: str) -> int:
-    """Rows the embedding actors have done so far, batches in flight included."""
+    """Rows the embedding actors have done so far, batches in flight included (for the display)."""
     total = 0
-    for f in progress_path(work, run).glob("[!.]*"):
+    for f in (Path(work) / "runs" / run / "progress").glob("[!.]*"):
         with contextlib.suppress(OSError, ValueError):  # an actor may be replacing its file
             total += int(f.read_text())
     return total
