@@ -20,8 +20,14 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMER
 
 missing() {  # the modules of "$@" that do not import, space-separated
   "$PY" - "$@" <<'PY' 2>/dev/null || echo "python"
-import importlib.util, sys
-print(" ".join(m for m in sys.argv[1:] if not importlib.util.find_spec(m)))
+import importlib, sys
+gone = []
+for m in sys.argv[1:]:
+    try:
+        importlib.import_module(m)
+    except Exception:
+        gone.append(m)
+print(" ".join(gone))
 PY
 }
 

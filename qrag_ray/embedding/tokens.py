@@ -31,11 +31,10 @@ def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray
         encode = getattr(rust, "encode_batch_fast", rust.encode_batch)  # the same ids, no offsets
         cut = [cut_text(t, limit) for t in texts] if tok.truncation_side == "right" else texts
         seqs = [e.ids for e in encode(cut)] if texts else []
-        # words before a space encode alike whatever follows, so a cut text that still fills the limit
-        # has the whole text's ids; one that does not is encoded whole
-        redo = [i for i, (c, t) in enumerate(zip(cut, texts)) if c is not t and len(seqs[i]) < limit]
-        for i, e in zip(redo, encode([texts[i] for i in redo]) if redo else []):
-            seqs[i] = e.ids
+        # words before a space encode alike whatever follows: a cut text that fills the limit has the
+        # whole text's ids, one that does not is encoded whole
+        for i in [i for i, c in enumerate(cut) if c is not texts[i] and len(seqs[i]) < limit]:
+            seqs[i] = encode([texts[i]])[0].ids
     else:
         seqs = tok(texts, truncation=True, max_length=limit)["input_ids"] if texts else []
     lens = np.fromiter((len(s) for s in seqs), np.int32, len(seqs))
@@ -49,11 +48,8 @@ def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray
 def cut_text(text: str, limit: int) -> str:
     """`text` up to its last space within CHARS_PER_TOKEN * limit characters (else itself): encoding costs
     as much as the text is long, and truncation keeps `limit` tokens anyway."""
-    budget = CHARS_PER_TOKEN * limit
-    if len(text) <= budget:
-        return text
-    head = text[:budget].rsplit(None, 1)
-    return head[0] if len(head) == 2 and head[0] else text
+    head = text[:CHARS_PER_TOKEN * limit].rsplit(None, 1)
+    return head[0] if len(text) > CHARS_PER_TOKEN * limit and len(head) == 2 and head[0] else text
 
 
 def padded_lengths(lens: np.ndarray, limit: int, bucket: int = BUCKET) -> np.ndarray:
