@@ -354,15 +354,15 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
             return rate
 
         for dt in dtypes:
-            best = 0.0
+            best, ceilings = 0.0, []
             for tpb in tpbs:
                 reset_peak(a.device)
                 rate = len(tx) / time_ceiling(Forward(models[dt], tokens_per_batch=tpb), ids, lens, a.device)
                 best = max(best, rate)
                 measured("ceiling", dt, tpb, rate, best)  # against the best so far; corrected below
-            for r in rows:  # the ceilings' own ratio, now that the sweep's best is known
-                if r["workload"] == wl and r["path"] == "ceiling" and r["dtype"] == dt:
-                    r["ratio"] = round(r["texts_per_s"] / best, 3)
+                ceilings.append((rows[-1], rate))
+            for r, rate in ceilings:  # the ceilings' own ratio, now that the sweep's best is known
+                r["ratio"] = round(rate / best, 3)
             if EmbedSink is None:
                 fwd = Forward(models[dt], tokens_per_batch=tpbs[0])
                 fwd(ids[:8], lens[:8])
