@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -139,6 +140,7 @@ def _embed(plan: BuildPlan, rows) -> dict:
         num_gpus=e.num_gpus or None, num_cpus=None if e.num_gpus else 1, batch_size=plan.cfg.build.rows_per_part,
         batch_format="numpy")
     counts = {"rows": 0, "embedded": 0, "questions": 0, "seconds": 0.0}
+    shutil.rmtree(plan.work / "runs" / plan.run / "progress", ignore_errors=True)  # a killed run's counts
     # the display's embed row counts the rows of batches still in the model (Ray Data's, whole batches)
     with progress.live_rows("embed", lambda: progress_rows(plan.work, plan.run)):
         for batch in done.iter_batches(batch_size=None, batch_format="numpy"):
