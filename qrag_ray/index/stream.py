@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from qrag_ray import progress
 from qrag_ray.embedding import Tokenize, embedder_dim
 from qrag_ray.errors import QragError
 from qrag_ray.generation.cache import QuestionCache
@@ -19,7 +21,7 @@ from qrag_ray.index import workdir as ck
 from qrag_ray.index.format import atomic_write_text
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.udfs import (EmbedSink, attach_atoms, make_atomize_requests, make_base_rows, make_chunker,
-                                 make_question_requests, make_question_rows)
+                                 make_question_requests, make_question_rows, progress_rows)
 from qrag_ray.io.readers import read_corpus
 from qrag_ray.models.registry import resolve_llm
 
@@ -125,22 +127,28 @@ def _embed(plan: BuildPlan, rows) -> dict:
     e, r = plan.cfg.embedder, plan.cfg.build.embedder
     threads = None if r.num_gpus else (r.threads or max(1, (os.cpu_count() or 2) // r.actors))
     if r.tokenize_apart():
-        # CPU workers tokenize and sort by length; the embedding actors only stack and run the model
-        workers = max(1, int(ray.cluster_resources().get("CPU", 2)) // 2)
+        # CPU workers tokenize and sort by length, on every core the embedding actors and the driver leave,
+        # all started at once; the embedding actors only stack and run the model
+        workers = max(1, int(ray.cluster_resources().get("CPU", 2)) - r.actors - 1)
         rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
-                                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers), num_cpus=1,
+                                compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
                                 batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
     done = rows.map_batches(
         EmbedSink, fn_constructor_args=(e.model, r.batch_size, e.max_seq_length, threads, str(plan.work),
                                         plan.question_kind, plan.run, r.backend, e.dtype, r.tokens_per_batch),
-        compute=ray.data.ActorPoolStrategy(size=r.actors), num_gpus=r.num_gpus or None,
-        num_cpus=None if r.num_gpus else 1, batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
+        compute=ray.data.ActorPoolStrategy(size=r.actors, max_concurrent_calls_per_actor=EmbedSink.CONCURRENCY,
+                                           enable_true_multi_threading=True),
+        num_gpus=r.num_gpus or None, num_cpus=None if r.num_gpus else 1, batch_size=plan.cfg.build.rows_per_part,
+        batch_format="numpy")
     counts = {"rows": 0, "embedded": 0, "questions": 0, "seconds": 0.0}
-    for batch in done.iter_batches(batch_size=None, batch_format="numpy"):
-        counts["rows"] += len(batch["embedded"])
-        counts["embedded"] += int(np.count_nonzero(batch["embedded"]))
-        counts["questions"] += int(np.count_nonzero(batch["question"]))
-        counts["seconds"] += float(batch["seconds"].sum())
+    shutil.rmtree(plan.work / "runs" / plan.run / "progress", ignore_errors=True)  # a killed run's counts
+    # the display's embed row counts the rows of batches still in the model (Ray Data's, whole batches)
+    with progress.live_rows("embed", lambda: progress_rows(plan.work, plan.run)):
+        for batch in done.iter_batches(batch_size=None, batch_format="numpy"):
+            counts["rows"] += len(batch["embedded"])
+            counts["embedded"] += int(np.count_nonzero(batch["embedded"]))
+            counts["questions"] += int(np.count_nonzero(batch["question"]))
+            counts["seconds"] += float(batch["seconds"].sum())
     return counts
 
 

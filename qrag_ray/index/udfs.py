@@ -5,8 +5,11 @@ in the progress display (qrag_ray.progress.op_label)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -113,7 +116,13 @@ class EmbedSink:
     """Embeds the rows no earlier run embedded into per-shard parts; returns per row whether it was
     embedded now, whether it is a question and its share of the seconds, never the vectors. On the
     CPU every pass has the canonical shape (a resumed run gets the same bits); on a GPU passes are
-    sized in tokens."""
+    sized in tokens. Ray Data runs CONCURRENCY calls at once: the model takes one batch at a time (the
+    lock) while another call's host work (row keys, Parquet parts) runs, so a GPU need not wait for it;
+    a call returns once its own parts are written (a killed build resumes from exactly those). Rows done,
+    batches in flight included, go to a file per actor every NOTE_EVERY_S (see `progress_rows`)."""
+
+    CONCURRENCY = 2
+    NOTE_EVERY_S = 0.25
 
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
                  work: str, question_kind: str | None, run: str, backend: str = "auto", dtype: str = "auto",
@@ -130,6 +139,8 @@ class EmbedSink:
         self.qk = question_kind
         self.run = run
         self.done = ck.done_row_keys(self.work)
+        self.model_lock, self.count_lock, self.rows, self.noted = threading.Lock(), threading.Lock(), 0, 0.0
+        self.note = self.work / "runs" / run / "progress" / f"{os.getpid()}-{id(self)}"
 
     def __call__(self, batch: dict) -> dict:
         t0 = time.perf_counter()
@@ -137,22 +148,36 @@ class EmbedSink:
         keys = ck.row_keys(batch["chunk_idx"], batch["kind"], batch["ord"], batch["text"], batch["embed_text"])
         embedded = ~ck.isin_sorted(keys, self.done)
         todo = np.flatnonzero(embedded)
+        self._count(n - len(todo))
         question = (batch["kind"] == self.qk) & (batch["qn"] >= 0) if self.qk else np.zeros(n, bool)
         # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
         for sh in np.unique(batch["shard"]):
             k = keys[batch["shard"] == sh]
             atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
-        if len(todo):
-            self._write_vectors(batch, keys, todo)
+        t_wait = time.perf_counter()
+        with self.model_lock:  # the seconds leave out the wait for it (the other call's forward)
+            t0 += time.perf_counter() - t_wait
+            vecs = self._vectors(batch, todo) if len(todo) else None
+        if vecs is not None:
+            self._write_vectors(batch, keys, todo, vecs)
+        self._count(0, force=True)
         return {"embedded": embedded, "question": np.asarray(question, bool),
                 "seconds": np.full(n, (time.perf_counter() - t0) / max(1, n))}
 
-    def _write_vectors(self, batch: dict, keys: np.ndarray, todo: np.ndarray) -> None:
+    def _vectors(self, batch: dict, todo: np.ndarray) -> np.ndarray:
         if "input_ids" in batch:
-            vecs = self.forward(batch["input_ids"][todo], batch["n_tokens"][todo])
-        else:
-            vecs = self.forward(*token_ids(self.st.tokenizer, [str(batch["embed_text"][i]) for i in todo],
-                                           int(self.st.max_seq_length or 512)))
+            return self.forward(batch["input_ids"][todo], batch["n_tokens"][todo], self._count)
+        return self.forward(*token_ids(self.st.tokenizer, [str(batch["embed_text"][i]) for i in todo],
+                                       int(self.st.max_seq_length or 512)), self._count)
+
+    def _count(self, rows: int, force: bool = False) -> None:
+        with self.count_lock:
+            self.rows += rows
+            if force or time.monotonic() - self.noted >= self.NOTE_EVERY_S:
+                self.noted = time.monotonic()
+                atomic_write_text(self.note, str(self.rows))
+
+    def _write_vectors(self, batch: dict, keys: np.ndarray, todo: np.ndarray, vecs: np.ndarray) -> None:
         shard = batch["shard"][todo]
         for s in np.unique(shard):
             sel = np.flatnonzero(shard == s)
@@ -166,5 +191,14 @@ class EmbedSink:
             stripe = (keys[rows] % SAMPLE_STRIPE) == 0
             if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)
                 atomic_write_parquet(t.filter(pa.array(stripe)),
-                                     self.work / "sample" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
+                                        self.work / "sample" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
             atomic_write_parquet(t, self.work / "vectors" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
+
+
+def progress_rows(work: Path, run: str) -> int:
+    """Rows the embedding actors have done so far, batches in flight included (for the display)."""
+    total = 0
+    for f in (Path(work) / "runs" / run / "progress").glob("[!.]*"):
+        with contextlib.suppress(OSError, ValueError):  # an actor may be replacing its file
+            total += int(f.read_text())
+    return total

