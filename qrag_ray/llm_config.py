@@ -27,8 +27,7 @@ class SamplingConfig(QuerySamplingConfig):
 
 
 # how this run reaches the LLM, not what it answers: the question cache does not key on these
-@field_roles(run=("num_gpus", "engine_kwargs", "base_url", "api_key_env", "request_timeout_s",
-                  "max_parallel_requests"))
+@field_roles(run=("num_gpus", "engine_kwargs", "base_url", "api_key_env", "request_timeout_s", "max_parallel_requests"))
 class LLMConfig(Strict):
     """An LLM to call (an OpenAI-compatible endpoint or an in-process vLLM engine) and how it decodes:
     what `qrag serve` takes for mode=hyde and /v1/answer."""

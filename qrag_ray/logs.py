@@ -23,8 +23,7 @@ QUIET_ENV: dict[str, str] = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # "Loading weights" bars (transformers routes them through the hub's switch)
     "TQDM_DISABLE": "1",  # any other tqdm bar (sentence-transformers, vLLM's model loader)
-    "VLLM_LOGGING_LEVEL": "ERROR",
-    "VLLM_CONFIGURE_LOGGING": "1",
+    "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_CONFIGURE_LOGGING": "1",
     # an errored ref nobody waited for (a failed shard task's siblings) is reported at garbage collection
     "RAY_IGNORE_UNHANDLED_ERRORS": "1",
     "RAY_DEDUP_LOGS": "1",

@@ -86,8 +86,7 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
         cfg=cfg, out=out, work=work, run=ck.new_run_id(), kinds=kinds, granularity=gran,
         aux_questions=f.prune_tau is not None or f.min_question_chunk_sim is not None or f.require_content_overlap,
         inputs=stable_hash([ck.input_fingerprint(files), cfg.build.delete_ids,
-                            [ck.input_fingerprint([p]) for p in cfg.build.delete_ids]]),
-        deleted=deleted)
+                            [ck.input_fingerprint([p]) for p in cfg.build.delete_ids]]), deleted=deleted)
 
 
 def _check_input(cfg: IndexConfig) -> None:

@@ -217,8 +217,7 @@ def check(conditions: list[Condition], measured: Mapping[str, Mapping[str, float
 
 
 def run_matrix(path: str | Path, ids: Iterable[str] | None = None, *,
-               runner: Callable[[Condition], Mapping[str, float]],
-               tags: Iterable[str] | None = None) -> MatrixResult:
+               runner: Callable[[Condition], Mapping[str, float]], tags: Iterable[str] | None = None) -> MatrixResult:
     """Load the matrix, run the selected conditions (all, `ids`, and/or those tagged with `tags`) through
     `runner(condition) -> {metric: value}` (fractions) and compare."""
     conds = select(load_matrix(path), ids, tags)

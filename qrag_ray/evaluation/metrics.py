@@ -77,8 +77,7 @@ def ndcg_at_k(run: Run, qrels: Qrels, k: int = 10) -> float:
     return _mean(vals)
 
 
-def evaluate(run: Run, qrels: Qrels, ks: Sequence[int] = DEFAULT_KS,
-             doc_titles: Mapping[str, str] | None = None,
+def evaluate(run: Run, qrels: Qrels, ks: Sequence[int] = DEFAULT_KS, doc_titles: Mapping[str, str] | None = None,
              gold_titles: Mapping[str, Iterable[str]] | None = None,
              mrr_k: int = 10, ndcg_k: int = 10) -> dict[str, float]:
     """All metrics as fractions: "R@k", "Hit@k" for each k, "T@k" for each k when titles are known
@@ -92,11 +91,6 @@ def evaluate(run: Run, qrels: Qrels, ks: Sequence[int] = DEFAULT_KS,
     out[f"MRR@{mrr_k}"] = mrr_at_k(run, qrels, mrr_k)
     out[f"nDCG@{ndcg_k}"] = ndcg_at_k(run, qrels, ndcg_k)
     return out
-
-
-def num_queries(qrels: Qrels) -> int:
-    """Number of queries the averages run over (judged, with a relevant document)."""
-    return len(_relevant(qrels))
 
 
 def leaked_queries(generated: Iterable[str], queries: Iterable[Mapping[str, str]]) -> list[str]:

@@ -99,19 +99,6 @@ def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> 
     return out
 
 
-def rule_check(table: Mapping[str, Mapping[str, float]], datasets: list[str], candidate: str,
-               references: tuple[str, ...] = ("chunk", "bm25"), margin: float = 1.0) -> dict[str, float]:
-    """The default's rule: on every dataset within `margin` points of the best reference configuration (the
-    single channels). Returns {dataset: shortfall} where `candidate` falls further below; empty = it holds."""
-    bad = {}
-    for d in datasets:
-        refs = [table[r][d] for r in references if r in table and table[r].get(d) is not None]
-        got = table.get(candidate, {}).get(d)
-        if refs and got is not None and got < max(refs) - margin - 1e-9:
-            bad[d] = max(refs) - got
-    return bad
-
-
 def format_table(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: str,
                  mark: str | None = None) -> str:
     """Markdown: one row per configuration, one column per dataset and the mean; the best figure of

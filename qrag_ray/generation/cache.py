@@ -64,11 +64,6 @@ class QuestionCache:
     def new_run_dir(self) -> str:
         return str(self.root / f"run-{uuid.uuid4().hex[:12]}")
 
-    def read_all(self) -> dict[str, str]:
-        """key -> raw for small caches (tests, diagnostics)."""
-        tables = [pq.read_table(f, columns=["key", "raw"]) for f in self.files()]
-        return {k: raw for t in tables for k, raw in zip(t["key"].to_pylist(), t["raw"].to_pylist())}
-
     def compact(self, buckets: int = 16, keep_sources: bool = False) -> dict:
         """Merge the cache's many small run files into `buckets` files, one row per key; returns counts.
 

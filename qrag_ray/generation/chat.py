@@ -2,8 +2,7 @@
 
 `get_chat_model(cfg.generator)` gives a `ChatModel`: `await model.acomplete(messages, max_tokens=,
 temperature=)` or, outside an event loop, `model.complete(...)`. `VLLMChatModel` starts slowly on CPU,
-so a replica calls `start()` in its constructor; `close()` frees the engine. `CallableChatModel` wraps a
-function ``messages -> str`` (tests, fakes).
+so a replica calls `start()` in its constructor; `close()` frees the engine.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from qrag_ray.config import GeneratorConfig
@@ -197,19 +195,6 @@ class VLLMChatModel:
             return self._submit(messages, max_tokens, temperature).result()
         raise RuntimeError("VLLMChatModel.complete() blocks; inside an event loop use "
                            "`await VLLMChatModel.acomplete(...)`")
-
-
-class CallableChatModel:
-    """A ChatModel over a plain function `fn(messages, max_tokens=, temperature=) -> str` (tests, stubs)."""
-
-    def __init__(self, fn: Callable[..., str]):
-        self.fn = fn
-
-    def complete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
-        return str(self.fn(_check_messages(messages), max_tokens=max_tokens, temperature=temperature))
-
-    async def acomplete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
-        return self.complete(messages, max_tokens=max_tokens, temperature=temperature)
 
 
 def get_chat_model(cfg: GeneratorConfig, model_path: str | None = None) -> ChatModel:

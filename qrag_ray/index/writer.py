@@ -80,8 +80,7 @@ def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = T
 
 
 def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: FilterConfig,
-                index_cfg: FaissConfig, dim: int, bm25: Bm25Config | None = None,
-                trained: str | None = None) -> dict:
+                index_cfg: FaissConfig, dim: int, bm25: Bm25Config | None = None, trained: str | None = None) -> dict:
     """Build and write shard files under out_dir; returns stats for the manifest."""
     t0 = time.perf_counter()
     out_dir = Path(out_dir)

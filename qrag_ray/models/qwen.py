@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from qrag_ray.errors import QragError
 
@@ -134,14 +133,9 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
         model.generation_config.save_pretrained(out_dir)
 
 
-def ensure_qwen_hf(
-    cache_root: Path | str | None = None,
-    *,
-    parts: Sequence[Path] | None = None,
-    expected_sha256: str = QWEN_GGUF_SHA256,
-    expected_sizes: Sequence[int] | None = QWEN_PART_SIZES,
-    convert: Callable[[Path, Path], None] | None = None,
-) -> Path:
+def ensure_qwen_hf(cache_root: Path | str | None = None, *, parts: Sequence[Path] | None = None,
+                   expected_sha256: str = QWEN_GGUF_SHA256, expected_sizes: Sequence[int] | None = QWEN_PART_SIZES,
+                   convert: Callable[[Path, Path], None] | None = None) -> Path:
     """Return the HF bf16 folder of the bundled Qwen model, building it once (see module doc).
 
     The keyword arguments default to the bundled model (`convert`: `convert_gguf_to_hf`); tests pass
@@ -179,26 +173,3 @@ def ensure_qwen_hf(
             shutil.rmtree(build, ignore_errors=True)
             raise
     return final
-
-
-def qwen_status(cache_root: Path | str | None = None) -> dict[str, Any]:
-    """Diagnostics: are the parts installed (sizes ok?), is the converted folder cached, where."""
-    final = qwen_hf_dir(cache_root)
-    converted = (final / MARKER_FILE).is_file()
-    status: dict[str, Any] = {"model": QWEN_MODEL_NAME, "gguf_sha256": QWEN_GGUF_SHA256, "hf_dir": str(final),
-                              "converted": converted, "parts_installed": False, "parts": [], "problem": None}
-    if converted:
-        with contextlib.suppress(OSError, ValueError):
-            status["conversion"] = json.loads((final / MARKER_FILE).read_text())
-    try:
-        parts = find_qwen_parts()
-    except QragError as e:
-        status["problem"] = str(e)
-        return status
-    status["parts"] = [{"path": str(p), "bytes": p.stat().st_size if p.is_file() else None, "expected_bytes": want}
-                       for p, want in zip(parts, QWEN_PART_SIZES)]
-    bad = [Path(d["path"]).name for d in status["parts"] if d["bytes"] != d["expected_bytes"]]
-    status["parts_installed"] = not bad
-    if bad:
-        status["problem"] = f"part file(s) missing or of the wrong size: {', '.join(bad)}"
-    return status

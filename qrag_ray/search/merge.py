@@ -183,8 +183,7 @@ def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: in
             continue
         mine = order[cidx == chunk]
         matches = [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in mine[:max_matches]]
-        results.append(ChunkResult(chunk, float(s), matches,
-                                   lexical.get(chunk) if hybrid else None,
+        results.append(ChunkResult(chunk, float(s), matches, lexical.get(chunk) if hybrid else None,
                                    float(c.scores[mine].max()) if len(mine) else None))
     return results
 

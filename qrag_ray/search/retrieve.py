@@ -55,7 +55,6 @@ class Retrieval:
     search_ms: float
     merge_ms: float
     format_ms: float
-
     rounds: int  # the most widening rounds any shard needed
 
 

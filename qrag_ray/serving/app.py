@@ -22,8 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 def _autoscaling(max_replicas: int, target: int) -> dict:
-    return {"min_replicas": 1, "initial_replicas": 1, "max_replicas": max_replicas,
-            "target_ongoing_requests": target}
+    return {"min_replicas": 1, "initial_replicas": 1, "max_replicas": max_replicas, "target_ongoing_requests": target}
 
 
 DEFAULT_OPTIONS: dict[str, dict] = {
@@ -63,8 +62,7 @@ def shard_count(tenants) -> int:
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """Serve calls an app builder with exactly one parameter, the `args:` dict; deployment options come
-    from the config's `deployments:`."""
+    """Serve's builder: exactly one parameter, the config's `args:` (its `deployments:` set the options)."""
     return build_application(args)
 
 

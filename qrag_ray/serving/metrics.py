@@ -27,8 +27,7 @@ _HELP = {
 EXPORTED_METRICS: dict[str, str] = {
     **{f"ray_{name}_{s}": _HELP[name] for name in (REQUEST_LATENCY, SHARD_LATENCY, CANDIDATES_BEFORE, CANDIDATES_AFTER)
        for s in ("bucket", "sum", "count")},
-    f"ray_{ERRORS}_total": _HELP[ERRORS],
-    f"ray_{INDEX_VERSION}": _HELP[INDEX_VERSION],
+    f"ray_{ERRORS}_total": _HELP[ERRORS], f"ray_{INDEX_VERSION}": _HELP[INDEX_VERSION],
 }
 
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qrag_ray.errors import IndexFormatError
 from qrag_ray.search.query import Query
 from qrag_ray.search.shard_search import LoadedShard, ShardReply, load_shard, search_loaded
 from qrag_ray.serving.config import assigned_cpus
-from qrag_ray.errors import IndexFormatError
 from qrag_ray.serving.shard_cache import ByteLRU
 
 logger = logging.getLogger("ray.serve")
@@ -53,8 +53,7 @@ class ShardStore:
         loaded-version gauge is re-set periodically for as long as the shard stays loaded."""
         while True:
             for key, shard in self.cache.keys():
-                self.metrics.version.set(1, tags={"tenant": key.tenant, "shard": str(shard),
-                                                  "index_version": key.version})
+                self.metrics.version.set(1, tags={"tenant": key.tenant, "shard": str(shard), "index_version": key.version})
             await asyncio.sleep(2.0)
 
     def check_health(self) -> None:

@@ -111,9 +111,6 @@ class Tenants:
             raise QragError("two tenants (or a tenant and the admin) share one API key")
         return cls({t.name: t for t in ts}, open=False, admin_sha256=admin_sha256)
 
-    def to_list(self) -> list[dict]:
-        return [t.model_dump() for t in self.by_name.values()]
-
     def authenticate(self, authorization: str | None) -> Tenant:
         """The tenant whose key is in `Authorization: Bearer KEY` (401 otherwise), found by its sha256."""
         if self.open:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qrag_ray.errors import QragError
-from qrag_ray.evaluation.suite import compare_expected, format_table, load_suite, rule_check, run_suite, with_mean
+from qrag_ray.evaluation.suite import compare_expected, format_table, load_suite, run_suite, with_mean
 
 SUITE = """
 metric: nDCG@10
@@ -57,13 +57,6 @@ def test_bad_suites_are_one_line_errors(tmp_path, edit, msg):
 def test_mean_only_over_configs_measured_everywhere():
     t = with_mean({"x": {"a": 10.0, "b": 20.0}, "y": {"a": 30.0}}, ["a", "b"])
     assert t["x"]["mean"] == 15.0 and "mean" not in t["y"]
-
-
-def test_rule_holds_within_a_point_of_the_best_single_channel():
-    t = {"chunk": {"a": 70.0, "b": 40.0}, "bm25": {"a": 50.0, "b": 52.0}, "mix": {"a": 69.2, "b": 50.5}}
-    assert rule_check(t, ["a", "b"], "mix") == {"b": pytest.approx(1.5)}
-    t["mix"]["b"] = 51.0
-    assert rule_check(t, ["a", "b"], "mix") == {}
 
 
 def test_compare_expected_flags_drops_missing_and_gains():

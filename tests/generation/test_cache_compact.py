@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from support.question_cache import cache_entries
 
 from qrag_ray.generation.cache import SCHEMA, QuestionCache
 
@@ -48,12 +49,12 @@ def test_concurrent_writers_and_compaction(tmp_path, monkeypatch):
     for p in procs:
         p.join()
         assert p.exitcode == 0
-    got = cache.read_all()
+    got = cache_entries(cache)
     assert got == {_key(i): f"Q{i}?" for i in range(900)}  # nothing lost, nothing corrupted
     stats = cache.compact(buckets=4)
     assert stats["rows_after"] == 900 and len(cache) == 900  # one row per key
     assert len(cache.files()) <= 4 and compactions >= 1
-    assert cache.read_all() == got
+    assert cache_entries(cache) == got
     assert not [p for p in root.rglob("*") if p.name.startswith(".")]  # no temporaries left
 
 

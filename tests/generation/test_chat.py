@@ -9,7 +9,7 @@ import pytest
 
 from qrag_ray.config import GeneratorConfig
 from qrag_ray.errors import QragError
-from qrag_ray.generation.chat import (CallableChatModel, ChatModel, OpenAIChatModel, VLLMChatModel,
+from qrag_ray.generation.chat import (ChatModel, OpenAIChatModel, VLLMChatModel,
                                       get_chat_model)
 from qrag_ray.generation.parsing import parse_output
 from qrag_ray.generation.prompts import get_prompt
@@ -99,9 +99,3 @@ def test_backend_choice(tmp_path):
     m = get_chat_model(GeneratorConfig(backend="vllm"), model_path=str(tmp_path))
     assert isinstance(m, VLLMChatModel) and m._engine is None
     m.close()  # closing a never-started engine is fine
-
-
-def test_callable_chat_model():
-    m = CallableChatModel(lambda msgs, max_tokens, temperature: f"{len(msgs)}:{max_tokens}:{temperature}")
-    assert m.complete([{"role": "user", "content": "a"}], max_tokens=5) == "1:5:0.0"
-    assert asyncio.run(m.acomplete([{"role": "user", "content": "a"}])) == "1:256:0.0"

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from llm_stack import missing
+from llm_stack import missing, qwen_converted
 
 from qrag_ray.errors import QragError
 from qrag_ray.models import qwen
@@ -159,7 +159,7 @@ def test_real_parts_match_the_pinned_checksum_and_a_corrupt_copy_is_rejected(tmp
 
 
 def test_real_cached_folder_is_reused_without_converting(monkeypatch):
-    if not qwen.qwen_status()["converted"]:
+    if not qwen_converted():
         missing("the bundled Qwen is not converted on this machine yet (qrag prepare-models)")
 
     def no(*a, **k):
@@ -174,8 +174,3 @@ def test_real_cached_folder_is_reused_without_converting(monkeypatch):
     from qrag_ray.models.registry import resolve_llm
 
     assert resolve_llm("qwen2.5-coder-0.5b-instruct") == str(d)
-
-
-def test_status_reports_missing_cache(tmp_path):
-    s = qwen.qwen_status(tmp_path / "empty")
-    assert s["converted"] is False and s["hf_dir"].startswith(str(tmp_path))

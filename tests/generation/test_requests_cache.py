@@ -14,8 +14,10 @@ from unittest import mock
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.question_cache import cache_entries
 
 from qrag_ray.config import GeneratorConfig, IndexConfig, SamplingConfig
+
 from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.generation.prompts import prompt_version
 from qrag_ray.generation.requests import (atomize_request, cache_key, make_request, model_id,
@@ -134,7 +136,7 @@ def _write(path: Path, rows: list[tuple[str, str]]) -> None:
 
 def test_question_cache_reads_runs_and_skips_broken_files(tmp_path):
     cache = QuestionCache(tmp_path / "c")
-    assert cache.files() == [] and len(cache) == 0 and cache.read_all() == {}
+    assert cache.files() == [] and len(cache) == 0 and cache_entries(cache) == {}
     _write(tmp_path / "c" / "run-a" / "0.parquet", [("k1", "What is A?"), ("k2", "What is B?")])
     _write(tmp_path / "c" / "run-b" / "0.parquet", [("k3", "What is C?")])
     _write(tmp_path / "c" / ".tmp-run" / "0.parquet", [("k9", "hidden")])  # dot folders are in-progress junk
@@ -151,7 +153,7 @@ def test_question_cache_reads_runs_and_skips_broken_files(tmp_path):
     assert [c.args[0] for c in warned.call_args_list] == ["skipping unreadable question-cache file %s: %s"]
     assert str(warned.call_args.args[1]).endswith("run-c/0.parquet")
     assert len(cache) == 3
-    assert cache.read_all() == {"k1": "What is A?", "k2": "What is B?", "k3": "What is C?"}
+    assert cache_entries(cache) == {"k1": "What is A?", "k2": "What is B?", "k3": "What is C?"}
     assert Path(cache.new_run_dir()).parent == tmp_path / "c"
     assert cache.new_run_dir() != cache.new_run_dir()
 
@@ -306,5 +308,5 @@ def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake
 
     c = QuestionCache(cache)
     assert len(c.files()) == len(list(cache.rglob("*.parquet")))  # every file readable: none torn
-    assert len(c) == sum(generated) == len(c.read_all())  # one row per request, from both builds
+    assert len(c) == sum(generated) == len(cache_entries(c))  # one row per request, from both builds
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from llm_stack import missing
+from llm_stack import missing, qwen_available
 
 from qrag_ray.config import GeneratorConfig, IndexConfig, SamplingConfig
 
@@ -49,10 +49,9 @@ def _cfg(tmp: Path, out: str) -> IndexConfig:
 
 @pytest.fixture(scope="module")
 def built(local_ray, tmp_path_factory):
-    from qrag_ray.models.qwen import qwen_status
     from qrag_ray.pipeline import build_index
 
-    if not qwen_status()["converted"] and not qwen_status()["parts_installed"]:
+    if not qwen_available():
         missing("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")
     tmp = tmp_path_factory.mktemp("vllm")
     (tmp / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
@@ -139,9 +138,8 @@ def test_sampled_candidates_on_cpu(tmp_path):
     import subprocess
     import sys
 
-    from qrag_ray.models.qwen import qwen_status
 
-    if not qwen_status()["converted"] and not qwen_status()["parts_installed"]:
+    if not qwen_available():
         missing("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
     (tmp_path / "cfg.yaml").write_text(
