@@ -10,6 +10,7 @@
 #
 #   OUT=/some/dir bash benchmarks/gpu/run.sh                          # on the GPU machine
 #   OUT=/tmp/x DEVICE=cpu N=24 N_INDEX=2000 bash benchmarks/gpu/run.sh  # tiny CPU run: the script works
+#   (DTYPES=float32 leaves out CPU bfloat16, which torch emulates slowly where the CPU lacks it)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder the results go to}"
@@ -64,7 +65,7 @@ else
     SIZE=(--passages 100000 --questions 100000 --today-limit 10000 --dtypes bfloat16,float32
           --tokens-per-batch 65536,16384,262144)
   else
-    SIZE=(--quick --passages "${N:-48}" --questions "${N:-48}" --rows-per-batch 16 --dtypes float32,bfloat16)
+    SIZE=(--quick --passages "${N:-48}" --questions "${N:-48}" --rows-per-batch 16 --dtypes "${DTYPES:-float32,bfloat16}")
   fi
   # random init on the GPU box too when the weights happen to be installed: figures comparable across boxes
   timeout "${BENCH_LIMIT_S:-180}" "$PY" -u benchmarks/bench_embedding.py --device "$DEVICE" --random-init \
