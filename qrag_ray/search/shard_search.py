@@ -107,6 +107,8 @@ class ShardReply:  # a shard's final hits per query and, when asked, its page's 
     chunks: dict[int, ChunkMeta] = field(default_factory=dict)  # chunk_idx -> meta
     search_ms: float = 0.0
     rounds: int = 1
+    cold: bool = False  # the replica loaded the shard for this request
+    replica: str = ""  # the Serve replica that searched it (remote shards)
 
 
 def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:

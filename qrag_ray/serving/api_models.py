@@ -85,7 +85,8 @@ class SearchResponse(BaseModel):
     timings: dict = Field(default_factory=dict,
                           description="path (where the search ran: 'shards', or 'router' for a small tenant), "
                                       "embed_ms, embed_batch, search_ms (shard fan-out), merge_ms "
-                                      "(merge + dedup), format_ms, rounds")
+                                      "(merge + dedup), format_ms, rounds; for 'shards': cold_loads (shards a "
+                                      "replica read from disk for this request), shard_replicas (which replicas)")
 
 
 class Citation(BaseModel):
@@ -152,19 +153,26 @@ class TenantStatus(BaseModel):
     rate_limit: dict | None = None
 
 
-class ShardStatus(BaseModel):
+class CacheStatus(BaseModel):
+    loaded: int = Field(..., description="tenant shards in the cache")
+    bytes: int = Field(..., description="their bytes (FAISS, row metadata, BM25, chunk table), within max_bytes")
+    max_bytes: int
+    hits: int = Field(0, description="since the replica started: shard asked for and held")
+    cold_loads: int = Field(0, description="shard read from disk (and verified)")
+    evictions: int = Field(0, description="shard pushed out by the byte budget")
+    load_seconds: float = Field(0.0, description="total seconds of the cold loads")
+
+
+class ShardStatus(CacheStatus):
+    """One ShardSearcher replica's cache (the one Serve routed this call to; the Prometheus metrics
+    qrag_shard_cache_events and qrag_shard_load_seconds cover every replica)."""
+
     shard: int
     reachable: bool
-    loaded: int | None = Field(None, description="tenant shards in the replica's cache")
+    loaded: int | None = None
     bytes: int | None = None
     max_bytes: int | None = None
     error: str | None = None
-
-
-class CacheStatus(BaseModel):
-    loaded: int
-    bytes: int
-    max_bytes: int
 
 
 class RegistryStatus(BaseModel):

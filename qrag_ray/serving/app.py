@@ -16,7 +16,7 @@ from qrag_ray.index.format import load_manifest
 from qrag_ray.index.versions import resolve_index
 from qrag_ray.serving.answer import Synthesizer
 from qrag_ray.serving.config import ROUTER, SYNTHESIZER, parse_app_args
-from qrag_ray.serving.shard_store import ShardStore
+from qrag_ray.serving.shard_store import ShardSearcher
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def build_application(args: dict[str, Any] | None = None,
     from qrag_ray.serving.router import Router
 
     a = parse_app_args(args)
-    shards = [_deployment(ShardStore, f"ShardSearcher{i}", deployment_options, "ShardSearcher").bind(
+    shards = [_deployment(ShardSearcher, f"ShardSearcher{i}", deployment_options, "ShardSearcher").bind(
         a.shard_cache_bytes, a.faiss_threads) for i in range(a.shards or shard_count(a.load_tenants()))]
     synth = None if a.generator is None else _deployment(Synthesizer, SYNTHESIZER, deployment_options).bind(
         a.generator.model_dump())

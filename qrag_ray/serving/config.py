@@ -47,6 +47,8 @@ class AppArgs(BaseModel):
                                                                "most shards of any tenant index")
     shard_cache_bytes: int = Field(
         2 << 30, ge=1 << 20, description="bytes of loaded tenant shards one ShardSearcher replica keeps (LRU)")
+    tenant_affinity: bool = Field(True, description="route a tenant's shard calls to the ShardSearcher replicas that "
+                                                    "hold them (Serve model multiplexing); off: any replica")
     local_search_max_bytes: int = Field(
         64 << 20, ge=0, description="tenants whose index files total at most this are searched inside the Router "
                                     "replica (no shard hop); bigger ones fan out to the ShardSearcher deployments")

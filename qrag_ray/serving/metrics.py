@@ -7,6 +7,7 @@ from __future__ import annotations
 # Latency buckets in milliseconds: sub-ms FAISS calls up to multi-second LLM answers.
 LATENCY_MS_BUCKETS = [0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000]
 COUNT_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
+LOAD_S_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 
 REQUEST_LATENCY = "qrag_request_latency_ms"
 SHARD_LATENCY = "qrag_shard_search_latency_ms"
@@ -14,6 +15,8 @@ CANDIDATES_BEFORE = "qrag_candidates_before_dedup"
 CANDIDATES_AFTER = "qrag_candidates_after_dedup"
 ERRORS = "qrag_errors"
 INDEX_VERSION = "qrag_index_version_loaded"
+CACHE_EVENTS = "qrag_shard_cache_events"
+LOAD_SECONDS = "qrag_shard_load_seconds"
 
 _HELP = {
     REQUEST_LATENCY: "End-to-end request latency in the router, ms, by route, tenant and HTTP status.",
@@ -22,12 +25,15 @@ _HELP = {
     CANDIDATES_AFTER: "Distinct chunks returned for one query after dedup, by tenant.",
     ERRORS: "Requests that ended in an error, by route, tenant and kind (the `error` field of the body).",
     INDEX_VERSION: "1 for each (tenant, shard, index_version) loaded in a replica.",
+    CACHE_EVENTS: "A replica's shard cache, by tenant, shard and event: hit, cold_load (read from disk), eviction.",
+    LOAD_SECONDS: "Seconds one cold load of a tenant's shard took (read and verify), by tenant and shard.",
 }
 
 EXPORTED_METRICS: dict[str, str] = {
-    **{f"ray_{name}_{s}": _HELP[name] for name in (REQUEST_LATENCY, SHARD_LATENCY, CANDIDATES_BEFORE, CANDIDATES_AFTER)
-       for s in ("bucket", "sum", "count")},
+    **{f"ray_{name}_{s}": _HELP[name] for name in (REQUEST_LATENCY, SHARD_LATENCY, CANDIDATES_BEFORE, CANDIDATES_AFTER,
+                                                   LOAD_SECONDS) for s in ("bucket", "sum", "count")},
     f"ray_{ERRORS}_total": _HELP[ERRORS], f"ray_{INDEX_VERSION}": _HELP[INDEX_VERSION],
+    f"ray_{CACHE_EVENTS}_total": _HELP[CACHE_EVENTS],
 }
 
 
@@ -49,7 +55,9 @@ class RouterMetrics:
 
 class ShardMetrics:
     def __init__(self):
-        from ray.serve.metrics import Gauge
+        from ray.serve.metrics import Counter, Gauge
 
         self.latency = _histogram(SHARD_LATENCY, LATENCY_MS_BUCKETS, "tenant", "shard")
+        self.load_seconds = _histogram(LOAD_SECONDS, LOAD_S_BUCKETS, "tenant", "shard")
+        self.cache = Counter(CACHE_EVENTS, _HELP[CACHE_EVENTS], tag_keys=("tenant", "shard", "event"))
         self.version = Gauge(INDEX_VERSION, _HELP[INDEX_VERSION], tag_keys=("tenant", "shard", "index_version"))

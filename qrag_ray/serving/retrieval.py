@@ -21,7 +21,7 @@ from qrag_ray.search.results import SearchResult
 from qrag_ray.search.retrieve import Found, LocalShards, Wanted, retrieve
 from qrag_ray.search.shard_search import ShardReply
 from qrag_ray.serving.errors import ApiError, index_unavailable, overloaded, shard_unavailable
-from qrag_ray.serving.shard_store import ShardKey, ShardStore, VersionMoved
+from qrag_ray.serving.shard_store import ShardKey, ShardStore, VersionMoved, affinity_id
 from qrag_ray.serving.tenants import Tenant
 from qrag_ray.serving.versions import TenantIndex, TenantVersions
 
@@ -57,8 +57,8 @@ class RouterShards(LocalShards):
         super().__init__(store.get, offload=True)
         self.store = store
 
-    async def call(self, shard: int, method: str, *args):
-        return await getattr(self.store, method)(shard, *args)
+    async def call(self, shard: int, method: str, key: ShardKey, *args):
+        return await getattr(self.store, method)(shard, key, *args)
 
     async def search(self, key: ShardKey, num_shards: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
         replies = await super().search(key, num_shards, qvecs, q)
@@ -67,18 +67,22 @@ class RouterShards(LocalShards):
 
 
 class RemoteShards:
-    """The ShardSearcher deployments, one per shard number; a replica that died under a call is retried
-    once (Serve routes the retry to a live replica)."""
+    """The ShardSearcher deployments, one per shard number. A call carries its (tenant, version, shard)
+    as Serve's multiplexed model id, so Serve routes it to a replica that holds that shard (tenant
+    affinity); a replica that died under a call is retried once (Serve routes the retry to a live one)."""
 
     path = "shards"
 
-    def __init__(self, handles: list):
-        self.handles = list(handles)
+    def __init__(self, handles: list, affinity: bool = True):
+        self.handles, self.affinity = list(handles), affinity
 
-    async def call(self, shard: int, method: str, *args):
+    async def call(self, shard: int, method: str, key: ShardKey, *args):
+        handle = self.handles[shard]
+        if self.affinity:
+            handle = handle.options(multiplexed_model_id=affinity_id(key, shard))
         for attempt in (1, 2):
             try:
-                return await getattr(self.handles[shard], method).remote(shard, *args)
+                return await getattr(handle, method).remote(shard, key, *args)
             except BackPressureError:
                 raise overloaded(f"shard {shard} is at its queue limit") from None
             except Exception as e:
@@ -128,7 +132,8 @@ class Retriever:
         timings = {"path": backend.path, "embed_ms": embed_ms, "embed_batch": batch, "search_ms": found.search_ms,
                    "merge_ms": found.merge_ms, "format_ms": found.format_ms, "rounds": found.rounds,
                    "candidates": sum(int((r.hits[0].rows[0] >= 0).sum()) for r in found.replies),
-                   "shard_search_ms": [round(r.search_ms, 3) for r in found.replies]}
+                   "shard_search_ms": [round(r.search_ms, 3) for r in found.replies],
+                   "cold_loads": sum(r.cold for r in found.replies), "shard_replicas": [r.replica for r in found.replies]}
         return Retrieval(found.pages[0], ti.version, timings)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0)  # no wait: under load the queue fills during an encode

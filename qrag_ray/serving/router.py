@@ -44,7 +44,8 @@ class Router:
             IndexReader(len(self.shards), a.local_search_max_bytes),
             lambda ti, i, method, key: self.retriever.shards(ti).call(i, method, key),
             self.encoder.model, retire_after_s=a.request_timeout_s + 1.0)
-        self.retriever = Retriever(self.encoder, RouterShards(self.local), RemoteShards(self.shards), self.versions)
+        self.retriever = Retriever(self.encoder, RouterShards(self.local), RemoteShards(self.shards, a.tenant_affinity),
+                                   self.versions)
         self.answerer = Answerer(synthesizer, a.hyde_max_tokens, a.answer_min_cosine)
         self._inflight = 0
         self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished

@@ -1,15 +1,20 @@
 """Loaded tenant shards in a byte-bounded LRU, searched off the event loop. Each ShardSearcher{i}
-deployment is a store asked only for shard i; the Router keeps one for the small tenants it searches
-itself. Both load and search through qrag_ray.search.shard_search, so a tenant ranks the same whichever
-process searches it."""
+deployment (`ShardSearcher`) is a store asked only for shard i, with tenant affinity: Serve's model
+multiplexing routes a request to a replica that holds its (tenant, version, shard), so the cluster's
+cache grows with its replicas. The Router keeps a plain store for the small tenants it searches itself.
+Both load and search through qrag_ray.search.shard_search, so a tenant ranks the same whichever process
+searches it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+from ray import serve
 
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.search.query import Query
@@ -34,6 +39,11 @@ class ShardKey:
     version: str  # the index_version the request was started with
 
 
+def affinity_id(key: ShardKey, shard: int) -> str:
+    """What a request's replica should hold: Serve's multiplexed model id for (tenant, version, shard)."""
+    return f"{key.tenant}/{key.version}/{shard}"
+
+
 class ShardStore:
     """Loaded shards in an LRU bounded in bytes, one load per key, FAISS off the event loop; also the
     ShardSearcher deployment (FAISS threads: `threads`, else the replica's CPUs)."""
@@ -45,6 +55,7 @@ class ShardStore:
         self.cache = ByteLRU(cache_bytes)
         self.metrics = ShardMetrics()
         self.problems: dict[str, dict] = {}  # tenant -> {"shard", "version", "reason"} of its last failed load
+        self.counts: Counter = Counter()  # hits, cold_loads, evictions, load_seconds
         self._loading: dict[tuple[ShardKey, int], asyncio.Task] = {}
         self._refresher: asyncio.Task | None = None
 
@@ -68,12 +79,14 @@ class ShardStore:
         ck = (key, shard)
         hit = self.cache.get(ck)
         if hit is not None:
+            self._count("hits", key.tenant, shard)
             return hit
         if ck not in self._loading:  # one load per key, however many requests wait (a deadline cancels a waiter)
             self._loading[ck] = asyncio.ensure_future(self._load(shard, key))
         return await asyncio.shield(self._loading[ck])
 
     async def _load(self, shard: int, key: ShardKey) -> LoadedShard:
+        t0 = time.perf_counter()
         try:
             loaded = await asyncio.to_thread(load_shard, key.index_dir, shard, self.threads, True, True)
         except Exception as e:
@@ -86,15 +99,29 @@ class ShardStore:
             raise VersionMoved(f"{key.index_dir} now holds index version {loaded.index_version}, not {key.version}")
         if self.problems.get(key.tenant, {}).get("shard") == shard:
             self.problems.pop(key.tenant)
+        self._count("cold_loads", key.tenant, shard)
+        self.counts["load_seconds"] += (seconds := time.perf_counter() - t0)
+        self.metrics.load_seconds.observe(seconds, tags={"tenant": key.tenant, "shard": str(shard)})
         for old, old_shard in self.cache.put((key, shard), loaded, loaded.nbytes):
+            self._count("evictions", old.tenant, old_shard)
+            self._evicted(old, old_shard)
             logger.info("evicted shard %d of tenant %r version %s (cache %d bytes)", old_shard, old.tenant,
                         old.version, self.cache.max_bytes)
         logger.info("shard %d of tenant %r loaded: %d vectors, index %s, %d bytes", shard, key.tenant,
                     loaded.index.ntotal, loaded.index_version, loaded.nbytes)
         return loaded
 
+    def _count(self, event: str, tenant: str, shard: int) -> None:
+        self.counts[event] += 1
+        self.metrics.cache.inc(tags={"tenant": tenant, "shard": str(shard), "event": event[:-1]})
+
+    def _evicted(self, key: ShardKey, shard: int) -> None:
+        """Called for each shard the byte budget pushed out (nothing to do in a plain store)."""
+
     async def search(self, shard: int, key: ShardKey, qvecs: np.ndarray, q: Query) -> ShardReply:
+        cold = self.cache.get((key, shard)) is None
         reply = await asyncio.to_thread(search_loaded, await self.get(shard, key), shard, qvecs, q, True)
+        reply.cold, reply.replica = cold, serve.get_replica_context().replica_id.unique_id
         self.observe(key, [reply])
         return reply
 
@@ -112,8 +139,35 @@ class ShardStore:
 
     async def retire(self, shard: int, key: ShardKey) -> bool:
         """Drop a version the router moved off (in-flight requests keep their own reference)."""
+        self._evicted(key, shard)
         return self.cache.pop((key, shard)) is not None
 
     def status(self) -> dict:
         return {"loaded": len(self.cache), "bytes": self.cache.bytes, "max_bytes": self.cache.max_bytes,
-                "problems": dict(self.problems)}
+                "problems": dict(self.problems), **{k: self.counts[k] for k in CACHE_COUNTS}}
+
+
+CACHE_COUNTS = ("hits", "cold_loads", "evictions", "load_seconds")
+
+
+class ShardSearcher(ShardStore):
+    """The ShardSearcher{i} deployment: a store whose held shards are Serve multiplexed models, so that
+    Serve routes a request carrying `affinity_id` as its multiplexed model id to a replica holding it
+    (else to the replica holding the fewest). The byte budget decides what is held, not a model count."""
+
+    async def get(self, shard: int, key: ShardKey) -> LoadedShard:
+        loaded = await super().get(shard, key)
+        await self._hold(affinity_id(key, shard))
+        return loaded
+
+    @serve.multiplexed(max_num_models_per_replica=-1)
+    async def _hold(self, model_id: str) -> str:
+        return model_id  # a marker: the shard itself lives in the byte-bounded cache
+
+    def _evicted(self, key: ShardKey, shard: int) -> None:
+        # Serve has no public call to unload one multiplexed model: drop the id from this replica's multiplex
+        # state (ray.serve.multiplex._ModelMultiplexWrapper, Ray pinned in pyproject) and have it pushed, so
+        # routing stops preferring this replica for a shard it no longer holds
+        wrapper = getattr(self, "__serve_multiplex_wrapper", None)
+        if wrapper is not None and wrapper.models.pop(affinity_id(key, shard), None) is not None:
+            wrapper._push_multiplexed_replica_info = True

@@ -105,7 +105,7 @@ def test_exported_metric_names_are_as_scraped():
     assert all(h for h in EXPORTED_METRICS.values())
     hist = {n.rsplit("_", 1)[0] for n in EXPORTED_METRICS if n.endswith("_bucket")}
     assert hist == {"ray_qrag_request_latency_ms", "ray_qrag_shard_search_latency_ms",
-                    "ray_qrag_candidates_before_dedup", "ray_qrag_candidates_after_dedup"}
+                    "ray_qrag_candidates_before_dedup", "ray_qrag_candidates_after_dedup", "ray_qrag_shard_load_seconds"}
     for h in hist:
         assert {f"{h}_sum", f"{h}_count"} <= set(EXPORTED_METRICS)
-    assert "ray_qrag_errors_total" in EXPORTED_METRICS and "ray_qrag_index_version_loaded" in EXPORTED_METRICS
+    assert {"ray_qrag_errors_total", "ray_qrag_index_version_loaded", "ray_qrag_shard_cache_events_total"} <= set(EXPORTED_METRICS)

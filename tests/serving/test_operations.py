@@ -7,58 +7,16 @@ Everything is real (local Ray, Serve, FAISS, MiniLM); changes are made the way a
 
 from __future__ import annotations
 
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from qrag_ray.ports import free_port
+from support.http_load import QUERY, Load, wait_for
 from support.serving_data import ALPHA_TOPICS, BETA_TOPICS
 
 RELOAD_S = 0.5
-QUERY = {"query": "When does the else clause of a for loop run?", "k": 5}
-
-
-def _wait(pred, timeout: float, what: str, step: float = 0.25):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
-class Load:
-    """`workers` threads sending searches until stopped; every response is kept for the asserts."""
-
-    def __init__(self, url: str, headers: dict, workers: int = 4, body: dict | None = None, timeout: float = 60):
-        self.url, self.headers, self.body, self.timeout = url, headers, body or QUERY, timeout
-        self.stop = threading.Event()
-        self.responses: list[dict] = []
-        self.pool = ThreadPoolExecutor(workers)
-        self.futures = [self.pool.submit(self._run) for _ in range(workers)]
-
-    def _run(self):
-        with httpx.Client(base_url=self.url, timeout=self.timeout) as c:
-            while not self.stop.is_set():
-                t0 = time.time()
-                try:
-                    r = c.post("/v1/search", json=self.body, headers=self.headers)
-                    body = r.json()
-                    status = r.status_code
-                except httpx.HTTPError as e:
-                    body, status = {"error": type(e).__name__}, 0
-                self.responses.append({"status": status, "body": body, "t0": t0, "s": time.time() - t0})
-
-    def finish(self) -> list[dict]:
-        self.stop.set()
-        for f in self.futures:
-            f.result()
-        self.pool.shutdown()
-        return self.responses
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +75,7 @@ def test_tenants_with_1_2_and_3_shards_are_all_healthy(ops):
         idx = c.get("/v1/indexes", headers=H(ops["keys"][name])).json()["indexes"][0]
         assert idx["num_shards"] == shards and idx["available"]
     assert c.get("/healthz").json() == {"status": "ok"}
-    st = _wait(lambda: (s := status(ops))["status"] == "ok" and s, 60, "admin status ok")
+    st = wait_for(lambda: (s := status(ops))["status"] == "ok" and s, 60, "admin status ok")
     by = {t["name"]: t for t in st["tenants"]}
     assert {n: by[n]["num_shards"] for n in ("one", "two", "three")} == {"one": 1, "two": 2, "three": 3}
     assert all(t["status"] == "ok" and not t["problems"] for t in st["tenants"]), st
@@ -133,25 +91,25 @@ def test_key_rotation_revocation_and_new_tenants_without_restart(ops):
     assert c.post("/v1/search", json=QUERY, headers=H(old)).status_code == 200
     t0 = time.time()
     new = rotate_key(tf, "rot")
-    _wait(lambda: c.post("/v1/search", json=QUERY, headers=H(old)).status_code == 401, 10, "old key refused")
+    wait_for(lambda: c.post("/v1/search", json=QUERY, headers=H(old)).status_code == 401, 10, "old key refused")
     assert time.time() - t0 < 10
     assert c.post("/v1/search", json=QUERY, headers=H(new)).status_code == 200
     # a new tenant, added while serving
     fresh = add_tenant(tf, "fresh", ops["two"])
-    r = _wait(lambda: (x := c.post("/v1/search", json=QUERY, headers=H(fresh))).status_code == 200 and x, 10,
+    r = wait_for(lambda: (x := c.post("/v1/search", json=QUERY, headers=H(fresh))).status_code == 200 and x, 10,
               "new tenant served")
     assert {x["doc_id"] for x in r.json()["results"]} <= set(BETA_TOPICS)
     # revoked: the tenant is gone
     remove_tenant(tf, "rot")
-    _wait(lambda: c.post("/v1/search", json=QUERY, headers=H(new)).status_code == 401, 10, "removed tenant refused")
+    wait_for(lambda: c.post("/v1/search", json=QUERY, headers=H(new)).status_code == 401, 10, "removed tenant refused")
     # a broken file (an operator's typo) keeps the last good table and says so
     good = tf.read_text()
     tf.write_text("tenants: [this is: not valid")
-    st = _wait(lambda: (s := status(ops))["registry"]["error"] and s, 10, "registry error reported")
+    st = wait_for(lambda: (s := status(ops))["registry"]["error"] and s, 10, "registry error reported")
     assert "kept the previous tenants table" in st["registry"]["error"]
     assert c.post("/v1/search", json=QUERY, headers=H(fresh)).status_code == 200
     tf.write_text(good)
-    _wait(lambda: status(ops)["registry"]["error"] is None, 10, "registry recovered")
+    wait_for(lambda: status(ops)["registry"]["error"] is None, 10, "registry recovered")
 
 
 @pytest.mark.integration
@@ -182,7 +140,7 @@ def test_index_version_swapped_under_load(ops):
     time.sleep(3)
     publish_version(ops["root"], ops["beta"])
     t_pub = time.time()
-    _wait(lambda: any(r["body"].get("index_version") == v2 for r in load.responses), 60, "new version served")
+    wait_for(lambda: any(r["body"].get("index_version") == v2 for r in load.responses), 60, "new version served")
     time.sleep(3)
     responses = load.finish()
     failed = [r for r in responses if r["status"] != 200]
@@ -243,7 +201,7 @@ def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant
               name="solo", route_prefix="/solo")
     url = ops["url"].removesuffix("/ops") + "/solo"  # the same Serve proxy
     try:
-        _wait(lambda: httpx.post(f"{url}/v1/search", json=QUERY, timeout=60).status_code == 200, 120,
+        wait_for(lambda: httpx.post(f"{url}/v1/search", json=QUERY, timeout=60).status_code == 200, 120,
               "warm (the model and shards load in the background at start)")
         load = Load(url, {}, workers=3, timeout=deadline_s + 30)
         time.sleep(2)
@@ -256,7 +214,7 @@ def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant
             if r["status"] != 200:
                 assert r["body"]["error"] in ("shard_unavailable", "deadline_exceeded", "overloaded"), r["body"]
                 assert r["body"]["message"]
-        _wait(lambda: httpx.post(f"{url}/v1/search", json=QUERY, timeout=60).status_code == 200, 120,
+        wait_for(lambda: httpx.post(f"{url}/v1/search", json=QUERY, timeout=60).status_code == 200, 120,
               "served again after Serve replaced the replica")
     finally:
         serve.delete("solo")

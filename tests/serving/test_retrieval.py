@@ -16,7 +16,7 @@ from qrag_ray.search_policy import SearchConfig
 from qrag_ray.serving.api_models import SearchRequest
 from qrag_ray.serving.errors import ApiError
 from qrag_ray.serving.retrieval import RemoteShards, Retriever
-from qrag_ray.serving.shard_store import VersionMoved
+from qrag_ray.serving.shard_store import ShardKey, VersionMoved, affinity_id
 from qrag_ray.serving.tenants import Tenant
 from qrag_ray.serving.versions import TenantIndex
 from tests.search.test_retrieve import HITS, A, C, FakeShards
@@ -37,26 +37,41 @@ class _Method:
 class _Handle:
     def __init__(self, **methods):
         self.__dict__.update(methods)
+        self.model_ids: list[str] = []
+
+    def options(self, multiplexed_model_id: str):
+        self.model_ids.append(multiplexed_model_id)
+        return self
+
+
+KEY = ShardKey("acme", "/idx/v7", "v7")
+
+
+def test_a_shard_call_asks_serve_for_a_replica_holding_the_tenants_version_of_that_shard():
+    h = _Handle(search=_Method(["reply"]))
+    assert asyncio.run(RemoteShards([_Handle(), h]).call(1, "search", KEY)) == "reply"
+    assert h.model_ids == [affinity_id(KEY, 1)] == ["acme/v7/1"]
+    assert affinity_id(ShardKey("acme", "/idx/v8", "v8"), 1) != affinity_id(KEY, 1) != affinity_id(KEY, 0)
 
 
 def test_a_dead_replica_is_retried_once_then_the_shard_is_a_503():
     flaky = _Method([ActorDiedError(), "reply"])
-    assert asyncio.run(RemoteShards([_Handle(search=flaky)]).call(0, "search", "key")) == "reply"
+    assert asyncio.run(RemoteShards([_Handle(search=flaky)]).call(0, "search", KEY)) == "reply"
     assert flaky.calls == 2
     dead = _Method([ActorDiedError(), ActorDiedError()])
     with pytest.raises(ApiError) as e:
-        asyncio.run(RemoteShards([_Handle(search=dead)]).call(0, "search", "key"))
+        asyncio.run(RemoteShards([_Handle(search=dead)]).call(0, "search", KEY))
     assert (e.value.status, e.value.kind) == (503, "shard_unavailable")
 
 
 def test_a_full_shard_queue_is_overloaded_and_a_user_error_passes_through():
     full = _Method([BackPressureError(num_queued_requests=1, max_queued_requests=1)])
     with pytest.raises(ApiError) as e:
-        asyncio.run(RemoteShards([_Handle(search=full)]).call(0, "search", "key"))
+        asyncio.run(RemoteShards([_Handle(search=full)]).call(0, "search", KEY))
     assert (e.value.status, e.value.kind) == (503, "overloaded") and full.calls == 1
     bad = _Method([QragError("index /x has 1 shards, no shard 3")])
     with pytest.raises(QragError, match="no shard 3"):
-        asyncio.run(RemoteShards([_Handle(search=bad)]).call(0, "search", "key"))
+        asyncio.run(RemoteShards([_Handle(search=bad)]).call(0, "search", KEY))
     assert bad.calls == 1  # not retried
 
 

@@ -1,0 +1,111 @@
+"""Serving at scale, over real HTTP on a local Ray: tenant affinity (Serve's model multiplexing sends a
+tenant's shard requests to the replicas that hold them) and autoscaling exercised by a load ramp.
+Request deadlines are a minute here: a 2-core box running the suite is slow, not broken."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from qrag_ray.ports import free_port
+from support.http_load import Load, wait_for
+
+QUERY = {"query": "When does the else clause of a for loop run?", "k": 3}
+SMALL = {"ray_actor_options": {"num_cpus": 0.25}}
+
+
+@pytest.fixture(scope="module")
+def serve_app(local_ray, tenant_indexes):
+    """Serve on a port of this module's (an earlier module's Serve is shut down first); `deploy(name, args,
+    options)` runs an app with tenants alpha and beta (3 shards each), every tenant fanned out to the
+    ShardSearcher replicas, and returns (url, headers per tenant)."""
+    from ray import serve
+
+    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.tenants import add_tenant
+
+    serve.shutdown()
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+
+    def deploy(name: str, args: dict, opts: dict):
+        tf = tenant_indexes["workdir"] / f"{name}-tenants.yaml"
+        keys = {t: add_tenant(tf, t, tenant_indexes[t]) for t in ("alpha", "beta")}
+        serve.run(build_application({"tenants": str(tf), "local_search_max_bytes": 0, **args}, opts),
+                  name=name, route_prefix=f"/{name}")
+        return f"http://127.0.0.1:{port}/{name}", {t: {"Authorization": f"Bearer {k}"} for t, k in keys.items()}
+
+    yield deploy
+    serve.shutdown()
+
+
+def _search(client, headers) -> dict:
+    r = client.post("/v1/search", json=QUERY, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()["timings"]
+
+
+@pytest.mark.slow
+def test_a_tenants_queries_stay_on_the_replicas_that_hold_it_and_another_tenant_goes_elsewhere(serve_app):
+    from ray import serve
+
+    # two replicas of every shard deployment, nothing loaded at start-up
+    url, headers = serve_app("affine", {"warm_tenants": 0, "request_timeout_s": 60},
+                             {"Router": SMALL, **{f"ShardSearcher{i}": {**SMALL, "num_replicas": 2} for i in range(3)}})
+    with httpx.Client(base_url=url, timeout=120) as client:
+        first = _search(client, headers["alpha"])
+        assert first["path"] == "shards" and first["cold_loads"] == 3  # each shard read once, where it was sent
+        alpha = first["shard_replicas"]
+        time.sleep(1.0)  # replicas report what they hold every 0.1 s; Serve's routers learn it from the controller
+        for _ in range(6):  # without affinity each shard's request would go to either replica
+            again = _search(client, headers["alpha"])
+            assert again["cold_loads"] == 0 and again["shard_replicas"] == alpha, again
+        beta = _search(client, headers["beta"])  # a tenant nobody holds goes to the replica holding fewest
+        assert beta["cold_loads"] == 3 and all(b != a for a, b in zip(alpha, beta["shard_replicas"])), (alpha, beta)
+        time.sleep(1.0)
+        for t, replicas in (("beta", beta["shard_replicas"]), ("alpha", alpha)):
+            again = _search(client, headers[t])
+            assert again["cold_loads"] == 0 and again["shard_replicas"] == replicas, (t, again)
+    serve.delete("affine")
+
+
+@pytest.mark.slow
+def test_a_load_ramp_scales_the_router_up_and_back_down_without_failing_a_request(serve_app):
+    """The Router (the query embedding: the CPU a search costs) autoscales 1 -> 2 under concurrent
+    searches and back to 1 under a trickle; the replica that stops drains its requests first, so no
+    request fails at any point of the ramp."""
+    from ray import serve
+
+    # metrics every 0.5 s (Serve's default is 10 s, which would make the test wait): a deprecated field
+    # that Ray 2.60 still honours
+    ramp = {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
+            "upscale_delay_s": 1, "downscale_delay_s": 4, "metrics_interval_s": 0.5, "look_back_period_s": 2}
+    url, headers = serve_app("ramp", {"request_timeout_s": 60, "warm_tenants": 2},
+                             {"Router": {**SMALL, "autoscaling_config": ramp},
+                              **{f"ShardSearcher{i}": {**SMALL, "num_replicas": 1} for i in range(3)}})
+
+    def replicas(state: str | None = None) -> int:
+        dep = serve.status().applications["ramp"].deployments["Router"]
+        return sum(n for s, n in dep.replica_states.items() if state is None or s == state)
+
+    assert replicas("RUNNING") == 1
+    responses = []
+    heavy = Load(url, headers["alpha"], workers=6, body=QUERY, timeout=90)
+    try:
+        t0 = time.time()
+        wait_for(lambda: replicas() >= 2, 60, "a second Router replica asked for under load")
+        decided_s = time.time() - t0
+        wait_for(lambda: replicas("RUNNING") >= 2, 180, "the second Router replica running")
+    finally:
+        responses += heavy.finish()
+    trickle = Load(url, headers["alpha"], workers=1, body=QUERY, timeout=90)
+    try:
+        wait_for(lambda: replicas() == 1, 120, "back to one Router replica under a trickle")
+        time.sleep(2.0)  # requests keep going to the one replica left
+    finally:
+        responses += trickle.finish()
+    bad = [r for r in responses if r["status"] != 200]
+    assert decided_s < 30 and len(responses) > 20 and not bad, (decided_s, len(responses), bad[:3])
+    serve.delete("ramp")
