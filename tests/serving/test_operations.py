@@ -174,6 +174,8 @@ def test_shard_replica_killed_under_load_with_a_second_replica(ops):
 
     reps = _replica_handles("ops", "ShardSearcher0")
     assert len(reps) == 2
+    # the tenant loaded and the Router's encoder warm, whatever ran before this test
+    assert ops["client"].post("/v1/search", json=QUERY, headers=H(ops["keys"]["three"])).status_code == 200
     load = Load(ops["url"], H(ops["keys"]["three"]))
     time.sleep(3)
     ray.kill(reps[0], no_restart=True)
