@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (set up + demo) and `make test`.
-.PHONY: setup demo test test-unit test-fast bench clean
+.PHONY: setup demo test test-unit test-fast test-soak bench clean
 
 setup:
 	scripts/setup.sh
@@ -19,6 +19,10 @@ test-unit:
 # Unit + integration (no LLM engine, no multi-node cluster): about 15 minutes on 2 cores.
 test-fast:
 	.venv/bin/python -m pytest -m "not slow" -q
+
+# The soak tests (also marked slow): too long for every CI run; run them before a release.
+test-soak: setup
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false QRAG_REQUIRE_LLM=1 .venv/bin/python -m pytest -m soak -q
 
 clean:
 	rm -rf runs/demo .pytest_cache

