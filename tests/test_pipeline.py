@@ -122,7 +122,7 @@ def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_w
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dup.jsonl", "empty.jsonl"]
 
 
-# ---------------------------------------------------------------- slow: the full matrix
+# ---------------------------------------------------------------- the named presets, a trained factory, a crash
 
 
 # every named preset: what its plan stores, whether it builds BM25 and prefixes titles (pure config)

@@ -7,6 +7,7 @@ config matches and questions come from the shared cache, so a repeated run only 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import tempfile
 import time
@@ -192,6 +193,10 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
     ev = load_eval_set(dataset, data, subset=subset, split=split, offset=offset)
     out = Path(output)
     corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")  # creates `out`
+    # named by its content: an index's identity holds its input path, so an index that another slice of the
+    # dataset (another subset or offset) left in the same output folder is never taken for this one
+    digest = hashlib.sha256(corpus_path.read_bytes()).hexdigest()[:16]
+    corpus_path = corpus_path.replace(out / f"corpus-{digest}.jsonl")
     base = {"chunker": {"method": "none"}} if dataset in ("squad", "bipar") else {}  # one passage = one chunk
     base = deep_update(base, base_overrides or {})
     results: dict[str, dict] = {}
