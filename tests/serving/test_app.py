@@ -386,6 +386,7 @@ def test_qrag_query_prints_a_table(served, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # CI runs `qrag serve` as a process in tests/cluster/ (on the 3-node cluster)
 @pytest.mark.parametrize("direct", [False, True], ids=["proxy", "direct-ingress"])
 def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
     """`qrag serve --index DIR` in its own process (its own local Ray), queried with `qrag query`. Needs

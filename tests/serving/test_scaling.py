@@ -48,6 +48,7 @@ def _search(client, headers) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # the affinity ids and the handle options they travel in: tests/serving/test_retrieval.py
 def test_a_tenants_queries_stay_on_the_replicas_that_hold_it_and_another_tenant_goes_elsewhere(serve_app):
     from ray import serve
 
