@@ -183,10 +183,10 @@ def test_a_trained_factory_through_the_pipeline(build_with, local_ray, pydoc_jso
                 "faiss.factory": factory, "faiss.nprobe": 4, "chunker.method": "none"})
     m = load_manifest(out, verify=True)
     assert m.data["faiss"]["factory"] == factory
-    raw = faiss.read_index(str(out / m.shard(0)["faiss"]))  # keep it: downcast_index does not own it
+    raw = faiss.read_index(str(out / m.shard(0).faiss))  # keep it: downcast_index does not own it
     idx = faiss.downcast_index(raw)
     assert isinstance(idx, faiss.IndexIVFPQ)
-    assert idx.ntotal == m.shard(0)["vectors"] > 0
+    assert idx.ntotal == m.shard(0).vectors > 0
     res = SearchEngine(out).search(["When does the else clause of a for loop run?"], k=5)[0]
     assert len({r["chunk_id"] for r in res}) == 5 and res[0]["doc_id"] in ("for", "while", "break")
 
