@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [[ "${QRAG_NO_LLM:-0}" != "1" ]]; then export QRAG_REQUIRE_LLM=1; fi
 python -m pytest -m "not slow" -q --durations=15 "$@"
 # The regression slices (matrix + suite) run on their own, not beside the slow tests: vLLM-CPU binds its
-# threads to every core and spins, and an embedding run beside it slowed more than tenfold.
+# threads to every core and spins, which starves an embedding run beside it (docs/research/CI-log.md).
 DATA="${QRAG_DATA:-$(cd .. && pwd)/shared/data}"
 eval_rc=0
 if [[ -f "$DATA/squad-v1.1/dev-v1.1.json" ]]; then
