@@ -321,7 +321,8 @@ def up(name: str = "qrc", workers: int = 2, worker_cpus: int = 2, head_cpus: int
     """Start head + workers; on any failure everything started so far is torn down.
 
     `ray start` gives a raylet a fixed 30 s to register with the GCS; on a box where other jobs hold
-    every core that can run out, so a failed start is torn down and tried again (`attempts`).
+    every core that can run out (or the start hangs past `timeout`), so a failed start is torn down and
+    tried again (`attempts`).
     """
     cdir = Path(cdir) if cdir else default_dir(name)
     if (cdir / "cluster.json").exists() and cluster_pids(cdir):
@@ -353,8 +354,12 @@ def _up_once(name: str, workers: int, worker_cpus: int, head_cpus: int, base_por
             cmd = ray_start_command(state, node, object_store_mb)
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()
-            r = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                               start_new_session=True)
+            try:
+                r = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                   start_new_session=True)
+            except subprocess.TimeoutExpired:  # a start that hangs on a loaded box is retried like a failed one
+                raise RuntimeError(f"`ray start` for {node.name} did not return in {timeout:.0f}s; see "
+                                   f"{cdir / 'ray-start.log'}") from None
             if r.returncode != 0:
                 raise RuntimeError(f"`ray start` for {node.name} failed (rc {r.returncode}); see {cdir / 'ray-start.log'}")
             if node.index == 0:

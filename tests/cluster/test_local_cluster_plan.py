@@ -6,7 +6,10 @@ default /tmp/ray temp dir) and must give each node its own resource so tests can
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from cluster import local_cluster as lc
 
@@ -68,3 +71,20 @@ def test_temp_dir_is_short_enough_for_unix_sockets():
 
 def test_cluster_pids_finds_nothing_for_an_unknown_dir(tmp_path):
     assert lc.cluster_pids(tmp_path / "nope") == []
+
+
+def test_a_ray_start_that_hangs_is_torn_down_and_tried_again(tmp_path, monkeypatch, capsys):
+    """A `ray start` past its timeout (a loaded box) is a failed attempt: torn down, retried, then one
+    error naming the log; never a TimeoutExpired out of `up`."""
+    starts, kills = [], []
+
+    def hung(cmd, **kw):
+        starts.append(cmd)
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+
+    monkeypatch.setattr(lc.subprocess, "run", hung)
+    monkeypatch.setattr(lc, "kill_cluster_processes", lambda cdir: kills.append(cdir) or [])
+    monkeypatch.setattr(lc, "ensure_token", lambda env: None)
+    with pytest.raises(RuntimeError, match=r"`ray start` for head did not return in 5s; see .*ray-start.log"):
+        lc.up("t", workers=0, cdir=tmp_path / "c", timeout=5, base_port=27000, quiet=True, attempts=2)
+    assert len(starts) == 2 and len(kills) == 2 and "attempt 1/2" in capsys.readouterr().err
