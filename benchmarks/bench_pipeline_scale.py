@@ -4,7 +4,7 @@ throughput and the peak RSS of the driver and of every Ray worker.
 What it proves: the streaming build keeps the driver's memory flat as the corpus grows (it only sums
 per-batch counters; workers write the checkpoint parts and the shard files) and total time grows
 linearly. The embedder is a tiny randomly initialised sentence-transformers model written locally
-(qrag_ray.models.tiny): the real code path (tokenizer, forward, pooling, folder load) at a cost that
+(benchmarks/tiny_model.py): the real code path (tokenizer, forward, pooling, folder load) at a cost that
 lets a million passages run on 2 cores. Passages are real English: sentences of the Python language
 reference (pydoc_data, shipped with Python) recombined 2-5 at a time under a random title.
 
@@ -240,7 +240,7 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     model = args.embedder
     if model == "tiny":
-        from qrag_ray.models.tiny import write_tiny_model
+        from tiny_model import write_tiny_model  # benchmarks/, beside this script
 
         model = str(write_tiny_model(root / f"tiny-st-h{args.hidden}-l{args.layers}", hidden=args.hidden,
                                      layers=args.layers, max_seq_length=args.max_seq_length).resolve())

@@ -1,4 +1,4 @@
-"""A tiny randomly initialised sentence-transformers model, written to a local folder.
+"""A tiny randomly initialised sentence-transformers model, written to a local folder (a benchmark tool).
 
 Scale tests need an embedder that runs the real code path (tokenizer, transformer, pooling, a
 `SentenceTransformer` loaded from a folder) at little cost per row; its vectors mean nothing. The

@@ -51,7 +51,7 @@ def test_import_contracts_hold():
 def test_import_contracts_catch_what_they_forbid(tmp_path):
     """Each contract on a copy of the package with one import that breaks it: none holds vacuously."""
     shutil.copytree(PKG, tmp_path / "qrag_ray", ignore=shutil.ignore_patterns("__pycache__"))
-    for mod, imp in (("config_roles", "qrag_ray.io.readers"), ("models/tiny", "qrag_ray.search_policy"),
+    for mod, imp in (("config_roles", "qrag_ray.io.readers"), ("models/registry", "qrag_ray.search_policy"),
                      ("text/sentences", "qrag_ray.text.chunking"), ("ports", "qrag_ray.cli.app")):
         with open(tmp_path / "qrag_ray" / f"{mod}.py", "a") as f:
             f.write(f"import {imp}\n")
