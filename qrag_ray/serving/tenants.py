@@ -4,6 +4,7 @@ tenant (`default`) and no keys, meant for 127.0.0.1 only."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -12,6 +13,7 @@ import secrets
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -164,11 +166,15 @@ def load_tenants(path: str | Path) -> Tenants:
     return Tenants.from_list(tf.tenants, tf.admin_key_sha256)
 
 
-def _read_file(p: Path) -> dict:
+@contextlib.contextmanager
+def _editing(path: str | Path) -> Iterator[tuple[dict, Path]]:
+    """The tenants file's data (a missing file: none) to change in place; written back when the block ends."""
+    p = Path(path)
     data = read_yaml(p, "tenants file", default={}) if p.is_file() else {}
     _parse(p, data)
     data.setdefault("tenants", [])
-    return data
+    yield data, p
+    _write_file(p, data)
 
 
 def _entry(data: dict, name: str, p: Path) -> dict:
@@ -181,37 +187,28 @@ def _entry(data: dict, name: str, p: Path) -> dict:
 
 def add_tenant(path: str | Path, name: str, index: str | Path, rate_limit: dict | None = None) -> str:
     """Add a tenant (or replace its entry with a new key) and return the key; the file holds only its hash."""
-    p = Path(path)
-    data = _read_file(p)
-    entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key := new_key()),
-                   rate_limit=rate_limit).model_dump(exclude_none=True)
-    data["tenants"] = [t for t in data["tenants"] if t.get("name") != name] + [entry]
-    _write_file(p, data)
+    with _editing(path) as (data, _):
+        entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key := new_key()),
+                       rate_limit=rate_limit).model_dump(exclude_none=True)
+        data["tenants"] = [t for t in data["tenants"] if t.get("name") != name] + [entry]
     return key
 
 
 def rotate_key(path: str | Path, name: str) -> str:
     """A new key for an existing tenant; the old one stops working at the servers' next reload."""
-    p = Path(path)
-    data = _read_file(p)
-    _entry(data, name, p)["key_sha256"] = hash_key(key := new_key())
-    _write_file(p, data)
+    with _editing(path) as (data, p):
+        _entry(data, name, p)["key_sha256"] = hash_key(key := new_key())
     return key
 
 
 def remove_tenant(path: str | Path, name: str) -> None:
-    p = Path(path)
-    data = _read_file(p)
-    _entry(data, name, p)
-    data["tenants"] = [t for t in data["tenants"] if t.get("name") != name]
-    _write_file(p, data)
+    with _editing(path) as (data, p):
+        data["tenants"].remove(_entry(data, name, p))
 
 
 def set_admin_key(path: str | Path) -> str:
-    p = Path(path)
-    data = _read_file(p)
-    data["admin_key_sha256"] = hash_key(key := new_key())
-    _write_file(p, data)
+    with _editing(path) as (data, _):
+        data["admin_key_sha256"] = hash_key(key := new_key())
     return key
 
 
