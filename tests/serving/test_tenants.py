@@ -8,7 +8,7 @@ import yaml
 from qrag_ray.errors import QragError
 from qrag_ray.serving.errors import ApiError
 from qrag_ray.serving.tenants import (DEFAULT_TENANT, Tenant, Tenants, add_tenant, hash_key, load_tenants,
-                                      new_key)
+                                      new_key, remove_tenant, rotate_key, set_admin_key)
 
 
 def test_add_tenant_stores_only_the_hash(tmp_path):
@@ -34,6 +34,21 @@ def test_rotating_a_key_invalidates_the_old_one(tmp_path):
     with pytest.raises(ApiError) as e:
         t.authenticate(f"Bearer {old}")
     assert e.value.status == 401
+
+
+def test_rotate_remove_and_admin_key_edit_the_file_in_place(tmp_path):
+    f = tmp_path / "t.yaml"
+    old, other = add_tenant(f, "acme", tmp_path), add_tenant(f, "globex", tmp_path)
+    new, admin = rotate_key(f, "acme"), set_admin_key(f)
+    t = load_tenants(f)
+    assert t.authenticate(f"Bearer {new}").name == "acme" and t.authenticate(f"Bearer {other}").name == "globex"
+    assert hash_key(old) not in f.read_text() and hash_key(admin) in f.read_text()
+    remove_tenant(f, "acme")
+    assert set(load_tenants(f).by_name) == {"globex"}
+    for edit in (rotate_key, remove_tenant):  # a name the file lacks: one error naming who is there
+        with pytest.raises(QragError, match=r"no tenant 'acme' in .*t.yaml \(tenants: globex\)"):
+            edit(f, "acme")
+    assert set(load_tenants(f).by_name) == {"globex"}  # a failed edit writes nothing
 
 
 def _two(tmp_path):
