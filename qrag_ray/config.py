@@ -46,13 +46,15 @@ class ChunkerConfig(Strict):
 
 
 class FilterConfig(Strict):
-    """Question filters and Q–Q pruning, applied per chunk at shard-build time (exact: a chunk's vectors
-    share a shard)."""
+    """Question filters, Q–Q pruning and atom compaction, applied per chunk at shard-build time (exact: a
+    chunk's vectors share a shard)."""
 
     prune_tau: float | None = Field(None, gt=-1.0, le=1.0, description="drop a question whose cosine to a kept one exceeds tau")
     min_question_chunk_sim: float | None = Field(None, description="drop questions whose cosine to their own chunk is below this")
     require_content_overlap: bool = False  # drop questions sharing no content word with their chunk
     keep_chunk_fallback: bool = True  # a chunk left with no vector keeps its own text vector
+    max_atoms: int | None = Field(None, ge=1, description="pool a chunk's other vectors (sentences, windows, "
+                                  "questions) into at most this many: the centroids of their clusters")
 
 
 class EmbedderConfig(Strict):

@@ -1,7 +1,9 @@
-"""Per-chunk question filters on embedded vectors (pure numpy), run in the shard writer where all of a
-chunk's vectors are together. The papers' order: drop questions that do not belong to their chunk
+"""Per-chunk filters on embedded vectors (pure numpy), run in the shard writer where all of a chunk's
+vectors are together. The papers' order: drop questions that do not belong to their chunk
 (question-chunk similarity as in QuOTE and Doc2Query--; no content word in common), then Q-Q pruning
-(Raina & Gales): greedily drop a question whose cosine to a kept question of the chunk exceeds tau."""
+(Raina & Gales): greedily drop a question whose cosine to a kept question of the chunk exceeds tau.
+Last, `max_atoms` pools what is left beside the chunk vector (sentences, windows, questions) into at most
+m vectors: the centroids of their clusters, re-normalised."""
 
 from __future__ import annotations
 
@@ -48,9 +50,22 @@ def select_questions(qvecs: np.ndarray, qtexts: list[str], chunk_vec: np.ndarray
     return keep
 
 
+def pool(vecs: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most m clusters of unit vectors (average linkage on cosine distance): (each cluster's member
+    nearest its centroid, the re-normalised centroids)."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    labels = fcluster(linkage(vecs, "average", "cosine"), m, "maxclust") if len(vecs) > 1 else np.ones(len(vecs), int)
+    groups = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    cents = np.stack([vecs[g].mean(axis=0) for g in groups])
+    cents /= np.maximum(np.linalg.norm(cents, axis=1, keepdims=True), 1e-12)
+    return np.array([g[np.argmax(vecs[g] @ c)] for g, c in zip(groups, cents)], dtype=np.int64), cents
+
+
 def filter_chunk_rows(kind: np.ndarray, qn: np.ndarray, store: np.ndarray, texts: list[str],
-                      vecs: np.ndarray, cfg: FilterConfig) -> np.ndarray:
-    """Mask of rows (all of one chunk) to write to the index."""
+                      vecs: np.ndarray, cfg: FilterConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of rows to write to the index, their vectors) for the rows of one chunk; a pooled atom's row
+    carries its cluster's centroid."""
     chunk_rows = np.flatnonzero(kind == "chunk")
     chunk_vec, chunk_text = (vecs[chunk_rows[0]], texts[chunk_rows[0]]) if len(chunk_rows) else (None, "")
     out = store.copy()
@@ -60,6 +75,12 @@ def filter_chunk_rows(kind: np.ndarray, qn: np.ndarray, store: np.ndarray, texts
         q_rows = q_rows[np.argsort(qn[q_rows], kind="stable")]
         mask = select_questions(vecs[q_rows], [texts[i] for i in q_rows], chunk_vec, chunk_text, cfg)
         out &= ~np.isin(qn, qn[q_rows][~mask])
+    atoms = np.flatnonzero(out & (kind != "chunk"))
+    if cfg.max_atoms is not None and len(atoms) > cfg.max_atoms:
+        reps, cents = pool(vecs[atoms], cfg.max_atoms)
+        vecs = vecs.copy()
+        vecs[atoms[reps]] = cents
+        out[np.setdiff1d(atoms, atoms[reps])] = False
     if cfg.keep_chunk_fallback and not out.any() and len(chunk_rows):
         out[chunk_rows[0]] = True
-    return out
+    return out, vecs

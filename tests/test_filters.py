@@ -1,4 +1,4 @@
-"""Q-Q pruning and question filters on real MiniLM vectors (pure numpy, no Ray)."""
+"""Q-Q pruning, question filters and atom pooling on real MiniLM vectors (pure numpy, no Ray)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qrag_ray.config import FilterConfig
-from qrag_ray.filters import content_words, filter_chunk_rows, greedy_prune, select_questions
+from qrag_ray.filters import content_words, filter_chunk_rows, greedy_prune, pool, select_questions
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 
@@ -63,7 +63,7 @@ def _rows(embed, qs):
 
 def test_pruned_question_takes_its_quote_vector_with_it(embed):
     kind, qn, store, texts, vecs = _rows(embed, QS)
-    keep = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(prune_tau=0.8))
+    keep, _ = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(prune_tau=0.8))
     kept_quotes = [texts[i] for i in np.flatnonzero(keep)]
     assert kept_quotes == [QS[0], QS[3]] and all(kind[keep] == "quote")
 
@@ -72,9 +72,9 @@ def test_fallback_keeps_chunk_reachable(embed):
     qs = ["What is the capital of France?", "Who painted the Mona Lisa?"]
     kind, qn, store, texts, vecs = _rows(embed, qs)
     cfg = FilterConfig(min_question_chunk_sim=0.3)
-    keep = filter_chunk_rows(kind, qn, store, texts, vecs, cfg)
+    keep, _ = filter_chunk_rows(kind, qn, store, texts, vecs, cfg)
     assert keep.tolist() == [True, False, False, False, False]  # only the chunk's own vector
-    off = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(min_question_chunk_sim=0.3,
+    off, _ = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(min_question_chunk_sim=0.3,
                                                                         keep_chunk_fallback=False))
     assert not off.any()
 
@@ -82,7 +82,35 @@ def test_fallback_keeps_chunk_reachable(embed):
 @pytest.mark.parametrize("tau", [None, 0.8])
 def test_no_filter_keeps_stored_rows(embed, tau):
     kind, qn, store, texts, vecs = _rows(embed, QS)
-    keep = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(prune_tau=tau))
+    keep, _ = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(prune_tau=tau))
     assert not keep[0]  # the aux chunk vector is never written when not part of the representation
     if tau is None:
         assert (keep == store).all()
+
+
+SENTENCES = ["The Nile flows north into the Mediterranean Sea.", "The river Nile runs northward to the Mediterranean.",
+             "Cairo was founded in 969 by the Fatimids.", "The Fatimid caliphs built the city of Cairo in 969.",
+             "Cotton grows well in the delta's soil."]
+PASSAGE = " ".join(SENTENCES)
+
+
+def test_pooling_merges_paraphrases_into_unit_centroids(embed):
+    v = embed(SENTENCES)
+    reps, cents = pool(v, 3)
+    assert len(reps) == 3 and np.allclose(np.linalg.norm(cents, axis=1), 1, atol=1e-5)
+    groups = sorted(sorted(int(j) for j in np.flatnonzero(np.argmax(v @ cents.T, axis=1) == c)) for c in range(3))
+    assert groups == [[0, 1], [2, 3], [4]]  # each paraphrase pair pooled, the odd one alone
+    assert pool(v, 9)[0].tolist() == [0, 1, 2, 3, 4] and np.allclose(pool(v, 9)[1], v)  # nothing to pool
+
+
+def test_max_atoms_keeps_the_chunk_and_at_most_m_pooled_atoms(embed):
+    kind = np.array(["chunk"] + ["sentence"] * 5, dtype=object)
+    texts = [PASSAGE] + SENTENCES
+    vecs = embed(texts)
+    keep, out = filter_chunk_rows(kind, np.full(6, -1), np.ones(6, bool), texts, vecs,
+                                  FilterConfig(max_atoms=2))
+    assert keep[0] and keep.sum() == 3 and np.allclose(out[0], vecs[0])
+    moved = [i for i in np.flatnonzero(keep)[1:] if not np.allclose(out[i], vecs[i])]
+    assert moved and np.allclose(np.linalg.norm(out[keep], axis=1), 1, atol=1e-5)  # centroids, unit norm
+    keep_all, same = filter_chunk_rows(kind, np.full(6, -1), np.ones(6, bool), texts, vecs, FilterConfig())
+    assert keep_all.all() and np.array_equal(same, vecs)

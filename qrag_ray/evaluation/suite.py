@@ -100,15 +100,17 @@ def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> 
 
 
 def format_table(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: str,
-                 mark: str | None = None) -> str:
-    """Markdown: one row per configuration, one column per dataset and the mean; the best figure of
-    each column in bold, `mark` (the default) with a star."""
-    cols = datasets + ["mean"]
+                 mark: str | None = None, cost: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """Markdown: one row per configuration, one column per dataset and the mean, then what its index costs
+    (`cost`: vectors per chunk, build seconds); the best figure of each column in bold, `mark` (the
+    default) with a star."""
+    cols, extra = datasets + ["mean"], ["vectors/chunk", "build s"] if cost else []
     best = {c: max((r.get(c) for r in table.values() if r.get(c) is not None), default=None) for c in cols}
-    lines = [f"| {metric} | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    lines = [f"| {metric} | " + " | ".join(cols + extra) + " |", "|---|" + "---:|" * len(cols + extra)]
     for cfg, row in table.items():
         cells = ["–" if (v := row.get(c)) is None else f"**{v:.1f}**" if abs(v - best[c]) < 0.05 else f"{v:.1f}"
-                 for c in cols]
+                 for c in cols] + ["–" if (v := (cost or {}).get(cfg, {}).get(c)) is None else f"{v:.1f}" if c != "build s"
+                                   else f"{v:.0f}" for c in extra]
         lines.append(f"| {cfg}{' ★' if cfg == mark else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -162,7 +164,23 @@ def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: P
     variants = [Variant(c, dict(suite.configs[c]) if titled else without_titles(suite.configs[c])) for c in configs]
     res = run_eval(ds.kind, ds.data, variants, out / ds.name, subset=ds.subset, ks=[1, 10],
                    base_overrides=suite.base, console=console, split=ds.split, offset=ds.offset)
-    return {c: r["metrics"] for c, r in res["results"].items()}
+    return {c: r["metrics"] | cost(r) for c, r in res["results"].items()}
+
+
+def cost(result: Mapping[str, Any]) -> dict[str, float | None]:
+    """What a configuration's index costs, from a `qrag eval` result: vectors per chunk and the seconds its
+    build took (a reused index reports the build that made it)."""
+    chunks, vectors = result.get("chunks"), result.get("vectors")
+    return {"vectors_per_chunk": vectors / chunks if chunks and vectors is not None else None,
+            "build_seconds": (result.get("stage_seconds") or {}).get("total")}
+
+
+def _costs(raw: Mapping[str, Mapping[str, Mapping]], config: str) -> dict[str, float]:
+    """A configuration's vectors per chunk (the mean over the datasets) and build seconds (their sum)."""
+    got = {k: [v for ds in raw.values() if (v := finite_number((ds.get(config) or {}).get(k))) is not None]
+           for k in ("vectors_per_chunk", "build_seconds")}
+    return ({"vectors/chunk": sum(got["vectors_per_chunk"]) / len(got["vectors_per_chunk"])} if got["vectors_per_chunk"]
+            else {}) | ({"build s": sum(got["build_seconds"])} if got["build_seconds"] else {})
 
 
 def _read_json(p: Path) -> dict:
@@ -238,11 +256,12 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
         raise QragError(f"no suite dataset has slice {slice_name!r}")
     table = with_mean(table, done)
     checked = compare_expected(table, suite.expected.get(slice_name, {}), suite.metric, suite.tolerance)
-    report = {"slice": slice_name, "metric": suite.metric, "datasets": done, "table": table, "metrics": raw,
+    spent = {c: _costs(raw, c) for c in shown}
+    report = {"slice": slice_name, "metric": suite.metric, "datasets": done, "table": table, "metrics": raw, "cost": spent,
               "configs": {c: suite.configs[c] for c in shown}, "skipped": skip,
               "regressions": [str(r) for r in checked.regressions], "better": [str(b) for b in checked.improvements]}
     (out / "suite.json").write_text(json.dumps(report, indent=2))
-    md = format_table(table, done, suite.metric, mark="default" if "default" in table else None)
+    md = format_table(table, done, suite.metric, mark="default" if "default" in table else None, cost=spent)
     (out / "suite.md").write_text(md + "\n")
     png = plot(table, done, suite.metric, out / "suite.png")
     return report | {"paths": {"json": str(out / "suite.json"), "md": str(out / "suite.md"),

@@ -28,18 +28,18 @@ def vectors_of(table: pa.Table) -> np.ndarray:
     return np.ascontiguousarray(flat.reshape(table.num_rows, -1), dtype=np.float32)
 
 
-def apply_filters(table: pa.Table, vecs: np.ndarray, cfg: FilterConfig) -> np.ndarray:
-    """Row mask after per-chunk filters (of a non-empty table)."""
+def apply_filters(table: pa.Table, vecs: np.ndarray, cfg: FilterConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(row mask, vectors) after the per-chunk filters (of a non-empty table): pooled atoms' centroids."""
     chunk_idx = table.column("chunk_idx").to_numpy()
     kind = np.asarray(table.column("kind").to_pylist(), dtype=object)
     qn = table.column("qn").to_numpy()
     store = table.column("store").to_numpy(zero_copy_only=False).astype(bool)
     texts = table.column("text").to_pylist()
-    keep = np.zeros(len(chunk_idx), dtype=bool)
+    keep, out = np.zeros(len(chunk_idx), dtype=bool), vecs.copy()
     order = np.argsort(chunk_idx, kind="stable")
     for grp in np.split(order, np.flatnonzero(np.diff(chunk_idx[order])) + 1):
-        keep[grp[filter_chunk_rows(kind[grp], qn[grp], store[grp], [texts[i] for i in grp], vecs[grp], cfg)]] = True
-    return keep
+        keep[grp], out[grp] = filter_chunk_rows(kind[grp], qn[grp], store[grp], [texts[i] for i in grp], vecs[grp], cfg)
+    return keep, out
 
 
 def faiss_factory(dim: int, factory: str):
@@ -87,7 +87,8 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
     (out_dir / "shards").mkdir(parents=True, exist_ok=True)
     vecs = vectors_of(table) if table.num_rows else np.zeros((0, dim), np.float32)
     before = int(np.sum(table.column("store").to_numpy(zero_copy_only=False)))
-    rows = np.flatnonzero(apply_filters(table, vecs, filters) if table.num_rows else np.zeros(0, bool))
+    keep, vecs = apply_filters(table, vecs, filters) if table.num_rows else (np.zeros(0, bool), vecs)
+    rows = np.flatnonzero(keep)
     # stable order: by chunk then original order, so a chunk's vectors are contiguous ids
     rows = rows[np.argsort(table.column("chunk_idx").to_numpy()[rows], kind="stable")]
     kept = table.take(pa.array(rows, type=pa.int64()))

@@ -87,6 +87,21 @@ def test_run_suite_writes_table_json_and_plot(tmp_path):
         run_suite(s, tmp_path / "out3", "nightly", runner=runner)
 
 
+def test_the_table_reports_what_each_index_costs(tmp_path):
+    from qrag_ray.evaluation.suite import cost
+
+    assert cost({"vectors": 30, "chunks": 10, "stage_seconds": {"total": 12.5}}) == {"vectors_per_chunk": 3.0,
+                                                                                  "build_seconds": 12.5}
+    assert cost({"vectors": 0, "chunks": 0}) == {"vectors_per_chunk": None, "build_seconds": None}
+    s = load_suite(_write(tmp_path))
+    rep = run_suite(s, tmp_path / "out", "ci", runner=lambda *a: {
+        "chunk": {"nDCG@10": 0.5, "vectors_per_chunk": 1.0, "build_seconds": 10.0},
+        "mix": {"nDCG@10": 0.6, "vectors_per_chunk": 7.5, "build_seconds": 41.0}})
+    assert rep["cost"] == {"chunk": {"vectors/chunk": 1.0, "build s": 10.0}, "mix": {"vectors/chunk": 7.5, "build s": 41.0}}
+    assert "| nDCG@10 | b | mean | vectors/chunk | build s |" in rep["markdown"]
+    assert "| mix | **60.0** | **60.0** | 7.5 | 41 |" in rep["markdown"]
+
+
 def test_title_options_drop_out_on_an_untitled_corpus():
     from qrag_ray.evaluation.suite import without_titles
 

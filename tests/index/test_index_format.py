@@ -192,6 +192,22 @@ def test_factories(sentence_table, tmp_path, factory, cls):
     assert hit >= (0.99 if factory != "IVF8,PQ16" else 0.7), hit
 
 
+@pytest.mark.integration
+def test_max_atoms_writes_at_most_m_pooled_vectors_per_chunk(sentence_table, tmp_path):
+    """The writer stores what the per-chunk filters return: with max_atoms each chunk keeps at most m of
+    its sentence vectors, their clusters' unit centroids, and metadata row i still describes FAISS id i."""
+    table, vecs = sentence_table
+    stats = write_shard(0, table, tmp_path, FilterConfig(max_atoms=2), FaissConfig(factory="Flat"), 384)
+    meta = pq.read_table(tmp_path / shard_meta(0))
+    per_chunk = np.unique(meta.column("chunk_idx").to_numpy(), return_counts=True)[1]
+    assert stats["vectors"] == meta.num_rows < len(vecs) and per_chunk.max() == 2
+    stored = faiss.read_index(str(tmp_path / shard_faiss(0))).reconstruct_n(0, meta.num_rows)
+    assert np.allclose(np.linalg.norm(stored, axis=1), 1, atol=1e-5)
+    originals = {t: v for t, v in zip(table.column("text").to_pylist(), vecs)}
+    pooled = [not np.allclose(stored[i], originals[t]) for i, t in enumerate(meta.column("text").to_pylist())]
+    assert any(pooled) and not all(pooled)  # a cluster of several sentences moved; a lone one did not
+
+
 # ---------------------------------------------------------------- atomic publish
 
 
