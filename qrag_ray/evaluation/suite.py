@@ -108,9 +108,10 @@ def format_table(table: Mapping[str, Mapping[str, float]], datasets: list[str], 
     best = {c: max((r.get(c) for r in table.values() if r.get(c) is not None), default=None) for c in cols}
     lines = [f"| {metric} | " + " | ".join(cols + extra) + " |", "|---|" + "---:|" * len(cols + extra)]
     for cfg, row in table.items():
+        spent = (cost or {}).get(cfg, {})
         cells = ["–" if (v := row.get(c)) is None else f"**{v:.1f}**" if abs(v - best[c]) < 0.05 else f"{v:.1f}"
-                 for c in cols] + ["–" if (v := (cost or {}).get(cfg, {}).get(c)) is None else f"{v:.1f}" if c != "build s"
-                                   else f"{v:.0f}" for c in extra]
+                 for c in cols]
+        cells += ["–" if (v := spent.get(c)) is None else f"{v:.0f}" if c == "build s" else f"{v:.1f}" for c in extra]
         lines.append(f"| {cfg}{' ★' if cfg == mark else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -177,10 +178,10 @@ def cost(result: Mapping[str, Any]) -> dict[str, float | None]:
 
 def _costs(raw: Mapping[str, Mapping[str, Mapping]], config: str) -> dict[str, float]:
     """A configuration's vectors per chunk (the mean over the datasets) and build seconds (their sum)."""
-    got = {k: [v for ds in raw.values() if (v := finite_number((ds.get(config) or {}).get(k))) is not None]
-           for k in ("vectors_per_chunk", "build_seconds")}
-    return ({"vectors/chunk": sum(got["vectors_per_chunk"]) / len(got["vectors_per_chunk"])} if got["vectors_per_chunk"]
-            else {}) | ({"build s": sum(got["build_seconds"])} if got["build_seconds"] else {})
+    runs = [ds[config] for ds in raw.values() if config in ds]
+    vpc = [v for r in runs if (v := finite_number(r.get("vectors_per_chunk"))) is not None]
+    secs = [v for r in runs if (v := finite_number(r.get("build_seconds"))) is not None]
+    return ({"vectors/chunk": sum(vpc) / len(vpc)} if vpc else {}) | ({"build s": sum(secs)} if secs else {})
 
 
 def _read_json(p: Path) -> dict:

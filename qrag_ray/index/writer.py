@@ -35,10 +35,14 @@ def apply_filters(table: pa.Table, vecs: np.ndarray, cfg: FilterConfig) -> tuple
     qn = table.column("qn").to_numpy()
     store = table.column("store").to_numpy(zero_copy_only=False).astype(bool)
     texts = table.column("text").to_pylist()
-    keep, out = np.zeros(len(chunk_idx), dtype=bool), vecs.copy()
+    # only pooling changes vectors: without it the shard's vectors are neither copied nor written back
+    pooling = cfg.max_atoms is not None
+    keep, out = np.zeros(len(chunk_idx), dtype=bool), vecs.copy() if pooling else vecs
     order = np.argsort(chunk_idx, kind="stable")
     for grp in np.split(order, np.flatnonzero(np.diff(chunk_idx[order])) + 1):
-        keep[grp], out[grp] = filter_chunk_rows(kind[grp], qn[grp], store[grp], [texts[i] for i in grp], vecs[grp], cfg)
+        keep[grp], pooled = filter_chunk_rows(kind[grp], qn[grp], store[grp], [texts[i] for i in grp], vecs[grp], cfg)
+        if pooling:
+            out[grp] = pooled
     return keep, out
 
 
