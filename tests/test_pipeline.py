@@ -151,9 +151,12 @@ def test_every_named_preset_plans_its_kinds():
 
 # Real builds of the presets that between them take every pipeline path the plans above name: questions
 # per atom beside sentences, quotes and BM25; one vector from the chunk and all its questions; sentence
-# windows with the title prefix and BM25. The other presets store subsets of these kinds.
+# windows with the title prefix and BM25. The other presets store subsets of these kinds. CI builds the
+# default; the other two are soak: their kinds are built in the fast tier (the `kinds_index` fixture's
+# chunk, sentence, question, quote and onedoc vectors; atom questions in tests/generation/test_requests_cache.py).
 @pytest.mark.slow
-@pytest.mark.parametrize("rep", ["atom-hybrid-bm25", "quote-onedoc", "default"])
+@pytest.mark.parametrize("rep", [pytest.param("atom-hybrid-bm25", marks=pytest.mark.soak),
+                                 pytest.param("quote-onedoc", marks=pytest.mark.soak), "default"])
 def test_named_presets_build_and_search(rep, build_with, local_ray, pydoc_jsonl, tmp_path):
     kinds = PRESET_KINDS[rep]
     backend = "none" if rep == "default" else "precomputed"

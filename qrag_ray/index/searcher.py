@@ -67,11 +67,17 @@ class ShardIndex:
         if use_gpu and faiss.get_num_gpus() > 0:
             index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
         self.index = index
-        meta = pq.read_table(self.manifest.file(info.meta))
+        # Row metadata stays columnar: a kind code per vector and the texts in one Arrow buffer, looked
+        # up by row (Python strings per vector would cost several times the texts' bytes at scale).
+        meta = pq.read_table(self.manifest.file(info.meta), columns=["chunk_idx", "kind", "text"])
         self.chunk_idx = meta.column("chunk_idx").to_numpy()
-        self.kind = meta.column("kind").to_pylist()
-        self._kind_arr = np.asarray(self.kind + [""], dtype=object)  # index -1 -> ""
-        self.text = meta.column("text").to_pylist()
+        kinds = meta.column("kind").combine_chunks().dictionary_encode()
+        self._kind_names = np.asarray(kinds.dictionary.to_pylist() + [""], dtype=object)
+        codes = kinds.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+        self._kind_code = np.append(codes, np.int32(len(self._kind_names) - 1))  # row -1 -> ""
+        self.text = meta.column("text").combine_chunks()
+        file_bytes = self.manifest.file(info.faiss).stat().st_size  # the FAISS index as held in memory
+        self.nbytes = file_bytes + self.chunk_idx.nbytes + self._kind_code.nbytes + self.text.nbytes
         if len(self.chunk_idx) != index.ntotal:
             raise IndexFormatError(f"shard {shard}: {index.ntotal} vectors but {len(self.chunk_idx)} metadata rows")
         self.lexicon = None
@@ -90,7 +96,7 @@ class ShardIndex:
         if self.ntotal:
             scores, rows = self.index.search(qvecs, max(1, min(k, self.ntotal)))
             cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
-            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal, kinds=self._kind_arr[rows])
+            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal, kinds=self._kind_names[self._kind_code[rows]])
         else:
             empty = np.full((len(qvecs), 0), -1, np.int64)
             hits = ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True,
@@ -100,5 +106,5 @@ class ShardIndex:
         return hits
 
     def matched(self, row: int) -> tuple[str, str]:
-        return self.kind[row], self.text[row]
+        return self._kind_names[self._kind_code[row]], self.text[row].as_py()
 

@@ -266,7 +266,10 @@ def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(local_ray
     assert all(changed[2]["text"] in t for t in fake_openai.user_texts())
 
 
+# soak: two whole `qrag index` processes; concurrent writer processes on one cache, with compaction,
+# run in every CI (tests/generation/test_cache_compact.py)
 @pytest.mark.slow
+@pytest.mark.soak
 def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake_openai, tmp_path):
     """Two real `qrag index` processes (two drivers on this test's Ray cluster, as two jobs on a shared
     cluster would be) write one question cache at the same time; the cache then reads cleanly and holds

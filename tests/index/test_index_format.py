@@ -89,6 +89,30 @@ def test_flipped_byte_fails_checksum(kinds_index, tmp_path):
     ShardIndex(bad, 0)  # the other shards are fine
 
 
+@pytest.mark.integration
+def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kinds_index):
+    """Every row's kind and text come back as the shard's metadata file holds them, a missing hit
+    (row -1) has kind "", and the bytes a loaded shard reports are its FAISS file plus its row arrays:
+    no per-vector Python objects held beside them."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    out, _ = kinds_index
+    m = load_manifest(out)
+    for shard in range(m.num_shards):
+        si = ShardIndex(out, shard)
+        meta = pq.read_table(out / m.shard(shard).meta)
+        assert [si.matched(r) for r in range(si.ntotal)] == list(zip(meta.column("kind").to_pylist(),
+                                                                       meta.column("text").to_pylist()))
+        kinds = meta.column("kind").to_pylist() + [""]  # [-1]: no hit
+        hits = si.search(np.ones((1, m.dim), np.float32), si.ntotal + 5)
+        assert hits.rows.shape == (1, si.ntotal) and sorted(hits.rows[0]) == list(range(si.ntotal))
+        assert list(hits.kinds[0]) == [kinds[r] for r in hits.rows[0]]
+        texts = sum(len(t.encode()) for t in meta.column("text").to_pylist())
+        faiss_bytes = (out / m.shard(shard).faiss).stat().st_size
+        assert faiss_bytes + texts < si.nbytes < faiss_bytes + texts + 24 * si.ntotal + 64
+
+
 # ---------------------------------------------------------------- the typed manifest (no build)
 
 SHARD = {"id": 0, "faiss": "shards/00000.faiss", "meta": "shards/00000.parquet", "vectors": 2,

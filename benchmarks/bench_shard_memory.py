@@ -1,0 +1,100 @@
+"""Resident memory of a loaded shard against the raw bytes it holds, this tree against a baseline commit.
+
+    python benchmarks/bench_shard_memory.py --index runs/suite-quick/dl19/indexes/chunk+sentence+window \
+        [--baseline-ref 77efe35] [--out runs/bench_shard_memory.json]
+
+Each shard is loaded by `load_shard` (what `qrag search`, the Router and every ShardSearcher replica
+call) in a fresh Python process; resident = that process's RSS after the load minus its RSS before it
+(imports done, one Parquet read made). Raw = the FAISS file (the index as FAISS holds it) + the row metadata's texts and ids
+(8-byte chunk key per vector) + the shard's chunks' texts and ids. The baseline loads the same files
+from a git worktree of `--baseline-ref` (PYTHONPATH), in its own process, one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = r"""
+import gc, json, sys
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+import faiss, numpy, pyarrow.parquet  # imported before the first reading
+try:
+    from qrag_ray.search.shard_search import load_shard
+except ImportError:  # before the one retrieval core: the Serve shard store's loader
+    from qrag_ray.serving.shard_store import load_shard as _load
+    load_shard = lambda index, shard: _load(index, shard, None)  # noqa: E731
+# the first Parquet read of a process maps the reader's code and starts its thread pool (~70 MB here,
+# once per process, not per shard): done before the first reading
+pyarrow.parquet.read_table(sys.argv[1] + "/chunks.parquet", columns=["shard"])
+gc.collect(); before = rss()
+ls = load_shard(sys.argv[1], int(sys.argv[2]))
+gc.collect(); after = rss()
+print(json.dumps({"resident": after - before, "reported": ls.nbytes}))
+"""
+
+
+def raw_bytes(index: Path, shard: int) -> int:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    m = json.loads((index / "manifest.json").read_text())
+    s = m["shards"][shard]
+    meta = pq.read_table(index / s["meta"], columns=["text"])
+    chunks = pq.read_table(index / "chunks.parquet", columns=["shard", "chunk_id", "doc_id", "title", "text"])
+    chunks = chunks.filter(pc.equal(chunks.column("shard"), shard))
+    text = lambda col: sum(len(t.encode()) for t in col.to_pylist() if t)  # noqa: E731
+    return ((index / s["faiss"]).stat().st_size + text(meta.column("text")) + 8 * meta.num_rows
+            + sum(text(chunks.column(c)) for c in ("chunk_id", "doc_id", "title", "text")) + 8 * chunks.num_rows)
+
+
+def measure(index: Path, shard: int, pythonpath: str | None) -> dict:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    out = subprocess.run([sys.executable, "-c", PROBE, str(index), str(shard)], env=env, capture_output=True,
+                         text=True, check=True, cwd="/")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--baseline-ref", default=None)
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench_shard_memory.json"))
+    a = ap.parse_args()
+    index = Path(a.index).resolve()
+    trees = {"this tree": str(ROOT)}
+    if a.baseline_ref:
+        base = ROOT / "runs" / f"bench-baseline-{a.baseline_ref}"
+        if not (base / "qrag_ray").is_dir():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), a.baseline_ref],
+                           check=True, capture_output=True)
+        trees[a.baseline_ref] = str(base)
+    shards = json.loads((index / "manifest.json").read_text())["num_shards"]
+    rows = []
+    print(f"index {index}")
+    print(f"{'tree':<12} {'shard':>5} {'raw MB':>8} {'resident MB':>12} {'resident/raw':>13} {'reported MB':>12}")
+    for shard in range(shards):
+        raw = raw_bytes(index, shard)
+        for name, tree in trees.items():
+            r = measure(index, shard, tree)
+            rows.append({"tree": name, "shard": shard, "raw": raw, **r})
+            print(f"{name:<12} {shard:>5} {raw / 1e6:>8.2f} {r['resident'] / 1e6:>12.2f} "
+                  f"{r['resident'] / raw:>12.2f}x {r['reported'] / 1e6:>12.2f}")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"index": str(index), "rows": rows}, indent=1))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
