@@ -194,7 +194,10 @@ def test_a_trained_factory_through_the_pipeline(build_with, local_ray, pydoc_jso
     assert len({r["chunk_id"] for r in res}) == 5 and res[0]["doc_id"] in ("for", "while", "break")
 
 
+# soak: the same property with an injected crash runs in every CI (test_crash_mid_write_keeps_old_index),
+# and a real SIGKILL of `qrag index` in tests/index/test_resume.py
 @pytest.mark.slow
+@pytest.mark.soak
 def test_killed_build_leaves_old_index(kinds_index, tmp_path, pydoc_jsonl):
     """A real crash: SIGKILL the `qrag index` process while it runs; the old index at OUTPUT stays
     loadable and the leftovers are the `.OUTPUT.work` checkpoints (tests/test_resume.py resumes them)
