@@ -5,9 +5,10 @@
 
 Each shard is loaded by `load_shard` (what `qrag search`, the Router and every ShardSearcher replica
 call) in a fresh Python process; resident = that process's RSS after the load minus its RSS before it
-(imports done, one Parquet read made). Raw = the FAISS file (the index as FAISS holds it) + the row metadata's texts and ids
-(8-byte chunk key per vector) + the shard's chunks' texts and ids. The baseline loads the same files
-from a git worktree of `--baseline-ref` (PYTHONPATH), in its own process, one after the other.
+(imports done, one Parquet read made). Raw = the FAISS file (the index as FAISS holds it) + the row
+metadata's texts and ids (8-byte chunk key per vector) + the shard's chunks' texts and ids. The
+baseline loads the same files from a git worktree of `--baseline-ref` (PYTHONPATH), in its own
+process, one after the other.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class ShardIndex:
             index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
         self.index = index
         # Row metadata stays columnar: a kind code per vector and the texts in one Arrow buffer, looked
-        # up by row (Python strings per vector would cost several times the texts' bytes at scale).
+        # up by row (a Python string per vector costs ~57 bytes beyond its text: header + list slot).
         meta = pq.read_table(self.manifest.file(info.meta), columns=["chunk_idx", "kind", "text"])
         self.chunk_idx = meta.column("chunk_idx").to_numpy()
         kinds = meta.column("kind").combine_chunks().dictionary_encode()
@@ -96,7 +96,8 @@ class ShardIndex:
         if self.ntotal:
             scores, rows = self.index.search(qvecs, max(1, min(k, self.ntotal)))
             cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
-            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal, kinds=self._kind_names[self._kind_code[rows]])
+            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal,
+                             kinds=self._kind_names[self._kind_code[rows]])
         else:
             empty = np.full((len(qvecs), 0), -1, np.int64)
             hits = ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True,

@@ -102,8 +102,8 @@ def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kin
     for shard in range(m.num_shards):
         si = ShardIndex(out, shard)
         meta = pq.read_table(out / m.shard(shard).meta)
-        assert [si.matched(r) for r in range(si.ntotal)] == list(zip(meta.column("kind").to_pylist(),
-                                                                       meta.column("text").to_pylist()))
+        rows = list(zip(meta.column("kind").to_pylist(), meta.column("text").to_pylist()))
+        assert [si.matched(r) for r in range(si.ntotal)] == rows
         kinds = meta.column("kind").to_pylist() + [""]  # [-1]: no hit
         hits = si.search(np.ones((1, m.dim), np.float32), si.ntotal + 5)
         assert hits.rows.shape == (1, si.ntotal) and sorted(hits.rows[0]) == list(range(si.ntotal))
