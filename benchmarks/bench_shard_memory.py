@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench_serving_compare import baseline_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = r"""
@@ -76,11 +78,7 @@ def main() -> None:
     index = Path(a.index).resolve()
     trees = {"this tree": str(ROOT)}
     if a.baseline_ref:
-        base = ROOT / "runs" / f"bench-baseline-{a.baseline_ref}"
-        if not (base / "qrag_ray").is_dir():
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), a.baseline_ref],
-                           check=True, capture_output=True)
-        trees[a.baseline_ref] = str(base)
+        trees[a.baseline_ref] = str(baseline_tree(a.baseline_ref))
     shards = json.loads((index / "manifest.json").read_text())["num_shards"]
     rows = []
     print(f"index {index}")

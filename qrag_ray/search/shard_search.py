@@ -64,7 +64,8 @@ def load_shard(index: str | Path | Manifest, shard: int, threads: int | None = N
         verify_files(manifest, [CHUNKS])
     t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", *_META], filters=[("shard", "=", shard)])
     t = t.sort_by("chunk_idx")
-    bm25 = files_under(manifest, manifest.shard(shard).bm25) if manifest.shard(shard).bm25 else []
+    info = manifest.shard(shard)
+    bm25 = files_under(manifest, info.bm25) if info.bm25 else []
     nbytes = searcher.nbytes + sum(os.path.getsize(manifest.file(r)) for r in bm25) + int(t.nbytes)
     return LoadedShard(searcher, t.column("chunk_idx").to_numpy(), t.select(_META), manifest.index_version,
                        initial_multiplier(manifest), nbytes)

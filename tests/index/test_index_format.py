@@ -91,9 +91,8 @@ def test_flipped_byte_fails_checksum(kinds_index, tmp_path):
 
 @pytest.mark.integration
 def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kinds_index):
-    """Every row's kind and text come back as the shard's metadata file holds them, a missing hit
-    (row -1) has kind "", and the bytes a loaded shard reports are its FAISS file plus its row arrays:
-    no per-vector Python objects held beside them."""
+    """Every row's kind and text come back as the shard's metadata file holds them, each hit carries
+    its row's kind, and the bytes a loaded shard reports are its FAISS file plus its row arrays."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -104,7 +103,7 @@ def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kin
         meta = pq.read_table(out / m.shard(shard).meta)
         rows = list(zip(meta.column("kind").to_pylist(), meta.column("text").to_pylist()))
         assert [si.matched(r) for r in range(si.ntotal)] == rows
-        kinds = meta.column("kind").to_pylist() + [""]  # [-1]: no hit
+        kinds = meta.column("kind").to_pylist()
         hits = si.search(np.ones((1, m.dim), np.float32), si.ntotal + 5)
         assert hits.rows.shape == (1, si.ntotal) and sorted(hits.rows[0]) == list(range(si.ntotal))
         assert list(hits.kinds[0]) == [kinds[r] for r in hits.rows[0]]
