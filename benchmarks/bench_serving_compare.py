@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_serving import build_demo_index, free_port, make_queries, pct  # noqa: E402
+from bench_serving import free_port, make_queries, pct  # noqa: E402
 
 # Ray hands the driver's sys.path to every worker ahead of the app's PYTHONPATH, so this tree must not
 # be on it: the baseline app would import this tree's qrag_ray instead of the baseline's (this process
@@ -54,6 +54,16 @@ def baseline_tree(ref: str) -> Path:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True,
                        capture_output=True)
     return tree
+
+
+def build_index_with(tree: Path, workdir: Path) -> Path:
+    """The demo index as `tree`'s qrag_ray writes it (in a subprocess): the baseline's format, which this
+    tree reads too (a newer qrag reads older index formats, not the other way round)."""
+    code = ("import sys; from pathlib import Path; from bench_serving import build_demo_index; "
+            "build_demo_index(Path(sys.argv[1]))")
+    subprocess.run([sys.executable, "-c", code, str(workdir)], check=True, cwd=str(workdir),
+                   env={**os.environ, **ENV, "PYTHONPATH": f"{tree}:{ROOT / 'benchmarks'}"})
+    return workdir / "index"
 
 
 def deploy(index: Path, base: Path, port: int) -> None:
@@ -266,7 +276,7 @@ def main() -> int:
     # logical CPUs: two apps' replicas (the new Router asks for a whole CPU) must all be scheduled at once
     ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
              runtime_env={"env_vars": ENV})
-    index = build_demo_index(wd)
+    index = build_index_with(base, wd)
     port = free_port()
     t0 = time.time()
     deploy(index, base, port)

@@ -5,7 +5,8 @@
 
 Each shard is loaded by `load_shard` (what `qrag search`, the Router and every ShardSearcher replica
 call) in a fresh Python process; resident = that process's RSS after the load minus its RSS before it
-(imports done, one Parquet read made). Raw = the FAISS file (the index as FAISS holds it) + the row
+(imports done, one Parquet read made), and after every row has been read once (a memory-mapped file's pages all
+loaded: the most a shard holds). Raw = the FAISS file (the index as FAISS holds it) + the row
 metadata's texts and ids (8-byte chunk key per vector) + the shard's chunks' texts and ids. The
 baseline loads the same files from a git worktree of `--baseline-ref` (PYTHONPATH), in its own
 process, one after the other.
@@ -42,7 +43,14 @@ pyarrow.parquet.read_table(sys.argv[1] + "/chunks.parquet", columns=["shard"])
 gc.collect(); before = rss()
 ls = load_shard(sys.argv[1], int(sys.argv[2]))
 gc.collect(); after = rss()
-print(json.dumps({"resident": after - before, "reported": ls.nbytes}))
+try:  # every row's text and every chunk read once: a memory-mapped shard's pages all loaded (the most it holds)
+    import pyarrow.compute as pc
+    for col in (ls.index.text, *ls.chunks.columns):
+        pc.sum(pc.utf8_length(col))  # reads every byte (binary_length would read only the offsets)
+    read_all = rss() - before
+except AttributeError:  # a tree whose shard keeps its texts otherwise
+    read_all = None
+print(json.dumps({"resident": after - before, "resident_all_read": read_all, "reported": ls.nbytes}))
 """
 
 
@@ -50,9 +58,11 @@ def raw_bytes(index: Path, shard: int) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from qrag_ray.index.format import read_table_file
+
     m = json.loads((index / "manifest.json").read_text())
     s = m["shards"][shard]
-    meta = pq.read_table(index / s["meta"], columns=["text"])
+    meta = read_table_file(index / s["meta"], ["text"])
     chunks = pq.read_table(index / "chunks.parquet", columns=["shard", "chunk_id", "doc_id", "title", "text"])
     chunks = chunks.filter(pc.equal(chunks.column("shard"), shard))
     text = lambda col: sum(len(t.encode()) for t in col.to_pylist() if t)  # noqa: E731
@@ -82,14 +92,16 @@ def main() -> None:
     shards = json.loads((index / "manifest.json").read_text())["num_shards"]
     rows = []
     print(f"index {index}")
-    print(f"{'tree':<12} {'shard':>5} {'raw MB':>8} {'resident MB':>12} {'resident/raw':>13} {'reported MB':>12}")
+    print(f"{'tree':<12} {'shard':>5} {'raw MB':>8} {'resident MB':>12} {'resident/raw':>13} {'every row read':>15} "
+          f"{'reported MB':>12}")
     for shard in range(shards):
         raw = raw_bytes(index, shard)
         for name, tree in trees.items():
             r = measure(index, shard, tree)
             rows.append({"tree": name, "shard": shard, "raw": raw, **r})
+            all_read = "" if r["resident_all_read"] is None else f"{r['resident_all_read'] / raw:.2f}x"
             print(f"{name:<12} {shard:>5} {raw / 1e6:>8.2f} {r['resident'] / 1e6:>12.2f} "
-                  f"{r['resident'] / raw:>12.2f}x {r['reported'] / 1e6:>12.2f}")
+                  f"{r['resident'] / raw:>12.2f}x {all_read:>15} {r['reported'] / 1e6:>12.2f}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"index": str(index), "rows": rows}, indent=1))
     print(f"wrote {a.out}")

@@ -14,6 +14,12 @@ app `affine` (tenant_affinity on) and app `spread` (off), each on fresh replicas
 
 Per layout: the steady-state hit rate (1 - cold loads / shard calls, from each response's
 `timings.cold_loads`, after the first --warmup requests), cold loads per minute, p50/p99, errors.
+
+With --ramp (e.g. `1:30,16:90,1:150`: concurrency:seconds stages), each layout then runs again on fresh
+replicas that autoscale (Router 1..2, every ShardSearcher 1..--replicas, on Serve's own autoscaler with
+--target-ongoing and the --upscale/--downscale delays), under that load: per stage the requests, errors,
+hit rate and p50/p99; the RUNNING replicas of every deployment each second; how long after the load rose
+a replica was added and how long after it fell the deployments were back to one replica.
 A synthetic tenant mix on one index, on one machine: what it shows is the cache behaviour, not the
 latency of a big index (each replica here searches a tiny shard).
 """
@@ -25,6 +31,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -95,6 +102,70 @@ def run_layout(url: str, keys: list[str], ranks: np.ndarray, queries: list[str],
             "qps": round(len(steady) / max(1e-9, minutes * 60), 1)}
 
 
+def ramp(url: str, app: str, keys: list[str], ranks: np.ndarray, queries: list[str], stages: list[tuple[int, float]],
+         shards: int) -> dict:
+    """The load in stages of (concurrency, seconds), tenants drawn as in run_layout; every second, the
+    RUNNING replicas of each of the app's deployments."""
+    import httpx
+    from ray import serve
+
+    done, timeline, nxt, lock = threading.Event(), [], [0], threading.Lock()
+    t_start = time.time()
+
+    def watch() -> None:
+        while not done.is_set():
+            deps = serve.status().applications[app].deployments
+            timeline.append({"t": round(time.time() - t_start, 1), **{
+                d: sum(n for st, n in v.replica_states.items() if st == "RUNNING") for d, v in deps.items()}})
+            time.sleep(1.0)
+
+    def worker(stage: int, until: float, out: list) -> None:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            while time.time() < until:
+                with lock:
+                    i, nxt[0] = nxt[0], nxt[0] + 1
+                t0 = time.perf_counter()
+                try:
+                    r = client.post("/v1/search", json={"query": queries[i % len(queries)], "k": 5},
+                                    headers={"Authorization": f"Bearer {keys[ranks[i % len(ranks)]]}"})
+                    status, cold = r.status_code, (r.json().get("timings") or {}).get("cold_loads", 0)
+                except (httpx.HTTPError, ValueError):
+                    status, cold = 0, 0
+                out.append({"stage": stage, "status": status, "ms": (time.perf_counter() - t0) * 1000,
+                            "cold": cold if status == 200 else 0})
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    results: list[dict] = []
+    bounds = []
+    for n, (c, secs) in enumerate(stages):
+        t0 = time.time() - t_start
+        until = time.time() + secs
+        with ThreadPoolExecutor(c) as ex:
+            list(ex.map(lambda _: worker(n, until, results), range(c)))
+        bounds.append((round(t0, 1), round(time.time() - t_start, 1)))
+    done.set()
+    watcher.join()
+    per_stage = []
+    for n, (c, secs) in enumerate(stages):
+        rs = [r for r in results if r["stage"] == n]
+        ok = [r for r in rs if r["status"] == 200]
+        lat = [r["ms"] for r in ok]
+        per_stage.append({"concurrency": c, "seconds": secs, "from_s": bounds[n][0], "to_s": bounds[n][1],
+                          "requests": len(rs), "errors": len(rs) - len(ok),
+                          "hit_rate": round(1 - sum(r["cold"] for r in ok) / max(1, len(ok) * shards), 4),
+                          "p50_ms": round(pct(lat, 50), 1), "p99_ms": round(pct(lat, 99), 1)})
+    peak = max(range(len(stages)), key=lambda n: stages[n][0])
+    deps = [d for d in timeline[0] if d != "t"] if timeline else []
+    total = lambda row: sum(row[d] for d in deps)  # noqa: E731
+    up = next((row["t"] for row in timeline if row["t"] >= bounds[peak][0] and total(row) > total(timeline[0])), None)
+    down = next((row["t"] for row in timeline if row["t"] >= bounds[peak][1] and total(row) == len(deps)), None)
+    return {"stages": per_stage, "timeline": timeline, "errors": sum(s["errors"] for s in per_stage),
+            "max_replicas": {d: max(row[d] for row in timeline) for d in deps},
+            "scale_up_after_load_s": None if up is None else round(up - bounds[peak][0], 1),
+            "scale_down_after_load_s": None if down is None else round(down - bounds[peak][1], 1)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_tenants"))
@@ -104,6 +175,11 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--warmup", type=int, help="requests left out of the steady state (default: a quarter)")
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--ramp", help="concurrency:seconds stages of the autoscaling run, e.g. 1:30,16:90,1:150")
+    ap.add_argument("--target-ongoing", type=float, default=2.0, help="autoscaling target per replica (ramp)")
+    ap.add_argument("--upscale-delay", type=float, default=30.0, help="Serve's default: 30 s")
+    ap.add_argument("--downscale-delay", type=float, default=60.0, help="Serve's default is 600 s")
+    ap.add_argument("--skip-fixed", action="store_true", help="only the ramp")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_tenants.json"))
     a = ap.parse_args()
 
@@ -147,7 +223,7 @@ def main() -> int:
           f"{budget / 1e6:.1f} MB (tenants' total = {a.budget_x:g}x), {a.replicas} replicas per shard, "
           f"{a.requests} requests at c={a.concurrency}", flush=True)
     print("| layout | hit rate | cold loads/min | p50 ms | p99 ms | qps | errors |\n|---|---:|---:|---:|---:|---:|---:|")
-    for name, affinity in (("spread", False), ("affine", True)):
+    for name, affinity in () if a.skip_fixed else (("spread", False), ("affine", True)):
         args = {"tenants": str(tf), "local_search_max_bytes": 0, "warm_tenants": 0, "shard_cache_bytes": budget,
                 "tenant_affinity": affinity, "request_timeout_s": 60}
         serve.run(build_application(args, opts), name=name, route_prefix=f"/{name}")
@@ -159,6 +235,30 @@ def main() -> int:
         serve.delete(name)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(report, indent=2))
+    if a.ramp:
+        stages = [(int(c), float(secs)) for c, secs in (x.split(":") for x in a.ramp.split(","))]
+        scaling = {"min_replicas": 1, "initial_replicas": 1, "target_ongoing_requests": a.target_ongoing,
+                   "upscale_delay_s": a.upscale_delay, "downscale_delay_s": a.downscale_delay}
+        ropts = {"Router": {"ray_actor_options": {"num_cpus": 1}, "autoscaling_config": {**scaling, "max_replicas": 2}},
+                 **{f"ShardSearcher{i}": {**small, "autoscaling_config": {**scaling, "max_replicas": a.replicas}}
+                    for i in range(man.num_shards)}}
+        report["ramp"] = {"stages": a.ramp, "autoscaling": scaling, "layouts": {}}
+        print(f"ramp {a.ramp}: autoscaling {scaling}\n| layout | stage (c) | requests | errors | hit rate | p50 ms | "
+              "p99 ms |\n|---|---:|---:|---:|---:|---:|---:|")
+        for name, affinity in (("spread-ramp", False), ("affine-ramp", True)):
+            args = {"tenants": str(tf), "local_search_max_bytes": 0, "warm_tenants": 0, "shard_cache_bytes": budget,
+                    "tenant_affinity": affinity, "request_timeout_s": 60}
+            serve.run(build_application(args, ropts), name=name, route_prefix=f"/{name}")
+            wait_healthy(f"http://127.0.0.1:{port}/{name}")
+            r = ramp(f"http://127.0.0.1:{port}/{name}", name, keys, ranks, queries, stages, man.num_shards)
+            report["ramp"]["layouts"][name] = r
+            for st in r["stages"]:
+                print(f"| {name} | {st['concurrency']} | {st['requests']} | {st['errors']} | {st['hit_rate']:.3f} | "
+                      f"{st['p50_ms']} | {st['p99_ms']} |")
+            print(f"  {name}: most replicas {r['max_replicas']}; a replica added {r['scale_up_after_load_s']} s after "
+                  f"the load rose, back to one each {r['scale_down_after_load_s']} s after it fell", flush=True)
+            serve.delete(name)
+            Path(a.out).write_text(json.dumps(report, indent=2))
     serve.shutdown()
     return 0
 

@@ -136,12 +136,14 @@ def _read_index(index_dir: Path) -> dict:
     import numpy as np
     import pyarrow.parquet as pq
 
+    from qrag_ray.index.format import read_table_file
+
     m = json.loads((index_dir / "manifest.json").read_text())
     chunks = pq.read_table(index_dir / "chunks.parquet")
     shards = []
     for s in m["shards"]:
         idx = faiss.read_index(str(index_dir / s["faiss"]))
-        meta = pq.read_table(index_dir / s["meta"])
+        meta = read_table_file(index_dir / s["meta"])
         vecs = idx.reconstruct_n(0, idx.ntotal) if idx.ntotal else np.zeros((0, m["embedder"]["dim"]), np.float32)
         shards.append({"id": s["id"], "index": idx, "meta": meta, "vectors": vecs})
     return {"manifest": m, "chunks": chunks, "shards": shards}

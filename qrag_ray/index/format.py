@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from qrag_ray.errors import IndexFormatError, QragError
 from qrag_ray.search_policy import SearchConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a shard's row metadata and chunks as Arrow IPC files
+READS_FORMATS = (1, 2)
 MANIFEST = "manifest.json"
 CHUNKS = "chunks.parquet"
 SHARDS_DIR = "shards"
@@ -58,7 +59,13 @@ def shard_faiss(shard: int) -> str:
 
 
 def shard_meta(shard: int) -> str:
-    return f"{SHARDS_DIR}/{shard:05d}.parquet"
+    """The shard's row metadata (chunk key, kind, text per vector), Arrow IPC; earlier indexes: Parquet."""
+    return f"{SHARDS_DIR}/{shard:05d}.arrow"
+
+
+def shard_chunks(shard: int) -> str:
+    """The shard's chunks (id, document, title, text) by chunk key, Arrow IPC; chunks.parquet holds all."""
+    return f"{SHARDS_DIR}/{shard:05d}.chunks.arrow"
 
 
 def shard_bm25(shard: int) -> str:
@@ -89,6 +96,26 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_parquet(table: pa.Table, path: Path) -> None:
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def write_arrow(table: pa.Table, path: Path) -> None:
+    """An uncompressed Arrow IPC file of one record batch: `read_table_file` maps it, decoding nothing."""
+    with pa.ipc.new_file(path, table.schema) as w:
+        w.write_table(table.combine_chunks())
+
+
+def read_table_file(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """A shard's table. Arrow IPC is memory-mapped where the filesystem allows: a loaded shard holds no
+    decoded copy, its pages load as rows are read and the page cache can drop them. Parquet (indexes
+    written before the IPC files) is decoded into memory."""
+    if path.suffix != ".arrow":
+        return pq.read_table(path, columns=columns)
+    try:
+        source = pa.memory_map(str(path))
+    except OSError:
+        source = pa.OSFile(str(path))
+    table = pa.ipc.open_file(source).read_all()
+    return table.select(columns) if columns else table
 
 
 def sha256_file(path: str | Path) -> str:
@@ -135,6 +162,7 @@ class ShardEntry(_Record):
     bm25: str | None = None  # the shard's BM25 folder, when built with bm25.enabled
     bm25_docs: int | None = None
     bm25_vocab: int | None = None
+    chunk_table: str | None = None  # shard_chunks(id); earlier indexes: the shard's rows of chunks.parquet
 
 
 class IndexDescription(_Record):
@@ -215,8 +243,9 @@ def load_manifest(index_dir: str | Path, verify: bool = False) -> Manifest:
     if not isinstance(data, dict):
         raise IndexFormatError(f"corrupt manifest {mpath}: not a JSON object")
     fv = data.get("format_version")
-    if fv != FORMAT_VERSION:
-        raise IndexFormatError(f"{mpath}: unsupported format_version {fv!r} (this qrag reads {FORMAT_VERSION})")
+    if fv not in READS_FORMATS:
+        raise IndexFormatError(f"{mpath}: unsupported format_version {fv!r} (this qrag reads "
+                               f"{', '.join(map(str, READS_FORMATS))})")
     try:
         m = Manifest.model_validate({**data, "path": d})
     except ValidationError as e:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from qrag_ray.config import recorded_config
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import Manifest, files_under, load_manifest, verify_files
+from qrag_ray.index.format import Manifest, files_under, load_manifest, read_table_file, verify_files
 from qrag_ray.index.lexical import ShardLexicon
 
 
@@ -36,6 +36,11 @@ class ShardHits:
         pick = lambda a: None if a is None else a[j:j + 1]  # noqa: E731
         return ShardHits(self.shard, pick(self.scores), pick(self.rows), pick(self.chunk_idx), self.exhausted,
                          pick(self.kinds), pick(self.lex_scores), pick(self.lex_chunk_idx))
+
+
+def _one_array(col: pa.ChunkedArray) -> pa.Array:
+    """The column as one array, without a copy when the file held it as one."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
 # A Refine index re-ranks k_factor x k candidates with its exact codes; left at FAISS's 1 it re-ranks
@@ -67,15 +72,16 @@ class ShardIndex:
         if use_gpu and faiss.get_num_gpus() > 0:
             index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
         self.index = index
-        # Row metadata stays columnar: a kind code per vector and the texts in one Arrow buffer, looked
-        # up by row (a Python string per vector costs ~57 bytes beyond its text: header + list slot).
-        meta = pq.read_table(self.manifest.file(info.meta), columns=["chunk_idx", "kind", "text"])
+        # Row metadata stays columnar, as the file holds it (memory-mapped): a kind code per vector and the
+        # texts looked up by row (a Python string per vector costs ~57 bytes beyond its text).
+        meta = read_table_file(self.manifest.file(info.meta), ["chunk_idx", "kind", "text"])
         self.chunk_idx = meta.column("chunk_idx").to_numpy()
-        kinds = meta.column("kind").combine_chunks().dictionary_encode()
+        kinds = _one_array(meta.column("kind"))
+        kinds = kinds if pa.types.is_dictionary(kinds.type) else kinds.dictionary_encode()
         self._kind_names = np.asarray(kinds.dictionary.to_pylist() + [""], dtype=object)
         codes = kinds.indices.to_numpy(zero_copy_only=False).astype(np.int32)
         self._kind_code = np.append(codes, np.int32(len(self._kind_names) - 1))  # row -1 -> ""
-        self.text = meta.column("text").combine_chunks()
+        self.text = _one_array(meta.column("text"))
         file_bytes = self.manifest.file(info.faiss).stat().st_size  # the FAISS index as held in memory
         self.nbytes = file_bytes + self.chunk_idx.nbytes + self._kind_code.nbytes + self.text.nbytes
         if len(self.chunk_idx) != index.ntotal:

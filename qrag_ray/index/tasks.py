@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 
 from qrag_ray.config import FaissConfig, IndexConfig
 from qrag_ray.index import workdir as ck
-from qrag_ray.index.format import CHUNKS, atomic_write, atomic_write_text, shard_bm25, stable_hash
+from qrag_ray.index.format import (CHUNKS, atomic_write, atomic_write_text, shard_bm25, shard_chunks, stable_hash,
+                                   write_arrow)
 from qrag_ray.index.lexical import globalize_idf
 from qrag_ray.index.rows import CHUNK_SCHEMA, check_unique_chunks, vector_schema
 from qrag_ray.index.udfs import SAMPLE_STRIPE
@@ -114,7 +115,8 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     table = table.take(pc.sort_indices(table, [("chunk_idx", "ascending"), ("ord", "ascending"),
                                                ("row_key", "ascending")]))
     stats = write_shard(shard, drop_duplicate_rows(table), out, cfg.filters, cfg.faiss, dim, cfg.bm25, trained=trained)
-    stats.update(chunk_rows=int(chunks.num_rows), signature=sig)
+    write_arrow(chunks.drop_columns(["shard"]), out / shard_chunks(shard))  # sorted by chunk_idx: searched by it
+    stats.update(chunk_rows=int(chunks.num_rows), signature=sig, chunk_table=shard_chunks(shard))
     atomic_write_text(stats_path, json.dumps(stats))
     return {**stats, "reused": False}
 

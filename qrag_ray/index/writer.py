@@ -11,12 +11,11 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from qrag_ray.config import Bm25Config, FilterConfig, FaissConfig
 from qrag_ray.errors import QragError
 from qrag_ray.filters import filter_chunk_rows
-from qrag_ray.index.format import shard_bm25, shard_faiss, shard_meta
+from qrag_ray.index.format import shard_bm25, shard_faiss, shard_meta, write_arrow
 from qrag_ray.index.lexical import build_bm25, lexical_docs
 
 
@@ -102,9 +101,9 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
     index = build_faiss(kvecs, index_cfg, seed=shard, trained=trained)
     faiss.write_index(index, str(out_dir / shard_faiss(shard)))
     meta = pa.table({"chunk_idx": pa.array(kept.column("chunk_idx").to_numpy(), type=pa.int64()),
-                     "kind": pa.array(kept.column("kind").to_pylist(), type=pa.string()),
+                     "kind": pa.array(kept.column("kind").to_pylist(), type=pa.string()).dictionary_encode(),
                      "text": pa.array(kept.column("text").to_pylist(), type=pa.string())})
-    pq.write_table(meta, out_dir / shard_meta(shard))
+    write_arrow(meta, out_dir / shard_meta(shard))
     lexical = {}
     if bm25 is not None and bm25.enabled:
         # from all rows, before the vector filters: a pruned question still names the chunk's words

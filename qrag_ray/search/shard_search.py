@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import CHUNKS, Manifest, files_under, load_manifest, verify_files
+from qrag_ray.index.format import CHUNKS, Manifest, files_under, load_manifest, read_table_file, verify_files
 from qrag_ray.index.searcher import ShardHits, ShardIndex
 from qrag_ray.search.merge import merge_hits
 from qrag_ray.search.query import Query
@@ -60,11 +60,15 @@ def load_shard(index: str | Path | Manifest, shard: int, threads: int | None = N
     if shard >= manifest.num_shards:
         raise IndexFormatError(f"index {manifest.path} has {manifest.num_shards} shards, no shard {shard}")
     searcher = ShardIndex(manifest.path, shard, manifest, verify=verify, threads=threads, use_gpu=use_gpu)
-    if verify:
-        verify_files(manifest, [CHUNKS])
-    t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", *_META], filters=[("shard", "=", shard)])
-    t = t.sort_by("chunk_idx")
     info = manifest.shard(shard)
+    table = info.chunk_table or CHUNKS  # earlier indexes: this shard's rows of chunks.parquet
+    if verify:
+        verify_files(manifest, [table])
+    if info.chunk_table:
+        t = read_table_file(manifest.file(table), ["chunk_idx", *_META])  # written sorted by chunk_idx
+    else:
+        t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", *_META], filters=[("shard", "=", shard)])
+        t = t.sort_by("chunk_idx")
     bm25 = files_under(manifest, info.bm25) if info.bm25 else []
     nbytes = searcher.nbytes + sum(os.path.getsize(manifest.file(r)) for r in bm25) + int(t.nbytes)
     return LoadedShard(searcher, t.column("chunk_idx").to_numpy(), t.select(_META), manifest.index_version,

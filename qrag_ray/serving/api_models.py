@@ -84,9 +84,10 @@ class SearchResponse(BaseModel):
     hypothetical: str | None = Field(None, description="mode=hyde: the passage that was embedded")
     timings: dict = Field(default_factory=dict,
                           description="path (where the search ran: 'shards', or 'router' for a small tenant), "
-                                      "embed_ms, embed_batch, search_ms (shard fan-out), merge_ms "
-                                      "(merge + dedup), format_ms, rounds; for 'shards': cold_loads (shards a "
-                                      "replica read from disk for this request), shard_replicas (which replicas)")
+                                      "embed_ms, embed_batch, search_batch (queries searched together), search_ms "
+                                      "(shard fan-out), merge_ms (merge + dedup), format_ms, rounds; for 'shards': "
+                                      "cold_loads (shards a replica read from disk for this request), shard_replicas "
+                                      "(which replicas)")
 
 
 class Citation(BaseModel):

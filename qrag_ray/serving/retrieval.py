@@ -1,14 +1,15 @@
-"""A request's retrieval inside the Router: resolve the tenant's version, embed (concurrent queries in
-one encode call, `@serve.batch`; a lone request is a batch of one), then the retrieval core
-(qrag_ray.search.retrieve) over the tenant's shard backend: `RouterShards`, the Router's own store for
-small tenants, or `RemoteShards`, the ShardSearcher deployments (`timings.path`: "router" or "shards")."""
+"""A request's retrieval inside the Router: resolve the tenant's version, then one batch (`@serve.batch`;
+a lone request is a batch of one) embeds the concurrent queries in one encode call and runs the retrieval
+core (qrag_ray.search.retrieve) once per index version and query parameters over the tenant's shard
+backend: `RouterShards`, the Router's own store for small tenants, or `RemoteShards`, the ShardSearcher
+deployments (`timings.path`: "router" or "shards")."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from ray import serve
@@ -101,6 +102,17 @@ class RemoteShards:
         return list(await asyncio.gather(*[self.call(s, "lookup", key, rows, cis) for s, (rows, cis) in want.items()]))
 
 
+@dataclass
+class _Ask:
+    """One request's query as it waits in the Router's batch."""
+
+    text: str
+    ti: TenantIndex
+    key: ShardKey
+    q: Query
+    stage: dict  # the request's stage label, for a missed deadline's message
+
+
 class Retriever:
     def __init__(self, encoder, local: RouterShards, remote: RemoteShards, versions: TenantVersions):
         self.encoder, self.local, self.remote, self.versions = encoder, local, remote, versions
@@ -113,15 +125,11 @@ class Retriever:
         """Search `text` (the query or its HyDE passage) on the tenant's version, as `req` asks."""
         for attempt in (1, 2):
             ti = await self.versions.current(tenant)
-            q = resolve_query(ti, tenant.name, req)
-            backend = self.shards(ti)
+            stage["stage"] = "embedding the query"  # queued for, or in, the batch's encode
             try:
-                stage["stage"] = "embedding the query"
-                t0 = time.perf_counter()
-                vec, batch = await self._embed_batch((text, ti.embedder))
-                embed_ms = (time.perf_counter() - t0) * 1000
-                stage["stage"] = "searching the shards"
-                found = await retrieve(backend, ti.key(tenant.name), ti.num_shards, vec[None, :], q)
+                out = await self._batch(_Ask(text, ti, ti.key(tenant.name), resolve_query(ti, tenant.name, req), stage))
+                if isinstance(out, BaseException):
+                    raise out
                 break
             except VersionMoved:  # a plain index directory was republished under this request
                 self.versions.moved(tenant.name)
@@ -129,16 +137,47 @@ class Retriever:
                     raise index_unavailable(tenant.name, "its index changed twice during one request") from None
             except QragError as e:
                 raise index_unavailable(tenant.name, str(e)) from None
-        timings = {"path": backend.path, "embed_ms": embed_ms, "embed_batch": batch, "search_ms": found.search_ms,
-                   "merge_ms": found.merge_ms, "format_ms": found.format_ms, "rounds": found.rounds,
-                   "candidates": sum(int((r.hits[0].rows[0] >= 0).sum()) for r in found.replies),
-                   "shard_search_ms": [round(r.search_ms, 3) for r in found.replies],
-                   "cold_loads": sum(r.cold for r in found.replies), "shard_replicas": [r.replica for r in found.replies]}
-        return Retrieval(found.pages[0], ti.version, timings)
+        page, timings = out
+        return Retrieval(page, ti.version, timings)
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0)  # no wait: under load the queue fills during an encode
-    async def _embed_batch(self, items: list[tuple[str, str]]) -> list:
-        """Concurrent queries' texts embedded in one call per model (items: (text, model)); each gets
-        (its vector, the batch size) so the response's timings show whether batching happened."""
-        vecs = await self.encoder.encode([t for t, _ in items], [mdl for _, mdl in items])
-        return [(v, len(items)) for v in vecs]
+    # No wait: under load the queue fills while the batches in flight run. Two in flight, so one batch's
+    # encode (one at a time: QueryEncoder) overlaps the other's shard searches.
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0, max_concurrent_batches=2)
+    async def _batch(self, asks: list[_Ask]) -> list:
+        return await self.run_batch(asks)
+
+    async def run_batch(self, asks: list[_Ask]) -> list:
+        """Concurrent requests' queries: one encode call per model, then one pass of the retrieval core per
+        index version and query parameters, so each shard is asked once for all of that group's vectors.
+        Each ask gets (its page, its timings) or the error its group met."""
+        t0 = time.perf_counter()
+        vecs = await self.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
+        embed_ms = (time.perf_counter() - t0) * 1000
+        groups: dict[tuple, list[int]] = {}
+        for i, a in enumerate(asks):  # the same policy object: the version's, or it with the same bm25_alpha
+            groups.setdefault((a.key, a.q.k, a.q.min_score, id(a.ti.policy), a.q.policy.bm25_alpha), []).append(i)
+        out: list = [None] * len(asks)
+
+        async def search(idx: list[int]) -> None:
+            head, backend = asks[idx[0]], self.shards(asks[idx[0]].ti)
+            for i in idx:
+                asks[i].stage["stage"] = "searching the shards"
+            texts = None if head.q.texts is None else tuple(t for i in idx for t in asks[i].q.texts)
+            try:
+                found = await retrieve(backend, head.key, head.ti.num_shards, np.stack([vecs[i] for i in idx]),
+                                       replace(head.q, texts=texts))
+            except Exception as e:  # noqa: BLE001 - every request of the group gets it, the other groups go on
+                for i in idx:
+                    out[i] = e
+                return
+            rs = found.replies
+            for j, i in enumerate(idx):
+                out[i] = (found.pages[j], {
+                    "path": backend.path, "embed_ms": embed_ms, "embed_batch": len(asks), "search_batch": len(idx),
+                    "search_ms": found.search_ms, "merge_ms": found.merge_ms, "format_ms": found.format_ms,
+                    "rounds": found.rounds, "candidates": sum(int((r.hits[j].rows[0] >= 0).sum()) for r in rs),
+                    "shard_search_ms": [round(r.search_ms, 3) for r in rs], "cold_loads": sum(r.cold for r in rs),
+                    "shard_replicas": [r.replica for r in rs]})
+
+        await asyncio.gather(*[search(idx) for idx in groups.values()])
+        return out

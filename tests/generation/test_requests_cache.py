@@ -22,6 +22,7 @@ from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.generation.prompts import prompt_version
 from qrag_ray.generation.requests import (atomize_request, cache_key, make_request, model_id,
                                           question_requests)
+from qrag_ray.index.format import load_manifest, read_table_file
 from qrag_ray.text.sentences import split_sentences
 
 CHUNK = {"text": "Berlin is the capital of Germany. It has 3.7 million inhabitants.", "chunk_idx": 1, "shard": 0}
@@ -186,11 +187,15 @@ def _cfg(fake, tmp_path: Path, corpus: str, out: str, representation: str = "hyp
     )
 
 
+def _meta_files(index_dir: str) -> list[Path]:
+    m = load_manifest(index_dir)
+    return [m.file(m.shard(i).meta) for i in range(m.num_shards)]
+
+
 def _shard_rows(index_dir: str) -> list[tuple]:
     rows = []
-    for f in sorted(Path(index_dir, "shards").glob("*.parquet")):
-        t = pq.read_table(f)
-        rows += [(f.name, *r.values()) for r in t.to_pylist()]
+    for f in _meta_files(index_dir):
+        rows += [(f.name, *r.values()) for r in read_table_file(f).to_pylist()]
     return sorted(rows)
 
 
@@ -198,8 +203,8 @@ def _questions_by_doc(index_dir: str) -> dict[str, set[str]]:
     chunks = pq.read_table(Path(index_dir, "chunks.parquet")).to_pylist()
     doc_of = {c["chunk_idx"]: c["doc_id"] for c in chunks}
     out: dict[str, set[str]] = {}
-    for f in Path(index_dir, "shards").glob("*.parquet"):
-        for r in pq.read_table(f).to_pylist():
+    for f in _meta_files(index_dir):
+        for r in read_table_file(f).to_pylist():
             if r["kind"] == "question":
                 out.setdefault(doc_of[r["chunk_idx"]], set()).add(r["text"])
     return out

@@ -16,6 +16,7 @@ import pytest
 from llm_stack import missing, qwen_available
 
 from qrag_ray.config import GeneratorConfig, IndexConfig, SamplingConfig
+from qrag_ray.index.format import load_manifest, read_table_file
 
 from .conftest import words_of
 
@@ -63,8 +64,9 @@ def built(local_ray, tmp_path_factory):
 def _questions(index_dir: str) -> dict[str, list[str]]:
     chunks = {c["chunk_idx"]: c for c in pq.read_table(Path(index_dir, "chunks.parquet")).to_pylist()}
     out: dict[str, list[str]] = {c["doc_id"]: [] for c in chunks.values()}
-    for f in Path(index_dir, "shards").glob("*.parquet"):
-        for r in pq.read_table(f).to_pylist():
+    m = load_manifest(index_dir)
+    for i in range(m.num_shards):
+        for r in read_table_file(m.file(m.shard(i).meta)).to_pylist():
             if r["kind"] == "question":
                 out[chunks[r["chunk_idx"]]["doc_id"]].append(r["text"])
     return out

@@ -15,8 +15,8 @@ import pytest
 
 from qrag_ray.config import FilterConfig, FaissConfig
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import (FORMAT_VERSION, IndexDescription, load_manifest, publish, sha256_file, shard_faiss,
-                                   shard_meta, verify_files, write_manifest)
+from qrag_ray.index.format import (FORMAT_VERSION, IndexDescription, load_manifest, publish, read_table_file,
+                                   sha256_file, shard_chunks, shard_faiss, shard_meta, verify_files, write_manifest)
 from qrag_ray.index.searcher import ShardIndex
 from qrag_ray.index.writer import write_shard
 from qrag_ray.text.sentences import split_sentences
@@ -37,7 +37,8 @@ def test_manifest_fields_and_checksums(kinds_index):
     assert m["representation"] == "chunk+sentence+question+quote+onedoc"
     assert set(m["counts"]) >= {"documents", "chunks", "questions", "vectors", "vectors_before_filters"}
     assert m["counts"]["documents"] == report.documents == 14
-    expected_files = {"chunks.parquet"} | {shard_faiss(i) for i in range(3)} | {shard_meta(i) for i in range(3)}
+    expected_files = ({"chunks.parquet"} | {shard_faiss(i) for i in range(3)} | {shard_meta(i) for i in range(3)}
+                      | {shard_chunks(i) for i in range(3)})
     assert set(m["files"]) == expected_files
     for rel, digest in m["files"].items():
         assert sha256_file(out / rel) == digest
@@ -94,13 +95,12 @@ def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kin
     """Every row's kind and text come back as the shard's metadata file holds them, each hit carries
     its row's kind, and the bytes a loaded shard reports are its FAISS file plus its row arrays."""
     import numpy as np
-    import pyarrow.parquet as pq
 
     out, _ = kinds_index
     m = load_manifest(out)
     for shard in range(m.num_shards):
         si = ShardIndex(out, shard)
-        meta = pq.read_table(out / m.shard(shard).meta)
+        meta = read_table_file(out / m.shard(shard).meta)
         rows = list(zip(meta.column("kind").to_pylist(), meta.column("text").to_pylist()))
         assert [si.matched(r) for r in range(si.ntotal)] == rows
         kinds = meta.column("kind").to_pylist()
@@ -110,6 +110,30 @@ def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kin
         texts = sum(len(t.encode()) for t in meta.column("text").to_pylist())
         faiss_bytes = (out / m.shard(shard).faiss).stat().st_size
         assert faiss_bytes + texts < si.nbytes < faiss_bytes + texts + 24 * si.ntotal + 64
+
+
+@pytest.mark.integration
+def test_an_index_written_before_the_arrow_shard_files_loads_and_ranks_the_same(kinds_index, tmp_path):
+    """Earlier indexes hold a shard's row metadata as Parquet and its chunks only in chunks.parquet."""
+    from qrag_ray.search.engine import SearchEngine
+
+    out, _ = kinds_index
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    m = json.loads((old / "manifest.json").read_text())
+    for s in m["shards"]:
+        meta = read_table_file(old / s["meta"])
+        meta = meta.set_column(1, "kind", meta.column("kind").cast(pa.string()))
+        (old / s["meta"]).unlink()
+        (old / s.pop("chunk_table")).unlink()
+        s["meta"] = s["meta"].replace(".arrow", ".parquet")
+        pq.write_table(meta, old / s["meta"])
+    m["files"] = {str(f.relative_to(old)): sha256_file(f) for f in old.rglob("*")
+                  if f.is_file() and f.name != "manifest.json"}
+    (old / "manifest.json").write_text(json.dumps(m))
+    q = np.random.default_rng(0).standard_normal((3, m["embedder"]["dim"])).astype(np.float32)
+    pages = lambda engine: [[r.to_json() for r in page] for page in engine.search_vectors(q, 5)]  # noqa: E731
+    assert pages(SearchEngine(old)) == pages(SearchEngine(out))
 
 
 # ---------------------------------------------------------------- the typed manifest (no build)
@@ -202,7 +226,7 @@ def test_factories(sentence_table, tmp_path, factory, cls):
     idx = faiss.read_index(str(tmp_path / shard_faiss(0)))
     assert isinstance(faiss.downcast_index(idx), cls) and idx.ntotal == len(vecs)
     assert idx.metric_type == faiss.METRIC_INNER_PRODUCT
-    meta = pq.read_table(tmp_path / shard_meta(0))
+    meta = read_table_file(tmp_path / shard_meta(0))
     assert meta.num_rows == len(vecs)
     # ids are grouped by chunk, and metadata row i describes FAISS id i
     assert np.all(np.diff(meta.column("chunk_idx").to_numpy()) >= 0)
@@ -221,7 +245,7 @@ def test_max_atoms_writes_at_most_m_pooled_vectors_per_chunk(sentence_table, tmp
     its sentence vectors, their clusters' unit centroids, and metadata row i still describes FAISS id i."""
     table, vecs = sentence_table
     stats = write_shard(0, table, tmp_path, FilterConfig(max_atoms=2), FaissConfig(factory="Flat"), 384)
-    meta = pq.read_table(tmp_path / shard_meta(0))
+    meta = read_table_file(tmp_path / shard_meta(0))
     per_chunk = np.unique(meta.column("chunk_idx").to_numpy(), return_counts=True)[1]
     assert stats["vectors"] == meta.num_rows < len(vecs) and per_chunk.max() == 2
     stored = faiss.read_index(str(tmp_path / shard_faiss(0))).reconstruct_n(0, meta.num_rows)

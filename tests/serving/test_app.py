@@ -124,8 +124,8 @@ def test_results_equal_in_process_search(served, prefix, tenant):
 
 
 def test_concurrent_requests_are_batched_and_rank_as_in_process(served):
-    """Requests that overlap are embedded in one encode call, a lone one as a batch of one; either way
-    they rank exactly as the in-process engine."""
+    """Requests that overlap are embedded in one encode call and searched in one pass (same k), a lone
+    one as a batch of one; either way they rank exactly as the in-process engine."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -148,8 +148,9 @@ def test_concurrent_requests_are_batched_and_rank_as_in_process(served):
         assert r.status_code == 200, r.text
         assert [x["chunk_id"] for x in r.json()["results"]] == want[q], q
         assert r.json()["timings"]["path"] == "router"
-        batches.add(r.json()["timings"]["embed_batch"])
-    assert max(batches) > 1, batches  # some requests overlapped and were embedded together
+        batches.add((r.json()["timings"]["embed_batch"], r.json()["timings"]["search_batch"]))
+    assert max(e for e, _ in batches) > 1, batches  # some requests overlapped and were embedded together
+    assert max(s for _, s in batches) > 1, batches  # ... and searched together
 
 
 def test_hybrid_tenant_equals_in_process_hybrid_search(served):

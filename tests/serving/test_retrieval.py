@@ -114,11 +114,11 @@ class _Moving(_Remote):
 
 
 class _Unbatched(Retriever):
-    """`@serve.batch` needs a Serve replica; here each request embeds alone (tests/serving/test_app.py
-    runs the batched encoder in a real app)."""
+    """`@serve.batch` needs a Serve replica; here each request is a batch of its own (tests/serving/test_app.py
+    runs the batch in a real app; the batch itself is `run_batch`, tested below)."""
 
-    async def _embed_batch(self, item):
-        return (await self.encoder.encode([item[0]], [item[1]]))[0], 1
+    async def _batch(self, ask):
+        return (await self.run_batch([ask]))[0]
 
 
 def _retriever(remote) -> tuple[Retriever, _Versions, _Encoder]:
@@ -145,3 +145,44 @@ def test_a_version_moved_mid_request_is_resolved_again_once():
     retriever, versions, _ = _retriever(_Moving(2))
     with pytest.raises(ApiError, match="changed twice"):
         asyncio.run(retriever.retrieve(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
+
+
+def _asks(retriever, remote, *reqs: SearchRequest) -> list:
+    from qrag_ray.serving.retrieval import _Ask, resolve_query
+
+    ti = retriever.versions.ti
+    return [_Ask(r.query, ti, ti.key("acme"), resolve_query(ti, "acme", r), {}) for r in reqs]
+
+
+def test_concurrent_queries_of_one_version_embed_in_one_call_and_ask_each_shard_once():
+    class Counting(_Remote):
+        calls: list = []
+
+        async def search(self, key, num_shards, qvecs, q):
+            self.calls.append(len(qvecs))
+            return await super().search(key, num_shards, qvecs, q)
+
+    remote = Counting(HITS[:1] * 3, page=True)
+    retriever, _, enc = _retriever(remote)
+    asks = _asks(retriever, remote, SearchRequest(query="a", k=2), SearchRequest(query="b", k=2),
+                 SearchRequest(query="c", k=1))
+    out = asyncio.run(retriever.run_batch(asks))
+    assert enc.batches == [["a", "b", "c"]]  # one encode for the three
+    assert remote.calls == [2, 1]  # k=2 twice in one pass of the core, k=1 apart
+    assert [len(page) for page, _ in out] == [2, 2, 1]
+    assert [(t["embed_batch"], t["search_batch"]) for _, t in out] == [(3, 2), (3, 2), (3, 1)]
+    assert [a.stage["stage"] for a in asks] == ["searching the shards"] * 3
+
+
+def test_a_groups_error_reaches_its_requests_and_not_the_others():
+    class FailsForK1(_Remote):
+        async def search(self, key, num_shards, qvecs, q):
+            if q.k == 1:
+                raise VersionMoved("republished")
+            return await super().search(key, num_shards, qvecs, q)
+
+    remote = FailsForK1(HITS[:1] * 2, page=True)
+    retriever, _, _ = _retriever(remote)
+    out = asyncio.run(retriever.run_batch(_asks(retriever, remote, SearchRequest(query="a", k=1),
+                                                SearchRequest(query="b", k=2))))
+    assert isinstance(out[0], VersionMoved) and len(out[1][0]) == 2

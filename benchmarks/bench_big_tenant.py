@@ -1,0 +1,312 @@
+"""A big tenant served (the Router fans each query out to its ShardSearcher replicas) against in-process
+search of the same index and queries (`SearchEngine`, what `qrag search` runs), in one run.
+
+    python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --serve-env direct --out runs/bbt_direct.json
+    python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --serve-env tuned  --out runs/bbt_proxy.json
+    python benchmarks/bench_big_tenant.py --vectors 20000 --shards 2 --factory Flat --queries 20   # smoke
+
+The index is synthetic, because latency does not depend on what the vectors mean and 2M real vectors
+would take hours to embed on this box: chunks of ~300 characters, `--vectors-per-chunk` vectors each
+(kinds chunk + sentence) around a random centre, written by the package's own shard writer
+(`write_shard`, one IVF-PQ quantizer trained once and shared by the shards, as `qrag index` does) with
+chunks.parquet and a checksummed manifest. Queries are embedded by a tiny random-weights model
+(benchmarks/tiny_model.py) on both sides, so both pay the same encoder. The index is built once under
+--workdir and reused.
+
+  - concurrency 1: in-process and served alternate query by query (httpx), then served once more
+    through http.client (a lean client); p50/p99 of each; every served ranking is compared with the
+    in-process one;
+  - concurrency 8 and 32: served, blocks of --queries requests, --rounds times; in-process at the same
+    concurrency is one `search` call per block of c queries (one encode, the shards searched for all);
+  - CPU ms per request: served, all Ray processes over the blocks; in-process, this process's CPU time.
+Targets: served p50 at c=1 <= 1.5x in-process through direct ingress, <= 1.8x through the proxy; CPU
+ms per request <= 1.5x in-process; 100% same rankings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_serving import free_port, make_queries, pct  # noqa: E402
+from bench_serving_compare import ENV, direct_ingress_urls, ray_cpu_by_process, wait_ready  # noqa: E402
+
+WORDS = ("index shard vector replica query tenant router chunk passage question answer cluster memory "
+         "latency batch model token corpus search merge score rank cache load").split()
+
+
+def _sentences(rng: np.random.Generator, n: int) -> list[str]:
+    words = np.asarray(WORDS)[rng.integers(0, len(WORDS), size=(n, 8))]
+    return [" ".join(w).capitalize() + "." for w in words]
+
+
+def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, per_chunk: int, factory: str,
+                    nprobe: int) -> Path:
+    """Write a `qrag index`-format index of about `vectors` vectors (idempotent: a finished one is kept)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from qrag_ray.config import build_index_config, index_identity
+    from qrag_ray.index.format import (CHUNKS, Counts, EmbedderInfo, FaissInfo, IndexDescription, ShardEntry,
+                                       chunk_key, shard_chunks, shard_of, write_arrow, write_manifest)
+    from qrag_ray.index.rows import CHUNK_SCHEMA
+    from qrag_ray.index.writer import build_faiss, write_shard
+
+    if (out / "manifest.json").is_file():
+        return out
+    cfg = build_index_config(None, input="synthetic", representation="chunk+sentence", shards=shards,
+                             embedder={"model": model}, faiss={"factory": factory, "nprobe": nprobe},
+                             build={"output": str(out)})
+    n_chunks = vectors // per_chunk
+    rng = np.random.default_rng(0)
+    ids = [f"c{i}" for i in range(n_chunks)]
+    keys = np.array([chunk_key(c) for c in ids], dtype=np.int64)
+    placed = keys % shards
+    flat = _sentences(rng, n_chunks * (per_chunk - 1))
+    sentences = [flat[i * (per_chunk - 1):(i + 1) * (per_chunk - 1)] for i in range(n_chunks)]
+    centres = rng.standard_normal((n_chunks, dim), dtype=np.float32)
+
+    def unit(v: np.ndarray) -> np.ndarray:
+        return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+
+    trained = out.parent / f"{out.name}.trained.faiss"
+    if "IVF" in factory or "PQ" in factory:
+        import faiss
+
+        n = min(cfg.faiss.train_sample, n_chunks)
+        sample = unit(centres[:n] + 0.5 * rng.standard_normal((n, dim), dtype=np.float32))
+        faiss.write_index(build_faiss(sample, cfg.faiss, add=False), str(trained))
+    tmp = out.with_name(out.name + ".partial")
+    entries, chunk_tables = [], []
+    for s in range(shards):
+        mine = np.flatnonzero(placed == s)
+        vec = unit(np.repeat(centres[mine], per_chunk, axis=0)
+                   + 0.5 * rng.standard_normal((len(mine) * per_chunk, dim), dtype=np.float32))
+        texts = [t for i in mine for t in [" ".join(sentences[i])] + sentences[i]]
+        table = pa.table({
+            "chunk_idx": np.repeat(keys[mine], per_chunk), "kind": ["chunk", *["sentence"] * (per_chunk - 1)] * len(mine),
+            "qn": np.zeros(len(mine) * per_chunk, np.int32), "store": np.ones(len(mine) * per_chunk, bool),
+            "text": texts, "vector": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), dim)})
+        stats = write_shard(s, table, tmp, cfg.filters, cfg.faiss, dim, trained=str(trained) if trained.is_file() else None)
+        mine = mine[np.argsort(keys[mine])]
+        chunks = pa.table({"chunk_idx": keys[mine], "chunk_id": [ids[i] for i in mine],
+                           "doc_id": [f"d{i // 4}" for i in mine], "title": [f"Doc {i // 4}" for i in mine],
+                           "text": [" ".join(sentences[i]) for i in mine], "shard": np.full(len(mine), s, np.int32)},
+                          schema=CHUNK_SCHEMA)
+        write_arrow(chunks.drop_columns(["shard"]), tmp / shard_chunks(s))
+        entries.append(ShardEntry(**stats, chunk_table=shard_chunks(s)))
+        chunk_tables.append(chunks)
+        print(f"  shard {s}: {entries[-1].vectors:,} vectors in {entries[-1].seconds:.0f} s", flush=True)
+    with pq.ParquetWriter(tmp / CHUNKS, CHUNK_SCHEMA) as w:
+        for t in chunk_tables:
+            w.write_table(t)
+    assert all(shard_of(int(k), shards) == p for k, p in zip(keys[:100], placed[:100]))
+    n_vec = sum(e.vectors for e in entries)
+    write_manifest(tmp, IndexDescription(
+        representation="chunk+sentence", kinds=["chunk", "sentence"], embedder=EmbedderInfo(model=model, dim=dim),
+        faiss=FaissInfo(factory=factory), num_shards=shards, shards=entries,
+        counts=Counts(documents=n_chunks // 4 + 1, chunks=n_chunks, questions=0, vectors=n_vec,
+                      vectors_before_filters=n_vec),
+        config=cfg.model_dump(mode="json"), content=index_identity(cfg.model_dump(mode="json"))))
+    tmp.rename(out)
+    trained.unlink(missing_ok=True)
+    return out
+
+
+def c1(engine, url: str, queries: list[str], k: int) -> dict:
+    """In-process and served alternating query by query; the served answer must rank as in-process."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    import httpx
+
+    client = httpx.Client(base_url=url, timeout=600)
+    parts = urlsplit(url)
+    lean = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
+    lat: dict[str, list[float]] = {"in_process": [], "served": [], "served_http_client": []}
+    same, paths, cpu, parts_ms = 0, set(), 0.0, {"embed_ms": [], "search_ms": [], "shard_search_ms": [], "format_ms": []}
+    for q in queries[:5]:
+        engine.search([q], k=k)
+        client.post("/v1/search", json={"query": q, "k": k})
+    for q in queries:
+        c0, t0 = time.process_time(), time.perf_counter()
+        want = [h["chunk_id"] for h in engine.search([q], k=k)[0]]
+        lat["in_process"].append((time.perf_counter() - t0) * 1000)
+        cpu += time.process_time() - c0
+        t0 = time.perf_counter()
+        r = client.post("/v1/search", json={"query": q, "k": k}).json()
+        lat["served"].append((time.perf_counter() - t0) * 1000)
+        same += [x["chunk_id"] for x in r["results"]] == want
+        paths.add(r["timings"]["path"])
+        for name, v in parts_ms.items():  # where the served request's time went (the Router's own timings)
+            v.append(max(r["timings"][name]) if name == "shard_search_ms" else r["timings"][name])
+        t0 = time.perf_counter()
+        lean.request("POST", parts.path.rstrip("/") + "/v1/search", json.dumps({"query": q, "k": k}),
+                     {"content-type": "application/json"})
+        resp = lean.getresponse()
+        resp.read()
+        lat["served_http_client"].append((time.perf_counter() - t0) * 1000)
+    client.close()
+    lean.close()
+    out = {n: {"p50_ms": pct(v, 50), "p99_ms": pct(v, 99), "mean_ms": statistics.mean(v)} for n, v in lat.items()}
+    out["in_process"]["cpu_ms_per_request"] = 1000 * cpu / len(queries)
+    out.update(same_ranking=same / len(queries), paths=sorted(paths),
+               served_parts_p50_ms={n: pct(v, 50) for n, v in parts_ms.items()})
+    return out
+
+
+async def served_block(url: str, queries: list[str], k: int, concurrency: int) -> tuple[int, int, list[float]]:
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    ok, errors, lat = 0, 0, []
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=2 * concurrency)) as cl:
+        async def one(q: str):
+            nonlocal ok, errors
+            async with sem:
+                t0 = time.perf_counter()
+                r = await cl.post("/v1/search", json={"query": q, "k": k})
+                ok, errors = ok + (r.status_code == 200), errors + (r.status_code != 200)
+                lat.append((time.perf_counter() - t0) * 1000)
+
+        await asyncio.gather(*[one(q) for q in queries])
+    return ok, errors, lat
+
+
+def concurrent(engine, url: str, queries: list[str], k: int, c: int, rounds: int) -> dict:
+    served = {"ok": 0, "errors": 0, "wall_s": 0.0, "cpu_s": 0.0, "lat": []}
+    local = {"wall_s": 0.0, "cpu_s": 0.0, "lat": [], "n": 0}
+    for _ in range(rounds):
+        before, t0 = ray_cpu_by_process(), time.perf_counter()
+        ok, err, lat = asyncio.run(served_block(url, queries, k, c))
+        served["wall_s"] += time.perf_counter() - t0
+        after = ray_cpu_by_process()
+        served["cpu_s"] += sum(max(0.0, v - before.get(n, 0.0)) for n, v in after.items())
+        served["ok"], served["errors"], served["lat"] = served["ok"] + ok, served["errors"] + err, served["lat"] + lat
+        for i in range(0, len(queries), c):
+            c0, t0 = time.process_time(), time.perf_counter()
+            engine.search(queries[i:i + c], k=k)
+            dt = time.perf_counter() - t0
+            local["wall_s"] += dt
+            local["cpu_s"] += time.process_time() - c0
+            local["lat"] += [dt * 1000] * len(queries[i:i + c])
+            local["n"] += len(queries[i:i + c])
+    return {"served": {"qps": served["ok"] / served["wall_s"], "errors": served["errors"],
+                       "p50_ms": pct(served["lat"], 50), "p99_ms": pct(served["lat"], 99),
+                       "cpu_ms_per_request": 1000 * served["cpu_s"] / max(1, served["ok"])},
+            "in_process": {"qps": local["n"] / local["wall_s"], "p50_ms": pct(local["lat"], 50),
+                           "p99_ms": pct(local["lat"], 99), "cpu_ms_per_request": 1000 * local["cpu_s"] / local["n"]}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--vectors", type=int, default=2_000_000)
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--vectors-per-chunk", type=int, default=8)
+    ap.add_argument("--factory", default="IVF1024,PQ32x4fs,Refine(SQfp16)")
+    ap.add_argument("--nprobe", type=int, default=16)
+    ap.add_argument("--queries", type=int, default=60)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--serve-env", choices=("tuned", "direct"), default="direct",
+                    help="direct: Ray's direct ingress (the Router replica serves HTTP); tuned: through Serve's "
+                         "HTTP proxy (the RayService layout); both with qrag's SERVE_PROCESS_ENV")
+    ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_big_tenant"))
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench_big_tenant.json"))
+    a = ap.parse_args()
+    from qrag_ray.serving.config import SERVE_PROCESS_ENV
+
+    os.environ.update(SERVE_PROCESS_ENV)
+    if a.serve_env == "direct":
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    wd = Path(a.workdir).resolve()
+    wd.mkdir(parents=True, exist_ok=True)
+    from tiny_model import write_tiny_model
+
+    model = str(write_tiny_model(wd / "tiny-st"))
+    t0 = time.time()
+    index = synthetic_index(wd / f"index-{a.vectors}-{a.shards}-{a.factory.replace(',', '_')}", model, 64, a.vectors,
+                            a.shards, a.vectors_per_chunk, a.factory, a.nprobe)
+    build_s = time.time() - t0
+    import ray
+    import torch
+    from ray import serve
+    from ray.serve._private.api import serve_start
+    from ray.serve.schema import ServeDeploySchema
+
+    from qrag_ray.search.engine import SearchEngine
+
+    a.out = str(Path(a.out).resolve())
+    ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": ENV})
+    port = free_port()
+    client = serve_start(http_options={"host": "127.0.0.1", "port": port})
+    # every tenant above `local_search_max_bytes` (64 MB) is fanned out; 0 puts a smoke-sized index there too
+    app = {"name": "big", "route_prefix": "/big", "import_path": "serve_shim:build",
+           "args": {"index": str(index), "local_search_max_bytes": 0},
+           "runtime_env": {"env_vars": {**ENV, "PYTHONPATH": f"{ROOT}:{ROOT / 'benchmarks'}"}}}
+    client.deploy_apps(ServeDeploySchema(applications=[app]))
+    url = direct_ingress_urls(("big",))["big"] if a.serve_env == "direct" else f"http://127.0.0.1:{port}/big"
+    wait_ready(url)
+    torch.set_num_threads(1)  # one CPU, like a replica
+    engine = SearchEngine(index, threads=1)
+    queries = make_queries(a.queries)
+    report: dict = {"command": " ".join([Path(sys.executable).name] + sys.argv), "serve_env": a.serve_env,
+                    "index": str(index), "vectors": engine.manifest.counts.vectors, "shards": a.shards,
+                    "factory": a.factory, "nprobe": a.nprobe, "build_s": build_s, "cpus": os.cpu_count(),
+                    "load_avg_start": os.getloadavg()}
+    conc = [int(c) for c in a.concurrency.split(",")]
+    if 1 in conc:
+        report["c1"] = c1(engine, url, queries, a.k)
+    for c in (c for c in conc if c != 1):
+        report[f"c{c}"] = concurrent(engine, url, queries, a.k, c, a.rounds)
+    report["load_avg_end"] = os.getloadavg()
+    serve.shutdown()
+    ray.shutdown()
+
+    print(f"\n{report['vectors']:,} vectors in {a.shards} shards ({a.factory}, nprobe {a.nprobe}), {len(queries)} "
+          f"queries, k={a.k}, {a.serve_env}; load avg {report['load_avg_start'][0]:.1f} -> {report['load_avg_end'][0]:.1f}")
+    print(f"{'path':22s} {'conc':>4s} {'p50 ms':>8s} {'p99 ms':>8s} {'qps':>7s} {'errors':>6s} {'CPU ms/req':>10s}")
+    if "c1" in report:
+        r = report["c1"]
+        for n in ("in_process", "served", "served_http_client"):
+            cpu = f"{r[n]['cpu_ms_per_request']:10.1f}" if "cpu_ms_per_request" in r[n] else ""
+            print(f"{n:22s} {1:>4d} {r[n]['p50_ms']:8.1f} {r[n]['p99_ms']:8.1f} {1000 / r[n]['mean_ms']:7.1f} {0:>6d} {cpu}")
+        report["served_p50_over_in_process"] = r["served"]["p50_ms"] / r["in_process"]["p50_ms"]
+        report["served_http_client_p50_over_in_process"] = r["served_http_client"]["p50_ms"] / r["in_process"]["p50_ms"]
+    for c in (c for c in conc if c != 1):
+        for n in ("in_process", "served"):
+            r = report[f"c{c}"][n]
+            print(f"{n:22s} {c:>4d} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['qps']:7.1f} {r.get('errors', 0):>6d} "
+                  f"{r['cpu_ms_per_request']:10.1f}")
+        r = report[f"c{c}"]
+        r["served_over_in_process_cpu"] = r["served"]["cpu_ms_per_request"] / r["in_process"]["cpu_ms_per_request"]
+    if "c1" in report:
+        print(f"c=1 served p50 / in-process p50: {report['served_p50_over_in_process']:.2f}x (httpx), "
+              f"{report['served_http_client_p50_over_in_process']:.2f}x (http.client); same ranking "
+              f"{report['c1']['same_ranking']:.0%}; Router path {report['c1']['paths']}")
+        print("  served c=1 p50 parts (Router timings, ms): "
+              + ", ".join(f"{n} {v:.1f}" for n, v in report["c1"]["served_parts_p50_ms"].items()))
+    for c in (c for c in conc if c != 1):
+        print(f"c={c} served / in-process CPU ms per request: {report[f'c{c}']['served_over_in_process_cpu']:.2f}x")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
