@@ -18,7 +18,8 @@ chunks.parquet and a checksummed manifest. Queries are embedded by a tiny random
     in-process one;
   - concurrency 8 and 32: served, blocks of --queries requests, --rounds times; in-process at the same
     concurrency is one `search` call per block of c queries (one encode, the shards searched for all);
-  - CPU ms per request: served, all Ray processes over the blocks; in-process, this process's CPU time.
+  - CPU ms per request: served, all Ray processes over the blocks (at c=1 over both clients' requests),
+    also by process; in-process, this process's CPU time.
 Targets: served p50 at c=1 <= 1.5x in-process through direct ingress, <= 1.8x through the proxy; CPU
 ms per request <= 1.5x in-process; 100% same rankings.
 """
@@ -139,6 +140,7 @@ def c1(engine, url: str, queries: list[str], k: int) -> dict:
     for q in queries[:5]:
         engine.search([q], k=k)
         client.post("/v1/search", json={"query": q, "k": k})
+    ray_before = ray_cpu_by_process()
     for q in queries:
         c0, t0 = time.process_time(), time.perf_counter()
         want = [h["chunk_id"] for h in engine.search([q], k=k)[0]]
@@ -157,13 +159,21 @@ def c1(engine, url: str, queries: list[str], k: int) -> dict:
         resp = lean.getresponse()
         resp.read()
         lat["served_http_client"].append((time.perf_counter() - t0) * 1000)
+    by_proc = cpu_by_process(ray_before, ray_cpu_by_process(), 2 * len(queries))  # httpx and http.client requests
     client.close()
     lean.close()
     out = {n: {"p50_ms": pct(v, 50), "p99_ms": pct(v, 99), "mean_ms": statistics.mean(v)} for n, v in lat.items()}
     out["in_process"]["cpu_ms_per_request"] = 1000 * cpu / len(queries)
+    out["served"].update(cpu_ms_per_request=sum(by_proc.values()), cpu_ms_per_request_by_process=by_proc)
     out.update(same_ranking=same / len(queries), paths=sorted(paths),
                served_parts_p50_ms={n: pct(v, 50) for n, v in parts_ms.items()})
     return out
+
+
+def cpu_by_process(before: dict, after: dict, requests: int) -> dict[str, float]:
+    """CPU ms per request of each Ray process title over an interval (those that used any)."""
+    d = {n: 1000 * (v - before.get(n, 0.0)) / max(1, requests) for n, v in after.items()}
+    return {n: round(v, 2) for n, v in sorted(d.items(), key=lambda t: -t[1]) if v > 0.05}
 
 
 async def served_block(url: str, queries: list[str], k: int, concurrency: int) -> tuple[int, int, list[float]]:
@@ -185,7 +195,7 @@ async def served_block(url: str, queries: list[str], k: int, concurrency: int) -
 
 
 def concurrent(engine, url: str, queries: list[str], k: int, c: int, rounds: int) -> dict:
-    served = {"ok": 0, "errors": 0, "wall_s": 0.0, "cpu_s": 0.0, "lat": []}
+    served = {"ok": 0, "errors": 0, "wall_s": 0.0, "cpu_s": 0.0, "lat": [], "by_proc": {}}
     local = {"wall_s": 0.0, "cpu_s": 0.0, "lat": [], "n": 0}
     for _ in range(rounds):
         before, t0 = ray_cpu_by_process(), time.perf_counter()
@@ -193,6 +203,8 @@ def concurrent(engine, url: str, queries: list[str], k: int, c: int, rounds: int
         served["wall_s"] += time.perf_counter() - t0
         after = ray_cpu_by_process()
         served["cpu_s"] += sum(max(0.0, v - before.get(n, 0.0)) for n, v in after.items())
+        for n, v in after.items():
+            served["by_proc"][n] = served["by_proc"].get(n, 0.0) + max(0.0, v - before.get(n, 0.0))
         served["ok"], served["errors"], served["lat"] = served["ok"] + ok, served["errors"] + err, served["lat"] + lat
         for i in range(0, len(queries), c):
             c0, t0 = time.process_time(), time.perf_counter()
@@ -204,7 +216,8 @@ def concurrent(engine, url: str, queries: list[str], k: int, c: int, rounds: int
             local["n"] += len(queries[i:i + c])
     return {"served": {"qps": served["ok"] / served["wall_s"], "errors": served["errors"],
                        "p50_ms": pct(served["lat"], 50), "p99_ms": pct(served["lat"], 99),
-                       "cpu_ms_per_request": 1000 * served["cpu_s"] / max(1, served["ok"])},
+                       "cpu_ms_per_request": 1000 * served["cpu_s"] / max(1, served["ok"]),
+                       "cpu_ms_per_request_by_process": cpu_by_process({}, served["by_proc"], served["ok"])},
             "in_process": {"qps": local["n"] / local["wall_s"], "p50_ms": pct(local["lat"], 50),
                            "p99_ms": pct(local["lat"], 99), "cpu_ms_per_request": 1000 * local["cpu_s"] / local["n"]}}
 
@@ -302,6 +315,9 @@ def main() -> int:
               + ", ".join(f"{n} {v:.1f}" for n, v in report["c1"]["served_parts_p50_ms"].items()))
     for c in (c for c in conc if c != 1):
         print(f"c={c} served / in-process CPU ms per request: {report[f'c{c}']['served_over_in_process_cpu']:.2f}x")
+    for c in conc:
+        top = list(report[f"c{c}"]["served"]["cpu_ms_per_request_by_process"].items())[:6]
+        print(f"  c={c} served CPU ms/request by process: " + ", ".join(f"{n} {v}" for n, v in top))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {a.out}")

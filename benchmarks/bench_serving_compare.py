@@ -57,12 +57,13 @@ def baseline_tree(ref: str) -> Path:
 
 
 def build_index_with(tree: Path, workdir: Path) -> Path:
-    """The demo index as `tree`'s qrag_ray writes it (in a subprocess): the baseline's format, which this
-    tree reads too (a newer qrag reads older index formats, not the other way round)."""
+    """The demo index as `tree`'s qrag_ray and its own bench_serving.py write it (in a subprocess): the
+    baseline's format, which this tree reads too (a newer qrag reads older index formats, not the other
+    way round)."""
     code = ("import sys; from pathlib import Path; from bench_serving import build_demo_index; "
             "build_demo_index(Path(sys.argv[1]))")
     subprocess.run([sys.executable, "-c", code, str(workdir)], check=True, cwd=str(workdir),
-                   env={**os.environ, **ENV, "PYTHONPATH": f"{tree}:{ROOT / 'benchmarks'}"})
+                   env={**os.environ, **ENV, "PYTHONPATH": f"{tree}:{tree / 'benchmarks'}"})
     return workdir / "index"
 
 

@@ -23,6 +23,7 @@ from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import DEFAULT_KS, evaluate, leaked_queries
 from qrag_ray.evaluation.report import write_report
+from qrag_ray.index.format import load_manifest, read_table_file
 
 
 @dataclass
@@ -97,9 +98,8 @@ def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | No
 
 
 def generated_texts(index_dir: Path) -> list[str]:
-    import pyarrow.parquet as pq
-
-    tables = (pq.read_table(f, columns=["kind", "text"]) for f in sorted((index_dir / "shards").glob("*.parquet")))
+    m = load_manifest(index_dir)
+    tables = (read_table_file(m.file(m.shard(i).meta), ["kind", "text"]) for i in range(m.num_shards))
     return [tx for t in tables for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist())
             if kd in ("question", "quote")]
 

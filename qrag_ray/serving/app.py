@@ -26,7 +26,9 @@ def _autoscaling(max_replicas: int, target: int) -> dict:
 
 
 DEFAULT_OPTIONS: dict[str, dict] = {
-    ROUTER: {"max_ongoing_requests": 128, "max_queued_requests": 256, "autoscaling_config": _autoscaling(4, 32),
+    # the Router upscales after 10 s of load, not Serve's 30, so a load step gets a replica within ~30 s
+    ROUTER: {"max_ongoing_requests": 128, "max_queued_requests": 256,
+             "autoscaling_config": {**_autoscaling(4, 32), "upscale_delay_s": 10},
              "ray_actor_options": {"num_cpus": 1}, "health_check_period_s": 5},
     "ShardSearcher": {"max_ongoing_requests": 32, "max_queued_requests": 128, "autoscaling_config": _autoscaling(4, 8),
                       "ray_actor_options": {"num_cpus": 1}, "health_check_period_s": 5},
