@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_serving import free_port, make_queries, pct  # noqa: E402
-from bench_serving_compare import ENV, direct_ingress_urls, ray_cpu_by_process, wait_ready  # noqa: E402
+from bench_serving_compare import ENV, block, direct_ingress_urls, ray_cpu_by_process, wait_ready  # noqa: E402
 
 WORDS = ("index shard vector replica query tenant router chunk passage question answer cluster memory "
          "latency batch model token corpus search merge score rank cache load").split()
@@ -62,6 +62,7 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
     from qrag_ray.index.format import (CHUNKS, Counts, EmbedderInfo, FaissInfo, IndexDescription, ShardEntry,
                                        chunk_key, shard_chunks, shard_of, write_arrow, write_manifest)
     from qrag_ray.index.rows import CHUNK_SCHEMA
+    from qrag_ray.index.tasks import needs_training
     from qrag_ray.index.writer import build_faiss, write_shard
 
     if (out / "manifest.json").is_file():
@@ -73,7 +74,7 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
     rng = np.random.default_rng(0)
     ids = [f"c{i}" for i in range(n_chunks)]
     keys = np.array([chunk_key(c) for c in ids], dtype=np.int64)
-    placed = keys % shards
+    placed = np.array([shard_of(int(k), shards) for k in keys])
     flat = _sentences(rng, n_chunks * (per_chunk - 1))
     sentences = [flat[i * (per_chunk - 1):(i + 1) * (per_chunk - 1)] for i in range(n_chunks)]
     centres = rng.standard_normal((n_chunks, dim), dtype=np.float32)
@@ -82,7 +83,7 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
         return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
 
     trained = out.parent / f"{out.name}.trained.faiss"
-    if "IVF" in factory or "PQ" in factory:
+    if needs_training(factory, dim):
         import faiss
 
         n = min(cfg.faiss.train_sample, n_chunks)
@@ -112,7 +113,6 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
     with pq.ParquetWriter(tmp / CHUNKS, CHUNK_SCHEMA) as w:
         for t in chunk_tables:
             w.write_table(t)
-    assert all(shard_of(int(k), shards) == p for k, p in zip(keys[:100], placed[:100]))
     n_vec = sum(e.vectors for e in entries)
     write_manifest(tmp, IndexDescription(
         representation="chunk+sentence", kinds=["chunk", "sentence"], embedder=EmbedderInfo(model=model, dim=dim),
@@ -176,33 +176,14 @@ def cpu_by_process(before: dict, after: dict, requests: int) -> dict[str, float]
     return {n: round(v, 2) for n, v in sorted(d.items(), key=lambda t: -t[1]) if v > 0.05}
 
 
-async def served_block(url: str, queries: list[str], k: int, concurrency: int) -> tuple[int, int, list[float]]:
-    import httpx
-
-    sem = asyncio.Semaphore(concurrency)
-    ok, errors, lat = 0, 0, []
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=2 * concurrency)) as cl:
-        async def one(q: str):
-            nonlocal ok, errors
-            async with sem:
-                t0 = time.perf_counter()
-                r = await cl.post("/v1/search", json={"query": q, "k": k})
-                ok, errors = ok + (r.status_code == 200), errors + (r.status_code != 200)
-                lat.append((time.perf_counter() - t0) * 1000)
-
-        await asyncio.gather(*[one(q) for q in queries])
-    return ok, errors, lat
-
-
 def concurrent(engine, url: str, queries: list[str], k: int, c: int, rounds: int) -> dict:
-    served = {"ok": 0, "errors": 0, "wall_s": 0.0, "cpu_s": 0.0, "lat": [], "by_proc": {}}
+    served = {"ok": 0, "errors": 0, "wall_s": 0.0, "lat": [], "by_proc": {}}
     local = {"wall_s": 0.0, "cpu_s": 0.0, "lat": [], "n": 0}
     for _ in range(rounds):
-        before, t0 = ray_cpu_by_process(), time.perf_counter()
-        ok, err, lat = asyncio.run(served_block(url, queries, k, c))
-        served["wall_s"] += time.perf_counter() - t0
+        before = ray_cpu_by_process()
+        ok, err, wall, lat = asyncio.run(block(url, queries, k, c))
+        served["wall_s"] += wall
         after = ray_cpu_by_process()
-        served["cpu_s"] += sum(max(0.0, v - before.get(n, 0.0)) for n, v in after.items())
         for n, v in after.items():
             served["by_proc"][n] = served["by_proc"].get(n, 0.0) + max(0.0, v - before.get(n, 0.0))
         served["ok"], served["errors"], served["lat"] = served["ok"] + ok, served["errors"] + err, served["lat"] + lat
@@ -216,7 +197,7 @@ def concurrent(engine, url: str, queries: list[str], k: int, c: int, rounds: int
             local["n"] += len(queries[i:i + c])
     return {"served": {"qps": served["ok"] / served["wall_s"], "errors": served["errors"],
                        "p50_ms": pct(served["lat"], 50), "p99_ms": pct(served["lat"], 99),
-                       "cpu_ms_per_request": 1000 * served["cpu_s"] / max(1, served["ok"]),
+                       "cpu_ms_per_request": 1000 * sum(served["by_proc"].values()) / max(1, served["ok"]),
                        "cpu_ms_per_request_by_process": cpu_by_process({}, served["by_proc"], served["ok"])},
             "in_process": {"qps": local["n"] / local["wall_s"], "p50_ms": pct(local["lat"], 50),
                            "p99_ms": pct(local["lat"], 99), "cpu_ms_per_request": 1000 * local["cpu_s"] / local["n"]}}

@@ -154,8 +154,8 @@ class Retriever:
         vecs = await self.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
         embed_ms = (time.perf_counter() - t0) * 1000
         groups: dict[tuple, list[int]] = {}
-        for i, a in enumerate(asks):  # the same policy object: the version's, or it with the same bm25_alpha
-            groups.setdefault((a.key, a.q.k, a.q.min_score, id(a.ti.policy), a.q.policy.bm25_alpha), []).append(i)
+        for i, a in enumerate(asks):  # one version has one policy: only a request's bm25_alpha changes it
+            groups.setdefault((a.key, a.q.k, a.q.min_score, a.q.policy.bm25_alpha), []).append(i)
         out: list = [None] * len(asks)
 
         async def search(idx: list[int]) -> None:
