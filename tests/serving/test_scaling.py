@@ -48,7 +48,6 @@ def _search(client, headers) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.soak  # the affinity ids and the handle options they travel in: tests/serving/test_retrieval.py
 def test_a_tenants_queries_stay_on_the_replicas_that_hold_it_and_another_tenant_goes_elsewhere(serve_app):
     from ray import serve
 
@@ -73,7 +72,6 @@ def test_a_tenants_queries_stay_on_the_replicas_that_hold_it_and_another_tenant_
 
 
 @pytest.mark.slow
-@pytest.mark.soak  # minutes of load and of Serve's upscale and downscale delays
 def test_a_load_ramp_scales_the_router_up_and_back_down_without_failing_a_request(serve_app):
     """The Router (the query embedding: the CPU a search costs) autoscales 1 -> 2 under concurrent
     searches and back to 1 under a trickle; the replica that stops drains its requests first, so no
