@@ -3,6 +3,7 @@ search of the same index and queries (`SearchEngine`, what `qrag search` runs), 
 
     python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --serve-env direct --out runs/bbt_direct.json
     python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --serve-env tuned  --out runs/bbt_proxy.json
+    python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --shards-per-searcher 4 --out runs/bbt_g4.json
     python benchmarks/bench_big_tenant.py --vectors 20000 --shards 2 --factory Flat --queries 20   # smoke
 
 The index is synthetic, because latency does not depend on what the vectors mean and 2M real vectors
@@ -164,10 +165,18 @@ def c1(engine, url: str, queries: list[str], k: int) -> dict:
     lean.close()
     out = {n: {"p50_ms": pct(v, 50), "p99_ms": pct(v, 99), "mean_ms": statistics.mean(v)} for n, v in lat.items()}
     out["in_process"]["cpu_ms_per_request"] = 1000 * cpu / len(queries)
-    out["served"].update(cpu_ms_per_request=sum(by_proc.values()), cpu_ms_per_request_by_process=by_proc)
+    out["served"].update(cpu_ms_per_request=sum(by_proc.values()), cpu_ms_per_request_by_process=by_proc,
+                         request_path_cpu_ms=request_path_cpu(by_proc))
     out.update(same_ranking=same / len(queries), paths=sorted(paths),
                served_parts_p50_ms={n: pct(v, 50) for n, v in parts_ms.items()})
     return out
+
+
+def request_path_cpu(by_process: dict[str, float]) -> float:
+    """CPU ms per request of the processes a request passes through (the replicas, Serve's proxy): the
+    controller, dashboard agent and idle workers cost CPU per second whatever the load, so dividing theirs
+    by the requests of an interval says more about its length than about a request."""
+    return sum(v for n, v in by_process.items() if n.startswith(("ray::ServeReplica", "ray::ProxyActor")))
 
 
 def cpu_by_process(before: dict, after: dict, requests: int) -> dict[str, float]:
@@ -198,7 +207,8 @@ def concurrent(engine, url: str, queries: list[str], k: int, c: int, rounds: int
     return {"served": {"qps": served["ok"] / served["wall_s"], "errors": served["errors"],
                        "p50_ms": pct(served["lat"], 50), "p99_ms": pct(served["lat"], 99),
                        "cpu_ms_per_request": 1000 * sum(served["by_proc"].values()) / max(1, served["ok"]),
-                       "cpu_ms_per_request_by_process": cpu_by_process({}, served["by_proc"], served["ok"])},
+                       "cpu_ms_per_request_by_process": (by := cpu_by_process({}, served["by_proc"], served["ok"])),
+                       "request_path_cpu_ms": request_path_cpu(by)},
             "in_process": {"qps": local["n"] / local["wall_s"], "p50_ms": pct(local["lat"], 50),
                            "p99_ms": pct(local["lat"], 99), "cpu_ms_per_request": 1000 * local["cpu_s"] / local["n"]}}
 
@@ -214,6 +224,8 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--shards-per-searcher", type=int, default=1,
+                    help="the app's shards_per_searcher: consecutive shards one ShardSearcher deployment searches")
     ap.add_argument("--serve-env", choices=("tuned", "direct"), default="direct",
                     help="direct: Ray's direct ingress (the Router replica serves HTTP); tuned: through Serve's "
                          "HTTP proxy (the RayService layout); both with qrag's SERVE_PROCESS_ENV")
@@ -250,7 +262,7 @@ def main() -> int:
     client = serve_start(http_options={"host": "127.0.0.1", "port": port})
     # every tenant above `local_search_max_bytes` (64 MB) is fanned out; 0 puts a smoke-sized index there too
     app = {"name": "big", "route_prefix": "/big", "import_path": "serve_shim:build",
-           "args": {"index": str(index), "local_search_max_bytes": 0},
+           "args": {"index": str(index), "local_search_max_bytes": 0, "shards_per_searcher": a.shards_per_searcher},
            "runtime_env": {"env_vars": {**ENV, "PYTHONPATH": f"{ROOT}:{ROOT / 'benchmarks'}"}}}
     client.deploy_apps(ServeDeploySchema(applications=[app]))
     url = direct_ingress_urls(("big",))["big"] if a.serve_env == "direct" else f"http://127.0.0.1:{port}/big"
@@ -260,6 +272,7 @@ def main() -> int:
     queries = make_queries(a.queries)
     report: dict = {"command": " ".join([Path(sys.executable).name] + sys.argv), "serve_env": a.serve_env,
                     "index": str(index), "vectors": engine.manifest.counts.vectors, "shards": a.shards,
+                    "shards_per_searcher": a.shards_per_searcher,
                     "factory": a.factory, "nprobe": a.nprobe, "build_s": build_s, "cpus": os.cpu_count(),
                     "load_avg_start": os.getloadavg()}
     conc = [int(c) for c in a.concurrency.split(",")]
@@ -271,7 +284,8 @@ def main() -> int:
     serve.shutdown()
     ray.shutdown()
 
-    print(f"\n{report['vectors']:,} vectors in {a.shards} shards ({a.factory}, nprobe {a.nprobe}), {len(queries)} "
+    print(f"\n{report['vectors']:,} vectors in {a.shards} shards ({a.factory}, nprobe {a.nprobe}; "
+          f"{a.shards_per_searcher} per ShardSearcher), {len(queries)} "
           f"queries, k={a.k}, {a.serve_env}; load avg {report['load_avg_start'][0]:.1f} -> {report['load_avg_end'][0]:.1f}")
     print(f"{'path':22s} {'conc':>4s} {'p50 ms':>8s} {'p99 ms':>8s} {'qps':>7s} {'errors':>6s} {'CPU ms/req':>10s}")
     if "c1" in report:
@@ -288,14 +302,22 @@ def main() -> int:
                   f"{r['cpu_ms_per_request']:10.1f}")
         r = report[f"c{c}"]
         r["served_over_in_process_cpu"] = r["served"]["cpu_ms_per_request"] / r["in_process"]["cpu_ms_per_request"]
+        r["request_path_over_in_process_cpu"] = r["served"]["request_path_cpu_ms"] / r["in_process"]["cpu_ms_per_request"]
     if "c1" in report:
         print(f"c=1 served p50 / in-process p50: {report['served_p50_over_in_process']:.2f}x (httpx), "
               f"{report['served_http_client_p50_over_in_process']:.2f}x (http.client); same ranking "
               f"{report['c1']['same_ranking']:.0%}; Router path {report['c1']['paths']}")
+        r = report["c1"]
+        report["c1_request_path_over_in_process_cpu"] = r["served"]["request_path_cpu_ms"] / r["in_process"]["cpu_ms_per_request"]
+        print(f"c=1 served / in-process CPU ms per request: "
+              f"{r['served']['cpu_ms_per_request'] / r['in_process']['cpu_ms_per_request']:.2f}x, the request's path "
+              f"only (replicas, proxy): {report['c1_request_path_over_in_process_cpu']:.2f}x")
         print("  served c=1 p50 parts (Router timings, ms): "
               + ", ".join(f"{n} {v:.1f}" for n, v in report["c1"]["served_parts_p50_ms"].items()))
     for c in (c for c in conc if c != 1):
-        print(f"c={c} served / in-process CPU ms per request: {report[f'c{c}']['served_over_in_process_cpu']:.2f}x")
+        r = report[f"c{c}"]
+        print(f"c={c} served / in-process CPU ms per request: {r['served_over_in_process_cpu']:.2f}x, the request's "
+              f"path only (replicas, proxy): {r['request_path_over_in_process_cpu']:.2f}x")
     for c in conc:
         top = list(report[f"c{c}"]["served"]["cpu_ms_per_request_by_process"].items())[:6]
         print(f"  c={c} served CPU ms/request by process: " + ", ".join(f"{n} {v}" for n, v in top))

@@ -184,7 +184,9 @@ def interleaved_c1(index: Path, urls: dict[str, str], queries: list[str], k: int
 
 def ray_cpu_by_process() -> dict[str, float]:
     """CPU seconds so far per Ray process title (ray::ProxyActor, ray::ServeReplica:new:Router, ...),
-    several processes of one title summed: where a request's CPU goes."""
+    several processes of one title summed: where a request's CPU goes. A worker's title also names the
+    method it runs at the moment (ray::ServeController.listen_for_change), which is dropped: otherwise
+    a process whose method changed between two readings would count all its CPU since it started."""
     import psutil
 
     out: dict[str, float] = {}
@@ -193,7 +195,7 @@ def ray_cpu_by_process() -> dict[str, float]:
             cmd = " ".join(p.info["cmdline"] or [])
             if cmd.startswith("ray::"):
                 t = p.cpu_times()
-                name = cmd.split()[0]
+                name = cmd.split()[0].split(".")[0]
                 out[name] = out.get(name, 0.0) + t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import CHUNKS, Manifest, files_under, load_manifest, read_table_file, verify_files
 from qrag_ray.index.searcher import ShardHits, ShardIndex
-from qrag_ray.search.merge import merge_hits
+from qrag_ray.search.merge import ChunkResult, merge_hits
 from qrag_ray.search.query import Query
 from qrag_ray.search.results import ChunkMeta
 
@@ -75,14 +75,17 @@ def load_shard(index: str | Path | Manifest, shard: int, threads: int | None = N
                        initial_multiplier(manifest), nbytes)
 
 
-def search_shard_exact(searcher: ShardIndex, qvecs: np.ndarray, k: int, multiplier: int,
-                       min_score: float | None, policy, queries: list[str] | None = None) -> tuple[list[ShardHits], int]:
+def search_shard_exact(searcher: ShardIndex, qvecs: np.ndarray, k: int, multiplier: int, min_score: float | None,
+                       policy, queries: list[str] | None = None,
+                       tops: bool = False) -> tuple[list[ShardHits], list[list[ChunkResult] | None], int]:
     """One shard's hits per query, each deep enough that the shard's own top k distinct chunks are
     final (widening x4 while `needs_more` says so). A chunk's vectors all live in one shard, so the
-    global top k are among the shards' local top k: the caller merges once."""
+    global top k are among the shards' local top k: the caller merges once. Also each query's local
+    top k where the widening check merged it (every query's with `tops`), else None."""
     total = searcher.ntotal
     use_text = policy.bm25_alpha is not None and queries is not None
     out: list[ShardHits | None] = [None] * len(qvecs)
+    top: list[list[ChunkResult] | None] = [None] * len(qvecs)
     todo = np.arange(len(qvecs))
     m, rounds = multiplier, 0
     if use_text:
@@ -93,13 +96,15 @@ def search_shard_exact(searcher: ShardIndex, qvecs: np.ndarray, k: int, multipli
         again = []
         for j, qi in enumerate(todo):
             one = hits.row(j)
-            if k * m < total and merge_hits([one], 0, k, min_score, policy)[1]:
+            wider = k * m < total
+            res, more = merge_hits([one], 0, k, min_score, policy) if wider or tops else (None, False)
+            if wider and more:
                 again.append(qi)
             else:
-                out[qi] = one
+                out[qi], top[qi] = one, res
         todo = np.asarray(again, dtype=np.int64)
         m *= 4
-    return out, rounds  # type: ignore[return-value]
+    return out, top, rounds  # type: ignore[return-value]
 
 
 @dataclass
@@ -121,10 +126,10 @@ def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page
     second call. Runs in the calling thread."""
     t0 = time.perf_counter()
     texts = None if q.texts is None else list(q.texts)
-    hits, rounds = search_shard_exact(ls.index, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts)
+    hits, tops, rounds = search_shard_exact(ls.index, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts, page)
     reply = ShardReply(shard, hits, rounds=rounds)
     if page:
-        top = [r for h in hits for r in merge_hits([h], 0, q.k, q.min_score, q.policy)[0]]
+        top = [r for res in tops for r in res]
         reply.chunks = ls.chunk_meta(dict.fromkeys(r.chunk_idx for r in top))
         reply.matched = {row: ls.index.matched(row) for r in top for _, row, _ in r.matches}
     reply.search_ms = (time.perf_counter() - t0) * 1000

@@ -1,5 +1,5 @@
-"""The Serve application: Router (ingress) -> ShardSearcher0 .. ShardSearcher{S-1} -> Synthesizer (only
-with args.generator). DEFAULT_OPTIONS are `qrag serve`'s deployment options without a config; a serve
+"""The Serve application: Router (ingress) -> ShardSearcher0 .. ShardSearcher{G-1} (each searching
+`shards_per_searcher` consecutive shard numbers) -> Synthesizer (only with args.generator). DEFAULT_OPTIONS are `qrag serve`'s deployment options without a config; a serve
 config's `deployments:` override them by name. Every queue is bounded (`max_queued_requests`): under a
 spike, callers get a fast 503 instead of an ever longer wait."""
 
@@ -74,8 +74,9 @@ def build_application(args: dict[str, Any] | None = None,
     from qrag_ray.serving.router import Router
 
     a = parse_app_args(args)
-    shards = [_deployment(ShardSearcher, f"ShardSearcher{i}", deployment_options, "ShardSearcher").bind(
-        a.shard_cache_bytes, a.faiss_threads) for i in range(a.shards or shard_count(a.load_tenants()))]
+    groups = -(-(a.shards or shard_count(a.load_tenants())) // a.shards_per_searcher)
+    shards = [_deployment(ShardSearcher, f"ShardSearcher{g}", deployment_options, "ShardSearcher").bind(
+        a.shard_cache_bytes, a.faiss_threads, a.shards_per_searcher) for g in range(groups)]
     synth = None if a.generator is None else _deployment(Synthesizer, SYNTHESIZER, deployment_options).bind(
         a.generator.model_dump())
     return _deployment(Router, ROUTER, deployment_options).bind(shards, synth, a.model_dump(mode="json"))

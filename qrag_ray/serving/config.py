@@ -13,7 +13,8 @@ from qrag_ray.errors import QragError
 from qrag_ray.llm_config import LLMConfig
 from qrag_ray.serving.tenants import RateLimit, Tenants, load_tenants
 
-# Deployment names, fixed: serve configs refer to them under `deployments:` (and to ShardSearcher0..S-1).
+# Deployment names, fixed: serve configs refer to them under `deployments:` (and to ShardSearcher0..G-1, G the
+# shard groups: args.shards / args.shards_per_searcher, rounded up).
 ROUTER = "Router"
 SYNTHESIZER = "Synthesizer"
 
@@ -43,8 +44,11 @@ class AppArgs(BaseModel):
 
     index: str | None = Field(None, description="one index served as the open default tenant")
     tenants: str | None = Field(None, description="tenants YAML (name, index, key_sha256); every request needs a key")
-    shards: int | None = Field(None, ge=1, le=256, description="ShardSearcher deployments to create; default: the "
-                                                               "most shards of any tenant index")
+    shards: int | None = Field(None, ge=1, le=256, description="shard numbers served; default: the most shards of "
+                                                               "any tenant index")
+    shards_per_searcher: int = Field(
+        1, ge=1, le=256, description="consecutive shard numbers one ShardSearcher deployment searches: a query makes "
+                                     "one call per deployment, so bigger groups mean fewer hops and bigger replicas")
     shard_cache_bytes: int = Field(
         2 << 30, ge=1 << 20, description="bytes of loaded tenant shards one ShardSearcher replica keeps (LRU)")
     tenant_affinity: bool = Field(True, description="route a tenant's shard calls to the ShardSearcher replicas that "

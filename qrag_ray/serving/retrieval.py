@@ -68,35 +68,42 @@ class RouterShards(LocalShards):
 
 
 class RemoteShards:
-    """The ShardSearcher deployments, one per shard number. A call carries its (tenant, version, shard)
-    as Serve's multiplexed model id, so Serve routes it to a replica that holds that shard (tenant
-    affinity); a replica that died under a call is retried once (Serve routes the retry to a live one)."""
+    """The ShardSearcher deployments, deployment g searching shards g*per .. g*per+per-1, so a query makes
+    one call per deployment. A call carries its (tenant, version, g) as Serve's multiplexed model id, so
+    Serve routes it to a replica that holds that group (tenant affinity); a replica that died under a call
+    is retried once (Serve routes the retry to a live one)."""
 
     path = "shards"
 
-    def __init__(self, handles: list, affinity: bool = True):
-        self.handles, self.affinity = list(handles), affinity
+    def __init__(self, handles: list, affinity: bool = True, per: int = 1):
+        self.handles, self.affinity, self.per = list(handles), affinity, per
 
     async def call(self, shard: int, method: str, key: ShardKey, *args):
-        handle = self.handles[shard]
+        """`method` of the deployment searching `shard`, for that shard."""
+        return await self._call(shard // self.per, method, shard, key, *args)
+
+    async def _call(self, group: int, method: str, shards, key: ShardKey, *args):
+        handle = self.handles[group]
         if self.affinity:
-            handle = handle.options(multiplexed_model_id=affinity_id(key, shard))
+            handle = handle.options(multiplexed_model_id=affinity_id(key, group))
         for attempt in (1, 2):
             try:
-                return await getattr(handle, method).remote(shard, key, *args)
+                return await getattr(handle, method).remote(shards, key, *args)
             except BackPressureError:
-                raise overloaded(f"shard {shard} is at its queue limit") from None
+                raise overloaded(f"ShardSearcher{group} is at its queue limit") from None
             except Exception as e:
                 if (ue := find_user_error(e)) is not None:  # e.g. a shard that cannot load this tenant's index
                     raise ue from None
                 if not isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError)):
                     raise
                 if attempt == 2:
-                    raise shard_unavailable(shard, type(e).__name__) from None
-                logger.warning("shard %d replica failed (%s); retrying once", shard, type(e).__name__)
+                    raise shard_unavailable(shards, type(e).__name__) from None
+                logger.warning("ShardSearcher%d replica failed (%s); retrying once", group, type(e).__name__)
 
     async def search(self, key: ShardKey, num_shards: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-        return list(await asyncio.gather(*[self.call(i, "search", key, qvecs, q) for i in range(num_shards)]))
+        groups = [list(range(s, min(s + self.per, num_shards))) for s in range(0, num_shards, self.per)]
+        replies = await asyncio.gather(*[self._call(g, "search", shards, key, qvecs, q) for g, shards in enumerate(groups)])
+        return [r for group in replies for r in group]
 
     async def lookup(self, key: ShardKey, want: Wanted) -> Found:
         return list(await asyncio.gather(*[self.call(s, "lookup", key, rows, cis) for s, (rows, cis) in want.items()]))

@@ -41,11 +41,11 @@ class Router:
         self.encoder = QueryEncoder(threads=assigned_cpus())
         self.local = ShardStore(a.router_cache_bytes, a.faiss_threads)
         self.versions = TenantVersions(
-            IndexReader(len(self.shards), a.local_search_max_bytes),
+            IndexReader(len(self.shards) * a.shards_per_searcher, a.local_search_max_bytes),
             lambda ti, i, method, key: self.retriever.shards(ti).call(i, method, key),
             self.encoder.model, retire_after_s=a.request_timeout_s + 1.0)
-        self.retriever = Retriever(self.encoder, RouterShards(self.local), RemoteShards(self.shards, a.tenant_affinity),
-                                   self.versions)
+        remote = RemoteShards(self.shards, a.tenant_affinity, a.shards_per_searcher)
+        self.retriever = Retriever(self.encoder, RouterShards(self.local), remote, self.versions)
         self.answerer = Answerer(synthesizer, a.hyde_max_tokens, a.answer_min_cosine)
         self._inflight = 0
         self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished

@@ -1,7 +1,7 @@
-"""Loaded tenant shards in a byte-bounded LRU, searched off the event loop. Each ShardSearcher{i}
-deployment (`ShardSearcher`) is a store asked only for shard i, with tenant affinity: Serve's model
-multiplexing routes a request to a replica that holds its (tenant, version, shard), so the cluster's
-cache grows with its replicas. The Router keeps a plain store for the small tenants it searches itself.
+"""Loaded tenant shards in a byte-bounded LRU, searched off the event loop. Each ShardSearcher{g}
+deployment (`ShardSearcher`) is a store asked only for its group of shard numbers, with tenant affinity:
+Serve's model multiplexing routes a request to a replica that holds its (tenant, version, group), so the
+cluster's cache grows with its replicas. The Router keeps a plain store for the small tenants it searches itself.
 Both load and search through qrag_ray.search.shard_search, so a tenant ranks the same whichever process
 searches it."""
 
@@ -39,9 +39,10 @@ class ShardKey:
     version: str  # the index_version the request was started with
 
 
-def affinity_id(key: ShardKey, shard: int) -> str:
-    """What a request's replica should hold: Serve's multiplexed model id for (tenant, version, shard)."""
-    return f"{key.tenant}/{key.version}/{shard}"
+def affinity_id(key: ShardKey, group: int) -> str:
+    """What a request's replica should hold: Serve's multiplexed model id for (tenant, version, shard group:
+    the ShardSearcher deployment's number)."""
+    return f"{key.tenant}/{key.version}/{group}"
 
 
 class ShardStore:
@@ -117,14 +118,21 @@ class ShardStore:
     def _evicted(self, key: ShardKey, shard: int) -> None:
         """Called for each shard the byte budget pushed out (nothing to do in a plain store)."""
 
-    async def search(self, shard: int, key: ShardKey, qvecs: np.ndarray, q: Query) -> ShardReply:
-        cold = self.cache.get((key, shard)) is None
-        if not cold:  # a hit is a search served from memory: lookups and prepares of the same shard are not
-            self._count("hits", key.tenant, shard)
-        reply = await asyncio.to_thread(search_loaded, await self.get(shard, key), shard, qvecs, q, True)
-        reply.cold, reply.replica = cold, serve.get_replica_context().replica_id.unique_id
-        self.observe(key, [reply])
-        return reply
+    async def search(self, shards: list[int], key: ShardKey, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
+        """Each of `shards` searched for every query vector (in threads, concurrently: FAISS releases the
+        GIL), with its page's metadata."""
+        cold = [self.cache.get((key, s)) is None for s in shards]
+        for s, c in zip(shards, cold):  # a hit is a search served from memory: lookups and prepares are not
+            if not c:
+                self._count("hits", key.tenant, s)
+        loaded = await asyncio.gather(*[self.get(s, key) for s in shards])
+        replies = await asyncio.gather(*[asyncio.to_thread(search_loaded, ls, s, qvecs, q, True)
+                                         for s, ls in zip(shards, loaded)])
+        replica = serve.get_replica_context().replica_id.unique_id
+        for r, c in zip(replies, cold):
+            r.cold, r.replica = c, replica
+        self.observe(key, replies)
+        return replies
 
     def observe(self, key: ShardKey, replies: list[ShardReply]) -> None:
         for r in replies:
@@ -152,13 +160,18 @@ CACHE_COUNTS = ("hits", "cold_loads", "evictions", "load_seconds")
 
 
 class ShardSearcher(ShardStore):
-    """The ShardSearcher{i} deployment: a store whose held shards are Serve multiplexed models, so that
-    Serve routes a request carrying `affinity_id` as its multiplexed model id to a replica holding it
-    (else to the replica holding the fewest). The byte budget decides what is held, not a model count."""
+    """The ShardSearcher{g} deployment, searching shards g*per .. g*per+per-1: a store whose held shard
+    groups are Serve multiplexed models, so that Serve routes a request carrying `affinity_id` as its
+    multiplexed model id to a replica holding it (else to the replica holding the fewest). The byte
+    budget decides what is held, not a model count."""
+
+    def __init__(self, cache_bytes: int, threads: int | None, per: int = 1):
+        super().__init__(cache_bytes, threads)
+        self.per = per
 
     async def get(self, shard: int, key: ShardKey) -> LoadedShard:
         loaded = await super().get(shard, key)
-        await self._hold(affinity_id(key, shard))
+        await self._hold(affinity_id(key, shard // self.per))
         return loaded
 
     @serve.multiplexed(max_num_models_per_replica=-1)
@@ -168,7 +181,10 @@ class ShardSearcher(ShardStore):
     def _evicted(self, key: ShardKey, shard: int) -> None:
         # Serve has no public call to unload one multiplexed model: drop the id from this replica's multiplex
         # state (ray.serve.multiplex._ModelMultiplexWrapper, Ray pinned in pyproject) and have it pushed, so
-        # routing stops preferring this replica for a shard it no longer holds
+        # routing stops preferring this replica for a group none of whose shards it holds any more
+        group = shard // self.per
+        if any(k == key and s // self.per == group and s != shard for k, s in self.cache.keys()):
+            return
         wrapper = getattr(self, "__serve_multiplex_wrapper", None)
-        if wrapper is not None and wrapper.models.pop(affinity_id(key, shard), None) is not None:
+        if wrapper is not None and wrapper.models.pop(affinity_id(key, group), None) is not None:
             wrapper._push_multiplexed_replica_info = True

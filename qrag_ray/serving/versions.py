@@ -54,8 +54,7 @@ class IndexReader:
             return ti
         man = r.manifest  # the manifest the version was read from: no second read to disagree with
         if man.num_shards > self.max_shards:
-            raise QragError(f"it has {man.num_shards} shards but the app runs {self.max_shards} "
-                            "ShardSearcher deployments (raise args.shards)")
+            raise QragError(f"it has {man.num_shards} shards but the app serves {self.max_shards} (raise args.shards)")
         policy = man.search_policy
         check_hybrid(policy, man)
         nbytes = sum(man.file(rel).stat().st_size for rel in man.files)

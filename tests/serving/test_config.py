@@ -50,7 +50,8 @@ def test_serve_config_matches_rays_schema_and_our_app(path, tmp_path):
     assert {d.name for d in app.deployments} <= names, names
     assert built.ingress_deployment_name == "Router"
     assert "Router" in names and "QueryEmbedder" not in names  # the Router embeds queries itself
-    assert {n for n in names if n.startswith("ShardSearcher")} == {f"ShardSearcher{i}" for i in range(args.shards)}
+    groups = -(-args.shards // args.shards_per_searcher)
+    assert {n for n in names if n.startswith("ShardSearcher")} == {f"ShardSearcher{g}" for g in range(groups)}
     assert ("Synthesizer" in names) == (args.generator is not None)
 
 
@@ -73,6 +74,10 @@ def test_deployment_overrides_apply(tmp_path):
     assert deps["ShardSearcher1"].num_replicas == 3
     assert deps["ShardSearcher1"].ray_actor_options["num_cpus"] == 0.25
     assert deps["ShardSearcher0"]._deployment_config.autoscaling_config is not None
+    # five shard numbers, two per ShardSearcher: three deployments, the last searching shard 4 alone
+    grouped = ray_build(build_application({"index": str(tmp_path), "shards": 5, "shards_per_searcher": 2}), name="y")
+    assert sorted(d.name for d in grouped.deployments if d.name.startswith("ShardSearcher")) == [
+        "ShardSearcher0", "ShardSearcher1", "ShardSearcher2"]
 
 
 @pytest.mark.parametrize("args,msg", [

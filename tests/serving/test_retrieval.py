@@ -54,6 +54,24 @@ def test_a_shard_call_asks_serve_for_a_replica_holding_the_tenants_version_of_th
     assert affinity_id(ShardKey("acme", "/idx/v8", "v8"), 1) != affinity_id(KEY, 1) != affinity_id(KEY, 0)
 
 
+def test_grouped_shards_make_one_call_per_deployment_with_the_groups_affinity_and_replies_in_shard_order():
+    class Searcher:  # a ShardSearcher deployment answering for the shards it is asked
+        def __init__(self):
+            self.asked: list = []
+
+        async def remote(self, shards, key, *args):
+            self.asked.append(shards)
+            return [f"reply {s}" for s in shards] if isinstance(shards, list) else f"{shards} prepared"
+
+    handles = [_Handle(search=Searcher(), prepare=Searcher()) for _ in range(2)]
+    remote = RemoteShards(handles, per=2)
+    assert asyncio.run(remote.search(KEY, 3, np.zeros((1, 4), np.float32), None)) == ["reply 0", "reply 1", "reply 2"]
+    assert [h.search.asked for h in handles] == [[[0, 1]], [[2]]]  # one call each
+    assert [h.model_ids for h in handles] == [["acme/v7/0"], ["acme/v7/1"]]
+    assert asyncio.run(remote.call(2, "prepare", KEY)) == "2 prepared"  # one shard, at its group's deployment
+    assert handles[1].prepare.asked == [2] and handles[1].model_ids[-1] == "acme/v7/1"
+
+
 def test_a_dead_replica_is_retried_once_then_the_shard_is_a_503():
     flaky = _Method([ActorDiedError(), "reply"])
     assert asyncio.run(RemoteShards([_Handle(search=flaky)]).call(0, "search", KEY)) == "reply"

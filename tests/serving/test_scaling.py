@@ -72,6 +72,32 @@ def test_a_tenants_queries_stay_on_the_replicas_that_hold_it_and_another_tenant_
 
 
 @pytest.mark.slow
+def test_grouped_shard_searchers_rank_as_in_process_with_one_call_per_group(serve_app, tenant_indexes):
+    """`shards_per_searcher: 2` over 3-shard tenants: ShardSearcher0 searches shards 0 and 1 in one call,
+    ShardSearcher1 shard 2; the pages are the in-process engine's."""
+    from ray import serve
+
+    from qrag_ray.search.engine import SearchEngine
+
+    url, headers = serve_app("grouped", {"warm_tenants": 2, "request_timeout_s": 60, "shards_per_searcher": 2},
+                             {"Router": SMALL, **{f"ShardSearcher{g}": {**SMALL, "num_replicas": 1} for g in range(2)}})
+    assert set(serve.status().applications["grouped"].deployments) == {"Router", "ShardSearcher0", "ShardSearcher1"}
+    engine = SearchEngine(tenant_indexes["alpha"])
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for query in ("When does the else clause of a for loop run?", "What does the with statement do?"):
+            for k in (3, 25):
+                r = client.post("/v1/search", json={"query": query, "k": k}, headers=headers["alpha"])
+                assert r.status_code == 200, r.text
+                got, want = r.json(), engine.search([query], k=k)[0]
+                replicas = got["timings"]["shard_replicas"]
+                assert got["timings"]["path"] == "shards" and len(replicas) == 3
+                assert replicas[0] == replicas[1] != replicas[2]
+                assert [x["chunk_id"] for x in got["results"]] == [x["chunk_id"] for x in want]
+                assert [x["score"] for x in got["results"]] == pytest.approx([x["score"] for x in want], abs=1e-4)
+    serve.delete("grouped")
+
+
+@pytest.mark.slow
 def test_a_load_ramp_scales_the_router_up_and_back_down_without_failing_a_request(serve_app):
     """The Router (the query embedding: the CPU a search costs) autoscales 1 -> 2 under concurrent
     searches and back to 1 under a trickle; the replica that stops drains its requests first, so no
