@@ -123,6 +123,7 @@ class _Ask:
 class Retriever:
     def __init__(self, encoder, local: RouterShards, remote: RemoteShards, versions: TenantVersions):
         self.encoder, self.local, self.remote, self.versions = encoder, local, remote, versions
+        self._searching: set[asyncio.Task] = set()
 
     def shards(self, ti: TenantIndex) -> RouterShards | RemoteShards:
         """The one choice of where a tenant version's shards are searched."""
@@ -134,9 +135,8 @@ class Retriever:
             ti = await self.versions.current(tenant)
             stage["stage"] = "embedding the query"  # queued for, or in, the batch's encode
             try:
-                out = await self._batch(_Ask(text, ti, ti.key(tenant.name), resolve_query(ti, tenant.name, req), stage))
-                if isinstance(out, BaseException):
-                    raise out
+                page, timings = await (await self._batch(_Ask(text, ti, ti.key(tenant.name),
+                                                               resolve_query(ti, tenant.name, req), stage)))
                 break
             except VersionMoved:  # a plain index directory was republished under this request
                 self.versions.moved(tenant.name)
@@ -144,26 +144,27 @@ class Retriever:
                     raise index_unavailable(tenant.name, "its index changed twice during one request") from None
             except QragError as e:
                 raise index_unavailable(tenant.name, str(e)) from None
-        page, timings = out
         return Retrieval(page, ti.version, timings)
 
-    # No wait: under load the queue fills while the batches in flight run. Two in flight, so one batch's
-    # encode (one at a time: QueryEncoder) overlaps the other's shard searches.
+    # No wait: under load the queue fills while a batch encodes (one encode at a time: QueryEncoder). A batch
+    # ends with its encode; its searches go on outside it, so the next batch's encode overlaps them.
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0, max_concurrent_batches=2)
-    async def _batch(self, asks: list[_Ask]) -> list:
+    async def _batch(self, asks: list[_Ask]) -> list[asyncio.Future]:
         return await self.run_batch(asks)
 
-    async def run_batch(self, asks: list[_Ask]) -> list:
+    async def run_batch(self, asks: list[_Ask]) -> list[asyncio.Future]:
         """Concurrent requests' queries: one encode call per model, then one pass of the retrieval core per
         index version and query parameters, so each shard is asked once for all of that group's vectors.
-        Each ask gets (its page, its timings) or the error its group met."""
+        Each ask gets a future of (its page, its timings) or of the error its group met, set when its own
+        group is done: a small tenant's query does not wait for a big tenant's fan-out in the same batch."""
         t0 = time.perf_counter()
         vecs = await self.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
         embed_ms = (time.perf_counter() - t0) * 1000
         groups: dict[tuple, list[int]] = {}
         for i, a in enumerate(asks):  # one version has one policy: only a request's bm25_alpha changes it
             groups.setdefault((a.key, a.q.k, a.q.min_score, a.q.policy.bm25_alpha), []).append(i)
-        out: list = [None] * len(asks)
+        loop = asyncio.get_running_loop()
+        out = [loop.create_future() for _ in asks]  # a request that gave up (deadline) cancelled its own
 
         async def search(idx: list[int]) -> None:
             head, backend = asks[idx[0]], self.shards(asks[idx[0]].ti)
@@ -174,17 +175,20 @@ class Retriever:
                 found = await retrieve(backend, head.key, head.ti.num_shards, np.stack([vecs[i] for i in idx]),
                                        replace(head.q, texts=texts))
             except Exception as e:  # noqa: BLE001 - every request of the group gets it, the other groups go on
-                for i in idx:
-                    out[i] = e
+                for i in (i for i in idx if not out[i].done()):
+                    out[i].set_exception(e)
                 return
             rs = found.replies
-            for j, i in enumerate(idx):
-                out[i] = (found.pages[j], {
+            for j, i in ((j, i) for j, i in enumerate(idx) if not out[i].done()):
+                out[i].set_result((found.pages[j], {
                     "path": backend.path, "embed_ms": embed_ms, "embed_batch": len(asks), "search_batch": len(idx),
                     "search_ms": found.search_ms, "merge_ms": found.merge_ms, "format_ms": found.format_ms,
                     "rounds": found.rounds, "candidates": sum(int((r.hits[j].rows[0] >= 0).sum()) for r in rs),
                     "shard_search_ms": [round(r.search_ms, 3) for r in rs], "cold_loads": sum(r.cold for r in rs),
-                    "shard_replicas": [r.replica for r in rs]})
+                    "shard_replicas": [r.replica for r in rs]}))
 
-        await asyncio.gather(*[search(idx) for idx in groups.values()])
+        for idx in groups.values():  # the loop keeps only weak references to tasks
+            task = asyncio.ensure_future(search(idx))
+            self._searching.add(task)
+            task.add_done_callback(self._searching.discard)
         return out

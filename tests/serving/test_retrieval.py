@@ -172,6 +172,13 @@ def _asks(retriever, remote, *reqs: SearchRequest) -> list:
     return [_Ask(r.query, ti, ti.key("acme"), resolve_query(ti, "acme", r), {}) for r in reqs]
 
 
+def _run_batch(retriever, asks) -> list:
+    """Each ask's (page, timings), or the error its group met."""
+    async def go():
+        return await asyncio.gather(*await retriever.run_batch(asks), return_exceptions=True)
+    return asyncio.run(go())
+
+
 def test_concurrent_queries_of_one_version_embed_in_one_call_and_ask_each_shard_once():
     class Counting(_Remote):
         calls: list = []
@@ -184,7 +191,7 @@ def test_concurrent_queries_of_one_version_embed_in_one_call_and_ask_each_shard_
     retriever, _, enc = _retriever(remote)
     asks = _asks(retriever, remote, SearchRequest(query="a", k=2), SearchRequest(query="b", k=2),
                  SearchRequest(query="c", k=1))
-    out = asyncio.run(retriever.run_batch(asks))
+    out = _run_batch(retriever, asks)
     assert enc.batches == [["a", "b", "c"]]  # one encode for the three
     assert remote.calls == [2, 1]  # k=2 twice in one pass of the core, k=1 apart
     assert [len(page) for page, _ in out] == [2, 2, 1]
@@ -201,6 +208,29 @@ def test_a_groups_error_reaches_its_requests_and_not_the_others():
 
     remote = FailsForK1(HITS[:1] * 2, page=True)
     retriever, _, _ = _retriever(remote)
-    out = asyncio.run(retriever.run_batch(_asks(retriever, remote, SearchRequest(query="a", k=1),
-                                                SearchRequest(query="b", k=2))))
+    out = _run_batch(retriever, _asks(retriever, remote, SearchRequest(query="a", k=1), SearchRequest(query="b", k=2)))
     assert isinstance(out[0], VersionMoved) and len(out[1][0]) == 2
+
+
+def test_a_groups_requests_are_answered_when_their_search_ends_not_when_the_whole_batch_does():
+    class SlowForK1(_Remote):  # a big tenant's fan-out beside a small one's search in the same batch
+        release: asyncio.Event
+
+        async def search(self, key, num_shards, qvecs, q):
+            if q.k == 1:
+                await self.release.wait()
+            return await super().search(key, num_shards, qvecs, q)
+
+    remote = SlowForK1(HITS[:1] * 2, page=True)
+    retriever, _, _ = _retriever(remote)
+
+    async def go():
+        remote.release = asyncio.Event()
+        slow, fast = await asyncio.wait_for(retriever.run_batch(
+            _asks(retriever, remote, SearchRequest(query="a", k=1), SearchRequest(query="b", k=2))), 5)
+        fast_page, _ = await asyncio.wait_for(fast, 5)
+        assert not slow.done()
+        remote.release.set()
+        return len(fast_page), len((await slow)[0])
+
+    assert asyncio.run(go()) == (2, 1)
