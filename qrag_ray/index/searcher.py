@@ -62,7 +62,7 @@ class ShardIndex:
             index = faiss.read_index(str(self.manifest.file(info.faiss)))
         except RuntimeError as e:
             raise IndexFormatError(f"cannot read shard {shard} of {self.manifest.path}: {e}") from None
-        fcfg = recorded_config(self.manifest.data.get("config")).get("faiss", {})
+        fcfg = recorded_config(self.manifest.config).get("faiss", {})
         with contextlib.suppress(RuntimeError, ValueError):  # not an IVF index
             faiss.extract_index_ivf(index).nprobe = int(fcfg.get("nprobe", 32))
         if hasattr(index, "hnsw"):

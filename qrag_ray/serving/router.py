@@ -154,10 +154,10 @@ class Router:
             return m.IndexesResponse(indexes=[m.IndexInfo(name=tenant.name, index_version=None, representation=None,
                                                           num_shards=None, embedder=None, available=False,
                                                           error=e.message)])
-        d = ti.manifest.data
+        mf = ti.manifest
         return m.IndexesResponse(indexes=[m.IndexInfo(
-            name=tenant.name, index_version=ti.version, representation=d.get("representation"),
-            num_shards=ti.num_shards, embedder=ti.embedder, counts=d.get("counts", {}), available=True)])
+            name=tenant.name, index_version=ti.version, representation=mf.representation, num_shards=ti.num_shards,
+            embedder=ti.embedder, counts=mf.counts.model_dump() if mf.counts else {}, available=True)])
 
     @app.get("/healthz", response_model=m.HealthResponse)
     async def healthz(self) -> m.HealthResponse:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from hypothesis import HealthCheck, settings
+from qrag_ray.index.format import load_manifest
 from support.serving_data import ALPHA_TOPICS, BETA_TOPICS, HYDE_PASSAGE, IDK_MARKER
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
@@ -95,8 +96,6 @@ def test_returns_k_distinct_chunks(served, k):
 
 
 def test_k_beyond_the_index_returns_every_chunk_once(served):
-    from qrag_ray.index.format import load_manifest
-
     n = load_manifest(served["alpha"]).data["counts"]["chunks"]
     assert n < 100
     body = search(served, {"query": QUERIES[2], "k": 100}).json()
@@ -224,6 +223,8 @@ def test_indexes_lists_only_the_callers_index(served):
     assert r.status_code == 200
     idx = r.json()["indexes"]
     assert [i["name"] for i in idx] == ["beta"] and idx[0]["num_shards"] == 3 and idx[0]["available"]
+    written = load_manifest(served["beta"]).data  # what the build wrote, as the API reports it
+    assert (idx[0]["representation"], idx[0]["counts"]) == (written["representation"], written["counts"])
 
 
 @pytest.mark.parametrize("headers,status,kind", [
