@@ -23,6 +23,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_serving import pct  # noqa: E402
 
 
 def reply() -> list:
@@ -60,28 +63,29 @@ def main() -> int:
         def __init__(self, callee):
             self.callee = callee
 
-        async def run(self, n: int) -> dict:
+        async def run(self, n: int) -> dict[str, list[float]]:
+            """Each method's call latencies in ms, after 20 warm-up calls."""
             x = np.random.rand(1, 64).astype(np.float32)
             out = {}
             for method in ("plain", "multiplexed", "threaded"):
                 h = self.callee.options(multiplexed_model_id="tenant/version/0") if method == "multiplexed" else self.callee
                 lat = []
-                for i in range(n + 20):  # the first 20 warm up
+                for _ in range(n + 20):
                     t0 = time.perf_counter()
                     await getattr(h, method).remote(x)
                     lat.append((time.perf_counter() - t0) * 1000)
-                lat = sorted(lat[20:])
-                out[method] = {"p50_ms": round(lat[n // 2], 3), "p90_ms": round(lat[int(n * 0.9)], 3)}
+                out[method] = lat[20:]
             return out
 
     ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
              runtime_env={"env_vars": dict(SERVE_PROCESS_ENV)})
     try:
         handle = serve.run(Caller.bind(Callee.bind()), name="serve_call", route_prefix=None)
-        result = handle.run.remote(a.calls).result()
+        latencies = handle.run.remote(a.calls).result()
     finally:
         serve.shutdown()
         ray.shutdown()
+    result = {m: {"p50_ms": round(pct(v, 50), 3), "p90_ms": round(pct(v, 90), 3)} for m, v in latencies.items()}
     print(f"one deployment-to-deployment call at c=1, {a.calls} calls")
     print(f"{'method':14s} {'p50 ms':>8s} {'p90 ms':>8s}")
     for method, r in result.items():
