@@ -1,5 +1,8 @@
 """Serve's own cost of one call from a deployment to another at concurrency 1: the floor under the
-Router's call to a ShardSearcher (what a big tenant's query pays beyond the shards' searches).
+Router's call to a ShardSearcher (what a big tenant's query pays beyond the shards' searches); and,
+inside one replica, what a lone request pays for the Router's query batch (`@serve.batch`, a batch of
+one) and for one worker-thread hop (`asyncio.to_thread`): what a small tenant's lone request pays
+beyond the search.
 
     python benchmarks/bench_serve_call.py [--calls 300] [--out runs/bench_serve_call.json]
 
@@ -7,7 +10,10 @@ A Caller replica times `await handle.<method>.remote(x)` (x: one 64-dim float32 
 Callee whose methods return at once a reply shaped like a small shard reply (two 10-element arrays and
 2 KB of text): plainly, with a multiplexed model id (as tenant affinity sends it), and with the reply
 made in a worker thread (as a shard search is). Both replicas run with qrag's SERVE_PROCESS_ENV (the
-call over gRPC, user code on the replica's own loop), on a local Ray started in-process.
+call over gRPC, user code on the replica's own loop), on a local Ray started in-process. The Caller
+also times, in its own replica, `await self.batched(x)` (a `@serve.batch` method with the Router's
+batch options, returning its input) and `await asyncio.to_thread(...)` of a no-op, each against a plain
+`await` of an async no-op.
 """
 
 from __future__ import annotations
@@ -63,10 +69,26 @@ def main() -> int:
         def __init__(self, callee):
             self.callee = callee
 
+        @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0, max_concurrent_batches=2)  # the Router's
+        async def batched(self, xs: list) -> list:
+            return xs
+
+        async def awaited(self, x):
+            return x
+
         async def run(self, n: int) -> dict[str, list[float]]:
             """Each method's call latencies in ms, after 20 warm-up calls."""
             x = np.random.rand(1, 64).astype(np.float32)
             out = {}
+            inside = {"in-replica await": self.awaited, "in-replica batch of one": self.batched,
+                      "in-replica thread hop": lambda v: asyncio.to_thread(lambda: v)}
+            for name, step in inside.items():
+                lat = []
+                for _ in range(10 * n + 20):  # tens of microseconds each: more samples
+                    t0 = time.perf_counter()
+                    await step(x)
+                    lat.append((time.perf_counter() - t0) * 1000)
+                out[name] = lat[20:]
             for method in ("plain", "multiplexed", "threaded"):
                 h = self.callee.options(multiplexed_model_id="tenant/version/0") if method == "multiplexed" else self.callee
                 lat = []
@@ -87,9 +109,9 @@ def main() -> int:
         ray.shutdown()
     result = {m: {"p50_ms": round(pct(v, 50), 3), "p90_ms": round(pct(v, 90), 3)} for m, v in latencies.items()}
     print(f"one deployment-to-deployment call at c=1, {a.calls} calls")
-    print(f"{'method':14s} {'p50 ms':>8s} {'p90 ms':>8s}")
+    print(f"{'method':24s} {'p50 ms':>8s} {'p90 ms':>8s}")
     for method, r in result.items():
-        print(f"{method:14s} {r['p50_ms']:8.2f} {r['p90_ms']:8.2f}")
+        print(f"{method:24s} {r['p50_ms']:8.3f} {r['p90_ms']:8.3f}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"calls": a.calls, "serve_env": SERVE_PROCESS_ENV, **result}, indent=2))
     print(f"wrote {a.out}")
