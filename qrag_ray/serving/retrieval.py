@@ -30,7 +30,9 @@ logger = logging.getLogger("ray.serve")
 
 
 @dataclass
-class Retrieval:
+class Retrieved:
+    """One request's page on the index version it was searched on (the core's `Retrieval` is a batch's)."""
+
     results: list[SearchResult]
     index_version: str
     timings: dict
@@ -129,7 +131,7 @@ class Retriever:
         """The one choice of where a tenant version's shards are searched."""
         return self.local if ti.local else self.remote
 
-    async def retrieve(self, tenant: Tenant, req, text: str, stage: dict) -> Retrieval:
+    async def retrieve(self, tenant: Tenant, req, text: str, stage: dict) -> Retrieved:
         """Search `text` (the query or its HyDE passage) on the tenant's version, as `req` asks."""
         for attempt in (1, 2):
             ti = await self.versions.current(tenant)
@@ -144,7 +146,7 @@ class Retriever:
                     raise index_unavailable(tenant.name, "its index changed twice during one request") from None
             except QragError as e:
                 raise index_unavailable(tenant.name, str(e)) from None
-        return Retrieval(page, ti.version, timings)
+        return Retrieved(page, ti.version, timings)
 
     # No wait: under load the queue fills while a batch encodes (one encode at a time: QueryEncoder). A batch
     # ends with its encode; its searches go on outside it, so the next batch's encode overlaps them.
