@@ -152,6 +152,9 @@ def interleaved_c1(index: Path, urls: dict[str, str], queries: list[str], k: int
     lean = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
     lat: dict[str, list[float]] = {"in_process": [], **{n: [] for n in urls}, "new_http_client": []}
     same = dict.fromkeys(clients, 0)
+    # the handler's own account of each answer (took_ms and the Router's timings): a gap between two apps
+    # inside it is their code's, outside it Serve's and HTTP's
+    inside: dict[str, dict[str, list[float]]] = {n: {} for n in clients}
     for q in queries[:5]:
         engine.search([q], k=k)
         for c in clients.values():
@@ -164,7 +167,12 @@ def interleaved_c1(index: Path, urls: dict[str, str], queries: list[str], k: int
             t0 = time.perf_counter()
             r = c.post("/v1/search", json={"query": q, "k": k})
             lat[n].append((time.perf_counter() - t0) * 1000)
-            same[n] += [x["chunk_id"] for x in r.json()["results"]] == [x["chunk_id"] for x in want]
+            body = r.json()
+            same[n] += [x["chunk_id"] for x in body["results"]] == [x["chunk_id"] for x in want]
+            spent = {"took_ms": body.get("took_ms"), **(body.get("timings") or {})}
+            for field, v in spent.items():
+                if isinstance(v, (int, float)) and field.endswith("_ms"):
+                    inside[n].setdefault(field, []).append(v)
         body = json.dumps({"query": q, "k": k})
         t0 = time.perf_counter()
         lean.request("POST", parts.path.rstrip("/") + "/v1/search", body, {"content-type": "application/json"})
@@ -179,6 +187,7 @@ def interleaved_c1(index: Path, urls: dict[str, str], queries: list[str], k: int
     lean.close()
     out = {n: {"p50_ms": pct(v, 50), "p99_ms": pct(v, 99), "mean_ms": statistics.mean(v)} for n, v in lat.items()}
     out.update({f"{n}_same_ranking_as_in_process": v / len(queries) for n, v in same.items()})
+    out["handler_p50_ms"] = {n: {f: round(pct(v, 50), 3) for f, v in fs.items()} for n, fs in inside.items()}
     return out
 
 
@@ -358,6 +367,8 @@ def main() -> int:
               f"{report['new_http_client_p50_over_in_process']:.2f}x; same ranking as in-process: new "
               f"{report['c1']['new_same_ranking_as_in_process']:.0%}, "
               f"base {report['c1']['base_same_ranking_as_in_process']:.0%}")
+        for n, fs in report["c1"]["handler_p50_ms"].items():
+            print(f"c=1 {n} handler p50: " + ", ".join(f"{f} {v:.2f}" for f, v in fs.items()))
     for c in (c for c in conc if c != 1):
         print(f"c={c} qps new / base: {report[f'c{c}']['new_over_base_qps']:.2f}x wall clock, "
               f"{report[f'c{c}']['base_over_new_cpu_per_request']:.2f}x by CPU per request "

@@ -45,7 +45,8 @@ ls = load_shard(sys.argv[1], int(sys.argv[2]))
 gc.collect(); after = rss()
 try:  # every row's text and every chunk read once: a memory-mapped shard's pages all loaded (the most it holds)
     import pyarrow.compute as pc
-    for col in (ls.index.text, *ls.chunks.columns):
+    chunk_cols = ls.chunks.columns if hasattr(ls.chunks, "columns") else ls.chunks  # a Table, or its columns
+    for col in (ls.index.text, *chunk_cols):
         pc.sum(pc.utf8_length(col))  # reads every byte (binary_length would read only the offsets)
     read_all = rss() - before
 except AttributeError:  # a tree whose shard keeps its texts otherwise

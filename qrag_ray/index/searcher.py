@@ -38,7 +38,7 @@ class ShardHits:
                          pick(self.kinds), pick(self.lex_scores), pick(self.lex_chunk_idx))
 
 
-def _one_array(col: pa.ChunkedArray) -> pa.Array:
+def one_array(col: pa.ChunkedArray) -> pa.Array:
     """The column as one array, without a copy when the file held it as one."""
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
@@ -76,12 +76,12 @@ class ShardIndex:
         # texts looked up by row (a Python string per vector costs ~57 bytes beyond its text).
         meta = read_table_file(self.manifest.file(info.meta), ["chunk_idx", "kind", "text"])
         self.chunk_idx = meta.column("chunk_idx").to_numpy()
-        kinds = _one_array(meta.column("kind"))
+        kinds = one_array(meta.column("kind"))
         kinds = kinds if pa.types.is_dictionary(kinds.type) else kinds.dictionary_encode()
         self._kind_names = np.asarray(kinds.dictionary.to_pylist() + [""], dtype=object)
         codes = kinds.indices.to_numpy(zero_copy_only=False).astype(np.int32)
         self._kind_code = np.append(codes, np.int32(len(self._kind_names) - 1))  # row -1 -> ""
-        self.text = _one_array(meta.column("text"))
+        self.text = one_array(meta.column("text"))
         file_bytes = self.manifest.file(info.faiss).stat().st_size  # the FAISS index as held in memory
         self.nbytes = file_bytes + self.chunk_idx.nbytes + self._kind_code.nbytes + self.text.nbytes
         if len(self.chunk_idx) != index.ntotal:

@@ -161,11 +161,12 @@ def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: in
     cidx = c.chunk_idx[order]
     _, first = np.unique(cidx, return_index=True)
     first = np.sort(first)  # positions (in score order) of each chunk's best vector
-    best = {int(cidx[p]): float(scores[order[p]]) for p in first}
+    by_best = list(zip(cidx[first].tolist(), scores[order[first]].tolist()))  # chunk, best score: score desc
+    best = dict(by_best)
     hybrid = policy.bm25_alpha is not None and c.lex_chunks is not None
     lexical: dict[int, float] = {}
     if policy.fusion == "max" and not hybrid:
-        ranked = [(int(cidx[p]), best[int(cidx[p])]) for p in first]
+        ranked = by_best
     else:
         fused = best if policy.fusion == "max" else fuse_scores(c, policy, scores)
         if hybrid:
@@ -182,7 +183,8 @@ def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: in
                 break
             continue
         mine = order[cidx == chunk]
-        matches = [(int(c.shard[i]), int(c.row[i]), float(scores[i])) for i in mine[:max_matches]]
+        top = mine[:max_matches]
+        matches = list(zip(c.shard[top].tolist(), c.row[top].tolist(), scores[top].tolist()))
         results.append(ChunkResult(chunk, float(s), matches, lexical.get(chunk) if hybrid else None,
                                    float(c.scores[mine].max()) if len(mine) else None))
     return results

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import CHUNKS, Manifest, files_under, load_manifest, read_table_file, verify_files
-from qrag_ray.index.searcher import ShardHits, ShardIndex
+from qrag_ray.index.searcher import ShardHits, ShardIndex, one_array
 from qrag_ray.search.merge import ChunkResult, merge_hits
 from qrag_ray.search.query import Query
 from qrag_ray.search.results import ChunkMeta
@@ -38,7 +38,7 @@ def initial_multiplier(manifest: Manifest) -> int:
 class LoadedShard:
     index: ShardIndex
     chunk_idx: np.ndarray  # this shard's chunk keys, sorted
-    chunks: pa.Table  # their chunk_id, doc_id, title, text, in chunk_idx order
+    chunks: list[pa.Array]  # their chunk_id, doc_id, title, text (a column each), in chunk_idx order
     index_version: str
     multiplier: int
     nbytes: int
@@ -49,7 +49,8 @@ class LoadedShard:
         pos = np.minimum(np.searchsorted(self.chunk_idx, idxs), max(len(self.chunk_idx) - 1, 0))
         if len(idxs) and (not len(self.chunk_idx) or (self.chunk_idx[pos] != idxs).any()):
             raise IndexFormatError(f"chunk(s) missing from the chunk table of {self.index.manifest.path}")
-        cols = [self.chunks.column(c).take(pa.array(pos)).to_pylist() for c in _META]
+        pos = pa.array(pos)  # one take per column of a plain array: a ChunkedArray's costs ~3x as much
+        cols = [col.take(pos).to_pylist() for col in self.chunks]
         return {int(ci): ChunkMeta(*row) for ci, row in zip(idxs.tolist(), zip(*cols))}
 
 
@@ -71,8 +72,8 @@ def load_shard(index: str | Path | Manifest, shard: int, threads: int | None = N
         t = t.sort_by("chunk_idx")
     bm25 = files_under(manifest, info.bm25) if info.bm25 else []
     nbytes = searcher.nbytes + sum(os.path.getsize(manifest.file(r)) for r in bm25) + int(t.nbytes)
-    return LoadedShard(searcher, t.column("chunk_idx").to_numpy(), t.select(_META), manifest.index_version,
-                       initial_multiplier(manifest), nbytes)
+    return LoadedShard(searcher, t.column("chunk_idx").to_numpy(), [one_array(t.column(c)) for c in _META],
+                       manifest.index_version, initial_multiplier(manifest), nbytes)
 
 
 def search_shard_exact(searcher: ShardIndex, qvecs: np.ndarray, k: int, multiplier: int, min_score: float | None,
