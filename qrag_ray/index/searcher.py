@@ -43,6 +43,14 @@ def one_array(col: pa.ChunkedArray) -> pa.Array:
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
+def py_values(col: pa.Array, pos: list[int]) -> list:
+    """The column's values at `pos` as Python objects: a few (a page's) read one by one, since a `take`
+    kernel call has a fixed cost that they do not repay; many in one take."""
+    if len(pos) < 8:
+        return [col[i].as_py() for i in pos]
+    return col.take(pa.array(pos, pa.int64())).to_pylist()
+
+
 # A Refine index re-ranks k_factor x k candidates with its exact codes; left at FAISS's 1 it re-ranks
 # only the k it returns, and PQ codes alone rank near neighbours poorly (docs/SCALING.md section 1).
 REFINE_K_FACTOR = 64
@@ -112,6 +120,8 @@ class ShardIndex:
             hits.lex_scores, hits.lex_chunk_idx = self.lexicon.search(queries, k)
         return hits
 
-    def matched(self, row: int) -> tuple[str, str]:
-        return self._kind_names[self._kind_code[row]], self.text[row].as_py()
+    def matched(self, rows) -> dict[int, tuple[str, str]]:
+        """row -> (its vector's kind, its text), for rows of this shard."""
+        rows = [int(r) for r in rows]
+        return dict(zip(rows, zip(self._kind_names[self._kind_code[rows]].tolist(), py_values(self.text, rows))))
 

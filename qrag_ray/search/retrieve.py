@@ -44,8 +44,8 @@ class LocalShards:
         return await asyncio.to_thread(run) if self.offload else run()
 
     async def lookup(self, key: Hashable, want: Wanted) -> Found:
-        return [({r: ls.index.matched(r) for r in rows}, ls.chunk_meta(cis))
-                for s, (rows, cis) in want.items() for ls in [await self.get(s, key)]]
+        return [(ls.index.matched(rows), ls.chunk_meta(cis)) for s, (rows, cis) in want.items()
+                for ls in [await self.get(s, key)]]
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Retrieval:
     replies: list[ShardReply]  # one per shard
     search_ms: float
     merge_ms: float
+    lookup_ms: float  # fetching the page's rows and chunks that the shards did not send
     format_ms: float
     rounds: int  # the most widening rounds any shard needed
 
@@ -75,8 +76,8 @@ async def retrieve(backend: ShardBackend, key: Hashable, num_shards: int, qvecs:
             chunks.update(ch)
     t3 = time.perf_counter()
     pages = [format_page(res, chunks, matched) for res in merged]
-    return Retrieval(pages, replies, (t1 - t0) * 1000, (t2 - t1) * 1000, (time.perf_counter() - t3) * 1000,
-                     max(r.rounds for r in replies))
+    return Retrieval(pages, replies, (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000,
+                     (time.perf_counter() - t3) * 1000, max(r.rounds for r in replies))
 
 
 def _missing(merged: list[list[ChunkResult]], matched: dict, chunks: dict, num_shards: int) -> Wanted:

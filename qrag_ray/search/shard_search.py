@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import CHUNKS, Manifest, files_under, load_manifest, read_table_file, verify_files
-from qrag_ray.index.searcher import ShardHits, ShardIndex, one_array
+from qrag_ray.index.searcher import ShardHits, ShardIndex, one_array, py_values
 from qrag_ray.search.merge import ChunkResult, merge_hits
 from qrag_ray.search.query import Query
 from qrag_ray.search.results import ChunkMeta
@@ -49,8 +49,7 @@ class LoadedShard:
         pos = np.minimum(np.searchsorted(self.chunk_idx, idxs), max(len(self.chunk_idx) - 1, 0))
         if len(idxs) and (not len(self.chunk_idx) or (self.chunk_idx[pos] != idxs).any()):
             raise IndexFormatError(f"chunk(s) missing from the chunk table of {self.index.manifest.path}")
-        pos = pa.array(pos)  # one take per column of a plain array: a ChunkedArray's costs ~3x as much
-        cols = [col.take(pos).to_pylist() for col in self.chunks]
+        cols = [py_values(col, pos.tolist()) for col in self.chunks]
         return {int(ci): ChunkMeta(*row) for ci, row in zip(idxs.tolist(), zip(*cols))}
 
 
@@ -132,6 +131,6 @@ def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page
     if page:
         top = [r for res in tops for r in res]
         reply.chunks = ls.chunk_meta(dict.fromkeys(r.chunk_idx for r in top))
-        reply.matched = {row: ls.index.matched(row) for r in top for _, row, _ in r.matches}
+        reply.matched = ls.index.matched([row for r in top for _, row, _ in r.matches])
     reply.search_ms = (time.perf_counter() - t0) * 1000
     return reply

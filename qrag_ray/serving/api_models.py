@@ -85,7 +85,8 @@ class SearchResponse(BaseModel):
     timings: dict = Field(default_factory=dict,
                           description="path (where the search ran: 'shards', or 'router' for a small tenant), "
                                       "embed_ms, embed_batch, search_batch (queries searched together), search_ms "
-                                      "(shard fan-out), merge_ms (merge + dedup), format_ms, rounds; for 'shards': "
+                                      "(shard fan-out), merge_ms (merge + dedup), lookup_ms (the page's metadata the "
+                                      "shards did not send), format_ms, rounds; for 'shards': "
                                       "cold_loads (shards a replica read from disk for this request), shard_replicas "
                                       "(which replicas)")
 

@@ -184,8 +184,9 @@ class Retriever:
             for j, i in ((j, i) for j, i in enumerate(idx) if not out[i].done()):
                 out[i].set_result((found.pages[j], {
                     "path": backend.path, "embed_ms": embed_ms, "embed_batch": len(asks), "search_batch": len(idx),
-                    "search_ms": found.search_ms, "merge_ms": found.merge_ms, "format_ms": found.format_ms,
-                    "rounds": found.rounds, "candidates": sum(int((r.hits[j].rows[0] >= 0).sum()) for r in rs),
+                    "search_ms": found.search_ms, "merge_ms": found.merge_ms, "lookup_ms": found.lookup_ms,
+                    "format_ms": found.format_ms, "rounds": found.rounds,
+                    "candidates": sum(int((r.hits[j].rows[0] >= 0).sum()) for r in rs),
                     "shard_search_ms": [round(r.search_ms, 3) for r in rs], "cold_loads": sum(r.cold for r in rs),
                     "shard_replicas": [r.replica for r in rs]}))
 

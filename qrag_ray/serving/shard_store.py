@@ -140,7 +140,7 @@ class ShardStore:
 
     async def lookup(self, shard: int, key: ShardKey, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
         ls = await self.get(shard, key)
-        return {int(r): ls.index.matched(int(r)) for r in rows}, ls.chunk_meta(chunk_idxs)
+        return ls.index.matched(rows), ls.chunk_meta(chunk_idxs)
 
     async def prepare(self, shard: int, key: ShardKey) -> None:
         """Load and verify `key` before it gets traffic (a new version, or start-up)."""

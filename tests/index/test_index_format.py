@@ -102,7 +102,10 @@ def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kin
         si = ShardIndex(out, shard)
         meta = read_table_file(out / m.shard(shard).meta)
         rows = list(zip(meta.column("kind").to_pylist(), meta.column("text").to_pylist()))
-        assert [si.matched(r) for r in range(si.ntotal)] == rows
+        got = si.matched(range(si.ntotal))  # read with one take
+        assert [got[r] for r in range(si.ntotal)] == rows
+        few = list(range(si.ntotal))[-3:]  # read one by one
+        assert si.matched(few) == {r: rows[r] for r in few} and si.matched([]) == {}
         kinds = meta.column("kind").to_pylist()
         hits = si.search(np.ones((1, m.dim), np.float32), si.ntotal + 5)
         assert hits.rows.shape == (1, si.ntotal) and sorted(hits.rows[0]) == list(range(si.ntotal))
