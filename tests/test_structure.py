@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "qrag_ray"
 MAX_LINES = 400
-PACKAGE_LINES = 10_650  # the whole package, blank lines and docstrings included (serving at scale may take it to 11,000)
+PACKAGE_LINES = 10_600  # the whole package, blank lines and docstrings included (serving at scale may take it to 11,000)
 
 
 def _modules() -> dict[str, Path]:

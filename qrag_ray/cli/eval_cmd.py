@@ -53,9 +53,6 @@ def register(app: typer.Typer) -> None:
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
         if variants_file:
             variants += load_variants(variants_file)
-            labels = [v.label for v in variants]
-            if len(set(labels)) != len(labels):
-                raise QragError(f"duplicate evaluation variants: {labels}")
         res = run_eval(dataset, data, variants, output, subset=subset, ks=ks, base_overrides=base,
                        strict=strict, console=err, split=split, offset=offset)
         print(open(res["paths"]["md"]).read())

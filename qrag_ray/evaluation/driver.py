@@ -50,9 +50,6 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
             key: None if str(n).lower() in ("auto", "llm", "none") else int(n)}}) for n in question_counts or []]
     if hyde:
         out.append(Variant("hyde", {"representation": "chunk", "generator": {"backend": "none"}}, hyde=True))
-    labels = [v.label for v in out]
-    if len(set(labels)) != len(labels):
-        raise QragError(f"duplicate evaluation variants: {labels}")
     return out
 
 
@@ -79,8 +76,7 @@ def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
     except (OSError, json.JSONDecodeError):
         return False
     # the kinds too: a preset's kinds can change between releases under the same representation name
-    kinds = man.get("kinds")
-    if kinds is not None and sorted(kinds) != sorted(representation_plan(cfg)[0]):
+    if (kinds := man.get("kinds")) is not None and sorted(kinds) != sorted(representation_plan(cfg)[0]):
         return False
     # the recorded config (complete: no preset applies) with fields added since at their defaults, so an
     # index stays reusable when a release adds a section (e.g. `bm25`) it does not use
@@ -124,10 +120,9 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
     answered, stats = generate(ds, gcfg, QuestionCache(None), model_path)
     rows = sorted(answered.take_all(), key=lambda r: int(r["chunk_idx"]))
     passages = [hyde_passage(r.get("raw"), queries[int(r["chunk_idx"])]) for r in rows]  # as served
-    vecs = encode(engine.embedder, passages)
-    return vecs, {"llm_seconds": time.perf_counter() - t0, "generated": stats.generated,
-                  "output_tokens": stats.output_tokens,
-                  "llm_seconds_per_query": stats.seconds / stats.generated if stats.generated else None}
+    return encode(engine.embedder, passages), {
+        "llm_seconds": time.perf_counter() - t0, "generated": stats.generated, "output_tokens": stats.output_tokens,
+        "llm_seconds_per_query": stats.seconds / stats.generated if stats.generated else None}
 
 
 def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int], corpus_path: Path,
@@ -149,7 +144,6 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
         man, stage = rep.manifest, dict(rep.stage_seconds)
     engine = SearchEngine(idx_dir, policy=cfg.search)
     queries = [q["text"] for q in ev.queries]
-    kmax = max(ks)
     t0 = time.perf_counter()
     extra: dict = {}
     if v.hyde:
@@ -164,17 +158,16 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     else:
         t1 = time.perf_counter()
         qvecs = engine.embed(queries)
-    ranked = [[r.doc_id for r in page] for page in engine.search_vectors(qvecs, kmax, queries=queries)]
+    ranked = [[r.doc_id for r in page] for page in engine.search_vectors(qvecs, max(ks), queries=queries)]
     stage["search"] = round(time.perf_counter() - t1, 3)
     if v.hyde:
         stage["hyde_llm"] = round(extra.get("llm_seconds", 0.0), 3)
     run = {q["qid"]: list(dict.fromkeys(docs)) for q, docs in zip(ev.queries, ranked)}
-    metrics = evaluate(run, ev.qrels, ks=ks, doc_titles=ev.doc_titles)
     leaked = leaked_queries(generated_texts(idx_dir), ev.queries)
     counts = man.get("counts", {})
     return {
-        "metrics": metrics, "vectors": counts.get("vectors"), "chunks": counts.get("chunks"),
-        "questions": counts.get("questions"), "vectors_before_filters": counts.get("vectors_before_filters"),
+        "metrics": evaluate(run, ev.qrels, ks=ks, doc_titles=ev.doc_titles),
+        **{k: counts.get(k) for k in ("vectors", "chunks", "questions", "vectors_before_filters")},
         "index_bytes": sum(p.stat().st_size for p in idx_dir.rglob("*") if p.is_file()),
         "stage_seconds": stage, "query_ms": round(1000 * (time.perf_counter() - t0) / max(1, len(queries)), 3),
         "generation": man.get("generation", {}), "leaked_queries": len(leaked), "leaked_examples": leaked[:5],
@@ -187,6 +180,9 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
 def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Path, subset: int | None = None,
              ks: list[int] | None = None, base_overrides: dict | None = None, strict: bool = False,
              console=None, split: str = "test", offset: int = 0) -> dict:
+    # labels key the results and name the index folders: one check for planned and loaded variants alike
+    if len({v.label for v in variants}) != len(variants):
+        raise QragError(f"duplicate evaluation variants: {[v.label for v in variants]}")
     ks = sorted(set(ks or DEFAULT_KS))
     if any(k < 1 for k in ks):
         raise QragError("--k values must be positive")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -195,8 +195,7 @@ def load_bipar(path: str | Path, subset: int | None = None, offset: int = 0) -> 
     """BiPaR monolingual English (novel passages in SQuAD v1.1 format). Its "titles" are file ids
     ("lu_ding_ji_753"), not words a reader would search with, so they are dropped."""
     es = load_squad(path, subset, offset)
-    return EvalSet(name=es.name.replace("squad:", "bipar:", 1), corpus=[d | {"title": ""} for d in es.corpus],
-                   queries=es.queries, qrels=es.qrels)
+    return replace(es, name=es.name.replace("squad:", "bipar:", 1), corpus=[d | {"title": ""} for d in es.corpus])
 
 
 def load_beir(folder: str | Path, split: str = "test", subset: int | None = None, offset: int = 0) -> EvalSet:

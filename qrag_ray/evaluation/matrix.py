@@ -202,8 +202,7 @@ def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, flo
         expected = c.expected or {}
         opened = ([m for m in got if _METRIC.match(m)] if c.record_only
                   else [m for m, v in expected.items() if v is None])
-        figs = {m: got[m] for m in opened if got.get(m) is not None}
-        if figs:
+        if figs := {m: got[m] for m in opened if got.get(m) is not None}:
             record_only[c.id] = figs
         figures += [Figure(c.id, m, exp, got.get(m), c.tolerance) for m, exp in expected.items()]
     checked = compare_figures(figures)

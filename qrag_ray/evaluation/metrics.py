@@ -88,9 +88,7 @@ def evaluate(run: Run, qrels: Qrels, ks: Sequence[int] = DEFAULT_KS, doc_titles:
         gold = gold_titles_from_qrels(qrels, doc_titles, gold_titles)
         if any(gold.get(q) for q in _relevant(qrels)):
             out |= {f"T@{k}": title_accuracy_at_k(run, qrels, k, doc_titles, gold) for k in ks}
-    out[f"MRR@{mrr_k}"] = mrr_at_k(run, qrels, mrr_k)
-    out[f"nDCG@{ndcg_k}"] = ndcg_at_k(run, qrels, ndcg_k)
-    return out
+    return out | {f"MRR@{mrr_k}": mrr_at_k(run, qrels, mrr_k), f"nDCG@{ndcg_k}": ndcg_at_k(run, qrels, ndcg_k)}
 
 
 def leaked_queries(generated: Iterable[str], queries: Iterable[Mapping[str, str]]) -> list[str]:

@@ -31,24 +31,19 @@ class ChatModel(Protocol):
     def complete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str: ...
 
 
-def _check_messages(messages: Messages) -> list[dict[str, str]]:
+def _checked(messages: Messages, max_tokens: int, temperature: float) -> list[dict[str, str]]:
+    """The messages as {role, content} string dicts, once they and then the sampling arguments pass the checks."""
     if hasattr(messages, "tolist"):
         messages = messages.tolist()
     if not isinstance(messages, (list, tuple)) or not messages:
         raise QragError("chat messages must be a non-empty list of {role, content} dicts")
     if bad := [m for m in messages if not isinstance(m, dict) or "role" not in m or "content" not in m]:
         raise QragError(f"bad chat message {bad[0]!r}: expected a dict with 'role' and 'content'")
-    return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
-
-
-def _checked(messages: Messages, max_tokens: int, temperature: float) -> list[dict[str, str]]:
-    """`_check_messages`, then the sampling arguments."""
-    msgs = _check_messages(messages)
     if int(max_tokens) < 1:
         raise QragError(f"max_tokens must be >= 1, got {max_tokens}")
     if float(temperature) < 0:
         raise QragError(f"temperature must be >= 0, got {temperature}")
-    return msgs
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
 
 
 class OpenAIChatModel:

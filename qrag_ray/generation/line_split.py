@@ -72,10 +72,9 @@ def _cut_question(seg: str, first: bool) -> tuple[str, str]:
     # numbering or a label just before the cut belongs to the question ("Paris. 2. What …?")
     earlier = [0] + [b for b in bounds if b < p]
     for b in reversed(earlier):
-        if p and _is_label(seg[b:p]):
-            p = b
-        else:
+        if not (p and _is_label(seg[b:p])):
             break
+        p = b
     return seg[:p].strip(), seg[p:].strip()
 
 

@@ -96,12 +96,10 @@ class PromptTemplate:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PromptTemplate":
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
+        if unknown := sorted(set(data) - known):
             raise QragError(f"prompt template: unknown field(s) {', '.join(unknown)} "
                             f"(known: {', '.join(sorted(known))})")
-        missing = [k for k in ("name", "user") if not data.get(k)]
-        if missing:
+        if missing := [k for k in ("name", "user") if not data.get(k)]:
             raise QragError(f"prompt template: missing field(s) {', '.join(missing)}")
         data = dict(data)
         data.setdefault("version", f"{data['name']}@1")

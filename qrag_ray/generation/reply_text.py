@@ -165,8 +165,7 @@ def reply_lines(raw: str | None) -> tuple[list[str], bool]:
     raw = str(raw)
     ended = bool(_END_TOKENS.search(raw[-40:])) or raw.endswith("\n")
     text = clean_text(raw)
-    items = _json_items(text)
-    if items is not None:
+    if (items := _json_items(text)) is not None:
         return [ln for ln in (_prepare_line(s) for s in items) if ln], True
     kept = [ln for ln in text.split("\n") if not (FENCE.match(ln) and not FENCE.sub("", ln).strip())
             and not ROLE_LINE.match(ln)]

@@ -289,10 +289,11 @@ def check_output_dir(output: str | Path, overwrite: bool) -> Path:
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise QragError(f"output {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise QragError(f"output directory {out} is not empty (pass --overwrite to replace the index there)")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
-        raise QragError(f"refusing to overwrite {out}: it is not empty and holds no qrag index")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise QragError(f"output directory {out} is not empty (pass --overwrite to replace the index there)")
+        if not (out / MANIFEST).is_file():
+            raise QragError(f"refusing to overwrite {out}: it is not empty and holds no qrag index")
     return out
 
 

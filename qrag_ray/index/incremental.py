@@ -20,14 +20,13 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     data = recorded_config(m.config)  # in today's layout, whichever release built it
     if not data.get("input"):
         raise QragError(f"{output}: its manifest records no input; rebuild it with this qrag first")
-    kinds = m.kinds
     try:
         now = resolve_representation(str(data.get("representation") or "default"))[0]
     except ValueError:
         now = None
-    if kinds and now != list(kinds):
+    if m.kinds and now != list(m.kinds):
         # the preset's name means other kinds since this index was built: keep the kinds the index holds
-        data["representation"] = "+".join(kinds)
+        data["representation"] = "+".join(m.kinds)
     build = data.setdefault("build", {})
     build["extra_inputs"] = list(build.get("extra_inputs") or []) + ([append] if append else [])
     build["delete_ids"] = list(build.get("delete_ids") or []) + ([delete_ids] if delete_ids else [])

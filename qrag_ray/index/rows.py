@@ -55,13 +55,12 @@ def _object_column(values: list) -> np.ndarray:
 
 def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
     """A document's chunks, each with its key, its shard and the document's precomputed questions."""
-    rows = []
-    for c in chunk_document(doc, cfg.chunker):
+    rows = list(chunk_document(doc, cfg.chunker))
+    for c in rows:
         c["chunk_idx"] = chunk_key(c["chunk_id"])
         c["shard"] = shard_of(c["chunk_idx"], cfg.shards)
         if "questions" in doc:
             c["questions"] = list(doc["questions"])
-        rows.append(c)
     return rows
 
 
@@ -99,8 +98,7 @@ def question_vector_rows(row: dict, kinds: list[str], aux_q: bool) -> list[dict]
 
 def vector_columns(rows: list[dict]) -> dict:
     """Vector rows as numpy columns (the embed stage's input)."""
-    return {c: np.asarray([r[c] for r in rows], dtype=t) if rows else np.zeros(0, t)
-            for c, t in _VECTOR_COLUMNS.items()}
+    return {c: np.asarray([r[c] for r in rows], dtype=t) for c, t in _VECTOR_COLUMNS.items()}
 
 
 def base_vector_columns(chunks: list[dict], kinds: list[str], cfg: IndexConfig, aux_q: bool) -> dict:

@@ -27,7 +27,7 @@ from qrag_ray.models.registry import resolve_llm
 
 # CPU request of the light per-row stages (chunking, row building)
 _LIGHT_CPU = 0.5
-_COUNTED = ("documents", "chunks", "questions")
+_SAVED = ("run", "rows", "dim", "documents", "chunks", "questions")  # what stream.json keeps of a Streamed
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,7 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
     st = json.loads(done.read_text()) if done.is_file() else {}
     if st.get("inputs") == plan.inputs:
         clock.seconds.update({"read+chunk": 0.0, "embed": 0.0})
-        return Streamed(run=st["run"], rows=st["rows"], dim=st["dim"], embedded=0, reused=st["rows"],
-                        **{k: st[k] for k in _COUNTED})
+        return Streamed(embedded=0, reused=st["rows"], **{k: st[k] for k in _SAVED})
     cfg = plan.cfg
     generation = GenerationStats()
     t0 = time.perf_counter()
@@ -74,8 +73,7 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
     out = Streamed(run=plan.run, rows=counts["rows"], dim=_dim_of(plan), documents=documents, chunks=n_chunks,
                    questions=counts["questions"], embedded=counts["embedded"],
                    reused=counts["rows"] - counts["embedded"], generation=generation)
-    atomic_write_text(done, json.dumps({"inputs": plan.inputs, "run": out.run, "rows": out.rows, "dim": out.dim,
-                                        **{k: getattr(out, k) for k in _COUNTED}}))
+    atomic_write_text(done, json.dumps({"inputs": plan.inputs, **{k: getattr(out, k) for k in _SAVED}}))
     return out
 
 

@@ -49,23 +49,18 @@ def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: flo
     """Write one batch's chunk rows as per-shard parts, named by content (a retried or resumed batch
     rewrites the same file), and register them for this run. Duplicate chunk ids are caught here
     inside a batch, by the shard task across batches."""
-    n = len(cols["chunk_idx"])
     ids = np.asarray(cols["chunk_idx"], np.int64)
     check_unique_chunks(ids, cols["chunk_id"])
     table = pa.table({k: pa.array(list(cols[k]) if k in ("chunk_id", "doc_id", "title", "text") else cols[k],
                                   type=CHUNK_SCHEMA.field(k).type) for k in CHUNK_SCHEMA.names})
-    h = hashlib.blake2b(digest_size=10)
-    h.update(ids.tobytes())
-    for t in table.column("text").to_pylist():
-        h.update(t.encode())
-    h.update(str(n_docs).encode())
-    name = h.hexdigest()
+    content = ids.tobytes() + "".join(table.column("text").to_pylist()).encode() + str(n_docs).encode()
+    name = hashlib.blake2b(content, digest_size=10).hexdigest()
     shards = sorted(set(table.column("shard").to_pylist()))
     for s in shards:
         atomic_write_parquet(table.filter(pc.equal(table.column("shard"), s)),
                              work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
     atomic_write_text(ck.run_registry(work, run) / f"{name}.json",
-                      json.dumps({"part": name, "documents": n_docs, "chunks": n, "shards": shards,
+                      json.dumps({"part": name, "documents": n_docs, "chunks": len(ids), "shards": shards,
                                   "seconds": round(seconds, 4)}))
 
 

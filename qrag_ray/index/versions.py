@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qrag_ray.errors import IndexFormatError, QragError
-from qrag_ray.index.format import MANIFEST, Manifest, atomic_write, atomic_write_text, load_manifest, verify_files
+from qrag_ray.index.format import MANIFEST, Manifest, atomic_write, atomic_write_text, load_manifest
 
 CURRENT = "CURRENT"
 VERSIONS = "versions"
@@ -57,12 +57,10 @@ def check_index(index_dir: str | Path) -> dict:
     """What a server does when it loads the index: every checksum, every shard opened by ShardIndex."""
     from qrag_ray.index.searcher import ShardIndex
 
-    m = load_manifest(index_dir)
-    verify_files(m)
+    m = load_manifest(index_dir, verify=True)
     vectors = sum(ShardIndex(m.path, i, m, verify=False).ntotal for i in range(m.num_shards))
-    if vectors != int((m.counts.vectors if m.counts else vectors)):
-        raise IndexFormatError(f"{index_dir}: shards hold {vectors} vectors, the manifest counts "
-                               f"{m.counts.vectors}")
+    if m.counts and vectors != m.counts.vectors:
+        raise IndexFormatError(f"{index_dir}: shards hold {vectors} vectors, the manifest counts {m.counts.vectors}")
     return {"index_version": m.index_version, "num_shards": m.num_shards, "vectors": vectors}
 
 
@@ -80,9 +78,8 @@ def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> d
     versions beyond the `keep` newest (never the one just replaced: servers may still be draining it)."""
     if keep < 2:
         raise QragError("--keep must be at least 2: the version being replaced stays until servers moved off it")
-    src = Path(index_dir)
-    r = Path(root)
-    if r.exists() and (r / MANIFEST).is_file():
+    src, r = Path(index_dir), Path(root)
+    if (r / MANIFEST).is_file():
         raise QragError(f"{r} is a plain index directory, not a versioned root: publish into a new path")
     if src.resolve() == r.resolve() or r.resolve() in src.resolve().parents:
         raise QragError(f"the index to publish ({src}) must not lie inside the root ({r})")

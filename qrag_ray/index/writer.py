@@ -4,6 +4,7 @@ from a factory string over inner product (vectors are unit norm: IP = cosine).""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -63,10 +64,8 @@ def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = T
         raise RuntimeError("faiss.use_gpu is true but FAISS sees no GPU (install faiss-gpu on a GPU worker)")
     work = index
     if use_gpu:
-        try:
+        with contextlib.suppress(Exception):  # HNSW and some others have no GPU version: build on CPU
             work = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
-        except Exception:  # HNSW and some others have no GPU version: build on CPU
-            work = index
     if not work.is_trained:
         n = min(len(vecs), cfg.train_sample)
         sample = vecs[np.random.default_rng(seed).choice(len(vecs), size=n, replace=False)] if n < len(vecs) else vecs

@@ -50,8 +50,7 @@ def assemble_gguf(parts: Sequence[Path], dest: Path, expected_sha256: str | None
     parts = [Path(p) for p in parts]
     if not parts:
         raise QragError("no model parts given to assemble")
-    missing = [str(p) for p in parts if not p.is_file()]
-    if missing:
+    if missing := [str(p) for p in parts if not p.is_file()]:
         raise QragError(f"model part file(s) missing: {', '.join(missing)}; reinstall them ({_INSTALL_HINT})")
     if expected_sizes is not None:
         if len(expected_sizes) != len(parts):

@@ -62,12 +62,10 @@ def engine_seed_kwargs(cfg: GeneratorConfig) -> dict[str, Any]:
 
 def sampling_params_for(s: SamplingConfig, seed_offset: int = 0, per_request_seed: bool = True) -> dict[str, Any]:
     """vllm.SamplingParams kwargs for one completion (n is handled by request expansion)."""
-    params = {"temperature": float(s.temperature), "top_p": float(s.top_p), "max_tokens": int(s.max_tokens),
-              "repetition_penalty": float(s.repetition_penalty), "n": 1,
-              "detokenize": False}  # the detokenize stage turns token ids into text
-    if per_request_seed:
-        params["seed"] = int(s.seed) + seed_offset
-    return params
+    return {"temperature": float(s.temperature), "top_p": float(s.top_p), "max_tokens": int(s.max_tokens),
+            "repetition_penalty": float(s.repetition_penalty), "n": 1,
+            "detokenize": False,  # the detokenize stage turns token ids into text
+            **({"seed": int(s.seed) + seed_offset} if per_request_seed else {})}
 
 
 def check_model_path(model_path: str | os.PathLike | None) -> str:
