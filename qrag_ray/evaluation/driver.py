@@ -120,9 +120,10 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
     answered, stats = generate(ds, gcfg, QuestionCache(None), model_path)
     rows = sorted(answered.take_all(), key=lambda r: int(r["chunk_idx"]))
     passages = [hyde_passage(r.get("raw"), queries[int(r["chunk_idx"])]) for r in rows]  # as served
-    return encode(engine.embedder, passages), {
-        "llm_seconds": time.perf_counter() - t0, "generated": stats.generated, "output_tokens": stats.output_tokens,
-        "llm_seconds_per_query": stats.seconds / stats.generated if stats.generated else None}
+    vecs = encode(engine.embedder, passages)
+    return vecs, {"llm_seconds": time.perf_counter() - t0, "generated": stats.generated,
+                  "output_tokens": stats.output_tokens,
+                  "llm_seconds_per_query": stats.seconds / stats.generated if stats.generated else None}
 
 
 def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int], corpus_path: Path,

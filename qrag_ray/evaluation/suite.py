@@ -200,10 +200,11 @@ def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, d
     for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
         rep = _read_json(out / ds.name / "results.json")
         meta = rep.get("meta") or {}
-        row = prev[ds.name] = {}  # filled in place below
+        row = {}
         if meta.get("subset") == ds.subset and int(meta.get("offset") or 0) == ds.offset:
             row |= {c: r["metrics"] for c, r in (rep.get("representations") or {}).items() if "metrics" in r}
         row |= {c: r["metrics"] for c, r in _read_json(out / ds.name / "partial.json").items() if "metrics" in r}
+        prev[ds.name] = row
     old = _read_json(out / "suite.json")
     if old.get("slice") == slice_name:
         defs, now = old.get("configs") or {}, suite.configs

@@ -87,6 +87,11 @@ def test_bad_eval_input_is_one_line(tmp_path, capsys):
     assert main(["eval", "--dataset", "jsonl", "--data", str(tmp_path), "--offset", "-1", "--output",
                  str(tmp_path / "o")]) == 2
     assert "--offset must be 0 or more" in capsys.readouterr().err
+    # two variants with one label would share an index folder and one result: refused before any work
+    assert main(["eval", "--dataset", "jsonl", "--data", str(tmp_path), "--representations", "chunk,chunk",
+                 "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "duplicate evaluation variants" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.integration
