@@ -59,7 +59,7 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from qrag_ray.config import build_index_config, index_identity
+    from qrag_ray.config.index import build_index_config, index_identity
     from qrag_ray.index.format import (CHUNKS, Counts, EmbedderInfo, FaissInfo, IndexDescription, ShardEntry,
                                        chunk_key, shard_chunks, shard_of, write_arrow, write_manifest)
     from qrag_ray.index.rows import CHUNK_SCHEMA

@@ -1,4 +1,4 @@
-"""Embedder backends on CPU: torch vs ONNX Runtime (qrag_ray/onnx_backend.py), same model, same texts,
+"""Embedder backends on CPU: torch vs ONNX Runtime (qrag_ray/embedding/onnx.py), same model, same texts,
 same run, alternating block by block so both see the same machine load.
 
 Two workloads: one query at a time (what the serving Router and `qrag search` do per request) and
@@ -38,7 +38,7 @@ def main() -> int:
     import torch
 
     from qrag_ray.embedding import encode, encode_canonical, load_sentence_transformer
-    from qrag_ray.onnx_backend import backend_of
+    from qrag_ray.embedding.onnx import backend_of
 
     torch.set_num_threads(a.threads)
     models = {b: load_sentence_transformer(a.model, device="cpu", backend=b, threads=a.threads)

@@ -69,8 +69,8 @@ def read_jsonl(path: str, n: int) -> list[dict]:
 
 def run_recipe(docs: list[dict], representation: str, work: Path, max_tokens: int, questions: int,
                batch_size: int) -> dict:
-    from qrag_ray.config import GeneratorConfig, IndexConfig, SamplingConfig
-    from qrag_ray.pipeline import build_index
+    from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
+    from qrag_ray.index.build import build_index
 
     tag = f"{representation}-{len(docs)}-{max_tokens}"
     corpus = work / f"{tag}.jsonl"
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if not docs:
         print("no input chunks", file=sys.stderr)
         return 2
-    from qrag_ray.runtime import ensure_ray
+    from qrag_ray.runtime.ray_start import ensure_ray
 
     ensure_ray(None, None)
     load_before = os.getloadavg()

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from qrag_ray.ports import free_port
+from qrag_ray.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -54,9 +54,9 @@ def make_queries(n: int) -> list[str]:
 
 
 def build_demo_index(workdir: Path) -> Path:
-    from qrag_ray.config import build_index_config
+    from qrag_ray.config.index import build_index_config
     from qrag_ray.io.pydoc_corpus import write_pydoc_corpus
-    from qrag_ray.pipeline import build_index
+    from qrag_ray.index.build import build_index
 
     out = workdir / "index"
     if (out / "manifest.json").is_file():

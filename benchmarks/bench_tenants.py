@@ -45,9 +45,9 @@ from benchmarks.bench_serving import make_queries, pct  # noqa: E402
 
 
 def build_index(workdir: Path) -> Path:
-    from qrag_ray.config import build_index_config
+    from qrag_ray.config.index import build_index_config
     from qrag_ray.io.pydoc_corpus import write_pydoc_corpus
-    from qrag_ray.pipeline import build_index as build
+    from qrag_ray.index.build import build_index as build
 
     out = workdir / "index"
     if not (out / "manifest.json").is_file():
@@ -188,7 +188,7 @@ def main() -> int:
 
     from qrag_ray.cli.serve_cmd import wait_healthy
     from qrag_ray.index.format import load_manifest
-    from qrag_ray.ports import free_port
+    from qrag_ray.runtime.ports import free_port
     from qrag_ray.search.shard_search import load_shard
     from qrag_ray.serving.app import build_application
     from qrag_ray.serving.tenants import add_tenant

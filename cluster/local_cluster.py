@@ -287,7 +287,7 @@ def live_nodes(address: str, timeout: float = 5.0) -> list[dict]:
     """ALIVE nodes according to the GCS: [{node_id, resources}]"""
     from ray._raylet import GcsClient
 
-    from qrag_ray.runtime import client_auth_mode
+    from qrag_ray.runtime.ray_start import client_auth_mode
 
     client_auth_mode()  # the GCS of a token cluster answers only a client in token mode
     client = GcsClient(address=address)

@@ -18,7 +18,7 @@ write_jsonl(pathlib.Path(sys.argv[1]), pydoc_docs(with_questions=False)[:12])" "
 qrag index -i "$W/corpus.jsonl" -o "$W/idx" -r chunk --bm25 --shards 2 >"$W/index.log" 2>&1 \
   || { echo "error: qrag index failed; the end of its log:" >&2; tail -5 "$W/index.log"; exit 1; }
 KEY=$(qrag tenants add --file "$W/tenants.yaml" --name alpha --index "$W/idx" | awk 'END {print $NF}')
-free_port() { python -c "from qrag_ray.ports import free_port; print(free_port())"; }
+free_port() { python -c "from qrag_ray.runtime.ports import free_port; print(free_port())"; }
 rc=0
 for llm in none fake; do
   port=$(free_port)

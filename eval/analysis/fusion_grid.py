@@ -63,7 +63,7 @@ def fused(mats: dict[str, np.ndarray], w_chunk: float, biases: dict[str, float |
 
 def corpus_windows(corpus: list[dict]) -> tuple[list[str], np.ndarray]:
     """The `window` vectors the index would hold for every doc, with their doc positions."""
-    from qrag_ray.representations import sentence_windows
+    from qrag_ray.index.representations import sentence_windows
     from qrag_ray.text.sentences import split_sentences
 
     texts, docs = [], []

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from qrag_ray.errors import find_user_error
-from qrag_ray.logs import filter_native_stderr, set_verbosity
+from qrag_ray.runtime.logs import filter_native_stderr, set_verbosity
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Question-based retrieval indexed with Ray Data and served with Ray Serve.")

@@ -89,9 +89,9 @@ def register(app: typer.Typer) -> None:
         cache_dir: str | None = typer.Option(None, "--cache-dir", help="question cache folder (default ~/.cache/qrag-ray/questions)"),
     ):
         """Question-based retrieval on the Python language reference, next to the chunk baseline."""
-        from qrag_ray.config import build_index_config
+        from qrag_ray.config.index import build_index_config
         from qrag_ray.generation.prompts import get_prompt
-        from qrag_ray.pipeline import build_index
+        from qrag_ray.index.build import build_index
         from qrag_ray.search.engine import SearchEngine
         from qrag_ray.search.query import validate_k
 

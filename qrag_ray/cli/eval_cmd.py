@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         variants_file: str | None = typer.Option(None, "--variants", help="YAML list of named variants (label, representation, config overrides) added after --representations"),
     ):
         """Compare representations side by side on labelled data."""
-        from qrag_ray.config import deep_update, load_yaml, nest_dotted
+        from qrag_ray.config.index import deep_update, load_yaml, nest_dotted
         from qrag_ray.evaluation.driver import load_variants, parse_list, plan_variants, run_eval
 
         try:

@@ -44,9 +44,9 @@ def register(app: typer.Typer) -> None:
         keep_work: bool = typer.Option(False, "--keep-work", help="keep the checkpoints (later --append/--delete-ids reuse them)"),
     ):
         """Build a sharded question index from a corpus."""
-        from qrag_ray.config import build_index_config
+        from qrag_ray.config.index import build_index_config
         from qrag_ray.index.incremental import incremental_config
-        from qrag_ray.pipeline import build_index
+        from qrag_ray.index.build import build_index
 
         if append or delete_ids:
             cfg = incremental_config(output, append, delete_ids)

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qrag_ray.presets import PRESETS
+from qrag_ray.config.presets import PRESETS
 
 
 def register(app: typer.Typer) -> None:

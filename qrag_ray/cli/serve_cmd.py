@@ -12,7 +12,7 @@ import typer
 
 from qrag_ray.cli.app import err
 from qrag_ray.errors import QragError
-from qrag_ray.ports import free_port
+from qrag_ray.runtime.ports import free_port
 
 DEFAULT_PORT = 8000
 
@@ -21,8 +21,8 @@ def load_serve_config(path: str | Path) -> dict:
     """A `serve deploy` YAML, validated with Ray's own ServeDeploySchema (one qrag application)."""
     from pydantic import ValidationError
 
-    from qrag_ray.config import format_validation_error
-    from qrag_ray.yaml_file import read_yaml
+    from qrag_ray.config.index import format_validation_error
+    from qrag_ray.config.yaml_file import read_yaml
 
     p = Path(path)
     data = read_yaml(p, "serve config", default={})
@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
         import ray
         from ray import serve
 
-        from qrag_ray.runtime import join_ray
+        from qrag_ray.runtime.ray_start import join_ray
         from qrag_ray.serving.app import build_application
         from qrag_ray.serving.config import SERVE_PROCESS_ENV
 

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         """Add a tenant (or replace its entry) and print its new API key once."""
         from pydantic import ValidationError
 
-        from qrag_ray.config import format_validation_error
+        from qrag_ray.config.index import format_validation_error
         from qrag_ray.index.versions import resolve_index
         from qrag_ray.serving.tenants import add_tenant
 

@@ -33,7 +33,7 @@ def load_sentence_transformer(model: str, device: str | None = None, max_seq_len
                               backend: str = "auto", threads: int | None = None, dtype: str = "float32"):
     """device None: CUDA when there is one. dtype: see `resolve_dtype`. backend: "torch"; "onnx" (CPU,
     float32; QragError when the model cannot run there); "auto": ONNX Runtime on CPU in float32 when it
-    is installed and the model exports and agrees with torch, else torch (qrag_ray/onnx_backend.py)."""
+    is installed and the model exports and agrees with torch, else torch (qrag_ray/embedding/onnx.py)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -46,7 +46,7 @@ def load_sentence_transformer(model: str, device: str | None = None, max_seq_len
         st.to(getattr(torch, dt))
     st._qrag_dtype = dt  # tf32 keeps float32 weights and is switched on around each encode (`precision`)
     if backend == "onnx" or (backend == "auto" and device == "cpu" and dt == "float32"):
-        from qrag_ray.onnx_backend import OnnxUnavailable, use_onnx
+        from qrag_ray.embedding.onnx import OnnxUnavailable, use_onnx
 
         try:
             if dt != "float32":

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from qrag_ray.config import (GeneratorConfig, IndexConfig, deep_update, format_validation_error, index_config,
+from qrag_ray.config.index import (GeneratorConfig, IndexConfig, deep_update, format_validation_error, index_config,
                              index_identity, load_yaml_any, recorded_config, representation_plan, resolve_representation)
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
@@ -128,7 +128,7 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
 
 def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int], corpus_path: Path,
                 hyde_generator: dict | None = None, console=None) -> dict:
-    from qrag_ray.pipeline import build_index
+    from qrag_ray.index.build import build_index
     from qrag_ray.search.engine import SearchEngine
 
     idx_dir = out_dir / "indexes" / v.label.replace("/", "_")

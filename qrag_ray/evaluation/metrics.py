@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Mapping, Sequence
 
-from qrag_ray.representations import norm_question
+from qrag_ray.index.representations import norm_question
 
 Run = Mapping[str, Sequence[str]]
 Qrels = Mapping[str, Mapping[str, int]]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from qrag_ray.config import REPRESENTATIONS, deep_update, index_config, load_yaml
+from qrag_ray.config.index import REPRESENTATIONS, deep_update, index_config, load_yaml
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.driver import Variant, run_eval
 from qrag_ray.evaluation.loaders import EVAL_KINDS, load_eval_set

@@ -4,7 +4,7 @@ Small models' replies are messy (numbering despite "no prefix", preambles, loops
 the parsers undo the formatting and keep the content (`reply_text` strips it, `line_split` splits a
 QuOTE "Question? Answer" line and several questions on one line) and drop preambles, closing offers,
 non-questions, duplicates, degenerate items and a last line cut off by max_tokens. Parsing is not
-filtering: a well-formed question is kept however silly; semantic filters live in qrag_ray.filters.
+filtering: a well-formed question is kept however silly; semantic filters live in qrag_ray.index.question_filters.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def format_context(context: str | Sequence[str] | None) -> str:
 
 def load_prompt_file(path: str | Path) -> PromptTemplate:
     """A custom template from YAML/JSON holding PromptTemplate fields (name, user, [system, output, ...])."""
-    from qrag_ray.yaml_file import read_yaml
+    from qrag_ray.config.yaml_file import read_yaml
 
     p = Path(path)
     data = read_yaml(p, "prompt file")  # YAML is a superset of JSON: one reader for both

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from qrag_ray.errors import IndexFormatError, QragError
-from qrag_ray.search_policy import SearchConfig
+from qrag_ray.config.search_policy import SearchConfig
 
 FORMAT_VERSION = 2  # 2: a shard's row metadata and chunks as Arrow IPC files
 READS_FORMATS = (1, 2)

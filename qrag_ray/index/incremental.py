@@ -5,7 +5,7 @@ full rebuild over the same documents would publish, file for file."""
 
 from __future__ import annotations
 
-from qrag_ray.config import IndexConfig, recorded_config, resolve_representation
+from qrag_ray.config.index import IndexConfig, recorded_config, resolve_representation
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
 

@@ -1,5 +1,5 @@
 """What every stage of a build is given: the plan the driver fixed before the stream started, and
-the clock that times the named stages (qrag_ray.pipeline)."""
+the clock that times the named stages (qrag_ray.index.build)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from qrag_ray.config import IndexConfig
-from qrag_ray.progress import stage
+from qrag_ray.config.index import IndexConfig
+from qrag_ray.runtime.progress import stage
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class BuildPlan:
 
 @dataclass
 class StageClock:
-    """Seconds per named stage, each shown on the console while it runs (qrag_ray.progress)."""
+    """Seconds per named stage, each shown on the console while it runs (qrag_ray.runtime.progress)."""
 
     console: object = None
     seconds: dict[str, float] = field(default_factory=dict)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from qrag_ray.config import IndexConfig
+from qrag_ray.config.index import IndexConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.parsing import parse_atoms, parse_output
 from qrag_ray.index.format import chunk_key, shard_of
-from qrag_ray.representations import vector_rows
+from qrag_ray.index.representations import vector_rows
 from qrag_ray.text.chunking import chunk_document
 from qrag_ray.text.sentences import split_sentences
 

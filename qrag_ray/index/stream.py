@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.parquet as pq
 
-from qrag_ray import progress
+from qrag_ray.runtime import progress
 from qrag_ray.embedding import Tokenize, embedder_dim
 from qrag_ray.errors import QragError
 from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.generation.stage import GenerationStats, generate
-from qrag_ray.index import workdir as ck
+from qrag_ray.index import workdir
 from qrag_ray.index.format import atomic_write_text
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.udfs import (EmbedSink, attach_atoms, make_atomize_requests, make_base_rows, make_chunker,
@@ -61,7 +61,7 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
         rows = chunks.map_batches(make_base_rows(plan.kinds, cfg, plan.aux_questions), batch_format="numpy",
                                   num_cpus=_LIGHT_CPU)
         counts = _embed(plan, rows.union(questions) if questions is not None else rows)
-    parts = ck.registered_parts(plan.work, plan.run)
+    parts = workdir.registered_parts(plan.work, plan.run)
     documents, n_chunks = sum(p["documents"] for p in parts), sum(p["chunks"] for p in parts)
     if documents == 0:
         raise QragError(f"empty corpus: no documents in {cfg.input}")
@@ -151,7 +151,7 @@ def _embed(plan: BuildPlan, rows) -> dict:
 
 
 def _dim_of(plan: BuildPlan) -> int:
-    for f in ck.parquet_files(plan.work / "vectors"):
+    for f in workdir.parquet_files(plan.work / "vectors"):
         if pq.read_metadata(f).num_rows:
             return pq.read_schema(f).field("vector").type.list_size
     return embedder_dim(plan.cfg.embedder.model)

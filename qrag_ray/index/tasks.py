@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from qrag_ray.config import FaissConfig, IndexConfig
-from qrag_ray.index import workdir as ck
+from qrag_ray.config.index import FaissConfig, IndexConfig
+from qrag_ray.index import workdir
 from qrag_ray.index.format import (CHUNKS, atomic_write, atomic_write_text, shard_bm25, shard_chunks, stable_hash,
                                    write_arrow)
 from qrag_ray.index.lexical import globalize_idf
@@ -37,10 +37,10 @@ def sample_vectors(work: Path, total_rows: int, n: int, keep: np.ndarray | None 
     pool = total_rows / SAMPLE_STRIPE if striped else total_rows
     cut = int(np.ceil(modulus * min(1.0, 1.5 * n / max(1.0, pool))))
     keys, vecs = [], []
-    for f in ck.parquet_files(work / ("sample" if striped else "vectors")):
+    for f in workdir.parquet_files(work / ("sample" if striped else "vectors")):
         t = pq.read_table(f, columns=["row_key", "store", "vector"])
         k = t.column("row_key").to_numpy()
-        mine = ck.isin_sorted(k, keep) if keep is not None else np.ones(len(k), bool)
+        mine = workdir.isin_sorted(k, keep) if keep is not None else np.ones(len(k), bool)
         sel = np.flatnonzero((k % modulus < cut) & mine & t.column("store").to_numpy(zero_copy_only=False))
         if len(sel):
             keys.append(k[sel])
@@ -58,7 +58,7 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
     _one_thread_per_cpu()
     keep = None
     if run is not None:  # only this run's rows: an append/delete trains as a full rebuild would
-        keep = np.unique(np.concatenate([ck.run_row_keys(w, run, s) for s in range(shards)] or [np.zeros(0, np.int64)]))
+        keep = np.unique(np.concatenate([workdir.run_row_keys(w, run, s) for s in range(shards)] or [np.zeros(0, np.int64)]))
     sample = sample_vectors(w, total_rows, train_sample, keep)
     if not len(sample):
         sample = np.zeros((0, dim), np.float32)
@@ -87,11 +87,11 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     cfg = IndexConfig.model_validate_json(cfg_json)
     w = Path(work)
     _one_thread_per_cpu()
-    sd = ck.shard_dir_name(shard)
-    parts = [p for p in ck.registered_parts(w, run) if shard in p["shards"]]
+    sd = workdir.shard_dir_name(shard)
+    parts = [p for p in workdir.registered_parts(w, run) if shard in p["shards"]]
     chunk_files = sorted(w / "chunks" / sd / f"{p['part']}.parquet" for p in parts)
-    vec_files = ck.parquet_files(w / "vectors" / sd)
-    keep = ck.run_row_keys(w, run, shard)
+    vec_files = workdir.parquet_files(w / "vectors" / sd)
+    keep = workdir.run_row_keys(w, run, shard)
     sig = stable_hash({"files": [f.name for f in chunk_files + vec_files],
                        "extra": [trained and Path(trained).name, dim, hashlib.sha256(keep.tobytes()).hexdigest()]})
     out = w / "built" / f"{shard:05d}"
@@ -110,7 +110,7 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     schema = vector_schema(dim)
     table = pa.concat_tables([pq.read_table(f, columns=schema.names) for f in vec_files]) if vec_files \
         else schema.empty_table()
-    table = table.filter(pa.array(ck.isin_sorted(table.column("row_key").to_numpy(), keep)))
+    table = table.filter(pa.array(workdir.isin_sorted(table.column("row_key").to_numpy(), keep)))
     # one order whatever the parts were: by chunk, then the row's place in its chunk
     table = table.take(pc.sort_indices(table, [("chunk_idx", "ascending"), ("ord", "ascending"),
                                                ("row_key", "ascending")]))

@@ -1,7 +1,7 @@
 """The Ray Data UDFs of the build's stream: each turns one numpy batch into the next stage's columns
 (the logic is in qrag_ray.index.rows); the chunker and the embedding sink also write checkpoint parts
 into the work dir, so a killed build resumes from them. A UDF's function name is its operator's name
-in the progress display (qrag_ray.progress.op_label)."""
+in the progress display (qrag_ray.runtime.progress.op_label)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from qrag_ray.config import IndexConfig
+from qrag_ray.config.index import IndexConfig
 from qrag_ray.embedding import Forward, load_sentence_transformer
 from qrag_ray.embedding.tokens import token_ids
 from qrag_ray.generation.requests import atomize_request, question_requests
-from qrag_ray.index import workdir as ck
+from qrag_ray.index import workdir
 from qrag_ray.index.format import atomic_save_npy, atomic_write_parquet, atomic_write_text
 from qrag_ray.index.rows import (CHUNK_SCHEMA, atom_columns, atoms_of, base_vector_columns, check_unique_chunks,
                                  chunk_columns, chunk_rows, payload, question_vector_columns, request_columns, rows_of,
@@ -58,8 +58,8 @@ def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: flo
     shards = sorted(set(table.column("shard").to_pylist()))
     for s in shards:
         atomic_write_parquet(table.filter(pc.equal(table.column("shard"), s)),
-                             work / "chunks" / ck.shard_dir_name(s) / f"{name}.parquet")
-    atomic_write_text(ck.run_registry(work, run) / f"{name}.json",
+                             work / "chunks" / workdir.shard_dir_name(s) / f"{name}.parquet")
+    atomic_write_text(workdir.run_registry(work, run) / f"{name}.json",
                       json.dumps({"part": name, "documents": n_docs, "chunks": len(ids), "shards": shards,
                                   "seconds": round(seconds, 4)}))
 
@@ -133,22 +133,22 @@ class EmbedSink:
         self.work = Path(work)
         self.qk = question_kind
         self.run = run
-        self.done = ck.done_row_keys(self.work)
+        self.done = workdir.done_row_keys(self.work)
         self.model_lock, self.count_lock, self.rows, self.noted = threading.Lock(), threading.Lock(), 0, 0.0
         self.note = self.work / "runs" / run / "progress" / f"{os.getpid()}-{id(self)}"
 
     def __call__(self, batch: dict) -> dict:
         t0 = time.perf_counter()
         n = len(batch["chunk_idx"])
-        keys = ck.row_keys(batch["chunk_idx"], batch["kind"], batch["ord"], batch["text"], batch["embed_text"])
-        embedded = ~ck.isin_sorted(keys, self.done)
+        keys = workdir.row_keys(batch["chunk_idx"], batch["kind"], batch["ord"], batch["text"], batch["embed_text"])
+        embedded = ~workdir.isin_sorted(keys, self.done)
         todo = np.flatnonzero(embedded)
         self._count(n - len(todo))
         question = (batch["kind"] == self.qk) & (batch["qn"] >= 0) if self.qk else np.zeros(n, bool)
         # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
         for sh in np.unique(batch["shard"]):
             k = keys[batch["shard"] == sh]
-            atomic_save_npy(k, ck.run_keys_dir(self.work, self.run, int(sh)) / f"{ck.part_name(k)}.npy")
+            atomic_save_npy(k, workdir.run_keys_dir(self.work, self.run, int(sh)) / f"{workdir.part_name(k)}.npy")
         t_wait = time.perf_counter()
         with self.model_lock:  # the seconds leave out the wait for it (the other call's forward)
             t0 += time.perf_counter() - t_wait
@@ -182,12 +182,12 @@ class EmbedSink:
             t = pa.table({**cols, "store": batch["store"][rows].astype(bool), "row_key": keys[rows],
                           "vector": pa.FixedSizeListArray.from_arrays(flat, vecs.shape[1])},
                          schema=vector_schema(vecs.shape[1]))
-            name = ck.part_name(keys[rows])
+            name = workdir.part_name(keys[rows])
             stripe = (keys[rows] % SAMPLE_STRIPE) == 0
             if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)
                 atomic_write_parquet(t.filter(pa.array(stripe)),
-                                        self.work / "sample" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
-            atomic_write_parquet(t, self.work / "vectors" / ck.shard_dir_name(int(s)) / f"{name}.parquet")
+                                        self.work / "sample" / workdir.shard_dir_name(int(s)) / f"{name}.parquet")
+            atomic_write_parquet(t, self.work / "vectors" / workdir.shard_dir_name(int(s)) / f"{name}.parquet")
 
 
 def progress_rows(work: Path, run: str) -> int:

@@ -55,7 +55,7 @@ def resolve_index(path: str | Path) -> ResolvedIndex:
 
 def check_index(index_dir: str | Path) -> dict:
     """What a server does when it loads the index: every checksum, every shard opened by ShardIndex."""
-    from qrag_ray.index.searcher import ShardIndex
+    from qrag_ray.index.shard_index import ShardIndex
 
     m = load_manifest(index_dir, verify=True)
     vectors = sum(ShardIndex(m.path, i, m, verify=False).ntotal for i in range(m.num_shards))

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from qrag_ray.config import index_identity
+from qrag_ray.config.index import index_identity
 from qrag_ray.index.format import atomic_write_text, key63
 
 

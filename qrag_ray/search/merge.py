@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qrag_ray.errors import QragError
-from qrag_ray.search_policy import SearchConfig
+from qrag_ray.config.search_policy import SearchConfig
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import Manifest
-from qrag_ray.search_policy import SearchConfig
+from qrag_ray.config.search_policy import SearchConfig
 
 MAX_K = 1000
 

@@ -49,7 +49,7 @@ class LocalShards:
 
 
 @dataclass
-class Retrieval:
+class BatchPages:
     pages: list[list[SearchResult]]  # one per query vector
     replies: list[ShardReply]  # one per shard
     search_ms: float
@@ -59,7 +59,7 @@ class Retrieval:
     rounds: int  # the most widening rounds any shard needed
 
 
-async def retrieve(backend: ShardBackend, key: Hashable, num_shards: int, qvecs: np.ndarray, q: Query) -> Retrieval:
+async def retrieve(backend: ShardBackend, key: Hashable, num_shards: int, qvecs: np.ndarray, q: Query) -> BatchPages:
     """Top q.k distinct chunks for each query vector (exactly k when the index holds k)."""
     if q.policy.bm25_alpha is not None and (q.texts is None or len(q.texts) != len(qvecs)):
         raise QragError("hybrid search (bm25_alpha) needs the query texts, not only their vectors")
@@ -76,7 +76,7 @@ async def retrieve(backend: ShardBackend, key: Hashable, num_shards: int, qvecs:
             chunks.update(ch)
     t3 = time.perf_counter()
     pages = [format_page(res, chunks, matched) for res in merged]
-    return Retrieval(pages, replies, (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000,
+    return BatchPages(pages, replies, (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000,
                      (time.perf_counter() - t3) * 1000, max(r.rounds for r in replies))
 
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import CHUNKS, Manifest, files_under, load_manifest, read_table_file, verify_files
-from qrag_ray.index.searcher import ShardHits, ShardIndex, one_array, py_values
+from qrag_ray.index.shard_index import ShardHits, ShardIndex, one_array, py_values
 from qrag_ray.search.merge import ChunkResult, merge_hits
 from qrag_ray.search.query import Query
 from qrag_ray.search.results import ChunkMeta

@@ -16,7 +16,7 @@ from qrag_ray.index.format import load_manifest
 from qrag_ray.index.versions import resolve_index
 from qrag_ray.serving.answer import Synthesizer
 from qrag_ray.serving.config import ROUTER, SYNTHESIZER, parse_app_args
-from qrag_ray.serving.shard_store import ShardSearcher
+from qrag_ray.serving.shard_searcher import ShardSearcher
 
 logger = logging.getLogger(__name__)
 

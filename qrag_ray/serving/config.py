@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from qrag_ray.config import format_validation_error
+from qrag_ray.config.index import format_validation_error
 from qrag_ray.errors import QragError
-from qrag_ray.llm_config import LLMConfig
+from qrag_ray.config.llm import LLMConfig
 from qrag_ray.serving.tenants import RateLimit, Tenants, load_tenants
 
 # Deployment names, fixed: serve configs refer to them under `deployments:` (and to ShardSearcher0..G-1, G the

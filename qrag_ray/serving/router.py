@@ -20,7 +20,8 @@ from qrag_ray.serving.errors import ApiError, overloaded
 from qrag_ray.serving.http import app, bearer, error_responses, metrics_of
 from qrag_ray.serving.ratelimit import RateLimiter
 from qrag_ray.serving.registry import TenantRegistry
-from qrag_ray.serving.retrieval import RemoteShards, Retriever, RouterShards
+from qrag_ray.serving.query_batch import QueryBatcher
+from qrag_ray.serving.shard_backends import RemoteShards, RouterShards
 from qrag_ray.serving.shard_store import ShardStore
 from qrag_ray.serving.tenants import Tenant
 from qrag_ray.serving.versions import IndexReader, TenantVersions
@@ -42,10 +43,10 @@ class Router:
         self.local = ShardStore(a.router_cache_bytes, a.faiss_threads)
         self.versions = TenantVersions(
             IndexReader(len(self.shards) * a.shards_per_searcher, a.local_search_max_bytes),
-            lambda ti, i, method, key: self.retriever.shards(ti).call(i, method, key),
+            lambda ti, i, method, key: self.batcher.shards(ti).call(i, method, key),
             self.encoder.model, retire_after_s=a.request_timeout_s + 1.0)
         remote = RemoteShards(self.shards, a.tenant_affinity, a.shards_per_searcher)
-        self.retriever = Retriever(self.encoder, RouterShards(self.local), remote, self.versions)
+        self.batcher = QueryBatcher(self.encoder, RouterShards(self.local), remote, self.versions)
         self.answerer = Answerer(synthesizer, a.hyde_max_tokens, a.answer_min_cosine)
         self._inflight = 0
         self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished
@@ -104,7 +105,7 @@ class Router:
     async def _retrieve(self, request: Request, tenant: Tenant, req: m._Request, stage: dict):
         """(the retrieval, the HyDE passage) for the request's query."""
         text, hypothetical = await self.answerer.query_text(req, stage)
-        r = await self.retriever.retrieve(tenant, req, text, stage)
+        r = await self.batcher.retrieve(tenant, req, text, stage)
         metrics = metrics_of(request.app)
         metrics.before.observe(r.timings["candidates"], tags={"tenant": tenant.name})
         metrics.after.observe(len(r.results), tags={"tenant": tenant.name})
@@ -205,7 +206,7 @@ class Router:
         known = active or newest
         return m.TenantStatus(
             name=t.name, status="error" if problems else "ok", problems=problems,
-            searched_in=None if known is None else self.retriever.shards(known).path,
+            searched_in=None if known is None else self.batcher.shards(known).path,
             serving_version=active.version if active else None, current_version=newest.version if newest else None,
             num_shards=known.num_shards if known else None,
             rate_limit=t.rate_limit.model_dump() if t.rate_limit else None)

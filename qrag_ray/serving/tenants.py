@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qrag_ray.errors import QragError
-from qrag_ray.yaml_file import read_yaml
+from qrag_ray.config.yaml_file import read_yaml
 from qrag_ray.serving.api_models import INDEX_NAME
 from qrag_ray.serving.errors import ApiError, forbidden, unauthorized
 
@@ -153,7 +153,7 @@ def _bearer(authorization: str | None) -> str:
 
 # ---- the tenants file --------------------------------------------------------------------------
 def _parse(p: Path, data) -> _TenantsFile:
-    from qrag_ray.config import format_validation_error
+    from qrag_ray.config.index import format_validation_error
 
     try:
         return _TenantsFile.model_validate(data)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from qrag_ray.errors import QragError
 from qrag_ray.index.versions import resolve_index
 from qrag_ray.search.query import check_hybrid
-from qrag_ray.search_policy import SearchConfig
+from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.serving.errors import ApiError, index_unavailable
 from qrag_ray.serving.shard_store import ShardKey
 from qrag_ray.serving.shard_cache import ByteLRU

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from qrag_ray.config import ChunkerConfig
+from qrag_ray.config.index import ChunkerConfig
 from qrag_ray.text.sentences import split_sentences
 
 _TOKEN = re.compile(r"\S+")

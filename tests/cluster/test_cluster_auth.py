@@ -114,7 +114,7 @@ def test_jobs_api_runs_a_submission_with_the_token(head, token_file):
 
 
 def test_a_driver_with_the_token_joins(head, token_file):
-    code = ("from qrag_ray.runtime import ensure_ray; import ray; ensure_ray(%r);"
+    code = ("from qrag_ray.runtime.ray_start import ensure_ray; import ray; ensure_ray(%r);"
             "print(int(ray.cluster_resources()['head']))" % head.address)
     r = subprocess.run([sys.executable, "-c", code], env=_env_without_auth(RAY_AUTH_TOKEN_PATH=str(token_file)),
                        capture_output=True, text=True, timeout=180, cwd=REPO)
@@ -146,7 +146,7 @@ def test_qrag_index_without_the_token_says_what_to_set(head, tmp_path, token_fil
 def test_local_ray_of_qrag_runs_in_token_mode_without_setup(tmp_path):
     """ensure_ray(None), as `qrag index` calls it, with no auth variable and an empty home: Ray makes
     the token of the local instance itself."""
-    code = ("from qrag_ray.runtime import ensure_ray; ensure_ray(None, 2);"
+    code = ("from qrag_ray.runtime.ray_start import ensure_ray; ensure_ray(None, 2);"
             "from ray._raylet import AuthenticationMode, get_authentication_mode;"
             "import os, ray; print(get_authentication_mode() == AuthenticationMode.TOKEN, os.environ['RAY_AUTH_MODE']);"
             "ray.shutdown()")

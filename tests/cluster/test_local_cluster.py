@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cluster import local_cluster as lc
-from qrag_ray.ports import free_port
+from qrag_ray.runtime.ports import free_port
 from support.cluster_procs import native_processes_in_token_mode
 
 REPO = Path(__file__).resolve().parents[2]

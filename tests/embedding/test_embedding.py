@@ -109,7 +109,7 @@ def test_dtype_auto_is_float32_on_cpu_and_half_precision_on_cuda():
 def test_embedder_config_names_the_precision_and_the_token_budget():
     from pydantic import ValidationError
 
-    from qrag_ray.config import EmbedderConfig, EmbedderRunConfig
+    from qrag_ray.config.index import EmbedderConfig, EmbedderRunConfig
 
     assert EmbedderConfig().dtype == "auto" and EmbedderRunConfig().tokens_per_batch == 65536
     with pytest.raises(ValidationError):

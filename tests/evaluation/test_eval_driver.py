@@ -115,7 +115,7 @@ def test_offset_evaluates_a_held_out_slice(eval_folder, tmp_path):
 def test_reuse_needs_the_same_kinds_not_just_the_same_config(tmp_path):
     """A preset whose kinds changed (atom-hybrid gained bare question vectors) must not reuse an index
     built under the old preset with an otherwise identical config."""
-    from qrag_ray.config import index_config
+    from qrag_ray.config.index import index_config
     from qrag_ray.evaluation.driver import find_reusable
 
     cfg = index_config({"representation": "atom-hybrid", "generator": {"backend": "precomputed"}})
@@ -132,7 +132,7 @@ def test_reuse_needs_the_same_kinds_not_just_the_same_config(tmp_path):
 def test_an_index_built_before_a_config_section_existed_is_reused_unless_the_section_matters(tmp_path):
     """Manifests record the whole config; one written before `bm25` existed lacks it. The default
     (no BM25) must still match it, and a variant that asks for BM25 must not."""
-    from qrag_ray.config import index_config
+    from qrag_ray.config.index import index_config
     from qrag_ray.evaluation.driver import find_reusable
 
     cfg = index_config({"representation": "atom-sentence"})

@@ -113,7 +113,7 @@ def test_title_options_drop_out_on_an_untitled_corpus():
 
 
 def test_an_index_is_reused_by_what_it_holds_not_by_the_preset_name():
-    from qrag_ray.config import index_identity
+    from qrag_ray.config.index import index_identity
 
     a = {"representation": "atom-sentence", "bm25": {"enabled": True}, "search": {"bm25_alpha": 0.5}}
     b = {"representation": "sentence", "bm25": {"enabled": True}}

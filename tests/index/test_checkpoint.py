@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from qrag_ray.config import index_identity
-from qrag_ray.index import workdir as ck
+from qrag_ray.config.index import index_identity
+from qrag_ray.index import workdir
 from qrag_ray.index.format import atomic_write_parquet, chunk_key, manifest_content_hash
 
 
@@ -28,20 +28,20 @@ def test_canonical_encoding_does_not_depend_on_the_batch(minilm):
 
 
 def test_row_keys_name_content_not_position():
-    a = ck.row_keys([1, 1, 2], ["chunk", "question", "chunk"], [0, 1, 0], ["x", "q?", "y"], ["x", "q?", "y"])
-    b = ck.row_keys([2, 1], ["chunk", "chunk"], [0, 0], ["y", "x"], ["y", "x"])
+    a = workdir.row_keys([1, 1, 2], ["chunk", "question", "chunk"], [0, 1, 0], ["x", "q?", "y"], ["x", "q?", "y"])
+    b = workdir.row_keys([2, 1], ["chunk", "chunk"], [0, 0], ["y", "x"], ["y", "x"])
     assert a[2] == b[0] and a[0] == b[1] and len(set(a.tolist())) == 3 and (a >= 0).all()
-    assert ck.part_name(a) == ck.part_name(a[::-1])
+    assert workdir.part_name(a) == workdir.part_name(a[::-1])
     done = np.sort(b)
-    assert ck.isin_sorted(a, done).tolist() == [True, False, True]
-    assert ck.isin_sorted(a, np.zeros(0, np.int64)).tolist() == [False] * 3
+    assert workdir.isin_sorted(a, done).tolist() == [True, False, True]
+    assert workdir.isin_sorted(a, np.zeros(0, np.int64)).tolist() == [False] * 3
 
 
 def test_keys_and_content_hash_are_pinned():
     """Chunk keys, row keys and the content hash name what earlier builds wrote: a changed hash would
     make every index and work dir on disk look foreign."""
     assert chunk_key("doc#0") == 6624106053859343019
-    assert ck.row_keys([chunk_key("doc#0")], ["chunk"], [0], ["x"], ["x"]).tolist() == [2688597523227159469]
+    assert workdir.row_keys([chunk_key("doc#0")], ["chunk"], [0], ["x"], ["x"]).tolist() == [2688597523227159469]
     assert manifest_content_hash({"chunks.parquet": "cd"}, {"representation": "chunk"}) == (
         "04547a3b8a7ec4dbadf5b114b0d6e4492d6ff9b1d9c4397ba5db1d1f0c7530d5")
 

@@ -23,7 +23,7 @@ def _search(index):
 
 @pytest.mark.slow
 def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_records, jsonl_writer, tmp_path):
-    from qrag_ray.pipeline import build_index
+    from qrag_ray.index.build import build_index
 
     docs = corpus_records()
     old = jsonl_writer(tmp_path / "old.jsonl", docs[:9])
@@ -62,7 +62,7 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
 def test_an_index_built_by_an_older_preset_keeps_its_kinds(tmp_path):
     """default@1 was one vector per chunk; appending to an index it built must not add sentence and
     window vectors for the new documents only (the recorded config names `default`, whose kinds changed)."""
-    from qrag_ray.config import index_config, representation_plan
+    from qrag_ray.config.index import index_config, representation_plan
 
     old = index_config({"representation": "chunk-bm25", "input": str(tmp_path / "a.jsonl")}).model_dump(mode="json")
     old["representation"] = "default"  # as default@1 recorded it: its search settings were chunk-bm25's
@@ -80,7 +80,7 @@ def test_an_index_built_by_an_older_preset_keeps_its_kinds(tmp_path):
 
 def test_an_index_recorded_before_run_settings_moved_still_grows(tmp_path):
     """A manifest written before `index:` became `faiss:` and run settings moved under `build:`."""
-    from qrag_ray.config import index_config
+    from qrag_ray.config.index import index_config
 
     old = index_config({"representation": "chunk", "input": str(tmp_path / "a.jsonl")}).model_dump(mode="json")
     old["index"] = old.pop("faiss") | {"nprobe": 8}

@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qrag_ray.config import FilterConfig, FaissConfig
+from qrag_ray.config.index import FilterConfig, FaissConfig
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import (FORMAT_VERSION, IndexDescription, load_manifest, publish, read_table_file,
                                    sha256_file, shard_chunks, shard_faiss, shard_meta, verify_files, write_manifest)
-from qrag_ray.index.searcher import ShardIndex
+from qrag_ray.index.shard_index import ShardIndex
 from qrag_ray.index.writer import write_shard
 from qrag_ray.text.sentences import split_sentences
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qrag_ray.config import IndexConfig
+from qrag_ray.config.index import IndexConfig
 from qrag_ray.index.format import chunk_key, shard_of
 from qrag_ray.index.rows import (GEN_ORD_BASE, atom_columns, base_vector_columns, chunk_columns, chunk_rows, payload,
                                  question_vector_columns, request_columns, rows_of, vector_columns)

@@ -181,7 +181,7 @@ def test_an_index_built_before_stemming_keeps_unstemmed_queries(tmp_path):
 def test_unknown_stemmer_is_a_config_error():
     from pydantic import ValidationError
 
-    from qrag_ray.config import Bm25Config
+    from qrag_ray.config.index import Bm25Config
 
     assert Bm25Config().stemmer == "english" and (Bm25Config().k1, Bm25Config().b) == (0.9, 0.4)
     with pytest.raises(ValidationError, match="unknown stemmer 'klingon'"):

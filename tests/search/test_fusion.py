@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qrag_ray.config import IndexConfig, SearchConfig
-from qrag_ray.index.searcher import ShardHits
-from qrag_ray.representations import vector_rows
+from qrag_ray.config.index import IndexConfig, SearchConfig
+from qrag_ray.index.shard_index import ShardHits
+from qrag_ray.index.representations import vector_rows
 from qrag_ray.search.merge import dedup, gather, merge_hits
 
 

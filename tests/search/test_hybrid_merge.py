@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qrag_ray.index.searcher import ShardHits
+from qrag_ray.index.shard_index import ShardHits
 from qrag_ray.search.merge import dedup, gather, merge_hits
-from qrag_ray.search_policy import SearchConfig
+from qrag_ray.config.search_policy import SearchConfig
 
 
 def hits(shard, scores, chunks, lex_scores, lex_chunks, kinds=None):
@@ -80,7 +80,7 @@ def test_hybrid_over_sum_fusion_and_rrf():
 
 
 def test_policy_and_config_carry_alpha():
-    from qrag_ray.config import IndexConfig, SearchConfig, build_index_config
+    from qrag_ray.config.index import IndexConfig, SearchConfig, build_index_config
     from qrag_ray.errors import QragError
 
     assert SearchConfig(bm25_alpha=0.75).bm25_alpha == 0.75
@@ -123,7 +123,7 @@ def test_normalisation_changes_which_channel_decides():
     import numpy as np
 
     from qrag_ray.search.merge import Candidates, hybrid_scores
-    from qrag_ray.search_policy import SearchConfig
+    from qrag_ray.config.search_policy import SearchConfig
 
     dense = {1: 0.56, 2: 0.50, 3: 0.53}
     c = Candidates(np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64),

@@ -9,7 +9,7 @@ import pytest
 
 from qrag_ray.errors import QragError
 from qrag_ray.search.engine import SearchEngine
-from qrag_ray.search_policy import SearchConfig
+from qrag_ray.config.search_policy import SearchConfig
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qrag_ray.index.searcher import ShardHits
+from qrag_ray.index.shard_index import ShardHits
 from qrag_ray.search.merge import dedup, gather, merge_hits, needs_more
 
 

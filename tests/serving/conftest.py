@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fake_openai_server import running_fake_openai
 
-from qrag_ray.ports import free_port
+from qrag_ray.runtime.ports import free_port
 from support.corpus import topic_records, write_jsonl
 from support.indexes import build
 from support.serving_data import ALPHA_TOPICS, BETA_TOPICS, HYDE_PASSAGE, IDK_MARKER

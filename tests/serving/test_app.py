@@ -176,7 +176,7 @@ def test_hybrid_tenant_equals_in_process_hybrid_search(served):
 
 def test_request_bm25_alpha_overrides_the_index_setting(served):
     from qrag_ray.search.engine import SearchEngine
-    from qrag_ray.search_policy import SearchConfig
+    from qrag_ray.config.search_policy import SearchConfig
 
     base = SearchEngine(served["delta"])
     lexical = SearchEngine(served["delta"], policy=base.policy.with_bm25_alpha(0.0))
@@ -403,7 +403,7 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
     import httpx
 
     from qrag_ray.cli import main
-    from qrag_ray.ports import free_port
+    from qrag_ray.runtime.ports import free_port
 
     port = free_port()
     env = {**os.environ, "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}

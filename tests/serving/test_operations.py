@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from qrag_ray.ports import free_port
+from qrag_ray.runtime.ports import free_port
 from support.http_load import QUERY, Load, wait_for
 from support.serving_data import ALPHA_TOPICS, BETA_TOPICS
 

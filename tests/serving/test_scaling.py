@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from qrag_ray.ports import free_port
+from qrag_ray.runtime.ports import free_port
 from support.http_load import Load, wait_for
 
 QUERY = {"query": "When does the else clause of a for loop run?", "k": 3}

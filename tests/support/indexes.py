@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def build(cfg_kwargs: dict, console=None):
     """build_index for a config given as build_index_config keyword overrides."""
-    from qrag_ray.config import build_index_config
-    from qrag_ray.pipeline import build_index
+    from qrag_ray.config.index import build_index_config
+    from qrag_ray.index.build import build_index
 
     return build_index(build_index_config(None, **cfg_kwargs), console=console)

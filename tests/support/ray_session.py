@@ -1,4 +1,4 @@
-"""The one local Ray every test starts: `qrag_ray.runtime.ensure_ray` (what `qrag index` and `qrag serve`
+"""The one local Ray every test starts: `qrag_ray.runtime.ray_start.ensure_ray` (what `qrag index` and `qrag serve`
 start), with Serve's process settings in the environment first, so the serving tests run the request
 path that `qrag serve` and the manifests run whichever test happens to start Ray."""
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 def local_ray_session() -> Iterator[dict]:
     import ray
 
-    from qrag_ray.runtime import ensure_ray
+    from qrag_ray.runtime.ray_start import ensure_ray
     from qrag_ray.serving.config import SERVE_PROCESS_ENV
 
     started = not ray.is_initialized()

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from qrag_ray.config import ChunkerConfig
+from qrag_ray.config.index import ChunkerConfig
 from qrag_ray.text.chunking import chunk_document, chunk_text, paragraphs, sentence_groups, token_windows
 from qrag_ray.text.sentences import split_sentences
 

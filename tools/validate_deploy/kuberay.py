@@ -218,7 +218,7 @@ def _check_index_config(params: dict, head_template: dict, configmaps: dict[str,
     together with the entrypoint's flags."""
     import tempfile
 
-    from qrag_ray.config import build_index_config
+    from qrag_ray.config.index import build_index_config
     from qrag_ray.errors import QragError
 
     path = params["config"]

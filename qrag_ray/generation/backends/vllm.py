@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qrag_ray.config import GeneratorConfig, SamplingConfig
+from qrag_ray.config.index import GeneratorConfig, SamplingConfig
 from qrag_ray.errors import QragError
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def _ensure_ray(num_gpus: float) -> None:
     import ray
 
     if not ray.is_initialized():
-        from qrag_ray.runtime import ensure_ray
+        from qrag_ray.runtime.ray_start import ensure_ray
 
         n = max(8, 4 * (os.cpu_count() or 1))
         logger.warning("Ray is not initialised: starting a local Ray with num_cpus=%d for vLLM", n)

@@ -1,5 +1,5 @@
 """The Router's side of a retrieval (serving/retrieval.py) with fake shard deployments and a fake
-encoder: no Ray cluster, no Serve, no model. The shard backends' retries and errors, and Retriever's one
+encoder: no Ray cluster, no Serve, no model. The shard backends' retries and errors, and QueryBatcher's one
 path (version, embedding as a batch, the core over the tenant's backend, timings)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import BackPressureError
 
 from qrag_ray.errors import QragError
-from qrag_ray.search_policy import SearchConfig
+from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.serving.api_models import SearchRequest
 from qrag_ray.serving.errors import ApiError
-from qrag_ray.serving.retrieval import RemoteShards, Retriever
+from qrag_ray.serving.query_batch import QueryBatcher
+from qrag_ray.serving.shard_backends import RemoteShards
 from qrag_ray.serving.shard_store import ShardKey, VersionMoved, affinity_id
 from qrag_ray.serving.tenants import Tenant
 from qrag_ray.serving.versions import TenantIndex
@@ -131,7 +132,7 @@ class _Moving(_Remote):
         return await super().search(key, num_shards, qvecs, q)
 
 
-class _Unbatched(Retriever):
+class _Unbatched(QueryBatcher):
     """`@serve.batch` needs a Serve replica; here each request is a batch of its own (tests/serving/test_app.py
     runs the batch in a real app; the batch itself is `run_batch`, tested below)."""
 
@@ -139,7 +140,7 @@ class _Unbatched(Retriever):
         return (await self.run_batch([ask]))[0]
 
 
-def _retriever(remote) -> tuple[Retriever, _Versions, _Encoder]:
+def _retriever(remote) -> tuple[QueryBatcher, _Versions, _Encoder]:
     ti = TenantIndex("/idx/v1", "v1", None, SearchConfig(), 2, "all-MiniLM-L6-v2", local=False)
     versions, enc = _Versions(ti), _Encoder()
     return _Unbatched(enc, None, remote, versions), versions, enc
@@ -166,10 +167,10 @@ def test_a_version_moved_mid_request_is_resolved_again_once():
 
 
 def _asks(retriever, remote, *reqs: SearchRequest) -> list:
-    from qrag_ray.serving.retrieval import _Ask, resolve_query
+    from qrag_ray.serving.query_batch import QueuedQuery, resolve_query
 
     ti = retriever.versions.ti
-    return [_Ask(r.query, ti, ti.key("acme"), resolve_query(ti, "acme", r), {}) for r in reqs]
+    return [QueuedQuery(r.query, ti, ti.key("acme"), resolve_query(ti, "acme", r), {}) for r in reqs]
 
 
 def _run_batch(retriever, asks) -> list:

@@ -11,7 +11,7 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from qrag_ray.config import recorded_config
+from qrag_ray.config.index import recorded_config
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import Manifest, files_under, load_manifest, read_table_file, verify_files
 from qrag_ray.index.lexical import ShardLexicon

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from qrag_ray.cli import main
-from qrag_ray.config import REPRESENTATIONS, index_config, representation_plan
-from qrag_ray.presets import MINILM, PRESETS, calibration_note
+from qrag_ray.config.index import REPRESENTATIONS, index_config, representation_plan
+from qrag_ray.config.presets import MINILM, PRESETS, calibration_note
 
 
 def test_every_preset_is_a_representation_with_its_own_defaults():
@@ -67,7 +67,7 @@ def test_default_and_sentence_window_bm25_are_the_suites_csw_bm25():
 
     import yaml
 
-    suite = yaml.safe_load((Path(__file__).resolve().parents[1] / "eval" / "suite.yaml").read_text())
+    suite = yaml.safe_load((Path(__file__).resolve().parents[2] / "eval" / "suite.yaml").read_text())
     measured = suite["configs"]["csw+bm25@0.67"]
     p = PRESETS["sentence-window-bm25"]
     assert "+".join(p.kinds) == measured["representation"] and not p.needs_llm

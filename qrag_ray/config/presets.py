@@ -44,7 +44,7 @@ _ATOM_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"
                 "groups": {"atom": ["sentence", "question", "quote"]}}
 
 # the chunk at half weight summed with its best sentence or two-sentence window, with BM25: the suite's
-# `csw+bm25@0.67` (eval/suite.yaml; tests/test_presets.py holds them equal)
+# `csw+bm25@0.67` (eval/suite.yaml; tests/config/test_presets.py holds them equal)
 _CSW_SEARCH = {"fusion": "sum", "kind_weights": {"chunk": 0.5}, "kind_bias": {"window": -0.02},
                "groups": {"atom": ["sentence", "window"]}, "bm25_alpha": 0.67}
 

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from qrag_ray.config import FilterConfig
+from qrag_ray.config.index import FilterConfig
 
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = set("""a an the of in on at to for from by with about as is are was were be been being do does did

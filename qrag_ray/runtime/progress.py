@@ -1,5 +1,5 @@
 """One progress display for long work: a row per pipeline stage and under it a row per running Ray Data
-operator (rows done, total, rate, ETA), fed by qrag_ray.progress_ray (Ray Data's own bars stay off). A
+operator (rows done, total, rate, ETA), fed by qrag_ray.runtime.progress_ray (Ray Data's own bars stay off). A
 terminal gets a rich live view leaving one "✓ stage (time)" line per stage; elsewhere a status line every
 `QRAG_PROGRESS_INTERVAL` seconds (default 30), so a command that fails early prints only its error.
 """

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qrag_ray.config import FilterConfig
-from qrag_ray.filters import content_words, filter_chunk_rows, greedy_prune, pool, select_questions
+from qrag_ray.config.index import FilterConfig
+from qrag_ray.index.question_filters import content_words, filter_chunk_rows, greedy_prune, pool, select_questions
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 

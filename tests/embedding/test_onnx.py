@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qrag_ray.config import IndexConfig, index_identity
+from qrag_ray.config.index import IndexConfig, index_identity
 from qrag_ray.embedding import encode, encode_canonical, load_sentence_transformer
 from qrag_ray.errors import QragError
-from qrag_ray.onnx_backend import backend_of
+from qrag_ray.embedding.onnx import backend_of
 
 TEXTS = ["what is a python generator expression", "Ships sail on the sea.",
          "A flea can live up to a year, but its general lifespan depends on its living conditions, such as "
@@ -54,7 +54,7 @@ def test_graph_is_exported_once_per_model(tmp_path, monkeypatch):
 
 
 def test_onnx_where_it_cannot_run_is_a_clear_error(monkeypatch):
-    import qrag_ray.onnx_backend as ob
+    import qrag_ray.embedding.onnx as ob
 
     def no_runtime(*a, **k):
         raise ob.OnnxUnavailable("onnxruntime is not installed (test)")

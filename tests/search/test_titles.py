@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from qrag_ray.representations import title_text, vector_rows
+from qrag_ray.index.representations import title_text, vector_rows
 from qrag_ray.search.engine import SearchEngine
 
 # Six short biographies whose texts never name their subject: only the title says who each one is.

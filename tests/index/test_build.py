@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from qrag_ray.errors import QragError
-from qrag_ray.filters import greedy_prune
+from qrag_ray.index.question_filters import greedy_prune
 from qrag_ray.index.format import load_manifest
-from qrag_ray.representations import dedup_questions
+from qrag_ray.index.representations import dedup_questions
 from qrag_ray.search.engine import SearchEngine
 
 
@@ -81,7 +81,7 @@ def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monk
                                          corpus_records):
     """The shard files are written, then the process 'dies' while writing the manifest: OUTPUT still
     holds the previous, fully valid index and no staging dir is left behind."""
-    import qrag_ray.pipeline as pipeline
+    import qrag_ray.index.build as pipeline
 
     out = tmp_path / "idx"
     shutil.copytree(kinds_index[0], out)
@@ -138,8 +138,8 @@ WITH_BM25 = {"atom-hybrid-bm25", "sentence-window-bm25", "default", "chunk-bm25"
 
 
 def test_every_named_preset_plans_its_kinds():
-    from qrag_ray.config import index_config, representation_plan
-    from qrag_ray.presets import PRESETS
+    from qrag_ray.config.index import index_config, representation_plan
+    from qrag_ray.config.presets import PRESETS
 
     assert set(PRESET_KINDS) == set(PRESETS)
     for rep, kinds in PRESET_KINDS.items():
@@ -226,7 +226,7 @@ def test_killed_build_leaves_old_index(kinds_index, tmp_path, pydoc_jsonl):
 def test_factory_errors_are_user_errors():
     """A factory string FAISS rejects, or a shard too small to train IVF-PQ, is a config mistake:
     a clear QragError (one CLI line), not a FAISS traceback."""
-    from qrag_ray.config import FaissConfig
+    from qrag_ray.config.index import FaissConfig
     from qrag_ray.index.writer import build_faiss
 
     vecs = np.random.default_rng(0).standard_normal((48, 32)).astype(np.float32)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qrag_ray.runtime import auth_refused_message, client_auth_mode, refused_for_auth
+from qrag_ray.runtime.ray_start import auth_refused_message, client_auth_mode, refused_for_auth
 
 
 def test_refused_message_names_what_to_set():

@@ -10,7 +10,7 @@ import time
 from ray.data._internal.execution.execution_callback import ExecutionCallback
 from ray.data._internal.execution.operators.input_data_buffer import InputDataBuffer
 
-from qrag_ray import progress
+from qrag_ray.runtime import progress
 
 
 def operator_counts(topology) -> list[tuple[int, str, int, int | None]]:

@@ -62,8 +62,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     import ray
     import ray.data
 
-    from qrag_ray import logs
-    from qrag_ray.progress_ray import attach_ray_data
+    from qrag_ray.runtime import logs
+    from qrag_ray.runtime.progress_ray import attach_ray_data
 
     ctx = ray.data.DataContext.get_current()
     # A QragError raised in a map UDF (bad record, line N) must reach the CLI as itself: Ray Data's

@@ -2,7 +2,7 @@
 
 One IndexConfig describes a whole build, so the manifest records what produced an index and `qrag eval`
 can build indexes that differ in one field. `index_identity` derives what an index *is* from the fields'
-roles (qrag_ray.config_roles); a representation's preset fills unset fields in `index_config`, only there.
+roles (qrag_ray.config.roles); a representation's preset fills unset fields in `index_config`, only there.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from qrag_ray.config_roles import Strict, field_roles, select
+from qrag_ray.config.roles import Strict, field_roles, select
 from qrag_ray.errors import QragError
-from qrag_ray.llm_config import GeneratorConfig, SamplingConfig  # noqa: F401 - the schema imports from here
-from qrag_ray.presets import PRESETS
-from qrag_ray.search_policy import VECTOR_KINDS, SearchConfig, research_knobs_marked
-from qrag_ray.yaml_file import read_yaml
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig  # noqa: F401 - the schema imports from here
+from qrag_ray.config.presets import PRESETS
+from qrag_ray.config.search_policy import VECTOR_KINDS, SearchConfig, research_knobs_marked
+from qrag_ray.config.yaml_file import read_yaml
 
 load_yaml_any = read_yaml  # any YAML document; `load_yaml` reads a config file
 
@@ -75,7 +75,7 @@ class EmbedderRunConfig(Strict):
     actors: int = Field(1, ge=1)
     threads: int | None = Field(None, ge=1, description="torch threads per CPU actor (default: cores / actors); "
                                 "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
-    # CPU inference: onnx (qrag_ray/onnx_backend.py), torch, or auto (onnx where it runs); GPUs use torch
+    # CPU inference: onnx (qrag_ray/embedding/onnx.py), torch, or auto (onnx where it runs); GPUs use torch
     backend: Literal["auto", "torch", "onnx"] = "auto"
     tokens_per_batch: int = Field(65536, ge=256, description="GPU forward pass size in tokens (rows x padded "
                                   "length), not rows, so short and long texts both fill the GPU")

@@ -1,4 +1,4 @@
-"""The progress display (qrag_ray.progress), the log filters (qrag_ray.logs), QragError's message
+"""The progress display (qrag_ray.runtime.progress), the log filters (qrag_ray.runtime.logs), QragError's message
 surviving Ray's retry annotation, and the demo's comparison table (pure parts)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import pytest
 from rich.console import Console
 
-from qrag_ray import logs, progress
+from qrag_ray.runtime import logs, progress
 from qrag_ray.errors import IndexFormatError, QragError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qrag_ray.config import build_index_config, deep_update, nest_dotted
+from qrag_ray.config.index import build_index_config, deep_update, nest_dotted
 
 
 def test_deep_update_merges_nested_sections_without_mutating():
@@ -27,7 +27,7 @@ def test_flags_override_the_file_and_keep_its_other_fields(tmp_path):
 
 # ------------------------------------------------------------------ search: preset + bm25_alpha, research knobs marked
 def test_experimental_search_block_reads_as_the_flat_fields_and_records_flat():
-    from qrag_ray.config import IndexConfig
+    from qrag_ray.config.index import IndexConfig
 
     marked = IndexConfig.model_validate({"representation": "atom-sentence",
                                          "search": {"experimental": {"fusion": "rrf", "rrf_k": 30}}})
@@ -39,7 +39,7 @@ def test_experimental_search_block_reads_as_the_flat_fields_and_records_flat():
 
 
 def test_experimental_overrides_the_preset_only_where_set():
-    from qrag_ray.config import REPRESENTATIONS, index_config
+    from qrag_ray.config.index import REPRESENTATIONS, index_config
 
     preset = REPRESENTATIONS["atom-hybrid"]["search"]
     cfg = index_config({"representation": "atom-hybrid", "generator": {"backend": "precomputed"},
@@ -51,7 +51,7 @@ def test_experimental_overrides_the_preset_only_where_set():
 def test_user_config_must_mark_research_knobs(tmp_path):
     import pytest
 
-    from qrag_ray.config import build_index_config
+    from qrag_ray.config.index import build_index_config
     from qrag_ray.errors import QragError
 
     (tmp_path / "flat.yaml").write_text("search: {kind_weights: {chunk: 0.5}}\n")
@@ -73,7 +73,7 @@ def test_a_knob_given_flat_and_marked_is_an_error():
     import pytest
     from pydantic import ValidationError
 
-    from qrag_ray.config import SearchConfig
+    from qrag_ray.config.index import SearchConfig
 
     with pytest.raises(ValidationError, match="both in search and in search.experimental"):
         SearchConfig.model_validate({"fusion": "rrf", "experimental": {"fusion": "max"}})

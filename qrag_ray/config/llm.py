@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from qrag_ray.config_roles import Strict, field_roles
+from qrag_ray.config.roles import Strict, field_roles
 
 
 class QuerySamplingConfig(Strict):

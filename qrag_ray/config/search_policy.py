@@ -11,7 +11,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from qrag_ray.config_roles import Strict, field_roles, role_of
+from qrag_ray.config.roles import Strict, field_roles, role_of
 from qrag_ray.errors import QragError
 
 # the vector kinds a representation may combine; each row of a shard is one of these

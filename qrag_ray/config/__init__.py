@@ -1,0 +1,1 @@
+"""Configuration by role: the index build (IndexConfig), its search policy, LLM settings, presets, YAML."""

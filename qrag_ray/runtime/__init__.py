@@ -1,0 +1,1 @@
+"""Process plumbing every layer uses: Ray started or joined in one place, logs, progress, ports."""

@@ -1,0 +1,41 @@
+"""The ShardSearcher{g} deployment: a shard store asked only for its group of shard numbers, with tenant
+affinity: Serve's model multiplexing routes a request to a replica that holds its (tenant, version, group),
+so the cluster's cache grows with its replicas."""
+
+from __future__ import annotations
+
+from ray import serve
+
+from qrag_ray.search.shard_search import LoadedShard
+from qrag_ray.serving.shard_store import ShardKey, ShardStore, affinity_id
+
+
+class ShardSearcher(ShardStore):
+    """The ShardSearcher{g} deployment, searching shards g*per .. g*per+per-1: a store whose held shard
+    groups are Serve multiplexed models, so that Serve routes a request carrying `affinity_id` as its
+    multiplexed model id to a replica holding it (else to the replica holding the fewest). The byte
+    budget decides what is held, not a model count."""
+
+    def __init__(self, cache_bytes: int, threads: int | None, per: int = 1):
+        super().__init__(cache_bytes, threads)
+        self.per = per
+
+    async def get(self, shard: int, key: ShardKey) -> LoadedShard:
+        loaded = await super().get(shard, key)
+        await self._hold(affinity_id(key, shard // self.per))
+        return loaded
+
+    @serve.multiplexed(max_num_models_per_replica=-1)
+    async def _hold(self, model_id: str) -> str:
+        return model_id  # a marker: the shard itself lives in the byte-bounded cache
+
+    def _evicted(self, key: ShardKey, shard: int) -> None:
+        # Serve has no public call to unload one multiplexed model: drop the id from this replica's multiplex
+        # state (ray.serve.multiplex._ModelMultiplexWrapper, Ray pinned in pyproject) and have it pushed, so
+        # routing stops preferring this replica for a group none of whose shards it holds any more
+        group = shard // self.per
+        if any(k == key and s // self.per == group and s != shard for k, s in self.cache.keys()):
+            return
+        wrapper = getattr(self, "__serve_multiplex_wrapper", None)
+        if wrapper is not None and wrapper.models.pop(affinity_id(key, group), None) is not None:
+            wrapper._push_multiplexed_replica_info = True
