@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     r = prepare(a.overlay, work, pods=pods, env=parse_pairs(a.env, "env"), settings=parse_pairs(a.settings, "set"),
                 docs=min(a.docs, len(TOPICS)), code=str(Path(a.code).resolve()) if a.code else None)
     print(describe(r), file=sys.stderr)
+    os.environ["RAY_AUTH_TOKEN"] = r.token  # this process watches the nodes start: the cluster's token
     try:
         start(r, quiet=False)
         outcome = run_job(r, a.timeout)
