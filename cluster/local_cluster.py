@@ -418,7 +418,10 @@ def _registered_late(log: Path, since: int, state: ClusterState, node: NodeSpec,
         if b"timed out during startup" not in f.read():
             return False
     deadline = time.time() + timeout
+    raylet = f"--node_manager_port={node.node_manager_port}\0".encode()
     while time.time() < deadline:
+        if not any(raylet in read_cmdline(p) for p in cluster_pids(Path(state.dir))):
+            return False  # the node's raylet is gone (it gives up on agents slower than its own timeout)
         try:
             if any(n["port"] == node.node_manager_port for n in live_nodes(state.address)):
                 print(f"`ray start` for {node.name} timed out, but the node registered later", file=sys.stderr)
