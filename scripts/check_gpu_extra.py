@@ -33,9 +33,12 @@ SHOWN = ("vllm", "torch", "faiss-gpu", "ray", "sentence-transformers", "transfor
 
 
 def gpu_requirements(pyproject: Path = REPO / "pyproject.toml") -> list[str]:
-    """What `pip install ".[gpu]"` asks for: the project's dependencies and its `gpu` extra."""
+    """What `pip install ".[gpu]"` asks for: the project's dependencies and its `gpu` extra. The API client
+    (qrag-client) is installed from clients/python with it, so its own dependencies stand in for it."""
     project = tomllib.loads(pyproject.read_text())["project"]
-    return [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+    client = tomllib.loads((pyproject.parent / "clients" / "python" / "pyproject.toml").read_text())["project"]
+    deps = [r for r in project["dependencies"] if not r.startswith(client["name"])]
+    return [*deps, *client["dependencies"], *project["optional-dependencies"]["gpu"]]
 
 
 def platform_args(glibc_minor: int = GLIBC_MINOR) -> list[str]:
