@@ -32,7 +32,7 @@ def summarize_index(index_dir: str | Path, sample: int = 3) -> dict[str, Any]:
     return {
         "path": str(m.path), "index_version": m.index_version, "format_version": m.format_version,
         "created_at": m.created_at, "build_seconds": (m.stage_seconds or {}).get("total"),
-        "representation": m.representation, "preset": m.data.get("preset"), "kinds": m.kinds,
+        "representation": m.representation, "preset": m.preset, "kinds": m.kinds,
         "question_granularity": m.question_granularity,
         "embedder": {"model": m.embedder.model, "dim": m.embedder.dim},
         "faiss": m.faiss.model_dump() if m.faiss else None,

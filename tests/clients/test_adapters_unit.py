@@ -122,3 +122,15 @@ def test_mcp_tools_have_the_connector_shapes():
                                "chunk_id": "for#1", "questions": ["When does the else clause run?"]}
     assert by_doc.structured_content["text"] == doc["text"] and "questions" not in by_doc.structured_content["metadata"]
     assert missing.is_error and "unknown id 'nope'" in missing.content[0].text
+
+
+def test_qrag_mcp_says_in_one_line_when_the_server_cannot_be_reached(capsys):
+    pytest.importorskip("mcp")
+    from qrag_client.mcp_server import main
+
+    assert main(["--url", "http://127.0.0.1:9"]) == 2
+    assert main(["--url", "http://127.0.0.1:9", "--filter", "[1]"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == ["error: cannot reach http://127.0.0.1:9: [Errno 111] Connection refused",
+                                              'error: --filter must be a JSON object, e.g. {"type": "eq", "key": '
+                                              '"lang", "value": "en"}']

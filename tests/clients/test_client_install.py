@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ def test_the_client_installs_light_and_fast_from_the_public_index(tmp_path):
            "LANG": "C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            **{k: os.environ[k] for k in TLS_TRUST if k in os.environ}}
     venv = tmp_path / "venv"
-    t0 = time.monotonic()
+    cpu0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     # an empty venv, filled by pip from outside (`pip --python`): the same install without first seeding
     # the venv with a pip of its own, which takes longer than the client does; no .pyc compiling either
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=env, timeout=120)
@@ -37,14 +38,15 @@ def test_the_client_installs_light_and_fast_from_the_public_index(tmp_path):
     pip = [sys.executable, "-m", "pip", "--python", py]
     p = subprocess.run([*pip, "install", "-q", "--no-compile", str(REPO / "clients" / "python")], env=env,
                        capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - t0
+    seconds, cpu = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = cpu.ru_utime + cpu.ru_stime - cpu0.ru_utime - cpu0.ru_stime
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     listed = subprocess.run([*pip, "list", "--format", "json"], env=env, capture_output=True, text=True,
                             check=True).stdout
     names = {d["name"].lower().replace("_", "-") for d in json.loads(listed)}
     assert {"qrag-client", "httpx", "pydantic"} <= names
     assert names & HEAVY == set(), names & HEAVY
-    assert seconds < 60, f"venv + install took {seconds:.0f} s"
+    assert seconds < 60, f"venv + install took {seconds:.0f} s ({cpu_s:.0f} s of CPU: the rest waited on a busy box or the network)"
     # it works there: a search against a scripted server, and the typed error of a refused key
     script = """
 import httpx, qrag_client

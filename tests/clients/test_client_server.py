@@ -333,11 +333,12 @@ def test_mcp_over_streamable_http(server):
     _check_tools(server, names, found, fetched, {"query": QUERY, "k": 5})
 
 
-def test_qrag_mcp_refuses_a_bad_key_in_one_line(server):
-    p = subprocess.run([sys.executable, "-m", "qrag_ray.cli", "mcp", "--url", server["url"], "--key", "qrag_wrong"],
-                       env={**os.environ, **_cli_env()}, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.startswith("error: HTTP 401 unauthorized") and len(p.stderr.strip().splitlines()) == 1
+def test_qrag_mcp_refuses_a_bad_key_in_one_line(server, capsys):
+    from qrag_ray.cli import main
+
+    assert main(["mcp", "--url", server["url"], "--key", "qrag_wrong"]) == 2  # checked before serving
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: HTTP 401 unauthorized") and len(err.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------- filter, fetch

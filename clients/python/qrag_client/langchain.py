@@ -44,7 +44,7 @@ class QragRetriever(BaseRetriever):
                 "retry": RetryPolicy(max_retries=self.max_retries)}
 
     def _search_args(self, k: int | None, filter: Filter | None, doc_ids: list[str] | None) -> dict[str, Any]:
-        return {"k": k or self.k, "filter": self.filter if filter is None else filter,
+        return {"k": self.k if k is None else k, "filter": self.filter if filter is None else filter,
                 "doc_ids": self.doc_ids if doc_ids is None else doc_ids, "index": self.index,
                 "min_score": self.min_score, "bm25_alpha": self.bm25_alpha}
 
