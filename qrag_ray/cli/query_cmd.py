@@ -24,7 +24,9 @@ def register(app: typer.Typer) -> None:
             None, "--bm25-alpha", help="hybrid search with this dense weight, 0..1 (index built with BM25)"),
         answer: bool = typer.Option(False, "--answer", help="ask /v1/answer for a cited answer"),
         filter_json: str | None = typer.Option(
-            None, "--filter", help='metadata filter as JSON, e.g. \'{"type": "eq", "key": "lang", "value": "en"}\''),
+            None, "--filter", help='metadata filter as JSON, e.g. \'{"type": "eq", "key": "lang", "value": "en"}\' '
+                                   "(docs/SERVING.md)"),
+        doc_id: list[str] = typer.Option([], "--doc-id", help="only chunks of this document (repeatable)"),
         json_out: bool = typer.Option(False, "--json", help="print the raw JSON response"),
     ):
         """Query a running qrag server and print the results for a person."""
@@ -38,7 +40,8 @@ def register(app: typer.Typer) -> None:
         try:
             with QragClient(url, api_key=key, timeout=120) as client:
                 ask = client.answer if answer else client.search
-                resp = ask(text, k, mode=mode, min_score=min_score, bm25_alpha=bm25_alpha, filter=filt)
+                resp = ask(text, k, mode=mode, min_score=min_score, bm25_alpha=bm25_alpha, filter=filt,
+                           doc_ids=doc_id or None)
         except QragClientError as e:  # the API's error (HTTP status, kind, message) or the transport's, one line
             raise QragError(str(e)) from None
         data = resp.model_dump(mode="json", exclude_unset=True)  # the body's fields as the server sent them

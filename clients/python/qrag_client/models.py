@@ -73,8 +73,8 @@ class SearchResult(_Response):
     matched: list[Match] = Field(default_factory=list)
     bm25: float | None = None
     cosine: float | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
     url: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def matched_question(self) -> str | None:
