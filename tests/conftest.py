@@ -120,6 +120,32 @@ def sentence_cli_index(local_ray, pydoc_jsonl, index_root):
     return out, rc, buf.getvalue()
 
 
+# the client and adapter tests' document metadata: a group per topic, a number, a list of tags
+CLIENT_GROUPS = {"for": "loops", "while": "loops", "break": "loops", "continue": "loops", "if": "branches",
+                 "pass": "statements", "return": "statements", "del": "statements", "assert": "statements",
+                 "with": "statements", "lambda": "expressions", "binary": "expressions", "augassign": "expressions",
+                 "async": "statements"}
+
+
+def client_records() -> list[dict]:
+    """The pydoc corpus with precomputed questions, each record with `metadata` and a `url`."""
+    return [r | {"url": f"https://docs.python.org/3/reference/#{r['id']}",
+                 "metadata": {"group": CLIENT_GROUPS[r["id"]], "order": i, "tags": [CLIENT_GROUPS[r["id"]], r["id"]]}}
+            for i, r in enumerate(pydoc_docs())]
+
+
+@pytest.fixture(scope="session")
+def client_index(local_ray, index_root):
+    """What the client, adapter and `qrag info` tests read: the demo's preset (`hybrid`: chunk + questions)
+    over the pydoc corpus with its precomputed questions, one shard, records carrying metadata and a URL
+    (indexed by builds that read them)."""
+    out = index_root / "client"
+    build({"input": str(write_jsonl(index_root / "client.jsonl", client_records())), "build.output": str(out),
+           "shards": 1, "representation": "hybrid", "generator.backend": "precomputed", "faiss.factory": "Flat",
+           **SMALL_CHUNKS})
+    return out
+
+
 @pytest.fixture(scope="session")
 def filtered_index(local_ray, pydoc_jsonl, index_root):
     """hype index with Q-Q pruning and a question-chunk similarity filter."""

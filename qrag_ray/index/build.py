@@ -162,6 +162,7 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
             clock.seconds["total"] = clock.total()
             description = IndexDescription(
                 representation=cfg.representation, kinds=plan.kinds, question_granularity=plan.granularity,
+                preset=PRESETS[cfg.representation].id if cfg.representation in PRESETS else None,
                 embedder=EmbedderInfo(model=cfg.embedder.model, dim=streamed.dim, normalize=True),
                 faiss=FaissInfo(factory=cfg.faiss.factory, metric="inner_product"),
                 num_shards=cfg.shards, shards=shards,

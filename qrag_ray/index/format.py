@@ -169,6 +169,7 @@ class IndexDescription(_Record):
     """What a build records (`write_manifest` adds files and versions); optional: older builds lack it."""
 
     representation: str
+    preset: str | None = None  # the preset's id (name@version) when the representation is a preset
     kinds: list[str] | None = None
     question_granularity: str | None = None
     embedder: EmbedderInfo
