@@ -203,7 +203,9 @@ def stop(r: Rehearsal) -> bool:
 def submit_command(r: Rehearsal) -> list[str]:
     """KubeRay's submitter command (K8sJobMode) for this cluster."""
     return [lc._ray_bin(), "job", "submit", "--address", r.state.dashboard_url,
-            "--runtime-env-json", json.dumps(r.runtime_env), "--submission-id", r.job_id, "--", r.entrypoint]
+            "--runtime-env-json", json.dumps(r.runtime_env), "--submission-id", r.job_id, "--",
+            # the submitter's shell splits the entrypoint into words; one word would be run as one program name
+            *shlex.split(r.entrypoint)]
 
 
 def _driver_env(**extra: str) -> dict[str, str]:
