@@ -16,6 +16,12 @@ from qrag_ray.errors import QragError
 
 # the vector kinds a representation may combine; each row of a shard is one of these
 VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window", "title")
+# the kinds whose row text is one generated question (a quote or atomquote embeds it beside its chunk or
+# sentence, but stores the question): what BM25's doc2query, the leakage check and the demo read as questions
+QUESTION_KINDS = ("question", "quote", "atomquote")
+# the kinds only an LLM (or precomputed questions) can fill: the question kinds and onedoc (a chunk and all
+# its questions in one vector)
+GENERATED_KINDS = (*QUESTION_KINDS, "onedoc")
 
 
 # The research knobs (role "preset") are the preset's, calibrated for its embedder: a user's config file
