@@ -125,7 +125,8 @@ def _check_kinds(kinds, where: str) -> None:
 
 def research_knobs_marked(data: Mapping) -> None:
     """A user's config changes fusion only under `search.experimental:` (the preset owns it); manifests
-    and eval variants, which record fusion as data, go through config.index_config and are not held to it."""
+    and eval variants, which record fusion as data, go through qrag_ray.config.index.index_config and are
+    not held to it."""
     search = data.get("search")
     if flat := sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []:
         raise QragError(f"invalid configuration: search.{flat[0]} is a research knob that the representation's "
