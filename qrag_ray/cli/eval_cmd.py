@@ -55,10 +55,10 @@ def register(app: typer.Typer) -> None:
             variants += load_variants(variants_file)
         res = run_eval(dataset, data, variants, output, subset=subset, ks=ks, base_overrides=base,
                        strict=strict, console=err, split=split, offset=offset)
-        print(open(res["paths"]["md"]).read())
-        err.print(f"wrote {', '.join(res['paths'].values())}")
-        if res["leaks"]:
-            err.print(f"[yellow]warning:[/] generated questions equal evaluation queries: {res['leaks']}")
+        print(res.paths["md"].read_text())
+        err.print(f"wrote {', '.join(map(str, res.paths.values()))}")
+        if res.leaks:
+            err.print(f"[yellow]warning:[/] generated questions equal evaluation queries: {res.leaks}")
 
     @app.command("matrix")
     def matrix_cmd(
@@ -96,12 +96,12 @@ def register(app: typer.Typer) -> None:
 
         rep = run_suite(load_suite(path), output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
                         console=err, resume=resume)
-        print(rep["markdown"])
-        for label, key in (("REGRESSION", "regressions"), ("BETTER", "better")):
-            for line in rep[key]:
+        print(rep.markdown)
+        for label, lines in (("REGRESSION", rep.regressions), ("BETTER", rep.better)):
+            for line in lines:
                 print(f"{label:<12}{line}")
         if record:
-            print(recorded_yaml(rep["table"], rep["datasets"], slice_name))
-        err.print(f"wrote {', '.join(rep['paths'].values())}")
-        if rep["regressions"]:
+            print(recorded_yaml(rep.table, rep.datasets, slice_name))
+        err.print(f"wrote {', '.join(rep.paths.values())}")
+        if rep.regressions:
             raise typer.Exit(1)

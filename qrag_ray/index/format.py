@@ -180,7 +180,7 @@ class IndexDescription(_Record):
     generation: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     stage_seconds: dict[str, float] | None = None
-    content: dict[str, Any] | None = None  # the index identity (config.index_identity)
+    content: dict[str, Any] | None = None  # the index identity (qrag_ray.config.index.index_identity)
 
     @model_validator(mode="after")
     def _one_entry_per_shard(self):

@@ -40,7 +40,7 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     # only the new documents were embedded; the rest came from the kept checkpoints
     assert appended.vectors_reused == first.vectors
     assert appended.vectors_embedded == full.vectors - first.vectors > 0
-    assert load_manifest(out).index_version != first.manifest["index_version"]  # a new version
+    assert load_manifest(out).index_version != first.manifest.index_version  # a new version
     a, f = load_manifest(out, verify=True).data, load_manifest(tmp_path / "full").data
     assert a["files"] == f["files"] and a["counts"] == f["counts"]
     assert _search(out) == _search(tmp_path / "full")
