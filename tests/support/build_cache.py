@@ -99,7 +99,8 @@ def _copy_out(entry: Path, out: Path) -> Any:
 def shared(spec: Mapping[str, Any], out: Path, make: Callable[[], T]) -> T:
     """`make()` builds the folder `out` and returns its result; with QRAG_TEST_BUILD_CACHE set, only
     once per content key across the processes of the run (see the module doc). `spec` names everything
-    the build depends on besides the package and the environment: input files as `file_digest`s."""
+    the build depends on besides the package and the environment: input files as `file_digest`s. A copy
+    replaces whatever `out` held."""
     root = os.environ.get(ENV)
     if not root:
         return make()
