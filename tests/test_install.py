@@ -44,6 +44,7 @@ def tail(p: subprocess.CompletedProcess, n: int = 4000) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(4800)  # setup (2700 s at most) and the demo (1800 s) in a fresh venv
 def test_setup_with_the_public_index_only(tmp_path):
     clone, home = tmp_path / "clone", tmp_path / "home"
     home.mkdir()
@@ -77,6 +78,7 @@ def test_setup_with_the_public_index_only(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2100)  # pip's resolution for three Pythons: 1800 s at most
 def test_gpu_extra_resolves_for_linux_x86_64():
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "check_gpu_extra.py")], capture_output=True,
                        text=True, timeout=1800)

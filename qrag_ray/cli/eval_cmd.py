@@ -89,14 +89,17 @@ def register(app: typer.Typer) -> None:
         record: bool = typer.Option(False, "--record", help="also print the measured table as an expected: block"),
         resume: bool = typer.Option(False, "--resume", help="keep figures an earlier run of this slice wrote to --output"),
     ):
-        """Every configuration on every dataset: one table with the mean, JSON and a plot; exit 1 when a
-        figure falls below the one recorded for the slice."""
+        """Every configuration on every dataset: one table with the mean, JSON and a plot, then the matrix
+        conditions the slice names; exit 1 when a figure falls below the one recorded for it."""
         from qrag_ray.evaluation.driver import parse_list
         from qrag_ray.evaluation.suite import load_suite, recorded_yaml, run_suite
 
         rep = run_suite(load_suite(path), output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
                         console=err, resume=resume)
         print(rep.markdown)
+        if rep.matrix:
+            print(f"\nregression matrix ({rep.matrix.file}, tagged {', '.join(rep.matrix.tags)}):")
+            print(rep.matrix.summary)
         for label, lines in (("REGRESSION", rep.regressions), ("BETTER", rep.better)):
             for line in lines:
                 print(f"{label:<12}{line}")

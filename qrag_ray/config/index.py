@@ -80,6 +80,8 @@ class EmbedderRunConfig(Strict):
     tokenize: Literal["auto", "actor", "tasks"] = Field(
         "auto", description="where texts become token ids: in the embedding actor, or in CPU workers that feed "
         "it ready arrays (a GPU's forward pass outruns one tokenizing thread); auto = tasks with num_gpus")
+    tokenizers: int | None = Field(None, ge=1, description="CPU workers that tokenize (tokenize: tasks); default: "
+                                   "every CPU slot the embedding actors and the driver leave")
 
     def tokenize_apart(self) -> bool:
         return self.tokenize == "tasks" or (self.tokenize == "auto" and self.num_gpus > 0)

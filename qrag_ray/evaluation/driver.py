@@ -213,12 +213,14 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
     return done
 
 
-def evaluate_condition(condition) -> dict[str, float | None]:
+def evaluate_condition(condition, root: str | Path | None = None) -> dict[str, float | None]:
     """Runner for the regression matrix (`run_matrix(..., runner=evaluate_condition)`): one
-    `matrix.Condition` -> metrics (fractions). matrix.py stays a leaf: it never imports this module."""
+    `matrix.Condition` -> metrics (fractions), its `qrag eval` output in root/<id> (default: the temp
+    folder's qrag-matrix/). matrix.py stays a leaf: it never imports this module."""
     overrides = condition.index_overrides()
     rep = overrides.pop("representation")
+    root = Path(root) if root is not None else Path(tempfile.gettempdir()) / "qrag-matrix"
     res = run_eval(condition.dataset, condition.data, [Variant(rep, {"representation": rep})],
-                   Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id, subset=condition.subset,
+                   root / condition.id, subset=condition.subset,
                    base_overrides=overrides, split=condition.split, offset=condition.offset)
     return res.results[rep].metrics

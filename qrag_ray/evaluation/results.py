@@ -182,6 +182,19 @@ class SuiteCell(_Measured):
 
 
 @dataclass
+class SuiteMatrix:
+    """The regression-matrix conditions a suite slice ran (suite.json's "matrix")."""
+
+    file: str
+    tags: list[str]
+    measured: Any  # the matrix's measured figures, as its runner returned them
+    summary: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "tags": self.tags, "measured": self.measured, "summary": self.summary}
+
+
+@dataclass
 class SuiteReport:
     """suite.json (`to_json`), with where the files went and the markdown table."""
 
@@ -195,6 +208,7 @@ class SuiteReport:
     skipped: dict[str, list[str]]
     regressions: list[str]
     better: list[str]
+    matrix: SuiteMatrix | None = None
     paths: dict[str, str] = field(default_factory=dict)
     markdown: str = ""
 
@@ -202,7 +216,8 @@ class SuiteReport:
         return {"slice": self.slice, "metric": self.metric, "datasets": self.datasets, "table": self.table,
                 "metrics": {ds: {c: cell.to_json() for c, cell in row.items()} for ds, row in self.metrics.items()},
                 "cost": self.cost, "configs": self.configs, "skipped": self.skipped,
-                "regressions": self.regressions, "better": self.better}
+                "regressions": self.regressions, "better": self.better,
+                **({"matrix": self.matrix.to_json()} if self.matrix else {})}
 
 
 def read_suite_json(path: Path) -> dict[str, Any]:

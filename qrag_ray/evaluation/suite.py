@@ -1,23 +1,27 @@
 """The multi-dataset suite: every configuration on every dataset, one table, one mean, held against the
 figures recorded in the YAML (keys: docs/EVALUATION.md), so a default is chosen across query styles.
 Configurations that build the same vectors share one index per dataset (`qrag eval` reuses an index of
-the same qrag_ray.config.index.index_identity), so a search policy costs no build.
+the same qrag_ray.config.index.index_identity), so a search policy costs no build. A slice may also name
+regression matrix conditions by tag (`matrix: {tags: [ci]}`, from the matrix YAML beside the suite's unless
+`file` says another), run in the same process after its datasets and held against the matrix's figures.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from qrag_ray.config.index import REPRESENTATIONS, deep_update, index_config, load_yaml
 from qrag_ray.errors import QragError
-from qrag_ray.evaluation.driver import Variant, run_eval
+from qrag_ray.evaluation.driver import Variant, evaluate_condition, run_eval
 from qrag_ray.evaluation.loaders import EVAL_KINDS, load_eval_set
-from qrag_ray.evaluation.matrix import resolve_data_path
-from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures
-from qrag_ray.evaluation.results import EvalReport, SuiteCell, SuiteReport, read_partial, read_suite_json
+from qrag_ray.evaluation.matrix import Condition, load_matrix, resolve_data_path, run_matrix, select
+from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
+from qrag_ray.evaluation.results import (EvalReport, SuiteCell, SuiteMatrix, SuiteReport, read_partial,
+                                         read_suite_json)
 
 FULL = "full"
 
@@ -80,6 +84,8 @@ def load_suite(path: str | Path) -> Suite:
             bad += [x for x in [ds] if x not in spec["datasets"]] + [x for x in cs or [] if x not in configs]
         if bad:
             raise QragError(f"{where}: slice {sl!r} names unknown dataset(s) or config(s): {', '.join(map(str, bad))}")
+        if "matrix" in spec:
+            spec["matrix"] = _slice_matrix(spec["matrix"], p.parent, f"{where}: slice {sl!r}")
     expected = raw.get("expected") or {}
     for sl, table in expected.items():
         for ds, row in (table or {}).items():
@@ -88,6 +94,18 @@ def load_suite(path: str | Path) -> Suite:
     return Suite(raw.get("metric", "nDCG@10"), float(raw.get("tolerance", 1.0)), base, dsets,
                  {str(k): dict(v) for k, v in configs.items()}, {str(k): dict(v) for k, v in slices.items()},
                  {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()})
+
+
+def _slice_matrix(spec: Any, here: Path, where: str) -> dict[str, Any]:
+    """A slice's `matrix: {tags: [...], file: ...}`: the file resolved beside the suite, its conditions
+    checked now (a typo fails before any build)."""
+    tags = spec.get("tags") if isinstance(spec, dict) else None
+    if not isinstance(tags, list) or not tags or not all(isinstance(t, str) for t in tags):
+        raise QragError(f"{where}: 'matrix' needs a list of condition tags (matrix: {{tags: [ci]}})")
+    path = here / str(spec.get("file") or "matrix.yaml")
+    if not select(load_matrix(path), tags=tags):
+        raise QragError(f"{where}: no condition of {path} carries the tag(s) {', '.join(tags)}")
+    return {"file": str(path), "tags": tags}
 
 
 def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> dict[str, dict[str, float]]:
@@ -202,11 +220,15 @@ def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, S
 
 def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: list[str] | None = None,
               configs: list[str] | None = None, console=None,
-              runner: Callable[..., Mapping[str, SuiteCell]] | None = None, resume: bool = False) -> SuiteReport:
+              runner: Callable[..., Mapping[str, SuiteCell]] | None = None, resume: bool = False,
+              matrix_runner: Callable[[Condition], Mapping] | None = None) -> SuiteReport:
     """Run the selected configurations on the selected datasets (as `slice_name` reads them), write
-    suite.json, suite.md and suite.png under `out`, and compare with the slice's recorded figures.
-    `runner(dataset, suite, configs, out, console) -> {config: SuiteCell}` is injectable. `resume` keeps the
-    figures an earlier run of the slice wrote to `out` for unchanged configurations, measuring the rest."""
+    suite.json, suite.md and suite.png under `out`, and compare with the slice's recorded figures; then
+    the matrix conditions the slice names (the whole slice only: not with `datasets` or `configs`), their
+    `qrag eval` output under out/matrix, their regressions counted with the suite's.
+    `runner(dataset, suite, configs, out, console) -> {config: SuiteCell}` and `matrix_runner(condition) ->
+    metrics` are injectable. `resume` keeps the figures an earlier run of the slice wrote to `out` for
+    unchanged configurations, measuring the rest."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     unknown = [d for d in datasets or [] if d not in {x.name for x in suite.datasets}]
@@ -248,6 +270,12 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     spent = {c: _costs(raw, c) for c in shown}
     report = SuiteReport(slice_name, suite.metric, done, table, raw, spent, {c: suite.configs[c] for c in shown},
                          skip, [str(r) for r in checked.regressions], [str(b) for b in checked.improvements])
+    if (m := (sl or {}).get("matrix")) and not datasets and not configs:
+        if console:
+            console.rule(f"suite: matrix conditions tagged {', '.join(m['tags'])}")
+        res = run_matrix(m["file"], tags=m["tags"], runner=matrix_runner or partial(evaluate_condition, root=out / "matrix"))
+        report.matrix = SuiteMatrix(m["file"], m["tags"], res.measured, res.comparison.summary())
+        report.regressions += [f"matrix {r}" for r in res.comparison.regressions]
     (out / "suite.json").write_text(json.dumps(report.to_json(), indent=2))
     report.markdown = format_table(table, done, suite.metric, mark="default" if "default" in table else None,
                                    cost=spent)

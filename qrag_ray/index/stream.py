@@ -127,7 +127,7 @@ def _embed(plan: BuildPlan, rows) -> dict:
     if r.tokenize_apart():
         # CPU workers tokenize and sort by length, on every core the embedding actors and the driver leave,
         # all started at once; the embedding actors only stack and run the model
-        workers = max(1, int(ray.cluster_resources().get("CPU", 2)) - r.actors - 1)
+        workers = r.tokenizers or max(1, int(ray.cluster_resources().get("CPU", 2)) - r.actors - 1)
         rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
                                 compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
                                 batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")

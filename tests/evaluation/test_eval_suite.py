@@ -93,6 +93,48 @@ def test_run_suite_writes_table_json_and_plot(tmp_path):
         run_suite(s, tmp_path / "out3", "nightly", runner=runner)
 
 
+MATRIX = """
+- {id: small-ci, dataset: squad, data: a.json, subset: 5, representation: chunk, expected: {"R@1": 50.0}, tags: [ci]}
+- {id: big, dataset: squad, data: a.json, representation: chunk, expected: {"R@1": 60.0}, tags: [full]}
+"""
+
+
+def test_a_slice_runs_the_matrix_conditions_it_names_in_the_same_run(tmp_path):
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    s = load_suite(_write(tmp_path, SUITE.replace("datasets: {b: {subset: 10}}}",
+                                                  "datasets: {b: {subset: 10}}, matrix: {tags: [ci]}}")))
+    assert s.slices["ci"]["matrix"] == {"file": str(tmp_path / "matrix.yaml"), "tags": ["ci"]}
+    ran = []
+
+    def matrix_runner(cond):
+        ran.append(cond.id)
+        return {"R@1": 0.40}  # 10 points under the recorded 50
+
+    def runner(ds, suite, cfgs, out, console):
+        return {"chunk": cell(0.50), "mix": cell(0.60)}
+
+    rep = run_suite(s, tmp_path / "out", "ci", runner=runner, matrix_runner=matrix_runner)
+    assert ran == ["small-ci"] and rep.matrix.measured == {"small-ci": {"R@1": 0.40}}
+    assert rep.regressions == ["matrix small-ci: R@1 40.00 vs recorded 50.0 (-10.00 points, tolerance 1)"]
+    assert "FAIL: 1 regression(s)" in rep.matrix.summary
+    assert json.loads((tmp_path / "out" / "suite.json").read_text())["matrix"]["tags"] == ["ci"]
+    # a partial run of the slice (some configs) leaves the matrix out
+    rep = run_suite(s, tmp_path / "out2", "ci", configs=["chunk"], runner=runner, matrix_runner=matrix_runner)
+    assert ran == ["small-ci"] and rep.matrix is None and "matrix" not in rep.to_json()
+
+
+@pytest.mark.parametrize("matrix, msg", [
+    ("{tags: ci}", "'matrix' needs a list of condition tags"),
+    ("{tags: [nightly]}", "carries the tag(s) nightly"),
+])
+def test_a_slices_matrix_is_checked_when_the_suite_loads(tmp_path, matrix, msg):
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    with pytest.raises(QragError) as ei:
+        load_suite(_write(tmp_path, SUITE.replace("datasets: {b: {subset: 10}}}",
+                                                  f"datasets: {{b: {{subset: 10}}}}, matrix: {matrix}}}")))
+    assert msg in str(ei.value) and "\n" not in str(ei.value)
+
+
 def test_the_table_reports_what_each_index_costs(tmp_path):
     built = SuiteCell.of(VariantResult(metrics={"nDCG@10": 0.5}, vectors=30, chunks=10,
                                        stage_seconds={"embed": 9.0, "total": 12.5}))
