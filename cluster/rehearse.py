@@ -13,7 +13,8 @@ read-only as the image's root filesystem is and only its mounted volumes writabl
 submitter does: `ray job submit --runtime-env-json <runtimeEnvYAML> --submission-id ... -- <entrypoint>`,
 with a token of its own (RAY_AUTH_TOKEN on every node and the submitter). When the job succeeds the same
 build runs again with plain `qrag index` (no cluster; the question cache it shares answers every prompt) and
-the two published manifests must have one content_hash. Exit 0 only then. docs/CLUSTER.md, "Rehearsing the
+the two indexes must be the same: every file's bytes equal but the FAISS files', whose vectors must agree
+within a float tolerance (cluster/index_compare.py says why). Exit 0 only then. docs/CLUSTER.md, "Rehearsing the
 indexing job".
 """
 
@@ -35,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from cluster import local_cluster as lc
+from cluster.index_compare import differences
 from cluster.pod_layout import POD_HOME, JobPlan, Pod, job_plan, local_paths, map_env, map_text
 from cluster.readonly import make_readonly
 
@@ -253,6 +255,7 @@ class Outcome:
     job_hash: str | None = None
     plain_hash: str | None = None
     plain_log: str = ""
+    differences: list[str] = field(default_factory=list)  # job's index against the plain build's
     seconds: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -262,8 +265,10 @@ class Outcome:
             return "the job succeeded but published no index with a content_hash"
         if self.plain_hash is None:
             return f"plain `qrag index` failed:\n{self.plain_log[-4000:]}"
-        verdict = "equal" if self.ok else "DIFFERENT"
-        return f"content_hash {verdict}: job {self.job_hash}, plain qrag index {self.plain_hash}"
+        if self.ok:
+            same = "content_hash equal" if self.job_hash == self.plain_hash else "equal but for float-level vector differences"
+            return f"the job's index and plain qrag index's: {same}"
+        return "the job's index differs from plain qrag index's:\n  " + "\n  ".join(self.differences)
 
 
 def run_job(r: Rehearsal, timeout: float = 1800.0, compare: bool = True) -> Outcome:
@@ -280,7 +285,9 @@ def run_job(r: Rehearsal, timeout: float = 1800.0, compare: bool = True) -> Outc
     prc, out.plain_log, plain = plain_build(r, timeout)
     out.seconds["plain"] = round(time.monotonic() - t1, 1)
     out.plain_hash = content_hash(plain) if prc == 0 else None
-    out.ok = out.plain_hash == out.job_hash
+    if out.plain_hash is not None:
+        out.differences = [] if out.plain_hash == out.job_hash else differences(Path(r.params["output"]), plain)
+        out.ok = not out.differences
     return out
 
 

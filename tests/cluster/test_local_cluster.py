@@ -183,7 +183,8 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes, open_engin
 def test_the_cpu_dev_rayjob_runs_as_kuberay_submits_it(rehearsal):
     """Last on the cluster: `ray job submit --runtime-env-json <runtimeEnvYAML> -- <entrypoint>` with the
     token, the pods' homes read-only; the job generates questions on vLLM-CPU, publishes, and its manifest's
-    content_hash is the one plain `qrag index` publishes (the question cache it shares answers every prompt)."""
+    index is the one plain `qrag index` publishes, vectors within a float tolerance (the question cache it
+    shares answers every prompt)."""
     from llm_stack import missing, qwen_converted
 
     if not qwen_converted():  # the pods' home holds the baked models: `qrag prepare-models`
