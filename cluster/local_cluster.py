@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,9 +35,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cluster.gcs_nodes import live_nodes, wait_for_nodes
+from cluster.node_processes import ENV_MARKER, cluster_pids, kill_cluster_processes, read_cmdline
 from cluster.readonly import readonly_wrapper
 
-ENV_MARKER = "QRAG_LOCAL_CLUSTER"
 HOST = "127.0.0.1"
 # Port layout relative to the base port B (per node i: 0 = head, 1..N = workers):
 #   B          GCS (the cluster address)          B+1  Ray client server   B+2  dashboard (HTTP)
@@ -238,110 +238,7 @@ def ray_start_command(state: ClusterState, node: NodeSpec, object_store_mb: int)
     return readonly_wrapper(node.readonly) + cmd
 
 
-def read_environ(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
-
-
-def read_cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def cluster_pids(cdir: Path) -> list[int]:
-    """Processes that belong to the cluster in cdir: they carry the env marker or the temp dir."""
-    marker = f"{ENV_MARKER}={cdir}\0".encode()
-    tdir = str(cdir / "ray").encode()
-    me = os.getpid()
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        pid = int(p.name)
-        if pid == me:
-            continue
-        env = read_environ(pid)
-        if marker in env + b"\0" or tdir in read_cmdline(pid):
-            # skip zombies: they hold no resources and vanish when reaped
-            try:
-                stat = (p / "stat").read_text()
-                if stat.rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            except (OSError, IndexError):
-                continue
-            out.append(pid)
-    return sorted(out)
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            pass
-
-
-def kill_cluster_processes(cdir: Path, grace_s: float = 10.0) -> list[int]:
-    """SIGTERM the cluster's processes, SIGKILL what is left after grace_s; returns survivors."""
-    pids = cluster_pids(cdir)
-    if not pids:
-        return []
-    _signal_all(pids, signal.SIGTERM)
-    deadline = time.time() + grace_s
-    while time.time() < deadline:
-        left = cluster_pids(cdir)
-        if not left:
-            return []
-        time.sleep(0.3)
-    # processes spawned during shutdown (e.g. a worker started just now) are caught here too
-    for _ in range(5):
-        left = cluster_pids(cdir)
-        if not left:
-            return []
-        _signal_all(left, signal.SIGKILL)
-        time.sleep(0.5)
-    return cluster_pids(cdir)
-
-
 # ---------------------------------------------------------------- cluster state
-
-
-def live_nodes(address: str, timeout: float = 5.0) -> list[dict]:
-    """ALIVE nodes according to the GCS: [{node_id, resources}]"""
-    from ray._raylet import GcsClient
-
-    from qrag_ray.runtime.ray_start import client_auth_mode
-
-    client_auth_mode()  # the GCS of a token cluster answers only a client in token mode
-    client = GcsClient(address=address)
-    infos = client.get_all_node_info(timeout=timeout)
-    out = []
-    for nid, info in infos.items():
-        if info.state != 0:  # GcsNodeInfo.ALIVE == 0
-            continue
-        out.append({"node_id": nid.hex(), "resources": dict(info.resources_total),
-                    "is_head": bool(info.is_head_node), "port": info.node_manager_port})
-    return out
-
-
-def wait_for_nodes(address: str, n: int, timeout: float = 90.0) -> list[dict]:
-    deadline = time.time() + timeout
-    last: Exception | None = None
-    while time.time() < deadline:
-        try:
-            nodes = live_nodes(address)
-            if len(nodes) >= n:
-                return nodes
-        except Exception as e:  # noqa: BLE001 - GCS still starting
-            last = e
-        time.sleep(1.0)
-    raise RuntimeError(f"cluster at {address} did not reach {n} alive nodes in {timeout:.0f}s ({last})")
 
 
 def up(name: str = "qrc", workers: int = 2, worker_cpus: int = 2, head_cpus: int = 0,

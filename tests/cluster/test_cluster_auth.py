@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from cluster import local_cluster as lc
+from cluster import node_processes as procs
 from support.cluster_procs import native_processes_in_token_mode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ def head(token_file):
         down = subprocess.run([*cli, "down", "--name", name], env=env, capture_output=True, text=True,
                               timeout=300, cwd=REPO)
         assert down.returncode == 0, down.stderr[-3000:]
-        assert lc.cluster_pids(cdir) == []
+        assert procs.cluster_pids(cdir) == []
 
 
 def _jobs_api(url: str, method: str = "GET", body: dict | None = None, token: str | None = None) -> tuple[int, str]:

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from cluster import gcs_nodes as gcs
 from cluster import local_cluster as lc
+from cluster import node_processes as procs
 from cluster import rehearse
 from qrag_ray.runtime.ports import free_port
 from support.cluster_procs import native_processes_in_token_mode
@@ -53,7 +55,7 @@ def rehearsal(tmp_path_factory):
         yield r
     finally:
         assert rehearse.stop(r), "cluster processes survived SIGKILL"
-        assert lc.cluster_pids(r.cdir) == [], "processes of the local cluster were left behind"
+        assert procs.cluster_pids(r.cdir) == [], "processes of the local cluster were left behind"
         assert not r.cdir.exists()
 
 
@@ -66,7 +68,7 @@ def cluster(rehearsal):
 def nodes(cluster) -> dict[str, str]:
     """resource name (head, cpu-workers-0, cpu-workers-1) -> node id"""
     out = {}
-    for n in lc.live_nodes(cluster.address):
+    for n in gcs.live_nodes(cluster.address):
         out.update({r: n["node_id"] for r in ("head", *WORKERS) if r in n["resources"]})
     return out
 
@@ -90,7 +92,7 @@ def cluster_index(cluster, tmp_path_factory) -> Path:
 
 
 def test_cluster_has_three_nodes_with_their_own_resources(cluster, nodes):
-    live = lc.live_nodes(cluster.address)
+    live = gcs.live_nodes(cluster.address)
     assert len(live) == 3
     assert set(nodes) == {"head", *WORKERS} and len(set(nodes.values())) == 3
     head = next(n for n in live if "head" in n["resources"])
@@ -191,8 +193,8 @@ def test_the_cpu_dev_rayjob_runs_as_kuberay_submits_it(rehearsal):
         missing("the bundled Qwen model is not prepared (qrag prepare-models)")
     home = Path(rehearsal.shapes[1].env["HOME"])
     port = next(n.node_manager_port for n in rehearsal.state.nodes if n.name == "cpu-workers-0")
-    raylet = next(p for p in lc.cluster_pids(rehearsal.cdir) if b"/raylet\0" in lc.read_cmdline(p)
-                  and f"--node_manager_port={port}\0".encode() in lc.read_cmdline(p))
+    raylet = next(p for p in procs.cluster_pids(rehearsal.cdir) if b"/raylet\0" in procs.read_cmdline(p)
+                  and f"--node_manager_port={port}\0".encode() in procs.read_cmdline(p))
     with pytest.raises(OSError):  # the home as the node's processes see it (for root: their mount namespace)
         (Path(f"/proc/{raylet}/root") / str(home).lstrip("/") / "probe").write_text("x")
     outcome = rehearse.run_job(rehearsal, timeout=1500)

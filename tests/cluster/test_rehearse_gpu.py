@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import local_cluster as lc
+from cluster import gcs_nodes as gcs
+from cluster import node_processes as procs
 from cluster import rehearse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,10 +38,10 @@ def test_the_gpu_prod_rayjob_layout_runs_with_the_kernels_on_cpu(tmp_path):
     assert sum(s.num_gpus for s in r.shapes) == 2
     try:
         rehearse.start(r, timeout=180)
-        gpus = sum(n["resources"].get("GPU", 0) for n in lc.live_nodes(r.state.address))
+        gpus = sum(n["resources"].get("GPU", 0) for n in gcs.live_nodes(r.state.address))
         assert gpus == 2
         outcome = rehearse.run_job(r, timeout=1500)
         assert outcome.ok, outcome.summary()
     finally:
         assert rehearse.stop(r), "cluster processes survived SIGKILL"
-    assert lc.cluster_pids(r.cdir) == []
+    assert procs.cluster_pids(r.cdir) == []
