@@ -190,7 +190,8 @@ def sink_batch(tok: dict, shards: int) -> dict:
 
 class FileCount:
     """Counts the checkpoint files written (every one passes qrag_ray.index.format.atomic_write, by
-    name in the modules that import it) and makes each wait `latency_s` first (--file-latency-ms)."""
+    name in the modules that import it) and makes every write wait `latency_s` first (--file-latency-ms),
+    the sink's progress notes too; the notes (one file per sink, rewritten) are not counted as files."""
 
     def __init__(self, latency_s: float):
         import qrag_ray.index.format as fmt
@@ -198,8 +199,9 @@ class FileCount:
         self.latency_s, self.files, self.lock, real = latency_s, 0, threading.Lock(), fmt.atomic_write
 
         def counted(path, write, suffix=""):
-            with self.lock:
-                self.files += 1
+            if "progress" not in Path(path).parts:
+                with self.lock:
+                    self.files += 1
             time.sleep(self.latency_s)
             real(path, write, suffix)
 
