@@ -129,7 +129,7 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
     with clock.stage("train"):
         task = ray.remote(num_cpus=1)(train_quantizer)
         return ray.get(task.remote(str(plan.work), factory, plan.cfg.faiss.train_sample, streamed.rows, streamed.dim,
-                                   streamed.run, plan.cfg.shards))
+                                   streamed.run))
 
 
 def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
