@@ -15,6 +15,7 @@ from qrag_ray.config.index import recorded_config
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import Manifest, files_under, load_manifest, read_table_file, verify_files
 from qrag_ray.index.lexical import ShardLexicon
+from qrag_ray.index.selected_search import can_reconstruct, search_selected
 
 
 @dataclass
@@ -36,6 +37,16 @@ class ShardHits:
         pick = lambda a: None if a is None else a[j:j + 1]  # noqa: E731
         return ShardHits(self.shard, pick(self.scores), pick(self.rows), pick(self.chunk_idx), self.exhausted,
                          pick(self.kinds), pick(self.lex_scores), pick(self.lex_chunk_idx))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The part of one shard a filter lets through: its FAISS rows (sorted ids, and the same as a packed
+    little-endian bitmap for faiss.IDSelectorBitmap) and, with BM25, which of its BM25 documents."""
+
+    rows: np.ndarray
+    bitmap: np.ndarray
+    lex_docs: np.ndarray | None
 
 
 def one_array(col: pa.ChunkedArray) -> pa.Array:
@@ -94,6 +105,9 @@ class ShardIndex:
         self.nbytes = file_bytes + self.chunk_idx.nbytes + self._kind_code.nbytes + self.text.nbytes
         if len(self.chunk_idx) != index.ntotal:
             raise IndexFormatError(f"shard {shard}: {index.ntotal} vectors but {len(self.chunk_idx)} metadata rows")
+        self._reconstructs: bool | None = None  # decided on the first filtered search
+        self._row_chunk: np.ndarray | None = None  # per row: its chunk's place in the chunk table (ditto)
+        self._lex_chunk: np.ndarray | None = None
         self.lexicon = None
         if info.bm25:
             if verify:
@@ -104,20 +118,41 @@ class ShardIndex:
     def ntotal(self) -> int:
         return int(self.index.ntotal)
 
-    def search(self, qvecs: np.ndarray, k: int, queries: list[str] | None = None) -> ShardHits:
-        """The k nearest vectors per query; with `queries` (their texts) also the k best BM25 chunks."""
+    def selection(self, chunk_keys: np.ndarray, passes: np.ndarray) -> Selection:
+        """The rows (and BM25 documents) of the chunks that pass: `passes` is a bool per chunk of the
+        shard's chunk table, whose sorted keys are `chunk_keys`."""
+        if self._row_chunk is None:  # every row's chunk is in the table (the build writes both)
+            self._row_chunk = np.searchsorted(chunk_keys, self.chunk_idx).astype(np.int32)
+        mask = passes[self._row_chunk] if len(passes) else np.zeros(self.ntotal, bool)
+        lex = None
+        if self.lexicon is not None:
+            if self._lex_chunk is None:
+                self._lex_chunk = np.searchsorted(chunk_keys, self.lexicon.chunk_idx).astype(np.int32)
+            lex = passes[self._lex_chunk] if len(passes) else np.zeros(len(self.lexicon), bool)
+        return Selection(np.flatnonzero(mask).astype(np.int64), np.packbits(mask, bitorder="little"), lex)
+
+    def search(self, qvecs: np.ndarray, k: int, queries: list[str] | None = None,
+               sel: Selection | None = None) -> ShardHits:
+        """The k nearest vectors per query; with `queries` (their texts) also the k best BM25 chunks;
+        with `sel` only among the rows and chunks it selected (qrag_ray.index.selected_search)."""
         qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
-        if self.ntotal:
-            scores, rows = self.index.search(qvecs, max(1, min(k, self.ntotal)))
+        total = self.ntotal if sel is None else len(sel.rows)
+        if total:
+            if sel is None:
+                scores, rows = self.index.search(qvecs, max(1, min(k, total)))
+            else:
+                if self._reconstructs is None:
+                    self._reconstructs = can_reconstruct(self.index)
+                scores, rows = search_selected(self.index, qvecs, max(1, k), sel.rows, sel.bitmap, self._reconstructs)
             cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
-            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal,
+            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= total,
                              kinds=self._kind_names[self._kind_code[rows]])
         else:
             empty = np.full((len(qvecs), 0), -1, np.int64)
             hits = ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True,
                              np.zeros((len(qvecs), 0), dtype=object))
         if queries is not None and self.lexicon is not None:
-            hits.lex_scores, hits.lex_chunk_idx = self.lexicon.search(queries, k)
+            hits.lex_scores, hits.lex_chunk_idx = self.lexicon.search(queries, k, None if sel is None else sel.lex_docs)
         return hits
 
     def matched(self, rows) -> dict[int, tuple[str, str]]:
