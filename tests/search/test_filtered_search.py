@@ -5,17 +5,15 @@ exhaustive retry of a query the index could not fill); exactly k distinct chunks
 
 from __future__ import annotations
 
-import datetime as dt
-
 import faiss
 import numpy as np
 import pytest
 
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.index import selected_search
-from qrag_ray.index.lexical import ShardLexicon
 from qrag_ray.search.engine import SearchEngine
 from qrag_ray.search.filters import InvalidFilter
+from support.brute_force import bm25_truth, dense_truth, passes
 from support.synthetic_index import synthetic_docs, write_synthetic_index
 
 DOCS = synthetic_docs(90)
@@ -34,26 +32,6 @@ FILTERS = [
 ]
 
 
-def passes(node, meta: dict) -> bool:
-    """The grammar's meaning, written out plainly: the oracle the vectorised evaluation is held to."""
-    if node["type"] in ("and", "or"):
-        got = [passes(c, meta) for c in node["filters"]]
-        return all(got) if node["type"] == "and" else any(got)
-    v, want, op = meta.get(node["key"]), node["value"], node["type"]
-    if op in ("ne", "nin"):
-        return not passes({**node, "type": "eq" if op == "ne" else "in"}, meta)
-    if v is None:
-        return False
-    vals = v if isinstance(v, list) else [v]
-    if node["key"] == "at":
-        vals = [dt.datetime.fromisoformat(x.replace("Z", "+00:00")) for x in vals]
-        want = [dt.datetime.fromisoformat(w.replace("Z", "+00:00")) for w in (want if op == "in" else [want])]
-        want = want if op == "in" else want[0]
-    test = {"eq": lambda x: x == want, "in": lambda x: x in want, "gt": lambda x: x > want,
-            "gte": lambda x: x >= want, "lt": lambda x: x < want, "lte": lambda x: x <= want}[op]
-    return any(test(x) for x in vals)
-
-
 @pytest.fixture(scope="module", params=[1, 3], ids=["1shard", "3shards"])
 def index(request, tmp_path_factory):
     return write_synthetic_index(tmp_path_factory.mktemp("idx") / "i", DOCS, shards=request.param)
@@ -62,22 +40,6 @@ def index(request, tmp_path_factory):
 def _queries(n: int = 4, dim: int = 16) -> np.ndarray:
     q = np.random.default_rng(7).standard_normal((n, dim)).astype(np.float32)
     return q / np.linalg.norm(q, axis=1, keepdims=True)
-
-
-def _dense_truth(engine: SearchEngine, qvecs: np.ndarray, chosen: set[str]) -> list[list[tuple[str, float]]]:
-    """Exact: every stored vector of every chosen chunk, each chunk scored by its best (max fusion)."""
-    best: list[dict[str, float]] = [{} for _ in qvecs]
-    for ls in engine.shards:
-        idx = ls.index
-        vecs = idx.index.reconstruct_n(0, idx.ntotal)
-        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist()))
-        scores = qvecs @ vecs.T
-        for row, ci in enumerate(idx.chunk_idx.tolist()):
-            cid = ids[ci]
-            if cid.split("#")[0] in chosen:
-                for qi in range(len(qvecs)):
-                    best[qi][cid] = max(best[qi].get(cid, -9.0), float(scores[qi, row]))
-    return [sorted(b.items(), key=lambda t: (-t[1], t[0])) for b in best]
 
 
 def _chosen(f, doc_ids=None) -> set[str]:
@@ -107,30 +69,12 @@ def test_dense_filtered_equals_brute_force_over_the_subset(index, f, strategy, m
     qvecs = _queries()
     for k in (1, 5, 40):
         pages = engine.search_vectors(qvecs, k, filter=engine.compile_filter(f, doc_ids))
-        for page, truth in zip(pages, _dense_truth(engine, qvecs, chosen)):
+        for page, truth in zip(pages, dense_truth(engine, qvecs, chosen)):
             ids = [r.chunk_id for r in page]
             assert len(ids) == min(k, len(chosen)) == len(set(ids))  # k distinct chunks whenever k pass
             assert ids == [c for c, _ in truth[:k]]
             assert [r.score for r in page] == pytest.approx([s for _, s in truth[:k]], abs=1e-5)
             assert all(r.doc_id in chosen for r in page)
-
-
-def _bm25_truth(engine: SearchEngine, query: str, chosen: set[str]) -> tuple[list[tuple[str, float]], list]:
-    """(the chosen chunks' positive BM25 scores, best first; per shard the chosen chunks' scores)."""
-    out, per_shard = [], []
-    for ls in engine.shards:
-        lex: ShardLexicon = ls.index.lexicon
-        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist()))
-        scores = np.zeros(len(lex))
-        from qrag_ray.index.lexical import tokenize
-
-        toks = tokenize([query], ids=False, stemmer=lex.stemmer)[0]
-        if toks:
-            scores = np.asarray(lex.bm25.get_scores(toks))
-        mine = [(ids[ci], float(s)) for ci, s in zip(lex.chunk_idx.tolist(), scores) if ids[ci].split("#")[0] in chosen]
-        per_shard.append([s for _, s in mine])
-        out += [(c, s) for c, s in mine if s > 0]
-    return sorted(out, key=lambda t: -t[1]), per_shard
 
 
 @pytest.mark.parametrize("f", FILTERS[1:], ids=lambda f: f["type"] + ":" + str(f.get("key")))
@@ -143,9 +87,9 @@ def test_bm25_and_hybrid_filtered_equal_brute_force_over_the_subset(index, f):
     lexical = SearchEngine(index, verify=False, policy=SearchConfig().with_bm25_alpha(0.0))
     hybrid = SearchEngine(index, verify=False, policy=SearchConfig().with_bm25_alpha(0.6))
     flt = lexical.compile_filter(f)
-    dense = _dense_truth(lexical, qvecs, chosen)
+    dense = dense_truth(lexical, qvecs, chosen)
     for qi, text in enumerate(texts):
-        lex, per_shard = _bm25_truth(lexical, text, chosen)
+        lex, per_shard = bm25_truth(lexical, text, chosen)
         page = lexical.search_vectors(qvecs[qi:qi + 1], 5, queries=[text], filter=flt)[0]
         got = [(r.chunk_id, r.bm25) for r in page if r.bm25]
         top = lex[0][1] if lex else 1.0
