@@ -67,14 +67,15 @@ def brute_force(index, qvecs: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.
     return np.take_along_axis(best, order, axis=1).astype(np.float32), rows[top]
 
 
-def search_selected(index, qvecs: np.ndarray, k: int, rows: np.ndarray, bitmap: np.ndarray,
-                    reconstructs: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The k (at most len(rows)) best selected rows per query: (scores, rows), rows -1 past the end."""
-    n, dim = len(rows), qvecs.shape[1]
+def search_selected(index, qvecs: np.ndarray, k: int, selection, reconstructs: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The k (at most selection.count) best selected rows per query (`selection`: a shard_index.Selection):
+    (scores, rows), rows -1 past the end."""
+    n, dim = selection.count, qvecs.shape[1]
     k = min(k, n)
     if n * dim <= BRUTE_FORCE_VALUES and reconstructs:
-        return brute_force(index, qvecs, rows, k)
+        return brute_force(index, qvecs, selection.rows, k)
     keep: list = []
+    bitmap = selection.bitmap()
     sel = faiss.IDSelectorBitmap(index.ntotal, faiss.swig_ptr(bitmap))
     params = selector_params(index, sel, keep)
     try:
@@ -86,11 +87,11 @@ def search_selected(index, qvecs: np.ndarray, k: int, rows: np.ndarray, bitmap: 
             raise QragError(f"a filter cannot search this FAISS index type ({type(faiss.downcast_index(index)).__name__}):"
                             " it takes no ID selector and does not return its vectors; re-index with Flat, HNSW "
                             "or IVF") from None
-        return brute_force(index, qvecs, rows, k)
+        return brute_force(index, qvecs, selection.rows, k)
     short = np.flatnonzero(found[:, k - 1] < 0)
     if len(short):
-        again = (brute_force(index, qvecs[short], rows, k) if reconstructs else
+        again = (brute_force(index, qvecs[short], selection.rows, k) if reconstructs else
                  index.search(qvecs[short], k, params=selector_params(index, sel, keep, exhaustive=True)))
         scores[short], found[short] = again
-    del keep, sel  # FAISS is done with them
+    del keep, sel, bitmap  # FAISS is done with them
     return scores, found

@@ -163,7 +163,9 @@ def chunk_mask(f: Filter, doc_id: pa.Array, metadata: pa.StructArray | None) -> 
 
 
 def _bools(arr) -> np.ndarray:
-    return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
+    """A compute kernel's boolean result as numpy, a null (a missing value) as False."""
+    arr = arr if arr.null_count == 0 else pc.fill_null(arr, False)
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _eval(node: tuple, metadata: pa.StructArray | None, n: int) -> np.ndarray:
