@@ -43,22 +43,6 @@ class Filter:
     doc_ids: tuple[str, ...] | None
 
 
-def parse_filter_json(text: str | None, what: str = "--filter") -> dict | None:
-    """A filter given as JSON text (the CLI's --filter); InvalidFilter for text that is not a JSON object."""
-    if text is None:
-        return None
-    import json
-
-    try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidFilter(f"{what} is not valid JSON ({e.msg} at character {e.pos})") from None
-    if not isinstance(spec, dict):
-        raise InvalidFilter(f"{what} must be a JSON object such as "
-                            '\'{"type": "eq", "key": "lang", "value": "en"}\'')
-    return spec
-
-
 def compile_filter(spec: Any, doc_ids: Any, schema: dict[str, str] | None) -> Filter | None:
     """The request's `filter` (a dict in the grammar) and `doc_ids` against the index's metadata schema
     ({field: type}); None when neither is given. InvalidFilter names what is wrong in one line."""
