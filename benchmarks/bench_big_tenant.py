@@ -5,12 +5,15 @@ search of the same index and queries (`SearchEngine`, what `qrag search` runs), 
     python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --serve-env tuned  --out runs/bbt_proxy.json
     python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --shards-per-searcher 4 --out runs/bbt_g4.json
     python benchmarks/bench_big_tenant.py --vectors 20000 --shards 2 --factory Flat --queries 20   # smoke
+    python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --filters --concurrency 1 --out runs/bbt_filters.json
 
 The index is synthetic, because latency does not depend on what the vectors mean and 2M real vectors
 would take hours to embed on this box: chunks of ~300 characters, `--vectors-per-chunk` vectors each
 (kinds chunk + sentence) around a random centre, written by the package's own shard writer
 (`write_shard`, one IVF-PQ quantizer trained once and shared by the shards, as `qrag index` does) with
-chunks.parquet and a checksummed manifest. Queries are embedded by a tiny random-weights model
+chunks.parquet and a checksummed manifest; every document has a metadata field `bucket` (0..999, drawn at
+random: benchmarks/filtered_search.py) and the float32 vectors are kept beside the index for exact
+search. Queries are embedded by a tiny random-weights model
 (benchmarks/tiny_model.py) on both sides, so both pay the same encoder. The index is built once under
 --workdir and reused.
 
@@ -21,8 +24,11 @@ chunks.parquet and a checksummed manifest. Queries are embedded by a tiny random
     concurrency is one `search` call per block of c queries (one encode, the shards searched for all);
   - CPU ms per request: served, all Ray processes over the blocks (at c=1 over both clients' requests),
     also by process; in-process, this process's CPU time.
+  - with --filters: filtered search at 50%, 10%, 1%, 0.1% of the chunks against unfiltered, in process
+    and served, with recall@k against exact search over the filtered subset (filtered_search.py).
 Targets: served p50 at c=1 <= 1.5x in-process through direct ingress, <= 1.8x through the proxy; CPU
-ms per request <= 1.5x in-process; 100% same rankings.
+ms per request <= 1.5x in-process; 100% same rankings; filtered p50 <= 1.5x unfiltered at every
+selectivity and recall@10 >= 0.95.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_serving import free_port, make_queries, pct  # noqa: E402
 from bench_serving_compare import ENV, block, direct_ingress_urls, ray_cpu_by_process, wait_ready  # noqa: E402
+from filtered_search import buckets, exact_top, print_filtered, run_filtered  # noqa: E402
 
 WORDS = ("index shard vector replica query tenant router chunk passage question answer cluster memory "
          "latency batch model token corpus search merge score rank cache load").split()
@@ -62,7 +69,8 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
     from qrag_ray.config.index import build_index_config, index_identity
     from qrag_ray.index.format import (CHUNKS, Counts, EmbedderInfo, FaissInfo, IndexDescription, ShardEntry,
                                        chunk_key, shard_chunks, shard_of, write_arrow, write_manifest)
-    from qrag_ray.index.rows import CHUNK_SCHEMA
+    from qrag_ray.index.metadata_columns import chunk_table
+    from qrag_ray.index.rows import CHUNK_PART_SCHEMA
     from qrag_ray.index.tasks import needs_training
     from qrag_ray.index.writer import build_faiss, write_shard
 
@@ -91,6 +99,9 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
         sample = unit(centres[:n] + 0.5 * rng.standard_normal((n, dim), dtype=np.float32))
         faiss.write_index(build_faiss(sample, cfg.faiss, add=False), str(trained))
     tmp = out.with_name(out.name + ".partial")
+    vec_dir = out.with_name(out.name + ".vectors")  # the exact vectors, for the filtered search's recall
+    vec_dir.mkdir(exist_ok=True)
+    bucket = buckets(n_chunks // 4 + 1)
     entries, chunk_tables = [], []
     for s in range(shards):
         mine = np.flatnonzero(placed == s)
@@ -102,16 +113,20 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
             "qn": np.zeros(len(mine) * per_chunk, np.int32), "store": np.ones(len(mine) * per_chunk, bool),
             "text": texts, "vector": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), dim)})
         stats = write_shard(s, table, tmp, cfg.filters, cfg.faiss, dim, trained=str(trained) if trained.is_file() else None)
-        mine = mine[np.argsort(keys[mine])]
-        chunks = pa.table({"chunk_idx": keys[mine], "chunk_id": [ids[i] for i in mine],
-                           "doc_id": [f"d{i // 4}" for i in mine], "title": [f"Doc {i // 4}" for i in mine],
-                           "text": [" ".join(sentences[i]) for i in mine], "shard": np.full(len(mine), s, np.int32)},
-                          schema=CHUNK_SCHEMA)
+        order = np.argsort(keys[mine], kind="stable")  # the writer's row order: by chunk key
+        np.save(vec_dir / f"{s}.npy", vec.reshape(len(mine), per_chunk, dim)[order].reshape(-1, dim))
+        mine = mine[order]
+        chunks = chunk_table(pa.table({
+            "chunk_idx": keys[mine], "chunk_id": [ids[i] for i in mine], "doc_id": [f"d{i // 4}" for i in mine],
+            "title": [f"Doc {i // 4}" for i in mine], "text": [" ".join(sentences[i]) for i in mine],
+            "shard": np.full(len(mine), s, np.int32), "url": [""] * len(mine),
+            "metadata": [f'{{"bucket":{bucket[i // 4]}}}' for i in mine]}, schema=CHUNK_PART_SCHEMA),
+            {"bucket": "number"})
         write_arrow(chunks.drop_columns(["shard"]), tmp / shard_chunks(s))
         entries.append(ShardEntry(**stats, chunk_table=shard_chunks(s)))
         chunk_tables.append(chunks)
         print(f"  shard {s}: {entries[-1].vectors:,} vectors in {entries[-1].seconds:.0f} s", flush=True)
-    with pq.ParquetWriter(tmp / CHUNKS, CHUNK_SCHEMA) as w:
+    with pq.ParquetWriter(tmp / CHUNKS, chunk_tables[0].schema) as w:
         for t in chunk_tables:
             w.write_table(t)
     n_vec = sum(e.vectors for e in entries)
@@ -120,7 +135,8 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
         faiss=FaissInfo(factory=factory), num_shards=shards, shards=entries,
         counts=Counts(documents=n_chunks // 4 + 1, chunks=n_chunks, questions=0, vectors=n_vec,
                       vectors_before_filters=n_vec),
-        config=cfg.model_dump(mode="json"), content=index_identity(cfg.model_dump(mode="json"))))
+        config=cfg.model_dump(mode="json"), content=index_identity(cfg.model_dump(mode="json")) | {
+            "metadata_schema": {"bucket": "number"}}, metadata_schema={"bucket": "number"}))
     tmp.rename(out)
     trained.unlink(missing_ok=True)
     return out
@@ -229,6 +245,7 @@ def main() -> int:
     ap.add_argument("--serve-env", choices=("tuned", "direct"), default="direct",
                     help="direct: Ray's direct ingress (the Router replica serves HTTP); tuned: through Serve's "
                          "HTTP proxy (the RayService layout); both with qrag's SERVE_PROCESS_ENV")
+    ap.add_argument("--filters", action="store_true", help="also filtered search at 50/10/1/0.1%% (filtered_search.py)")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_big_tenant"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_big_tenant.json"))
     a = ap.parse_args()
@@ -244,8 +261,8 @@ def main() -> int:
 
     model = str(write_tiny_model(wd / "tiny-st"))
     t0 = time.time()
-    index = synthetic_index(wd / f"index-{a.vectors}-{a.shards}-{a.factory.replace(',', '_')}", model, 64, a.vectors,
-                            a.shards, a.vectors_per_chunk, a.factory, a.nprobe)
+    index = synthetic_index(wd / f"index-{a.vectors}-{a.shards}-{a.factory.replace(',', '_')}-meta", model, 64,
+                            a.vectors, a.shards, a.vectors_per_chunk, a.factory, a.nprobe)
     build_s = time.time() - t0
     import ray
     import torch
@@ -280,6 +297,9 @@ def main() -> int:
         report["c1"] = c1(engine, url, queries, a.k)
     for c in (c for c in conc if c != 1):
         report[f"c{c}"] = concurrent(engine, url, queries, a.k, c, a.rounds)
+    if a.filters:
+        truth = exact_top(index, index.with_name(index.name + ".vectors"), engine.embed(queries), a.k)
+        report["filtered"] = run_filtered(engine, url, queries, a.k, truth, 8, a.rounds)
     report["load_avg_end"] = os.getloadavg()
     serve.shutdown()
     ray.shutdown()
@@ -321,6 +341,8 @@ def main() -> int:
     for c in conc:
         top = list(report[f"c{c}"]["served"]["cpu_ms_per_request_by_process"].items())[:6]
         print(f"  c={c} served CPU ms/request by process: " + ", ".join(f"{n} {v}" for n, v in top))
+    if a.filters:
+        print_filtered(report["filtered"], a.k, 8)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {a.out}")

@@ -7,7 +7,8 @@ Each shard is loaded by `load_shard` (what `qrag search`, the Router and every S
 call) in a fresh Python process; resident = that process's RSS after the load minus its RSS before it
 (imports done, one Parquet read made), and after every row has been read once (a memory-mapped file's pages all
 loaded: the most a shard holds). Raw = the FAISS file (the index as FAISS holds it) + the row
-metadata's texts and ids (8-byte chunk key per vector) + the shard's chunks' texts and ids. The
+metadata's texts and ids (8-byte chunk key per vector) + the shard's chunks' texts and ids (and their
+typed url / metadata columns); with metadata also after a filter on its first field. The
 baseline loads the same files from a git worktree of `--baseline-ref` (PYTHONPATH), in its own
 process, one after the other.
 """
@@ -51,7 +52,15 @@ try:  # every row's text and every chunk read once: a memory-mapped shard's page
     read_all = rss() - before
 except AttributeError:  # a tree whose shard keeps its texts otherwise
     read_all = None
-print(json.dumps({"resident": after - before, "resident_all_read": read_all, "reported": ls.nbytes}))
+filtered = None
+if getattr(ls, "metadata", None) is not None:  # a filter on the first field: its column read, a selection made
+    from qrag_ray.search.filters import compile_filter
+    name, typ = next(iter(ls.index.manifest.metadata_schema.items()))
+    value = {"number": 0, "bool": True, "date": "2000-01-01", "datetime": "2000-01-01"}.get(typ, "")
+    sel = ls.select(compile_filter({"type": "ne", "key": name, "value": value}, None, ls.index.manifest.metadata_schema))
+    gc.collect(); filtered = rss() - before
+print(json.dumps({"resident": after - before, "resident_all_read": read_all, "resident_filtered": filtered,
+                  "reported": ls.nbytes}))
 """
 
 
@@ -67,8 +76,10 @@ def raw_bytes(index: Path, shard: int) -> int:
     chunks = pq.read_table(index / "chunks.parquet", columns=["shard", "chunk_id", "doc_id", "title", "text"])
     chunks = chunks.filter(pc.equal(chunks.column("shard"), shard))
     text = lambda col: sum(len(t.encode()) for t in col.to_pylist() if t)  # noqa: E731
+    typed = read_table_file(index / s["chunk_table"]) if s.get("chunk_table") else None  # url / metadata columns
+    extra = sum(typed.column(c).nbytes for c in ("url", "metadata") if c in typed.column_names) if typed else 0
     return ((index / s["faiss"]).stat().st_size + text(meta.column("text")) + 8 * meta.num_rows
-            + sum(text(chunks.column(c)) for c in ("chunk_id", "doc_id", "title", "text")) + 8 * chunks.num_rows)
+            + sum(text(chunks.column(c)) for c in ("chunk_id", "doc_id", "title", "text")) + 8 * chunks.num_rows + extra)
 
 
 def measure(index: Path, shard: int, pythonpath: str | None) -> dict:
@@ -94,15 +105,16 @@ def main() -> None:
     rows = []
     print(f"index {index}")
     print(f"{'tree':<12} {'shard':>5} {'raw MB':>8} {'resident MB':>12} {'resident/raw':>13} {'every row read':>15} "
-          f"{'reported MB':>12}")
+          f"{'after a filter':>15} {'reported MB':>12}")
     for shard in range(shards):
         raw = raw_bytes(index, shard)
         for name, tree in trees.items():
             r = measure(index, shard, tree)
             rows.append({"tree": name, "shard": shard, "raw": raw, **r})
             all_read = "" if r["resident_all_read"] is None else f"{r['resident_all_read'] / raw:.2f}x"
+            filtered = "" if r.get("resident_filtered") is None else f"{r['resident_filtered'] / raw:.2f}x"
             print(f"{name:<12} {shard:>5} {raw / 1e6:>8.2f} {r['resident'] / 1e6:>12.2f} "
-                  f"{r['resident'] / raw:>12.2f}x {all_read:>15} {r['reported'] / 1e6:>12.2f}")
+                  f"{r['resident'] / raw:>12.2f}x {all_read:>15} {filtered:>15} {r['reported'] / 1e6:>12.2f}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"index": str(index), "rows": rows}, indent=1))
     print(f"wrote {a.out}")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The HTTP API against its own OpenAPI schema: schemathesis `--checks all` (60 examples per operation) on a
-# real `qrag serve --tenants` over a small index, once without an LLM and once with one (the test suite's
-# OpenAI-compatible fake stands in for the endpoint). Reads ./schemathesis.toml. Prints each summary and
-# exits non-zero when either run finds a failure. Minutes on 2 cores; not part of `make test` (the suite
-# fuzzes the live app with fewer examples in tests/serving/test_app.py).
+# real `qrag serve --tenants` over a small index whose documents have metadata (filters meet real fields),
+# once without an LLM and once with one (the test suite's OpenAI-compatible fake stands in for the endpoint).
+# Reads ./schemathesis.toml. Prints each summary and exits non-zero when either run finds a failure.
+# Minutes on 2 cores; not part of `make test` (the suite fuzzes the live app with fewer examples in
+# tests/serving/test_app.py).
 #
 #   scripts/fuzz_api.sh [EXAMPLES]
 set -uo pipefail
@@ -13,8 +14,10 @@ EXAMPLES=${1:-60}
 W=$(mktemp -d)
 trap 'kill -TERM $(jobs -p) 2>/dev/null; wait; rm -rf "$W"' EXIT
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
-python -c "import sys, pathlib; from support.corpus import pydoc_docs, write_jsonl
-write_jsonl(pathlib.Path(sys.argv[1]), pydoc_docs(with_questions=False)[:12])" "$W/corpus.jsonl"
+python -c "import sys, pathlib; from support.corpus import pydoc_docs, topic_metadata, write_jsonl
+docs = [d | {'metadata': topic_metadata(i, d['id']), 'url': 'https://x.org/' + d['id']}
+        for i, d in enumerate(pydoc_docs(with_questions=False)[:12])]
+write_jsonl(pathlib.Path(sys.argv[1]), docs)" "$W/corpus.jsonl"
 qrag index -i "$W/corpus.jsonl" -o "$W/idx" -r chunk --bm25 --shards 2 >"$W/index.log" 2>&1 \
   || { echo "error: qrag index failed; the end of its log:" >&2; tail -5 "$W/index.log"; exit 1; }
 KEY=$(qrag tenants add --file "$W/tenants.yaml" --name alpha --index "$W/idx" | awk 'END {print $NF}')

@@ -15,11 +15,13 @@ from qrag_ray.config.index import IndexConfig, index_identity, representation_pl
 from qrag_ray.errors import QragError
 from qrag_ray.generation.stage import GenerationStats
 from qrag_ray.index import workdir
-from qrag_ray.index.format import (Counts, EmbedderInfo, FaissInfo, IndexDescription, Manifest, ShardEntry,
-                                   check_output_dir, new_staging_dir, publish, stable_hash, write_manifest)
+from qrag_ray.index.format import (MANIFEST, Counts, EmbedderInfo, FaissInfo, IndexDescription, Manifest, ShardEntry,
+                                   check_output_dir, load_manifest, new_staging_dir, publish, stable_hash,
+                                   write_manifest)
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.stream import Streamed, stream
-from qrag_ray.index.tasks import assemble, build_one_shard, needs_training, train_quantizer
+from qrag_ray.index.incremental import check_fields
+from qrag_ray.index.tasks import assemble, build_one_shard, metadata_fields, needs_training, train_quantizer
 from qrag_ray.io.precheck import precheck_corpus
 from qrag_ray.io.readers import resolve_files
 from qrag_ray.config.presets import PRESETS, calibration_note
@@ -55,9 +57,10 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
     clock = StageClock(console)
     try:
         streamed = stream(plan, clock)
+        fields = document_fields(plan, streamed)
         trained = train(plan, streamed, clock)
-        shards, reused = build_shards(plan, streamed, trained, clock)
-        manifest, index_bytes = publish_index(plan, streamed, shards, clock)
+        shards, reused = build_shards(plan, streamed, trained, clock, fields)
+        manifest, index_bytes = publish_index(plan, streamed, shards, clock, fields)
     except QragError:
         # a user error: nothing worth resuming (and nothing left beside the output)
         shutil.rmtree(plan.work, ignore_errors=True)
@@ -119,6 +122,15 @@ def _warn_uncalibrated(cfg: IndexConfig) -> None:
         log.warning(note)
 
 
+def document_fields(plan: BuildPlan, streamed: Streamed) -> dict | None:
+    """The corpus's metadata schema and url (None: no document has either), checked against the
+    published index's schema on --append / --delete-ids."""
+    fields = metadata_fields(workdir.registered_parts(plan.work, streamed.run))
+    if (plan.cfg.build.extra_inputs or plan.cfg.build.delete_ids) and (plan.out / MANIFEST).is_file():
+        check_fields(load_manifest(plan.out).metadata_schema, fields["schema"])
+    return fields if fields["schema"] or fields["url"] else None
+
+
 def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
     """IVF/PQ: one quantizer for all shards, trained in a task; its path (None: no training needed)."""
     import ray
@@ -132,8 +144,8 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
                                    streamed.run))
 
 
-def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
-                 clock: StageClock) -> tuple[list[ShardEntry], int]:
+def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None, clock: StageClock,
+                 fields: dict | None = None) -> tuple[list[ShardEntry], int]:
     """One task per shard: (the shards' manifest entries, how many an earlier run had built)."""
     import ray
 
@@ -143,15 +155,15 @@ def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
         # SPREAD: on a cluster shard builds go to different nodes (one node's memory and CPU do not scale)
         task = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, scheduling_strategy="SPREAD")(build_one_shard)
         cfg_json = cfg.model_dump_json()
-        stats = ray.get([task.remote(s, str(plan.work), streamed.run, cfg_json, streamed.dim, trained)
+        stats = ray.get([task.remote(s, str(plan.work), streamed.run, cfg_json, streamed.dim, trained, fields)
                          for s in range(cfg.shards)])
     internal = ("reused", "signature", "chunk_rows")  # the work dir's bookkeeping, not the index's
     return ([ShardEntry.model_validate({k: v for k, v in s.items() if k not in internal}) for s in stats],
             sum(1 for s in stats if s["reused"]))
 
 
-def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
-                  clock: StageClock) -> tuple[Manifest, int]:
+def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry], clock: StageClock,
+                  fields: dict | None = None) -> tuple[Manifest, int]:
     """Assemble a staging dir, write its manifest, rename it over the output: (manifest, size in bytes)."""
     import ray
 
@@ -161,6 +173,9 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
         try:
             ray.get(ray.remote(num_cpus=1)(assemble).remote(str(plan.work), str(staging), cfg.shards, cfg.bm25.enabled))
             clock.seconds["total"] = clock.total()
+            schema = (fields or {}).get("schema") or None  # part of the identity: the typed columns follow it
+            extra = {"metadata_schema": schema} if schema else {}
+            content = index_identity(cfg.model_dump(mode="json")) | extra
             description = IndexDescription(
                 representation=cfg.representation, kinds=plan.kinds, question_granularity=plan.granularity,
                 preset=PRESETS[cfg.representation].id if cfg.representation in PRESETS else None,
@@ -171,8 +186,7 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
                               vectors=sum(s.vectors for s in shards),
                               vectors_before_filters=sum(s.vectors_before_filters for s in shards)),
                 generation={k: v for k, v in asdict(streamed.generation).items() if k != "by_stage"},
-                config=cfg.model_dump(mode="json"), stage_seconds=dict(clock.seconds),
-                content=index_identity(cfg.model_dump(mode="json")))
+                config=cfg.model_dump(mode="json"), stage_seconds=dict(clock.seconds), content=content, **extra)
             manifest = write_manifest(staging, description)
             index_bytes = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
             publish(staging, plan.out)

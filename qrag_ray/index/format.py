@@ -180,7 +180,8 @@ class IndexDescription(_Record):
     generation: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     stage_seconds: dict[str, float] | None = None
-    content: dict[str, Any] | None = None  # the index identity (qrag_ray.config.index.index_identity)
+    content: dict[str, Any] | None = None  # the index identity (qrag_ray.config.index.index_identity + the metadata schema)
+    metadata_schema: dict[str, str] | None = None  # {field: type} of the documents' metadata (absent: none)
 
     @model_validator(mode="after")
     def _one_entry_per_shard(self):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from qrag_ray.config.index import IndexConfig, recorded_config, resolve_representation
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
+from qrag_ray.io.metadata import TYPE_NAMES
 
 
 def incremental_config(output: str, append: str | None = None, delete_ids: str | None = None) -> IndexConfig:
@@ -32,3 +33,12 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     build["delete_ids"] = list(build.get("delete_ids") or []) + ([delete_ids] if delete_ids else [])
     build.update(keep_work=True, output=str(output), overwrite=True)
     return IndexConfig.model_validate(data)
+
+
+def check_fields(published: dict[str, str] | None, new: dict[str, str]) -> None:
+    """An append may add metadata fields; a field of the published index that changed type is the
+    build's one error line (the documents' own conflicts are caught where they are read)."""
+    for name, typ in sorted((published or {}).items()):
+        if new.get(name, typ) != typ:
+            raise QragError(f"metadata field {name!r} is {TYPE_NAMES[new[name]]} in the new documents, but the "
+                            f"published index has it as {TYPE_NAMES[typ]} (one type per field)")

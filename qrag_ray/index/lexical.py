@@ -143,9 +143,10 @@ class ShardLexicon:
     def __len__(self) -> int:
         return len(self.chunk_idx)
 
-    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(raw scores, chunk ids), each (len(queries), min(k, docs)), best first; -1 pads empty slots."""
-        k = max(0, min(k, len(self)))
+    def search(self, queries: list[str], k: int, docs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(raw scores, chunk ids), each (len(queries), min(k, docs)), best first; -1 pads empty slots.
+        `docs` (a bool per document): only those are scored (a filter's selection)."""
+        k = max(0, min(k, len(self) if docs is None else int(np.count_nonzero(docs))))
         scores = np.zeros((len(queries), k), np.float32)
         ids = np.full((len(queries), k), -1, np.int64)
         if k == 0 or self.bm25 is None:
@@ -154,6 +155,8 @@ class ShardLexicon:
             if not toks:  # only stopwords or punctuation
                 continue
             s = np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
+            if docs is not None:
+                s[~docs] = 0.0  # a score of 0 is never returned
             top = np.argpartition(-s, k - 1)[:k] if k < len(s) else np.arange(len(s))
             top = top[np.lexsort((top, -s[top]))]
             top = top[s[top] > 0]

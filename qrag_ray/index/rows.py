@@ -14,13 +14,16 @@ from qrag_ray.index.representations import vector_rows
 from qrag_ray.text.chunking import chunk_document
 from qrag_ray.text.sentences import split_sentences
 
-# the chunks table, in the work dir's chunk parts and in the published chunks.parquet
+# the chunks table of the published chunks.parquet (+ the typed url and metadata columns of an index whose
+# documents have them: qrag_ray.index.metadata_columns)
 CHUNK_SCHEMA = pa.schema([("chunk_idx", pa.int64()), ("chunk_id", pa.string()), ("doc_id", pa.string()),
                           ("title", pa.string()), ("text", pa.string()), ("shard", pa.int32())])
+# the work dir's chunk parts: the document's url and metadata (canonical JSON) as text, "" for none
+CHUNK_PART_SCHEMA = CHUNK_SCHEMA.append(pa.field("url", pa.string())).append(pa.field("metadata", pa.string()))
 # a generated row's position in its chunk: after every base row, grouped by the request's unit
 GEN_ORD_BASE = 100_000
 _CHUNK_COLUMNS = {"chunk_id": object, "doc_id": object, "title": object, "text": object, "chunk_idx": np.int64,
-                  "shard": np.int32}
+                  "shard": np.int32, "url": object, "metadata": object}
 _VECTOR_COLUMNS = {"chunk_idx": np.int64, "shard": np.int32, "kind": object, "text": object, "embed_text": object,
                    "qn": np.int32, "ord": np.int32, "store": bool}
 _REQUEST_COLUMNS = {"key": object, "output": object, "unit": np.int32, "atom": object, "chunk_idx": np.int64,
@@ -54,11 +57,13 @@ def _object_column(values: list) -> np.ndarray:
 
 
 def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
-    """A document's chunks, each with its key, its shard and the document's precomputed questions."""
+    """A document's chunks, each with its key, its shard, the document's url and metadata and its
+    precomputed questions."""
     rows = list(chunk_document(doc, cfg.chunker))
     for c in rows:
         c["chunk_idx"] = chunk_key(c["chunk_id"])
         c["shard"] = shard_of(c["chunk_idx"], cfg.shards)
+        c["url"], c["metadata"] = doc.get("url") or "", doc.get("metadata") or ""
         if "questions" in doc:
             c["questions"] = list(doc["questions"])
     return rows

@@ -15,6 +15,7 @@ from qrag_ray.config.index import FaissConfig, recorded_config
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import Manifest, files_under, load_manifest, read_table_file, verify_files
 from qrag_ray.index.lexical import ShardLexicon
+from qrag_ray.index.selected_search import can_reconstruct, search_selected
 
 
 @dataclass
@@ -38,6 +39,27 @@ class ShardHits:
                          pick(self.kinds), pick(self.lex_scores), pick(self.lex_chunk_idx))
 
 
+@dataclass
+class Selection:
+    """The part of one shard a filter lets through: a bool per FAISS row (and, with BM25, per BM25
+    document); the sorted row ids and the packed bitmap FAISS's selector reads are derived on demand."""
+
+    mask: np.ndarray
+    count: int
+    lex_docs: np.ndarray | None
+    _rows: np.ndarray | None = None
+
+    @property
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = np.flatnonzero(self.mask).astype(np.int64)
+        return self._rows
+
+    def bitmap(self) -> np.ndarray:
+        """Little-endian packed bits, as faiss.IDSelectorBitmap reads them."""
+        return np.packbits(self.mask, bitorder="little")
+
+
 def one_array(col: pa.ChunkedArray) -> pa.Array:
     """The column as one array, without a copy when the file held it as one."""
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
@@ -49,6 +71,18 @@ def py_values(col: pa.Array, pos: list[int]) -> list:
     if len(pos) < 8:
         return [col[i].as_py() for i in pos]
     return col.take(pa.array(pos, pa.int64())).to_pylist()
+
+
+def _rows_of_chunks(row_chunks: np.ndarray, chunk_keys: np.ndarray) -> tuple[str, np.ndarray]:
+    """How a bool per chunk (in `chunk_keys` order) becomes one per row: the build writes a shard's rows
+    grouped by chunk in key order, so ("counts", rows per chunk) for np.repeat; rows in another order:
+    ("pos", each row's chunk) for a gather."""
+    ordered = len(row_chunks) < 2 or bool((row_chunks[1:] >= row_chunks[:-1]).all())
+    if ordered:
+        counts = np.searchsorted(row_chunks, chunk_keys, "right") - np.searchsorted(row_chunks, chunk_keys, "left")
+        if int(counts.sum()) == len(row_chunks):
+            return "counts", counts
+    return "pos", np.searchsorted(chunk_keys, row_chunks).astype(np.int32)
 
 
 # A Refine index re-ranks k_factor x k candidates with its exact codes; left at FAISS's 1 it re-ranks
@@ -101,6 +135,9 @@ class ShardIndex:
         self.nbytes = file_bytes + self.chunk_idx.nbytes + self._kind_code.nbytes + self.text.nbytes
         if len(self.chunk_idx) != index.ntotal:
             raise IndexFormatError(f"shard {shard}: {index.ntotal} vectors but {len(self.chunk_idx)} metadata rows")
+        self._reconstructs: bool | None = None  # decided on the first filtered search
+        self._rows_of_chunks: tuple[str, np.ndarray] | None = None  # how a chunk mask becomes a row mask (ditto)
+        self._lex_chunk: np.ndarray | None = None
         self.lexicon = None
         if info.bm25:
             if verify:
@@ -111,20 +148,42 @@ class ShardIndex:
     def ntotal(self) -> int:
         return int(self.index.ntotal)
 
-    def search(self, qvecs: np.ndarray, k: int, queries: list[str] | None = None) -> ShardHits:
-        """The k nearest vectors per query; with `queries` (their texts) also the k best BM25 chunks."""
+    def selection(self, chunk_keys: np.ndarray, passes: np.ndarray) -> Selection:
+        """The rows (and BM25 documents) of the chunks that pass: `passes` is a bool per chunk of the
+        shard's chunk table, whose sorted keys are `chunk_keys`."""
+        if self._rows_of_chunks is None:
+            self._rows_of_chunks = _rows_of_chunks(self.chunk_idx, chunk_keys)
+        how, arr = self._rows_of_chunks
+        mask = np.repeat(passes, arr) if how == "counts" else passes[arr] if len(passes) else np.zeros(self.ntotal, bool)
+        lex = None
+        if self.lexicon is not None:
+            if self._lex_chunk is None:
+                self._lex_chunk = np.searchsorted(chunk_keys, self.lexicon.chunk_idx).astype(np.int32)
+            lex = passes[self._lex_chunk] if len(passes) else np.zeros(len(self.lexicon), bool)
+        return Selection(mask, int(np.count_nonzero(mask)), lex)
+
+    def search(self, qvecs: np.ndarray, k: int, queries: list[str] | None = None,
+               sel: Selection | None = None) -> ShardHits:
+        """The k nearest vectors per query; with `queries` (their texts) also the k best BM25 chunks;
+        with `sel` only among the rows and chunks it selected (qrag_ray.index.selected_search)."""
         qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
-        if self.ntotal:
-            scores, rows = self.index.search(qvecs, max(1, min(k, self.ntotal)))
+        total = self.ntotal if sel is None else sel.count
+        if total:
+            if sel is None:
+                scores, rows = self.index.search(qvecs, max(1, min(k, total)))
+            else:
+                if self._reconstructs is None:
+                    self._reconstructs = can_reconstruct(self.index)
+                scores, rows = search_selected(self.index, qvecs, max(1, k), sel, self._reconstructs)
             cidx = np.where(rows >= 0, self.chunk_idx[np.clip(rows, 0, None)], -1)
-            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= self.ntotal,
+            hits = ShardHits(self.shard, scores, rows, cidx, exhausted=k >= total,
                              kinds=self._kind_names[self._kind_code[rows]])
         else:
             empty = np.full((len(qvecs), 0), -1, np.int64)
             hits = ShardHits(self.shard, np.zeros((len(qvecs), 0), np.float32), empty, empty, True,
                              np.zeros((len(qvecs), 0), dtype=object))
         if queries is not None and self.lexicon is not None:
-            hits.lex_scores, hits.lex_chunk_idx = self.lexicon.search(queries, k)
+            hits.lex_scores, hits.lex_chunk_idx = self.lexicon.search(queries, k, None if sel is None else sel.lex_docs)
         return hits
 
     def matched(self, rows) -> dict[int, tuple[str, str]]:

@@ -17,9 +17,6 @@ from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import CHUNKS, MANIFEST, Manifest, load_manifest, read_table_file
 from qrag_ray.index.lexical import QUESTION_KINDS
 
-# manifest keys a build may record its metadata schema under ({field: type}); none: built without metadata
-_SCHEMA_KEYS = ("metadata_schema", "metadata")
-
 
 def summarize_index(index_dir: str | Path, sample: int = 3) -> dict[str, Any]:
     """The index at `index_dir` described as JSON data, with `sample` chunks and their questions. A
@@ -39,7 +36,7 @@ def summarize_index(index_dir: str | Path, sample: int = 3) -> dict[str, Any]:
         "num_shards": m.num_shards,
         "shards": [{"id": s.id, "chunks": s.chunks, "vectors": s.vectors, "kinds": dict(s.kinds)} for s in m.shards],
         "counts": counts, "vectors_per_kind": dict(sorted(vectors.items())),
-        "bm25": _bm25(m), "bytes": index_bytes(m), "metadata_schema": metadata_schema(m),
+        "bm25": _bm25(m), "bytes": index_bytes(m), "metadata_schema": m.metadata_schema,
         "samples": sample_chunks(m, sample),
     }
 
@@ -50,17 +47,6 @@ def _bm25(m: Manifest) -> dict[str, Any] | None:
     return {"docs": sum(s.bm25_docs or 0 for s in m.shards),
             "vocabulary": max((s.bm25_vocab or 0 for s in m.shards), default=0),
             "alpha": m.search_policy.bm25_alpha}
-
-
-def metadata_schema(m: Manifest) -> dict[str, Any] | None:
-    """The manifest's metadata schema ({field: type}), read defensively: None when the build recorded none."""
-    for key in _SCHEMA_KEYS:
-        value = m.data.get(key)
-        if isinstance(value, dict) and isinstance(value.get("fields"), dict):
-            value = value["fields"]
-        if isinstance(value, dict) and value:
-            return dict(value)
-    return None
 
 
 def _part(rel: str) -> str:

@@ -17,10 +17,12 @@ import pyarrow.parquet as pq
 
 from qrag_ray.config.index import FaissConfig, IndexConfig
 from qrag_ray.index import workdir
+from qrag_ray.io.metadata import merge_field_types
 from qrag_ray.index.format import (CHUNKS, atomic_write, atomic_write_text, shard_bm25, shard_chunks, stable_hash,
                                    write_arrow)
 from qrag_ray.index.lexical import globalize_idf
-from qrag_ray.index.rows import CHUNK_SCHEMA, check_unique_chunks, vector_schema
+from qrag_ray.index.metadata_columns import chunk_table
+from qrag_ray.index.rows import CHUNK_PART_SCHEMA, check_unique_chunks, vector_schema
 from qrag_ray.index.udfs import SAMPLE_STRIPE
 from qrag_ray.index.writer import build_faiss, faiss_factory, vectors_of, write_shard
 
@@ -81,9 +83,11 @@ def _one_thread_per_cpu() -> None:
     faiss.omp_set_num_threads(max(1, int(cpus)))
 
 
-def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None) -> dict:
+def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None,
+                fields: dict | None = None) -> dict:
     """One shard from this run's chunk parts and the shard's vector parts; reused when a finished build
-    of the same inputs is in the work dir."""
+    of the same inputs is in the work dir. `fields`: the corpus's metadata schema and whether any document
+    has a url (`metadata_fields`), so every shard's chunk table has the same typed columns."""
     cfg = IndexConfig.model_validate_json(cfg_json)
     w = Path(work)
     _one_thread_per_cpu()
@@ -92,7 +96,8 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     vec_groups = workdir.shard_row_groups(workdir.parquet_files(w / "vectors"), shard)
     keep = workdir.run_row_keys(w, run, shard)
     sig = stable_hash({"files": [Path(g.path).name for g in chunk_groups + vec_groups],
-                       "extra": [trained and Path(trained).name, dim, hashlib.sha256(keep.tobytes()).hexdigest()]})
+                       "extra": [trained and Path(trained).name, dim, hashlib.sha256(keep.tobytes()).hexdigest()],
+                       **({"fields": fields} if fields else {})})
     out = w / "built" / f"{shard:05d}"
     stats_path = out / "stats.json"
     if stats_path.is_file():
@@ -101,9 +106,10 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
             return {**stats, "reused": True}
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    chunks = _concat(workdir.read_row_groups(chunk_groups, CHUNK_SCHEMA.names, shard), CHUNK_SCHEMA)
+    chunks = _concat(workdir.read_row_groups(chunk_groups, CHUNK_PART_SCHEMA.names, shard), CHUNK_PART_SCHEMA)
     chunks = chunks.take(pc.sort_indices(chunks, [("chunk_idx", "ascending")]))
     check_unique_chunks(chunks.column("chunk_idx").to_numpy(), chunks.column("chunk_id"))
+    chunks = chunk_table(chunks, **(fields or {}))
     pq.write_table(chunks, out / "chunks.parquet")
     schema = vector_schema(dim)
     table = _concat(workdir.read_row_groups(vec_groups, schema.names, shard), schema)
@@ -122,11 +128,19 @@ def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables([t.cast(schema) for t in tables]) if tables else schema.empty_table()
 
 
-def build_one_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None) -> dict:
+def metadata_fields(parts: list[dict]) -> dict:
+    """The corpus's metadata from this run's chunk parts (workdir.registered_parts): {"schema": {field:
+    type}, "url": bool}; QragError naming both documents when one field has two types."""
+    return {"schema": merge_field_types(p.get("metadata") or {} for p in parts),
+            "url": any(p.get("url") for p in parts)}
+
+
+def build_one_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None,
+                    fields: dict | None = None) -> dict:
     """build_shard as a Ray task: its stats also record the node it ran on (`built_on`)."""
     import ray
 
-    stats = build_shard(shard, work, run, cfg_json, dim, trained)
+    stats = build_shard(shard, work, run, cfg_json, dim, trained, fields)
     stats["built_on"] = {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
     return stats
 
@@ -144,10 +158,11 @@ def assemble(work: str, staging: str, num_shards: int, bm25: bool) -> None:
     BM25 shard the global IDF; the work dir stays untouched, so a re-run starts from the same files."""
     w, st = Path(work), Path(staging)
     (st / "shards").mkdir(parents=True, exist_ok=True)
-    with pq.ParquetWriter(st / CHUNKS, CHUNK_SCHEMA) as writer:
+    schema = pq.read_schema(w / "built" / f"{0:05d}" / "chunks.parquet")  # every shard's: the same typed columns
+    with pq.ParquetWriter(st / CHUNKS, schema) as writer:
         for s in range(num_shards):
             src = w / "built" / f"{s:05d}"
-            writer.write_table(pq.read_table(src / "chunks.parquet").cast(CHUNK_SCHEMA))
+            writer.write_table(pq.read_table(src / "chunks.parquet").cast(schema))
             for p in sorted((src / "shards").iterdir()):
                 (shutil.copytree if p.is_dir() else shutil.copy2)(p, st / "shards" / p.name)
     if bm25:

@@ -23,9 +23,10 @@ from qrag_ray.embedding.tokens import token_ids
 from qrag_ray.generation.requests import atomize_request, question_requests
 from qrag_ray.index import workdir
 from qrag_ray.index.format import atomic_write_parquet, atomic_write_text
-from qrag_ray.index.rows import (CHUNK_SCHEMA, atom_columns, atoms_of, base_vector_columns, check_unique_chunks,
+from qrag_ray.index.rows import (CHUNK_PART_SCHEMA, atom_columns, atoms_of, base_vector_columns, check_unique_chunks,
                                  chunk_columns, chunk_rows, payload, question_vector_columns, request_columns, rows_of,
                                  vector_schema)
+from qrag_ray.io.metadata import field_types
 
 # rows whose key is a multiple of this also go to work/sample, where a large build draws its training sample
 SAMPLE_STRIPE = 1024
@@ -47,19 +48,24 @@ def make_chunker(cfg: IndexConfig, work: Path, run: str, deleted: frozenset, wit
 
 def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: float = 0.0) -> None:
     """Write one batch's chunk rows as one part (workdir.write_part: a row group per shard), named by
-    content (a retried or resumed batch rewrites the same file), and register it for this run.
-    Duplicate chunk ids are caught here inside a batch, by the shard task across batches."""
+    content (a retried or resumed batch rewrites the same file), and register it for this run with its
+    documents' metadata field types (the build merges them into the index's schema). Duplicate chunk ids
+    are caught here inside a batch, by the shard task across batches."""
     ids = np.asarray(cols["chunk_idx"], np.int64)
     check_unique_chunks(ids, cols["chunk_id"])
-    table = pa.table({k: pa.array(list(cols[k]) if k in ("chunk_id", "doc_id", "title", "text") else cols[k],
-                                  type=CHUNK_SCHEMA.field(k).type) for k in CHUNK_SCHEMA.names})
-    content = ids.tobytes() + "".join(table.column("text").to_pylist()).encode() + str(n_docs).encode()
+    table = pa.table({k: pa.array(cols[k] if k in ("chunk_idx", "shard") else list(cols[k]),
+                                  type=CHUNK_PART_SCHEMA.field(k).type) for k in CHUNK_PART_SCHEMA.names})
+    docs = dict(zip(cols["doc_id"], cols["metadata"]))
+    fields = field_types((d, json.loads(m)) for d, m in docs.items() if m)
+    content = (ids.tobytes() + "".join(table.column("text").to_pylist()).encode() + str(n_docs).encode()
+               + "".join(m for m in cols["metadata"] if m).encode() + "".join(u for u in cols["url"] if u).encode())
     name = hashlib.blake2b(content, digest_size=10).hexdigest()
     shards = sorted(set(table.column("shard").to_pylist()))
     workdir.write_part(table, work / "chunks" / f"{name}.parquet")
     atomic_write_text(workdir.run_registry(work, run) / f"{name}.json",
                       json.dumps({"part": name, "documents": n_docs, "chunks": len(ids), "shards": shards,
-                                  "seconds": round(seconds, 4)}))
+                                  "seconds": round(seconds, 4), "metadata": fields,
+                                  "url": any(bool(u) for u in cols["url"])}))
 
 
 def make_base_rows(kinds: list[str], cfg: IndexConfig, aux_q: bool):

@@ -1,6 +1,7 @@
 """HTML -> plain text that keeps table cells: tables carry facts users ask about, which a plain get_text()
 glues together. A table row becomes one line of " | "-separated cells, block elements become paragraphs,
-script/style/nav chrome is dropped."""
+script/style/nav chrome is dropped. `html_document` also reads the page's <meta name|property=... content=...>
+fields (the first of a repeated name) and its canonical URL (<link rel=canonical>, else og:url)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,26 @@ _BLOCKS = ("p", "div", "section", "article", "li", "h1", "h2", "h3", "h4", "h5",
 _DROP = ("script", "style", "noscript", "nav", "footer", "header", "form", "svg", "template")
 
 
+def html_document(html: str | bytes) -> tuple[str, str, str, dict[str, str]]:
+    """(title, text, canonical URL or "", {meta name: content}) of an HTML document."""
+    soup = BeautifulSoup(html, "html.parser")
+    meta: dict[str, str] = {}
+    for tag in soup.find_all("meta"):
+        name, content = tag.get("name") or tag.get("property"), tag.get("content")
+        if isinstance(name, str) and name.strip() and isinstance(content, str):
+            meta.setdefault(name.strip(), content.strip())
+    link = soup.find("link", rel="canonical")
+    url = (link.get("href") if link is not None else None) or meta.get("og:url") or ""
+    title, text = _text(soup)
+    return title, text, url.strip(), meta
+
+
 def html_to_text(html: str | bytes) -> tuple[str, str]:
     """Return (title, text) for an HTML document."""
-    soup = BeautifulSoup(html, "html.parser")
+    return _text(BeautifulSoup(html, "html.parser"))
+
+
+def _text(soup: BeautifulSoup) -> tuple[str, str]:
     for tag in soup(_DROP):
         tag.decompose()
     head = soup.title if soup.title and soup.title.get_text(strip=True) else soup.find("h1")

@@ -1,11 +1,13 @@
 """Check a small local corpus on the driver before Ray starts: a bad record found in a Ray Data task reaches
 the user only after Ray started, through its exception wrappers. A corpus parsed in about a second
 (`QRAG_PRECHECK_MAX_BYTES`, 64 MB by default) is parsed here first with the readers' own functions: the
-same line, with file and line number, at once. Larger or remote corpora are checked by the readers."""
+same line, with file and line number, at once (a metadata field whose type disagrees with an earlier
+document's too). Larger or remote corpora are checked by the readers and the build."""
 
 from __future__ import annotations
 
 import gzip
+import json
 import os
 
 from qrag_ray.errors import QragError
@@ -15,6 +17,7 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
 def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str | None = None) -> None:
     """Parse every record of small local text `files`: QragError for a bad record, a repeated id or none."""
+    from qrag_ray.io.metadata import field_types
     from qrag_ray.io.readers import parse_jsonl_line, parse_msmarco_line
 
     try:
@@ -28,6 +31,7 @@ def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str
     except OSError:
         return
     seen: dict[str, str] = {}
+    types: dict[str, list] = {}
     for f in files:
         name = os.path.basename(f)
         try:
@@ -40,6 +44,11 @@ def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str
                     if rec is not None and (first := seen.setdefault(rec["doc_id"], where)) != where:
                         raise QragError(f"{where}: duplicate document id {rec['doc_id']!r} (first at {first}); "
                                         "document ids must be unique")
+                    if rec is not None and rec["metadata"]:
+                        try:
+                            field_types([(rec["doc_id"], json.loads(rec["metadata"]))], types)
+                        except QragError as e:
+                            raise QragError(f"{where}: {e}") from None
         except UnicodeDecodeError as e:
             raise QragError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         except (OSError, EOFError) as e:

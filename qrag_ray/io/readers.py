@@ -1,5 +1,7 @@
-"""Corpus readers: every input format becomes a Ray Dataset of {doc_id, title, text[, questions]}. One pure
-function parses a record (normalize_record), so bad input reads the same whatever the reader."""
+"""Corpus readers: every input format becomes a Ray Dataset of {doc_id, title, text, url, metadata[,
+questions]}. One pure function parses a record (normalize_record), so bad input reads the same whatever
+the reader. `metadata` is the document's fields as canonical JSON ("" for none, qrag_ray.index.metadata),
+`url` "" when the record has none."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from qrag_ray.errors import QragError
+from qrag_ray.io.metadata import normalize_metadata, to_json
 
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")  # IndexConfig.format lists the same
 _ID_KEYS = ("doc_id", "id", "_id", "pid", "docid")
@@ -20,7 +23,7 @@ _SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz"), "parquet": (".parquet",)
 
 
 def normalize_record(rec: dict[str, Any], where: str, questions_column: str | None = None) -> dict:
-    """One raw record -> {doc_id, title, text, questions}. Raises QragError naming `where`."""
+    """One raw record -> {doc_id, title, text, url, metadata[, questions]}. Raises QragError naming `where`."""
     if not isinstance(rec, dict):
         raise QragError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     doc_id = next((rec[k] for k in _ID_KEYS if rec.get(k) is not None), None)
@@ -29,7 +32,12 @@ def normalize_record(rec: dict[str, Any], where: str, questions_column: str | No
     text = rec.get("text", rec.get("contents"))
     if not isinstance(text, str):
         raise QragError(f"{where}: record {doc_id!r} has no string field 'text'")
-    out = {"doc_id": str(doc_id), "title": str(rec.get("title") or ""), "text": text}
+    url = rec.get("url")
+    if url is not None and not isinstance(url, str):
+        raise QragError(f"{where}: record {doc_id!r}: 'url' must be a string")
+    meta = normalize_metadata(rec.get("metadata"), f"{where}: record {doc_id!r}")
+    out = {"doc_id": str(doc_id), "title": str(rec.get("title") or ""), "text": text, "url": url or "",
+           "metadata": to_json(meta)}
     if questions_column:
         qs = rec.get(questions_column)
         if isinstance(qs, str):
@@ -56,7 +64,7 @@ def parse_msmarco_line(line: str, where: str) -> dict | None:
     pid, sep, text = line.partition("\t")
     if not sep or not pid.strip():
         raise QragError(f"{where}: expected 'pid<TAB>passage', got {line[:80]!r}")
-    return {"doc_id": pid.strip(), "title": "", "text": text.strip()}
+    return {"doc_id": pid.strip(), "title": "", "text": text.strip(), "url": "", "metadata": ""}
 
 
 def resolve_files(path: str, fmt: str) -> list[str]:
@@ -116,13 +124,15 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
     root = path if Path(path).is_dir() else str(Path(path).parent)
 
     def extract(batch: dict) -> dict:  # html
-        from qrag_ray.io.html_text import html_to_text
+        from qrag_ray.io.html_text import html_document
 
         rows = []
         for data, src in zip(batch["bytes"], batch["path"]):
-            title, text = html_to_text(bytes(data))
             rel = src if "://" in src else os.path.relpath(src, root)
-            rows.append({"doc_id": rel, "title": title or Path(src).stem, "text": text})
+            title, text, url, meta = html_document(bytes(data))
+            meta = normalize_metadata({**meta, "path": rel}, f"{rel}: <meta>")
+            rows.append({"doc_id": rel, "title": title or Path(src).stem, "text": text,
+                         "url": src if "://" in src else url, "metadata": to_json(meta)})
         return _columns(rows, None)
 
     ds = ray.data.read_binary_files(files, include_paths=True)
@@ -139,7 +149,7 @@ def _line_number(path: str, line: str) -> str:
 
 
 def _columns(rows: list[dict], questions_column: str | None) -> dict:
-    out = {k: np.array([r[k] for r in rows], dtype=object) for k in ("doc_id", "title", "text")}
+    out = {k: np.array([r[k] for r in rows], dtype=object) for k in ("doc_id", "title", "text", "url", "metadata")}
     if questions_column:  # one list per row (np.array would make a 2-D array of equal-length lists)
         out["questions"] = np.fromiter((list(r.get("questions", [])) for r in rows), dtype=object, count=len(rows))
     return out

@@ -11,6 +11,7 @@ import numpy as np
 from qrag_ray.embedding import encode, load_sentence_transformer
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
+from qrag_ray.search.filters import Filter, compile_filter
 from qrag_ray.search.query import Query, check_hybrid
 from qrag_ray.search.results import SearchResult
 from qrag_ray.search.retrieve import LocalShards, BatchPages, retrieve
@@ -42,14 +43,22 @@ class SearchEngine:
     def embed(self, queries: list[str]) -> np.ndarray:
         return encode(self.embedder, queries)
 
+    def compile_filter(self, filter: dict | None = None, doc_ids: list[str] | None = None) -> Filter | None:
+        """A filter (the API's grammar) and doc_ids checked against this index (InvalidFilter if not)."""
+        return compile_filter(filter, doc_ids, self.manifest.metadata_schema)
+
     def search_vectors(self, qvecs: np.ndarray, k: int, min_score: float | None = None,
-                       queries: list[str] | None = None) -> list[list[SearchResult]]:
-        """Top k chunks per query vector; a hybrid policy also needs the query texts."""
-        q = Query(k, min_score, self.policy, None if queries is None or self.policy.bm25_alpha is None else tuple(queries))
+                       queries: list[str] | None = None, filter: Filter | None = None) -> list[list[SearchResult]]:
+        """Top k chunks per query vector (among those `filter` passes); a hybrid policy also needs the
+        query texts."""
+        q = Query(k, min_score, self.policy, None if queries is None or self.policy.bm25_alpha is None else tuple(queries),
+                  filter)
         self.last = self._loop.run_until_complete(retrieve(self.backend, None, len(self.shards), qvecs, q))
         return self.last.pages
 
-    def search(self, queries: list[str], k: int = 10, min_score: float | None = None) -> list[list[dict]]:
+    def search(self, queries: list[str], k: int = 10, min_score: float | None = None, filter: dict | None = None,
+               doc_ids: list[str] | None = None) -> list[list[dict]]:
         if not all(isinstance(q, str) and q.strip() for q in queries):
             raise QragError("query must be a non-empty string")
-        return [[h.to_json() for h in page] for page in self.search_vectors(self.embed(queries), k, min_score, queries)]
+        f = self.compile_filter(filter, doc_ids)
+        return [[h.to_json() for h in page] for page in self.search_vectors(self.embed(queries), k, min_score, queries, f)]

@@ -1,5 +1,6 @@
 """A query batch as every search path runs it, and its checks before any shard is asked: k within MAX_K
-(one limit for the CLI, `qrag eval` and HTTP), a hybrid policy only on an index with a BM25 channel."""
+(one limit for the CLI, `qrag eval` and HTTP), a hybrid policy only on an index with a BM25 channel, a
+filter checked against the index's metadata schema (search/filters.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import Manifest
 from qrag_ray.config.search_policy import SearchConfig
+from qrag_ray.search.filters import Filter
 
 MAX_K = 1000
 
@@ -38,6 +40,7 @@ class Query:
     min_score: float | None
     policy: SearchConfig  # the index's policy, or it with the request's bm25_alpha, checked against the index
     texts: tuple[str, ...] | None = None  # the user's own words per query vector, for BM25 (hybrid policies)
+    filter: Filter | None = None  # metadata filter and doc_ids, checked against the index (search/filters.py)
 
     def __post_init__(self):
         validate_k(self.k)

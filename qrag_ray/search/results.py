@@ -3,7 +3,7 @@ response models are these), built from the merged hits and the page's metadata."
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -15,6 +15,12 @@ class ChunkMeta(NamedTuple):  # a chunk's row of chunks.parquet, as the page nee
     doc_id: str
     title: str
     text: str
+    url: str | None = None
+    metadata: dict[str, Any] = {}  # noqa: RUF012 - never mutated: pydantic copies it into each result
+
+
+# a metadata value as the API returns it (dates as ISO-8601 text)
+MetadataValue = bool | int | float | str | list[str]
 
 
 class Match(BaseModel):
@@ -33,10 +39,18 @@ class SearchResult(BaseModel):  # one chunk of a page, exactly as the HTTP API r
     matched: list[Match] = Field(default_factory=list, description="the chunk's best-matching vectors, best first")
     bm25: float | None = Field(None, description="hybrid indexes: the chunk's BM25 score over the query's best (0..1)")
     cosine: float | None = Field(None, description="the best raw cosine of the chunk's retrieved vectors to the query")
+    url: str | None = Field(None, description="the document's url, when the corpus gave one")
+    metadata: dict[str, MetadataValue] = Field(
+        default_factory=dict, description="the document's metadata fields ({} when the index has none); dates as "
+                                          "ISO-8601 text")
 
     def to_json(self) -> dict:
-        """The CLI's JSON: the HTTP body's fields, without the hybrid ones a plain search leaves unset."""
-        return self.model_dump(exclude_none=True)
+        """The CLI's JSON: the HTTP body's fields, without the ones a plain search leaves unset (hybrid
+        scores, an absent url, empty metadata): an index without metadata prints what it always did."""
+        out = self.model_dump(exclude_none=True)
+        if not out["metadata"]:
+            del out["metadata"]
+        return out
 
 
 def format_page(results: list[ChunkResult], chunks: dict[int, ChunkMeta],

@@ -16,7 +16,9 @@ import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import CHUNKS, Manifest, files_under, load_manifest, read_table_file, verify_files
-from qrag_ray.index.shard_index import ShardHits, ShardIndex, one_array, py_values
+from qrag_ray.index.metadata_columns import METADATA, URL, json_values
+from qrag_ray.index.shard_index import Selection, ShardHits, ShardIndex, one_array, py_values
+from qrag_ray.search.filters import Filter, chunk_mask
 from qrag_ray.search.merge import ChunkResult, merge_hits
 from qrag_ray.search.query import Query
 from qrag_ray.search.results import ChunkMeta
@@ -42,6 +44,8 @@ class LoadedShard:
     index_version: str
     multiplier: int
     nbytes: int
+    url: pa.Array | None = None  # the documents' urls and typed metadata, when the index has them
+    metadata: pa.StructArray | None = None
 
     def chunk_meta(self, idxs) -> dict[int, ChunkMeta]:
         """chunk_idx -> its metadata, for chunks of this shard."""
@@ -49,8 +53,15 @@ class LoadedShard:
         pos = np.minimum(np.searchsorted(self.chunk_idx, idxs), max(len(self.chunk_idx) - 1, 0))
         if len(idxs) and (not len(self.chunk_idx) or (self.chunk_idx[pos] != idxs).any()):
             raise IndexFormatError(f"chunk(s) missing from the chunk table of {self.index.manifest.path}")
-        cols = [py_values(col, pos.tolist()) for col in self.chunks]
+        at = pos.tolist()
+        cols = [py_values(col, at) for col in self.chunks]
+        cols.append(py_values(self.url, at) if self.url is not None else [None] * len(at))
+        cols.append(json_values(py_values(self.metadata, at)) if self.metadata is not None else [{}] * len(at))
         return {int(ci): ChunkMeta(*row) for ci, row in zip(idxs.tolist(), zip(*cols))}
+
+    def select(self, f: Filter) -> Selection:
+        """The rows and BM25 documents of this shard's chunks that pass `f` (one vectorised pass)."""
+        return self.index.selection(self.chunk_idx, chunk_mask(f, self.chunks[1], self.metadata))
 
 
 def load_shard(index: str | Path | Manifest, shard: int, threads: int | None = None, verify: bool = True,
@@ -65,24 +76,27 @@ def load_shard(index: str | Path | Manifest, shard: int, threads: int | None = N
     if verify:
         verify_files(manifest, [table])
     if info.chunk_table:
-        t = read_table_file(manifest.file(table), ["chunk_idx", *_META])  # written sorted by chunk_idx
+        t = read_table_file(manifest.file(table))  # written sorted by chunk_idx
     else:
-        t = pq.read_table(manifest.file(CHUNKS), columns=["chunk_idx", *_META], filters=[("shard", "=", shard)])
+        t = pq.read_table(manifest.file(CHUNKS), filters=[("shard", "=", shard)])
         t = t.sort_by("chunk_idx")
+    t = t.select([c for c in ["chunk_idx", *_META, URL, METADATA] if c in t.column_names])
     bm25 = files_under(manifest, info.bm25) if info.bm25 else []
     nbytes = searcher.nbytes + sum(os.path.getsize(manifest.file(r)) for r in bm25) + int(t.nbytes)
+    extra = {c: one_array(t.column(c)) for c in (URL, METADATA) if c in t.column_names}
     return LoadedShard(searcher, t.column("chunk_idx").to_numpy(), [one_array(t.column(c)) for c in _META],
-                       manifest.index_version, initial_multiplier(manifest), nbytes)
+                       manifest.index_version, initial_multiplier(manifest), nbytes, **extra)
 
 
 def search_shard_exact(searcher: ShardIndex, qvecs: np.ndarray, k: int, multiplier: int, min_score: float | None,
-                       policy, queries: list[str] | None = None,
-                       tops: bool = False) -> tuple[list[ShardHits], list[list[ChunkResult] | None], int]:
+                       policy, queries: list[str] | None = None, tops: bool = False,
+                       sel: Selection | None = None) -> tuple[list[ShardHits], list[list[ChunkResult] | None], int]:
     """One shard's hits per query, each deep enough that the shard's own top k distinct chunks are
     final (widening x4 while `needs_more` says so). A chunk's vectors all live in one shard, so the
     global top k are among the shards' local top k: the caller merges once. Also each query's local
-    top k where the widening check merged it (every query's with `tops`), else None."""
-    total = searcher.ntotal
+    top k where the widening check merged it (every query's with `tops`), else None. With `sel` (a
+    filter's selection) all of it holds among the selected rows: a pre-filter, k chunks when k pass."""
+    total = searcher.ntotal if sel is None else len(sel.rows)
     use_text = policy.bm25_alpha is not None and queries is not None
     out: list[ShardHits | None] = [None] * len(qvecs)
     top: list[list[ChunkResult] | None] = [None] * len(qvecs)
@@ -92,7 +106,7 @@ def search_shard_exact(searcher: ShardIndex, qvecs: np.ndarray, k: int, multipli
         m = max(m, -(-HYBRID_MIN_DEPTH // k))
     while len(todo):
         rounds += 1
-        hits = searcher.search(qvecs[todo], k * m, [queries[i] for i in todo] if use_text else None)
+        hits = searcher.search(qvecs[todo], k * m, [queries[i] for i in todo] if use_text else None, sel)
         again = []
         for j, qi in enumerate(todo):
             one = hits.row(j)
@@ -126,7 +140,9 @@ def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page
     second call. Runs in the calling thread."""
     t0 = time.perf_counter()
     texts = None if q.texts is None else list(q.texts)
-    hits, tops, rounds = search_shard_exact(ls.index, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts, page)
+    sel = None if q.filter is None else ls.select(q.filter)
+    hits, tops, rounds = search_shard_exact(ls.index, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts, page,
+                                            sel)
     reply = ShardReply(shard, hits, rounds=rounds)
     if page:
         top = [r for res in tops for r in res]

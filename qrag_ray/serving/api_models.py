@@ -4,12 +4,13 @@ forbid unknown fields: a misspelt `min_socre` should be an error, not silently i
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr, field_validator
 
+from qrag_ray.search.filters import MAX_DOC_IDS, MAX_FILTER_CLAUSES, MAX_FILTER_DEPTH, MAX_IN_VALUES
 from qrag_ray.search.query import MAX_K
-from qrag_ray.search.results import SearchResult
+from qrag_ray.search.results import MetadataValue, SearchResult
 
 MAX_QUERY_CHARS = 2000
 INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # tenant names
@@ -20,8 +21,10 @@ ERROR_DESCRIPTIONS = {
     400: "the request body is not valid JSON",
     401: "missing, malformed or unknown API key",
     403: "the key may not read the index named, or the server has no admin key",
-    404: "unknown index",
-    422: "a field is missing, of the wrong type or out of range, or the query is too long (`detail` lists each)",
+    404: "unknown index, or (GET /v1/chunks, /v1/documents) unknown id",
+    422: "a field is missing, of the wrong type or out of range, or the query is too long (`detail` lists each); "
+         "`invalid_filter`: a filter this index cannot evaluate (a field it lacks, an operator or value that does not "
+         "fit the field's type, too deep or too long)",
     409: "a request this index cannot serve as built (bm25_alpha on an index without a BM25 channel)",
     429: "the tenant is over its request rate (Retry-After)",
     501: "mode=hyde and /v1/answer need an LLM, and this server has none configured",
@@ -44,6 +47,36 @@ JsonInt = Annotated[int, BeforeValidator(_int_not_bool_or_text)]
 JsonNumber = StrictFloat  # a JSON number, ints included; not a bool, not a string
 
 
+class _Filter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ComparisonFilter(_Filter):
+    type: Literal["eq", "ne", "gt", "gte", "lt", "lte"]
+    key: str = Field(..., min_length=1, max_length=128, description="a metadata field of the index")
+    value: StrictStr | JsonNumber | StrictBool = Field(
+        ..., description="dates and datetimes as ISO-8601 strings; on a list-of-strings field eq matches when any "
+                         "element does, ne when none does")
+
+
+class InFilter(_Filter):
+    type: Literal["in", "nin"]
+    key: str = Field(..., min_length=1, max_length=128, description="a metadata field of the index")
+    value: list[StrictStr | JsonNumber] = Field(..., max_length=MAX_IN_VALUES,
+                                                description=f"at most {MAX_IN_VALUES} values")
+
+
+class CompoundFilter(_Filter):
+    type: Literal["and", "or"]
+    filters: list["Filter"] = Field(..., min_length=1, max_length=MAX_FILTER_CLAUSES,
+                                    description=f"nested at most {MAX_FILTER_DEPTH} and/or deep, at most "
+                                                f"{MAX_FILTER_CLAUSES} comparisons in all")
+
+
+Filter = Annotated[Union[ComparisonFilter, InFilter, CompoundFilter], Field(discriminator="type")]
+CompoundFilter.model_rebuild()
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -57,6 +90,10 @@ class _Request(BaseModel):
     bm25_alpha: JsonNumber | None = Field(
         None, ge=0.0, le=1.0, description="hybrid search with this dense weight (the index needs a BM25 channel); "
                                           "default: the index's own setting")
+    filter: Filter | None = Field(None, description="only chunks whose document metadata passes it (a pre-filter: "
+                                                    "k chunks whenever k pass); docs/SERVING.md, Filters")
+    doc_ids: list[StrictStr] | None = Field(None, max_length=MAX_DOC_IDS,
+                                            description="only chunks of these documents (ANDed with filter)")
 
     @field_validator("query")
     @classmethod
@@ -105,6 +142,35 @@ class AnswerResponse(BaseModel):
     index_version: str
     mode: str
     took_ms: float
+
+
+class ChunkResponse(BaseModel):
+    chunk_id: str
+    doc_id: str
+    title: str
+    text: str
+    url: str | None
+    metadata: dict[str, MetadataValue]
+    questions: list[str] = Field(..., description="the chunk's generated questions stored in the index ([] when none)")
+    index: str
+    index_version: str
+
+
+class DocumentChunk(BaseModel):
+    chunk_id: str
+    title: str
+    text: str
+    questions: list[str]
+
+
+class DocumentResponse(BaseModel):
+    doc_id: str
+    title: str
+    url: str | None
+    metadata: dict[str, MetadataValue]
+    chunks: list[DocumentChunk] = Field(..., description="in document order")
+    index: str
+    index_version: str
 
 
 class IndexInfo(BaseModel):

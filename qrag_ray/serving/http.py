@@ -89,8 +89,12 @@ async def _validation_error(request: Request, e: RequestValidationError):
                "msg": str(err.get("msg", "invalid")).removeprefix("Value error, "),
                "type": str(err.get("type", "invalid"))} for err in errs]
     message = "; ".join(f"{'.'.join(str(x) for x in d['loc'])}: {d['msg']}" for d in detail)
-    too_long = any(err.get("type") == "string_too_long" for err in errs)
-    return _error(request, 422, "query_too_long" if too_long else "invalid_request", message, detail=detail)
+    too_long = any(d["type"] == "string_too_long" and d["loc"] == ["query"] for d in detail)
+    # a filter that is not the grammar (or doc_ids that are not a list of ids) is the filter's error kind,
+    # as the checks against the index's fields are
+    in_filter = all(d["loc"][0] in ("filter", "doc_ids") for d in detail)
+    kind = "query_too_long" if too_long else "invalid_filter" if in_filter else "invalid_request"
+    return _error(request, 422, kind, message, detail=detail)
 
 
 @app.exception_handler(StarletteHTTPException)

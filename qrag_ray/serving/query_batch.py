@@ -13,6 +13,7 @@ import numpy as np
 from ray import serve
 
 from qrag_ray.errors import QragError
+from qrag_ray.search.filters import InvalidFilter, compile_filter
 from qrag_ray.search.query import NoBm25Index, Query, check_hybrid
 from qrag_ray.search.results import SearchResult
 from qrag_ray.search.retrieve import retrieve
@@ -33,7 +34,8 @@ class RoutedPage:
 
 def resolve_query(ti: TenantIndex, tenant: str, req) -> Query:
     """The request (`api_models._Request`) as one Query on this index version: the index's fusion policy
-    or the request's `bm25_alpha` over it (409 without a BM25 channel); hybrid also gets the user's words."""
+    or the request's `bm25_alpha` over it (409 without a BM25 channel); hybrid also gets the user's words;
+    its filter checked against this version's metadata schema (422 `invalid_filter`)."""
     policy = ti.policy
     if req.bm25_alpha is not None:
         policy = policy.with_bm25_alpha(req.bm25_alpha)
@@ -41,7 +43,14 @@ def resolve_query(ti: TenantIndex, tenant: str, req) -> Query:
             check_hybrid(policy, ti.manifest, f"index '{tenant}'")
         except NoBm25Index as e:
             raise ApiError(409, "no_bm25_index", str(e)) from None
-    return Query(req.k, req.min_score, policy, (req.query,) if policy.bm25_alpha is not None else None)
+    flt = None
+    if req.filter is not None or req.doc_ids is not None:
+        try:
+            flt = compile_filter(None if req.filter is None else req.filter.model_dump(), req.doc_ids,
+                                 ti.manifest.metadata_schema)
+        except InvalidFilter as e:
+            raise ApiError(422, "invalid_filter", str(e)) from None
+    return Query(req.k, req.min_score, policy, (req.query,) if policy.bm25_alpha is not None else None, flt)
 
 
 @dataclass
@@ -97,7 +106,7 @@ class QueryBatcher:
         embed_ms = (time.perf_counter() - t0) * 1000
         groups: dict[tuple, list[int]] = {}
         for i, a in enumerate(asks):  # one version has one policy: only a request's bm25_alpha changes it
-            groups.setdefault((a.key, a.q.k, a.q.min_score, a.q.policy.bm25_alpha), []).append(i)
+            groups.setdefault((a.key, a.q.k, a.q.min_score, a.q.policy.bm25_alpha, a.q.filter), []).append(i)
         loop = asyncio.get_running_loop()
         out = [loop.create_future() for _ in asks]  # a request that gave up (deadline) cancelled its own
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 
-from fastapi import Request
+from fastapi import Path, Query, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
@@ -17,6 +17,7 @@ from qrag_ray.serving.answer import Answerer
 from qrag_ray.serving.config import AppArgs, assigned_cpus
 from qrag_ray.serving.encoder import QueryEncoder
 from qrag_ray.serving.errors import ApiError, overloaded
+from qrag_ray.serving.fetch import Fetcher
 from qrag_ray.serving.http import app, bearer, error_responses, metrics_of
 from qrag_ray.serving.ratelimit import RateLimiter
 from qrag_ray.serving.registry import TenantRegistry
@@ -29,6 +30,8 @@ from qrag_ray.serving.versions import IndexReader, TenantVersions
 logger = logging.getLogger("ray.serve")
 
 _QUERY_ERRORS = error_responses(400, 401, 403, 404, 409, 422, 429, 501, 502, 503, 504)
+_FETCH_ERRORS = error_responses(401, 403, 404, 422, 429, 503, 504)
+_INDEX = Query(None, pattern=m.INDEX_NAME, description="index name; defaults to the one the API key belongs to")
 
 
 @serve.ingress(app)
@@ -47,6 +50,7 @@ class Router:
             self.encoder.model, retire_after_s=a.request_timeout_s + 1.0)
         remote = RemoteShards(self.shards, a.tenant_affinity, a.shards_per_searcher)
         self.batcher = QueryBatcher(self.encoder, RouterShards(self.local), remote, self.versions)
+        self.fetcher = Fetcher(self.versions, self.batcher.shards)
         self.answerer = Answerer(synthesizer, a.hyde_max_tokens, a.answer_min_cosine)
         self._inflight = 0
         self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished
@@ -143,6 +147,25 @@ class Router:
                                     took_ms=(time.perf_counter() - t0) * 1000)
 
         return await self._deadline(run(), stage)
+
+    @app.get("/v1/chunks/{chunk_id:path}", response_model=m.ChunkResponse, responses=_FETCH_ERRORS,
+             dependencies=[bearer])
+    async def chunk(self, request: Request, chunk_id: str = Path(..., description="the chunk id (doc_id#n; "
+                                                                                  "percent-encode the #)"),
+                    index: str | None = _INDEX) -> m.ChunkResponse:
+        """One chunk by id: its text, title, document, url, metadata and generated questions."""
+        tenant = self._auth(request, index)
+        stage: dict = {}
+        return await self._deadline(self.fetcher.chunk(tenant, chunk_id, stage), stage)
+
+    @app.get("/v1/documents/{doc_id:path}", response_model=m.DocumentResponse, responses=_FETCH_ERRORS,
+             dependencies=[bearer])
+    async def document(self, request: Request, doc_id: str = Path(..., description="the document id"),
+                       index: str | None = _INDEX) -> m.DocumentResponse:
+        """One document by id: its url and metadata, and its chunks in document order."""
+        tenant = self._auth(request, index)
+        stage: dict = {}
+        return await self._deadline(self.fetcher.document(tenant, doc_id, stage), stage)
 
     @app.get("/v1/indexes", response_model=m.IndexesResponse, responses=error_responses(401, 429),
              dependencies=[bearer])

@@ -15,6 +15,7 @@ import numpy as np
 from ray import serve
 
 from qrag_ray.errors import IndexFormatError
+from qrag_ray.search.fetch import chunk_records
 from qrag_ray.search.query import Query
 from qrag_ray.search.shard_search import LoadedShard, ShardReply, load_shard, search_loaded
 from qrag_ray.serving.config import assigned_cpus
@@ -139,6 +140,11 @@ class ShardStore:
     async def lookup(self, shard: int, key: ShardKey, rows: list[int], chunk_idxs: list[int]) -> tuple[dict, dict]:
         ls = await self.get(shard, key)
         return ls.index.matched(rows), ls.chunk_meta(chunk_idxs)
+
+    async def fetch(self, shard: int, key: ShardKey, chunk_idxs: list[int] | None, doc_id: str | None) -> list[dict]:
+        """The records of these chunks, or of a document's chunks, in this shard (qrag_ray.search.fetch)."""
+        ls = await self.get(shard, key)
+        return await asyncio.to_thread(chunk_records, ls, chunk_idxs, doc_id)
 
     async def prepare(self, shard: int, key: ShardKey) -> None:
         """Load and verify `key` before it gets traffic (a new version, or start-up)."""

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
 from qrag_ray.index.incremental import incremental_config
 
@@ -26,6 +27,9 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     from qrag_ray.index.build import build_index
 
     docs = corpus_records()
+    # metadata travels too: the appended documents add a field (`since`), which an append may do
+    for i, d in enumerate(docs):
+        d["metadata"] = {"n": i, **({"since": f"2024-01-{i + 1:02d}"} if i >= 9 else {})}
     old = jsonl_writer(tmp_path / "old.jsonl", docs[:9])
     new = jsonl_writer(tmp_path / "new.jsonl", docs[9:])
     both = jsonl_writer(tmp_path / "both.jsonl", docs)
@@ -43,6 +47,7 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     assert load_manifest(out).index_version != first.manifest.index_version  # a new version
     a, f = load_manifest(out, verify=True).data, load_manifest(tmp_path / "full").data
     assert a["files"] == f["files"] and a["counts"] == f["counts"]
+    assert a["metadata_schema"] == {"n": "number", "since": "date"} == f["metadata_schema"]
     assert _search(open_engine, out) == _search(open_engine, tmp_path / "full")
 
     ids = tmp_path / "gone.txt"
@@ -57,6 +62,22 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     assert hits == _search(open_engine, tmp_path / "ref")
     assert not any(cid.split("#")[0] in ("for", "lambda") for res in hits for cid, _ in res)
     assert json.loads((out / "manifest.json").read_text())["config"]["build"]["delete_ids"] == [str(ids)]
+    # a type change is the build's one error line, and the published index stays as it was
+    bad = jsonl_writer(tmp_path / "bad.jsonl", [{"id": "zz", "text": "One more.", "metadata": {"n": "seven"}}])
+    with pytest.raises(QragError, match="metadata field 'n' is a string, but document '.*' has it as a number"):
+        build_index(incremental_config(str(out), append=str(bad)))
+    assert load_manifest(out).metadata_schema == {"n": "number", "since": "date"}
+
+
+def test_an_append_may_add_metadata_fields_but_not_change_a_type():
+    from qrag_ray.index.incremental import check_fields
+
+    check_fields({"n": "number"}, {"n": "number", "lang": "string"})
+    check_fields(None, {"n": "number"})
+    check_fields({"n": "number", "gone": "bool"}, {"n": "number"})  # deleted documents may take a field along
+    with pytest.raises(QragError, match="metadata field 'n' is a string in the new documents, but the published "
+                                        "index has it as a number"):
+        check_fields({"n": "number"}, {"n": "string"})
 
 
 def test_an_index_built_by_an_older_preset_keeps_its_kinds(tmp_path):

@@ -69,3 +69,42 @@ def test_requests_travel_as_columns_and_atoms_come_back():
                                            dtype=object)[:1]})
     assert list(back["atoms"][0]) == ["Loops repeat their body.", "A break statement ends a loop."]
     assert set(back) == {"chunk_idx", "shard", "text", "atoms"}
+
+
+def test_chunk_parts_carry_metadata_and_the_build_types_it(tmp_path):
+    """A batch's parts keep each chunk's url and metadata as text and register their field types; the
+    driver merges the parts' types (one per field) and each shard's chunk table gets typed columns."""
+    import json
+
+    import pyarrow.parquet as pq
+    import pytest
+
+    from qrag_ray.errors import QragError
+    from qrag_ray.index import workdir
+    from qrag_ray.index.metadata_columns import chunk_table, json_values
+    from qrag_ray.index.tasks import _chunk_part, metadata_fields
+    from qrag_ray.index.udfs import write_chunk_part
+    from qrag_ray.io.readers import normalize_record
+
+    cfg = IndexConfig(input="x", shards=1)
+    docs = [normalize_record({"id": "a", "text": "one two", "url": "https://x.org/a", "metadata": {"n": 1}}, "f"),
+            normalize_record({"id": "b", "text": "three", "metadata": {"n": 2.5, "day": "2024-01-02"}}, "f")]
+    cols = chunk_columns([r for d in docs for r in chunk_rows(d, cfg)], False)
+    write_chunk_part(cols, 2, tmp_path, "run1")
+    (part,) = workdir.registered_parts(tmp_path, "run1")
+    assert part["metadata"] == {"n": ["number", "a"], "day": ["date", "b"]} and part["url"]
+    fields = metadata_fields([part, {"metadata": {"lang": ["string", "c"]}}])
+    assert fields == {"schema": {"day": "date", "lang": "string", "n": "number"}, "url": True}
+    with pytest.raises(QragError, match="document 'd': metadata field 'n' is a string, but document 'a'"):
+        metadata_fields([part, {"metadata": {"n": ["string", "d"]}}])
+    t = chunk_table(_chunk_part(next((tmp_path / "chunks").rglob("*.parquet"))).sort_by("doc_id"), **fields)
+    assert t.column("url").to_pylist() == ["https://x.org/a", None]
+    assert json_values(t.column("metadata").to_pylist()) == [{"n": 1}, {"n": 2.5, "day": "2024-01-02"}]
+    plain = normalize_record({"id": "c", "text": "four"}, "f")
+    write_chunk_part(chunk_columns(chunk_rows(plain, cfg), False), 1, tmp_path, "run2")
+    (part,) = workdir.registered_parts(tmp_path, "run2")
+    assert part["metadata"] == {} and not part["url"]
+    files = sorted((tmp_path / "chunks").rglob("*.parquet"))
+    untyped = [chunk_table(_chunk_part(f)) for f in files]
+    assert all(t.column_names == ["chunk_idx", "chunk_id", "doc_id", "title", "text", "shard"] for t in untyped)
+    assert all(json.loads(m) for f in files for m in pq.read_table(f).column("metadata").to_pylist() if m)

@@ -26,7 +26,8 @@ def docs_of(ds) -> dict[str, dict]:
 
 
 def test_normalize_record_variants():
-    assert normalize_record({"id": 7, "text": "x"}, "f") == {"doc_id": "7", "title": "", "text": "x"}
+    assert normalize_record({"id": 7, "text": "x"}, "f") == {"doc_id": "7", "title": "", "text": "x", "url": "",
+                                                             "metadata": ""}
     assert normalize_record({"_id": "a", "title": "T", "text": "x"}, "f")["title"] == "T"
     assert normalize_record({"pid": "p1", "contents": "y"}, "f")["text"] == "y"
     r = normalize_record({"id": "a", "text": "x", "questions": "Q1?\n\nQ2?"}, "f", "questions")
@@ -41,6 +42,13 @@ def test_normalize_record_variants():
     ({"id": "a", "text": 3}, "no string field 'text'"),
     ({"id": "a", "text": "x", "questions": [1, 2]}, "list of strings"),
     ([1, 2], "expected a JSON object"),
+    ({"id": "a", "text": "x", "url": 5}, "'url' must be a string"),
+    ({"id": "a", "text": "x", "metadata": "lang=en"}, "'metadata' must be an object"),
+    ({"id": "a", "text": "x", "metadata": {"owner": {"team": "x"}}}, "metadata field 'owner': values must be"),
+    ({"id": "a", "text": "x", "metadata": {"tags": ["a", 1]}}, "metadata field 'tags': values must be"),
+    ({"id": "a", "text": "x", "metadata": {"day": "2024-02-30"}}, "'2024-02-30' is not a valid ISO-8601 date"),
+    ({"id": "a", "text": "x", "metadata": {"score": float("nan")}}, "not a finite number"),
+    ({"id": "a", "text": "x", "metadata": {"": 1}}, "metadata field name"),
 ])
 def test_normalize_record_errors_name_the_place(rec, msg):
     with pytest.raises(QragError, match=msg) as e:
@@ -48,11 +56,38 @@ def test_normalize_record_errors_name_the_place(rec, msg):
     assert str(e.value).startswith("corpus.jsonl line 3")
 
 
+def test_metadata_is_typed_and_travels_as_canonical_json():
+    import datetime as dt
+
+    from qrag_ray.io.metadata import field_types, merge_field_types, normalize_metadata, value_type
+
+    meta = {"lang": "en", "year": 2021, "score": 0.5, "public": True, "day": "2024-01-05",
+            "at": "2024-01-05T10:00:00+02:00", "tags": ["a", "b"], "gone": None}
+    r = normalize_record({"id": "a", "text": "x", "url": "https://x.org/a", "metadata": meta}, "f")
+    assert r["url"] == "https://x.org/a" and json.loads(r["metadata"]) == {k: v for k, v in meta.items() if v is not None}
+    assert list(json.loads(r["metadata"])) == sorted(json.loads(r["metadata"]))  # canonical: keys sorted
+    assert {k: value_type(v) for k, v in json.loads(r["metadata"]).items()} == {
+        "lang": "string", "year": "number", "score": "number", "public": "bool", "day": "date", "at": "datetime",
+        "tags": "string_list"}
+    # Parquet gives dates, timestamps and map columns' key-value pairs
+    parquet = normalize_metadata([("d", dt.date(2024, 1, 5)), ("t", dt.datetime(2024, 1, 5, 10))], "f")
+    assert parquet == {"d": "2024-01-05", "t": "2024-01-05T10:00:00Z"}
+    seen = field_types([("a", {"year": 2021})])
+    with pytest.raises(QragError, match="document 'b': metadata field 'year' is a string, but document 'a' has "
+                                        "it as a number"):
+        field_types([("b", {"year": "2021"})], seen)
+    assert merge_field_types([{"y": ["number", "a"]}, {"x": ["bool", "b"], "y": ["number", "c"]}]) == {
+        "x": "bool", "y": "number"}
+    with pytest.raises(QragError, match="document 'c': metadata field 'y' is a date, but document 'a'"):
+        merge_field_types([{"y": ["number", "a"]}, {"y": ["date", "c"]}])
+
+
 def test_parse_lines():
     assert parse_jsonl_line("   ", "f", None) is None
     with pytest.raises(QragError, match="malformed JSON"):
         parse_jsonl_line('{"id": 1, "text": ', "f", None)
-    assert parse_msmarco_line("12\tA passage.\n", "f") == {"doc_id": "12", "title": "", "text": "A passage."}
+    assert parse_msmarco_line("12\tA passage.\n", "f") == {"doc_id": "12", "title": "", "text": "A passage.",
+                                                            "url": "", "metadata": ""}
     with pytest.raises(QragError, match="pid<TAB>passage"):
         parse_msmarco_line("no tab here", "f")
 
@@ -92,6 +127,18 @@ def test_html_keeps_table_cells_and_drops_chrome():
     assert "Planets" not in text  # the <title> is the title, not body text
 
 
+def test_html_meta_fields_and_canonical_url():
+    from qrag_ray.io.html_text import html_document
+
+    page = ('<html><head><meta charset="utf-8"><meta name="author" content=" Ada "><meta name="author" content="Bob">'
+            '<meta property="article:published_time" content="2024-05-01T08:00:00Z">'
+            '<link rel="canonical" href="https://x.org/p"></head><body><p>Hi.</p></body></html>')
+    title, text, url, meta = html_document(page)
+    assert (text, url) == ("Hi.", "https://x.org/p")
+    assert meta == {"author": "Ada", "article:published_time": "2024-05-01T08:00:00Z"}  # the first of a repeat
+    assert html_document('<meta property="og:url" content="https://x.org/q"><p>x</p>')[2] == "https://x.org/q"
+
+
 def test_html_title_falls_back_to_h1():
     title, text = html_to_text("<body><h1>Only heading</h1><p>Body.</p></body>")
     assert title == "Only heading" and "Body." in text
@@ -109,7 +156,8 @@ def test_jsonl_reader(local_ray, tmp_path, jsonl_writer):
     with p.open("a") as f:
         f.write("\n")  # blank lines are skipped
     docs = docs_of(read_corpus(str(p), "jsonl", questions_column="questions"))
-    assert docs["d1"] == {"doc_id": "d1", "title": "One", "text": "First doc.", "questions": ["What is first?"]}
+    assert docs["d1"] == {"doc_id": "d1", "title": "One", "text": "First doc.", "questions": ["What is first?"],
+                          "url": "", "metadata": ""}
     assert docs["2"]["title"] == "" and docs["2"]["questions"] == []
     assert "questions" not in docs_of(read_corpus(str(p), "jsonl"))["d1"]
 
@@ -117,11 +165,16 @@ def test_jsonl_reader(local_ray, tmp_path, jsonl_writer):
 @pytest.mark.integration
 def test_parquet_reader(local_ray, tmp_path):
     p = tmp_path / "c.parquet"
+    import datetime as dt
+
+    meta = pa.array([{"lang": "en", "day": dt.date(2024, 1, 5)}, {"lang": None, "day": None}])
     pq.write_table(pa.table({"id": ["a", "b"], "title": ["TA", None], "text": ["Alpha.", "Beta."],
-                             "questions": [["Q a?", "Q b?"], []]}), p)
+                             "questions": [["Q a?", "Q b?"], []], "url": ["https://x.org/a", None],
+                             "metadata": meta}), p)
     docs = docs_of(read_corpus(str(p), "parquet", questions_column="questions"))
-    assert docs["a"] == {"doc_id": "a", "title": "TA", "text": "Alpha.", "questions": ["Q a?", "Q b?"]}
-    assert docs["b"]["title"] == "" and docs["b"]["questions"] == []
+    assert docs["a"] == {"doc_id": "a", "title": "TA", "text": "Alpha.", "questions": ["Q a?", "Q b?"],
+                         "url": "https://x.org/a", "metadata": '{"day":"2024-01-05","lang":"en"}'}
+    assert docs["b"]["title"] == "" and docs["b"]["questions"] == [] and docs["b"]["metadata"] == ""
 
 
 @pytest.mark.integration
@@ -129,8 +182,9 @@ def test_msmarco_reader(local_ray, tmp_path):
     p = tmp_path / "collection.tsv"
     p.write_text("0\tThe presence of communication amid scientific minds.\n1\tManhattan Project.\n")
     docs = docs_of(read_corpus(str(p), "msmarco"))
-    assert docs == {"0": {"doc_id": "0", "title": "", "text": "The presence of communication amid scientific minds."},
-                    "1": {"doc_id": "1", "title": "", "text": "Manhattan Project."}}
+    none = {"url": "", "metadata": ""}
+    assert docs == {"0": {"doc_id": "0", "title": "", "text": "The presence of communication amid scientific minds.",
+                          **none}, "1": {"doc_id": "1", "title": "", "text": "Manhattan Project.", **none}}
 
 
 @pytest.mark.integration
@@ -138,11 +192,14 @@ def test_beir_reader(local_ray, tmp_path, jsonl_writer):
     jsonl_writer(tmp_path / "scifact" / "corpus.jsonl", [
         {"_id": "4983", "title": "Microstructural development", "text": "Alterations of the architecture.",
          "metadata": {}},
+        {"_id": "5", "title": "T", "text": "Cells.", "metadata": {"url": "https://doi.org/5", "year": 2011}},
     ])
     jsonl_writer(tmp_path / "scifact" / "queries.jsonl", [{"_id": "q1", "text": "not a document"}])
     docs = docs_of(read_corpus(str(tmp_path / "scifact"), "beir"))
     assert docs == {"4983": {"doc_id": "4983", "title": "Microstructural development",
-                             "text": "Alterations of the architecture."}}
+                             "text": "Alterations of the architecture.", "url": "", "metadata": ""},
+                    "5": {"doc_id": "5", "title": "T", "text": "Cells.", "url": "",
+                          "metadata": '{"url":"https://doi.org/5","year":2011}'}}
 
 
 @pytest.mark.integration
@@ -154,6 +211,7 @@ def test_html_reader(local_ray, tmp_path):
     assert set(docs) == {"planets.html", "sub/page.htm"}
     assert docs["planets.html"]["title"] == "Planets" and "Earth | 1" in docs["planets.html"]["text"]
     assert docs["sub/page.htm"]["title"] == "page"
+    assert json.loads(docs["sub/page.htm"]["metadata"]) == {"path": "sub/page.htm"} and docs["sub/page.htm"]["url"] == ""
 
 
 @pytest.mark.integration

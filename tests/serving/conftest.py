@@ -19,10 +19,12 @@ from support.indexes import shared_build
 from support.serving_data import ALPHA_TOPICS, BETA_TOPICS, HYDE_PASSAGE, IDK_MARKER
 
 
-def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int = 3, **extra) -> Path:
-    """`workdir/<name>-index`: an atom-sentence index of the named topics, built once per run for its
-    content and copied to each pytest process that asks (support/build_cache.py)."""
-    corpus = write_jsonl(workdir / f"{name}.jsonl", topic_records(names))
+def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int = 3, metadata: bool = False,
+                       **extra) -> Path:
+    """`workdir/<name>-index`: an atom-sentence index of the named topics (with `metadata`: each record
+    carries the topic's metadata and url), built once per run for its content and copied to each pytest
+    process that asks (support/build_cache.py)."""
+    corpus = write_jsonl(workdir / f"{name}.jsonl", topic_records(names, metadata))
     out = workdir / f"{name}-index"
     shared_build({"input": str(corpus), "format": "jsonl", "build.output": str(out), "representation": "atom-sentence",
                   "shards": shards, "build.overwrite": True, "generator": {"backend": "none"},
@@ -46,8 +48,9 @@ def tenant_indexes(local_ray, tmp_path_factory):
     wd = tmp_path_factory.mktemp("serving")
     alpha = build_tenant_index(wd, "alpha", ALPHA_TOPICS)
     beta = build_tenant_index(wd, "beta", BETA_TOPICS)
-    # alpha's topics again, with a BM25 channel and hybrid search in its manifest
-    delta = build_tenant_index(wd, "delta", ALPHA_TOPICS, bm25={"enabled": True}, search={"bm25_alpha": 0.7})
+    # alpha's topics again, with a BM25 channel and hybrid search in its manifest, and document metadata
+    delta = build_tenant_index(wd, "delta", ALPHA_TOPICS, metadata=True, bm25={"enabled": True},
+                               search={"bm25_alpha": 0.7})
     gamma = wd / "gamma-index"  # alpha with shard 1's FAISS file corrupted (same size: checksum mismatch)
     shutil.copytree(alpha, gamma)
     f = gamma / "shards" / "00001.faiss"

@@ -461,3 +461,152 @@ def test_openapi_fuzz_finds_nothing(case, served):
     """schemathesis against the live app over loopback: every response (valid and invalid inputs)
     matches the documented status codes, headers and bodies; no 5xx. Bounded examples per route."""
     case.call_and_validate(base_url=served["url"], headers=auth(served, "delta"))
+
+
+# ------------------------------------------------------------------------------------ metadata filters, fetch
+FILTERS = [
+    {"type": "eq", "key": "area", "value": "loops"},
+    {"type": "and", "filters": [{"type": "gte", "key": "added", "value": "2024-03-05"},
+                                {"type": "eq", "key": "statement", "value": True}]},
+    {"type": "or", "filters": [{"type": "in", "key": "letters", "value": ["f", "w"]},
+                               {"type": "lt", "key": "reviewed", "value": "2024-04-01T02:00:00Z"}]},
+    {"type": "nin", "key": "area", "value": ["values", "names"]},
+]
+
+
+def _chosen(f: dict | None, doc_ids=None) -> set[str]:
+    from support.brute_force import passes
+    from support.corpus import topic_metadata
+
+    return {n for i, n in enumerate(ALPHA_TOPICS) if (f is None or passes(f, topic_metadata(i, n)))
+            and (doc_ids is None or n in doc_ids)}
+
+
+@pytest.mark.parametrize("f", FILTERS, ids=lambda f: f["type"])
+def test_filtered_search_is_exact_served_as_in_process(served, f):
+    """delta (3 shards, Flat, BM25, metadata): each filtered page holds exactly min(k, chunks that pass)
+    distinct chunks, all passing, equal to brute force over the filtered subset (dense: every vector;
+    BM25: every chunk's score), and served exactly as the in-process engine ranks (dense, BM25, hybrid)."""
+    from qrag_ray.config.search_policy import SearchConfig
+    from qrag_ray.search.engine import SearchEngine
+    from support.brute_force import bm25_truth, dense_truth
+
+    engines = {a: SearchEngine(served["delta"], policy=SearchConfig().with_bm25_alpha(a) if a is not None else None)
+               for a in (None, 0.0, 1.0)}  # the index's hybrid 0.7, BM25 alone, dense alone
+    chosen = _chosen(f)
+    n_chosen = sum(1 for ls in engines[None].shards for d in ls.chunks[1].to_pylist() if d in chosen)
+    q = QUERIES[0]
+    for alpha, engine in engines.items():
+        for k in (3, 30):
+            want = engine.search([q], k=k, filter=f)[0]
+            body = {"query": q, "k": k, "filter": f, **({} if alpha is None else {"bm25_alpha": alpha})}
+            got = search(served, body, tenant="delta").json()["results"]
+            assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
+            assert [x["score"] for x in got] == pytest.approx([x["score"] for x in want], abs=1e-4)
+            assert len({x["chunk_id"] for x in got}) == len(got) == min(k, n_chosen)
+            assert all(x["doc_id"] in chosen and x["metadata"]["area"] for x in got)
+            if alpha == 1.0:
+                truth = dense_truth(engine, engine.embed([q]), chosen)[0][:k]
+                assert [x["chunk_id"] for x in got] == [c for c, _ in truth]
+                assert [x["score"] for x in got] == pytest.approx([s for _, s in truth], abs=1e-4)
+            if alpha == 0.0:  # each chunk's BM25 over the best passing one's; without one, the lexical floor
+                lex, per_shard = bm25_truth(engine, q, chosen)
+                floor = min([min(sc) / lex[0][1] for sc in per_shard if sc and min(sc) > 0] or [0.0])
+                assert [x["bm25"] for x in got] == pytest.approx(
+                    [dict(lex)[x["chunk_id"]] / lex[0][1] if x["chunk_id"] in dict(lex) else floor for x in got], abs=1e-4)
+                assert got[0]["bm25"] == 1.0
+
+
+def test_results_carry_metadata_and_url(served):
+    from support.corpus import topic_metadata
+
+    got = search(served, {"query": QUERIES[0], "k": 5}, tenant="delta").json()["results"]
+    meta = {n: topic_metadata(i, n) for i, n in enumerate(ALPHA_TOPICS)}
+    for x in got:
+        assert x["metadata"] == meta[x["doc_id"]]
+        assert x["url"] == f"https://docs.python.org/3/reference/{x['doc_id']}.html"
+    plain = search(served, {"query": QUERIES[0], "k": 2}).json()["results"]  # alpha: no metadata
+    assert all(x["metadata"] == {} and x["url"] is None for x in plain)
+
+
+def test_doc_ids_and_filters_on_answer_and_an_index_without_metadata(served, fake_llm):
+    ids = ["while", "break", "pass"]
+    got = search(served, {"query": QUERIES[0], "k": 40, "doc_ids": ids}).json()["results"]
+    assert {x["doc_id"] for x in got} == set(ids)  # alpha has no metadata fields, but doc_ids always works
+    r = served["client"].post("/v1/answer", json={"query": QUERIES[0], "k": 3, "filter": FILTERS[0]},
+                              headers=auth(served, "delta"))
+    assert r.status_code == 200, r.text
+    assert all(x["doc_id"] in _chosen(FILTERS[0]) for x in r.json()["results"])
+    assert {c["chunk_id"] for c in r.json()["citations"]} <= {x["chunk_id"] for x in r.json()["results"]}
+
+
+@pytest.mark.parametrize("tenant,f,needle", [
+    ("delta", {"type": "eq", "key": "colour", "value": "red"}, "unknown metadata field 'colour'; this index has: "
+                                                                "added, area, letters, order, reviewed, statement"),
+    ("delta", {"type": "gt", "key": "statement", "value": True}, "'gt' does not apply to field 'statement'"),
+    ("delta", {"type": "gte", "key": "added", "value": "2024-3-5"}, "is not an ISO-8601 date"),
+    ("delta", {"type": "eq", "key": "order", "value": "three"}, "field 'order' is a number"),
+    ("delta", {"type": "in", "key": "area", "value": ["x"] * 1001}, "at most 1000"),
+    ("delta", {"type": "and", "filters": []}, "at least 1"),
+    ("delta", {"type": "like", "key": "area", "value": "x"}, "filter"),
+    ("alpha", {"type": "eq", "key": "area", "value": "loops"}, "built without document metadata"),
+])
+def test_invalid_filters_are_422_invalid_filter(served, tenant, f, needle):
+    r = search(served, {"query": QUERIES[0], "k": 3, "filter": f}, tenant=tenant)
+    assert r.status_code == 422 and r.json()["error"] == "invalid_filter", r.text
+    assert needle in r.json()["message"] and "\n" not in r.json()["message"]
+
+
+def test_too_deep_filters_and_bodies_are_4xx_and_the_replica_lives_on(served):
+    deep = FILTERS[0]
+    for _ in range(9):
+        deep = {"type": "or", "filters": [deep]}
+    r = search(served, {"query": QUERIES[0], "filter": deep}, tenant="delta")
+    assert r.status_code == 422 and "deeper than 8" in r.json()["message"], r.text
+    body = '{"query": "x", "filter": ' + '{"type": "or", "filters": [' * 3000 + "]}" * 3000 + "}"
+    r = served["client"].post("/v1/search", content=body, headers={"content-type": "application/json",
+                                                                  **auth(served, "delta")})
+    assert 400 <= r.status_code < 500, r.text
+    assert search(served, {"query": QUERIES[0], "k": 1}, tenant="delta").status_code == 200
+
+
+def _quoted(i: str) -> str:
+    from urllib.parse import quote
+
+    return quote(i, safe="")
+
+
+def test_fetch_a_chunk_and_a_document_by_id(served):
+    c = served["client"]
+    page = search(served, {"query": QUERIES[0], "k": 1}, tenant="delta").json()["results"][0]
+    r = c.get(f"/v1/chunks/{_quoted(page['chunk_id'])}", headers=auth(served, "delta"))
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert {k: got[k] for k in ("chunk_id", "doc_id", "title", "text", "url", "metadata")} == \
+        {k: page[k] for k in ("chunk_id", "doc_id", "title", "text", "url", "metadata")}
+    assert got["questions"] == [] and got["index"] == "delta" and got["index_version"]
+    r = c.get(f"/v1/documents/{page['doc_id']}", headers=auth(served, "delta"))
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    n = [x["chunk_id"] for x in doc["chunks"]]
+    assert n == [f"{page['doc_id']}#{i}" for i in range(len(n))] and page["chunk_id"] in n  # document order
+    assert doc["metadata"] == page["metadata"] and doc["url"] == page["url"]
+    assert " ".join(x["text"] for x in doc["chunks"]).startswith(doc["chunks"][0]["text"])
+
+
+def test_fetch_obeys_tenant_keys(served):
+    c = served["client"]
+    alpha_chunk = search(served, {"query": QUERIES[0], "k": 1}).json()["results"][0]["chunk_id"]
+    assert c.get(f"/v1/chunks/{_quoted(alpha_chunk)}", headers=auth(served, "alpha")).status_code == 200
+    r = c.get(f"/v1/chunks/{_quoted(alpha_chunk)}", headers=auth(served, "beta"))  # not in beta's index
+    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    r = c.get(f"/v1/chunks/{_quoted(alpha_chunk)}?index=alpha", headers=auth(served, "beta"))
+    assert r.status_code == 403 and r.json()["error"] == "forbidden"
+    r = c.get("/v1/documents/for?index=alpha", headers=auth(served, "beta"))
+    assert r.status_code == 403
+    assert c.get("/v1/documents/for", headers=auth(served, "beta")).status_code == 404
+    assert c.get(f"/v1/chunks/{_quoted(alpha_chunk)}").status_code == 401
+    r = c.get(f"/v1/chunks/{_quoted('nope#0')}", headers=auth(served, "alpha"))
+    assert r.status_code == 404 and "no chunk 'nope#0'" in r.json()["message"]
+    r = c.get("/v1/documents/nope", headers=auth(served, "alpha"))
+    assert r.status_code == 404 and r.json()["error"] == "not_found"

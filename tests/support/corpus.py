@@ -55,14 +55,25 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def topic_records(names: list[str]) -> list[dict]:
-    """Records for the named topics, each titled by its first line (the serving tests' tenants)."""
+def topic_records(names: list[str], metadata: bool = False) -> list[dict]:
+    """Records for the named topics, each titled by its first line (the serving tests' tenants); with
+    `metadata` each also has a url and the fields of `topic_metadata`."""
     from pydoc_data.topics import topics
 
     from qrag_ray.io.pydoc_corpus import unwrap
 
     out = []
-    for name in names:
+    for i, name in enumerate(names):
         text = unwrap(topics[name])
-        out.append({"id": name, "title": text.splitlines()[0].strip(), "text": text})
+        rec = {"id": name, "title": text.splitlines()[0].strip(), "text": text}
+        if metadata:
+            rec |= {"url": f"https://docs.python.org/3/reference/{name}.html", "metadata": topic_metadata(i, name)}
+        out.append(rec)
     return out
+
+
+def topic_metadata(i: int, name: str) -> dict:
+    """The i-th topic's metadata, one field of each type: `area` (string), `order` (number), `statement`
+    (bool), `added` (date), `reviewed` (datetime), `letters` (list of strings)."""
+    return {"area": ("loops", "values", "names")[i % 3], "order": i, "statement": i % 2 == 0,
+            "added": f"2024-03-{1 + i:02d}", "reviewed": f"2024-04-01T{i:02d}:15:00Z", "letters": sorted(set(name[:3]))}

@@ -1,0 +1,50 @@
+"""`qrag show`: a chunk or a whole document of a local index by id, as GET /v1/chunks/{id} and
+GET /v1/documents/{id} return them (the same records: qrag_ray.search.fetch)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from qrag_ray.errors import QragError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def show(
+        chunk_id: str | None = typer.Argument(None, help="the chunk id (doc_id#n)"),
+        index: str = typer.Option(..., "--index", help="index directory"),
+        doc: str | None = typer.Option(None, "--doc", help="show this document's chunks instead"),
+        json_out: bool = typer.Option(False, "--json", help="print the API's JSON body"),
+    ):
+        """Show a chunk (text, document, url, metadata, generated questions) or a document's chunks."""
+        from qrag_ray.index.format import load_manifest
+        from qrag_ray.search.fetch import chunk_records, chunk_shard, document_body
+        from qrag_ray.search.shard_search import load_shard
+
+        if (chunk_id is None) == (doc is None):
+            raise QragError("give a chunk id or --doc DOC_ID (one of them)")
+        m = load_manifest(index)
+        where = {"index": str(m.path), "index_version": m.index_version}
+        if doc is None:
+            ci, shard = chunk_shard(chunk_id, m.num_shards)
+            found = [r for r in chunk_records(load_shard(m, shard), [ci]) if r["chunk_id"] == chunk_id]
+            if not found:
+                raise QragError(f"no chunk {chunk_id!r} in {m.path}")
+            body = {**found[0], **where}
+        else:
+            records = [r for s in range(m.num_shards) for r in chunk_records(load_shard(m, s), doc_id=doc)]
+            if not records:
+                raise QragError(f"no document {doc!r} in {m.path}")
+            body = {**document_body(doc, records), **where}
+        if json_out:
+            print(json.dumps(body, indent=2, ensure_ascii=False))
+            return
+        print(f"{body.get('chunk_id') or body['doc_id']}: {body['title']}" + (f" <{body['url']}>" if body["url"] else ""))
+        for name, value in body["metadata"].items():
+            print(f"  {name}: {value}")
+        for c in body.get("chunks") or [body]:
+            print(f"\n[{c['chunk_id']}]\n{c['text']}")
+            for q in c["questions"]:
+                print(f"  ? {q}")

@@ -1,0 +1,65 @@
+"""Exact answers over a loaded index, computed plainly here (numpy over every stored vector, bm25s's own
+scores), for the filter tests to hold the search to: the best chunks among those a predicate chooses."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+
+
+def passes(node: dict, meta: dict) -> bool:
+    """The filter grammar's meaning written out plainly (the oracle the vectorised evaluation is held to):
+    a list matches eq/in when any element does; ne/nin are the negations of eq/in; ISO-8601 text compares
+    as the date or datetime it names."""
+    if node["type"] in ("and", "or"):
+        got = [passes(c, meta) for c in node["filters"]]
+        return all(got) if node["type"] == "and" else any(got)
+    op = node["type"]
+    if op in ("ne", "nin"):
+        return not passes({**node, "type": "eq" if op == "ne" else "in"}, meta)
+    v, want = meta.get(node["key"]), node["value"]
+    if v is None:
+        return False
+    vals = v if isinstance(v, list) else [v]
+    if isinstance(vals[0], str) and "T" in vals[0] and vals[0][:4].isdigit():  # a datetime field
+        when = lambda x: dt.datetime.fromisoformat(x.replace("Z", "+00:00"))  # noqa: E731
+        vals = [when(x) for x in vals]
+        want = [when(w) for w in want] if op == "in" else when(want)
+    test = {"eq": lambda x: x == want, "in": lambda x: x in want, "gt": lambda x: x > want,
+            "gte": lambda x: x >= want, "lt": lambda x: x < want, "lte": lambda x: x <= want}[op]
+    return any(test(x) for x in vals)
+
+
+def dense_truth(engine, qvecs: np.ndarray, chosen: set[str]) -> list[list[tuple[str, float]]]:
+    """Per query: (chunk id, best cosine of its stored vectors) of every chunk of the `chosen` documents,
+    best first (max fusion), from every vector of every shard of a SearchEngine."""
+    best: list[dict[str, float]] = [{} for _ in qvecs]
+    for ls in engine.shards:
+        idx = ls.index
+        vecs = idx.index.reconstruct_n(0, idx.ntotal)
+        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist()))
+        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist()))
+        scores = qvecs @ vecs.T
+        for row, ci in enumerate(idx.chunk_idx.tolist()):
+            if docs[ci] in chosen:
+                for qi in range(len(qvecs)):
+                    best[qi][ids[ci]] = max(best[qi].get(ids[ci], -9.0), float(scores[qi, row]))
+    return [sorted(b.items(), key=lambda t: (-t[1], t[0])) for b in best]
+
+
+def bm25_truth(engine, query: str, chosen: set[str]) -> tuple[list[tuple[str, float]], list[list[float]]]:
+    """(the chosen chunks with a positive BM25 score, best first; per shard every chosen chunk's score)."""
+    from qrag_ray.index.lexical import tokenize
+
+    out, per_shard = [], []
+    for ls in engine.shards:
+        lex = ls.index.lexicon
+        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist()))
+        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist()))
+        toks = tokenize([query], ids=False, stemmer=lex.stemmer)[0]
+        scores = np.asarray(lex.bm25.get_scores(toks)) if toks else np.zeros(len(lex))
+        mine = [(ids[ci], float(s)) for ci, s in zip(lex.chunk_idx.tolist(), scores) if docs[ci] in chosen]
+        per_shard.append([s for _, s in mine])
+        out += [(c, s) for c, s in mine if s > 0]
+    return sorted(out, key=lambda t: -t[1]), per_shard
