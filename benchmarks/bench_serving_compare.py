@@ -40,8 +40,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_serving import free_port, make_queries, pct  # noqa: E402
 
 # Ray hands the driver's sys.path to every worker ahead of the app's PYTHONPATH, so this tree must not
-# be on it: the baseline app would import this tree's qrag_ray instead of the baseline's (this process
-# still finds qrag_ray through the editable install, which comes after PYTHONPATH). deploy() checks.
+# be on it: the baseline app would import this tree's qrag_ray instead of the baseline's. This process
+# imports this tree's qrag_ray first (run with PYTHONPATH=this tree), so its later imports of the
+# package's modules come from the package's own path. check_trees() checks both apps.
+import qrag_ray  # noqa: E402,F401
+
 sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != ROOT]
 
 ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -101,15 +104,61 @@ def check_trees(base: Path) -> None:
             raise RuntimeError(f"an app with PYTHONPATH={tree} imports qrag_ray from {found}")
 
 
+def ingress_env(serve_env: str, workdir: Path) -> None:
+    """The layout's environment, set before Ray starts (its processes read it when they start): `tuned`,
+    qrag's SERVE_PROCESS_ENV (through Serve's HTTP proxy); `direct`, that and direct ingress (each app's
+    ingress replica serves HTTP itself); `haproxy`, that and Serve's HAProxy ingress in front of the
+    replicas' own ports (the RayService layout with Serve's high-throughput ingress). The replicas' ports
+    and HAProxy's files and ports are this run's own: the box is shared."""
+    import random
+
+    from qrag_ray.serving.config import SERVE_PROCESS_ENV
+
+    os.environ.update(SERVE_PROCESS_ENV)
+    if serve_env in ("direct", "haproxy"):
+        lo = random.randrange(20000, 29000, 64)
+        os.environ.update({"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(lo),
+                           "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(lo + 63),
+                           "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(lo + 20000),
+                           "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(lo + 20063)})
+    if serve_env == "haproxy":
+        d = workdir / "haproxy"
+        d.mkdir(parents=True, exist_ok=True)
+        os.environ.update({"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(d / "haproxy.cfg"),
+                           "RAY_SERVE_HAPROXY_SOCKET_PATH": str(d / "admin.sock"),
+                           "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(d),
+                           "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(d / "server-state"),
+                           "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+                           "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())})
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+
+
+def start_ray() -> None:
+    """A local Ray for the benchmark, logical CPUs for every replica of two apps. Ray gives a new raylet a
+    fixed 30 s to register, which a busy 2-core box does not always meet: tried three times."""
+    import ray
+
+    for attempt in range(3):
+        try:
+            ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                     runtime_env={"env_vars": ENV})
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            ray.shutdown()
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise
+
+
 def direct_ingress_urls(apps: tuple[str, ...], timeout: float = 600) -> dict[str, str]:
     """With direct ingress each app's ingress replica serves HTTP on a port the controller hands out from
-    30000 up; its `/-/routes` names the app it serves."""
+    RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT up; its `/-/routes` names the app it serves."""
     import httpx
 
+    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "30000"))
     found: dict[str, str] = {}
     deadline = time.time() + timeout
     while time.time() < deadline and len(found) < len(apps):
-        for p in range(30000, 30032):
+        for p in range(lo, lo + 32):
             try:
                 routes = httpx.get(f"http://127.0.0.1:{p}/-/routes", timeout=2).json()
             except (httpx.HTTPError, ValueError):
@@ -198,13 +247,14 @@ def ray_cpu_by_process() -> dict[str, float]:
     a process whose method changed between two readings would count all its CPU since it started."""
     import psutil
 
+    haproxy = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")  # Serve's HAProxy ingress of this run, if any
     out: dict[str, float] = {}
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if cmd.startswith("ray::"):
+            if cmd.startswith("ray::") or (haproxy and haproxy in cmd):
                 t = p.cpu_times()
-                name = cmd.split()[0].split(".")[0]
+                name = cmd.split()[0].split(".")[0] if cmd.startswith("ray::") else "haproxy"
                 out[name] = out.get(name, 0.0) + t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -264,19 +314,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_serving"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_serving_compare.json"))
-    ap.add_argument("--serve-env", choices=("default", "tuned", "direct"), default="default",
+    ap.add_argument("--serve-env", choices=("default", "tuned", "direct", "haproxy"), default="default",
                     help="tuned: start Ray with qrag's SERVE_PROCESS_ENV (what `qrag serve` does); direct: that and "
                          "Ray's experimental direct ingress (no HTTP proxy: each app's ingress replica listens on a "
-                         "port of its own from 30000); both apps get it")
+                         "port of its own); haproxy: that behind Serve's HAProxy ingress; both apps get it")
     a = ap.parse_args()
-    if a.serve_env in ("tuned", "direct"):
-        from qrag_ray.serving.config import SERVE_PROCESS_ENV
-
-        os.environ.update(SERVE_PROCESS_ENV)
-    if a.serve_env == "direct":
-        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
-
-    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    if a.serve_env != "default":
+        ingress_env(a.serve_env, Path(a.workdir).resolve())
     import ray
     from ray import serve
 
@@ -286,8 +330,7 @@ def main() -> int:
     wd.mkdir(parents=True, exist_ok=True)
     os.chdir(wd)  # Ray also hands the driver's working directory to the workers' sys.path
     # logical CPUs: two apps' replicas (the new Router asks for a whole CPU) must all be scheduled at once
-    ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": ENV})
+    start_ray()
     index = build_index_with(base, wd)
     port = free_port()
     t0 = time.time()

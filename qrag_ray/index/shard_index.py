@@ -11,9 +11,9 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from qrag_ray.config.index import recorded_config
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import Manifest, files_under, load_manifest, read_table_file, verify_files
+from qrag_ray.index.file_checks import verify_once
+from qrag_ray.index.format import Manifest, files_under, load_manifest, read_table_file
 from qrag_ray.index.lexical import ShardLexicon
 
 
@@ -63,14 +63,14 @@ class ShardIndex:
         self.shard = shard
         info = self.manifest.shard(shard)
         if verify:
-            verify_files(self.manifest, [info.faiss, info.meta])
+            verify_once(self.manifest, [info.faiss, info.meta])
         if threads:
             faiss.omp_set_num_threads(threads)
         try:
             index = faiss.read_index(str(self.manifest.file(info.faiss)))
         except RuntimeError as e:
             raise IndexFormatError(f"cannot read shard {shard} of {self.manifest.path}: {e}") from None
-        fcfg = recorded_config(self.manifest.config).get("faiss", {})
+        fcfg = self.manifest.recorded.get("faiss", {})
         with contextlib.suppress(RuntimeError, ValueError):  # not an IVF index
             faiss.extract_index_ivf(index).nprobe = int(fcfg.get("nprobe", 32))
         if hasattr(index, "hnsw"):
@@ -97,7 +97,7 @@ class ShardIndex:
         self.lexicon = None
         if info.bm25:
             if verify:
-                verify_files(self.manifest, files_under(self.manifest, info.bm25))
+                verify_once(self.manifest, files_under(self.manifest, info.bm25))
             self.lexicon = ShardLexicon(self.manifest.file(info.bm25))
 
     @property
