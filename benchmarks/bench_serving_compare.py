@@ -117,27 +117,33 @@ def ingress_env(serve_env: str, workdir: Path) -> None:
     os.environ.update(SERVE_PROCESS_ENV)
     if serve_env in ("direct", "haproxy"):
         lo = random.randrange(20000, 29000, 64)
-        os.environ.update({"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(lo),
-                           "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(lo + 63),
-                           "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(lo + 20000),
-                           "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(lo + 20063)})
+        for var, val in {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": lo,
+                         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": lo + 63,
+                         "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": lo + 20000,
+                         "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": lo + 20063}.items():
+            os.environ.setdefault(var, str(val))  # a cluster started for the run (RAY_ADDRESS) set its own
     if serve_env == "haproxy":
         d = workdir / "haproxy"
         d.mkdir(parents=True, exist_ok=True)
-        os.environ.update({"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(d / "haproxy.cfg"),
-                           "RAY_SERVE_HAPROXY_SOCKET_PATH": str(d / "admin.sock"),
-                           "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(d),
-                           "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(d / "server-state"),
-                           "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-                           "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())})
+        for var, val in {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": d / "haproxy.cfg",
+                         "RAY_SERVE_HAPROXY_SOCKET_PATH": d / "admin.sock", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": d,
+                         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": d / "server-state",
+                         "RAY_SERVE_HAPROXY_METRICS_PORT": free_port(),
+                         "RAY_SERVE_HAPROXY_STATS_PORT": free_port()}.items():
+            os.environ.setdefault(var, str(val))
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
 
 
 def start_ray() -> None:
-    """A local Ray for the benchmark, logical CPUs for every replica of two apps. Ray gives a new raylet a
-    fixed 30 s to register, which a busy 2-core box does not always meet: tried three times."""
+    """A local Ray for the benchmark, logical CPUs for every replica of two apps; or, with RAY_ADDRESS, the
+    cluster started for the run (with the layout's environment, and QRAG_BENCH_RAY_TEMP_DIR its --temp-dir,
+    so that its processes are the ones counted). Ray gives a new raylet a fixed time to register, which a
+    busy 2-core box does not always meet: tried three times."""
     import ray
 
+    if address := os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": ENV})
+        return
     for attempt in range(3):
         try:
             ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
@@ -241,7 +247,9 @@ def interleaved_c1(index: Path, urls: dict[str, str], queries: list[str], k: int
 
 
 def ray_cpu_by_process() -> dict[str, float]:
-    """CPU seconds so far per Ray process title (ray::ProxyActor, ray::ServeReplica:new:Router, ...),
+    """CPU seconds so far per Ray process title (ray::ProxyActor, ray::ServeReplica:new:Router, ...) of this
+    run's Ray: blocks alternate between the apps, so the delta over a block is that app's cost, the
+    figure that survives a shared machine (wall-clock qps there measures the CPU share an app won);
     several processes of one title summed: where a request's CPU goes. A worker's title also names the
     method it runs at the moment (ray::ServeController.listen_for_change), which is dropped: otherwise
     a process whose method changed between two readings would count all its CPU since it started."""
@@ -249,9 +257,16 @@ def ray_cpu_by_process() -> dict[str, float]:
 
     haproxy = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")  # Serve's HAProxy ingress of this run, if any
     out: dict[str, float] = {}
-    for p in psutil.process_iter(["cmdline"]):
+    # this run's Ray only, not another user's on a shared machine: the processes this driver started (its
+    # in-process Ray's raylet, GCS, workers and what they started), or those of the cluster started for it
+    if tmp := os.environ.get("QRAG_BENCH_RAY_TEMP_DIR"):
+        roots = [p for p in psutil.process_iter(["cmdline"]) if any(tmp in a for a in (p.info["cmdline"] or []))]
+        procs = list({q.pid: q for r in roots for q in (r, *r.children(recursive=True))}.values())
+    else:
+        procs = psutil.Process().children(recursive=True)
+    for p in procs:
         try:
-            cmd = " ".join(p.info["cmdline"] or [])
+            cmd = " ".join(p.cmdline() or [])
             if cmd.startswith("ray::") or (haproxy and haproxy in cmd):
                 t = p.cpu_times()
                 name = cmd.split()[0].split(".")[0] if cmd.startswith("ray::") else "haproxy"
@@ -259,25 +274,6 @@ def ray_cpu_by_process() -> dict[str, float]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out
-
-
-def ray_cpu_seconds() -> float:
-    """CPU seconds used so far by every Ray worker process of this session (replicas, Serve's proxy and
-    controller). Blocks alternate between the apps, so the delta over a block is that app's cost:
-    CPU per request is the figure that survives a shared, overloaded machine, where wall-clock qps
-    measures the share of the CPU the app got rather than its efficiency."""
-    import psutil
-
-    total = 0.0
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-            if cmd.startswith("ray::"):
-                t = p.cpu_times()
-                total += t.user + t.system
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return total
 
 
 async def block(url: str, queries: list[str], k: int, concurrency: int) -> tuple[int, int, float, list[float]]:

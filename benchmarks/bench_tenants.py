@@ -16,7 +16,8 @@ deployments (`local_search_max_bytes: 0`), --replicas replicas each, with qrag's
 --concurrency at a time, under the app's deadline (`--timeout`, 10 s as `qrag serve` has it).
 
 Each app (`new`: this tree; `base`: a worktree of --baseline-ref, its replicas importing qrag_ray from
-it) runs on fresh replicas, nothing loaded at start, the apps alternating --rounds times. Per run:
+it) runs on fresh replicas, nothing loaded at start but the Router's query embedder (one query of a
+tenant outside the mix), the apps alternating --rounds times. Per run:
   - warm-up (the first --warmup requests, cold tenants): p50/p99, deadline misses (504), errors, and
     each tenant's first query (p50/p99/max);
   - steady state (the rest): hit rate (1 - cold loads / shard calls, from `timings.cold_loads`), cold
@@ -145,8 +146,9 @@ def send(url: str, keys: list[str], ranks: np.ndarray, queries: list[str], concu
                     body, status = r.json(), r.status_code
                 except (httpx.HTTPError, ValueError) as e:
                     body, status = {"error": type(e).__name__}, 0
+                t = (body.get("timings") or {}) if status == 200 else {}
                 out[i] = {"s": time.perf_counter() - t0, "status": status, "t": time.time(),
-                          "cold": (body.get("timings") or {}).get("cold_loads", 0) if status == 200 else 0}
+                          "cold": t.get("cold_loads", 0), "embed_batch": t.get("embed_batch", 0)}
 
     with ThreadPoolExecutor(concurrency) as ex:
         list(ex.map(worker, range(concurrency)))
@@ -161,7 +163,14 @@ def summary(rs: list[dict]) -> dict:
 
 
 def run_app(url: str, app: str, keys: list[str], ranks: np.ndarray, queries: list[str], concurrency: int,
-            warmup: int, shards: int) -> dict:
+            warmup: int, shards: int, primer: str) -> dict:
+    import httpx
+
+    # one query of a tenant outside the mix first: the Router's query embedder loads (a server started with
+    # warm_tenants > 0 has it loaded before it is ready), every tenant of the mix stays cold
+    r = httpx.post(f"{url}/v1/search", json={"query": queries[0], "k": 5}, headers={"Authorization": f"Bearer {primer}"},
+                   timeout=300)
+    r.raise_for_status()
     before = ray_cpu_by_process()
     warm = send(url, keys, ranks[:warmup], queries, concurrency)
     mid = ray_cpu_by_process()
@@ -178,6 +187,7 @@ def run_app(url: str, app: str, keys: list[str], ranks: np.ndarray, queries: lis
             "steady": {**summary(steady), "hit_rate": round(1 - cold / max(1, len(ok) * shards), 4),
                        "cold_loads": cold, "cold_loads_per_min": round(60 * cold / wall, 1),
                        "qps": round(len(ok) / wall, 1), "cpu_ms_per_request": round(sum(by_proc.values()), 2),
+                       "embed_batch_mean": round(statistics.mean([r["embed_batch"] for r in ok] or [0]), 2),
                        "request_path_cpu_ms": round(request_path_cpu(by_proc, app), 2),
                        "cpu_ms_per_request_by_process": dict(list(by_proc.items())[:8])}}
 
@@ -267,6 +277,7 @@ def main() -> int:
                 shutil.copytree(src, dst, dirs_exist_ok=True)
             paths[i] = dst
     keys = [add_tenant(tf, f"t{i:04d}", paths[i]) for i in range(a.tenants)]
+    primer = add_tenant(tf, "primer", indexes[0])  # asked once before each run, never in the mix
     ranks = zipf_ranks(a.tenants, a.requests)
     queries = make_queries(97)
     warmup = a.warmup if a.warmup is not None else a.tenants
@@ -301,7 +312,7 @@ def main() -> int:
                        else f"http://127.0.0.1:{port}/{name}")  # Serve's proxy, or HAProxy, on the one port
                 wait_healthy(url)
                 r = {"app": tree_name, "layout": layout, "load_avg": os.getloadavg()[0],
-                     **run_app(url, name, keys, ranks, queries, a.concurrency, warmup, shards)}
+                     **run_app(url, name, keys, ranks, queries, a.concurrency, warmup, shards, primer)}
                 report["runs"].append(r)
                 w, s = r["warmup"], r["steady"]
                 print(f"| {tree_name} | {layout} | warm-up p50/p99 {w['p50_ms']}/{w['p99_ms']} ms, first queries p99 "

@@ -216,7 +216,7 @@ def essential_hits(h, k: int, policy: SearchConfig, max_matches: int = 3):
     them outranks it everywhere). Merging every shard's essential hits gives the page merging all hits
     gives: a shard replica sends these instead of its k x M vectors."""
     ok = np.flatnonzero(h.rows[0] >= 0)
-    if not len(ok):
+    if len(ok) <= 2 * k:  # at most two vectors a wanted chunk: nothing worth the sorting to drop
         return h
     scores, cidx, rows = h.scores[0][ok], h.chunk_idx[0][ok], h.rows[0][ok]
     kinds = None if h.kinds is None else np.asarray(h.kinds[0], dtype=object)[ok]
@@ -231,16 +231,13 @@ def essential_hits(h, k: int, policy: SearchConfig, max_matches: int = 3):
     best_raw = np.lexsort((-raw[by_chunk], ch[by_chunk]))  # by chunk, raw score desc
     keep[by_chunk[best_raw[starts]]] = True
     if policy.fusion != "max" and kinds is not None:
-        groups = np.array([policy.group_of(x) for x in kinds[order].tolist()], dtype=object)
-        seen: set = set()
-        for i, key in enumerate(zip(ch.tolist(), groups.tolist())):  # first (best) of each (chunk, group)
-            if key not in seen:
-                seen.add(key)
-                keep[i] = True
+        _, group = np.unique(np.array([policy.group_of(x) for x in kinds[order].tolist()], dtype=object),
+                             return_inverse=True)
+        _, first = np.unique(np.stack([ch, group]), axis=1, return_index=True)
+        keep[first] = True  # the first, so best, vector of each (chunk, group)
     elif policy.fusion == "max" and policy.bm25_alpha is None:
         _, first = np.unique(ch, return_index=True)
-        top = set(ch[np.sort(first)[:k]].tolist())  # chunks by their best vector: the shard's top k
-        keep &= np.fromiter((c in top for c in ch.tolist()), bool, len(ch))
+        keep &= np.isin(ch, ch[np.sort(first)[:k]])  # chunks by their best vector: the shard's top k
     pos = np.sort(ok[order[keep]])  # in the shard's own order
     return replace(h, scores=h.scores[:, pos], rows=h.rows[:, pos], chunk_idx=h.chunk_idx[:, pos],
                    kinds=None if h.kinds is None else h.kinds[:, pos])

@@ -136,6 +136,9 @@ def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page
         reply.hits = [essential_hits(h, q.k, q.policy) for h in hits]
         top = [r for res in tops for r in res]
         reply.chunks = ls.chunk_meta(dict.fromkeys(r.chunk_idx for r in top))
-        reply.matched = ls.index.matched([row for r in top for _, row, _ in r.matches])
+        matched = ls.index.matched([row for r in top for _, row, _ in r.matches])
+        # a chunk row's text is its chunk's text: one string object for both, so the reply pickles it once
+        same = {m.text: m.text for m in reply.chunks.values()}
+        reply.matched = {row: (kind, same.get(text, text)) for row, (kind, text) in matched.items()}
     reply.search_ms = (time.perf_counter() - t0) * 1000
     return reply

@@ -81,8 +81,8 @@ class SearchTimings(BaseModel):
     path: Literal["router", "shards"] = Field(
         ..., description="where the shards were searched: 'shards' (the ShardSearcher replicas), or 'router' "
                          "(a small tenant, inside the Router)")
-    embed_ms: float = Field(..., description="the query embedding (its batch's encode call)")
-    embed_batch: int = Field(..., description="queries embedded in that one encode call")
+    embed_ms: float = Field(..., description="the query embedding (waiting for and running its model call)")
+    embed_batch: int = Field(..., description="queries embedded in that one model call")
     search_batch: int = Field(..., description="queries of this index version searched together")
     search_ms: float = Field(..., description="the shard fan-out")
     merge_ms: float = Field(..., description="merge + dedup across shards")

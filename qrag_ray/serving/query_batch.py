@@ -25,7 +25,8 @@ from qrag_ray.serving.shard_store import ShardKey, VersionMoved
 from qrag_ray.serving.tenants import Tenant
 from qrag_ray.serving.versions import TenantIndex, TenantVersions
 
-MAX_BATCH = 16  # queries per encode call and per search pass
+MAX_BATCH = 16  # queries per Serve batch (encode or search pass)
+ENCODE_BATCHES = 4  # encode batches at once (their texts share the encoder's model calls)
 SEARCH_BATCHES = 8  # search passes at once: MAX_BATCH x SEARCH_BATCHES stays within the Router's max_ongoing_requests
 
 
@@ -111,8 +112,9 @@ class QueryBatcher:
                 raise index_unavailable(tenant.name, str(e)) from None
         return RoutedPage(page, ti.version, timings)
 
-    # No wait: what queues during one encode goes into the next (one encode at a time: QueryEncoder).
-    @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.0, max_concurrent_batches=1)
+    # No wait: a batch takes what queued. Serve forms the next batches while one encodes, and those run at
+    # once: their texts go in the encoder's next model call together (QueryEncoder), one model call at a time.
+    @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.0, max_concurrent_batches=ENCODE_BATCHES)
     async def _embed(self, asks: list[QueuedQuery]) -> list[Embedded]:
         return await self.embed_batch(asks)
 
@@ -122,11 +124,12 @@ class QueryBatcher:
         return await self.search_batch(batch)
 
     async def embed_batch(self, asks: list[QueuedQuery]) -> list[Embedded]:
-        """Concurrent requests' queries in one encode call per embedding model."""
+        """Concurrent requests' queries in one encode call per embedding model (shared with other batches'
+        queries that wait for the same model call)."""
         t0 = time.perf_counter()
-        vecs = await self.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
+        vecs, shared = await self.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
         ms = (time.perf_counter() - t0) * 1000
-        return [Embedded(a, v, ms, len(asks)) for a, v in zip(asks, vecs)]
+        return [Embedded(a, v, ms, shared) for a, v in zip(asks, vecs)]
 
     async def search_batch(self, batch: list[Embedded]) -> list[tuple[list[SearchResult], SearchTimings]]:
         """Queries of one group (`QueuedQuery.group`) in one pass of the retrieval core: each shard is asked

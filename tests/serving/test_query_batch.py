@@ -106,7 +106,7 @@ class _Encoder:
 
     async def encode(self, texts, models):
         self.batches.append(list(texts))
-        return [np.full(4, i, np.float32) for i in range(len(texts))]
+        return [np.full(4, i, np.float32) for i in range(len(texts))], len(texts)
 
 
 class _Versions:
