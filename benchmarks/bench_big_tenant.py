@@ -3,7 +3,8 @@ search of the same index and queries (`SearchEngine`, what `qrag search` runs), 
 
     python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --serve-env direct --out runs/bbt_direct.json
     python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --serve-env tuned  --out runs/bbt_proxy.json
-    python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --shards-per-searcher 4 --out runs/bbt_g4.json
+    python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --serve-env haproxy --out runs/bbt_haproxy.json
+    python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --shards-per-searcher 4 --baseline-ref 813b65c
     python benchmarks/bench_big_tenant.py --vectors 20000 --shards 2 --factory Flat --queries 20   # smoke
     python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --filters --concurrency 1 --out runs/bbt_filters.json
 
@@ -23,12 +24,14 @@ search. Queries are embedded by a tiny random-weights model
   - concurrency 8 and 32: served, blocks of --queries requests, --rounds times; in-process at the same
     concurrency is one `search` call per block of c queries (one encode, the shards searched for all);
   - CPU ms per request: served, all Ray processes over the blocks (at c=1 over both clients' requests),
-    also by process; in-process, this process's CPU time.
+    also by process, and the request path's (the app's replicas and Serve's proxy or HAProxy ingress);
+    in-process, this process's CPU time.
   - with --filters: filtered search at 50%, 10%, 1%, 0.1% of the chunks against unfiltered, in process
-    and served, with recall@k against exact search over the filtered subset (filtered_search.py).
-Targets: served p50 at c=1 <= 1.5x in-process through direct ingress, <= 1.8x through the proxy; CPU
-ms per request <= 1.5x in-process; 100% same rankings; filtered p50 <= 1.5x unfiltered at every
-selectivity and recall@10 >= 0.95.
+    and served (app `new`), with recall@k against exact search over the filtered subset (filtered_search.py).
+With --baseline-ref, app `base` (a worktree of that commit, its replicas importing qrag_ray from it) is
+served beside app `new` (this tree) on the same index: c=1 one app after the other, the c=8/32 blocks
+alternating. Targets: served CPU per request <= 1.5x in-process at c=32 (direct ingress); 100% same
+rankings; filtered p50 <= 1.5x unfiltered at every selectivity and recall@10 >= 0.95.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_serving import free_port, make_queries, pct  # noqa: E402
-from bench_serving_compare import ENV, block, direct_ingress_urls, ray_cpu_by_process, wait_ready  # noqa: E402
+from bench_serving_compare import (app_env, baseline_tree, block, check_trees, direct_ingress_urls,  # noqa: E402
+                                   ingress_env, ray_cpu_by_process, start_ray, wait_ready)
 from filtered_search import buckets, exact_top, print_filtered, run_filtered  # noqa: E402
 
 WORDS = ("index shard vector replica query tenant router chunk passage question answer cluster memory "
@@ -142,7 +146,7 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
     return out
 
 
-def c1(engine, url: str, queries: list[str], k: int) -> dict:
+def c1(engine, url: str, queries: list[str], k: int, app: str | None = None) -> dict:
     """In-process and served alternating query by query; the served answer must rank as in-process."""
     import http.client
     from urllib.parse import urlsplit
@@ -182,17 +186,19 @@ def c1(engine, url: str, queries: list[str], k: int) -> dict:
     out = {n: {"p50_ms": pct(v, 50), "p99_ms": pct(v, 99), "mean_ms": statistics.mean(v)} for n, v in lat.items()}
     out["in_process"]["cpu_ms_per_request"] = 1000 * cpu / len(queries)
     out["served"].update(cpu_ms_per_request=sum(by_proc.values()), cpu_ms_per_request_by_process=by_proc,
-                         request_path_cpu_ms=request_path_cpu(by_proc))
+                         request_path_cpu_ms=request_path_cpu(by_proc, app))
     out.update(same_ranking=same / len(queries), paths=sorted(paths),
                served_parts_p50_ms={n: pct(v, 50) for n, v in parts_ms.items()})
     return out
 
 
-def request_path_cpu(by_process: dict[str, float]) -> float:
-    """CPU ms per request of the processes a request passes through (the replicas, Serve's proxy): the
-    controller, dashboard agent and idle workers cost CPU per second whatever the load, so dividing theirs
-    by the requests of an interval says more about its length than about a request."""
-    return sum(v for n, v in by_process.items() if n.startswith(("ray::ServeReplica", "ray::ProxyActor")))
+def request_path_cpu(by_process: dict[str, float], app: str | None = None) -> float:
+    """CPU ms per request of the processes a request passes through (`app`'s replicas, else every app's,
+    and Serve's proxy or HAProxy ingress): the controller, dashboard agent and idle workers cost CPU per
+    second whatever the load, so dividing theirs by the requests of an interval says more about its
+    length than about a request."""
+    replicas = f"ray::ServeReplica:{app}:" if app else "ray::ServeReplica"
+    return sum(v for n, v in by_process.items() if n.startswith((replicas, "ray::ProxyActor", "haproxy")))
 
 
 def cpu_by_process(before: dict, after: dict, requests: int) -> dict[str, float]:
@@ -201,17 +207,21 @@ def cpu_by_process(before: dict, after: dict, requests: int) -> dict[str, float]
     return {n: round(v, 2) for n, v in sorted(d.items(), key=lambda t: -t[1]) if v > 0.05}
 
 
-def concurrent(engine, url: str, queries: list[str], k: int, c: int, rounds: int) -> dict:
-    served = {"ok": 0, "errors": 0, "wall_s": 0.0, "lat": [], "by_proc": {}}
+def concurrent(engine, urls: dict[str, str], queries: list[str], k: int, c: int, rounds: int) -> dict:
+    """Blocks of `queries` at concurrency c, the apps one after the other in each round, then the in-process
+    search of the same blocks; CPU of every Ray process over each app's blocks."""
+    served = {n: {"ok": 0, "errors": 0, "wall_s": 0.0, "lat": [], "by_proc": {}} for n in urls}
     local = {"wall_s": 0.0, "cpu_s": 0.0, "lat": [], "n": 0}
     for _ in range(rounds):
-        before = ray_cpu_by_process()
-        ok, err, wall, lat = asyncio.run(block(url, queries, k, c))
-        served["wall_s"] += wall
-        after = ray_cpu_by_process()
-        for n, v in after.items():
-            served["by_proc"][n] = served["by_proc"].get(n, 0.0) + max(0.0, v - before.get(n, 0.0))
-        served["ok"], served["errors"], served["lat"] = served["ok"] + ok, served["errors"] + err, served["lat"] + lat
+        for n, url in urls.items():
+            before = ray_cpu_by_process()
+            ok, err, wall, lat = asyncio.run(block(url, queries, k, c))
+            after = ray_cpu_by_process()
+            one = served[n]
+            one["wall_s"] += wall
+            for name, v in after.items():
+                one["by_proc"][name] = one["by_proc"].get(name, 0.0) + max(0.0, v - before.get(name, 0.0))
+            one["ok"], one["errors"], one["lat"] = one["ok"] + ok, one["errors"] + err, one["lat"] + lat
         for i in range(0, len(queries), c):
             c0, t0 = time.process_time(), time.perf_counter()
             engine.search(queries[i:i + c], k=k)
@@ -220,13 +230,13 @@ def concurrent(engine, url: str, queries: list[str], k: int, c: int, rounds: int
             local["cpu_s"] += time.process_time() - c0
             local["lat"] += [dt * 1000] * len(queries[i:i + c])
             local["n"] += len(queries[i:i + c])
-    return {"served": {"qps": served["ok"] / served["wall_s"], "errors": served["errors"],
-                       "p50_ms": pct(served["lat"], 50), "p99_ms": pct(served["lat"], 99),
-                       "cpu_ms_per_request": 1000 * sum(served["by_proc"].values()) / max(1, served["ok"]),
-                       "cpu_ms_per_request_by_process": (by := cpu_by_process({}, served["by_proc"], served["ok"])),
-                       "request_path_cpu_ms": request_path_cpu(by)},
-            "in_process": {"qps": local["n"] / local["wall_s"], "p50_ms": pct(local["lat"], 50),
-                           "p99_ms": pct(local["lat"], 99), "cpu_ms_per_request": 1000 * local["cpu_s"] / local["n"]}}
+    out = {n: {"qps": v["ok"] / v["wall_s"], "errors": v["errors"], "p50_ms": pct(v["lat"], 50),
+               "p99_ms": pct(v["lat"], 99), "cpu_ms_per_request": 1000 * sum(v["by_proc"].values()) / max(1, v["ok"]),
+               "cpu_ms_per_request_by_process": (by := cpu_by_process({}, v["by_proc"], v["ok"])),
+               "request_path_cpu_ms": request_path_cpu(by, n)} for n, v in served.items()}
+    out["in_process"] = {"qps": local["n"] / local["wall_s"], "p50_ms": pct(local["lat"], 50),
+                         "p99_ms": pct(local["lat"], 99), "cpu_ms_per_request": 1000 * local["cpu_s"] / local["n"]}
+    return out
 
 
 def main() -> int:
@@ -242,21 +252,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--shards-per-searcher", type=int, default=1,
                     help="the app's shards_per_searcher: consecutive shards one ShardSearcher deployment searches")
-    ap.add_argument("--serve-env", choices=("tuned", "direct"), default="direct",
+    ap.add_argument("--serve-env", choices=("tuned", "direct", "haproxy"), default="direct",
                     help="direct: Ray's direct ingress (the Router replica serves HTTP); tuned: through Serve's "
-                         "HTTP proxy (the RayService layout); both with qrag's SERVE_PROCESS_ENV")
+                         "HTTP proxy (the RayService layout); haproxy: through Serve's HAProxy ingress; all with "
+                         "qrag's SERVE_PROCESS_ENV")
+    ap.add_argument("--baseline-ref", help="also serve a worktree of this commit (app `base`), alternating")
     ap.add_argument("--filters", action="store_true", help="also filtered search at 50/10/1/0.1%% (filtered_search.py)")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_big_tenant"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_big_tenant.json"))
     a = ap.parse_args()
-    from qrag_ray.serving.config import SERVE_PROCESS_ENV
-
-    os.environ.update(SERVE_PROCESS_ENV)
-    if a.serve_env == "direct":
-        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
-    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     wd = Path(a.workdir).resolve()
     wd.mkdir(parents=True, exist_ok=True)
+    ingress_env(a.serve_env, wd)
     from tiny_model import write_tiny_model
 
     model = str(write_tiny_model(wd / "tiny-st"))
@@ -273,80 +280,85 @@ def main() -> int:
     from qrag_ray.search.engine import SearchEngine
 
     a.out = str(Path(a.out).resolve())
-    ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": ENV})
+    trees = {"new": ROOT} if not a.baseline_ref else {"base": baseline_tree(a.baseline_ref), "new": ROOT}
+    os.chdir(wd)  # Ray hands the driver's working directory to the workers' sys.path
+    start_ray()
+    if a.baseline_ref:
+        check_trees(trees["base"])
     port = free_port()
     client = serve_start(http_options={"host": "127.0.0.1", "port": port})
     # every tenant above `local_search_max_bytes` (64 MB) is fanned out; 0 puts a smoke-sized index there too
-    app = {"name": "big", "route_prefix": "/big", "import_path": "serve_shim:build",
-           "args": {"index": str(index), "local_search_max_bytes": 0, "shards_per_searcher": a.shards_per_searcher},
-           "runtime_env": {"env_vars": {**ENV, "PYTHONPATH": f"{ROOT}:{ROOT / 'benchmarks'}"}}}
-    client.deploy_apps(ServeDeploySchema(applications=[app]))
-    url = direct_ingress_urls(("big",))["big"] if a.serve_env == "direct" else f"http://127.0.0.1:{port}/big"
-    wait_ready(url)
+    client.deploy_apps(ServeDeploySchema(applications=[
+        {"name": n, "route_prefix": f"/{n}", "import_path": "serve_shim:build", "runtime_env": app_env(tree),
+         "args": {"index": str(index), "local_search_max_bytes": 0, "shards_per_searcher": a.shards_per_searcher}}
+        for n, tree in trees.items()]))
+    if a.serve_env == "direct":
+        urls = direct_ingress_urls(tuple(trees))
+    else:  # Serve's proxy, or HAProxy in front of the replicas' own ports, on the one HTTP port
+        urls = {n: f"http://127.0.0.1:{port}/{n}" for n in trees}
+    for u in urls.values():
+        wait_ready(u)
     torch.set_num_threads(1)  # one CPU, like a replica
     engine = SearchEngine(index, threads=1)
     queries = make_queries(a.queries)
     report: dict = {"command": " ".join([Path(sys.executable).name] + sys.argv), "serve_env": a.serve_env,
                     "index": str(index), "vectors": engine.manifest.counts.vectors, "shards": a.shards,
-                    "shards_per_searcher": a.shards_per_searcher,
+                    "shards_per_searcher": a.shards_per_searcher, "baseline_ref": a.baseline_ref,
                     "factory": a.factory, "nprobe": a.nprobe, "build_s": build_s, "cpus": os.cpu_count(),
                     "load_avg_start": os.getloadavg()}
     conc = [int(c) for c in a.concurrency.split(",")]
     if 1 in conc:
-        report["c1"] = c1(engine, url, queries, a.k)
+        report["c1"] = {n: c1(engine, u, queries, a.k, n) for n, u in urls.items()}
     for c in (c for c in conc if c != 1):
-        report[f"c{c}"] = concurrent(engine, url, queries, a.k, c, a.rounds)
+        report[f"c{c}"] = concurrent(engine, urls, queries, a.k, c, a.rounds)
     if a.filters:
         truth = exact_top(index, index.with_name(index.name + ".vectors"), engine.embed(queries), a.k)
-        report["filtered"] = run_filtered(engine, url, queries, a.k, truth, 8, a.rounds)
+        report["filtered"] = run_filtered(engine, urls["new"], queries, a.k, truth, 8, a.rounds)
     report["load_avg_end"] = os.getloadavg()
     serve.shutdown()
     ray.shutdown()
-
-    print(f"\n{report['vectors']:,} vectors in {a.shards} shards ({a.factory}, nprobe {a.nprobe}; "
-          f"{a.shards_per_searcher} per ShardSearcher), {len(queries)} "
-          f"queries, k={a.k}, {a.serve_env}; load avg {report['load_avg_start'][0]:.1f} -> {report['load_avg_end'][0]:.1f}")
-    print(f"{'path':22s} {'conc':>4s} {'p50 ms':>8s} {'p99 ms':>8s} {'qps':>7s} {'errors':>6s} {'CPU ms/req':>10s}")
-    if "c1" in report:
-        r = report["c1"]
-        for n in ("in_process", "served", "served_http_client"):
-            cpu = f"{r[n]['cpu_ms_per_request']:10.1f}" if "cpu_ms_per_request" in r[n] else ""
-            print(f"{n:22s} {1:>4d} {r[n]['p50_ms']:8.1f} {r[n]['p99_ms']:8.1f} {1000 / r[n]['mean_ms']:7.1f} {0:>6d} {cpu}")
-        report["served_p50_over_in_process"] = r["served"]["p50_ms"] / r["in_process"]["p50_ms"]
-        report["served_http_client_p50_over_in_process"] = r["served_http_client"]["p50_ms"] / r["in_process"]["p50_ms"]
-    for c in (c for c in conc if c != 1):
-        for n in ("in_process", "served"):
-            r = report[f"c{c}"][n]
-            print(f"{n:22s} {c:>4d} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['qps']:7.1f} {r.get('errors', 0):>6d} "
-                  f"{r['cpu_ms_per_request']:10.1f}")
-        r = report[f"c{c}"]
-        r["served_over_in_process_cpu"] = r["served"]["cpu_ms_per_request"] / r["in_process"]["cpu_ms_per_request"]
-        r["request_path_over_in_process_cpu"] = r["served"]["request_path_cpu_ms"] / r["in_process"]["cpu_ms_per_request"]
-    if "c1" in report:
-        print(f"c=1 served p50 / in-process p50: {report['served_p50_over_in_process']:.2f}x (httpx), "
-              f"{report['served_http_client_p50_over_in_process']:.2f}x (http.client); same ranking "
-              f"{report['c1']['same_ranking']:.0%}; Router path {report['c1']['paths']}")
-        r = report["c1"]
-        report["c1_request_path_over_in_process_cpu"] = r["served"]["request_path_cpu_ms"] / r["in_process"]["cpu_ms_per_request"]
-        print(f"c=1 served / in-process CPU ms per request: "
-              f"{r['served']['cpu_ms_per_request'] / r['in_process']['cpu_ms_per_request']:.2f}x, the request's path "
-              f"only (replicas, proxy): {report['c1_request_path_over_in_process_cpu']:.2f}x")
-        print("  served c=1 p50 parts (Router timings, ms): "
-              + ", ".join(f"{n} {v:.1f}" for n, v in report["c1"]["served_parts_p50_ms"].items()))
-    for c in (c for c in conc if c != 1):
-        r = report[f"c{c}"]
-        print(f"c={c} served / in-process CPU ms per request: {r['served_over_in_process_cpu']:.2f}x, the request's "
-              f"path only (replicas, proxy): {r['request_path_over_in_process_cpu']:.2f}x")
-    for c in conc:
-        top = list(report[f"c{c}"]["served"]["cpu_ms_per_request_by_process"].items())[:6]
-        print(f"  c={c} served CPU ms/request by process: " + ", ".join(f"{n} {v}" for n, v in top))
+    print_report(report, conc, list(urls), len(queries), a)
     if a.filters:
         print_filtered(report["filtered"], a.k, 8)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {a.out}")
     return 0
+
+
+def print_report(report: dict, conc: list[int], apps: list[str], n_queries: int, a) -> None:
+    print(f"\n{report['vectors']:,} vectors in {a.shards} shards ({a.factory}, nprobe {a.nprobe}; "
+          f"{a.shards_per_searcher} per ShardSearcher), {n_queries} queries, k={a.k}, {a.serve_env}; load avg "
+          f"{report['load_avg_start'][0]:.1f} -> {report['load_avg_end'][0]:.1f}")
+    print(f"{'app':5s} {'path':20s} {'conc':>4s} {'p50 ms':>8s} {'p99 ms':>8s} {'qps':>7s} {'errors':>6s} "
+          f"{'CPU ms/req':>10s} {'path CPU':>9s} {'/ in-proc':>9s}")
+    for app in apps:
+        if 1 in conc:
+            r = report["c1"][app]
+            inp = r["in_process"]["cpu_ms_per_request"]
+            for n in ("in_process", "served", "served_http_client"):
+                cpu = f"{r[n]['cpu_ms_per_request']:10.1f}" if "cpu_ms_per_request" in r[n] else f"{'':10s}"
+                path = (f"{r[n]['request_path_cpu_ms']:9.1f} {r[n]['request_path_cpu_ms'] / inp:8.2f}x"
+                        if "request_path_cpu_ms" in r[n] else "")
+                print(f"{app:5s} {n:20s} {1:>4d} {r[n]['p50_ms']:8.1f} {r[n]['p99_ms']:8.1f} {1000 / r[n]['mean_ms']:7.1f} "
+                      f"{0:>6d} {cpu} {path}")
+            r["served_p50_over_in_process"] = r["served"]["p50_ms"] / r["in_process"]["p50_ms"]
+            r["request_path_over_in_process_cpu"] = r["served"]["request_path_cpu_ms"] / inp
+            print(f"{app:5s} c=1 served p50 / in-process p50 {r['served_p50_over_in_process']:.2f}x "
+                  f"(http.client {r['served_http_client']['p50_ms'] / r['in_process']['p50_ms']:.2f}x); same ranking "
+                  f"{r['same_ranking']:.0%}; path {r['paths']}; Router parts p50 ms "
+                  + ", ".join(f"{n} {v:.1f}" for n, v in r["served_parts_p50_ms"].items()))
+        for c in (c for c in conc if c != 1):
+            r, inp = report[f"c{c}"][app], report[f"c{c}"]["in_process"]
+            r["request_path_over_in_process_cpu"] = r["request_path_cpu_ms"] / inp["cpu_ms_per_request"]
+            for n, x in (("in_process", inp), ("served", r)):
+                path = (f"{x['request_path_cpu_ms']:9.1f} {r['request_path_over_in_process_cpu']:8.2f}x"
+                        if n == "served" else "")
+                print(f"{app:5s} {n:20s} {c:>4d} {x['p50_ms']:8.1f} {x['p99_ms']:8.1f} {x['qps']:7.1f} "
+                      f"{x.get('errors', 0):>6d} {x['cpu_ms_per_request']:10.1f} {path}")
+        for c in conc:
+            by = (report["c1"][app]["served"] if c == 1 else report[f"c{c}"][app])["cpu_ms_per_request_by_process"]
+            print(f"  {app} c={c} CPU ms/request by process: " + ", ".join(f"{n} {v}" for n, v in list(by.items())[:6]))
 
 
 if __name__ == "__main__":

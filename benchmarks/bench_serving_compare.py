@@ -40,8 +40,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_serving import free_port, make_queries, pct  # noqa: E402
 
 # Ray hands the driver's sys.path to every worker ahead of the app's PYTHONPATH, so this tree must not
-# be on it: the baseline app would import this tree's qrag_ray instead of the baseline's (this process
-# still finds qrag_ray through the editable install, which comes after PYTHONPATH). deploy() checks.
+# be on it: the baseline app would import this tree's qrag_ray instead of the baseline's. This process
+# imports this tree's qrag_ray first (run with PYTHONPATH=this tree), so its later imports of the
+# package's modules come from the package's own path. check_trees() checks both apps.
+import qrag_ray  # noqa: E402,F401
+
 sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != ROOT]
 
 ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -101,15 +104,67 @@ def check_trees(base: Path) -> None:
             raise RuntimeError(f"an app with PYTHONPATH={tree} imports qrag_ray from {found}")
 
 
+def ingress_env(serve_env: str, workdir: Path) -> None:
+    """The layout's environment, set before Ray starts (its processes read it when they start): `tuned`,
+    qrag's SERVE_PROCESS_ENV (through Serve's HTTP proxy); `direct`, that and direct ingress (each app's
+    ingress replica serves HTTP itself); `haproxy`, that and Serve's HAProxy ingress in front of the
+    replicas' own ports (the RayService layout with Serve's high-throughput ingress). The replicas' ports
+    and HAProxy's files and ports are this run's own: the box is shared."""
+    import random
+
+    from qrag_ray.serving.config import SERVE_PROCESS_ENV
+
+    os.environ.update(SERVE_PROCESS_ENV)
+    if serve_env in ("direct", "haproxy"):
+        lo = random.randrange(20000, 29000, 64)
+        for var, val in {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": lo,
+                         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": lo + 63,
+                         "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": lo + 20000,
+                         "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": lo + 20063}.items():
+            os.environ.setdefault(var, str(val))  # a cluster started for the run (RAY_ADDRESS) set its own
+    if serve_env == "haproxy":
+        d = workdir / "haproxy"
+        d.mkdir(parents=True, exist_ok=True)
+        for var, val in {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": d / "haproxy.cfg",
+                         "RAY_SERVE_HAPROXY_SOCKET_PATH": d / "admin.sock", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": d,
+                         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": d / "server-state",
+                         "RAY_SERVE_HAPROXY_METRICS_PORT": free_port(),
+                         "RAY_SERVE_HAPROXY_STATS_PORT": free_port()}.items():
+            os.environ.setdefault(var, str(val))
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+
+
+def start_ray() -> None:
+    """A local Ray for the benchmark, logical CPUs for every replica of two apps; or, with RAY_ADDRESS, the
+    cluster started for the run (with the layout's environment, and QRAG_BENCH_RAY_TEMP_DIR its --temp-dir,
+    so that its processes are the ones counted). Ray gives a new raylet a fixed time to register, which a
+    busy 2-core box does not always meet: tried three times."""
+    import ray
+
+    if address := os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": ENV})
+        return
+    for attempt in range(3):
+        try:
+            ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                     runtime_env={"env_vars": ENV})
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            ray.shutdown()
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise
+
+
 def direct_ingress_urls(apps: tuple[str, ...], timeout: float = 600) -> dict[str, str]:
     """With direct ingress each app's ingress replica serves HTTP on a port the controller hands out from
-    30000 up; its `/-/routes` names the app it serves."""
+    RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT up; its `/-/routes` names the app it serves."""
     import httpx
 
+    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "30000"))
     found: dict[str, str] = {}
     deadline = time.time() + timeout
     while time.time() < deadline and len(found) < len(apps):
-        for p in range(30000, 30032):
+        for p in range(lo, lo + 32):
             try:
                 routes = httpx.get(f"http://127.0.0.1:{p}/-/routes", timeout=2).json()
             except (httpx.HTTPError, ValueError):
@@ -192,42 +247,33 @@ def interleaved_c1(index: Path, urls: dict[str, str], queries: list[str], k: int
 
 
 def ray_cpu_by_process() -> dict[str, float]:
-    """CPU seconds so far per Ray process title (ray::ProxyActor, ray::ServeReplica:new:Router, ...),
+    """CPU seconds so far per Ray process title (ray::ProxyActor, ray::ServeReplica:new:Router, ...) of this
+    run's Ray: blocks alternate between the apps, so the delta over a block is that app's cost, the
+    figure that survives a shared machine (wall-clock qps there measures the CPU share an app won);
     several processes of one title summed: where a request's CPU goes. A worker's title also names the
     method it runs at the moment (ray::ServeController.listen_for_change), which is dropped: otherwise
     a process whose method changed between two readings would count all its CPU since it started."""
     import psutil
 
+    haproxy = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")  # Serve's HAProxy ingress of this run, if any
     out: dict[str, float] = {}
-    for p in psutil.process_iter(["cmdline"]):
+    # this run's Ray only, not another user's on a shared machine: the processes this driver started (its
+    # in-process Ray's raylet, GCS, workers and what they started), or those of the cluster started for it
+    if tmp := os.environ.get("QRAG_BENCH_RAY_TEMP_DIR"):
+        roots = [p for p in psutil.process_iter(["cmdline"]) if any(tmp in a for a in (p.info["cmdline"] or []))]
+        procs = list({q.pid: q for r in roots for q in (r, *r.children(recursive=True))}.values())
+    else:
+        procs = psutil.Process().children(recursive=True)
+    for p in procs:
         try:
-            cmd = " ".join(p.info["cmdline"] or [])
-            if cmd.startswith("ray::"):
+            cmd = " ".join(p.cmdline() or [])
+            if cmd.startswith("ray::") or (haproxy and haproxy in cmd):
                 t = p.cpu_times()
-                name = cmd.split()[0].split(".")[0]
+                name = cmd.split()[0].split(".")[0] if cmd.startswith("ray::") else "haproxy"
                 out[name] = out.get(name, 0.0) + t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out
-
-
-def ray_cpu_seconds() -> float:
-    """CPU seconds used so far by every Ray worker process of this session (replicas, Serve's proxy and
-    controller). Blocks alternate between the apps, so the delta over a block is that app's cost:
-    CPU per request is the figure that survives a shared, overloaded machine, where wall-clock qps
-    measures the share of the CPU the app got rather than its efficiency."""
-    import psutil
-
-    total = 0.0
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-            if cmd.startswith("ray::"):
-                t = p.cpu_times()
-                total += t.user + t.system
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return total
 
 
 async def block(url: str, queries: list[str], k: int, concurrency: int) -> tuple[int, int, float, list[float]]:
@@ -264,19 +310,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_serving"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_serving_compare.json"))
-    ap.add_argument("--serve-env", choices=("default", "tuned", "direct"), default="default",
+    ap.add_argument("--serve-env", choices=("default", "tuned", "direct", "haproxy"), default="default",
                     help="tuned: start Ray with qrag's SERVE_PROCESS_ENV (what `qrag serve` does); direct: that and "
                          "Ray's experimental direct ingress (no HTTP proxy: each app's ingress replica listens on a "
-                         "port of its own from 30000); both apps get it")
+                         "port of its own); haproxy: that behind Serve's HAProxy ingress; both apps get it")
     a = ap.parse_args()
-    if a.serve_env in ("tuned", "direct"):
-        from qrag_ray.serving.config import SERVE_PROCESS_ENV
-
-        os.environ.update(SERVE_PROCESS_ENV)
-    if a.serve_env == "direct":
-        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
-
-    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    if a.serve_env != "default":
+        ingress_env(a.serve_env, Path(a.workdir).resolve())
     import ray
     from ray import serve
 
@@ -286,8 +326,7 @@ def main() -> int:
     wd.mkdir(parents=True, exist_ok=True)
     os.chdir(wd)  # Ray also hands the driver's working directory to the workers' sys.path
     # logical CPUs: two apps' replicas (the new Router asks for a whole CPU) must all be scheduled at once
-    ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": ENV})
+    start_ray()
     index = build_index_with(base, wd)
     port = free_port()
     t0 = time.time()

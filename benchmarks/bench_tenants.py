@@ -1,27 +1,36 @@
-"""Many tenants on shared ShardSearcher replicas: tenant affinity (Serve model multiplexing) against any
-replica (no affinity), the same requests in one run.
+"""Many tenants on shared ShardSearcher replicas: a tenant's cold first query, the steady CPU per request
+against the in-process search of the same queries, and tenant affinity (Serve model multiplexing)
+against any replica; with --baseline-ref, the same requests against a baseline commit in the same run.
 
-    python benchmarks/bench_tenants.py [--tenants 200] [--replicas 4] [--budget-x 4] [--requests 2000]
-                                       [--concurrency 8] [--out runs/bench_tenants.json]
+    python benchmarks/bench_tenants.py [--tenants 200] [--indexes 4] [--replicas 2] [--budget-x 4]
+                                       [--requests 2000] [--concurrency 8] [--baseline-ref 813b65c]
+                                       [--rounds 2] [--layouts affine,spread] [--out runs/bench_tenants.json]
 
-One small index (the demo's Python-reference corpus, 2 shards, one vector per chunk) is registered under
---tenants names. A loaded shard is cached per tenant (the cache key names the tenant), so the tenants'
-bytes total N times the index's, and each ShardSearcher replica's budget (`shard_cache_bytes`) is set so
-that this total is --budget-x times one replica's budget: no replica can hold every tenant. Every tenant
-fans out to the ShardSearcher deployments (`local_search_max_bytes: 0`), --replicas replicas each.
-Requests pick a tenant by Zipf(1.1) rank, --concurrency at a time. The same request sequence runs against
-app `affine` (tenant_affinity on) and app `spread` (off), each on fresh replicas, one after the other.
+--indexes small indexes (slices of the Python language reference, 2 shards each, one vector per chunk,
+~0.3 MB a tenant) are registered under --tenants names, tenant i on index i % --indexes. A loaded shard
+is cached per tenant (the cache key names the tenant), so the tenants' bytes total N times an index's,
+and each ShardSearcher replica's budget (`shard_cache_bytes`) is set so that this total is --budget-x
+times one replica's budget: no replica can hold every tenant. Every tenant fans out to the ShardSearcher
+deployments (`local_search_max_bytes: 0`), --replicas replicas each, with qrag's SERVE_PROCESS_ENV
+(`--serve-env`: through Serve's proxy, or direct ingress). Requests pick a tenant by Zipf(1.1) rank,
+--concurrency at a time, under the app's deadline (`--timeout`, 10 s as `qrag serve` has it).
 
-Per layout: the steady-state hit rate (1 - cold loads / shard calls, from each response's
-`timings.cold_loads`, after the first --warmup requests), cold loads per minute, p50/p99, errors.
-
-With --ramp (e.g. `1:30,16:90,1:150`: concurrency:seconds stages), each layout then runs again on fresh
-replicas that autoscale (Router 1..2, every ShardSearcher 1..--replicas, on Serve's own autoscaler with
---target-ongoing and the --upscale/--downscale delays), under that load: per stage the requests, errors,
-hit rate and p50/p99; the RUNNING replicas of every deployment each second; how long after the load rose
-a replica was added and how long after it fell the deployments were back to one replica.
-A synthetic tenant mix on one index, on one machine: what it shows is the cache behaviour, not the
-latency of a big index (each replica here searches a tiny shard).
+Each app (`new`: this tree; `base`: a worktree of --baseline-ref, its replicas importing qrag_ray from
+it) runs on fresh replicas, nothing loaded at start but the Router's query embedder (one query of a
+tenant outside the mix), the apps alternating --rounds times. Per run:
+  - warm-up (the first --warmup requests, cold tenants): p50/p99, deadline misses (504), errors, and
+    each tenant's first query (p50/p99/max);
+  - steady state (the rest): hit rate (1 - cold loads / shard calls, from `timings.cold_loads`), cold
+    loads per minute, p50/p99, qps, errors, and the CPU ms per request of every Ray process (the
+    request path: the replicas and Serve's proxy) over that phase;
+  - in-process (this process, once): the same steady queries, each searched alone on its tenant's index
+    with `SearchEngine` (torch and FAISS on one thread, like a replica): CPU ms per query.
+With --ramp (e.g. `1:30,16:90,1:150`: concurrency:seconds stages), each layout of this tree then runs
+again on replicas that autoscale (Router 1..2, every ShardSearcher 1..--replicas, --target-ongoing and
+the --upscale/--downscale delays): per stage the requests, errors, hit rate, p50/p99; when a replica was
+added after the load rose and when the deployments were back to one after it fell (bench_ramp.py).
+A synthetic tenant mix on small indexes, on one machine: what it shows is the per-request cost and the
+cache behaviour, not the latency of a big index.
 """
 
 from __future__ import annotations
@@ -31,7 +40,6 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,22 +47,81 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from benchmarks.bench_serving import make_queries, pct  # noqa: E402
+from bench_big_tenant import cpu_by_process, request_path_cpu  # noqa: E402
+from bench_serving import free_port, make_queries, pct  # noqa: E402
+from bench_serving_compare import (app_env, baseline_tree, check_trees, direct_ingress_urls,  # noqa: E402
+                                   ingress_env, ray_cpu_by_process, start_ray)
 
 
-def build_index(workdir: Path) -> Path:
-    from qrag_ray.config.index import build_index_config
-    from qrag_ray.io.pydoc_corpus import write_pydoc_corpus
-    from qrag_ray.index.build import build_index as build
+def build_indexes(workdir: Path, n: int) -> list[Path]:
+    """`n` small indexes, each the chunks of every n-th topic of the language reference (2 shards, one
+    vector per chunk). One `qrag index` build embeds them all; each slice is then written by the package's
+    shard writer from that build's vectors, which is what a build of its topics alone writes (chunks are
+    cut per document): one embedding run instead of n on a shared 2-core box."""
+    from pydoc_data.topics import topics
 
-    out = workdir / "index"
-    if not (out / "manifest.json").is_file():
+    full = workdir / "index"
+    if not (full / "manifest.json").is_file():
+        from qrag_ray.config.index import build_index_config
+        from qrag_ray.index.build import build_index as build
+        from qrag_ray.io.pydoc_corpus import write_pydoc_corpus
+
         write_pydoc_corpus(workdir / "corpus.jsonl")
         build(build_index_config(None, input=str(workdir / "corpus.jsonl"), format="jsonl", representation="chunk",
-                                 shards=2, build={"output": str(out), "overwrite": True},
+                                 shards=2, build={"output": str(full), "overwrite": True},
                                  generator={"backend": "none"}, chunker={"method": "token", "size": 200, "overlap": 20}))
+    names = sorted(topics)
+    return [slice_index(full, workdir / f"index-{i}-of-{n}", set(names[i::n])) for i in range(n)]
+
+
+def slice_index(full: Path, out: Path, docs: set[str]) -> Path:
+    """The chunks of `docs` in index `full`, as an index of their own under `out` (kept once written)."""
+    import faiss
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from qrag_ray.config.index import index_config
+    from qrag_ray.index.format import (CHUNKS, Counts, IndexDescription, ShardEntry, load_manifest, read_table_file,
+                                       shard_chunks, write_arrow, write_manifest)
+    from qrag_ray.index.rows import CHUNK_SCHEMA
+    from qrag_ray.index.writer import write_shard
+
+    if (out / "manifest.json").is_file():
+        return out
+    m = load_manifest(full)
+    cfg = index_config(m.config)
+    chunks = pq.read_table(full / CHUNKS)
+    chunks = chunks.filter(pc.is_in(chunks.column("doc_id"), pa.array(sorted(docs))))
+    keep = pa.array(chunks.column("chunk_idx").to_numpy())
+    tmp = out.with_name(out.name + ".partial")
+    entries, tables = [], []
+    for s in range(m.num_shards):
+        info = m.shard(s)
+        meta = read_table_file(m.file(info.meta))
+        index = faiss.read_index(str(m.file(info.faiss)))
+        rows = np.flatnonzero(pc.is_in(meta.column("chunk_idx"), keep).to_numpy(zero_copy_only=False))
+        vecs = index.reconstruct_n(0, index.ntotal)[rows]
+        part = meta.take(pa.array(rows))
+        table = pa.table({"chunk_idx": part.column("chunk_idx"), "kind": part.column("kind").cast(pa.string()),
+                          "qn": np.full(len(rows), -1, np.int32), "store": np.ones(len(rows), bool),
+                          "text": part.column("text"),
+                          "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), vecs.shape[1])})
+        stats = write_shard(s, table, tmp, cfg.filters, cfg.faiss, m.dim)
+        mine = chunks.filter(pc.equal(chunks.column("shard"), s)).sort_by("chunk_idx")
+        write_arrow(mine.drop_columns(["shard"]), tmp / shard_chunks(s))
+        entries.append(ShardEntry(**stats, chunk_table=shard_chunks(s)))
+        tables.append(mine)
+    pq.write_table(pa.concat_tables(tables).cast(CHUNK_SCHEMA), tmp / CHUNKS)
+    n_vec = sum(e.vectors for e in entries)
+    write_manifest(tmp, IndexDescription(
+        representation=m.representation, kinds=m.kinds, embedder=m.embedder, faiss=m.faiss, num_shards=m.num_shards,
+        shards=entries, counts=Counts(documents=len(docs), chunks=chunks.num_rows, questions=0, vectors=n_vec,
+                                      vectors_before_filters=n_vec),
+        config=m.config, content={**(m.content or {}), "input": f"{m.config.get('input')} ({len(docs)} topics)"}))
+    tmp.rename(out)
     return out
 
 
@@ -63,203 +130,205 @@ def zipf_ranks(n_tenants: int, n: int, s: float = 1.1, seed: int = 0) -> np.ndar
     return np.random.default_rng(seed).choice(n_tenants, size=n, p=p / p.sum())
 
 
-def run_layout(url: str, keys: list[str], ranks: np.ndarray, queries: list[str], concurrency: int,
-               warmup: int, shards: int) -> dict:
+def send(url: str, keys: list[str], ranks: np.ndarray, queries: list[str], concurrency: int) -> list[dict]:
+    """Every request in order, `concurrency` clients at a time: status, seconds, cold loads, end time."""
     import httpx
 
     out: list[dict | None] = [None] * len(ranks)
 
-    def one(i: int, client: httpx.Client) -> None:
-        t0 = time.perf_counter()
-        try:
-            r = client.post("/v1/search", json={"query": queries[i % len(queries)], "k": 5},
-                            headers={"Authorization": f"Bearer {keys[ranks[i]]}"})
-            body, status = r.json(), r.status_code
-        except httpx.HTTPError as e:
-            body, status = {"error": type(e).__name__}, 0
-        out[i] = {"s": time.perf_counter() - t0, "status": status,
-                  "cold": (body.get("timings") or {}).get("cold_loads", 0) if status == 200 else 0, "t": time.time()}
-
     def worker(w: int) -> None:
         with httpx.Client(base_url=url, timeout=120) as client:
             for i in range(w, len(ranks), concurrency):
-                one(i, client)
-
-    t0 = time.time()
-    with ThreadPoolExecutor(concurrency) as ex:
-        list(ex.map(worker, range(concurrency)))
-    wall = time.time() - t0
-    steady = out[warmup:]
-    ok = [r for r in steady if r["status"] == 200]
-    cold = sum(r["cold"] for r in ok)
-    lat = [r["s"] * 1000 for r in ok]
-    minutes = (max(r["t"] for r in steady) - min(r["t"] for r in steady)) / 60 or float("nan")
-    return {"requests": len(ranks), "steady_requests": len(steady), "wall_s": round(wall, 1),
-            "errors": sum(r["status"] != 200 for r in out), "hit_rate": round(1 - cold / max(1, len(ok) * shards), 4),
-            "cold_loads_steady": cold, "cold_loads_per_min": round(cold / minutes, 1),
-            "cold_loads_warmup": sum(r["cold"] for r in out[:warmup] if r["status"] == 200),
-            "p50_ms": round(statistics.median(lat), 1), "p99_ms": round(pct(lat, 99), 1),
-            "qps": round(len(steady) / max(1e-9, minutes * 60), 1)}
-
-
-def ramp(url: str, app: str, keys: list[str], ranks: np.ndarray, queries: list[str], stages: list[tuple[int, float]],
-         shards: int) -> dict:
-    """The load in stages of (concurrency, seconds), tenants drawn as in run_layout; every second, the
-    RUNNING replicas of each of the app's deployments."""
-    import httpx
-    from ray import serve
-
-    done, timeline, nxt, lock = threading.Event(), [], [0], threading.Lock()
-    t_start = time.time()
-
-    def watch() -> None:
-        while not done.is_set():
-            deps = serve.status().applications[app].deployments
-            timeline.append({"t": round(time.time() - t_start, 1), **{
-                d: sum(n for st, n in v.replica_states.items() if st == "RUNNING") for d, v in deps.items()}})
-            time.sleep(1.0)
-
-    def worker(stage: int, until: float, out: list) -> None:
-        with httpx.Client(base_url=url, timeout=120) as client:
-            while time.time() < until:
-                with lock:
-                    i, nxt[0] = nxt[0], nxt[0] + 1
                 t0 = time.perf_counter()
                 try:
                     r = client.post("/v1/search", json={"query": queries[i % len(queries)], "k": 5},
-                                    headers={"Authorization": f"Bearer {keys[ranks[i % len(ranks)]]}"})
-                    status, cold = r.status_code, (r.json().get("timings") or {}).get("cold_loads", 0)
-                except (httpx.HTTPError, ValueError):
-                    status, cold = 0, 0
-                out.append({"stage": stage, "status": status, "ms": (time.perf_counter() - t0) * 1000,
-                            "cold": cold if status == 200 else 0})
+                                    headers={"Authorization": f"Bearer {keys[ranks[i]]}"})
+                    body, status = r.json(), r.status_code
+                except (httpx.HTTPError, ValueError) as e:
+                    body, status = {"error": type(e).__name__}, 0
+                t = (body.get("timings") or {}) if status == 200 else {}
+                out[i] = {"s": time.perf_counter() - t0, "status": status, "t": time.time(),
+                          "cold": t.get("cold_loads", 0), "embed_batch": t.get("embed_batch", 0)}
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    results: list[dict] = []
-    bounds = []
-    for n, (c, secs) in enumerate(stages):
-        t0 = time.time() - t_start
-        until = time.time() + secs
-        with ThreadPoolExecutor(c) as ex:
-            list(ex.map(lambda _: worker(n, until, results), range(c)))
-        bounds.append((round(t0, 1), round(time.time() - t_start, 1)))
-    done.set()
-    watcher.join()
-    per_stage = []
-    for n, (c, secs) in enumerate(stages):
-        rs = [r for r in results if r["stage"] == n]
-        ok = [r for r in rs if r["status"] == 200]
-        lat = [r["ms"] for r in ok]
-        per_stage.append({"concurrency": c, "seconds": secs, "from_s": bounds[n][0], "to_s": bounds[n][1],
-                          "requests": len(rs), "errors": len(rs) - len(ok),
-                          "hit_rate": round(1 - sum(r["cold"] for r in ok) / max(1, len(ok) * shards), 4),
-                          "p50_ms": round(pct(lat, 50), 1), "p99_ms": round(pct(lat, 99), 1)})
-    peak = max(range(len(stages)), key=lambda n: stages[n][0])
-    deps = [d for d in timeline[0] if d != "t"] if timeline else []
-    total = lambda row: sum(row[d] for d in deps)  # noqa: E731
-    up = next((row["t"] for row in timeline if row["t"] >= bounds[peak][0] and total(row) > total(timeline[0])), None)
-    down = next((row["t"] for row in timeline if row["t"] >= bounds[peak][1] and total(row) == len(deps)), None)
-    return {"stages": per_stage, "timeline": timeline, "errors": sum(s["errors"] for s in per_stage),
-            "max_replicas": {d: max(row[d] for row in timeline) for d in deps},
-            "scale_up_after_load_s": None if up is None else round(up - bounds[peak][0], 1),
-            "scale_down_after_load_s": None if down is None else round(down - bounds[peak][1], 1)}
+    with ThreadPoolExecutor(concurrency) as ex:
+        list(ex.map(worker, range(concurrency)))
+    return out  # type: ignore[return-value]
+
+
+def summary(rs: list[dict]) -> dict:
+    lat = [r["s"] * 1000 for r in rs if r["status"] == 200]
+    return {"requests": len(rs), "errors": sum(r["status"] != 200 for r in rs),
+            "deadline_misses": sum(r["status"] == 504 for r in rs),
+            "p50_ms": round(pct(lat, 50), 1), "p99_ms": round(pct(lat, 99), 1), "max_ms": round(max(lat, default=0), 1)}
+
+
+def run_app(url: str, app: str, keys: list[str], ranks: np.ndarray, queries: list[str], concurrency: int,
+            warmup: int, shards: int, primer: str) -> dict:
+    import httpx
+
+    # one query of a tenant outside the mix first: the Router's query embedder loads (a server started with
+    # warm_tenants > 0 has it loaded before it is ready), every tenant of the mix stays cold
+    r = httpx.post(f"{url}/v1/search", json={"query": queries[0], "k": 5}, headers={"Authorization": f"Bearer {primer}"},
+                   timeout=300)
+    r.raise_for_status()
+    before = ray_cpu_by_process()
+    warm = send(url, keys, ranks[:warmup], queries, concurrency)
+    mid = ray_cpu_by_process()
+    steady = send(url, keys, ranks[warmup:], np.roll(queries, -warmup).tolist(), concurrency)
+    after = ray_cpu_by_process()
+    first = [r for i, r in enumerate(warm) if ranks[i] not in set(ranks[:i].tolist())]
+    ok = [r for r in steady if r["status"] == 200]
+    cold = sum(r["cold"] for r in ok)
+    wall = (max(r["t"] for r in steady) - min(r["t"] - r["s"] for r in steady)) or float("nan")
+    by_proc = cpu_by_process(mid, after, len(ok))
+    return {"warmup": {**summary(warm), "cold_loads": sum(r["cold"] for r in warm if r["status"] == 200),
+                       "first_queries": summary(first),
+                       "cpu_ms_per_request": round(sum(cpu_by_process(before, mid, len(warm)).values()), 2)},
+            "steady": {**summary(steady), "hit_rate": round(1 - cold / max(1, len(ok) * shards), 4),
+                       "cold_loads": cold, "cold_loads_per_min": round(60 * cold / wall, 1),
+                       "qps": round(len(ok) / wall, 1), "cpu_ms_per_request": round(sum(by_proc.values()), 2),
+                       "embed_batch_mean": round(statistics.mean([r["embed_batch"] for r in ok] or [0]), 2),
+                       "request_path_cpu_ms": round(request_path_cpu(by_proc, app), 2),
+                       "cpu_ms_per_request_by_process": dict(list(by_proc.items())[:8])}}
+
+
+def in_process_cpu(indexes: list[Path], tenant_index: list[int], ranks: np.ndarray, queries: list[str]) -> dict:
+    """Each query searched alone on its tenant's index, in this process: CPU ms and wall ms per query."""
+    import torch
+
+    from qrag_ray.search.engine import SearchEngine
+
+    torch.set_num_threads(1)
+    engines = [SearchEngine(ix, threads=1) for ix in indexes]
+    for e in engines:
+        e.search([queries[0]], k=5)
+    cpu, lat = [], []
+    for i, rank in enumerate(ranks):
+        c0, t0 = time.process_time(), time.perf_counter()
+        engines[tenant_index[rank]].search([queries[i % len(queries)]], k=5)
+        cpu.append((time.process_time() - c0) * 1000)
+        lat.append((time.perf_counter() - t0) * 1000)
+    return {"queries": len(ranks), "cpu_ms_per_query": round(statistics.mean(cpu), 2),
+            "p50_ms": round(pct(lat, 50), 2)}
+
+
+def deploy(client, name: str, tree: Path, args: dict, deployments: dict) -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    app = {"name": name, "route_prefix": f"/{name}", "import_path": "serve_shim:build_with_options",
+           "args": {**args, "deployment_options": deployments}, "runtime_env": app_env(tree)}
+    client.deploy_apps(ServeDeploySchema(applications=[app]))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_tenants"))
     ap.add_argument("--tenants", type=int, default=200)
-    ap.add_argument("--replicas", type=int, default=4, help="replicas of every ShardSearcher deployment")
+    ap.add_argument("--indexes", type=int, default=4, help="distinct small indexes the tenants are spread over")
+    ap.add_argument("--own-copies", action="store_true",
+                    help="each tenant on its own copy of its index (else the tenants of one index share its files)")
+    ap.add_argument("--replicas", type=int, default=2, help="replicas of every ShardSearcher deployment")
     ap.add_argument("--budget-x", type=float, default=4.0, help="tenants' bytes / one replica's budget")
     ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--warmup", type=int, help="requests left out of the steady state (default: a quarter)")
+    ap.add_argument("--warmup", type=int, help="requests of the warm-up phase (default: --tenants)")
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--ramp", help="concurrency:seconds stages of the autoscaling run, e.g. 1:30,16:90,1:150")
-    ap.add_argument("--target-ongoing", type=float, default=2.0, help="autoscaling target per replica (ramp)")
-    ap.add_argument("--upscale-delay", type=float, default=30.0, help="Serve's default: 30 s")
-    ap.add_argument("--downscale-delay", type=float, default=60.0, help="Serve's default is 600 s")
-    ap.add_argument("--skip-fixed", action="store_true", help="only the ramp")
+    ap.add_argument("--timeout", type=float, default=10.0, help="the app's request_timeout_s")
+    ap.add_argument("--layouts", default="affine", help="affine (tenant_affinity on) and/or spread (off)")
+    ap.add_argument("--shards-per-searcher", type=int, default=1)
+    ap.add_argument("--baseline-ref", help="also run a worktree of this commit, alternating with this tree")
+    ap.add_argument("--rounds", type=int, default=1, help="times each app runs (alternating)")
+    ap.add_argument("--serve-env", choices=("tuned", "direct", "haproxy"), default="tuned",
+                    help="tuned: through Serve's HTTP proxy with qrag's SERVE_PROCESS_ENV; direct: direct ingress; "
+                         "haproxy: through Serve's HAProxy ingress")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_tenants.json"))
     a = ap.parse_args()
-
+    wd = Path(a.workdir).resolve()
+    wd.mkdir(parents=True, exist_ok=True)
+    ingress_env(a.serve_env, wd)
     import ray
     from ray import serve
+    from ray.serve._private.api import serve_start
 
     from qrag_ray.cli.serve_cmd import wait_healthy
     from qrag_ray.index.format import load_manifest
-    from qrag_ray.runtime.ports import free_port
     from qrag_ray.search.shard_search import load_shard
-    from qrag_ray.serving.app import build_application
     from qrag_ray.serving.tenants import add_tenant
 
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": env})
-    wd = Path(a.workdir)
-    wd.mkdir(parents=True, exist_ok=True)
-    index = build_index(wd)
-    man = load_manifest(index)
-    shard_bytes = [load_shard(man, i, verify=False).nbytes for i in range(man.num_shards)]
-    budget = max(1 << 20, int(a.tenants * max(shard_bytes) / a.budget_x))
+    a.out = str(Path(a.out).resolve())
+    indexes = build_indexes(wd, a.indexes)
+    trees = {"new": ROOT} if not a.baseline_ref else {"base": baseline_tree(a.baseline_ref), "new": ROOT}
+    os.chdir(wd)  # Ray hands the driver's working directory to the workers' sys.path
+    start_ray()
+    if a.baseline_ref:
+        check_trees(trees["base"])
+    mans = [load_manifest(ix) for ix in indexes]
+    shard_bytes = [[load_shard(m, s, verify=False).nbytes for s in range(m.num_shards)] for m in mans]
+    tenant_index = [i % a.indexes for i in range(a.tenants)]
+    per_tenant = [sum(shard_bytes[j]) for j in tenant_index]
+    budget = max(1 << 20, int(sum(per_tenant) / 2 / a.budget_x))  # two shard deployments share the bytes
     tf = wd / "tenants.yaml"
     tf.unlink(missing_ok=True)
-    keys = [add_tenant(tf, f"t{i:04d}", index) for i in range(a.tenants)]
+    paths = [indexes[j] for j in tenant_index]
+    if a.own_copies:  # as tenants with their own indexes have: nothing read or verified once serves another
+        import shutil
+
+        for i, src in enumerate(paths):
+            if not ((dst := wd / "copies" / f"t{i:04d}") / "manifest.json").is_file():
+                shutil.copytree(src, dst, dirs_exist_ok=True)
+            paths[i] = dst
+    keys = [add_tenant(tf, f"t{i:04d}", paths[i]) for i in range(a.tenants)]
+    primer = add_tenant(tf, "primer", indexes[0])  # asked once before each run, never in the mix
     ranks = zipf_ranks(a.tenants, a.requests)
     queries = make_queries(97)
-    warmup = a.warmup if a.warmup is not None else a.requests // 4
+    warmup = a.warmup if a.warmup is not None else a.tenants
+    shards = mans[0].num_shards
     report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "cpus": os.cpu_count(),
-              "tenants": a.tenants, "shards": man.num_shards, "shard_bytes": shard_bytes,
-              "replicas_per_shard": a.replicas, "replica_budget_bytes": budget,
-              "tenant_bytes_total": a.tenants * sum(shard_bytes), "budget_x": a.budget_x,
+              "tenants": a.tenants, "indexes": a.indexes, "shards": shards, "shard_bytes": shard_bytes,
+              "tenant_bytes_max": max(per_tenant), "replicas_per_shard": a.replicas, "replica_budget_bytes": budget,
+              "tenant_bytes_total": sum(per_tenant), "budget_x": a.budget_x, "serve_env": a.serve_env,
               "distinct_tenants_asked": int(len(np.unique(ranks))), "concurrency": a.concurrency,
-              "warmup": warmup, "layouts": {}}
+              "warmup": warmup, "baseline_ref": a.baseline_ref, "own_copies": a.own_copies,
+              "load_avg_start": os.getloadavg(), "runs": []}
+    print(f"{a.tenants} tenants on {a.indexes} indexes x {shards} shards (up to {max(per_tenant) / 1e6:.2f} MB a "
+          f"tenant), replica budget {budget / 1e6:.1f} MB (tenants' total = {a.budget_x:g}x), {a.replicas} replicas "
+          f"per shard, {a.requests} requests at c={a.concurrency}, deadline {a.timeout:g} s", flush=True)
+    report["in_process"] = in_process_cpu(indexes, tenant_index, ranks[warmup:], np.roll(queries, -warmup).tolist())
+    print(f"in-process: {report['in_process']}", flush=True)
     port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    client = serve_start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.25}}
+    groups = -(-shards // a.shards_per_searcher)
     opts = {"Router": {"ray_actor_options": {"num_cpus": 1}, "num_replicas": 1},
-            **{f"ShardSearcher{i}": {**small, "num_replicas": a.replicas} for i in range(man.num_shards)}}
-    print(f"{a.tenants} tenants x {man.num_shards} shards ({sum(shard_bytes) / 1e6:.2f} MB each), replica budget "
-          f"{budget / 1e6:.1f} MB (tenants' total = {a.budget_x:g}x), {a.replicas} replicas per shard, "
-          f"{a.requests} requests at c={a.concurrency}", flush=True)
-    print("| layout | hit rate | cold loads/min | p50 ms | p99 ms | qps | errors |\n|---|---:|---:|---:|---:|---:|---:|")
-    for name, affinity in () if a.skip_fixed else (("spread", False), ("affine", True)):
-        args = {"tenants": str(tf), "local_search_max_bytes": 0, "warm_tenants": 0, "shard_cache_bytes": budget,
-                "tenant_affinity": affinity, "request_timeout_s": 60}
-        serve.run(build_application(args, opts), name=name, route_prefix=f"/{name}")
-        wait_healthy(f"http://127.0.0.1:{port}/{name}")
-        r = run_layout(f"http://127.0.0.1:{port}/{name}", keys, ranks, queries, a.concurrency, warmup, man.num_shards)
-        report["layouts"][name] = r
-        print(f"| {name} | {r['hit_rate']:.3f} | {r['cold_loads_per_min']} | {r['p50_ms']} | {r['p99_ms']} | "
-              f"{r['qps']} | {r['errors']} |", flush=True)
-        serve.delete(name)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(report, indent=2))
-    if a.ramp:
-        stages = [(int(c), float(secs)) for c, secs in (x.split(":") for x in a.ramp.split(","))]
-        scaling = {"min_replicas": 1, "initial_replicas": 1, "target_ongoing_requests": a.target_ongoing,
-                   "upscale_delay_s": a.upscale_delay, "downscale_delay_s": a.downscale_delay}
-        ropts = {"Router": {"ray_actor_options": {"num_cpus": 1}, "autoscaling_config": {**scaling, "max_replicas": 2}},
-                 **{f"ShardSearcher{i}": {**small, "autoscaling_config": {**scaling, "max_replicas": a.replicas}}
-                    for i in range(man.num_shards)}}
-        report["ramp"] = {"stages": a.ramp, "autoscaling": scaling, "layouts": {}}
-        print(f"ramp {a.ramp}: autoscaling {scaling}\n| layout | stage (c) | requests | errors | hit rate | p50 ms | "
-              "p99 ms |\n|---|---:|---:|---:|---:|---:|---:|")
-        for name, affinity in (("spread-ramp", False), ("affine-ramp", True)):
-            args = {"tenants": str(tf), "local_search_max_bytes": 0, "warm_tenants": 0, "shard_cache_bytes": budget,
-                    "tenant_affinity": affinity, "request_timeout_s": 60}
-            serve.run(build_application(args, ropts), name=name, route_prefix=f"/{name}")
-            wait_healthy(f"http://127.0.0.1:{port}/{name}")
-            r = ramp(f"http://127.0.0.1:{port}/{name}", name, keys, ranks, queries, stages, man.num_shards)
-            report["ramp"]["layouts"][name] = r
-            for st in r["stages"]:
-                print(f"| {name} | {st['concurrency']} | {st['requests']} | {st['errors']} | {st['hit_rate']:.3f} | "
-                      f"{st['p50_ms']} | {st['p99_ms']} |")
-            print(f"  {name}: most replicas {r['max_replicas']}; a replica added {r['scale_up_after_load_s']} s after "
-                  f"the load rose, back to one each {r['scale_down_after_load_s']} s after it fell", flush=True)
-            serve.delete(name)
-            Path(a.out).write_text(json.dumps(report, indent=2))
+            **{f"ShardSearcher{g}": {**small, "num_replicas": a.replicas} for g in range(groups)}}
+    for _ in range(a.rounds):
+        for layout in a.layouts.split(","):
+            for tree_name, tree in trees.items():
+                name = f"{tree_name}-{layout}"
+                args = {"tenants": str(tf), "local_search_max_bytes": 0, "warm_tenants": 0, "shard_cache_bytes": budget,
+                        "tenant_affinity": layout == "affine", "request_timeout_s": a.timeout,
+                        "shards_per_searcher": a.shards_per_searcher}
+                deploy(client, name, tree, args, opts)
+                url = (direct_ingress_urls((name,))[name] if a.serve_env == "direct"
+                       else f"http://127.0.0.1:{port}/{name}")  # Serve's proxy, or HAProxy, on the one port
+                wait_healthy(url)
+                r = {"app": tree_name, "layout": layout, "load_avg": os.getloadavg()[0],
+                     **run_app(url, name, keys, ranks, queries, a.concurrency, warmup, shards, primer)}
+                report["runs"].append(r)
+                w, s = r["warmup"], r["steady"]
+                print(f"| {tree_name} | {layout} | warm-up p50/p99 {w['p50_ms']}/{w['p99_ms']} ms, first queries p99 "
+                      f"{w['first_queries']['p99_ms']} max {w['first_queries']['max_ms']}, misses "
+                      f"{w['deadline_misses']}, errors {w['errors']} | steady p50/p99 {s['p50_ms']}/{s['p99_ms']}, "
+                      f"qps {s['qps']}, hit rate {s['hit_rate']:.3f}, CPU ms/req {s['cpu_ms_per_request']} "
+                      f"(path {s['request_path_cpu_ms']}; in-process {report['in_process']['cpu_ms_per_query']}), "
+                      f"errors {s['errors']} |", flush=True)
+                client.delete_apps([name])
+                Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(a.out).write_text(json.dumps(report, indent=2))
+    report["load_avg_end"] = os.getloadavg()
+    Path(a.out).write_text(json.dumps(report, indent=2))
     serve.shutdown()
+    ray.shutdown()
+    print(f"wrote {a.out}")
     return 0
 
 

@@ -217,6 +217,14 @@ class Manifest(IndexDescription):
         return self.shards[i]
 
     @cached_property
+    def recorded(self) -> dict[str, Any]:
+        """The recorded config with moved settings in today's place (config.index.recorded_config), read
+        once per manifest: every shard load of a version asks it (treat it as read-only)."""
+        from qrag_ray.config.index import recorded_config
+
+        return recorded_config(self.config)
+
+    @cached_property
     def search_policy(self) -> SearchConfig:
         """The fusion policy the index was built with (its config's `search` section)."""
         return SearchConfig.model_validate((self.config or {}).get("search") or {})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -129,16 +130,28 @@ def globalize_idf(paths: list[str | Path]) -> None:
 
 
 class ShardLexicon:
-    """A saved shard BM25 index, memory-mapped, plus its row -> chunk id array."""
+    """A saved shard BM25 index, memory-mapped, plus its row -> chunk id array. The scorer (its vocabulary
+    is a Python dict built from JSON) is read on the first search, not at load: a shard is loaded for
+    every query policy, and only hybrid queries read it."""
 
     def __init__(self, path: str | Path):
-        import bm25s
-
         p = Path(path)
+        self.path = p
         self.chunk_idx = np.load(p / CHUNK_IDX)
-        self.bm25 = bm25s.BM25.load(str(p), mmap=True) if len(self.chunk_idx) else None
         tok = p / TOKENIZER  # absent in indexes built before stemming: those were not stemmed
         self.stemmer = json.loads(tok.read_text()).get("stemmer") if tok.is_file() else None
+        self._bm25 = None
+        self._lock = threading.Lock()
+
+    @property
+    def bm25(self):
+        if self._bm25 is None and len(self.chunk_idx):
+            with self._lock:  # concurrent first searches read it once
+                if self._bm25 is None:
+                    import bm25s
+
+                    self._bm25 = bm25s.BM25.load(str(self.path), mmap=True)
+        return self._bm25
 
     def __len__(self) -> int:
         return len(self.chunk_idx)

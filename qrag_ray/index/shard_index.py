@@ -13,7 +13,8 @@ import pyarrow as pa
 
 from qrag_ray.config.index import FaissConfig, recorded_config
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import Manifest, files_under, load_manifest, read_table_file, verify_files
+from qrag_ray.index.file_checks import verify_once
+from qrag_ray.index.format import Manifest, files_under, load_manifest, read_table_file
 from qrag_ray.index.lexical import ShardLexicon
 from qrag_ray.index.selected_search import can_reconstruct, search_selected
 
@@ -104,7 +105,7 @@ class ShardIndex:
         self.shard = shard
         info = self.manifest.shard(shard)
         if verify:
-            verify_files(self.manifest, [info.faiss, info.meta])
+            verify_once(self.manifest, [info.faiss, info.meta])
         if threads:
             faiss.omp_set_num_threads(threads)
         try:
@@ -141,7 +142,7 @@ class ShardIndex:
         self.lexicon = None
         if info.bm25:
             if verify:
-                verify_files(self.manifest, files_under(self.manifest, info.bm25))
+                verify_once(self.manifest, files_under(self.manifest, info.bm25))
             self.lexicon = ShardLexicon(self.manifest.file(info.bm25))
 
     @property

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qrag_ray.errors import IndexFormatError, QragError
+from qrag_ray.index.file_checks import manifest_now
 from qrag_ray.index.format import MANIFEST, Manifest, atomic_write, atomic_write_text, load_manifest
 
 CURRENT = "CURRENT"
@@ -47,10 +48,12 @@ def current_version_name(root: str | Path) -> str:
 
 
 def resolve_index(path: str | Path) -> ResolvedIndex:
-    """The directory and version a tenant's index path serves now (reads one small file or two)."""
+    """The directory and version a tenant's index path serves now (reads one small file or two; the
+    manifest is parsed once per state of its file, so a server re-checking every tenant's pointer costs a
+    few stats each)."""
     p = Path(path)
     d = p / VERSIONS / current_version_name(p) if is_versioned_root(p) else p
-    return ResolvedIndex(p, d, load_manifest(d))
+    return ResolvedIndex(p, d, manifest_now(d))
 
 
 def check_index(index_dir: str | Path) -> dict:

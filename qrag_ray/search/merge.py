@@ -7,7 +7,7 @@ above the k-th chunk's score, and the caller then asks again with a larger M.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -206,6 +206,41 @@ def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: flo
     if policy.fusion != "max" or policy.bm25_alpha is not None:
         return False
     return results[-1].score < highest_cut
+
+
+def essential_hits(h, k: int, policy: SearchConfig, max_matches: int = 3):
+    """The vector hits of one shard for one query (a 1-query ShardHits) that `dedup` across shards can read,
+    in the shard's order: each chunk's best `max_matches` vectors (its score and matches), the one with its
+    best raw score (its cosine) and, under rrf/sum, its best of each fusion group (ranks and floors); under
+    max fusion without BM25 only the shard's own top k chunks, as no other can reach the page (each of
+    them outranks it everywhere). Merging every shard's essential hits gives the page merging all hits
+    gives: a shard replica sends these instead of its k x M vectors."""
+    ok = np.flatnonzero(h.rows[0] >= 0)
+    if len(ok) <= 2 * k:  # at most two vectors a wanted chunk: nothing worth the sorting to drop
+        return h
+    scores, cidx, rows = h.scores[0][ok], h.chunk_idx[0][ok], h.rows[0][ok]
+    kinds = None if h.kinds is None else np.asarray(h.kinds[0], dtype=object)[ok]
+    order = np.lexsort((rows, -policy.calibrate(scores, kinds)))  # dedup's order (one shard: score, row)
+    ch = cidx[order]
+    by_chunk = np.argsort(ch, kind="stable")  # positions in `order`, grouped by chunk, best first
+    starts = np.flatnonzero(np.r_[True, ch[by_chunk][1:] != ch[by_chunk][:-1]])
+    rank = np.arange(len(ch)) - np.repeat(starts, np.diff(np.r_[starts, len(ch)]))
+    keep = np.zeros(len(ch), bool)
+    keep[by_chunk[rank < max_matches]] = True
+    raw = scores[order]
+    best_raw = np.lexsort((-raw[by_chunk], ch[by_chunk]))  # by chunk, raw score desc
+    keep[by_chunk[best_raw[starts]]] = True
+    if policy.fusion != "max" and kinds is not None:
+        _, group = np.unique(np.array([policy.group_of(x) for x in kinds[order].tolist()], dtype=object),
+                             return_inverse=True)
+        _, first = np.unique(np.stack([ch, group]), axis=1, return_index=True)
+        keep[first] = True  # the first, so best, vector of each (chunk, group)
+    elif policy.fusion == "max" and policy.bm25_alpha is None:
+        _, first = np.unique(ch, return_index=True)
+        keep &= np.isin(ch, ch[np.sort(first)[:k]])  # chunks by their best vector: the shard's top k
+    pos = np.sort(ok[order[keep]])  # in the shard's own order
+    return replace(h, scores=h.scores[:, pos], rows=h.rows[:, pos], chunk_idx=h.chunk_idx[:, pos],
+                   kinds=None if h.kinds is None else h.kinds[:, pos])
 
 
 def merge_hits(per_shard: list, qi: int, k: int, min_score: float | None = None,

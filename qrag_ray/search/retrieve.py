@@ -39,7 +39,7 @@ class LocalShards:
         self.get, self.offload = get, offload
 
     async def search(self, key: Hashable, num_shards: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-        loaded = [await self.get(s, key) for s in range(num_shards)]
+        loaded = await asyncio.gather(*[self.get(s, key) for s in range(num_shards)])  # a cold tenant's load at once
         run = lambda: [search_loaded(ls, s, qvecs, q, page=False) for s, ls in enumerate(loaded)]  # noqa: E731
         return await asyncio.to_thread(run) if self.offload else run()
 

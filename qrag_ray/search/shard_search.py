@@ -15,11 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import CHUNKS, Manifest, files_under, load_manifest, read_table_file, verify_files
+from qrag_ray.index.file_checks import manifest_now, verify_once
+from qrag_ray.index.format import CHUNKS, Manifest, files_under, read_table_file
 from qrag_ray.index.metadata_columns import METADATA, URL, json_values
 from qrag_ray.index.shard_index import Selection, ShardHits, ShardIndex, one_array, py_values
 from qrag_ray.search.filters import Filter, chunk_mask
-from qrag_ray.search.merge import ChunkResult, merge_hits
+from qrag_ray.search.merge import ChunkResult, essential_hits, merge_hits
 from qrag_ray.search.query import Query
 from qrag_ray.search.results import ChunkMeta
 
@@ -66,15 +67,16 @@ class LoadedShard:
 
 def load_shard(index: str | Path | Manifest, shard: int, threads: int | None = None, verify: bool = True,
                use_gpu: bool = False) -> LoadedShard:
-    """Load (and with `verify` check the sha256 of) one shard: FAISS file, row metadata, BM25, its chunks."""
-    manifest = index if isinstance(index, Manifest) else load_manifest(index)
+    """Load (and with `verify` check the sha256 of) one shard: FAISS file, row metadata, BM25, its chunks. A
+    file already checked in this process and unchanged since is not hashed again (index/file_checks.py)."""
+    manifest = index if isinstance(index, Manifest) else manifest_now(index)
     if shard >= manifest.num_shards:
         raise IndexFormatError(f"index {manifest.path} has {manifest.num_shards} shards, no shard {shard}")
     searcher = ShardIndex(manifest.path, shard, manifest, verify=verify, threads=threads, use_gpu=use_gpu)
     info = manifest.shard(shard)
     table = info.chunk_table or CHUNKS  # earlier indexes: this shard's rows of chunks.parquet
     if verify:
-        verify_files(manifest, [table])
+        verify_once(manifest, [table])
     if info.chunk_table:
         t = read_table_file(manifest.file(table))  # written sorted by chunk_idx
     else:
@@ -130,23 +132,29 @@ class ShardReply:  # a shard's final hits per query and, when asked, its page's 
     chunks: dict[int, ChunkMeta] = field(default_factory=dict)  # chunk_idx -> meta
     search_ms: float = 0.0
     rounds: int = 1
+    candidates: list[int] = field(default_factory=list)  # vector hits per query before `essential_hits`
     cold: bool = False  # the replica loaded the shard for this request
     replica: str = ""  # the Serve replica that searched it (remote shards)
 
 
 def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:
-    """The shard's final hits for every query vector (timed) plus, with `page`, the metadata of its own
-    top-k chunks, the only ones that can reach the page: sent with the hits so a remote caller needs no
-    second call. Runs in the calling thread."""
+    """The shard's final hits for every query vector (timed) plus, with `page` (a remote caller's reply),
+    the metadata of its own top-k chunks, the only ones that can reach the page, sent with the hits so
+    the caller needs no second call, and only the hits the caller's merge can read (`essential_hits`).
+    Runs in the calling thread."""
     t0 = time.perf_counter()
     texts = None if q.texts is None else list(q.texts)
     sel = None if q.filter is None else ls.select(q.filter)
     hits, tops, rounds = search_shard_exact(ls.index, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts, page,
                                             sel)
-    reply = ShardReply(shard, hits, rounds=rounds)
+    reply = ShardReply(shard, hits, rounds=rounds, candidates=[int((h.rows >= 0).sum()) for h in hits])
     if page:
+        reply.hits = [essential_hits(h, q.k, q.policy) for h in hits]
         top = [r for res in tops for r in res]
         reply.chunks = ls.chunk_meta(dict.fromkeys(r.chunk_idx for r in top))
-        reply.matched = ls.index.matched([row for r in top for _, row, _ in r.matches])
+        matched = ls.index.matched([row for r in top for _, row, _ in r.matches])
+        # a chunk row's text is its chunk's text: one string object for both, so the reply pickles it once
+        same = {m.text: m.text for m in reply.chunks.values()}
+        reply.matched = {row: (kind, same.get(text, text)) for row, (kind, text) in matched.items()}
     reply.search_ms = (time.perf_counter() - t0) * 1000
     return reply

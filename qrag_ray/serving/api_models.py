@@ -112,6 +112,26 @@ class AnswerRequest(_Request):
     max_tokens: JsonInt = Field(256, ge=1, le=2048)
 
 
+class SearchTimings(BaseModel):
+    """Where one request's time went inside the Router, and what it shared with the requests beside it."""
+
+    path: Literal["router", "shards"] = Field(
+        ..., description="where the shards were searched: 'shards' (the ShardSearcher replicas), or 'router' "
+                         "(a small tenant, inside the Router)")
+    embed_ms: float = Field(..., description="the query embedding (waiting for and running its model call)")
+    embed_batch: int = Field(..., description="queries embedded in that one model call")
+    search_batch: int = Field(..., description="queries of this index version searched together")
+    search_ms: float = Field(..., description="the shard fan-out")
+    merge_ms: float = Field(..., description="merge + dedup across shards")
+    lookup_ms: float = Field(..., description="fetching the page's metadata the shards did not send")
+    format_ms: float
+    rounds: int = Field(..., description="the most widening rounds any shard needed")
+    candidates: int = Field(..., description="vector hits the shards found for this query")
+    shard_search_ms: list[float] = Field(..., description="each shard's own search")
+    cold_loads: int = Field(..., description="shards a replica read from disk for this request")
+    shard_replicas: list[str] = Field(..., description="the replica that searched each shard ('' inside the Router)")
+
+
 class SearchResponse(BaseModel):
     results: list[SearchResult]
     index: str
@@ -119,13 +139,7 @@ class SearchResponse(BaseModel):
     mode: str
     took_ms: float
     hypothetical: str | None = Field(None, description="mode=hyde: the passage that was embedded")
-    timings: dict = Field(default_factory=dict,
-                          description="path (where the search ran: 'shards', or 'router' for a small tenant), "
-                                      "embed_ms, embed_batch, search_batch (queries searched together), search_ms "
-                                      "(shard fan-out), merge_ms (merge + dedup), lookup_ms (the page's metadata the "
-                                      "shards did not send), format_ms, rounds; for 'shards': "
-                                      "cold_loads (shards a replica read from disk for this request), shard_replicas "
-                                      "(which replicas)")
+    timings: SearchTimings
 
 
 class Citation(BaseModel):
@@ -221,6 +235,13 @@ class TenantStatus(BaseModel):
     rate_limit: dict | None = None
 
 
+class ShardLoads(BaseModel):
+    shard: int = Field(..., description="a shard number")
+    cold_loads: int = Field(..., description="its loads from disk, any tenant's, since the replica started")
+    seconds: float = Field(..., description="their total seconds (read, and verify where not yet verified here)")
+    max_seconds: float = Field(..., description="the slowest one")
+
+
 class CacheStatus(BaseModel):
     loaded: int = Field(..., description="tenant shards in the cache")
     bytes: int = Field(..., description="their bytes (FAISS, row metadata, BM25, chunk table), within max_bytes")
@@ -229,6 +250,7 @@ class CacheStatus(BaseModel):
     cold_loads: int = Field(0, description="shard read from disk (and verified)")
     evictions: int = Field(0, description="shard pushed out by the byte budget")
     load_seconds: float = Field(0.0, description="total seconds of the cold loads")
+    shard_loads: list[ShardLoads] = Field(default_factory=list, description="the cold loads by shard number")
 
 
 class ShardStatus(CacheStatus):

@@ -1,11 +1,13 @@
-"""The Router's query batch: resolve the tenant's version, then one batch (`@serve.batch`; a lone request is
-a batch of one) embeds the concurrent queries in one encode call and runs the retrieval core
-(qrag_ray.search.retrieve) once per index version and query parameters over the tenant's shard backend
-(serving/shard_backends.py)."""
+"""The Router's query batches: resolve the tenant's version, then two Serve batches (`@serve.batch`; a lone
+request is a batch of one) that a request awaits in turn, once each: the embedding (one encode call for the
+queries that queued while the last one ran) and the search (one pass of the retrieval core,
+qrag_ray.search.retrieve, over the tenant's shard backend, serving/shard_backends.py, for queries of one index
+version and query parameters, so each shard is asked once for all of them). A search batch holds one such
+group: a small tenant's query is answered when its own search ends, not when a big tenant's fan-out queued
+beside it does; and the next encode runs while the searches do."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, replace
 
@@ -17,11 +19,17 @@ from qrag_ray.search.filters import InvalidFilter, compile_filter
 from qrag_ray.search.query import NoBm25Index, Query, check_hybrid
 from qrag_ray.search.results import SearchResult
 from qrag_ray.search.retrieve import retrieve
+from qrag_ray.serving.api_models import SearchTimings
 from qrag_ray.serving.errors import ApiError, index_unavailable
 from qrag_ray.serving.shard_backends import RemoteShards, RouterShards
 from qrag_ray.serving.shard_store import ShardKey, VersionMoved
 from qrag_ray.serving.tenants import Tenant
 from qrag_ray.serving.versions import TenantIndex, TenantVersions
+
+MAX_BATCH = 16  # queries per Serve batch (encode or search pass)
+ENCODE_BATCHES = 4  # encode batches at once (their texts share the encoder's model calls)
+SEARCH_BATCHES = 8  # search passes at once: MAX_BATCH x SEARCH_BATCHES stays within the Router's max_ongoing_requests
+
 
 @dataclass
 class RoutedPage:
@@ -29,7 +37,7 @@ class RoutedPage:
 
     results: list[SearchResult]
     index_version: str
-    timings: dict
+    timings: SearchTimings
 
 
 def resolve_query(ti: TenantIndex, tenant: str, req) -> Query:
@@ -55,7 +63,7 @@ def resolve_query(ti: TenantIndex, tenant: str, req) -> Query:
 
 @dataclass
 class QueuedQuery:
-    """One request's query as it waits in the Router's batch."""
+    """One request's query as it waits in the Router's batches."""
 
     text: str
     ti: TenantIndex
@@ -63,11 +71,33 @@ class QueuedQuery:
     q: Query
     stage: dict  # the request's stage label, for a missed deadline's message
 
+    @property
+    def group(self) -> tuple:
+        """Queries searched together: one version has one policy, only a request's bm25_alpha changes it;
+        a filter selects its own rows."""
+        return self.key, self.q.k, self.q.min_score, self.q.policy.bm25_alpha, self.q.filter
+
+
+@dataclass
+class Embedded:
+    """A query with its vector, from one encode call of `embed_batch` queries that took `embed_ms`."""
+
+    ask: QueuedQuery
+    vec: np.ndarray
+    embed_ms: float
+    embed_batch: int
+
+
+def one_group(batch: list[Embedded]) -> int:
+    """A search batch's size for Serve: its queries while they are of one group, else more than a batch may
+    hold, so Serve closes a search batch before the first query of another group (that one starts the next)."""
+    g = batch[0].ask.group
+    return len(batch) if all(e.ask.group == g for e in batch) else MAX_BATCH + 1
+
 
 class QueryBatcher:
     def __init__(self, encoder, local: RouterShards, remote: RemoteShards, versions: TenantVersions):
         self.encoder, self.local, self.remote, self.versions = encoder, local, remote, versions
-        self._searching: set[asyncio.Task] = set()
 
     def shards(self, ti: TenantIndex) -> RouterShards | RemoteShards:
         """The one choice of where a tenant version's shards are searched."""
@@ -77,10 +107,12 @@ class QueryBatcher:
         """Search `text` (the query or its HyDE passage) on the tenant's version, as `req` asks."""
         for attempt in (1, 2):
             ti = await self.versions.current(tenant)
-            stage["stage"] = "embedding the query"  # queued for, or in, the batch's encode
+            ask = QueuedQuery(text, ti, ti.key(tenant.name), resolve_query(ti, tenant.name, req), stage)
+            stage["stage"] = "embedding the query"  # queued for, or in, an encode call
             try:
-                page, timings = await (await self._batch(QueuedQuery(text, ti, ti.key(tenant.name),
-                                                               resolve_query(ti, tenant.name, req), stage)))
+                embedded = await self._embed(ask)
+                stage["stage"] = "searching the shards"
+                page, timings = await self._search(embedded)
                 break
             except VersionMoved:  # a plain index directory was republished under this request
                 self.versions.moved(tenant.name)
@@ -90,50 +122,39 @@ class QueryBatcher:
                 raise index_unavailable(tenant.name, str(e)) from None
         return RoutedPage(page, ti.version, timings)
 
-    # No wait: under load the queue fills while a batch encodes (one encode at a time: QueryEncoder). A batch
-    # ends with its encode; its searches go on outside it, so the next batch's encode overlaps them.
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0, max_concurrent_batches=2)
-    async def _batch(self, asks: list[QueuedQuery]) -> list[asyncio.Future]:
-        return await self.run_batch(asks)
+    # No wait: a batch takes what queued. Serve forms the next batches while one encodes, and those run at
+    # once: their texts go in the encoder's next model call together (QueryEncoder), one model call at a time.
+    @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.0, max_concurrent_batches=ENCODE_BATCHES)
+    async def _embed(self, asks: list[QueuedQuery]) -> list[Embedded]:
+        return await self.embed_batch(asks)
 
-    async def run_batch(self, asks: list[QueuedQuery]) -> list[asyncio.Future]:
-        """Concurrent requests' queries: one encode call per model, then one pass of the retrieval core per
-        index version and query parameters, so each shard is asked once for all of that group's vectors.
-        Each ask gets a future of (its page, its timings) or of the error its group met, set when its own
-        group is done: a small tenant's query does not wait for a big tenant's fan-out in the same batch."""
+    @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.0, max_concurrent_batches=SEARCH_BATCHES,
+                 batch_size_fn=one_group)
+    async def _search(self, batch: list[Embedded]) -> list[tuple[list[SearchResult], SearchTimings]]:
+        return await self.search_batch(batch)
+
+    async def embed_batch(self, asks: list[QueuedQuery]) -> list[Embedded]:
+        """Concurrent requests' queries in one encode call per embedding model (shared with other batches'
+        queries that wait for the same model call)."""
         t0 = time.perf_counter()
-        vecs = await self.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
-        embed_ms = (time.perf_counter() - t0) * 1000
-        groups: dict[tuple, list[int]] = {}
-        for i, a in enumerate(asks):  # one version has one policy: only a request's bm25_alpha changes it
-            groups.setdefault((a.key, a.q.k, a.q.min_score, a.q.policy.bm25_alpha, a.q.filter), []).append(i)
-        loop = asyncio.get_running_loop()
-        out = [loop.create_future() for _ in asks]  # a request that gave up (deadline) cancelled its own
+        vecs, shared = await self.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
+        ms = (time.perf_counter() - t0) * 1000
+        return [Embedded(a, v, ms, shared) for a, v in zip(asks, vecs)]
 
-        async def search(idx: list[int]) -> None:
-            head, backend = asks[idx[0]], self.shards(asks[idx[0]].ti)
-            for i in idx:
-                asks[i].stage["stage"] = "searching the shards"
-            texts = None if head.q.texts is None else tuple(t for i in idx for t in asks[i].q.texts)
-            try:
-                found = await retrieve(backend, head.key, head.ti.num_shards, np.stack([vecs[i] for i in idx]),
-                                       replace(head.q, texts=texts))
-            except Exception as e:  # noqa: BLE001 - every request of the group gets it, the other groups go on
-                for i in (i for i in idx if not out[i].done()):
-                    out[i].set_exception(e)
-                return
-            rs = found.replies
-            for j, i in ((j, i) for j, i in enumerate(idx) if not out[i].done()):
-                out[i].set_result((found.pages[j], {
-                    "path": backend.path, "embed_ms": embed_ms, "embed_batch": len(asks), "search_batch": len(idx),
-                    "search_ms": found.search_ms, "merge_ms": found.merge_ms, "lookup_ms": found.lookup_ms,
-                    "format_ms": found.format_ms, "rounds": found.rounds,
-                    "candidates": sum(int((r.hits[j].rows[0] >= 0).sum()) for r in rs),
-                    "shard_search_ms": [round(r.search_ms, 3) for r in rs], "cold_loads": sum(r.cold for r in rs),
-                    "shard_replicas": [r.replica for r in rs]}))
-
-        for idx in groups.values():  # the loop keeps only weak references to tasks
-            task = asyncio.ensure_future(search(idx))
-            self._searching.add(task)
-            task.add_done_callback(self._searching.discard)
-        return out
+    async def search_batch(self, batch: list[Embedded]) -> list[tuple[list[SearchResult], SearchTimings]]:
+        """Queries of one group (`QueuedQuery.group`) in one pass of the retrieval core: each shard is asked
+        once for all their vectors. Each gets its page and its timings."""
+        head = batch[0].ask
+        backend = self.shards(head.ti)
+        texts = None if head.q.texts is None else tuple(t for e in batch for t in e.ask.q.texts)
+        found = await retrieve(backend, head.key, head.ti.num_shards, np.stack([e.vec for e in batch]),
+                               replace(head.q, texts=texts))
+        rs = found.replies
+        shared = {"path": backend.path, "search_batch": len(batch), "search_ms": found.search_ms,
+                  "merge_ms": found.merge_ms, "lookup_ms": found.lookup_ms, "format_ms": found.format_ms,
+                  "rounds": found.rounds, "shard_search_ms": [round(r.search_ms, 3) for r in rs],
+                  "cold_loads": sum(r.cold for r in rs), "shard_replicas": [r.replica for r in rs]}
+        return [(found.pages[j], SearchTimings(
+            embed_ms=e.embed_ms, embed_batch=e.embed_batch, **shared,
+            candidates=sum(r.candidates[j] for r in rs)))
+            for j, e in enumerate(batch)]

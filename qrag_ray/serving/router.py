@@ -111,7 +111,7 @@ class Router:
         text, hypothetical = await self.answerer.query_text(req, stage)
         r = await self.batcher.retrieve(tenant, req, text, stage)
         metrics = metrics_of(request.app)
-        metrics.before.observe(r.timings["candidates"], tags={"tenant": tenant.name})
+        metrics.before.observe(r.timings.candidates, tags={"tenant": tenant.name})
         metrics.after.observe(len(r.results), tags={"tenant": tenant.name})
         return r, hypothetical
 

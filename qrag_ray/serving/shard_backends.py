@@ -48,18 +48,20 @@ class RemoteShards:
 
     def __init__(self, handles: list, affinity: bool = True, per: int = 1):
         self.handles, self.affinity, self.per = list(handles), affinity, per
+        self._methods: dict[tuple[int, str], object] = {}  # (group, method) -> its handle, made once
 
     async def call(self, shard: int, method: str, key: ShardKey, *args):
         """`method` of the deployment searching `shard`, for that shard."""
         return await self._call(shard // self.per, method, shard, key, *args)
 
     async def _call(self, group: int, method: str, shards, key: ShardKey, *args):
-        handle = self.handles[group]
+        if (handle := self._methods.get((group, method))) is None:
+            handle = self._methods[(group, method)] = getattr(self.handles[group], method)
         if self.affinity:
             handle = handle.options(multiplexed_model_id=affinity_id(key, group))
         for attempt in (1, 2):
             try:
-                return await getattr(handle, method).remote(shards, key, *args)
+                return await handle.remote(shards, key, *args)
             except BackPressureError:
                 raise overloaded(f"ShardSearcher{group} is at its queue limit") from None
             except Exception as e:

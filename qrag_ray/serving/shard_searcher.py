@@ -7,6 +7,7 @@ from __future__ import annotations
 from ray import serve
 
 from qrag_ray.search.shard_search import LoadedShard
+from qrag_ray.serving.serve_multiplex import withdraw
 from qrag_ray.serving.shard_store import ShardKey, ShardStore, affinity_id
 
 
@@ -21,21 +22,22 @@ class ShardSearcher(ShardStore):
         self.per = per
 
     async def get(self, shard: int, key: ShardKey) -> LoadedShard:
-        loaded = await super().get(shard, key)
+        # held from the start of its load: Serve routes the group's next calls here, to wait for this one load
         await self._hold(affinity_id(key, shard // self.per))
-        return loaded
+        try:
+            return await super().get(shard, key)
+        except Exception:
+            self._evicted(key, shard)  # a load that failed holds nothing
+            raise
 
     @serve.multiplexed(max_num_models_per_replica=-1)
     async def _hold(self, model_id: str) -> str:
         return model_id  # a marker: the shard itself lives in the byte-bounded cache
 
     def _evicted(self, key: ShardKey, shard: int) -> None:
-        # Serve has no public call to unload one multiplexed model: drop the id from this replica's multiplex
-        # state (ray.serve.multiplex._ModelMultiplexWrapper, Ray pinned in pyproject) and have it pushed, so
-        # routing stops preferring this replica for a group none of whose shards it holds any more
+        # routing stops preferring this replica for a group none of whose shards it holds or loads any more;
+        # Serve has no public call for it, hence the one adapter (serving/serve_multiplex.py)
         group = shard // self.per
-        if any(k == key and s // self.per == group and s != shard for k, s in self.cache.keys()):
-            return
-        wrapper = getattr(self, "__serve_multiplex_wrapper", None)
-        if wrapper is not None and wrapper.models.pop(affinity_id(key, group), None) is not None:
-            wrapper._push_multiplexed_replica_info = True
+        held = [*self.cache.keys(), *self._loading]
+        if not any(k == key and s // self.per == group and s != shard for k, s in held):
+            withdraw(self, affinity_id(key, group))

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,12 @@ def affinity_id(key: ShardKey, group: int) -> str:
     return f"{key.tenant}/{key.version}/{group}"
 
 
+# Loads run in threads of their own, never in the event loop's default pool that the searches (and the
+# Router's encodes) use: a burst of cold tenants, or one big shard being read and hashed, never holds a
+# thread a warm search is waiting for. Two, so one big load does not queue the small ones behind it.
+LOAD_THREADS = 2
+
+
 class ShardStore:
     """Loaded shards in an LRU bounded in bytes, one load per key, FAISS off the event loop (FAISS threads:
     `threads`, else the replica's CPUs)."""
@@ -56,8 +63,11 @@ class ShardStore:
         self.metrics = ShardMetrics()
         self.problems: dict[str, dict] = {}  # tenant -> {"shard", "version", "reason"} of its last failed load
         self.counts: Counter = Counter()  # hits, cold_loads, evictions, load_seconds
-        self._loading: dict[tuple[ShardKey, int], asyncio.Task] = {}
+        self.loads: dict[int, dict] = {}  # shard number -> its cold loads, their seconds and the slowest
+        self._loading: dict[tuple[ShardKey, int], asyncio.Future] = {}
+        self._loader = ThreadPoolExecutor(LOAD_THREADS, thread_name_prefix="shard-load")
         self._refresher: asyncio.Task | None = None
+        self._replica: str | None = None
 
     async def _refresh_gauge(self) -> None:
         """Ray drops a gauge sample that is not re-reported within ~2 export intervals, so the
@@ -87,7 +97,8 @@ class ShardStore:
     async def _load(self, shard: int, key: ShardKey) -> LoadedShard:
         t0 = time.perf_counter()
         try:
-            loaded = await asyncio.to_thread(load_shard, key.index_dir, shard, self.threads, True, True)
+            loaded = await asyncio.get_running_loop().run_in_executor(
+                self._loader, load_shard, key.index_dir, shard, self.threads, True, True)
         except Exception as e:
             self.problems[key.tenant] = {"shard": shard, "version": key.version, "reason": f"{type(e).__name__}: {e}"}
             logger.error("shard %d of tenant %r (%s) failed to load: %s", shard, key.tenant, key.index_dir, e)
@@ -100,6 +111,10 @@ class ShardStore:
             self.problems.pop(key.tenant)
         self._count("cold_loads", key.tenant, shard)
         self.counts["load_seconds"] += (seconds := time.perf_counter() - t0)
+        mine = self.loads.setdefault(shard, {"shard": shard, "cold_loads": 0, "seconds": 0.0, "max_seconds": 0.0})
+        mine["cold_loads"] += 1
+        mine["seconds"] += seconds
+        mine["max_seconds"] = max(mine["max_seconds"], seconds)
         self.metrics.load_seconds.observe(seconds, tags={"tenant": key.tenant, "shard": str(shard)})
         for old, old_shard in self.cache.put((key, shard), loaded, loaded.nbytes):
             self._count("evictions", old.tenant, old_shard)
@@ -127,9 +142,10 @@ class ShardStore:
         loaded = await asyncio.gather(*[self.get(s, key) for s in shards])
         replies = await asyncio.gather(*[asyncio.to_thread(search_loaded, ls, s, qvecs, q, True)
                                          for s, ls in zip(shards, loaded)])
-        replica = serve.get_replica_context().replica_id.unique_id
+        if self._replica is None:
+            self._replica = serve.get_replica_context().replica_id.unique_id
         for r, c in zip(replies, cold):
-            r.cold, r.replica = c, replica
+            r.cold, r.replica = c, self._replica
         self.observe(key, replies)
         return replies
 
@@ -157,7 +173,8 @@ class ShardStore:
 
     def status(self) -> dict:
         return {"loaded": len(self.cache), "bytes": self.cache.bytes, "max_bytes": self.cache.max_bytes,
-                "problems": dict(self.problems), **{k: self.counts[k] for k in CACHE_COUNTS}}
+                "problems": dict(self.problems), **{k: self.counts[k] for k in CACHE_COUNTS},
+                "shard_loads": [dict(v) for _, v in sorted(self.loads.items())]}
 
 
 CACHE_COUNTS = ("hits", "cold_loads", "evictions", "load_seconds")

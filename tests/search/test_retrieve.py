@@ -51,7 +51,8 @@ class FakeShards:
     async def search(self, key, num_shards, qvecs, q):
         replies = []
         for s in range(num_shards):
-            r = ShardReply(s, [self._hits(s, qi) for qi in range(len(qvecs))])
+            hits = [self._hits(s, qi) for qi in range(len(qvecs))]
+            r = ShardReply(s, hits, candidates=[int((h.rows >= 0).sum()) for h in hits])
             if self.page:
                 for h in r.hits:
                     for row, ch in zip(h.rows[0].tolist(), h.chunk_idx[0].tolist()):

@@ -1,6 +1,6 @@
 """The Router's side of a retrieval (serving/query_batch.py) with fake shard deployments and a fake
 encoder: no Ray cluster, no Serve, no model. The shard backends' retries and errors, and QueryBatcher's one
-path (version, embedding as a batch, the core over the tenant's backend, timings)."""
+path (version, the embedding batch, the search batch of one group over the tenant's backend, timings)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from qrag_ray.errors import QragError
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.serving.api_models import SearchRequest
 from qrag_ray.serving.errors import ApiError
-from qrag_ray.serving.query_batch import QueryBatcher
+from qrag_ray.serving.query_batch import QueryBatcher, one_group
 from qrag_ray.serving.shard_backends import RemoteShards
 from qrag_ray.serving.shard_store import ShardKey, VersionMoved, affinity_id
 from qrag_ray.serving.tenants import Tenant
@@ -36,13 +36,19 @@ class _Method:
 
 
 class _Handle:
-    def __init__(self, **methods):
-        self.__dict__.update(methods)
-        self.model_ids: list[str] = []
+    """A deployment handle: `handle.method` is a handle of its own, whose `options` keep the method."""
 
-    def options(self, multiplexed_model_id: str):
-        self.model_ids.append(multiplexed_model_id)
-        return self
+    def __init__(self, **methods):
+        self.model_ids: list[str] = []
+        for name, m in methods.items():
+            m.options = self._options(m)
+            setattr(self, name, m)
+
+    def _options(self, method):
+        def options(multiplexed_model_id: str):
+            self.model_ids.append(multiplexed_model_id)
+            return method
+        return options
 
 
 KEY = ShardKey("acme", "/idx/v7", "v7")
@@ -100,7 +106,7 @@ class _Encoder:
 
     async def encode(self, texts, models):
         self.batches.append(list(texts))
-        return [np.full(4, i, np.float32) for i in range(len(texts))]
+        return [np.full(4, i, np.float32) for i in range(len(texts))], len(texts)
 
 
 class _Versions:
@@ -134,10 +140,13 @@ class _Moving(_Remote):
 
 class _Unbatched(QueryBatcher):
     """`@serve.batch` needs a Serve replica; here each request is a batch of its own (tests/serving/test_app.py
-    runs the batch in a real app; the batch itself is `run_batch`, tested below)."""
+    runs both batches in a real app; the batches themselves are `embed_batch` and `search_batch`, tested below)."""
 
-    async def _batch(self, ask):
-        return (await self.run_batch([ask]))[0]
+    async def _embed(self, ask):
+        return (await self.embed_batch([ask]))[0]
+
+    async def _search(self, embedded):
+        return (await self.search_batch([embedded]))[0]
 
 
 def _retriever(remote) -> tuple[QueryBatcher, _Versions, _Encoder]:
@@ -153,7 +162,8 @@ def test_retriever_runs_the_core_over_the_tenant_backend():
     r = asyncio.run(retriever.retrieve(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
     assert [x.doc_id for x in r.results] == [f"d{A}", f"d{C}"]
     assert r.index_version == "v1" and enc.batches == [["q"]]
-    assert (r.timings["path"], r.timings["embed_batch"], r.timings["rounds"]) == ("shards", 1, 1)
+    assert (r.timings.path, r.timings.embed_batch, r.timings.rounds, r.timings.candidates) == ("shards", 1, 1, 4)
+    assert r.timings.model_dump()["shard_replicas"] == ["", ""]  # the JSON keys of the HTTP `timings`
     assert remote.lookups == []  # remote shards sent the page with the hits
 
 
@@ -173,10 +183,22 @@ def _asks(retriever, remote, *reqs: SearchRequest) -> list:
     return [QueuedQuery(r.query, ti, ti.key("acme"), resolve_query(ti, "acme", r), {}) for r in reqs]
 
 
-def _run_batch(retriever, asks) -> list:
-    """Each ask's (page, timings), or the error its group met."""
+def _batches(retriever, asks) -> list:
+    """One encode call for all asks, then one search batch per group, as Serve forms them (`one_group`):
+    each ask's (page, timings), or the error its group met."""
     async def go():
-        return await asyncio.gather(*await retriever.run_batch(asks), return_exceptions=True)
+        embedded = await retriever.embed_batch(asks)
+        groups: dict = {}
+        for e in embedded:
+            groups.setdefault(e.ask.group, []).append(e)
+        out = {}
+        for batch in groups.values():
+            assert one_group(batch) == len(batch)
+            try:
+                out.update(zip(map(id, batch), await retriever.search_batch(batch)))
+            except Exception as err:  # noqa: BLE001 - Serve gives every request of the batch the error
+                out.update((id(e), err) for e in batch)
+        return [out[id(e)] for e in embedded]
     return asyncio.run(go())
 
 
@@ -192,12 +214,23 @@ def test_concurrent_queries_of_one_version_embed_in_one_call_and_ask_each_shard_
     retriever, _, enc = _retriever(remote)
     asks = _asks(retriever, remote, SearchRequest(query="a", k=2), SearchRequest(query="b", k=2),
                  SearchRequest(query="c", k=1))
-    out = _run_batch(retriever, asks)
+    out = _batches(retriever, asks)
     assert enc.batches == [["a", "b", "c"]]  # one encode for the three
     assert remote.calls == [2, 1]  # k=2 twice in one pass of the core, k=1 apart
     assert [len(page) for page, _ in out] == [2, 2, 1]
-    assert [(t["embed_batch"], t["search_batch"]) for _, t in out] == [(3, 2), (3, 2), (3, 1)]
-    assert [a.stage["stage"] for a in asks] == ["searching the shards"] * 3
+    assert [(t.embed_batch, t.search_batch) for _, t in out] == [(3, 2), (3, 2), (3, 1)]
+
+
+def test_a_search_batch_is_one_group_so_each_group_is_answered_when_its_own_search_ends():
+    """Serve closes a batch once `batch_size_fn` says it is over-full: `one_group` says so at the first
+    query of another group, so a small tenant's query never waits in a big tenant's fan-out."""
+    from qrag_ray.serving.query_batch import MAX_BATCH, Embedded
+
+    retriever, _, _ = _retriever(_Remote(HITS[:1], page=True))
+    a1, a2, b = [Embedded(x, np.zeros(4, np.float32), 1.0, 3) for x in _asks(
+        retriever, None, SearchRequest(query="a", k=2), SearchRequest(query="a", k=2), SearchRequest(query="b", k=3))]
+    assert one_group([a1, a2]) == 2 and one_group([b]) == 1
+    assert one_group([a1, a2, b]) > MAX_BATCH and one_group([b, a1]) > MAX_BATCH
 
 
 def test_a_groups_error_reaches_its_requests_and_not_the_others():
@@ -209,29 +242,5 @@ def test_a_groups_error_reaches_its_requests_and_not_the_others():
 
     remote = FailsForK1(HITS[:1] * 2, page=True)
     retriever, _, _ = _retriever(remote)
-    out = _run_batch(retriever, _asks(retriever, remote, SearchRequest(query="a", k=1), SearchRequest(query="b", k=2)))
+    out = _batches(retriever, _asks(retriever, remote, SearchRequest(query="a", k=1), SearchRequest(query="b", k=2)))
     assert isinstance(out[0], VersionMoved) and len(out[1][0]) == 2
-
-
-def test_a_groups_requests_are_answered_when_their_search_ends_not_when_the_whole_batch_does():
-    class SlowForK1(_Remote):  # a big tenant's fan-out beside a small one's search in the same batch
-        release: asyncio.Event
-
-        async def search(self, key, num_shards, qvecs, q):
-            if q.k == 1:
-                await self.release.wait()
-            return await super().search(key, num_shards, qvecs, q)
-
-    remote = SlowForK1(HITS[:1] * 2, page=True)
-    retriever, _, _ = _retriever(remote)
-
-    async def go():
-        remote.release = asyncio.Event()
-        slow, fast = await asyncio.wait_for(retriever.run_batch(
-            _asks(retriever, remote, SearchRequest(query="a", k=1), SearchRequest(query="b", k=2))), 5)
-        fast_page, _ = await asyncio.wait_for(fast, 5)
-        assert not slow.done()
-        remote.release.set()
-        return len(fast_page), len((await slow)[0])
-
-    assert asyncio.run(go()) == (2, 1)

@@ -72,6 +72,30 @@ def test_a_tenants_queries_stay_on_the_replicas_that_hold_it_and_another_tenant_
 
 
 @pytest.mark.slow
+def test_a_burst_of_cold_requests_for_one_tenant_loads_each_shard_once_and_all_answer(serve_app):
+    """Sixteen requests at once for a tenant nobody has loaded: the Router's search batches and each
+    replica's single load per shard mean three loads in all (one per shard), and every request is a 200."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray import serve
+
+    url, headers = serve_app("burst", {"warm_tenants": 0, "request_timeout_s": 60},
+                             {"Router": SMALL, **{f"ShardSearcher{i}": {**SMALL, "num_replicas": 1} for i in range(3)}})
+
+    def one(i: int) -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            return c.post("/v1/search", json={**QUERY, "query": f"{QUERY['query']} ({i})"}, headers=headers["beta"])
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, range(16)))
+    assert [r.status_code for r in got] == [200] * 16, [r.text for r in got if r.status_code != 200][:2]
+    timings = [r.json()["timings"] for r in got]
+    assert sum(t["cold_loads"] for t in timings) == 3, timings
+    assert {t["path"] for t in timings} == {"shards"}
+    serve.delete("burst")
+
+
+@pytest.mark.slow
 def test_grouped_shard_searchers_rank_as_in_process_with_one_call_per_group(serve_app, tenant_indexes, open_engine):
     """`shards_per_searcher: 2` over 3-shard tenants: ShardSearcher0 searches shards 0 and 1 in one call,
     ShardSearcher1 shard 2; the pages are the in-process engine's."""
