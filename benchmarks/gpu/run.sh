@@ -15,7 +15,8 @@
 #   python benchmarks/gpu/make_carry.py                              # here, once: the carry (PyPI wheels)
 #   OUT=/some/dir bash benchmarks/gpu/run.sh                          # on the GPU machine
 #   OUT=/tmp/x DEVICE=cpu N=24 N_INDEX=2000 bash benchmarks/gpu/run.sh  # tiny CPU run: the script works
-#   (DTYPES=float32 leaves out CPU bfloat16, which torch emulates slowly where the CPU lacks it)
+#   (DTYPES=float32 leaves out CPU bfloat16, which torch emulates slowly where the CPU lacks it;
+#    PARTS="index" runs part (2) alone, PARTS="bench" part (1))
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder the results go to}"
@@ -69,9 +70,12 @@ PY
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+PARTS=${PARTS:-bench index}
 # (1) the stage benchmark
 gone=$(missing numpy torch transformers sentence_transformers)
-if [ -n "$gone" ]; then
+if [[ " $PARTS " != *" bench "* ]]; then
+  echo "bench_embedding left out: PARTS=$PARTS"
+elif [ -n "$gone" ]; then
   for m in $gone; do echo "bench_embedding left out: $m missing"; done
 else
   if [ "$DEVICE" = cuda ]; then
@@ -97,6 +101,10 @@ fi
 # (2) qrag index through Ray Data on the GPU over 1M synthetic passages
 INDEX_NEEDS="ray ray.data faiss pyarrow pydantic yaml typer rich httpx psutil bs4 bm25s Stemmer"
 gone=$(missing $INDEX_NEEDS)
+if [[ " $PARTS " != *" index "* ]]; then
+  echo "qrag index run left out: PARTS=$PARTS"
+  exit 0
+fi
 if [ -n "$gone" ]; then
   for m in $gone; do echo "qrag index run left out: $m missing (make the carry: python benchmarks/gpu/make_carry.py)"; done
   exit 0

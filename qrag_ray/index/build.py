@@ -74,7 +74,8 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
 
 
 def prepare(cfg: IndexConfig, console) -> BuildPlan:
-    """Validate before starting Ray, then open the work dir (where an interrupted run left checkpoints)."""
+    """Validate before starting Ray, plan every stage's resources on the cluster found (printed), then open the
+    work dir (where an interrupted run left checkpoints)."""
     _check_input(cfg)
     out = check_output_dir(cfg.build.output, cfg.build.overwrite)
     files = [f for i in [cfg.input, *cfg.build.extra_inputs] for f in resolve_files(i, cfg.format)]
@@ -82,23 +83,24 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
     precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts or anything is written
     deleted = _deleted_ids(cfg.build.delete_ids)
     _warn_uncalibrated(cfg)  # after the checks: a build that fails says one thing
-    f = cfg.filters
-    work = workdir.work_dir_for(out, cfg.build.work_dir)
-    resumed = workdir.open_work_dir(work, workdir.work_key(cfg.model_dump(mode="json")))
     kernels = kernels_from_env()
     plan_resources(cfg, ClusterSpec(()), kernels)  # the plan's config errors (GPUs per engine...) before Ray starts
     local = not (cfg.build.address or os.environ.get("RAY_ADDRESS"))
     ensure_ray(cfg.build.address, local_ray_cpus(cfg, os.cpu_count() or 1, kernels))
     resources = plan_resources(cfg, current_cluster(local), kernels)
     _show(resources, console)
-    check_cuda(resources)
+    check_cuda(resources)  # a plan the cluster cannot run stops here, before the work dir exists
+    f = cfg.filters
+    work = workdir.work_dir_for(out, cfg.build.work_dir)
+    resumed = workdir.open_work_dir(work, workdir.work_key(cfg.model_dump(mode="json")))
     if resumed and console:
         console.print(f"[bold]resuming[/] from checkpoints in {work}")
-    return BuildPlan(resources=resources,
+    return BuildPlan(
         cfg=cfg, out=out, work=work, run=workdir.new_run_id(), kinds=kinds, granularity=gran,
         aux_questions=f.prune_tau is not None or f.min_question_chunk_sim is not None or f.require_content_overlap,
         inputs=stable_hash([workdir.input_fingerprint(files), cfg.build.delete_ids,
-                            [workdir.input_fingerprint([p]) for p in cfg.build.delete_ids]]), deleted=deleted)
+                            [workdir.input_fingerprint([p]) for p in cfg.build.delete_ids]]), deleted=deleted,
+        resources=resources)
 
 
 def _show(resources: ResourcePlan, console) -> None:

@@ -83,3 +83,4 @@ def test_cpu_kernels_run_the_gpu_layout_and_write_the_cpu_index(local_ray, tmp_p
     assert res["rc"] == 2 and "Traceback" not in res["stderr"], res["stderr"]
     assert lines == [lines[0]] and lines[0].startswith("error: the embed stage(s) run on GPUs") \
         and "QRAG_KERNELS=cpu" in lines[0], res["stderr"]
+    assert not (tmp_path / ".rehearsed-cuda.work").exists() and not (tmp_path / "rehearsed-cuda").exists()

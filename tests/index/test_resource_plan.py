@@ -101,7 +101,7 @@ def test_requests_in_flight_reach_max_num_seqs(accelerator, seqs):
 def test_the_cpu_laptop_plan_is_what_ran_before():
     """The default build on a CPU machine: chunking at half a CPU, one embedding actor on every core, no
     tokenizer pool, FAISS on CPU; vLLM-CPU's one engine with Ray's 8 batches of 16 in flight; the local Ray
-    gets more logical CPUs than cores only where vLLM runs on CPU."""
+    gets four times the cores as logical CPUs only where vLLM runs on CPU (else the cores, 4 at least)."""
     cfg = _cfg()
     plan = plan_resources(cfg, LAPTOP)
     assert list(plan.stages) == ["read+chunk", "embed", "train", "build-shards"]
@@ -110,7 +110,7 @@ def test_the_cpu_laptop_plan_is_what_ran_before():
     assert (embed.pool(), embed.num_cpus, embed.num_gpus, embed.threads, embed.device) == ({"size": 1}, 1, 0, 2, "cpu")
     assert embed.batch_size == cfg.build.rows_per_part
     assert all(s.num_gpus == 0 and s.device == "cpu" for s in plan.stages.values())
-    assert local_ray_cpus(cfg, 2, "auto") == 2 and local_ray_cpus(cfg, 1, "auto") == 2
+    assert local_ray_cpus(cfg, 2, "auto") == 4 and local_ray_cpus(cfg, 16, "auto") == 16
     llm = _cfg(representation="hype", **{"generator.backend": "vllm"})
     gen = plan_resources(llm, LAPTOP).stages["generate"]
     assert (gen.pool(), gen.num_gpus, gen.device, gen.in_flight, gen.bundles) == ({"size": 1}, 0, "cpu", 128,
@@ -133,7 +133,7 @@ def test_cpu_kernels_keep_every_request():
     eng = cpu.stages["generate"].engine_kwargs
     assert "tensor_parallel_size" not in eng and "max_num_seqs" not in eng and eng["enforce_eager"] is True
     assert cpu.stages["embed"].threads == 1  # the driver's 2 cores over 64 actors, at least 1
-    assert local_ray_cpus(job, 2, "cpu") == 8 and local_ray_cpus(job, 2, "auto") == 2
+    assert local_ray_cpus(job, 2, "cpu") == 8 and local_ray_cpus(job, 16, "auto") == 16
 
 
 def test_a_local_ray_without_the_gpus_refuses_at_once():
@@ -190,7 +190,7 @@ def test_openai_clients():
                                           "generator.max_parallel_requests": 4})
     gen = plan_resources(cfg, LAPTOP).stages["generate"]
     assert gen.pool() == {"size": 1} and gen.in_flight == 4 and gen.batch_size == 16 and gen.num_gpus == 0
-    assert local_ray_cpus(cfg, 2, "auto") == 2  # no vLLM on CPU: no inflated count
+    assert local_ray_cpus(cfg, 32, "auto") == 32  # no vLLM on CPU: no inflated count
 
 
 def test_kernels_env():
