@@ -6,7 +6,7 @@
 # the GPU over a synthetic corpus of 1M passages (benchmarks/bench_pipeline_scale.py) with its resource plan
 # and stage table, where Ray, FAISS and the rest import: from the machine's image, or from the carry
 # (benchmarks/gpu/carry/site.tar.xz or carry/site/, made by benchmarks/gpu/make_carry.py for the device's
-# Python: Ray trimmed to what `qrag index` runs, faiss-cpu, pydantic and a few more, ~N MiB of the call's 64;
+# Python: Ray trimmed to what `qrag index` runs, faiss-cpu, pydantic and a few more, 32 MiB of the call's 64;
 # name benchmarks/gpu/carry in the device call's carry). Installs nothing. Each missing piece is one line
 # and its part is left out; the script exits 0.
 # Under 8 minutes: BENCH_LIMIT_S (default 180) + INDEX_LIMIT_S (default 240) + set-up (on a

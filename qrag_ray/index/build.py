@@ -106,7 +106,7 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
 def _show(resources: ResourcePlan, console) -> None:
     """The plan, one line per stage, before anything runs (docs/CLUSTER.md says how to read it)."""
     for line in resources.lines():
-        console.print(line, markup=False, highlight=False) if console else log.info(line)
+        console.print(line, markup=False, highlight=False, soft_wrap=True) if console else log.info(line)
 
 
 def check_cuda(resources: ResourcePlan) -> None:
