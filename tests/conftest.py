@@ -2,8 +2,10 @@
 few indexes built once and read by many tests.
 
 Building an index costs 20-40 s here (the embedding actor imports torch and loads MiniLM), so each
-index below is built once per session and tests only read it. Heavy imports stay inside fixtures so
-collecting the suite (and the generation tests, which have their own conftest) stays fast.
+index below is built once per run for its content (support/build_cache.py: every pytest process of a
+`scripts/test.sh` run gets a copy of the first one's build) and tests only read it. Heavy imports stay
+inside fixtures so collecting the suite (and the generation tests, which have their own conftest)
+stays fast.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ import json
 from pathlib import Path
 
 import pytest
+from support.build_cache import file_digest, shared
 from support.corpus import pydoc_docs, write_jsonl
-from support.indexes import build
+from support.indexes import build, shared_build
+
+pytest_plugins = ["support.durations"]  # QRAG_TEST_DURATIONS=path: every test's time as a file
+MINILM = "all-MiniLM-L6-v2"  # the default embedder, which the tests' indexes use
 
 # ---------------------------------------------------------------------------------------- test tiers
 # unit:        pure logic; no Ray, no model, no server process. `pytest -m unit`: well under a minute.
@@ -64,7 +70,22 @@ def minilm():
     """The real bundled all-MiniLM-L6-v2, loaded once."""
     from qrag_ray.embedding import load_sentence_transformer
 
-    return load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
+    return load_sentence_transformer(MINILM, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def open_engine(minilm):
+    """`open_engine(index_dir, **SearchEngine kwargs)`: an in-process SearchEngine that embeds queries with
+    the session's MiniLM when the index names it (each engine would otherwise load its own: ~10 s on 2
+    cores), else with the model its manifest names."""
+    from qrag_ray.index.format import load_manifest
+    from qrag_ray.search.engine import SearchEngine
+
+    def open_(index_dir, **kwargs):
+        same = load_manifest(index_dir).embedder_model == MINILM
+        return SearchEngine(index_dir, embedder=minilm if same else None, **kwargs)
+
+    return open_
 
 
 @pytest.fixture(scope="session")
@@ -98,9 +119,9 @@ def kinds_index(local_ray, pydoc_jsonl, index_root):
     """Every vector kind in one index (custom representation 'chunk+sentence+question+quote+onedoc'),
     3 shards, exact search: the reference for representation, shard and search checks."""
     out = index_root / "kinds"
-    report = build({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 3,
-                    "representation": "chunk+sentence+question+quote+onedoc",
-                    "generator.backend": "precomputed", "faiss.factory": "Flat", **SMALL_CHUNKS})
+    report = shared_build({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 3,
+                           "representation": "chunk+sentence+question+quote+onedoc",
+                           "generator.backend": "precomputed", "faiss.factory": "Flat", **SMALL_CHUNKS})
     return out, report
 
 
@@ -113,20 +134,52 @@ def sentence_cli_index(local_ray, pydoc_jsonl, index_root):
     out = index_root / "sentences"
     conf = index_root / "sentences.yaml"
     conf.write_text("chunker:\n  method: token\n  size: 200\n  overlap: 20\nfaiss:\n  factory: Flat\n")
-    buf = io.StringIO()
-    with contextlib.redirect_stderr(buf):
-        rc = main(["index", "--input", str(pydoc_jsonl), "--format", "jsonl", "--output", str(out),
-                   "--representation", "atom-sentence", "--shards", "2", "--config", str(conf)])
-    return out, rc, buf.getvalue()
+    args = ["--format", "jsonl", "--representation", "atom-sentence", "--shards", "2"]
+
+    def run_cli():
+        buf = io.StringIO()
+        with contextlib.redirect_stderr(buf):
+            rc = main(["index", "--input", str(pydoc_jsonl), "--output", str(out), *args, "--config", str(conf)])
+        return rc, buf.getvalue()
+
+    spec = {"qrag index": args, "input": file_digest(pydoc_jsonl), "config": file_digest(conf)}
+    rc, stderr = shared(spec, out, run_cli)
+    return out, rc, stderr
+
+
+# the client and adapter tests' document metadata: a group per topic, a number, a list of tags
+CLIENT_GROUPS = {"for": "loops", "while": "loops", "break": "loops", "continue": "loops", "if": "branches",
+                 "pass": "statements", "return": "statements", "del": "statements", "assert": "statements",
+                 "with": "statements", "lambda": "expressions", "binary": "expressions", "augassign": "expressions",
+                 "async": "statements"}
+
+
+def client_records() -> list[dict]:
+    """The pydoc corpus with precomputed questions, each record with `metadata` and a `url`."""
+    return [r | {"url": f"https://docs.python.org/3/reference/#{r['id']}",
+                 "metadata": {"group": CLIENT_GROUPS[r["id"]], "order": i, "tags": [CLIENT_GROUPS[r["id"]], r["id"]]}}
+            for i, r in enumerate(pydoc_docs())]
+
+
+@pytest.fixture(scope="session")
+def client_index(local_ray, index_root):
+    """What the client, adapter and `qrag info` tests read: the demo's preset (`hybrid`: chunk + questions)
+    over the pydoc corpus with its precomputed questions, one shard, records carrying metadata and a URL
+    (indexed by builds that read them)."""
+    out = index_root / "client"
+    build({"input": str(write_jsonl(index_root / "client.jsonl", client_records())), "build.output": str(out),
+           "shards": 1, "representation": "hybrid", "generator.backend": "precomputed", "faiss.factory": "Flat",
+           **SMALL_CHUNKS})
+    return out
 
 
 @pytest.fixture(scope="session")
 def filtered_index(local_ray, pydoc_jsonl, index_root):
     """hype index with Q-Q pruning and a question-chunk similarity filter."""
     out = index_root / "filtered"
-    report = build({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 2, "representation": "hype",
-                    "generator.backend": "precomputed", "filters.prune_tau": 0.8,
-                    "filters.min_question_chunk_sim": 0.1, "chunker.method": "none"})
+    report = shared_build({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 2, "representation": "hype",
+                           "generator.backend": "precomputed", "filters.prune_tau": 0.8,
+                           "filters.min_question_chunk_sim": 0.1, "chunker.method": "none"})
     return out, report
 
 

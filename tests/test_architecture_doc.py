@@ -1,8 +1,9 @@
 """The docs against the code: docs/ARCHITECTURE.md's package layout names every module of qrag_ray/
 and nothing else, and its manifest block lists exactly the fields of the typed Manifest (nested records
-included); in ARCHITECTURE.md, SERVING.md and EVALUATION.md every `.py` path exists and every dotted
-`qrag_ray.` name resolves; each row of "Where to change what" names things its files define. So the
-pages cannot drift from the code unnoticed. File reading and imports; no Ray."""
+included); in README.md and every page of docs/ (not the dated logs of docs/research/) every `.py` path
+exists, every dotted `qrag_ray.` name resolves and every `qrag` command written in code, with its flags,
+is one the CLI has; each row of "Where to change what" names things its files define. So the pages cannot
+drift from the code unnoticed. File reading and imports; no Ray."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from qrag_ray.index.format import Manifest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "qrag_ray"
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
-PAGES = [DOC, ROOT / "docs" / "SERVING.md", ROOT / "docs" / "EVALUATION.md"]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # where a bare or package-relative path may live (SERVING.md's table names serving/ modules bare)
-PATH_BASES = (PKG, PKG / "serving", ROOT)
+PATH_BASES = (PKG, PKG / "serving", ROOT, ROOT / "benchmarks")
 NOT_LISTED = {"__init__.py", "__main__.py"}  # package markers: listed only when they hold a job
 
 
@@ -183,3 +184,72 @@ def test_the_parsers_see_a_change():
                                                                                    "normalize": True}
     assert py_paths("see `serving/nowhere.py` and pipeline.py, not cli/<command>_cmd.py") == {"serving/nowhere.py",
                                                                                             "pipeline.py"}
+
+
+def code_spans(text: str) -> list[str]:
+    """The page's code: each line of a fenced block (a line ending in `\\` joined to the next) and each
+    inline `span`."""
+    out: list[str] = []
+    for i, part in enumerate(re.split(r"^```[^\n]*$", text, flags=re.M)):
+        if i % 2:
+            out += re.sub(r"\\\n\s*", " ", part).splitlines()
+        else:
+            out += re.findall(r"`([^`\n]+)`", part)
+    return out
+
+
+# `qrag [-v] <command> [<subcommand>] ...`: the words up to a comment, a pipe or a redirect are its arguments
+# (`kubectl -n qrag ...` names a namespace)
+_QRAG = re.compile(r"(?:^|(?<!-n)[\s(;&$])qrag((?:\s+-v+)*)\s+([a-z][\w-]*)([^#|>]*)")
+
+
+def qrag_commands(text: str) -> list[tuple[str, list[str]]]:
+    """(`command [subcommand]`, [--flag, ...]) for every qrag command line the page's code holds."""
+    found = []
+    for span in code_spans(text):
+        for m in _QRAG.finditer(span):
+            words = m.group(3).split()
+            sub = [words[0]] if words and re.fullmatch(r"[a-z][\w-]*", words[0]) else []
+            flags = [w.split("=")[0] for w in words if re.fullmatch(r"--[a-z][\w-]*(=.*)?", w)]
+            found.append((" ".join([m.group(2), *sub]), flags))
+    return found
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """{command: its option names}, a group's subcommands as `group sub`."""
+    import typer
+
+    from qrag_ray.cli.app import app, register_commands
+
+    register_commands()
+    out = {}
+    for name, cmd in typer.main.get_command(app).commands.items():
+        for sub, c in [(name, cmd), *((f"{name} {s}", c) for s, c in getattr(cmd, "commands", {}).items())]:
+            out[sub] = {o for p in c.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+    return out
+
+
+def _unknown(found: list[tuple[str, list[str]]], cli: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for words, flags in found:
+        cmd = words if words in cli else words.split()[0]
+        if cmd not in cli:
+            bad.append(f"qrag {words}")
+        bad += [f"qrag {cmd} {f}" for f in flags if f not in cli.get(cmd, ())]
+    return sorted(set(bad))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_qrag_command_the_page_shows_exists(page, cli):
+    bad = _unknown(qrag_commands(page.read_text(encoding="utf-8")), cli)
+    assert bad == [], f"{page.name} shows qrag commands or flags the CLI does not have: {bad}"
+
+
+def test_the_command_parser_sees_a_change(cli):
+    text = ("```bash\nqrag index --input x \\\n  --shards 4   # --not-a-flag\nkubectl -n qrag get pods\n```\n"
+            "and `qrag tenants add --name a`")
+    assert qrag_commands(text) == [("index", ["--input", "--shards"]), ("tenants add", ["--name"])]
+    assert _unknown(qrag_commands(text), cli) == []
+    assert _unknown(qrag_commands("`qrag index --shardz 4` and `qrag indx`"), cli) == ["qrag index --shardz",
+                                                                                       "qrag indx"]

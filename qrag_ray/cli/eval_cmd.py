@@ -55,10 +55,10 @@ def register(app: typer.Typer) -> None:
             variants += load_variants(variants_file)
         res = run_eval(dataset, data, variants, output, subset=subset, ks=ks, base_overrides=base,
                        strict=strict, console=err, split=split, offset=offset)
-        print(open(res["paths"]["md"]).read())
-        err.print(f"wrote {', '.join(res['paths'].values())}")
-        if res["leaks"]:
-            err.print(f"[yellow]warning:[/] generated questions equal evaluation queries: {res['leaks']}")
+        print(res.paths["md"].read_text())
+        err.print(f"wrote {', '.join(map(str, res.paths.values()))}")
+        if res.leaks:
+            err.print(f"[yellow]warning:[/] generated questions equal evaluation queries: {res.leaks}")
 
     @app.command("matrix")
     def matrix_cmd(
@@ -89,19 +89,22 @@ def register(app: typer.Typer) -> None:
         record: bool = typer.Option(False, "--record", help="also print the measured table as an expected: block"),
         resume: bool = typer.Option(False, "--resume", help="keep figures an earlier run of this slice wrote to --output"),
     ):
-        """Every configuration on every dataset: one table with the mean, JSON and a plot; exit 1 when a
-        figure falls below the one recorded for the slice."""
+        """Every configuration on every dataset: one table with the mean, JSON and a plot, then the matrix
+        conditions the slice names; exit 1 when a figure falls below the one recorded for it."""
         from qrag_ray.evaluation.driver import parse_list
         from qrag_ray.evaluation.suite import load_suite, recorded_yaml, run_suite
 
         rep = run_suite(load_suite(path), output, slice_name, parse_list(datasets) or None, parse_list(configs) or None,
                         console=err, resume=resume)
-        print(rep["markdown"])
-        for label, key in (("REGRESSION", "regressions"), ("BETTER", "better")):
-            for line in rep[key]:
+        print(rep.markdown)
+        if rep.matrix:
+            print(f"\nregression matrix ({rep.matrix.file}, tagged {', '.join(rep.matrix.tags)}):")
+            print(rep.matrix.summary)
+        for label, lines in (("REGRESSION", rep.regressions), ("BETTER", rep.better)):
+            for line in lines:
                 print(f"{label:<12}{line}")
         if record:
-            print(recorded_yaml(rep["table"], rep["datasets"], slice_name))
-        err.print(f"wrote {', '.join(rep['paths'].values())}")
-        if rep["regressions"]:
+            print(recorded_yaml(rep.table, rep.datasets, slice_name))
+        err.print(f"wrote {', '.join(rep.paths.values())}")
+        if rep.regressions:
             raise typer.Exit(1)

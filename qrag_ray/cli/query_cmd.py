@@ -23,24 +23,28 @@ def register(app: typer.Typer) -> None:
         bm25_alpha: float | None = typer.Option(
             None, "--bm25-alpha", help="hybrid search with this dense weight, 0..1 (index built with BM25)"),
         answer: bool = typer.Option(False, "--answer", help="ask /v1/answer for a cited answer"),
+        filter_json: str | None = typer.Option(
+            None, "--filter", help='metadata filter as JSON, e.g. \'{"type": "eq", "key": "lang", "value": "en"}\' '
+                                   "(docs/SERVING.md)"),
+        doc_id: list[str] = typer.Option([], "--doc-id", help="only chunks of this document (repeatable)"),
         json_out: bool = typer.Option(False, "--json", help="print the raw JSON response"),
     ):
         """Query a running qrag server and print the results for a person."""
-        import httpx
+        from qrag_client import QragClient, QragClientError
+        from qrag_client.models import parse_filter
 
-        body = {"query": text, "k": k, "mode": mode, "min_score": min_score, "bm25_alpha": bm25_alpha}
-        body = {n: v for n, v in body.items() if v is not None}
         try:
-            r = httpx.post(url.rstrip("/") + ("/v1/answer" if answer else "/v1/search"), json=body,
-                           headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=120)
-        except httpx.HTTPError as e:
-            raise QragError(f"cannot reach {url}: {e}") from None
+            filt = parse_filter(filter_json)
+        except ValueError as e:
+            raise QragError(str(e)) from None
         try:
-            data = r.json()
-        except ValueError:
-            raise QragError(f"{url} answered HTTP {r.status_code} with a non-JSON body") from None
-        if r.status_code >= 400:
-            raise QragError(f"HTTP {r.status_code} {data.get('error', '')}: {data.get('message', data)}")
+            with QragClient(url, api_key=key, timeout=120) as client:
+                ask = client.answer if answer else client.search
+                resp = ask(text, k, mode=mode, min_score=min_score, bm25_alpha=bm25_alpha, filter=filt,
+                           doc_ids=doc_id or None)
+        except QragClientError as e:  # the API's error (HTTP status, kind, message) or the transport's, one line
+            raise QragError(str(e)) from None
+        data = resp.model_dump(mode="json", exclude_unset=True)  # the body's fields as the server sent them
         if json_out:
             print(json.dumps(data, indent=2, ensure_ascii=False))
             return

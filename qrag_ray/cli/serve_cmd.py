@@ -126,23 +126,19 @@ def register(app: typer.Typer) -> None:
         import ray
         from ray import serve
 
-        from qrag_ray.runtime.ray_start import join_ray
+        from qrag_ray.runtime.ray_start import ensure_ray
         from qrag_ray.serving.app import build_application
         from qrag_ray.serving.config import SERVE_PROCESS_ENV
 
-        env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
-        if address:
-            join_ray(address, runtime_env=env, logging_level="ERROR")
-        else:
+        if not address:
             # the workers inherit this env: Serve's request path tuned (docs/BENCHMARKS.md), and a proxy
             # readiness timeout a busy 2-core laptop can meet (Serve's default is 5 s)
             for var, val in {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", **SERVE_PROCESS_ENV}.items():
                 os.environ.setdefault(var, val)
             if direct_ingress:
                 os.environ.update(direct_ingress_env(int(http_port)))
-            # replica logs (one line per request) stay in /tmp/ray/session_*/logs, not on this terminal
-            ray.init(address="local", num_cpus=max(8, 4 * (os.cpu_count() or 2)), runtime_env=env,
-                     logging_level="ERROR", log_to_driver=False)
+        # replica logs (one line per request) stay in Ray's session logs, not on this terminal (qrag -v shows them)
+        ensure_ray(address)
         application = build_application(args, dep_opts)
         # with direct ingress Serve's proxy (whose host the Router's server binds too) gets a free port
         proxy_port = free_port() if direct_ingress else int(http_port)

@@ -20,15 +20,13 @@ from qrag_ray.config.roles import Strict, field_roles, select
 from qrag_ray.errors import QragError
 from qrag_ray.config.llm import GeneratorConfig, SamplingConfig  # noqa: F401 - the schema imports from here
 from qrag_ray.config.presets import PRESETS
-from qrag_ray.config.search_policy import VECTOR_KINDS, SearchConfig, research_knobs_marked
+from qrag_ray.config.search_policy import GENERATED_KINDS, VECTOR_KINDS, SearchConfig, research_knobs_marked
 from qrag_ray.config.yaml_file import read_yaml
 
 load_yaml_any = read_yaml  # any YAML document; `load_yaml` reads a config file
 
 # `--representation NAME`: a preset (`qrag presets`) as the config values it gives; or kinds joined by '+'
 REPRESENTATIONS: dict[str, dict[str, Any]] = {name: p.as_config() for name, p in PRESETS.items()}
-
-_QUESTION_KINDS = {"question", "quote", "atomquote", "onedoc"}
 
 
 class ChunkerConfig(Strict):
@@ -83,6 +81,8 @@ class EmbedderRunConfig(Strict):
     tokenize: Literal["auto", "actor", "tasks"] = Field(
         "auto", description="where texts become token ids: in the embedding actor, or in CPU workers that feed "
         "it ready arrays (a GPU's forward pass outruns one tokenizing thread); auto = tasks with num_gpus")
+    tokenizers: int | None = Field(None, ge=1, description="CPU workers that tokenize (tokenize: tasks), a fixed "
+                                   "pool; default: 1 to 16 per embedding GPU, autoscaling (the resource plan)")
 
     def tokenize_apart(self) -> bool:
         return self.tokenize == "tasks" or (self.tokenize == "auto" and self.num_gpus > 0)
@@ -184,7 +184,7 @@ class IndexConfig(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "IndexConfig":
         kinds, gran = representation_plan(self)
-        if set(kinds) & _QUESTION_KINDS and self.generator.backend == "none":
+        if set(kinds) & set(GENERATED_KINDS) and self.generator.backend == "none":
             raise ValueError(f"representation '{self.representation}' needs generated questions: "
                              "choose --generator vllm|openai|precomputed")
         if "onedoc" in kinds and gran == "atom":
@@ -247,7 +247,7 @@ def resolve_representation(name: str) -> tuple[list[str], str | None]:
         return list(REPRESENTATIONS[name]["kinds"]), REPRESENTATIONS[name]["granularity"]
     parts = [p.strip() for p in name.split("+") if p.strip()]
     if (len(parts) >= 2 or (parts and parts[0] in VECTOR_KINDS)) and all(p in VECTOR_KINDS for p in parts):
-        return parts, "chunk" if set(parts) & _QUESTION_KINDS else None
+        return parts, "chunk" if set(parts) & set(GENERATED_KINDS) else None
     known = ", ".join(list(REPRESENTATIONS) + ["or kinds joined by '+' from: " + ", ".join(VECTOR_KINDS)])
     raise ValueError(f"unknown representation '{name}' (known: {known})")
 

@@ -16,6 +16,12 @@ from qrag_ray.errors import QragError
 
 # the vector kinds a representation may combine; each row of a shard is one of these
 VECTOR_KINDS = ("chunk", "question", "quote", "atomquote", "onedoc", "sentence", "window", "title")
+# the kinds whose row text is one generated question (a quote or atomquote embeds it beside its chunk or
+# sentence, but stores the question): what BM25's doc2query, the leakage check and the demo read as questions
+QUESTION_KINDS = ("question", "quote", "atomquote")
+# the kinds only an LLM (or precomputed questions) can fill: the question kinds and onedoc (a chunk and all
+# its questions in one vector)
+GENERATED_KINDS = (*QUESTION_KINDS, "onedoc")
 
 
 # The research knobs (role "preset") are the preset's, calibrated for its embedder: a user's config file
@@ -119,7 +125,8 @@ def _check_kinds(kinds, where: str) -> None:
 
 def research_knobs_marked(data: Mapping) -> None:
     """A user's config changes fusion only under `search.experimental:` (the preset owns it); manifests
-    and eval variants, which record fusion as data, go through config.index_config and are not held to it."""
+    and eval variants, which record fusion as data, go through qrag_ray.config.index.index_config and are
+    not held to it."""
     search = data.get("search")
     if flat := sorted(set(search) & set(EXPERIMENTAL_SEARCH)) if isinstance(search, Mapping) else []:
         raise QragError(f"invalid configuration: search.{flat[0]} is a research knob that the representation's "

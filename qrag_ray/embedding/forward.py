@@ -1,5 +1,6 @@
-"""The forward step: token arrays in (from `tokens.py`), unit-norm float32 vectors out, in input order;
-no tokenizing, no per-row Python, so a GPU is fed as fast as it computes. Rows are grouped by tokens
+"""The forward step: token ids in (from `tokens.py`: padded or ragged), unit-norm float32 vectors out,
+in input order; no tokenizing, no per-row Python, so a GPU is fed as fast as it computes; each pass is
+padded to its own length only. Rows are grouped by tokens
 (`tokens_per_batch`, the GPU way: a row's last bits then depend on its pass-mates) or canonically
 (`canonical_rows`, every CPU build: one padded length and exactly that many rows per pass, so a row's
 bits never depend on the others; on a GPU only for the same GPU model, driver and libraries)."""
@@ -52,6 +53,8 @@ class Forward:
         self.canonical_rows = canonical_rows
         self.token_types = "token_type_ids" in st.tokenizer.model_input_names
         self.left = st.tokenizer.padding_side == "left"
+        self.pad = st.tokenizer.pad_token_id or 0
+        self.limit = int(st.max_seq_length or 512)  # the limit the canonical shapes are drawn from
 
     def to_device(self, a: np.ndarray):
         """A host array on the model's device as int64 (copied as int32: half the bytes to move)."""
@@ -63,13 +66,12 @@ class Forward:
         return t.long()
 
     def passes(self, ids: np.ndarray, lens: np.ndarray):
-        """(row indices, ids [rows, L], lengths [rows]) per forward pass, on the host, fill included."""
-        ids = np.stack(ids) if ids.dtype == object else ids
-        width = ids.shape[1]
-        for idx, length, fill in plan(lens, width, self.tokens_per_batch, self.canonical_rows):
+        """(row indices, ids [rows, L], lengths [rows]) per forward pass, on the host, fill included; the
+        passes' shapes come from the lengths alone, however `ids` arrived (see `pass_ids`)."""
+        take = pass_ids(ids, lens, self.left, self.pad)
+        for idx, length, fill in plan(lens, self.limit, self.tokens_per_batch, self.canonical_rows):
             rows = np.concatenate([idx, np.repeat(idx[:1], fill)]) if fill else idx
-            cols = slice(width - length, width) if self.left else slice(0, length)
-            yield idx, ids[rows, cols], lens[rows]
+            yield idx, take(rows, length), lens[rows]
 
     def embed(self, ids_t, lens_t):
         """Device ids [rows, L] and lengths -> unit-norm float32 vectors on the device."""
@@ -97,6 +99,38 @@ class Forward:
         if parts:
             out[np.concatenate(done)] = torch.cat(parts).cpu().numpy()
         return out
+
+
+def pass_ids(ids: np.ndarray, lens: np.ndarray, left: bool, pad: int):
+    """`take(rows, length)` -> those rows' ids [len(rows), length], padded on the tokenizer's side with
+    `pad`. `ids`: an int array [n, width] padded on that side (`token_ids`), or ragged rows, one array
+    each, at least its row's length (`Tokenize`; Ray Data may also hand a ragged column over as a 2-d
+    array when its rows happen to be equally long)."""
+    lens = np.asarray(lens, np.int64)
+    if ids.dtype != object:
+        width = ids.shape[1]
+
+        def take_padded(rows: np.ndarray, length: int) -> np.ndarray:
+            if length <= width:
+                return ids[rows, width - length:] if left else ids[rows, :length]
+            out = np.full((len(rows), length), pad, ids.dtype)
+            out[:, slice(length - width, length) if left else slice(0, width)] = ids[rows]
+            return out
+
+        return take_padded
+    widths = np.fromiter((len(r) for r in ids), np.int64, len(ids))
+    flat = np.concatenate(list(ids)) if len(ids) else np.zeros(0, np.int32)
+    first = np.cumsum(widths) - widths + (widths - lens if left else 0)  # each row's first token in `flat`
+
+    def take_ragged(rows: np.ndarray, length: int) -> np.ndarray:
+        n = lens[rows][:, None]
+        pos = np.arange(length)[None, :] - (length - n if left else 0)  # the token's place in its row
+        real = (pos >= 0) & (pos < n)
+        out = np.full((len(rows), length), pad, flat.dtype)
+        out[real] = flat[(first[rows][:, None] + pos)[real]]
+        return out
+
+    return take_ragged
 
 
 def encode_canonical(st, texts: list[str], micro_batch: int = 32) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Tokenization as its own CPU step (a GPU encodes faster than one host thread tokenizes): texts ->
-token ids padded to the model's limit (one column shape survives Ray Data re-batching) and lengths,
-equal to the tokenizer's own `tok(texts, truncation=True, max_length=limit)`."""
+token ids and lengths, equal to the tokenizer's own `tok(texts, truncation=True, max_length=limit)`;
+in one process padded to the limit (`token_ids`), between processes ragged (`Tokenize`: each row its
+own tokens, nothing padded in transit; the forward step pads each pass to its own length)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ CHARS_PER_TOKEN = 8
 
 def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids int32 [n, limit], lengths int32 [n]): truncated to `limit`, padded on the tokenizer's side."""
+    seqs = encode_ids(tok, texts, limit)
+    lens = np.fromiter((len(s) for s in seqs), np.int32, len(seqs))
+    ids = np.full((len(seqs), limit), tok.pad_token_id or 0, np.int32)
+    cols = np.arange(limit)
+    mask = cols < lens[:, None] if tok.padding_side == "right" else cols >= limit - lens[:, None]
+    ids[mask] = np.fromiter(itertools.chain.from_iterable(seqs), np.int32, int(lens.sum()))
+    return ids, lens
+
+
+def encode_ids(tok, texts: list[str], limit: int) -> list[list[int]]:
+    """Each text's token ids, truncated to `limit`."""
     texts = [str(t) for t in texts]
     if getattr(tok, "is_fast", False):
         # the Rust tokenizer straight: the Python wrapper's bookkeeping costs more than short texts
@@ -35,12 +47,7 @@ def token_ids(tok, texts: list[str], limit: int) -> tuple[np.ndarray, np.ndarray
             seqs[i] = encode([texts[i]])[0].ids
     else:
         seqs = tok(texts, truncation=True, max_length=limit)["input_ids"] if texts else []
-    lens = np.fromiter((len(s) for s in seqs), np.int32, len(seqs))
-    ids = np.full((len(seqs), limit), tok.pad_token_id or 0, np.int32)
-    cols = np.arange(limit)
-    mask = cols < lens[:, None] if tok.padding_side == "right" else cols >= limit - lens[:, None]
-    ids[mask] = np.fromiter(itertools.chain.from_iterable(seqs), np.int32, int(lens.sum()))
-    return ids, lens
+    return seqs
 
 
 def cut_text(text: str, limit: int) -> str:
@@ -74,14 +81,28 @@ def load_tokenizer(model: str, max_seq_length: int | None = None) -> tuple[objec
     return tok, int(max_seq_length or min(int(tok.model_max_length), 512))
 
 
+def ragged(seqs: list[list[int]]) -> np.ndarray:
+    """One int32 array per row, each as long as its row (an object column: Ray Data carries it as a
+    variable-shaped tensor, so rows travel without padding)."""
+    lens = np.fromiter((len(s) for s in seqs), np.int64, len(seqs))
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), np.int32, int(lens.sum()))
+    out = np.empty(len(seqs), dtype=object)
+    for i, row in enumerate(np.split(flat, np.cumsum(lens)[:-1]) if len(seqs) else []):
+        out[i] = row  # views of one buffer
+    return out
+
+
 class Tokenize:
-    """map_batches UDF: adds `input_ids` (int32 [n, limit]) and `n_tokens` from `embed_text` and sorts
-    the batch's rows (every column) by padded length, so the forward step finds runs of equal shape."""
+    """map_batches UDF: adds `input_ids` (ragged, see `ragged`) and `n_tokens` from `embed_text` and
+    sorts the batch's rows (every column) by padded length, so the forward step finds runs of equal
+    shape."""
 
     def __init__(self, model: str, max_seq_length: int | None = None):
         self.tok, self.limit = load_tokenizer(model, max_seq_length)
 
     def __call__(self, batch: dict) -> dict:
-        ids, lens = token_ids(self.tok, list(batch["embed_text"]), self.limit)
+        seqs = encode_ids(self.tok, list(batch["embed_text"]), self.limit)
+        lens = np.fromiter((len(s) for s in seqs), np.int32, len(seqs))
         order = by_length(lens, self.limit)
-        return {**{k: np.asarray(v)[order] for k, v in batch.items()}, "input_ids": ids[order], "n_tokens": lens[order]}
+        return {**{k: np.asarray(v)[order] for k, v in batch.items()}, "input_ids": ragged([seqs[i] for i in order]),
+                "n_tokens": lens[order]}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,12 +17,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from qrag_ray.config.index import (GeneratorConfig, IndexConfig, deep_update, format_validation_error, index_config,
-                             index_identity, load_yaml_any, recorded_config, representation_plan, resolve_representation)
+                                   index_identity, load_yaml_any, recorded_config, representation_plan,
+                                   resolve_representation)
+from qrag_ray.config.search_policy import QUESTION_KINDS
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import DEFAULT_KS, evaluate, leaked_queries
 from qrag_ray.evaluation.report import write_report
-from qrag_ray.index.format import load_manifest, read_table_file
+from qrag_ray.evaluation.results import EvalMeta, EvalReport, EvalRun, HydeCost, VariantResult, write_partial
+from qrag_ray.index.format import IndexFormatError, Manifest, load_manifest, read_table_file
 
 
 @dataclass
@@ -72,15 +74,15 @@ def load_variants(path: str | Path) -> list[Variant]:
 
 def _same_config(index_dir: Path, cfg: IndexConfig) -> bool:
     try:
-        man = json.loads((index_dir / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        man = load_manifest(index_dir)
+    except IndexFormatError:  # no index there, or one this release cannot read: not reusable
         return False
     # the kinds too: a preset's kinds can change between releases under the same representation name
-    if (kinds := man.get("kinds")) is not None and sorted(kinds) != sorted(representation_plan(cfg)[0]):
+    if man.kinds is not None and sorted(man.kinds) != sorted(representation_plan(cfg)[0]):
         return False
     # the recorded config (complete: no preset applies) with fields added since at their defaults, so an
     # index stays reusable when a release adds a section (e.g. `bm25`) it does not use
-    recorded = recorded_config(man.get("config"))  # in today's layout, whichever release built it
+    recorded = recorded_config(man.config)  # in today's layout, whichever release built it
     with contextlib.suppress(Exception):  # a config this release rejects is compared as it is: not reusable
         recorded = IndexConfig.model_validate(recorded).model_dump(mode="json")
     # one index identity (the search policy is applied at query time, so fusion variants share one index)
@@ -97,10 +99,10 @@ def generated_texts(index_dir: Path) -> list[str]:
     m = load_manifest(index_dir)
     tables = (read_table_file(m.file(m.shard(i).meta), ["kind", "text"]) for i in range(m.num_shards))
     return [tx for t in tables for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist())
-            if kd in ("question", "quote")]
+            if kd in QUESTION_KINDS]
 
 
-def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
+def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, HydeCost]:
     """Embed an LLM-written hypothetical answer per query (the HyDE baseline), through the same
     generation backends and cache as indexing."""
     import ray.data
@@ -123,13 +125,13 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, dict]:
     rows = sorted(answered.take_all(), key=lambda r: int(r["chunk_idx"]))
     passages = [hyde_passage(r.get("raw"), queries[int(r["chunk_idx"])]) for r in rows]  # as served
     vecs = encode(engine.embedder, passages)
-    return vecs, {"llm_seconds": time.perf_counter() - t0, "generated": stats.generated,
-                  "output_tokens": stats.output_tokens,
-                  "llm_seconds_per_query": stats.seconds / stats.generated if stats.generated else None}
+    return vecs, HydeCost(llm_seconds=time.perf_counter() - t0, generated=stats.generated,
+                          output_tokens=stats.output_tokens,
+                          llm_seconds_per_query=stats.seconds / stats.generated if stats.generated else None)
 
 
 def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int], corpus_path: Path,
-                hyde_generator: dict | None = None, console=None) -> dict:
+                hyde_generator: dict | None = None, console=None) -> VariantResult:
     from qrag_ray.index.build import build_index
     from qrag_ray.search.engine import SearchEngine
 
@@ -137,18 +139,19 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     here = {"input": str(corpus_path), "format": "jsonl", "build": {"output": str(idx_dir), "overwrite": True}}
     cfg = index_config(deep_update(deep_update(base, v.overrides), here), f"variant {v.label}: ")
     reuse = find_reusable(idx_dir.parent, idx_dir, cfg)
+    man: Manifest
     if reuse is not None:
         if console:
             console.print(f"[dim]reusing index {reuse}[/]")
-        idx_dir, man = reuse, json.loads((reuse / "manifest.json").read_text())
-        stage = dict(man.get("stage_seconds", {}))
+        idx_dir, man = reuse, load_manifest(reuse)
+        stage = dict(man.stage_seconds or {})
     else:
         rep = build_index(cfg, console=console)
         man, stage = rep.manifest, dict(rep.stage_seconds)
     engine = SearchEngine(idx_dir, policy=cfg.search)
     queries = [q["text"] for q in ev.queries]
     t0 = time.perf_counter()
-    extra: dict = {}
+    hyde: HydeCost | None = None
     if v.hyde:
         try:
             gcfg = GeneratorConfig.model_validate(hyde_generator or {})
@@ -156,33 +159,31 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
             raise QragError(f"HyDE generator: {format_validation_error(e)}") from None
         if gcfg.backend in ("none", "precomputed"):
             raise QragError("HyDE needs an LLM: pass --generator vllm or openai")
-        qvecs, extra = hyde_vectors(engine, queries, gcfg)
+        qvecs, hyde = hyde_vectors(engine, queries, gcfg)
         t1 = time.perf_counter()
     else:
         t1 = time.perf_counter()
         qvecs = engine.embed(queries)
     ranked = [[r.doc_id for r in page] for page in engine.search_vectors(qvecs, max(ks), queries=queries)]
     stage["search"] = round(time.perf_counter() - t1, 3)
-    if v.hyde:
-        stage["hyde_llm"] = round(extra.get("llm_seconds", 0.0), 3)
+    if hyde is not None:
+        stage["hyde_llm"] = round(hyde.llm_seconds, 3)
     run = {q["qid"]: list(dict.fromkeys(docs)) for q, docs in zip(ev.queries, ranked)}
     leaked = leaked_queries(generated_texts(idx_dir), ev.queries)
-    counts = man.get("counts", {})
-    return {
-        "metrics": evaluate(run, ev.qrels, ks=ks, doc_titles=ev.doc_titles),
+    counts = man.counts.model_dump() if man.counts is not None else {}
+    return VariantResult(
+        metrics=evaluate(run, ev.qrels, ks=ks, doc_titles=ev.doc_titles),
         **{k: counts.get(k) for k in ("vectors", "chunks", "questions", "vectors_before_filters")},
-        "index_bytes": sum(p.stat().st_size for p in idx_dir.rglob("*") if p.is_file()),
-        "stage_seconds": stage, "query_ms": round(1000 * (time.perf_counter() - t0) / max(1, len(queries)), 3),
-        "generation": man.get("generation", {}), "leaked_queries": len(leaked), "leaked_examples": leaked[:5],
-        "index_reused": reuse is not None, "index_dir": str(idx_dir),
-        "config": man.get("config", {}) | {"search": cfg.search.model_dump(mode="json")},
-        **({"hyde": extra} if extra else {}),
-    }
+        index_bytes=sum(p.stat().st_size for p in idx_dir.rglob("*") if p.is_file()),
+        stage_seconds=stage, query_ms=round(1000 * (time.perf_counter() - t0) / max(1, len(queries)), 3),
+        generation=man.generation or {}, leaked_queries=len(leaked), leaked_examples=leaked[:5],
+        index_reused=reuse is not None, index_dir=str(idx_dir),
+        config=(man.config or {}) | {"search": cfg.search.model_dump(mode="json")}, hyde=hyde)
 
 
 def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Path, subset: int | None = None,
              ks: list[int] | None = None, base_overrides: dict | None = None, strict: bool = False,
-             console=None, split: str = "test", offset: int = 0) -> dict:
+             console=None, split: str = "test", offset: int = 0) -> EvalRun:
     # labels key the results and name the index folders: one check for planned and loaded variants alike
     if len({v.label for v in variants}) != len(variants):
         raise QragError(f"duplicate evaluation variants: {[v.label for v in variants]}")
@@ -198,30 +199,30 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
     corpus_path = corpus_path.replace(out / f"corpus-{digest}.jsonl")
     base = {"chunker": {"method": "none"}} if dataset in ("squad", "bipar") else {}  # one passage = one chunk
     base = deep_update(base, base_overrides or {})
-    results: dict[str, dict] = {}
+    results: dict[str, VariantResult] = {}
     for v in variants:
         if console:
             console.rule(f"{v.label}")
         results[v.label] = run_variant(ev, v, base, out, ks, corpus_path, base.get("generator"), console)
-        (out / "partial.json").write_text(json.dumps(results, indent=2, default=str))
-    stats = ev.stats()
-    meta = {"dataset": dataset, "data": str(data), "subset": subset, **({"offset": offset} if offset else {}),
-            **stats, "ks": ks}
-    title = f"qrag eval: {dataset} ({stats['documents']} docs, {stats['queries']} queries)"
-    paths = write_report(out, results, title=title, meta=meta)
+        write_partial(out / "partial.json", results)
+    meta = EvalMeta(dataset=dataset, data=str(data), subset=subset, offset=offset, **ev.stats(), ks=ks)
+    report = EvalReport(meta=meta, representations=results)
+    done = EvalRun(report, write_report(out, report))
     (out / "partial.json").unlink(missing_ok=True)
-    leaks = {k: r["leaked_queries"] for k, r in results.items() if r["leaked_queries"]}
-    if strict and leaks:
-        raise QragError(f"leakage: generated questions equal evaluation queries in {leaks} (see {paths['json']})")
-    return {"results": results, "paths": {k: str(p) for k, p in paths.items()}, "leaks": leaks, "meta": meta}
+    if strict and done.leaks:
+        raise QragError(f"leakage: generated questions equal evaluation queries in {done.leaks} "
+                        f"(see {done.paths['json']})")
+    return done
 
 
-def evaluate_condition(condition) -> dict:
+def evaluate_condition(condition, root: str | Path | None = None) -> dict[str, float | None]:
     """Runner for the regression matrix (`run_matrix(..., runner=evaluate_condition)`): one
-    `matrix.Condition` -> metrics (fractions). matrix.py stays a leaf: it never imports this module."""
+    `matrix.Condition` -> metrics (fractions), its `qrag eval` output in root/<id> (default: the temp
+    folder's qrag-matrix/). matrix.py stays a leaf: it never imports this module."""
     overrides = condition.index_overrides()
     rep = overrides.pop("representation")
+    root = Path(root) if root is not None else Path(tempfile.gettempdir()) / "qrag-matrix"
     res = run_eval(condition.dataset, condition.data, [Variant(rep, {"representation": rep})],
-                   Path(tempfile.gettempdir()) / "qrag-matrix" / condition.id, subset=condition.subset,
+                   root / condition.id, subset=condition.subset,
                    base_overrides=overrides, split=condition.split, offset=condition.offset)
-    return res["results"][rep]["metrics"]
+    return res.results[rep].metrics

@@ -45,7 +45,7 @@ class Condition:
         return not self.expected or all(v is None for v in self.expected.values())
 
     def index_overrides(self) -> dict[str, Any]:
-        """The index configuration for `config.index_config` (the driver fills in input and output)."""
+        """The index configuration for `qrag_ray.config.index.index_config` (the driver fills in input and output)."""
         cfg = {"representation": self.representation, "embedder": dict(self.embedder),
                "generator": dict(self.generator)}
         return deep_update({k: v for k, v in cfg.items() if v}, self.extra)
@@ -195,10 +195,7 @@ def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, flo
         if c.id not in measured:
             not_run.append(c.id)
             continue
-        # a runner result is the metrics, or holds them under "metrics" (the shape `write_report` takes)
-        result = measured[c.id]
-        result = result["metrics"] if isinstance(result.get("metrics"), Mapping) else result
-        got = {m: None if (n := finite_number(v)) is None else n * scale for m, v in result.items()}
+        got = {m: None if (n := finite_number(v)) is None else n * scale for m, v in measured[c.id].items()}
         expected = c.expected or {}
         opened = ([m for m in got if _METRIC.match(m)] if c.record_only
                   else [m for m, v in expected.items() if v is None])

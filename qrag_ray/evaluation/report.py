@@ -1,60 +1,21 @@
-"""Side-by-side evaluation report: results.json, results.md and recall.png.
-
-Input: {representation: {"metrics": {"R@1": 0.62, ...} (fractions), "vectors", "chunks", "index_bytes",
-"stage_seconds": {stage: seconds}}}; a missing field shows as "–", metrics as percentages. The plot uses
-matplotlib's Agg canvas (no pyplot, no global backend switch), so it works headless and in Ray workers.
+"""Side-by-side evaluation report of an EvalReport (qrag_ray.evaluation.results): results.json, results.md
+and recall.png. A missing figure shows as "–", metrics as percentages. The plot uses matplotlib's Agg
+canvas (no pyplot, no global backend switch), so it works headless and in Ray workers.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from qrag_ray.evaluation.regression import finite_number
+from qrag_ray.evaluation.results import EvalReport, VariantResult
 
 COLUMNS = ("R@1", "R@2", "R@5", "R@10", "R@20", "T@1", "MRR@10", "nDCG@10")
 _RECALL = re.compile(r"^R@(\d+)$")
 _DASH = "–"
-
-
-def build_seconds(entry: Mapping[str, Any]) -> float | None:
-    """stage_seconds["total"] when given, else the sum of the stages."""
-    st = entry.get("stage_seconds") or {}
-    if not isinstance(st, Mapping):
-        return None
-    if (total := finite_number(st.get("total"))) is not None:
-        return total
-    vals = [v for v in map(finite_number, st.values()) if v is not None]
-    return sum(vals) if vals else None
-
-
-def vectors_per_chunk(entry: Mapping[str, Any]) -> float | None:
-    v, c = finite_number(entry.get("vectors")), finite_number(entry.get("chunks"))
-    return v / c if v is not None and c else None
-
-
-def _row_summary(entry: Mapping[str, Any]) -> dict[str, Any]:
-    ib = finite_number(entry.get("index_bytes"))
-    return {"vectors_per_chunk": vectors_per_chunk(entry), "build_seconds": build_seconds(entry),
-            "index_mb": ib / 1e6 if ib is not None else None}
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe copy: non-finite floats become null, paths and other objects strings."""
-    if isinstance(obj, Mapping):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if hasattr(obj, "item"):  # numpy scalar
-        return _clean(obj.item())
-    return str(obj)
 
 
 def _fmt(v: Any, spec: str, scale: float = 1.0) -> str:
@@ -62,27 +23,23 @@ def _fmt(v: Any, spec: str, scale: float = 1.0) -> str:
     return _DASH if n is None else format(scale * n, spec)
 
 
-def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+def markdown_table(results: Mapping[str, VariantResult]) -> str:
     """The side-by-side table (metrics in percent), best value per metric column in bold."""
     header = ["representation", "vectors", "vectors/chunk", *COLUMNS, "build s", "index MB"]
-    cols = {c: [v for e in results.values() if (v := finite_number((e.get("metrics") or {}).get(c))) is not None]
-            for c in COLUMNS}
+    cols = {c: [v for e in results.values() if (v := e.metrics.get(c)) is not None] for c in COLUMNS}
     best = {c: max(vals) for c, vals in cols.items() if len(vals) > 1}
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
-    for rep, entry in results.items():
-        metrics = entry.get("metrics") or {}
-        s = _row_summary(entry)
-        vectors = finite_number(entry.get("vectors"))
-        cells = [f"`{rep}`", _DASH if vectors is None else f"{int(vectors):,}", _fmt(s["vectors_per_chunk"], ".2f")]
+    for rep, e in results.items():
+        cells = [f"`{rep}`", _DASH if e.vectors is None else f"{e.vectors:,}", _fmt(e.vectors_per_chunk, ".2f")]
         for col in COLUMNS:
-            cell = _fmt(metrics.get(col), ".1f", 100.0)
-            cells.append(f"**{cell}**" if col in best and finite_number(metrics.get(col)) == best[col] else cell)
-        cells += [_fmt(s["build_seconds"], ".1f"), _fmt(s["index_mb"], ".1f")]
+            cell = _fmt(e.metrics.get(col), ".1f", 100.0)
+            cells.append(f"**{cell}**" if col in best and e.metrics.get(col) == best[col] else cell)
+        cells += [_fmt(e.build_seconds, ".1f"), _fmt(e.index_mb, ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _plot(path: Path, results: Mapping[str, Mapping[str, Any]], title: str | None) -> None:
+def _plot(path: Path, results: Mapping[str, VariantResult], title: str | None) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -91,20 +48,19 @@ def _plot(path: Path, results: Mapping[str, Mapping[str, Any]], title: str | Non
     ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     reps = list(results)
     for rep, entry in results.items():
-        pts = sorted((int(m.group(1)), 100.0 * float(v)) for key, v in (entry.get("metrics") or {}).items()
-                     if (m := _RECALL.match(key)) and finite_number(v) is not None)
+        pts = sorted((int(m.group(1)), 100.0 * v) for key, v in entry.metrics.items()
+                     if (m := _RECALL.match(key)) and v is not None)
         if pts:
             ax1.plot(*zip(*pts), marker="o", label=rep)
     ax1.set_xscale("log", base=2)
-    ks = sorted({int(m.group(1)) for e in results.values() for key in (e.get("metrics") or {})
-                 if (m := _RECALL.match(key))})
+    ks = sorted({int(m.group(1)) for e in results.values() for key in e.metrics if (m := _RECALL.match(key))})
     if ks:
         ax1.set_xticks(ks, [str(k) for k in ks])
     ax1.set(xlabel="k (distinct chunks)", ylabel="recall@k (%)", title="recall@k")
     ax1.grid(True, alpha=0.3)
     if any(ax1.get_lines()):
         ax1.legend(fontsize=8)
-    vpc = [vectors_per_chunk(results[r]) for r in reps]
+    vpc = [results[r].vectors_per_chunk for r in reps]
     ax2.bar(range(len(reps)), [v if v is not None else 0.0 for v in vpc], color="tab:gray")
     ax2.set_xticks(range(len(reps)), reps, rotation=30, ha="right", fontsize=8)
     ax2.set(ylabel="vectors per chunk", title="index size")
@@ -117,18 +73,16 @@ def _plot(path: Path, results: Mapping[str, Mapping[str, Any]], title: str | Non
     fig.savefig(path)
 
 
-def write_report(output_dir: str | Path, results: Mapping[str, Mapping[str, Any]],
-                 title: str | None = None, meta: Mapping[str, Any] | None = None) -> dict[str, Path]:
-    """Write results.json, results.md and recall.png into output_dir; `meta` (dataset, query count, ...)
-    is stored in the JSON and listed above the table. Returns {"json": path, "md": path, "png": path}."""
+def write_report(output_dir: str | Path, report: EvalReport) -> dict[str, Path]:
+    """Write results.json, results.md and recall.png into output_dir; the meta (dataset, query count, ...)
+    is listed above the table. Returns {"json": path, "md": path, "png": path}."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "md": out / "results.md", "png": out / "recall.png"}
-    doc = {"meta": _clean(dict(meta or {})),
-           "representations": {rep: {**_clean(dict(e)), **_clean(_row_summary(e))} for rep, e in results.items()}}
+    doc = report.to_json()
     paths["json"].write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    md = [f"# {title or 'Retrieval evaluation'}", "", *(f"- **{k}**: {v}" for k, v in (meta or {}).items()),
-          *([""] if meta else []), markdown_table(results),
+    results, title = report.representations, report.title
+    md = [f"# {title}", "", *(f"- **{k}**: {v}" for k, v in doc["meta"].items()), "", markdown_table(results),
           "Metrics in percent (R@k = recall@k over distinct chunks = context accuracy C@k with one gold "
           "chunk; T@1 = title accuracy). Best per column in bold.", "", "![recall@k](recall.png)"]
     paths["md"].write_text("\n".join(md) + "\n", encoding="utf-8")

@@ -1,22 +1,27 @@
 """The multi-dataset suite: every configuration on every dataset, one table, one mean, held against the
 figures recorded in the YAML (keys: docs/EVALUATION.md), so a default is chosen across query styles.
 Configurations that build the same vectors share one index per dataset (`qrag eval` reuses an index of
-the same config.index_identity), so a search policy costs no build.
+the same qrag_ray.config.index.index_identity), so a search policy costs no build. A slice may also name
+regression matrix conditions by tag (`matrix: {tags: [ci]}`, from the matrix YAML beside the suite's unless
+`file` says another), run in the same process after its datasets and held against the matrix's figures.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from qrag_ray.config.index import REPRESENTATIONS, deep_update, index_config, load_yaml
 from qrag_ray.errors import QragError
-from qrag_ray.evaluation.driver import Variant, run_eval
+from qrag_ray.evaluation.driver import Variant, evaluate_condition, run_eval
 from qrag_ray.evaluation.loaders import EVAL_KINDS, load_eval_set
-from qrag_ray.evaluation.matrix import resolve_data_path
+from qrag_ray.evaluation.matrix import Condition, load_matrix, resolve_data_path, run_matrix, select
 from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
+from qrag_ray.evaluation.results import (EvalReport, SuiteCell, SuiteMatrix, SuiteReport, read_partial,
+                                         read_suite_json)
 
 FULL = "full"
 
@@ -79,6 +84,8 @@ def load_suite(path: str | Path) -> Suite:
             bad += [x for x in [ds] if x not in spec["datasets"]] + [x for x in cs or [] if x not in configs]
         if bad:
             raise QragError(f"{where}: slice {sl!r} names unknown dataset(s) or config(s): {', '.join(map(str, bad))}")
+        if "matrix" in spec:
+            spec["matrix"] = _slice_matrix(spec["matrix"], p.parent, f"{where}: slice {sl!r}")
     expected = raw.get("expected") or {}
     for sl, table in expected.items():
         for ds, row in (table or {}).items():
@@ -87,6 +94,18 @@ def load_suite(path: str | Path) -> Suite:
     return Suite(raw.get("metric", "nDCG@10"), float(raw.get("tolerance", 1.0)), base, dsets,
                  {str(k): dict(v) for k, v in configs.items()}, {str(k): dict(v) for k, v in slices.items()},
                  {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()})
+
+
+def _slice_matrix(spec: Any, here: Path, where: str) -> dict[str, Any]:
+    """A slice's `matrix: {tags: [...], file: ...}`: the file resolved beside the suite, its conditions
+    checked now (a typo fails before any build)."""
+    tags = spec.get("tags") if isinstance(spec, dict) else None
+    if not isinstance(tags, list) or not tags or not all(isinstance(t, str) for t in tags):
+        raise QragError(f"{where}: 'matrix' needs a list of condition tags (matrix: {{tags: [ci]}})")
+    path = here / str(spec.get("file") or "matrix.yaml")
+    if not select(load_matrix(path), tags=tags):
+        raise QragError(f"{where}: no condition of {path} carries the tag(s) {', '.join(tags)}")
+    return {"file": str(path), "tags": tags}
 
 
 def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> dict[str, dict[str, float]]:
@@ -160,66 +179,56 @@ def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: Path, console=None) -> dict:
+def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: Path,
+                      console=None) -> dict[str, SuiteCell]:
     titled = any(d["title"] for d in load_eval_set(ds.kind, ds.data, ds.subset, ds.split, ds.offset).corpus)
     variants = [Variant(c, dict(suite.configs[c]) if titled else without_titles(suite.configs[c])) for c in configs]
     res = run_eval(ds.kind, ds.data, variants, out / ds.name, subset=ds.subset, ks=[1, 10],
                    base_overrides=suite.base, console=console, split=ds.split, offset=ds.offset)
-    return {c: r["metrics"] | cost(r) for c, r in res["results"].items()}
+    return {c: SuiteCell.of(r) for c, r in res.results.items()}
 
 
-def cost(result: Mapping[str, Any]) -> dict[str, float | None]:
-    """What a configuration's index costs, from a `qrag eval` result: vectors per chunk and the seconds its
-    build took (a reused index reports the build that made it)."""
-    chunks, vectors = result.get("chunks"), result.get("vectors")
-    return {"vectors_per_chunk": vectors / chunks if chunks and vectors is not None else None,
-            "build_seconds": (result.get("stage_seconds") or {}).get("total")}
-
-
-def _costs(raw: Mapping[str, Mapping[str, Mapping]], config: str) -> dict[str, float]:
+def _costs(raw: Mapping[str, Mapping[str, SuiteCell]], config: str) -> dict[str, float]:
     """A configuration's vectors per chunk (the mean over the datasets) and build seconds (their sum)."""
     runs = [ds[config] for ds in raw.values() if config in ds]
-    vpc = [v for r in runs if (v := finite_number(r.get("vectors_per_chunk"))) is not None]
-    secs = [v for r in runs if (v := finite_number(r.get("build_seconds"))) is not None]
+    vpc = [r.vectors_per_chunk for r in runs if r.vectors_per_chunk is not None]
+    secs = [r.build_seconds for r in runs if r.build_seconds is not None]
     return ({"vectors/chunk": sum(vpc) / len(vpc)} if vpc else {}) | ({"build s": sum(secs)} if secs else {})
 
 
-def _read_json(p: Path) -> dict:
-    try:
-        return json.loads(p.read_text()) if p.is_file() else {}
-    except json.JSONDecodeError:
-        return {}
-
-
-def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, dict]]:
-    """{dataset: {config: metrics}} measured earlier in `out` for this slice: each dataset folder's `qrag
+def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, SuiteCell]]:
+    """{dataset: {config: cell}} measured earlier in `out` for this slice: each dataset folder's `qrag
     eval` reports (results.json of the same slice, partial.json of an interrupted run; taken by name), then
     suite.json, whose stored definitions must equal the current ones (a changed one is measured again)."""
     sl = suite.slices.get(slice_name)
-    prev: dict[str, dict[str, dict]] = {}
+    prev: dict[str, dict[str, SuiteCell]] = {}
     for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
-        rep = _read_json(out / ds.name / "results.json")
-        meta = rep.get("meta") or {}
+        rep = EvalReport.read(out / ds.name / "results.json")
         row = {}
-        if meta.get("subset") == ds.subset and int(meta.get("offset") or 0) == ds.offset:
-            row |= {c: r["metrics"] for c, r in (rep.get("representations") or {}).items() if "metrics" in r}
-        row |= {c: r["metrics"] for c, r in _read_json(out / ds.name / "partial.json").items() if "metrics" in r}
+        if rep is not None and rep.meta.subset == ds.subset and rep.meta.offset == ds.offset:
+            row |= {c: SuiteCell.of(r) for c, r in rep.representations.items()}
+        row |= {c: SuiteCell.of(r) for c, r in read_partial(out / ds.name / "partial.json").items()}
         prev[ds.name] = row
-    old = _read_json(out / "suite.json")
+    old = read_suite_json(out / "suite.json")
     if old.get("slice") == slice_name:
         defs, now = old.get("configs") or {}, suite.configs
         for ds, row in (old.get("metrics") or {}).items():
-            prev.setdefault(ds, {}).update({c: m for c, m in row.items() if defs.get(c, now.get(c)) == now.get(c)})
+            prev.setdefault(ds, {}).update({c: SuiteCell.from_json(m) for c, m in row.items()
+                                            if defs.get(c, now.get(c)) == now.get(c)})
     return {ds: {c: m for c, m in row.items() if c in suite.configs} for ds, row in prev.items()}
 
 
 def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: list[str] | None = None,
-              configs: list[str] | None = None, console=None, runner: Callable[..., dict] | None = None,
-              resume: bool = False) -> dict:
+              configs: list[str] | None = None, console=None,
+              runner: Callable[..., Mapping[str, SuiteCell]] | None = None, resume: bool = False,
+              matrix_runner: Callable[[Condition], Mapping] | None = None) -> SuiteReport:
     """Run the selected configurations on the selected datasets (as `slice_name` reads them), write
-    suite.json, suite.md and suite.png under `out`, and compare with the slice's recorded figures.
-    `runner(dataset, suite, configs, out, console) -> {config: metrics}` is injectable. `resume` keeps the
-    figures an earlier run of the slice wrote to `out` for unchanged configurations, measuring the rest."""
+    suite.json, suite.md and suite.png under `out`, and compare with the slice's recorded figures; then
+    the matrix conditions the slice names (the whole slice only: not with `datasets` or `configs`), their
+    `qrag eval` output under out/matrix, their regressions counted with the suite's.
+    `runner(dataset, suite, configs, out, console) -> {config: SuiteCell}` and `matrix_runner(condition) ->
+    metrics` are injectable. `resume` keeps the figures an earlier run of the slice wrote to `out` for
+    unchanged configurations, measuring the rest."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     unknown = [d for d in datasets or [] if d not in {x.name for x in suite.datasets}]
@@ -237,7 +246,8 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     others = {c for row in prev.values() for c in row} - set(cfgs)
     shown = [c for c in suite.configs if c in cfgs or c in others] if others else cfgs
     table: dict[str, dict[str, float]] = {c: {} for c in shown}
-    raw, done = {}, []
+    raw: dict[str, dict[str, SuiteCell]] = {}
+    done: list[str] = []
     for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
         # a dataset left out of this run keeps the figures an earlier run of the slice wrote (resume)
         selected = not datasets or ds.name in datasets
@@ -247,10 +257,10 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
             console.rule(f"suite: {ds.name} ({slice_name})")
         kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in shown}
         todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])] if selected else []
-        metrics = kept | ((runner or _evaluate_dataset)(ds, suite, todo, out, console) if todo else {})
-        raw[ds.name] = metrics = {c: metrics[c] for c in shown if c in metrics}
+        cells = kept | ((runner or _evaluate_dataset)(ds, suite, todo, out, console) if todo else {})
+        raw[ds.name] = cells = {c: cells[c] for c in shown if c in cells}
         for c in shown:
-            if (v := finite_number((metrics.get(c) or {}).get(suite.metric))) is not None:
+            if c in cells and (v := cells[c].metrics.get(suite.metric)) is not None:
                 table[c][ds.name] = 100.0 * v
         done.append(ds.name)
     if not done:
@@ -258,15 +268,21 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     table = with_mean(table, done)
     checked = compare_expected(table, suite.expected.get(slice_name, {}), suite.metric, suite.tolerance)
     spent = {c: _costs(raw, c) for c in shown}
-    report = {"slice": slice_name, "metric": suite.metric, "datasets": done, "table": table, "metrics": raw, "cost": spent,
-              "configs": {c: suite.configs[c] for c in shown}, "skipped": skip,
-              "regressions": [str(r) for r in checked.regressions], "better": [str(b) for b in checked.improvements]}
-    (out / "suite.json").write_text(json.dumps(report, indent=2))
-    md = format_table(table, done, suite.metric, mark="default" if "default" in table else None, cost=spent)
-    (out / "suite.md").write_text(md + "\n")
+    report = SuiteReport(slice_name, suite.metric, done, table, raw, spent, {c: suite.configs[c] for c in shown},
+                         skip, [str(r) for r in checked.regressions], [str(b) for b in checked.improvements])
+    if (m := (sl or {}).get("matrix")) and not datasets and not configs:
+        if console:
+            console.rule(f"suite: matrix conditions tagged {', '.join(m['tags'])}")
+        res = run_matrix(m["file"], tags=m["tags"], runner=matrix_runner or partial(evaluate_condition, root=out / "matrix"))
+        report.matrix = SuiteMatrix(m["file"], m["tags"], res.measured, res.comparison.summary())
+        report.regressions += [f"matrix {r}" for r in res.comparison.regressions]
+    (out / "suite.json").write_text(json.dumps(report.to_json(), indent=2))
+    report.markdown = format_table(table, done, suite.metric, mark="default" if "default" in table else None,
+                                   cost=spent)
+    (out / "suite.md").write_text(report.markdown + "\n")
     png = plot(table, done, suite.metric, out / "suite.png")
-    return report | {"paths": {"json": str(out / "suite.json"), "md": str(out / "suite.md"),
-                               **({"png": str(png)} if png else {})}, "markdown": md}
+    report.paths = {"json": str(out / "suite.json"), "md": str(out / "suite.md"), **({"png": str(png)} if png else {})}
+    return report
 
 
 def recorded_yaml(table: Mapping[str, Mapping[str, float]], datasets: list[str], slice_name: str) -> str:

@@ -9,7 +9,7 @@ import importlib.util
 import logging
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from qrag_ray.config.index import IndexConfig, index_identity, representation_plan
@@ -45,11 +45,12 @@ class BuildReport:
     shards_reused: int = 0
     generation: GenerationStats = field(default_factory=GenerationStats)
     stage_seconds: dict[str, float] = field(default_factory=dict)
-    manifest: dict = field(default_factory=dict)  # manifest.json as published
+    manifest: Manifest | None = None  # the manifest as published
     resources: dict = field(default_factory=dict)  # the resource plan the build ran (ResourcePlan.to_dict)
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "manifest"}
+        """The report as data, without the manifest (it is manifest.json)."""
+        return {k: v for k, v in asdict(replace(self, manifest=None)).items() if k != "manifest"}
 
 
 def build_index(cfg: IndexConfig, console=None) -> BuildReport:
@@ -69,7 +70,7 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
         shutil.rmtree(plan.work, ignore_errors=True)
     return BuildReport(output=str(plan.out), **manifest.counts.model_dump(), index_bytes=index_bytes,
                        vectors_embedded=streamed.embedded, vectors_reused=streamed.reused, shards_reused=reused,
-                       generation=streamed.generation, stage_seconds=clock.seconds, manifest=manifest.data,
+                       generation=streamed.generation, stage_seconds=clock.seconds, manifest=manifest,
                        resources=plan.resources.to_dict())
 
 
@@ -169,7 +170,7 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
     with clock.stage("train"):
         task = ray.remote(num_cpus=st.num_cpus)(train_quantizer)
         return ray.get(task.remote(str(plan.work), factory, plan.cfg.faiss.train_sample, streamed.rows, streamed.dim,
-                                   streamed.run, plan.cfg.shards, st.threads))
+                                   streamed.run, st.threads))
 
 
 def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None,
@@ -202,6 +203,7 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
             clock.seconds["total"] = clock.total()
             description = IndexDescription(
                 representation=cfg.representation, kinds=plan.kinds, question_granularity=plan.granularity,
+                preset=PRESETS[cfg.representation].id if cfg.representation in PRESETS else None,
                 embedder=EmbedderInfo(model=cfg.embedder.model, dim=streamed.dim, normalize=True),
                 faiss=FaissInfo(factory=cfg.faiss.factory, metric="inner_product"),
                 num_shards=cfg.shards, shards=shards,

@@ -169,6 +169,7 @@ class IndexDescription(_Record):
     """What a build records (`write_manifest` adds files and versions); optional: older builds lack it."""
 
     representation: str
+    preset: str | None = None  # the preset's id (name@version) when the representation is a preset
     kinds: list[str] | None = None
     question_granularity: str | None = None
     embedder: EmbedderInfo
@@ -179,7 +180,7 @@ class IndexDescription(_Record):
     generation: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     stage_seconds: dict[str, float] | None = None
-    content: dict[str, Any] | None = None  # the index identity (config.index_identity)
+    content: dict[str, Any] | None = None  # the index identity (qrag_ray.config.index.index_identity)
 
     @model_validator(mode="after")
     def _one_entry_per_shard(self):

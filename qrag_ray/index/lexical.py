@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import Stemmer
 
+from qrag_ray.config.search_policy import QUESTION_KINDS
 from qrag_ray.errors import QragError
 
 CHUNK_IDX = "chunk_idx.npy"
 TOKENIZER = "qrag_tokenizer.json"  # {"stemmer": "english" | null}: how this shard's text was tokenised
 _VOCAB, _INDPTR, _DATA, _PARAMS = "vocab.index.json", "indptr.csc.index.npy", "data.csc.index.npy", "params.index.json"
-QUESTION_KINDS = ("question", "quote", "atomquote")
 
 
 def lexical_docs(chunk_idx: np.ndarray, kind: list[str], text: list[str], qn: np.ndarray,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from qrag_ray.config.index import IndexConfig
+from qrag_ray.config.search_policy import QUESTION_KINDS
 from qrag_ray.runtime.progress import stage
 from qrag_ray.index.resource_plan import ResourcePlan
 from qrag_ray.runtime.stage_plan import StagePlan
@@ -36,9 +37,9 @@ class BuildPlan:
     @property
     def question_kind(self) -> str | None:
         """The kind whose rows count as questions in the report."""
-        if "question" in self.kinds or self.aux_questions:
+        if self.aux_questions:
             return "question"
-        return next((k for k in ("quote", "atomquote") if k in self.kinds), None)
+        return next((k for k in QUESTION_KINDS if k in self.kinds), None)
 
 
 @dataclass

@@ -246,7 +246,8 @@ def _parallel_sizes(num_gpus: float, engine_kwargs: Mapping[str, Any]) -> tuple[
 
 def plan_embedding(cfg: IndexConfig, cluster: ClusterSpec, kernels: str = "auto") -> list[StagePlan]:
     """[tokenize,] embed. On GPUs one embedding actor per `build.embedder.num_gpus` of the cluster, fed by
-    tokenizer actors: at least one, at most TOKENIZERS_PER_GPU per embedding GPU (never every CPU)."""
+    tokenizer actors: at least one, at most TOKENIZERS_PER_GPU per embedding GPU (never every CPU), or a fixed
+    pool of `build.embedder.tokenizers`."""
     r = cfg.build.embedder
     layout_gpu = r.num_gpus > 0
     actors = r.actors or (max(1, int(cluster.gpus // r.num_gpus)) if layout_gpu else 1)
@@ -254,9 +255,9 @@ def plan_embedding(cfg: IndexConfig, cluster: ClusterSpec, kernels: str = "auto"
     out = []
     if r.tokenize_apart():
         devices = actors * r.num_gpus if layout_gpu else actors
-        hi = max(1, int(TOKENIZERS_PER_GPU * devices))
-        out.append(StagePlan("tokenize", "actors", max(1, min(hi, int(devices))), hi, num_cpus=1.0,
-                             batch_size=cfg.build.rows_per_part))
+        hi = r.tokenizers or max(1, int(TOKENIZERS_PER_GPU * devices))
+        lo = r.tokenizers or max(1, min(hi, int(devices)))
+        out.append(StagePlan("tokenize", "actors", lo, hi, num_cpus=1.0, batch_size=cfg.build.rows_per_part))
     notes = ()
     if layout_gpu and actors * r.num_gpus > cluster.gpus:
         notes = (f"embed: {actors} actors x {r.num_gpus:g} GPUs, the cluster has {cluster.gpus:g} GPUs now "

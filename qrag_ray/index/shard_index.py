@@ -11,7 +11,7 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from qrag_ray.config.index import recorded_config
+from qrag_ray.config.index import FaissConfig, recorded_config
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import Manifest, files_under, load_manifest, read_table_file, verify_files
 from qrag_ray.index.lexical import ShardLexicon
@@ -56,6 +56,13 @@ def py_values(col: pa.Array, pos: list[int]) -> list:
 REFINE_K_FACTOR = 64
 
 
+def faiss_settings(manifest: Manifest) -> FaissConfig:
+    """The FAISS search settings the index was built with (nprobe, efSearch), at FaissConfig's defaults where
+    its recorded config has none; a setting only a newer release knows is left to that release."""
+    recorded = recorded_config(manifest.config).get("faiss") or {}
+    return FaissConfig.model_validate({k: v for k, v in recorded.items() if k in FaissConfig.model_fields})
+
+
 class ShardIndex:
     def __init__(self, index_dir: str | Path, shard: int, manifest: Manifest | None = None,
                  verify: bool = True, threads: int | None = None, use_gpu: bool = False):
@@ -70,11 +77,11 @@ class ShardIndex:
             index = faiss.read_index(str(self.manifest.file(info.faiss)))
         except RuntimeError as e:
             raise IndexFormatError(f"cannot read shard {shard} of {self.manifest.path}: {e}") from None
-        fcfg = recorded_config(self.manifest.config).get("faiss", {})
+        fcfg = faiss_settings(self.manifest)
         with contextlib.suppress(RuntimeError, ValueError):  # not an IVF index
-            faiss.extract_index_ivf(index).nprobe = int(fcfg.get("nprobe", 32))
+            faiss.extract_index_ivf(index).nprobe = fcfg.nprobe
         if hasattr(index, "hnsw"):
-            index.hnsw.efSearch = int(fcfg.get("hnsw_ef_search", 128))
+            index.hnsw.efSearch = fcfg.hnsw_ef_search
         if isinstance(index, faiss.IndexRefine):
             index.k_factor = REFINE_K_FACTOR
         if use_gpu and faiss.get_num_gpus() > 0:

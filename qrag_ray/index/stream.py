@@ -65,8 +65,8 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
         raise QragError(f"empty corpus: no documents in {cfg.input}")
     if n_chunks == 0:
         raise QragError(f"empty corpus: the documents in {cfg.input} hold no text")
-    clock.seconds["read+chunk"] = round(sum(p.get("seconds", 0.0) for p in parts), 3) or 1e-3
-    clock.seconds["embed"] = round(counts["seconds"], 3) or 1e-3
+    clock.seconds["read+chunk"] = round(sum(p.get("seconds", 0.0) for p in parts), 3)
+    clock.seconds["embed"] = round(counts["seconds"], 3)
     clock.seconds["stream"] = round(time.perf_counter() - t0, 3)
     out = Streamed(run=plan.run, rows=counts["rows"], dim=_dim_of(plan), documents=documents, chunks=n_chunks,
                    questions=counts["questions"], embedded=counts["embedded"],

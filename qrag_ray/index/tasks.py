@@ -53,13 +53,13 @@ def sample_vectors(work: Path, total_rows: int, n: int, keep: np.ndarray | None 
 
 
 def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int, dim: int,
-                    run: str | None = None, shards: int = 0, threads: int = 1) -> str:
+                    run: str | None = None, threads: int = 1) -> str:
     """Train the quantizer once on a sample of all shards' vectors; returns the saved empty index's path."""
     w = Path(work)
     set_faiss_threads(threads)
     keep = None
     if run is not None:  # only this run's rows: an append/delete trains as a full rebuild would
-        keep = np.unique(np.concatenate([workdir.run_row_keys(w, run, s) for s in range(shards)] or [np.zeros(0, np.int64)]))
+        keep = workdir.run_row_keys(w, run)
     sample = sample_vectors(w, total_rows, train_sample, keep)
     if not len(sample):
         sample = np.zeros((0, dim), np.float32)
@@ -84,12 +84,11 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     cfg = IndexConfig.model_validate_json(cfg_json)
     w = Path(work)
     set_faiss_threads(threads)
-    sd = workdir.shard_dir_name(shard)
     parts = [p for p in workdir.registered_parts(w, run) if shard in p["shards"]]
-    chunk_files = sorted(w / "chunks" / sd / f"{p['part']}.parquet" for p in parts)
-    vec_files = workdir.parquet_files(w / "vectors" / sd)
+    chunk_groups = workdir.shard_row_groups(sorted(w / "chunks" / f"{p['part']}.parquet" for p in parts), shard)
+    vec_groups = workdir.shard_row_groups(workdir.parquet_files(w / "vectors"), shard)
     keep = workdir.run_row_keys(w, run, shard)
-    sig = stable_hash({"files": [f.name for f in chunk_files + vec_files],
+    sig = stable_hash({"files": [Path(g.path).name for g in chunk_groups + vec_groups],
                        "extra": [trained and Path(trained).name, dim, hashlib.sha256(keep.tobytes()).hexdigest()]})
     out = w / "built" / f"{shard:05d}"
     stats_path = out / "stats.json"
@@ -99,14 +98,12 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
             return {**stats, "reused": True}
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    chunks = pa.concat_tables([pq.read_table(f).cast(CHUNK_SCHEMA) for f in chunk_files]) if chunk_files \
-        else CHUNK_SCHEMA.empty_table()
+    chunks = _concat(workdir.read_row_groups(chunk_groups, CHUNK_SCHEMA.names, shard), CHUNK_SCHEMA)
     chunks = chunks.take(pc.sort_indices(chunks, [("chunk_idx", "ascending")]))
     check_unique_chunks(chunks.column("chunk_idx").to_numpy(), chunks.column("chunk_id"))
     pq.write_table(chunks, out / "chunks.parquet")
     schema = vector_schema(dim)
-    table = pa.concat_tables([pq.read_table(f, columns=schema.names) for f in vec_files]) if vec_files \
-        else schema.empty_table()
+    table = _concat(workdir.read_row_groups(vec_groups, schema.names, shard), schema)
     table = table.filter(pa.array(workdir.isin_sorted(table.column("row_key").to_numpy(), keep)))
     # one order whatever the parts were: by chunk, then the row's place in its chunk
     table = table.take(pc.sort_indices(table, [("chunk_idx", "ascending"), ("ord", "ascending"),
@@ -117,6 +114,10 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     stats.update(chunk_rows=int(chunks.num_rows), signature=sig, chunk_table=shard_chunks(shard))
     atomic_write_text(stats_path, json.dumps(stats))
     return {**stats, "reused": False}
+
+
+def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    return pa.concat_tables([t.cast(schema) for t in tables]) if tables else schema.empty_table()
 
 
 def build_one_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None,

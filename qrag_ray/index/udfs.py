@@ -11,18 +11,18 @@ import json
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.embedding import Forward, load_sentence_transformer
 from qrag_ray.embedding.tokens import token_ids
 from qrag_ray.generation.requests import atomize_request, question_requests
 from qrag_ray.index import workdir
-from qrag_ray.index.format import atomic_save_npy, atomic_write_parquet, atomic_write_text
+from qrag_ray.index.format import atomic_write_parquet, atomic_write_text
 from qrag_ray.index.rows import (CHUNK_SCHEMA, atom_columns, atoms_of, base_vector_columns, check_unique_chunks,
                                  chunk_columns, chunk_rows, payload, question_vector_columns, request_columns, rows_of,
                                  vector_schema)
@@ -46,9 +46,9 @@ def make_chunker(cfg: IndexConfig, work: Path, run: str, deleted: frozenset, wit
 
 
 def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: float = 0.0) -> None:
-    """Write one batch's chunk rows as per-shard parts, named by content (a retried or resumed batch
-    rewrites the same file), and register them for this run. Duplicate chunk ids are caught here
-    inside a batch, by the shard task across batches."""
+    """Write one batch's chunk rows as one part (workdir.write_part: a row group per shard), named by
+    content (a retried or resumed batch rewrites the same file), and register it for this run.
+    Duplicate chunk ids are caught here inside a batch, by the shard task across batches."""
     ids = np.asarray(cols["chunk_idx"], np.int64)
     check_unique_chunks(ids, cols["chunk_id"])
     table = pa.table({k: pa.array(list(cols[k]) if k in ("chunk_id", "doc_id", "title", "text") else cols[k],
@@ -56,9 +56,7 @@ def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: flo
     content = ids.tobytes() + "".join(table.column("text").to_pylist()).encode() + str(n_docs).encode()
     name = hashlib.blake2b(content, digest_size=10).hexdigest()
     shards = sorted(set(table.column("shard").to_pylist()))
-    for s in shards:
-        atomic_write_parquet(table.filter(pc.equal(table.column("shard"), s)),
-                             work / "chunks" / workdir.shard_dir_name(s) / f"{name}.parquet")
+    workdir.write_part(table, work / "chunks" / f"{name}.parquet")
     atomic_write_text(workdir.run_registry(work, run) / f"{name}.json",
                       json.dumps({"part": name, "documents": n_docs, "chunks": len(ids), "shards": shards,
                                   "seconds": round(seconds, 4)}))
@@ -108,13 +106,15 @@ def make_question_rows(kinds: list[str], aux_q: bool):
 
 
 class EmbedSink:
-    """Embeds the rows no earlier run embedded into per-shard parts; returns per row whether it was
-    embedded now, whether it is a question and its share of the seconds, never the vectors. On the
-    CPU every pass has the canonical shape (a resumed run gets the same bits); on a GPU passes are
-    sized in tokens. Ray Data runs CONCURRENCY calls at once: the model takes one batch at a time (the
-    lock) while another call's host work (row keys, Parquet parts) runs, so a GPU need not wait for it;
-    a call returns once its own parts are written (a killed build resumes from exactly those). Rows done,
-    batches in flight included, go to a file per actor every NOTE_EVERY_S (see `progress_rows`)."""
+    """Embeds the rows no earlier run embedded; returns per row whether it was embedded now, whether it
+    is a question and its share of the seconds, never the vectors. A batch writes at most three files
+    whatever the shard count (workdir.write_part): its row keys, its vectors and the sample stripe's.
+    On the CPU every pass has the canonical shape (a resumed run gets the same bits); on a GPU passes
+    are sized in tokens. Ray Data runs CONCURRENCY calls at once: the model takes one batch at a time
+    (the lock) while another call's host work (row keys, Parquet parts) runs, so a GPU need not wait for
+    it; a call returns once its own parts are written (a killed build resumes from exactly those). Rows
+    done, batches in flight included, are counted in memory, and a thread of the actor writes them to a
+    file of its own every NOTE_EVERY_S (see `progress_rows`): no file is written on the model's path."""
 
     CONCURRENCY = 2
     NOTE_EVERY_S = 0.25
@@ -135,8 +135,9 @@ class EmbedSink:
         self.qk = question_kind
         self.run = run
         self.done = workdir.done_row_keys(self.work)
-        self.model_lock, self.count_lock, self.rows, self.noted = threading.Lock(), threading.Lock(), 0, 0.0
+        self.model_lock, self.count_lock, self.rows, self.noted = threading.Lock(), threading.Lock(), 0, 0
         self.note = self.work / "runs" / run / "progress" / f"{os.getpid()}-{id(self)}"
+        threading.Thread(target=_note_every, args=(weakref.ref(self),), daemon=True).start()
 
     def __call__(self, batch: dict) -> dict:
         t0 = time.perf_counter()
@@ -147,16 +148,14 @@ class EmbedSink:
         self._count(n - len(todo))
         question = (batch["kind"] == self.qk) & (batch["qn"] >= 0) if self.qk else np.zeros(n, bool)
         # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
-        for sh in np.unique(batch["shard"]):
-            k = keys[batch["shard"] == sh]
-            atomic_save_npy(k, workdir.run_keys_dir(self.work, self.run, int(sh)) / f"{workdir.part_name(k)}.npy")
+        workdir.write_part(pa.table({"row_key": keys, "shard": np.asarray(batch["shard"], np.int32)}),
+                           workdir.run_keys_dir(self.work, self.run) / f"{workdir.part_name(keys)}.parquet")
         t_wait = time.perf_counter()
         with self.model_lock:  # the seconds leave out the wait for it (the other call's forward)
             t0 += time.perf_counter() - t_wait
             vecs = self._vectors(batch, todo) if len(todo) else None
         if vecs is not None:
             self._write_vectors(batch, keys, todo, vecs)
-        self._count(0, force=True)
         return {"embedded": embedded, "question": np.asarray(question, bool),
                 "seconds": np.full(n, (time.perf_counter() - t0) / max(1, n))}
 
@@ -166,29 +165,39 @@ class EmbedSink:
         return self.forward(*token_ids(self.st.tokenizer, [str(batch["embed_text"][i]) for i in todo],
                                        int(self.st.max_seq_length or 512)), self._count)
 
-    def _count(self, rows: int, force: bool = False) -> None:
+    def _count(self, rows: int) -> None:
         with self.count_lock:
             self.rows += rows
-            if force or time.monotonic() - self.noted >= self.NOTE_EVERY_S:
-                self.noted = time.monotonic()
-                atomic_write_text(self.note, str(self.rows))
+
+    def write_note(self) -> None:
+        """The rows done so far to this sink's progress file, if they changed since the last note."""
+        with self.count_lock:
+            rows = self.rows
+        if rows != self.noted:
+            atomic_write_text(self.note, str(rows))
+            self.noted = rows
 
     def _write_vectors(self, batch: dict, keys: np.ndarray, todo: np.ndarray, vecs: np.ndarray) -> None:
-        shard = batch["shard"][todo]
-        for s in np.unique(shard):
-            sel = np.flatnonzero(shard == s)
-            rows = todo[sel]
-            flat = pa.array(vecs[sel].reshape(-1), type=pa.float32())
-            cols = {c: batch[c][rows] for c in ("chunk_idx", "kind", "text", "qn", "ord")}
-            t = pa.table({**cols, "store": batch["store"][rows].astype(bool), "row_key": keys[rows],
-                          "vector": pa.FixedSizeListArray.from_arrays(flat, vecs.shape[1])},
-                         schema=vector_schema(vecs.shape[1]))
-            name = workdir.part_name(keys[rows])
-            stripe = (keys[rows] % SAMPLE_STRIPE) == 0
-            if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)
-                atomic_write_parquet(t.filter(pa.array(stripe)),
-                                        self.work / "sample" / workdir.shard_dir_name(int(s)) / f"{name}.parquet")
-            atomic_write_parquet(t, self.work / "vectors" / workdir.shard_dir_name(int(s)) / f"{name}.parquet")
+        flat = pa.array(vecs.reshape(-1), type=pa.float32())
+        cols = {c: batch[c][todo] for c in ("chunk_idx", "kind", "text", "qn", "ord")}
+        t = pa.table({**cols, "store": batch["store"][todo].astype(bool), "row_key": keys[todo],
+                      "vector": pa.FixedSizeListArray.from_arrays(flat, vecs.shape[1]),
+                      "shard": np.asarray(batch["shard"][todo], np.int32)},
+                     schema=vector_schema(vecs.shape[1]).append(pa.field("shard", pa.int32())))
+        name = workdir.part_name(keys[todo])
+        stripe = (keys[todo] % SAMPLE_STRIPE) == 0
+        if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)
+            atomic_write_parquet(t.filter(pa.array(stripe)), self.work / "sample" / f"{name}.parquet")
+        workdir.write_part(t, self.work / "vectors" / f"{name}.parquet")
+
+
+def _note_every(sink_ref) -> None:
+    """A sink's note thread: writes its count every NOTE_EVERY_S while the sink exists."""
+    while (sink := sink_ref()) is not None:
+        sink.write_note()
+        every = sink.NOTE_EVERY_S
+        del sink  # the thread must not keep the sink alive
+        time.sleep(every)
 
 
 def progress_rows(work: Path, run: str) -> int:

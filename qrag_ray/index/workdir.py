@@ -1,7 +1,9 @@
 """The build's work dir (`<parent>/.<name>.work/`): checkpoints that let a killed `qrag index` resume
-(layout: docs/SCALING.md §6): chunk and vector parts, this run's row keys, the part registry. Files are
-written atomically (index/format.py), so a file that exists is complete. A resumed run drops the rows
-(by `row_key`, a hash of what they are) that any earlier run embedded."""
+(layout: docs/SCALING.md §6): chunk and vector parts, this run's row keys, the part registry. A batch
+writes one part of each kind whatever the shard count: its rows sorted by shard, one row group per
+shard, so a shard's build reads only its own rows (the footers' statistics say where they are). Files
+are written atomically (index/format.py), so a file that exists is complete. A resumed run drops the
+rows (by `row_key`, a hash of what they are) that any earlier run embedded."""
 
 from __future__ import annotations
 
@@ -14,26 +16,67 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from qrag_ray.config.index import index_identity
-from qrag_ray.index.format import atomic_write_text, key63
+from qrag_ray.index.format import atomic_write, atomic_write_text, key63
+
+# the parts' layout: a work dir left in another layout is started afresh, not misread
+LAYOUT = "one-part-per-batch"
 
 
 def work_key(cfg_dump: dict) -> dict:
     """What the checkpoints depend on: the index identity without its documents (rows are keyed by
-    content, so an append or a deletion reuses every unchanged vector)."""
-    return index_identity(cfg_dump, corpus=False)
+    content, so an append or a deletion reuses every unchanged vector), and the parts' layout."""
+    return {**index_identity(cfg_dump, corpus=False), "work_layout": LAYOUT}
 
 
-def run_keys_dir(work: Path, run: str, shard: int) -> Path:
-    return work / "runs" / run / "keys" / shard_dir_name(shard)
+def run_keys_dir(work: Path, run: str) -> Path:
+    return work / "runs" / run / "keys"
 
 
-def run_row_keys(work: Path, run: str, shard: int) -> np.ndarray:
-    """Sorted keys of every vector row this run's stream produced for a shard (embedded or reused)."""
-    arrs = [np.load(f) for f in sorted(run_keys_dir(work, run, shard).glob("*.npy"))]
-    return np.unique(np.concatenate(arrs)) if arrs else np.zeros(0, np.int64)
+def run_row_keys(work: Path, run: str, shard: int | None = None) -> np.ndarray:
+    """Sorted keys of every vector row this run's stream produced (embedded or reused), of one shard
+    or of all."""
+    files = parquet_files(run_keys_dir(work, run))
+    tables = ([pq.read_table(f, columns=["row_key"]) for f in files] if shard is None
+              else read_row_groups(shard_row_groups(files, shard), ["row_key"], shard))
+    keys = [t.column("row_key").to_numpy() for t in tables]
+    return np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+
+
+def write_part(table: pa.Table, path: Path) -> None:
+    """One batch's rows as one Parquet file whatever shards they go to: sorted by `shard` (stable), one
+    row group per shard, so a reader of one shard skips the others' rows (shard_row_groups)."""
+    shard = table.column("shard").to_numpy()
+    order = np.argsort(shard, kind="stable")
+    table = table.take(pa.array(order, pa.int64()))
+    cuts = [0, *(np.flatnonzero(np.diff(shard[order])) + 1).tolist(), len(order)]
+
+    def write(tmp: Path) -> None:
+        with pq.ParquetWriter(tmp, table.schema) as w:
+            for a, b in zip(cuts, cuts[1:]):
+                if b > a:
+                    w.write_table(table.slice(a, b - a), row_group_size=b - a)
+
+    atomic_write(path, write)
+
+
+def shard_row_groups(files: list[Path], shard: int) -> list:
+    """The row groups of these parts that hold rows of `shard`, found from the footers' statistics
+    (each a fragment with its file's `path`); no rows are read."""
+    if not files:
+        return []
+    parts = ds.dataset([str(f) for f in files], format="parquet")
+    return [g for f in parts.get_fragments() for g in f.split_by_row_group(pc.field("shard") == shard)]
+
+
+def read_row_groups(groups: list, columns: list[str], shard: int) -> list[pa.Table]:
+    """The `shard` rows of these row groups, a table per group."""
+    return [g.to_table(columns=columns, filter=pc.field("shard") == shard) for g in groups]
 
 
 def input_fingerprint(files: list[str]) -> list[list]:
@@ -67,10 +110,6 @@ def open_work_dir(work: Path, key: dict) -> bool:
 
 def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
-
-
-def shard_dir_name(shard: int) -> str:
-    return f"s={shard:05d}"
 
 
 def row_keys(chunk_idx, kind, ordinal, text, embed_text) -> np.ndarray:

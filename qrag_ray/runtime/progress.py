@@ -23,7 +23,7 @@ _WRAPPER = re.compile(r"\b(?:MapBatches|Map|FlatMap|Filter|MapRows)\((.*?)\)")
 
 # operators named for what they do (the embedding sink's output rows are the vectors it has done)
 _NAMED_OPS = {"EmbedSink": "embed", "Tokenize": "tokenize", "vLLMEngineStage": "LLM generation (vLLM)"}
-# operators with one output row per input row: until their own estimate exists, their input's total is theirs
+# operators with one output row per input row: their total is their input's, once that is certain
 ONE_TO_ONE = ("EmbedSink", "Tokenize")
 _live: dict[str, Callable[[], int]] = {}  # label -> rows done as the workers count them (see live_rows)
 
@@ -137,7 +137,7 @@ class Display:
         self.console.print(f"  [green]✓[/] {name} ({time.perf_counter() - st.t0:.1f}s)", highlight=False)
 
     def report(self, execution: str, ops: list[tuple[int, str, int, int | None]], finished: bool = False) -> None:
-        """From Ray Data's executor thread; ops: (position, operator name, rows done, estimated total or None)."""
+        """From Ray Data's executor thread; ops: (position, operator name, rows done, total or None)."""
         with self.lock:
             if not self.stages:
                 return
@@ -146,12 +146,15 @@ class Display:
                 pos, _, done, total = ops[i]
                 if labels[i] in _live:
                     done = max(done, _live[labels[i]]())
+                # a total the count has passed was an estimate: unknown, never the count so far
+                total = total if total is None or total >= done else None
                 if (execution, pos) not in st.ops:
                     if finished:
                         continue
                     st.ops[execution, pos] = self.progress.add_task(f"   {labels[i]}", total=total, label=labels[i])
-                total = total if total is None or total >= done else done
                 self.progress.update(st.ops[execution, pos], completed=done, total=total)
+                if total is None:  # rich's update leaves a total it is given as None alone
+                    next(t for t in self.progress.tasks if t.id == st.ops[execution, pos]).total = None
             if finished:
                 for key in [k for k in st.ops if k[0] == execution]:
                     self.progress.remove_task(st.ops.pop(key))

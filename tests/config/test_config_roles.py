@@ -137,12 +137,36 @@ def test_eval_config_files_load(path):
     assert cfg.generator.backend == "vllm"
 
 
+def _leaves(d: dict, path: tuple = ()):
+    for k, v in d.items():
+        yield from _leaves(v, (*path, k)) if isinstance(v, dict) and v else [((*path, k), v)]
+
+
+def _at(d, path: tuple):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "eval" / "variants").glob("*.yaml")), ids=lambda p: p.name)
 def test_eval_variant_files_load(path):
+    """Every variant of a shipped file is a valid index config under a label of its own, and holds each
+    setting the file gives it (one a preset, a rename or a default would drop shows here)."""
     from qrag_ray.evaluation.driver import load_variants
 
-    for v in load_variants(path):
-        index_config(deep_update({"generator": {"backend": "vllm"}}, v.overrides))
+    variants = load_variants(path)
+    labels = [v.label for v in variants]
+    assert variants and len(set(labels)) == len(labels), labels
+    for v in variants:
+        cfg = index_config(deep_update({"generator": {"backend": "vllm"}}, v.overrides)).model_dump(mode="json")
+        dropped = [(".".join(p), want, _at(cfg, p)) for p, want in _leaves(v.overrides) if _at(cfg, p) != want]
+        assert dropped == [], f"{v.label}: (setting, in the file, in the config) {dropped}"
+
+
+def test_the_variant_check_sees_a_dropped_setting():
+    cfg = index_config({"representation": "default"}).model_dump(mode="json")
+    assert [p for p, want in _leaves({"search": {"bm25_alpha": 0.5}, "shards": 2}) if _at(cfg, p) != want] == [
+        ("search", "bm25_alpha"), ("shards",)]
 
 
 def test_the_matrix_and_the_suite_load():

@@ -49,6 +49,7 @@ def _carried() -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.soak  # minutes of process start-ups, for a script that only a lent GPU machine runs
+@pytest.mark.timeout(3900)  # the carry (900 s), the run without it (600 s) and the script (2400 s)
 def test_gpu_script_runs_on_cpu_with_the_carry(tmp_path):
     shim = tmp_path / "shim"
     shim.mkdir()

@@ -87,14 +87,38 @@ def test_left_padding_tokenizers_keep_their_side():
     assert ids[0, 32 - lens[0]:].tolist() == ref[0] and not ids[0, :32 - lens[0]].any()
 
 
-def test_tokenize_udf_sorts_rows_by_length_and_carries_the_other_columns():
+def test_tokenize_udf_sorts_rows_by_length_and_ships_them_unpadded():
     batch = {"embed_text": np.asarray(TEXTS, dtype=object), "row_key": np.arange(len(TEXTS)) * 10}
     out = Tokenize(SHAPE)(batch)
-    assert out["input_ids"].shape == (len(TEXTS), 256)
+    assert out["input_ids"].dtype == object and len(out["input_ids"]) == len(TEXTS)
     assert np.all(np.diff(padded_lengths(out["n_tokens"], 256)) >= 0)
     tok, limit = load_tokenizer(SHAPE)
-    for text, key, n in zip(out["embed_text"], out["row_key"], out["n_tokens"]):
-        assert TEXTS[key // 10] == text and len(tok(text, truncation=True, max_length=limit)["input_ids"]) == n
+    for text, key, n, ids in zip(out["embed_text"], out["row_key"], out["n_tokens"], out["input_ids"]):
+        ref = tok(text, truncation=True, max_length=limit)["input_ids"]
+        assert TEXTS[key // 10] == text and len(ref) == n and ids.dtype == np.int32 and ids.tolist() == ref
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_forward_passes_are_the_same_from_padded_ragged_or_equal_length_ids(side):
+    """The forward step builds each pass from token_ids' padded rows, Tokenize's ragged rows, or a
+    ragged column Ray Data handed over as one 2-d array (rows of one length): the same ids each time."""
+    from qrag_ray.embedding.forward import pass_ids
+    from qrag_ray.embedding.tokens import ragged
+
+    tok, limit = load_tokenizer(SHAPE)
+    tok = type(tok).from_pretrained(SHAPE, padding_side=side)
+    texts = [*TEXTS, TEXTS[3], *(" ".join(["word"] * k) for k in range(1, 60, 3))]
+    padded, lens = token_ids(tok, texts, limit)
+    seqs = [(row[:n] if side == "right" else row[limit - n:]).tolist() for row, n in zip(padded, lens)]
+    left = side == "left"
+    from_padded, from_ragged = pass_ids(padded, lens, left, 0), pass_ids(ragged(seqs), lens, left, 0)
+    for rows, length in [(np.arange(len(texts)), 256), (np.flatnonzero(lens <= 16), 16), (np.array([3, 3, 0]), 64)]:
+        assert np.array_equal(from_padded(rows, length), from_ragged(rows, length))
+    same = np.flatnonzero(lens == lens[3])
+    assert len(same) > 1
+    two_d = np.stack([np.asarray(seqs[i], np.int32) for i in same])
+    assert np.array_equal(pass_ids(two_d, lens[same], left, 0)(np.arange(len(same)), 32),
+                          from_padded(same, 32))
 
 
 def test_dtype_auto_is_float32_on_cpu_and_half_precision_on_cuda():

@@ -112,6 +112,15 @@ def test_offset_evaluates_a_held_out_slice(eval_folder, tmp_path):
     assert res["meta"]["offset"] == 2 and res["meta"]["documents"] == 3
 
 
+def write_manifest(index_dir: Path, config: dict, kinds: list[str]) -> None:
+    """A manifest as a build of another release could have left it (no files: nothing else to read)."""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    (index_dir / "manifest.json").write_text(json.dumps({
+        "format_version": 2, "index_version": "0", "files": {}, "representation": config["representation"],
+        "embedder": {"model": "all-MiniLM-L6-v2", "dim": 384}, "num_shards": 0, "shards": [],
+        "config": config, "kinds": kinds}))
+
+
 def test_reuse_needs_the_same_kinds_not_just_the_same_config(tmp_path):
     """A preset whose kinds changed (atom-hybrid gained bare question vectors) must not reuse an index
     built under the old preset with an otherwise identical config."""
@@ -120,12 +129,12 @@ def test_reuse_needs_the_same_kinds_not_just_the_same_config(tmp_path):
 
     cfg = index_config({"representation": "atom-hybrid", "generator": {"backend": "precomputed"}})
     d = tmp_path / "indexes" / "atom-hybrid"
-    d.mkdir(parents=True)
-    man = {"config": cfg.model_dump(mode="json"), "kinds": ["chunk", "sentence", "question", "quote"]}
-    (d / "manifest.json").write_text(json.dumps(man))
+    write_manifest(d, cfg.model_dump(mode="json"), ["chunk", "sentence", "question", "quote"])
     assert find_reusable(tmp_path / "indexes", d, cfg) == d
-    man["kinds"] = ["chunk", "sentence", "quote"]
-    (d / "manifest.json").write_text(json.dumps(man))
+    write_manifest(d, cfg.model_dump(mode="json"), ["chunk", "sentence", "quote"])
+    assert find_reusable(tmp_path / "indexes", d, cfg) is None
+    # what is not an index is not reused (and not an error)
+    (d / "manifest.json").write_text("{not json")
     assert find_reusable(tmp_path / "indexes", d, cfg) is None
 
 
@@ -137,12 +146,11 @@ def test_an_index_built_before_a_config_section_existed_is_reused_unless_the_sec
 
     cfg = index_config({"representation": "atom-sentence"})
     d = tmp_path / "indexes" / "atom-sentence"
-    d.mkdir(parents=True)
     old = cfg.model_dump(mode="json")
     del old["bm25"]
-    (d / "manifest.json").write_text(json.dumps({"config": old, "kinds": ["sentence"]}))
+    write_manifest(d, old, ["sentence"])
     assert find_reusable(tmp_path / "indexes", d, cfg) == d
     assert find_reusable(tmp_path / "indexes", d, index_config({"representation": "atom-sentence", "bm25": {"enabled": True}})) is None
     # a recorded config this release rejects is not reusable (and not an error)
-    (d / "manifest.json").write_text(json.dumps({"config": old | {"retired_field": 1}, "kinds": ["sentence"]}))
+    write_manifest(d, old | {"retired_field": 1}, ["sentence"])
     assert find_reusable(tmp_path / "indexes", d, cfg) is None

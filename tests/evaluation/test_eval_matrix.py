@@ -10,6 +10,7 @@ import pytest
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.matrix import Condition, check, compare, load_matrix, run_matrix, select
 from qrag_ray.evaluation.report import write_report
+from qrag_ray.evaluation.results import EvalMeta, EvalReport, VariantResult
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,10 +124,8 @@ def test_run_matrix_with_injected_runner(matrix_file):
     assert res.passed and list(res.measured) == ["partial"]
     res = run_matrix(matrix_file, tags=["ci"], runner=runner)
     assert res.passed and list(res.measured) == ["sentence-ci", "partial"]
-    # a driver may return the report shape {"metrics": {...}, ...}
-    res = run_matrix(matrix_file, ids=["chunk"],
-                     runner=lambda c: {"metrics": {"R@1": 0.63, "R@5": 0.86}, "vectors": 10})
-    assert res.passed
+    with pytest.raises(TypeError, match="expected a mapping"):  # a runner returns the metrics, by name
+        run_matrix(matrix_file, ids=["chunk"], runner=lambda c: [0.63, 0.86])
 
 
 @pytest.mark.parametrize("body, msg", [
@@ -168,16 +167,17 @@ def test_repo_matrix_is_valid():
 
 def test_write_report(tmp_path):
     results = {
-        "chunk": {"metrics": {"R@1": 0.625, "R@2": 0.75, "R@5": 0.864, "R@10": 0.917, "R@20": 0.95,
-                              "T@1": 0.9, "MRR@10": 0.73, "nDCG@10": 0.77},
-                  "vectors": 2067, "chunks": 2067, "index_bytes": 3_200_000,
-                  "stage_seconds": {"read": 1.0, "embed": 20.5}},
-        "atom-sentence": {"metrics": {"R@1": 0.701, "R@2": 0.816, "R@5": 0.901, "R@10": 0.942},
-                          "vectors": 10000, "chunks": 2067, "index_bytes": 15_000_000,
-                          "stage_seconds": {"total": 60.0, "embed": 50.0}},
-        "hype": {"metrics": {"R@1": float("nan")}},  # missing fields render as dashes
+        "chunk": VariantResult(metrics={"R@1": 0.625, "R@2": 0.75, "R@5": 0.864, "R@10": 0.917, "R@20": 0.95,
+                                        "T@1": 0.9, "MRR@10": 0.73, "nDCG@10": 0.77},
+                               vectors=2067, chunks=2067, index_bytes=3_200_000,
+                               stage_seconds={"read": 1.0, "embed": 20.5}),
+        "atom-sentence": VariantResult(metrics={"R@1": 0.701, "R@2": 0.816, "R@5": 0.901, "R@10": 0.942},
+                                       vectors=10000, chunks=2067, index_bytes=15_000_000,
+                                       stage_seconds={"total": 60.0, "embed": 50.0}),
+        "hype": VariantResult(metrics={"R@1": float("nan")}),  # missing fields render as dashes
     }
-    paths = write_report(tmp_path / "report", results, title="SQuAD dev", meta={"queries": 10570})
+    meta = EvalMeta(dataset="squad", data="dev.json", documents=2067, queries=10570, judgments=10570, ks=[1, 5])
+    paths = write_report(tmp_path / "report", EvalReport(meta=meta, representations=results))
     assert set(paths) == {"json", "md", "png"}
     for p in paths.values():
         assert p.is_file() and p.stat().st_size > 0
@@ -187,8 +187,11 @@ def test_write_report(tmp_path):
         assert f"`{rep}`" in md
     assert "| **70.1** |" in md and "| 62.5 |" in md and "4.84" in md  # best bolded; 10000/2067 vectors/chunk
     assert "21.5" in md and "60.0" in md  # build seconds: sum of stages, or total
+    assert md.startswith("# qrag eval: squad (2067 docs, 10570 queries)\n") and "- **queries**: 10570" in md
     doc = json.loads(paths["json"].read_text())
-    assert doc["meta"] == {"queries": 10570}
+    assert doc["meta"] == {"dataset": "squad", "data": "dev.json", "subset": None, "documents": 2067,
+                           "queries": 10570, "judgments": 10570, "ks": [1, 5]}  # offset 0 is not written
+    assert EvalReport.model_validate(doc) == EvalReport(meta=meta, representations=results)
     assert doc["representations"]["chunk"]["metrics"]["R@1"] == 0.625
     assert doc["representations"]["chunk"]["index_mb"] == pytest.approx(3.2)
     assert doc["representations"]["hype"]["metrics"]["R@1"] is None

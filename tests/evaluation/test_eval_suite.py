@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from qrag_ray.errors import QragError
+from qrag_ray.evaluation.results import SuiteCell, VariantResult
 from qrag_ray.evaluation.suite import compare_expected, format_table, load_suite, run_suite, with_mean
+
+
+def cell(ndcg: float, **cost) -> SuiteCell:
+    return SuiteCell(metrics={"nDCG@10": ndcg}, **cost)
 
 SUITE = """
 metric: nDCG@10
@@ -72,34 +77,80 @@ def test_run_suite_writes_table_json_and_plot(tmp_path):
 
     def runner(ds, suite, cfgs, out, console):
         seen.append((ds.name, ds.subset, tuple(cfgs)))
-        return {"chunk": {"nDCG@10": 0.495}, "mix": {"nDCG@10": 0.61}}
+        return {"chunk": cell(0.495), "mix": cell(0.61)}
 
     rep = run_suite(s, tmp_path / "out", "ci", runner=runner)
     assert seen == [("b", 10, ("chunk", "mix"))]
-    assert rep["table"]["chunk"] == {"b": pytest.approx(49.5), "mean": pytest.approx(49.5)}
-    assert rep["regressions"] == [] and rep["better"] == []
-    data = json.loads(Path(rep["paths"]["json"]).read_text())
-    assert data["datasets"] == ["b"] and Path(rep["paths"]["png"]).stat().st_size > 1000
-    assert "| mix | **61.0** | **61.0** |" in format_table(rep["table"], ["b"], "nDCG@10")
-    rep = run_suite(s, tmp_path / "out2", "ci", runner=lambda *a: {"chunk": {"nDCG@10": 0.40}})
-    assert len(rep["regressions"]) == 2  # chunk fell 10 points; mix was not measured
+    assert rep.table["chunk"] == {"b": pytest.approx(49.5), "mean": pytest.approx(49.5)}
+    assert rep.regressions == [] and rep.better == []
+    data = json.loads(Path(rep.paths["json"]).read_text())
+    assert data["datasets"] == ["b"] and Path(rep.paths["png"]).stat().st_size > 1000
+    assert data["metrics"] == {"b": {"chunk": {"nDCG@10": 0.495}, "mix": {"nDCG@10": 0.61}}}
+    assert "| mix | **61.0** | **61.0** |" in format_table(rep.table, ["b"], "nDCG@10")
+    rep = run_suite(s, tmp_path / "out2", "ci", runner=lambda *a: {"chunk": cell(0.40)})
+    assert len(rep.regressions) == 2  # chunk fell 10 points; mix was not measured
     with pytest.raises(QragError, match="unknown suite slice 'nightly'"):
         run_suite(s, tmp_path / "out3", "nightly", runner=runner)
 
 
-def test_the_table_reports_what_each_index_costs(tmp_path):
-    from qrag_ray.evaluation.suite import cost
+MATRIX = """
+- {id: small-ci, dataset: squad, data: a.json, subset: 5, representation: chunk, expected: {"R@1": 50.0}, tags: [ci]}
+- {id: big, dataset: squad, data: a.json, representation: chunk, expected: {"R@1": 60.0}, tags: [full]}
+"""
 
-    assert cost({"vectors": 30, "chunks": 10, "stage_seconds": {"total": 12.5}}) == {"vectors_per_chunk": 3.0,
-                                                                                  "build_seconds": 12.5}
-    assert cost({"vectors": 0, "chunks": 0}) == {"vectors_per_chunk": None, "build_seconds": None}
+
+def test_a_slice_runs_the_matrix_conditions_it_names_in_the_same_run(tmp_path):
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    s = load_suite(_write(tmp_path, SUITE.replace("datasets: {b: {subset: 10}}}",
+                                                  "datasets: {b: {subset: 10}}, matrix: {tags: [ci]}}")))
+    assert s.slices["ci"]["matrix"] == {"file": str(tmp_path / "matrix.yaml"), "tags": ["ci"]}
+    ran = []
+
+    def matrix_runner(cond):
+        ran.append(cond.id)
+        return {"R@1": 0.40}  # 10 points under the recorded 50
+
+    def runner(ds, suite, cfgs, out, console):
+        return {"chunk": cell(0.50), "mix": cell(0.60)}
+
+    rep = run_suite(s, tmp_path / "out", "ci", runner=runner, matrix_runner=matrix_runner)
+    assert ran == ["small-ci"] and rep.matrix.measured == {"small-ci": {"R@1": 0.40}}
+    assert rep.regressions == ["matrix small-ci: R@1 40.00 vs recorded 50.0 (-10.00 points, tolerance 1)"]
+    assert "FAIL: 1 regression(s)" in rep.matrix.summary
+    assert json.loads((tmp_path / "out" / "suite.json").read_text())["matrix"]["tags"] == ["ci"]
+    # a partial run of the slice (some configs) leaves the matrix out
+    rep = run_suite(s, tmp_path / "out2", "ci", configs=["chunk"], runner=runner, matrix_runner=matrix_runner)
+    assert ran == ["small-ci"] and rep.matrix is None and "matrix" not in rep.to_json()
+
+
+@pytest.mark.parametrize("matrix, msg", [
+    ("{tags: ci}", "'matrix' needs a list of condition tags"),
+    ("{tags: [nightly]}", "carries the tag(s) nightly"),
+])
+def test_a_slices_matrix_is_checked_when_the_suite_loads(tmp_path, matrix, msg):
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    with pytest.raises(QragError) as ei:
+        load_suite(_write(tmp_path, SUITE.replace("datasets: {b: {subset: 10}}}",
+                                                  f"datasets: {{b: {{subset: 10}}}}, matrix: {matrix}}}")))
+    assert msg in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_the_table_reports_what_each_index_costs(tmp_path):
+    built = SuiteCell.of(VariantResult(metrics={"nDCG@10": 0.5}, vectors=30, chunks=10,
+                                       stage_seconds={"embed": 9.0, "total": 12.5}))
+    assert (built.vectors_per_chunk, built.build_seconds) == (3.0, 12.5)
+    empty = SuiteCell.of(VariantResult(metrics={}, vectors=0, chunks=0))
+    assert (empty.vectors_per_chunk, empty.build_seconds) == (None, None)
     s = load_suite(_write(tmp_path))
     rep = run_suite(s, tmp_path / "out", "ci", runner=lambda *a: {
-        "chunk": {"nDCG@10": 0.5, "vectors_per_chunk": 1.0, "build_seconds": 10.0},
-        "mix": {"nDCG@10": 0.6, "vectors_per_chunk": 7.5, "build_seconds": 41.0}})
-    assert rep["cost"] == {"chunk": {"vectors/chunk": 1.0, "build s": 10.0}, "mix": {"vectors/chunk": 7.5, "build s": 41.0}}
-    assert "| nDCG@10 | b | mean | vectors/chunk | build s |" in rep["markdown"]
-    assert "| mix | **60.0** | **60.0** | 7.5 | 41 |" in rep["markdown"]
+        "chunk": cell(0.5, vectors_per_chunk=1.0, build_seconds=10.0),
+        "mix": cell(0.6, vectors_per_chunk=7.5, build_seconds=41.0)})
+    assert rep.cost == {"chunk": {"vectors/chunk": 1.0, "build s": 10.0}, "mix": {"vectors/chunk": 7.5, "build s": 41.0}}
+    assert "| nDCG@10 | b | mean | vectors/chunk | build s |" in rep.markdown
+    assert "| mix | **60.0** | **60.0** | 7.5 | 41 |" in rep.markdown
+    # a resumed run reads the costs back from suite.json
+    rep = run_suite(s, tmp_path / "out", "ci", runner=lambda *a: {}, resume=True)
+    assert rep.cost["mix"] == {"vectors/chunk": 7.5, "build s": 41.0}
 
 
 def test_title_options_drop_out_on_an_untitled_corpus():
@@ -128,11 +179,11 @@ def test_resume_keeps_unchanged_figures_and_skip_leaves_pairs_out(tmp_path):
 
     def runner(ds, suite, cfgs, out, console):
         calls.append((ds.name, tuple(cfgs)))
-        return {c: {"nDCG@10": 0.5} for c in cfgs}
+        return {c: cell(0.5) for c in cfgs}
 
     rep = run_suite(s, tmp_path / "o", "ci", runner=runner)
-    assert calls == [("a", ("chunk",)), ("b", ("chunk", "mix"))] and "mix" not in rep["metrics"]["a"]
-    assert "mean" not in rep["table"]["mix"]  # not measured on every dataset
+    assert calls == [("a", ("chunk",)), ("b", ("chunk", "mix"))] and "mix" not in rep.metrics["a"]
+    assert "mean" not in rep.table["mix"]  # not measured on every dataset
     calls.clear()
     s.configs["mix"] = {**s.configs["mix"], "search": {"bm25_alpha": 0.7}}  # a changed definition runs again
     run_suite(s, tmp_path / "o", "ci", runner=runner, resume=True)
@@ -147,18 +198,18 @@ def test_resume_with_other_configs_writes_the_whole_table(tmp_path):
 
     def runner(ds, suite, cfgs, out, console):
         calls.append((ds.name, tuple(cfgs)))
-        return {c: {"nDCG@10": 0.5 if c == "chunk" else 0.6} for c in cfgs}
+        return {c: cell(0.5 if c == "chunk" else 0.6) for c in cfgs}
 
     run_suite(s, tmp_path / "o", "ci", configs=["chunk"], runner=runner)
     rep = run_suite(s, tmp_path / "o", "ci", configs=["mix"], runner=runner, resume=True)
     assert calls == [("b", ("chunk",)), ("b", ("mix",))]
-    assert rep["table"]["chunk"]["b"] == 50.0 and rep["table"]["mix"]["b"] == 60.0
+    assert rep.table["chunk"]["b"] == 50.0 and rep.table["mix"]["b"] == 60.0
     on_disk = json.loads((tmp_path / "o" / "suite.json").read_text())
     assert set(on_disk["table"]) == {"chunk", "mix"}
     assert "| chunk |" in (tmp_path / "o" / "suite.md").read_text()
     # without --resume the output is this run's configurations only
     rep = run_suite(s, tmp_path / "o", "ci", configs=["mix"], runner=runner)
-    assert set(rep["table"]) == {"mix"}
+    assert set(rep.table) == {"mix"}
 
 
 def test_resume_with_other_datasets_keeps_the_datasets_left_out(tmp_path):
@@ -170,12 +221,37 @@ def test_resume_with_other_datasets_keeps_the_datasets_left_out(tmp_path):
 
     def runner(ds, suite, cfgs, out, console):
         calls.append((ds.name, tuple(cfgs)))
-        return {c: {"nDCG@10": 0.4 if ds.name == "a" else 0.6} for c in cfgs}
+        return {c: cell(0.4 if ds.name == "a" else 0.6) for c in cfgs}
 
     run_suite(s, tmp_path / "o", "ci", datasets=["a"], runner=runner)
     rep = run_suite(s, tmp_path / "o", "ci", datasets=["b"], runner=runner, resume=True)
     assert calls == [("a", ("chunk", "mix")), ("b", ("chunk", "mix"))]
-    assert rep["datasets"] == ["a", "b"] and rep["table"]["chunk"] == {"a": 40.0, "b": 60.0, "mean": 50.0}
+    assert rep.datasets == ["a", "b"] and rep.table["chunk"] == {"a": 40.0, "b": 60.0, "mean": 50.0}
     # without --resume a run of one dataset reports that dataset only
     rep = run_suite(s, tmp_path / "o", "ci", datasets=["b"], runner=runner)
-    assert rep["datasets"] == ["b"]
+    assert rep.datasets == ["b"]
+
+
+def test_resume_reads_the_eval_reports_an_earlier_release_wrote(tmp_path):
+    """A dataset folder's results.json as `qrag eval` has written it since its first release (the summary
+    fields beside the figures): a resumed suite takes its figures and costs instead of measuring again."""
+    s = load_suite(_write(tmp_path))
+    (tmp_path / "o" / "b").mkdir(parents=True)
+    (tmp_path / "o" / "b" / "results.json").write_text(json.dumps({
+        "meta": {"dataset": "beir", "data": "bdir", "subset": 10, "documents": 5, "queries": 3, "judgments": 3,
+                 "ks": [1, 10]},
+        "representations": {"chunk": {
+            "metrics": {"R@1": 0.5, "nDCG@10": 0.52}, "vectors": 5, "chunks": 5, "questions": 0,
+            "vectors_before_filters": 5, "index_bytes": 1000, "stage_seconds": {"embed": 1.5, "total": 2.0},
+            "query_ms": 1.0, "generation": {}, "leaked_queries": 0, "leaked_examples": [], "index_reused": False,
+            "index_dir": "o/b/indexes/chunk", "config": {}, "vectors_per_chunk": 1.0, "build_seconds": 2.0,
+            "index_mb": 0.001}}}))
+    calls = []
+
+    def runner(ds, suite, cfgs, out, console):
+        calls.append(tuple(cfgs))
+        return {c: cell(0.6) for c in cfgs}
+
+    rep = run_suite(s, tmp_path / "o", "ci", runner=runner, resume=True)
+    assert calls == [("mix",)]
+    assert rep.table["chunk"]["b"] == pytest.approx(52.0) and rep.cost["chunk"] == {"vectors/chunk": 1.0, "build s": 2.0}

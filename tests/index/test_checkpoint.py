@@ -57,7 +57,7 @@ def test_sample_is_chosen_by_key_whatever_the_parts(tmp_path):
         for i, idx in enumerate(np.split(np.arange(500), splits)):
             t = pa.table({"row_key": keys[idx], "store": np.ones(len(idx), bool),
                           "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs[idx].ravel()), 8)})
-            atomic_write_parquet(t, root / "vectors" / "s=00000" / f"{i:03d}.parquet")
+            atomic_write_parquet(t, root / "vectors" / f"{i:03d}.parquet")
 
     write(tmp_path / "a", [100, 300])
     write(tmp_path / "b", [50, 120, 400, 450])
@@ -74,3 +74,57 @@ def test_content_hash_ignores_timings_and_paths():
     c2 = index_identity({"representation": "chunk", "build": {"output": "/b", "keep_work": False}})
     assert manifest_content_hash(files, c1) == manifest_content_hash(dict(reversed(files.items())), c2)
     assert manifest_content_hash({**files, "chunks.parquet": "ce"}, c1) != manifest_content_hash(files, c1)
+
+
+def test_a_part_holds_every_shard_of_its_batch_in_row_groups_read_by_shard(tmp_path):
+    """One file per batch whatever the shard count; a shard's reader finds its own row groups from the
+    footers and reads exactly its rows, in the batch's order."""
+    rng = np.random.default_rng(2)
+    shard = rng.integers(0, 32, 500).astype(np.int32)
+    shard[shard == 7] = 8  # a shard the batch does not touch
+    t = pa.table({"row_key": np.arange(500, dtype=np.int64), "shard": shard})
+    workdir.write_part(t, tmp_path / "p" / "a.parquet")
+    workdir.write_part(t.slice(0, 10), tmp_path / "p" / "b.parquet")
+    files = workdir.parquet_files(tmp_path / "p")
+    assert [f.name for f in files] == ["a.parquet", "b.parquet"]
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(files[0]).num_row_groups == len(np.unique(shard))
+    for s in (0, 7, 8, 31):
+        groups = workdir.shard_row_groups(files, s)
+        got = [t.column("row_key").to_pylist() for t in workdir.read_row_groups(groups, ["row_key"], s)]
+        want = [w.tolist() for w in (np.flatnonzero(shard == s), np.flatnonzero(shard[:10] == s)) if len(w)]
+        assert got == want, s  # a file without the shard's rows gives no row group to read
+
+
+@pytest.mark.integration
+def test_an_embedding_batch_writes_the_same_few_files_at_1_and_32_shards(tmp_path):
+    """A 4,096-row batch through the real EmbedSink, and its chunks through the chunker's part writer:
+    the same files whatever the shard count (row keys, vectors, sample stripe; chunk part, registry),
+    and each shard's build reads back exactly its rows."""
+    from qrag_ray.index.rows import chunk_columns
+    from qrag_ray.index.udfs import EmbedSink, write_chunk_part
+
+    n, written = 4096, {}
+    for shards in (1, 32):
+        work = tmp_path / f"shards{shards}"
+        idx = np.arange(n, dtype=np.int64) * 7919
+        chunks = [{"chunk_id": f"d{i}#0", "doc_id": f"d{i}", "title": "", "text": f"row {i}", "chunk_idx": int(c),
+                   "shard": int(c % shards)} for i, c in enumerate(idx)]
+        write_chunk_part(chunk_columns(chunks, False), n, work, "run")
+        batch = {"chunk_idx": idx, "kind": np.full(n, "chunk", object), "ord": np.zeros(n, np.int32),
+                 "text": np.asarray([c["text"] for c in chunks], object), "qn": np.full(n, -1, np.int32),
+                 "shard": (idx % shards).astype(np.int32), "store": np.ones(n, bool)}
+        batch["embed_text"] = batch["text"]
+        sink = EmbedSink("all-MiniLM-L6-v2", 64, None, 1, str(work), None, "run")
+        out = sink(batch)
+        assert out["embedded"].all()
+        written[shards] = sorted(str(p.relative_to(work).parent) for p in work.rglob("*.parquet"))
+        written[shards] += sorted(str(p.relative_to(work).parent) for p in work.glob("chunks/runs/*/*.json"))
+        for s in (0, shards - 1):
+            groups = workdir.shard_row_groups(workdir.parquet_files(work / "vectors"), s)
+            got = np.concatenate([t.column("chunk_idx").to_numpy()
+                                  for t in workdir.read_row_groups(groups, ["chunk_idx"], s)])
+            assert sorted(got.tolist()) == idx[idx % shards == s].tolist()
+            assert len(workdir.run_row_keys(work, "run", s)) == int(np.sum(idx % shards == s))
+    assert written[1] == written[32] == ["chunks", "runs/run/keys", "sample", "vectors", "chunks/runs/run"], written

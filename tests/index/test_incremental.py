@@ -10,19 +10,19 @@ import pytest
 
 from qrag_ray.index.format import load_manifest
 from qrag_ray.index.incremental import incremental_config
-from qrag_ray.search.engine import SearchEngine
 
 QUERIES = ["When does the else clause of a for loop run?", "What does the assert statement do?",
            "How do I make an object usable in a with statement?", "What is a lambda expression?"]
 
 
-def _search(index):
-    eng = SearchEngine(index)
+def _search(open_engine, index):
+    eng = open_engine(index)
     return [[(r["chunk_id"], round(r["score"], 5)) for r in res] for res in eng.search(QUERIES, k=4)]
 
 
 @pytest.mark.slow
-def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_records, jsonl_writer, tmp_path):
+def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_records, jsonl_writer, tmp_path,
+                                               open_engine):
     from qrag_ray.index.build import build_index
 
     docs = corpus_records()
@@ -40,10 +40,10 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     # only the new documents were embedded; the rest came from the kept checkpoints
     assert appended.vectors_reused == first.vectors
     assert appended.vectors_embedded == full.vectors - first.vectors > 0
-    assert load_manifest(out).index_version != first.manifest["index_version"]  # a new version
+    assert load_manifest(out).index_version != first.manifest.index_version  # a new version
     a, f = load_manifest(out, verify=True).data, load_manifest(tmp_path / "full").data
     assert a["files"] == f["files"] and a["counts"] == f["counts"]
-    assert _search(out) == _search(tmp_path / "full")
+    assert _search(open_engine, out) == _search(open_engine, tmp_path / "full")
 
     ids = tmp_path / "gone.txt"
     ids.write_text("for\nlambda\n")
@@ -53,8 +53,8 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     ref = build_with({**common, "input": str(rest), "build.output": str(tmp_path / "ref")})
     d, r = load_manifest(out, verify=True).data, load_manifest(tmp_path / "ref").data
     assert d["files"] == r["files"] and deleted.vectors == ref.vectors
-    hits = _search(out)
-    assert hits == _search(tmp_path / "ref")
+    hits = _search(open_engine, out)
+    assert hits == _search(open_engine, tmp_path / "ref")
     assert not any(cid.split("#")[0] in ("for", "lambda") for res in hits for cid, _ in res)
     assert json.loads((out / "manifest.json").read_text())["config"]["build"]["delete_ids"] == [str(ids)]
 

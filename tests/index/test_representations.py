@@ -52,6 +52,19 @@ def test_rows_per_representation(rep):
     assert all(r["chunk_idx"] == 11 and r["shard"] == 1 for r in rows)
 
 
+def test_the_question_kinds_are_the_rows_that_hold_a_question():
+    """QUESTION_KINDS (what doc2query, the leakage check and the demo read as generated questions) is every
+    kind whose row text is one generated question, and no other; GENERATED_KINDS adds the kinds that need
+    questions to exist at all."""
+    from qrag_ray.config.search_policy import GENERATED_KINDS, QUESTION_KINDS, VECTOR_KINDS
+    from qrag_ray.index.representations import vector_rows
+
+    rows = vector_rows(CHUNK, list(VECTOR_KINDS), CHUNK["questions"], SENTS, atom=SENTS[0], title="Loops")
+    assert {r["kind"] for r in rows if r["text"] in QS} == set(QUESTION_KINDS)
+    without = vector_rows(CHUNK, list(VECTOR_KINDS), [], SENTS, atom=SENTS[0], title="Loops")
+    assert set(VECTOR_KINDS) - {r["kind"] for r in without} == set(GENERATED_KINDS)
+
+
 def test_preset_search_defaults_yield_to_the_config():
     # the preset brings its calibrated group fusion; an explicit choice wins field by field
     cfg = index_config(dict(representation="atom-hybrid", generator={"backend": "vllm"}))

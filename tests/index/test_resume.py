@@ -27,13 +27,14 @@ def _corpus(path):
 
 
 @pytest.mark.slow
-def test_killed_build_resumes_to_the_same_index(local_ray, build_with, tmp_path):
+@pytest.mark.parametrize("shards", [3, 32])  # 32: every batch spread over many shards, one part per batch
+def test_killed_build_resumes_to_the_same_index(local_ray, build_with, tmp_path, shards):
     corpus = _corpus(tmp_path / "topics.jsonl")
     conf = tmp_path / "c.yaml"
     conf.write_text("chunker: {method: token, size: 120, overlap: 20}\nbuild: {rows_per_part: 16, embedder: {threads: 1, batch_size: 8}}\n")
     out = tmp_path / "idx"
     cmd = [sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(corpus), "--output", str(out),
-           "--representation", "chunk", "--shards", "3", "--config", str(conf), "--json"]
+           "--representation", "chunk", "--shards", str(shards), "--config", str(conf), "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     parts = tmp_path / ".idx.work" / "vectors"
     deadline = time.time() + 300
@@ -47,7 +48,7 @@ def test_killed_build_resumes_to_the_same_index(local_ray, build_with, tmp_path)
     done_before = len(list(parts.rglob("*.parquet")))
     assert done_before >= 3
 
-    cfg = {"input": str(corpus), "representation": "chunk", "shards": 3, "chunker.method": "token",
+    cfg = {"input": str(corpus), "representation": "chunk", "shards": shards, "chunker.method": "token",
            "chunker.size": 120, "chunker.overlap": 20, "build.rows_per_part": 16, "build.embedder.threads": 1,
            "build.embedder.batch_size": 8}  # forward passes of 8 rows: each part is 16 rows over several length buckets
     resumed = build_with({**cfg, "build.output": str(out)})

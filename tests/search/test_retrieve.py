@@ -120,10 +120,28 @@ def _calls(path: Path) -> set[str]:
     return names
 
 
+def _calls_the_core(source: str) -> bool:
+    """The module imports `retrieve` from the core (search/retrieve.py), defines no name of its own that
+    shadows it, and calls it by that name."""
+    tree = ast.parse(source)
+    imported = any(isinstance(n, ast.ImportFrom) and n.module == "qrag_ray.search.retrieve"
+                   and any(a.name == "retrieve" and a.asname is None for a in n.names) for n in tree.body)
+    shadowed = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == "retrieve"
+                   for n in tree.body)
+    called = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "retrieve"
+                 for n in ast.walk(tree))
+    return imported and called and not shadowed
+
+
 def test_every_search_path_is_the_core():
-    """`qrag search` / `qrag eval` (the engine) and the Router rank through `retrieve`, and nothing else
-    in the package merges shard hits or searches a shard: there is no second search path."""
-    assert "retrieve" in _calls(PKG / "search" / "engine.py") and "retrieve" in _calls(PKG / "serving" / "query_batch.py")
+    """`qrag search` / `qrag eval` (the engine) and the Router rank through the core's `retrieve`, and
+    nothing else in the package merges shard hits or searches a shard: there is no second search path."""
+    for f in (PKG / "search" / "engine.py", PKG / "serving" / "query_batch.py"):
+        assert _calls_the_core(f.read_text()), f
+    core = "from qrag_ray.search.retrieve import retrieve\n"
+    assert _calls_the_core(core + "retrieve(1)\n")
+    assert not _calls_the_core(core + "def retrieve(*a):\n    pass\nretrieve(1)\n")  # its own retrieve
+    assert not _calls_the_core(core.replace("search.retrieve", "search.other") + "retrieve(1)\n")
     core_files = {PKG / "search" / n for n in ("retrieve.py", "shard_search.py", "merge.py")}
     for f in PKG.rglob("*.py"):
         if f not in core_files:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from qrag_ray.index.representations import title_text, vector_rows
-from qrag_ray.search.engine import SearchEngine
 
 # Six short biographies whose texts never name their subject: only the title says who each one is.
 DOCS = [
@@ -27,10 +26,10 @@ def titled_corpus(tmp_path_factory, jsonl_writer):
     return jsonl_writer(path, [{"id": i, "title": t, "text": x} for i, t, x in DOCS])
 
 
-def _top_doc(local_ray, build_with, corpus, out, **cfg) -> list[str]:
+def _top_doc(local_ray, build_with, open_engine, corpus, out, **cfg) -> list[str]:
     build_with({"input": str(corpus), "build.output": str(out), "chunker.method": "none", "faiss.factory": "Flat",
                 **cfg})
-    return [r["doc_id"] for r in SearchEngine(out).search([QUERY], k=3)[0]]
+    return [r["doc_id"] for r in open_engine(out).search([QUERY], k=3)[0]]
 
 
 @pytest.mark.integration
@@ -40,17 +39,17 @@ def _top_doc(local_ray, build_with, corpus, out, **cfg) -> list[str]:
     {"representation": "chunk", "bm25.enabled": True, "search.bm25_alpha": 0.0, "title_prefix": False,
      "_kinds": "chunk+title"},
 ], ids=["prefix", "title-vector", "title-in-bm25"])
-def test_a_title_only_match_retrieves_its_document(cfg, local_ray, build_with, titled_corpus, tmp_path):
+def test_a_title_only_match_retrieves_its_document(cfg, local_ray, build_with, open_engine, titled_corpus, tmp_path):
     cfg = dict(cfg)
     if "_kinds" in cfg:
         cfg["representation"] = cfg.pop("_kinds")
-    assert _top_doc(local_ray, build_with, titled_corpus, tmp_path / "idx", **cfg)[0] == "haddad"
+    assert _top_doc(local_ray, build_with, open_engine, titled_corpus, tmp_path / "idx", **cfg)[0] == "haddad"
 
 
 @pytest.mark.integration
-def test_without_titles_the_same_query_misses(local_ray, build_with, titled_corpus, tmp_path):
+def test_without_titles_the_same_query_misses(local_ray, build_with, open_engine, titled_corpus, tmp_path):
     """The control: the texts alone do not single the document out, so the tests above measure titles."""
-    assert _top_doc(local_ray, build_with, titled_corpus, tmp_path / "idx", representation="chunk")[0] != "haddad"
+    assert _top_doc(local_ray, build_with, open_engine, titled_corpus, tmp_path / "idx", representation="chunk")[0] != "haddad"
 
 
 def test_title_rows_are_built_only_when_asked():

@@ -6,7 +6,6 @@ OpenAI-compatible HTTP server (tests/fake_openai_server.py) behind the real `ope
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -16,22 +15,18 @@ from fake_openai_server import running_fake_openai
 
 from qrag_ray.runtime.ports import free_port
 from support.corpus import topic_records, write_jsonl
-from support.indexes import build
+from support.indexes import shared_build
 from support.serving_data import ALPHA_TOPICS, BETA_TOPICS, HYDE_PASSAGE, IDK_MARKER
 
 
 def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int = 3, **extra) -> Path:
-    cache = os.environ.get("QRAG_SERVING_TEST_CACHE")  # dev loop only: reuse indexes built by an earlier run
-    if cache:
-        workdir = Path(cache)
-        workdir.mkdir(parents=True, exist_ok=True)
-        if (workdir / f"{name}-index" / "manifest.json").is_file():
-            return workdir / f"{name}-index"
+    """`workdir/<name>-index`: an atom-sentence index of the named topics, built once per run for its
+    content and copied to each pytest process that asks (support/build_cache.py)."""
     corpus = write_jsonl(workdir / f"{name}.jsonl", topic_records(names))
     out = workdir / f"{name}-index"
-    build({"input": str(corpus), "format": "jsonl", "build.output": str(out), "representation": "atom-sentence",
-           "shards": shards, "build.overwrite": True, "generator": {"backend": "none"},
-           "chunker": {"method": "token", "size": 120, "overlap": 20}, **extra})
+    shared_build({"input": str(corpus), "format": "jsonl", "build.output": str(out), "representation": "atom-sentence",
+                  "shards": shards, "build.overwrite": True, "generator": {"backend": "none"},
+                  "chunker": {"method": "token", "size": 120, "overlap": 20}, **extra})
     return out
 
 

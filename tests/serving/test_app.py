@@ -105,10 +105,8 @@ def test_k_beyond_the_index_returns_every_chunk_once(served):
 
 
 @pytest.mark.parametrize("prefix,tenant", [("/open", None), ("", "alpha")])
-def test_results_equal_in_process_search(served, prefix, tenant):
-    from qrag_ray.search.engine import SearchEngine
-
-    engine = SearchEngine(served["alpha"])
+def test_results_equal_in_process_search(served, prefix, tenant, open_engine):
+    engine = open_engine(served["alpha"])
     for q in QUERIES:
         for k in (3, 25):
             want = engine.search([q], k=k)[0]
@@ -122,16 +120,14 @@ def test_results_equal_in_process_search(served, prefix, tenant):
                 assert (g["doc_id"], g["title"], g["text"]) == (w["doc_id"], w["title"], w["text"])
 
 
-def test_concurrent_requests_are_batched_and_rank_as_in_process(served):
+def test_concurrent_requests_are_batched_and_rank_as_in_process(served, open_engine):
     """Requests that overlap are embedded in one encode call and searched in one pass (same k), a lone
     one as a batch of one; either way they rank exactly as the in-process engine."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
-    from qrag_ray.search.engine import SearchEngine
-
-    engine = SearchEngine(served["alpha"])
+    engine = open_engine(served["alpha"])
     queries = [f"{q} ({i})" for i in range(8) for q in QUERIES]
     want = {q: [x["chunk_id"] for x in r] for q, r in zip(queries, engine.search(queries, k=5))}
     url, headers = str(served["client"].base_url), auth(served, "alpha")
@@ -152,12 +148,10 @@ def test_concurrent_requests_are_batched_and_rank_as_in_process(served):
     assert max(s for _, s in batches) > 1, batches  # ... and searched together
 
 
-def test_hybrid_tenant_equals_in_process_hybrid_search(served):
+def test_hybrid_tenant_equals_in_process_hybrid_search(served, open_engine):
     """delta = alpha's corpus with a BM25 channel: the router sends the query text to every shard and
     merges BM25 and dense lists exactly as the in-process engine does."""
-    from qrag_ray.search.engine import SearchEngine
-
-    engine = SearchEngine(served["delta"])
+    engine = open_engine(served["delta"])
     assert engine.policy.bm25_alpha == 0.7
     for q in QUERIES + ["nonlocal"]:
         want = engine.search([q], k=10)[0]
@@ -174,19 +168,18 @@ def test_hybrid_tenant_equals_in_process_hybrid_search(served):
     assert hybrid[0]["doc_id"] == "nonlocal" and max(x["bm25"] for x in hybrid) == 1.0
 
 
-def test_request_bm25_alpha_overrides_the_index_setting(served):
-    from qrag_ray.search.engine import SearchEngine
+def test_request_bm25_alpha_overrides_the_index_setting(served, open_engine):
     from qrag_ray.config.search_policy import SearchConfig
 
-    base = SearchEngine(served["delta"])
-    lexical = SearchEngine(served["delta"], policy=base.policy.with_bm25_alpha(0.0))
+    base = open_engine(served["delta"])
+    lexical = open_engine(served["delta"], policy=base.policy.with_bm25_alpha(0.0))
     for q in QUERIES:
         want = lexical.search([q], k=10)[0]
         got = search(served, {"query": q, "k": 10, "bm25_alpha": 0.0}, tenant="delta").json()["results"]
         assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
         assert [x["bm25"] for x in got] == pytest.approx([x["bm25"] for x in want], abs=1e-5)
     # alpha 1 on the hybrid index is its dense ranking
-    dense = SearchEngine(served["delta"], policy=SearchConfig())
+    dense = open_engine(served["delta"], policy=SearchConfig())
     got = search(served, {"query": QUERIES[0], "k": 10, "bm25_alpha": 1.0}, tenant="delta").json()["results"]
     assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in dense.search([QUERIES[0]], k=10)[0]]
     # an index without a BM25 channel: a clear 409 (the request is valid, the index cannot serve it),
@@ -197,10 +190,8 @@ def test_request_bm25_alpha_overrides_the_index_setting(served):
     assert r.status_code == 422
 
 
-def test_min_score_filters_like_in_process(served):
-    from qrag_ray.search.engine import SearchEngine
-
-    engine = SearchEngine(served["alpha"])
+def test_min_score_filters_like_in_process(served, open_engine):
+    engine = open_engine(served["alpha"])
     want = engine.search([QUERIES[1]], k=30, min_score=0.45)[0]
     got = search(served, {"query": QUERIES[1], "k": 30, "min_score": 0.45}).json()["results"]
     assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
@@ -285,7 +276,7 @@ def test_unknown_route_and_method(served):
 
 
 # ------------------------------------------------------------------------------------ LLM paths
-def test_hyde_embeds_the_llm_passage(served, fake_llm):
+def test_hyde_embeds_the_llm_passage(served, fake_llm, open_engine):
     n0 = len(fake_llm.bodies)
     r = search(served, {"query": "How do I make an object usable in a with statement?", "k": 5, "mode": "hyde"},
                tenant="beta")
@@ -294,9 +285,7 @@ def test_hyde_embeds_the_llm_passage(served, fake_llm):
     assert body["mode"] == "hyde" and body["hypothetical"] == HYDE_PASSAGE
     assert len(fake_llm.bodies) == n0 + 1 and "Passage:" in fake_llm.bodies[-1]["messages"][-1]["content"]
     # the vector searched is the passage's: same ranking as an in-process search for the passage text
-    from qrag_ray.search.engine import SearchEngine
-
-    want = SearchEngine(served["beta"]).search([HYDE_PASSAGE], k=5)[0]
+    want = open_engine(served["beta"]).search([HYDE_PASSAGE], k=5)[0]
     assert [x["chunk_id"] for x in body["results"]] == [x["chunk_id"] for x in want]
 
 

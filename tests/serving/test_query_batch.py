@@ -1,4 +1,4 @@
-"""The Router's side of a retrieval (serving/retrieval.py) with fake shard deployments and a fake
+"""The Router's side of a retrieval (serving/query_batch.py) with fake shard deployments and a fake
 encoder: no Ray cluster, no Serve, no model. The shard backends' retries and errors, and QueryBatcher's one
 path (version, embedding as a batch, the core over the tenant's backend, timings)."""
 

@@ -72,17 +72,15 @@ def test_a_tenants_queries_stay_on_the_replicas_that_hold_it_and_another_tenant_
 
 
 @pytest.mark.slow
-def test_grouped_shard_searchers_rank_as_in_process_with_one_call_per_group(serve_app, tenant_indexes):
+def test_grouped_shard_searchers_rank_as_in_process_with_one_call_per_group(serve_app, tenant_indexes, open_engine):
     """`shards_per_searcher: 2` over 3-shard tenants: ShardSearcher0 searches shards 0 and 1 in one call,
     ShardSearcher1 shard 2; the pages are the in-process engine's."""
     from ray import serve
 
-    from qrag_ray.search.engine import SearchEngine
-
     url, headers = serve_app("grouped", {"warm_tenants": 2, "request_timeout_s": 60, "shards_per_searcher": 2},
                              {"Router": SMALL, **{f"ShardSearcher{g}": {**SMALL, "num_replicas": 1} for g in range(2)}})
     assert set(serve.status().applications["grouped"].deployments) == {"Router", "ShardSearcher0", "ShardSearcher1"}
-    engine = SearchEngine(tenant_indexes["alpha"])
+    engine = open_engine(tenant_indexes["alpha"])
     with httpx.Client(base_url=url, timeout=120) as client:
         for query in ("When does the else clause of a for loop run?", "What does the with statement do?"):
             for k in (3, 25):

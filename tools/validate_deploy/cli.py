@@ -11,8 +11,8 @@ from typing import Iterable
 
 import yaml
 
-from tools.validate_deploy import REPO, kuberay, launcher, monitoring, security, serve
-from tools.validate_deploy.render import RenderError, load_docs, render_kustomization
+from tools.validate_deploy import REPO, kuberay, launcher, monitoring, pods, security, serve
+from tools.validate_deploy.render import RenderError, load_docs, render_kustomization, render_with_components
 
 OVERLAYS = {"cpu-dev": {"gpu": False}, "gpu-prod": {"gpu": True}}
 CLUSTER_LAUNCHER = REPO / "cluster" / "cloud-gpu.yaml"
@@ -53,9 +53,11 @@ def validate_docs(docs: list[dict], *, require_gpu: bool, canonical_serve: dict 
         if d["kind"] == "RayService":
             report.extend(w, kuberay.check_rayservice(d, require_gpu=require_gpu, canonical=canonical_serve))
             report.extend(w, security.check_ray_resource(d))
+            report.extend(w, pods.check_pods(d))
         elif d["kind"] == "RayJob":
             report.extend(w, kuberay.check_rayjob(d, require_gpu=require_gpu, configmaps=configmaps))
             report.extend(w, security.check_ray_resource(d))
+            report.extend(w, pods.check_pods(d))
         elif d["kind"] == "ConfigMap" and any(k.endswith(".json") for k in d.get("data") or {}):
             for k, v in d["data"].items():
                 if k.endswith(".json"):
@@ -85,6 +87,25 @@ def validate_overlay(path: str | Path, *, require_gpu: bool, canonical_serve: di
                          report=report, where=f"{path.name}: ")
 
 
+def validate_node_selectors(root: Path, report: Report) -> Report:
+    """Each node-selector component (k8s/components/gpu-nodes-*) renders onto every GPU overlay and selects
+    the nodes of every GPU group, and of no CPU group."""
+    found = sorted((root / "k8s" / "components").glob("gpu-nodes-*"))
+    if not found:
+        report.add("k8s/components", "no gpu-nodes-* component: the GPU node selector patch users apply")
+    for comp in found:
+        for name in (n for n, opts in OVERLAYS.items() if opts["gpu"]):
+            where = f"{name} + components/{comp.name}"
+            try:
+                docs = render_with_components(root / "k8s" / "overlays" / name, [comp])
+            except (RenderError, OSError, yaml.YAMLError) as e:
+                report.add(where, f"cannot render: {e}")
+                continue
+            report.extend(where, pods.check_node_selector_component(docs, comp.name))
+            report.checked.append(where)
+    return report
+
+
 def validate_repo(root: Path = REPO) -> Report:
     report = Report()
     canonical = serve.load_canonical_serve_config(root / "serve_configs" / "qrag.yaml")
@@ -92,6 +113,7 @@ def validate_repo(root: Path = REPO) -> Report:
     for name, opts in OVERLAYS.items():
         validate_overlay(root / "k8s" / "overlays" / name, require_gpu=opts["gpu"], canonical_serve=canonical,
                          report=report)
+    validate_node_selectors(root, report)
     report.extend("cluster/cloud-gpu.yaml",
                   launcher.check_cluster_launcher(yaml.safe_load((root / "cluster" / "cloud-gpu.yaml").read_text())))
     return report

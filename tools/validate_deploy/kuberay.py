@@ -17,9 +17,18 @@ GPU = "nvidia.com/gpu"
 REPO_SERVE_CONFIG = "serve_configs/qrag.yaml"
 
 
-def _cpu(q: Any) -> float:
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def quantity(q: Any) -> float:
+    """A Kubernetes quantity ("12Gi", "500m", "8") as a number."""
     s = str(q)
-    return float(s[:-1]) / 1000 if s.endswith("m") else float(s)
+    if s.endswith("m"):
+        return float(s[:-1]) / 1000
+    for unit, mult in _UNITS.items():
+        if s.endswith(unit):
+            return float(s[: -len(unit)]) * mult
+    return float(s)
 
 
 def containers(template: dict) -> list[dict]:
@@ -67,7 +76,7 @@ def gpu_groups(spec: dict) -> list[dict]:
 
 
 def max_cpus(spec: dict) -> float:
-    return sum(g.get("maxReplicas", 0) * sum(_cpu(((c.get("resources") or {}).get("limits") or {}).get("cpu", 0))
+    return sum(g.get("maxReplicas", 0) * sum(quantity(((c.get("resources") or {}).get("limits") or {}).get("cpu", 0))
                                             for c in containers(g.get("template"))[:1])
                for g in spec.get("workerGroupSpecs") or [])
 

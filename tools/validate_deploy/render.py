@@ -3,7 +3,9 @@ package, a dev dependency), and loading plain YAML files."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -29,3 +31,14 @@ def render_kustomization(path: str | Path) -> list[dict]:
     if r.returncode != 0:
         raise RenderError(r.stderr.strip() or f"kubectl kustomize exited {r.returncode}")
     return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def render_with_components(overlay: str | Path, components: list[str | Path]) -> list[dict]:
+    """The overlay rendered with kustomize components added, as a user's kustomization that lists them
+    renders it (kustomize takes relative paths only, so the kustomization is written beside, in a temp dir)."""
+    with tempfile.TemporaryDirectory(prefix="qrag-kz-") as tmp:
+        rel = lambda p: os.path.relpath(Path(p).resolve(), tmp)  # noqa: E731
+        (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [rel(overlay)], "components": [rel(c) for c in components]}))
+        return render_kustomization(tmp)

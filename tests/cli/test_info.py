@@ -1,0 +1,70 @@
+"""`qrag info`: an index's description and sample chunks with the questions generated for them, read from
+the index's own tables; a bad path or a corrupt index is one error line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from support.corpus import PYDOC_QUESTIONS
+
+from qrag_ray.cli import main
+from qrag_ray.index.representations import dedup_questions
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.integration
+def test_info_describes_the_index_and_lists_its_sample_chunks_questions(client_index, capsys):
+    code, out, err = run(["info", "--index", str(client_index), "--sample", "4", "--json"], capsys)
+    assert code == 0, err
+    s = json.loads(out)
+    m = json.loads((client_index / "manifest.json").read_text())
+    assert (s["representation"], s["preset"], s["index_version"]) == ("hybrid", "hybrid@1", m["index_version"])
+    assert s["counts"] == m["counts"] and sum(s["vectors_per_kind"].values()) == m["counts"]["vectors"]
+    assert set(s["vectors_per_kind"]) == {"chunk", "question"} and s["bm25"] is None
+    assert s["embedder"] == {"model": "all-MiniLM-L6-v2", "dim": 384} and s["num_shards"] == 1
+    on_disk = sum(p.stat().st_size for p in client_index.rglob("*") if p.is_file())
+    assert s["bytes"]["total"] == on_disk and s["bytes"]["faiss"] > 0 and s["build_seconds"] > 0
+    if s["metadata_schema"] is not None:  # a build that records the corpus's metadata fields
+        assert {"group", "order", "tags"} <= set(s["metadata_schema"])
+    samples = s["samples"]
+    assert len(samples) == 4 and len({x["doc_id"] for x in samples}) >= 3  # spread over the index
+    for x in samples:  # precomputed questions belong to every chunk of their document, each once
+        assert x["questions"] == dedup_questions(PYDOC_QUESTIONS[x["doc_id"]]), x
+        assert x["text"] and x["chunk_id"].startswith(x["doc_id"] + "#")
+
+    code, out, err = run(["info", "--index", str(client_index), "--sample", "2"], capsys)
+    assert code == 0, err
+    assert "hybrid (preset hybrid@1" in out and "vectors per kind" in out and "bm25             none" in out
+    for x in json.loads(run(["info", "--index", str(client_index), "--sample", "2", "--json"], capsys)[1])["samples"]:
+        assert x["chunk_id"] in out and all(f"- {q}" in out for q in x["questions"])
+
+
+@pytest.mark.integration
+def test_a_corrupt_table_is_one_line(client_index, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    shutil.copytree(client_index, bad)
+    (bad / "chunks.parquet").write_bytes(b"not parquet at all")
+    code, out, err = run(["info", "--index", str(bad)], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("error: corrupt index") and "chunks.parquet" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda d: d / "missing", "index not found"),
+    (lambda d: (d / "file.txt").write_text("x") and d / "file.txt", "index not found"),
+    (lambda d: d, "is not a qrag index (no manifest.json)"),
+    (lambda d: (d / "manifest.json").write_text("{not json") and d, "corrupt manifest"),
+    (lambda d: (d / "manifest.json").write_text('{"format_version": 2}') and d, "corrupt manifest"),
+])
+def test_bad_paths_are_one_line(tmp_path, capsys, make, says):
+    code, out, err = run(["info", "--index", str(make(tmp_path))], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and says in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

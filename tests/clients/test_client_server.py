@@ -1,0 +1,372 @@
+"""The client and its adapters against a real qrag server: one Serve app for the whole module (real local
+Ray, Serve over HTTP, FAISS, MiniLM; the LLM is the suite's fake OpenAI-compatible server), tenants with
+keys. The client's results and errors (401/403/404/409/422/429, Retry-After honoured), `qrag query`
+through it, LangChain's standard retriever tests, and the LlamaIndex retriever and the MCP tools (stdio
+and streamable HTTP, through the SDK's own client) returning the chunks /v1/search returns, in its order.
+
+The filter and fetch tests run when the server has the search filter and the fetch routes (read from
+its OpenAPI document) and skip, saying so, when it does not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fake_openai_server import running_fake_openai
+from langchain_tests.integration_tests import RetrieversIntegrationTests
+from support.corpus import PYDOC_QUESTIONS
+
+from qrag_client import AsyncQragClient, QragClient, RetryPolicy
+from qrag_client import errors as e
+from qrag_ray.index.representations import dedup_questions
+from qrag_ray.runtime.ports import free_port
+
+pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS and Serve
+
+REPO = Path(__file__).resolve().parents[2]
+QUERY = "When does the else clause of a for loop run?"
+LOOPS = {"type": "eq", "key": "group", "value": "loops"}
+ANSWER = "The else clause runs when the loop ends without break [1]."
+_SERVER: dict = {}  # for the LangChain standard tests, whose constructor parameters are properties
+
+
+@pytest.fixture(scope="module")
+def server(local_ray, client_index, tmp_path_factory):
+    """Serve over `client_index`: tenants main and other (the same index, their own keys) and limited
+    (0.5 requests/s, a burst of 1); the fake LLM answers /v1/answer."""
+    from ray import serve
+
+    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.tenants import add_tenant
+
+    f = tmp_path_factory.mktemp("client-serve") / "tenants.yaml"
+    keys = {"main": add_tenant(f, "main", client_index), "other": add_tenant(f, "other", client_index),
+            "limited": add_tenant(f, "limited", client_index, rate_limit={"rps": 0.5, "burst": 1})}
+    with running_fake_openai(lambda messages: ANSWER) as llm:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        small = {"ray_actor_options": {"num_cpus": 0.5}}
+        gen = {"backend": "openai", "base_url": llm.url, "model": "fake-llm", "api_key_env": ""}
+        serve.run(build_application({"tenants": str(f), "generator": gen},
+                                    {n: small for n in ("Router", "ShardSearcher0", "Synthesizer")}),
+                  name="qrag", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 180
+        while httpx.get(f"{url}/readyz", timeout=30).status_code != 200:
+            assert time.time() < deadline, "the app did not become ready"
+            time.sleep(1)
+        spec = httpx.get(f"{url}/openapi.json", timeout=30).json()
+        info = {"url": url, "keys": keys, "index": client_index,
+                "filter": "filter" in spec["components"]["schemas"]["SearchRequest"]["properties"],
+                "fetch": "/v1/chunks/{chunk_id}" in spec["paths"] and "/v1/documents/{doc_id}" in spec["paths"]}
+        _SERVER.update(info)
+        try:
+            yield info
+        finally:
+            serve.shutdown()
+
+
+def needs_filter(server) -> None:
+    if not server["filter"]:
+        pytest.skip("this server has no search filter yet (docs/SERVING.md's filter contract): runs once it does")
+
+
+def needs_fetch(server) -> None:
+    if not server["fetch"]:
+        pytest.skip("this server has no /v1/chunks or /v1/documents yet (the fetch contract): runs once it does")
+
+
+def raw_search(server, body: dict, tenant: str = "main") -> dict:
+    r = httpx.post(f"{server['url']}/v1/search", json=body, timeout=60,
+                   headers={"Authorization": f"Bearer {server['keys'][tenant]}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def ranked(page: dict) -> list[tuple[str, float]]:
+    return [(r["chunk_id"], r["score"]) for r in page["results"]]
+
+
+def client(server, tenant: str = "main", **kw) -> QragClient:
+    return QragClient(server["url"], server["keys"][tenant] if tenant else None, **kw)
+
+
+# ---------------------------------------------------------------------------------------- the client
+def test_search_returns_what_the_api_returns_typed(server):
+    want = raw_search(server, {"query": QUERY, "k": 5})
+    with client(server) as c:
+        page = c.search(QUERY, 5)
+    assert page.model_dump(mode="json", exclude_unset=True)["results"] == want["results"]
+    assert page.results[0].doc_id == "for" and page.index == "main"
+    # the product's point: a generated question matched, and the client names it
+    assert page.results[0].matched_question in PYDOC_QUESTIONS["for"]
+
+    async def run():
+        async with AsyncQragClient(server["url"], server["keys"]["main"]) as c:
+            return await c.search(QUERY, 5)
+
+    assert ranked(asyncio.run(run()).model_dump()) == ranked(want)
+
+
+def test_answer_indexes_and_keys(server):
+    with client(server) as c:
+        a = c.answer(QUERY, 3)
+        assert a.answer == ANSWER and [x.n for x in a.citations] == [1]
+        assert a.citations[0].chunk_id == a.results[0].chunk_id
+        (ix,) = c.indexes().indexes
+        assert (ix.name, ix.representation, ix.available, ix.num_shards) == ("main", "hybrid", True, 1)
+    with client(server, "other") as c:  # another key: another tenant, same index behind it
+        assert c.indexes().indexes[0].name == "other"
+
+
+@pytest.mark.parametrize("tenant,call,cls,kind", [
+    (None, lambda c: c.search(QUERY), e.AuthenticationError, "unauthorized"),
+    ("bad", lambda c: c.search(QUERY), e.AuthenticationError, "unauthorized"),
+    ("main", lambda c: c.search(QUERY, index="other"), e.PermissionDeniedError, "forbidden"),
+    ("main", lambda c: c.search(QUERY, index="nosuch"), e.NotFoundError, "not_found"),
+    ("main", lambda c: c.search(QUERY, bm25_alpha=0.5), e.ConflictError, "no_bm25_index"),
+    ("main", lambda c: c.search(QUERY, 0), e.InvalidRequestError, "invalid_request"),
+    ("main", lambda c: c.search("x" * 2001), e.InvalidRequestError, "query_too_long"),
+])
+def test_api_errors_are_typed(server, tenant, call, cls, kind):
+    key = "qrag_not-a-key" if tenant == "bad" else server["keys"].get(tenant)
+    with QragClient(server["url"], key) as c, pytest.raises(cls) as got:
+        call(c)
+    x = got.value
+    assert type(x) is cls and x.kind == kind and x.status == cls.status and x.message
+    if cls is e.InvalidRequestError and kind == "invalid_request":
+        assert x.detail and x.detail[0]["loc"][-1] == "k"
+
+
+def test_rate_limit_is_typed_and_its_retry_after_honoured(server):
+    with client(server, "limited", retry=RetryPolicy(max_retries=0)) as c:
+        c.search(QUERY, 1)
+        with pytest.raises(e.RateLimitError) as got:
+            c.search(QUERY, 1)
+    wait = got.value.retry_after
+    assert wait is not None and wait >= 1
+    t0 = time.monotonic()
+    with client(server, "limited", retry=RetryPolicy(max_retries=2, max_wait_s=10)) as c:
+        assert len(c.search(QUERY, 1).results) == 1  # 429 first, then the retry after waiting Retry-After
+    assert time.monotonic() - t0 >= wait - 0.5
+
+
+def test_qrag_query_prints_the_body_and_the_table_and_one_error_line(server, capsys):
+    from qrag_ray.cli import main
+
+    want = raw_search(server, {"query": QUERY, "k": 3, "mode": "default"})
+    assert main(["query", "--url", server["url"], "--key", server["keys"]["main"], "--k", "3", "--json", QUERY]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["results"] == want["results"] and set(got) == set(want)
+    assert main(["query", "--url", server["url"], "--key", server["keys"]["main"], "--k", "3", QUERY]) == 0
+    out = capsys.readouterr().out
+    assert "3 results from 'main'" in out and all(r["chunk_id"] in out for r in want["results"])
+    assert main(["query", "--url", server["url"], "--key", "qrag_wrong", QUERY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: HTTP 401 unauthorized: ") and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------- LangChain
+class TestLangChainStandardRetriever(RetrieversIntegrationTests):
+    """langchain-tests' own retriever contract, against the module's server."""
+
+    pytestmark = [pytest.mark.asyncio(loop_scope="function"),  # its one async test; the sync ones may ignore it
+                  pytest.mark.filterwarnings("ignore:.*marked with '@pytest.mark.asyncio' but it is not an async")]
+
+    @pytest.fixture(autouse=True)
+    def _server(self, server):
+        return server
+
+    @property
+    def retriever_constructor(self):
+        from qrag_client.langchain import QragRetriever
+
+        return QragRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict:
+        return {"url": _SERVER["url"], "api_key": _SERVER["keys"]["main"]}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return QUERY
+
+
+def test_langchain_documents_carry_the_chunk(server):
+    from qrag_client.langchain import QragRetriever
+
+    want = raw_search(server, {"query": QUERY, "k": 4})
+    r = QragRetriever(url=server["url"], api_key=server["keys"]["main"])
+    docs = r.invoke(QUERY)
+    assert [(d.id, d.metadata["score"]) for d in docs] == ranked(want)
+    d, w = docs[0], want["results"][0]
+    assert d.page_content == w["text"] and d.metadata["doc_id"] == w["doc_id"] and d.metadata["title"] == w["title"]
+    assert d.metadata["matched_question"] in PYDOC_QUESTIONS["for"] and d.metadata["index"] == "main"
+    assert d.metadata["index_version"] == want["index_version"] and "url" in d.metadata
+    assert [x.id for x in asyncio.run(r.ainvoke(QUERY, k=2))] == [c for c, _ in ranked(want)[:2]]
+
+
+def test_langchain_filter_and_doc_ids_as_fields_and_per_call(server):
+    needs_filter(server)
+    from qrag_client.langchain import QragRetriever
+
+    want = raw_search(server, {"query": QUERY, "k": 3, "filter": LOOPS})
+    r = QragRetriever(url=server["url"], api_key=server["keys"]["main"], k=3, filter=LOOPS)
+    assert [(d.id, d.metadata["score"]) for d in r.invoke(QUERY)] == ranked(want)
+    assert all(d.metadata["group"] == "loops" for d in r.invoke(QUERY))
+    plain = QragRetriever(url=server["url"], api_key=server["keys"]["main"])
+    assert [d.id for d in plain.invoke(QUERY, k=3, filter=LOOPS)] == [c for c, _ in ranked(want)]
+    assert {d.metadata["doc_id"] for d in plain.invoke(QUERY, k=2, doc_ids=["while"])} == {"while"}
+
+
+# ---------------------------------------------------------------------------------------- LlamaIndex
+def test_llamaindex_returns_the_search_ranking(server):
+    from qrag_client.llamaindex import QragLlamaIndexRetriever
+
+    want = raw_search(server, {"query": QUERY, "k": 5})
+    r = QragLlamaIndexRetriever(server["url"], server["keys"]["main"], similarity_top_k=5)
+    nodes = r.retrieve(QUERY)
+    assert [(n.node.node_id, n.score) for n in nodes] == ranked(want)
+    assert nodes[0].node.get_content() == want["results"][0]["text"]
+    assert nodes[0].node.ref_doc_id == want["results"][0]["doc_id"]
+    assert [(n.node.node_id, n.score) for n in asyncio.run(r.aretrieve(QUERY))] == ranked(want)
+
+
+def test_llamaindex_metadata_filters_are_the_search_filter(server):
+    needs_filter(server)
+    from llama_index.core.vector_stores.types import FilterCondition, MetadataFilter, MetadataFilters
+
+    from qrag_client.llamaindex import QragLlamaIndexRetriever
+
+    filters = MetadataFilters(condition=FilterCondition.OR, filters=[
+        MetadataFilter(key="group", value="loops"),
+        MetadataFilters(filters=[MetadataFilter(key="order", value=9, operator=">="),
+                                 MetadataFilter(key="group", value=["branches", "expressions"], operator="in")])])
+    qrag_filter = {"type": "or", "filters": [LOOPS, {"type": "and", "filters": [
+        {"type": "gte", "key": "order", "value": 9}, {"type": "in", "key": "group", "value": ["branches", "expressions"]}]}]}
+    want = raw_search(server, {"query": QUERY, "k": 6, "filter": qrag_filter})
+    nodes = QragLlamaIndexRetriever(server["url"], server["keys"]["main"], similarity_top_k=6, filters=filters).retrieve(QUERY)
+    assert [(n.node.node_id, n.score) for n in nodes] == ranked(want) and len(nodes) == 6
+    for n in nodes:
+        md = n.node.metadata
+        assert md["group"] == "loops" or (md["order"] >= 9 and md["group"] in ("branches", "expressions")), md
+
+
+# ---------------------------------------------------------------------------------------- MCP
+def _cli_env() -> dict[str, str]:
+    path = os.pathsep.join([str(REPO), str(REPO / "clients" / "python"), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _mcp_args(server, *extra: str) -> list[str]:
+    return ["-m", "qrag_ray.cli", "mcp", "--url", server["url"], "--key", server["keys"]["main"], *extra]
+
+
+async def _use_tools(target, fetch: bool) -> tuple[set[str], dict, dict | None]:
+    """(tool names, search's structured result, fetch's of the first hit or None), through mcp.Client."""
+    from mcp import Client
+
+    async with Client(target, read_timeout_seconds=120) as c:
+        names = {t.name for t in (await c.list_tools()).tools}
+        found = await c.call_tool("search", {"query": QUERY})
+        assert not found.is_error, found.content
+        assert json.loads(found.content[0].text) == found.structured_content  # one text item, the same JSON
+        fetched = None
+        if fetch:
+            f = await c.call_tool("fetch", {"id": found.structured_content["results"][0]["id"]})
+            assert not f.is_error, f.content
+            fetched = f.structured_content
+            missing = await c.call_tool("fetch", {"id": "nosuch#0"})
+            assert missing.is_error and "unknown id" in missing.content[0].text
+        return names, found.structured_content, fetched
+
+
+def _check_tools(server, names, found, fetched, body: dict) -> None:
+    assert names == {"search", "fetch"}
+    want = raw_search(server, body)
+    assert [h["id"] for h in found["results"]] == [r["chunk_id"] for r in want["results"]]
+    for h, r in zip(found["results"], want["results"]):
+        assert h["title"] == r["title"] and " ".join(r["text"].split()).startswith(h["text"].rstrip("…")) and h["url"]
+    if fetched is not None:
+        doc = want["results"][0]["doc_id"]
+        assert fetched["id"] == want["results"][0]["chunk_id"] and fetched["metadata"]["doc_id"] == doc
+        assert want["results"][0]["text"] in fetched["text"]
+        assert sorted(fetched["metadata"]["questions"]) == sorted(dedup_questions(PYDOC_QUESTIONS[doc]))
+
+
+def test_mcp_over_stdio(server):
+    from mcp import StdioServerParameters
+
+    extra = ("--filter", json.dumps(LOOPS)) if server["filter"] else ()
+    params = StdioServerParameters(command=sys.executable, args=_mcp_args(server, *extra), env=_cli_env(), cwd=str(REPO))
+    names, found, fetched = asyncio.run(_use_tools(params, fetch=server["fetch"]))
+    _check_tools(server, names, found, fetched, {"query": QUERY, "k": 10, **({"filter": LOOPS} if extra else {})})
+
+
+def test_mcp_over_streamable_http(server):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, *_mcp_args(server, "--transport", "http", "--port", str(port), "--k", "5")],
+                            env={**os.environ, **_cli_env()}, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "qrag mcp --transport http did not listen"
+                time.sleep(0.5)
+        names, found, fetched = asyncio.run(_use_tools(f"http://127.0.0.1:{port}/mcp", fetch=server["fetch"]))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    _check_tools(server, names, found, fetched, {"query": QUERY, "k": 5})
+
+
+def test_qrag_mcp_refuses_a_bad_key_in_one_line(server, capsys):
+    from qrag_ray.cli import main
+
+    assert main(["mcp", "--url", server["url"], "--key", "qrag_wrong"]) == 2  # checked before serving
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: HTTP 401 unauthorized") and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------- filter, fetch
+def test_the_filter_and_doc_ids_reach_the_server(server):
+    needs_filter(server)
+    with client(server) as c:
+        page = c.search(QUERY, 3, filter=LOOPS)
+        assert len(page.results) == 3 and all(r.metadata["group"] == "loops" for r in page.results)
+        assert all(r.url and r.url.endswith("#" + r.doc_id) for r in page.results)
+        assert {r.doc_id for r in c.search(QUERY, 2, doc_ids=["while"]).results} == {"while"}
+        with pytest.raises(e.InvalidRequestError) as got:
+            c.search(QUERY, filter={"type": "eq", "key": "no_such_field", "value": 1})
+    assert got.value.kind == "invalid_filter" and "group" in got.value.message  # it names the index's fields
+
+
+def test_fetch_a_chunk_and_its_document(server):
+    needs_fetch(server)
+    with client(server) as c:
+        first = c.search(QUERY, 1).results[0]
+        ch = c.chunk(first.chunk_id)
+        assert (ch.chunk_id, ch.doc_id, ch.text) == (first.chunk_id, first.doc_id, first.text)
+        assert sorted(ch.questions) == sorted(dedup_questions(PYDOC_QUESTIONS[first.doc_id])) and ch.index == "main"
+        doc = c.document(first.doc_id)
+        ids = [x.chunk_id for x in doc.chunks]
+        assert first.chunk_id in ids and ids == sorted(ids, key=lambda i: int(i.rsplit("#", 1)[1]))
+        assert doc.metadata.get("group") == "loops" and doc.url == f"https://docs.python.org/3/reference/#{doc.doc_id}"
+        with pytest.raises(e.NotFoundError) as got:
+            c.chunk("nosuch#0")
+        assert got.value.kind == "not_found"
+        with pytest.raises(e.PermissionDeniedError):
+            c.document(first.doc_id, index="other")

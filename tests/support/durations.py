@@ -1,0 +1,35 @@
+"""Every test's time as a file of the run (a pytest plugin, loaded by tests/conftest.py).
+
+With QRAG_TEST_DURATIONS=path set (scripts/test.sh sets one per tier, under
+${QRAG_TEST_REPORTS:-runs/test-reports}/), the session writes one tab-separated line per test phase
+that took 0.01 s or more, slowest first: seconds, phase (setup / call / teardown), outcome, test id.
+A session fixture's build shows up in the setup of the first test that asks for it. pytest's own
+`--durations` only prints to the terminal, where a 900-line run scrolls it away; this file is what
+docs/research/CI-log.md's figures are read from. Under pytest-xdist the controller writes it, from
+the reports every worker sends back. Unset: nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV = "QRAG_TEST_DURATIONS"
+MIN_S = 0.01
+
+_rows: list[tuple[float, str, str, str]] = []
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.duration >= MIN_S:
+        _rows.append((report.duration, report.when, report.outcome, report.nodeid))
+
+
+def pytest_sessionfinish(session) -> None:
+    path = os.environ.get(ENV)
+    if not path or hasattr(session.config, "workerinput"):  # an xdist worker: its controller writes
+        return
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"{s:.2f}\t{when}\t{outcome}\t{nodeid}" for s, when, outcome, nodeid in sorted(_rows, reverse=True)]
+    out.write_text("seconds\tphase\toutcome\ttest\n" + "".join(line + "\n" for line in lines), encoding="utf-8")
