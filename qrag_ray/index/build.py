@@ -87,7 +87,7 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
     kernels = kernels_from_env()
     plan_resources(cfg, ClusterSpec(()), kernels)  # the plan's config errors (GPUs per engine...) before Ray starts
     local = not (cfg.build.address or os.environ.get("RAY_ADDRESS"))
-    ensure_ray(cfg.build.address, local_ray_cpus(cfg, os.cpu_count() or 1, kernels))
+    ensure_ray(cfg.build.address, local_ray_cpus(cfg, kernels))
     resources = plan_resources(cfg, current_cluster(local), kernels)
     _show(resources, console)
     check_cuda(resources)  # a plan the cluster cannot run stops here, before the work dir exists

@@ -19,6 +19,7 @@ from typing import Any
 from qrag_ray.config.index import GeneratorConfig, IndexConfig, representation_plan
 from qrag_ray.errors import QragError
 from qrag_ray.generation.backends.vllm import default_max_num_seqs, engine_kwargs_for
+from qrag_ray.runtime.ray_start import local_num_cpus
 from qrag_ray.runtime.stage_plan import StagePlan
 
 KERNELS_ENV = "QRAG_KERNELS"
@@ -30,7 +31,6 @@ LIGHT_CPU = 0.5  # the per-row stages (chunking, row building): their own reques
 OPENAI_CLIENT_CPU = 0.25  # an OpenAI client actor waits on the network
 # Ray Data LLM's own default of concurrent batches per engine, kept where the engine runs on CPU
 RAY_CONCURRENT_BATCHES = 8
-LOCAL_MIN_CPUS = 4
 
 # Factories whose index class FAISS's GPU cloner (faiss/gpu/GpuCloner.cpp) copies to a GPU: Flat, SQfp16,
 # IVF-Flat, IVF-SQ and IVF-PQ at 8 bits per code, behind optional transforms. HNSW, Refine, fast-scan
@@ -154,15 +154,10 @@ def vllm_on_cpu(cfg: IndexConfig, kernels: str) -> bool:
     return runs_llm(cfg) and cfg.generator.backend == "vllm" and (cfg.generator.num_gpus <= 0 or kernels == "cpu")
 
 
-def local_ray_cpus(cfg: IndexConfig, cores: int, kernels: str) -> int:
-    """Logical CPUs of the in-process Ray a build starts: the machine's cores (4 at least), and four times as
-    many only where vLLM runs on CPU (its engine holds a CPU slot while it mostly waits, its light stages take fractions, and
-    with 2 slots the engine never schedules). `build.num_cpus` wins."""
-    if cfg.build.num_cpus:
-        return cfg.build.num_cpus
-    # at least what the stream holds at once on a small machine (a read task, chunking, row building, the
-    # embedding actor: 3) and one over, so no stage waits for a slot another one holds while blocked
-    return max(8, 4 * cores) if vllm_on_cpu(cfg, kernels) else max(LOCAL_MIN_CPUS, cores)
+def local_ray_cpus(cfg: IndexConfig, kernels: str, cores: int | None = None) -> int:
+    """Logical CPUs of the in-process Ray a build starts: runtime/ray_start.local_num_cpus, inflated only
+    where this build runs vLLM on CPU; `build.num_cpus` wins."""
+    return cfg.build.num_cpus or local_num_cpus(vllm_on_cpu(cfg, kernels), cores)
 
 
 def faiss_gpu_capable(factory: str) -> bool:

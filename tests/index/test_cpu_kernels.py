@@ -53,7 +53,7 @@ err = io.StringIO()
 with contextlib.redirect_stderr(err):  # the same build, kernels where the requests are: CUDA is missing
     rc = main(["index", "--input", corpus, "--output", out + "-cuda", "--representation", "chunk",
                "--config", sys.argv[4]])
-print(json.dumps({"hash": report.manifest["content_hash"], "files": report.manifest["files"],
+print(json.dumps({"hash": report.manifest.content_hash, "files": report.manifest.files,
                   "plan": report.resources, "low_gpu": low["gpu"], "total_gpu": low["total"],
                   "rc": rc, "stderr": err.getvalue()}))
 """
@@ -78,7 +78,7 @@ def test_cpu_kernels_run_the_gpu_layout_and_write_the_cpu_index(local_ray, tmp_p
     assert (embed["min_size"], embed["max_size"], embed["num_gpus"], embed["device"]) == (2, 2, 1.0, "cpu")
     assert stages["tokenize"]["min_size"] >= 1 and stages["build-shards"]["num_gpus"] == 0
     assert res["total_gpu"] == 2 and res["low_gpu"] == 0  # both GPUs held while the embedding stage ran
-    assert res["hash"] == plain.manifest["content_hash"] and res["files"] == plain.manifest["files"]
+    assert res["hash"] == plain.manifest.content_hash and res["files"] == plain.manifest.files
     lines = [ln for ln in res["stderr"].splitlines() if ln.strip() and not ln.startswith(("plan on", "  "))]
     assert res["rc"] == 2 and "Traceback" not in res["stderr"], res["stderr"]
     assert lines == [lines[0]] and lines[0].startswith("error: the embed stage(s) run on GPUs") \

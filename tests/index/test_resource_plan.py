@@ -110,14 +110,14 @@ def test_the_cpu_laptop_plan_is_what_ran_before():
     assert (embed.pool(), embed.num_cpus, embed.num_gpus, embed.threads, embed.device) == ({"size": 1}, 1, 0, 2, "cpu")
     assert embed.batch_size == cfg.build.rows_per_part
     assert all(s.num_gpus == 0 and s.device == "cpu" for s in plan.stages.values())
-    assert local_ray_cpus(cfg, 2, "auto") == 4 and local_ray_cpus(cfg, 16, "auto") == 16
+    assert local_ray_cpus(cfg, "auto", cores=2) == 4 and local_ray_cpus(cfg, "auto", cores=16) == 16
     llm = _cfg(representation="hype", **{"generator.backend": "vllm"})
     gen = plan_resources(llm, LAPTOP).stages["generate"]
     assert (gen.pool(), gen.num_gpus, gen.device, gen.in_flight, gen.bundles) == ({"size": 1}, 0, "cpu", 128,
                                                                                   ({"CPU": 1.0},))
     assert gen.engine_kwargs["enforce_eager"] is True and "max_num_seqs" not in gen.engine_kwargs
-    assert local_ray_cpus(llm, 2, "auto") == 8 and local_ray_cpus(llm, 16, "auto") == 64
-    assert local_ray_cpus(_cfg(**{"build.num_cpus": 5}), 2, "auto") == 5
+    assert local_ray_cpus(llm, "auto", cores=2) == 8 and local_ray_cpus(llm, "auto", cores=16) == 64
+    assert local_ray_cpus(_cfg(**{"build.num_cpus": 5}), "auto", cores=2) == 5
 
 
 def test_cpu_kernels_keep_every_request():
@@ -133,7 +133,7 @@ def test_cpu_kernels_keep_every_request():
     eng = cpu.stages["generate"].engine_kwargs
     assert "tensor_parallel_size" not in eng and "max_num_seqs" not in eng and eng["enforce_eager"] is True
     assert cpu.stages["embed"].threads == 1  # the driver's 2 cores over 64 actors, at least 1
-    assert local_ray_cpus(job, 2, "cpu") == 8 and local_ray_cpus(job, 16, "auto") == 16
+    assert local_ray_cpus(job, "cpu", cores=2) == 8 and local_ray_cpus(job, "auto", cores=16) == 16
 
 
 def test_a_local_ray_without_the_gpus_refuses_at_once():
@@ -190,7 +190,7 @@ def test_openai_clients():
                                           "generator.max_parallel_requests": 4})
     gen = plan_resources(cfg, LAPTOP).stages["generate"]
     assert gen.pool() == {"size": 1} and gen.in_flight == 4 and gen.batch_size == 16 and gen.num_gpus == 0
-    assert local_ray_cpus(cfg, 32, "auto") == 32  # no vLLM on CPU: no inflated count
+    assert local_ray_cpus(cfg, "auto", cores=32) == 32  # no vLLM on CPU: no inflated count
 
 
 def test_kernels_env():

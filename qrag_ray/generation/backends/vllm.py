@@ -96,9 +96,9 @@ def _ensure_ray(on_gpu: bool) -> None:
     import ray
 
     if not ray.is_initialized():
-        from qrag_ray.runtime.ray_start import ensure_ray
+        from qrag_ray.runtime.ray_start import ensure_ray, local_num_cpus
 
-        n = max(8, 4 * (os.cpu_count() or 1))
+        n = local_num_cpus(vllm_on_cpu=not on_gpu)
         logger.warning("Ray is not initialised: starting a local Ray with num_cpus=%d for vLLM", n)
         ensure_ray(None, n)
     elif not on_gpu and (total := ray.cluster_resources().get("CPU", 0)) < 3:
