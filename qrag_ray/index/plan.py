@@ -12,6 +12,8 @@ from typing import Iterator
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.config.search_policy import QUESTION_KINDS
 from qrag_ray.runtime.progress import stage
+from qrag_ray.index.resource_plan import ResourcePlan
+from qrag_ray.runtime.stage_plan import StagePlan
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,10 @@ class BuildPlan:
     aux_questions: bool  # questions embedded only to filter (stored or not)
     inputs: str  # fingerprint of the input files and deletions: a finished stream is reused only for the same
     deleted: frozenset  # document ids to leave out (--delete-ids)
+    resources: ResourcePlan  # every stage's actors or tasks, CPUs, GPUs and batch (index/resource_plan.py)
+
+    def stage(self, name: str) -> StagePlan:
+        return self.resources.stages[name]
 
     @property
     def question_kind(self) -> str | None:

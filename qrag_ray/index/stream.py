@@ -4,7 +4,6 @@ chunker and the embedding actors write checkpoint parts; the driver only sums th
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -20,13 +19,12 @@ from qrag_ray.generation.stage import GenerationStats, generate
 from qrag_ray.index import workdir
 from qrag_ray.index.format import atomic_write_text
 from qrag_ray.index.plan import BuildPlan, StageClock
+from qrag_ray.index.resource_plan import llm_atoms
 from qrag_ray.index.udfs import (EmbedSink, attach_atoms, make_atomize_requests, make_base_rows, make_chunker,
                                  make_question_requests, make_question_rows, progress_rows)
 from qrag_ray.io.readers import read_corpus
 from qrag_ray.models.registry import resolve_llm
 
-# CPU request of the light per-row stages (chunking, row building)
-_LIGHT_CPU = 0.5
 _SAVED = ("run", "rows", "dim", "documents", "chunks", "questions")  # what stream.json keeps of a Streamed
 
 
@@ -59,7 +57,7 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
         chunks, questions = _generate(plan, _chunks(plan), clock, generation)
         # the rows to embed that need no LLM (chunk, sentence, precomputed questions...), plus the LLM's
         rows = chunks.map_batches(make_base_rows(plan.kinds, cfg, plan.aux_questions), batch_format="numpy",
-                                  num_cpus=_LIGHT_CPU)
+                                  num_cpus=plan.stage("read+chunk").num_cpus)
         counts = _embed(plan, rows.union(questions) if questions is not None else rows)
     parts = workdir.registered_parts(plan.work, plan.run)
     documents, n_chunks = sum(p["documents"] for p in parts), sum(p["chunks"] for p in parts)
@@ -85,26 +83,27 @@ def _chunks(plan: BuildPlan):
     for extra in cfg.build.extra_inputs:  # --append: earlier versions' inputs plus the new documents
         docs = docs.union(read_corpus(extra, cfg.format, questions_column=qcol))
     # its own CPU request keeps Ray Data from fusing chunking into the embedding actors (taking turns)
+    st = plan.stage("read+chunk")
     return docs.map_batches(make_chunker(cfg, plan.work, plan.run, plan.deleted, bool(qcol)), batch_format="numpy",
-                            batch_size=cfg.build.docs_per_batch, num_cpus=_LIGHT_CPU)
+                            batch_size=st.batch_size, num_cpus=st.num_cpus)
 
 
 def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats):
     """LLM atoms and questions through the cache: (chunk rows, question rows or None); not streamed."""
     cfg, gcfg, gran = plan.cfg, plan.cfg.generator, plan.granularity
-    llm_atoms = gcfg.atoms == "llm" and (gran == "atom" or "sentence" in plan.kinds)
-    if gcfg.backend not in ("vllm", "openai") or (gran is None and not llm_atoms):
+    if "generate" not in plan.resources.stages:
         return chunks, None
+    stage, atoms = plan.stage("generate"), llm_atoms(cfg, plan.kinds, gran)
     chunks = chunks.materialize()
     cache = QuestionCache(cfg.build.cache_dir)
     model_path = None
     if gcfg.backend == "vllm":
         with clock.stage("prepare-model"):
             model_path = resolve_llm(gcfg.model)
-    if llm_atoms:
+    if atoms:
         with clock.stage("atomize"):
             requests = chunks.map_batches(make_atomize_requests(gcfg), batch_format="numpy").materialize()
-            answered, st = generate(requests, gcfg, cache, model_path)
+            answered, st = generate(requests, gcfg, cache, model_path, stage)
             stats.add(st, "atomize")
             chunks = answered.map_batches(attach_atoms, batch_format="numpy").materialize()
     if gran is None:
@@ -113,7 +112,7 @@ def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats
         requests = chunks.map_batches(make_question_requests(cfg, gran), batch_format="numpy").materialize()
         if not requests.count():
             return chunks, None
-        answered, st = generate(requests, gcfg, cache, model_path)
+        answered, st = generate(requests, gcfg, cache, model_path, stage)
         stats.add(st, "questions")
         return chunks, answered.map_batches(make_question_rows(plan.kinds, plan.aux_questions), batch_format="numpy")
 
@@ -123,21 +122,21 @@ def _embed(plan: BuildPlan, rows) -> dict:
     import ray.data
 
     e, r = plan.cfg.embedder, plan.cfg.build.embedder
-    threads = None if r.num_gpus else (r.threads or max(1, (os.cpu_count() or 2) // r.actors))
-    if r.tokenize_apart():
-        # CPU workers tokenize and sort by length, on every core the embedding actors and the driver leave,
-        # all started at once; the embedding actors only stack and run the model
-        workers = r.tokenizers or max(1, int(ray.cluster_resources().get("CPU", 2)) - r.actors - 1)
+    if "tokenize" in plan.resources.stages:
+        # CPU actors tokenize and sort by length (a pool per embedding GPU, autoscaling within its bounds);
+        # the embedding actors only stack and run the model
+        tok = plan.stage("tokenize")
         rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
-                                compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
-                                batch_size=plan.cfg.build.rows_per_part, batch_format="numpy")
+                                compute=ray.data.ActorPoolStrategy(**tok.pool()), num_cpus=tok.num_cpus,
+                                batch_size=tok.batch_size, batch_format="numpy")
+    st = plan.stage("embed")
     done = rows.map_batches(
-        EmbedSink, fn_constructor_args=(e.model, r.batch_size, e.max_seq_length, threads, str(plan.work),
-                                        plan.question_kind, plan.run, r.backend, e.dtype, r.tokens_per_batch),
-        compute=ray.data.ActorPoolStrategy(size=r.actors, max_concurrent_calls_per_actor=EmbedSink.CONCURRENCY,
+        EmbedSink, fn_constructor_args=(e.model, r.batch_size, e.max_seq_length, st.threads, str(plan.work),
+                                        plan.question_kind, plan.run, r.backend, e.dtype, r.tokens_per_batch,
+                                        st.device),
+        compute=ray.data.ActorPoolStrategy(**st.pool(), max_concurrent_calls_per_actor=EmbedSink.CONCURRENCY,
                                            enable_true_multi_threading=True),
-        num_gpus=r.num_gpus or None, num_cpus=None if r.num_gpus else 1, batch_size=plan.cfg.build.rows_per_part,
-        batch_format="numpy")
+        num_gpus=st.num_gpus or None, num_cpus=st.num_cpus, batch_size=st.batch_size, batch_format="numpy")
     counts = {"rows": 0, "embedded": 0, "questions": 0, "seconds": 0.0}
     shutil.rmtree(plan.work / "runs" / plan.run / "progress", ignore_errors=True)  # a killed run's counts
     # the display's embed row counts the rows of batches still in the model (Ray Data's, whole batches)

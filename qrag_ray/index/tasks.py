@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -54,10 +55,10 @@ def sample_vectors(work: Path, total_rows: int, n: int, keep: np.ndarray | None 
 
 
 def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int, dim: int,
-                    run: str | None = None) -> str:
+                    run: str | None = None, threads: int = 1) -> str:
     """Train the quantizer once on a sample of all shards' vectors; returns the saved empty index's path."""
     w = Path(work)
-    _one_thread_per_cpu()
+    set_faiss_threads(threads)
     keep = None
     if run is not None:  # only this run's rows: an append/delete trains as a full rebuild would
         keep = workdir.run_row_keys(w, run)
@@ -72,25 +73,21 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
     return str(path)
 
 
-def _one_thread_per_cpu() -> None:
-    """FAISS threads = the task's CPUs: more threads than granted CPUs wait on each other."""
-    try:
-        import ray
-
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-    except Exception:  # noqa: BLE001 - outside Ray: leave FAISS's default
-        return
-    faiss.omp_set_num_threads(max(1, int(cpus)))
+def set_faiss_threads(threads: int) -> None:
+    """FAISS's OpenMP threads: the resource plan's (its task's CPUs), at most this node's cores: a local Ray
+    can declare more logical CPUs than there are cores, and threads beyond the cores wait on each other."""
+    faiss.omp_set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
 
 
 def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None,
-                fields: dict | None = None) -> dict:
+                fields: dict | None = None, threads: int = 1, gpu: bool = False) -> dict:
     """One shard from this run's chunk parts and the shard's vector parts; reused when a finished build
     of the same inputs is in the work dir. `fields`: the corpus's metadata schema and whether any document
-    has a url (`metadata_fields`), so every shard's chunk table has the same typed columns."""
+    has a url (`metadata_fields`), so every shard's chunk table has the same typed columns. `threads`,
+    `gpu`: the resource plan's build-shards stage."""
     cfg = IndexConfig.model_validate_json(cfg_json)
     w = Path(work)
-    _one_thread_per_cpu()
+    set_faiss_threads(threads)
     parts = [p for p in workdir.registered_parts(w, run) if shard in p["shards"]]
     chunk_groups = workdir.shard_row_groups(sorted(w / "chunks" / f"{p['part']}.parquet" for p in parts), shard)
     vec_groups = workdir.shard_row_groups(workdir.parquet_files(w / "vectors"), shard)
@@ -117,7 +114,8 @@ def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, traine
     # one order whatever the parts were: by chunk, then the row's place in its chunk
     table = table.take(pc.sort_indices(table, [("chunk_idx", "ascending"), ("ord", "ascending"),
                                                ("row_key", "ascending")]))
-    stats = write_shard(shard, drop_duplicate_rows(table), out, cfg.filters, cfg.faiss, dim, cfg.bm25, trained=trained)
+    stats = write_shard(shard, drop_duplicate_rows(table), out, cfg.filters, cfg.faiss, dim, cfg.bm25, trained=trained,
+                        gpu=gpu)
     write_arrow(chunks.drop_columns(["shard"]), out / shard_chunks(shard))  # sorted by chunk_idx: searched by it
     stats.update(chunk_rows=int(chunks.num_rows), signature=sig, chunk_table=shard_chunks(shard))
     atomic_write_text(stats_path, json.dumps(stats))
@@ -136,11 +134,11 @@ def metadata_fields(parts: list[dict]) -> dict:
 
 
 def build_one_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None,
-                    fields: dict | None = None) -> dict:
+                    fields: dict | None = None, threads: int = 1, gpu: bool = False) -> dict:
     """build_shard as a Ray task: its stats also record the node it ran on (`built_on`)."""
     import ray
 
-    stats = build_shard(shard, work, run, cfg_json, dim, trained, fields)
+    stats = build_shard(shard, work, run, cfg_json, dim, trained, fields, threads, gpu)
     stats["built_on"] = {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
     return stats
 

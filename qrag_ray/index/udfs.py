@@ -127,13 +127,14 @@ class EmbedSink:
 
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
                  work: str, question_kind: str | None, run: str, backend: str = "auto", dtype: str = "auto",
-                 tokens_per_batch: int = 65536):
+                 tokens_per_batch: int = 65536, device: str | None = None):
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        self.st = load_sentence_transformer(model, max_seq_length=max_seq_length, backend=backend, threads=threads,
-                                            dtype=dtype)
+        # device: the resource plan's (None: CUDA where there is one)
+        self.st = load_sentence_transformer(model, device=device, max_seq_length=max_seq_length, backend=backend,
+                                            threads=threads, dtype=dtype)
         on_gpu = str(self.st.device).startswith("cuda")
         self.forward = Forward(self.st, tokens_per_batch, canonical_rows=None if on_gpu else batch_size)
         self.work = Path(work)

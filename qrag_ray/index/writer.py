@@ -4,7 +4,7 @@ from a factory string over inner product (vectors are unit norm: IP = cosine).""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,6 +18,8 @@ from qrag_ray.errors import QragError
 from qrag_ray.index.question_filters import filter_chunk_rows
 from qrag_ray.index.format import shard_bm25, shard_faiss, shard_meta, write_arrow
 from qrag_ray.index.lexical import build_bm25, lexical_docs
+
+log = logging.getLogger(__name__)
 
 
 def vectors_of(table: pa.Table) -> np.ndarray:
@@ -54,18 +56,23 @@ def faiss_factory(dim: int, factory: str):
         raise QragError(f"invalid FAISS factory string '{factory}' (e.g. Flat, HNSW32, IVF1024,PQ48)") from None
 
 
-def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = True, trained: str | None = None):
+def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = True, trained: str | None = None,
+                gpu: bool = False):
     """`trained`: a saved, trained empty index (the build's shared quantizer) to fill instead of training
-    one; `add=False` returns the trained index empty. Builds on a GPU when FAISS sees one."""
+    one; `add=False` returns the trained index empty. `gpu`: the resource plan put this build on a GPU (a
+    factory FAISS has a GPU version of); where FAISS sees none it builds on CPU, unless faiss.use_gpu is true."""
     index = faiss.read_index(trained) if trained is not None else faiss_factory(vecs.shape[1], cfg.factory)
-    gpus = faiss.get_num_gpus()
-    use_gpu = gpus > 0 if cfg.use_gpu == "auto" else bool(cfg.use_gpu)
-    if use_gpu and gpus == 0:
-        raise RuntimeError("faiss.use_gpu is true but FAISS sees no GPU (install faiss-gpu on a GPU worker)")
+    if gpu and faiss.get_num_gpus() == 0:
+        if cfg.use_gpu is True:
+            raise RuntimeError("faiss.use_gpu is true but FAISS sees no GPU (install faiss-gpu on a GPU worker)")
+        log.warning("the shard build holds a GPU but FAISS sees none (faiss-cpu installed?): building on CPU")
+        gpu = False
     work = index
-    if use_gpu:
-        with contextlib.suppress(Exception):  # HNSW and some others have no GPU version: build on CPU
+    if gpu:
+        try:
             work = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
+        except RuntimeError as e:  # a variant the cloner refuses (e.g. PQ over 48 bytes per code): CPU
+            log.warning("FAISS cannot build '%s' on the GPU (%s): building on CPU", cfg.factory, e)
     if not work.is_trained:
         n = min(len(vecs), cfg.train_sample)
         sample = vecs[np.random.default_rng(seed).choice(len(vecs), size=n, replace=False)] if n < len(vecs) else vecs
@@ -81,8 +88,8 @@ def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = T
     return faiss.index_gpu_to_cpu(work) if work is not index else index
 
 
-def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: FilterConfig,
-                index_cfg: FaissConfig, dim: int, bm25: Bm25Config | None = None, trained: str | None = None) -> dict:
+def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: FilterConfig, index_cfg: FaissConfig,
+                dim: int, bm25: Bm25Config | None = None, trained: str | None = None, gpu: bool = False) -> dict:
     """Build and write shard files under out_dir; returns stats for the manifest."""
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
@@ -97,7 +104,7 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
     kvecs = np.ascontiguousarray(vecs[rows])
     if len(kvecs) and kvecs.shape[1] != dim:
         raise RuntimeError(f"shard {shard}: vectors have dim {kvecs.shape[1]}, expected {dim}")
-    index = build_faiss(kvecs, index_cfg, seed=shard, trained=trained)
+    index = build_faiss(kvecs, index_cfg, seed=shard, trained=trained, gpu=gpu)
     faiss.write_index(index, str(out_dir / shard_faiss(shard)))
     meta = pa.table({"chunk_idx": pa.array(kept.column("chunk_idx").to_numpy(), type=pa.int64()),
                      "kind": pa.array(kept.column("kind").to_pylist(), type=pa.string()).dictionary_encode(),

@@ -33,12 +33,19 @@ def driver_runtime_env(job_env: dict | None) -> dict:
     return {"env_vars": own} if own else {}
 
 
-def local_num_cpus(vllm_on_cpu: bool = True) -> int:
-    """Logical CPUs of a Ray started in-process: the machine's cores, or more than the cores where vLLM runs
-    on CPU (the engine actor holds a whole CPU slot and the light stages fractions; with as many slots as a
-    laptop's 2 cores the light stages take them all and the engine never schedules). The caller decides."""
-    cores = os.cpu_count() or 2
-    return max(8, 4 * cores) if vllm_on_cpu else cores
+# The fewest logical CPUs of a Ray started in-process: what the stream holds at once on a small machine (a
+# read task, chunking, row building, the embedding actor: 3) and one over, so no stage waits for a slot
+# another one holds while it is blocked.
+LOCAL_MIN_CPUS = 4
+
+
+def local_num_cpus(vllm_on_cpu: bool = True, cores: int | None = None) -> int:
+    """Logical CPUs of a Ray started in-process: the machine's `cores` (default os.cpu_count()), LOCAL_MIN_CPUS at
+    least, and four times as many (8 at least) only where vLLM runs on CPU (the engine actor holds a whole CPU
+    slot while it mostly waits and the light stages take fractions; with as many slots as a laptop's 2 cores
+    the light stages take them all and the engine never schedules). The caller decides."""
+    cores = cores or os.cpu_count() or 1
+    return max(8, 4 * cores) if vllm_on_cpu else max(LOCAL_MIN_CPUS, cores)
 
 
 def client_auth_mode() -> str:

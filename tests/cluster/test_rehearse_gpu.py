@@ -3,8 +3,8 @@ CPU worker, two GPU workers with one logical GPU each: as many as this machine c
 embedder for), the job submitted as KubeRay does with its config's resource requests kept, GPUs included,
 and the kernels on CPU through the one override a user gives in the job's runtime env (QRAG_KERNELS=cpu:
 vLLM-CPU, the embedder on CPU, faiss-cpu). A tiny corpus: the overlay's IVF4096 factory needs thousands of
-vectors to train, so the rehearsal sets `faiss.factory: Flat` (and 3 questions per chunk) in the ConfigMap,
-as a user patches it; everything else is the overlay's."""
+vectors to train, so the rehearsal sets `faiss.factory: Flat` (and 3 questions per chunk, 2 engines for its 2
+GPUs) in the ConfigMap, as a user patches it; everything else is the overlay's."""
 
 from __future__ import annotations
 
@@ -15,26 +15,51 @@ import pytest
 from cluster import gcs_nodes as gcs
 from cluster import node_processes as procs
 from cluster import rehearse
+from qrag_ray.config.index import build_index_config
+from qrag_ray.index.resource_plan import ClusterSpec, NodeSpec, kernels_from_env, plan_resources
 
-REPO = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.slow
-
-
-def _has_kernel_override() -> bool:
-    return any("QRAG_KERNELS" in f.read_text() for f in (REPO / "qrag_ray").rglob("*.py"))
+PODS = {"cpu-workers": 1, "gpu-workers": 2}
+# the ConfigMap's 4 engines are a fixed pool: on the 2 declared GPUs (no autoscaler to add the rest) it
+# would never start, so the rehearsal patches the engine count to the GPUs it has, as a user would
+SETTINGS = {"faiss.factory": "Flat", "generator.questions": "3", "generator.concurrency": "2"}
 
 
+def _job_config(r: rehearse.Rehearsal):
+    """The index config the job's `qrag index` builds: the ConfigMap file as the head sees it plus the
+    entrypoint's flags (as tools/validate_deploy checks them)."""
+    p = r.params
+    return build_index_config(p["config"], input=p.get("input"), format=p.get("format"), shards=p.get("shards"),
+                              representation=p.get("representation"),
+                              **{"build.output": p.get("output"), "build.address": p.get("address")})
+
+
+def test_the_rehearsed_gpu_layout_is_a_plan_its_nodes_hold(tmp_path):
+    """Unit-level (no process started): the plan the job will print on the rehearsal's nodes keeps the GPU
+    requests, runs every kernel on CPU under QRAG_KERNELS=cpu, and fits the declared GPUs, so no pool waits."""
+    r = rehearse.prepare("gpu-prod", tmp_path, pods=PODS, env={"QRAG_KERNELS": "cpu"}, settings=SETTINGS)
+    assert r.runtime_env["env_vars"]["QRAG_KERNELS"] == "cpu"
+    cfg = _job_config(r)
+    # the rehearsal's patch reached the file the head mounts
+    assert (cfg.faiss.factory, cfg.generator.questions, cfg.generator.concurrency) == ("Flat", 3, 2)
+    nodes = ClusterSpec(tuple(NodeSpec(cpus=float(s.num_cpus), gpus=float(s.num_gpus), memory=float(s.memory or 0))
+                              for s in r.shapes))
+    assert nodes.gpus == 2
+    plan = plan_resources(cfg, nodes, kernels_from_env(r.runtime_env["env_vars"]))
+    gpu_stages = [s for s in plan.stages.values() if s.num_gpus]
+    assert {"generate", "embed"} <= {s.name for s in gpu_stages}  # the config's GPU requests are kept
+    assert all(s.device == "cpu" for s in plan.stages.values()) and not plan.cuda_stages()
+    for s in gpu_stages:  # each GPU pool starts on the declared GPUs: nothing waits for an autoscaler
+        assert s.min_size * s.num_gpus <= nodes.gpus and not s.notes, s.line()
+    assert plan.lines()[0].endswith("kernels cpu")
+
+
+@pytest.mark.slow
 def test_the_gpu_prod_rayjob_layout_runs_with_the_kernels_on_cpu(tmp_path):
-    if not _has_kernel_override():
-        pytest.skip("the CPU-kernel override (QRAG_KERNELS=cpu) is not in this tree yet: without it the job's GPU "
-                    "requests would wait for GPUs that run no kernel here")
     from llm_stack import missing, qwen_converted
 
     if not qwen_converted():
         missing("the bundled Qwen model is not prepared (qrag prepare-models)")
-    r = rehearse.prepare("gpu-prod", tmp_path, pods={"cpu-workers": 1, "gpu-workers": 2}, env={"QRAG_KERNELS": "cpu"},
-                         settings={"faiss.factory": "Flat", "generator.questions": "3"})
+    r = rehearse.prepare("gpu-prod", tmp_path, pods=PODS, env={"QRAG_KERNELS": "cpu"}, settings=SETTINGS)
     assert sum(s.num_gpus for s in r.shapes) == 2
     try:
         rehearse.start(r, timeout=180)

@@ -259,11 +259,14 @@ def test_ray_data_stage_end_to_end(local_ray, fake_openai):
     import ray.data
 
     from qrag_ray.generation.backends.openai import run
+    from qrag_ray.index.resource_plan import current_cluster, plan_generation
 
     fake_openai.delay_s = 0.05
     rows = [{"key": f"k{i}", "messages": [{"role": "user", "content": f"Subject{i} matters."}]} for i in range(12)]
     cfg = _cfg(fake_openai, concurrency=2, max_parallel_requests=2, batch_size=4)
-    out = sorted(run(ray.data.from_items(rows), cfg).take_all(), key=lambda r: int(r["key"][1:]))
+    stage = plan_generation(cfg, current_cluster(local=True))
+    assert stage.pool() == {"size": 2} and stage.batch_size == 4
+    out = sorted(run(ray.data.from_items(rows), cfg, stage=stage).take_all(), key=lambda r: int(r["key"][1:]))
     assert [r["key"] for r in out] == [f"k{i}" for i in range(12)]
     assert all(f"Subject{i}" in r["raw"] for i, r in enumerate(out))
     assert all(r["prompt_tokens"] > 0 and r["output_tokens"] > 0 for r in out)

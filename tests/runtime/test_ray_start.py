@@ -8,8 +8,8 @@ import ast
 import json
 from pathlib import Path
 
-from qrag_ray.runtime.ray_start import (JOB_CONFIG_VAR, PROCESS_ENV, driver_runtime_env, job_runtime_env,
-                                        local_num_cpus)
+from qrag_ray.runtime.ray_start import (JOB_CONFIG_VAR, LOCAL_MIN_CPUS, PROCESS_ENV, driver_runtime_env,
+                                        job_runtime_env, local_num_cpus)
 
 PACKAGE = Path(__file__).resolve().parents[2] / "qrag_ray"
 # the runtime env of the shipped RayJob (k8s/base/rayjob-index.yaml) plus a variable of the user's own
@@ -53,12 +53,14 @@ def test_the_jobs_runtime_env_is_read_from_rays_variable(monkeypatch):
     assert job_runtime_env() is None
 
 
-def test_local_cpus_are_inflated_only_for_vllm_on_cpu(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert local_num_cpus(vllm_on_cpu=False) == 16
-    assert local_num_cpus(vllm_on_cpu=True) == 64
-    monkeypatch.setattr("os.cpu_count", lambda: 1)
-    assert local_num_cpus(vllm_on_cpu=True) == 8
+def test_local_cpus_are_the_cores_at_least_four_and_inflated_only_for_vllm_on_cpu(monkeypatch):
+    assert local_num_cpus(vllm_on_cpu=False, cores=16) == 16
+    assert local_num_cpus(vllm_on_cpu=True, cores=16) == 64
+    # a small machine: the stream's stages held at once and one over, not its 2 cores
+    assert local_num_cpus(vllm_on_cpu=False, cores=2) == LOCAL_MIN_CPUS == 4
+    assert local_num_cpus(vllm_on_cpu=True, cores=1) == 8
+    monkeypatch.setattr("os.cpu_count", lambda: 6)  # the default: this machine's cores
+    assert local_num_cpus(vllm_on_cpu=False) == 6 and local_num_cpus() == 24
 
 
 def _calls_ray_init(source: str) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 from qrag_ray.config.index import GeneratorConfig
 from qrag_ray.errors import QragError
+from qrag_ray.runtime.stage_plan import StagePlan
 
 logger = logging.getLogger(__name__)
 
@@ -251,14 +252,14 @@ class _OpenAIStage:
             self.client.close()
 
 
-def run(ds, cfg: GeneratorConfig, model_path: str | None = None, *, check: bool = True):
-    """Raw outputs for every request row of `ds` through the endpoint (lazy Ray Dataset out).
-    `model_path` is ignored (the endpoint serves `cfg.model`); `check=False` skips the driver preflight."""
+def run(ds, cfg: GeneratorConfig, model_path: str | None = None, *, stage: StagePlan, check: bool = True):
+    """Raw outputs for every request row of `ds` through the endpoint (lazy Ray Dataset out), on the client
+    actors of `stage` (the build's resource plan). `model_path` is ignored (the endpoint serves `cfg.model`);
+    `check=False` skips the driver preflight."""
     import ray.data
 
     if check:
         preflight(cfg)
     return ds.select_columns(["key", "messages"]).map_batches(
         _OpenAIStage, fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()}, batch_format="numpy",
-        batch_size=max(1, min(cfg.batch_size, 4 * cfg.max_parallel_requests)),
-        compute=ray.data.ActorPoolStrategy(size=cfg.concurrency), num_cpus=0.25)
+        batch_size=stage.batch_size, compute=ray.data.ActorPoolStrategy(**stage.pool()), num_cpus=stage.num_cpus)

