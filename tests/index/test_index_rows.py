@@ -76,13 +76,15 @@ def test_chunk_parts_carry_metadata_and_the_build_types_it(tmp_path):
     driver merges the parts' types (one per field) and each shard's chunk table gets typed columns."""
     import json
 
+    import pyarrow as pa
     import pyarrow.parquet as pq
     import pytest
 
     from qrag_ray.errors import QragError
     from qrag_ray.index import workdir
     from qrag_ray.index.metadata_columns import chunk_table, json_values
-    from qrag_ray.index.tasks import _chunk_part, metadata_fields
+    from qrag_ray.index.rows import CHUNK_PART_SCHEMA
+    from qrag_ray.index.tasks import metadata_fields
     from qrag_ray.index.udfs import write_chunk_part
     from qrag_ray.io.readers import normalize_record
 
@@ -97,7 +99,10 @@ def test_chunk_parts_carry_metadata_and_the_build_types_it(tmp_path):
     assert fields == {"schema": {"day": "date", "lang": "string", "n": "number"}, "url": True}
     with pytest.raises(QragError, match="document 'd': metadata field 'n' is a string, but document 'a'"):
         metadata_fields([part, {"metadata": {"n": ["string", "d"]}}])
-    t = chunk_table(_chunk_part(next((tmp_path / "chunks").rglob("*.parquet"))).sort_by("doc_id"), **fields)
+    def shard0_rows(f):  # a part's rows of shard 0, read as the shard task reads them
+        return pa.concat_tables(workdir.read_row_groups(workdir.shard_row_groups([f], 0), CHUNK_PART_SCHEMA.names, 0))
+
+    t = chunk_table(shard0_rows(next((tmp_path / "chunks").rglob("*.parquet"))).sort_by("doc_id"), **fields)
     assert t.column("url").to_pylist() == ["https://x.org/a", None]
     assert json_values(t.column("metadata").to_pylist()) == [{"n": 1}, {"n": 2.5, "day": "2024-01-02"}]
     plain = normalize_record({"id": "c", "text": "four"}, "f")
@@ -105,6 +110,6 @@ def test_chunk_parts_carry_metadata_and_the_build_types_it(tmp_path):
     (part,) = workdir.registered_parts(tmp_path, "run2")
     assert part["metadata"] == {} and not part["url"]
     files = sorted((tmp_path / "chunks").rglob("*.parquet"))
-    untyped = [chunk_table(_chunk_part(f)) for f in files]
+    untyped = [chunk_table(shard0_rows(f)) for f in files]
     assert all(t.column_names == ["chunk_idx", "chunk_id", "doc_id", "title", "text", "shard"] for t in untyped)
     assert all(json.loads(m) for f in files for m in pq.read_table(f).column("metadata").to_pylist() if m)
