@@ -110,7 +110,7 @@ def test_an_embedding_batch_writes_the_same_few_files_at_1_and_32_shards(tmp_pat
         work = tmp_path / f"shards{shards}"
         idx = np.arange(n, dtype=np.int64) * 7919
         chunks = [{"chunk_id": f"d{i}#0", "doc_id": f"d{i}", "title": "", "text": f"row {i}", "chunk_idx": int(c),
-                   "shard": int(c % shards)} for i, c in enumerate(idx)]
+                   "shard": int(c % shards), "url": "", "metadata": ""} for i, c in enumerate(idx)]
         write_chunk_part(chunk_columns(chunks, False), n, work, "run")
         batch = {"chunk_idx": idx, "kind": np.full(n, "chunk", object), "ord": np.zeros(n, np.int32),
                  "text": np.asarray([c["text"] for c in chunks], object), "qn": np.full(n, -1, np.int32),

@@ -19,11 +19,12 @@ pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS
 
 REPO = Path(__file__).resolve().parents[2]
 TOPICS = ("break", "continue", "pass")
-BASE = {"representation": "chunk", "shards": 2, "faiss.factory": "Flat", "chunker.method": "token",
-        "chunker.size": 120, "chunker.overlap": 20}
-# the GPU layout: an embedding actor per GPU (fed by tokenizer actors); the shard builds stay off the GPUs,
-# so GPUs the build holds are the embedding stage's
-GPU_LAYOUT = {"build.embedder.num_gpus": 1, "faiss.use_gpu": False}
+# FAISS on CPU in both builds (faiss.use_gpu is part of the index's identity): the shard builds stay off the
+# GPUs, so the GPUs the build holds are the embedding stage's
+BASE = {"representation": "chunk", "shards": 2, "faiss.factory": "Flat", "faiss.use_gpu": False,
+        "chunker.method": "token", "chunker.size": 120, "chunker.overlap": 20}
+# the GPU layout: an embedding actor per GPU (fed by tokenizer actors)
+GPU_LAYOUT = {"build.embedder.num_gpus": 1}
 
 SCRIPT = r"""
 import contextlib, io, json, os, sys, threading, time
@@ -63,7 +64,7 @@ def test_cpu_kernels_run_the_gpu_layout_and_write_the_cpu_index(local_ray, tmp_p
     corpus = write_jsonl(tmp_path / "c.jsonl", [d for d in pydoc_docs() if d["id"] in TOPICS])
     plain = build({"input": str(corpus), "build.output": str(tmp_path / "plain"), **BASE})
     yaml = tmp_path / "gpu.yaml"
-    yaml.write_text("build:\n  embedder: {num_gpus: 1}\n")
+    yaml.write_text("build:\n  embedder: {num_gpus: 1}\nfaiss: {use_gpu: false}\n")
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 8, "GPU": 2}),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("QRAG_KERNELS", None)

@@ -122,7 +122,8 @@ def test_hybrid_rounds_go_deep_and_rank_like_exhaustive_lists(hybrid_index, mini
     asked: list[tuple[int, bool]] = []
     for s in engine.shards:
         real = s.index.search
-        s.index.search = lambda qv, k, texts=None, _real=real: asked.append((k, texts is not None)) or _real(qv, k, texts)
+        s.index.search = (lambda qv, k, texts=None, sel=None, _real=real:
+                          asked.append((k, texts is not None)) or _real(qv, k, texts, sel))
     qv = engine.embed(QUERIES)
     deep = [s.index.search(qv, s.index.ntotal, QUERIES) for s in engine.shards]
     asked.clear()
