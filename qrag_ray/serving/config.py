@@ -26,6 +26,10 @@ SERVE_PROCESS_ENV = {
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",  # access-log lines written in batches
     "RAY_SERVE_LOG_TO_STDERR": "0",  # replica logs go to their files only
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",  # Router -> ShardSearcher calls over gRPC
+    # a handle call's reply over gRPC may be as large as a page of k=1000 results with their texts and
+    # metadata (several MB; a shard group's reply to a batch of queries more): gRPC's 4 MiB default, which
+    # Serve keeps, fails such a reply with RESOURCE_EXHAUSTED (an HTTP 500 to the user)
+    "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(512 * 2**20),
 }
 
 

@@ -59,7 +59,9 @@ def test_the_gpu_prod_rayjob_layout_runs_with_the_kernels_on_cpu(tmp_path):
 
     if not qwen_converted():
         missing("the bundled Qwen model is not prepared (qrag prepare-models)")
-    r = rehearse.prepare("gpu-prod", tmp_path, pods=PODS, env={"QRAG_KERNELS": "cpu"}, settings=SETTINGS)
+    # this machine's Ray token (as the cpu-dev rehearsal has it): this process watches the nodes come up
+    r = rehearse.prepare("gpu-prod", tmp_path, pods=PODS, env={"QRAG_KERNELS": "cpu"}, settings=SETTINGS,
+                         token=rehearse.default_token())
     assert sum(s.num_gpus for s in r.shapes) == 2
     try:
         rehearse.start(r, timeout=180)
