@@ -68,7 +68,8 @@ class EmbedderConfig(Strict):
 class EmbedderRunConfig(Strict):
     """How the build's embedder runs: throughput, and the backend (ONNX and torch: the same vectors)."""
 
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, description="CPU: rows per forward pass at most (tokens_per_batch bounds "
+                            "them too); each padded length runs in passes of one shape, so vectors keep their bits")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per embedding actor (0: CPU)")
     actors: int | None = Field(None, ge=1, description="embedding actors, all started before the first batch; "
                                "None: one per num_gpus GPUs of the cluster (1 on CPU)")
@@ -76,8 +77,9 @@ class EmbedderRunConfig(Strict):
                                 "1 on a busy box, where OpenMP threads waiting for each other collapse speed")
     # CPU inference: onnx (qrag_ray/embedding/onnx.py), torch, or auto (onnx where it runs); GPUs use torch
     backend: Literal["auto", "torch", "onnx"] = "auto"
-    tokens_per_batch: int = Field(65536, ge=256, description="GPU forward pass size in tokens (rows x padded "
-                                  "length), not rows, so short and long texts both fill the GPU")
+    tokens_per_batch: int | None = Field(None, ge=16, description="forward pass size in tokens (rows x padded "
+                                         "length), not rows, so short and long texts fill a pass alike; None: "
+                                         "65536 on a GPU, 512 on CPU (qrag_ray.embedding.forward)")
     tokenize: Literal["auto", "actor", "tasks"] = Field(
         "auto", description="where texts become token ids: in the embedding actor, or in CPU workers that feed "
         "it ready arrays (a GPU's forward pass outruns one tokenizing thread); auto = tasks with num_gpus")

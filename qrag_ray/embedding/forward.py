@@ -1,9 +1,9 @@
 """The forward step: token ids in (from `tokens.py`: padded or ragged), unit-norm float32 vectors out,
 in input order; no tokenizing, no per-row Python, so a GPU is fed as fast as it computes; each pass is
-padded to its own length only. Rows are grouped by tokens
-(`tokens_per_batch`, the GPU way: a row's last bits then depend on its pass-mates) or canonically
-(`canonical_rows`, every CPU build: one padded length and exactly that many rows per pass, so a row's
-bits never depend on the others; on a GPU only for the same GPU model, driver and libraries)."""
+padded to its own length only. Rows are grouped by tokens (`tokens_per_batch`, the GPU way: a row's
+last bits then depend on its pass-mates) or canonically (`canonical_rows`, every CPU build: each padded
+length in passes of one shape, so a row's bits never depend on the others; on a GPU only for the same
+GPU model, driver and libraries)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,38 @@ import numpy as np
 from qrag_ray.embedding.load import embedding_dim, encode, precision
 from qrag_ray.embedding.tokens import padded_lengths, token_ids
 
+# A forward pass's tokens (rows x padded length) when the config leaves it open. A GPU wants large passes;
+# on CPU passes of about 512 tokens run fastest (2-3x the rows per second of 64 rows of any length, passages
+# and questions alike: docs/BENCHMARKS.md), and a small build then pays for few filler rows.
+GPU_TOKENS_PER_BATCH = 65536
+CPU_TOKENS_PER_BATCH = 512
 
-def plan(lens: np.ndarray, limit: int, tokens_per_batch: int | None = None,
+
+def default_tokens_per_batch(on_gpu: bool) -> int:
+    return GPU_TOKENS_PER_BATCH if on_gpu else CPU_TOKENS_PER_BATCH
+
+
+def canonical_pass_rows(length: int, tokens_per_batch: int, canonical_rows: int) -> int:
+    """Rows in each canonical pass of this padded length: a function of the length alone (and the two
+    settings), never of which rows the batch holds."""
+    return max(1, min(canonical_rows, tokens_per_batch // int(length)))
+
+
+def plan(lens: np.ndarray, limit: int, tokens_per_batch: int,
          canonical_rows: int | None = None) -> list[tuple[np.ndarray, int, int]]:
     """The forward passes for rows of these lengths: (row indices, padded length, copies of the first
-    row appended to fill the pass). Exactly one of tokens_per_batch / canonical_rows."""
-    if (tokens_per_batch is None) == (canonical_rows is None):
-        raise ValueError("give tokens_per_batch or canonical_rows")
+    row appended to fill the pass). With `canonical_rows`, each padded length L in passes of exactly
+    `canonical_pass_rows(L, ...)` rows (at most canonical_rows, at most tokens_per_batch tokens, one at
+    least), the last filled with copies; without, rows sorted by length and packed up to tokens_per_batch."""
     padded = padded_lengths(lens, limit)
     out: list[tuple[np.ndarray, int, int]] = []
     if canonical_rows is not None:
         for length in np.unique(padded):
             idx = np.flatnonzero(padded == length)
-            for s in range(0, len(idx), canonical_rows):
-                grp = idx[s:s + canonical_rows]
-                out.append((grp, int(length), canonical_rows - len(grp)))
+            rows = canonical_pass_rows(length, tokens_per_batch, canonical_rows)
+            for s in range(0, len(idx), rows):
+                grp = idx[s:s + rows]
+                out.append((grp, int(length), rows - len(grp)))
         return out
     order = np.argsort(padded, kind="stable")
     sorted_len = padded[order].astype(np.int64)
@@ -44,12 +61,12 @@ class Forward:
     """`Forward(st, ...)(ids, lens)` -> float32 [n, dim] in input order. On CUDA ids are copied from
     pinned memory without blocking, so the host prepares the next pass while the GPU computes."""
 
-    def __init__(self, st, tokens_per_batch: int | None = 65536, canonical_rows: int | None = None):
+    def __init__(self, st, tokens_per_batch: int = GPU_TOKENS_PER_BATCH, canonical_rows: int | None = None):
         import torch
 
         self.st = st
         self.device = torch.device(st.device)
-        self.tokens_per_batch = None if canonical_rows is not None else tokens_per_batch
+        self.tokens_per_batch = tokens_per_batch
         self.canonical_rows = canonical_rows
         self.token_types = "token_type_ids" in st.tokenizer.model_input_names
         self.left = st.tokenizer.padding_side == "left"
@@ -133,12 +150,13 @@ def pass_ids(ids: np.ndarray, lens: np.ndarray, left: bool, pad: int):
     return take_ragged
 
 
-def encode_canonical(st, texts: list[str], micro_batch: int = 32) -> np.ndarray:
+def encode_canonical(st, texts: list[str], micro_batch: int = 32,
+                     tokens_per_batch: int = CPU_TOKENS_PER_BATCH) -> np.ndarray:
     """Like `encode`, but a text's vector does not depend on its batch-mates (a resumed build batches
-    differently, and BLAS results move in the last bits with the batch's shape)."""
+    differently, and BLAS results move in the last bits with the batch's shape): a CPU build's vectors."""
     texts = [str(t) for t in texts]
     tok = getattr(st, "tokenizer", None)
     if not texts or tok is None:
         return encode(st, texts, micro_batch)
     ids, lens = token_ids(tok, texts, int(st.max_seq_length or 512))
-    return Forward(st, canonical_rows=micro_batch)(ids, lens)
+    return Forward(st, tokens_per_batch, canonical_rows=micro_batch)(ids, lens)

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.embedding import Forward, load_sentence_transformer
+from qrag_ray.embedding.forward import default_tokens_per_batch
 from qrag_ray.embedding.tokens import token_ids
 from qrag_ray.generation.requests import atomize_request, question_requests
 from qrag_ray.index import workdir
@@ -127,7 +128,7 @@ class EmbedSink:
 
     def __init__(self, model: str, batch_size: int, max_seq_length: int | None, threads: int | None,
                  work: str, question_kind: str | None, run: str, backend: str = "auto", dtype: str = "auto",
-                 tokens_per_batch: int = 65536, device: str | None = None):
+                 tokens_per_batch: int | None = None, device: str | None = None):
         if threads:
             import torch
 
@@ -136,7 +137,8 @@ class EmbedSink:
         self.st = load_sentence_transformer(model, device=device, max_seq_length=max_seq_length, backend=backend,
                                             threads=threads, dtype=dtype)
         on_gpu = str(self.st.device).startswith("cuda")
-        self.forward = Forward(self.st, tokens_per_batch, canonical_rows=None if on_gpu else batch_size)
+        self.forward = Forward(self.st, tokens_per_batch or default_tokens_per_batch(on_gpu),
+                               canonical_rows=None if on_gpu else batch_size)
         self.work = Path(work)
         self.qk = question_kind
         self.run = run

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qrag_ray.embedding.forward import plan
+from qrag_ray.embedding.forward import canonical_pass_rows, plan
 from qrag_ray.embedding.load import resolve_dtype
 from qrag_ray.embedding.tokens import Tokenize, by_length, load_tokenizer, padded_lengths, token_ids
 
@@ -26,8 +26,12 @@ def test_padded_lengths_round_up_to_the_bucket_and_stop_at_the_limit():
 
 def test_canonical_plan_is_fixed_rows_per_length_filled_with_copies():
     lens = np.array([3, 40, 5, 3, 40, 17, 3])
-    got = [(idx.tolist(), length, fill) for idx, length, fill in plan(lens, 256, canonical_rows=2)]
+    got = [(idx.tolist(), length, fill) for idx, length, fill in plan(lens, 256, 4096, canonical_rows=2)]
     assert got == [([0, 2], 16, 0), ([3, 6], 16, 0), ([5], 32, 1), ([1, 4], 48, 0)]
+    # the token budget bounds a pass too: 64 tokens are 4 rows of 16, 2 of 32, 1 of 48 (never fewer than 1)
+    got = [(idx.tolist(), length, fill) for idx, length, fill in plan(lens, 256, 64, canonical_rows=8)]
+    assert got == [([0, 2, 3, 6], 16, 0), ([5], 32, 1), ([1], 48, 0), ([4], 48, 0)]
+    assert [canonical_pass_rows(n, 512, 64) for n in (16, 128, 256, 512)] == [32, 4, 2, 1]
 
 
 def test_token_plan_covers_every_row_once_within_the_budget():
@@ -42,8 +46,6 @@ def test_token_plan_covers_every_row_once_within_the_budget():
     # rows are many per pass, not one per bucket: the budget is what bounds a pass
     assert len(passes) <= int(np.ceil(padded.sum() / 4096)) + 16
     assert [(i.tolist(), n, f) for i, n, f in plan(np.array([300]), 256, tokens_per_batch=100)] == [([0], 256, 0)]
-    with pytest.raises(ValueError):
-        plan(lens, 256)
 
 
 def test_token_ids_equal_the_tokenizer_call_padded_to_the_limit():
@@ -135,7 +137,7 @@ def test_embedder_config_names_the_precision_and_the_token_budget():
 
     from qrag_ray.config.index import EmbedderConfig, EmbedderRunConfig
 
-    assert EmbedderConfig().dtype == "auto" and EmbedderRunConfig().tokens_per_batch == 65536
+    assert EmbedderConfig().dtype == "auto" and EmbedderRunConfig().tokens_per_batch is None
     with pytest.raises(ValidationError):
         EmbedderConfig(dtype="fp8")
 
@@ -143,8 +145,9 @@ def test_embedder_config_names_the_precision_and_the_token_budget():
 # ------------------------------------------------------------------ with the real MiniLM (integration)
 
 
-def _pad_reference(st, texts: list[str], micro_batch: int, bucket: int = 16) -> np.ndarray:
-    """The canonical encode as every existing index was built: the tokenizer's own `pad` per group."""
+def _pad_reference(st, texts: list[str], micro_batch: int, tokens: int = 512, bucket: int = 16) -> np.ndarray:
+    """The canonical encode with the tokenizer's own `pad` per group: each padded length L in groups of
+    max(1, min(micro_batch, tokens // L)) rows, the last filled with copies of its first row."""
     import torch
 
     tok = st.tokenizer
@@ -155,10 +158,11 @@ def _pad_reference(st, texts: list[str], micro_batch: int, bucket: int = 16) -> 
     out = np.zeros((len(texts), 384), np.float32)
     for length in np.unique(padded):
         idx = np.flatnonzero(padded == length)
-        for s in range(0, len(idx), micro_batch):
-            grp = idx[s:s + micro_batch].tolist()
+        rows = max(1, min(micro_batch, tokens // int(length)))
+        for s in range(0, len(idx), rows):
+            grp = idx[s:s + rows].tolist()
             n = len(grp)
-            grp += [grp[0]] * (micro_batch - n)
+            grp += [grp[0]] * (rows - n)
             feats = tok.pad({k: [enc[k][i] for i in grp] for k in keys}, padding="max_length",
                             max_length=int(length), return_tensors="pt")
             with torch.inference_mode():
