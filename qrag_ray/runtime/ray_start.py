@@ -107,6 +107,10 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     # A QragError raised in a map UDF (bad record, line N) must reach the CLI as itself: Ray Data's
     # default UserCodeException wrapper loses the cause, which would turn one clear line into a traceback.
     ctx.raise_original_map_exception = True
+    # Parquet through Ray Data's V1 reader: 2.60's V2 (`ListFiles -> ReadFiles`) spends 5-20 s listing even one
+    # local file (its listing task sleeps, ~0.1 s of CPU), and every build with generation reads the question
+    # cache through it twice, a Parquet corpus once (docs/BENCHMARKS.md, "Index builds")
+    ctx.use_datasource_v2 = False
     quiet = logs.verbosity() == 0 if quiet is None else quiet
     logs.quiet_ray_data()
     attach_ray_data(ctx)  # our stage display reads Ray Data's operators; its own bars stay off
