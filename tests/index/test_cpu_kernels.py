@@ -23,8 +23,9 @@ TOPICS = ("break", "continue", "pass")
 # GPUs, so the GPUs the build holds are the embedding stage's
 BASE = {"representation": "chunk", "shards": 2, "faiss.factory": "Flat", "faiss.use_gpu": False,
         "chunker.method": "token", "chunker.size": 120, "chunker.overlap": 20}
-# the GPU layout: an embedding actor per GPU (fed by tokenizer actors)
-GPU_LAYOUT = {"build.embedder.num_gpus": 1}
+# the GPU layout: an embedding actor per GPU, fed by tokenizer actors (one here: each imports transformers,
+# seconds of a 2-core box's CPU; the pool's sizing is the resource plan's unit tests')
+GPU_LAYOUT = {"build.embedder.num_gpus": 1, "build.embedder.tokenizers": 1}
 
 SCRIPT = r"""
 import contextlib, io, json, os, sys, threading, time

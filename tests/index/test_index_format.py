@@ -218,8 +218,9 @@ def sentence_table(embed):
 
 
 @pytest.mark.integration
+# IVF-PQ with 4-bit fast-scan codes, the shipped factory's kind (8-bit PQ16 takes ~50 s to train here)
 @pytest.mark.parametrize("factory,cls", [("Flat", faiss.IndexFlat), ("HNSW32", faiss.IndexHNSWFlat),
-                                         ("IVF8,PQ16", faiss.IndexIVFPQ)])
+                                         ("IVF8,PQ16x4fs", faiss.IndexIVFPQFastScan)])
 def test_factories(sentence_table, tmp_path, factory, cls):
     table, vecs = sentence_table
     assert len(vecs) > 600
@@ -239,7 +240,7 @@ def test_factories(sentence_table, tmp_path, factory, cls):
     texts = meta.column("text").to_pylist()
     _, ids = idx.search(vecs[sample], 1)
     hit = np.mean([texts[i] == table.column("text")[int(s)].as_py() for s, i in zip(sample, ids[:, 0])])
-    assert hit >= (0.99 if factory != "IVF8,PQ16" else 0.7), hit
+    assert hit >= (0.99 if "PQ" not in factory else 0.7), hit
 
 
 @pytest.mark.integration
