@@ -3,7 +3,9 @@
 Parquet parts), against the forward-only ceiling and today's canonical encode.
 
 Rows of the table, per workload (passages ~90 tokens, questions ~20), each printed as it is measured:
-  - today: `encode_canonical` (micro-batch 64, float32), the CPU build's encode;
+  - today: `encode_canonical` (at most 64 rows and 512 tokens per pass, float32), the CPU build's encode;
+  - rows64 (CPU only): the same canonical encode with 64 rows of any length per pass, the CPU build's
+    plan before its passes were sized in tokens (`x today` < 1: how much slower it was);
   - ceiling: `Forward.embed` over token batches already on the device, grouped by tokens, at each
     `--tokens-per-batch`: the most the model's step can do; `ratio` of every row = its rate / the best
     ceiling of the sweep for its dtype;
@@ -153,13 +155,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_today(st, texts: list[str], device: str) -> tuple[float, np.ndarray]:
+def time_today(st, texts: list[str], device: str, tokens_per_batch: int | None = None) -> tuple[float, np.ndarray]:
+    """The canonical encode a CPU build runs (tokens_per_batch None: its default budget)."""
     from qrag_ray.embedding import encode_canonical
+    from qrag_ray.embedding.forward import CPU_TOKENS_PER_BATCH
 
-    encode_canonical(st, texts[:TODAY_MICRO_BATCH], TODAY_MICRO_BATCH)
+    tpb = tokens_per_batch or CPU_TOKENS_PER_BATCH
+    encode_canonical(st, texts[:TODAY_MICRO_BATCH], TODAY_MICRO_BATCH, tpb)
     sync(device)
     t = time.perf_counter()
-    v = encode_canonical(st, texts, TODAY_MICRO_BATCH)
+    v = encode_canonical(st, texts, TODAY_MICRO_BATCH, tpb)
     return time.perf_counter() - t, v
 
 
@@ -386,6 +391,12 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
         add({"workload": wl, "path": "today", "dtype": "float32", "tokens_per_batch": None,
              "texts_per_s": round(today, 1), "ratio": None, "vs_forward": None, "x_today": 1.0,
              "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": 0.0, "files_per_batch": None})
+        if a.device == "cpu":  # the plan before: TODAY_MICRO_BATCH rows whatever their length (no token bound)
+            old_s, old_v = time_today(base, sub, a.device, TODAY_MICRO_BATCH * limit)
+            add({"workload": wl, "path": "rows64", "dtype": "float32", "tokens_per_batch": None,
+                 "texts_per_s": round(len(sub) / old_s, 1), "ratio": None, "vs_forward": None,
+                 "x_today": round(today_s / old_s, 2), "gpu_peak_gib": None,
+                 "max_abs_diff": float(np.abs(old_v - ref).max()), "files_per_batch": None})
 
         def measured(path, dt, tpb, rate, best, fwd_rate=None, diff=None, files=None):
             add({"workload": wl, "path": path, "dtype": dt, "tokens_per_batch": tpb, "texts_per_s": round(rate, 1),
@@ -419,7 +430,7 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
             for path in ("forward", "EmbedSink", "stage"):
                 work = tmp / f"work-{wl}-{dt}-{path}"
                 sink = EmbedSink(model_path, TODAY_MICRO_BATCH, None, threads if a.device == "cpu" else None,
-                                 str(work), None, "bench", "auto", dt, tpbs[0])
+                                 str(work), None, "bench", "auto", dt, None if a.device == "cpu" else tpbs[0])
                 sink.forward(ids[:8], lens[:8])  # warm-up
                 reset_peak(a.device)
                 files.files = 0
