@@ -133,18 +133,10 @@ def cluster_from_nodes(nodes: list[Mapping[str, Any]], local: bool = False, core
 
 
 def current_cluster(local: bool) -> ClusterSpec:
-    """The running Ray's alive nodes (Ray wiring; everything else here is pure). A local Ray's one node counts
-    the CPUs and GPUs free now: nothing joins it later, so a task sized to its total would wait forever behind
-    whatever holds some (a Serve replica of this process, or the actors of an earlier build that failed, which
-    Ray Data releases only when Python's cyclic GC next runs)."""
+    """The running Ray's alive nodes (Ray wiring; everything else here is pure)."""
     import ray
 
-    nodes = ray.nodes()
-    if local:
-        free = ray.available_resources()
-        nodes = [{**n, "Resources": {**n.get("Resources", {}), "CPU": free.get("CPU", 0.0), "GPU": free.get("GPU", 0.0)}}
-                 for n in nodes if n.get("Alive", True)]
-    return cluster_from_nodes(nodes, local=local, cores=os.cpu_count() or 1)
+    return cluster_from_nodes(ray.nodes(), local=local, cores=os.cpu_count() or 1)
 
 
 def llm_atoms(cfg: IndexConfig, kinds: list[str], granularity: str | None) -> bool:

@@ -4,6 +4,7 @@ cluster joined by address (docs/CLUSTER.md, "Who can reach what")."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -107,14 +108,18 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     # A QragError raised in a map UDF (bad record, line N) must reach the CLI as itself: Ray Data's
     # default UserCodeException wrapper loses the cause, which would turn one clear line into a traceback.
     ctx.raise_original_map_exception = True
-    # Parquet through Ray Data's V1 reader: 2.60's V2 (`ListFiles -> ReadFiles`) spends 5-20 s listing even one
-    # local file (its listing task sleeps, ~0.1 s of CPU), and every build with generation reads the question
-    # cache through it twice, a Parquet corpus once (docs/BENCHMARKS.md, "Index builds")
+    # Parquet through Ray Data's V1 reader: 2.60's V2 (`ListFiles -> ReadFiles`) spends seconds listing even one
+    # local file (its listing task mostly sleeps), and every build with generation reads the question cache
+    # twice, a Parquet corpus once (docs/BENCHMARKS.md, "Index builds")
     ctx.use_datasource_v2 = False
     quiet = logs.verbosity() == 0 if quiet is None else quiet
     logs.quiet_ray_data()
     attach_ray_data(ctx)  # our stage display reads Ray Data's operators; its own bars stay off
     if ray.is_initialized():
+        # A job of this process that failed inside a Ray Data stage leaves that stage's actors (and the CPUs and
+        # GPUs they hold) in reference cycles only Python's cyclic GC frees; a later job's tasks, sized to the
+        # cluster, would wait for them (a notebook or `qrag suite` building again after a failure)
+        gc.collect()
         return
     kwargs = dict(runtime_env=driver_runtime_env(job_runtime_env()), logging_level="ERROR" if quiet else "INFO",
                   log_to_driver=not quiet)

@@ -328,3 +328,17 @@ def test_cli_error_raised_inside_a_ray_actor_is_one_line(local_ray, fake_openai,
     assert rc == 2 and "Traceback" not in err, err[-3000:]
     errs = _error_lines(err)
     assert len(errs) == 1 and "HTTP 400: scripted failure 400" in errs[0], err[-3000:]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)  # what this guards against is a build that waits forever
+def test_a_build_after_one_that_failed_inside_an_actor_runs(local_ray, fake_openai, tmp_path, capsys):
+    """The user fixes what failed and builds again in the same process (a notebook, `qrag suite`): the failed
+    build's Ray Data actors, which Ray Data leaves to Python's cyclic GC, no longer hold CPUs that the next
+    build's FAISS tasks (sized to the whole machine) wait for."""
+    from qrag_ray.cli import main
+
+    fake_openai.fail_next(400)
+    assert main(_cli_setup(tmp_path, fake_openai.base_url)) == 2
+    assert main(_cli_setup(tmp_path, fake_openai.base_url)) == 0, capsys.readouterr().err[-3000:]
+    assert (tmp_path / "idx" / "manifest.json").is_file()

@@ -116,33 +116,6 @@ def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monk
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(300)  # the failure this guards against is a build that waits forever
-def test_a_build_plans_around_cpus_held_on_its_local_ray(local_ray, build_with, tmp_path, jsonl_writer,
-                                                         corpus_records):
-    """An actor holding part of the local Ray's CPUs (as a failed build's Ray Data actors do until Python's
-    cyclic GC frees them, or a Serve replica of the same process) leaves this build smaller FAISS tasks,
-    never a task sized to the whole machine that no node can ever hold."""
-    import ray
-
-    @ray.remote(num_cpus=0.5)
-    class Holder:
-        def ping(self) -> bool:
-            return True
-
-    holder = Holder.remote()
-    ray.get(holder.ping.remote())
-    try:
-        total = ray.cluster_resources()["CPU"]
-        corpus = jsonl_writer(tmp_path / "small.jsonl", corpus_records(with_questions=False)[:2])
-        report = build_with({"input": str(corpus), "build.output": str(tmp_path / "idx"), "representation": "chunk"})
-    finally:
-        ray.kill(holder)
-    assert report.vectors > 0
-    assert report.resources["cluster"]["cpus"] <= total - 0.5
-    assert report.resources["stages"]["build-shards"]["num_cpus"] <= total - 0.5
-
-
-@pytest.mark.integration
 def test_bad_input_fails_before_writing(local_ray, build_with, tmp_path, jsonl_writer):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
