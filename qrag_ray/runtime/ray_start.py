@@ -4,7 +4,6 @@ cluster joined by address (docs/CLUSTER.md, "Who can reach what")."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
@@ -116,10 +115,6 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     logs.quiet_ray_data()
     attach_ray_data(ctx)  # our stage display reads Ray Data's operators; its own bars stay off
     if ray.is_initialized():
-        # A job of this process that failed inside a Ray Data stage leaves that stage's actors (and the CPUs and
-        # GPUs they hold) in reference cycles only Python's cyclic GC frees; a later job's tasks, sized to the
-        # cluster, would wait for them (a notebook or `qrag suite` building again after a failure)
-        gc.collect()
         return
     kwargs = dict(runtime_env=driver_runtime_env(job_runtime_env()), logging_level="ERROR" if quiet else "INFO",
                   log_to_driver=not quiet)
