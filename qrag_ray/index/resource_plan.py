@@ -283,9 +283,9 @@ def plan_faiss(cfg: IndexConfig, cluster: ClusterSpec, kernels: str = "auto") ->
     # On a local Ray (nothing joins it later) a task never asks for the whole node: an actor left holding a
     # fraction of a CPU (a failed build's Ray Data actor, until Python's cyclic GC frees it) would make it
     # wait forever. The claim only places the task; its FAISS threads stay the node's.
-    claim = (lambda n: float(max(1, min(n, node - 1)))) if cluster.local else float
-    return [StagePlan("train", "tasks", 1, 1, num_cpus=claim(node), threads=1 if one else node),
-            StagePlan("build-shards", "tasks", 1, max(1, at_once), num_cpus=claim(share), num_gpus=gpu,
+    most = max(1, node - 1) if cluster.local else node
+    return [StagePlan("train", "tasks", 1, 1, num_cpus=float(min(node, most)), threads=1 if one else node),
+            StagePlan("build-shards", "tasks", 1, max(1, at_once), num_cpus=float(min(share, most)), num_gpus=gpu,
                       device=device, threads=1 if one else share)]
 
 
