@@ -229,7 +229,8 @@ def submit(r: Rehearsal, timeout: float = 1800.0) -> tuple[int, str]:
 
 def plain_build(r: Rehearsal, timeout: float = 1800.0) -> tuple[int, str, Path]:
     """The same build with plain `qrag index` in this process's environment (plus the job's env vars): no
-    cluster, its own output beside the job's."""
+    cluster, its own output beside the job's. Its in-process Ray declares the pods' GPUs (Ray's
+    RAY_OVERRIDE_RESOURCES, logical ones on a CPU machine), so the config's GPU requests hold there too."""
     argv = shlex.split(r.entrypoint)[1:]
     if "--address" in argv:
         i = argv.index("--address")
@@ -237,6 +238,8 @@ def plain_build(r: Rehearsal, timeout: float = 1800.0) -> tuple[int, str, Path]:
     out = r.work / "plain" / Path(r.params["output"]).name
     argv[argv.index("--output") + 1] = str(out)
     env = _driver_env(**(r.runtime_env.get("env_vars") or {}), **({"PYTHONPATH": r.code} if r.code else {}))
+    if gpus := sum(s.num_gpus for s in r.shapes):
+        env["RAY_OVERRIDE_RESOURCES"] = json.dumps({"GPU": gpus})
     p = subprocess.run([sys.executable, "-m", "qrag_ray.cli", *argv], env=env, capture_output=True, text=True,
                        timeout=timeout)
     return p.returncode, p.stdout + p.stderr, out

@@ -298,8 +298,8 @@ def _check_fits(plan: ResourcePlan) -> None:
         need = s.num_gpus * (s.min_size if s.compute == "actors" else 1)
         if need > c.gpus:
             raise QragError(f"the {s.name} stage needs {need:g} GPUs at once but this machine's Ray has "
-                            f"{c.gpus:g}: set its num_gpus to 0 for CPU, or start Ray with GPUs "
-                            f"(on a CPU machine logical ones, with {KERNELS_ENV}=cpu)")
+                            f"{c.gpus:g}: set its num_gpus to 0 for CPU, or start Ray with GPUs (on a CPU machine "
+                            f"logical ones: RAY_OVERRIDE_RESOURCES='{{\"GPU\": {need:g}}}' with {KERNELS_ENV}=cpu)")
     # the stream runs chunking, tokenizing and embedding at once: their smallest pools together
     streamed = [plan.stages[n] for n in ("read+chunk", "tokenize", "embed") if n in plan.stages]
     need = sum(s.num_cpus * (s.min_size if s.compute == "actors" else 1) for s in streamed)

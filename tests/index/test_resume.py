@@ -21,7 +21,7 @@ def _corpus(path):
 
     from qrag_ray.io.pydoc_corpus import unwrap
 
-    recs = [{"id": k, "title": k, "text": unwrap(v)} for k, v in sorted(topics.items())[:15]]
+    recs = [{"id": k, "title": k, "text": unwrap(v)} for k, v in sorted(topics.items())[:60]]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     return path
 
