@@ -72,6 +72,9 @@ def build_indexes(workdir: Path, n: int) -> list[Path]:
         build(build_index_config(None, input=str(workdir / "corpus.jsonl"), format="jsonl", representation="chunk",
                                  shards=2, build={"output": str(full), "overwrite": True},
                                  generator={"backend": "none"}, chunker={"method": "token", "size": 200, "overlap": 20}))
+        import ray
+
+        ray.shutdown()  # the build's own local Ray: the benchmark starts the one it measures
     names = sorted(topics)
     return [slice_index(full, workdir / f"index-{i}-of-{n}", set(names[i::n])) for i in range(n)]
 

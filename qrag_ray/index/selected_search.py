@@ -4,9 +4,13 @@ never the contract: few selected rows are scored directly (their stored vectors 
 product); more are searched by FAISS with an ID selector in its search parameters (IVF, HNSW, flat and
 scalar-quantizer indexes, and Refine / PreTransform wrappers of them honour one, checked on the installed
 FAISS: docs/SERVING.md); and a query the index could not fill (an IVF whose probed lists hold fewer
-selected rows than asked, an HNSW walk that met too few) is answered again exhaustively."""
+selected rows than asked, an HNSW walk that met too few) is answered again exhaustively. An IVF probes
+nprobe / (the selected share) lists, all at most: as many selected rows as an unfiltered search scans, as
+an index of only the selected rows would, so a filter costs no recall the unfiltered search has."""
 
 from __future__ import annotations
+
+import math
 
 import faiss
 import numpy as np
@@ -30,22 +34,23 @@ def can_reconstruct(index) -> bool:
     return True
 
 
-def selector_params(index, sel, keep: list, exhaustive: bool = False):
+def selector_params(index, sel, keep: list, widen: float = 1.0):
     """Search parameters carrying `sel` for `index` and the indexes it wraps, each keeping the index's
-    own settings (nprobe, efSearch, k_factor); `exhaustive` probes every IVF list. None: the index type
-    takes no selector. `keep` holds the Python objects FAISS only points to until the search is done."""
+    own settings (efSearch, k_factor); an IVF probes `widen` times its nprobe lists (every list at most;
+    math.inf: all of them). None: the index type takes no selector. `keep` holds the Python objects FAISS
+    only points to until the search is done."""
     index = faiss.downcast_index(index)
     if isinstance(index, faiss.IndexPreTransform):
-        inner = selector_params(index.index, sel, keep, exhaustive)
+        inner = selector_params(index.index, sel, keep, widen)
         p = None if inner is None else faiss.SearchParametersPreTransform(index_params=inner, sel=sel)
     elif isinstance(index, faiss.IndexRefine):
-        inner = selector_params(index.base_index, sel, keep, exhaustive)
+        inner = selector_params(index.base_index, sel, keep, widen)
         p = None if inner is None else faiss.IndexRefineSearchParameters(k_factor=index.k_factor, sel=sel)
         if p is not None:
             p.base_index_params = inner
     elif isinstance(index, faiss.IndexIVF):
-        p = faiss.SearchParametersIVF(sel=sel, nprobe=index.nlist if exhaustive else index.nprobe,
-                                      max_codes=0 if exhaustive else index.max_codes)
+        nprobe = index.nlist if widen == math.inf else min(index.nlist, math.ceil(index.nprobe * widen))
+        p = faiss.SearchParametersIVF(sel=sel, nprobe=nprobe, max_codes=0 if widen == math.inf else index.max_codes)
     elif isinstance(index, faiss.IndexHNSW):
         p = faiss.SearchParametersHNSW(sel=sel, efSearch=index.hnsw.efSearch)
     elif isinstance(index, (faiss.IndexFlatCodes,)) and not isinstance(index, faiss.IndexFastScan):
@@ -56,9 +61,31 @@ def selector_params(index, sel, keep: list, exhaustive: bool = False):
     return p
 
 
+def _codes_index(index):
+    """The index whose code array holds what `index` returns from reconstruct (the refinement index of a
+    Refine, the storage of an HNSW, a flat-codes index itself), or None."""
+    index = faiss.downcast_index(index)
+    if isinstance(index, faiss.IndexRefine):
+        return _codes_index(index.refine_index)
+    if isinstance(index, faiss.IndexHNSW):
+        return _codes_index(index.storage)
+    return index if isinstance(index, faiss.IndexFlatCodes) else None
+
+
+def stored_vectors(index, rows: np.ndarray) -> np.ndarray:
+    """The stored vectors of `rows` (what reconstruct returns): from a flat-codes index its codes of those
+    rows decoded in one call (a view of the code array, no copy of it), which costs a fraction of FAISS's
+    reconstruct_batch (one virtual call per row); any other index through reconstruct_batch."""
+    flat = _codes_index(index)
+    if flat is None:
+        return index.reconstruct_batch(rows)
+    codes = faiss.rev_swig_ptr(flat.codes.data(), flat.codes.size()).reshape(flat.ntotal, flat.code_size)
+    return flat.sa_decode(codes[rows])
+
+
 def brute_force(index, qvecs: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(scores, rows) of the k best of `rows` per query by inner product with their stored vectors."""
-    vecs = index.reconstruct_batch(rows)
+    vecs = stored_vectors(index, rows)
     scores = qvecs @ vecs.T
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < len(rows) else np.tile(np.arange(len(rows)), (len(qvecs), 1))
     best = np.take_along_axis(scores, top, axis=1)
@@ -77,7 +104,7 @@ def search_selected(index, qvecs: np.ndarray, k: int, selection, reconstructs: b
     keep: list = []
     bitmap = selection.bitmap()
     sel = faiss.IDSelectorBitmap(index.ntotal, faiss.swig_ptr(bitmap))
-    params = selector_params(index, sel, keep)
+    params = selector_params(index, sel, keep, widen=index.ntotal / n)
     try:
         if params is None:
             raise RuntimeError("no selector")
@@ -91,7 +118,7 @@ def search_selected(index, qvecs: np.ndarray, k: int, selection, reconstructs: b
     short = np.flatnonzero(found[:, k - 1] < 0)
     if len(short):
         again = (brute_force(index, qvecs[short], selection.rows, k) if reconstructs else
-                 index.search(qvecs[short], k, params=selector_params(index, sel, keep, exhaustive=True)))
+                 index.search(qvecs[short], k, params=selector_params(index, sel, keep, widen=math.inf)))
         scores[short], found[short] = again
     del keep, sel, bitmap  # FAISS is done with them
     return scores, found

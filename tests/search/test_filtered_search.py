@@ -160,3 +160,30 @@ def test_results_carry_metadata_and_url(index):
         d = by_doc[r.doc_id]
         assert r.url == (d["url"] or None)
         assert r.metadata == d["metadata"]  # as given: dates as text, whole numbers as integers
+
+
+@pytest.mark.parametrize("factory", ["Flat", "SQfp16", "SQ8", "HNSW8", "IVF4,PQ4x4fs,Refine(SQfp16)", "PCA8,Flat"])
+def test_stored_vectors_are_what_reconstruct_returns(factory):
+    """Direct scoring decodes the selected rows' codes in one call: the same floats as FAISS's own
+    reconstruct, for every index type that stores its vectors."""
+    x = np.random.default_rng(3).standard_normal((300, 16)).astype(np.float32)
+    index = faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.add(x)
+    rows = np.array([299, 0, 17, 17, 150], dtype=np.int64)
+    np.testing.assert_array_equal(selected_search.stored_vectors(index, rows), index.reconstruct_batch(rows))
+
+
+def test_an_ivf_probes_more_lists_the_fewer_rows_a_filter_selects():
+    """A selection of a tenth of the rows probes ten times the lists (all of them at most): as many selected
+    rows as the unfiltered search scans."""
+    x = np.random.default_rng(4).standard_normal((2000, 8)).astype(np.float32)
+    index = faiss.index_factory(8, "IVF32,Flat", faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.add(x)
+    index.nprobe = 2
+    keep: list = []
+    sel = faiss.IDSelectorRange(0, 200)
+    assert selected_search.selector_params(index, sel, keep).nprobe == 2
+    assert selected_search.selector_params(index, sel, keep, widen=10.0).nprobe == 20
+    assert selected_search.selector_params(index, sel, keep, widen=100.0).nprobe == 32
