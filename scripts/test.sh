@@ -99,7 +99,8 @@ echo "[test] total $(mmss "$total")"
 for f in "$REPORTS"/durations-*.tsv; do
   [[ -f "$f" ]] || continue
   echo "[test] slowest of $(basename "$f" .tsv) (all in $f):"
-  tail -n +2 "$f" | head -15 | sed 's/^/[test]   /'
+  # one process, no pipe: under pipefail a reader that stops early (head) fails the run with SIGPIPE
+  sed -n "2,16s/^/[test]   /p" "$f"
 done
 if [[ $fast_rc -ne 0 || $slow_rc -ne 0 || $eval_rc -ne 0 || $install_rc -ne 0 ]]; then
   echo "[test] failed: fast tests rc=$fast_rc, slow tests rc=$slow_rc, regression slices rc=$eval_rc," \
