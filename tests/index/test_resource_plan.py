@@ -139,8 +139,10 @@ def test_cpu_kernels_keep_every_request():
 def test_a_local_ray_without_the_gpus_refuses_at_once():
     """A fixed pool a local Ray cannot hold would wait forever: one error line; a joined cluster may grow."""
     gpu_embed = _cfg(**{"build.embedder.num_gpus": 1})
-    with pytest.raises(QragError, match="embed stage needs 1 GPUs at once but this machine's Ray has 0"):
+    with pytest.raises(QragError, match="embed stage needs 1 GPUs at once but this machine's Ray has 0") as e:
         plan_resources(gpu_embed, LAPTOP)
+    # the line says how to give a CPU machine's Ray the GPUs it asks for, in a form that can be pasted
+    assert """RAY_OVERRIDE_RESOURCES='{"GPU": 1}' with QRAG_KERNELS=cpu""" in str(e.value)
     two = ClusterSpec((NodeSpec(cpus=8, gpus=2),), local=True)
     assert plan_resources(gpu_embed, two).stages["embed"].min_size == 2
     with pytest.raises(QragError, match="needs 4 GPUs"):
