@@ -20,7 +20,7 @@ from qrag_ray.index.format import CHUNKS, Manifest, files_under, read_table_file
 from qrag_ray.index.metadata_columns import METADATA, URL, json_values
 from qrag_ray.index.shard_index import Selection, ShardHits, ShardIndex, one_array, py_values
 from qrag_ray.search.filters import Filter, chunk_mask
-from qrag_ray.search.merge import ChunkResult, essential_hits, merge_hits
+from qrag_ray.search.merge import ChunkResult, essential_hits, merge_hits, only_chunks
 from qrag_ray.search.query import Query
 from qrag_ray.search.results import ChunkMeta
 
@@ -137,24 +137,64 @@ class ShardReply:  # a shard's final hits per query and, when asked, its page's 
     replica: str = ""  # the Serve replica that searched it (remote shards)
 
 
-def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:
-    """The shard's final hits for every query vector (timed) plus, with `page` (a remote caller's reply),
-    the metadata of its own top-k chunks, the only ones that can reach the page, sent with the hits so
-    the caller needs no second call, and only the hits the caller's merge can read (`essential_hits`).
-    Runs in the calling thread."""
+def search_hits(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query,
+                tops: bool) -> tuple[ShardReply, list[list[ChunkResult] | None]]:
+    """The shard's final hits for every query vector (timed) and, with `tops`, each query's own top k
+    chunks of the shard (what `add_page` sends metadata for). Runs in the calling thread."""
     t0 = time.perf_counter()
     texts = None if q.texts is None else list(q.texts)
     sel = None if q.filter is None else ls.select(q.filter)
-    hits, tops, rounds = search_shard_exact(ls.index, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts, page,
-                                            sel)
+    hits, top, rounds = search_shard_exact(ls.index, qvecs, q.k, ls.multiplier, q.min_score, q.policy, texts, tops,
+                                           sel)
     reply = ShardReply(shard, hits, rounds=rounds, candidates=[int((h.rows >= 0).sum()) for h in hits])
-    if page:
-        reply.hits = [essential_hits(h, q.k, q.policy) for h in hits]
-        top = [r for res in tops for r in res]
-        reply.chunks = ls.chunk_meta(dict.fromkeys(r.chunk_idx for r in top))
-        matched = ls.index.matched([row for r in top for _, row, _ in r.matches])
-        # a chunk row's text is its chunk's text: one string object for both, so the reply pickles it once
-        same = {m.text: m.text for m in reply.chunks.values()}
-        reply.matched = {row: (kind, same.get(text, text)) for row, (kind, text) in matched.items()}
     reply.search_ms = (time.perf_counter() - t0) * 1000
+    return reply, top
+
+
+def add_page(ls: LoadedShard, reply: ShardReply, tops: list[list[ChunkResult]], q: Query,
+             keep: list[set[int]] | None = None) -> ShardReply:
+    """A remote caller's reply: only the hits the caller's merge can read (`essential_hits`) and the
+    metadata of the shard's top chunks, the only ones that can reach the page, so the caller needs no
+    second call; with `keep` (per query, the chunks that can still reach it: `group_winners`) only those."""
+    t0 = time.perf_counter()
+    hits = [essential_hits(h, q.k, q.policy) for h in reply.hits]
+    if keep is not None:
+        tops = [[r for r in res if r.chunk_idx in kept] for res, kept in zip(tops, keep)]
+        hits = [only_chunks(h, kept) for h, kept in zip(hits, keep)]
+    reply.hits = hits
+    top = [r for res in tops for r in res]
+    reply.chunks = ls.chunk_meta(dict.fromkeys(r.chunk_idx for r in top))
+    matched = ls.index.matched([row for r in top for _, row, _ in r.matches])
+    # a chunk row's text is its chunk's text: one string object for both, so the reply pickles it once
+    same = {m.text: m.text for m in reply.chunks.values()}
+    reply.matched = {row: (kind, same.get(text, text)) for row, (kind, text) in matched.items()}
+    reply.search_ms += (time.perf_counter() - t0) * 1000
     return reply
+
+
+def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:
+    """`search_hits`, with `page` (a remote caller's reply of one shard) made a page by `add_page`."""
+    reply, tops = search_hits(ls, shard, qvecs, q, page)
+    return add_page(ls, reply, tops, q) if page else reply  # type: ignore[arg-type]
+
+
+def group_winners(tops: list[list[list[ChunkResult]]], k: int, policy) -> list[set[int]] | None:
+    """Per query, the chunks of a group of shards (one replica's) that can reach the page, from each
+    shard's top k (`tops[shard][query]`): under max fusion without BM25 the group's own top k in the
+    merge's order (best score, then the shard and row of the best vector), as any other chunk has k of
+    the group above it; under rrf, sum or hybrid fusion a chunk's rank depends on every shard's lists,
+    so None (each shard's top k)."""
+    if policy.fusion != "max" or policy.bm25_alpha is not None or len(tops) < 2:
+        return None
+    out = []
+    for per_query in zip(*tops):
+        ranked = sorted((r for res in per_query for r in res),
+                        key=lambda r: (-r.score, r.matches[0][0], r.matches[0][1]) if r.matches else (-r.score,))
+        out.append({r.chunk_idx for r in ranked[:k]})
+    return out
+
+
+def group_pages(loaded: list[LoadedShard], found: list[tuple[ShardReply, list]], q: Query) -> list[ShardReply]:
+    """The replies of a group of shards searched by `search_hits(..., tops=True)`, made pages together."""
+    keep = group_winners([tops for _, tops in found], q.k, q.policy)
+    return [add_page(ls, reply, tops, q, keep) for ls, (reply, tops) in zip(loaded, found)]

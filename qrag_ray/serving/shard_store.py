@@ -18,7 +18,8 @@ from ray import serve
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.search.fetch import chunk_records
 from qrag_ray.search.query import Query
-from qrag_ray.search.shard_search import LoadedShard, ShardReply, load_shard, search_loaded
+from qrag_ray.search.shard_search import (LoadedShard, ShardReply, group_pages, load_shard, search_hits,
+                                          search_loaded)
 from qrag_ray.serving.config import assigned_cpus
 from qrag_ray.serving.shard_cache import ByteLRU
 
@@ -134,14 +135,19 @@ class ShardStore:
 
     async def search(self, shards: list[int], key: ShardKey, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
         """Each of `shards` searched for every query vector (in threads, concurrently: FAISS releases the
-        GIL), with its page's metadata."""
+        GIL), with the page's metadata: of each shard's top k, or of a group's own top k where that
+        decides the page (`group_winners`), so a group of shards replies about as much as one shard."""
         cold = [self.cache.get((key, s)) is None for s in shards]
         for s, c in zip(shards, cold):  # a hit is a search served from memory: lookups and prepares are not
             if not c:
                 self._count("hits", key.tenant, s)
         loaded = await asyncio.gather(*[self.get(s, key) for s in shards])
-        replies = await asyncio.gather(*[asyncio.to_thread(search_loaded, ls, s, qvecs, q, True)
-                                         for s, ls in zip(shards, loaded)])
+        if len(shards) == 1:
+            replies = [await asyncio.to_thread(search_loaded, loaded[0], shards[0], qvecs, q, True)]
+        else:
+            found = await asyncio.gather(*[asyncio.to_thread(search_hits, ls, s, qvecs, q, True)
+                                           for s, ls in zip(shards, loaded)])
+            replies = await asyncio.to_thread(group_pages, loaded, found, q)
         if self._replica is None:
             self._replica = serve.get_replica_context().replica_id.unique_id
         for r, c in zip(replies, cold):

@@ -9,7 +9,8 @@ import pytest
 
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.index.shard_index import ShardHits
-from qrag_ray.search.merge import essential_hits, merge_hits
+from qrag_ray.search.merge import essential_hits, merge_hits, only_chunks
+from qrag_ray.search.shard_search import group_winners
 
 KINDS = np.array(["chunk", "sentence", "question", "title"], dtype=object)
 POLICIES = {
@@ -60,3 +61,26 @@ def test_max_fusion_sends_at_most_four_vectors_of_each_of_k_chunks():
     assert len(np.unique(few.chunk_idx)) == 5 and few.rows.shape[1] <= 5 * 4
     assert essential_hits(ShardHits(0, np.zeros((1, 0), np.float32), np.zeros((1, 0), np.int64),
                                     np.zeros((1, 0), np.int64), True), 5, SearchConfig()).rows.shape == (1, 0)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("k,min_score", [(1, None), (5, None), (10, 0.5), (40, None)])
+def test_a_group_of_shards_replying_its_own_top_k_gives_the_page_of_all_hits(name, k, min_score):
+    """One replica searching shards 0-2 and another shard 3: each group keeps only the chunks
+    `group_winners` names (every shard's where the policy needs them), and the merge is unchanged."""
+    policy = POLICIES[name]
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        per = [_shard_hits(rng, s, int(rng.integers(1, 120)), policy.bm25_alpha is not None) for s in range(4)]
+        want, _ = merge_hits(per, 0, k, min_score, policy)
+        sent = []
+        for group in (per[:3], per[3:]):
+            tops = [[merge_hits([h], 0, k, min_score, policy)[0]] for h in group]
+            keep = group_winners(tops, k, policy)
+            assert (keep is None) == (policy.fusion != "max" or policy.bm25_alpha is not None or len(group) == 1)
+            few = [essential_hits(h, k, policy) for h in group]
+            sent += few if keep is None else [only_chunks(h, keep[0]) for h in few]
+            if keep is not None:
+                assert len(keep[0]) <= k
+        got, _ = merge_hits(sent, 0, k, min_score, policy)
+        assert _page(got) == _page(want)
