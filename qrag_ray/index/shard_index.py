@@ -106,8 +106,11 @@ class ShardIndex:
         info = self.manifest.shard(shard)
         if verify:
             verify_once(self.manifest, [info.faiss, info.meta])
-        if threads:
-            faiss.omp_set_num_threads(threads)
+        # OpenMP's thread count is the calling thread's own setting: a search run in a worker thread (a
+        # Serve replica's, the Router's) would use every core, and on a shared box OpenMP's waiting threads
+        # spin; so each search sets it in the thread that runs it (`_threads`)
+        self.threads = threads
+        self._threads()
         try:
             index = faiss.read_index(str(self.manifest.file(info.faiss)))
         except RuntimeError as e:
@@ -145,6 +148,10 @@ class ShardIndex:
                 verify_once(self.manifest, files_under(self.manifest, info.bm25))
             self.lexicon = ShardLexicon(self.manifest.file(info.bm25))
 
+    def _threads(self) -> None:
+        if self.threads:
+            faiss.omp_set_num_threads(self.threads)
+
     @property
     def ntotal(self) -> int:
         return int(self.index.ntotal)
@@ -168,6 +175,7 @@ class ShardIndex:
         """The k nearest vectors per query; with `queries` (their texts) also the k best BM25 chunks;
         with `sel` only among the rows and chunks it selected (qrag_ray.index.selected_search)."""
         qvecs = np.ascontiguousarray(qvecs, dtype=np.float32)
+        self._threads()
         total = self.ntotal if sel is None else sel.count
         if total:
             if sel is None:
