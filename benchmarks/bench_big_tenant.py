@@ -263,7 +263,7 @@ def main() -> int:
     a = ap.parse_args()
     wd = Path(a.workdir).resolve()
     wd.mkdir(parents=True, exist_ok=True)
-    ingress_env(a.serve_env, wd)
+    ingress_env(a.serve_env)
     from tiny_model import write_tiny_model
 
     model = str(write_tiny_model(wd / "tiny-st"))

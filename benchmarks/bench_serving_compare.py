@@ -30,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -104,7 +105,7 @@ def check_trees(base: Path) -> None:
             raise RuntimeError(f"an app with PYTHONPATH={tree} imports qrag_ray from {found}")
 
 
-def ingress_env(serve_env: str, workdir: Path) -> None:
+def ingress_env(serve_env: str) -> None:
     """The layout's environment, set before Ray starts (its processes read it when they start): `tuned`,
     qrag's SERVE_PROCESS_ENV (through Serve's HTTP proxy); `direct`, that and direct ingress (each app's
     ingress replica serves HTTP itself); `haproxy`, that and Serve's HAProxy ingress in front of the
@@ -123,8 +124,9 @@ def ingress_env(serve_env: str, workdir: Path) -> None:
                          "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": lo + 20063}.items():
             os.environ.setdefault(var, str(val))  # a cluster started for the run (RAY_ADDRESS) set its own
     if serve_env == "haproxy":
-        d = workdir / "haproxy"
-        d.mkdir(parents=True, exist_ok=True)
+        # a short folder of this run's own: Serve adds a 56-character folder to these paths, and HAProxy
+        # refuses a socket path over 97 characters
+        d = Path(tempfile.mkdtemp(prefix="qh-"))
         for var, val in {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": d / "haproxy.cfg",
                          "RAY_SERVE_HAPROXY_SOCKET_PATH": d / "admin.sock", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": d,
                          "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": d / "server-state",
@@ -255,7 +257,6 @@ def ray_cpu_by_process() -> dict[str, float]:
     a process whose method changed between two readings would count all its CPU since it started."""
     import psutil
 
-    haproxy = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")  # Serve's HAProxy ingress of this run, if any
     out: dict[str, float] = {}
     # this run's Ray only, not another user's on a shared machine: the processes this driver started (its
     # in-process Ray's raylet, GCS, workers and what they started), or those of the cluster started for it
@@ -267,7 +268,7 @@ def ray_cpu_by_process() -> dict[str, float]:
     for p in procs:
         try:
             cmd = " ".join(p.cmdline() or [])
-            if cmd.startswith("ray::") or (haproxy and haproxy in cmd):
+            if cmd.startswith("ray::") or p.name() == "haproxy":  # Serve's HAProxy ingress, this run's own
                 t = p.cpu_times()
                 name = cmd.split()[0].split(".")[0] if cmd.startswith("ray::") else "haproxy"
                 out[name] = out.get(name, 0.0) + t.user + t.system
@@ -316,7 +317,7 @@ def main() -> int:
                          "port of its own); haproxy: that behind Serve's HAProxy ingress; both apps get it")
     a = ap.parse_args()
     if a.serve_env != "default":
-        ingress_env(a.serve_env, Path(a.workdir).resolve())
+        ingress_env(a.serve_env)
     import ray
     from ray import serve
 

@@ -247,7 +247,7 @@ def main() -> int:
     a = ap.parse_args()
     wd = Path(a.workdir).resolve()
     wd.mkdir(parents=True, exist_ok=True)
-    ingress_env(a.serve_env, wd)
+    ingress_env(a.serve_env)
     import ray
     from ray import serve
     from ray.serve._private.api import serve_start

@@ -57,12 +57,29 @@ def plan_from_config(data: dict | None, index: str | None, tenants: str | None, 
             dict((data or {}).get("http_options") or {}))
 
 
-def direct_ingress_env(port: int, replicas: int = 16) -> dict[str, str]:
-    """Ray Serve's direct ingress (experimental): each ingress replica serves HTTP itself on a port from
-    a range; starting the range at the user's port puts the (first) Router replica on it, no proxy hop."""
-    return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
-            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
-            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + replicas - 1)}
+INGRESSES = ("proxy", "direct", "haproxy")
+
+
+def ingress_env(ingress: str, port: int, replicas: int = 16) -> dict[str, str]:
+    """The environment of a local Ray for `ingress` (read when its processes start). `direct`: Ray Serve's
+    direct ingress (experimental), each Router replica serves HTTP itself on a port from a range that
+    starts at the user's port, no proxy hop. `haproxy`: Serve's HAProxy ingress on the user's port in
+    front of the replicas' own (direct-ingress) ports; its files in a folder of this server's own (a
+    short path: HAProxy takes socket paths of at most 97 characters, and Serve adds a folder) and its
+    metrics and stats on free ports, so two servers on one machine do not collide."""
+    if ingress == "direct":
+        return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+                "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+                "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + replicas - 1)}
+    if ingress == "haproxy":
+        import tempfile
+
+        d = Path(tempfile.mkdtemp(prefix="qh-"))
+        return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(d / "haproxy.cfg"),
+                "RAY_SERVE_HAPROXY_SOCKET_PATH": str(d / "admin.sock"), "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(d),
+                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(d / "server-state"),
+                "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())}
+    return {}
 
 
 def wait_healthy(url: str, timeout_s: float = 300.0) -> dict:
@@ -98,9 +115,10 @@ def register(app: typer.Typer) -> None:
         llm_model: str | None = typer.Option(None, "--llm-model", help="model name at --llm-url"),
         name: str = typer.Option("qrag", "--name", help="Serve application name"),
         detach: bool = typer.Option(False, "--detach", help="deploy and return (with --address); default: serve until Ctrl-C"),
-        direct_ingress: bool = typer.Option(
-            False, "--direct-ingress", help="local Ray only, experimental in Ray: the Router replica serves HTTP itself "
-            "on --port (more replicas: the next ports), no Serve proxy in between (docs/SERVING.md)"),
+        ingress: str = typer.Option(
+            "proxy", "--ingress", help="local Ray only: what answers on --port: `proxy`, Serve's HTTP proxy; "
+            "`haproxy`, Serve's HAProxy ingress (less CPU per request); `direct`, the Router replica itself "
+            "(experimental in Ray; more replicas: the next ports) (docs/SERVING.md)"),
     ):
         """Serve an index (or many tenants' indexes) over HTTP with Ray Serve."""
         from qrag_ray.index.versions import resolve_index
@@ -118,9 +136,12 @@ def register(app: typer.Typer) -> None:
         http_port = port or http.get("port", DEFAULT_PORT)
         if detach and not address:
             raise QragError("--detach needs --address: a local in-process Ray stops when qrag exits")
-        if direct_ingress and address:
-            raise QragError("--direct-ingress starts its own local Ray (the switch is read when Ray's processes "
+        if ingress not in INGRESSES:
+            raise QragError(f"--ingress {ingress!r}: one of {', '.join(INGRESSES)}")
+        if ingress != "proxy" and address:
+            raise QragError(f"--ingress {ingress} starts its own local Ray (the switch is read when Ray's processes "
                             "start); on a cluster set the environment of docs/SERVING.md on every node instead")
+        direct_ingress = ingress == "direct"
 
         import httpx
         import ray
@@ -135,8 +156,7 @@ def register(app: typer.Typer) -> None:
             # readiness timeout a busy 2-core laptop can meet (Serve's default is 5 s)
             for var, val in {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", **SERVE_PROCESS_ENV}.items():
                 os.environ.setdefault(var, val)
-            if direct_ingress:
-                os.environ.update(direct_ingress_env(int(http_port)))
+            os.environ.update(ingress_env(ingress, int(http_port)))
         # replica logs (one line per request) stay in Ray's session logs, not on this terminal (qrag -v shows them)
         ensure_ray(address)
         application = build_application(args, dep_opts)

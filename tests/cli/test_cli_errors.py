@@ -208,8 +208,10 @@ def test_real_index_cases(inputs, sentence_cli_index, tmp_path):
     assert_one_line(qrag("search", "--index", str(bad), "loops", cwd=tmp_path), "00001.faiss")
     assert_one_line(qrag("search", "--index", str(good), "--bm25-alpha", "0.5", "loops", cwd=tmp_path), "BM25")
     assert_one_line(qrag("serve", "--index", str(good), "--detach", cwd=tmp_path), "--detach needs --address")
-    assert_one_line(qrag("serve", "--index", str(good), "--direct-ingress", "--address", "127.0.0.1:1", cwd=tmp_path),
-                    "--direct-ingress starts its own local Ray")
+    assert_one_line(qrag("serve", "--index", str(good), "--ingress", "haproxy", "--address", "127.0.0.1:1",
+                         cwd=tmp_path), "--ingress haproxy starts its own local Ray")
+    assert_one_line(qrag("serve", "--index", str(good), "--ingress", "nginx", cwd=tmp_path),
+                    "--ingress 'nginx': one of proxy, direct, haproxy")
     assert_one_line(qrag("tenants", "add", "--file", str(tmp_path / "t.yaml"), "--name", "no spaces!",
                          "--index", str(good), cwd=tmp_path), "tenant names")
     assert not (tmp_path / "t.yaml").exists()

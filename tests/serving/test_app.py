@@ -376,13 +376,15 @@ def test_qrag_query_prints_a_table(served, capsys):
     assert res[0]["doc_id"] == "nonlocal" and res[0]["bm25"] == 1.0
 
 
+# CI runs `qrag serve` with the proxy as a process in tests/cluster/ (on the 3-node cluster); the other
+# ingresses only here
 @pytest.mark.slow
-@pytest.mark.soak  # CI runs `qrag serve` as a process in tests/cluster/ (on the 3-node cluster)
-@pytest.mark.parametrize("direct", [False, True], ids=["proxy", "direct-ingress"])
-def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
+@pytest.mark.parametrize("ingress", [pytest.param("proxy", marks=pytest.mark.soak),
+                                     pytest.param("direct", marks=pytest.mark.soak), "haproxy"])
+def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, ingress):
     """`qrag serve --index DIR` in its own process (its own local Ray), queried with `qrag query`. Needs
     only an index, not this module's Serve app (the slow tier would start one for this test alone).
-    With --direct-ingress the process listening on --port is the Router replica itself, not Serve's proxy."""
+    What listens on --port: Serve's proxy, the Router replica itself (`--ingress direct`) or HAProxy."""
     import os
     import signal
     import subprocess
@@ -397,7 +399,7 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
     port = free_port()
     env = {**os.environ, "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
     proc = subprocess.Popen([sys.executable, "-m", "qrag_ray.cli", "serve", "--index", str(tenant_indexes["alpha"]),
-                             "--port", str(port)] + (["--direct-ingress"] if direct else []), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--port", str(port), "--ingress", ingress], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 
     def read():
@@ -420,7 +422,8 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, direct):
         owner = [c.pid for c in psutil.net_connections(kind="tcp")
                  if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
         title = " ".join(psutil.Process(owner[0]).cmdline()) if owner else ""
-        assert ("ServeReplica" in title and "Router" in title) if direct else "ProxyActor" in title, title
+        assert {"proxy": "ProxyActor" in title, "haproxy": "haproxy" in title,
+                "direct": "ServeReplica" in title and "Router" in title}[ingress], title
     finally:
         proc.send_signal(signal.SIGINT)
         try:
