@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,5 @@ def register(app: typer.Typer) -> None:
         finally:
             serve.shutdown()
             ray.shutdown()
+            if ingress == "haproxy" and not address:  # HAProxy's files of this server (ingress_env)
+                shutil.rmtree(os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"], ignore_errors=True)
