@@ -23,14 +23,15 @@ batching), new qps >= 3x base at 8 and 32; against a later baseline, equal withi
 from __future__ import annotations
 
 import argparse
+import atexit
 import asyncio
 import http.client
 import json
 import os
 import statistics
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -113,7 +114,7 @@ def ingress_env(serve_env: str) -> None:
     and HAProxy's files and ports are this run's own: the box is shared."""
     import random
 
-    from qrag_ray.serving.config import SERVE_PROCESS_ENV
+    from qrag_ray.serving.config import SERVE_PROCESS_ENV, haproxy_env
 
     os.environ.update(SERVE_PROCESS_ENV)
     if serve_env in ("direct", "haproxy"):
@@ -124,15 +125,10 @@ def ingress_env(serve_env: str) -> None:
                          "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": lo + 20063}.items():
             os.environ.setdefault(var, str(val))  # a cluster started for the run (RAY_ADDRESS) set its own
     if serve_env == "haproxy":
-        # a short folder of this run's own: Serve adds a 56-character folder to these paths, and HAProxy
-        # refuses a socket path over 97 characters
-        d = Path(tempfile.mkdtemp(prefix="qh-"))
-        for var, val in {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": d / "haproxy.cfg",
-                         "RAY_SERVE_HAPROXY_SOCKET_PATH": d / "admin.sock", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": d,
-                         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": d / "server-state",
-                         "RAY_SERVE_HAPROXY_METRICS_PORT": free_port(),
-                         "RAY_SERVE_HAPROXY_STATS_PORT": free_port()}.items():
-            os.environ.setdefault(var, str(val))
+        env = haproxy_env()
+        atexit.register(shutil.rmtree, env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"], True)
+        for var, val in env.items():
+            os.environ.setdefault(var, val)
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
 
 

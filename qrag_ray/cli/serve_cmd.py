@@ -65,22 +65,14 @@ def ingress_env(ingress: str, port: int, replicas: int = 16) -> dict[str, str]:
     """The environment of a local Ray for `ingress` (read when its processes start). `direct`: Ray Serve's
     direct ingress (experimental), each Router replica serves HTTP itself on a port from a range that
     starts at the user's port, no proxy hop. `haproxy`: Serve's HAProxy ingress on the user's port in
-    front of the replicas' own (direct-ingress) ports; its files in a folder of this server's own (a
-    short path: HAProxy takes socket paths of at most 97 characters, and Serve adds a folder) and its
-    metrics and stats on free ports, so two servers on one machine do not collide."""
+    front of the replicas' own (direct-ingress) ports (`haproxy_env`)."""
+    from qrag_ray.serving.config import haproxy_env
+
     if ingress == "direct":
         return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
                 "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
                 "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + replicas - 1)}
-    if ingress == "haproxy":
-        import tempfile
-
-        d = Path(tempfile.mkdtemp(prefix="qh-"))
-        return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(d / "haproxy.cfg"),
-                "RAY_SERVE_HAPROXY_SOCKET_PATH": str(d / "admin.sock"), "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(d),
-                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(d / "server-state"),
-                "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())}
-    return {}
+    return haproxy_env() if ingress == "haproxy" else {}
 
 
 def wait_healthy(url: str, timeout_s: float = 300.0) -> dict:

@@ -3,6 +3,7 @@ deploy`, `qrag serve` and the RayService manifest fail the same way on a typo in
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from qrag_ray.config.index import format_validation_error
 from qrag_ray.errors import QragError
 from qrag_ray.config.llm import LLMConfig
+from qrag_ray.runtime.ports import free_port
 from qrag_ray.serving.tenants import RateLimit, Tenants, load_tenants
 
 # Deployment names, fixed: serve configs refer to them under `deployments:` (and to ShardSearcher0..G-1, G the
@@ -31,6 +33,18 @@ SERVE_PROCESS_ENV = {
     # Serve keeps, fails such a reply with RESOURCE_EXHAUSTED (an HTTP 500 to the user)
     "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(512 * 2**20),
 }
+
+
+def haproxy_env() -> dict[str, str]:
+    """Serve's HAProxy ingress for a Ray started on this machine: its files in a new folder of its own
+    under the temp dir (a short path: Serve adds a 56-character folder, and HAProxy refuses a socket path
+    over 97 characters; `RAY_SERVE_HAPROXY_SERVER_STATE_BASE` names it for removal) and its metrics and
+    stats on free ports, so two servers on one machine do not collide."""
+    d = Path(tempfile.mkdtemp(prefix="qh-"))
+    return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(d / "haproxy.cfg"),
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(d / "admin.sock"), "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(d),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(d / "server-state"),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())}
 
 
 def assigned_cpus() -> int:
