@@ -4,6 +4,7 @@ shard replica alike. Returns vector-level hits; dedup by chunk happens in qrag_r
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +99,13 @@ def faiss_settings(manifest: Manifest) -> FaissConfig:
     return FaissConfig.model_validate({k: v for k, v in recorded.items() if k in FaissConfig.model_fields})
 
 
+def set_faiss_threads(threads: int) -> None:
+    """FAISS's OpenMP threads for the calling thread (OpenMP keeps the count per thread): `threads` (a
+    task's or replica's CPUs), at most this node's cores: a local Ray can declare more logical CPUs than
+    there are cores, and threads beyond the cores wait on each other."""
+    faiss.omp_set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
+
+
 class ShardIndex:
     def __init__(self, index_dir: str | Path, shard: int, manifest: Manifest | None = None,
                  verify: bool = True, threads: int | None = None, use_gpu: bool = False):
@@ -150,7 +158,7 @@ class ShardIndex:
 
     def _threads(self) -> None:
         if self.threads:
-            faiss.omp_set_num_threads(self.threads)
+            set_faiss_threads(self.threads)
 
     @property
     def ntotal(self) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from qrag_ray.index.format import (CHUNKS, atomic_write, atomic_write_text, shar
 from qrag_ray.index.lexical import globalize_idf
 from qrag_ray.index.metadata_columns import chunk_table
 from qrag_ray.index.rows import CHUNK_PART_SCHEMA, check_unique_chunks, vector_schema
+from qrag_ray.index.shard_index import set_faiss_threads
 from qrag_ray.index.udfs import SAMPLE_STRIPE
 from qrag_ray.index.writer import build_faiss, faiss_factory, vectors_of, write_shard
 
@@ -71,12 +71,6 @@ def train_quantizer(work: str, factory: str, train_sample: int, total_rows: int,
     index = build_faiss(sample, FaissConfig(factory=factory, train_sample=max(1, len(sample)), use_gpu=False), add=False)
     atomic_write(path, lambda tmp: faiss.write_index(index, str(tmp)))
     return str(path)
-
-
-def set_faiss_threads(threads: int) -> None:
-    """FAISS's OpenMP threads: the resource plan's (its task's CPUs), at most this node's cores: a local Ray
-    can declare more logical CPUs than there are cores, and threads beyond the cores wait on each other."""
-    faiss.omp_set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
 
 
 def build_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, trained: str | None,

@@ -188,8 +188,7 @@ def group_winners(tops: list[list[list[ChunkResult]]], k: int, policy) -> list[s
         return None
     out = []
     for per_query in zip(*tops):
-        ranked = sorted((r for res in per_query for r in res),
-                        key=lambda r: (-r.score, r.matches[0][0], r.matches[0][1]) if r.matches else (-r.score,))
+        ranked = sorted((r for res in per_query for r in res), key=lambda r: (-r.score, *r.matches[0][:2]))
         out.append({r.chunk_idx for r in ranked[:k]})
     return out
 
