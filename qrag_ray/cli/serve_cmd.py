@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,21 @@ def ingress_env(ingress: str, port: int, replicas: int = 16) -> dict[str, str]:
     front of the replicas' own (direct-ingress) ports (`haproxy_env`)."""
     from qrag_ray.serving.config import haproxy_env
 
+    if ingress == "proxy":
+        return {}
+    # Serve holds a stopping direct-ingress replica open (30 s by default) so that a load balancer in
+    # front can deregister it; this server stops as a whole on Ctrl-C, with nothing in front to drain
+    # from, and that wait would hold Ctrl-C for half a minute
+    drain = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
     if ingress == "direct":
         return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
                 "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
-                "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + replicas - 1)}
-    return haproxy_env() if ingress == "haproxy" else {}
+                "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + replicas - 1), **drain}
+    return {**haproxy_env(), **drain}
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def wait_healthy(url: str, timeout_s: float = 300.0) -> dict:
@@ -175,6 +186,9 @@ def register(app: typer.Typer) -> None:
         if detach:
             return
         err.print("Ctrl-C to stop")
+        # a service manager's or container runtime's stop (SIGTERM) takes Ctrl-C's way out: the app shut
+        # down, Ray stopped, HAProxy's files removed (SIGTERM's default ends the process without any of it)
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             while True:
                 time.sleep(3600)
