@@ -6,7 +6,7 @@ search of the same index and queries (`SearchEngine`, what `qrag search` runs), 
     python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --serve-env haproxy --out runs/bbt_haproxy.json
     python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --shards-per-searcher 4 --baseline-ref 813b65c
     python benchmarks/bench_big_tenant.py --vectors 20000 --shards 2 --factory Flat --queries 20   # smoke
-    python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --filters --concurrency 1 --out runs/bbt_filters.json
+    python benchmarks/bench_big_tenant.py --vectors 2000000 --shards 4 --data topics --filters --concurrency 1 --out runs/bbt_filters.json
 
 The index is synthetic, because latency does not depend on what the vectors mean and 2M real vectors
 would take hours to embed on this box: chunks of ~300 characters, `--vectors-per-chunk` vectors each
@@ -15,8 +15,11 @@ would take hours to embed on this box: chunks of ~300 characters, `--vectors-per
 chunks.parquet and a checksummed manifest; every document has a metadata field `bucket` (0..999, drawn at
 random: benchmarks/filtered_search.py) and the float32 vectors are kept beside the index for exact
 search. Queries are embedded by a tiny random-weights model
-(benchmarks/tiny_model.py) on both sides, so both pay the same encoder. The index is built once under
---workdir and reused.
+(benchmarks/tiny_model.py) on both sides, so both pay the same encoder. With `--data random` (the default)
+every chunk lies around a random centre, so a query (a random direction) has no near neighbours and even
+an unfiltered IVF search finds about half of its exact top 10; `--data topics` puts half of the chunks at
+graded distances around the queries' own vectors (`topic_chunks`), as a real query has a few close
+passages: the data for recall figures. The index is built once under --workdir and reused.
 
   - concurrency 1: in-process and served alternate query by query (httpx), then served once more
     through http.client (a lean client); p50/p99 of each; every served ranking is compared with the
@@ -64,9 +67,27 @@ def _sentences(rng: np.random.Generator, n: int) -> list[str]:
     return [" ".join(w).capitalize() + "." for w in words]
 
 
+def topic_chunks(centres: np.ndarray, noise: np.ndarray, topics: np.ndarray, rng: np.random.Generator,
+                 share: float = 0.5, near: float = 0.3, far: float = 2.0, spread: float = 0.1) -> None:
+    """Put `share` of the chunks around the queries' own vectors (`topics`, unit rows), in place: each such
+    chunk's centre is a query's vector moved in a random direction by a distance drawn evenly from
+    near..far (about 17 to 63 degrees away), its vectors `spread` per coordinate around it (a few degrees).
+    So a query has neighbours at graded distances, as a real one has a few close passages and many loosely
+    related ones; the other chunks stay at random centres. `centres` (norm ~ sqrt(dim)) and `noise` (per
+    coordinate) are per chunk."""
+    dim = centres.shape[1]
+    mine = np.flatnonzero(rng.random(len(centres)) < share)
+    offset = rng.standard_normal((len(mine), dim), dtype=np.float32)
+    offset *= (rng.uniform(near, far, len(mine)) / np.linalg.norm(offset, axis=1))[:, None]
+    moved = topics[rng.integers(0, len(topics), size=len(mine))] + offset
+    centres[mine] = np.sqrt(dim) * moved / np.linalg.norm(moved, axis=1, keepdims=True)
+    noise[mine] = spread
+
+
 def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, per_chunk: int, factory: str,
-                    nprobe: int) -> Path:
-    """Write a `qrag index`-format index of about `vectors` vectors (idempotent: a finished one is kept)."""
+                    nprobe: int, topics: np.ndarray | None = None) -> Path:
+    """Write a `qrag index`-format index of about `vectors` vectors (idempotent: a finished one is kept);
+    with `topics` (query vectors) half of the chunks lie around them (topic_chunks)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -91,6 +112,9 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
     flat = _sentences(rng, n_chunks * (per_chunk - 1))
     sentences = [flat[i * (per_chunk - 1):(i + 1) * (per_chunk - 1)] for i in range(n_chunks)]
     centres = rng.standard_normal((n_chunks, dim), dtype=np.float32)
+    noise = np.full(n_chunks, 0.5, np.float32)  # a vector's offset from its chunk's centre, per coordinate
+    if topics is not None:
+        topic_chunks(centres, noise, topics, rng)
 
     def unit(v: np.ndarray) -> np.ndarray:
         return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
@@ -100,7 +124,7 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
         import faiss
 
         n = min(cfg.faiss.train_sample, n_chunks)
-        sample = unit(centres[:n] + 0.5 * rng.standard_normal((n, dim), dtype=np.float32))
+        sample = unit(centres[:n] + noise[:n, None] * rng.standard_normal((n, dim), dtype=np.float32))
         faiss.write_index(build_faiss(sample, cfg.faiss, add=False), str(trained))
     tmp = out.with_name(out.name + ".partial")
     vec_dir = out.with_name(out.name + ".vectors")  # the exact vectors, for the filtered search's recall
@@ -109,8 +133,8 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
     entries, chunk_tables = [], []
     for s in range(shards):
         mine = np.flatnonzero(placed == s)
-        vec = unit(np.repeat(centres[mine], per_chunk, axis=0)
-                   + 0.5 * rng.standard_normal((len(mine) * per_chunk, dim), dtype=np.float32))
+        vec = unit(np.repeat(centres[mine], per_chunk, axis=0) + np.repeat(noise[mine], per_chunk)[:, None]
+                   * rng.standard_normal((len(mine) * per_chunk, dim), dtype=np.float32))
         texts = [t for i in mine for t in [" ".join(sentences[i])] + sentences[i]]
         table = pa.table({
             "chunk_idx": np.repeat(keys[mine], per_chunk), "kind": ["chunk", *["sentence"] * (per_chunk - 1)] * len(mine),
@@ -258,6 +282,9 @@ def main() -> int:
                          "qrag's SERVE_PROCESS_ENV")
     ap.add_argument("--baseline-ref", help="also serve a worktree of this commit (app `base`), alternating")
     ap.add_argument("--filters", action="store_true", help="also filtered search at 50/10/1/0.1%% (filtered_search.py)")
+    ap.add_argument("--data", choices=("random", "topics"), default="random",
+                    help="random: every chunk around a random centre (the queries have no near neighbours); "
+                         "topics: half of the chunks in blobs around the queries' vectors (topic_chunks)")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_big_tenant"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_big_tenant.json"))
     a = ap.parse_args()
@@ -268,8 +295,14 @@ def main() -> int:
 
     model = str(write_tiny_model(wd / "tiny-st"))
     t0 = time.time()
-    index = synthetic_index(wd / f"index-{a.vectors}-{a.shards}-{a.factory.replace(',', '_')}-meta", model, 64,
-                            a.vectors, a.shards, a.vectors_per_chunk, a.factory, a.nprobe)
+    topics = None
+    if a.data == "topics":  # every distinct query of make_queries, embedded as the search embeds it
+        from qrag_ray.embedding import encode, load_sentence_transformer
+
+        topics = encode(load_sentence_transformer(model), list(dict.fromkeys(make_queries(10_000))))
+    name = f"index-{a.vectors}-{a.shards}-{a.factory.replace(',', '_')}-meta" + ("-topics" if topics is not None else "")
+    index = synthetic_index(wd / name, model, 64, a.vectors, a.shards, a.vectors_per_chunk, a.factory, a.nprobe,
+                            topics)
     build_s = time.time() - t0
     import ray
     import torch
@@ -302,6 +335,7 @@ def main() -> int:
     engine = SearchEngine(index, threads=1)
     queries = make_queries(a.queries)
     report: dict = {"command": " ".join([Path(sys.executable).name] + sys.argv), "serve_env": a.serve_env,
+                    "data": a.data,
                     "index": str(index), "vectors": engine.manifest.counts.vectors, "shards": a.shards,
                     "shards_per_searcher": a.shards_per_searcher, "baseline_ref": a.baseline_ref,
                     "factory": a.factory, "nprobe": a.nprobe, "build_s": build_s, "cpus": os.cpu_count(),

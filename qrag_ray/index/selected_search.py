@@ -102,8 +102,7 @@ def search_selected(index, qvecs: np.ndarray, k: int, selection, reconstructs: b
     if n * dim <= BRUTE_FORCE_VALUES and reconstructs:
         return brute_force(index, qvecs, selection.rows, k)
     keep: list = []
-    bitmap = selection.bitmap()
-    sel = faiss.IDSelectorBitmap(index.ntotal, faiss.swig_ptr(bitmap))
+    sel = faiss.IDSelectorBitmap(index.ntotal, faiss.swig_ptr(selection.bits))  # `selection` keeps the bits
     params = selector_params(index, sel, keep, widen=index.ntotal / n)
     try:
         if params is None:
@@ -120,5 +119,5 @@ def search_selected(index, qvecs: np.ndarray, k: int, selection, reconstructs: b
         again = (brute_force(index, qvecs[short], selection.rows, k) if reconstructs else
                  index.search(qvecs[short], k, params=selector_params(index, sel, keep, widen=math.inf)))
         scores[short], found[short] = again
-    del keep, sel, bitmap  # FAISS is done with them
+    del keep, sel  # FAISS is done with them
     return scores, found

@@ -43,23 +43,26 @@ class ShardHits:
 
 @dataclass
 class Selection:
-    """The part of one shard a filter lets through: a bool per FAISS row (and, with BM25, per BM25
-    document); the sorted row ids and the packed bitmap FAISS's selector reads are derived on demand."""
+    """The part of one shard a filter lets through, as FAISS's selector reads it: one bit per FAISS row
+    (packed little-endian, for faiss.IDSelectorBitmap), and with BM25 a bool per BM25 document; the
+    sorted row ids derived on demand (the rows scored directly, when few pass)."""
 
-    mask: np.ndarray
+    bits: np.ndarray
     count: int
+    ntotal: int
     lex_docs: np.ndarray | None
     _rows: np.ndarray | None = None
 
     @property
     def rows(self) -> np.ndarray:
         if self._rows is None:
-            self._rows = np.flatnonzero(self.mask).astype(np.int64)
+            mask = np.unpackbits(self.bits, count=self.ntotal, bitorder="little")
+            self._rows = np.flatnonzero(mask).astype(np.int64)
         return self._rows
 
-    def bitmap(self) -> np.ndarray:
-        """Little-endian packed bits, as faiss.IDSelectorBitmap reads them."""
-        return np.packbits(self.mask, bitorder="little")
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.bits, self.lex_docs, self._rows) if a is not None)
 
 
 def one_array(col: pa.ChunkedArray) -> pa.Array:
@@ -99,11 +102,14 @@ def faiss_settings(manifest: Manifest) -> FaissConfig:
     return FaissConfig.model_validate({k: v for k, v in recorded.items() if k in FaissConfig.model_fields})
 
 
+_CORES = os.cpu_count() or 1  # read once: set_faiss_threads runs before every search
+
+
 def set_faiss_threads(threads: int) -> None:
     """FAISS's OpenMP threads for the calling thread (OpenMP keeps the count per thread): `threads` (a
     task's or replica's CPUs), at most this node's cores: a local Ray can declare more logical CPUs than
     there are cores, and threads beyond the cores wait on each other."""
-    faiss.omp_set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
+    faiss.omp_set_num_threads(max(1, min(int(threads), _CORES)))
 
 
 class ShardIndex:
@@ -176,7 +182,7 @@ class ShardIndex:
             if self._lex_chunk is None:
                 self._lex_chunk = np.searchsorted(chunk_keys, self.lexicon.chunk_idx).astype(np.int32)
             lex = passes[self._lex_chunk] if len(passes) else np.zeros(len(self.lexicon), bool)
-        return Selection(mask, int(np.count_nonzero(mask)), lex)
+        return Selection(np.packbits(mask, bitorder="little"), int(np.count_nonzero(mask)), len(mask), lex)
 
     def search(self, qvecs: np.ndarray, k: int, queries: list[str] | None = None,
                sel: Selection | None = None) -> ShardHits:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from qrag_ray.index.file_checks import manifest_now, verify_once
 from qrag_ray.index.format import CHUNKS, Manifest, files_under, read_table_file
 from qrag_ray.index.metadata_columns import METADATA, URL, json_values
 from qrag_ray.index.shard_index import Selection, ShardHits, ShardIndex, one_array, py_values
+from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.search.filters import Filter, chunk_mask
 from qrag_ray.search.merge import ChunkResult, essential_hits, merge_hits, only_chunks
 from qrag_ray.search.query import Query
@@ -27,6 +29,10 @@ from qrag_ray.search.results import ChunkMeta
 # A hybrid query's first round asks each shard for at least this many vectors and BM25 hits: a chunk
 # one list missed is scored at that list's floor, and a short list's floor sinks it (docs/EVALUATION.md).
 HYBRID_MIN_DEPTH = 100
+# A loaded shard keeps the selections of its most recent filters, room for this many (one bit per FAISS
+# row and one byte per BM25 document each: under 1% of a shard's own bytes), so queries that repeat a
+# filter, as an application's do (a permission group, a language), skip evaluating it on every shard.
+SELECTIONS_KEPT = 8
 _META = ["chunk_id", "doc_id", "title", "text"]
 
 
@@ -47,6 +53,13 @@ class LoadedShard:
     nbytes: int
     url: pa.Array | None = None  # the documents' urls and typed metadata, when the index has them
     metadata: pa.StructArray | None = None
+    _selections: ByteLRU = field(init=False, repr=False)  # Filter -> Selection (SELECTIONS_KEPT)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        lex = self.index.lexicon
+        one = self.index.ntotal // 8 + 1 + (len(lex) if lex is not None else 0)
+        self._selections = ByteLRU(SELECTIONS_KEPT * one)
 
     def chunk_meta(self, idxs) -> dict[int, ChunkMeta]:
         """chunk_idx -> its metadata, for chunks of this shard."""
@@ -61,8 +74,15 @@ class LoadedShard:
         return {int(ci): ChunkMeta(*row) for ci, row in zip(idxs.tolist(), zip(*cols))}
 
     def select(self, f: Filter) -> Selection:
-        """The rows and BM25 documents of this shard's chunks that pass `f` (one vectorised pass)."""
-        return self.index.selection(self.chunk_idx, chunk_mask(f, self.chunks[1], self.metadata))
+        """The rows and BM25 documents of this shard's chunks that pass `f` (one vectorised pass, or the
+        selection kept from a recent query with an equal filter: a Selection is never changed)."""
+        with self._lock:
+            sel = self._selections.get(f)
+        if sel is None:
+            sel = self.index.selection(self.chunk_idx, chunk_mask(f, self.chunks[1], self.metadata))
+            with self._lock:
+                self._selections.put(f, sel, sel.nbytes)
+        return sel
 
 
 def load_shard(index: str | Path | Manifest, shard: int, threads: int | None = None, verify: bool = True,
@@ -98,7 +118,7 @@ def search_shard_exact(searcher: ShardIndex, qvecs: np.ndarray, k: int, multipli
     global top k are among the shards' local top k: the caller merges once. Also each query's local
     top k where the widening check merged it (every query's with `tops`), else None. With `sel` (a
     filter's selection) all of it holds among the selected rows: a pre-filter, k chunks when k pass."""
-    total = searcher.ntotal if sel is None else len(sel.rows)
+    total = searcher.ntotal if sel is None else sel.count
     use_text = policy.bm25_alpha is not None and queries is not None
     out: list[ShardHits | None] = [None] * len(qvecs)
     top: list[list[ChunkResult] | None] = [None] * len(qvecs)

@@ -21,7 +21,7 @@ from qrag_ray.search.query import Query
 from qrag_ray.search.shard_search import (LoadedShard, ShardReply, group_pages, load_shard, search_hits,
                                           search_loaded)
 from qrag_ray.serving.config import assigned_cpus
-from qrag_ray.serving.shard_cache import ByteLRU
+from qrag_ray.runtime.byte_lru import ByteLRU
 
 logger = logging.getLogger("ray.serve")
 

@@ -20,7 +20,7 @@ from qrag_ray.search.query import check_hybrid
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.serving.errors import ApiError, index_unavailable
 from qrag_ray.serving.shard_store import ShardKey
-from qrag_ray.serving.shard_cache import ByteLRU
+from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.serving.tenants import Tenant
 
 logger = logging.getLogger("ray.serve")

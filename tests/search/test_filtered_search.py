@@ -187,3 +187,31 @@ def test_an_ivf_probes_more_lists_the_fewer_rows_a_filter_selects():
     assert selected_search.selector_params(index, sel, keep).nprobe == 2
     assert selected_search.selector_params(index, sel, keep, widen=10.0).nprobe == 20
     assert selected_search.selector_params(index, sel, keep, widen=100.0).nprobe == 32
+
+
+def test_a_repeated_filter_is_evaluated_once_per_shard(index, monkeypatch):
+    """Queries that repeat a filter (an equal one, compiled anew) reuse each shard's selection and rank the
+    same; a shard keeps the selections of its last SELECTIONS_KEPT filters, within its byte budget."""
+    from qrag_ray.search import shard_search
+
+    evaluated = []
+    real = shard_search.chunk_mask
+    monkeypatch.setattr(shard_search, "chunk_mask", lambda *a: evaluated.append(1) or real(*a))
+    engine = SearchEngine(index, verify=False)
+    qvecs = _queries()
+    first = engine.search_vectors(qvecs, 5, filter=engine.compile_filter(dict(FILTERS[4]), None))
+    assert len(evaluated) == len(engine.shards)
+    again = engine.search_vectors(qvecs[::-1], 5, filter=engine.compile_filter(dict(FILTERS[4]), None))
+    assert len(evaluated) == len(engine.shards)  # no evaluation the second time
+    assert [[r.chunk_id for r in p] for p in again[::-1]] == [[r.chunk_id for r in p] for p in first]
+    years = [{"type": "gte", "key": "year", "value": 1990 + i} for i in range(2 * shard_search.SELECTIONS_KEPT)]
+    for f in years:
+        engine.search_vectors(qvecs, 5, filter=engine.compile_filter(f, None))
+    for ls in engine.shards:
+        kept = ls._selections
+        assert 0 < len(kept) <= shard_search.SELECTIONS_KEPT and kept.bytes <= kept.max_bytes
+    evaluated.clear()  # the most recent filter is still kept, the first ones are not
+    engine.search_vectors(qvecs, 5, filter=engine.compile_filter(years[-1], None))
+    assert not evaluated
+    engine.search_vectors(qvecs, 5, filter=engine.compile_filter(years[0], None))
+    assert len(evaluated) == len(engine.shards)

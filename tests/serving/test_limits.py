@@ -11,7 +11,7 @@ from qrag_ray.errors import QragError
 from qrag_ray.serving.errors import ApiError
 from qrag_ray.serving.ratelimit import RateLimiter, TokenBucket
 from qrag_ray.serving.registry import TenantRegistry
-from qrag_ray.serving.shard_cache import ByteLRU
+from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.serving.tenants import (add_tenant, hash_key, load_tenants, remove_tenant, rotate_key,
                                       set_admin_key)
 
