@@ -284,7 +284,7 @@ def main() -> int:
     ap.add_argument("--filters", action="store_true", help="also filtered search at 50/10/1/0.1%% (filtered_search.py)")
     ap.add_argument("--data", choices=("random", "topics"), default="random",
                     help="random: every chunk around a random centre (the queries have no near neighbours); "
-                         "topics: half of the chunks in blobs around the queries' vectors (topic_chunks)")
+                         "topics: half of the chunks at graded distances around the queries' vectors (topic_chunks)")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_big_tenant"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_big_tenant.json"))
     a = ap.parse_args()
