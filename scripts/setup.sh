@@ -22,6 +22,9 @@ fi
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 PY=python
+# A venv starts with the pip its Python bundles, which can be years old; a current one reads only a wheel's
+# metadata where an old one downloads the wheel (scripts/check_gpu_extra.py resolves GBs of CUDA wheels).
+python -m pip install -q --upgrade pip
 # shellcheck source=scripts/torch_cpu.sh
 . scripts/torch_cpu.sh
 

@@ -29,6 +29,7 @@ from qrag_ray.io.precheck import precheck_corpus
 from qrag_ray.io.readers import resolve_files
 from qrag_ray.config.presets import PRESETS, calibration_note
 from qrag_ray.runtime.ray_start import ensure_ray
+from qrag_ray.runtime.stage_plan import StagePlan
 
 log = logging.getLogger("qrag.index")
 
@@ -185,6 +186,16 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
                                    streamed.run, st.threads))
 
 
+def shard_task_options(st: StagePlan) -> dict:
+    """Ray options of a shard build task. SPREAD: on a cluster shard builds go to different nodes (one
+    node's memory and CPU do not scale). A worker that ran CUDA kernels exits after its task so the GPU
+    memory FAISS held is freed (Ray's default for a task that asks for a GPU); one that asked for a GPU but
+    ran its kernels on CPU holds none and takes the next shard (max_calls 0: no limit), instead of a new
+    worker importing FAISS and pyarrow for every shard."""
+    return {"num_gpus": st.num_gpus, "num_cpus": st.num_cpus, "scheduling_strategy": "SPREAD",
+            "max_calls": 1 if st.device == "cuda" else 0}
+
+
 def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None, clock: StageClock,
                  fields: dict | None = None) -> tuple[list[ShardEntry], int]:
     """One task per shard: (the shards' manifest entries, how many an earlier run had built)."""
@@ -192,8 +203,7 @@ def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None, clock
 
     cfg, st = plan.cfg, plan.stage("build-shards")
     with clock.stage("build-shards"):
-        # SPREAD: on a cluster shard builds go to different nodes (one node's memory and CPU do not scale)
-        task = ray.remote(num_gpus=st.num_gpus, num_cpus=st.num_cpus, scheduling_strategy="SPREAD")(build_one_shard)
+        task = ray.remote(**shard_task_options(st))(build_one_shard)
         cfg_json = cfg.model_dump_json()
         stats = ray.get([task.remote(s, str(plan.work), streamed.run, cfg_json, streamed.dim, trained, fields,
                                      st.threads, st.device == "cuda") for s in range(cfg.shards)])

@@ -11,6 +11,7 @@ import pytest
 
 from qrag_ray.config.index import build_index_config
 from qrag_ray.errors import QragError
+from qrag_ray.index.build import shard_task_options
 from qrag_ray.index.resource_plan import (TOKENIZERS_PER_GPU, ClusterSpec, NodeSpec, cluster_from_nodes,
                                           faiss_gpu_capable, kernels_from_env, local_ray_cpus, plan_resources)
 
@@ -179,6 +180,13 @@ def test_faiss_gpu_versions(factory, gpu):
 def test_faiss_tasks_on_gpus_and_threads():
     gpu_ok = plan_resources(_gpu_job(**{"faiss.factory": "IVF4096,PQ48"}), GPU_CLUSTER).stages["build-shards"]
     assert gpu_ok.num_gpus == 1 and gpu_ok.device == "cuda" and gpu_ok.num_cpus <= 208 / 8  # each GPU gets one
+    # a worker that ran CUDA kernels exits after its shard (the GPU memory FAISS held is freed); one that
+    # holds a GPU but ran its kernels on CPU takes the next shard
+    cpu_kernels = plan_resources(_gpu_job(**{"faiss.factory": "IVF4096,PQ48"}), GPU_CLUSTER, kernels="cpu")
+    on_cpu = cpu_kernels.stages["build-shards"]
+    assert on_cpu.num_gpus == 1 and on_cpu.device == "cpu"
+    assert shard_task_options(gpu_ok)["max_calls"] == 1 and shard_task_options(on_cpu)["max_calls"] == 0
+    assert shard_task_options(on_cpu)["num_gpus"] == 1 and shard_task_options(on_cpu)["scheduling_strategy"] == "SPREAD"
     with pytest.raises(QragError, match="no GPU version of 'HNSW32'"):
         plan_resources(_cfg(**{"faiss.factory": "HNSW32", "faiss.use_gpu": True}), GPU_CLUSTER)
     hnsw = plan_resources(_cfg(shards=4, **{"faiss.factory": "HNSW32"}), GPU_CLUSTER)
