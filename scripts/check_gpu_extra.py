@@ -75,7 +75,8 @@ def dry_run_command(python_version: str, requirements: Path, report: Path, targe
     wheel (PEP 658), pip reads the wheel's metadata with HTTP range requests instead of downloading the
     whole wheel (several GB of CUDA wheels per Python version), and downloads it whole where the server
     takes no range requests; the resolution is the same either way."""
-    return [sys.executable, "-m", "pip", "install", "--dry-run", "--use-feature=fast-deps", "--ignore-installed", "--quiet",
+    return [sys.executable, "-m", "pip", "install", "--dry-run", "--use-feature=fast-deps", "--ignore-installed",
+            "--quiet",
             "--target", str(target), *platform_args(), "--implementation", "cp",
             "--python-version", python_version, "--only-binary=:all:",
             *(arg for url in indexes for arg in ("--extra-index-url", url)),
