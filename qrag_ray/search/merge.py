@@ -211,10 +211,10 @@ def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: flo
 def essential_hits(h, k: int, policy: SearchConfig, max_matches: int = 3):
     """The vector hits of one shard for one query (a 1-query ShardHits) that `dedup` across shards can read,
     in the shard's order: each chunk's best `max_matches` vectors (its score and matches), the one with its
-    best raw score (its cosine) and, under rrf/sum, its best of each fusion group (ranks and floors); under
-    max fusion without BM25 only the shard's own top k chunks, as no other can reach the page (each of
-    them outranks it everywhere). Merging every shard's essential hits gives the page merging all hits
-    gives: a shard replica sends these instead of its k x M vectors."""
+    best raw score (its cosine) and, under rrf/sum, its best of each fusion group (ranks and floors).
+    Merging every shard's essential hits gives the page merging all hits gives: a shard replica sends
+    these instead of its k x M vectors where every chunk's lists count (rrf, sum, hybrid; under max
+    fusion it sends only the hits of its top k chunks: shard_search.group_winners)."""
     ok = np.flatnonzero(h.rows[0] >= 0)
     if len(ok) <= 2 * k:  # at most two vectors a wanted chunk: nothing worth the sorting to drop
         return h
@@ -235,9 +235,6 @@ def essential_hits(h, k: int, policy: SearchConfig, max_matches: int = 3):
                              return_inverse=True)
         _, first = np.unique(np.stack([ch, group]), axis=1, return_index=True)
         keep[first] = True  # the first, so best, vector of each (chunk, group)
-    elif policy.fusion == "max" and policy.bm25_alpha is None:
-        _, first = np.unique(ch, return_index=True)
-        keep &= np.isin(ch, ch[np.sort(first)[:k]])  # chunks by their best vector: the shard's top k
     pos = np.sort(ok[order[keep]])  # in the shard's own order
     return replace(h, scores=h.scores[:, pos], rows=h.rows[:, pos], chunk_idx=h.chunk_idx[:, pos],
                    kinds=None if h.kinds is None else h.kinds[:, pos])

@@ -40,7 +40,7 @@ class LocalShards:
 
     async def search(self, key: Hashable, num_shards: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
         loaded = await asyncio.gather(*[self.get(s, key) for s in range(num_shards)])  # a cold tenant's load at once
-        run = lambda: [search_loaded(ls, s, qvecs, q, page=False) for s, ls in enumerate(loaded)]  # noqa: E731
+        run = lambda: [search_loaded(ls, s, qvecs, q) for s, ls in enumerate(loaded)]  # noqa: E731
         return await asyncio.to_thread(run) if self.offload else run()
 
     async def lookup(self, key: Hashable, want: Wanted) -> Found:

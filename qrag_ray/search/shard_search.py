@@ -152,7 +152,7 @@ class ShardReply:  # a shard's final hits per query and, when asked, its page's 
     chunks: dict[int, ChunkMeta] = field(default_factory=dict)  # chunk_idx -> meta
     search_ms: float = 0.0
     rounds: int = 1
-    candidates: list[int] = field(default_factory=list)  # vector hits per query before `essential_hits`
+    candidates: list[int] = field(default_factory=list)  # vector hits per query before the reply trims them
     cold: bool = False  # the replica loaded the shard for this request
     replica: str = ""  # the Serve replica that searched it (remote shards)
 
@@ -172,15 +172,17 @@ def search_hits(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query,
 
 
 def add_page(ls: LoadedShard, reply: ShardReply, tops: list[list[ChunkResult]], q: Query,
-             keep: list[set[int]] | None = None) -> ShardReply:
-    """A remote caller's reply: only the hits the caller's merge can read (`essential_hits`) and the
-    metadata of the shard's top chunks, the only ones that can reach the page, so the caller needs no
-    second call; with `keep` (per query, the chunks that can still reach it: `group_winners`) only those."""
+             keep: list[set[int]] | None) -> ShardReply:
+    """A remote caller's reply: only the hits the caller's merge can read and the metadata of the shard's
+    top chunks, the only ones that can reach the page, so the caller needs no second call. With `keep`
+    (per query, the chunks that can still reach the page: `group_winners`) those chunks' hits; without
+    it (a fusion that reads every chunk's lists) the hits `essential_hits` keeps of every chunk."""
     t0 = time.perf_counter()
-    hits = [essential_hits(h, q.k, q.policy) for h in reply.hits]
-    if keep is not None:
+    if keep is None:
+        hits = [essential_hits(h, q.k, q.policy) for h in reply.hits]
+    else:
         tops = [[r for r in res if r.chunk_idx in kept] for res, kept in zip(tops, keep)]
-        hits = [only_chunks(h, kept) for h, kept in zip(hits, keep)]
+        hits = [only_chunks(h, kept) for h, kept in zip(reply.hits, keep)]
     reply.hits = hits
     top = [r for res in tops for r in res]
     reply.chunks = ls.chunk_meta(dict.fromkeys(r.chunk_idx for r in top))
@@ -192,19 +194,18 @@ def add_page(ls: LoadedShard, reply: ShardReply, tops: list[list[ChunkResult]], 
     return reply
 
 
-def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query, page: bool) -> ShardReply:
-    """`search_hits`, with `page` (a remote caller's reply of one shard) made a page by `add_page`."""
-    reply, tops = search_hits(ls, shard, qvecs, q, page)
-    return add_page(ls, reply, tops, q) if page else reply  # type: ignore[arg-type]
+def search_loaded(ls: LoadedShard, shard: int, qvecs: np.ndarray, q: Query) -> ShardReply:
+    """The shard's final hits for every query vector, for a caller that merges in this process."""
+    return search_hits(ls, shard, qvecs, q, False)[0]
 
 
 def group_winners(tops: list[list[list[ChunkResult]]], k: int, policy) -> list[set[int]] | None:
-    """Per query, the chunks of a group of shards (one replica's) that can reach the page, from each
-    shard's top k (`tops[shard][query]`): under max fusion without BM25 the group's own top k in the
-    merge's order (best score, then the shard and row of the best vector), as any other chunk has k of
-    the group above it; under rrf, sum or hybrid fusion a chunk's rank depends on every shard's lists,
-    so None (each shard's top k)."""
-    if policy.fusion != "max" or policy.bm25_alpha is not None or len(tops) < 2:
+    """Per query, the chunks of a group of shards (one replica's, or one shard) that can reach the page,
+    from each shard's top k (`tops[shard][query]`): under max fusion without BM25 the group's own top k in
+    the merge's order (best score, then the shard and row of the best vector), as any other chunk has k
+    of the group above it everywhere; under rrf, sum or hybrid fusion a chunk's rank depends on every
+    shard's lists, so None."""
+    if policy.fusion != "max" or policy.bm25_alpha is not None:
         return None
     out = []
     for per_query in zip(*tops):
@@ -214,6 +215,7 @@ def group_winners(tops: list[list[list[ChunkResult]]], k: int, policy) -> list[s
 
 
 def group_pages(loaded: list[LoadedShard], found: list[tuple[ShardReply, list]], q: Query) -> list[ShardReply]:
-    """The replies of a group of shards searched by `search_hits(..., tops=True)`, made pages together."""
+    """The replies of a group of shards (or of one) searched by `search_hits(..., tops=True)`, made pages
+    together: what a shard replica sends."""
     keep = group_winners([tops for _, tops in found], q.k, q.policy)
     return [add_page(ls, reply, tops, q, keep) for ls, (reply, tops) in zip(loaded, found)]

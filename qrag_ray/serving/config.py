@@ -76,7 +76,9 @@ class AppArgs(BaseModel):
                                     "replica (no shard hop); bigger ones fan out to the ShardSearcher deployments")
     router_cache_bytes: int = Field(
         1 << 30, ge=0, description="bytes of small tenants' shards a Router replica keeps (LRU)")
-    faiss_threads: int | None = Field(None, ge=1, description="default: the replica's num_cpus")
+    faiss_threads: int | None = Field(
+        None, ge=1, description="FAISS threads per shard search (default 1; a replica runs as many searches "
+                                "at once as its num_cpus)")
     generator: LLMConfig | None = Field(None, description="LLM for mode=hyde and /v1/answer (backend openai or vllm)")
     answer_min_cosine: float = Field(
         0.35, ge=-1.0, le=1.0, description="/v1/answer says \"I don't know\" without asking the LLM when no retrieved "

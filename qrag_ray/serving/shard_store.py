@@ -6,6 +6,7 @@ search through qrag_ray.search.shard_search, so a tenant ranks the same whicheve
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
@@ -18,8 +19,7 @@ from ray import serve
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.search.fetch import chunk_records
 from qrag_ray.search.query import Query
-from qrag_ray.search.shard_search import (LoadedShard, ShardReply, group_pages, load_shard, search_hits,
-                                          search_loaded)
+from qrag_ray.search.shard_search import LoadedShard, ShardReply, group_pages, load_shard, search_hits
 from qrag_ray.serving.config import assigned_cpus
 from qrag_ray.runtime.byte_lru import ByteLRU
 
@@ -53,13 +53,18 @@ LOAD_THREADS = 2
 
 
 class ShardStore:
-    """Loaded shards in an LRU bounded in bytes, one load per key, FAISS off the event loop (FAISS threads:
-    `threads`, else the replica's CPUs)."""
+    """Loaded shards in an LRU bounded in bytes, one load per key, FAISS off the event loop: as many
+    searches at once as the replica has CPUs, each with `threads` FAISS threads (default 1)."""
 
     def __init__(self, cache_bytes: int, threads: int | None):
         from qrag_ray.serving.metrics import ShardMetrics
 
-        self.threads = threads or assigned_cpus()
+        # Parallel searches, not OpenMP inside one: FAISS's IVF search parallelises over a batch's queries,
+        # never within one, and OpenMP threads wait for each other at every barrier, spinning where another
+        # search or replica holds the core (several times one thread's CPU on a busy node). Threads beyond
+        # the replica's CPUs would only wait on each other.
+        self.threads = threads or 1
+        self.searches = assigned_cpus()
         self.cache = ByteLRU(cache_bytes)
         self.metrics = ShardMetrics()
         self.problems: dict[str, dict] = {}  # tenant -> {"shard", "version", "reason"} of its last failed load
@@ -67,6 +72,7 @@ class ShardStore:
         self.loads: dict[int, dict] = {}  # shard number -> its cold loads, their seconds and the slowest
         self._loading: dict[tuple[ShardKey, int], asyncio.Future] = {}
         self._loader = ThreadPoolExecutor(LOAD_THREADS, thread_name_prefix="shard-load")
+        self._searcher = ThreadPoolExecutor(self.searches, thread_name_prefix="shard-search")
         self._refresher: asyncio.Task | None = None
         self._replica: str | None = None
 
@@ -134,20 +140,17 @@ class ShardStore:
         """Called for each shard the byte budget pushed out (nothing to do in a plain store)."""
 
     async def search(self, shards: list[int], key: ShardKey, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-        """Each of `shards` searched for every query vector (in threads, concurrently: FAISS releases the
-        GIL), with the page's metadata: of each shard's top k, or of a group's own top k where that
-        decides the page (`group_winners`), so a group of shards replies about as much as one shard."""
+        """Each of `shards` searched for every query vector (in the replica's search threads: FAISS releases
+        the GIL), with the page's metadata: of the group's own top k where that decides the page
+        (`group_winners`), else of each shard's, so a group of shards replies about as much as one."""
         cold = [self.cache.get((key, s)) is None for s in shards]
         for s, c in zip(shards, cold):  # a hit is a search served from memory: lookups and prepares are not
             if not c:
                 self._count("hits", key.tenant, s)
         loaded = await asyncio.gather(*[self.get(s, key) for s in shards])
-        if len(shards) == 1:
-            replies = [await asyncio.to_thread(search_loaded, loaded[0], shards[0], qvecs, q, True)]
-        else:
-            found = await asyncio.gather(*[asyncio.to_thread(search_hits, ls, s, qvecs, q, True)
-                                           for s, ls in zip(shards, loaded)])
-            replies = await asyncio.to_thread(group_pages, loaded, found, q)
+        run = functools.partial(asyncio.get_running_loop().run_in_executor, self._searcher)
+        found = await asyncio.gather(*[run(search_hits, ls, s, qvecs, q, True) for s, ls in zip(shards, loaded)])
+        replies = await run(group_pages, loaded, found, q)
         if self._replica is None:
             self._replica = serve.get_replica_context().replica_id.unique_id
         for r, c in zip(replies, cold):

@@ -54,20 +54,31 @@ def test_merging_essential_hits_gives_the_page_of_all_hits(name, k, min_score):
         assert sum(h.rows.shape[1] for h in few) <= sum(h.rows.shape[1] for h in per)
 
 
-def test_max_fusion_sends_at_most_four_vectors_of_each_of_k_chunks():
+def test_essential_hits_keep_at_most_four_vectors_a_chunk_under_max_fusion():
     rng = np.random.default_rng(3)
     h = _shard_hits(rng, 0, 200, lexical=False)
     few = essential_hits(h, 5, SearchConfig())
-    assert len(np.unique(few.chunk_idx)) == 5 and few.rows.shape[1] <= 5 * 4
+    per_chunk = np.unique(few.chunk_idx, return_counts=True)[1]
+    assert len(per_chunk) == len(np.unique(h.chunk_idx)) and per_chunk.max() <= 4 < h.rows.shape[1]
     assert essential_hits(ShardHits(0, np.zeros((1, 0), np.float32), np.zeros((1, 0), np.int64),
                                     np.zeros((1, 0), np.int64), True), 5, SearchConfig()).rows.shape == (1, 0)
+
+
+def test_one_shard_under_max_fusion_sends_only_its_top_k_chunks():
+    rng = np.random.default_rng(3)
+    h = _shard_hits(rng, 0, 200, lexical=False)
+    top, _ = merge_hits([h], 0, 5, None, SearchConfig())
+    keep = group_winners([[top]], 5, SearchConfig())
+    sent = only_chunks(h, keep[0])
+    assert set(np.unique(sent.chunk_idx).tolist()) == {r.chunk_idx for r in top}
+    assert merge_hits([sent], 0, 5, None, SearchConfig())[0] == top
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 @pytest.mark.parametrize("k,min_score", [(1, None), (5, None), (10, 0.5), (40, None)])
 def test_a_group_of_shards_replying_its_own_top_k_gives_the_page_of_all_hits(name, k, min_score):
-    """One replica searching shards 0-2 and another shard 3: each group keeps only the chunks
-    `group_winners` names (every shard's where the policy needs them), and the merge is unchanged."""
+    """One replica searching shards 0-2 and another shard 3: under max fusion each group sends the hits of
+    only the chunks `group_winners` names, else every shard its essential hits, and the merge is unchanged."""
     policy = POLICIES[name]
     rng = np.random.default_rng(11)
     for _ in range(20):
@@ -76,10 +87,10 @@ def test_a_group_of_shards_replying_its_own_top_k_gives_the_page_of_all_hits(nam
         sent = []
         for group in (per[:3], per[3:]):
             tops = [[merge_hits([h], 0, k, min_score, policy)[0]] for h in group]
-            keep = group_winners(tops, k, policy)
-            assert (keep is None) == (policy.fusion != "max" or policy.bm25_alpha is not None or len(group) == 1)
-            few = [essential_hits(h, k, policy) for h in group]
-            sent += few if keep is None else [only_chunks(h, keep[0]) for h in few]
+            keep = group_winners(tops, k, policy)  # what add_page sends, by the same rule
+            assert (keep is None) == (policy.fusion != "max" or policy.bm25_alpha is not None)
+            sent += ([essential_hits(h, k, policy) for h in group] if keep is None
+                     else [only_chunks(h, keep[0]) for h in group])
             if keep is not None:
                 assert len(keep[0]) <= k
         got, _ = merge_hits(sent, 0, k, min_score, policy)
