@@ -10,7 +10,7 @@ import faiss
 import numpy as np
 
 from qrag_ray.search.query import Query
-from qrag_ray.search.shard_search import group_pages, load_shard, search_hits
+from qrag_ray.search.shard_search import load_shard, search_loaded
 from qrag_ray.config.search_policy import SearchConfig
 from support.synthetic_index import synthetic_docs, write_synthetic_index
 
@@ -22,8 +22,7 @@ def test_a_search_in_another_thread_runs_with_the_shards_threads(tmp_path):
 
     def worker():
         faiss.omp_set_num_threads(3)  # what this thread would use otherwise
-        query = Query(5, None, SearchConfig())
-        reply = group_pages([ls], [search_hits(ls, 0, q, query, True)], query)[0]
+        reply = search_loaded(ls, 0, q, Query(5, None, SearchConfig()))
         seen["threads"], seen["hits"] = faiss.omp_get_max_threads(), reply.candidates
 
     t = threading.Thread(target=worker)
