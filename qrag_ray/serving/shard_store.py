@@ -61,8 +61,7 @@ class ShardStore:
 
         # Parallel searches, not OpenMP inside one: FAISS's IVF search parallelises over a batch's queries,
         # never within one, and OpenMP threads wait for each other at every barrier, spinning where another
-        # search or replica holds the core (several times one thread's CPU on a busy node). Threads beyond
-        # the replica's CPUs would only wait on each other.
+        # search or replica holds the core. Threads beyond the replica's CPUs would only wait on each other.
         self.threads = threads or 1
         self.searches = assigned_cpus()
         self.cache = ByteLRU(cache_bytes)
