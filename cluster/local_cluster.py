@@ -7,9 +7,9 @@
 
 Each node is a separate raylet with its own ports and its own resources (custom resource `node_a`,
 `node_b`, ... per worker, `head` on the head). The cluster is addressed on loopback (GCS address,
-dashboard and agents on 127.0.0.1); note that Ray 2.60 replaces a loopback `--node-ip-address` by the
-host's own IP (services.resolve_ip_for_localhost) and its gRPC servers listen on all interfaces, so
-keep the port range firewalled on a machine that has a public interface. The whole cluster lives in
+dashboard and agents on 127.0.0.1, or a node's own address in a network of pods: cluster/pod_network.py);
+note that Ray 2.60 replaces a loopback `--node-ip-address` by the host's own IP and its gRPC servers listen
+on all interfaces, so keep the port range firewalled on a machine that has a public interface. The whole cluster lives in
 its own directory (`/tmp/qrag-lc-<name>`: Ray temp dir, state file, logs), so it never touches the
 default `/tmp/ray` session other people on the box may be running.
 
@@ -72,6 +72,8 @@ class NodeSpec:
     memory: int | None = None  # bytes of Ray's logical `memory` resource (None: Ray sizes it)
     env: dict[str, str] = field(default_factory=dict)  # the node's own environment on top of the cluster's
     readonly: list[str] = field(default_factory=list)  # folders the node's processes cannot write
+    ip: str = HOST  # the node's address: its pod's own in a network of pods (cluster/pod_network.py)
+    netns: list[str] = field(default_factory=list)  # argv prefix that runs in the node's network, if its own
 
 
 @dataclass
@@ -86,6 +88,8 @@ class NodeShape:
     resources: dict[str, float] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     readonly: list[str] = field(default_factory=list)
+    ip: str = HOST
+    netns: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -105,7 +109,7 @@ class ClusterState:
 
     @property
     def metrics_urls(self) -> list[str]:
-        return [f"http://{HOST}:{n.metrics_export_port}/metrics" for n in self.nodes]
+        return [f"http://{n.ip}:{n.metrics_export_port}/metrics" for n in self.nodes]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self) | {"temp_dir": self.temp_dir, "metrics_urls": self.metrics_urls}, indent=2)
@@ -141,7 +145,8 @@ def plan_nodes(base: int, workers: int, worker_cpus: int, head_cpus: int,
             node_manager_port=o + 3, object_manager_port=o + 4, metrics_export_port=o + 5,
             dashboard_agent_listen_port=o + 6, dashboard_agent_grpc_port=o + 7, runtime_env_agent_port=o + 8,
             min_worker_port=wp, max_worker_port=wp + WORKER_PORT_BLOCK - 1, num_gpus=shape.num_gpus,
-            memory=shape.memory, env=dict(shape.env), readonly=list(shape.readonly)))
+            memory=shape.memory, env=dict(shape.env), readonly=list(shape.readonly), ip=shape.ip,
+            netns=list(shape.netns)))
     return specs
 
 
@@ -217,7 +222,7 @@ def _ray_bin() -> str:
 
 def ray_start_command(state: ClusterState, node: NodeSpec, object_store_mb: int) -> list[str]:
     """Pure: the `ray start` argv of one node."""
-    cmd = [_ray_bin(), "start", "--node-ip-address", HOST, "--temp-dir", state.temp_dir,
+    cmd = [_ray_bin(), "start", "--node-ip-address", node.ip, "--temp-dir", state.temp_dir,
            "--num-cpus", str(node.num_cpus), "--num-gpus", str(node.num_gpus),
            "--resources", json.dumps(node.resources), "--object-store-memory", str(object_store_mb * 1024 * 1024),
            *(["--memory", str(node.memory)] if node.memory else []),
@@ -231,11 +236,11 @@ def ray_start_command(state: ClusterState, node: NodeSpec, object_store_mb: int)
            "--disable-usage-stats"]
     if node.index == 0:
         cmd += ["--head", "--port", str(state.base_port), "--ray-client-server-port", str(state.client_port),
-                "--include-dashboard", "true", "--dashboard-host", HOST,
+                "--include-dashboard", "true", "--dashboard-host", node.ip,
                 "--dashboard-port", str(state.base_port + 2)]
     else:
         cmd += ["--address", state.address]
-    return readonly_wrapper(node.readonly) + cmd
+    return node.netns + readonly_wrapper(node.readonly) + cmd
 
 
 # ---------------------------------------------------------------- cluster state
@@ -271,8 +276,9 @@ def _up_once(name: str, shapes: list[NodeShape], base_port: int | None, object_s
              timeout: float, quiet: bool, extra_env: dict[str, str]) -> ClusterState:
     cdir.mkdir(parents=True, exist_ok=True)
     base = base_port or pick_base_port(len(shapes) - 1)
-    state = ClusterState(name=name, dir=str(cdir), base_port=base, address=f"{HOST}:{base}",
-                         dashboard_url=f"http://{HOST}:{base + 2}", client_port=base + 1,
+    head = shapes[0].ip
+    state = ClusterState(name=name, dir=str(cdir), base_port=base, address=f"{head}:{base}",
+                         dashboard_url=f"http://{head}:{base + 2}", client_port=base + 1,
                          nodes=plan_nodes(base, 0, 0, 0, shapes), started_at=time.time())
     (cdir / "cluster.json").write_text(state.to_json())
     env = _env(cdir) | extra_env

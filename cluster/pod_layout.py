@@ -1,8 +1,8 @@
-"""What a KubeRay RayJob asks of its pods, read from the rendered overlay (pure): one node per pod with the
-resources KubeRay gives its `ray start` (CPUs and memory from the Ray container's limits, `num-cpus` of
-rayStartParams first, GPUs from its `nvidia.com/gpu` limit), the container's environment and volumes; the pod
-paths mapped to a local folder; and what KubeRay submits (the runtime env of `runtimeEnvYAML`, the
-entrypoint, the ConfigMap files the head mounts)."""
+"""What a KubeRay RayJob or RayService asks of its pods, read from the rendered overlay (pure): one node per
+pod with the resources KubeRay gives its `ray start` (CPUs and memory from the Ray container's limits,
+`num-cpus` of rayStartParams first, GPUs from its `nvidia.com/gpu` limit), the container's environment and
+volumes; the pod paths mapped to a local folder; and what KubeRay submits (a RayJob's runtime env of
+`runtimeEnvYAML`, its entrypoint and the ConfigMap files the head mounts; a RayService's serveConfigV2)."""
 
 from __future__ import annotations
 
@@ -74,27 +74,44 @@ def pod_of(name: str, group: str, params: dict, template: dict) -> Pod:
                _mounts(template))
 
 
-def job_plan(docs: list[dict], pods_per_group: dict[str, int] | None = None, job: str = "qrag-index") -> JobPlan:
-    """The RayJob `job` of rendered manifests as the pods a rehearsal starts: each worker group's `replicas`
-    (at least one: the autoscaler would add a pod for the job's first request), or `pods_per_group`."""
-    rayjob = next((d for d in docs if d.get("kind") == "RayJob" and d["metadata"]["name"] == job), None)
-    if rayjob is None:
-        raise ValueError(f"no RayJob {job} in the manifests")
-    spec, cluster = rayjob["spec"], rayjob["spec"]["rayClusterSpec"]
+def cluster_pods(cluster: dict, pods_per_group: dict[str, int] | None, owner: str) -> list[Pod]:
+    """The pods of a RayCluster spec, the head first: each worker group's `replicas` (at least one: the
+    autoscaler would add a pod for the first request), or `pods_per_group`."""
     counts = dict(pods_per_group or {})
     groups = {g["groupName"]: g for g in cluster.get("workerGroupSpecs") or []}
     if unknown := set(counts) - set(groups):
-        raise ValueError(f"no worker group {sorted(unknown)} in RayJob {job} (groups: {sorted(groups)})")
+        raise ValueError(f"no worker group {sorted(unknown)} in {owner} (groups: {sorted(groups)})")
     head = cluster["headGroupSpec"]
     pods = [pod_of("head", "head", head.get("rayStartParams") or {}, head["template"])]
     for name, g in groups.items():
         n = counts.get(name, max(1, int(g.get("replicas") or 0)))
         pods += [pod_of(f"{name}-{i}", name, g.get("rayStartParams") or {}, g["template"]) for i in range(n)]
+    return pods
+
+
+def job_plan(docs: list[dict], pods_per_group: dict[str, int] | None = None, job: str = "qrag-index") -> JobPlan:
+    """The RayJob `job` of rendered manifests as the pods a rehearsal starts and what KubeRay submits."""
+    rayjob = next((d for d in docs if d.get("kind") == "RayJob" and d["metadata"]["name"] == job), None)
+    if rayjob is None:
+        raise ValueError(f"no RayJob {job} in the manifests")
+    spec = rayjob["spec"]
+    pods = cluster_pods(spec["rayClusterSpec"], pods_per_group, f"RayJob {job}")
     configmaps = {d["metadata"]["name"]: d.get("data") or {} for d in docs if d.get("kind") == "ConfigMap"}
     files = {f"{m.path.rstrip('/')}/{key}": text for m in pods[0].mounts if m.kind == "configMap"
              for key, text in configmaps.get(m.source, {}).items()}
     runtime_env = yaml.safe_load(spec.get("runtimeEnvYAML") or "") or {}
     return JobPlan(tuple(pods), " ".join(str(spec["entrypoint"]).split()), runtime_env, files)
+
+
+def service_plan(docs: list[dict], pods_per_group: dict[str, int] | None = None,
+                 name: str = "qrag") -> tuple[tuple[Pod, ...], dict]:
+    """The RayService `name` of rendered manifests: its pods (the head first) and its serveConfigV2 (parsed),
+    what KubeRay's controller deploys on the head's dashboard."""
+    svc = next((d for d in docs if d.get("kind") == "RayService" and d["metadata"]["name"] == name), None)
+    if svc is None:
+        raise ValueError(f"no RayService {name} in the manifests")
+    pods = cluster_pods(svc["spec"]["rayClusterConfig"], pods_per_group, f"RayService {name}")
+    return tuple(pods), yaml.safe_load(svc["spec"].get("serveConfigV2") or "") or {}
 
 
 def local_paths(pod: Pod, root: Path) -> dict[str, Path]:

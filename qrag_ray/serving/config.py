@@ -34,6 +34,13 @@ SERVE_PROCESS_ENV = {
     "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(512 * 2**20),
 }
 
+# The RayService's ingress (on every pod, besides SERVE_PROCESS_ENV): Serve's HAProxy on the Serve port, in front
+# of the Router replicas' own HTTP ports, which costs less CPU per request than Serve's Python proxy. Its files
+# are under /tmp by Ray's default (the pods' emptyDir: their root filesystem is read-only). HAProxy does not
+# apply http_options.request_timeout_s and by default waits on a replica forever, so its server timeout is that
+# same bound (the manifest check holds them equal).
+CLUSTER_INGRESS_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S": "60"}
+
 
 def haproxy_env() -> dict[str, str]:
     """Serve's HAProxy ingress for a Ray started on this machine: its files in a new folder of its own
@@ -43,6 +50,7 @@ def haproxy_env() -> dict[str, str]:
     d = Path(tempfile.mkdtemp(prefix="qh-"))
     return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(d / "haproxy.cfg"),
             "RAY_SERVE_HAPROXY_SOCKET_PATH": str(d / "admin.sock"), "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(d),
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(d / "metrics.sock"),
             "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(d / "server-state"),
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())}
 

@@ -219,6 +219,20 @@ def test_every_rayservice_pod_carries_the_tuned_serve_env(rendered):
     assert any("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" in p and "worker" in p for p in probs), probs
 
 
+def test_every_rayservice_pod_runs_haproxy_with_the_serve_configs_timeout(rendered):
+    doc = _rayservice(rendered)
+    head = doc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["env"] = [e for e in head["env"] if e["name"] != "RAY_SERVE_ENABLE_HA_PROXY"]
+    probs = kuberay.check_rayservice(doc, require_gpu=True, canonical=None)
+    assert any("RAY_SERVE_ENABLE_HA_PROXY" in p and "head" in p for p in probs), probs
+
+    def longer(cfg):
+        cfg["http_options"]["request_timeout_s"] = 90
+
+    probs = kuberay.check_rayservice(_set_serve(_rayservice(rendered), longer), require_gpu=True, canonical=None)
+    assert any("request_timeout_s is 90" in p and "server timeout" in p for p in probs), probs
+
+
 def test_planted_missing_gpu_limit_and_autoscaling_fail(rendered):
     doc = _rayservice(rendered)
     spec = doc["spec"]["rayClusterConfig"]

@@ -91,19 +91,33 @@ def pod_templates(doc: dict) -> list[tuple[str, dict, dict]]:
 
 
 def check_serve_env(doc: dict) -> list[str]:
-    """Serve reads its request-path switches when each Ray process starts, so every pod that can host a
-    replica or the proxy must carry them (the same values `qrag serve` sets for its local Ray)."""
-    from qrag_ray.serving.config import SERVE_PROCESS_ENV
+    """Serve reads its request-path switches and its ingress when each Ray process starts, so every pod that
+    can host a replica or the ingress must carry them (the switches `qrag serve` sets for its local Ray, and
+    HAProxy on the Serve port)."""
+    from qrag_ray.serving.config import CLUSTER_INGRESS_ENV, SERVE_PROCESS_ENV
 
     out = []
     for role, _, template in pod_templates(doc):
         for c in containers(template):
             env = {e.get("name"): e.get("value") for e in c.get("env") or [] if isinstance(e, dict)}
-            bad = sorted(k for k, v in SERVE_PROCESS_ENV.items() if env.get(k) != v)
+            bad = sorted(k for k, v in {**SERVE_PROCESS_ENV, **CLUSTER_INGRESS_ENV}.items() if env.get(k) != v)
             if bad:
                 out.append(f"{role} container {c.get('name')!r}: env {', '.join(bad)} missing or not "
-                           "qrag_ray.serving.config.SERVE_PROCESS_ENV's value")
+                           "qrag_ray.serving.config's SERVE_PROCESS_ENV or CLUSTER_INGRESS_ENV value")
     return out
+
+
+def check_haproxy_timeout(cfg: Any) -> list[str]:
+    """HAProxy bounds a request to a replica by its own server timeout, not by http_options.request_timeout_s:
+    the two must say the same."""
+    from qrag_ray.serving.config import CLUSTER_INGRESS_ENV
+
+    want = ((cfg or {}).get("http_options") or {}).get("request_timeout_s") if isinstance(cfg, dict) else None
+    have = CLUSTER_INGRESS_ENV["RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"]
+    if want is None or str(want) != have:
+        return [f"serveConfigV2 http_options.request_timeout_s is {want}, HAProxy's server timeout "
+                f"(CLUSTER_INGRESS_ENV) {have}: set them equal"]
+    return []
 
 
 def check_rayservice(doc: dict, *, require_gpu: bool, canonical: dict | None) -> list[str]:
@@ -126,6 +140,7 @@ def check_rayservice(doc: dict, *, require_gpu: bool, canonical: dict | None) ->
         return out + ["spec.rayClusterConfig missing"]
     out += check_cluster_spec(spec, require_gpu=require_gpu)
     out += check_serve_env(doc)
+    out += check_haproxy_timeout(cfg)
     if isinstance(cfg, dict) and not out:
         floor, cap = serve_cpu_floor(cfg), max_cpus(spec)
         if floor > cap:

@@ -1,0 +1,284 @@
+"""Rehearse the KubeRay RayService on this machine, the way the cluster runs it.
+
+    python -m cluster.rehearse_service --overlay cpu-dev
+    python -m cluster.rehearse_service --overlay cpu-dev --pods cpu-serve=1 --set local_search_max_bytes=0
+
+The overlay is rendered and its RayService becomes a local Ray cluster laid out as cluster/rehearse.py lays
+out a RayJob's (one node per pod with its pod's resources and its container's environment, its home
+read-only, its volumes local folders), and here each pod also has a network of its own
+(cluster/pod_network.py): its own address and ports, so Serve's port 8000 and the Router replicas' own
+ports are on every pod and what one pod asks of another goes between addresses, as on Kubernetes. A small
+index is built into the claim's folder (plain `qrag index`) and a tenants file with one tenant is written
+into the Secret's (`qrag tenants add`); serveConfigV2 is deployed as KubeRay's controller deploys it (PUT
+/api/serve/applications/ on the head's dashboard, with the cluster's token); `--set` changes an app arg
+(`local_search_max_bytes=0` sends a small tenant through the ShardSearchers too). When the app is RUNNING,
+every pod's port 8000 is asked from this machine, as a Service asks a pod: /-/healthz 200, a search with the
+key whose rank 1 is the expected chunk, a wrong key 401; and what listens on the pod's port 8000 must be what
+its environment asks for (HAProxy with RAY_SERVE_ENABLE_HA_PROXY=1, else Serve's proxy). Exit 0 only then.
+Needs root (network namespaces). docs/CLUSTER.md, "Rehearsing the serving endpoint".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from cluster import local_cluster as lc
+from cluster import pod_network
+from cluster.gcs_nodes import live_nodes
+from cluster.pod_layout import Pod, map_text, service_plan
+from cluster.readonly import make_readonly
+from cluster.rehearse import REPO, lay_out_pod, node_env, parse_pairs, write_corpus
+
+TENANT = "rehearsal"
+INDEX = "/mnt/qrag/indexes/rehearsal"  # pod path on the claim every pod mounts
+HAPROXY_FILES = "/tmp/haproxy-serve"  # Ray's default folder of Serve's HAProxy files (the manifests keep it)
+QUERY = ("What does the break statement do inside a loop?", "break")  # a question and its chunk's document
+
+
+@dataclass
+class ServiceRehearsal:
+    overlay: str
+    pods: tuple[Pod, ...]
+    work: Path
+    net: pod_network.PodNetwork
+    token: str
+    shapes: list[lc.NodeShape]
+    serve_config: dict  # serveConfigV2 with local paths and the --set app args
+    paths: dict[str, Path]  # the head's pod path -> local folder (claims and Secrets are every pod's)
+    key: str = ""
+    node_ids: list[str] = field(default_factory=list)
+    name: str = field(default_factory=lambda: f"rs{os.getpid() % 100000}")
+    state: lc.ClusterState | None = None
+
+    @property
+    def readonly(self) -> list[str]:
+        return sorted({f for s in self.shapes for f in s.readonly})
+
+
+def prepare(overlay: str, work: Path, *, pods: dict[str, int] | None = None, app_args: dict[str, str] | None = None,
+            code: str | None = None, token: str | None = None) -> ServiceRehearsal:
+    """Render the overlay and lay out its pods, their network plan and the serve config (no process started).
+    The cluster's token is new unless given: a process reads Ray's token once, so one that watches several
+    rehearsals in turn gives them all its own."""
+    from tools.validate_deploy.render import render_kustomization
+
+    path = Path(overlay) if Path(overlay).is_dir() else REPO / "k8s" / "overlays" / overlay
+    pod_list, config = service_plan(render_kustomization(path), pods)
+    token, net = token or secrets.token_hex(32), pod_network.plan(len(pod_list))
+    shapes, head_paths = [], None
+    for i, pod in enumerate(pod_list):
+        paths, readonly = lay_out_pod(pod, work)
+        head_paths = head_paths or paths
+        shapes.append(lc.NodeShape(pod.name, pod.num_cpus, pod.num_gpus, pod.memory or None,
+                                   env=node_env(pod, paths, token, code), readonly=readonly,
+                                   ip=net.ip(i), netns=net.exec_prefix(i)))
+    for app in config.get("applications") or []:
+        app["args"] = {**(app.get("args") or {}), **{k: yaml.safe_load(v) for k, v in (app_args or {}).items()}}
+    config = json.loads(map_text(json.dumps(config), head_paths))
+    return ServiceRehearsal(path.name, pod_list, work, net, token, shapes, config, head_paths)
+
+
+def build_tenant(r: ServiceRehearsal, timeout: float = 900.0) -> None:
+    """A chunk index of a few documents on the claim (plain `qrag index`, as the indexing job would have
+    published it) and a tenants file with one tenant in the Secret's folder; the tenant's key kept."""
+    index = Path(map_text(INDEX, r.paths))
+    corpus = r.work / "corpus.jsonl"
+    write_corpus(corpus, "jsonl", 6)
+    shards = max(1, min(4, int(_app(r).get("args", {}).get("shards") or 1)))
+    cli = [sys.executable, "-m", "qrag_ray.cli"]
+    run = subprocess.run([*cli, "index", "--input", str(corpus), "--output", str(index), "--representation", "chunk",
+                          "--generator", "none", "--shards", str(shards), "--no-bm25", "--overwrite"],
+                         capture_output=True, text=True, timeout=timeout)
+    if run.returncode != 0:
+        raise RuntimeError(f"qrag index failed: {(run.stdout + run.stderr)[-2000:]}")
+    tenants = Path(_app(r)["args"]["tenants"])
+    add = subprocess.run([*cli, "tenants", "add", "--file", str(tenants), "--name", TENANT, "--index", str(index)],
+                         capture_output=True, text=True, timeout=120)
+    if add.returncode != 0:
+        raise RuntimeError(f"qrag tenants add failed: {add.stderr[-2000:]}")
+    r.key = add.stdout.strip().splitlines()[-1]
+
+
+def _app(r: ServiceRehearsal) -> dict:
+    return (r.serve_config.get("applications") or [{}])[0]
+
+
+def deployments(r: ServiceRehearsal) -> list[dict]:
+    """The app's `deployments:` entries of the serve config the rehearsal deploys (change them before `deploy`)."""
+    return _app(r).setdefault("deployments", [])
+
+
+def start(r: ServiceRehearsal, timeout: float = 300.0) -> lc.ClusterState:
+    pod_network.up(r.net)
+    make_readonly(r.readonly)
+    r.state = lc.up(name=r.name, shapes=r.shapes, object_store_mb=300, timeout=timeout, quiet=False,
+                    env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": r.token})
+    r.node_ids = [n["node_id"] for n in live_nodes(r.state.address)]
+    return r.state
+
+
+def stop(r: ServiceRehearsal) -> bool:
+    ok = lc.down(name=r.name, quiet=True)  # also after a failed start: its folder (lc.up ended its processes)
+    pod_network.down(r.net)
+    make_readonly(r.readonly, writable=True)
+    for node_id in r.node_ids:  # Serve's HAProxy files: a folder per node under Ray's default, on the pods' /tmp
+        shutil.rmtree(Path(HAPROXY_FILES) / node_id, ignore_errors=True)
+    return ok
+
+
+def replicas_per_pod(r: ServiceRehearsal, status: dict) -> dict[str, int]:
+    """Pure: how many running replicas of the app each pod holds, from the dashboard's answer."""
+    by_ip = {r.net.ip(i): pod.name for i, pod in enumerate(r.pods)}
+    out = dict.fromkeys(by_ip.values(), 0)
+    for app in (status.get("applications") or {}).values():
+        for dep in (app.get("deployments") or {}).values():
+            for rep in dep.get("replicas") or []:
+                if rep.get("state") == "RUNNING" and rep.get("node_ip") in by_ip:
+                    out[by_ip[rep["node_ip"]]] += 1
+    return out
+
+
+def deploy(r: ServiceRehearsal, timeout: float = 600.0) -> dict:
+    """PUT serveConfigV2 on the head's dashboard as KubeRay's controller does, then wait for every app to be
+    RUNNING; returns the dashboard's last answer. A failed deploy (DEPLOY_FAILED) ends the wait."""
+    url = f"{r.state.dashboard_url}/api/serve/applications/"
+    headers = {"Authorization": f"Bearer {r.token}"}
+    put = httpx.put(url, json=r.serve_config, headers=headers, timeout=60)
+    if put.status_code != 200:
+        raise RuntimeError(f"the dashboard refused the serve config: HTTP {put.status_code} {put.text[:500]}")
+    deadline, last = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        try:
+            last = httpx.get(url, headers=headers, timeout=30).json()
+        except (httpx.HTTPError, ValueError):
+            pass
+        states = {n: a.get("status") for n, a in (last.get("applications") or {}).items()}
+        if states and all(s == "RUNNING" for s in states.values()):
+            return last
+        if "DEPLOY_FAILED" in states.values():
+            break
+        time.sleep(2.0)
+    apps = {n: {"status": a.get("status"), "message": (a.get("message") or "")[-1500:]}
+            for n, a in (last.get("applications") or {}).items()}
+    raise RuntimeError(f"the app did not reach RUNNING in {timeout:.0f}s: {json.dumps(apps)}")
+
+
+def listener(r: ServiceRehearsal, i: int, port: int = 8000) -> str:
+    """The process that listens on `port` in pod i's network ("haproxy", "ray::ProxyActor", ...)."""
+    out = subprocess.run([*r.net.exec_prefix(i), "ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
+                         text=True).stdout
+    names = sorted(set(re.findall(r'\(\("([^"]+)"', out)))
+    return ",".join(names) or "nothing"
+
+
+def expected_listener(pod: Pod) -> str:
+    return "haproxy" if pod.env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "ray::ProxyActor"
+
+
+def ask_pod(r: ServiceRehearsal, i: int, timeout: float = 120.0) -> dict:
+    """One pod's port 8000 from this machine: healthz, a search with the key, one with a wrong key."""
+    base = f"http://{r.net.ip(i)}:8000"
+    deadline, health = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:  # a pod's ingress starts when it holds replicas or is the head
+        try:
+            health = httpx.get(f"{base}/-/healthz", timeout=10).status_code
+            if health == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    body = {"query": QUERY[0], "k": 3}
+    t0 = time.monotonic()
+    ok = httpx.post(f"{base}/v1/search", json=body, headers={"Authorization": f"Bearer {r.key}"}, timeout=60)
+    ms = round((time.monotonic() - t0) * 1000, 1)
+    bad = httpx.post(f"{base}/v1/search", json=body, headers={"Authorization": "Bearer qrag-wrong-key"}, timeout=60)
+    results = ok.json().get("results") or [] if ok.status_code == 200 else []
+    return {"pod": r.pods[i].name, "ip": r.net.ip(i), "listener": listener(r, i), "expected": expected_listener(r.pods[i]),
+            "healthz": health, "search": ok.status_code, "search_ms": ms,
+            "rank1": results[0].get("doc_id") if results else None,
+            "path": (ok.json().get("timings") or {}).get("path") if ok.status_code == 200 else None,
+            "wrong_key": bad.status_code, "error": None if ok.status_code == 200 else ok.text[:300]}
+
+
+def verdict(row: dict) -> list[str]:
+    """Pure: what is wrong with one pod's answers (nothing: it serves as the manifest means)."""
+    out = []
+    if row["listener"] != row["expected"]:
+        out.append(f"port 8000 is {row['listener']}, the pod's env asks for {row['expected']}")
+    if row["healthz"] != 200:
+        out.append(f"/-/healthz answered {row['healthz']}")
+    if row["search"] != 200 or row["rank1"] != QUERY[1]:
+        out.append(f"search: HTTP {row['search']}, rank 1 {row['rank1']!r} (expected {QUERY[1]!r}) {row['error'] or ''}")
+    if row["wrong_key"] != 401:
+        out.append(f"a wrong key got HTTP {row['wrong_key']}, not 401")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cluster.rehearse_service", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--overlay", default="cpu-dev", help="k8s/overlays/<name> or a kustomization folder")
+    ap.add_argument("--pods", action="append", default=[], metavar="GROUP=N,...",
+                    help="pods per worker group (default: each group's replicas, at least 1)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                    help="an app arg of serveConfigV2 (YAML value), e.g. local_search_max_bytes=0")
+    ap.add_argument("--code", default=None, help="the qrag-ray checkout every node imports (default: this environment's)")
+    ap.add_argument("--work", default=None, help="folder for the pods' paths (default: a new temporary folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (the pods' folders, the index)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds the app may take to be RUNNING")
+    a = ap.parse_args(argv)
+    if why := pod_network.unavailable():
+        print(f"error: {why}; the serving rehearsal gives every pod its own network", file=sys.stderr)
+        return 2
+    work = Path(a.work or tempfile.mkdtemp(prefix="qrs-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    pods = {k: int(v) for k, v in parse_pairs(a.pods, "pods").items()}
+    r = prepare(a.overlay, work, pods=pods, app_args=parse_pairs(a.settings, "set"),
+                code=str(Path(a.code).resolve()) if a.code else None)
+    for i, s in enumerate(r.shapes):
+        print(f"  {s.name}: {r.net.ip(i)}, {s.num_cpus} CPUs, {(s.memory or 0) / 2**30:.0f} GiB", file=sys.stderr)
+    os.environ["RAY_AUTH_TOKEN"] = r.token  # this process watches the nodes start: the cluster's token
+    rows, problems, seconds, placed = [], [], {}, {}
+    try:
+        t0 = time.monotonic()
+        build_tenant(r)
+        seconds["index"] = round(time.monotonic() - t0, 1)
+        start(r)
+        seconds["cluster"] = round(time.monotonic() - t0 - seconds["index"], 1)
+        placed = replicas_per_pod(r, deploy(r, a.timeout))
+        seconds["deploy"] = round(time.monotonic() - t0 - seconds["index"] - seconds["cluster"], 1)
+        rows = [ask_pod(r, i) for i in range(len(r.pods))]
+        problems = [f"{row['pod']}: {p}" for row in rows for p in verdict(row)]
+    except RuntimeError as e:
+        problems.append(str(e))
+    finally:
+        stopped = stop(r)
+    for row in rows:
+        print(f"  {row['pod']} {row['ip']}:8000 ({placed.get(row['pod'], 0)} replicas) {row['listener']}: healthz {row['healthz']}, search {row['search']} "
+              f"({row['search_ms']} ms, path {row['path']}, rank 1 {row['rank1']}), wrong key {row['wrong_key']}",
+              file=sys.stderr)
+    print("\n".join(problems) or "every pod serves the tenant on port 8000 as the manifest means", file=sys.stderr)
+    print(json.dumps({"overlay": r.overlay, "ok": not problems and stopped, "net": r.net.tag, "pods": rows,
+                      "replicas": placed,
+                      "seconds": seconds,
+                      "problems": problems, "work": str(work)}))
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if not problems and stopped else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
