@@ -219,11 +219,13 @@ def c1(engine, url: str, queries: list[str], k: int, app: str | None = None) -> 
 
 def request_path_cpu(by_process: dict[str, float], app: str | None = None) -> float:
     """CPU ms per request of the processes a request passes through (`app`'s replicas, else every app's,
-    and Serve's proxy or HAProxy ingress): the controller, dashboard agent and idle workers cost CPU per
+    and Serve's proxy or HAProxy ingress: HAProxy and its manager actor, which reads the line HAProxy
+    writes per request for Serve's metrics): the controller, dashboard agent and idle workers cost CPU per
     second whatever the load, so dividing theirs by the requests of an interval says more about its
     length than about a request."""
     replicas = f"ray::ServeReplica:{app}:" if app else "ray::ServeReplica"
-    return sum(v for n, v in by_process.items() if n.startswith((replicas, "ray::ProxyActor", "haproxy")))
+    return sum(v for n, v in by_process.items()
+               if n.startswith((replicas, "ray::ProxyActor", "ray::HAProxyManager", "haproxy")))
 
 
 def cpu_by_process(before: dict, after: dict, requests: int) -> dict[str, float]:

@@ -14,7 +14,7 @@ from ray import serve
 
 from qrag_ray.serving import api_models as m
 from qrag_ray.serving.answer import Answerer
-from qrag_ray.serving.config import AppArgs, assigned_cpus
+from qrag_ray.serving.config import AppArgs
 from qrag_ray.serving.encoder import QueryEncoder
 from qrag_ray.serving.errors import ApiError, overloaded
 from qrag_ray.serving.fetch import Fetcher
@@ -42,7 +42,11 @@ class Router:
         self.registry = TenantRegistry.from_file(a.tenants) if a.tenants else TenantRegistry(a.load_tenants())
         self.limiter = RateLimiter()
         self._configure_limits()
-        self.encoder = QueryEncoder(threads=assigned_cpus())
+        # one intra-op thread (torch or ONNX Runtime): the encoder runs one model call at a time beside the event
+        # loop and the small tenants' searches, which the replica's other CPUs are for; a pool of intra-op
+        # threads spins at its barriers whenever the node's cores are busy, the load at which CPU per
+        # request counts
+        self.encoder = QueryEncoder(threads=1)
         self.local = ShardStore(a.router_cache_bytes, a.faiss_threads)
         self.versions = TenantVersions(
             IndexReader(len(self.shards) * a.shards_per_searcher, a.local_search_max_bytes),
