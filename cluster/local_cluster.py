@@ -9,9 +9,9 @@ Each node is a separate raylet with its own ports and its own resources (custom 
 `node_b`, ... per worker, `head` on the head). The cluster is addressed on loopback (GCS address,
 dashboard and agents on 127.0.0.1, or a node's own address in a network of pods: cluster/pod_network.py);
 note that Ray 2.60 replaces a loopback `--node-ip-address` by the host's own IP and its gRPC servers listen
-on all interfaces, so keep the port range firewalled on a machine that has a public interface. The whole cluster lives in
-its own directory (`/tmp/qrag-lc-<name>`: Ray temp dir, state file, logs), so it never touches the
-default `/tmp/ray` session other people on the box may be running.
+on all interfaces, so keep the port range firewalled on a machine that has a public interface. The whole
+cluster lives in its own directory (`/tmp/qrag-lc-<name>`: Ray temp dir, state file, logs), so it never
+touches the default `/tmp/ray` session other people on the box may be running.
 
 Teardown never uses `ray stop` (that kills every Ray process of the user, including other people's
 clusters). Every process `ray start` spawns inherits the environment variable QRAG_LOCAL_CLUSTER=<dir>
