@@ -85,9 +85,12 @@ def send(r: rs.ServiceRehearsal, queries: list[str], concurrency: int) -> list[d
 
 
 def run_layout(layout: str, queries: list[str], warmup: int, concurrency: int, timeout: float,
-               router_cpus: float | None) -> dict:
-    r = rs.prepare("cpu-dev", Path(tempfile.mkdtemp(prefix="qrs-")), app_args={"local_search_max_bytes": "0"},
-                   token=os.environ["RAY_AUTH_TOKEN"])
+               router_cpus: float | None, group: int) -> dict:
+    r = rs.prepare("cpu-dev", Path(tempfile.mkdtemp(prefix="qrs-")), token=os.environ["RAY_AUTH_TOKEN"],
+                   app_args={"local_search_max_bytes": "0", "shards_per_searcher": str(group)})
+    groups = -(-int(rs.app_config(r)["args"]["shards"]) // group)  # the ShardSearcher deployments that exist
+    rs.app_config(r)["deployments"] = [d for d in rs.deployments(r) if not d["name"].startswith("ShardSearcher")
+                                 or int(d["name"][len("ShardSearcher"):]) < groups]
     if router_cpus:
         for dep in rs.deployments(r):
             if dep["name"] == "Router":
@@ -144,6 +147,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds each app may take to be RUNNING")
+    ap.add_argument("--shards-per-searcher", type=int, default=1,
+                    help="shards one ShardSearcher deployment searches (app arg shards_per_searcher), both layouts")
     ap.add_argument("--router-cpus", type=float, default=None,
                     help="the Router's num_cpus (its torch threads) instead of serveConfigV2's, in both layouts")
     ap.add_argument("--out", default="runs/bench_rayservice.json")
@@ -156,7 +161,7 @@ def main() -> int:
     runs = []
     for rnd in range(a.rounds):
         for layout in ("haproxy", "proxy") if rnd % 2 == 0 else ("proxy", "haproxy"):
-            runs.append({"round": rnd, **run_layout(layout, queries, a.warmup, a.concurrency, a.timeout, a.router_cpus)})
+            runs.append({"round": rnd, **run_layout(layout, queries, a.warmup, a.concurrency, a.timeout, a.router_cpus, a.shards_per_searcher)})
             print(f"round {rnd} {layout}: done", file=sys.stderr)
     import shutil
 

@@ -98,14 +98,14 @@ def build_tenant(r: ServiceRehearsal, timeout: float = 900.0) -> None:
     index = Path(map_text(INDEX, r.paths))
     corpus = r.work / "corpus.jsonl"
     write_corpus(corpus, "jsonl", 6)
-    shards = max(1, min(4, int(_app(r).get("args", {}).get("shards") or 1)))
+    shards = max(1, min(4, int(app_config(r).get("args", {}).get("shards") or 1)))
     cli = [sys.executable, "-m", "qrag_ray.cli"]
     run = subprocess.run([*cli, "index", "--input", str(corpus), "--output", str(index), "--representation", "chunk",
                           "--generator", "none", "--shards", str(shards), "--no-bm25", "--overwrite"],
                          capture_output=True, text=True, timeout=timeout)
     if run.returncode != 0:
         raise RuntimeError(f"qrag index failed: {(run.stdout + run.stderr)[-2000:]}")
-    tenants = Path(_app(r)["args"]["tenants"])
+    tenants = Path(app_config(r)["args"]["tenants"])
     add = subprocess.run([*cli, "tenants", "add", "--file", str(tenants), "--name", TENANT, "--index", str(index)],
                          capture_output=True, text=True, timeout=120)
     if add.returncode != 0:
@@ -113,13 +113,14 @@ def build_tenant(r: ServiceRehearsal, timeout: float = 900.0) -> None:
     r.key = add.stdout.strip().splitlines()[-1]
 
 
-def _app(r: ServiceRehearsal) -> dict:
+def app_config(r: ServiceRehearsal) -> dict:
+    """The app's entry of the serve config the rehearsal deploys (its args, deployments; change before `deploy`)."""
     return (r.serve_config.get("applications") or [{}])[0]
 
 
 def deployments(r: ServiceRehearsal) -> list[dict]:
     """The app's `deployments:` entries of the serve config the rehearsal deploys (change them before `deploy`)."""
-    return _app(r).setdefault("deployments", [])
+    return app_config(r).setdefault("deployments", [])
 
 
 def start(r: ServiceRehearsal, timeout: float = 300.0) -> lc.ClusterState:
