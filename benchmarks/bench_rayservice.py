@@ -19,6 +19,7 @@ share the layout wins; CPU per request is the figure to compare.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -41,24 +42,18 @@ from qrag_ray.serving.config import CLUSTER_INGRESS_ENV  # noqa: E402
 
 from bench_big_tenant import cpu_by_process, request_path_cpu  # noqa: E402
 from bench_serving import make_queries, pct  # noqa: E402
+from bench_serving_compare import cpu_by_title  # noqa: E402
 
 
 def pods_cpu(r: rs.ServiceRehearsal) -> dict[str, float]:
-    """CPU seconds so far per process title of every process in the pods' networks (several of one title
-    summed; a worker's title without the method it runs at the moment)."""
+    """CPU seconds so far per process title of every process in the pods' networks."""
     import psutil
 
-    out: dict[str, float] = {}
+    procs = []
     for pid in (p for i in range(len(r.pods)) for p in pod_network.netns_pids(r.net.netns(i))):
-        try:
-            p = psutil.Process(pid)
-            cmd = " ".join(p.cmdline() or []) or p.name()
-            name = "haproxy" if p.name() == "haproxy" else cmd.split()[0].split(".")[0]
-            t = p.cpu_times()
-            out[name] = out.get(name, 0.0) + t.user + t.system
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    return cpu_by_title(procs, every=True)
 
 
 def send(r: rs.ServiceRehearsal, queries: list[str], concurrency: int) -> list[dict]:

@@ -253,7 +253,6 @@ def ray_cpu_by_process() -> dict[str, float]:
     a process whose method changed between two readings would count all its CPU since it started."""
     import psutil
 
-    out: dict[str, float] = {}
     # this run's Ray only, not another user's on a shared machine: the processes this driver started (its
     # in-process Ray's raylet, GCS, workers and what they started), or those of the cluster started for it
     if tmp := os.environ.get("QRAG_BENCH_RAY_TEMP_DIR"):
@@ -261,13 +260,27 @@ def ray_cpu_by_process() -> dict[str, float]:
         procs = list({q.pid: q for r in roots for q in (r, *r.children(recursive=True))}.values())
     else:
         procs = psutil.Process().children(recursive=True)
+    return cpu_by_title(procs)
+
+
+def cpu_by_title(procs: list, every: bool = False) -> dict[str, float]:
+    """CPU seconds so far per title of `procs` (psutil processes), several of one title summed: Ray's
+    workers (`ray::...`, without the method they run) and Serve's HAProxy ingress, or with `every` each of
+    them (another by its command's first word: a raylet, the GCS, an agent)."""
+    import psutil
+
+    out: dict[str, float] = {}
     for p in procs:
         try:
-            cmd = " ".join(p.cmdline() or [])
-            if cmd.startswith("ray::") or p.name() == "haproxy":  # Serve's HAProxy ingress, this run's own
-                t = p.cpu_times()
-                name = cmd.split()[0].split(".")[0] if cmd.startswith("ray::") else "haproxy"
-                out[name] = out.get(name, 0.0) + t.user + t.system
+            cmd = " ".join(p.cmdline() or []) or p.name()
+            if p.name() == "haproxy":  # Serve's HAProxy ingress, this run's own
+                name = "haproxy"
+            elif cmd.startswith("ray::") or every:
+                name = cmd.split()[0].split(".")[0]
+            else:
+                continue
+            t = p.cpu_times()
+            out[name] = out.get(name, 0.0) + t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out

@@ -38,6 +38,7 @@ import yaml
 from cluster import local_cluster as lc
 from cluster.index_compare import differences
 from cluster.pod_layout import POD_HOME, JobPlan, Pod, job_plan, local_paths, map_env, map_text
+from cluster.pod_network import PodNetwork
 from cluster.readonly import make_readonly
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +67,7 @@ class Rehearsal:
 
     @property
     def readonly(self) -> list[str]:
-        return sorted({f for s in self.shapes for f in s.readonly})
+        return readonly_folders(self.shapes)
 
 
 def parse_pairs(items: list[str], what: str) -> dict[str, str]:
@@ -147,6 +148,23 @@ def node_env(pod: Pod, paths: dict[str, Path], token: str, code: str | None) -> 
     return env
 
 
+def pod_shapes(pods: tuple[Pod, ...], work: Path, token: str, code: str | None,
+               net: PodNetwork | None = None) -> tuple[list[lc.NodeShape], dict[str, Path]]:
+    """Every pod's folders laid out under `work` and the node it runs as (its resources, environment and
+    read-only folders; in a network of pods, its own address and namespace); and the head's pod path -> local
+    folder."""
+    shapes, laid_out = [], [lay_out_pod(pod, work) for pod in pods]
+    for i, (pod, (paths, readonly)) in enumerate(zip(pods, laid_out)):
+        shapes.append(lc.NodeShape(pod.name, pod.num_cpus, pod.num_gpus, pod.memory or None,
+                                   env=node_env(pod, paths, token, code), readonly=readonly,
+                                   **({"ip": net.ip(i), "netns": net.exec_prefix(i)} if net else {})))
+    return shapes, laid_out[0][0]
+
+
+def readonly_folders(shapes: list[lc.NodeShape]) -> list[str]:
+    return sorted({f for s in shapes for f in s.readonly})
+
+
 def default_token() -> str:
     """This machine's Ray token, by Ray's own lookup (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token),
     made first when there is none (for a cluster other drivers on this machine join too)."""
@@ -167,12 +185,7 @@ def prepare(overlay: str, work: Path, *, pods: dict[str, int] | None = None, env
     path = Path(overlay) if Path(overlay).is_dir() else REPO / "k8s" / "overlays" / overlay
     plan = job_plan(render_kustomization(path), pods)
     token = token or secrets.token_hex(32)
-    shapes, head_paths = [], None
-    for pod in plan.pods:
-        paths, readonly = lay_out_pod(pod, work)
-        head_paths = head_paths or paths
-        shapes.append(lc.NodeShape(pod.name, pod.num_cpus, pod.num_gpus, pod.memory or None,
-                                   env=node_env(pod, paths, token, code), readonly=readonly))
+    shapes, head_paths = pod_shapes(plan.pods, work, token, code)
     for pod_path, text in plan.files.items():
         local = Path(map_text(pod_path, head_paths))
         local.parent.mkdir(parents=True, exist_ok=True)

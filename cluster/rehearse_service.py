@@ -41,7 +41,7 @@ from cluster import pod_network
 from cluster.gcs_nodes import live_nodes
 from cluster.pod_layout import Pod, map_text, service_plan
 from cluster.readonly import make_readonly
-from cluster.rehearse import REPO, lay_out_pod, node_env, parse_pairs, write_corpus
+from cluster.rehearse import REPO, parse_pairs, pod_shapes, readonly_folders, write_corpus
 
 TENANT = "rehearsal"
 INDEX = "/mnt/qrag/indexes/rehearsal"  # pod path on the claim every pod mounts
@@ -66,7 +66,7 @@ class ServiceRehearsal:
 
     @property
     def readonly(self) -> list[str]:
-        return sorted({f for s in self.shapes for f in s.readonly})
+        return readonly_folders(self.shapes)
 
 
 def prepare(overlay: str, work: Path, *, pods: dict[str, int] | None = None, app_args: dict[str, str] | None = None,
@@ -79,13 +79,7 @@ def prepare(overlay: str, work: Path, *, pods: dict[str, int] | None = None, app
     path = Path(overlay) if Path(overlay).is_dir() else REPO / "k8s" / "overlays" / overlay
     pod_list, config = service_plan(render_kustomization(path), pods)
     token, net = token or secrets.token_hex(32), pod_network.plan(len(pod_list))
-    shapes, head_paths = [], None
-    for i, pod in enumerate(pod_list):
-        paths, readonly = lay_out_pod(pod, work)
-        head_paths = head_paths or paths
-        shapes.append(lc.NodeShape(pod.name, pod.num_cpus, pod.num_gpus, pod.memory or None,
-                                   env=node_env(pod, paths, token, code), readonly=readonly,
-                                   ip=net.ip(i), netns=net.exec_prefix(i)))
+    shapes, head_paths = pod_shapes(pod_list, work, token, code, net)
     for app in config.get("applications") or []:
         app["args"] = {**(app.get("args") or {}), **{k: yaml.safe_load(v) for k, v in (app_args or {}).items()}}
     config = json.loads(map_text(json.dumps(config), head_paths))

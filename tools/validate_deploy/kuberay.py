@@ -112,7 +112,7 @@ def check_haproxy_timeout(cfg: Any) -> list[str]:
     the two must say the same."""
     from qrag_ray.serving.config import CLUSTER_INGRESS_ENV
 
-    want = ((cfg or {}).get("http_options") or {}).get("request_timeout_s") if isinstance(cfg, dict) else None
+    want = (cfg.get("http_options") or {}).get("request_timeout_s") if isinstance(cfg, dict) else None
     have = CLUSTER_INGRESS_ENV["RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"]
     if want is None or str(want) != have:
         return [f"serveConfigV2 http_options.request_timeout_s is {want}, HAProxy's server timeout "
