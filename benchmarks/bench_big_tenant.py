@@ -55,8 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_serving import free_port, make_queries, pct  # noqa: E402
-from bench_serving_compare import (app_env, baseline_tree, block, check_trees, direct_ingress_urls,  # noqa: E402
-                                   ingress_env, ray_cpu_by_process, start_ray, wait_ready)
+from process_cpu import cpu_by_process, ray_cpu_by_process, request_path_cpu  # noqa: E402
+from serve_harness import (app_env, baseline_tree, block, check_trees, direct_ingress_urls,  # noqa: E402
+                           ingress_env, start_ray, wait_ready)
 from filtered_search import buckets, exact_top, print_filtered, run_filtered  # noqa: E402
 
 WORDS = ("index shard vector replica query tenant router chunk passage question answer cluster memory "
@@ -215,23 +216,6 @@ def c1(engine, url: str, queries: list[str], k: int, app: str | None = None) -> 
     out.update(same_ranking=same / len(queries), paths=sorted(paths),
                served_parts_p50_ms={n: pct(v, 50) for n, v in parts_ms.items()})
     return out
-
-
-def request_path_cpu(by_process: dict[str, float], app: str | None = None) -> float:
-    """CPU ms per request of the processes a request passes through (`app`'s replicas, else every app's,
-    and Serve's proxy or HAProxy ingress: HAProxy and its manager actor, which reads the line HAProxy
-    writes per request for Serve's metrics): the controller, dashboard agent and idle workers cost CPU per
-    second whatever the load, so dividing theirs by the requests of an interval says more about its
-    length than about a request."""
-    replicas = f"ray::ServeReplica:{app}:" if app else "ray::ServeReplica"
-    return sum(v for n, v in by_process.items()
-               if n.startswith((replicas, "ray::ProxyActor", "ray::HAProxyManager", "haproxy")))
-
-
-def cpu_by_process(before: dict, after: dict, requests: int) -> dict[str, float]:
-    """CPU ms per request of each Ray process title over an interval (those that used any)."""
-    d = {n: 1000 * (v - before.get(n, 0.0)) / max(1, requests) for n, v in after.items()}
-    return {n: round(v, 2) for n, v in sorted(d.items(), key=lambda t: -t[1]) if v > 0.05}
 
 
 def concurrent(engine, urls: dict[str, str], queries: list[str], k: int, c: int, rounds: int) -> dict:

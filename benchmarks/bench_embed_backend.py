@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_embedding import corpus_texts  # noqa: E402
+from embed_workloads import corpus_texts  # noqa: E402
 
 
 def main() -> int:

@@ -42,7 +42,6 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -52,97 +51,12 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-SHAPE_DIR = REPO / "benchmarks" / "gpu" / "minilm-shape"
+
+from embed_sink_timing import (FileCount, chunks, sink_batch, sink_vectors, time_sink, time_stage,  # noqa: E402
+                               time_tokenize, tokenize_batch, worker_init)
+from embed_workloads import pick_model, workloads  # noqa: E402
 
 TODAY_MICRO_BATCH = 64  # EmbedderConfig.batch_size, the micro-batch builds pass to encode_canonical
-
-
-def corpus_texts(path: str | None, limit: int) -> tuple[list[str], str]:
-    """Sentences and 200-token chunks of a real corpus: the texts atom-sentence/hybrid indexes embed."""
-    from qrag_ray.text.chunking import token_windows
-    from qrag_ray.text.sentences import split_sentences
-
-    if path:
-        docs = [json.loads(line)["text"] for line in Path(path).read_text().splitlines() if line.strip()]
-        source = path
-    else:
-        docs, source = _pydoc_docs()
-    texts: list[str] = []
-    for d in docs:
-        texts += token_windows(d, 200, 20)
-        texts += split_sentences(d)
-    return texts[:limit], source
-
-
-def _pydoc_docs() -> tuple[list[str], str]:
-    from pydoc_data.topics import topics
-
-    from qrag_ray.io.pydoc_corpus import unwrap
-
-    return [unwrap(topics[k]) for k in sorted(topics)], "pydoc_data.topics (Python language reference)"
-
-
-def workloads(passages: int, questions: int) -> dict[str, list[str]]:
-    """Passages (64-word windows, ~90 MiniLM tokens) and questions (sentences of 6-16 words) from the
-    Python reference, repeated to the sizes asked (throughput depends on lengths, not on content)."""
-    from qrag_ray.text.sentences import split_sentences
-
-    docs, _ = _pydoc_docs()
-    pas, qs = [], []
-    for d in docs:
-        w = d.split()
-        pas += [" ".join(w[i:i + 64]) for i in range(0, len(w) - 63, 64)]
-        qs += [s for s in split_sentences(d) if 6 <= len(s.split()) <= 16]
-    return {"passages": [pas[i % len(pas)] for i in range(passages)],
-            "questions": [qs[i % len(qs)] for i in range(questions)]}
-
-
-def random_init_model(out: Path) -> Path:
-    """A sentence-transformers folder of all-MiniLM-L6-v2's shape with seeded random weights (the
-    shipped config, pooling and tokenizer files plus freshly initialised BERT weights)."""
-    import shutil
-
-    import torch
-    from transformers import BertConfig, BertModel
-
-    shutil.copytree(SHAPE_DIR, out, dirs_exist_ok=True)
-    torch.manual_seed(0)
-    BertModel(BertConfig.from_pretrained(str(SHAPE_DIR))).save_pretrained(str(out))
-    return out
-
-
-def pick_model(name: str, random_init: bool, tmp: Path) -> tuple[str, str]:
-    if not random_init:
-        try:
-            from qrag_ray.models.registry import resolve_embedder
-
-            return resolve_embedder(name), name
-        except Exception as e:  # the weights package is not installed on a bare GPU box
-            print(f"{name} not available ({e}); using a random-init model of its shape")
-    os.environ.setdefault("QRAG_ONNX_CACHE", str(tmp / "onnx"))  # a throwaway model's graph goes with it
-    return str(random_init_model(tmp / "minilm-shape-random")), "all-MiniLM-L6-v2 shape, random init (seed 0)"
-
-
-# ------------------------------------------------------------------------ host tokenizer workers
-
-_TOKENIZE = None
-
-
-def _worker_init(model: str) -> None:
-    global _TOKENIZE
-    from qrag_ray.embedding.tokens import Tokenize
-
-    _TOKENIZE = Tokenize(model)
-
-
-def _tokenize(chunk: tuple[np.ndarray, list[str]]) -> dict:
-    rows, texts = chunk
-    return _TOKENIZE({"row": rows, "embed_text": np.asarray(texts, dtype=object)})
-
-
-def chunks(texts: list[str], rows: int):
-    for s in range(0, len(texts), rows):
-        yield np.arange(s, min(s + rows, len(texts))), texts[s:s + rows]
 
 
 # ------------------------------------------------------------------------------- measurements
@@ -177,81 +91,6 @@ def time_ceiling(fwd, ids: np.ndarray, lens: np.ndarray, device: str) -> float:
     for x, n in staged:
         fwd.embed(x, n)
     sync(device)
-    return time.perf_counter() - t
-
-
-def sink_batch(tok: dict, shards: int) -> dict:
-    """The columns the pipeline's vector rows carry, around a tokenized batch (row = chunk_idx), each
-    row on its chunk's shard by the build's placement rule."""
-    from qrag_ray.index.format import shard_of
-
-    rows = tok["row"]
-    n = len(rows)
-    shard = shard_of(rows, shards).astype(np.int32)
-    return {**tok, "chunk_idx": rows.astype(np.int64), "kind": np.full(n, "sentence", object),
-            "ord": np.zeros(n, np.int64), "text": tok["embed_text"], "qn": np.full(n, -1, np.int64),
-            "shard": shard, "store": np.ones(n, bool)}
-
-
-class FileCount:
-    """Counts the checkpoint files written (every one passes qrag_ray.index.format.atomic_write, by
-    name in the modules that import it) and makes every write wait `latency_s` first (--file-latency-ms),
-    the sink's progress notes too; the notes (one file per sink, rewritten) are not counted as files."""
-
-    def __init__(self, latency_s: float):
-        import qrag_ray.index.format as fmt
-
-        self.latency_s, self.files, self.lock, real = latency_s, 0, threading.Lock(), fmt.atomic_write
-
-        def counted(path, write, suffix=""):
-            if "progress" not in Path(path).parts:
-                with self.lock:
-                    self.files += 1
-            time.sleep(self.latency_s)
-            real(path, write, suffix)
-
-        for m in list(sys.modules.values()):
-            if getattr(m, "__name__", "").startswith("qrag_ray") and getattr(m, "atomic_write", None) is real:
-                m.atomic_write = counted
-
-
-def time_sink(sink, batches, threads: int) -> float:
-    """`threads` calls at a time, as Ray Data's actor runs them (max_concurrent_calls_per_actor)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    t = time.perf_counter()
-    with ThreadPoolExecutor(threads) as ex:
-        list(ex.map(sink, batches))
-    return time.perf_counter() - t
-
-
-def time_stage(sink, pool: ProcessPoolExecutor, texts: list[str], rows: int, threads: int, shards: int) -> float:
-    """Texts in, parts out: workers tokenize batches ahead while the sink runs `threads` calls at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    t = time.perf_counter()
-    with ThreadPoolExecutor(threads) as ex:
-        list(ex.map(sink, (sink_batch(b, shards) for b in pool.map(_tokenize, chunks(texts, rows)))))
-    return time.perf_counter() - t
-
-
-def sink_vectors(work: Path, n: int) -> np.ndarray:
-    """The vectors an EmbedSink wrote, by row (chunk_idx)."""
-    import pyarrow.parquet as pq
-
-    out = None
-    for f in sorted((work / "vectors").rglob("*.parquet")):
-        t = pq.read_table(f, columns=["chunk_idx", "vector"])
-        v = np.asarray(t.column("vector").combine_chunks().flatten()).reshape(t.num_rows, -1)
-        out = np.zeros((n, v.shape[1]), np.float32) if out is None else out
-        out[t.column("chunk_idx").to_numpy()] = v
-    return out
-
-
-def time_tokenize(pool: ProcessPoolExecutor, texts: list[str], rows: int) -> float:
-    t = time.perf_counter()
-    for _ in pool.map(_tokenize, chunks(texts, rows)):
-        pass
     return time.perf_counter() - t
 
 
@@ -319,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_path, model_name = pick_model(a.model, a.random_init, Path(tmp))
         # the pool starts (spawn) before CUDA is touched, and is warmed so its start-up is not timed
-        pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
+        pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=worker_init,
                                    initargs=(model_path,))
-        list(pool.map(_tokenize, [(np.arange(1), ["warm up"])] * workers * 2))
+        list(pool.map(tokenize_batch, [(np.arange(1), ["warm up"])] * workers * 2))
         try:
             run(a, pool, model_path, model_name, n_pas, n_q, dtypes, tpbs, workers, cpus, Path(tmp))
         finally:
@@ -383,7 +222,7 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
         w["tokenize_texts_per_s"] = round(len(tx) / time_tokenize(pool, tx, a.rows_per_batch), 1)
         print(f"{wl}: {len(tx)} texts, {w['mean_tokens']} tokens on average; {workers} tokenizer workers alone "
               f"{w['tokenize_texts_per_s']:.0f} texts/s", flush=True)
-        batches = list(pool.map(_tokenize, chunks(tx, a.rows_per_batch)))
+        batches = list(pool.map(tokenize_batch, chunks(tx, a.rows_per_batch)))
         sub = tx[:a.today_limit]
         reset_peak(a.device)
         today_s, ref = time_today(base, sub, a.device)

@@ -34,15 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-# this tree's modules first: bench_big_tenant's imports take the tree off sys.path (for the Ray drivers they start)
-import tools.validate_deploy.render  # noqa: E402,F401 - rehearse_service.prepare imports it when it runs
 from cluster import pod_network, rehearse_service as rs  # noqa: E402
 from cluster.pod_layout import map_text  # noqa: E402
 from qrag_ray.serving.config import CLUSTER_INGRESS_ENV  # noqa: E402
 
-from bench_big_tenant import cpu_by_process, request_path_cpu  # noqa: E402
 from bench_serving import make_queries, pct  # noqa: E402
-from bench_serving_compare import cpu_by_title  # noqa: E402
+from process_cpu import cpu_by_process, cpu_by_title, request_path_cpu  # noqa: E402
 
 
 def pods_cpu(r: rs.ServiceRehearsal) -> dict[str, float]:

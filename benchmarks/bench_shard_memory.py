@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_serving_compare import baseline_tree
+from serve_harness import baseline_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -49,10 +49,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_big_tenant import cpu_by_process, request_path_cpu  # noqa: E402
 from bench_serving import free_port, make_queries, pct  # noqa: E402
-from bench_serving_compare import (app_env, baseline_tree, check_trees, direct_ingress_urls,  # noqa: E402
-                                   ingress_env, ray_cpu_by_process, start_ray)
+from process_cpu import cpu_by_process, ray_cpu_by_process, request_path_cpu  # noqa: E402
+from serve_harness import (app_env, baseline_tree, check_trees, direct_ingress_urls, ingress_env,  # noqa: E402
+                           start_ray)
 
 
 def build_indexes(workdir: Path, n: int) -> list[Path]:

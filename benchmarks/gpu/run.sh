@@ -112,7 +112,7 @@ fi
 if [ "$DEVICE" = cuda ]; then
   MODEL="$OUT/minilm-shape-random"
   "$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
-from bench_embedding import random_init_model; random_init_model(Path(sys.argv[1]))" "$MODEL" || exit 0
+from embed_workloads import random_init_model; random_init_model(Path(sys.argv[1]))" "$MODEL" || exit 0
   # the carry's FAISS is the CPU build: the shard tasks hold no GPU they cannot use
   IDX=(--sizes "${N_INDEX:-1000000}" --num-gpus 1 --embedder "$MODEL" --rows-per-part 65536 --faiss-use-gpu false)
 else
