@@ -1,7 +1,7 @@
 """Serve's own cost of one call from a deployment to another at concurrency 1: the floor under the
 Router's call to a ShardSearcher (what a big tenant's query pays beyond the shards' searches); and,
-inside one replica, what a lone request pays for the Router's query batch (`@serve.batch`, a batch of
-one) and for one worker-thread hop (`asyncio.to_thread`): what a small tenant's lone request pays
+inside one replica, what a lone request pays for the Router's shared call (serving/coalesce.py, a call
+of its own) and for one worker-thread hop (`asyncio.to_thread`): what a small tenant's lone request pays
 beyond the search.
 
     python benchmarks/bench_serve_call.py [--calls 300] [--out runs/bench_serve_call.json]
@@ -11,8 +11,8 @@ Callee whose methods return at once a reply shaped like a small shard reply (two
 2 KB of text): plainly, with a multiplexed model id (as tenant affinity sends it), and with the reply
 made in a worker thread (as a shard search is). Both replicas run with qrag's SERVE_PROCESS_ENV (the
 call over gRPC, user code on the replica's own loop), on a local Ray started in-process. The Caller
-also times, in its own replica, `await self.batched(x)` (a `@serve.batch` method with the Router's
-batch options, returning its input) and `await asyncio.to_thread(...)` of a no-op, each against a plain
+also times, in its own replica, `await self.passes.submit(key, x)` (a Coalescer as the Router's search
+passes use it, whose call returns its input) and `await asyncio.to_thread(...)` of a no-op, each against a plain
 `await` of an async no-op.
 """
 
@@ -67,10 +67,13 @@ def main() -> int:
     @serve.deployment
     class Caller:
         def __init__(self, callee):
-            self.callee = callee
+            from qrag_ray.serving.coalesce import Coalescer
+            from qrag_ray.serving.query_batch import PASS_QUERIES
 
-        @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0, max_concurrent_batches=2)  # the Router's
-        async def batched(self, xs: list) -> list:
+            self.callee = callee
+            self.passes = Coalescer(self.one_pass, PASS_QUERIES)
+
+        async def one_pass(self, key, xs: list) -> list:
             return xs
 
         async def awaited(self, x):
@@ -80,7 +83,7 @@ def main() -> int:
             """Each method's call latencies in ms, after 20 warm-up calls."""
             x = np.random.rand(1, 64).astype(np.float32)
             out = {}
-            inside = {"in-replica await": self.awaited, "in-replica batch of one": self.batched,
+            inside = {"in-replica await": self.awaited, "in-replica shared call of one": lambda v: self.passes.submit(0, v),
                       "in-replica thread hop": lambda v: asyncio.to_thread(lambda: v)}
             for name, step in inside.items():
                 lat = []

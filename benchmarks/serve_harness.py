@@ -146,7 +146,7 @@ async def block(url: str, queries: list[str], k: int, concurrency: int) -> tuple
     import httpx
 
     sem = asyncio.Semaphore(concurrency)
-    ok, errors, lat, batches = 0, 0, [], []
+    ok, errors, lat, batches, searched = 0, 0, [], [], []
     limits = httpx.Limits(max_connections=concurrency * 2)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         async def one(q: str):
@@ -157,11 +157,15 @@ async def block(url: str, queries: list[str], k: int, concurrency: int) -> tuple
                 if r.status_code == 200:
                     ok += 1
                     lat.append((time.perf_counter() - t0) * 1000)
-                    batches.append(r.json().get("timings", {}).get("embed_batch", 1))
+                    timings = r.json().get("timings", {})
+                    batches.append(timings.get("embed_batch", 1))
+                    searched.append(timings.get("search_batch", 1))
                 else:
                     errors += 1
 
         t0 = time.perf_counter()
         await asyncio.gather(*[one(q) for q in queries])
-        print(f"  {url} c={concurrency}: embed batch sizes mean {statistics.mean(batches or [1]):.1f}", flush=True)
+        print(f"  {url} c={concurrency}: embed batch sizes mean {statistics.mean(batches or [1]):.1f}, "
+              f"search batch sizes mean {statistics.mean(searched or [1]):.1f} "
+              f"({sum(1 / b for b in searched) / max(1, len(searched)):.3f} search passes per request)", flush=True)
         return ok, errors, time.perf_counter() - t0, lat

@@ -1,33 +1,26 @@
 """Query embedding inside the Router replica (a process hop fewer per request): models by name, loaded
 once, encoded off the event loop. Concurrent encode calls for one model share the next model call: while
-one call runs, the texts asked for meanwhile wait and then go in one call together, so a burst that Serve
-formed into several small batches is still embedded as one (nothing ever waits for a batch to fill)."""
+one call runs, the texts asked for meanwhile wait and then go in one call together (serving/coalesce.py), so
+concurrent requests' queries are embedded together and nothing ever waits for a batch to fill."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from qrag_ray.serving.coalesce import Coalescer
+
 logger = logging.getLogger("ray.serve")
-
-
-@dataclass
-class _Calls:
-    """One model's texts waiting for its next model call, and whether a call is running."""
-
-    waiting: list[tuple[list[str], asyncio.Future]] = field(default_factory=list)
-    running: asyncio.Task | None = None
 
 
 class QueryEncoder:
     def __init__(self, threads: int = 1):
         self.threads = threads
         self._models: dict[str, asyncio.Future] = {}  # name -> its load (loading or loaded)
-        self._calls: dict[str, _Calls] = {}
+        self._calls = Coalescer(self._model_call)  # per model: one call at a time, over every text waiting
         # One model call at a time: a fast tokenizer shared by two threads can fail ("Already borrowed").
         self._lock = threading.Lock()
 
@@ -60,38 +53,17 @@ class QueryEncoder:
         shared = 0
         for name in dict.fromkeys(models):
             idx = [i for i, m in enumerate(models) if m == name]
-            vecs, n = await self._call(name, [texts[i] for i in idx])
+            vecs, n = await self._calls.submit(name, [texts[i] for i in idx])
             out.update(zip(idx, vecs))
             shared = max(shared, n)
         return [out[i] for i in range(len(texts))], shared
 
-    async def _call(self, name: str, texts: list[str]) -> tuple[np.ndarray, int]:
-        calls = self._calls.setdefault(name, _Calls())
-        fut = asyncio.get_running_loop().create_future()  # a deadline cancels it, not the model call
-        calls.waiting.append((texts, fut))
-        if calls.running is None:
-            calls.running = asyncio.ensure_future(self._run(name, calls))
-        return await fut
-
-    async def _run(self, name: str, calls: _Calls) -> None:
-        """Model calls while texts wait, each over all the texts waiting when it starts."""
-        try:
-            while calls.waiting:
-                now, calls.waiting = [(ts, f) for ts, f in calls.waiting if not f.done()], []  # a deadline gave up
-                texts = [t for ts, _ in now for t in ts]
-                if not texts:
-                    continue
-                try:
-                    vecs = await asyncio.to_thread(self._encode, await self.model(name), texts)
-                except Exception as e:  # noqa: BLE001 - each caller gets the error (a model that fails to load)
-                    for _, f in now:
-                        if not f.done():
-                            f.set_exception(e)
-                    continue
-                start = 0
-                for ts, f in now:
-                    if not f.done():
-                        f.set_result((vecs[start:start + len(ts)], len(texts)))
-                    start += len(ts)
-        finally:
-            calls.running = None
+    async def _model_call(self, name: str, asked: list[list[str]]) -> list[tuple[np.ndarray, int]]:
+        """One model call over the texts of every caller waiting (each caller's own slice back)."""
+        texts = [t for ts in asked for t in ts]
+        vecs = await asyncio.to_thread(self._encode, await self.model(name), texts) if texts else np.zeros((0, 0))
+        out, start = [], 0
+        for ts in asked:
+            out.append((vecs[start:start + len(ts)], len(texts)))
+            start += len(ts)
+        return out

@@ -1,10 +1,11 @@
-"""The Router's query batches: resolve the tenant's version, then two Serve batches (`@serve.batch`; a lone
-request is a batch of one) that a request awaits in turn, once each: the embedding (one encode call for the
-queries that queued while the last one ran) and the search (one pass of the retrieval core,
-qrag_ray.search.retrieve, over the tenant's shard backend, serving/shard_backends.py, for queries of one index
-version and query parameters, so each shard is asked once for all of them). A search batch holds one such
-group: a small tenant's query is answered when its own search ends, not when a big tenant's fan-out queued
-beside it does; and the next encode runs while the searches do."""
+"""The Router's query batches: resolve the tenant's version, then two shared calls (serving/coalesce.py; a
+lone request is a call of its own) that a request awaits in turn, once each: the embedding (one model call
+for the queries that waited while the last one ran: QueryEncoder) and the search pass (one pass of the
+retrieval core, qrag_ray.search.retrieve, over the tenant's shard backend, serving/shard_backends.py, for
+the queries of one index version and query parameters that waited while that group's last pass ran, so
+each shard is asked once for all of them). A pass holds one such group: a small tenant's query is answered
+when its own pass ends, not when a big tenant's fan-out beside it does; and the next encode runs while the
+passes do."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-from ray import serve
 
 from qrag_ray.errors import QragError
 from qrag_ray.search.filters import InvalidFilter, compile_filter
@@ -20,15 +20,16 @@ from qrag_ray.search.query import NoBm25Index, Query, check_hybrid
 from qrag_ray.search.results import SearchResult
 from qrag_ray.search.retrieve import retrieve
 from qrag_ray.serving.api_models import SearchTimings
+from qrag_ray.serving.coalesce import Coalescer
 from qrag_ray.serving.errors import ApiError, index_unavailable
 from qrag_ray.serving.shard_backends import RemoteShards, RouterShards
 from qrag_ray.serving.shard_store import ShardKey, VersionMoved
 from qrag_ray.serving.tenants import Tenant
 from qrag_ray.serving.versions import TenantIndex, TenantVersions
 
-MAX_BATCH = 16  # queries per Serve batch (encode or search pass)
-ENCODE_BATCHES = 4  # encode batches at once (their texts share the encoder's model calls)
-SEARCH_BATCHES = 8  # search passes at once: MAX_BATCH x SEARCH_BATCHES stays within the Router's max_ongoing_requests
+# Queries per search pass: as many waiting start another pass beside the group's running one, so a group's
+# passes in flight grow with its load (what its ShardSearchers' replicas and autoscaling see) in full passes.
+PASS_QUERIES = 32
 
 
 @dataclass
@@ -73,14 +74,14 @@ class QueuedQuery:
 
     @property
     def group(self) -> tuple:
-        """Queries searched together: one version has one policy, only a request's bm25_alpha changes it;
+        """Queries searched in one pass: one version has one policy, only a request's bm25_alpha changes it;
         a filter selects its own rows."""
         return self.key, self.q.k, self.q.min_score, self.q.policy.bm25_alpha, self.q.filter
 
 
 @dataclass
 class Embedded:
-    """A query with its vector, from one encode call of `embed_batch` queries that took `embed_ms`."""
+    """A query with its vector, from a model call of `embed_batch` queries; `embed_ms` from asking to the vector."""
 
     ask: QueuedQuery
     vec: np.ndarray
@@ -88,16 +89,10 @@ class Embedded:
     embed_batch: int
 
 
-def one_group(batch: list[Embedded]) -> int:
-    """A search batch's size for Serve: its queries while they are of one group, else more than a batch may
-    hold, so Serve closes a search batch before the first query of another group (that one starts the next)."""
-    g = batch[0].ask.group
-    return len(batch) if all(e.ask.group == g for e in batch) else MAX_BATCH + 1
-
-
 class QueryBatcher:
     def __init__(self, encoder, local: RouterShards, remote: RemoteShards, versions: TenantVersions):
         self.encoder, self.local, self.remote, self.versions = encoder, local, remote, versions
+        self.passes = Coalescer(lambda group, batch: self.search_batch(batch), PASS_QUERIES)
 
     def shards(self, ti: TenantIndex) -> RouterShards | RemoteShards:
         """The one choice of where a tenant version's shards are searched."""
@@ -108,11 +103,11 @@ class QueryBatcher:
         for attempt in (1, 2):
             ti = await self.versions.current(tenant)
             ask = QueuedQuery(text, ti, ti.key(tenant.name), resolve_query(ti, tenant.name, req), stage)
-            stage["stage"] = "embedding the query"  # queued for, or in, an encode call
+            stage["stage"] = "embedding the query"  # waiting for, or in, a model call
             try:
-                embedded = await self._embed(ask)
+                embedded = await self.embed(ask)
                 stage["stage"] = "searching the shards"
-                page, timings = await self._search(embedded)
+                page, timings = await self.passes.submit(ask.group, embedded)
                 break
             except VersionMoved:  # a plain index directory was republished under this request
                 self.versions.moved(tenant.name)
@@ -122,24 +117,11 @@ class QueryBatcher:
                 raise index_unavailable(tenant.name, str(e)) from None
         return RoutedPage(page, ti.version, timings)
 
-    # No wait: a batch takes what queued. Serve forms the next batches while one encodes, and those run at
-    # once: their texts go in the encoder's next model call together (QueryEncoder), one model call at a time.
-    @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.0, max_concurrent_batches=ENCODE_BATCHES)
-    async def _embed(self, asks: list[QueuedQuery]) -> list[Embedded]:
-        return await self.embed_batch(asks)
-
-    @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.0, max_concurrent_batches=SEARCH_BATCHES,
-                 batch_size_fn=one_group)
-    async def _search(self, batch: list[Embedded]) -> list[tuple[list[SearchResult], SearchTimings]]:
-        return await self.search_batch(batch)
-
-    async def embed_batch(self, asks: list[QueuedQuery]) -> list[Embedded]:
-        """Concurrent requests' queries in one encode call per embedding model (shared with other batches'
-        queries that wait for the same model call)."""
+    async def embed(self, ask: QueuedQuery) -> Embedded:
+        """The query's vector, from a model call shared with the queries waiting beside it (QueryEncoder)."""
         t0 = time.perf_counter()
-        vecs, shared = await self.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
-        ms = (time.perf_counter() - t0) * 1000
-        return [Embedded(a, v, ms, shared) for a, v in zip(asks, vecs)]
+        vecs, shared = await self.encoder.encode([ask.text], [ask.ti.embedder])
+        return Embedded(ask, vecs[0], (time.perf_counter() - t0) * 1000, shared)
 
     async def search_batch(self, batch: list[Embedded]) -> list[tuple[list[SearchResult], SearchTimings]]:
         """Queries of one group (`QueuedQuery.group`) in one pass of the retrieval core: each shard is asked

@@ -15,7 +15,7 @@ from qrag_ray.errors import QragError
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.serving.api_models import SearchRequest
 from qrag_ray.serving.errors import ApiError
-from qrag_ray.serving.query_batch import QueryBatcher, one_group
+from qrag_ray.serving.query_batch import Embedded, QueryBatcher
 from qrag_ray.serving.shard_backends import RemoteShards
 from qrag_ray.serving.shard_store import ShardKey, VersionMoved, affinity_id
 from qrag_ray.serving.tenants import Tenant
@@ -138,21 +138,10 @@ class _Moving(_Remote):
         return await super().search(key, num_shards, qvecs, q)
 
 
-class _Unbatched(QueryBatcher):
-    """`@serve.batch` needs a Serve replica; here each request is a batch of its own (tests/serving/test_app.py
-    runs both batches in a real app; the batches themselves are `embed_batch` and `search_batch`, tested below)."""
-
-    async def _embed(self, ask):
-        return (await self.embed_batch([ask]))[0]
-
-    async def _search(self, embedded):
-        return (await self.search_batch([embedded]))[0]
-
-
 def _retriever(remote) -> tuple[QueryBatcher, _Versions, _Encoder]:
     ti = TenantIndex("/idx/v1", "v1", None, SearchConfig(), 2, "all-MiniLM-L6-v2", local=False)
     versions, enc = _Versions(ti), _Encoder()
-    return _Unbatched(enc, None, remote, versions), versions, enc
+    return QueryBatcher(enc, None, remote, versions), versions, enc
 
 
 def test_retriever_runs_the_core_over_the_tenant_backend():
@@ -184,21 +173,13 @@ def _asks(retriever, remote, *reqs: SearchRequest) -> list:
 
 
 def _batches(retriever, asks) -> list:
-    """One encode call for all asks, then one search batch per group, as Serve forms them (`one_group`):
-    each ask's (page, timings), or the error its group met."""
+    """One encode call for all asks, then the asks submitted to the search passes at once (the first pass
+    of each group starts with all of its asks waiting): each ask's (page, timings), or its group's error."""
     async def go():
-        embedded = await retriever.embed_batch(asks)
-        groups: dict = {}
-        for e in embedded:
-            groups.setdefault(e.ask.group, []).append(e)
-        out = {}
-        for batch in groups.values():
-            assert one_group(batch) == len(batch)
-            try:
-                out.update(zip(map(id, batch), await retriever.search_batch(batch)))
-            except Exception as err:  # noqa: BLE001 - Serve gives every request of the batch the error
-                out.update((id(e), err) for e in batch)
-        return [out[id(e)] for e in embedded]
+        vecs, shared = await retriever.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
+        embedded = [Embedded(a, v, 1.0, shared) for a, v in zip(asks, vecs)]
+        return await asyncio.gather(*[retriever.passes.submit(e.ask.group, e) for e in embedded],
+                                    return_exceptions=True)
     return asyncio.run(go())
 
 
@@ -221,16 +202,43 @@ def test_concurrent_queries_of_one_version_embed_in_one_call_and_ask_each_shard_
     assert [(t.embed_batch, t.search_batch) for _, t in out] == [(3, 2), (3, 2), (3, 1)]
 
 
-def test_a_search_batch_is_one_group_so_each_group_is_answered_when_its_own_search_ends():
-    """Serve closes a batch once `batch_size_fn` says it is over-full: `one_group` says so at the first
-    query of another group, so a small tenant's query never waits in a big tenant's fan-out."""
-    from qrag_ray.serving.query_batch import MAX_BATCH, Embedded
+def test_a_group_waits_only_for_its_own_pass_and_a_full_pass_starts_beside_a_running_one():
+    """Queries of one group that arrive while its pass runs go in its next pass, all together; another
+    group's query starts its own pass at once; PASS_QUERIES waiting start another pass without waiting."""
+    from qrag_ray.serving.query_batch import PASS_QUERIES
 
-    retriever, _, _ = _retriever(_Remote(HITS[:1], page=True))
-    a1, a2, b = [Embedded(x, np.zeros(4, np.float32), 1.0, 3) for x in _asks(
-        retriever, None, SearchRequest(query="a", k=2), SearchRequest(query="a", k=2), SearchRequest(query="b", k=3))]
-    assert one_group([a1, a2]) == 2 and one_group([b]) == 1
-    assert one_group([a1, a2, b]) > MAX_BATCH and one_group([b, a1]) > MAX_BATCH
+    class Blocking(_Remote):
+        def __init__(self):
+            super().__init__(HITS[:1] * PASS_QUERIES, page=True)
+            self.calls, self.release = [], asyncio.Event()
+
+        async def search(self, key, num_shards, qvecs, q):
+            self.calls.append((q.k, len(qvecs)))
+            if len(self.calls) == 1:
+                await self.release.wait()  # the group's first pass runs until released
+            return await super().search(key, num_shards, qvecs, q)
+
+    async def go():
+        remote = Blocking()
+        retriever, _, _ = _retriever(remote)
+        ask = lambda k: _asks(retriever, remote, SearchRequest(query="q", k=k))[0]  # noqa: E731
+        emb = lambda a: Embedded(a, np.zeros(4, np.float32), 1.0, 1)  # noqa: E731
+        submit = lambda k: asyncio.ensure_future(retriever.passes.submit(ask(k).group, emb(ask(k))))  # noqa: E731
+        first = submit(2)
+        await asyncio.sleep(0.01)  # its pass runs (blocked)
+        waiting = [submit(2) for _ in range(3)]
+        other = submit(1)  # another group: a pass of its own, now
+        await asyncio.wait_for(other, 5)
+        calls_while_blocked = list(remote.calls)
+        full = [submit(2) for _ in range(PASS_QUERIES - 3)]  # with the 3 waiting: a full pass starts now
+        await asyncio.wait_for(asyncio.gather(*full[-1:], *waiting), 5)
+        remote.release.set()
+        await first
+        return calls_while_blocked, remote.calls, [t.search_batch for _, t in await asyncio.gather(*waiting)]
+
+    blocked, calls, batches = asyncio.run(go())
+    assert blocked == [(2, 1), (1, 1)]
+    assert calls == [(2, 1), (1, 1), (2, PASS_QUERIES)] and batches == [PASS_QUERIES] * 3
 
 
 def test_a_groups_error_reaches_its_requests_and_not_the_others():
