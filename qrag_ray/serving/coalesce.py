@@ -11,6 +11,7 @@ which small passes pay again and again."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -34,7 +35,11 @@ class Coalescer(Generic[Item, Result]):
     one runs wait and go in the next, all of them, or `max_items` at a time. With `max_items`, that many
     waiting start another call beside the running one: a full call never waits for a partial one. A
     caller cancelled (its deadline) before its call starts is left out; one cancelled during its call
-    does not stop it for the others. `run` raising reaches every caller of that call."""
+    does not stop it for the others. `run` raising reaches every caller of that call.
+
+    A call runs in a task of its own with an empty context: it serves several requests, so it carries
+    none's (in a Serve replica, a request's context makes the handle calls made in it that request's
+    children, cancelled with it: one client going away would cancel the others' shard call)."""
 
     def __init__(self, run: Callable[[Hashable, list], Awaitable[list]], max_items: int | None = None):
         self.run, self.max_items = run, max_items
@@ -46,23 +51,35 @@ class Coalescer(Generic[Item, Result]):
             k = self._keys[key] = _Key()
         fut = asyncio.get_running_loop().create_future()  # a deadline cancels it, not the call
         k.waiting.append((item, fut))
-        if k.running == 0 or (self.max_items is not None and len(k.waiting) >= self.max_items):
-            k.running += 1
-            task = asyncio.ensure_future(self._calls(key, k))
-            k.tasks.add(task)
-            task.add_done_callback(k.tasks.discard)
+        if self.max_items is not None and len(k.waiting) >= self.max_items:  # a full call: it starts now
+            full, k.waiting = k.waiting[:self.max_items], k.waiting[self.max_items:]
+            self._start(key, k, full)
+        elif k.running == 0:  # takes what is waiting when it runs (the callers of this same tick too)
+            self._start(key, k, None)
         return await fut
 
-    async def _calls(self, key: Hashable, k: _Key) -> None:
-        """Calls while items wait, each over the items waiting when it starts (at most max_items)."""
+    def _start(self, key: Hashable, k: _Key, first: list | None) -> None:
+        k.running += 1
+        task = asyncio.get_running_loop().create_task(self._calls(key, k, first), context=contextvars.Context())
+        k.tasks.add(task)
+        task.add_done_callback(k.tasks.discard)
+
+    async def _calls(self, key: Hashable, k: _Key, first: list | None) -> None:
+        """Calls while items wait: `first`, then each over the items waiting when it starts (at most max_items)."""
         try:
-            while k.waiting:
-                n = self.max_items or len(k.waiting)
-                now, k.waiting = [(i, f) for i, f in k.waiting[:n] if not f.done()], k.waiting[n:]
+            while first is not None or k.waiting:
+                if first is None:
+                    n = self.max_items or len(k.waiting)
+                    first, k.waiting = k.waiting[:n], k.waiting[n:]
+                now, first = [(i, f) for i, f in first if not f.done()], None
                 if not now:
                     continue
                 try:
                     results = await self.run(key, [i for i, _ in now])
+                except asyncio.CancelledError:  # the task itself (the loop shutting down): its callers fail with it
+                    for _, f in now:
+                        f.cancel()
+                    raise
                 except Exception as e:  # noqa: BLE001 - each caller gets the error (a model that fails to load)
                     for _, f in now:
                         if not f.done():
@@ -73,5 +90,8 @@ class Coalescer(Generic[Item, Result]):
                         f.set_result(r)
         finally:
             k.running -= 1
-            if k.running == 0 and not k.waiting and self._keys.get(key) is k:
-                del self._keys[key]
+            if k.running == 0:  # items still waiting here have no call left to take them (a cancelled task)
+                for _, f in k.waiting:
+                    f.cancel()
+                if self._keys.get(key) is k:
+                    del self._keys[key]
