@@ -61,7 +61,7 @@ class QueryEncoder:
     async def _model_call(self, name: str, asked: list[list[str]]) -> list[tuple[np.ndarray, int]]:
         """One model call over the texts of every caller waiting (each caller's own slice back)."""
         texts = [t for ts in asked for t in ts]
-        vecs = await asyncio.to_thread(self._encode, await self.model(name), texts) if texts else np.zeros((0, 0))
+        vecs = await asyncio.to_thread(self._encode, await self.model(name), texts)
         out, start = [], 0
         for ts in asked:
             out.append((vecs[start:start + len(ts)], len(texts)))
