@@ -16,9 +16,10 @@ model, as the Router's route does:
     waits while a call runs goes in the next one, 32 waiting start another), one handle call per pass.
 Blocks of --requests at each concurrency (an httpx client in this process, as bench_big_tenant.py's);
 CPU ms per request by process, over every Ray process, and of the request path (the app's replicas:
-`process_cpu.py`). Compare the `pass` row at
-c=32 with half of the in-process search's CPU per request (bench_big_tenant.py): the most the served
-path may add for a 1.5x ratio.
+`process_cpu.py`). Serve's floor under a served search is the `http` row plus, per shard call, the `call`
+row less the `http` row, times the calls a request makes (bench_big_tenant.py prints the search passes
+per request): how much of what the served path adds to the in-process search is Serve's own. The `pass`
+row's sharing depends on how requests arrive, so it is no stand-in for the Router's passes.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the route's annotations, classes made in build()
