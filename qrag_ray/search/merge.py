@@ -247,12 +247,3 @@ def merge_hits(per_shard: list, qi: int, k: int, min_score: float | None = None,
     c = gather(per_shard, qi)
     res = dedup(c, k, min_score=min_score, policy=policy)
     return res, needs_more(c, res, k, min_score, policy)
-
-
-def only_chunks(h, chunks: set[int]):
-    """A 1-query ShardHits with only the vector hits of `chunks` (the rest of its vectors dropped)."""
-    keep = np.isin(h.chunk_idx[0], np.fromiter(chunks, np.int64, len(chunks)))
-    if keep.all():
-        return h
-    pick = lambda a: None if a is None else a[:, keep]  # noqa: E731
-    return replace(h, scores=pick(h.scores), rows=pick(h.rows), chunk_idx=pick(h.chunk_idx), kinds=pick(h.kinds))

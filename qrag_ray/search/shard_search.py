@@ -8,6 +8,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from qrag_ray.index.metadata_columns import METADATA, URL, json_values
 from qrag_ray.index.shard_index import Selection, ShardHits, ShardIndex, one_array, py_values
 from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.search.filters import Filter, chunk_mask
-from qrag_ray.search.merge import ChunkResult, essential_hits, merge_hits, only_chunks
+from qrag_ray.search.hit_rows import HitRows, only_chunks
+from qrag_ray.search.merge import ChunkResult, essential_hits, merge_hits
 from qrag_ray.search.query import Query
 from qrag_ray.search.results import ChunkMeta
 
@@ -147,7 +149,7 @@ def search_shard_exact(searcher: ShardIndex, qvecs: np.ndarray, k: int, multipli
 class ShardReply:  # a shard's final hits per query and, when asked, its page's rows and chunks
 
     shard: int
-    hits: list[ShardHits]  # one per query vector
+    hits: Sequence[ShardHits]  # one per query vector (HitRows in a remote caller's reply: add_page)
     matched: dict[int, tuple[str, str]] = field(default_factory=dict)  # row -> (kind, text)
     chunks: dict[int, ChunkMeta] = field(default_factory=dict)  # chunk_idx -> meta
     search_ms: float = 0.0
@@ -179,11 +181,10 @@ def add_page(ls: LoadedShard, reply: ShardReply, tops: list[list[ChunkResult]], 
     it (a fusion that reads every chunk's lists) the hits `essential_hits` keeps of every chunk."""
     t0 = time.perf_counter()
     if keep is None:
-        hits = [essential_hits(h, q.k, q.policy) for h in reply.hits]
+        reply.hits = HitRows.of(reply.shard, [essential_hits(h, q.k, q.policy) for h in reply.hits])
     else:
         tops = [[r for r in res if r.chunk_idx in kept] for res, kept in zip(tops, keep)]
-        hits = [only_chunks(h, kept) for h, kept in zip(reply.hits, keep)]
-    reply.hits = hits
+        reply.hits = only_chunks(HitRows.of(reply.shard, reply.hits), keep)
     top = [r for res in tops for r in res]
     reply.chunks = ls.chunk_meta(dict.fromkeys(r.chunk_idx for r in top))
     matched = ls.index.matched([row for r in top for _, row, _ in r.matches])

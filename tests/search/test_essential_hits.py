@@ -9,7 +9,8 @@ import pytest
 
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.index.shard_index import ShardHits
-from qrag_ray.search.merge import essential_hits, merge_hits, only_chunks
+from qrag_ray.search.hit_rows import HitRows, only_chunks
+from qrag_ray.search.merge import essential_hits, merge_hits
 from qrag_ray.search.shard_search import group_winners
 
 KINDS = np.array(["chunk", "sentence", "question", "title"], dtype=object)
@@ -69,7 +70,7 @@ def test_one_shard_under_max_fusion_sends_only_its_top_k_chunks():
     h = _shard_hits(rng, 0, 200, lexical=False)
     top, _ = merge_hits([h], 0, 5, None, SearchConfig())
     keep = group_winners([[top]], 5, SearchConfig())
-    sent = only_chunks(h, keep[0])
+    sent = only_chunks(HitRows.of(0, [h]), keep)[0]
     assert set(np.unique(sent.chunk_idx).tolist()) == {r.chunk_idx for r in top}
     assert merge_hits([sent], 0, 5, None, SearchConfig())[0] == top
 
@@ -90,7 +91,7 @@ def test_a_group_of_shards_replying_its_own_top_k_gives_the_page_of_all_hits(nam
             keep = group_winners(tops, k, policy)  # what add_page sends, by the same rule
             assert (keep is None) == (policy.fusion != "max" or policy.bm25_alpha is not None)
             sent += ([essential_hits(h, k, policy) for h in group] if keep is None
-                     else [only_chunks(h, keep[0]) for h in group])
+                     else [only_chunks(HitRows.of(h.shard, [h]), keep)[0] for h in group])
             if keep is not None:
                 assert len(keep[0]) <= k
         got, _ = merge_hits(sent, 0, k, min_score, policy)
