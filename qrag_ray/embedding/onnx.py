@@ -135,9 +135,12 @@ def use_onnx(st, threads: int | None = None) -> None:
         raise OnnxUnavailable(f"ONNX Runtime cannot load {path}: {e}") from None
     probe = partial(st.encode, _PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
     want = probe()
-    # the torch model stays registered under another name, so `st.device` still finds its parameters; an
-    # instance attribute is found before nn.Module's submodule lookup, so a plain callable stands in for it
-    first._modules["_qrag_torch_model"] = first._modules.pop(attr)
+    # the torch model leaves the module tree (the stand-in keeps it for its config): sentence-transformers
+    # walks every module, parameter and buffer on each encode call (eval(), its device check), about a
+    # millisecond a call of nothing but Python for a model ONNX Runtime runs; `st.device` then falls back to
+    # the CPU, the only device this backend runs on. An instance attribute is found before nn.Module's
+    # submodule lookup, so a plain callable stands in for the model.
+    del first._modules[attr]
     object.__setattr__(first, attr, _OrtModel(session, names, torch_model))
     try:
         diff = float(np.abs(np.asarray(want) - np.asarray(probe())).max())
@@ -146,7 +149,7 @@ def use_onnx(st, threads: int | None = None) -> None:
         why = f"ONNX Runtime failed on a probe sentence: {type(e).__name__}: {e}"
     if why:
         object.__delattr__(first, attr)
-        first._modules[attr] = first._modules.pop("_qrag_torch_model")
+        first._modules[attr] = torch_model
         raise OnnxUnavailable(why)
     st._qrag_backend = "onnx"
 
