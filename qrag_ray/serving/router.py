@@ -102,8 +102,9 @@ class Router:
             raise overloaded(f"{self._inflight} requests in flight on this replica")
         self._inflight += 1
         try:
-            return await asyncio.wait_for(coro, timeout=self.args.request_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.args.request_timeout_s):  # in this request's task: no task of its own
+                return await coro
+        except TimeoutError:
             at = stage.get("stage", "starting")
             raise ApiError(504, "deadline_exceeded", "the request did not finish within its "
                            f"{self.args.request_timeout_s:g} s deadline (it was {at})") from None

@@ -64,7 +64,7 @@ def server(local_ray, client_index, tmp_path_factory):
             assert time.time() < deadline, "the app did not become ready"
             time.sleep(1)
         spec = httpx.get(f"{url}/openapi.json", timeout=30).json()
-        info = {"url": url, "keys": keys, "index": client_index,
+        info = {"url": url, "keys": keys, "index": client_index, "llm": llm,
                 "filter": "filter" in spec["components"]["schemas"]["SearchRequest"]["properties"],
                 "fetch": "/v1/chunks/{chunk_id}" in spec["paths"] and "/v1/documents/{doc_id}" in spec["paths"]}
         _SERVER.update(info)
@@ -144,6 +144,24 @@ def test_api_errors_are_typed(server, tenant, call, cls, kind):
     assert type(x) is cls and x.kind == kind and x.status == cls.status and x.message
     if cls is e.InvalidRequestError and kind == "invalid_request":
         assert x.detail and x.detail[0]["loc"][-1] == "k"
+
+
+def test_a_missed_deadline_is_a_504_naming_its_stage_and_the_next_request_is_answered(server):
+    """An LLM slower than the app's deadline (request_timeout_s, 10 s by default): the request ends at the
+    deadline with 504 deadline_exceeded naming the stage it was in, typed by the client."""
+    llm = server["llm"]
+    llm.delay_s = 12.0
+    try:
+        t0 = time.monotonic()
+        with client(server, retry=RetryPolicy(max_retries=0)) as c, pytest.raises(e.DeadlineExceededError) as got:
+            c.answer(QUERY, 3)
+        took = time.monotonic() - t0
+    finally:
+        llm.delay_s = 0.0
+    assert got.value.kind == "deadline_exceeded" and "writing the answer (LLM)" in got.value.message, got.value.message
+    assert 9.5 < took < 11.5, took
+    with client(server) as c:
+        assert c.answer(QUERY, 3).answer == ANSWER
 
 
 def test_rate_limit_is_typed_and_its_retry_after_honoured(server):
