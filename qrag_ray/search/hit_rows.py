@@ -38,8 +38,6 @@ class HitRows(Sequence[ShardHits]):
     @classmethod
     def of(cls, shard: int, hits: Sequence[ShardHits]) -> HitRows:
         """1-query ShardHits of one shard, one per query, flattened."""
-        if isinstance(hits, HitRows):
-            return hits
         ends = np.cumsum([h.rows.shape[1] for h in hits], dtype=np.int64)
         lex_ends = np.cumsum([0 if h.lex_scores is None else h.lex_scores.shape[1] for h in hits], dtype=np.int64)
         return cls(shard, _flat(hits, _VECTOR), ends, _flat(hits, _LEXICAL), lex_ends,
