@@ -299,6 +299,7 @@ def main() -> int:
     from ray.serve.schema import ServeDeploySchema
 
     from qrag_ray.search.engine import SearchEngine
+    from qrag_ray.serving.app import searcher_names
 
     a.out = str(Path(a.out).resolve())
     trees = {"new": ROOT} if not a.baseline_ref else {"base": baseline_tree(a.baseline_ref), "new": ROOT}
@@ -309,8 +310,8 @@ def main() -> int:
     port = free_port()
     client = serve_start(http_options={"host": "127.0.0.1", "port": port})
     # every tenant above `local_search_max_bytes` (64 MB) is fanned out; 0 puts a smoke-sized index there too
-    searchers = {f"ShardSearcher{g}": {"ray_actor_options": {"num_cpus": a.searcher_cpus}}
-                 for g in range(-(-a.shards // a.shards_per_searcher))} if a.searcher_cpus else {}
+    searchers = {name: {"ray_actor_options": {"num_cpus": a.searcher_cpus}}
+                 for name in searcher_names(a.shards, a.shards_per_searcher)} if a.searcher_cpus else {}
     client.deploy_apps(ServeDeploySchema(applications=[
         {"name": n, "route_prefix": f"/{n}", "import_path": "serve_shim:build_with_options",
          "runtime_env": app_env(tree), "args": {"index": str(index), "local_search_max_bytes": 0,

@@ -113,7 +113,7 @@ def main() -> int:
     from qrag_ray.cli.serve_cmd import wait_healthy
     from qrag_ray.index.format import load_manifest
     from qrag_ray.search.shard_search import load_shard
-    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.app import build_application, searcher_names
     from qrag_ray.serving.tenants import add_tenant
 
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -136,8 +136,8 @@ def main() -> int:
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     shards = mans[0].num_shards
     ropts = {"Router": {"ray_actor_options": {"num_cpus": 1}, "autoscaling_config": {**scaling, "max_replicas": 2}},
-             **{f"ShardSearcher{i}": {**small, "autoscaling_config": {**scaling, "max_replicas": a.replicas}}
-                for i in range(shards)}}
+             **{name: {**small, "autoscaling_config": {**scaling, "max_replicas": a.replicas}}
+                for name in searcher_names(shards, 1)}}
     report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "stages": a.ramp, "autoscaling": scaling,
               "layouts": {}}
     port = free_port()

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cluster import pod_network, rehearse_service as rs  # noqa: E402
 from cluster.pod_layout import map_text  # noqa: E402
+from qrag_ray.serving.app import searcher_names  # noqa: E402
 from qrag_ray.serving.config import CLUSTER_INGRESS_ENV  # noqa: E402
 
 from bench_serving import make_queries, pct  # noqa: E402
@@ -80,9 +81,9 @@ def run_layout(layout: str, queries: list[str], warmup: int, concurrency: int, t
                router_cpus: float | None, group: int) -> dict:
     r = rs.prepare("cpu-dev", Path(tempfile.mkdtemp(prefix="qrs-")), token=os.environ["RAY_AUTH_TOKEN"],
                    app_args={"local_search_max_bytes": "0", "shards_per_searcher": str(group)})
-    groups = -(-int(rs.app_config(r)["args"]["shards"]) // group)  # the ShardSearcher deployments that exist
+    exist = set(searcher_names(int(rs.app_config(r)["args"]["shards"]), group))  # the ShardSearchers the app has
     rs.app_config(r)["deployments"] = [d for d in rs.deployments(r) if not d["name"].startswith("ShardSearcher")
-                                 or int(d["name"][len("ShardSearcher"):]) < groups]
+                                       or d["name"] in exist]
     if router_cpus:
         for dep in rs.deployments(r):
             if dep["name"] == "Router":

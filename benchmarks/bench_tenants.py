@@ -255,6 +255,7 @@ def main() -> int:
     from qrag_ray.cli.serve_cmd import wait_healthy
     from qrag_ray.index.format import load_manifest
     from qrag_ray.search.shard_search import load_shard
+    from qrag_ray.serving.app import searcher_names
     from qrag_ray.serving.tenants import add_tenant
 
     a.out = str(Path(a.out).resolve())
@@ -300,9 +301,8 @@ def main() -> int:
     port = free_port()
     client = serve_start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.25}}
-    groups = -(-shards // a.shards_per_searcher)
     opts = {"Router": {"ray_actor_options": {"num_cpus": 1}, "num_replicas": 1},
-            **{f"ShardSearcher{g}": {**small, "num_replicas": a.replicas} for g in range(groups)}}
+            **{name: {**small, "num_replicas": a.replicas} for name in searcher_names(shards, a.shards_per_searcher)}}
     for _ in range(a.rounds):
         for layout in a.layouts.split(","):
             for tree_name, tree in trees.items():

@@ -63,6 +63,11 @@ def shard_count(tenants) -> int:
     return most
 
 
+def searcher_names(num_shards: int, per: int) -> list[str]:
+    """The ShardSearcher deployments of an app over `num_shards` shards, `per` shards each (`shards_per_searcher`)."""
+    return [f"ShardSearcher{g}" for g in range(-(-num_shards // per))]
+
+
 def build_app(args: dict[str, Any]) -> Application:
     """Serve's builder: exactly one parameter, the config's `args:` (its `deployments:` set the options)."""
     return build_application(args)
@@ -74,9 +79,9 @@ def build_application(args: dict[str, Any] | None = None,
     from qrag_ray.serving.router import Router
 
     a = parse_app_args(args)
-    groups = -(-(a.shards or shard_count(a.load_tenants())) // a.shards_per_searcher)
-    shards = [_deployment(ShardSearcher, f"ShardSearcher{g}", deployment_options, "ShardSearcher").bind(
-        a.shard_cache_bytes, a.faiss_threads, a.shards_per_searcher) for g in range(groups)]
+    names = searcher_names(a.shards or shard_count(a.load_tenants()), a.shards_per_searcher)
+    shards = [_deployment(ShardSearcher, name, deployment_options, "ShardSearcher").bind(
+        a.shard_cache_bytes, a.faiss_threads, a.shards_per_searcher) for name in names]
     synth = None if a.generator is None else _deployment(Synthesizer, SYNTHESIZER, deployment_options).bind(
         a.generator.model_dump())
     return _deployment(Router, ROUTER, deployment_options).bind(shards, synth, a.model_dump(mode="json"))
