@@ -136,9 +136,9 @@ def use_onnx(st, threads: int | None = None) -> None:
     probe = partial(st.encode, _PROBE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
     want = probe()
     # the torch model leaves the module tree (the stand-in keeps it for its config): sentence-transformers
-    # walks every module, parameter and buffer on each encode call (eval(), its device check), about a
-    # millisecond a call of nothing but Python for a model ONNX Runtime runs; `st.device` then falls back to
-    # the CPU, the only device this backend runs on. An instance attribute is found before nn.Module's
+    # walks every module, parameter and buffer on each encode call (eval(), its device check), Python work
+    # with no use for a model ONNX Runtime runs; `st.device` then falls back to the CPU, the only device this
+    # backend runs on. An instance attribute is found before nn.Module's
     # submodule lookup, so a plain callable stands in for the model.
     del first._modules[attr]
     object.__setattr__(first, attr, _OrtModel(session, names, torch_model))

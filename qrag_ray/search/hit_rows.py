@@ -68,7 +68,7 @@ class HitRows(Sequence[ShardHits]):
 
     def keep(self, mask: np.ndarray) -> HitRows:
         """Only the vector hits where `mask` (one bool per flat hit) is set; BM25 lists unchanged."""
-        ends = np.cumsum(np.bincount(self.query_of_hit()[mask], minlength=len(self)), dtype=np.int64)
+        ends = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])[self.ends]  # hits kept up to each query's end
         vector = {n: None if a is None else a[mask] for n, a in self.vector.items()}
         return HitRows(self.shard, vector, ends, self.lexical, self.lex_ends, self.exhausted)
 
@@ -76,10 +76,10 @@ class HitRows(Sequence[ShardHits]):
 def only_chunks(hits: HitRows, chunks: Sequence[set[int]]) -> HitRows:
     """Query j's vector hits of only the chunks in chunks[j] (the rest of its vectors dropped), for every
     query of the shard in one pass."""
-    wanted = np.full((len(hits), max(1, max(map(len, chunks), default=0))), _NO_CHUNK, dtype=np.int64)
-    for j, c in enumerate(chunks):
-        wanted[j, :len(c)] = np.fromiter(c, np.int64, len(c))
     cidx = hits.vector["chunk_idx"]
     if cidx is None or not len(cidx):
         return hits
+    wanted = np.full((len(hits), max(1, max(map(len, chunks), default=0))), _NO_CHUNK, dtype=np.int64)
+    for j, c in enumerate(chunks):
+        wanted[j, :len(c)] = np.fromiter(c, np.int64, len(c))
     return hits.keep((wanted[hits.query_of_hit()] == cidx[:, None]).any(axis=1))
