@@ -1,11 +1,13 @@
-"""The Router's query batches: resolve the tenant's version, then two shared calls (serving/coalesce.py; a
-lone request is a call of its own) that a request awaits in turn, once each: the embedding (one model call
-for the queries that waited while the last one ran: QueryEncoder) and the search pass (one pass of the
-retrieval core, qrag_ray.search.retrieve, over the tenant's shard backend, serving/shard_backends.py, for
-the queries of one index version and query parameters that waited while that group's last pass ran, so
-each shard is asked once for all of them). A pass holds one such group: a small tenant's query is answered
-when its own pass ends, not when a big tenant's fan-out beside it does; and the next encode runs while the
-passes do."""
+"""The Router's query batches: resolve the tenant's version, then one shared call (serving/coalesce.py; a
+lone request is a call of its own): the search pass of the queries of one index version and query
+parameters that waited while that group's last pass ran. A pass embeds its queries in one model call
+(QueryEncoder, which also joins the calls of passes that run at once for one model) and runs the
+retrieval core (qrag_ray.search.retrieve) once over the tenant's shard backend
+(serving/shard_backends.py), so each shard is asked once for all of them. Queries embed where they are
+searched: a model call's fixed cost (the tokenizer, the runtime's call, the thread hop) is paid once per
+pass rather than once for each of the smaller sets that arrive while a pass runs. A pass holds one such
+group: a small tenant's query is answered when its own pass ends, not when a big tenant's fan-out beside
+it does."""
 
 from __future__ import annotations
 
@@ -79,16 +81,6 @@ class QueuedQuery:
         return self.key, self.q.k, self.q.min_score, self.q.policy.bm25_alpha, self.q.filter
 
 
-@dataclass
-class Embedded:
-    """A query with its vector, from a model call of `embed_batch` queries; `embed_ms` from asking to the vector."""
-
-    ask: QueuedQuery
-    vec: np.ndarray
-    embed_ms: float
-    embed_batch: int
-
-
 class QueryBatcher:
     def __init__(self, encoder, local: RouterShards, remote: RemoteShards, versions: TenantVersions):
         self.encoder, self.local, self.remote, self.versions = encoder, local, remote, versions
@@ -103,11 +95,9 @@ class QueryBatcher:
         for attempt in (1, 2):
             ti = await self.versions.current(tenant)
             ask = QueuedQuery(text, ti, ti.key(tenant.name), resolve_query(ti, tenant.name, req), stage)
-            stage["stage"] = "embedding the query"  # waiting for, or in, a model call
+            stage["stage"] = "waiting for its search pass"  # the pass sets its own stages
             try:
-                embedded = await self.embed(ask)
-                stage["stage"] = "searching the shards"
-                page, timings = await self.passes.submit(ask.group, embedded)
+                page, timings = await self.passes.submit(ask.group, ask)
                 break
             except VersionMoved:  # a plain index directory was republished under this request
                 self.versions.moved(tenant.name)
@@ -117,26 +107,26 @@ class QueryBatcher:
                 raise index_unavailable(tenant.name, str(e)) from None
         return RoutedPage(page, ti.version, timings)
 
-    async def embed(self, ask: QueuedQuery) -> Embedded:
-        """The query's vector, from a model call shared with the queries waiting beside it (QueryEncoder)."""
+    async def search_batch(self, batch: list[QueuedQuery]) -> list[tuple[list[SearchResult], SearchTimings]]:
+        """Queries of one group (`QueuedQuery.group`) in one pass: one model call embeds them all, then one
+        pass of the retrieval core asks each shard once for all their vectors. Each gets its page and its
+        timings."""
+        head = batch[0]
+        for ask in batch:
+            ask.stage["stage"] = "embedding the query"
         t0 = time.perf_counter()
-        vecs, shared = await self.encoder.encode([ask.text], [ask.ti.embedder])
-        return Embedded(ask, vecs[0], (time.perf_counter() - t0) * 1000, shared)
-
-    async def search_batch(self, batch: list[Embedded]) -> list[tuple[list[SearchResult], SearchTimings]]:
-        """Queries of one group (`QueuedQuery.group`) in one pass of the retrieval core: each shard is asked
-        once for all their vectors. Each gets its page and its timings."""
-        head = batch[0].ask
+        vecs, shared_call = await self.encoder.encode([a.text for a in batch], [head.ti.embedder] * len(batch))
+        embed_ms = (time.perf_counter() - t0) * 1000
+        for ask in batch:
+            ask.stage["stage"] = "searching the shards"
         backend = self.shards(head.ti)
-        texts = None if head.q.texts is None else tuple(t for e in batch for t in e.ask.q.texts)
-        found = await retrieve(backend, head.key, head.ti.num_shards, np.stack([e.vec for e in batch]),
-                               replace(head.q, texts=texts))
+        texts = None if head.q.texts is None else tuple(t for a in batch for t in a.q.texts)
+        found = await retrieve(backend, head.key, head.ti.num_shards, np.stack(vecs), replace(head.q, texts=texts))
         rs = found.replies
-        shared = {"path": backend.path, "search_batch": len(batch), "search_ms": found.search_ms,
-                  "merge_ms": found.merge_ms, "lookup_ms": found.lookup_ms, "format_ms": found.format_ms,
-                  "rounds": found.rounds, "shard_search_ms": [round(r.search_ms, 3) for r in rs],
+        shared = {"path": backend.path, "embed_ms": embed_ms, "embed_batch": shared_call, "search_batch": len(batch),
+                  "search_ms": found.search_ms, "merge_ms": found.merge_ms, "lookup_ms": found.lookup_ms,
+                  "format_ms": found.format_ms, "rounds": found.rounds,
+                  "shard_search_ms": [round(r.search_ms, 3) for r in rs],
                   "cold_loads": sum(r.cold for r in rs), "shard_replicas": [r.replica for r in rs]}
-        return [(found.pages[j], SearchTimings(
-            embed_ms=e.embed_ms, embed_batch=e.embed_batch, **shared,
-            candidates=sum(r.candidates[j] for r in rs)))
-            for j, e in enumerate(batch)]
+        return [(found.pages[j], SearchTimings(**shared, candidates=sum(r.candidates[j] for r in rs)))
+                for j in range(len(batch))]

@@ -15,7 +15,7 @@ from qrag_ray.errors import QragError
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.serving.api_models import SearchRequest
 from qrag_ray.serving.errors import ApiError
-from qrag_ray.serving.query_batch import Embedded, QueryBatcher
+from qrag_ray.serving.query_batch import QueryBatcher
 from qrag_ray.serving.shard_backends import RemoteShards
 from qrag_ray.serving.shard_store import ShardKey, VersionMoved, affinity_id
 from qrag_ray.serving.tenants import Tenant
@@ -173,17 +173,14 @@ def _asks(retriever, remote, *reqs: SearchRequest) -> list:
 
 
 def _batches(retriever, asks) -> list:
-    """One encode call for all asks, then the asks submitted to the search passes at once (the first pass
-    of each group starts with all of its asks waiting): each ask's (page, timings), or its group's error."""
+    """The asks submitted to the search passes at once (the first pass of each group starts with all of
+    its asks waiting): each ask's (page, timings), or its group's error."""
     async def go():
-        vecs, shared = await retriever.encoder.encode([a.text for a in asks], [a.ti.embedder for a in asks])
-        embedded = [Embedded(a, v, 1.0, shared) for a, v in zip(asks, vecs)]
-        return await asyncio.gather(*[retriever.passes.submit(e.ask.group, e) for e in embedded],
-                                    return_exceptions=True)
+        return await asyncio.gather(*[retriever.passes.submit(a.group, a) for a in asks], return_exceptions=True)
     return asyncio.run(go())
 
 
-def test_concurrent_queries_of_one_version_embed_in_one_call_and_ask_each_shard_once():
+def test_concurrent_queries_of_one_group_embed_in_one_call_and_ask_each_shard_once():
     class Counting(_Remote):
         calls: list = []
 
@@ -196,10 +193,10 @@ def test_concurrent_queries_of_one_version_embed_in_one_call_and_ask_each_shard_
     asks = _asks(retriever, remote, SearchRequest(query="a", k=2), SearchRequest(query="b", k=2),
                  SearchRequest(query="c", k=1))
     out = _batches(retriever, asks)
-    assert enc.batches == [["a", "b", "c"]]  # one encode for the three
+    assert enc.batches == [["a", "b"], ["c"]]  # one encode per pass: k=2's two, then k=1's own
     assert remote.calls == [2, 1]  # k=2 twice in one pass of the core, k=1 apart
     assert [len(page) for page, _ in out] == [2, 2, 1]
-    assert [(t.embed_batch, t.search_batch) for _, t in out] == [(3, 2), (3, 2), (3, 1)]
+    assert [(t.embed_batch, t.search_batch) for _, t in out] == [(2, 2), (2, 2), (1, 1)]
 
 
 def test_a_group_waits_only_for_its_own_pass_and_a_full_pass_starts_beside_a_running_one():
@@ -222,8 +219,7 @@ def test_a_group_waits_only_for_its_own_pass_and_a_full_pass_starts_beside_a_run
         remote = Blocking()
         retriever, _, _ = _retriever(remote)
         ask = lambda k: _asks(retriever, remote, SearchRequest(query="q", k=k))[0]  # noqa: E731
-        emb = lambda a: Embedded(a, np.zeros(4, np.float32), 1.0, 1)  # noqa: E731
-        submit = lambda k: asyncio.ensure_future(retriever.passes.submit(ask(k).group, emb(ask(k))))  # noqa: E731
+        submit = lambda k: asyncio.ensure_future(retriever.passes.submit(ask(k).group, ask(k)))  # noqa: E731
         first = submit(2)
         await asyncio.sleep(0.01)  # its pass runs (blocked)
         waiting = [submit(2) for _ in range(3)]
