@@ -147,6 +147,7 @@ async def block(url: str, queries: list[str], k: int, concurrency: int) -> tuple
 
     sem = asyncio.Semaphore(concurrency)
     ok, errors, lat, batches, searched = 0, 0, [], [], []
+    per_query = {"merge_ms": [], "format_ms": []}  # a pass's time on the Router's loop, per query of the pass
     limits = httpx.Limits(max_connections=concurrency * 2)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         async def one(q: str):
@@ -160,6 +161,8 @@ async def block(url: str, queries: list[str], k: int, concurrency: int) -> tuple
                     timings = r.json().get("timings", {})
                     batches.append(timings.get("embed_batch", 1))
                     searched.append(timings.get("search_batch", 1))
+                    for name, v in per_query.items():
+                        v.append(timings.get(name, 0.0) / timings.get("search_batch", 1))
                 else:
                     errors += 1
 
@@ -167,5 +170,7 @@ async def block(url: str, queries: list[str], k: int, concurrency: int) -> tuple
         await asyncio.gather(*[one(q) for q in queries])
         print(f"  {url} c={concurrency}: embed batch sizes mean {statistics.mean(batches or [1]):.1f}, "
               f"search batch sizes mean {statistics.mean(searched or [1]):.1f} "
-              f"({sum(1 / b for b in searched) / max(1, len(searched)):.3f} search passes per request)", flush=True)
+              f"({sum(1 / b for b in searched) / max(1, len(searched)):.3f} search passes per request); the pass's "
+              + ", ".join(f"{n} {statistics.mean(v or [0.0]):.3f}" for n, v in per_query.items()) + " per query",
+              flush=True)
         return ok, errors, time.perf_counter() - t0, lat

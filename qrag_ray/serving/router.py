@@ -12,6 +12,7 @@ from fastapi import Path, Query, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from qrag_ray.runtime.long_lived import freeze_long_lived
 from qrag_ray.serving import api_models as m
 from qrag_ray.serving.answer import Answerer
 from qrag_ray.serving.config import AppArgs
@@ -78,6 +79,8 @@ class Router:
                 if self.registry.refresh():
                     self._configure_limits()
                 await self.versions.sync(self.registry.tenants.by_name, self.args.warm_tenants if first else None)
+                if first:  # the first tenants' models and shards are loaded: what the replica keeps
+                    freeze_long_lived()
                 first, self._ready = False, True
             except Exception:  # noqa: BLE001 - the watcher must outlive any one bad tenant
                 logger.exception("tenant watcher pass failed")

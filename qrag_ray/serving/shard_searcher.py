@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ray import serve
 
+from qrag_ray.runtime.long_lived import freeze_long_lived
 from qrag_ray.search.shard_search import LoadedShard
 from qrag_ray.serving.serve_multiplex import withdraw
 from qrag_ray.serving.shard_store import ShardKey, ShardStore, affinity_id
@@ -20,6 +21,7 @@ class ShardSearcher(ShardStore):
     def __init__(self, cache_bytes: int, threads: int | None, per: int = 1):
         super().__init__(cache_bytes, threads)
         self.per = per
+        freeze_long_lived()  # Ray, Serve and the search libraries, loaded: shards come and go in the byte cache
 
     async def get(self, shard: int, key: ShardKey) -> LoadedShard:
         # held from the start of its load: Serve routes the group's next calls here, to wait for this one load
