@@ -48,16 +48,10 @@ class QueryEncoder:
         with self._lock:
             return encode(st, texts)
 
-    async def encode(self, texts: list[str], models: list[str]) -> tuple[list[np.ndarray], int]:
-        """One vector per text, each with its own model; and the most texts one model call embedded with them."""
-        out: dict[int, np.ndarray] = {}
-        shared = 0
-        for name in dict.fromkeys(models):
-            idx = [i for i, m in enumerate(models) if m == name]
-            vecs, n = await self._calls.submit(name, [texts[i] for i in idx])
-            out.update(zip(idx, vecs))
-            shared = max(shared, n)
-        return [out[i] for i in range(len(texts))], shared
+    async def encode(self, texts: list[str], model: str) -> tuple[np.ndarray, int]:
+        """One vector per text (a row each), from a model call shared with the callers waiting beside it; and
+        how many texts that call embedded."""
+        return await self._calls.submit(model, texts)
 
     async def _model_call(self, name: str, asked: list[list[str]]) -> list[tuple[np.ndarray, int]]:
         """One model call over the texts of every caller waiting (each caller's own slice back)."""

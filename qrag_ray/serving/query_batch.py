@@ -14,8 +14,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from qrag_ray.errors import QragError
 from qrag_ray.search.filters import InvalidFilter, compile_filter
 from qrag_ray.search.query import NoBm25Index, Query, check_hybrid
@@ -115,13 +113,13 @@ class QueryBatcher:
         for ask in batch:
             ask.stage["stage"] = "embedding the query"
         t0 = time.perf_counter()
-        vecs, shared_call = await self.encoder.encode([a.text for a in batch], [head.ti.embedder] * len(batch))
+        vecs, shared_call = await self.encoder.encode([a.text for a in batch], head.ti.embedder)
         embed_ms = (time.perf_counter() - t0) * 1000
         for ask in batch:
             ask.stage["stage"] = "searching the shards"
         backend = self.shards(head.ti)
         texts = None if head.q.texts is None else tuple(t for a in batch for t in a.q.texts)
-        found = await retrieve(backend, head.key, head.ti.num_shards, np.stack(vecs), replace(head.q, texts=texts))
+        found = await retrieve(backend, head.key, head.ti.num_shards, vecs, replace(head.q, texts=texts))
         rs = found.replies
         shared = {"path": backend.path, "embed_ms": embed_ms, "embed_batch": shared_call, "search_batch": len(batch),
                   "search_ms": found.search_ms, "merge_ms": found.merge_ms, "lookup_ms": found.lookup_ms,

@@ -35,12 +35,12 @@ def test_calls_that_arrive_while_one_runs_share_the_next_model_call():
     enc = _Recording()
 
     async def go():
-        first = asyncio.ensure_future(enc.encode(["a"], ["m"]))
-        quitter = asyncio.ensure_future(enc.encode(["b"], ["m"]))  # the same tick: the same first call
+        first = asyncio.ensure_future(enc.encode(["a"], "m"))
+        quitter = asyncio.ensure_future(enc.encode(["b"], "m"))  # the same tick: the same first call
         await asyncio.sleep(0.1)  # the first model call runs (blocked)
         quitter.cancel()  # its deadline passed while the call runs
-        rest = [asyncio.ensure_future(enc.encode([t * 2, t * 3], ["m", "m"])) for t in "xyz"]
-        late = asyncio.ensure_future(enc.encode(["gone"], ["m"]))
+        rest = [asyncio.ensure_future(enc.encode([t * 2, t * 3], "m")) for t in "xyz"]
+        late = asyncio.ensure_future(enc.encode(["gone"], "m"))
         await asyncio.sleep(0.1)
         late.cancel()  # a request past its deadline before its call started
         enc.release.set()
@@ -57,11 +57,11 @@ def test_a_model_that_fails_reaches_every_waiting_caller():
     enc = _Recording(fail=True)
 
     async def go():
-        return await asyncio.gather(*[enc.encode(["q"], ["m"]) for _ in range(3)], return_exceptions=True)
+        return await asyncio.gather(*[enc.encode(["q"], "m") for _ in range(3)], return_exceptions=True)
 
     out = asyncio.run(go())
     assert len(out) == 3 and all(isinstance(e, OSError) for e in out) and enc.calls == []
     enc.fail = False  # the encoder serves again once the model loads
     enc.release.set()
-    vecs, shared = asyncio.run(enc.encode(["ok"], ["m"]))
+    vecs, shared = asyncio.run(enc.encode(["ok"], "m"))
     assert shared == 1 and enc.calls == [["ok"]] and float(vecs[0][0]) == 2.0
