@@ -1,8 +1,10 @@
 """The Router deployment (FastAPI ingress): its routes, each a thin call into the modules that do the
 work. One deadline (`request_timeout_s`) covers a request; overload and per-tenant limits answer 503 /
-429 with Retry-After at once."""
+429 with Retry-After at once.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: FastAPI reads the routes' parameter types from their
+annotations, and Serve pickles this class by value, so a route's string annotation ("Request") is resolved
+against globals that lack the name; a FastAPI that then takes it for a query parameter answers every route 422."""
 
 import asyncio
 import logging
