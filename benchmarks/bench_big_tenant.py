@@ -299,7 +299,7 @@ def main() -> int:
     from ray.serve.schema import ServeDeploySchema
 
     from qrag_ray.search.engine import SearchEngine
-    from qrag_ray.serving.app import searcher_names
+    from qrag_ray.serving.application import searcher_names
 
     a.out = str(Path(a.out).resolve())
     trees = {"new": ROOT} if not a.baseline_ref else {"base": baseline_tree(a.baseline_ref), "new": ROOT}

@@ -113,7 +113,7 @@ def main() -> int:
     from qrag_ray.cli.serve_cmd import wait_healthy
     from qrag_ray.index.format import load_manifest
     from qrag_ray.search.shard_search import load_shard
-    from qrag_ray.serving.app import build_application, searcher_names
+    from qrag_ray.serving.application import build_application, searcher_names
     from qrag_ray.serving.tenants import add_tenant
 
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cluster import pod_network, rehearse_service as rs  # noqa: E402
 from cluster.pod_layout import map_text  # noqa: E402
-from qrag_ray.serving.app import searcher_names  # noqa: E402
+from qrag_ray.serving.application import searcher_names  # noqa: E402
 from qrag_ray.serving.config import CLUSTER_INGRESS_ENV  # noqa: E402
 
 from bench_serving import make_queries, pct  # noqa: E402

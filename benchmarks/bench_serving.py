@@ -163,7 +163,7 @@ def main() -> int:
     from ray import serve
 
     from qrag_ray.cli.serve_cmd import wait_healthy
-    from qrag_ray.serving.app import build_app
+    from qrag_ray.serving.application import build_app
 
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if a.serve_same_loop:

@@ -255,7 +255,7 @@ def main() -> int:
     from qrag_ray.cli.serve_cmd import wait_healthy
     from qrag_ray.index.format import load_manifest
     from qrag_ray.search.shard_search import load_shard
-    from qrag_ray.serving.app import searcher_names
+    from qrag_ray.serving.application import searcher_names
     from qrag_ray.serving.tenants import add_tenant
 
     a.out = str(Path(a.out).resolve())

@@ -68,7 +68,7 @@ def random_init_model(out: Path) -> Path:
 def pick_model(name: str, random_init: bool, tmp: Path) -> tuple[str, str]:
     if not random_init:
         try:
-            from qrag_ray.models.registry import resolve_embedder
+            from qrag_ray.models.bundled import resolve_embedder
 
             return resolve_embedder(name), name
         except Exception as e:  # the weights package is not installed on a bare GPU box

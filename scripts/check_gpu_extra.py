@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from qrag_ray.models.registry import PREPARE_DISTRIBUTIONS  # noqa: E402 - the repository's own package
+from qrag_ray.models.bundled import PREPARE_DISTRIBUTIONS  # noqa: E402 - the repository's own package
 
 PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 # The target: glibc 2.35 (Ubuntu 22.04, the base of Ray's GPU images). Some of vLLM's dependencies ship

@@ -140,7 +140,7 @@ def test_both_runtime_extras_carry_what_prepare_models_needs(extra):
     (at the version whose sha256 qrag_ray/models/qwen.py pins) and gguf + accelerate must come with it."""
     import tomllib
 
-    from qrag_ray.models.registry import PREPARE_DISTRIBUTIONS
+    from qrag_ray.models.bundled import PREPARE_DISTRIBUTIONS
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     reqs = [*project["dependencies"], *project["optional-dependencies"][extra]]

@@ -56,7 +56,7 @@ def test_import_contracts_catch_what_they_forbid(tmp_path):
               ("config/roles", "qrag_ray.config.presets"),  # config-layers
               ("runtime/progress", "qrag_ray.runtime.progress_ray"),  # runtime-layers
               ("search/engine", "qrag_ray.index.build"),  # build-driven-from-above
-              ("models/registry", "qrag_ray.config.search_policy"),  # io-models-take-values
+              ("models/bundled", "qrag_ray.config.search_policy"),  # io-models-take-values
               ("text/sentences", "qrag_ray.text.chunking"),  # no-cycles
               ("runtime/ports", "qrag_ray.cli.app"))  # cli-on-top
     for mod, imp in breaks:

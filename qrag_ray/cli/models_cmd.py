@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
     def prepare_models(llm: bool = typer.Option(True, "--llm/--no-llm", help="also prepare the bundled Qwen LLM")):
         """Check the bundled embedder and convert the bundled LLM once (cached)."""
         from qrag_ray.embedding import load_sentence_transformer
-        from qrag_ray.models.registry import resolve_embedder, resolve_llm
+        from qrag_ray.models.bundled import resolve_embedder, resolve_llm
 
         st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
         err.print(f"embedder all-MiniLM-L6-v2: {resolve_embedder('all-MiniLM-L6-v2')} "

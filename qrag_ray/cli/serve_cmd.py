@@ -152,7 +152,7 @@ def register(app: typer.Typer) -> None:
         from ray import serve
 
         from qrag_ray.runtime.ray_start import ensure_ray
-        from qrag_ray.serving.app import build_application
+        from qrag_ray.serving.application import build_application
         from qrag_ray.serving.config import SERVE_PROCESS_ENV
 
         if not address:

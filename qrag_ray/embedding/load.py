@@ -9,7 +9,7 @@ from typing import Iterator
 import numpy as np
 
 from qrag_ray.errors import QragError
-from qrag_ray.models.registry import resolve_embedder
+from qrag_ray.models.bundled import resolve_embedder
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ def _graph_key(src, names: list[str]) -> str:
 
     parts = [torch.__version__, onnxruntime.__version__, str(_OPSET), ",".join(names)]
     folder = Path(str(getattr(src.config, "_name_or_path", "") or ""))
-    if not folder.is_dir():  # models load from local folders (qrag_ray.models.registry)
+    if not folder.is_dir():  # models load from local folders (qrag_ray.models.bundled)
         raise OnnxUnavailable(f"no model folder to key the exported graph by ({folder})")
     for f in sorted(folder.glob("*")):
         if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qrag_ray.models.registry import resolve_embedder
+from qrag_ray.models.bundled import resolve_embedder
 
 BUCKET = 16  # rows are padded to a multiple of this many tokens (the canonical encode's buckets)
 # a text longer than this many characters per token of the limit is cut at a space before it is encoded

@@ -112,7 +112,7 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, HydeCost]:
     from qrag_ray.generation.requests import make_request
     from qrag_ray.generation.stage import generate
     from qrag_ray.index.resource_plan import current_cluster, kernels_from_env, plan_generation
-    from qrag_ray.models.registry import resolve_llm
+    from qrag_ray.models.bundled import resolve_llm
     from qrag_ray.serving.answer import hyde_passage
 
     reqs = [make_request(gcfg, "hyde", q, None) | {"unit": -1, "chunk_idx": i, "shard": 0, "text": q}

@@ -80,7 +80,7 @@ class VLLMChatModel:
     def __init__(self, cfg: GeneratorConfig, model_path: str | None = None):
         self.cfg = cfg
         if model_path is None:
-            from qrag_ray.models.registry import resolve_llm
+            from qrag_ray.models.bundled import resolve_llm
 
             model_path = resolve_llm(cfg.model)
         self.model_path = check_model_path(model_path)

@@ -248,7 +248,7 @@ def publish_index(plan: BuildPlan, streamed: Streamed, shards: list[ShardEntry],
 
 def precheck_build(cfg, files: list[str]) -> None:
     """What a build can check in a moment: the corpus, the embedder, and for vLLM the model and vLLM itself."""
-    from qrag_ray.models.registry import local_llm, resolve_embedder
+    from qrag_ray.models.bundled import local_llm, resolve_embedder
 
     gcfg = cfg.generator
     precheck_corpus(cfg.input, cfg.format, files, gcfg.precomputed_column if gcfg.backend == "precomputed" else None)

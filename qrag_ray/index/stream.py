@@ -23,7 +23,7 @@ from qrag_ray.index.resource_plan import llm_atoms
 from qrag_ray.index.udfs import (EmbedSink, attach_atoms, make_atomize_requests, make_base_rows, make_chunker,
                                  make_question_requests, make_question_rows, progress_rows)
 from qrag_ray.io.readers import read_corpus
-from qrag_ray.models.registry import resolve_llm
+from qrag_ray.models.bundled import resolve_llm
 
 _SAVED = ("run", "rows", "dim", "documents", "chunks", "questions")  # what stream.json keeps of a Streamed
 

@@ -13,7 +13,7 @@ from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
 from qrag_ray.search.filters import Filter, compile_filter
 from qrag_ray.search.query import Query, check_hybrid
-from qrag_ray.search.results import SearchResult
+from qrag_ray.search.page import SearchResult
 from qrag_ray.search.retrieve import LocalShards, BatchPages, retrieve
 from qrag_ray.search.shard_search import load_shard
 from qrag_ray.config.search_policy import SearchConfig

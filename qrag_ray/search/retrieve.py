@@ -15,7 +15,7 @@ from qrag_ray.errors import QragError
 from qrag_ray.index.format import shard_of
 from qrag_ray.search.merge import ChunkResult, merge_hits
 from qrag_ray.search.query import Query
-from qrag_ray.search.results import ChunkMeta, SearchResult, format_page
+from qrag_ray.search.page import ChunkMeta, SearchResult, format_page
 from qrag_ray.search.shard_search import LoadedShard, ShardReply, search_loaded
 
 Wanted = dict[int, tuple[list[int], list[int]]]  # shard -> (rows, chunk_idx) whose metadata the page needs

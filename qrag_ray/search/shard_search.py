@@ -26,7 +26,7 @@ from qrag_ray.search.filters import Filter, chunk_mask
 from qrag_ray.search.hit_rows import HitRows, only_chunks
 from qrag_ray.search.merge import ChunkResult, essential_hits, merge_hits
 from qrag_ray.search.query import Query
-from qrag_ray.search.results import ChunkMeta
+from qrag_ray.search.page import ChunkMeta
 
 # A hybrid query's first round asks each shard for at least this many vectors and BM25 hits: a chunk
 # one list missed is scored at that list's floor, and a short list's floor sinks it (docs/EVALUATION.md).

@@ -12,9 +12,9 @@ from qrag_ray.errors import find_user_error
 from qrag_ray.generation.parsing import strip_reply_format
 from qrag_ray.generation.prompts import DONT_KNOW, get_prompt
 from qrag_ray.generation.reply_text import clean_text
-from qrag_ray.search.results import SearchResult
+from qrag_ray.search.page import SearchResult
 from qrag_ray.serving import api_models as m
-from qrag_ray.serving.errors import ApiError
+from qrag_ray.serving.api_errors import ApiError
 
 logger = logging.getLogger("ray.serve")
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from qrag_ray.search.filters import MAX_DOC_IDS, MAX_FILTER_CLAUSES, MAX_FILTER_DEPTH, MAX_IN_VALUES
 from qrag_ray.search.query import MAX_K
-from qrag_ray.search.results import MetadataValue, SearchResult
+from qrag_ray.search.page import MetadataValue, SearchResult
 
 MAX_QUERY_CHARS = 2000
 INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # tenant names

@@ -15,7 +15,7 @@ from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qrag_ray.serving import api_models as m
-from qrag_ray.serving.errors import ApiError
+from qrag_ray.serving.api_errors import ApiError
 
 logger = logging.getLogger("ray.serve")
 
@@ -28,7 +28,7 @@ bearer = Security(HTTPBearer(auto_error=False, description="the tenant's API key
 def metrics_of(asgi_app):
     """The RouterMetrics of this app in this process (one set per replica)."""
     if getattr(asgi_app.state, "metrics", None) is None:
-        from qrag_ray.serving.metrics import RouterMetrics
+        from qrag_ray.serving.app_metrics import RouterMetrics
 
         asgi_app.state.metrics = RouterMetrics()
     return asgi_app.state.metrics

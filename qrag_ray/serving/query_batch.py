@@ -17,15 +17,15 @@ from dataclasses import dataclass, replace
 from qrag_ray.errors import QragError
 from qrag_ray.search.filters import InvalidFilter, compile_filter
 from qrag_ray.search.query import NoBm25Index, Query, check_hybrid
-from qrag_ray.search.results import SearchResult
+from qrag_ray.search.page import SearchResult
 from qrag_ray.search.retrieve import retrieve
 from qrag_ray.serving.api_models import SearchTimings
 from qrag_ray.serving.coalesce import Coalescer
-from qrag_ray.serving.errors import ApiError, index_unavailable
+from qrag_ray.serving.api_errors import ApiError, index_unavailable
 from qrag_ray.serving.shard_backends import RemoteShards, RouterShards
 from qrag_ray.serving.shard_store import ShardKey, VersionMoved
 from qrag_ray.serving.tenants import Tenant
-from qrag_ray.serving.versions import TenantIndex, TenantVersions
+from qrag_ray.serving.tenant_versions import TenantIndex, TenantVersions
 
 # Queries per search pass: as many waiting start another pass beside the group's running one, so a group's
 # passes in flight grow with its load (what its ShardSearchers' replicas and autoscaling see) in full passes.

@@ -19,8 +19,8 @@ from qrag_ray.serving import api_models as m
 from qrag_ray.serving.answer import Answerer
 from qrag_ray.serving.config import AppArgs
 from qrag_ray.serving.encoder import QueryEncoder
-from qrag_ray.serving.errors import ApiError, overloaded
-from qrag_ray.serving.fetch import Fetcher
+from qrag_ray.serving.api_errors import ApiError, overloaded
+from qrag_ray.serving.fetcher import Fetcher
 from qrag_ray.serving.http import app, bearer, error_responses, metrics_of
 from qrag_ray.serving.ratelimit import RateLimiter
 from qrag_ray.serving.registry import TenantRegistry
@@ -28,7 +28,7 @@ from qrag_ray.serving.query_batch import QueryBatcher
 from qrag_ray.serving.shard_backends import RemoteShards, RouterShards
 from qrag_ray.serving.shard_store import ShardStore
 from qrag_ray.serving.tenants import Tenant
-from qrag_ray.serving.versions import IndexReader, TenantVersions
+from qrag_ray.serving.tenant_versions import IndexReader, TenantVersions
 
 logger = logging.getLogger("ray.serve")
 

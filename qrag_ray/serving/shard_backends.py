@@ -14,7 +14,7 @@ from qrag_ray.errors import find_user_error
 from qrag_ray.search.query import Query
 from qrag_ray.search.retrieve import Found, LocalShards, Wanted
 from qrag_ray.search.shard_search import ShardReply
-from qrag_ray.serving.errors import overloaded, shard_unavailable
+from qrag_ray.serving.api_errors import overloaded, shard_unavailable
 from qrag_ray.serving.shard_store import ShardKey, ShardStore, affinity_id
 
 logger = logging.getLogger("ray.serve")

@@ -57,7 +57,7 @@ class ShardStore:
     searches at once as the replica has CPUs, each with `threads` FAISS threads (default 1)."""
 
     def __init__(self, cache_bytes: int, threads: int | None):
-        from qrag_ray.serving.metrics import ShardMetrics
+        from qrag_ray.serving.app_metrics import ShardMetrics
 
         # Parallel searches, not OpenMP inside one: FAISS's IVF search parallelises over a batch's queries,
         # never within one, and OpenMP threads wait for each other at every barrier, spinning where another

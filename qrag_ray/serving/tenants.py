@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from qrag_ray.errors import QragError
 from qrag_ray.config.yaml_file import read_yaml
 from qrag_ray.serving.api_models import INDEX_NAME
-from qrag_ray.serving.errors import ApiError, forbidden, unauthorized
+from qrag_ray.serving.api_errors import ApiError, forbidden, unauthorized
 
 DEFAULT_TENANT = "default"
 KEY_PREFIX = "qrag_"

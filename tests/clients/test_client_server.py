@@ -44,7 +44,7 @@ def server(local_ray, client_index, tmp_path_factory):
     (0.5 requests/s, a burst of 1); the fake LLM answers /v1/answer."""
     from ray import serve
 
-    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.application import build_application
     from qrag_ray.serving.tenants import add_tenant
 
     f = tmp_path_factory.mktemp("client-serve") / "tenants.yaml"

@@ -81,7 +81,7 @@ def test_serve_config_v2_is_the_canonical_serve_config(rendered, canonical):
     for docs in rendered.values():
         embedded = yaml.safe_load(_one(docs, "RayService")["spec"]["serveConfigV2"])
         assert embedded == canonical
-    assert canonical["applications"][0]["import_path"] == "qrag_ray.serving.app:build_app"
+    assert canonical["applications"][0]["import_path"] == "qrag_ray.serving.application:build_app"
 
 
 def test_embed_serve_config_roundtrip_keeps_the_rest_of_the_file(tmp_path):
@@ -123,7 +123,7 @@ def test_dockerfile_installs_the_gpu_extra():
 
 
 def test_dashboard_queries_only_exported_or_serve_metrics():
-    from qrag_ray.serving.metrics import EXPORTED_METRICS
+    from qrag_ray.serving.app_metrics import EXPORTED_METRICS
 
     dash = json.loads((REPO / "k8s" / "base" / "dashboards" / "qrag-dashboard.json").read_text())
     assert monitoring.check_dashboard(dash, EXPORTED_METRICS) == []
@@ -141,7 +141,7 @@ def test_promql_metric_names():
 
 
 def test_planted_unparseable_query_fails():
-    from qrag_ray.serving.metrics import EXPORTED_METRICS
+    from qrag_ray.serving.app_metrics import EXPORTED_METRICS
 
     dash = json.loads((REPO / "k8s" / "base" / "dashboards" / "qrag-dashboard.json").read_text())
     dash["panels"][0]["targets"][0]["expr"] = "sum by (route (rate(ray_qrag_request_latency_ms_count[5m]))"
@@ -172,7 +172,7 @@ def _set_serve(doc: dict, mutate) -> dict:
 
 def test_planted_wrong_import_path_fails(rendered):
     def wrong(cfg):
-        cfg["applications"][0]["import_path"] = "qrag_ray.serving.app:build_ap"
+        cfg["applications"][0]["import_path"] = "qrag_ray.serving.application:build_ap"
 
     probs = kuberay.check_rayservice(_set_serve(_rayservice(rendered), wrong), require_gpu=True, canonical=None)
     assert any("does not import" in p and "build_ap" in p for p in probs), probs
@@ -294,7 +294,7 @@ def test_planted_rayjob_lifecycle_errors_fail(rendered):
 
 
 def test_planted_metric_not_exported_fails():
-    from qrag_ray.serving.metrics import EXPORTED_METRICS
+    from qrag_ray.serving.app_metrics import EXPORTED_METRICS
 
     dash = json.loads((REPO / "k8s" / "base" / "dashboards" / "qrag-dashboard.json").read_text())
     dash["panels"][0]["targets"][0]["expr"] = "sum(rate(ray_qrag_requests_total[5m]))"

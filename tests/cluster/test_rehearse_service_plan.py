@@ -34,7 +34,7 @@ def test_cpu_dev_rayservice_is_a_head_and_two_serving_pods_each_with_haproxy(cpu
             {**SERVE_PROCESS_ENV, **CLUSTER_INGRESS_ENV}
         assert "/tmp" in {m.path for m in pod.mounts}  # HAProxy's files: Ray's default folder is on /tmp
     assert config["http_options"]["port"] == 8000 and config["proxy_location"] == "EveryNode"
-    assert config["applications"][0]["import_path"] == "qrag_ray.serving.app:build_app"
+    assert config["applications"][0]["import_path"] == "qrag_ray.serving.application:build_app"
 
 
 def test_service_plan_takes_pods_per_group_and_names_a_missing_service(cpu_dev):

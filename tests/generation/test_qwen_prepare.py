@@ -171,6 +171,6 @@ def test_real_cached_folder_is_reused_without_converting(monkeypatch):
     d = qwen.ensure_qwen_hf()
     assert time.perf_counter() - t0 < 0.5
     assert (d / "config.json").is_file() and (d / qwen.MARKER_FILE).is_file()
-    from qrag_ray.models.registry import resolve_llm
+    from qrag_ray.models.bundled import resolve_llm
 
     assert resolve_llm("qwen2.5-coder-0.5b-instruct") == str(d)

@@ -15,7 +15,7 @@ from qrag_ray.errors import QragError
 from qrag_ray.index.format import shard_of
 from qrag_ray.index.shard_index import ShardHits
 from qrag_ray.search.query import MAX_K, Query
-from qrag_ray.search.results import ChunkMeta
+from qrag_ray.search.page import ChunkMeta
 from qrag_ray.search.retrieve import retrieve
 from qrag_ray.search.shard_search import ShardReply
 from qrag_ray.config.search_policy import SearchConfig

@@ -80,7 +80,7 @@ def served(local_ray, tenant_indexes, fake_llm):
     import httpx
     from ray import serve
 
-    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.application import build_application
     from qrag_ray.serving.tenants import add_tenant, set_admin_key
 
     tenants_file = tenant_indexes["workdir"] / "tenants.yaml"

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from qrag_ray.generation.prompts import DONT_KNOW
-from qrag_ray.search.results import SearchResult
+from qrag_ray.search.page import SearchResult
 from qrag_ray.serving.answer import Answerer, extract_citations, hyde_passage, parse_answer
-from qrag_ray.serving.errors import ApiError
+from qrag_ray.serving.api_errors import ApiError
 
 
 def test_hyde_passage_is_the_cleaned_reply_or_the_query():

@@ -334,7 +334,7 @@ def test_metrics_on_the_scrape_endpoint(served):
     """Runs last in this module: every name in EXPORTED_METRICS is on the live Prometheus endpoint."""
     import httpx
 
-    from qrag_ray.serving.metrics import EXPORTED_METRICS
+    from qrag_ray.serving.app_metrics import EXPORTED_METRICS
 
     for q in QUERIES:
         search(served, {"query": q, "k": 5})

@@ -10,7 +10,7 @@ import yaml
 
 from qrag_ray.errors import QragError
 from qrag_ray.serving.config import parse_app_args
-from qrag_ray.serving.metrics import EXPORTED_METRICS
+from qrag_ray.serving.app_metrics import EXPORTED_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "serve_configs").glob("*.yaml"))
@@ -35,7 +35,7 @@ def test_serve_config_matches_rays_schema_and_our_app(path, tmp_path):
         assert d.autoscaling_config["max_replicas"] >= d.autoscaling_config["min_replicas"]
     module, _, attr = app.import_path.partition(":")
     builder = getattr(importlib.import_module(module), attr)
-    assert app.import_path == "qrag_ray.serving.app:build_app"
+    assert app.import_path == "qrag_ray.serving.application:build_app"
     args = parse_app_args(app.args)  # the args are valid AppArgs (typos would fail here)
     # every deployment the config names exists in the app the builder makes from these args
     fake_args = dict(app.args)
@@ -66,7 +66,7 @@ def test_canonical_config_is_for_a_cluster():
 def test_deployment_overrides_apply(tmp_path):
     from ray.serve._private.build_app import build_app as ray_build
 
-    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.application import build_application
 
     app = build_application({"index": str(tmp_path), "shards": 2},
                             {"ShardSearcher1": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0.25}}})
@@ -99,7 +99,7 @@ def test_bad_app_args(args, msg):
 
 
 def test_build_app_without_any_readable_index_is_a_clear_error(tmp_path):
-    from qrag_ray.serving.app import build_app
+    from qrag_ray.serving.application import build_app
 
     with pytest.raises(QragError, match="number of shards"):
         build_app({"index": str(tmp_path / "missing")})

@@ -43,7 +43,7 @@ def wide_records() -> list[dict]:
 def fanned(local_ray, tenant_indexes, index_root):
     from ray import serve
 
-    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.application import build_application
     from qrag_ray.serving.tenants import add_tenant
     from support.indexes import build
 

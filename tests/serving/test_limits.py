@@ -8,7 +8,7 @@ import os
 import pytest
 
 from qrag_ray.errors import QragError
-from qrag_ray.serving.errors import ApiError
+from qrag_ray.serving.api_errors import ApiError
 from qrag_ray.serving.ratelimit import RateLimiter, TokenBucket
 from qrag_ray.serving.registry import TenantRegistry
 from qrag_ray.runtime.byte_lru import ByteLRU

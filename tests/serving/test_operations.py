@@ -26,7 +26,7 @@ def ops(local_ray, tenant_indexes, index_builder):
     from ray import serve
 
     from qrag_ray.index.versions import publish_version
-    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.application import build_application
     from qrag_ray.serving.tenants import add_tenant, set_admin_key
 
     wd = tenant_indexes["workdir"]
@@ -195,7 +195,7 @@ def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant
     import ray
     from ray import serve
 
-    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.application import build_application
 
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 1} for i in range(3)}}
@@ -235,7 +235,7 @@ def test_a_thousand_tenants_start_and_serve(ops, index_builder):
     import yaml
     from ray import serve
 
-    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.application import build_application
     from qrag_ray.serving.tenants import hash_key, new_key
 
     wd = ops["workdir"] / "many"

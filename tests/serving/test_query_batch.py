@@ -14,12 +14,12 @@ from ray.serve.exceptions import BackPressureError
 from qrag_ray.errors import QragError
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.serving.api_models import SearchRequest
-from qrag_ray.serving.errors import ApiError
+from qrag_ray.serving.api_errors import ApiError
 from qrag_ray.serving.query_batch import QueryBatcher
 from qrag_ray.serving.shard_backends import RemoteShards
 from qrag_ray.serving.shard_store import ShardKey, VersionMoved, affinity_id
 from qrag_ray.serving.tenants import Tenant
-from qrag_ray.serving.versions import TenantIndex
+from qrag_ray.serving.tenant_versions import TenantIndex
 from tests.search.test_retrieve import HITS, A, C, FakeShards
 
 

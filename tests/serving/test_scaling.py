@@ -23,7 +23,7 @@ def serve_app(local_ray, tenant_indexes):
     ShardSearcher replicas, and returns (url, headers per tenant)."""
     from ray import serve
 
-    from qrag_ray.serving.app import build_application
+    from qrag_ray.serving.application import build_application
     from qrag_ray.serving.tenants import add_tenant, set_admin_key
 
     serve.shutdown()

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from qrag_ray.errors import QragError
-from qrag_ray.serving.errors import ApiError, shard_unavailable
+from qrag_ray.serving.api_errors import ApiError, shard_unavailable
 from qrag_ray.serving.tenants import Tenant
-from qrag_ray.serving.versions import TenantIndex, TenantVersions
+from qrag_ray.serving.tenant_versions import TenantIndex, TenantVersions
 
 ALPHA = Tenant(name="alpha", index="/idx/alpha")
 BETA = Tenant(name="beta", index="/idx/beta")

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from qrag_ray.errors import QragError
-from qrag_ray.serving.errors import ApiError
+from qrag_ray.serving.api_errors import ApiError
 from qrag_ray.serving.tenants import (DEFAULT_TENANT, Tenant, Tenants, add_tenant, hash_key, load_tenants,
                                       new_key, remove_tenant, rotate_key, set_admin_key)
 

@@ -1,5 +1,5 @@
 """Monitoring: the PodMonitors select every Ray pod on a port that is Ray's metrics-export-port, and the
-Grafana dashboard queries only metrics we export (qrag_ray.serving.metrics) or Serve's built-ins, read
+Grafana dashboard queries only metrics we export (qrag_ray.serving.app_metrics) or Serve's built-ins, read
 by a real PromQL parser (promql-parser)."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def check_dashboard(dash: dict, exported: Iterable[str]) -> list[str]:
             if name in exported:
                 used_ours = True
             elif not name.startswith("ray_serve_"):
-                out.append(f"query {e!r} uses {name}, which is neither in qrag_ray.serving.metrics.EXPORTED_METRICS "
+                out.append(f"query {e!r} uses {name}, which is neither in qrag_ray.serving.app_metrics.EXPORTED_METRICS "
                            "nor a Ray Serve built-in (ray_serve_*)")
     if not used_ours and not out:
         out.append("the dashboard charts none of our exported metrics")
@@ -101,6 +101,6 @@ def check_dashboard(dash: dict, exported: Iterable[str]) -> list[str]:
 
 
 def exported_metrics() -> dict[str, str]:
-    from qrag_ray.serving.metrics import EXPORTED_METRICS
+    from qrag_ray.serving.app_metrics import EXPORTED_METRICS
 
     return dict(EXPORTED_METRICS)

@@ -9,9 +9,9 @@ import asyncio
 from qrag_ray.errors import QragError
 from qrag_ray.search.fetch import chunk_shard, document_body
 from qrag_ray.serving import api_models as m
-from qrag_ray.serving.errors import ApiError, index_unavailable
+from qrag_ray.serving.api_errors import ApiError, index_unavailable
 from qrag_ray.serving.tenants import Tenant
-from qrag_ray.serving.versions import TenantVersions
+from qrag_ray.serving.tenant_versions import TenantVersions
 
 
 class Fetcher:

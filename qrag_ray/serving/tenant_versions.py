@@ -18,7 +18,7 @@ from qrag_ray.index.format import Manifest
 from qrag_ray.index.versions import resolve_index
 from qrag_ray.search.query import check_hybrid
 from qrag_ray.config.search_policy import SearchConfig
-from qrag_ray.serving.errors import ApiError, index_unavailable
+from qrag_ray.serving.api_errors import ApiError, index_unavailable
 from qrag_ray.serving.shard_store import ShardKey
 from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.serving.tenants import Tenant
