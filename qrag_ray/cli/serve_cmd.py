@@ -152,7 +152,7 @@ def register(app: typer.Typer) -> None:
         from ray import serve
 
         from qrag_ray.runtime.ray_start import ensure_ray
-        from qrag_ray.serving.application import build_application
+        from qrag_ray.serving.application import compose_app
         from qrag_ray.serving.config import SERVE_PROCESS_ENV
 
         if not address:
@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
             os.environ.update(ingress_env(ingress, int(http_port)))
         # replica logs (one line per request) stay in Ray's session logs, not on this terminal (qrag -v shows them)
         ensure_ray(address)
-        application = build_application(args, dep_opts)
+        application = compose_app(args, dep_opts)
         # with direct ingress Serve's proxy (whose host the Router's server binds too) gets a free port
         proxy_port = free_port() if direct_ingress else int(http_port)
         serve.start(http_options={"host": http_host, "port": proxy_port})

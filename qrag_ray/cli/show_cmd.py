@@ -1,5 +1,5 @@
 """`qrag show`: a chunk or a whole document of a local index by id, as GET /v1/chunks/{id} and
-GET /v1/documents/{id} return them (the same records: qrag_ray.search.fetch)."""
+GET /v1/documents/{id} return them (the same records: Shard.fetch_records in qrag_ray.search.shard)."""
 
 from __future__ import annotations
 
@@ -20,21 +20,21 @@ def register(app: typer.Typer) -> None:
     ):
         """Show a chunk (text, document, url, metadata, generated questions) or a document's chunks."""
         from qrag_ray.index.format import load_manifest
-        from qrag_ray.search.fetch import chunk_records, chunk_shard, document_body
-        from qrag_ray.search.shard_search import load_shard
+        from qrag_ray.search.page import document_body
+        from qrag_ray.search.shard import Shard, shard_of_chunk
 
         if (chunk_id is None) == (doc is None):
             raise QragError("give a chunk id or --doc DOC_ID (one of them)")
         m = load_manifest(index)
         where = {"index": str(m.path), "index_version": m.index_version}
         if doc is None:
-            ci, shard = chunk_shard(chunk_id, m.num_shards)
-            found = [r for r in chunk_records(load_shard(m, shard), [ci]) if r["chunk_id"] == chunk_id]
+            chunk_idx, number = shard_of_chunk(chunk_id, m.num_shards)
+            found = [r for r in Shard.open(m, number).fetch_records([chunk_idx]) if r["chunk_id"] == chunk_id]
             if not found:
                 raise QragError(f"no chunk {chunk_id!r} in {m.path}")
             body = {**found[0], **where}
         else:
-            records = [r for s in range(m.num_shards) for r in chunk_records(load_shard(m, s), doc_id=doc)]
+            records = [r for number in range(m.num_shards) for r in Shard.open(m, number).fetch_records(doc_id=doc)]
             if not records:
                 raise QragError(f"no document {doc!r} in {m.path}")
             body = {**document_body(doc, records), **where}

@@ -101,9 +101,15 @@ class SearchConfig(Strict):
         out = scores.astype(np.float64)
         if kinds is None or not (self.kind_weights or self.kind_bias):
             return out
-        w = np.array([self.kind_weights.get(k, 1.0) for k in kinds], dtype=np.float64)
-        b = np.array([self.kind_bias.get(k, 0.0) for k in kinds], dtype=np.float64)
-        return out * w + b
+        names = np.asarray(kinds, dtype=object).tolist()
+        weights = np.array([self.kind_weights.get(name, 1.0) for name in names], dtype=np.float64)
+        biases = np.array([self.kind_bias.get(name, 0.0) for name in names], dtype=np.float64)
+        return out * weights + biases
+
+    def groups_of(self, kinds: np.ndarray) -> np.ndarray:
+        """Each vector's fusion group (`group_of` its kind), as an object array."""
+        group = {kind: name for name, members in self.groups.items() for kind in members}
+        return np.array([group.get(kind, kind) for kind in np.asarray(kinds, dtype=object).tolist()], dtype=object)
 
     def bound(self, raw: float) -> float:
         """The highest calibrated score a vector with raw score <= `raw` can reach (any kind)."""

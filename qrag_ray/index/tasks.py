@@ -23,7 +23,7 @@ from qrag_ray.index.format import (CHUNKS, atomic_write, atomic_write_text, shar
 from qrag_ray.index.lexical import globalize_idf
 from qrag_ray.index.metadata_columns import chunk_table
 from qrag_ray.index.rows import CHUNK_PART_SCHEMA, check_unique_chunks, vector_schema
-from qrag_ray.index.shard_index import set_faiss_threads
+from qrag_ray.index.faiss_search import set_faiss_threads
 from qrag_ray.index.udfs import SAMPLE_STRIPE
 from qrag_ray.index.writer import build_faiss, faiss_factory, vectors_of, write_shard
 

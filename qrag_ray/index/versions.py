@@ -57,11 +57,11 @@ def resolve_index(path: str | Path) -> ResolvedIndex:
 
 
 def check_index(index_dir: str | Path) -> dict:
-    """What a server does when it loads the index: every checksum, every shard opened by ShardIndex."""
-    from qrag_ray.index.shard_index import ShardIndex
+    """What a server does when it loads the index: every checksum, every shard's FAISS file opened."""
+    from qrag_ray.index.faiss_search import open_faiss
 
     m = load_manifest(index_dir, verify=True)
-    vectors = sum(ShardIndex(m.path, i, m, verify=False).ntotal for i in range(m.num_shards))
+    vectors = sum(open_faiss(m.file(m.shard(i).faiss), m).ntotal for i in range(m.num_shards))
     if m.counts and vectors != m.counts.vectors:
         raise IndexFormatError(f"{index_dir}: shards hold {vectors} vectors, the manifest counts {m.counts.vectors}")
     return {"index_version": m.index_version, "num_shards": m.num_shards, "vectors": vectors}

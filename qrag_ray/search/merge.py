@@ -2,7 +2,9 @@
 
 A chunk owns many vectors, so the search over-retrieves k x M vectors per shard and dedups here.
 Post-filtering alone cannot promise the true top k chunks: `needs_more` says when a shard was cut off
-above the k-th chunk's score, and the caller then asks again with a larger M.
+above the k-th chunk's score, and the caller then asks again with a larger M. `reachable_chunks` says
+which chunks of a group of shards can still reach a page, so a shard's reply carries the page's
+metadata for them and nothing else.
 """
 
 from __future__ import annotations
@@ -11,8 +13,23 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from qrag_ray.errors import QragError
 from qrag_ray.config.search_policy import SearchConfig
+from qrag_ray.errors import QragError
+
+
+@dataclass
+class Hits:
+    """One query's hits in one shard, best first: each vector hit's score, FAISS row, chunk_idx and kind
+    (row -1: an empty slot), and with BM25 its best chunks' raw scores (chunk_idx -1: an empty slot)."""
+
+    shard: int
+    scores: np.ndarray  # float32
+    rows: np.ndarray  # int64
+    chunk_idx: np.ndarray  # int64
+    exhausted: bool  # the shard holds no more vectors than were asked for
+    kinds: np.ndarray | None = None  # object array of vector kinds, for kind-aware fusion
+    lex_scores: np.ndarray | None = None
+    lex_chunk_idx: np.ndarray | None = None
 
 
 @dataclass
@@ -40,44 +57,49 @@ class ChunkResult:
     cosine: float | None = None  # the best raw (uncalibrated) similarity of the chunk's retrieved vectors
 
 
-def gather(per_shard: list, qi: int) -> Candidates:
-    """Flatten ShardHits (one per shard) for query qi, dropping empty slots (row -1)."""
-    sc, ci, sh, rw, kd, cut = [], [], [], [], [], {}
-    with_kinds = all(getattr(h, "kinds", None) is not None for h in per_shard) and bool(per_shard)
-    for h in per_shard:
-        rows = h.rows[qi]
-        ok = rows >= 0
-        sc.append(h.scores[qi][ok])
-        ci.append(h.chunk_idx[qi][ok])
-        rw.append(rows[ok])
-        sh.append(np.full(int(ok.sum()), h.shard, dtype=np.int32))
+def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype)
+
+
+def gather(per_shard: list[Hits]) -> Candidates:
+    """One query's hits of every shard, flattened, without empty slots (row -1)."""
+    scores, chunk_idx, shards, rows, kinds, cutoffs = [], [], [], [], [], {}
+    with_kinds = bool(per_shard) and all(hits.kinds is not None for hits in per_shard)
+    for hits in per_shard:
+        filled = hits.rows >= 0
+        scores.append(hits.scores[filled])
+        chunk_idx.append(hits.chunk_idx[filled])
+        rows.append(hits.rows[filled])
+        shards.append(np.full(int(filled.sum()), hits.shard, dtype=np.int32))
         if with_kinds:
-            kd.append(np.asarray(h.kinds[qi], dtype=object)[ok])
-        if not h.exhausted and ok.all() and len(rows):
-            cut[h.shard] = float(h.scores[qi][-1])
-    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
-    kinds = cat(kd, object) if with_kinds else None
-    c = Candidates(cat(sc, np.float32), cat(ci, np.int64), cat(sh, np.int32), cat(rw, np.int64), cut, kinds)
-    lex = [h for h in per_shard if getattr(h, "lex_scores", None) is not None]
-    if lex:
-        c.lex_chunks, c.lex_scores, c.lex_floor = _gather_lexical(lex, qi)
-    return c
+            kinds.append(np.asarray(hits.kinds, dtype=object)[filled])
+        if not hits.exhausted and filled.all() and len(hits.rows):
+            cutoffs[hits.shard] = float(hits.scores[-1])
+    candidates = Candidates(_concat(scores, np.float32), _concat(chunk_idx, np.int64), _concat(shards, np.int32),
+                            _concat(rows, np.int64), cutoffs, _concat(kinds, object) if with_kinds else None)
+    lexical = [hits for hits in per_shard if hits.lex_scores is not None]
+    if lexical:
+        candidates.lex_chunks, candidates.lex_scores, candidates.lex_floor = _gather_lexical(lexical)
+    return candidates
 
 
-def _gather_lexical(per_shard: list, qi: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """All shards' BM25 hits of query qi over the best one (raw BM25 grows with the query's length)."""
-    ids = [h.lex_chunk_idx[qi] for h in per_shard]
-    scs = [h.lex_scores[qi] for h in per_shard]
-    ok = [i >= 0 for i in ids]
-    chunks = np.concatenate([i[m] for i, m in zip(ids, ok)]).astype(np.int64)
-    scores = np.concatenate([s[m] for s, m in zip(scs, ok)]).astype(np.float64)
+def _gather_lexical(per_shard: list[Hits]) -> tuple[np.ndarray, np.ndarray, float]:
+    """All shards' BM25 hits of one query over the best one (raw BM25 grows with the query's length)."""
+    filled = [hits.lex_chunk_idx >= 0 for hits in per_shard]
+    chunks = np.concatenate([hits.lex_chunk_idx[ok] for hits, ok in zip(per_shard, filled)]).astype(np.int64)
+    scores = np.concatenate([hits.lex_scores[ok] for hits, ok in zip(per_shard, filled)]).astype(np.float64)
     top = float(scores.max()) if len(scores) else 0.0
     if top <= 0:
         return np.zeros(0, np.int64), np.zeros(0, np.float64), 0.0
     scores = scores / top
     # a shard whose list is full may hold unseen chunks up to its last score: they count the lowest
-    cut = [float(s[-1]) / top for s, m in zip(scs, ok) if len(m) and m.all()]
-    return chunks, scores, (min(cut) if cut else 0.0)
+    cuts = [float(hits.lex_scores[-1]) / top for hits, ok in zip(per_shard, filled) if _full(ok)]
+    return chunks, scores, (min(cuts) if cuts else 0.0)
+
+
+def _full(filled: np.ndarray) -> bool:
+    """A list with no empty slot: the shard may hold unseen entries below its last one."""
+    return bool(len(filled)) and bool(filled.all())
 
 
 def hybrid_scores(dense: dict[int, float], c: Candidates, policy: SearchConfig) -> dict[int, float]:
@@ -130,7 +152,7 @@ def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray,
 def fuse_scores(c: Candidates, policy: SearchConfig, scores: np.ndarray) -> dict[int, float]:
     """chunk_idx -> fused score for rrf / sum from the calibrated vector `scores` of `c`."""
     kinds = c.kinds if c.kinds is not None else np.full(len(c.scores), "?", dtype=object)
-    labels = np.array([policy.group_of(k) for k in kinds.tolist()], dtype=object)
+    labels = policy.groups_of(kinds)
     fused: dict[int, float] = {}
     all_chunks = np.unique(c.chunk_idx)
     for g in sorted(set(labels.tolist())):
@@ -208,42 +230,117 @@ def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: flo
     return results[-1].score < highest_cut
 
 
-def essential_hits(h, k: int, policy: SearchConfig, max_matches: int = 3):
-    """The vector hits of one shard for one query (a 1-query ShardHits) that `dedup` across shards can read,
-    in the shard's order: each chunk's best `max_matches` vectors (its score and matches), the one with its
-    best raw score (its cosine) and, under rrf/sum, its best of each fusion group (ranks and floors).
-    Merging every shard's essential hits gives the page merging all hits gives: a shard replica sends
-    these instead of its k x M vectors where every chunk's lists count (rrf, sum, hybrid; under max
-    fusion it sends only the hits of its top k chunks: shard_search.group_winners)."""
-    ok = np.flatnonzero(h.rows[0] >= 0)
-    if len(ok) <= 2 * k:  # at most two vectors a wanted chunk: nothing worth the sorting to drop
-        return h
-    scores, cidx, rows = h.scores[0][ok], h.chunk_idx[0][ok], h.rows[0][ok]
-    kinds = None if h.kinds is None else np.asarray(h.kinds[0], dtype=object)[ok]
+def essential_hits(hits: Hits, k: int, policy: SearchConfig, max_matches: int = 3) -> Hits:
+    """The vector hits of one shard for one query that `dedup` across shards can read, in the shard's
+    order: each chunk's best `max_matches` vectors (its score and matches), the one with its best raw score
+    (its cosine) and, under rrf/sum, its best of each fusion group (ranks and floors). Merging every
+    shard's essential hits gives the page merging all hits gives: a shard sends these instead of its k x M
+    vectors where every chunk's lists count (rrf, sum, hybrid; under max fusion it sends only the hits of
+    its group's top k chunks: `group_winners`)."""
+    filled = np.flatnonzero(hits.rows >= 0)
+    if len(filled) <= 2 * k:  # at most two vectors a wanted chunk: nothing worth the sorting to drop
+        return hits
+    scores = hits.scores[filled]
+    chunk_idx = hits.chunk_idx[filled]
+    rows = hits.rows[filled]
+    kinds = None if hits.kinds is None else np.asarray(hits.kinds, dtype=object)[filled]
     order = np.lexsort((rows, -policy.calibrate(scores, kinds)))  # dedup's order (one shard: score, row)
-    ch = cidx[order]
-    by_chunk = np.argsort(ch, kind="stable")  # positions in `order`, grouped by chunk, best first
-    starts = np.flatnonzero(np.r_[True, ch[by_chunk][1:] != ch[by_chunk][:-1]])
-    rank = np.arange(len(ch)) - np.repeat(starts, np.diff(np.r_[starts, len(ch)]))
-    keep = np.zeros(len(ch), bool)
+    chunks = chunk_idx[order]
+    by_chunk = np.argsort(chunks, kind="stable")  # positions in `order`, grouped by chunk, best first
+    starts = np.flatnonzero(np.r_[True, chunks[by_chunk][1:] != chunks[by_chunk][:-1]])
+    rank = np.arange(len(chunks)) - np.repeat(starts, np.diff(np.r_[starts, len(chunks)]))
+    keep = np.zeros(len(chunks), bool)
     keep[by_chunk[rank < max_matches]] = True
     raw = scores[order]
-    best_raw = np.lexsort((-raw[by_chunk], ch[by_chunk]))  # by chunk, raw score desc
+    best_raw = np.lexsort((-raw[by_chunk], chunks[by_chunk]))  # by chunk, raw score desc
     keep[by_chunk[best_raw[starts]]] = True
     if policy.fusion != "max" and kinds is not None:
-        _, group = np.unique(np.array([policy.group_of(x) for x in kinds[order].tolist()], dtype=object),
-                             return_inverse=True)
-        _, first = np.unique(np.stack([ch, group]), axis=1, return_index=True)
+        _, group = np.unique(policy.groups_of(kinds[order]), return_inverse=True)
+        _, first = np.unique(np.stack([chunks, group]), axis=1, return_index=True)
         keep[first] = True  # the first, so best, vector of each (chunk, group)
-    pos = np.sort(ok[order[keep]])  # in the shard's own order
-    return replace(h, scores=h.scores[:, pos], rows=h.rows[:, pos], chunk_idx=h.chunk_idx[:, pos],
-                   kinds=None if h.kinds is None else h.kinds[:, pos])
+    kept = np.sort(filled[order[keep]])  # in the shard's own order
+    return replace(hits, scores=hits.scores[kept], rows=hits.rows[kept], chunk_idx=hits.chunk_idx[kept],
+                   kinds=None if hits.kinds is None else hits.kinds[kept])
 
 
-def merge_hits(per_shard: list, qi: int, k: int, min_score: float | None = None,
+def group_winners(tops: list[list[ChunkResult]], k: int) -> set[int]:
+    """Under max fusion without BM25, the chunks of a group of shards (one replica's, or one shard) that can
+    reach a page of k, from each shard's own top k for one query: the group's top k in the merge's order
+    (best score, then the shard and row of the best vector), as any other chunk has k of the group above
+    it everywhere."""
+    ranked = sorted((result for top in tops for result in top), key=lambda r: (-r.score, *r.matches[0][:2]))
+    return {result.chunk_idx for result in ranked[:k]}
+
+
+def reachable_chunks(per_shard: list[Hits], k: int, policy: SearchConfig) -> set[int]:
+    """The chunks of a group of shards' hits for one query that can reach a page of k under an rrf, sum or
+    hybrid policy, whatever the other shards hold: those fewer than k chunks of the group beat. A chunk d
+    beats c when every channel the fused score rises with ranks d at or above c (each fusion group's best
+    calibrated score, BM25), and the final order (the best calibrated vector, then the smaller chunk_idx)
+    puts d first: then d's fused score is at least c's under any scale the merge's normalisation picks, so
+    k such chunks keep c off the page. Unknown values count against beating: a chunk missing from a BM25
+    list that may hold more is scored at the global floor, which only a full list's cut bounds."""
+    vector = gather(per_shard)
+    lexical = [hits for hits in per_shard if hits.lex_scores is not None and policy.bm25_alpha is not None]
+    lex_keys = [hits.lex_chunk_idx[hits.lex_chunk_idx >= 0] for hits in lexical]
+    keys = np.unique(np.concatenate([vector.chunk_idx, *lex_keys]).astype(np.int64))
+    if len(keys) <= k:
+        return set(keys.tolist())
+    position = np.searchsorted(keys, vector.chunk_idx)
+    calibrated = policy.calibrate(vector.scores, vector.kinds)
+    best = np.full(len(keys), -np.inf)
+    np.maximum.at(best, position, calibrated)
+    beats = (best[:, None] > best[None, :]) | ((best[:, None] == best[None, :]) & (keys[:, None] < keys[None, :]))
+    ranked = policy.fusion == "rrf"  # a rank channel orders ties by chunk_idx; a value channel counts them equal
+    if policy.fusion != "max":
+        kinds = vector.kinds if vector.kinds is not None else np.full(len(vector.scores), "?", dtype=object)
+        labels = policy.groups_of(kinds)
+        for label in sorted(set(labels.tolist())):
+            group_best = np.full(len(keys), -np.inf)
+            in_group = labels == label
+            np.maximum.at(group_best, position[in_group], calibrated[in_group])
+            beats &= _beats_on(group_best, keys, ranked)
+    if lexical:
+        raw = np.full(len(keys), np.nan)
+        for hits, found in zip(lexical, lex_keys):
+            raw[np.searchsorted(keys, found)] = hits.lex_scores[hits.lex_chunk_idx >= 0]
+        cuts = [float(hits.lex_scores[-1]) for hits in lexical if _full(hits.lex_chunk_idx >= 0)]
+        beats &= _beats_on_lexical(raw, keys, min(cuts) if cuts else np.inf, ranked)
+    return set(keys[beats.sum(axis=0) < k].tolist())
+
+
+def _beats_on(values: np.ndarray, keys: np.ndarray, ranked: bool) -> np.ndarray:
+    """[d, c]: d ranks at or above c on one vector channel (-inf: absent, scored at the list's floor or miss
+    rank, below every present value and equal to another absent one)."""
+    above = values[:, None] > values[None, :]
+    equal = values[:, None] == values[None, :]
+    if not ranked:
+        return above | equal
+    absent = np.isneginf(values)
+    return above | (equal & ((keys[:, None] < keys[None, :]) | absent[None, :]))
+
+
+def _beats_on_lexical(raw: np.ndarray, keys: np.ndarray, unseen_bound: float, ranked: bool) -> np.ndarray:
+    """[d, c]: d ranks at or above c on BM25 (raw: nan where the chunk is unseen; an unseen chunk is scored
+    at the global floor, at most `unseen_bound`, the lowest cut of the group's full lists; under rrf it
+    takes the miss rank, below every seen one)."""
+    seen = ~np.isnan(raw)
+    both_seen = seen[:, None] & seen[None, :]
+    both_unseen = ~seen[:, None] & ~seen[None, :]
+    with np.errstate(invalid="ignore"):
+        above = raw[:, None] > raw[None, :]
+        equal = raw[:, None] == raw[None, :]
+        over_floor = raw >= unseen_bound
+    seen_over_unseen = seen[:, None] & ~seen[None, :] & (True if ranked else over_floor[:, None])
+    if ranked:
+        return (both_seen & (above | (equal & (keys[:, None] < keys[None, :])))) | both_unseen | seen_over_unseen
+    return (both_seen & (above | equal)) | both_unseen | seen_over_unseen
+
+
+def merge_hits(per_shard: list[Hits], k: int, min_score: float | None = None,
                policy: SearchConfig | None = None) -> tuple[list[ChunkResult], bool]:
-    """One query's per-shard hits -> (top k distinct chunks, whether a wider search could change them)."""
+    """One query's hits of every shard -> (top k distinct chunks, whether a wider search could change them)."""
     policy = policy or SearchConfig()
-    c = gather(per_shard, qi)
-    res = dedup(c, k, min_score=min_score, policy=policy)
-    return res, needs_more(c, res, k, min_score, policy)
+    candidates = gather(per_shard)
+    results = dedup(candidates, k, min_score=min_score, policy=policy)
+    return results, needs_more(candidates, results, k, min_score, policy)

@@ -1,5 +1,6 @@
 """A search's results: what `qrag search` prints, `qrag eval` ranks and /v1/search returns (the HTTP
-response models are these), built from the merged hits and the page's metadata."""
+response models are these), built from the merged hits and the page's metadata; and a document as the
+fetch routes return it."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ class SearchResult(BaseModel):  # one chunk of a page, exactly as the HTTP API r
     bm25: float | None = Field(None, description="hybrid indexes: the chunk's BM25 score over the query's best (0..1)")
     cosine: float | None = Field(None, description="the best raw cosine of the chunk's retrieved vectors to the query")
     url: str | None = Field(None, description="the document's url, when the corpus gave one")
+    vector: list[float] | None = Field(
+        None, description="with include_vectors: the stored vector of the chunk's best-matching row (L2-normalised; "
+                          "None where the index keeps no full vectors, e.g. IVF-PQ)")
     metadata: dict[str, MetadataValue] = Field(
         default_factory=dict, description="the document's metadata fields ({} when the index has none); dates as "
                                           "ISO-8601 text")
@@ -53,13 +57,34 @@ class SearchResult(BaseModel):  # one chunk of a page, exactly as the HTTP API r
         return out
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 6)
+
+
 def format_page(results: list[ChunkResult], chunks: dict[int, ChunkMeta],
-                matched: dict[tuple[int, int], tuple[str, str]]) -> list[SearchResult]:
-    """One query's merged chunks as results; `chunks` and `matched` ((shard, row) -> (kind, text)) hold
-    the page's metadata."""
-    rnd = lambda x: None if x is None else round(float(x), 6)  # noqa: E731
+                row_texts: dict[tuple[int, int], tuple[str, str]],
+                row_vectors: dict[tuple[int, int], list[float] | None] | None = None) -> list[SearchResult]:
+    """One query's merged chunks as results; `chunks` (chunk_idx -> record) and `row_texts` ((shard, row) ->
+    (kind, text)) hold the page's metadata, `row_vectors` (when asked for) the best rows' stored vectors."""
     # validated construction: pydantic-core builds a result from plain values faster than model_construct
     return [SearchResult(
-        **chunks[r.chunk_idx]._asdict(), score=rnd(r.score), bm25=rnd(r.lexical), cosine=rnd(r.cosine),
-        matched=[{"kind": matched[(s, row)][0], "text": matched[(s, row)][1], "score": rnd(score)}
-                 for s, row, score in r.matches]) for r in results]
+        **chunks[result.chunk_idx]._asdict(), score=_rounded(result.score), bm25=_rounded(result.lexical),
+        cosine=_rounded(result.cosine),
+        vector=None if row_vectors is None or not result.matches else row_vectors.get(result.matches[0][:2]),
+        matched=[{"kind": row_texts[(shard, row)][0], "text": row_texts[(shard, row)][1], "score": _rounded(score)}
+                 for shard, row, score in result.matches]) for result in results]
+
+
+def _chunk_number(record: dict) -> int:
+    """A chunk's number in its document (`doc#n`), -1 when its id has none."""
+    tail = record["chunk_id"].rsplit("#", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def document_body(doc_id: str, records: list[dict]) -> dict:
+    """A document as the fetch route returns it (without `index`, `index_version`) from its chunks' records,
+    whichever shards they came from: its url, metadata and its chunks in document order."""
+    chunks = sorted(records, key=_chunk_number)
+    first = chunks[0]
+    return {"doc_id": doc_id, "title": first["title"], "url": first["url"], "metadata": first["metadata"],
+            "chunks": [{name: chunk[name] for name in ("chunk_id", "title", "text", "questions")} for chunk in chunks]}

@@ -32,15 +32,17 @@ def check_hybrid(policy: SearchConfig, manifest: Manifest, name: str | None = No
 
 
 @dataclass(frozen=True)
-class Query:
-    """A batch of query vectors' search, resolved once against an index version: what every shard runs.
-    A lone request is a batch of one."""
+class QueryBatch:
+    """What every shard runs for a batch of query vectors, resolved once against an index version: the
+    batch's k, score floor, policy, words and filter (one query vector per row of the caller's array). A
+    lone request is a batch of one."""
 
     k: int
     min_score: float | None
     policy: SearchConfig  # the index's policy, or it with the request's bm25_alpha, checked against the index
     texts: tuple[str, ...] | None = None  # the user's own words per query vector, for BM25 (hybrid policies)
     filter: Filter | None = None  # metadata filter and doc_ids, checked against the index (search/filters.py)
+    vectors: bool = False  # each result also carries its best-matching row's stored vector
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate_k(self.k)

@@ -1,5 +1,6 @@
 """The retrieval core, the one path of `qrag search`, `qrag eval` and the Router from query vectors to
-pages over any shard backend: ask every shard, merge once per query, fetch what the page lacks, format."""
+pages, wherever an index version's shards live: ask every shard once, merge once per query, format the
+page from what the replies carry."""
 
 from __future__ import annotations
 
@@ -7,88 +8,89 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from qrag_ray.errors import QragError
-from qrag_ray.index.format import shard_of
-from qrag_ray.search.merge import ChunkResult, merge_hits
-from qrag_ray.search.query import Query
-from qrag_ray.search.page import ChunkMeta, SearchResult, format_page
-from qrag_ray.search.shard_search import LoadedShard, ShardReply, search_loaded
-
-Wanted = dict[int, tuple[list[int], list[int]]]  # shard -> (rows, chunk_idx) whose metadata the page needs
-Found = list[tuple[dict[int, tuple[str, str]], dict[int, ChunkMeta]]]  # per wanted shard: (row -> (kind, text), meta)
-
-
-class ShardBackend(Protocol):
-    """Where an index version's shards are searched; `key` names the version (opaque to the core)."""
-
-    async def search(self, key: Hashable, num_shards: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]: ...
-
-    async def lookup(self, key: Hashable, want: Wanted) -> Found: ...
+from qrag_ray.search.merge import merge_hits
+from qrag_ray.search.page import SearchResult, format_page
+from qrag_ray.search.query import QueryBatch
+from qrag_ray.search.shard import Shard, search_shards
+from qrag_ray.search.shard_reply import ShardReply
 
 
 class LocalShards:
-    """Shards loaded in this process (`get(shard, key)`), all searched in one call, one after the other
-    (a shard search is well under a millisecond on small indexes: the call is what counts). `offload`
-    runs that call in a worker thread, keeping an event loop (a Serve replica's) free."""
+    """Shards searched in this process, all in one call: an index's shards opened up front (`qrag search`,
+    `qrag eval`) or a small tenant's from the Router's cache. `open_shard(key, number)` gives shard `number`
+    of the version `key` names (opaque here); `forget(key, number)` drops it from a cache; `offload` runs the
+    search in a worker thread, keeping an event loop (a Serve replica's) free; `searched(key, replies)` hears
+    of every search (the Router's metrics). serving's RemoteShards has the same methods over the
+    ShardSearcher deployments: a backend differs only in where the shard lives."""
 
-    def __init__(self, get: Callable[[int, Hashable], Awaitable[LoadedShard]], offload: bool = False):
-        self.get, self.offload = get, offload
+    path = "router"  # what `timings.path` says of a search here
 
-    async def search(self, key: Hashable, num_shards: int, qvecs: np.ndarray, q: Query) -> list[ShardReply]:
-        loaded = await asyncio.gather(*[self.get(s, key) for s in range(num_shards)])  # a cold tenant's load at once
-        run = lambda: [search_loaded(ls, s, qvecs, q) for s, ls in enumerate(loaded)]  # noqa: E731
-        return await asyncio.to_thread(run) if self.offload else run()
+    def __init__(self, open_shard: Callable[[Hashable, int], Awaitable[Shard]],
+                 forget: Callable[[Hashable, int], object] | None = None, offload: bool = False,
+                 searched: Callable[[Hashable, list[ShardReply]], None] | None = None):
+        self.open_shard = open_shard
+        self.forget = forget
+        self.offload = offload
+        self.searched = searched
 
-    async def lookup(self, key: Hashable, want: Wanted) -> Found:
-        return [(ls.index.matched(rows), ls.chunk_meta(cis)) for s, (rows, cis) in want.items()
-                for ls in [await self.get(s, key)]]
+    async def search(self, key: Hashable, num_shards: int, vectors: np.ndarray, batch: QueryBatch) -> list[ShardReply]:
+        """Every shard's reply for the batch (a cold tenant's shards open at once)."""
+        shards = await asyncio.gather(*[self.open_shard(key, number) for number in range(num_shards)])
+        if self.offload:
+            replies = await asyncio.to_thread(search_shards, shards, vectors, batch)
+        else:
+            replies = search_shards(shards, vectors, batch)
+        if self.searched is not None:
+            self.searched(key, replies)
+        return replies
+
+    async def fetch(self, key: Hashable, number: int, chunk_idx: list[int] | None, doc_id: str | None) -> list[dict]:
+        """The records of these chunks, or of a document's chunks, in shard `number` (Shard.fetch_records)."""
+        shard = await self.open_shard(key, number)
+        return await asyncio.to_thread(shard.fetch_records, chunk_idx, doc_id)
+
+    async def prepare(self, key: Hashable, number: int) -> None:
+        """Open shard `number` before it gets traffic (a new version, or start-up)."""
+        await self.open_shard(key, number)
+
+    async def retire(self, key: Hashable, number: int) -> None:
+        """Drop shard `number` of a version no request starts on any more."""
+        if self.forget is not None:
+            self.forget(key, number)
 
 
 @dataclass
 class BatchPages:
-    pages: list[list[SearchResult]]  # one per query vector
+    """A batch's pages, one per query vector, with the replies they were merged from and the timings."""
+
+    pages: list[list[SearchResult]]
     replies: list[ShardReply]  # one per shard
     search_ms: float
     merge_ms: float
-    lookup_ms: float  # fetching the page's rows and chunks that the shards did not send
     format_ms: float
     rounds: int  # the most widening rounds any shard needed
 
 
-async def retrieve(backend: ShardBackend, key: Hashable, num_shards: int, qvecs: np.ndarray, q: Query) -> BatchPages:
-    """Top q.k distinct chunks for each query vector (exactly k when the index holds k)."""
-    if q.policy.bm25_alpha is not None and (q.texts is None or len(q.texts) != len(qvecs)):
+async def retrieve(backend: LocalShards, key: Hashable, num_shards: int, vectors: np.ndarray,
+                   batch: QueryBatch) -> BatchPages:
+    """Top batch.k distinct chunks for each query vector (exactly k when the index holds k)."""
+    if batch.policy.bm25_alpha is not None and (batch.texts is None or len(batch.texts) != len(vectors)):
         raise QragError("hybrid search (bm25_alpha) needs the query texts, not only their vectors")
-    t0 = time.perf_counter()
-    replies = await backend.search(key, num_shards, qvecs, q)
-    t1 = time.perf_counter()
-    merged = [merge_hits([r.hits[qi] for r in replies], 0, q.k, q.min_score, q.policy)[0] for qi in range(len(qvecs))]
-    t2 = time.perf_counter()
-    matched = {(r.shard, row): v for r in replies for row, v in r.matched.items()}
-    chunks = {ci: meta for r in replies for ci, meta in r.chunks.items()}
-    if want := _missing(merged, matched, chunks, num_shards):
-        for s, (mt, ch) in zip(want, await backend.lookup(key, want)):
-            matched.update({(s, row): v for row, v in mt.items()})
-            chunks.update(ch)
-    t3 = time.perf_counter()
-    pages = [format_page(res, chunks, matched) for res in merged]
-    return BatchPages(pages, replies, (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000,
-                     (time.perf_counter() - t3) * 1000, max(r.rounds for r in replies))
-
-
-def _missing(merged: list[list[ChunkResult]], matched: dict, chunks: dict, num_shards: int) -> Wanted:
-    """Rows and chunks on the pages that no shard sent: all of them from an in-process backend, else only
-    those the fusion policy ranks differently inside a shard than across shards."""
-    want: dict[int, tuple[set, set]] = {}
-    for res in merged:
-        for r in res:
-            for shard, row, _ in r.matches:
-                if (shard, row) not in matched:
-                    want.setdefault(shard, (set(), set()))[0].add(row)
-            if r.chunk_idx not in chunks:  # the shard the pipeline wrote the chunk to
-                want.setdefault(shard_of(r.chunk_idx, num_shards), (set(), set()))[1].add(r.chunk_idx)
-    return {s: (sorted(rows), sorted(cis)) for s, (rows, cis) in want.items()}
+    started = time.perf_counter()
+    replies = await backend.search(key, num_shards, vectors, batch)
+    searched = time.perf_counter()
+    merged = [merge_hits([reply.hits(query) for reply in replies], batch.k, batch.min_score, batch.policy)[0]
+              for query in range(len(vectors))]
+    merged_at = time.perf_counter()
+    chunks = {chunk_idx: meta for reply in replies for chunk_idx, meta in reply.chunks.items()}
+    rows = {(reply.shard, row): text for reply in replies for row, text in reply.row_texts.items()}
+    vectors_of_rows = None
+    if batch.vectors:
+        vectors_of_rows = {(reply.shard, row): vector for reply in replies for row, vector in reply.row_vectors.items()}
+    pages = [format_page(results, chunks, rows, vectors_of_rows) for results in merged]
+    return BatchPages(pages, replies, (searched - started) * 1000, (merged_at - searched) * 1000,
+                      (time.perf_counter() - merged_at) * 1000, max(reply.rounds for reply in replies))

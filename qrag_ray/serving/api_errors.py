@@ -27,7 +27,7 @@ def overloaded(why: str) -> ApiError:
     return ApiError(503, "overloaded", f"the server is at capacity ({why}); retry shortly", {"Retry-After": "1"})
 
 
-def shard_unavailable(shards: int | list[int], why: str) -> ApiError:
-    which = f"shard {shards}" if isinstance(shards, int) else f"shard(s) {', '.join(map(str, shards))}"
-    return ApiError(503, "shard_unavailable", f"{which} did not answer ({why}), also on a retry; retry shortly",
+def shard_unavailable(deployment: str, why: str) -> ApiError:
+    """A shard deployment that did not answer, also on a retry (503, retry shortly)."""
+    return ApiError(503, "shard_unavailable", f"{deployment} did not answer ({why}), also on a retry; retry shortly",
                     {"Retry-After": "1"})

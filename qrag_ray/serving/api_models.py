@@ -105,6 +105,8 @@ class _Request(BaseModel):
 
 class SearchRequest(_Request):
     k: JsonInt = Field(10, ge=1, le=MAX_K, description=f"number of distinct chunks, 1..{MAX_K}")
+    include_vectors: bool = Field(False, description="also return the query's vector and each result's best-matching "
+                                                     "stored vector (for re-ranking, e.g. maximal marginal relevance)")
 
 
 class AnswerRequest(_Request):
@@ -123,7 +125,6 @@ class SearchTimings(BaseModel):
     search_batch: int = Field(..., description="queries of this index version searched together")
     search_ms: float = Field(..., description="the shard fan-out")
     merge_ms: float = Field(..., description="merge + dedup across shards")
-    lookup_ms: float = Field(..., description="fetching the page's metadata the shards did not send")
     format_ms: float
     rounds: int = Field(..., description="the most widening rounds any shard needed")
     candidates: int = Field(..., description="vector hits the shards found for this query")
@@ -139,6 +140,8 @@ class SearchResponse(BaseModel):
     mode: str
     took_ms: float
     hypothetical: str | None = Field(None, description="mode=hyde: the passage that was embedded")
+    query_vector: list[float] | None = Field(None, description="with include_vectors: the query's own vector "
+                                                               "(L2-normalised), as the shards were searched with")
     timings: SearchTimings
 
 
@@ -235,7 +238,7 @@ class TenantStatus(BaseModel):
     rate_limit: dict | None = None
 
 
-class ShardLoads(BaseModel):
+class ColdLoads(BaseModel):
     shard: int = Field(..., description="a shard number")
     cold_loads: int = Field(..., description="its loads from disk, any tenant's, since the replica started")
     seconds: float = Field(..., description="their total seconds (read, and verify where not yet verified here)")
@@ -243,26 +246,22 @@ class ShardLoads(BaseModel):
 
 
 class CacheStatus(BaseModel):
-    loaded: int = Field(..., description="tenant shards in the cache")
-    bytes: int = Field(..., description="their bytes (FAISS, row metadata, BM25, chunk table), within max_bytes")
-    max_bytes: int
-    hits: int = Field(0, description="since the replica started: shard searches served from memory")
+    """A replica's cache of opened shards: the Router's (small tenants) or one ShardSearcher deployment's
+    (from the replica Serve routed the status call to; the Prometheus metrics qrag_shard_cache_events and
+    qrag_shard_load_seconds cover every replica)."""
+
+    shard: int | None = Field(None, description="the ShardSearcher deployment's number (None: the Router's cache)")
+    reachable: bool = Field(True, description="the deployment answered the status call")
+    error: str | None = Field(None, description="why it did not")
+    loaded: int | None = Field(None, description="tenant shards in the cache")
+    bytes: int | None = Field(None, description="their bytes (FAISS, row metadata, BM25, chunk table), within max_bytes")
+    max_bytes: int | None = None
+    hits: int = Field(0, description="since the replica started: shards served from memory (searches, fetches, "
+                                     "warm-ups)")
     cold_loads: int = Field(0, description="shard read from disk (and verified)")
     evictions: int = Field(0, description="shard pushed out by the byte budget")
     load_seconds: float = Field(0.0, description="total seconds of the cold loads")
-    shard_loads: list[ShardLoads] = Field(default_factory=list, description="the cold loads by shard number")
-
-
-class ShardStatus(CacheStatus):
-    """One ShardSearcher replica's cache (the one Serve routed this call to; the Prometheus metrics
-    qrag_shard_cache_events and qrag_shard_load_seconds cover every replica)."""
-
-    shard: int
-    reachable: bool
-    loaded: int | None = None
-    bytes: int | None = None
-    max_bytes: int | None = None
-    error: str | None = None
+    shard_loads: list[ColdLoads] = Field(default_factory=list, description="the cold loads by shard number")
 
 
 class RegistryStatus(BaseModel):
@@ -277,7 +276,7 @@ class AdminStatus(BaseModel):
     status: Literal["ok", "degraded"]
     ready: bool = Field(..., description="the first tenants are loaded (GET /readyz answers 200)")
     tenants: list[TenantStatus]
-    shards: list[ShardStatus]
+    shards: list[CacheStatus] = Field(..., description="each ShardSearcher deployment's cache")
     router_cache: CacheStatus = Field(..., description="this Router replica's cache of small tenants' shards")
     registry: RegistryStatus
     inflight: int

@@ -4,6 +4,8 @@ against a live scrape, and the Grafana dashboard may query only these (or Serve'
 
 from __future__ import annotations
 
+import asyncio
+
 # Latency buckets in milliseconds: sub-ms FAISS calls up to multi-second LLM answers.
 LATENCY_MS_BUCKETS = [0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000]
 COUNT_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
@@ -43,21 +45,41 @@ def _histogram(name: str, boundaries: list, *tags: str):
     return Histogram(name, _HELP[name], boundaries=boundaries, tag_keys=tags)
 
 
-class RouterMetrics:
+class AppMetrics:
+    """The app's metrics as one replica records them: requests and their candidates (the Router), shard
+    searches, cache events, loads and the loaded versions (whichever replica holds a shard cache)."""
+
     def __init__(self):
-        from ray.serve.metrics import Counter
+        from ray.serve.metrics import Counter, Gauge
 
         self.latency = _histogram(REQUEST_LATENCY, LATENCY_MS_BUCKETS, "route", "tenant", "status")
         self.before = _histogram(CANDIDATES_BEFORE, COUNT_BUCKETS, "tenant")
         self.after = _histogram(CANDIDATES_AFTER, COUNT_BUCKETS, "tenant")
         self.errors = Counter(ERRORS, _HELP[ERRORS], tag_keys=("route", "tenant", "kind"))
-
-
-class ShardMetrics:
-    def __init__(self):
-        from ray.serve.metrics import Counter, Gauge
-
-        self.latency = _histogram(SHARD_LATENCY, LATENCY_MS_BUCKETS, "tenant", "shard")
+        self.shard_latency = _histogram(SHARD_LATENCY, LATENCY_MS_BUCKETS, "tenant", "shard")
         self.load_seconds = _histogram(LOAD_SECONDS, LOAD_S_BUCKETS, "tenant", "shard")
         self.cache = Counter(CACHE_EVENTS, _HELP[CACHE_EVENTS], tag_keys=("tenant", "shard", "event"))
         self.version = Gauge(INDEX_VERSION, _HELP[INDEX_VERSION], tag_keys=("tenant", "shard", "index_version"))
+
+    def searched(self, tenant: str, replies) -> None:
+        """Each shard's search time of one call (ShardReply.search_ms)."""
+        for reply in replies:
+            self.shard_latency.observe(reply.search_ms, tags={"tenant": tenant, "shard": str(reply.shard)})
+
+    async def report_versions(self, cache) -> None:
+        """Keep the loaded-version gauge set for every shard `cache` (a ShardCache) holds: Ray drops a gauge
+        sample that is not re-reported within ~2 export intervals. Runs for the replica's life."""
+        while True:
+            for key, number in cache.loaded_versions():
+                self.version.set(1, tags={"tenant": key.tenant, "shard": str(number), "index_version": key.version})
+            await asyncio.sleep(2.0)
+
+
+_process_metrics: list[AppMetrics] = []  # at most one: each Serve replica is a process of its own
+
+
+def process_metrics() -> AppMetrics:
+    """This process's AppMetrics, made on first use (a metric registered twice would count twice)."""
+    if not _process_metrics:
+        _process_metrics.append(AppMetrics())
+    return _process_metrics[0]

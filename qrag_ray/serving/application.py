@@ -15,8 +15,8 @@ from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
 from qrag_ray.index.versions import resolve_index
 from qrag_ray.serving.answer import Synthesizer
-from qrag_ray.serving.config import ROUTER, SYNTHESIZER, parse_app_args
-from qrag_ray.serving.shard_searcher import ShardSearcher
+from qrag_ray.serving.config import ROUTER, SYNTHESIZER, AppArgs, parse_app_args
+from qrag_ray.serving.shard_searcher import ShardSearcher, searcher_names
 
 logger = logging.getLogger(__name__)
 
@@ -63,25 +63,24 @@ def shard_count(tenants) -> int:
     return most
 
 
-def searcher_names(num_shards: int, per: int) -> list[str]:
-    """The ShardSearcher deployments of an app over `num_shards` shards, `per` shards each (`shards_per_searcher`)."""
-    return [f"ShardSearcher{g}" for g in range(-(-num_shards // per))]
+def build_app(args: AppArgs | dict[str, Any]) -> Application:
+    """Serve's application builder (a serve config's `import_path`): Serve calls it with the config's `args:`
+    (one parameter, its rule) and applies the config's `deployments:` options by name itself."""
+    return compose_app(args)
 
 
-def build_app(args: dict[str, Any]) -> Application:
-    """Serve's builder: exactly one parameter, the config's `args:` (its `deployments:` set the options)."""
-    return build_application(args)
-
-
-def build_application(args: dict[str, Any] | None = None,
-                      deployment_options: dict[str, dict] | None = None) -> Application:
-    """The application for `args` (AppArgs), with deployment option overrides by name (`qrag serve --config`)."""
+def compose_app(args: AppArgs | dict[str, Any], deployment_options: dict[str, dict] | None = None) -> Application:
+    """The app's deployments bound together: one ShardSearcher per group of `shards_per_searcher` shard
+    numbers, the Synthesizer when there is a generator, the Router over them; each with `deployment_options`
+    (by deployment name, what a serve config's `deployments:` say: `qrag serve --config` applies them here)
+    over DEFAULT_OPTIONS."""
     from qrag_ray.serving.router import Router
 
-    a = parse_app_args(args)
-    names = searcher_names(a.shards or shard_count(a.load_tenants()), a.shards_per_searcher)
-    shards = [_deployment(ShardSearcher, name, deployment_options, "ShardSearcher").bind(
-        a.shard_cache_bytes, a.faiss_threads, a.shards_per_searcher) for name in names]
-    synth = None if a.generator is None else _deployment(Synthesizer, SYNTHESIZER, deployment_options).bind(
-        a.generator.model_dump())
-    return _deployment(Router, ROUTER, deployment_options).bind(shards, synth, a.model_dump(mode="json"))
+    args = parse_app_args(args)
+    names = searcher_names(args.shards or shard_count(args.load_tenants()), args.shards_per_searcher)
+    searchers = [_deployment(ShardSearcher, name, deployment_options, "ShardSearcher").bind(
+        args.shard_cache_bytes, args.faiss_threads, args.shards_per_searcher) for name in names]
+    synthesizer = None
+    if args.generator is not None:
+        synthesizer = _deployment(Synthesizer, SYNTHESIZER, deployment_options).bind(args.generator.model_dump())
+    return _deployment(Router, ROUTER, deployment_options).bind(searchers, synthesizer, args)

@@ -116,7 +116,10 @@ class AppArgs(BaseModel):
         return load_tenants(self.tenants)
 
 
-def parse_app_args(args: dict[str, Any] | None) -> AppArgs:
+def parse_app_args(args: AppArgs | dict[str, Any] | None) -> AppArgs:
+    """The serve app's args in their typed form (one line naming the mistake when they are wrong)."""
+    if isinstance(args, AppArgs):
+        return args
     try:
         return AppArgs.model_validate(args or {})
     except ValidationError as e:

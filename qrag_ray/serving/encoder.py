@@ -1,7 +1,7 @@
 """Query embedding inside the Router replica (a process hop fewer per request): models by name, loaded
 once, encoded off the event loop. Concurrent encode calls for one model share the next model call: while
 one call runs, the texts asked for meanwhile wait and then go in one call together (serving/coalesce.py), so
-the search passes that run at once (serving/query_batch.py: one per tenant group) embed their queries
+the search passes that run at once (serving/search_passes.py: one per tenant group) embed their queries
 together and nothing ever waits for a batch to fill."""
 
 from __future__ import annotations

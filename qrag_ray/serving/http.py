@@ -26,11 +26,11 @@ bearer = Security(HTTPBearer(auto_error=False, description="the tenant's API key
 
 
 def metrics_of(asgi_app):
-    """The RouterMetrics of this app in this process (one set per replica)."""
+    """The app's metrics in this process (one set per replica: app_metrics.process_metrics)."""
     if getattr(asgi_app.state, "metrics", None) is None:
-        from qrag_ray.serving.app_metrics import RouterMetrics
+        from qrag_ray.serving.app_metrics import process_metrics
 
-        asgi_app.state.metrics = RouterMetrics()
+        asgi_app.state.metrics = process_metrics()
     return asgi_app.state.metrics
 
 

@@ -15,20 +15,22 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from qrag_ray.runtime.long_lived import freeze_long_lived
+from qrag_ray.search.retrieve import LocalShards
 from qrag_ray.serving import api_models as m
 from qrag_ray.serving.answer import Answerer
+from qrag_ray.serving.api_errors import ApiError, overloaded
+from qrag_ray.serving.app_metrics import process_metrics
 from qrag_ray.serving.config import AppArgs
 from qrag_ray.serving.encoder import QueryEncoder
-from qrag_ray.serving.api_errors import ApiError, overloaded
 from qrag_ray.serving.fetcher import Fetcher
 from qrag_ray.serving.http import app, bearer, error_responses, metrics_of
 from qrag_ray.serving.ratelimit import RateLimiter
 from qrag_ray.serving.registry import TenantRegistry
-from qrag_ray.serving.query_batch import QueryBatcher
-from qrag_ray.serving.shard_backends import RemoteShards, RouterShards
-from qrag_ray.serving.shard_store import ShardStore
-from qrag_ray.serving.tenants import Tenant
+from qrag_ray.serving.search_passes import SearchPasses
+from qrag_ray.serving.shard_cache import ShardCache
+from qrag_ray.serving.shard_searcher import RemoteShards
 from qrag_ray.serving.tenant_versions import IndexReader, TenantVersions
+from qrag_ray.serving.tenants import Tenant
 
 logger = logging.getLogger("ray.serve")
 
@@ -39,10 +41,10 @@ _INDEX = Query(None, pattern=m.INDEX_NAME, description="index name; defaults to 
 
 @serve.ingress(app)
 class Router:
-    async def __init__(self, shards: list, synthesizer, args: dict):
-        self.args = a = AppArgs.model_validate(args)
-        self.shards = list(shards)
-        self.registry = TenantRegistry.from_file(a.tenants) if a.tenants else TenantRegistry(a.load_tenants())
+    async def __init__(self, searchers: list, synthesizer, args: AppArgs):
+        self.args = args
+        self.searchers = RemoteShards(searchers, args.tenant_affinity, args.shards_per_searcher)
+        self.registry = TenantRegistry.from_file(args.tenants) if args.tenants else TenantRegistry(args.load_tenants())
         self.limiter = RateLimiter()
         self._configure_limits()
         # one intra-op thread (torch or ONNX Runtime): the encoder runs one model call at a time beside the event
@@ -50,18 +52,21 @@ class Router:
         # threads spins at its barriers whenever the node's cores are busy, the load at which CPU per
         # request counts
         self.encoder = QueryEncoder(threads=1)
-        self.local = ShardStore(a.router_cache_bytes, a.faiss_threads)
-        self.versions = TenantVersions(
-            IndexReader(len(self.shards) * a.shards_per_searcher, a.local_search_max_bytes),
-            lambda ti, i, method, key: self.batcher.shards(ti).call(i, method, key),
-            self.encoder.model, retire_after_s=a.request_timeout_s + 1.0)
-        remote = RemoteShards(self.shards, a.tenant_affinity, a.shards_per_searcher)
-        self.batcher = QueryBatcher(self.encoder, RouterShards(self.local), remote, self.versions)
-        self.fetcher = Fetcher(self.versions, self.batcher.shards)
-        self.answerer = Answerer(synthesizer, a.hyde_max_tokens, a.answer_min_cosine)
+        self.metrics = process_metrics()
+        # small tenants' shards, searched here (no shard hop) from the Router's own cache
+        self.cache = ShardCache(args.router_cache_bytes, args.faiss_threads, self.metrics)
+        local = LocalShards(self.cache.get, self.cache.retire, offload=True,
+                            searched=lambda key, replies: self.metrics.searched(key.tenant, replies))
+        reader = IndexReader(len(searchers) * args.shards_per_searcher, args.local_search_max_bytes, local,
+                             self.searchers)
+        self.versions = TenantVersions(reader, self.encoder.model, retire_after_s=args.request_timeout_s + 1.0)
+        self.passes = SearchPasses(self.encoder, self.versions)
+        self.fetcher = Fetcher(self.versions)
+        self.answerer = Answerer(synthesizer, args.hyde_max_tokens, args.answer_min_cosine)
         self._inflight = 0
         self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished
         self._watcher: asyncio.Task | None = None
+        self._reporter = asyncio.get_running_loop().create_task(self.metrics.report_versions(self.cache))
         self._ensure_watcher()
 
     # ---- background: registry reloads, version swaps ---------------------------------------------
@@ -119,7 +124,7 @@ class Router:
     async def _retrieve(self, request: Request, tenant: Tenant, req: m._Request, stage: dict):
         """(the retrieval, the HyDE passage) for the request's query."""
         text, hypothetical = await self.answerer.query_text(req, stage)
-        r = await self.batcher.retrieve(tenant, req, text, stage)
+        r = await self.passes.search(tenant, req, text, stage)
         metrics = metrics_of(request.app)
         metrics.before.observe(r.timings.candidates, tags={"tenant": tenant.name})
         metrics.after.observe(len(r.results), tags={"tenant": tenant.name})
@@ -137,7 +142,7 @@ class Router:
             r, hypothetical = await self._retrieve(request, tenant, req, stage)
             return m.SearchResponse(results=r.results, index=tenant.name, index_version=r.index_version,
                                     mode=req.mode, took_ms=(time.perf_counter() - t0) * 1000,
-                                    hypothetical=hypothetical, timings=r.timings)
+                                    hypothetical=hypothetical, query_vector=r.query_vector, timings=r.timings)
 
         return await self._deadline(run(), stage)
 
@@ -190,7 +195,7 @@ class Router:
                                                           error=e.message)])
         mf = ti.manifest
         return m.IndexesResponse(indexes=[m.IndexInfo(
-            name=tenant.name, index_version=ti.version, representation=mf.representation, num_shards=ti.num_shards,
+            name=tenant.name, index_version=ti.index_version, representation=mf.representation, num_shards=ti.num_shards,
             embedder=ti.embedder, counts=mf.counts.model_dump() if mf.counts else {}, available=True)])
 
     @app.get("/healthz", response_model=m.HealthResponse)
@@ -216,10 +221,11 @@ class Router:
         self._ensure_watcher()
         tenants, reg = self.registry.tenants, self.registry
         tenants.is_admin(request.headers.get("authorization"))
-        replies = await asyncio.gather(*[s.status.remote() for s in self.shards], return_exceptions=True)
-        shards = [m.ShardStatus(shard=i, reachable=False, error=type(st).__name__) if isinstance(st, BaseException)
-                  else m.ShardStatus(shard=i, reachable=True, **st) for i, st in enumerate(replies)]
-        local = self.local.status()
+        replies = await self.searchers.statuses()
+        shards = [m.CacheStatus(shard=group, reachable=False, error=type(status).__name__)
+                  if isinstance(status, BaseException) else m.CacheStatus(shard=group, **status)
+                  for group, status in enumerate(replies)]
+        local = self.cache.status()
         problems = [(t, p) for st in [local, *replies] if isinstance(st, dict) for t, p in st["problems"].items()]
         out = [self._tenant_status(t, [p for name, p in problems if name == t.name]) for t in tenants.by_name.values()]
         ok = all(t.status == "ok" for t in out) and all(s.reachable for s in shards) and reg.error is None
@@ -233,21 +239,21 @@ class Router:
     def _tenant_status(self, t: Tenant, shard_problems: list[dict]) -> m.TenantStatus:
         active = self.versions.active.get(t.name)
         newest, problem = self.versions.newest(t)
-        versions = {x.version for x in (active, newest) if x is not None}
+        versions = {x.index_version for x in (active, newest) if x is not None}
         problems = ([problem] if problem else []) + [f"shard {p['shard']}: {p['reason']}" for p in shard_problems
                                                      if p["version"] in versions]
         known = active or newest
         return m.TenantStatus(
             name=t.name, status="error" if problems else "ok", problems=problems,
-            searched_in=None if known is None else self.batcher.shards(known).path,
-            serving_version=active.version if active else None, current_version=newest.version if newest else None,
+            searched_in=None if known is None else known.backend.path,
+            serving_version=active.index_version if active else None,
+            current_version=newest.index_version if newest else None,
             num_shards=known.num_shards if known else None,
             rate_limit=t.rate_limit.model_dump() if t.rate_limit else None)
 
     def check_health(self) -> None:
         """Serve's periodic probe: restart a replica whose tenant watcher died (it would stop seeing
         key rotations and new versions) or whose metrics task did."""
-        w = self._watcher
-        if w is not None and w.done() and not w.cancelled() and w.exception() is not None:
-            raise RuntimeError(f"tenant watcher failed: {w.exception()!r}")
-        self.local.check_health()
+        for name, task in (("tenant watcher", self._watcher), ("metrics task", self._reporter)):
+            if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+                raise RuntimeError(f"{name} failed: {task.exception()!r}")

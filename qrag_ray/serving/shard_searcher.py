@@ -1,45 +1,173 @@
-"""The ShardSearcher{g} deployment: a shard store asked only for its group of shard numbers, with tenant
-affinity: Serve's model multiplexing routes a request to a replica that holds its (tenant, version, group),
-so the cluster's cache grows with its replicas."""
+"""The ShardSearcher deployments and the Router's client of them. Deployment g (`ShardSearcher{g}`) searches
+shard numbers g*per .. g*per+per-1 of any tenant's index (per: `shards_per_searcher`), so a query makes one
+call per deployment; its replicas hold tenants' shards in a byte-bounded cache, with tenant affinity: Serve's
+model multiplexing routes a call to a replica that holds its (tenant, version, group), so the cluster's cache
+grows with its replicas."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.exceptions import BackPressureError
 
+from qrag_ray.errors import find_user_error
 from qrag_ray.runtime.long_lived import freeze_long_lived
-from qrag_ray.search.shard_search import LoadedShard
+from qrag_ray.search.query import QueryBatch
+from qrag_ray.search.shard import Shard, search_shards
+from qrag_ray.search.shard_reply import ShardReply
+from qrag_ray.serving.api_errors import overloaded, shard_unavailable
+from qrag_ray.serving.app_metrics import process_metrics
+from qrag_ray.serving.config import assigned_cpus
 from qrag_ray.serving.serve_multiplex import withdraw
-from qrag_ray.serving.shard_store import ShardKey, ShardStore, affinity_id
+from qrag_ray.serving.shard_cache import ShardCache, VersionKey
+
+logger = logging.getLogger("ray.serve")
 
 
-class ShardSearcher(ShardStore):
-    """The ShardSearcher{g} deployment, searching shards g*per .. g*per+per-1: a store whose held shard
-    groups are Serve multiplexed models, so that Serve routes a request carrying `affinity_id` as its
-    multiplexed model id to a replica holding it (else to the replica holding the fewest). The byte
-    budget decides what is held, not a model count."""
+def group_shards(num_shards: int, per: int) -> list[list[int]]:
+    """The shard numbers each ShardSearcher deployment searches, by deployment number."""
+    return [list(range(first, min(first + per, num_shards))) for first in range(0, num_shards, per)]
+
+
+def searcher_names(num_shards: int, per: int) -> list[str]:
+    """The ShardSearcher deployments of an app over `num_shards` shard numbers, `per` each."""
+    return [f"ShardSearcher{group}" for group in range(len(group_shards(num_shards, per)))]
+
+
+def affinity_id(key: VersionKey, group: int) -> str:
+    """What a call's replica should hold: Serve's multiplexed model id for (tenant, version, shard group)."""
+    return f"{key.tenant}/{key.version}/{group}"
+
+
+class ShardSearcher:
+    """The ShardSearcher{g} deployment: its group's shards of any tenant, opened in a ShardCache and searched
+    in `assigned_cpus()` threads (parallel searches, not OpenMP inside one: FAISS's IVF search parallelises
+    over a batch's queries, never within one, and OpenMP threads wait for each other at every barrier,
+    spinning where another search or replica holds the core). The groups a replica holds are Serve
+    multiplexed models, so Serve routes a call carrying `affinity_id` to a replica holding it (else to the
+    replica holding the fewest); the byte budget decides what is held, not a model count."""
 
     def __init__(self, cache_bytes: int, threads: int | None, per: int = 1):
-        super().__init__(cache_bytes, threads)
         self.per = per
+        self.metrics = process_metrics()
+        self.cache = ShardCache(cache_bytes, threads, self.metrics, on_evict=self._withdraw)
+        self.pool = ThreadPoolExecutor(assigned_cpus(), thread_name_prefix="shard-search")
+        self.reporter = asyncio.get_event_loop().create_task(self.metrics.report_versions(self.cache))
+        self.replica = serve.get_replica_context().replica_id.unique_id
         freeze_long_lived()  # Ray, Serve and the search libraries, loaded: shards come and go in the byte cache
 
-    async def get(self, shard: int, key: ShardKey) -> LoadedShard:
+    async def _open(self, key: VersionKey, number: int) -> Shard:
         # held from the start of its load: Serve routes the group's next calls here, to wait for this one load
-        await self._hold(affinity_id(key, shard // self.per))
-        try:
-            return await super().get(shard, key)
-        except Exception:
-            self._evicted(key, shard)  # a load that failed holds nothing
-            raise
+        await self._hold(affinity_id(key, number // self.per))
+        return await self.cache.get(key, number)
 
     @serve.multiplexed(max_num_models_per_replica=-1)
     async def _hold(self, model_id: str) -> str:
         return model_id  # a marker: the shard itself lives in the byte-bounded cache
 
-    def _evicted(self, key: ShardKey, shard: int) -> None:
+    def _withdraw(self, key: VersionKey, number: int) -> None:
         # routing stops preferring this replica for a group none of whose shards it holds or loads any more;
         # Serve has no public call for it, hence the one adapter (serving/serve_multiplex.py)
-        group = shard // self.per
-        held = [*self.cache.keys(), *self._loading]
-        if not any(k == key and s // self.per == group and s != shard for k, s in held):
+        group = number // self.per
+        others = [shard for shard in range(group * self.per, (group + 1) * self.per) if shard != number]
+        if not self.cache.holds(key, others):
             withdraw(self, affinity_id(key, group))
+
+    async def search(self, key: VersionKey, numbers: list[int], vectors: np.ndarray,
+                     batch: QueryBatch) -> list[ShardReply]:
+        """Shards `numbers` of `key` searched for every query vector, each reply with its page metadata."""
+        cold = [not self.cache.is_open(key, number) for number in numbers]
+        shards = await asyncio.gather(*[self._open(key, number) for number in numbers])
+        replies = await asyncio.to_thread(search_shards, shards, vectors, batch, self.pool, True)
+        for reply, was_cold in zip(replies, cold):
+            reply.cold = was_cold
+            reply.replica = self.replica
+        self.metrics.searched(key.tenant, replies)
+        return replies
+
+    async def fetch(self, key: VersionKey, number: int, chunk_idx: list[int] | None, doc_id: str | None) -> list[dict]:
+        """The records of these chunks, or of a document's chunks, in shard `number` (Shard.fetch_records)."""
+        shard = await self._open(key, number)
+        return await asyncio.to_thread(shard.fetch_records, chunk_idx, doc_id)
+
+    async def prepare(self, key: VersionKey, number: int) -> None:
+        """Open and verify shard `number` of `key` before it gets traffic (a new version, or start-up)."""
+        await self._open(key, number)
+
+    async def retire(self, key: VersionKey, number: int) -> bool:
+        """Drop a version the Router moved off (in-flight requests keep their own reference)."""
+        return self.cache.retire(key, number)
+
+    def status(self) -> dict:
+        """This replica's cache (api_models.CacheStatus)."""
+        return self.cache.status()
+
+    def check_health(self) -> None:
+        """Serve's periodic probe: a replica whose metrics task died is restarted rather than kept."""
+        task = self.reporter
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise RuntimeError(f"metrics task failed: {task.exception()!r}")
+
+
+class RemoteShards:
+    """The ShardSearcher deployments as a shard backend, with LocalShards' methods: a call for shard s goes
+    to deployment s // per, a search to every deployment at once (one call each). A call carries its
+    (tenant, version, group) as Serve's multiplexed model id, so Serve routes it to a replica that holds
+    that group (tenant affinity); a replica that died under a call is retried once (Serve routes the retry
+    to a live one)."""
+
+    path = "shards"  # what `timings.path` says of a search here
+
+    def __init__(self, handles: list, affinity: bool = True, per: int = 1):
+        self.handles = list(handles)
+        self.affinity = affinity
+        self.per = per
+        self._methods: dict[tuple[int, str], object] = {}  # (group, method) -> its handle, made once
+
+    async def _call(self, group: int, method: str, key: VersionKey, *args):
+        handle = self._methods.get((group, method))
+        if handle is None:
+            handle = self._methods[(group, method)] = getattr(self.handles[group], method)
+        if self.affinity:
+            handle = handle.options(multiplexed_model_id=affinity_id(key, group))
+        for attempt in (1, 2):
+            try:
+                return await handle.remote(key, *args)
+            except BackPressureError:
+                raise overloaded(f"ShardSearcher{group} is at its queue limit") from None
+            except Exception as error:
+                user_error = find_user_error(error)
+                if user_error is not None:  # e.g. a shard that cannot load this tenant's index
+                    raise user_error from None
+                if not isinstance(error, (ActorDiedError, ActorUnavailableError, RayActorError)):
+                    raise
+                if attempt == 2:
+                    raise shard_unavailable(f"ShardSearcher{group}", type(error).__name__) from None
+                logger.warning("ShardSearcher%d replica failed (%s); retrying once", group, type(error).__name__)
+
+    async def search(self, key: VersionKey, num_shards: int, vectors: np.ndarray, batch: QueryBatch) -> list[ShardReply]:
+        """Every shard's reply for the batch, one call per deployment."""
+        calls = [self._call(group, "search", key, numbers, vectors, batch)
+                 for group, numbers in enumerate(group_shards(num_shards, self.per))]
+        return [reply for group_replies in await asyncio.gather(*calls) for reply in group_replies]
+
+    async def fetch(self, key: VersionKey, number: int, chunk_idx: list[int] | None, doc_id: str | None) -> list[dict]:
+        """The records of these chunks, or of a document's chunks, in shard `number`."""
+        return await self._call(number // self.per, "fetch", key, number, chunk_idx, doc_id)
+
+    async def prepare(self, key: VersionKey, number: int) -> None:
+        """Open shard `number` in a replica of its deployment before it gets traffic."""
+        await self._call(number // self.per, "prepare", key, number)
+
+    async def retire(self, key: VersionKey, number: int) -> None:
+        """Drop shard `number` of a version no request starts on any more."""
+        await self._call(number // self.per, "retire", key, number)
+
+    async def statuses(self) -> list[dict | BaseException]:
+        """Each deployment's cache status (from whichever replica Serve routes to), or why it did not answer."""
+        return await asyncio.gather(*[handle.status.remote() for handle in self.handles], return_exceptions=True)

@@ -1,4 +1,4 @@
-"""Which index version each tenant is served from (no Serve needed; shard calls injected).
+"""Which index version each tenant is served from (no Serve needed: the versions carry their shard backends).
 
 A new version is loaded and verified on every shard (and its embedder loaded) while the old one keeps
 serving; only then does the tenant's pointer move, and the old version leaves the shard caches once
@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import Manifest
@@ -19,7 +20,7 @@ from qrag_ray.index.versions import resolve_index
 from qrag_ray.search.query import check_hybrid
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.serving.api_errors import ApiError, index_unavailable
-from qrag_ray.serving.shard_store import ShardKey
+from qrag_ray.serving.shard_cache import VersionKey
 from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.serving.tenants import Tenant
 
@@ -27,54 +28,67 @@ logger = logging.getLogger("ray.serve")
 
 
 @dataclass(frozen=True)
-class TenantIndex:
-    """One immutable index version as the Router needs it (vectors and texts stay in the shard stores)."""
+class IndexVersion:
+    """One immutable version of a tenant's index as the Router needs it (vectors and texts stay with the
+    shards), with the backend its shards are searched through: LocalShards (small enough to search inside
+    the Router, no shard hop) or RemoteShards (the ShardSearcher deployments)."""
 
     dir: str
-    version: str
+    index_version: str
     manifest: Manifest
     policy: SearchConfig
     num_shards: int
     embedder: str
-    local: bool  # small enough to search inside the Router (no shard hop)
+    backend: Any  # LocalShards | RemoteShards
 
-    def key(self, tenant: str) -> ShardKey:
-        return ShardKey(tenant, self.dir, self.version)
+    def key(self, tenant: str) -> VersionKey:
+        """What the shard calls of `tenant`'s requests on this version name."""
+        return VersionKey(tenant, self.dir, self.index_version)
 
 
 class IndexReader:
-    """tenant index path -> the TenantIndex it points at now, computed once per version (the last `keep`)."""
+    """tenant index path -> the IndexVersion it points at now, computed once per version (the last `keep`):
+    searched in the Router (`local`) when its files total at most `local_max_bytes`, else by the
+    ShardSearchers (`remote`)."""
 
-    def __init__(self, max_shards: int, local_max_bytes: int, keep: int = 4096):
-        self.max_shards, self.local_max_bytes = max_shards, local_max_bytes
-        self._seen = ByteLRU(keep)  # (dir, version) -> TenantIndex, each counted as 1
+    def __init__(self, max_shards: int, local_max_bytes: int, local, remote, keep: int = 4096):
+        self.max_shards = max_shards
+        self.local_max_bytes = local_max_bytes
+        self.local = local
+        self.remote = remote
+        self._seen = ByteLRU(keep)  # (dir, version) -> IndexVersion, each counted as 1
 
-    def __call__(self, path: str) -> TenantIndex:
-        r = resolve_index(path)
-        if (ti := self._seen.get((str(r.dir), r.version))) is not None:
-            return ti
-        man = r.manifest  # the manifest the version was read from: no second read to disagree with
-        if man.num_shards > self.max_shards:
-            raise QragError(f"it has {man.num_shards} shards but the app serves {self.max_shards} (raise args.shards)")
-        policy = man.search_policy
-        check_hybrid(policy, man)
-        nbytes = sum(man.file(rel).stat().st_size for rel in man.files)
-        ti = TenantIndex(str(r.dir), r.version, man, policy, man.num_shards, man.embedder_model,
-                         local=nbytes <= self.local_max_bytes)
-        self._seen.put((ti.dir, ti.version), ti, 1)
-        return ti
+    def __call__(self, path: str) -> IndexVersion:
+        resolved = resolve_index(path)
+        seen = self._seen.get((str(resolved.dir), resolved.version))
+        if seen is not None:
+            return seen
+        manifest = resolved.manifest  # the manifest the version was read from: no second read to disagree with
+        if manifest.num_shards > self.max_shards:
+            raise QragError(f"it has {manifest.num_shards} shards but the app serves {self.max_shards} "
+                            "(raise args.shards)")
+        policy = manifest.search_policy
+        check_hybrid(policy, manifest)
+        nbytes = sum(manifest.file(name).stat().st_size for name in manifest.files)
+        backend = self.local if nbytes <= self.local_max_bytes else self.remote
+        version = IndexVersion(str(resolved.dir), resolved.version, manifest, policy, manifest.num_shards,
+                               manifest.embedder_model, backend)
+        self._seen.put((version.dir, version.index_version), version, 1)
+        return version
 
 
 class TenantVersions:
-    """`call_shard(index, shard, "prepare"|"retire", key)` reaches a shard store; `warm_encoder(model)`
-    loads a query embedder."""
+    """Each tenant's version in force. `read(path)` gives the IndexVersion a tenant's path points at;
+    `warm_encoder(model)` loads a query embedder."""
 
-    def __init__(self, read: Callable[[str], TenantIndex], call_shard: Callable[..., Awaitable],
-                 warm_encoder: Callable[[str], Awaitable], retire_after_s: float, retry_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self.read, self.call_shard, self.warm_encoder = read, call_shard, warm_encoder
-        self.retire_after_s, self.retry_s, self.clock = retire_after_s, retry_s, clock
-        self.active: dict[str, TenantIndex] = {}  # tenant -> the version its requests start on
+    def __init__(self, read: Callable[[str], IndexVersion], warm_encoder: Callable[[str], Awaitable],
+                 retire_after_s: float, retry_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.read = read
+        self.warm_encoder = warm_encoder
+        self.retire_after_s = retire_after_s
+        self.retry_s = retry_s
+        self.clock = clock
+        self.active: dict[str, IndexVersion] = {}  # tenant -> the version its requests start on
         self.problems: dict[str, str] = {}  # tenant -> why its index (or its newest version) is not served
         self._retry_at: dict[tuple[str, str], float] = {}  # (tenant, version) that failed to warm -> next try
         self._retiring: set[asyncio.Task] = set()
@@ -88,57 +102,59 @@ class TenantVersions:
         for name in dict.fromkeys(names + list(self.active)):
             await self.check(tenants[name], warm=True)
 
-    async def current(self, tenant: Tenant) -> TenantIndex:
+    async def current(self, tenant: Tenant) -> IndexVersion:
         """The version a request of `tenant` starts on; first use loads without a warm-up (no traffic yet)."""
-        ti = self.active.get(tenant.name) or await self.check(tenant, warm=False)
-        if ti is None:
+        version = self.active.get(tenant.name) or await self.check(tenant, warm=False)
+        if version is None:
             raise index_unavailable(tenant.name, self.problems.get(tenant.name, "it could not be read"))
-        return ti
+        return version
 
     def moved(self, tenant: str) -> None:
         """A shard found another version in the directory a request named: resolve again next time."""
         self.active.pop(tenant, None)
 
-    def newest(self, tenant: Tenant) -> tuple[TenantIndex | None, str | None]:
+    def newest(self, tenant: Tenant) -> tuple[IndexVersion | None, str | None]:
         """(the version the tenant's path points at, the problem to report)."""
         try:
             return self.read(tenant.index), self.problems.get(tenant.name)
         except QragError as e:
             return None, str(e)
 
-    async def check(self, tenant: Tenant, warm: bool) -> TenantIndex | None:
+    async def check(self, tenant: Tenant, warm: bool) -> IndexVersion | None:
         """Resolve the tenant's index; switch to a new version only once every shard has loaded it."""
         old = self.active.get(tenant.name)
         try:
-            ti = self.read(tenant.index)
+            version = self.read(tenant.index)
         except QragError as e:
             self.problems[tenant.name] = str(e)
             return old
-        if old is not None and (old.version, old.dir) == (ti.version, ti.dir):
+        if old is not None and (old.index_version, old.dir) == (version.index_version, version.dir):
             return old
         if warm:
-            if self.clock() < self._retry_at.get((tenant.name, ti.version), 0.0):
+            if self.clock() < self._retry_at.get((tenant.name, version.index_version), 0.0):
                 return old
             try:
-                await asyncio.gather(self.warm_encoder(ti.embedder), *[
-                    self.call_shard(ti, i, "prepare", ti.key(tenant.name)) for i in range(ti.num_shards)])
+                key = version.key(tenant.name)
+                await asyncio.gather(self.warm_encoder(version.embedder),
+                                     *[version.backend.prepare(key, number) for number in range(version.num_shards)])
             except (ApiError, QragError) as e:  # str(ApiError) is its message
-                self.problems[tenant.name] = (f"version {ti.version} failed to load, still serving "
-                                              f"{old.version}: {e}" if old else str(e))
-                self._retry_at[(tenant.name, ti.version)] = self.clock() + self.retry_s
+                self.problems[tenant.name] = (f"version {version.index_version} failed to load, still serving "
+                                              f"{old.index_version}: {e}" if old else str(e))
+                self._retry_at[(tenant.name, version.index_version)] = self.clock() + self.retry_s
                 return old
-        self.active[tenant.name] = ti
+        self.active[tenant.name] = version
         self.problems.pop(tenant.name, None)
         if old is not None:
-            logger.info("tenant %r now serves index version %s (was %s)", tenant.name, ti.version, old.version)
+            logger.info("tenant %r now serves index version %s (was %s)", tenant.name, version.index_version, old.index_version)
             self._retire_later(old, tenant.name, self.retire_after_s)
-        return ti
+        return version
 
-    def _retire_later(self, ti: TenantIndex, tenant: str, delay: float) -> None:
+    def _retire_later(self, version: IndexVersion, tenant: str, delay: float) -> None:
         async def retire():
             await asyncio.sleep(delay)  # requests started on it finish first
-            if not any((a.dir, a.version) == (ti.dir, ti.version) for a in self.active.values()):
-                await asyncio.gather(*[self.call_shard(ti, i, "retire", ti.key(tenant)) for i in range(ti.num_shards)],
+            if not any((a.dir, a.index_version) == (version.dir, version.index_version) for a in self.active.values()):
+                key = version.key(tenant)
+                await asyncio.gather(*[version.backend.retire(key, number) for number in range(version.num_shards)],
                                      return_exceptions=True)
 
         task = asyncio.get_running_loop().create_task(retire())

@@ -44,7 +44,7 @@ def server(local_ray, client_index, tmp_path_factory):
     (0.5 requests/s, a burst of 1); the fake LLM answers /v1/answer."""
     from ray import serve
 
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant
 
     f = tmp_path_factory.mktemp("client-serve") / "tenants.yaml"
@@ -55,7 +55,7 @@ def server(local_ray, client_index, tmp_path_factory):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         small = {"ray_actor_options": {"num_cpus": 0.5}}
         gen = {"backend": "openai", "base_url": llm.url, "model": "fake-llm", "api_key_env": ""}
-        serve.run(build_application({"tenants": str(f), "generator": gen},
+        serve.run(compose_app({"tenants": str(f), "generator": gen},
                                     {n: small for n in ("Router", "ShardSearcher0", "Synthesizer")}),
                   name="qrag", route_prefix="/")
         url = f"http://127.0.0.1:{port}"

@@ -17,7 +17,7 @@ from qrag_ray.config.index import FilterConfig, FaissConfig
 from qrag_ray.errors import IndexFormatError
 from qrag_ray.index.format import (FORMAT_VERSION, IndexDescription, load_manifest, publish, read_table_file,
                                    sha256_file, shard_chunks, shard_faiss, shard_meta, verify_files, write_manifest)
-from qrag_ray.index.shard_index import ShardIndex
+from qrag_ray.search.shard import Shard
 from qrag_ray.index.writer import write_shard
 from qrag_ray.text.sentences import split_sentences
 
@@ -86,33 +86,36 @@ def test_flipped_byte_fails_checksum(kinds_index, tmp_path):
     with pytest.raises(IndexFormatError, match="checksum mismatch"):
         verify_files(m)
     with pytest.raises(IndexFormatError, match="checksum mismatch"):
-        ShardIndex(bad, 2)
-    ShardIndex(bad, 0)  # the other shards are fine
+        Shard.open(bad, 2)
+    Shard.open(bad, 0)  # the other shards are fine
 
 
 @pytest.mark.integration
 def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kinds_index):
     """Every row's kind and text come back as the shard's metadata file holds them, each hit carries
-    its row's kind, and the bytes a loaded shard reports are its FAISS file plus its row arrays."""
+    its row's kind, and the bytes an opened shard reports are its FAISS file, its row arrays and its chunk
+    table."""
     import numpy as np
 
     out, _ = kinds_index
     m = load_manifest(out)
-    for shard in range(m.num_shards):
-        si = ShardIndex(out, shard)
-        meta = read_table_file(out / m.shard(shard).meta)
+    for number in range(m.num_shards):
+        shard = Shard.open(out, number)
+        meta = read_table_file(out / m.shard(number).meta)
         rows = list(zip(meta.column("kind").to_pylist(), meta.column("text").to_pylist()))
-        got = si.matched(range(si.ntotal))  # read with one take
-        assert [got[r] for r in range(si.ntotal)] == rows
-        few = list(range(si.ntotal))[-3:]  # read one by one
-        assert si.matched(few) == {r: rows[r] for r in few} and si.matched([]) == {}
+        got = shard.fetch_rows(range(shard.ntotal))  # read with one take
+        assert len(rows) > 3 and [got[row] for row in range(shard.ntotal)] == rows
+        few = list(range(shard.ntotal))[-3:]  # read one by one
+        assert shard.fetch_rows(few) == {row: rows[row] for row in few} and shard.fetch_rows([]) == {}
         kinds = meta.column("kind").to_pylist()
-        hits = si.search(np.ones((1, m.dim), np.float32), si.ntotal + 5)
-        assert hits.rows.shape == (1, si.ntotal) and sorted(hits.rows[0]) == list(range(si.ntotal))
-        assert list(hits.kinds[0]) == [kinds[r] for r in hits.rows[0]]
-        texts = sum(len(t.encode()) for t in meta.column("text").to_pylist())
-        faiss_bytes = (out / m.shard(shard).faiss).stat().st_size
-        assert faiss_bytes + texts < si.nbytes < faiss_bytes + texts + 24 * si.ntotal + 64
+        (hits,) = shard.nearest(np.ones((1, m.dim), np.float32), shard.ntotal + 5)
+        assert hits.rows.shape == (shard.ntotal,) and sorted(hits.rows) == list(range(shard.ntotal))
+        assert list(hits.kinds) == [kinds[row] for row in hits.rows]
+        texts = sum(len(text.encode()) for text in meta.column("text").to_pylist())
+        faiss_bytes = (out / m.shard(number).faiss).stat().st_size
+        table_bytes = read_table_file(out / m.shard(number).chunk_table).nbytes
+        assert faiss_bytes + texts + table_bytes < shard.nbytes
+        assert shard.nbytes < faiss_bytes + texts + table_bytes + 24 * shard.ntotal + 64
 
 
 @pytest.mark.integration

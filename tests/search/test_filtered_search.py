@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from qrag_ray.config.search_policy import SearchConfig
-from qrag_ray.index import selected_search
+from qrag_ray.index import faiss_search
 from qrag_ray.search.engine import SearchEngine
 from qrag_ray.search.filters import InvalidFilter
 from support.brute_force import bm25_truth, dense_truth, passes
@@ -53,7 +53,7 @@ def _chosen(f, doc_ids=None) -> set[str]:
 @pytest.mark.parametrize("f", FILTERS, ids=lambda f: "doc_ids" if f is None else f["type"] + ":" + str(f.get("key")))
 def test_dense_filtered_equals_brute_force_over_the_subset(index, f, strategy, monkeypatch):
     if strategy != "direct":  # every selection searched by FAISS with the selector, not scored directly
-        monkeypatch.setattr(selected_search, "BRUTE_FORCE_VALUES", 0)
+        monkeypatch.setattr(faiss_search, "BRUTE_FORCE_VALUES", 0)
     if strategy == "retry":  # the first search returns too few: the exhaustive retry must fill every query
         real = faiss.IndexFlat.search
 
@@ -114,13 +114,13 @@ def test_approximate_indexes_return_k_chunks_whenever_k_pass(tmp_path, factory, 
     idx = write_synthetic_index(tmp_path / "i", docs, shards=2, dim=8, factory=factory)
     engine = SearchEngine(idx, verify=False)
     for ls in engine.shards:
-        inner = faiss.downcast_index(ls.index.index)
+        inner = faiss.downcast_index(ls.faiss)
         inner = faiss.downcast_index(inner.base_index) if isinstance(inner, faiss.IndexRefine) else inner
         if isinstance(inner, faiss.IndexIVF):
             inner.nprobe = 1
         if isinstance(inner, faiss.IndexHNSW):
             inner.hnsw.efSearch = 4
-    monkeypatch.setattr(selected_search, "BRUTE_FORCE_VALUES", 0)
+    monkeypatch.setattr(faiss_search, "BRUTE_FORCE_VALUES", 0)
     doc_ids = [f"d{i}" for i in range(0, 400, 33)]  # 13 documents
     qvecs = _queries(6, dim=8)
     pages = engine.search_vectors(qvecs, 10, filter=engine.compile_filter(None, doc_ids))
@@ -171,7 +171,7 @@ def test_stored_vectors_are_what_reconstruct_returns(factory):
     index.train(x)
     index.add(x)
     rows = np.array([299, 0, 17, 17, 150], dtype=np.int64)
-    np.testing.assert_array_equal(selected_search.stored_vectors(index, rows), index.reconstruct_batch(rows))
+    np.testing.assert_array_equal(faiss_search.stored_vectors(index, rows), index.reconstruct_batch(rows))
 
 
 def test_an_ivf_probes_more_lists_the_fewer_rows_a_filter_selects():
@@ -184,19 +184,24 @@ def test_an_ivf_probes_more_lists_the_fewer_rows_a_filter_selects():
     index.nprobe = 2
     keep: list = []
     sel = faiss.IDSelectorRange(0, 200)
-    assert selected_search.selector_params(index, sel, keep).nprobe == 2
-    assert selected_search.selector_params(index, sel, keep, widen=10.0).nprobe == 20
-    assert selected_search.selector_params(index, sel, keep, widen=100.0).nprobe == 32
+    assert faiss_search.selector_params(index, sel, keep).nprobe == 2
+    assert faiss_search.selector_params(index, sel, keep, widen=10.0).nprobe == 20
+    assert faiss_search.selector_params(index, sel, keep, widen=100.0).nprobe == 32
 
 
 def test_a_repeated_filter_is_evaluated_once_per_shard(index, monkeypatch):
     """Queries that repeat a filter (an equal one, compiled anew) reuse each shard's selection and rank the
     same; a shard keeps the selections of its last SELECTIONS_KEPT filters, within its byte budget."""
-    from qrag_ray.search import shard_search
+    from qrag_ray.search import shard as shard_module
 
     evaluated = []
-    real = shard_search.chunk_mask
-    monkeypatch.setattr(shard_search, "chunk_mask", lambda *a: evaluated.append(1) or real(*a))
+    real = shard_module.chunk_mask
+
+    def counted(*args):
+        evaluated.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(shard_module, "chunk_mask", counted)
     engine = SearchEngine(index, verify=False)
     qvecs = _queries()
     first = engine.search_vectors(qvecs, 5, filter=engine.compile_filter(dict(FILTERS[4]), None))
@@ -204,12 +209,12 @@ def test_a_repeated_filter_is_evaluated_once_per_shard(index, monkeypatch):
     again = engine.search_vectors(qvecs[::-1], 5, filter=engine.compile_filter(dict(FILTERS[4]), None))
     assert len(evaluated) == len(engine.shards)  # no evaluation the second time
     assert [[r.chunk_id for r in p] for p in again[::-1]] == [[r.chunk_id for r in p] for p in first]
-    years = [{"type": "gte", "key": "year", "value": 1990 + i} for i in range(2 * shard_search.SELECTIONS_KEPT)]
+    years = [{"type": "gte", "key": "year", "value": 1990 + i} for i in range(2 * shard_module.SELECTIONS_KEPT)]
     for f in years:
         engine.search_vectors(qvecs, 5, filter=engine.compile_filter(f, None))
     for ls in engine.shards:
         kept = ls._selections
-        assert 0 < len(kept) <= shard_search.SELECTIONS_KEPT and kept.bytes <= kept.max_bytes
+        assert 0 < len(kept) <= shard_module.SELECTIONS_KEPT and kept.bytes <= kept.max_bytes
     evaluated.clear()  # the most recent filter is still kept, the first ones are not
     engine.search_vectors(qvecs, 5, filter=engine.compile_filter(years[-1], None))
     assert not evaluated

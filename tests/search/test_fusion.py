@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 
 from qrag_ray.config.index import IndexConfig, SearchConfig
-from qrag_ray.index.shard_index import ShardHits
 from qrag_ray.index.representations import vector_rows
-from qrag_ray.search.merge import dedup, gather, merge_hits
+from qrag_ray.search.merge import Hits, dedup, gather, merge_hits
 
 
 def hits(shard, scores, chunks, kinds, exhausted=True):
     n = len(scores)
-    return ShardHits(shard, np.array([scores], np.float32), np.array([list(range(n))], np.int64),
-                     np.array([chunks], np.int64), exhausted, np.array([kinds], dtype=object))
+    return Hits(shard, np.array(scores, np.float32), np.arange(n, dtype=np.int64),
+                     np.array(chunks, np.int64), exhausted, np.array(kinds, dtype=object))
 
 
 # chunk 1: one lucky sentence (0.90), nothing else; chunk 2: found by both lists (0.85 sentence, 0.84 question)
@@ -22,14 +21,14 @@ H = [hits(0, [0.90, 0.85, 0.84, 0.70, 0.60], [1, 2, 2, 3, 3], ["sentence", "sent
 
 
 def test_max_takes_the_best_vector():
-    res, more = merge_hits(H, 0, 3, policy=SearchConfig(fusion="max"))
+    res, more = merge_hits(H, 3, policy=SearchConfig(fusion="max"))
     assert [r.chunk_idx for r in res] == [1, 2, 3]
     assert res[0].score == pytest.approx(0.90)
     assert not more
 
 
 def test_rrf_rewards_chunks_found_by_several_kinds():
-    res, _ = merge_hits(H, 0, 3, policy=SearchConfig(fusion="rrf", rrf_k=60))
+    res, _ = merge_hits(H, 3, policy=SearchConfig(fusion="rrf", rrf_k=60))
     # sentence ranks: 1->1, 2->2, 3->3 ; atomquote ranks: 2->1, 3->2, 1 unseen -> 3 (len+1)
     want = {1: 1 / 61 + 1 / 63, 2: 1 / 62 + 1 / 61, 3: 1 / 63 + 1 / 62}
     assert [r.chunk_idx for r in res] == [2, 1, 3]
@@ -38,7 +37,7 @@ def test_rrf_rewards_chunks_found_by_several_kinds():
 
 
 def test_sum_uses_floor_for_missing_kind():
-    res, _ = merge_hits(H, 0, 3, policy=SearchConfig(fusion="sum"))
+    res, _ = merge_hits(H, 3, policy=SearchConfig(fusion="sum"))
     # floors: sentence 0.60 (chunk 3's best sentence is 0.60), atomquote 0.70
     want = {1: 0.90 + 0.70, 2: 0.85 + 0.84, 3: 0.60 + 0.70}
     assert [r.chunk_idx for r in res] == [2, 1, 3]
@@ -47,17 +46,17 @@ def test_sum_uses_floor_for_missing_kind():
 
 def test_kind_weights_reorder_max_and_widen_cutoff():
     pol = SearchConfig(fusion="max", kind_weights={"atomquote": 1.1})
-    res, more = merge_hits(H, 0, 2, policy=pol)
+    res, more = merge_hits(H, 2, policy=pol)
     assert [r.chunk_idx for r in res] == [2, 1]  # 0.84 * 1.1 = 0.924 > 0.90
     # a cut-off shard: an unseen vector at 0.80 could be weighted to 0.88 > the 2nd chunk's 0.90? no;
     cut = [hits(0, [0.9, 0.85], [1, 2], ["sentence", "sentence"], exhausted=False)]
-    _, more = merge_hits(cut, 0, 2, policy=pol)
+    _, more = merge_hits(cut, 2, policy=pol)
     assert more  # 0.85 * 1.1 = 0.935 > 0.85: a weighted unseen vector could outrank chunk 2
 
 
 def test_min_score_uses_best_vector_for_every_fusion():
     for f in ("max", "rrf", "sum"):
-        res, _ = merge_hits(H, 0, 3, min_score=0.8, policy=SearchConfig(fusion=f))
+        res, _ = merge_hits(H, 3, min_score=0.8, policy=SearchConfig(fusion=f))
         assert sorted(r.chunk_idx for r in res) == [1, 2], f
 
 
@@ -70,8 +69,8 @@ def test_policy_from_config_and_unknown_kind_rejected():
 
 
 def test_gather_without_kinds_still_ranks_by_max():
-    h = ShardHits(0, np.array([[0.5, 0.4]], np.float32), np.array([[0, 1]]), np.array([[7, 8]]), True)
-    c = gather([h], 0)
+    h = Hits(0, np.array([0.5, 0.4], np.float32), np.array([0, 1]), np.array([7, 8]), True)
+    c = gather([h])
     assert c.kinds is None
     assert [r.chunk_idx for r in dedup(c, 2)] == [7, 8]
 
@@ -94,27 +93,27 @@ GROUPED = {"atom": ("sentence", "question")}
 
 
 def test_kind_bias_makes_a_question_clear_its_sentence_by_a_margin():
-    assert [r.chunk_idx for r in merge_hits(HQ, 0, 2, policy=SearchConfig(fusion="max"))[0]] == [2, 1]
-    res, _ = merge_hits(HQ, 0, 2, policy=SearchConfig(fusion="max", kind_bias={"question": -0.1}))
+    assert [r.chunk_idx for r in merge_hits(HQ, 2, policy=SearchConfig(fusion="max"))[0]] == [2, 1]
+    res, _ = merge_hits(HQ, 2, policy=SearchConfig(fusion="max", kind_bias={"question": -0.1}))
     assert [r.chunk_idx for r in res] == [1, 2]  # 0.88 - 0.1 = 0.78 < 0.80
     assert res[1].score == pytest.approx(0.78)
 
 
 def test_groups_count_the_best_of_their_kinds_once_then_sum_with_the_rest():
     pol = SearchConfig(fusion="sum", kind_weights={"chunk": 0.5}, kind_bias={"question": -0.2}, groups=GROUPED)
-    res, _ = merge_hits(HQ, 0, 2, policy=pol)
+    res, _ = merge_hits(HQ, 2, policy=pol)
     # chunk 1: 0.5*0.50 + max(0.80)               = 1.05
     # chunk 2: 0.5*0.55 + max(0.60, 0.88 - 0.2)   = 0.275 + 0.68 = 0.955
     assert [r.chunk_idx for r in res] == [1, 2]
     assert [r.score for r in res] == pytest.approx([1.05, 0.955])
     # without the group, sentence and question are summed as two kinds: chunk 2's question floor-pads chunk 1
     ungrouped = SearchConfig(fusion="sum", kind_weights={"chunk": 0.5}, kind_bias={"question": -0.2})
-    res2, _ = merge_hits(HQ, 0, 2, policy=ungrouped)
+    res2, _ = merge_hits(HQ, 2, policy=ungrouped)
     assert [r.score for r in res2] != pytest.approx([1.05, 0.955])
 
 
 def test_rrf_ranks_a_group_as_one_list():
-    res, _ = merge_hits(HQ, 0, 2, policy=SearchConfig(fusion="rrf", rrf_k=60, groups=GROUPED))
+    res, _ = merge_hits(HQ, 2, policy=SearchConfig(fusion="rrf", rrf_k=60, groups=GROUPED))
     # atom list: chunk 2 (0.88) then chunk 1 (0.80); chunk list: chunk 2 (0.55) then chunk 1 (0.50)
     assert [r.chunk_idx for r in res] == [2, 1]
     assert res[0].score == pytest.approx(2 / 61) and res[1].score == pytest.approx(2 / 62)
@@ -125,8 +124,8 @@ def test_cutoff_bound_covers_every_calibrated_kind():
     assert pol.bound(0.5) == pytest.approx(0.65)  # quote: 1.2 * 0.5 + 0.05
     assert SearchConfig(fusion="max", kind_bias={"question": -0.2}).bound(-0.3) == pytest.approx(-0.3)  # default kind
     cut = [hits(0, [0.80, 0.70], [1, 2], ["sentence", "sentence"], exhausted=False)]
-    assert not merge_hits(cut, 0, 2, policy=SearchConfig(fusion="max", kind_bias={"question": -0.2}))[1]
-    assert merge_hits(cut, 0, 2, policy=SearchConfig(fusion="max", kind_bias={"question": 0.2}))[1]  # 0.7+0.2 > 0.7
+    assert not merge_hits(cut, 2, policy=SearchConfig(fusion="max", kind_bias={"question": -0.2}))[1]
+    assert merge_hits(cut, 2, policy=SearchConfig(fusion="max", kind_bias={"question": 0.2}))[1]  # 0.7+0.2 > 0.7
 
 
 def test_search_config_groups_and_bias_validated_and_carried_to_the_policy():

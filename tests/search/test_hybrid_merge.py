@@ -6,50 +6,49 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qrag_ray.index.shard_index import ShardHits
-from qrag_ray.search.merge import dedup, gather, merge_hits
+from qrag_ray.search.merge import Hits, dedup, gather, merge_hits
 from qrag_ray.config.search_policy import SearchConfig
 
 
 def hits(shard, scores, chunks, lex_scores, lex_chunks, kinds=None):
     n = len(scores)
-    h = ShardHits(shard, np.array([scores], np.float32), np.array([list(range(n))], np.int64),
-                  np.array([chunks], np.int64), True,
-                  None if kinds is None else np.array([kinds], dtype=object))
-    h.lex_scores = np.array([lex_scores], np.float32)
-    h.lex_chunk_idx = np.array([lex_chunks], np.int64)
+    h = Hits(shard, np.array(scores, np.float32), np.arange(n, dtype=np.int64),
+                  np.array(chunks, np.int64), True,
+                  None if kinds is None else np.array(kinds, dtype=object))
+    h.lex_scores = np.array(lex_scores, np.float32)
+    h.lex_chunk_idx = np.array(lex_chunks, np.int64)
     return h
 
 
 def test_bm25_is_divided_by_the_best_score_over_all_shards():
     per = [hits(0, [0.9], [1], [4.0, 1.0], [1, 3]), hits(1, [0.5], [2], [8.0, 0.0], [2, -1])]
-    c = gather(per, 0)
+    c = gather(per)
     assert dict(zip(c.lex_chunks.tolist(), c.lex_scores.tolist())) == {1: 0.5, 3: 0.125, 2: 1.0}
     assert c.lex_floor == pytest.approx(0.125)  # shard 0's list is full: unseen chunks there score <= 1/8
 
 
 def test_lists_with_free_slots_put_unseen_chunks_at_zero():
     per = [hits(0, [0.9], [1], [4.0, 0.0], [1, -1]), hits(1, [0.5], [2], [2.0, 0.0], [2, -1])]
-    assert gather(per, 0).lex_floor == 0.0
+    assert gather(per).lex_floor == 0.0
 
 
 def test_alpha_mixes_dense_and_lexical():
     # dense prefers 1, BM25 prefers 2 strongly
     per = [hits(0, [0.9, 0.8], [1, 2], [1.0, 10.0], [1, 2])]
-    dense = merge_hits(per, 0, 2, policy=SearchConfig())[0]
+    dense = merge_hits(per, 2, policy=SearchConfig())[0]
     assert [r.chunk_idx for r in dense] == [1, 2] and dense[0].lexical is None
-    mixed = merge_hits(per, 0, 2, policy=SearchConfig(bm25_alpha=0.5))[0]
+    mixed = merge_hits(per, 2, policy=SearchConfig(bm25_alpha=0.5))[0]
     assert [r.chunk_idx for r in mixed] == [2, 1]
     assert mixed[0].score == pytest.approx(0.5 * 0.8 + 0.5 * 1.0)
     assert mixed[1].score == pytest.approx(0.5 * 0.9 + 0.5 * 0.1) and mixed[1].lexical == pytest.approx(0.1)
     # alpha 1 is the dense ranking, alpha 0 the BM25 ranking
-    assert [r.chunk_idx for r in merge_hits(per, 0, 2, policy=SearchConfig(bm25_alpha=1.0))[0]] == [1, 2]
-    assert [r.chunk_idx for r in merge_hits(per, 0, 2, policy=SearchConfig(bm25_alpha=0.0))[0]] == [2, 1]
+    assert [r.chunk_idx for r in merge_hits(per, 2, policy=SearchConfig(bm25_alpha=1.0))[0]] == [1, 2]
+    assert [r.chunk_idx for r in merge_hits(per, 2, policy=SearchConfig(bm25_alpha=0.0))[0]] == [2, 1]
 
 
 def test_a_chunk_only_bm25_found_reaches_the_page_with_the_dense_floor():
     per = [hits(0, [0.9, 0.6], [1, 2], [10.0, 1.0], [5, 1])]
-    res = merge_hits(per, 0, 3, policy=SearchConfig(bm25_alpha=0.5))[0]
+    res = merge_hits(per, 3, policy=SearchConfig(bm25_alpha=0.5))[0]
     assert [r.chunk_idx for r in res] == [5, 1, 2]
     lex_only = res[0]
     assert lex_only.matches == [] and lex_only.lexical == 1.0
@@ -60,7 +59,7 @@ def test_a_chunk_only_bm25_found_reaches_the_page_with_the_dense_floor():
 
 def test_min_score_drops_chunks_without_dense_evidence():
     per = [hits(0, [0.9, 0.6], [1, 2], [10.0, 1.0], [5, 1])]
-    res = dedup(gather(per, 0), 3, min_score=0.5, policy=SearchConfig(bm25_alpha=0.5))
+    res = dedup(gather(per), 3, min_score=0.5, policy=SearchConfig(bm25_alpha=0.5))
     assert [r.chunk_idx for r in res] == [1, 2]
 
 
@@ -68,11 +67,11 @@ def test_hybrid_over_sum_fusion_and_rrf():
     kinds = ["chunk", "sentence", "sentence"]
     per = [hits(0, [0.7, 0.8, 0.75], [1, 1, 2], [1.0, 3.0], [1, 2], kinds)]
     s = SearchConfig(fusion="sum", bm25_alpha=0.5)
-    res = merge_hits(per, 0, 2, policy=s)[0]
+    res = merge_hits(per, 2, policy=s)[0]
     # chunk 1: sum 0.7 + 0.8 = 1.5; chunk 2: chunk floor 0.7 + 0.75 = 1.45, BM25 1.0 vs 1/3
     assert res[0].chunk_idx == 2 and res[0].score == pytest.approx(0.5 * 1.45 + 0.5 * 1.0)
     r = SearchConfig(fusion="rrf", bm25_alpha=0.5)
-    res = merge_hits(per, 0, 2, policy=r)[0]
+    res = merge_hits(per, 2, policy=r)[0]
     # rrf: BM25 is one more ranking, weighted 1 - alpha, so the scales agree; chunk 1 tops both dense
     # lists, chunk 2 only the BM25 one
     assert res[0].chunk_idx == 1 and res[0].score == pytest.approx(0.5 * (2 / 61) + 0.5 / 62, rel=1e-6)
@@ -98,9 +97,9 @@ def test_each_chunk_carries_its_best_raw_cosine_whatever_the_fusion():
     per = [hits(0, [0.62, 0.55, 0.30], [1, 1, 2], [1.0, 10.0], [1, 2], kinds=["question", "sentence", "sentence"])]
     calibrated = SearchConfig(kind_bias={"question": -0.2}, bm25_alpha=0.5)
     for policy in (SearchConfig(), SearchConfig(fusion="rrf"), calibrated):
-        res = {r.chunk_idx: r for r in merge_hits(per, 0, 2, policy=policy)[0]}
+        res = {r.chunk_idx: r for r in merge_hits(per, 2, policy=policy)[0]}
         assert res[1].cosine == pytest.approx(0.62) and res[2].cosine == pytest.approx(0.30)
-    hybrid = {r.chunk_idx: r for r in merge_hits(per, 0, 2, policy=calibrated)[0]}
+    hybrid = {r.chunk_idx: r for r in merge_hits(per, 2, policy=calibrated)[0]}
     assert hybrid[2].score > 0.30  # its fused score is not its similarity
 
 

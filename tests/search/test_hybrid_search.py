@@ -116,25 +116,43 @@ def test_hybrid_rounds_go_deep_and_rank_like_exhaustive_lists(hybrid_index, mini
     exactly as exhaustive lists do."""
     from qrag_ray.index.format import chunk_key
     from qrag_ray.search.merge import merge_hits
-    from qrag_ray.search.shard_search import HYBRID_MIN_DEPTH
+    from qrag_ray.search.shard import HYBRID_MIN_DEPTH
 
     engine = SearchEngine(hybrid_index[0], embedder=minilm)
     asked: list[tuple[int, bool]] = []
-    for s in engine.shards:
-        real = s.index.search
-        s.index.search = (lambda qv, k, texts=None, sel=None, _real=real:
-                          asked.append((k, texts is not None)) or _real(qv, k, texts, sel))
-    qv = engine.embed(QUERIES)
-    deep = [s.index.search(qv, s.index.ntotal, QUERIES) for s in engine.shards]
+    for shard in engine.shards:
+        real = shard.nearest
+
+        def nearest(vectors, k, texts=None, selection=None, _real=real):
+            asked.append((k, texts is not None))
+            return _real(vectors, k, texts, selection)
+
+        shard.nearest = nearest
+    vectors = engine.embed(QUERIES)
+    deep = [shard.nearest(vectors, shard.ntotal, QUERIES) for shard in engine.shards]
     asked.clear()
     for k in (1, 2, 3):
-        got = engine.search_vectors(qv, k, queries=QUERIES)
-        for qi in range(len(QUERIES)):
-            want = merge_hits([h.row(qi) for h in deep], 0, k, None, engine.policy)[0]
-            assert [chunk_key(r.chunk_id) for r in got[qi]] == [r.chunk_idx for r in want]
-            assert [r.score for r in got[qi]] == pytest.approx([r.score for r in want], abs=1e-6)
+        got = engine.search_vectors(vectors, k, queries=QUERIES)
+        for query in range(len(QUERIES)):
+            want = merge_hits([hits[query] for hits in deep], k, None, engine.policy)[0]
+            assert want and [chunk_key(r.chunk_id) for r in got[query]] == [r.chunk_idx for r in want]
+            assert [r.score for r in got[query]] == pytest.approx([r.score for r in want], abs=1e-6)
     assert asked and all(depth >= HYBRID_MIN_DEPTH and text for depth, text in asked)
     asked.clear()
     engine.policy = SearchConfig()  # dense only: the depth stays k x M
-    engine.search_vectors(qv, 2)
+    engine.search_vectors(vectors, 2)
     assert asked and asked[0] == (2 * engine.shards[0].multiplier, False)
+
+
+@pytest.mark.parametrize("policy", [None, SearchConfig(fusion="rrf", bm25_alpha=ALPHA), SearchConfig()])
+def test_the_replies_carry_the_page_and_little_else(hybrid_index, minilm, policy):
+    """Each shard's reply carries the metadata of every chunk on the page (the caller asks nothing again),
+    and of few others: a small multiple of k, not the hundreds of chunks the shards' lists hold."""
+    engine = SearchEngine(hybrid_index[0], embedder=minilm, policy=policy)
+    vectors = engine.embed(QUERIES)
+    for query, text in enumerate(QUERIES):
+        page = engine.search_vectors(vectors[query:query + 1], 5, queries=[text])[0]
+        carried = {meta.chunk_id for reply in engine.last.replies for meta in reply.chunks.values()}
+        listed = {int(key) for reply in engine.last.replies for key in reply.hits(0).chunk_idx if key >= 0}
+        assert page and {result.chunk_id for result in page} <= carried
+        assert len(carried) <= 8 * 5 < len(listed) or len(listed) <= 8 * 5

@@ -80,7 +80,7 @@ def served(local_ray, tenant_indexes, fake_llm):
     import httpx
     from ray import serve
 
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant, set_admin_key
 
     tenants_file = tenant_indexes["workdir"] / "tenants.yaml"
@@ -92,8 +92,8 @@ def served(local_ray, tenant_indexes, fake_llm):
     opts = {n: small for n in ("Router", "ShardSearcher0", "ShardSearcher1", "ShardSearcher2", "Synthesizer")}
     gen = {"backend": "openai", "base_url": fake_llm.url, "model": "fake-llm", "api_key_env": ""}
     t0 = time.time()
-    serve.run(build_application({"tenants": str(tenants_file), "generator": gen}, opts), name="qrag", route_prefix="/")
-    serve.run(build_application({"index": str(tenant_indexes["alpha"])}, opts), name="open", route_prefix="/open")
+    serve.run(compose_app({"tenants": str(tenants_file), "generator": gen}, opts), name="qrag", route_prefix="/")
+    serve.run(compose_app({"index": str(tenant_indexes["alpha"])}, opts), name="open", route_prefix="/open")
     url = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=url, timeout=120)
     yield {"url": url, "client": client, "keys": keys, "tenants_file": tenants_file, "startup_s": time.time() - t0,

@@ -66,16 +66,16 @@ def test_canonical_config_is_for_a_cluster():
 def test_deployment_overrides_apply(tmp_path):
     from ray.serve._private.build_app import build_app as ray_build
 
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
 
-    app = build_application({"index": str(tmp_path), "shards": 2},
+    app = compose_app({"index": str(tmp_path), "shards": 2},
                             {"ShardSearcher1": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0.25}}})
     deps = {d.name: d for d in ray_build(app, name="x").deployments}
     assert deps["ShardSearcher1"].num_replicas == 3
     assert deps["ShardSearcher1"].ray_actor_options["num_cpus"] == 0.25
     assert deps["ShardSearcher0"]._deployment_config.autoscaling_config is not None
     # five shard numbers, two per ShardSearcher: three deployments, the last searching shard 4 alone
-    grouped = ray_build(build_application({"index": str(tmp_path), "shards": 5, "shards_per_searcher": 2}), name="y")
+    grouped = ray_build(compose_app({"index": str(tmp_path), "shards": 5, "shards_per_searcher": 2}), name="y")
     assert sorted(d.name for d in grouped.deployments if d.name.startswith("ShardSearcher")) == [
         "ShardSearcher0", "ShardSearcher1", "ShardSearcher2"]
 

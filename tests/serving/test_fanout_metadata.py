@@ -43,7 +43,7 @@ def wide_records() -> list[dict]:
 def fanned(local_ray, tenant_indexes, index_root):
     from ray import serve
 
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant
     from support.indexes import build
 
@@ -60,7 +60,7 @@ def fanned(local_ray, tenant_indexes, index_root):
     keys = {"wide": add_tenant(tf, "wide", out), "alpha": add_tenant(tf, "alpha", tenant_indexes["alpha"])}
     small = {"ray_actor_options": {"num_cpus": 0.5}}
     # one ShardSearcher for all three shards: one reply per query batch carries every shard's pages
-    serve.run(build_application({"tenants": str(tf), "local_search_max_bytes": 0, "shards_per_searcher": 3,
+    serve.run(compose_app({"tenants": str(tf), "local_search_max_bytes": 0, "shards_per_searcher": 3,
                                  "request_timeout_s": 120}, {"Router": small, "ShardSearcher0": small}),
               name="wide", route_prefix="/wide")
     with httpx.Client(base_url=f"http://127.0.0.1:{port}/wide", timeout=300) as client:

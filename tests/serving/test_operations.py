@@ -26,7 +26,7 @@ def ops(local_ray, tenant_indexes, index_builder):
     from ray import serve
 
     from qrag_ray.index.versions import publish_version
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant, set_admin_key
 
     wd = tenant_indexes["workdir"]
@@ -47,7 +47,7 @@ def ops(local_ray, tenant_indexes, index_builder):
     opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 2} for i in range(3)}}
     # every tenant fans out to the ShardSearcher replicas here (small ones are searched in the Router by default)
     args = {"tenants": str(tf), "tenants_reload_s": RELOAD_S, "request_timeout_s": 20, "local_search_max_bytes": 0}
-    serve.run(build_application(args, opts), name="ops", route_prefix="/ops")
+    serve.run(compose_app(args, opts), name="ops", route_prefix="/ops")
     url = f"http://127.0.0.1:{port}/ops"
     client = httpx.Client(base_url=url, timeout=120)
     yield {"url": url, "client": client, "keys": keys, "tenants_file": tf, "root": root, "one": one, "two": two,
@@ -195,12 +195,12 @@ def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant
     import ray
     from ray import serve
 
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
 
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 1} for i in range(3)}}
     deadline_s = 4.0
-    serve.run(build_application({"index": str(tenant_indexes["alpha"]), "request_timeout_s": deadline_s,
+    serve.run(compose_app({"index": str(tenant_indexes["alpha"]), "request_timeout_s": deadline_s,
                                  "local_search_max_bytes": 0}, opts),
               name="solo", route_prefix="/solo")
     url = ops["url"].removesuffix("/ops") + "/solo"  # the same Serve proxy
@@ -235,7 +235,7 @@ def test_a_thousand_tenants_start_and_serve(ops, index_builder):
     import yaml
     from ray import serve
 
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import hash_key, new_key
 
     wd = ops["workdir"] / "many"
@@ -254,7 +254,7 @@ def test_a_thousand_tenants_start_and_serve(ops, index_builder):
     tf.write_text(yaml.safe_dump({"admin_key_sha256": hash_key(admin), "tenants": entries}))
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     t0 = time.time()
-    serve.run(build_application({"tenants": str(tf)}, {"Router": small, "ShardSearcher0": small, "ShardSearcher1": small}),
+    serve.run(compose_app({"tenants": str(tf)}, {"Router": small, "ShardSearcher0": small, "ShardSearcher1": small}),
               name="many", route_prefix="/many")
     started = time.time() - t0
     url = ops["url"].removesuffix("/ops") + "/many"

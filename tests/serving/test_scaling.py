@@ -23,7 +23,7 @@ def serve_app(local_ray, tenant_indexes):
     ShardSearcher replicas, and returns (url, headers per tenant)."""
     from ray import serve
 
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant, set_admin_key
 
     serve.shutdown()
@@ -34,7 +34,7 @@ def serve_app(local_ray, tenant_indexes):
         tf = tenant_indexes["workdir"] / f"{name}-tenants.yaml"
         keys = {t: add_tenant(tf, t, tenant_indexes[t]) for t in ("alpha", "beta")}
         keys["admin"] = set_admin_key(tf)
-        serve.run(build_application({"tenants": str(tf), "local_search_max_bytes": 0, **args}, opts),
+        serve.run(compose_app({"tenants": str(tf), "local_search_max_bytes": 0, **args}, opts),
                   name=name, route_prefix=f"/{name}")
         return f"http://127.0.0.1:{port}/{name}", {t: {"Authorization": f"Bearer {k}"} for t, k in keys.items()}
 

@@ -1,23 +1,37 @@
-"""TenantVersions without Serve: a fake shard caller and a fake index reader stand in for the shard
+"""TenantVersions without Serve: a stand-in shard backend and index reader take the place of the shard
 deployments and the index directories (milliseconds, no Ray)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from qrag_ray.errors import QragError
 from qrag_ray.serving.api_errors import ApiError, shard_unavailable
 from qrag_ray.serving.tenants import Tenant
-from qrag_ray.serving.tenant_versions import TenantIndex, TenantVersions
+from qrag_ray.serving.tenant_versions import IndexVersion, TenantVersions
 
 ALPHA = Tenant(name="alpha", index="/idx/alpha")
 BETA = Tenant(name="beta", index="/idx/beta")
 
 
-def version(v: str, shards: int = 3) -> TenantIndex:
-    return TenantIndex(f"/idx/versions/{v}", v, None, None, shards, "minilm", local=False)
+def version(v: str, shards: int = 3) -> IndexVersion:
+    return IndexVersion(f"/idx/versions/{v}", v, None, None, shards, "minilm", backend=None)
+
+
+class Backend:
+    """A version's shard backend: each call reported to `fakes.call`."""
+
+    def __init__(self, fakes: "Fakes"):
+        self.fakes = fakes
+
+    async def prepare(self, key, number: int) -> None:
+        await self.fakes.call(key, number, "prepare")
+
+    async def retire(self, key, number: int) -> None:
+        await self.fakes.call(key, number, "retire")
 
 
 class Fakes:
@@ -25,34 +39,33 @@ class Fakes:
     fail; `gate` (when set) holds every prepare until it opens."""
 
     def __init__(self):
-        self.points: dict[str, TenantIndex | Exception] = {ALPHA.index: version("v1"), BETA.index: version("b1", 2)}
+        self.points: dict[str, IndexVersion | Exception] = {ALPHA.index: version("v1"), BETA.index: version("b1", 2)}
         self.calls: list[tuple[str, str, int]] = []  # (method, version, shard)
         self.fail: set[tuple[str, int]] = set()
         self.gate: asyncio.Event | None = None
         self.warmed: list[str] = []
         self.now = 100.0
 
-    def read(self, path: str) -> TenantIndex:
+    def read(self, path: str) -> IndexVersion:
         got = self.points[path]
         if isinstance(got, Exception):
             raise got
-        return got
+        return replace(got, backend=Backend(self))
 
-    async def call(self, ti: TenantIndex, shard: int, method: str, key) -> dict:
-        assert key.version == ti.version and key.index_dir == ti.dir
+    async def call(self, key, shard: int, method: str) -> dict:
+        assert key.index_dir == f"/idx/versions/{key.version}"
         if method == "prepare" and self.gate is not None:
             await self.gate.wait()
-        self.calls.append((method, ti.version, shard))
-        if method == "prepare" and (ti.version, shard) in self.fail:
-            raise shard_unavailable(shard, "ActorDiedError")
+        self.calls.append((method, key.version, shard))
+        if method == "prepare" and (key.version, shard) in self.fail:
+            raise shard_unavailable(f"ShardSearcher{shard}", "ActorDiedError")
         return {}
 
     async def warm(self, model: str) -> None:
         self.warmed.append(model)
 
     def versions(self) -> TenantVersions:
-        return TenantVersions(self.read, self.call, self.warm, retire_after_s=0.0, retry_s=30.0,
-                              clock=lambda: self.now)
+        return TenantVersions(self.read, self.warm, retire_after_s=0.0, retry_s=30.0, clock=lambda: self.now)
 
 
 def run(coro):
@@ -64,13 +77,13 @@ def test_first_use_loads_without_warm_up_and_start_up_warms_the_first_tenants():
 
     async def go():
         tv = f.versions()
-        assert (await tv.current(ALPHA)).version == "v1"
+        assert (await tv.current(ALPHA)).index_version == "v1"
         assert f.calls == []  # first use: no traffic to protect, no prepare
         await tv.sync({"alpha": ALPHA, "beta": BETA}, warm_first=2)
         return tv
 
     tv = run(go())
-    assert tv.active["beta"].version == "b1" and {("prepare", "b1", 0), ("prepare", "b1", 1)} <= set(f.calls)
+    assert tv.active["beta"].index_version == "b1" and {("prepare", "b1", 0), ("prepare", "b1", 1)} <= set(f.calls)
     assert f.warmed == ["minilm"]  # beta warmed its embedder; alpha was already served on v1
 
 
@@ -84,10 +97,10 @@ def test_swap_only_after_every_shard_prepared_then_old_version_retired():
         f.gate = asyncio.Event()
         swap = asyncio.ensure_future(tv.sync({"alpha": ALPHA}))
         await asyncio.sleep(0.01)
-        assert (await tv.current(ALPHA)).version == "v1"  # still loading v2: requests stay on v1
+        assert (await tv.current(ALPHA)).index_version == "v1"  # still loading v2: requests stay on v1
         f.gate.set()
         await swap
-        assert (await tv.current(ALPHA)).version == "v2"
+        assert (await tv.current(ALPHA)).index_version == "v2"
         await asyncio.sleep(0.01)  # the retirement task (retire_after_s=0)
 
     run(go())
@@ -105,8 +118,8 @@ def test_failed_warm_keeps_the_old_version_and_retries_after_the_delay():
         f.points[ALPHA.index] = version("v2")
         f.fail.add(("v2", 1))
         await tv.sync({"alpha": ALPHA})
-        assert tv.active["alpha"].version == "v1"
-        assert tv.problems["alpha"].startswith("version v2 failed to load, still serving v1: shard 1")
+        assert tv.active["alpha"].index_version == "v1"
+        assert tv.problems["alpha"].startswith("version v2 failed to load, still serving v1: ShardSearcher1")
         n = len(f.calls)
         f.now += 10
         await tv.sync({"alpha": ALPHA})  # before retry_s: not tried again
@@ -114,7 +127,7 @@ def test_failed_warm_keeps_the_old_version_and_retries_after_the_delay():
         f.fail.clear()
         f.now += 25
         await tv.sync({"alpha": ALPHA})
-        assert tv.active["alpha"].version == "v2" and "alpha" not in tv.problems
+        assert tv.active["alpha"].index_version == "v2" and "alpha" not in tv.problems
         await asyncio.sleep(0.01)
 
     run(go())
@@ -129,7 +142,7 @@ def test_unreadable_index_keeps_serving_and_is_reported():
         await tv.current(ALPHA)
         f.points[ALPHA.index] = QragError("no manifest.json in /idx/alpha")
         await tv.sync({"alpha": ALPHA})
-        assert tv.active["alpha"].version == "v1"
+        assert tv.active["alpha"].index_version == "v1"
         assert tv.newest(ALPHA) == (None, "no manifest.json in /idx/alpha")
         with pytest.raises(ApiError) as e:
             await tv.current(BETA.model_copy(update={"index": ALPHA.index}))
@@ -164,7 +177,7 @@ def test_version_moved_resolves_again_without_warm_up():
         await tv.current(ALPHA)
         f.points[ALPHA.index] = version("v3")
         tv.moved("alpha")
-        assert (await tv.current(ALPHA)).version == "v3"
+        assert (await tv.current(ALPHA)).index_version == "v3"
 
     run(go())
     assert f.calls == []

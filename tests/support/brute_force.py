@@ -35,13 +35,12 @@ def dense_truth(engine, qvecs: np.ndarray, chosen: set[str]) -> list[list[tuple[
     """Per query: (chunk id, best cosine of its stored vectors) of every chunk of the `chosen` documents,
     best first (max fusion), from every vector of every shard of a SearchEngine."""
     best: list[dict[str, float]] = [{} for _ in qvecs]
-    for ls in engine.shards:
-        idx = ls.index
-        vecs = idx.index.reconstruct_n(0, idx.ntotal)
-        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist()))
-        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist()))
+    for shard in engine.shards:
+        vecs = shard.faiss.reconstruct_n(0, shard.ntotal)
+        ids = dict(zip(shard.chunk_idx.tolist(), shard.chunk_columns[0].to_pylist()))
+        docs = dict(zip(shard.chunk_idx.tolist(), shard.chunk_columns[1].to_pylist()))
         scores = qvecs @ vecs.T
-        for row, ci in enumerate(idx.chunk_idx.tolist()):
+        for row, ci in enumerate(shard.row_chunks.tolist()):
             if docs[ci] in chosen:
                 for qi in range(len(qvecs)):
                     best[qi][ids[ci]] = max(best[qi].get(ids[ci], -9.0), float(scores[qi, row]))
@@ -53,10 +52,10 @@ def bm25_truth(engine, query: str, chosen: set[str]) -> tuple[list[tuple[str, fl
     from qrag_ray.index.lexical import tokenize
 
     out, per_shard = [], []
-    for ls in engine.shards:
-        lex = ls.index.lexicon
-        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist()))
-        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist()))
+    for shard in engine.shards:
+        lex = shard.lexicon
+        ids = dict(zip(shard.chunk_idx.tolist(), shard.chunk_columns[0].to_pylist()))
+        docs = dict(zip(shard.chunk_idx.tolist(), shard.chunk_columns[1].to_pylist()))
         toks = tokenize([query], ids=False, stemmer=lex.stemmer)[0]
         scores = np.asarray(lex.bm25.get_scores(toks)) if toks else np.zeros(len(lex))
         mine = [(ids[ci], float(s)) for ci, s in zip(lex.chunk_idx.tolist(), scores) if docs[ci] in chosen]

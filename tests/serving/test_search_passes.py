@@ -1,6 +1,7 @@
-"""The Router's side of a retrieval (serving/query_batch.py) with fake shard deployments and a fake
-encoder: no Ray cluster, no Serve, no model. The shard backends' retries and errors, and QueryBatcher's one
-path (version, the embedding batch, the search batch of one group over the tenant's backend, timings)."""
+"""The Router's side of a retrieval (serving/search_passes.py, serving/shard_searcher.py's RemoteShards) with
+stand-in deployment handles and encoder: no Ray cluster, no Serve, no model. RemoteShards' calls, retries and
+errors, and SearchPasses' one path (version, the embedding batch, the search pass of one group over the
+version's backend, timings)."""
 
 from __future__ import annotations
 
@@ -11,23 +12,23 @@ import pytest
 from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import BackPressureError
 
-from qrag_ray.errors import QragError
 from qrag_ray.config.search_policy import SearchConfig
-from qrag_ray.serving.api_models import SearchRequest
+from qrag_ray.errors import QragError
 from qrag_ray.serving.api_errors import ApiError
-from qrag_ray.serving.query_batch import QueryBatcher
-from qrag_ray.serving.shard_backends import RemoteShards
-from qrag_ray.serving.shard_store import ShardKey, VersionMoved, affinity_id
+from qrag_ray.serving.api_models import SearchRequest
+from qrag_ray.serving.search_passes import PASS_QUERIES, QueuedQuery, SearchPasses, resolve_query
+from qrag_ray.serving.shard_cache import VersionKey, VersionMoved
+from qrag_ray.serving.shard_searcher import RemoteShards, affinity_id
+from qrag_ray.serving.tenant_versions import IndexVersion
 from qrag_ray.serving.tenants import Tenant
-from qrag_ray.serving.tenant_versions import TenantIndex
-from tests.search.test_retrieve import HITS, A, C, FakeShards
+from tests.search.test_retrieve import HITS, A, C, StandInShards
 
 
 class _Method:
     def __init__(self, outcomes: list):
         self.outcomes, self.calls = list(outcomes), 0
 
-    async def remote(self, shard, *args):
+    async def remote(self, key, *args):
         self.calls += 1
         out = self.outcomes.pop(0)
         if isinstance(out, BaseException):
@@ -51,14 +52,14 @@ class _Handle:
         return options
 
 
-KEY = ShardKey("acme", "/idx/v7", "v7")
+KEY = VersionKey("acme", "/idx/v7", "v7")
 
 
 def test_a_shard_call_asks_serve_for_a_replica_holding_the_tenants_version_of_that_shard():
-    h = _Handle(search=_Method(["reply"]))
-    assert asyncio.run(RemoteShards([_Handle(), h]).call(1, "search", KEY)) == "reply"
-    assert h.model_ids == [affinity_id(KEY, 1)] == ["acme/v7/1"]
-    assert affinity_id(ShardKey("acme", "/idx/v8", "v8"), 1) != affinity_id(KEY, 1) != affinity_id(KEY, 0)
+    handle = _Handle(fetch=_Method([["a record"]]))
+    assert asyncio.run(RemoteShards([_Handle(), handle]).fetch(KEY, 1, [5], None)) == ["a record"]
+    assert handle.model_ids == [affinity_id(KEY, 1)] == ["acme/v7/1"]
+    assert affinity_id(VersionKey("acme", "/idx/v8", "v8"), 1) != affinity_id(KEY, 1) != affinity_id(KEY, 0)
 
 
 def test_grouped_shards_make_one_call_per_deployment_with_the_groups_affinity_and_replies_in_shard_order():
@@ -66,37 +67,38 @@ def test_grouped_shards_make_one_call_per_deployment_with_the_groups_affinity_an
         def __init__(self):
             self.asked: list = []
 
-        async def remote(self, shards, key, *args):
+        async def remote(self, key, shards, *args):
             self.asked.append(shards)
-            return [f"reply {s}" for s in shards] if isinstance(shards, list) else f"{shards} prepared"
+            return [f"reply {shard}" for shard in shards] if isinstance(shards, list) else f"{shards} prepared"
 
     handles = [_Handle(search=Searcher(), prepare=Searcher()) for _ in range(2)]
     remote = RemoteShards(handles, per=2)
     assert asyncio.run(remote.search(KEY, 3, np.zeros((1, 4), np.float32), None)) == ["reply 0", "reply 1", "reply 2"]
-    assert [h.search.asked for h in handles] == [[[0, 1]], [[2]]]  # one call each
-    assert [h.model_ids for h in handles] == [["acme/v7/0"], ["acme/v7/1"]]
-    assert asyncio.run(remote.call(2, "prepare", KEY)) == "2 prepared"  # one shard, at its group's deployment
+    assert [handle.search.asked for handle in handles] == [[[0, 1]], [[2]]]  # one call each
+    assert [handle.model_ids for handle in handles] == [["acme/v7/0"], ["acme/v7/1"]]
+    asyncio.run(remote.prepare(KEY, 2))  # one shard, at its group's deployment
     assert handles[1].prepare.asked == [2] and handles[1].model_ids[-1] == "acme/v7/1"
 
 
 def test_a_dead_replica_is_retried_once_then_the_shard_is_a_503():
-    flaky = _Method([ActorDiedError(), "reply"])
-    assert asyncio.run(RemoteShards([_Handle(search=flaky)]).call(0, "search", KEY)) == "reply"
+    flaky = _Method([ActorDiedError(), ["reply"]])
+    assert asyncio.run(RemoteShards([_Handle(search=flaky)]).search(KEY, 1, None, None)) == ["reply"]
     assert flaky.calls == 2
     dead = _Method([ActorDiedError(), ActorDiedError()])
-    with pytest.raises(ApiError) as e:
-        asyncio.run(RemoteShards([_Handle(search=dead)]).call(0, "search", KEY))
-    assert (e.value.status, e.value.kind) == (503, "shard_unavailable")
+    with pytest.raises(ApiError) as error:
+        asyncio.run(RemoteShards([_Handle(search=dead)]).search(KEY, 1, None, None))
+    assert (error.value.status, error.value.kind) == (503, "shard_unavailable")
+    assert "ShardSearcher0" in error.value.message
 
 
 def test_a_full_shard_queue_is_overloaded_and_a_user_error_passes_through():
     full = _Method([BackPressureError(num_queued_requests=1, max_queued_requests=1)])
-    with pytest.raises(ApiError) as e:
-        asyncio.run(RemoteShards([_Handle(search=full)]).call(0, "search", KEY))
-    assert (e.value.status, e.value.kind) == (503, "overloaded") and full.calls == 1
+    with pytest.raises(ApiError) as error:
+        asyncio.run(RemoteShards([_Handle(search=full)]).search(KEY, 1, None, None))
+    assert (error.value.status, error.value.kind) == (503, "overloaded") and full.calls == 1
     bad = _Method([QragError("index /x has 1 shards, no shard 3")])
     with pytest.raises(QragError, match="no shard 3"):
-        asyncio.run(RemoteShards([_Handle(search=bad)]).call(0, "search", KEY))
+        asyncio.run(RemoteShards([_Handle(search=bad)]).search(KEY, 1, None, None))
     assert bad.calls == 1  # not retried
 
 
@@ -110,17 +112,18 @@ class _Encoder:
 
 
 class _Versions:
-    def __init__(self, ti: TenantIndex):
-        self.ti, self.moved_calls = ti, 0
+    def __init__(self, version: IndexVersion):
+        self.version = version
+        self.moved_calls = 0
 
     async def current(self, tenant):
-        return self.ti
+        return self.version
 
     def moved(self, tenant):
         self.moved_calls += 1
 
 
-class _Remote(FakeShards):
+class _Remote(StandInShards):
     path = "shards"  # as RemoteShards names itself in the response's timings
 
 
@@ -128,7 +131,7 @@ class _Moving(_Remote):
     """Shards that find another version in the directory the first `n` times."""
 
     def __init__(self, n: int):
-        super().__init__(HITS[:1], page=True)
+        super().__init__(HITS[:1])
         self.n = n
 
     async def search(self, key, num_shards, qvecs, q):
@@ -138,43 +141,41 @@ class _Moving(_Remote):
         return await super().search(key, num_shards, qvecs, q)
 
 
-def _retriever(remote) -> tuple[QueryBatcher, _Versions, _Encoder]:
-    ti = TenantIndex("/idx/v1", "v1", None, SearchConfig(), 2, "all-MiniLM-L6-v2", local=False)
-    versions, enc = _Versions(ti), _Encoder()
-    return QueryBatcher(enc, None, remote, versions), versions, enc
+def _retriever(remote) -> tuple[SearchPasses, _Versions, _Encoder]:
+    version = IndexVersion("/idx/v1", "v1", None, SearchConfig(), 2, "all-MiniLM-L6-v2", remote)
+    versions = _Versions(version)
+    encoder = _Encoder()
+    return SearchPasses(encoder, versions), versions, encoder
 
 
 def test_retriever_runs_the_core_over_the_tenant_backend():
-    remote = _Remote(HITS[:1], page=True)
+    remote = _Remote(HITS[:1])
     retriever, _, enc = _retriever(remote)
-    assert retriever.shards(retriever.versions.ti) is remote
-    r = asyncio.run(retriever.retrieve(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
+    r = asyncio.run(retriever.search(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
     assert [x.doc_id for x in r.results] == [f"d{A}", f"d{C}"]
     assert r.index_version == "v1" and enc.batches == [["q"]]
     assert (r.timings.path, r.timings.embed_batch, r.timings.rounds, r.timings.candidates) == ("shards", 1, 1, 4)
     assert r.timings.model_dump()["shard_replicas"] == ["", ""]  # the JSON keys of the HTTP `timings`
-    assert remote.lookups == []  # remote shards sent the page with the hits
+    assert remote.calls == 1  # one call to the version's backend: the replies carried the page
 
 
 def test_a_version_moved_mid_request_is_resolved_again_once():
     retriever, versions, _ = _retriever(_Moving(1))
-    r = asyncio.run(retriever.retrieve(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
+    r = asyncio.run(retriever.search(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
     assert len(r.results) == 2 and versions.moved_calls == 1
     retriever, versions, _ = _retriever(_Moving(2))
     with pytest.raises(ApiError, match="changed twice"):
-        asyncio.run(retriever.retrieve(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
+        asyncio.run(retriever.search(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
 
 
 def _asks(retriever, remote, *reqs: SearchRequest) -> list:
-    from qrag_ray.serving.query_batch import QueuedQuery, resolve_query
-
-    ti = retriever.versions.ti
-    return [QueuedQuery(r.query, ti, ti.key("acme"), resolve_query(ti, "acme", r), {}) for r in reqs]
+    version = retriever.versions.version
+    return [QueuedQuery(r.query, version, version.key("acme"), resolve_query(version, "acme", r), {}) for r in reqs]
 
 
 def _batches(retriever, asks) -> list:
     """The asks submitted to the search passes at once (the first pass of each group starts with all of
-    its asks waiting): each ask's (page, timings), or its group's error."""
+    its asks waiting): each ask's (page, timings, query vector), or its group's error."""
     async def go():
         return await asyncio.gather(*[retriever.passes.submit(a.group, a) for a in asks], return_exceptions=True)
     return asyncio.run(go())
@@ -182,55 +183,56 @@ def _batches(retriever, asks) -> list:
 
 def test_concurrent_queries_of_one_group_embed_in_one_call_and_ask_each_shard_once():
     class Counting(_Remote):
-        calls: list = []
+        sizes: list = []
 
         async def search(self, key, num_shards, qvecs, q):
-            self.calls.append(len(qvecs))
+            self.sizes.append(len(qvecs))
             return await super().search(key, num_shards, qvecs, q)
 
-    remote = Counting(HITS[:1] * 3, page=True)
+    remote = Counting(HITS[:1] * 3)
     retriever, _, enc = _retriever(remote)
     asks = _asks(retriever, remote, SearchRequest(query="a", k=2), SearchRequest(query="b", k=2),
                  SearchRequest(query="c", k=1))
     out = _batches(retriever, asks)
     assert enc.batches == [["a", "b"], ["c"]]  # one encode per pass: k=2's two, then k=1's own
-    assert remote.calls == [2, 1]  # k=2 twice in one pass of the core, k=1 apart
-    assert [len(page) for page, _ in out] == [2, 2, 1]
-    assert [(t.embed_batch, t.search_batch) for _, t in out] == [(2, 2), (2, 2), (1, 1)]
+    assert remote.sizes == [2, 1]  # k=2 twice in one pass of the core, k=1 apart
+    assert [len(page) for page, _, _ in out] == [2, 2, 1]
+    assert [(t.embed_batch, t.search_batch) for _, t, _ in out] == [(2, 2), (2, 2), (1, 1)]
 
 
 def test_a_group_waits_only_for_its_own_pass_and_a_full_pass_starts_beside_a_running_one():
     """Queries of one group that arrive while its pass runs go in its next pass, all together; another
     group's query starts its own pass at once; PASS_QUERIES waiting start another pass without waiting."""
-    from qrag_ray.serving.query_batch import PASS_QUERIES
-
     class Blocking(_Remote):
         def __init__(self):
-            super().__init__(HITS[:1] * PASS_QUERIES, page=True)
-            self.calls, self.release = [], asyncio.Event()
+            super().__init__(HITS[:1] * PASS_QUERIES)
+            self.asked = []
+            self.release = asyncio.Event()
 
         async def search(self, key, num_shards, qvecs, q):
-            self.calls.append((q.k, len(qvecs)))
-            if len(self.calls) == 1:
+            self.asked.append((q.k, len(qvecs)))
+            if len(self.asked) == 1:
                 await self.release.wait()  # the group's first pass runs until released
             return await super().search(key, num_shards, qvecs, q)
 
     async def go():
         remote = Blocking()
         retriever, _, _ = _retriever(remote)
-        ask = lambda k: _asks(retriever, remote, SearchRequest(query="q", k=k))[0]  # noqa: E731
-        submit = lambda k: asyncio.ensure_future(retriever.passes.submit(ask(k).group, ask(k)))  # noqa: E731
+        def submit(k: int) -> asyncio.Future:
+            queued = _asks(retriever, remote, SearchRequest(query="q", k=k))[0]
+            return asyncio.ensure_future(retriever.passes.submit(queued.group, queued))
+
         first = submit(2)
         await asyncio.sleep(0.01)  # its pass runs (blocked)
         waiting = [submit(2) for _ in range(3)]
         other = submit(1)  # another group: a pass of its own, now
         await asyncio.wait_for(other, 5)
-        calls_while_blocked = list(remote.calls)
+        calls_while_blocked = list(remote.asked)
         full = [submit(2) for _ in range(PASS_QUERIES - 3)]  # with the 3 waiting: a full pass starts now
         await asyncio.wait_for(asyncio.gather(*full[-1:], *waiting), 5)
         remote.release.set()
         await first
-        return calls_while_blocked, remote.calls, [t.search_batch for _, t in await asyncio.gather(*waiting)]
+        return calls_while_blocked, remote.asked, [t.search_batch for _, t, _ in await asyncio.gather(*waiting)]
 
     blocked, calls, batches = asyncio.run(go())
     assert blocked == [(2, 1), (1, 1)]
@@ -244,7 +246,7 @@ def test_a_groups_error_reaches_its_requests_and_not_the_others():
                 raise VersionMoved("republished")
             return await super().search(key, num_shards, qvecs, q)
 
-    remote = FailsForK1(HITS[:1] * 2, page=True)
+    remote = FailsForK1(HITS[:1] * 2)
     retriever, _, _ = _retriever(remote)
     out = _batches(retriever, _asks(retriever, remote, SearchRequest(query="a", k=1), SearchRequest(query="b", k=2)))
     assert isinstance(out[0], VersionMoved) and len(out[1][0]) == 2
