@@ -31,7 +31,7 @@ def wait_for_nodes(address: str, n: int, timeout: float = 90.0) -> list[dict]:
             nodes = live_nodes(address)
             if len(nodes) >= n:
                 return nodes
-        except Exception as e:  # noqa: BLE001 - GCS still starting
+        except Exception as e:  # the GCS may still be starting
             last = e
         time.sleep(1.0)
     raise RuntimeError(f"cluster at {address} did not reach {n} alive nodes in {timeout:.0f}s ({last})")

@@ -283,29 +283,28 @@ def _up_once(name: str, shapes: list[NodeShape], base_port: int | None, object_s
     (cdir / "cluster.json").write_text(state.to_json())
     env = _env(cdir) | extra_env
     ensure_token(env)
-    log = open(cdir / "ray-start.log", "ab")
     try:
-        for node in state.nodes:
-            cmd = ray_start_command(state, node, object_store_mb)
-            log.write(("$ " + " ".join(cmd) + "\n").encode())
-            log.flush()
-            since = log.tell()
-            try:
-                r = subprocess.run(cmd, env=env | node.env, stdout=log, stderr=subprocess.STDOUT,
-                                   timeout=timeout, start_new_session=True)
-            except subprocess.TimeoutExpired:  # a start that hangs on a loaded box is retried like a failed one
-                raise RuntimeError(f"`ray start` for {node.name} did not return in {timeout:.0f}s; see "
-                                   f"{cdir / 'ray-start.log'}") from None
-            if r.returncode != 0 and not _registered_late(cdir / "ray-start.log", since, state, node, timeout):
-                raise RuntimeError(f"`ray start` for {node.name} failed (rc {r.returncode}); see {cdir / 'ray-start.log'}")
-            if node.index == 0:
-                wait_for_nodes(state.address, 1, timeout)
-        wait_for_nodes(state.address, len(state.nodes), timeout)
+        with open(cdir / "ray-start.log", "ab") as log:
+            for node in state.nodes:
+                cmd = ray_start_command(state, node, object_store_mb)
+                log.write(("$ " + " ".join(cmd) + "\n").encode())
+                log.flush()
+                since = log.tell()
+                try:
+                    r = subprocess.run(cmd, env=env | node.env, stdout=log, stderr=subprocess.STDOUT,
+                                       timeout=timeout, start_new_session=True)
+                except subprocess.TimeoutExpired:  # a start that hangs on a loaded box is retried like a failed one
+                    raise RuntimeError(f"`ray start` for {node.name} did not return in {timeout:.0f}s; see "
+                                       f"{cdir / 'ray-start.log'}") from None
+                if r.returncode != 0 and not _registered_late(cdir / "ray-start.log", since, state, node, timeout):
+                    raise RuntimeError(f"`ray start` for {node.name} failed (rc {r.returncode}); "
+                                       f"see {cdir / 'ray-start.log'}")
+                if node.index == 0:
+                    wait_for_nodes(state.address, 1, timeout)
+            wait_for_nodes(state.address, len(state.nodes), timeout)
     except BaseException:
-        log.close()
         kill_cluster_processes(cdir)
         raise
-    log.close()
     if not quiet:
         print(f"local Ray cluster '{name}' up: {len(state.nodes)} nodes, address {state.address}, "
               f"dashboard {state.dashboard_url}, dir {cdir}", file=sys.stderr)
@@ -329,7 +328,7 @@ def _registered_late(log: Path, since: int, state: ClusterState, node: NodeSpec,
             if any(n["port"] == node.node_manager_port for n in live_nodes(state.address)):
                 print(f"`ray start` for {node.name} timed out, but the node registered later", file=sys.stderr)
                 return True
-        except Exception:  # noqa: BLE001 - the GCS may still be starting
+        except Exception:  # the GCS may still be starting
             pass
         time.sleep(2.0)
     return False
@@ -358,7 +357,7 @@ def status(name: str = "qrc", cdir: Path | None = None) -> dict:
     state = ClusterState.load(sf)
     try:
         nodes = live_nodes(state.address) if pids else []
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         nodes = [{"error": str(e)}]
     return {"name": name, "dir": str(cdir), "address": state.address, "dashboard_url": state.dashboard_url,
             "metrics_urls": state.metrics_urls, "running": bool(pids), "pids": pids, "nodes": nodes}

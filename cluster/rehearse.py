@@ -154,7 +154,7 @@ def pod_shapes(pods: tuple[Pod, ...], work: Path, token: str, code: str | None,
     read-only folders; in a network of pods, its own address and namespace); and the head's pod path -> local
     folder."""
     shapes, laid_out = [], [lay_out_pod(pod, work) for pod in pods]
-    for i, (pod, (paths, readonly)) in enumerate(zip(pods, laid_out)):
+    for i, (pod, (paths, readonly)) in enumerate(zip(pods, laid_out, strict=True)):
         shapes.append(lc.NodeShape(pod.name, pod.num_cpus, pod.num_gpus, pod.memory or None,
                                    env=node_env(pod, paths, token, code), readonly=readonly,
                                    **({"ip": net.ip(i), "netns": net.exec_prefix(i)} if net else {})))

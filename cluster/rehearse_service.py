@@ -21,6 +21,7 @@ Needs root (network namespaces). docs/CLUSTER.md, "Rehearsing the serving endpoi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -157,10 +158,8 @@ def deploy(r: ServiceRehearsal, timeout: float = 600.0) -> dict:
         raise RuntimeError(f"the dashboard refused the serve config: HTTP {put.status_code} {put.text[:500]}")
     deadline, last = time.monotonic() + timeout, {}
     while time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
             last = httpx.get(url, headers=headers, timeout=30).json()
-        except (httpx.HTTPError, ValueError):
-            pass
         states = {n: a.get("status") for n, a in (last.get("applications") or {}).items()}
         if states and all(s == "RUNNING" for s in states.values()):
             return last

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(len(args.python)) as pool:
             results = list(pool.map(lambda v: check(v, requirements, work, indexes), args.python))
     failed = False
-    for v, got in zip(args.python, results):
+    for v, got in zip(args.python, results, strict=True):
         if got is None:
             print(f"Python {v}: qrag-ray[{args.extra}] does not resolve for Linux x86-64")
             failed = True

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from support.build_cache import file_digest, shared
 from support.corpus import pydoc_docs, write_jsonl
 from support.indexes import build, shared_build

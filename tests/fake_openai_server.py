@@ -116,7 +116,7 @@ def _make_handler(state: FakeOpenAI):
             want = state.require_key
             return want is None or self.headers.get("Authorization") == f"Bearer {want}"
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path.rstrip("/") != "/v1/models":
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
                 return
@@ -127,7 +127,7 @@ def _make_handler(state: FakeOpenAI):
                 return
             self._send(200, {"object": "list", "data": [{"id": state.model_name, "object": "model"}]})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
             if self.path.rstrip("/") != "/v1/chat/completions":

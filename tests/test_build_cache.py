@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+
 from support import build_cache
 from support.build_cache import ENV, content_key, file_digest, shared
 

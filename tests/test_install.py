@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.demo import NO_LLM_TOPICS, assert_no_llm_demo
 
 REPO = Path(__file__).resolve().parents[1]

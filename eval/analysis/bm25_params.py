@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
             r = bm25s.BM25(k1=k1, b=b)
             r.index(docs, show_progress=False)
             run = {q["qid"]: [ids[i] for i in np.argsort(-r.get_scores(t), kind="stable")[:10]]
-                   for q, t in zip(ev.queries, qtoks)}
+                   for q, t in zip(ev.queries, qtoks, strict=True)}
             print(f"stemmer={stemmer or 'none':8s} k1={k1:<4} b={b:<5} nDCG@10 {100 * ndcg_at_k(run, ev.qrels, 10):.1f}")
 
 

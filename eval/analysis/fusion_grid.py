@@ -38,7 +38,7 @@ def chunk_max(Q: np.ndarray, vecs: np.ndarray, docs: np.ndarray, n_docs: int) ->
 def rank_metrics(M: np.ndarray, gold: np.ndarray) -> dict[str, float]:
     """R@1, R@5, MRR@10 (percent) with one gold doc per query; a tie with the gold doc ranks below it."""
     g = M[np.arange(len(gold)), gold][:, None]
-    rank = (M > g).sum(1) + 1
+    rank = (g < M).sum(1) + 1
     return {"R@1": 100 * float((rank == 1).mean()), "R@5": 100 * float((rank <= 5).mean()),
             "MRR@10": 100 * float(np.where(rank <= 10, 1.0 / rank, 0.0).mean())}
 
@@ -89,7 +89,7 @@ def load_matrices(idx_dir: Path, data: str, offset: int = 0, subset: int | None 
     ev = load_squad(data, subset=subset, offset=offset)
     doc_pos = {d["doc_id"]: i for i, d in enumerate(ev.corpus)}
     chunks = pq.read_table(idx_dir / "chunks.parquet", columns=["chunk_idx", "doc_id"]).to_pydict()
-    chunk_doc = dict(zip(chunks["chunk_idx"], chunks["doc_id"]))
+    chunk_doc = dict(zip(chunks["chunk_idx"], chunks["doc_id"], strict=True))
     vecs, docs, kinds, texts = [], [], [], []
     for sh in range(man.num_shards):
         index = faiss.read_index(str(idx_dir / shard_faiss(sh)))
@@ -113,7 +113,7 @@ def load_matrices(idx_dir: Path, data: str, offset: int = 0, subset: int | None 
         wtexts, wdocs = corpus_windows(ev.corpus)
         mats["window"] = chunk_max(Q, encode(st, wtexts), wdocs, n)
     questions: list[list[str]] = [[] for _ in range(n)]
-    for d, t in zip(docs[qmask].tolist(), np.array(texts, dtype=object)[qmask].tolist()):
+    for d, t in zip(docs[qmask].tolist(), np.array(texts, dtype=object)[qmask].tolist(), strict=True):
         questions[d].append(t)
     gold = np.array([doc_pos[next(iter(ev.qrels[q["qid"]]))] for q in ev.queries])
     # article number in the file, from doc_id "{article:03d}-{paragraph:03d}": the same split for any slice

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     out = {}
     for name, pol in policies(eng.policy).items():
         run = {}
-        for q, c in zip(ev.queries, cands):
+        for q, c in zip(ev.queries, cands, strict=True):
             seen, docs = set(), []
             for r in dedup(c, 50, policy=pol):
                 d = doc(r.chunk_idx)

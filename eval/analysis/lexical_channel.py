@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fusion_grid import fused, load_matrices, parity_halves, split_metrics  # noqa: E402
+from fusion_grid import fused, load_matrices, parity_halves, split_metrics
 
 WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
 
@@ -67,7 +67,7 @@ def main() -> None:
     lexical = {"bm25(chunk)": bm25_matrix([d["text"] for d in ev["corpus"]], qtexts)}
     if any(ev["questions"]):
         lexical["bm25(chunk+questions)"] = bm25_matrix(
-            [d["text"] + "\n" + "\n".join(qs) for d, qs in zip(ev["corpus"], ev["questions"])], qtexts)
+            [d["text"] + "\n" + "\n".join(qs) for d, qs in zip(ev["corpus"], ev["questions"], strict=True)], qtexts)
 
     def score(label, M, w=None):
         return {"label": label, "w_bm25": w, **split_metrics(M, gold, halves)}

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx = getattr(e, "ctx", None)
             _error_line(e.format_message() + (f" (see {ctx.command_path} --help)" if ctx is not None else ""))
         return e.exit_code or 2
-    except BaseException as e:  # noqa: BLE001 - map user errors to one line, keep bugs loud
+    except BaseException as e:  # map user errors to one line, keep bugs loud
         ue = find_user_error(e)
         if ue is None:
             raise

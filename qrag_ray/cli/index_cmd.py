@@ -45,8 +45,8 @@ def register(app: typer.Typer) -> None:
     ):
         """Build a sharded question index from a corpus."""
         from qrag_ray.config.index import build_index_config
-        from qrag_ray.index.incremental import incremental_config
         from qrag_ray.index.build import build_index
+        from qrag_ray.index.incremental import incremental_config
 
         if append or delete_ids:
             cfg = incremental_config(output, append, delete_ids)

@@ -25,7 +25,6 @@ def register(app: typer.Typer) -> None:
     ):
         """Search an index in-process (no server) and print JSON results."""
         from qrag_client.models import parse_filter
-
         from qrag_ray.index.format import load_manifest
         from qrag_ray.search.engine import SearchEngine
         from qrag_ray.search.query import validate_k

@@ -16,12 +16,12 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from qrag_ray.config.roles import Strict, field_roles, select
-from qrag_ray.errors import QragError
 from qrag_ray.config.llm import GeneratorConfig, SamplingConfig  # noqa: F401 - the schema imports from here
 from qrag_ray.config.presets import PRESETS
+from qrag_ray.config.roles import Strict, field_roles, select
 from qrag_ray.config.search_policy import GENERATED_KINDS, VECTOR_KINDS, SearchConfig, research_knobs_marked
 from qrag_ray.config.yaml_file import read_yaml
+from qrag_ray.errors import QragError
 
 load_yaml_any = read_yaml  # any YAML document; `load_yaml` reads a config file
 

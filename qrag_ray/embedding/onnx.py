@@ -53,7 +53,7 @@ def _export(model, names: list[str], path: Path) -> None:
             self.m = m
 
         def forward(self, *args):
-            return self.m(**dict(zip(names, args)), return_dict=True).last_hidden_state
+            return self.m(**dict(zip(names, args, strict=True)), return_dict=True).last_hidden_state
 
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=torch.long)
     dummy = {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids)}

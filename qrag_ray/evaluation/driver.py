@@ -16,9 +16,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from qrag_ray.config.index import (GeneratorConfig, IndexConfig, deep_update, format_validation_error, index_config,
-                                   index_identity, load_yaml_any, recorded_config, representation_plan,
-                                   resolve_representation)
+from qrag_ray.config.index import (
+    GeneratorConfig,
+    IndexConfig,
+    deep_update,
+    format_validation_error,
+    index_config,
+    index_identity,
+    load_yaml_any,
+    recorded_config,
+    representation_plan,
+    resolve_representation,
+)
 from qrag_ray.config.search_policy import QUESTION_KINDS
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
@@ -98,7 +107,7 @@ def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | No
 def generated_texts(index_dir: Path) -> list[str]:
     m = load_manifest(index_dir)
     tables = (read_table_file(m.file(m.shard(i).meta), ["kind", "text"]) for i in range(m.num_shards))
-    return [tx for t in tables for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist())
+    return [tx for t in tables for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist(), strict=True)
             if kd in QUESTION_KINDS]
 
 
@@ -168,7 +177,7 @@ def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int
     stage["search"] = round(time.perf_counter() - t1, 3)
     if hyde is not None:
         stage["hyde_llm"] = round(hyde.llm_seconds, 3)
-    run = {q["qid"]: list(dict.fromkeys(docs)) for q, docs in zip(ev.queries, ranked)}
+    run = {q["qid"]: list(dict.fromkeys(docs)) for q, docs in zip(ev.queries, ranked, strict=True)}
     leaked = leaked_queries(generated_texts(idx_dir), ev.queries)
     counts = man.counts.model_dump() if man.counts is not None else {}
     return VariantResult(

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from qrag_ray.config.index import deep_update, index_config
+from qrag_ray.config.yaml_file import read_yaml
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EVAL_KINDS, check_slice
 from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
-from qrag_ray.config.yaml_file import read_yaml
 
 DEFAULT_TOLERANCE = 1.0
 

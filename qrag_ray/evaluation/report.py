@@ -51,7 +51,7 @@ def _plot(path: Path, results: Mapping[str, VariantResult], title: str | None) -
         pts = sorted((int(m.group(1)), 100.0 * v) for key, v in entry.metrics.items()
                      if (m := _RECALL.match(key)) and v is not None)
         if pts:
-            ax1.plot(*zip(*pts), marker="o", label=rep)
+            ax1.plot(*zip(*pts, strict=True), marker="o", label=rep)
     ax1.set_xscale("log", base=2)
     ks = sorted({int(m.group(1)) for e in results.values() for key in e.metrics if (m := _RECALL.match(key))})
     if ks:

@@ -19,9 +19,8 @@ from qrag_ray.errors import QragError
 from qrag_ray.evaluation.driver import Variant, evaluate_condition, run_eval
 from qrag_ray.evaluation.loaders import EVAL_KINDS, load_eval_set
 from qrag_ray.evaluation.matrix import Condition, load_matrix, resolve_data_path, run_matrix, select
-from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
-from qrag_ray.evaluation.results import (EvalReport, SuiteCell, SuiteMatrix, SuiteReport, read_partial,
-                                         read_suite_json)
+from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures
+from qrag_ray.evaluation.results import EvalReport, SuiteCell, SuiteMatrix, SuiteReport, read_partial, read_suite_json
 
 FULL = "full"
 

@@ -47,7 +47,7 @@ class QuestionCache:
                 md = pq.read_metadata(p)
                 if md.num_rows and {"key", "raw"} <= set(md.schema.names):
                     good.append(str(p))
-            except Exception as e:  # noqa: BLE001 - any unreadable file is skipped, not fatal
+            except Exception as e:  # any unreadable file is skipped, not fatal
                 log.warning("skipping unreadable question-cache file %s: %s", p, e)
         return good
 

@@ -145,7 +145,7 @@ class VLLMChatModel:
         if engine is not None:
             try:
                 engine.shutdown()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 logger.warning("vLLM engine shutdown: %s", e)
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
@@ -168,8 +168,8 @@ class VLLMChatModel:
 
     async def _generate(self, ids: list[int], params) -> str:
         final = None
-        async for final in self._engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
-            pass
+        async for output in self._engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+            final = output
         return final.outputs[0].text if final is not None and final.outputs else ""
 
     def _submit(self, messages: Messages, max_tokens: int, temperature: float):

@@ -12,9 +12,22 @@ from __future__ import annotations
 import re
 
 from qrag_ray.generation.line_split import clean_answer, clean_question, is_interrogative, split_line
-from qrag_ray.generation.reply_text import (ANSWER_LABEL, ANSWER_LINE, FENCE, PREAMBLE, ROLE_LINE, Dedup, acceptable,
-                                            clean_text, drop_cut_tail, looks_cut, normalize_key, reply_lines,
-                                            strip_prefixes, strip_wrappers)
+from qrag_ray.generation.reply_text import (
+    ANSWER_LABEL,
+    ANSWER_LINE,
+    FENCE,
+    PREAMBLE,
+    ROLE_LINE,
+    Dedup,
+    acceptable,
+    clean_text,
+    drop_cut_tail,
+    looks_cut,
+    normalize_key,
+    reply_lines,
+    strip_prefixes,
+    strip_wrappers,
+)
 from qrag_ray.text import sentences
 
 __all__ = ["clean_text", "is_interrogative", "normalize_key", "parse_atoms", "parse_output", "parse_qa",

@@ -13,21 +13,39 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from qrag_ray.config.index import IndexConfig, index_identity, representation_plan
+from qrag_ray.config.presets import PRESETS, calibration_note
 from qrag_ray.errors import QragError
 from qrag_ray.generation.stage import GenerationStats
 from qrag_ray.index import workdir
-from qrag_ray.index.format import (MANIFEST, Counts, EmbedderInfo, FaissInfo, IndexDescription, Manifest, ShardEntry,
-                                   check_output_dir, load_manifest, new_staging_dir, publish, stable_hash,
-                                   write_manifest)
-from qrag_ray.index.plan import BuildPlan, StageClock
-from qrag_ray.index.resource_plan import (ClusterSpec, ResourcePlan, current_cluster, kernels_from_env,
-                                          local_ray_cpus, plan_resources)
-from qrag_ray.index.stream import Streamed, stream
+from qrag_ray.index.format import (
+    MANIFEST,
+    Counts,
+    EmbedderInfo,
+    FaissInfo,
+    IndexDescription,
+    Manifest,
+    ShardEntry,
+    check_output_dir,
+    load_manifest,
+    new_staging_dir,
+    publish,
+    stable_hash,
+    write_manifest,
+)
 from qrag_ray.index.incremental import check_fields
+from qrag_ray.index.plan import BuildPlan, StageClock
+from qrag_ray.index.resource_plan import (
+    ClusterSpec,
+    ResourcePlan,
+    current_cluster,
+    kernels_from_env,
+    local_ray_cpus,
+    plan_resources,
+)
+from qrag_ray.index.stream import Streamed, stream
 from qrag_ray.index.tasks import assemble, build_one_shard, metadata_fields, needs_training, train_quantizer
 from qrag_ray.io.precheck import precheck_corpus
 from qrag_ray.io.readers import resolve_files
-from qrag_ray.config.presets import PRESETS, calibration_note
 from qrag_ray.runtime.ray_start import ensure_ray
 from qrag_ray.runtime.stage_plan import StagePlan
 

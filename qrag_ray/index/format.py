@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from qrag_ray.errors import IndexFormatError, QragError
 from qrag_ray.config.search_policy import SearchConfig
+from qrag_ray.errors import IndexFormatError, QragError
 
 FORMAT_VERSION = 2  # 2: a shard's row metadata and chunks as Arrow IPC files
 READS_FORMATS = (1, 2)

@@ -11,8 +11,8 @@ from typing import Iterator
 
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.config.search_policy import QUESTION_KINDS
-from qrag_ray.runtime.progress import stage
 from qrag_ray.index.resource_plan import ResourcePlan
+from qrag_ray.runtime.progress import stage
 from qrag_ray.runtime.stage_plan import StagePlan
 
 

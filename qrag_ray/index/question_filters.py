@@ -14,10 +14,7 @@ import numpy as np
 from qrag_ray.config.index import FilterConfig
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOP = set("""a an the of in on at to for from by with about as is are was were be been being do does did
-what which who whom whose when where why how that this these those it its and or not no there their they
-he she his her him them we you your our i me my can could would should will shall may might must has have
-had than then into over under after before during between through against among""".split())
+_STOP = set(["a", "an", "the", "of", "in", "on", "at", "to", "for", "from", "by", "with", "about", "as", "is", "are", "was", "were", "be", "been", "being", "do", "does", "did", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "that", "this", "these", "those", "it", "its", "and", "or", "not", "no", "there", "their", "they", "he", "she", "his", "her", "him", "them", "we", "you", "your", "our", "i", "me", "my", "can", "could", "would", "should", "will", "shall", "may", "might", "must", "has", "have", "had", "than", "then", "into", "over", "under", "after", "before", "during", "between", "through", "against", "among"])
 
 
 def content_words(text: str) -> set[str]:
@@ -59,7 +56,7 @@ def pool(vecs: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     groups = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     cents = np.stack([vecs[g].mean(axis=0) for g in groups])
     cents /= np.maximum(np.linalg.norm(cents, axis=1, keepdims=True), 1e-12)
-    return np.array([g[np.argmax(vecs[g] @ c)] for g, c in zip(groups, cents)], dtype=np.int64), cents
+    return np.array([g[np.argmax(vecs[g] @ c)] for g, c in zip(groups, cents, strict=True)], dtype=np.int64), cents
 
 
 def filter_chunk_rows(kind: np.ndarray, qn: np.ndarray, store: np.ndarray, texts: list[str],

@@ -5,6 +5,7 @@ question so filters decided on the question apply to both."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 _NORM = re.compile(r"[^a-z0-9]+")
@@ -25,7 +26,7 @@ def dedup_questions(questions) -> list[str]:
 def sentence_windows(sentences: list[str]) -> list[str]:
     """Each pair of consecutive sentences (no LLM): an answer spread over two sentences, or a pronoun
     whose referent sits in the sentence before, matches neither sentence alone."""
-    return [f"{a} {b}" for a, b in zip(sentences, sentences[1:])]
+    return [f"{first} {second}" for first, second in itertools.pairwise(sentences)]
 
 
 def title_text(title: str | None) -> str:

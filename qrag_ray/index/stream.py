@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.parquet as pq
 
-from qrag_ray.runtime import progress
 from qrag_ray.embedding import Tokenize, embedder_dim
 from qrag_ray.errors import QragError
 from qrag_ray.generation.cache import QuestionCache
@@ -20,10 +19,19 @@ from qrag_ray.index import workdir
 from qrag_ray.index.format import atomic_write_text
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.resource_plan import llm_atoms
-from qrag_ray.index.udfs import (EmbedSink, attach_atoms, make_atomize_requests, make_base_rows, make_chunker,
-                                 make_question_requests, make_question_rows, progress_rows)
+from qrag_ray.index.udfs import (
+    EmbedSink,
+    attach_atoms,
+    make_atomize_requests,
+    make_base_rows,
+    make_chunker,
+    make_question_requests,
+    make_question_rows,
+    progress_rows,
+)
 from qrag_ray.io.readers import read_corpus
 from qrag_ray.models.bundled import resolve_llm
+from qrag_ray.runtime import progress
 
 _SAVED = ("run", "rows", "dim", "documents", "chunks", "questions")  # what stream.json keeps of a Streamed
 

@@ -17,15 +17,22 @@ import pyarrow.parquet as pq
 
 from qrag_ray.config.index import FaissConfig, IndexConfig
 from qrag_ray.index import workdir
-from qrag_ray.io.metadata import merge_field_types
-from qrag_ray.index.format import (CHUNKS, atomic_write, atomic_write_text, shard_bm25, shard_chunks, stable_hash,
-                                   write_arrow)
+from qrag_ray.index.format import (
+    CHUNKS,
+    atomic_write,
+    atomic_write_text,
+    shard_bm25,
+    shard_chunks,
+    stable_hash,
+    write_arrow,
+)
 from qrag_ray.index.lexical import globalize_idf
 from qrag_ray.index.metadata_columns import chunk_table
 from qrag_ray.index.rows import CHUNK_PART_SCHEMA, check_unique_chunks, vector_schema
 from qrag_ray.index.shard_index import set_faiss_threads
 from qrag_ray.index.udfs import SAMPLE_STRIPE
 from qrag_ray.index.writer import build_faiss, faiss_factory, vectors_of, write_shard
+from qrag_ray.io.metadata import merge_field_types
 
 
 def needs_training(factory: str, dim: int) -> bool:
@@ -140,7 +147,7 @@ def build_one_shard(shard: int, work: str, run: str, cfg_json: str, dim: int, tr
 def drop_duplicate_rows(table: pa.Table) -> pa.Table:
     """One (chunk, kind, text, store) once: the same text generated twice must not count twice."""
     first: dict = {}
-    for i, k in enumerate(zip(*(table.column(c).to_pylist() for c in ("chunk_idx", "kind", "text", "store")))):
+    for i, k in enumerate(zip(*(table.column(c).to_pylist() for c in ("chunk_idx", "kind", "text", "store")), strict=True)):
         first.setdefault(k, i)
     return table if len(first) == table.num_rows else table.take(pa.array(list(first.values()), pa.int64()))
 

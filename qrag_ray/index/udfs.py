@@ -24,9 +24,20 @@ from qrag_ray.embedding.tokens import token_ids
 from qrag_ray.generation.requests import atomize_request, question_requests
 from qrag_ray.index import workdir
 from qrag_ray.index.format import atomic_write_parquet, atomic_write_text
-from qrag_ray.index.rows import (CHUNK_PART_SCHEMA, atom_columns, atoms_of, base_vector_columns, check_unique_chunks,
-                                 chunk_columns, chunk_rows, payload, question_vector_columns, request_columns, rows_of,
-                                 vector_schema)
+from qrag_ray.index.rows import (
+    CHUNK_PART_SCHEMA,
+    atom_columns,
+    atoms_of,
+    base_vector_columns,
+    check_unique_chunks,
+    chunk_columns,
+    chunk_rows,
+    payload,
+    question_vector_columns,
+    request_columns,
+    rows_of,
+    vector_schema,
+)
 from qrag_ray.io.metadata import field_types
 
 # rows whose key is a multiple of this also go to work/sample, where a large build draws its training sample
@@ -56,7 +67,7 @@ def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: flo
     check_unique_chunks(ids, cols["chunk_id"])
     table = pa.table({k: pa.array(cols[k] if k in ("chunk_idx", "shard") else list(cols[k]),
                                   type=CHUNK_PART_SCHEMA.field(k).type) for k in CHUNK_PART_SCHEMA.names})
-    docs = dict(zip(cols["doc_id"], cols["metadata"]))
+    docs = dict(zip(cols["doc_id"], cols["metadata"], strict=True))
     fields = field_types((d, json.loads(m)) for d, m in docs.items() if m)
     content = (ids.tobytes() + "".join(table.column("text").to_pylist()).encode() + str(n_docs).encode()
                + "".join(m for m in cols["metadata"] if m).encode() + "".join(u for u in cols["url"] if u).encode())

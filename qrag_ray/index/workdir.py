@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -58,9 +59,9 @@ def write_part(table: pa.Table, path: Path) -> None:
 
     def write(tmp: Path) -> None:
         with pq.ParquetWriter(tmp, table.schema) as w:
-            for a, b in zip(cuts, cuts[1:]):
-                if b > a:
-                    w.write_table(table.slice(a, b - a), row_group_size=b - a)
+            for start, end in itertools.pairwise(cuts):
+                if end > start:
+                    w.write_table(table.slice(start, end - start), row_group_size=end - start)
 
     atomic_write(path, write)
 
@@ -115,7 +116,7 @@ def new_run_id() -> str:
 def row_keys(chunk_idx, kind, ordinal, text, embed_text) -> np.ndarray:
     """63-bit identity of each vector row: its chunk, kind, position in the chunk and both texts."""
     rows = (f"{int(c)}\x1f{k}\x1f{int(o)}\x1f{t}\x1f{e}"
-            for c, k, o, t, e in zip(chunk_idx, kind, ordinal, text, embed_text))
+            for c, k, o, t, e in zip(chunk_idx, kind, ordinal, text, embed_text, strict=True))
     return np.fromiter((key63(r) for r in rows), np.int64, len(chunk_idx))
 
 

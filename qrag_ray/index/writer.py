@@ -13,11 +13,11 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from qrag_ray.config.index import Bm25Config, FilterConfig, FaissConfig
+from qrag_ray.config.index import Bm25Config, FaissConfig, FilterConfig
 from qrag_ray.errors import QragError
-from qrag_ray.index.question_filters import filter_chunk_rows
 from qrag_ray.index.format import shard_bm25, shard_faiss, shard_meta, write_arrow
 from qrag_ray.index.lexical import build_bm25, lexical_docs
+from qrag_ray.index.question_filters import filter_chunk_rows
 
 log = logging.getLogger(__name__)
 

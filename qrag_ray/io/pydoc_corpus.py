@@ -15,7 +15,7 @@ DEMO_QUERIES = (
     "What happens if an exception is raised inside a finally clause?",
 )
 # The topics that answer each demo question (a hit on one of them is marked in the table).
-DEMO_EXPECTED = dict(zip(DEMO_QUERIES, [("for", "while", "break"), ("context-managers", "with"), ("try",)]))
+DEMO_EXPECTED = dict(zip(DEMO_QUERIES, [("for", "while", "break"), ("context-managers", "with"), ("try",)], strict=True))
 # The statements part of the language reference: every demo answer plus topics that compete for the same
 # words (`async with`, `raise` and `exceptions` on finally), in about 30 chunks of 200 tokens (LLM prompts).
 DEMO_TOPICS = ("assert", "async", "break", "context-managers", "continue", "del", "exceptions", "for",

@@ -100,7 +100,7 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
     if fmt in ("jsonl", "beir", "msmarco"):
         def parse(batch: dict) -> dict:
             rows = []
-            for line, src in zip(batch["text"], batch["path"]):
+            for line, src in zip(batch["text"], batch["path"], strict=True):
                 where = os.path.basename(src)
                 try:
                     rec = (parse_msmarco_line(line, where) if fmt == "msmarco"
@@ -127,7 +127,7 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
         from qrag_ray.io.html_text import html_document
 
         rows = []
-        for data, src in zip(batch["bytes"], batch["path"]):
+        for data, src in zip(batch["bytes"], batch["path"], strict=True):
             rel = src if "://" in src else os.path.relpath(src, root)
             title, text, url, meta = html_document(bytes(data))
             meta = normalize_metadata({**meta, "path": rel}, f"{rel}: <meta>")

@@ -34,7 +34,7 @@ _INSTALL_HINT = ("install them with scripts/install_vllm_cpu.sh "
 def find_qwen_parts() -> list[Path]:
     """Paths of the six installed GGUF parts, in order. Raises QragError if a package is missing."""
     specs = [importlib.util.find_spec(pkg) for pkg in QWEN_PART_PACKAGES]  # locates without importing
-    missing = [pkg.replace("_", "-") for pkg, spec in zip(QWEN_PART_PACKAGES, specs) if spec is None or not spec.origin]
+    missing = [pkg.replace("_", "-") for pkg, spec in zip(QWEN_PART_PACKAGES, specs, strict=True) if spec is None or not spec.origin]
     if missing:
         raise QragError(f"the bundled Qwen model is not installed (missing {', '.join(missing)}): {_INSTALL_HINT}")
     return [Path(spec.origin).parent / "data" / f"part{i:02d}.bin" for i, spec in enumerate(specs, start=1)]
@@ -55,7 +55,7 @@ def assemble_gguf(parts: Sequence[Path], dest: Path, expected_sha256: str | None
     if expected_sizes is not None:
         if len(expected_sizes) != len(parts):
             raise QragError(f"expected {len(expected_sizes)} model parts, found {len(parts)}")
-        for p, want in zip(parts, expected_sizes):
+        for p, want in zip(parts, expected_sizes, strict=True):
             if (got := p.stat().st_size) != want:
                 raise QragError(f"model part {p} has {got} bytes, expected {want}: it is truncated or corrupt; "
                                 "reinstall it")

@@ -159,7 +159,8 @@ def filter_native_stderr() -> bool:
         os.close(w)
     except (OSError, ValueError, AttributeError):
         return False
-    sys.stderr = open(real, "w", buffering=1, encoding=getattr(sys.__stderr__, "encoding", None) or "utf-8",
+    encoding = getattr(sys.__stderr__, "encoding", None) or "utf-8"
+    sys.stderr = open(real, "w", buffering=1, encoding=encoding,  # noqa: SIM115 - open for the process's life
                       errors="backslashreplace", closefd=False)
 
     def pump() -> None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.demo import WITH_Q, assert_quiet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def test_without_the_llm_the_demo_shows_what_we_ship_and_says_how_to_get_the_llm
     from qrag_ray.cli import demo_cmd
     from qrag_ray.config.index import IndexConfig
 
-    assert demo_cmd.NO_LLM_REPRESENTATION == IndexConfig().representation
+    assert IndexConfig().representation == demo_cmd.NO_LLM_REPRESENTATION
     monkeypatch.setenv("QRAG_NO_LLM", "1")
     assert demo_cmd.llm_unavailable() == ("QRAG_NO_LLM=1", "run it without QRAG_NO_LLM")
     monkeypatch.delenv("QRAG_NO_LLM")

@@ -7,10 +7,10 @@ import json
 import shutil
 
 import pytest
-from support.corpus import PYDOC_QUESTIONS
 
 from qrag_ray.cli import main
 from qrag_ray.index.representations import dedup_questions
+from support.corpus import PYDOC_QUESTIONS
 
 
 def run(argv, capsys):

@@ -8,8 +8,6 @@ ConfigMap, as a user patches it; everything else is the overlay's."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from cluster import gcs_nodes as gcs

@@ -10,12 +10,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qrag_ray.config.index import (GeneratorConfig, IndexConfig, build_index_config, deep_update, index_config,
-                             index_identity, recorded_config, with_preset)
-from qrag_ray.errors import QragError
+from qrag_ray.config.index import (
+    GeneratorConfig,
+    IndexConfig,
+    build_index_config,
+    deep_update,
+    index_config,
+    index_identity,
+    recorded_config,
+    with_preset,
+)
 from qrag_ray.config.roles import Strict, field_roles, role_of
-from qrag_ray.index.workdir import work_key
 from qrag_ray.config.search_policy import EXPERIMENTAL_SEARCH
+from qrag_ray.errors import QragError
+from qrag_ray.index.workdir import work_key
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -26,7 +27,7 @@ def test_every_preset_is_a_representation_with_its_own_defaults():
 
 
 def test_a_preset_object_cannot_be_changed_in_place():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         PRESETS["chunk"].version = 9  # type: ignore[misc]
     REPRESENTATIONS["atom-hybrid"]["search"]["kind_bias"]["question"] = 0.0  # a copy: the preset is untouched
     try:

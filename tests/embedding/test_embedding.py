@@ -55,7 +55,7 @@ def test_token_ids_equal_the_tokenizer_call_padded_to_the_limit():
     ref = tok(TEXTS, truncation=True, max_length=limit)["input_ids"]
     assert ids.dtype == np.int32 and ids.shape == (len(TEXTS), limit)
     assert lens.tolist() == [len(r) for r in ref] and lens[2] == limit
-    for row, r in zip(ids, ref):
+    for row, r in zip(ids, ref, strict=True):
         assert row[:len(r)].tolist() == r and not row[len(r):].any()
 
 
@@ -77,7 +77,7 @@ def test_texts_cut_before_encoding_give_the_ids_of_the_whole_text(limit):
     ids, lens = token_ids(tok, texts, limit)
     ref = tok(texts, truncation=True, max_length=limit)["input_ids"]
     assert lens.tolist() == [len(r) for r in ref]
-    for row, r in zip(ids, ref):
+    for row, r in zip(ids, ref, strict=True):
         assert row[:len(r)].tolist() == r
 
 
@@ -95,7 +95,7 @@ def test_tokenize_udf_sorts_rows_by_length_and_ships_them_unpadded():
     assert out["input_ids"].dtype == object and len(out["input_ids"]) == len(TEXTS)
     assert np.all(np.diff(padded_lengths(out["n_tokens"], 256)) >= 0)
     tok, limit = load_tokenizer(SHAPE)
-    for text, key, n, ids in zip(out["embed_text"], out["row_key"], out["n_tokens"], out["input_ids"]):
+    for text, key, n, ids in zip(out["embed_text"], out["row_key"], out["n_tokens"], out["input_ids"], strict=True):
         ref = tok(text, truncation=True, max_length=limit)["input_ids"]
         assert TEXTS[key // 10] == text and len(ref) == n and ids.dtype == np.int32 and ids.tolist() == ref
 
@@ -111,7 +111,7 @@ def test_forward_passes_are_the_same_from_padded_ragged_or_equal_length_ids(side
     tok = type(tok).from_pretrained(SHAPE, padding_side=side)
     texts = [*TEXTS, TEXTS[3], *(" ".join(["word"] * k) for k in range(1, 60, 3))]
     padded, lens = token_ids(tok, texts, limit)
-    seqs = [(row[:n] if side == "right" else row[limit - n:]).tolist() for row, n in zip(padded, lens)]
+    seqs = [(row[:n] if side == "right" else row[limit - n:]).tolist() for row, n in zip(padded, lens, strict=True)]
     left = side == "left"
     from_padded, from_ragged = pass_ids(padded, lens, left, 0), pass_ids(ragged(seqs), lens, left, 0)
     for rows, length in [(np.arange(len(texts)), 256), (np.flatnonzero(lens <= 16), 16), (np.array([3, 3, 0]), 64)]:
@@ -173,7 +173,7 @@ def _pad_reference(st, texts: list[str], micro_batch: int, tokens: int = 512, bu
 
 def _texts() -> list[str]:
     rng = np.random.default_rng(3)
-    words = "the loop break value list index shard vector river music field python else clause".split()
+    words = ["the", "loop", "break", "value", "list", "index", "shard", "vector", "river", "music", "field", "python", "else", "clause"]
     return TEXTS + [" ".join(rng.choice(words, int(rng.integers(1, 90)))) for _ in range(60)]
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from qrag_ray.config.index import IndexConfig, index_identity
 from qrag_ray.embedding import encode, encode_canonical, load_sentence_transformer
-from qrag_ray.errors import QragError
 from qrag_ray.embedding.onnx import backend_of
+from qrag_ray.errors import QragError
 
 TEXTS = ["what is a python generator expression", "Ships sail on the sea.",
          "A flea can live up to a year, but its general lifespan depends on its living conditions, such as "

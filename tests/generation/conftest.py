@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from fake_openai_server import rule_based_reply, running_fake_openai, words_of  # noqa: F401 - re-exported
 
 LLM_OUTPUTS = Path(__file__).resolve().parents[1] / "data" / "llm_outputs"

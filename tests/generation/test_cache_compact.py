@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from support.question_cache import cache_entries
 
 from qrag_ray.generation.cache import SCHEMA, QuestionCache
+from support.question_cache import cache_entries
 
 
 def _key(i: int) -> str:

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from qrag_ray.generation.parsing import (clean_text, is_interrogative, normalize_key, parse_atoms, parse_output,
-                                         parse_qa, parse_questions)
+from qrag_ray.generation.parsing import (
+    clean_text,
+    is_interrogative,
+    normalize_key,
+    parse_atoms,
+    parse_output,
+    parse_qa,
+    parse_questions,
+)
 from qrag_ray.text.sentences import split_sentences
 
 from .conftest import LLM_OUTPUTS
@@ -130,7 +137,7 @@ def test_parse_output_questions_equals_parse_questions(name):
 
 def test_parsed_questions_are_clean():
     """No numbering, bullets, markdown, chat tokens or fences survive anywhere; all end with '?'."""
-    for name, qs in EXPECTED_QUESTIONS.items():
+    for name in EXPECTED_QUESTIONS:
         for q in parse_questions(raw(name)):
             assert q.endswith("?"), (name, q)
             assert not q[0].isdigit() and q[0] not in "-*•#(`[>", (name, q)

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from llm_stack import missing, qwen_converted
 
+from llm_stack import missing, qwen_converted
 from qrag_ray.errors import QragError
 from qrag_ray.models import qwen
 

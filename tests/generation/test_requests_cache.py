@@ -14,16 +14,14 @@ from unittest import mock
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support.question_cache import cache_entries
 
 from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
-
 from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.generation.prompts import prompt_version
-from qrag_ray.generation.requests import (atomize_request, cache_key, make_request, model_id,
-                                          question_requests)
+from qrag_ray.generation.requests import atomize_request, cache_key, make_request, model_id, question_requests
 from qrag_ray.index.format import load_manifest, read_table_file
 from qrag_ray.text.sentences import split_sentences
+from support.question_cache import cache_entries
 
 CHUNK = {"text": "Berlin is the capital of Germany. It has 3.7 million inhabitants.", "chunk_idx": 1, "shard": 0}
 
@@ -106,7 +104,7 @@ def test_question_requests_atom_granularity_keys_per_atom_with_chunk_context():
     reqs = question_requests(CHUNK, atoms, cfg, "atom")
     assert [r["unit"] for r in reqs] == [0, 1]
     assert len({r["key"] for r in reqs}) == 2
-    for atom, r in zip(atoms, reqs):
+    for atom, r in zip(atoms, reqs, strict=True):
         content = r["messages"][-1]["content"]
         assert content.endswith(atom) and CHUNK["text"] in content  # atom + chunk as context
     # an edit elsewhere in the chunk changes the context, so every atom's key changes
@@ -214,8 +212,8 @@ def _questions_by_doc(index_dir: str) -> dict[str, set[str]]:
 def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(local_ray, fake_openai, tmp_path):
     """One chain of three builds (each costs seconds of Ray + MiniLM): first run, identical re-run,
     re-run with one chunk edited."""
-    from qrag_ray.index.format import load_manifest
     from qrag_ray.index.build import build_index
+    from qrag_ray.index.format import load_manifest
 
     corpus = _corpus(tmp_path / "docs.jsonl", DOCS)
     r1 = build_index(_cfg(fake_openai, tmp_path, corpus, "idx1"))
@@ -282,9 +280,9 @@ def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake
     instead of asking is the tests above)."""
     import subprocess
     import sys
+    from pydoc_data.topics import topics
 
     import ray
-    from pydoc_data.topics import topics
 
     from qrag_ray.generation.cache import QuestionCache
     from qrag_ray.io.pydoc_corpus import unwrap
@@ -309,7 +307,7 @@ def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake
     procs = [subprocess.Popen(cmd(f"{h}.jsonl", f"idx-{h}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for h in halves]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     generated = [json.loads(o)["generation"]["generated"] for o, _ in outs]
     assert all(g > 0 for g in generated) and fake_openai.max_inflight >= 2

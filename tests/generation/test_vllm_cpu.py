@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from llm_stack import missing, qwen_available
 
+from llm_stack import missing, qwen_available
 from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
 from qrag_ray.index.format import load_manifest, read_table_file
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from qrag_ray.errors import QragError
-from qrag_ray.index.question_filters import greedy_prune
 from qrag_ray.index.format import load_manifest
+from qrag_ray.index.question_filters import greedy_prune
 from qrag_ray.index.representations import dedup_questions
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.corpus import pydoc_docs, write_jsonl
 from support.indexes import build
 

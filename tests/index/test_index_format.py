@@ -13,10 +13,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qrag_ray.config.index import FilterConfig, FaissConfig
+from qrag_ray.config.index import FaissConfig, FilterConfig
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import (FORMAT_VERSION, IndexDescription, load_manifest, publish, read_table_file,
-                                   sha256_file, shard_chunks, shard_faiss, shard_meta, verify_files, write_manifest)
+from qrag_ray.index.format import (
+    FORMAT_VERSION,
+    IndexDescription,
+    load_manifest,
+    publish,
+    read_table_file,
+    sha256_file,
+    shard_chunks,
+    shard_faiss,
+    shard_meta,
+    verify_files,
+    write_manifest,
+)
 from qrag_ray.index.shard_index import ShardIndex
 from qrag_ray.index.writer import write_shard
 from qrag_ray.text.sentences import split_sentences
@@ -101,7 +112,7 @@ def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kin
     for shard in range(m.num_shards):
         si = ShardIndex(out, shard)
         meta = read_table_file(out / m.shard(shard).meta)
-        rows = list(zip(meta.column("kind").to_pylist(), meta.column("text").to_pylist()))
+        rows = list(zip(meta.column("kind").to_pylist(), meta.column("text").to_pylist(), strict=True))
         got = si.matched(range(si.ntotal))  # read with one take
         assert [got[r] for r in range(si.ntotal)] == rows
         few = list(range(si.ntotal))[-3:]  # read one by one
@@ -239,7 +250,7 @@ def test_factories(sentence_table, tmp_path, factory, cls):
     sample = np.arange(0, len(vecs), 17)
     texts = meta.column("text").to_pylist()
     _, ids = idx.search(vecs[sample], 1)
-    hit = np.mean([texts[i] == table.column("text")[int(s)].as_py() for s, i in zip(sample, ids[:, 0])])
+    hit = np.mean([texts[i] == table.column("text")[int(s)].as_py() for s, i in zip(sample, ids[:, 0], strict=True)])
     assert hit >= (0.99 if "PQ" not in factory else 0.7), hit
 
 
@@ -254,7 +265,7 @@ def test_max_atoms_writes_at_most_m_pooled_vectors_per_chunk(sentence_table, tmp
     assert stats["vectors"] == meta.num_rows < len(vecs) and per_chunk.max() == 2
     stored = faiss.read_index(str(tmp_path / shard_faiss(0))).reconstruct_n(0, meta.num_rows)
     assert np.allclose(np.linalg.norm(stored, axis=1), 1, atol=1e-5)
-    originals = {t: v for t, v in zip(table.column("text").to_pylist(), vecs)}
+    originals = {t: v for t, v in zip(table.column("text").to_pylist(), vecs, strict=True)}
     pooled = [not np.allclose(stored[i], originals[t]) for i, t in enumerate(meta.column("text").to_pylist())]
     assert any(pooled) and not all(pooled)  # a cluster of several sentences moved; a lone one did not
 

@@ -7,8 +7,18 @@ import numpy as np
 
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.index.format import chunk_key, shard_of
-from qrag_ray.index.rows import (GEN_ORD_BASE, atom_columns, base_vector_columns, chunk_columns, chunk_rows, payload,
-                                 question_vector_columns, request_columns, rows_of, vector_columns)
+from qrag_ray.index.rows import (
+    GEN_ORD_BASE,
+    atom_columns,
+    base_vector_columns,
+    chunk_columns,
+    chunk_rows,
+    payload,
+    question_vector_columns,
+    request_columns,
+    rows_of,
+    vector_columns,
+)
 
 CFG = IndexConfig(representation="chunk+sentence", shards=3, chunker={"method": "none"})
 DOC = {"doc_id": "loops", "title": "Loops", "text": "Loops run. A break ends them.", "questions": ["What ends a loop?"]}

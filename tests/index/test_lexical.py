@@ -19,7 +19,7 @@ ROWS = [  # (chunk_idx, kind, text, qn) as the shard writer sees them, unfiltere
 
 
 def _cols(rows):
-    ci, kd, tx, qn = zip(*rows)
+    ci, kd, tx, qn = zip(*rows, strict=True)
     return np.asarray(ci, np.int64), list(kd), list(tx), np.asarray(qn, np.int32)
 
 
@@ -45,7 +45,7 @@ def lexicon(tmp_path_factory):
     ids = np.asarray([100 + i for i in range(len(names))], np.int64)
     vocab = build_bm25(ids, [topics[n] for n in names], path, k1=1.5, b=0.75)
     assert vocab > 100
-    return ShardLexicon(path), dict(zip(names, ids.tolist())), [topics[n] for n in names]
+    return ShardLexicon(path), dict(zip(names, ids.tolist(), strict=True)), [topics[n] for n in names]
 
 
 def test_search_ranks_by_bm25_and_returns_chunk_ids(lexicon):
@@ -88,7 +88,7 @@ def _scores_by_chunk(paths, query: str) -> dict[int, float]:
     for p in paths:
         lex = ShardLexicon(p)
         s, ids = lex.search([query], k=len(lex))
-        out |= {int(c): float(v) for c, v in zip(ids[0], s[0]) if c >= 0}
+        out |= {int(c): float(v) for c, v in zip(ids[0], s[0], strict=True) if c >= 0}
     return out
 
 
@@ -97,7 +97,6 @@ def test_global_idf_makes_shards_score_like_one_index(tmp_path):
     index; after globalize_idf the scores are the one index's. b = 0 takes the shards' average lengths
     out of the tf part, so the comparison is exact."""
     import shutil
-
     from pydoc_data.topics import topics
 
     names = ["for", "while", "with", "try", "lambda", "assert", "if", "import", "return", "raise", "del", "pass"]
@@ -106,10 +105,10 @@ def test_global_idf_makes_shards_score_like_one_index(tmp_path):
     shards = [tmp_path / f"{s:05d}.bm25" for s in range(3)]
     for s, p in enumerate(shards):
         sel = ids % 3 == s
-        build_bm25(ids[sel], [t for t, k in zip(texts, sel) if k], p, k1=1.5, b=0.0)
+        build_bm25(ids[sel], [t for t, k in zip(texts, sel, strict=True) if k], p, k1=1.5, b=0.0)
     build_bm25(np.zeros(0, np.int64), [], tmp_path / "empty.bm25", 1.5, 0.0)  # an empty shard is skipped
     local = [tmp_path / f"local{s}.bm25" for s in range(3)]
-    for p, q in zip(shards, local):
+    for p, q in zip(shards, local, strict=True):
         shutil.copytree(p, q)
     globalize_idf(shards + [tmp_path / "empty.bm25"])
     for query in ["exception raised in the try clause", "iterate over the items of a sequence", "module import"]:

@@ -10,8 +10,8 @@ import pytest
 
 from qrag_ray.config.index import IndexConfig, index_config, representation_plan, resolve_representation
 from qrag_ray.index.format import chunk_key
-from qrag_ray.index.rows import base_vector_rows
 from qrag_ray.index.representations import dedup_questions, sentence_windows
+from qrag_ray.index.rows import base_vector_rows
 from qrag_ray.text.sentences import split_sentences
 
 CHUNK = {"chunk_idx": 11, "shard": 1, "text": "Loops run. A break ends them. Else runs otherwise.",

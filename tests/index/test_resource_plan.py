@@ -12,8 +12,16 @@ import pytest
 from qrag_ray.config.index import build_index_config
 from qrag_ray.errors import QragError
 from qrag_ray.index.build import shard_task_options
-from qrag_ray.index.resource_plan import (TOKENIZERS_PER_GPU, ClusterSpec, NodeSpec, cluster_from_nodes,
-                                          faiss_gpu_capable, kernels_from_env, local_ray_cpus, plan_resources)
+from qrag_ray.index.resource_plan import (
+    TOKENIZERS_PER_GPU,
+    ClusterSpec,
+    NodeSpec,
+    cluster_from_nodes,
+    faiss_gpu_capable,
+    kernels_from_env,
+    local_ray_cpus,
+    plan_resources,
+)
 
 SHIPPED_FACTORY = "IVF4096,PQ96x4fs,Refine(SQfp16)"
 H100_NODE = NodeSpec(cpus=208, gpus=8, memory=1.8e12, accelerator="H100")

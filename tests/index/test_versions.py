@@ -10,8 +10,7 @@ import pytest
 
 from qrag_ray.errors import IndexFormatError, QragError
 from qrag_ray.index.format import load_manifest
-from qrag_ray.index.versions import (CURRENT, VERSIONS, list_versions, publish_version, resolve_index,
-                                     rollback)
+from qrag_ray.index.versions import CURRENT, VERSIONS, list_versions, publish_version, resolve_index, rollback
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 

@@ -13,8 +13,14 @@ import pytest
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.errors import QragError
 from qrag_ray.io.html_text import html_to_text
-from qrag_ray.io.readers import (INPUT_FORMATS, normalize_record, parse_jsonl_line, parse_msmarco_line, read_corpus,
-                                 resolve_files)
+from qrag_ray.io.readers import (
+    INPUT_FORMATS,
+    normalize_record,
+    parse_jsonl_line,
+    parse_msmarco_line,
+    read_corpus,
+    resolve_files,
+)
 
 
 def docs_of(ds) -> dict[str, dict]:

@@ -12,9 +12,8 @@ import time
 import pytest
 from rich.console import Console
 
-from qrag_ray.runtime import logs, progress
 from qrag_ray.errors import IndexFormatError, QragError
-
+from qrag_ray.runtime import logs, progress
 
 # ---------------------------------------------------------------- errors
 
@@ -77,9 +76,8 @@ def test_display_off_a_terminal_prints_only_finished_stages_and_periodic_status(
     assert lines[-1].strip().startswith("✓ embed (")
 
     con, buf = _console(False)
-    with pytest.raises(QragError):
-        with progress.stage(con, "read+chunk"):
-            raise QragError("bad line")
+    with pytest.raises(QragError), progress.stage(con, "read+chunk"):
+        raise QragError("bad line")
     assert buf.getvalue() == ""  # a failed stage leaves the error line alone
 
 

@@ -38,8 +38,8 @@ def dense_truth(engine, qvecs: np.ndarray, chosen: set[str]) -> list[list[tuple[
     for ls in engine.shards:
         idx = ls.index
         vecs = idx.index.reconstruct_n(0, idx.ntotal)
-        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist()))
-        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist()))
+        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist(), strict=True))
+        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist(), strict=True))
         scores = qvecs @ vecs.T
         for row, ci in enumerate(idx.chunk_idx.tolist()):
             if docs[ci] in chosen:
@@ -55,11 +55,11 @@ def bm25_truth(engine, query: str, chosen: set[str]) -> tuple[list[tuple[str, fl
     out, per_shard = [], []
     for ls in engine.shards:
         lex = ls.index.lexicon
-        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist()))
-        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist()))
+        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist(), strict=True))
+        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist(), strict=True))
         toks = tokenize([query], ids=False, stemmer=lex.stemmer)[0]
         scores = np.asarray(lex.bm25.get_scores(toks)) if toks else np.zeros(len(lex))
-        mine = [(ids[ci], float(s)) for ci, s in zip(lex.chunk_idx.tolist(), scores) if docs[ci] in chosen]
+        mine = [(ids[ci], float(s)) for ci, s in zip(lex.chunk_idx.tolist(), scores, strict=True) if docs[ci] in chosen]
         per_shard.append([s for _, s in mine])
         out += [(c, s) for c, s in mine if s > 0]
     return sorted(out, key=lambda t: -t[1]), per_shard

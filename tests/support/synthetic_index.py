@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-WORDS = ("loop shard vector replica query tenant router chunk passage question answer cluster memory latency "
-         "batch model token corpus search merge score rank cache load").split()
+WORDS = ["loop", "shard", "vector", "replica", "query", "tenant", "router", "chunk", "passage", "question", "answer", "cluster", "memory", "latency", "batch", "model", "token", "corpus", "search", "merge", "score", "rank", "cache", "load"]
 
 
 def synthetic_docs(n: int, seed: int = 0) -> list[dict]:
@@ -35,8 +34,20 @@ def write_synthetic_index(out: Path, docs: list[dict], shards: int = 1, dim: int
     import pyarrow.parquet as pq
 
     from qrag_ray.config.index import build_index_config, index_identity
-    from qrag_ray.index.format import (CHUNKS, Counts, EmbedderInfo, FaissInfo, IndexDescription, ShardEntry,
-                                       chunk_key, shard_bm25, shard_chunks, shard_of, write_arrow, write_manifest)
+    from qrag_ray.index.format import (
+        CHUNKS,
+        Counts,
+        EmbedderInfo,
+        FaissInfo,
+        IndexDescription,
+        ShardEntry,
+        chunk_key,
+        shard_bm25,
+        shard_chunks,
+        shard_of,
+        write_arrow,
+        write_manifest,
+    )
     from qrag_ray.index.lexical import globalize_idf
     from qrag_ray.index.metadata_columns import chunk_table
     from qrag_ray.index.rows import CHUNK_PART_SCHEMA

@@ -3,6 +3,7 @@ sentence groups, none — and their edge cases."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -29,8 +30,8 @@ def test_token_windows_size_and_overlap(text):
     assert all(len(toks(w)) <= size for w in wins)
     assert all(len(toks(w)) == size for w in wins[:-1])
     # consecutive windows share exactly `overlap` tokens: the tail of one is the head of the next
-    for a, b in zip(wins, wins[1:]):
-        assert toks(a)[-overlap:] == toks(b)[:overlap]
+    for window, following in itertools.pairwise(wins):
+        assert toks(window)[-overlap:] == toks(following)[:overlap]
     # together they cover the document's tokens in order, nothing lost or invented
     rebuilt = toks(wins[0]) + [t for w in wins[1:] for t in toks(w)[overlap:]]
     assert rebuilt == words

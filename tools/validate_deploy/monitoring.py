@@ -50,7 +50,7 @@ def promql_metric_names(expr: str) -> set[str]:
 
     try:
         ast = promql_parser.parse(expr)
-    except Exception as e:  # noqa: BLE001 - the binding raises its own error types
+    except Exception as e:  # the binding raises its own error types
         raise ValueError(f"not PromQL: {e}") from None
     names: set[str] = set()
 

@@ -78,24 +78,26 @@ def load_canonical_serve_config(path: Path = SERVE_CONFIG) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
+# the line opening the RayService's serve config block (`serveConfigV2: |`), its indent captured
+_SERVE_CONFIG_KEY = re.compile(r"^(\s*)serveConfigV2:\s*\|[-+]?\s*$")
+
+
 def embed_serve_config(rayservice_text: str, serve_yaml_text: str) -> str:
     """Replace the `serveConfigV2: |` block of a RayService file (keeping its comments) with the
     canonical serve config, comments included, indented as a YAML block scalar."""
     lines = rayservice_text.splitlines(keepends=True)
-    for i, ln in enumerate(lines):
-        m = re.match(r"^(\s*)serveConfigV2:\s*\|[-+]?\s*$", ln)
-        if m:
-            break
-    else:
+    key_line = next((number for number, line in enumerate(lines) if _SERVE_CONFIG_KEY.match(line)), None)
+    if key_line is None:
         raise ValueError("no `serveConfigV2: |` block in the RayService file")
-    key_indent = len(m.group(1))
-    j = i + 1
-    while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > key_indent):
-        j += 1
+    key_indent = len(_SERVE_CONFIG_KEY.match(lines[key_line]).group(1))
+    block_end = key_line + 1
+    while block_end < len(lines) and (not lines[block_end].strip()
+                                      or len(lines[block_end]) - len(lines[block_end].lstrip()) > key_indent):
+        block_end += 1
     pad = " " * (key_indent + 2)
-    body = [pad + ln if ln.strip() else "\n" for ln in serve_yaml_text.rstrip("\n").splitlines(keepends=True)]
+    body = [pad + line if line.strip() else "\n" for line in serve_yaml_text.rstrip("\n").splitlines(keepends=True)]
     body[-1] = body[-1].rstrip("\n") + "\n"
-    return "".join(lines[:i + 1] + body + lines[j:])
+    return "".join(lines[:key_line + 1] + body + lines[block_end:])
 
 
 def sync_serve_config(rayservice: Path = RAYSERVICE, serve_config: Path = SERVE_CONFIG) -> bool:
