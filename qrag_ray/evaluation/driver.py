@@ -23,12 +23,12 @@ from qrag_ray.config.index import (
     format_validation_error,
     index_config,
     index_identity,
-    load_yaml_any,
     recorded_config,
     representation_plan,
     resolve_representation,
 )
 from qrag_ray.config.search_policy import QUESTION_KINDS
+from qrag_ray.config.yaml_file import read_yaml
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import DEFAULT_KS, evaluate, leaked_queries
@@ -67,7 +67,7 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
 def load_variants(path: str | Path) -> list[Variant]:
     """Variants from YAML: a list of {label, representation, hyde?, <IndexConfig overrides>...}, so an
     ablation (prompt, filters, fusion, kinds) is a file of named configurations, not code."""
-    data = load_yaml_any(path)
+    data = read_yaml(path)
     if isinstance(data, dict):
         data = data.get("variants")
     if not isinstance(data, list) or not data:
@@ -107,8 +107,9 @@ def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | No
 def generated_texts(index_dir: Path) -> list[str]:
     m = load_manifest(index_dir)
     tables = (read_table_file(m.file(m.shard(i).meta), ["kind", "text"]) for i in range(m.num_shards))
-    return [tx for t in tables for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist(), strict=True)
-            if kd in QUESTION_KINDS]
+    return [text for table in tables
+            for kind, text in zip(table.column("kind").to_pylist(), table.column("text").to_pylist(), strict=True)
+            if kind in QUESTION_KINDS]
 
 
 def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, HydeCost]:

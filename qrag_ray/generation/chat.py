@@ -14,7 +14,7 @@ import threading
 import uuid
 from typing import Protocol, runtime_checkable
 
-from qrag_ray.config.index import GeneratorConfig
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.backends.openai import OpenAIChatClient
 from qrag_ray.generation.backends.vllm import check_model_path, cpu_env_vars, engine_kwargs_for, per_request_seed_ok

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qrag_ray.config.index import GeneratorConfig
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.generation.backends import get_backend
 from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.runtime.stage_plan import StagePlan

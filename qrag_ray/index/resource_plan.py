@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from qrag_ray.config.index import GeneratorConfig, IndexConfig, representation_plan
+from qrag_ray.config.index import IndexConfig, representation_plan
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.backends.vllm import default_max_num_seqs, engine_kwargs_for
 from qrag_ray.runtime.ray_start import local_num_cpus
@@ -278,7 +279,8 @@ def plan_faiss(cfg: IndexConfig, cluster: ClusterSpec, kernels: str = "auto") ->
     if gpu:  # a GPU node's CPUs split between its GPUs, so every GPU gets a task
         share = max(1, min([share] + [int(n.cpus // n.gpus) for n in cluster.nodes if n.gpus]))
     one = "HNSW" in f.factory.upper()
-    at_once = min(cfg.shards, max(1, int(cluster.cpus // share)), *([int(cluster.gpus)] if gpu and cluster.gpus else []))
+    gpu_cap = [int(cluster.gpus)] if gpu and cluster.gpus else []
+    at_once = min(cfg.shards, max(1, int(cluster.cpus // share)), *gpu_cap)
     device = "cuda" if gpu and kernels == "auto" else "cpu"
     # On a local Ray (nothing joins it later) a task never asks for the whole node: an actor left holding a
     # fraction of a CPU (a failed build's Ray Data actor, until Python's cyclic GC frees it) would make it

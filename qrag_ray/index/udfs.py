@@ -145,10 +145,10 @@ class EmbedSink:
 
             torch.set_num_threads(threads)
         # device: the resource plan's (None: CUDA where there is one)
-        self.st = load_sentence_transformer(model, device=device, max_seq_length=max_seq_length, backend=backend,
+        self.model = load_sentence_transformer(model, device=device, max_seq_length=max_seq_length, backend=backend,
                                             threads=threads, dtype=dtype)
-        on_gpu = str(self.st.device).startswith("cuda")
-        self.forward = Forward(self.st, tokens_per_batch or default_tokens_per_batch(on_gpu),
+        on_gpu = str(self.model.device).startswith("cuda")
+        self.forward = Forward(self.model, tokens_per_batch or default_tokens_per_batch(on_gpu),
                                canonical_rows=None if on_gpu else batch_size)
         self.work = Path(work)
         self.qk = question_kind
@@ -181,8 +181,8 @@ class EmbedSink:
     def _vectors(self, batch: dict, todo: np.ndarray) -> np.ndarray:
         if "input_ids" in batch:
             return self.forward(batch["input_ids"][todo], batch["n_tokens"][todo], self._count)
-        return self.forward(*token_ids(self.st.tokenizer, [str(batch["embed_text"][i]) for i in todo],
-                                       int(self.st.max_seq_length or 512)), self._count)
+        return self.forward(*token_ids(self.model.tokenizer, [str(batch["embed_text"][i]) for i in todo],
+                                       int(self.model.max_seq_length or 512)), self._count)
 
     def _count(self, rows: int) -> None:
         with self.count_lock:

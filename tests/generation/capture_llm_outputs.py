@@ -45,7 +45,7 @@ CASES = [
 
 
 def main() -> int:
-    from qrag_ray.config.index import GeneratorConfig
+    from qrag_ray.config.llm import GeneratorConfig
     from qrag_ray.generation.chat import get_chat_model
     from qrag_ray.generation.prompts import get_prompt
 

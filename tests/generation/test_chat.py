@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from qrag_ray.config.index import GeneratorConfig
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.chat import ChatModel, OpenAIChatModel, VLLMChatModel, get_chat_model
 from qrag_ray.generation.parsing import parse_output

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qrag_ray.config.index import GeneratorConfig, SamplingConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.backends import get_backend
 from qrag_ray.generation.backends.openai import OpenAIChatClient, _OpenAIStage, preflight
@@ -69,7 +69,8 @@ def test_n_candidates_and_per_call_overrides(fake_openai):
 
 
 def test_parse_response_shapes():
-    r = OpenAIChatClient.parse_response({"choices": [{"index": 1, "text": "b"}, {"index": 0, "message": {"content": "a"}}]})
+    r = OpenAIChatClient.parse_response({"choices": [{"index": 1, "text": "b"},
+                                                     {"index": 0, "message": {"content": "a"}}]})
     assert r["texts"] == ["a", "b"] and r["prompt_tokens"] == 0 and r["output_tokens"] == 0  # no usage: 0
     with pytest.raises(QragError, match="unexpected body"):
         OpenAIChatClient.parse_response({"error": "nope"})
@@ -243,7 +244,8 @@ def test_chat_model_bounds_concurrency(fake_openai):
 
     async def go():
         try:
-            return await asyncio.gather(*[model.acomplete([{"role": "user", "content": f"Item{i} text"}]) for i in range(8)])
+            return await asyncio.gather(*[model.acomplete([{"role": "user", "content": f"Item{i} text"}])
+                                          for i in range(8)])
         finally:
             await model.aclose()
 

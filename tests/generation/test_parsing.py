@@ -323,4 +323,5 @@ def test_one_line_reply_keeps_a_finished_answer_and_drops_only_a_cut_tail():
     assert parse_qa("What is the capital of Germany? Berlin is the capital. Which river flows through it? The Sp") == [
         ("What is the capital of Germany?", "Berlin is the capital."), ("Which river flows through it?", "")]
     # the caller's word wins over the guess
-    assert parse_qa("What is the capital of Germany? Berlin", truncated=False) == [("What is the capital of Germany?", "Berlin")]
+    assert parse_qa("What is the capital of Germany? Berlin", truncated=False) == [
+        ("What is the capital of Germany?", "Berlin")]

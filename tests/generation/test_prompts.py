@@ -41,8 +41,10 @@ BLOG = (
     "Suggest 10 clear questions whose answer could be given by the user provided text. "
     "Don't use pronouns, be explicit about the subjects and objects of the question."
 )
-RAINA_ATOMIZE = "Please breakdown the following paragraph into stand-alone atomic facts. Return each fact on a new line.\n"
-RAINA_ATOM_QUESTION = "Generate a single closed-answer question using:\n{chunk}\nThe answer should be present in:\n{atom}"
+RAINA_ATOMIZE = ("Please breakdown the following paragraph into stand-alone atomic facts. "
+                 "Return each fact on a new line.\n")
+RAINA_ATOM_QUESTION = ("Generate a single closed-answer question using:\n{chunk}\n"
+                       "The answer should be present in:\n{atom}")
 
 
 def _contents(messages, role):
@@ -232,7 +234,8 @@ def test_hyde_inserts_question():
 
 
 def test_answer_numbers_chunks_and_demands_exact_dont_know():
-    msgs = get_prompt("answer").render("How many people live in Berlin?", context=["Berlin has 3.7M people.", "Paris is in France."])
+    msgs = get_prompt("answer").render("How many people live in Berlin?",
+                                       context=["Berlin has 3.7M people.", "Paris is in France."])
     system, user = msgs[0]["content"], msgs[-1]["content"]
     assert msgs[0]["role"] == "system"
     assert "[1]" in system and "[2]" in system

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
+from qrag_ray.config.index import IndexConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.generation.prompts import prompt_version
 from qrag_ray.generation.requests import atomize_request, cache_key, make_request, model_id, question_requests
@@ -167,7 +168,8 @@ def test_question_cache_default_dir_from_env(tmp_path, monkeypatch):
 DOCS = [
     {"id": "berlin", "text": "Berlin is the capital of Germany. Berlin has 3.7 million inhabitants."},
     {"id": "eiffel", "text": "The Eiffel Tower stands in Paris. Gustave Eiffel's company designed the tower."},
-    {"id": "photo", "text": "Photosynthesis converts light energy into chemical energy. Chloroplasts capture sunlight."},
+    {"id": "photo",
+     "text": "Photosynthesis converts light energy into chemical energy. Chloroplasts capture sunlight."},
 ]
 
 

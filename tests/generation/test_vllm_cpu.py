@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from llm_stack import missing, qwen_available
-from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
+from qrag_ray.config.index import IndexConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.index.format import load_manifest, read_table_file
 
 from .conftest import words_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qrag_ray.config.index import GeneratorConfig, SamplingConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.generation.backends.vllm import (
     _join_candidates,
     engine_seed_kwargs,

@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from qrag_ray.config.index import GeneratorConfig
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.errors import QragError
 from qrag_ray.runtime.stage_plan import StagePlan
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qrag_ray.config.index import GeneratorConfig, SamplingConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.errors import QragError
 from qrag_ray.runtime.stage_plan import StagePlan
 
