@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         for preset in PRESETS.values():
             alpha = preset.search.get("bm25_alpha")
             table.add_row(preset.id, "+".join(preset.kinds), f"per {preset.granularity}" if preset.needs_llm else "no",
-                      "-" if alpha is None else f"{alpha:g}", preset.calibrated_for or "-", preset.purpose)
+                          "-" if alpha is None else f"{alpha:g}", preset.calibrated_for or "-", preset.purpose)
         console = Console()
         console.width = max(console.width, 140)  # a readable table when piped, too
         console.print(table)

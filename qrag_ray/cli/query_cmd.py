@@ -59,13 +59,13 @@ def print_results(data: dict, query: str, answer: bool = False) -> None:
         for citation in data.get("citations", []):
             out.print(f"  [{citation['n']}] {citation['chunk_id']}")
     table = Table(show_lines=True, title=f"{len(data.get('results', []))} results from '{data.get('index')}' (index "
-                                     f"{str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)")
+                                         f"{str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)")
     for col in ("#", "score", "chunk", "matched", "text"):
         table.add_column(col, justify="right" if col in ("#", "score") else "left")
     for rank, result in enumerate(data.get("results", []), 1):
         best = result["matched"][0] if result.get("matched") else {}
         table.add_row(str(rank), f"{result['score']:.3f}", result["chunk_id"],
-                  f"{best.get('kind', '')}: {clip(best.get('text', ''), 100)}", clip(result.get("text", ""), 200))
+                      f"{best.get('kind', '')}: {clip(best.get('text', ''), 100)}", clip(result.get("text", ""), 200))
     out.print(table)
 
 

@@ -82,7 +82,7 @@ def precision(model) -> Iterator[None]:
 def encode(model, texts: list[str], batch_size: int = 64) -> np.ndarray:
     with precision(model):
         vecs = model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
-                         convert_to_numpy=True, show_progress_bar=False)
+                            convert_to_numpy=True, show_progress_bar=False)
     return np.ascontiguousarray(vecs, dtype=np.float32)
 
 

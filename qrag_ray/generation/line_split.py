@@ -62,7 +62,7 @@ def _cut_question(seg: str, first: bool) -> tuple[str, str]:
         cut = interrogative[-1]
     elif first:  # "Sure! Berlin has how many inhabitants?" -> cut after the last preamble-looking sentence
         cut = max((b for b in bounds if PREAMBLE.match(strip_prefixes(seg[:b])) or seg[:b].rstrip().endswith(":")),
-                default=0)
+                  default=0)
     elif bounds:
         cut = bounds[-1]
     else:

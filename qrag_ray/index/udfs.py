@@ -146,7 +146,7 @@ class EmbedSink:
             torch.set_num_threads(threads)
         # device: the resource plan's (None: CUDA where there is one)
         self.model = load_sentence_transformer(model, device=device, max_seq_length=max_seq_length, backend=backend,
-                                            threads=threads, dtype=dtype)
+                                               threads=threads, dtype=dtype)
         on_gpu = str(self.model.device).startswith("cuda")
         self.forward = Forward(self.model, tokens_per_batch or default_tokens_per_batch(on_gpu),
                                canonical_rows=None if on_gpu else batch_size)
