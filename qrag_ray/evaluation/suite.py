@@ -39,7 +39,8 @@ class SuiteDataset:
         if slice_spec is None or self.name not in (slice_spec.get("datasets") or {}):
             return self if slice_spec is None else None
         override = slice_spec["datasets"][self.name] or {}
-        return SuiteDataset(self.name, self.kind, self.data, override.get("subset"), int(override.get("offset", 0)), self.split)
+        return SuiteDataset(self.name, self.kind, self.data, override.get("subset"), int(override.get("offset", 0)),
+                            self.split)
 
 
 @dataclass
@@ -63,10 +64,12 @@ def load_suite(path: str | Path) -> Suite:
         raise QragError(f"{where}: 'base' must be a mapping of index config overrides")
     dsets = []
     for name, dataset_spec in (raw.get("datasets") or {}).items():
-        if not isinstance(dataset_spec, dict) or dataset_spec.get("kind") not in EVAL_KINDS or not isinstance(dataset_spec.get("data"), str):
+        if (not isinstance(dataset_spec, dict) or dataset_spec.get("kind") not in EVAL_KINDS
+                or not isinstance(dataset_spec.get("data"), str)):
             raise QragError(f"{where}: dataset {name!r} needs kind ({', '.join(EVAL_KINDS)}) and data")
-        dsets.append(SuiteDataset(str(name), dataset_spec["kind"], resolve_data_path(dataset_spec["data"], file.parent), dataset_spec.get("subset"),
-                                  int(dataset_spec.get("offset", 0)), str(dataset_spec.get("split", "test"))))
+        dsets.append(SuiteDataset(str(name), dataset_spec["kind"], resolve_data_path(dataset_spec["data"], file.parent),
+                                  dataset_spec.get("subset"), int(dataset_spec.get("offset", 0)),
+                                  str(dataset_spec.get("split", "test"))))
     configs = raw.get("configs") or {}
     if not dsets or not isinstance(configs, dict) or not configs:
         raise QragError(f"{where}: needs at least one dataset and one config")
@@ -77,20 +80,24 @@ def load_suite(path: str | Path) -> Suite:
     slices = raw.get("slices") or {}
     for slice_name, spec in slices.items():
         if slice_name == FULL or not isinstance(spec, dict) or not isinstance(spec.get("datasets"), dict):
-            raise QragError(f"{where}: slice {slice_name!r} needs a 'datasets' mapping (and may not be named {FULL!r})")
+            raise QragError(f"{where}: slice {slice_name!r} needs a 'datasets' mapping "
+                            f"(and may not be named {FULL!r})")
         bad = [x for x in spec["datasets"] if x not in {d.name for d in dsets}]
         bad += [x for x in spec.get("configs") or [] if x not in configs]
         for dataset_name, skipped_configs in (spec.get("skip") or {}).items():
-            bad += [x for x in [dataset_name] if x not in spec["datasets"]] + [x for x in skipped_configs or [] if x not in configs]
+            bad += [x for x in [dataset_name] if x not in spec["datasets"]]
+            bad += [x for x in skipped_configs or [] if x not in configs]
         if bad:
-            raise QragError(f"{where}: slice {slice_name!r} names unknown dataset(s) or config(s): {', '.join(map(str, bad))}")
+            raise QragError(f"{where}: slice {slice_name!r} names unknown dataset(s) or config(s): "
+                            f"{', '.join(map(str, bad))}")
         if "matrix" in spec:
             spec["matrix"] = _slice_matrix(spec["matrix"], file.parent, f"{where}: slice {slice_name!r}")
     expected = raw.get("expected") or {}
     for slice_name, table in expected.items():
         for dataset_name, row in (table or {}).items():
             if (unknown := set(row or {}) - set(configs)) or dataset_name not in {d.name for d in dsets}:
-                raise QragError(f"{where}: expected.{slice_name}.{dataset_name} names an unknown dataset or config {sorted(unknown)}")
+                raise QragError(f"{where}: expected.{slice_name}.{dataset_name} names an unknown dataset or config "
+                                f"{sorted(unknown)}")
     return Suite(raw.get("metric", "nDCG@10"), float(raw.get("tolerance", 1.0)), base, dsets,
                  {str(k): dict(v) for k, v in configs.items()}, {str(k): dict(v) for k, v in slices.items()},
                  {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()})
@@ -158,8 +165,8 @@ def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: 
     axes = fig.add_subplot(111)
     bar_height = 0.8 / len(cols)
     for j, column in enumerate(cols):
-        axes.barh([i + j * bar_height for i in range(len(cfgs))], [table[cfg].get(column) or 0.0 for cfg in cfgs], height=bar_height,
-                  label=column, color="black" if column == "mean" else None)
+        axes.barh([i + j * bar_height for i in range(len(cfgs))], [table[cfg].get(column) or 0.0 for cfg in cfgs],
+                  height=bar_height, label=column, color="black" if column == "mean" else None)
     axes.set_yticks([i + 0.4 - bar_height / 2 for i in range(len(cfgs))], cfgs, fontsize=8)
     axes.invert_yaxis()
     axes.set_xlabel(metric)
@@ -183,11 +190,12 @@ def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _evaluate_dataset(dataset: SuiteDataset, suite: Suite, configs: list[str], out: Path,
                       console=None) -> dict[str, SuiteCell]:
-    titled = any(d["title"] for d in load_eval_set(dataset.kind, dataset.data, dataset.subset, dataset.split, dataset.offset).corpus)
+    eval_set = load_eval_set(dataset.kind, dataset.data, dataset.subset, dataset.split, dataset.offset)
+    titled = any(d["title"] for d in eval_set.corpus)
     variants = [Variant(c, dict(suite.configs[c]) if titled else without_titles(suite.configs[c])) for c in configs]
     res = run_eval(dataset.kind, dataset.data, variants, out / dataset.name, subset=dataset.subset, ks=[1, 10],
                    base_overrides=suite.base, console=console, split=dataset.split, offset=dataset.offset)
-    return {c: SuiteCell.of(r) for c, r in res.results.items()}
+    return {c: SuiteCell.from_result(r) for c, r in res.results.items()}
 
 
 def _costs(raw: Mapping[str, Mapping[str, SuiteCell]], config: str) -> dict[str, float]:
@@ -208,8 +216,8 @@ def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, S
         rep = EvalReport.read(out / dataset.name / "results.json")
         row = {}
         if rep is not None and rep.meta.subset == dataset.subset and rep.meta.offset == dataset.offset:
-            row |= {c: SuiteCell.of(r) for c, r in rep.representations.items()}
-        row |= {c: SuiteCell.of(r) for c, r in read_partial(out / dataset.name / "partial.json").items()}
+            row |= {c: SuiteCell.from_result(r) for c, r in rep.representations.items()}
+        row |= {c: SuiteCell.from_result(r) for c, r in read_partial(out / dataset.name / "partial.json").items()}
         prev[dataset.name] = row
     old = read_suite_json(out / "suite.json")
     if old.get("slice") == slice_name:
@@ -276,7 +284,8 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     if (matrix := (slice_spec or {}).get("matrix")) and not datasets and not configs:
         if console:
             console.rule(f"suite: matrix conditions tagged {', '.join(matrix['tags'])}")
-        res = run_matrix(matrix["file"], tags=matrix["tags"], runner=matrix_runner or partial(evaluate_condition, root=out / "matrix"))
+        condition_runner = matrix_runner or partial(evaluate_condition, root=out / "matrix")
+        res = run_matrix(matrix["file"], tags=matrix["tags"], runner=condition_runner)
         report.matrix = SuiteMatrix(matrix["file"], matrix["tags"], res.measured, res.comparison.summary())
         report.regressions += [f"matrix {r}" for r in res.comparison.regressions]
     (out / "suite.json").write_text(json.dumps(report.to_json(), indent=2))

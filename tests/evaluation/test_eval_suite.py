@@ -136,10 +136,10 @@ def test_a_slices_matrix_is_checked_when_the_suite_loads(tmp_path, matrix, msg):
 
 
 def test_the_table_reports_what_each_index_costs(tmp_path):
-    built = SuiteCell.of(VariantResult(metrics={"nDCG@10": 0.5}, vectors=30, chunks=10,
+    built = SuiteCell.from_result(VariantResult(metrics={"nDCG@10": 0.5}, vectors=30, chunks=10,
                                        stage_seconds={"embed": 9.0, "total": 12.5}))
     assert (built.vectors_per_chunk, built.build_seconds) == (3.0, 12.5)
-    empty = SuiteCell.of(VariantResult(metrics={}, vectors=0, chunks=0))
+    empty = SuiteCell.from_result(VariantResult(metrics={}, vectors=0, chunks=0))
     assert (empty.vectors_per_chunk, empty.build_seconds) == (None, None)
     s = load_suite(_write(tmp_path))
     rep = run_suite(s, tmp_path / "out", "ci", runner=lambda *a: {
