@@ -48,16 +48,16 @@ class StageClock:
 
     console: object = None
     seconds: dict[str, float] = field(default_factory=dict)
-    t0: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         try:
             with stage(self.console, name):
                 yield
         finally:
-            self.seconds[name] = round(self.seconds.get(name, 0) + time.perf_counter() - t0, 3)
+            self.seconds[name] = round(self.seconds.get(name, 0) + time.perf_counter() - started, 3)
 
     def total(self) -> float:
-        return round(time.perf_counter() - self.t0, 3)
+        return round(time.perf_counter() - self.started, 3)

@@ -58,10 +58,10 @@ def write_part(table: pa.Table, path: Path) -> None:
     cuts = [0, *(np.flatnonzero(np.diff(shard[order])) + 1).tolist(), len(order)]
 
     def write(tmp: Path) -> None:
-        with pq.ParquetWriter(tmp, table.schema) as w:
+        with pq.ParquetWriter(tmp, table.schema) as writer:
             for start, end in itertools.pairwise(cuts):
                 if end > start:
-                    w.write_table(table.slice(start, end - start), row_group_size=end - start)
+                    writer.write_table(table.slice(start, end - start), row_group_size=end - start)
 
     atomic_write(path, write)
 
@@ -83,12 +83,12 @@ def read_row_groups(groups: list, columns: list[str], shard: int) -> list[pa.Tab
 def input_fingerprint(files: list[str]) -> list[list]:
     """(path, size, mtime_ns) per input file: an edited corpus must not resume from stale vectors."""
     out = []
-    for f in sorted(files):
+    for path in sorted(files):
         try:
-            st = os.stat(f)
-            out.append([f, st.st_size, st.st_mtime_ns])
+            stat = os.stat(path)
+            out.append([path, stat.st_size, stat.st_mtime_ns])
         except OSError:  # remote URI: the path alone
-            out.append([f, None, None])
+            out.append([path, None, None])
     return out
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from qrag_ray.errors import QragError
 from qrag_ray.io.metadata import normalize_metadata, to_json
+from qrag_ray.runtime.progress import operator_label
 
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")  # IndexConfig.format lists the same
 _ID_KEYS = ("doc_id", "id", "_id", "pid", "docid")
@@ -98,6 +99,7 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
         raise QragError(f"unknown input format '{fmt}' (known: {', '.join(INPUT_FORMATS)})")
     files = resolve_files(path, fmt)
     if fmt in ("jsonl", "beir", "msmarco"):
+        @operator_label("parse")
         def parse(batch: dict) -> dict:
             rows = []
             for line, src in zip(batch["text"], batch["path"], strict=True):
@@ -115,6 +117,7 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
         return ray.data.read_text(files, include_paths=True).map_batches(parse, batch_format="numpy", batch_size=4096)
 
     if fmt == "parquet":
+        @operator_label("norm")
         def norm(batch) -> dict:
             return _columns([normalize_record(r, "parquet", questions_column) for r in batch.to_pylist()],
                             questions_column)
@@ -123,6 +126,7 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
 
     root = path if Path(path).is_dir() else str(Path(path).parent)
 
+    @operator_label("extract")
     def extract(batch: dict) -> dict:  # html
         from qrag_ray.io.html_text import html_document
 

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -34,6 +34,22 @@ _NAMED_OPS = {"EmbedSink": "embed", "Tokenize": "tokenize", "vLLMEngineStage": "
 # operators with one output row per input row: their total is their input's, once that is certain
 ONE_TO_ONE = ("EmbedSink", "Tokenize")
 _live: dict[str, Callable[[], int]] = {}  # label -> rows done as the workers count them (see live_rows)
+
+
+Function = TypeVar("Function", bound=Callable)
+
+
+def operator_label(label: str) -> Callable[[Function], Function]:
+    """Decorate a Ray Data map function with the label its operator's row shows (through `op_label`): Ray Data
+    names the operator after the function (`MapBatches(<function name>)`), so the label is set here, and
+    renaming the function leaves the display as it is. Only the function's `__name__` changes (pickling goes
+    by `__qualname__`)."""
+
+    def labelled(function: Function) -> Function:
+        function.__name__ = label
+        return function
+
+    return labelled
 
 
 def op_label(name: str) -> str:

@@ -42,7 +42,7 @@ def test_chunk_columns_keep_each_question_list_whole():
 
 def test_base_vector_columns_number_rows_within_their_chunk():
     chunks = chunk_rows(DOC, CFG) + chunk_rows(DOC | {"doc_id": "b", "text": "One sentence only."}, CFG)
-    cols = base_vector_columns(chunks, ["chunk", "sentence"], CFG, aux_q=False)
+    cols = base_vector_columns(chunks, ["chunk", "sentence"], CFG, aux_questions=False)
     assert list(cols["kind"]) == ["chunk", "sentence", "sentence", "chunk", "sentence"]
     assert list(cols["ord"]) == [0, 1, 2, 0, 1]
     assert list(cols["embed_text"][1:3]) == ["Loops run.", "A break ends them."]
@@ -60,7 +60,7 @@ def test_question_vector_columns_come_after_the_base_rows_and_skip_the_chunk():
                  "raw": "1. What does a for loop repeat?\n2. Which statement ends a loop early?"},
                 {"chunk_idx": 7, "shard": 1, "text": "Loops run.", "unit": 3, "output": "questions", "atom": "",
                  "raw": ""}]
-    cols = question_vector_columns(answered, ["chunk", "question"], aux_q=False)
+    cols = question_vector_columns(answered, ["chunk", "question"], aux_questions=False)
     assert list(cols["kind"]) == ["question", "question"]
     assert list(cols["text"]) == ["What does a for loop repeat?", "Which statement ends a loop early?"]
     assert list(cols["qn"]) == [3000, 3001]  # unique per chunk across atoms

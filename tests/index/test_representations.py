@@ -44,7 +44,7 @@ def test_rows_per_representation(rep):
     backend = "none" if rep in ("chunk", "atom-sentence", "chunk+sentence+window", "window") else "precomputed"
     cfg = IndexConfig(representation=rep, generator={"backend": backend})
     kinds, _ = representation_plan(cfg)
-    rows = base_vector_rows(CHUNK, kinds, cfg, aux_q=False)
+    rows = base_vector_rows(CHUNK, kinds, cfg, aux_questions=False)
     stored = [(r["kind"], r["embed_text"]) for r in rows if r["store"]]
     assert stored == EXPECTED[rep]
     # the chunk's own vector is always computed: stored, or kept aside for filters and fallback
@@ -116,7 +116,7 @@ def test_question_kinds_need_a_generator():
 
 def test_aux_questions_for_filters_are_not_stored():
     cfg = IndexConfig(representation="quote", generator={"backend": "precomputed"})
-    rows = base_vector_rows(CHUNK, ["quote"], cfg, aux_q=True)
+    rows = base_vector_rows(CHUNK, ["quote"], cfg, aux_questions=True)
     aux = [r for r in rows if r["kind"] == "question"]
     assert [r["text"] for r in aux] == QS and not any(r["store"] for r in aux)
     # quote i and question i share qn, so pruning a question drops its quote vector too

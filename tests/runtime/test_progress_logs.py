@@ -44,6 +44,22 @@ def test_op_label(name, label):
     assert progress.op_label(name) == label
 
 
+def test_operator_label_is_what_the_row_shows_whatever_the_function_is_called():
+    """Ray Data names a map operator after its function (`MapBatches(<__name__>)`): the UDFs carry their
+    label explicitly, so renaming one leaves the display alone, and pickling still finds it by its own name."""
+    from qrag_ray.index import udfs
+
+    @progress.operator_label("chunker")
+    def chunk_the_documents(batch):
+        return batch
+
+    assert chunk_the_documents.__name__ == "chunker"
+    assert chunk_the_documents.__qualname__.endswith("chunk_the_documents")
+    assert progress.op_label(f"ReadText->MapBatches({chunk_the_documents.__name__})") == "ReadText → chunker"
+    assert udfs.attach_atoms.__name__ == "attach_atoms"
+    assert pickle.loads(pickle.dumps(udfs.attach_atoms)) is udfs.attach_atoms
+
+
 def test_rate_and_eta():
     assert progress.rate_and_eta(0, 100, 5.0) == (None, None)
     assert progress.rate_and_eta(50, 100, 10.0) == (5.0, 10.0)
