@@ -27,10 +27,10 @@ def kubectl() -> str:
 
 def render_kustomization(path: str | Path) -> list[dict]:
     """The resources kustomize builds from a kustomization directory."""
-    r = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        raise RenderError(r.stderr.strip() or f"kubectl kustomize exited {r.returncode}")
-    return [d for d in yaml.safe_load_all(r.stdout) if d]
+    result = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise RenderError(result.stderr.strip() or f"kubectl kustomize exited {result.returncode}")
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def render_with_components(overlay: str | Path, components: list[str | Path]) -> list[dict]:

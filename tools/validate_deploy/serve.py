@@ -40,26 +40,27 @@ def check_serve_config(cfg: Any) -> list[str]:
     out = []
     try:
         ServeDeploySchema.model_validate(cfg)
-    except ValidationError as e:
+    except ValidationError as error:
         out.append("does not validate against ray.serve.schema.ServeDeploySchema: "
-                   + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()))
+                   + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in error.errors()))
         return out
     for app in cfg.get("applications", []):
         name = app.get("name", "?")
         try:
             obj = import_attr(app["import_path"])
             if not callable(obj) and type(obj).__name__ != "Application":
-                out.append(f"application {name}: import_path {app['import_path']} is neither an Application nor a builder")
-        except (ImportError, AttributeError) as e:
-            out.append(f"application {name}: import_path {app['import_path']!r} does not import ({e})")
+                out.append(f"application {name}: import_path {app['import_path']} is neither an Application nor a "
+                           "builder")
+        except (ImportError, AttributeError) as error:
+            out.append(f"application {name}: import_path {app['import_path']!r} does not import ({error})")
         deps = app.get("deployments") or []
         if not deps:
             out.append(f"application {name}: no deployments listed (no autoscaling_config to apply)")
         for dep in deps:
-            ac = dep.get("autoscaling_config")
-            if not ac:
+            autoscaling = dep.get("autoscaling_config")
+            if not autoscaling:
                 out.append(f"application {name}: deployment {dep.get('name')} has no autoscaling_config")
-            elif ac.get("min_replicas", 1) > ac.get("max_replicas", 1):
+            elif autoscaling.get("min_replicas", 1) > autoscaling.get("max_replicas", 1):
                 out.append(f"application {name}: deployment {dep.get('name')}: min_replicas > max_replicas")
     return out
 
@@ -69,8 +70,8 @@ def serve_cpu_floor(cfg: dict) -> float:
     total = 0.0
     for app in cfg.get("applications", []):
         for dep in app.get("deployments") or []:
-            n = (dep.get("autoscaling_config") or {}).get("min_replicas", dep.get("num_replicas", 1))
-            total += n * float((dep.get("ray_actor_options") or {}).get("num_cpus", 1))
+            replicas = (dep.get("autoscaling_config") or {}).get("min_replicas", dep.get("num_replicas", 1))
+            total += replicas * float((dep.get("ray_actor_options") or {}).get("num_cpus", 1))
     return total
 
 
