@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from cluster import local_cluster as lc
+from cluster import local_cluster
 from cluster import node_processes as procs
 from support.cluster_procs import native_processes_in_token_mode
 
@@ -49,7 +49,7 @@ def head(token_file):
     its own, in token mode by default: RAY_AUTH_MODE is unset, only the token's file is given. (Ray
     caches a token per process, so this test process never loads one.)"""
     name = f"a{os.getpid() % 100000}"
-    cdir = lc.default_dir(name)
+    cdir = local_cluster.default_dir(name)
     env = _env_without_auth(RAY_AUTH_TOKEN_PATH=str(token_file))
     cli = [sys.executable, "-m", "cluster.local_cluster"]
     r = subprocess.run([*cli, "up", "--name", name, "--workers", "0", "--head-cpus", "1"], env=env,

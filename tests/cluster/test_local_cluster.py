@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from cluster import gcs_nodes as gcs
-from cluster import local_cluster as lc
+from cluster import local_cluster, rehearse
 from cluster import node_processes as procs
-from cluster import rehearse
 from qrag_ray.runtime.ports import free_port
 from support.cluster_procs import native_processes_in_token_mode
 
@@ -100,7 +99,7 @@ def test_cluster_has_three_nodes_with_their_own_resources(cluster, nodes):
     for n in live:  # the pods' resources: 4 CPUs and 12 GiB of memory per worker, as the overlay asks
         if not n["is_head"]:
             assert n["resources"]["CPU"] == 4 and n["resources"]["memory"] == 12 * 2**30, n["resources"]
-    assert lc.status(cluster.name, Path(cluster.dir))["running"]
+    assert local_cluster.status(cluster.name, Path(cluster.dir))["running"]
 
 
 def test_cluster_runs_in_token_mode(cluster):

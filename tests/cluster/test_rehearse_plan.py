@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import local_cluster as lc
-from cluster import rehearse
+from cluster import local_cluster, rehearse
 from cluster.pod_layout import POD_HOME, Mount, Pod, job_plan, local_paths, map_text
 from cluster.readonly import readonly_wrapper
 from tools.validate_deploy.render import render_kustomization
@@ -112,7 +111,7 @@ def test_prepare_lays_out_the_pods_and_the_submission(tmp_path):
     assert (tmp_path / "configMap" / "qrag-index-config" / "index.yaml").is_file()
     assert Path(r.params["input"]).is_file() and r.params["address"] == "auto"
     assert r.runtime_env["env_vars"]["QRAG_KERNELS"] == "cpu" and r.runtime_env["env_vars"]["HF_HUB_OFFLINE"] == "1"
-    r.state = lc.ClusterState("x", str(tmp_path), 27000, "127.0.0.1:27000", "http://127.0.0.1:27002", 27001)
+    r.state = local_cluster.ClusterState("x", str(tmp_path), 27000, "127.0.0.1:27000", "http://127.0.0.1:27002", 27001)
     cmd = rehearse.submit_command(r)
     # KubeRay's K8sJobMode submitter: ray job submit --address --runtime-env-json --submission-id -- entrypoint
     assert cmd[1:5] == ["job", "submit", "--address", "http://127.0.0.1:27002"]
@@ -132,9 +131,9 @@ def test_read_only_folders_are_a_mount_namespace_for_root_and_file_modes_otherwi
 
 
 def test_a_node_shape_reaches_ray_start():
-    shapes = [lc.NodeShape("head", 0, memory=8 * GiB), lc.NodeShape("gpu-workers-0", 8, num_gpus=1, memory=32 * GiB)]
-    st = lc.ClusterState("t", "/tmp/qrag-lc-t", 27000, "127.0.0.1:27000", "", 27001, lc.plan_nodes(27000, 0, 0, 0, shapes))
-    gpu = lc.ray_start_command(st, st.nodes[1], 300)
+    shapes = [local_cluster.NodeShape("head", 0, memory=8 * GiB), local_cluster.NodeShape("gpu-workers-0", 8, num_gpus=1, memory=32 * GiB)]
+    st = local_cluster.ClusterState("t", "/tmp/qrag-lc-t", 27000, "127.0.0.1:27000", "", 27001, local_cluster.plan_nodes(27000, 0, 0, 0, shapes))
+    gpu = local_cluster.ray_start_command(st, st.nodes[1], 300)
     assert gpu[gpu.index("--num-gpus") + 1] == "1" and gpu[gpu.index("--memory") + 1] == str(32 * GiB)
     assert json.loads(gpu[gpu.index("--resources") + 1]) == {"gpu-workers-0": 1.0}
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import local_cluster as lc
-from cluster import pod_network
+from cluster import local_cluster, pod_network
 from cluster.pod_layout import service_plan
 from cluster.rehearse_service import QUERY, verdict
 from qrag_ray.serving.config import CLUSTER_INGRESS_ENV, SERVE_PROCESS_ENV
@@ -71,11 +70,11 @@ def test_pod_network_plan_avoids_this_machines_networks(monkeypatch):
 
 
 def test_a_node_in_a_pod_network_starts_there_on_its_address():
-    shapes = [lc.NodeShape("head", 0, ip="10.231.7.10", netns=["ip", "netns", "exec", "qrn007-0"]),
-              lc.NodeShape("w", 2, ip="10.231.7.11", netns=["ip", "netns", "exec", "qrn007-1"])]
-    st = lc.ClusterState(name="t", dir="/tmp/qrag-lc-t", base_port=27000, address="10.231.7.10:27000",
-                         dashboard_url="", client_port=27001, nodes=lc.plan_nodes(27000, 0, 0, 0, shapes))
-    head, worker = (lc.ray_start_command(st, n, 300) for n in st.nodes)
+    shapes = [local_cluster.NodeShape("head", 0, ip="10.231.7.10", netns=["ip", "netns", "exec", "qrn007-0"]),
+              local_cluster.NodeShape("w", 2, ip="10.231.7.11", netns=["ip", "netns", "exec", "qrn007-1"])]
+    st = local_cluster.ClusterState(name="t", dir="/tmp/qrag-lc-t", base_port=27000, address="10.231.7.10:27000",
+                                    dashboard_url="", client_port=27001, nodes=local_cluster.plan_nodes(27000, 0, 0, 0, shapes))
+    head, worker = (local_cluster.ray_start_command(st, n, 300) for n in st.nodes)
     assert head[:4] == ["ip", "netns", "exec", "qrn007-0"] and worker[3] == "qrn007-1"
     assert head[head.index("--node-ip-address") + 1] == "10.231.7.10"
     assert head[head.index("--dashboard-host") + 1] == "10.231.7.10"
