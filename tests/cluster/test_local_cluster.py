@@ -127,7 +127,6 @@ def test_index_built_on_the_cluster_answers_in_process(cluster_index, open_engin
 
 
 def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes, open_engine):
-    pytest.importorskip("qrag_ray.serving.application")
     import httpx
     import ray
     from ray import serve

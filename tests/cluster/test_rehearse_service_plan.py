@@ -56,7 +56,7 @@ def test_pod_network_gives_each_pod_its_own_namespace_and_address():
         assert f"ip -n {net.netns(i)} addr add {net.ip(i)}/24 dev eth0" in cmds
         assert f"ip -n {net.netns(i)} route add default via 10.231.7.1" in cmds
     links = [c[3] for c in net.setup_commands() if c[:3] == ["ip", "link", "add"]]
-    assert all(len(name) <= 15 for name in links)  # the kernel's limit on a link's name
+    assert len(links) == 4 and all(len(name) <= 15 for name in links)  # the bridge and 3 veths: at most 15 chars
     down = [" ".join(c) for c in net.teardown_commands()]
     assert down[-1] == f"ip link del {net.bridge}" and len(down) == 4
 

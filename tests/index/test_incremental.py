@@ -17,8 +17,11 @@ QUERIES = ["When does the else clause of a for loop run?", "What does the assert
 
 
 def _search(open_engine, index):
-    eng = open_engine(index)
-    return [[(r["chunk_id"], round(r["score"], 5)) for r in res] for res in eng.search(QUERIES, k=4)]
+    """(chunk id, score) of each query's top 4: four for every query, so two indexes compare on results."""
+    engine = open_engine(index)
+    pages = [[(r["chunk_id"], round(r["score"], 5)) for r in res] for res in engine.search(QUERIES, k=4)]
+    assert [len(page) for page in pages] == [4] * len(QUERIES), pages
+    return pages
 
 
 @pytest.mark.slow

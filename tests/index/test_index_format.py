@@ -146,8 +146,14 @@ def test_an_index_written_before_the_arrow_shard_files_loads_and_ranks_the_same(
                   if f.is_file() and f.name != "manifest.json"}
     (old / "manifest.json").write_text(json.dumps(m))
     q = np.random.default_rng(0).standard_normal((3, m["embedder"]["dim"])).astype(np.float32)
-    pages = lambda engine: [[r.to_json() for r in page] for page in engine.search_vectors(q, 5)]  # noqa: E731
-    assert pages(SearchEngine(old)) == pages(SearchEngine(out))
+
+    def pages(engine: SearchEngine) -> list[list[dict]]:
+        """The engine's top 5 for each query vector, as JSON."""
+        return [[r.to_json() for r in page] for page in engine.search_vectors(q, 5)]
+
+    old_pages = pages(SearchEngine(old))
+    assert [len(page) for page in old_pages] == [5, 5, 5]  # results to compare, not two empty lists
+    assert old_pages == pages(SearchEngine(out))
 
 
 # ---------------------------------------------------------------- the typed manifest (no build)

@@ -121,5 +121,7 @@ def test_chunk_parts_carry_metadata_and_the_build_types_it(tmp_path):
     assert part["metadata"] == {} and not part["url"]
     files = sorted((tmp_path / "chunks").rglob("*.parquet"))
     untyped = [chunk_table(shard0_rows(f)) for f in files]
+    assert len(untyped) == len(files) >= 2
     assert all(t.column_names == ["chunk_idx", "chunk_id", "doc_id", "title", "text", "shard"] for t in untyped)
-    assert all(json.loads(m) for f in files for m in pq.read_table(f).column("metadata").to_pylist() if m)
+    metadata = [m for f in files for m in pq.read_table(f).column("metadata").to_pylist() if m]
+    assert metadata and all(json.loads(m) for m in metadata)

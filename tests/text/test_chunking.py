@@ -97,6 +97,7 @@ def test_none_keeps_document_whole(text):
 def test_chunk_document_ids_and_fields(text):
     doc = {"doc_id": "for", "title": "The for statement", "text": text}
     rows = list(chunk_document(doc, ChunkerConfig(method="token", size=80, overlap=10)))
+    assert len(rows) > 1
     assert [r["chunk_id"] for r in rows] == [f"for#{i}" for i in range(len(rows))]
     assert all(r["doc_id"] == "for" and r["title"] == "The for statement" for r in rows)
     assert list(chunk_document({"doc_id": "e", "text": ""}, ChunkerConfig())) == []
