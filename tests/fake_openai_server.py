@@ -25,11 +25,11 @@ _STOP = {"the", "and", "that", "with", "from", "this", "have", "into", "which", 
 def words_of(text: str) -> list[str]:
     """Content words (>= 4 letters, no stop words) in order of first appearance."""
     seen, out = set(), []
-    for w in re.findall(r"[A-Za-z][A-Za-z0-9-]{3,}", text):
-        k = w.lower()
-        if k not in _STOP and k not in seen:
-            seen.add(k)
-            out.append(w)
+    for word in re.findall(r"[A-Za-z][A-Za-z0-9-]{3,}", text):
+        key = word.lower()
+        if key not in _STOP and key not in seen:
+            seen.add(key)
+            out.append(word)
     return out
 
 
@@ -42,10 +42,10 @@ def rule_based_reply(messages: list[dict]) -> str:
     last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
     prompt_text = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") in ("system", "user"))
     subject = last_user.split("The answer should be present in:\n")[-1]
-    m = re.search(r"(?:exactly|Generate)\s+(\d+)", prompt_text.split("The answer should be present in:")[0][-400:])
-    n = int(m.group(1)) if m else (1 if "a single" in last_user else 3)
-    ws = words_of(subject) or ["nothing"]
-    lines = [f"{i + 1}. What does the text say about {ws[i % len(ws)]}?" for i in range(n)]
+    match = re.search(r"(?:exactly|Generate)\s+(\d+)", prompt_text.split("The answer should be present in:")[0][-400:])
+    count = int(match.group(1)) if match else (1 if "a single" in last_user else 3)
+    words = words_of(subject) or ["nothing"]
+    lines = [f"{i + 1}. What does the text say about {words[i % len(words)]}?" for i in range(count)]
     return "\n".join(lines) + "\n"
 
 
@@ -73,8 +73,8 @@ class FakeOpenAI:
     # convenience for tests
     def fail_next(self, *statuses: int, retry_after: str | None = None) -> None:
         with self.lock:
-            for s in statuses:
-                self.failures.append((s, {"Retry-After": retry_after} if retry_after is not None else {}))
+            for status in statuses:
+                self.failures.append((status, {"Retry-After": retry_after} if retry_after is not None else {}))
 
     @property
     def url(self) -> str:
@@ -100,8 +100,8 @@ def _make_handler(state: FakeOpenAI):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
             self.end_headers()
             self.wfile.write(body)
 
@@ -157,8 +157,8 @@ def _make_handler(state: FakeOpenAI):
                     status, headers = failure
                     self._send(status, {"error": {"message": f"scripted failure {status}"}}, headers)
                     return
-                n = int(body.get("n") or 1)
-                texts = [state.reply(body["messages"]) for _ in range(n)]
+                count = int(body.get("n") or 1)
+                texts = [state.reply(body["messages"]) for _ in range(count)]
                 prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
                 completion_tokens = sum(len(t.split()) for t in texts)
                 self._send(200, {

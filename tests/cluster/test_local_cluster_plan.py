@@ -36,9 +36,9 @@ def test_every_node_has_its_own_resource_and_the_head_no_cpus():
 
 
 def test_ray_start_commands_use_own_ports_temp_dir_and_loopback():
-    st = _state()
-    for node in st.nodes:
-        cmd = local_cluster.ray_start_command(st, node, 300)
+    state = _state()
+    for node in state.nodes:
+        cmd = local_cluster.ray_start_command(state, node, 300)
         joined = " ".join(cmd)
         assert cmd[1] == "start" and "--temp-dir /tmp/qrag-lc-t/ray" in joined
         assert f"--node-ip-address {local_cluster.HOST}" in joined
@@ -79,9 +79,9 @@ def test_a_ray_start_that_hangs_is_torn_down_and_tried_again(tmp_path, monkeypat
     error naming the log; never a TimeoutExpired out of `up`."""
     starts, kills = [], []
 
-    def hung(cmd, **kw):
+    def hung(cmd, **options):
         starts.append(cmd)
-        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+        raise subprocess.TimeoutExpired(cmd, options["timeout"])
 
     monkeypatch.setattr(local_cluster.subprocess, "run", hung)
     monkeypatch.setattr(local_cluster, "kill_cluster_processes", lambda cdir: kills.append(cdir) or [])

@@ -79,9 +79,9 @@ def test_a_preset_counts_by_the_kinds_it_makes():
 ])
 def test_a_setting_at_its_old_place_is_an_error_naming_the_new_one(text, new, tmp_path):
     (f := tmp_path / "c.yaml").write_text(text)
-    with pytest.raises(QragError, match=f" is now {re.escape(new)} ") as e:
+    with pytest.raises(QragError, match=f" is now {re.escape(new)} ") as raised:
         build_index_config(f)
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(raised.value)
     with pytest.raises(QragError, match=f"^where: invalid configuration: .*{re.escape(new)}"):  # eval variants, the matrix, the suite
         index_config(yaml.safe_load(text), "where: ")
 
@@ -145,15 +145,15 @@ def test_eval_config_files_load(path):
     assert cfg.generator.backend == "vllm"
 
 
-def _leaves(d: dict, path: tuple = ()):
-    for k, v in d.items():
-        yield from _leaves(v, (*path, k)) if isinstance(v, dict) and v else [((*path, k), v)]
+def _leaves(tree: dict, path: tuple = ()):
+    for key, value in tree.items():
+        yield from _leaves(value, (*path, key)) if isinstance(value, dict) and value else [((*path, key), value)]
 
 
-def _at(d, path: tuple):
-    for k in path:
-        d = d.get(k) if isinstance(d, dict) else None
-    return d
+def _at(tree, path: tuple):
+    for key in path:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "eval" / "variants").glob("*.yaml")), ids=lambda p: p.name)
@@ -165,10 +165,10 @@ def test_eval_variant_files_load(path):
     variants = load_variants(path)
     labels = [v.label for v in variants]
     assert variants and len(set(labels)) == len(labels), labels
-    for v in variants:
-        cfg = index_config(deep_update({"generator": {"backend": "vllm"}}, v.overrides)).model_dump(mode="json")
-        dropped = [(".".join(p), want, _at(cfg, p)) for p, want in _leaves(v.overrides) if _at(cfg, p) != want]
-        assert dropped == [], f"{v.label}: (setting, in the file, in the config) {dropped}"
+    for variant in variants:
+        cfg = index_config(deep_update({"generator": {"backend": "vllm"}}, variant.overrides)).model_dump(mode="json")
+        dropped = [(".".join(p), want, _at(cfg, p)) for p, want in _leaves(variant.overrides) if _at(cfg, p) != want]
+        assert dropped == [], f"{variant.label}: (setting, in the file, in the config) {dropped}"
 
 
 def test_the_variant_check_sees_a_dropped_setting():
@@ -190,9 +190,9 @@ def test_the_matrix_and_the_suite_load():
     ("k8s/overlays/cpu-dev/index-config-cpu.yaml", lambda d: d[0]["value"]),
 ], ids=["base", "cpu-dev"])
 def test_k8s_index_configs_load(path, pointer, tmp_path):
-    f = tmp_path / "index.yaml"
-    f.write_text(pointer(yaml.safe_load((ROOT / path).read_text())))
-    assert build_index_config(f).representation == "hype"
+    config_file = tmp_path / "index.yaml"
+    config_file.write_text(pointer(yaml.safe_load((ROOT / path).read_text())))
+    assert build_index_config(config_file).representation == "hype"
 
 
 # ---------------------------------------------------------------------------------- serving's LLM

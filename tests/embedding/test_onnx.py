@@ -26,8 +26,8 @@ def torch_minilm():
 @pytest.mark.integration
 def test_auto_runs_minilm_on_onnx_with_torchs_vectors(minilm, torch_minilm):
     assert backend_of(minilm) == "onnx" and backend_of(torch_minilm) == "torch"
-    for fn in (encode, encode_canonical):
-        a, b = fn(torch_minilm, TEXTS), fn(minilm, TEXTS)
+    for encoder in (encode, encode_canonical):
+        a, b = encoder(torch_minilm, TEXTS), encoder(minilm, TEXTS)
         assert a.shape == b.shape == (len(TEXTS), 384) and a.dtype == b.dtype == np.float32
         assert np.abs(a - b).max() < 1e-5
         assert np.allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
@@ -56,21 +56,21 @@ def test_graph_is_exported_once_per_model(tmp_path, monkeypatch):
 def test_onnx_where_it_cannot_run_is_a_clear_error(monkeypatch):
     import qrag_ray.embedding.onnx as ob
 
-    def no_runtime(*a, **k):
+    def no_runtime(*args, **kwargs):
         raise ob.OnnxUnavailable("onnxruntime is not installed (test)")
 
     monkeypatch.setattr(ob, "use_onnx", no_runtime)
     with pytest.raises(QragError, match="embedder backend onnx: onnxruntime is not installed"):
         load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="onnx")
-    st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="auto")  # auto falls back
-    assert backend_of(st) == "torch"
+    model = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="auto")  # auto falls back
+    assert backend_of(model) == "torch"
 
 
 def test_backend_is_not_part_of_an_indexs_identity():
-    a = IndexConfig().model_dump()
-    b = IndexConfig(build={"embedder": {"backend": "torch"}}).model_dump()
-    assert a["build"]["embedder"]["backend"] == "auto" and b["build"]["embedder"]["backend"] == "torch"
-    assert index_identity(a) == index_identity(b)
-    assert "build" not in index_identity(a)
+    auto = IndexConfig().model_dump()
+    torch_backend = IndexConfig(build={"embedder": {"backend": "torch"}}).model_dump()
+    assert auto["build"]["embedder"]["backend"] == "auto" and torch_backend["build"]["embedder"]["backend"] == "torch"
+    assert index_identity(auto) == index_identity(torch_backend)
+    assert "build" not in index_identity(auto)
     with pytest.raises(ValueError):
         IndexConfig(build={"embedder": {"backend": "tensorrt"}})

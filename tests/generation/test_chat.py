@@ -16,9 +16,9 @@ from qrag_ray.generation.prompts import get_prompt
 from .conftest import rule_based_reply
 
 
-def _cfg(fake, **kw) -> GeneratorConfig:
+def _cfg(fake, **options) -> GeneratorConfig:
     return GeneratorConfig(backend="openai", base_url=fake.base_url, model="fake-model",
-                           api_key_env="QRAG_TEST_OPENAI_KEY", **kw)
+                           api_key_env="QRAG_TEST_OPENAI_KEY", **options)
 
 
 def test_openai_complete(fake_openai):
@@ -95,6 +95,6 @@ def test_backend_choice(tmp_path):
     with pytest.raises(QragError, match="not an HF model folder"):
         get_chat_model(GeneratorConfig(backend="vllm"), model_path=str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
-    m = get_chat_model(GeneratorConfig(backend="vllm"), model_path=str(tmp_path))
-    assert isinstance(m, VLLMChatModel) and m._engine is None
-    m.close()  # closing a never-started engine is fine
+    model = get_chat_model(GeneratorConfig(backend="vllm"), model_path=str(tmp_path))
+    assert isinstance(model, VLLMChatModel) and model._engine is None
+    model.close()  # closing a never-started engine is fine

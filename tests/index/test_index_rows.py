@@ -109,12 +109,12 @@ def test_chunk_parts_carry_metadata_and_the_build_types_it(tmp_path):
     assert fields == {"schema": {"day": "date", "lang": "string", "n": "number"}, "url": True}
     with pytest.raises(QragError, match="document 'd': metadata field 'n' is a string, but document 'a'"):
         metadata_fields([part, {"metadata": {"n": ["string", "d"]}}])
-    def shard0_rows(f):  # a part's rows of shard 0, read as the shard task reads them
-        return pa.concat_tables(workdir.read_row_groups(workdir.shard_row_groups([f], 0), CHUNK_PART_SCHEMA.names, 0))
+    def shard0_rows(part):  # a part's rows of shard 0, read as the shard task reads them
+        return pa.concat_tables(workdir.read_row_groups(workdir.shard_row_groups([part], 0), CHUNK_PART_SCHEMA.names, 0))
 
-    t = chunk_table(shard0_rows(next((tmp_path / "chunks").rglob("*.parquet"))).sort_by("doc_id"), **fields)
-    assert t.column("url").to_pylist() == ["https://x.org/a", None]
-    assert json_values(t.column("metadata").to_pylist()) == [{"n": 1}, {"n": 2.5, "day": "2024-01-02"}]
+    table = chunk_table(shard0_rows(next((tmp_path / "chunks").rglob("*.parquet"))).sort_by("doc_id"), **fields)
+    assert table.column("url").to_pylist() == ["https://x.org/a", None]
+    assert json_values(table.column("metadata").to_pylist()) == [{"n": 1}, {"n": 2.5, "day": "2024-01-02"}]
     plain = normalize_record({"id": "c", "text": "four"}, "f")
     write_chunk_part(chunk_columns(chunk_rows(plain, cfg), False), 1, tmp_path, "run2")
     (part,) = workdir.registered_parts(tmp_path, "run2")

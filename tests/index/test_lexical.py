@@ -85,10 +85,10 @@ def test_empty_shard(tmp_path):
 
 def _scores_by_chunk(paths, query: str) -> dict[int, float]:
     out: dict[int, float] = {}
-    for p in paths:
-        lex = ShardLexicon(p)
-        s, ids = lex.search([query], k=len(lex))
-        out |= {int(c): float(v) for c, v in zip(ids[0], s[0], strict=True) if c >= 0}
+    for path in paths:
+        lex = ShardLexicon(path)
+        scores, ids = lex.search([query], k=len(lex))
+        out |= {int(c): float(v) for c, v in zip(ids[0], scores[0], strict=True) if c >= 0}
     return out
 
 
@@ -103,13 +103,13 @@ def test_global_idf_makes_shards_score_like_one_index(tmp_path):
     texts, ids = [topics[n] for n in names], np.arange(len(names), dtype=np.int64)
     build_bm25(ids, texts, tmp_path / "one.bm25", k1=1.5, b=0.0)
     shards = [tmp_path / f"{s:05d}.bm25" for s in range(3)]
-    for s, p in enumerate(shards):
-        sel = ids % 3 == s
-        build_bm25(ids[sel], [t for t, k in zip(texts, sel, strict=True) if k], p, k1=1.5, b=0.0)
+    for shard, path in enumerate(shards):
+        sel = ids % 3 == shard
+        build_bm25(ids[sel], [t for t, k in zip(texts, sel, strict=True) if k], path, k1=1.5, b=0.0)
     build_bm25(np.zeros(0, np.int64), [], tmp_path / "empty.bm25", 1.5, 0.0)  # an empty shard is skipped
     local = [tmp_path / f"local{s}.bm25" for s in range(3)]
-    for p, q in zip(shards, local, strict=True):
-        shutil.copytree(p, q)
+    for path, local_path in zip(shards, local, strict=True):
+        shutil.copytree(path, local_path)
     globalize_idf(shards + [tmp_path / "empty.bm25"])
     for query in ["exception raised in the try clause", "iterate over the items of a sequence", "module import"]:
         one, merged = _scores_by_chunk([tmp_path / "one.bm25"], query), _scores_by_chunk(shards, query)

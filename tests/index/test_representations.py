@@ -133,10 +133,10 @@ def built(kinds_index, read_index, corpus_records):
     qs_of = {r["id"]: r["questions"] for r in corpus_records()}
     chunks = data["chunks"].to_pylist()
     rows = {}  # chunk_idx -> list of (shard, kind, text, vector)
-    for s in data["shards"]:
-        meta = s["meta"].to_pylist()
-        for i, m in enumerate(meta):
-            rows.setdefault(m["chunk_idx"], []).append((s["id"], m["kind"], m["text"], s["vectors"][i]))
+    for shard in data["shards"]:
+        meta = shard["meta"].to_pylist()
+        for i, row in enumerate(meta):
+            rows.setdefault(row["chunk_idx"], []).append((shard["id"], row["kind"], row["text"], shard["vectors"][i]))
     return data, chunks, rows, qs_of, report
 
 
@@ -145,17 +145,17 @@ def test_vectors_per_kind(built):
     data, chunks, rows, qs_of, report = built
     assert len(chunks) == report.chunks > len(qs_of)  # 120-token windows split the longer topics
     total = Counter()
-    for c in chunks:
-        got = Counter(k for _, k, _, _ in rows[c["chunk_idx"]])
-        nq = len(dedup_questions(qs_of[c["doc_id"]]))
-        want = {"chunk": 1, "sentence": len(set(split_sentences(c["text"]))), "question": nq, "quote": nq,
+    for chunk in chunks:
+        got = Counter(k for _, k, _, _ in rows[chunk["chunk_idx"]])
+        n_questions = len(dedup_questions(qs_of[chunk["doc_id"]]))
+        want = {"chunk": 1, "sentence": len(set(split_sentences(chunk["text"]))), "question": n_questions, "quote": n_questions,
                 "onedoc": 1}
-        assert dict(got) == want, c["chunk_id"]
+        assert dict(got) == want, chunk["chunk_id"]
         total.update(got)
-    m = data["manifest"]
-    assert sum(total.values()) == m["counts"]["vectors"] == report.vectors
-    assert m["counts"]["questions"] == total["question"] == report.questions
-    assert m["kinds"] == ["chunk", "sentence", "question", "quote", "onedoc"]
+    manifest = data["manifest"]
+    assert sum(total.values()) == manifest["counts"]["vectors"] == report.vectors
+    assert manifest["counts"]["questions"] == total["question"] == report.questions
+    assert manifest["kinds"] == ["chunk", "sentence", "question", "quote", "onedoc"]
 
 
 @pytest.mark.integration
@@ -163,35 +163,35 @@ def test_stored_vectors_are_minilm_embeddings(built, embed):
     """quote stores embed("question\\nchunk"); question, sentence and chunk store their own text's
     embedding; onedoc embeds the chunk followed by all its questions."""
     _, chunks, rows, qs_of, _ = built
-    for c in chunks[:4]:
+    for chunk in chunks[:4]:
         by_kind = {}
-        for _, kind, text, vec in rows[c["chunk_idx"]]:
+        for _, kind, text, vec in rows[chunk["chunk_idx"]]:
             by_kind.setdefault(kind, []).append((text, vec))
-        qs = dedup_questions(qs_of[c["doc_id"]])
-        expect = ([f"{t}\n{c['text']}" for t, _ in by_kind["quote"]] + [t for t, _ in by_kind["question"]]
-                  + [t for t, _ in by_kind["sentence"]] + [c["text"], c["text"] + "\n" + "\n".join(qs)])
+        questions = dedup_questions(qs_of[chunk["doc_id"]])
+        expect = ([f"{t}\n{chunk['text']}" for t, _ in by_kind["quote"]] + [t for t, _ in by_kind["question"]]
+                  + [t for t, _ in by_kind["sentence"]] + [chunk["text"], chunk["text"] + "\n" + "\n".join(questions)])
         got = np.stack([v for k in ("quote", "question", "sentence", "chunk", "onedoc") for _, v in by_kind[k]])
         np.testing.assert_allclose(got, embed(expect), atol=2e-4)
         # the matched text shown for a quote vector is the question alone
-        assert sorted(t for t, _ in by_kind["quote"]) == sorted(qs)
+        assert sorted(t for t, _ in by_kind["quote"]) == sorted(questions)
 
 
 @pytest.mark.integration
 def test_vectors_are_unit_norm(built):
     data = built[0]
-    for s in data["shards"]:
-        np.testing.assert_allclose(np.linalg.norm(s["vectors"], axis=1), 1.0, atol=1e-4)
+    for shard in data["shards"]:
+        np.testing.assert_allclose(np.linalg.norm(shard["vectors"], axis=1), 1.0, atol=1e-4)
 
 
 @pytest.mark.integration
 def test_all_vectors_of_a_chunk_in_its_shard(built):
     data, chunks, rows, _, _ = built
-    n = data["manifest"]["num_shards"]
-    assert n == 3
-    for c in chunks:
-        assert c["chunk_idx"] == chunk_key(c["chunk_id"])
-        assert c["shard"] == c["chunk_idx"] % n
-        assert {s for s, *_ in rows[c["chunk_idx"]]} == {c["shard"]}
+    n_shards = data["manifest"]["num_shards"]
+    assert n_shards == 3
+    for chunk in chunks:
+        assert chunk["chunk_idx"] == chunk_key(chunk["chunk_id"])
+        assert chunk["shard"] == chunk["chunk_idx"] % n_shards
+        assert {s for s, *_ in rows[chunk["chunk_idx"]]} == {chunk["shard"]}
     # each chunk in exactly one row of chunks.parquet, and no vector points at an unknown chunk
     ids = [c["chunk_idx"] for c in chunks]
     assert len(ids) == len(set(ids)) and set(rows) == set(ids)

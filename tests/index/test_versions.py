@@ -28,15 +28,15 @@ def test_publish_moves_current_only_after_checking(tmp_path, two_indexes):
     root = tmp_path / "root"
     info = publish_version(root, a)
     assert info["index_version"] == va and info["previous"] is None
-    r = resolve_index(root)
-    assert r.version == va and r.dir == root / VERSIONS / va and (root / CURRENT).read_text().strip() == va
+    resolved = resolve_index(root)
+    assert resolved.version == va and resolved.dir == root / VERSIONS / va and (root / CURRENT).read_text().strip() == va
     # a plain index directory resolves to itself
     assert resolve_index(a).dir == a and resolve_index(a).version == va
     # a corrupt build is refused before anything moves
     bad = tmp_path / "bad"
     shutil.copytree(b, bad)
-    f = bad / "shards" / "00001.faiss"
-    f.write_bytes(f.read_bytes()[:-64] + bytes(64))
+    path = bad / "shards" / "00001.faiss"
+    path.write_bytes(path.read_bytes()[:-64] + bytes(64))
     with pytest.raises(IndexFormatError, match="checksum"):
         publish_version(root, bad)
     assert resolve_index(root).version == va and list_versions(root) == [va]
@@ -56,11 +56,11 @@ def test_keep_prunes_old_versions_but_never_the_one_replaced(tmp_path, two_index
     shutil.copytree(a, c)
     import json
 
-    m = json.loads((c / "manifest.json").read_text())
+    manifest = json.loads((c / "manifest.json").read_text())
     from qrag_ray.index.format import IndexDescription, write_manifest
 
     (c / "extra.txt").write_text("a third version\n")
-    desc = IndexDescription.model_validate({k: v for k, v in m.items() if k in IndexDescription.model_fields})
+    desc = IndexDescription.model_validate({k: v for k, v in manifest.items() if k in IndexDescription.model_fields})
     vc = write_manifest(c, desc).index_version
     info = publish_version(root, c, keep=2)
     assert info["previous"] == vb and info["removed"] == [va]

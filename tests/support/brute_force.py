@@ -15,9 +15,9 @@ def passes(node: dict, meta: dict) -> bool:
     if node["type"] in ("and", "or"):
         got = [passes(c, meta) for c in node["filters"]]
         return all(got) if node["type"] == "and" else any(got)
-    op = node["type"]
-    if op in ("ne", "nin"):
-        return not passes({**node, "type": "eq" if op == "ne" else "in"}, meta)
+    operator = node["type"]
+    if operator in ("ne", "nin"):
+        return not passes({**node, "type": "eq" if operator == "ne" else "in"}, meta)
     v, want = meta.get(node["key"]), node["value"]
     if v is None:
         return False
@@ -25,9 +25,9 @@ def passes(node: dict, meta: dict) -> bool:
     if isinstance(vals[0], str) and "T" in vals[0] and vals[0][:4].isdigit():  # a datetime field
         when = lambda x: dt.datetime.fromisoformat(x.replace("Z", "+00:00"))  # noqa: E731
         vals = [when(x) for x in vals]
-        want = [when(w) for w in want] if op == "in" else when(want)
+        want = [when(w) for w in want] if operator == "in" else when(want)
     test = {"eq": lambda x: x == want, "in": lambda x: x in want, "gt": lambda x: x > want,
-            "gte": lambda x: x >= want, "lt": lambda x: x < want, "lte": lambda x: x <= want}[op]
+            "gte": lambda x: x >= want, "lt": lambda x: x < want, "lte": lambda x: x <= want}[operator]
     return any(test(x) for x in vals)
 
 
@@ -35,16 +35,16 @@ def dense_truth(engine, qvecs: np.ndarray, chosen: set[str]) -> list[list[tuple[
     """Per query: (chunk id, best cosine of its stored vectors) of every chunk of the `chosen` documents,
     best first (max fusion), from every vector of every shard of a SearchEngine."""
     best: list[dict[str, float]] = [{} for _ in qvecs]
-    for ls in engine.shards:
-        idx = ls.index
+    for loaded in engine.shards:
+        idx = loaded.index
         vecs = idx.index.reconstruct_n(0, idx.ntotal)
-        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist(), strict=True))
-        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist(), strict=True))
+        ids = dict(zip(loaded.chunk_idx.tolist(), loaded.chunks[0].to_pylist(), strict=True))
+        docs = dict(zip(loaded.chunk_idx.tolist(), loaded.chunks[1].to_pylist(), strict=True))
         scores = qvecs @ vecs.T
-        for row, ci in enumerate(idx.chunk_idx.tolist()):
-            if docs[ci] in chosen:
-                for qi in range(len(qvecs)):
-                    best[qi][ids[ci]] = max(best[qi].get(ids[ci], -9.0), float(scores[qi, row]))
+        for row, chunk_idx in enumerate(idx.chunk_idx.tolist()):
+            if docs[chunk_idx] in chosen:
+                for query in range(len(qvecs)):
+                    best[query][ids[chunk_idx]] = max(best[query].get(ids[chunk_idx], -9.0), float(scores[query, row]))
     return [sorted(b.items(), key=lambda t: (-t[1], t[0])) for b in best]
 
 
@@ -53,10 +53,10 @@ def bm25_truth(engine, query: str, chosen: set[str]) -> tuple[list[tuple[str, fl
     from qrag_ray.index.lexical import tokenize
 
     out, per_shard = [], []
-    for ls in engine.shards:
-        lex = ls.index.lexicon
-        ids = dict(zip(ls.chunk_idx.tolist(), ls.chunks[0].to_pylist(), strict=True))
-        docs = dict(zip(ls.chunk_idx.tolist(), ls.chunks[1].to_pylist(), strict=True))
+    for loaded in engine.shards:
+        lex = loaded.index.lexicon
+        ids = dict(zip(loaded.chunk_idx.tolist(), loaded.chunks[0].to_pylist(), strict=True))
+        docs = dict(zip(loaded.chunk_idx.tolist(), loaded.chunks[1].to_pylist(), strict=True))
         toks = tokenize([query], ids=False, stemmer=lex.stemmer)[0]
         scores = np.asarray(lex.bm25.get_scores(toks)) if toks else np.zeros(len(lex))
         mine = [(ids[ci], float(s)) for ci, s in zip(lex.chunk_idx.tolist(), scores, strict=True) if docs[ci] in chosen]

@@ -33,20 +33,20 @@ class Load:
         self.futures = [self.pool.submit(self._run) for _ in range(workers)]
 
     def _run(self):
-        with httpx.Client(base_url=self.url, timeout=self.timeout) as c:
+        with httpx.Client(base_url=self.url, timeout=self.timeout) as client:
             while not self.stop.is_set():
-                t0 = time.time()
+                started = time.time()
                 try:
-                    r = c.post("/v1/search", json=self.body, headers=self.headers)
-                    body = r.json()
-                    status = r.status_code
-                except httpx.HTTPError as e:
-                    body, status = {"error": type(e).__name__}, 0
-                self.responses.append({"status": status, "body": body, "t0": t0, "s": time.time() - t0})
+                    response = client.post("/v1/search", json=self.body, headers=self.headers)
+                    body = response.json()
+                    status = response.status_code
+                except httpx.HTTPError as error:
+                    body, status = {"error": type(error).__name__}, 0
+                self.responses.append({"status": status, "body": body, "t0": started, "s": time.time() - started})
 
     def finish(self) -> list[dict]:
         self.stop.set()
-        for f in self.futures:
-            f.result()
+        for future in self.futures:
+            future.result()
         self.pool.shutdown()
         return self.responses

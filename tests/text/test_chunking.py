@@ -18,8 +18,8 @@ def text(corpus_records):
     return next(r["text"] for r in corpus_records() if r["id"] == "for")
 
 
-def toks(s: str) -> list[str]:
-    return s.split()
+def toks(text: str) -> list[str]:
+    return text.split()
 
 
 def test_token_windows_size_and_overlap(text):
@@ -75,8 +75,8 @@ def test_paragraphs_follow_blank_lines(text):
 
 def test_long_paragraph_is_windowed(text):
     longest = max(paragraphs(text), key=lambda p: len(toks(p)))
-    n = len(toks(longest))
-    assert n > 40
+    count = len(toks(longest))
+    assert count > 40
     out = paragraphs(longest, max_tokens=20, overlap=5)
     assert len(out) > 1 and all(len(toks(p)) <= 20 for p in out)
     assert toks(out[0])[-5:] == toks(out[1])[:5]
