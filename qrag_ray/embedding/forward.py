@@ -107,7 +107,8 @@ class Forward:
         import torch
 
         lens = np.asarray(lens, np.int32)
-        done, parts = [], []
+        done = []
+        parts = []
         for rows, pass_tokens, pass_lens in self.passes(ids, lens):
             done.append(rows)
             parts.append(self.embed(self.to_device(pass_tokens), self.to_device(pass_lens))[:len(rows)])

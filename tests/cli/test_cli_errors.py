@@ -2,8 +2,9 @@
 
 Each case runs the real CLI in a fresh process (`python -m qrag_ray.cli`, this tree first on the path)
 and checks the WHOLE stderr: one line starting with "error: ", naming the problem; no traceback, no
-Ray log line, no progress line (after the build's resource plan where the build got as far as starting). In-process calls (tests/cli/test_cli_index.py) cannot see what Ray's C++
-core worker or Ray Data's loggers write to the process's stderr; these can.
+Ray log line, no progress line (after the build's resource plan where the build got as far as starting).
+In-process calls (tests/cli/test_cli_index.py) cannot see what Ray's C++ core worker or Ray Data's loggers
+write to the process's stderr; these can.
 
 Most cases fail before Ray starts (about a second each). The two marked slow start Ray (15-30 s
 each): a malformed record found inside a Ray Data task, and a duplicate id found after Ray read the
@@ -67,7 +68,8 @@ def inputs(tmp_path_factory, pydoc_jsonl) -> Path:
     """A folder of good and bad inputs, written once."""
     folder = tmp_path_factory.mktemp("bad-inputs")
     shutil.copy(pydoc_jsonl, folder / "good.jsonl")
-    (folder / "malformed.jsonl").write_text('{"id": "a", "text": "fine"}\n{"id": "b", "text": "fine"}\n{"id": "c", "text": \n')
+    (folder / "malformed.jsonl").write_text('{"id": "a", "text": "fine"}\n{"id": "b", "text": "fine"}\n{"id": "c", '
+                                            '"text": \n')
     (folder / "notext.jsonl").write_text('{"id": "a", "body": "x"}\n')
     (folder / "noid.jsonl").write_text('{"text": "x"}\n')
     (folder / "array.jsonl").write_text('[1, 2]\n')
@@ -93,7 +95,8 @@ def inputs(tmp_path_factory, pydoc_jsonl) -> Path:
     (folder / "future-index" / "manifest.json").write_text(json.dumps({"format_version": 99}))
     (folder / "tenants-notyaml.yaml").write_text("tenants: [unclosed\n")
     (folder / "tenants-extra.yaml").write_text("tenants:\n  - name: a\n    index: /x\n    colour: red\n")
-    (folder / "tenants-badname.yaml").write_text("tenants:\n  - name: 'a b!'\n    index: /x\n    key_sha256: " + "0" * 64 + "\n")
+    (folder / "tenants-badname.yaml").write_text("tenants:\n  - name: 'a b!'\n    index: /x\n    key_sha256: "
+                                                 + "0" * 64 + "\n")
     (folder / "serve-notyaml.yaml").write_text("applications: [unclosed\n")
     (folder / "serve-schema.yaml").write_text("applications:\n  - name: qrag\n    import_path: 5\n    bogus: 1\n")
     return folder
@@ -125,7 +128,8 @@ CASES = [
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--bm25-alpha", "2"], ["bm25_alpha"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--prune-tau", "5"], ["prune_tau"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--embedder", "bert-huge"], ["unknown embedder 'bert-huge'"]),
-    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--embedder", "{d}/not-a-model"], ["no sentence-transformers model"]),
+    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--embedder", "{d}/not-a-model"],
+     ["no sentence-transformers model"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-r", "hype", "-g", "vllm", "--model", "llama-9000"],
      ["unknown LLM 'llama-9000'"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-r", "hype", "-g", "vllm", "--model", "{d}/not-a-model"],
@@ -133,8 +137,10 @@ CASES = [
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/someone-elses", "--overwrite"], ["holds no qrag index"]),
     # qrag index: config files
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/nope.yaml"], ["config file not found"]),
-    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/notyaml.yaml"], ["notyaml.yaml is not valid YAML (line 2"]),
-    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/unknown-key.yaml"], ["chunker.sise", "Extra inputs"]),
+    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/notyaml.yaml"],
+     ["notyaml.yaml is not valid YAML (line 2"]),
+    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/unknown-key.yaml"],
+     ["chunker.sise", "Extra inputs"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/list.yaml"], ["mapping at the top level"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/bad-value.yaml"], ["chunker.size"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/old-place.yaml"],

@@ -117,7 +117,8 @@ def test_jobs_api_refuses_a_submission_without_the_token(head, token_file):
 
 
 def test_jobs_api_runs_a_submission_with_the_token(head, token_file):
-    status, logs = _run_job(head, token_file.read_text(), {"entrypoint": "python -c \"print('authenticated job ran')\""},
+    status, logs = _run_job(head, token_file.read_text(),
+                            {"entrypoint": "python -c \"print('authenticated job ran')\""},
                             timeout=120)
     assert status == "SUCCEEDED", status
     assert "authenticated job ran" in logs

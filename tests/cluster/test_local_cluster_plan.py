@@ -18,8 +18,9 @@ DEFAULT_RAY_PORTS = {6379, 8265, 10001, 8000, 8076, 8077, 52365, 44217}
 
 
 def _state(base=27000, workers=2):
-    return local_cluster.ClusterState(name="t", dir="/tmp/qrag-lc-t", base_port=base, address=f"{local_cluster.HOST}:{base}",
-                                      dashboard_url="", client_port=base + 1, nodes=local_cluster.plan_nodes(base, workers, 2, 0))
+    return local_cluster.ClusterState(name="t", dir="/tmp/qrag-lc-t", base_port=base,
+                                      address=f"{local_cluster.HOST}:{base}", dashboard_url="", client_port=base + 1,
+                                      nodes=local_cluster.plan_nodes(base, workers, 2, 0))
 
 
 def test_ports_are_distinct_and_avoid_ray_defaults():
@@ -77,7 +78,8 @@ def test_cluster_pids_finds_nothing_for_an_unknown_dir(tmp_path):
 def test_a_ray_start_that_hangs_is_torn_down_and_tried_again(tmp_path, monkeypatch, capsys):
     """A `ray start` past its timeout (a loaded box) is a failed attempt: torn down, retried, then one
     error naming the log; never a TimeoutExpired out of `up`."""
-    starts, kills = [], []
+    starts = []
+    kills = []
 
     def hung(cmd, **options):
         starts.append(cmd)

@@ -57,7 +57,8 @@ def test_overlay_yaml_parses_and_has_the_resources(overlay, rendered):
         assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"]
     assert _one(docs, "RayJob")["apiVersion"] == "ray.io/v1"
     assert _one(docs, "RayService")["apiVersion"] == "ray.io/v1"
-    assert {d["spec"]["selector"]["matchLabels"]["ray.io/node-type"] for d in docs if d["kind"] == "PodMonitor"} == {"head", "worker"}
+    assert {d["spec"]["selector"]["matchLabels"]["ray.io/node-type"] for d in docs
+            if d["kind"] == "PodMonitor"} == {"head", "worker"}
     assert not [d for d in docs if d["kind"] == "ServiceMonitor"]
     job = _one(docs, "RayJob")["spec"]
     assert job["shutdownAfterJobFinishes"] is True and isinstance(job["ttlSecondsAfterFinished"], int)
@@ -86,7 +87,8 @@ def test_serve_config_v2_is_the_canonical_serve_config(rendered, canonical):
 
 def test_embed_serve_config_roundtrip_keeps_the_rest_of_the_file(tmp_path):
     rayservice = tmp_path / "rayservice.yaml"
-    rayservice.write_text("# head comment\nkind: RayService\nspec:\n  serveConfigV2: |\n    old: 1\n  rayClusterConfig:\n    x: 1\n")
+    rayservice.write_text("# head comment\nkind: RayService\nspec:\n  serveConfigV2: |\n    old: 1\n  "
+                          "rayClusterConfig:\n    x: 1\n")
     serve_config = tmp_path / "serve.yaml"
     serve_config.write_text("# c\napplications:\n  - name: a\n    import_path: m:f\n")
     assert serve.sync_serve_config(rayservice, serve_config) is True
@@ -252,7 +254,8 @@ def test_planted_cluster_too_small_for_the_app(rendered):
     doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] = 2
     doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] = 1
     doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["minReplicas"] = 1
-    doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
+    worker = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    worker["resources"]["limits"]["cpu"] = "2"
     probs = kuberay.check_rayservice(doc, require_gpu=False, canonical=None)
     assert any("CPUs at min_replicas" in p for p in probs), probs
 
@@ -264,7 +267,8 @@ def test_planted_cluster_too_small_for_the_app(rendered):
     ("qrag indexx --input a --output b", "not a qrag subcommand"),
     ("python build.py", "must run `qrag <subcommand>`"),
     ("qrag index --input /tmp/c.jsonl --output /mnt/qrag/i", "not on a shared volume"),
-    ("qrag index --input /mnt/qrag/c.jsonl --output /mnt/qrag/i --config /etc/other/x.yaml", "not in a ConfigMap volume"),
+    ("qrag index --input /mnt/qrag/c.jsonl --output /mnt/qrag/i --config /etc/other/x.yaml",
+     "not in a ConfigMap volume"),
 ])
 def test_planted_bad_entrypoint_fails(rendered, entrypoint, expect):
     docs = copy.deepcopy(rendered["gpu-prod"])
@@ -310,7 +314,8 @@ def test_planted_servicemonitor_and_port_mismatch_fail(rendered):
     assert any("not a ServiceMonitor" in p for p in probs)
     assert any("no PodMonitor selects Ray head pods" in p for p in probs)
     docs = copy.deepcopy(rendered["gpu-prod"])
-    _one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["metrics-export-port"] = "9090"
+    head = _one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]
+    head["rayStartParams"]["metrics-export-port"] = "9090"
     assert any("metrics-export-port" in p for p in monitoring.check_podmonitors(docs))
 
 

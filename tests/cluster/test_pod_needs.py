@@ -97,7 +97,8 @@ def test_shipped_gpu_groups_are_scheduled_by_the_gpu_request_alone(rendered):
                                                     "values": ["NVIDIA-L4"]}]}]}}}),
      "pinned to one kind of accelerator by nvidia.com/gpu.product"),
     (lambda t: t["spec"].pop("tolerations"), "no toleration of the nvidia.com/gpu taint"),
-    (lambda t: t["spec"]["containers"][0]["resources"]["requests"].pop("nvidia.com/gpu"), "requests must equal its limits"),
+    (lambda t: t["spec"]["containers"][0]["resources"]["requests"].pop("nvidia.com/gpu"),
+     "requests must equal its limits"),
 ], ids=["gke-pin", "affinity-pin", "no-toleration", "no-gpu-request"])
 def test_planted_gpu_scheduling_errors_fail(rendered, plant, expect):
     for doc in _ray_docs(copy.deepcopy(rendered["gpu-prod"])):

@@ -27,7 +27,8 @@ def _job_config(rehearsal: rehearse.Rehearsal):
     """The index config the job's `qrag index` builds: the ConfigMap file as the head sees it plus the
     entrypoint's flags (as tools/validate_deploy checks them)."""
     params = rehearsal.params
-    return build_index_config(params["config"], input=params.get("input"), format=params.get("format"), shards=params.get("shards"),
+    return build_index_config(params["config"], input=params.get("input"), format=params.get("format"),
+                              shards=params.get("shards"),
                               representation=params.get("representation"),
                               **{"build.output": params.get("output"), "build.address": params.get("address")})
 

@@ -48,7 +48,8 @@ def test_gpu_prod_gpu_group_starts_with_one_pod_unless_told(plans):
 
 
 def test_rayjob_resources_follow_kuberay():
-    tpl = {"spec": {"containers": [{"resources": {"limits": {"cpu": "1500m", "memory": "2Gi", "nvidia.com/gpu": "2"}}}]}}
+    limits = {"cpu": "1500m", "memory": "2Gi", "nvidia.com/gpu": "2"}
+    tpl = {"spec": {"containers": [{"resources": {"limits": limits}}]}}
     docs = [{"kind": "RayJob", "metadata": {"name": "qrag-index"},
              "spec": {"entrypoint": "qrag  index\n --input x", "rayClusterSpec": {
                  "headGroupSpec": {"rayStartParams": {"num-cpus": "0"}, "template": tpl},
@@ -79,7 +80,8 @@ def test_map_text_rewrites_whole_paths_once():
 
 def test_settings_change_the_index_config():
     text = "generator:\n  backend: vllm\n  questions: 10\nfaiss: {factory: IVF4096}\n"
-    out = rehearse.apply_settings(text, {"generator.questions": "3", "faiss.factory": "Flat", "build.keep_work": "true"})
+    out = rehearse.apply_settings(text, {"generator.questions": "3", "faiss.factory": "Flat",
+                                         "build.keep_work": "true"})
     import yaml
 
     assert yaml.safe_load(out) == {"generator": {"backend": "vllm", "questions": 3}, "faiss": {"factory": "Flat"},
@@ -110,14 +112,17 @@ def test_prepare_lays_out_the_pods_and_the_submission(tmp_path):
     assert head.env["XDG_CACHE_HOME"] == str(tmp_path / "pods" / "head" / "volumes" / "tmp" / ".cache")
     assert (tmp_path / "configMap" / "qrag-index-config" / "index.yaml").is_file()
     assert Path(rehearsal.params["input"]).is_file() and rehearsal.params["address"] == "auto"
-    assert rehearsal.runtime_env["env_vars"]["QRAG_KERNELS"] == "cpu" and rehearsal.runtime_env["env_vars"]["HF_HUB_OFFLINE"] == "1"
-    rehearsal.state = local_cluster.ClusterState("x", str(tmp_path), 27000, "127.0.0.1:27000", "http://127.0.0.1:27002", 27001)
+    env_vars = rehearsal.runtime_env["env_vars"]
+    assert env_vars["QRAG_KERNELS"] == "cpu" and env_vars["HF_HUB_OFFLINE"] == "1"
+    rehearsal.state = local_cluster.ClusterState("x", str(tmp_path), 27000, "127.0.0.1:27000", "http://127.0.0.1:27002",
+                                                 27001)
     cmd = rehearse.submit_command(rehearsal)
     # KubeRay's K8sJobMode submitter: ray job submit --address --runtime-env-json --submission-id -- entrypoint
     assert cmd[1:5] == ["job", "submit", "--address", "http://127.0.0.1:27002"]
     assert json.loads(cmd[cmd.index("--runtime-env-json") + 1]) == rehearsal.runtime_env
     # the submitter's shell splits the entrypoint into words (one word would be a program named by all of it)
-    assert cmd[cmd.index("--") + 1:] == shlex.split(rehearsal.entrypoint) and cmd[cmd.index("--") + 1:][:2] == ["qrag", "index"]
+    entrypoint = cmd[cmd.index("--") + 1:]
+    assert entrypoint == shlex.split(rehearsal.entrypoint) and entrypoint[:2] == ["qrag", "index"]
     assert str(tmp_path) in rehearsal.entrypoint and "/mnt/qrag" not in rehearsal.entrypoint
 
 
@@ -131,8 +136,10 @@ def test_read_only_folders_are_a_mount_namespace_for_root_and_file_modes_otherwi
 
 
 def test_a_node_shape_reaches_ray_start():
-    shapes = [local_cluster.NodeShape("head", 0, memory=8 * GiB), local_cluster.NodeShape("gpu-workers-0", 8, num_gpus=1, memory=32 * GiB)]
-    state = local_cluster.ClusterState("t", "/tmp/qrag-lc-t", 27000, "127.0.0.1:27000", "", 27001, local_cluster.plan_nodes(27000, 0, 0, 0, shapes))
+    shapes = [local_cluster.NodeShape("head", 0, memory=8 * GiB),
+              local_cluster.NodeShape("gpu-workers-0", 8, num_gpus=1, memory=32 * GiB)]
+    state = local_cluster.ClusterState("t", "/tmp/qrag-lc-t", 27000, "127.0.0.1:27000", "", 27001,
+                                       local_cluster.plan_nodes(27000, 0, 0, 0, shapes))
     gpu = local_cluster.ray_start_command(state, state.nodes[1], 300)
     assert gpu[gpu.index("--num-gpus") + 1] == "1" and gpu[gpu.index("--memory") + 1] == str(32 * GiB)
     assert json.loads(gpu[gpu.index("--resources") + 1]) == {"gpu-workers-0": 1.0}

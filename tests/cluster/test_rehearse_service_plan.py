@@ -72,8 +72,9 @@ def test_pod_network_plan_avoids_this_machines_networks(monkeypatch):
 def test_a_node_in_a_pod_network_starts_there_on_its_address():
     shapes = [local_cluster.NodeShape("head", 0, ip="10.231.7.10", netns=["ip", "netns", "exec", "qrn007-0"]),
               local_cluster.NodeShape("w", 2, ip="10.231.7.11", netns=["ip", "netns", "exec", "qrn007-1"])]
+    nodes = local_cluster.plan_nodes(27000, 0, 0, 0, shapes)
     state = local_cluster.ClusterState(name="t", dir="/tmp/qrag-lc-t", base_port=27000, address="10.231.7.10:27000",
-                                       dashboard_url="", client_port=27001, nodes=local_cluster.plan_nodes(27000, 0, 0, 0, shapes))
+                                       dashboard_url="", client_port=27001, nodes=nodes)
     head, worker = (local_cluster.ray_start_command(state, n, 300) for n in state.nodes)
     assert head[:4] == ["ip", "netns", "exec", "qrn007-0"] and worker[3] == "qrn007-1"
     assert head[head.index("--node-ip-address") + 1] == "10.231.7.10"

@@ -34,7 +34,8 @@ def _dump(**data) -> dict:
 
 # ------------------------------------------------------------------------------------------ identity
 @pytest.mark.parametrize("override", [
-    {"build": {"output": "/elsewhere", "overwrite": True, "address": "ray://head:10001", "num_cpus": 8, "cache_dir": "/c"}},
+    {"build": {"output": "/elsewhere", "overwrite": True, "address": "ray://head:10001", "num_cpus": 8,
+               "cache_dir": "/c"}},
     {"build": {"rows_per_part": 128, "keep_work": True, "work_dir": "/w"}},
     {"build": {"embedder": {"batch_size": 512, "actors": 4, "threads": 1, "num_gpus": 1, "backend": "torch"}}},
     {"generator": {"batch_size": 64, "concurrency": 4, "num_gpus": 1, "engine_kwargs": {"max_num_seqs": 8},
@@ -43,10 +44,11 @@ def _dump(**data) -> dict:
 ])
 def test_run_options_and_the_search_policy_leave_the_identity(override):
     base = {"representation": "atom-sentence", "bm25": {"enabled": True}}
-    a, b = _dump(**base), _dump(**deep_update(base, override))
-    assert a != b
-    assert index_identity(a) == index_identity(b)
-    assert work_key(a) == work_key(b)
+    plain = _dump(**base)
+    changed = _dump(**deep_update(base, override))
+    assert plain != changed
+    assert index_identity(plain) == index_identity(changed)
+    assert work_key(plain) == work_key(changed)
 
 
 @pytest.mark.parametrize("override", [
@@ -61,9 +63,10 @@ def test_what_decides_the_vectors_is_the_identity(override):
 
 
 def test_the_documents_are_in_the_content_but_not_in_the_checkpoints_key():
-    a, b = _dump(input="/data/a.jsonl"), _dump(input="/data/b.jsonl")
-    assert index_identity(a) != index_identity(b)
-    assert work_key(a) == work_key(b) and "input" not in work_key(a)
+    first = _dump(input="/data/a.jsonl")
+    second = _dump(input="/data/b.jsonl")
+    assert index_identity(first) != index_identity(second)
+    assert work_key(first) == work_key(second) and "input" not in work_key(first)
 
 
 def test_a_preset_counts_by_the_kinds_it_makes():
@@ -75,14 +78,16 @@ def test_a_preset_counts_by_the_kinds_it_makes():
 # ------------------------------------------------------------------------------------ moved settings
 @pytest.mark.parametrize("text,new", [
     ("index: {factory: HNSW32}\n", "faiss"), ("output: /o\n", "build.output"),
-    ("cache_dir: /c\n", "build.cache_dir"), ("embedder: {model: all-MiniLM-L6-v2, batch_size: 8}\n", "build.embedder.batch_size"),
+    ("cache_dir: /c\n", "build.cache_dir"), ("embedder: {model: all-MiniLM-L6-v2, batch_size: 8}\n",
+                                             "build.embedder.batch_size"),
 ])
 def test_a_setting_at_its_old_place_is_an_error_naming_the_new_one(text, new, tmp_path):
-    (f := tmp_path / "c.yaml").write_text(text)
+    (config_file := tmp_path / "c.yaml").write_text(text)
     with pytest.raises(QragError, match=f" is now {re.escape(new)} ") as raised:
-        build_index_config(f)
+        build_index_config(config_file)
     assert "\n" not in str(raised.value)
-    with pytest.raises(QragError, match=f"^where: invalid configuration: .*{re.escape(new)}"):  # eval variants, the matrix, the suite
+    # eval variants, the matrix, the suite
+    with pytest.raises(QragError, match=f"^where: invalid configuration: .*{re.escape(new)}"):
         index_config(yaml.safe_load(text), "where: ")
 
 

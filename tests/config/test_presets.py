@@ -19,7 +19,8 @@ def test_every_preset_is_a_representation_with_its_own_defaults():
     assert preset.id == "atom-hybrid@2" and preset.needs_llm and preset.calibrated_for == MINILM
     assert cfg.search.fusion == "sum" and cfg.search.kind_bias == preset.search["kind_bias"]
     default = index_config({})  # no --representation: the shipped default
-    assert default.representation == "default" and default.title_prefix and default.bm25.enabled and default.search.bm25_alpha == 0.67
+    assert default.representation == "default" and default.title_prefix
+    assert default.bm25.enabled and default.search.bm25_alpha == 0.67
     assert representation_plan(default) == (["chunk", "sentence", "window"], None) and PRESETS["default"].version == 2
     lean = index_config({"representation": "chunk-bm25"})  # default@1: one vector per chunk
     assert representation_plan(lean) == (["chunk"], None) and lean.title_prefix and lean.search.bm25_alpha == 0.67
@@ -78,5 +79,6 @@ def test_default_and_sentence_window_bm25_are_the_suites_csw_bm25():
     assert cfg.bm25.enabled and cfg.search.bm25_alpha == 0.67
     assert cfg.search.kind_weights == {"chunk": 0.5} and not cfg.title_prefix
     default = PRESETS["default"]
-    assert (default.kinds, default.search, default.bm25, default.title_prefix) == (preset.kinds, preset.search, preset.bm25, True)
+    assert (default.kinds, default.search, default.bm25) == (preset.kinds, preset.search, preset.bm25)
+    assert default.title_prefix
     assert suite["configs"]["default"] == {"representation": "default"}

@@ -113,7 +113,8 @@ def test_forward_passes_are_the_same_from_padded_ragged_or_equal_length_ids(side
     padded, lens = token_ids(tok, texts, limit)
     seqs = [(row[:n] if side == "right" else row[limit - n:]).tolist() for row, n in zip(padded, lens, strict=True)]
     left = side == "left"
-    from_padded, from_ragged = pass_ids(padded, lens, left, 0), pass_ids(ragged(seqs), lens, left, 0)
+    from_padded = pass_ids(padded, lens, left, 0)
+    from_ragged = pass_ids(ragged(seqs), lens, left, 0)
     for rows, length in [(np.arange(len(texts)), 256), (np.flatnonzero(lens <= 16), 16), (np.array([3, 3, 0]), 64)]:
         assert np.array_equal(from_padded(rows, length), from_ragged(rows, length))
     same = np.flatnonzero(lens == lens[3])
@@ -173,7 +174,8 @@ def _pad_reference(model, texts: list[str], micro_batch: int, tokens: int = 512,
 
 def _texts() -> list[str]:
     rng = np.random.default_rng(3)
-    words = ["the", "loop", "break", "value", "list", "index", "shard", "vector", "river", "music", "field", "python", "else", "clause"]
+    words = ["the", "loop", "break", "value", "list", "index", "shard", "vector", "river", "music", "field", "python",
+             "else", "clause"]
     return TEXTS + [" ".join(rng.choice(words, int(rng.integers(1, 90)))) for _ in range(60)]
 
 

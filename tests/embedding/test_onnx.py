@@ -27,14 +27,17 @@ def torch_minilm():
 def test_auto_runs_minilm_on_onnx_with_torchs_vectors(minilm, torch_minilm):
     assert backend_of(minilm) == "onnx" and backend_of(torch_minilm) == "torch"
     for encoder in (encode, encode_canonical):
-        a, b = encoder(torch_minilm, TEXTS), encoder(minilm, TEXTS)
-        assert a.shape == b.shape == (len(TEXTS), 384) and a.dtype == b.dtype == np.float32
-        assert np.abs(a - b).max() < 1e-5
-        assert np.allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+        torch_vecs = encoder(torch_minilm, TEXTS)
+        onnx_vecs = encoder(minilm, TEXTS)
+        assert torch_vecs.shape == onnx_vecs.shape == (len(TEXTS),
+                                                       384) and torch_vecs.dtype == onnx_vecs.dtype == np.float32
+        assert np.abs(torch_vecs - onnx_vecs).max() < 1e-5
+        assert np.allclose(np.linalg.norm(onnx_vecs, axis=1), 1.0, atol=1e-5)
     # the rank of a query's nearest text is the backend's business no more
-    q_t, q_o = encode(torch_minilm, ["how long do fleas live"]), encode(minilm, ["how long do fleas live"])
+    torch_query = encode(torch_minilm, ["how long do fleas live"])
+    onnx_query = encode(minilm, ["how long do fleas live"])
     docs = encode(torch_minilm, TEXTS)
-    assert int(np.argmax(docs @ q_t[0])) == int(np.argmax(docs @ q_o[0])) == 2
+    assert int(np.argmax(docs @ torch_query[0])) == int(np.argmax(docs @ onnx_query[0])) == 2
 
 
 def test_graph_is_exported_once_per_model(tmp_path, monkeypatch):
@@ -54,12 +57,12 @@ def test_graph_is_exported_once_per_model(tmp_path, monkeypatch):
 
 
 def test_onnx_where_it_cannot_run_is_a_clear_error(monkeypatch):
-    import qrag_ray.embedding.onnx as ob
+    import qrag_ray.embedding.onnx as onnx_backend
 
     def no_runtime(*args, **kwargs):
-        raise ob.OnnxUnavailable("onnxruntime is not installed (test)")
+        raise onnx_backend.OnnxUnavailable("onnxruntime is not installed (test)")
 
-    monkeypatch.setattr(ob, "use_onnx", no_runtime)
+    monkeypatch.setattr(onnx_backend, "use_onnx", no_runtime)
     with pytest.raises(QragError, match="embedder backend onnx: onnxruntime is not installed"):
         load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="onnx")
     model = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="auto")  # auto falls back

@@ -28,7 +28,8 @@ def eval_folder(tmp_path_factory) -> Path:
         for topic in TOPICS:
             # precomputed questions: one of them is verbatim a test query (leakage)
             questions = [QUERIES["q-for"][0]] if topic == "for" else [f"What is the {topic} statement?"]
-            file.write(json.dumps({"id": topic, "title": topic, "text": unwrap(topics[topic])[:1500], "questions": questions}) + "\n")
+            file.write(json.dumps({"id": topic, "title": topic, "text": unwrap(topics[topic])[:1500],
+                                   "questions": questions}) + "\n")
     with (root / "queries.jsonl").open("w") as file:
         for qid, (text, _) in QUERIES.items():
             file.write(json.dumps({"id": qid, "text": text}) + "\n")
@@ -150,7 +151,8 @@ def test_an_index_built_before_a_config_section_existed_is_reused_unless_the_sec
     del old["bm25"]
     write_manifest(folder, old, ["sentence"])
     assert find_reusable(tmp_path / "indexes", folder, cfg) == folder
-    assert find_reusable(tmp_path / "indexes", folder, index_config({"representation": "atom-sentence", "bm25": {"enabled": True}})) is None
+    assert find_reusable(tmp_path / "indexes", folder,
+                         index_config({"representation": "atom-sentence", "bm25": {"enabled": True}})) is None
     # a recorded config this release rejects is not reusable (and not an error)
     write_manifest(folder, old | {"retired_field": 1}, ["sentence"])
     assert find_reusable(tmp_path / "indexes", folder, cfg) is None

@@ -185,7 +185,8 @@ def test_write_report(tmp_path):
     markdown = paths["md"].read_text()
     for rep in results:
         assert f"`{rep}`" in markdown
-    assert "| **70.1** |" in markdown and "| 62.5 |" in markdown and "4.84" in markdown  # best bolded; 10000/2067 vectors/chunk
+    # the best bolded; 10000/2067 vectors per chunk
+    assert "| **70.1** |" in markdown and "| 62.5 |" in markdown and "4.84" in markdown
     assert "21.5" in markdown and "60.0" in markdown  # build seconds: sum of stages, or total
     assert markdown.startswith("# qrag eval: squad (2067 docs, 10570 queries)\n") and "- **queries**: 10570" in markdown
     doc = json.loads(paths["json"].read_text())

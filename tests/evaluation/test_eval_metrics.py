@@ -88,7 +88,8 @@ def test_evaluate_keys_and_values():
 def _random_case(seed: int):
     rng = random.Random(seed)
     docs = [f"d{i}" for i in range(60)]
-    qrels, run = {}, {}
+    qrels = {}
+    run = {}
     for number in range(80):
         qid = f"q{number}"
         n_rel = rng.choice([1, 1, 1, 2, 3, 5])

@@ -44,7 +44,8 @@ def test_load_resolves_paths_and_slices(tmp_path):
     suite = load_suite(_write(tmp_path))
     assert [d.name for d in suite.datasets] == ["a", "b"] and suite.datasets[1].data == str(tmp_path / "bdir")
     assert list(suite.configs) == ["chunk", "bm25", "mix"]
-    assert suite.datasets[1].sliced(suite.slices["ci"]).subset == 10 and suite.datasets[0].sliced(suite.slices["ci"]) is None
+    assert suite.datasets[1].sliced(suite.slices["ci"]).subset == 10
+    assert suite.datasets[0].sliced(suite.slices["ci"]) is None
 
 
 @pytest.mark.parametrize("edit, msg", [
@@ -145,7 +146,8 @@ def test_the_table_reports_what_each_index_costs(tmp_path):
     rep = run_suite(suite, tmp_path / "out", "ci", runner=lambda *a: {
         "chunk": cell(0.5, vectors_per_chunk=1.0, build_seconds=10.0),
         "mix": cell(0.6, vectors_per_chunk=7.5, build_seconds=41.0)})
-    assert rep.cost == {"chunk": {"vectors/chunk": 1.0, "build s": 10.0}, "mix": {"vectors/chunk": 7.5, "build s": 41.0}}
+    assert rep.cost == {"chunk": {"vectors/chunk": 1.0, "build s": 10.0},
+                        "mix": {"vectors/chunk": 7.5, "build s": 41.0}}
     assert "| nDCG@10 | b | mean | vectors/chunk | build s |" in rep.markdown
     assert "| mix | **60.0** | **60.0** | 7.5 | 41 |" in rep.markdown
     # a resumed run reads the costs back from suite.json
@@ -254,4 +256,5 @@ def test_resume_reads_the_eval_reports_an_earlier_release_wrote(tmp_path):
 
     rep = run_suite(loaded, tmp_path / "o", "ci", runner=runner, resume=True)
     assert calls == [("mix",)]
-    assert rep.table["chunk"]["b"] == pytest.approx(52.0) and rep.cost["chunk"] == {"vectors/chunk": 1.0, "build s": 2.0}
+    assert rep.table["chunk"]["b"] == pytest.approx(52.0)
+    assert rep.cost["chunk"] == {"vectors/chunk": 1.0, "build s": 2.0}

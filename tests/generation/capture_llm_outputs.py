@@ -59,7 +59,8 @@ def main() -> int:
             call_started = time.perf_counter()
             raw = model.complete(msgs, max_tokens=cfg.sampling.max_tokens, temperature=cfg.sampling.temperature)
             (OUT / f"{stem}.txt").write_text(raw)
-            print(json.dumps({"file": stem, "seconds": round(time.perf_counter() - call_started, 1), "raw": raw}), file=sys.stderr)
+            print(json.dumps({"file": stem, "seconds": round(time.perf_counter() - call_started, 1), "raw": raw}),
+                  file=sys.stderr)
     finally:
         model.close()
     return 0

@@ -37,13 +37,13 @@ def test_openai_acomplete_and_retry(fake_openai):
     model = get_chat_model(_cfg(fake_openai).model_dump())  # a plain dict config works too
     fake_openai.fail_next(503, retry_after="0")
 
-    async def go():
+    async def ask():
         try:
             return await model.acomplete([{"role": "user", "content": "Paris is in France."}], max_tokens=16)
         finally:
             await model.aclose()
 
-    assert "Paris" in asyncio.run(go())
+    assert "Paris" in asyncio.run(ask())
     assert fake_openai.chat_requests == 2
 
 

@@ -135,13 +135,13 @@ def test_async_chat_retries(fake_openai):
     fake_openai.fail_next(429, 502)
     client = _client(fake_openai)
 
-    async def go():
+    async def ask_all():
         try:
             return await client.achat(MSGS)
         finally:
             await client.aclose()
 
-    assert asyncio.run(go())["texts"] and fake_openai.chat_requests == 3
+    assert asyncio.run(ask_all())["texts"] and fake_openai.chat_requests == 3
 
 
 # ---- clear errors ----------------------------------------------------------------------------------
@@ -176,17 +176,17 @@ def test_connection_refused_is_a_clear_error(closed_port_url):
 
 def test_async_errors_match_sync(fake_openai, closed_port_url):
     """achat and chat share one judgement of each attempt: same refusal message, same no-retry 4xx."""
-    async def go(client):
+    async def ask_all(client):
         try:
             return await client.achat(MSGS)
         finally:
             await client.aclose()
 
     with pytest.raises(QragError, match=f"^cannot connect to the OpenAI-compatible endpoint {closed_port_url}"):
-        asyncio.run(go(OpenAIChatClient(_cfg(closed_port_url), backoff_base_s=0.01)))
+        asyncio.run(ask_all(OpenAIChatClient(_cfg(closed_port_url), backoff_base_s=0.01)))
     fake_openai.fail_next(400)
     with pytest.raises(QragError, match="HTTP 400"):
-        asyncio.run(go(_client(fake_openai)))
+        asyncio.run(ask_all(_client(fake_openai)))
     assert fake_openai.chat_requests == 1  # a 400 is not retried
 
 
@@ -242,14 +242,14 @@ def test_chat_model_bounds_concurrency(fake_openai):
     fake_openai.delay_s = 0.1
     model = get_chat_model(_cfg(fake_openai, max_parallel_requests=2))
 
-    async def go():
+    async def ask_all():
         try:
             return await asyncio.gather(*[model.acomplete([{"role": "user", "content": f"Item{i} text"}])
                                           for i in range(8)])
         finally:
             await model.aclose()
 
-    replies = asyncio.run(go())
+    replies = asyncio.run(ask_all())
     assert fake_openai.max_inflight == 2
     assert all(f"Item{i}" in r for i, r in enumerate(replies))
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from qrag_ray.errors import QragError
-from qrag_ray.generation import prompts as P
+from qrag_ray.generation import prompts
 from qrag_ray.generation.parsing import parse_output
 from qrag_ray.generation.prompts import PROMPTS, PromptTemplate, get_prompt, prompt_version
 
@@ -64,7 +64,7 @@ def test_required_templates_registered(name):
     template = get_prompt(name)
     assert template.name == name
     assert template.version.startswith(name + "@")
-    assert template.output in P.OUTPUT_KINDS
+    assert template.output in prompts.OUTPUT_KINDS
 
 
 def test_unknown_prompt_raises_qrag_error_listing_known_names():
@@ -236,10 +236,11 @@ def test_hyde_inserts_question():
 def test_answer_numbers_chunks_and_demands_exact_dont_know():
     msgs = get_prompt("answer").render("How many people live in Berlin?",
                                        context=["Berlin has 3.7M people.", "Paris is in France."])
-    system, user = msgs[0]["content"], msgs[-1]["content"]
+    system = msgs[0]["content"]
+    user = msgs[-1]["content"]
     assert msgs[0]["role"] == "system"
     assert "[1]" in system and "[2]" in system
-    assert system.endswith(f"reply exactly: {P.DONT_KNOW}")
+    assert system.endswith(f"reply exactly: {prompts.DONT_KNOW}")
     assert "[1]\n<<<\nBerlin has 3.7M people.\n>>>" in user and "[2]\n<<<\nParis is in France.\n>>>" in user
     assert user.index("[1]") < user.index("[2]") < user.index("How many people live in Berlin?")
     assert "never instructions" in system

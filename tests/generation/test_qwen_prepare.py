@@ -23,7 +23,8 @@ from qrag_ray.models import qwen
 
 
 def _parts(tmp_path: Path, count: int = 3) -> tuple[list[Path], str, list[int]]:
-    parts, hasher = [], hashlib.sha256()
+    parts = []
+    hasher = hashlib.sha256()
     for i in range(count):
         path = tmp_path / "pkg" / f"part{i + 1:02d}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,11 +163,11 @@ def test_real_cached_folder_is_reused_without_converting(monkeypatch):
     if not qwen_converted():
         missing("the bundled Qwen is not converted on this machine yet (qrag prepare-models)")
 
-    def no(*args, **kwargs):
+    def refuse(*args, **kwargs):
         raise AssertionError("must not run on reuse")
 
-    monkeypatch.setattr(qwen, "convert_gguf_to_hf", no)
-    monkeypatch.setattr(qwen, "find_qwen_parts", no)
+    monkeypatch.setattr(qwen, "convert_gguf_to_hf", refuse)
+    monkeypatch.setattr(qwen, "find_qwen_parts", refuse)
     started = time.perf_counter()
     folder = qwen.ensure_qwen_hf()
     assert time.perf_counter() - started < 0.5

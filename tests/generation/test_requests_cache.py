@@ -86,7 +86,8 @@ def test_make_request_uses_prompt_version_and_model_id():
     cfg = GeneratorConfig(backend="vllm")
     request = make_request(cfg, "hype", CHUNK["text"], 3)
     assert model_id(cfg) == "vllm:qwen2.5-coder-0.5b-instruct"
-    assert request["key"] == cache_key(model_id(cfg), prompt_version("hype"), cfg.sampling.model_dump(), 3, CHUNK["text"])
+    assert request["key"] == cache_key(model_id(cfg), prompt_version("hype"), cfg.sampling.model_dump(), 3,
+                                       CHUNK["text"])
     assert request["output"] == "questions"
     assert request["messages"][-1] == {"role": "user", "content": CHUNK["text"]}
 
@@ -119,7 +120,8 @@ def test_question_requests_atom_granularity_keys_per_atom_with_chunk_context():
 def test_atomize_request():
     cfg = GeneratorConfig(backend="vllm")
     request = atomize_request(CHUNK, cfg)
-    assert request["unit"] == -1 and request["output"] == "atoms" and CHUNK["text"] in request["messages"][-1]["content"]
+    assert request["unit"] == -1 and request["output"] == "atoms"
+    assert CHUNK["text"] in request["messages"][-1]["content"]
     assert request["key"] != question_requests(CHUNK, None, cfg, "chunk")[0]["key"]
 
 
@@ -231,7 +233,8 @@ def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(local_r
     assert fake_openai.chat_requests == 3, "the second run must not call the endpoint"
     assert second.generation.generated == 0 and second.generation.cached == 3
     assert second.generation.prompt_tokens == 0 and second.generation.output_tokens == 0
-    first_manifest, second_manifest = load_manifest(first.output), load_manifest(second.output)
+    first_manifest = load_manifest(first.output)
+    second_manifest = load_manifest(second.output)
     assert first_manifest.data["counts"] == second_manifest.data["counts"]
     assert _shard_rows(first.output) == _shard_rows(second.output)
     assert first_manifest.index_version == second_manifest.index_version
@@ -317,5 +320,6 @@ def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake
 
     question_cache = QuestionCache(cache)
     assert len(question_cache.files()) == len(list(cache.rglob("*.parquet")))  # every file readable: none torn
-    assert len(question_cache) == sum(generated) == len(cache_entries(question_cache))  # one row per request, from both builds
+    # one row per request, from both builds
+    assert len(question_cache) == sum(generated) == len(cache_entries(question_cache))
 

@@ -47,9 +47,10 @@ def test_tokenizing_in_cpu_workers_writes_the_same_index(kinds_index, build_with
                 "representation": "chunk+sentence+question+quote+onedoc", "generator.backend": "precomputed",
                 "faiss.factory": "Flat", "chunker.method": "token", "chunker.size": 120, "chunker.overlap": 20,
                 "build.embedder.tokenize": "tasks", "build.embedder.tokenizers": 2})
-    a, b = json.loads((ref / "manifest.json").read_text()), json.loads((out / "manifest.json").read_text())
-    assert a["files"] and a["files"] == b["files"]
-    assert a["counts"] == b["counts"]
+    ref_manifest = json.loads((ref / "manifest.json").read_text())
+    out_manifest = json.loads((out / "manifest.json").read_text())
+    assert ref_manifest["files"] and ref_manifest["files"] == out_manifest["files"]
+    assert ref_manifest["counts"] == out_manifest["counts"]
 
 
 @pytest.mark.integration
@@ -108,7 +109,8 @@ def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.work", "idx", "small.jsonl"]
     res = open_engine(out).search(["What does the assert statement do?"], k=3)[0]
     assert len(res) == 3
-    again = build_with({"input": str(corpus), "build.output": str(out), "representation": "chunk", "build.overwrite": True})
+    again = build_with({"input": str(corpus), "build.output": str(out), "representation": "chunk",
+                        "build.overwrite": True})
     assert again.vectors_embedded == 0 and again.vectors_reused == again.vectors > 0
     assert again.shards_reused == 1  # only the manifest and the publish were left to do
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "small.jsonl"]

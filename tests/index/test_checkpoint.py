@@ -17,7 +17,8 @@ def test_canonical_encoding_does_not_depend_on_the_batch(minilm):
     from qrag_ray.embedding import encode, encode_canonical
 
     rng = np.random.default_rng(0)
-    words = ["the", "loop", "break", "value", "list", "index", "shard", "vector", "river", "music", "field", "python", "else", "clause"]
+    words = ["the", "loop", "break", "value", "list", "index", "shard", "vector", "river", "music", "field", "python",
+             "else", "clause"]
     texts = [" ".join(rng.choice(words, int(rng.integers(1, 40)))) for _ in range(40)]
     whole = encode_canonical(minilm, texts, 16)
     shifted = encode_canonical(minilm, texts[7:] + texts[:7], 16)
@@ -93,7 +94,8 @@ def test_a_part_holds_every_shard_of_its_batch_in_row_groups_read_by_shard(tmp_p
     for shard_no in (0, 7, 8, 31):
         groups = workdir.shard_row_groups(files, shard_no)
         got = [t.column("row_key").to_pylist() for t in workdir.read_row_groups(groups, ["row_key"], shard_no)]
-        want = [w.tolist() for w in (np.flatnonzero(shard == shard_no), np.flatnonzero(shard[:10] == shard_no)) if len(w)]
+        want = [w.tolist() for w in (np.flatnonzero(shard == shard_no), np.flatnonzero(shard[:10] == shard_no))
+                if len(w)]
         assert got == want, shard_no  # a file without the shard's rows gives no row group to read
 
 
@@ -105,16 +107,17 @@ def test_an_embedding_batch_writes_the_same_few_files_at_1_and_32_shards(tmp_pat
     from qrag_ray.index.rows import chunk_columns
     from qrag_ray.index.udfs import EmbedSink, write_chunk_part
 
-    n, written = 4096, {}
+    rows = 4096
+    written = {}
     for shards in (1, 32):
         work = tmp_path / f"shards{shards}"
-        idx = np.arange(n, dtype=np.int64) * 7919
+        idx = np.arange(rows, dtype=np.int64) * 7919
         chunks = [{"chunk_id": f"d{i}#0", "doc_id": f"d{i}", "title": "", "text": f"row {i}", "chunk_idx": int(c),
                    "shard": int(c % shards), "url": "", "metadata": ""} for i, c in enumerate(idx)]
-        write_chunk_part(chunk_columns(chunks, False), n, work, "run")
-        batch = {"chunk_idx": idx, "kind": np.full(n, "chunk", object), "ord": np.zeros(n, np.int32),
-                 "text": np.asarray([c["text"] for c in chunks], object), "qn": np.full(n, -1, np.int32),
-                 "shard": (idx % shards).astype(np.int32), "store": np.ones(n, bool)}
+        write_chunk_part(chunk_columns(chunks, False), rows, work, "run")
+        batch = {"chunk_idx": idx, "kind": np.full(rows, "chunk", object), "ord": np.zeros(rows, np.int32),
+                 "text": np.asarray([c["text"] for c in chunks], object), "qn": np.full(rows, -1, np.int32),
+                 "shard": (idx % shards).astype(np.int32), "store": np.ones(rows, bool)}
         batch["embed_text"] = batch["text"]
         sink = EmbedSink("all-MiniLM-L6-v2", 64, None, 1, str(work), None, "run")
         out = sink(batch)

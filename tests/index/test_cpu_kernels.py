@@ -67,7 +67,8 @@ def test_cpu_kernels_run_the_gpu_layout_and_write_the_cpu_index(local_ray, tmp_p
     plain = build({"input": str(corpus), "build.output": str(tmp_path / "plain"), **BASE})
     yaml = tmp_path / "gpu.yaml"
     yaml.write_text("build:\n  embedder: {num_gpus: 1}\nfaiss: {use_gpu: false}\n")
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 8, "GPU": 2}),
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",
+           "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 8, "GPU": 2}),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("QRAG_KERNELS", None)
     process = subprocess.run([sys.executable, "-c", SCRIPT, str(corpus), str(tmp_path / "rehearsed"),

@@ -31,8 +31,8 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
 
     docs = corpus_records()
     # metadata travels too: the appended documents add a field (`since`), which an append may do
-    for i, folder in enumerate(docs):
-        folder["metadata"] = {"n": i, **({"since": f"2024-01-{i + 1:02d}"} if i >= 9 else {})}
+    for i, doc in enumerate(docs):
+        doc["metadata"] = {"n": i, **({"since": f"2024-01-{i + 1:02d}"} if i >= 9 else {})}
     old = jsonl_writer(tmp_path / "old.jsonl", docs[:9])
     new = jsonl_writer(tmp_path / "new.jsonl", docs[9:])
     both = jsonl_writer(tmp_path / "both.jsonl", docs)
@@ -48,9 +48,11 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     assert appended.vectors_reused == first.vectors
     assert appended.vectors_embedded == full.vectors - first.vectors > 0
     assert load_manifest(out).index_version != first.manifest.index_version  # a new version
-    a, path = load_manifest(out, verify=True).data, load_manifest(tmp_path / "full").data
-    assert a["files"] == path["files"] and a["counts"] == path["counts"]
-    assert a["metadata_schema"] == {"n": "number", "since": "date"} == path["metadata_schema"]
+    appended_manifest = load_manifest(out, verify=True).data
+    full_manifest = load_manifest(tmp_path / "full").data
+    assert appended_manifest["files"] == full_manifest["files"]
+    assert appended_manifest["counts"] == full_manifest["counts"]
+    assert appended_manifest["metadata_schema"] == {"n": "number", "since": "date"} == full_manifest["metadata_schema"]
     assert _search(open_engine, out) == _search(open_engine, tmp_path / "full")
 
     ids = tmp_path / "gone.txt"
@@ -59,8 +61,9 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     assert deleted.vectors_embedded == 0 and deleted.documents == len(docs) - 2
     rest = jsonl_writer(tmp_path / "rest.jsonl", [d for d in docs if d["id"] not in ("for", "lambda")])
     ref = build_with({**common, "input": str(rest), "build.output": str(tmp_path / "ref")})
-    folder, r = load_manifest(out, verify=True).data, load_manifest(tmp_path / "ref").data
-    assert folder["files"] == r["files"] and deleted.vectors == ref.vectors
+    deleted_manifest = load_manifest(out, verify=True).data
+    ref_manifest = load_manifest(tmp_path / "ref").data
+    assert deleted_manifest["files"] == ref_manifest["files"] and deleted.vectors == ref.vectors
     hits = _search(open_engine, out)
     assert hits == _search(open_engine, tmp_path / "ref")
     assert not any(cid.split("#")[0] in ("for", "lambda") for res in hits for cid, _ in res)

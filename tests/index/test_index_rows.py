@@ -110,7 +110,8 @@ def test_chunk_parts_carry_metadata_and_the_build_types_it(tmp_path):
     with pytest.raises(QragError, match="document 'd': metadata field 'n' is a string, but document 'a'"):
         metadata_fields([part, {"metadata": {"n": ["string", "d"]}}])
     def shard0_rows(part):  # a part's rows of shard 0, read as the shard task reads them
-        return pa.concat_tables(workdir.read_row_groups(workdir.shard_row_groups([part], 0), CHUNK_PART_SCHEMA.names, 0))
+        return pa.concat_tables(workdir.read_row_groups(workdir.shard_row_groups([part], 0), CHUNK_PART_SCHEMA.names,
+                                                        0))
 
     table = chunk_table(shard0_rows(next((tmp_path / "chunks").rglob("*.parquet"))).sort_by("doc_id"), **fields)
     assert table.column("url").to_pylist() == ["https://x.org/a", None]

@@ -10,14 +10,14 @@ from qrag_ray.index.question_filters import content_words, filter_chunk_rows, gr
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 
-QS = ["What does the break statement do?", "What does the break statement do in Python?",
+QUESTIONS = ["What does the break statement do?", "What does the break statement do in Python?",
       "What does a break statement do?", "Does break skip the else clause of a loop?"]
 CHUNK = ("break may only occur syntactically nested in a for or while loop. It terminates the nearest "
          "enclosing loop, skipping the optional else clause if the loop has one.")
 
 
 def test_greedy_prune_keeps_first_of_near_duplicates(embed):
-    vecs = embed(QS)
+    vecs = embed(QUESTIONS)
     sims = vecs @ vecs.T
     assert sims[0, 1] > 0.8 and sims[0, 2] > 0.8 and sims[0, 3] < 0.8
     assert greedy_prune(vecs, 0.8).tolist() == [0, 3]
@@ -28,7 +28,7 @@ def test_greedy_prune_keeps_first_of_near_duplicates(embed):
 
 def test_greedy_prune_matches_definition(embed):
     """Every kept question has cosine <= tau to all earlier kept ones; every dropped one > tau to some."""
-    vecs = embed(QS + ["How do I exit a loop early?", "How can I leave a loop before it ends?"])
+    vecs = embed(QUESTIONS + ["How do I exit a loop early?", "How can I leave a loop before it ends?"])
     tau = 0.75
     kept = greedy_prune(vecs, tau).tolist()
     for i in range(len(vecs)):
@@ -40,13 +40,15 @@ def test_greedy_prune_matches_definition(embed):
 
 
 def test_select_questions_similarity_and_overlap(embed):
-    questions = QS + ["What is the capital of France?"]
-    question_vecs, chunk_vec = embed(questions), embed([CHUNK])[0]
+    questions = QUESTIONS + ["What is the capital of France?"]
+    question_vecs = embed(questions)
+    chunk_vec = embed([CHUNK])[0]
     keep = select_questions(question_vecs, questions, chunk_vec, CHUNK, FilterConfig(min_question_chunk_sim=0.2))
     assert keep.tolist() == [True, True, True, True, False]
     keep = select_questions(question_vecs, questions, chunk_vec, CHUNK, FilterConfig(require_content_overlap=True))
     assert keep[-1] == False and keep[:4].all()  # noqa: E712
-    keep = select_questions(question_vecs, questions, chunk_vec, CHUNK, FilterConfig(prune_tau=0.8, min_question_chunk_sim=0.2))
+    keep = select_questions(question_vecs, questions, chunk_vec, CHUNK,
+                            FilterConfig(prune_tau=0.8, min_question_chunk_sim=0.2))
     assert keep.tolist() == [True, False, False, True, False]
     assert "break" in content_words(CHUNK) and "the" not in content_words(CHUNK)
 
@@ -62,10 +64,10 @@ def _rows(embed, questions):
 
 
 def test_pruned_question_takes_its_quote_vector_with_it(embed):
-    kind, qn, store, texts, vecs = _rows(embed, QS)
+    kind, qn, store, texts, vecs = _rows(embed, QUESTIONS)
     keep, _ = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(prune_tau=0.8))
     kept_quotes = [texts[i] for i in np.flatnonzero(keep)]
-    assert kept_quotes == [QS[0], QS[3]] and all(kind[keep] == "quote")
+    assert kept_quotes == [QUESTIONS[0], QUESTIONS[3]] and all(kind[keep] == "quote")
 
 
 def test_fallback_keeps_chunk_reachable(embed):
@@ -81,7 +83,7 @@ def test_fallback_keeps_chunk_reachable(embed):
 
 @pytest.mark.parametrize("tau", [None, 0.8])
 def test_no_filter_keeps_stored_rows(embed, tau):
-    kind, qn, store, texts, vecs = _rows(embed, QS)
+    kind, qn, store, texts, vecs = _rows(embed, QUESTIONS)
     keep, _ = filter_chunk_rows(kind, qn, store, texts, vecs, FilterConfig(prune_tau=tau))
     assert not keep[0]  # the aux chunk vector is never written when not part of the representation
     if tau is None:

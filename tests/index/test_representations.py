@@ -16,22 +16,23 @@ from qrag_ray.text.sentences import split_sentences
 
 CHUNK = {"chunk_idx": 11, "shard": 1, "text": "Loops run. A break ends them. Else runs otherwise.",
          "questions": ["What ends a loop?", "what ends a loop", "When does else run?"]}
-QS = ["What ends a loop?", "When does else run?"]  # the duplicate (up to case/punctuation) collapses
+QUESTIONS = ["What ends a loop?", "When does else run?"]  # the duplicate (up to case/punctuation) collapses
 SENTS = ["Loops run.", "A break ends them.", "Else runs otherwise."]
 TEXT = CHUNK["text"]
 
 EXPECTED = {  # representation -> stored (kind, embed_text) rows
     "chunk": [("chunk", TEXT)],
-    "hype": [("question", q) for q in QS],
-    "atom-question": [("question", q) for q in QS],  # precomputed questions: per chunk
-    "quote": [("quote", f"{q}\n{TEXT}") for q in QS],
-    "quote-onedoc": [("onedoc", TEXT + "\n" + "\n".join(QS))],
+    "hype": [("question", q) for q in QUESTIONS],
+    "atom-question": [("question", q) for q in QUESTIONS],  # precomputed questions: per chunk
+    "quote": [("quote", f"{q}\n{TEXT}") for q in QUESTIONS],
+    "quote-onedoc": [("onedoc", TEXT + "\n" + "\n".join(QUESTIONS))],
     "atom-sentence": [("sentence", s) for s in SENTS],
-    "hybrid": [("chunk", TEXT)] + [("question", q) for q in QS],
-    "sentence+quote": [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QS],
-    "atom-hybrid": [("chunk", TEXT)] + [("sentence", s) for s in SENTS] + [("question", q) for q in QS]
-    + [("quote", f"{q}\n{TEXT}") for q in QS],
-    "chunk+sentence+quote": [("chunk", TEXT)] + [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QS],
+    "hybrid": [("chunk", TEXT)] + [("question", q) for q in QUESTIONS],
+    "sentence+quote": [("sentence", s) for s in SENTS] + [("quote", f"{q}\n{TEXT}") for q in QUESTIONS],
+    "atom-hybrid": [("chunk", TEXT)] + [("sentence", s) for s in SENTS] + [("question", q) for q in QUESTIONS]
+    + [("quote", f"{q}\n{TEXT}") for q in QUESTIONS],
+    "chunk+sentence+quote": [("chunk", TEXT)] + [("sentence", s) for s in SENTS]
+    + [("quote", f"{q}\n{TEXT}") for q in QUESTIONS],
     # consecutive pairs only: three sentences give two windows, with no LLM
     "chunk+sentence+window": [("chunk", TEXT)] + [("sentence", s) for s in SENTS]
     + [("window", "Loops run. A break ends them."), ("window", "A break ends them. Else runs otherwise.")],
@@ -60,7 +61,7 @@ def test_the_question_kinds_are_the_rows_that_hold_a_question():
     from qrag_ray.index.representations import vector_rows
 
     rows = vector_rows(CHUNK, list(VECTOR_KINDS), CHUNK["questions"], SENTS, atom=SENTS[0], title="Loops")
-    assert {r["kind"] for r in rows if r["text"] in QS} == set(QUESTION_KINDS)
+    assert {r["kind"] for r in rows if r["text"] in QUESTIONS} == set(QUESTION_KINDS)
     without = vector_rows(CHUNK, list(VECTOR_KINDS), [], SENTS, atom=SENTS[0], title="Loops")
     assert set(VECTOR_KINDS) - {r["kind"] for r in without} == set(GENERATED_KINDS)
 
@@ -74,7 +75,8 @@ def test_preset_search_defaults_yield_to_the_config():
     assert cfg.search.groups == {"atom": ["sentence", "question", "quote"]}
     mine = index_config(dict(representation="atom-hybrid", generator={"backend": "vllm"}, search={"fusion": "max"}))
     assert mine.search.fusion == "max" and mine.search.kind_bias == {"question": -0.2, "quote": -0.05}
-    assert index_config(dict(representation="chunk+sentence+quote", generator={"backend": "vllm"})).search.fusion == "max"
+    assert index_config(dict(representation="chunk+sentence+quote",
+                             generator={"backend": "vllm"})).search.fusion == "max"
 
 
 def test_bm25_preset_brings_its_channel_and_weight_unless_turned_off():
@@ -95,8 +97,10 @@ def test_bm25_preset_brings_its_channel_and_weight_unless_turned_off():
     assert not off.bm25.enabled and off.search.bm25_alpha is None and off.search.fusion == "sum"
     # each config gets its own copy of the preset's values: changing one changes no other
     cfg.search.kind_weights["chunk"] = 1.0
-    assert index_config(dict(representation="atom-hybrid-bm25", generator={"backend": "vllm"})).search.kind_weights == {"chunk": 0.5}
-    assert index_config(dict(representation="atom-hybrid", generator={"backend": "vllm"})).search.kind_weights == {"chunk": 0.5}
+    assert index_config(dict(representation="atom-hybrid-bm25",
+                             generator={"backend": "vllm"})).search.kind_weights == {"chunk": 0.5}
+    assert index_config(dict(representation="atom-hybrid",
+                             generator={"backend": "vllm"})).search.kind_weights == {"chunk": 0.5}
     cfg.search.kind_weights["chunk"] = 0.5
     # what a manifest records validates back to the same config (eval reuse, serving), no preset needed
     again = IndexConfig.model_validate(cfg.model_dump(mode="json"))
@@ -118,7 +122,7 @@ def test_aux_questions_for_filters_are_not_stored():
     cfg = IndexConfig(representation="quote", generator={"backend": "precomputed"})
     rows = base_vector_rows(CHUNK, ["quote"], cfg, aux_questions=True)
     aux = [r for r in rows if r["kind"] == "question"]
-    assert [r["text"] for r in aux] == QS and not any(r["store"] for r in aux)
+    assert [r["text"] for r in aux] == QUESTIONS and not any(r["store"] for r in aux)
     # quote i and question i share qn, so pruning a question drops its quote vector too
     assert {r["qn"] for r in aux} == {r["qn"] for r in rows if r["kind"] == "quote"}
 
@@ -148,7 +152,8 @@ def test_vectors_per_kind(built):
     for chunk in chunks:
         got = Counter(k for _, k, _, _ in rows[chunk["chunk_idx"]])
         n_questions = len(dedup_questions(qs_of[chunk["doc_id"]]))
-        want = {"chunk": 1, "sentence": len(set(split_sentences(chunk["text"]))), "question": n_questions, "quote": n_questions,
+        want = {"chunk": 1, "sentence": len(set(split_sentences(chunk["text"]))), "question": n_questions,
+                "quote": n_questions,
                 "onedoc": 1}
         assert dict(got) == want, chunk["chunk_id"]
         total.update(got)

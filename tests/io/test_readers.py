@@ -70,7 +70,8 @@ def test_metadata_is_typed_and_travels_as_canonical_json():
     meta = {"lang": "en", "year": 2021, "score": 0.5, "public": True, "day": "2024-01-05",
             "at": "2024-01-05T10:00:00+02:00", "tags": ["a", "b"], "gone": None}
     record = normalize_record({"id": "a", "text": "x", "url": "https://x.org/a", "metadata": meta}, "f")
-    assert record["url"] == "https://x.org/a" and json.loads(record["metadata"]) == {k: v for k, v in meta.items() if v is not None}
+    assert record["url"] == "https://x.org/a"
+    assert json.loads(record["metadata"]) == {k: v for k, v in meta.items() if v is not None}
     assert list(json.loads(record["metadata"])) == sorted(json.loads(record["metadata"]))  # canonical: keys sorted
     assert {k: value_type(v) for k, v in json.loads(record["metadata"]).items()} == {
         "lang": "string", "year": "number", "score": "number", "public": "bool", "day": "date", "at": "datetime",
@@ -217,7 +218,8 @@ def test_html_reader(local_ray, tmp_path):
     assert set(docs) == {"planets.html", "sub/page.htm"}
     assert docs["planets.html"]["title"] == "Planets" and "Earth | 1" in docs["planets.html"]["text"]
     assert docs["sub/page.htm"]["title"] == "page"
-    assert json.loads(docs["sub/page.htm"]["metadata"]) == {"path": "sub/page.htm"} and docs["sub/page.htm"]["url"] == ""
+    assert json.loads(docs["sub/page.htm"]["metadata"]) == {"path": "sub/page.htm"}
+    assert docs["sub/page.htm"]["url"] == ""
 
 
 @pytest.mark.integration

@@ -165,7 +165,8 @@ def test_a_build_shows_its_embedding_counting_up_to_its_vectors(local_ray, build
     monkeypatch.setattr(progress.Display, "report", recorded)
     con, buf = _console(False)
     corpus = jsonl_writer(tmp_path / "few.jsonl", corpus_records(with_questions=False)[:8])
-    report = build_with({"input": str(corpus), "build.output": str(tmp_path / "idx"), "representation": "chunk+sentence",
+    report = build_with({"input": str(corpus), "build.output": str(tmp_path / "idx"),
+                         "representation": "chunk+sentence",
                          "chunker.method": "none", "build.embedder.batch_size": 8},
                         console=con)
     rows = [(done, total) for ops in reports for label, done, total in ops if label == "embed"]
@@ -200,7 +201,7 @@ def test_the_embed_total_is_the_rows_to_come_while_a_multi_block_build_runs(loca
              re.findall(r"\bembed (\d+)/(\d+|\?) rows(?:, [\d.]+/s)?(?:, ETA (\w+))?", buf.getvalue())]
     assert len(shown) >= 5 and final > 8 * 16, (final, buf.getvalue()[-2000:])
     wrong = [(done, total) for done, total, _ in shown if total is not None and total < final]
-    assert not wrong, f"embed totals below the {final} rows the stage embedded (N/N while rows were to come): {wrong[:8]}"
+    assert not wrong, f"embed totals below the {final} rows embedded (N/N while rows were to come): {wrong[:8]}"
     # the total is known before the end, and the ETA comes from it
     during = [(done, eta) for done, total, eta in shown if total == final and 0 < done < final]
     assert during and all(eta for _, eta in during), shown[-10:]
@@ -234,7 +235,8 @@ def test_set_verbosity_quiets_libraries_unless_verbose(monkeypatch):
 
 def test_quiet_ray_data_mutes_its_console_only(monkeypatch):
     ray_data_logger = logging.getLogger("ray.data")
-    console, file_like = logging.StreamHandler(io.StringIO()), logging.Handler()
+    console = logging.StreamHandler(io.StringIO())
+    file_like = logging.Handler()
     ray_data_logger.addHandler(console)
     ray_data_logger.addHandler(file_like)
     try:

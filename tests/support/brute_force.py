@@ -18,10 +18,11 @@ def passes(node: dict, meta: dict) -> bool:
     operator = node["type"]
     if operator in ("ne", "nin"):
         return not passes({**node, "type": "eq" if operator == "ne" else "in"}, meta)
-    v, want = meta.get(node["key"]), node["value"]
-    if v is None:
+    value = meta.get(node["key"])
+    want = node["value"]
+    if value is None:
         return False
-    vals = v if isinstance(v, list) else [v]
+    vals = value if isinstance(value, list) else [value]
     if isinstance(vals[0], str) and "T" in vals[0] and vals[0][:4].isdigit():  # a datetime field
         when = lambda x: dt.datetime.fromisoformat(x.replace("Z", "+00:00"))  # noqa: E731
         vals = [when(x) for x in vals]
@@ -52,7 +53,8 @@ def bm25_truth(engine, query: str, chosen: set[str]) -> tuple[list[tuple[str, fl
     """(the chosen chunks with a positive BM25 score, best first; per shard every chosen chunk's score)."""
     from qrag_ray.index.lexical import tokenize
 
-    out, per_shard = [], []
+    out = []
+    per_shard = []
     for loaded in engine.shards:
         lex = loaded.index.lexicon
         ids = dict(zip(loaded.chunk_idx.tolist(), loaded.chunks[0].to_pylist(), strict=True))

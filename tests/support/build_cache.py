@@ -46,7 +46,9 @@ from typing import Any, TypeVar
 
 ENV = "QRAG_TEST_BUILD_CACHE"
 PACKAGE = Path(__file__).resolve().parents[2] / "qrag_ray"
-RESULT, INDEX, SPEC = "result.pickle", "index", "spec.json"
+RESULT = "result.pickle"
+INDEX = "index"
+SPEC = "spec.json"
 
 T = TypeVar("T")
 
@@ -70,7 +72,8 @@ def environment_digest() -> str:
         hasher.update(str(file.relative_to(PACKAGE)).encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
     # the installed distributions by their metadata folders' names (name-version.dist-info): a listing,
     # not a read of every METADATA file
-    dists = sorted(e for d in sys.path if os.path.isdir(d) for e in os.listdir(d) if e.endswith((".dist-info", ".egg-info")))
+    dists = sorted(e for d in sys.path if os.path.isdir(d) for e in os.listdir(d)
+                   if e.endswith((".dist-info", ".egg-info")))
     env = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("QRAG_") and not k.startswith("QRAG_TEST_"))
     hasher.update("\n".join([sys.version, *dists, *env]).encode())
     return hasher.hexdigest()
@@ -104,7 +107,8 @@ def shared(spec: Mapping[str, Any], out: Path, make: Callable[[], T]) -> T:
     root = os.environ.get(ENV)
     if not root:
         return make()
-    cache, out = Path(root), Path(out)
+    cache = Path(root)
+    out = Path(out)
     cache.mkdir(parents=True, exist_ok=True)
     key = content_key(spec)
     entry = cache / key

@@ -76,4 +76,5 @@ def topic_metadata(number: int, name: str) -> dict:
     """The i-th topic's metadata, one field of each type: `area` (string), `order` (number), `statement`
     (bool), `added` (date), `reviewed` (datetime), `letters` (list of strings)."""
     return {"area": ("loops", "values", "names")[number % 3], "order": number, "statement": number % 2 == 0,
-            "added": f"2024-03-{1 + number:02d}", "reviewed": f"2024-04-01T{number:02d}:15:00Z", "letters": sorted(set(name[:3]))}
+            "added": f"2024-03-{1 + number:02d}", "reviewed": f"2024-04-01T{number:02d}:15:00Z",
+            "letters": sorted(set(name[:3]))}

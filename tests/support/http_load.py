@@ -26,7 +26,10 @@ class Load:
     """`workers` threads sending searches until stopped; every response is kept for the asserts."""
 
     def __init__(self, url: str, headers: dict, workers: int = 4, body: dict | None = None, timeout: float = 60):
-        self.url, self.headers, self.body, self.timeout = url, headers, body or QUERY, timeout
+        self.url = url
+        self.headers = headers
+        self.body = body or QUERY
+        self.timeout = timeout
         self.stop = threading.Event()
         self.responses: list[dict] = []
         self.pool = ThreadPoolExecutor(workers)
@@ -41,7 +44,8 @@ class Load:
                     body = response.json()
                     status = response.status_code
                 except httpx.HTTPError as error:
-                    body, status = {"error": type(error).__name__}, 0
+                    body = {"error": type(error).__name__}
+                    status = 0
                 self.responses.append({"status": status, "body": body, "t0": started, "s": time.time() - started})
 
     def finish(self) -> list[dict]:

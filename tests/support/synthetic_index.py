@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-WORDS = ["loop", "shard", "vector", "replica", "query", "tenant", "router", "chunk", "passage", "question", "answer", "cluster", "memory", "latency", "batch", "model", "token", "corpus", "search", "merge", "score", "rank", "cache", "load"]
+WORDS = ["loop", "shard", "vector", "replica", "query", "tenant", "router", "chunk", "passage", "question", "answer",
+         "cluster", "memory", "latency", "batch", "model", "token", "corpus", "search", "merge", "score", "rank",
+         "cache", "load"]
 
 
 def synthetic_docs(count: int, seed: int = 0) -> list[dict]:
@@ -61,11 +63,13 @@ def write_synthetic_index(out: Path, docs: list[dict], shards: int = 1, dim: int
     has_url = any(d.get("url") for d in docs)
     rng = np.random.default_rng(seed)
     per_chunk = 1 + sentences
-    entries, tables = [], []
+    entries = []
+    tables = []
     out.mkdir(parents=True, exist_ok=True)
     keys = {d["doc_id"]: chunk_key(f"{d['doc_id']}#0") for d in docs}
     for shard in range(shards):
-        mine = sorted((d for d in docs if shard_of(keys[d["doc_id"]], shards) == shard), key=lambda d: keys[d["doc_id"]])
+        mine = sorted((d for d in docs if shard_of(keys[d["doc_id"]], shards) == shard),
+                      key=lambda d: keys[d["doc_id"]])
         vec = rng.standard_normal((len(mine) * per_chunk, dim)).astype(np.float32)
         vec /= np.linalg.norm(vec, axis=1, keepdims=True)
         rows = pa.table({
@@ -75,7 +79,8 @@ def write_synthetic_index(out: Path, docs: list[dict], shards: int = 1, dim: int
             "qn": np.zeros(len(mine) * per_chunk, np.int32), "store": np.ones(len(mine) * per_chunk, bool),
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), dim)})
         stats = write_shard(shard, rows, out, cfg.filters, cfg.faiss, dim, cfg.bm25)
-        parts = pa.table({"chunk_idx": [keys[d["doc_id"]] for d in mine], "chunk_id": [f"{d['doc_id']}#0" for d in mine],
+        parts = pa.table({"chunk_idx": [keys[d["doc_id"]] for d in mine],
+                          "chunk_id": [f"{d['doc_id']}#0" for d in mine],
                           "doc_id": [d["doc_id"] for d in mine], "title": [d["title"] for d in mine],
                           "text": [d["text"] for d in mine], "shard": np.full(len(mine), shard, np.int32),
                           "url": [d.get("url") or "" for d in mine],

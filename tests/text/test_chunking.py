@@ -25,7 +25,8 @@ def toks(text: str) -> list[str]:
 def test_token_windows_size_and_overlap(text):
     words = toks(text)
     assert len(words) > 250
-    size, overlap = 100, 20
+    size = 100
+    overlap = 20
     wins = token_windows(text, size, overlap)
     assert all(len(toks(w)) <= size for w in wins)
     assert all(len(toks(w)) == size for w in wins[:-1])
