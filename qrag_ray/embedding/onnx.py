@@ -118,7 +118,7 @@ def use_onnx(model, threads: int | None = None) -> None:
     path = cache / f"{type(torch_model).__name__}-{_graph_key(torch_model, names)}.onnx"
     if not path.is_file():
         try:
-            import onnx  # noqa: F401  (torch's exporter needs it)
+            import onnx  # noqa: F401 - torch's exporter imports it: here its absence is one clear error
         except ImportError as error:
             raise OnnxUnavailable(f"exporting needs the onnx package ({error})") from None
         logger.info("exporting %s to ONNX: %s", type(torch_model).__name__, path)

@@ -7,13 +7,12 @@ import asyncio
 
 import pytest
 
+from fake_openai_server import rule_based_reply
 from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.chat import ChatModel, OpenAIChatModel, VLLMChatModel, get_chat_model
 from qrag_ray.generation.parsing import parse_output
 from qrag_ray.generation.prompts import get_prompt
-
-from .conftest import rule_based_reply
 
 
 def _cfg(fake, **options) -> GeneratorConfig:

@@ -14,12 +14,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from fake_openai_server import words_of
 from llm_stack import missing, qwen_available
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.index.format import load_manifest, read_table_file
-
-from .conftest import words_of
 
 pytestmark = pytest.mark.slow
 

@@ -46,7 +46,7 @@ def test_select_questions_similarity_and_overlap(embed):
     keep = select_questions(question_vecs, questions, chunk_vec, CHUNK, FilterConfig(min_question_chunk_sim=0.2))
     assert keep.tolist() == [True, True, True, True, False]
     keep = select_questions(question_vecs, questions, chunk_vec, CHUNK, FilterConfig(require_content_overlap=True))
-    assert keep[-1] == False and keep[:4].all()  # noqa: E712
+    assert not keep[-1] and keep[:4].all()
     keep = select_questions(question_vecs, questions, chunk_vec, CHUNK,
                             FilterConfig(prune_tau=0.8, min_question_chunk_sim=0.2))
     assert keep.tolist() == [True, False, False, True, False]

@@ -8,6 +8,11 @@ import datetime as dt
 import numpy as np
 
 
+def _datetime(text: str) -> dt.datetime:
+    """An ISO-8601 datetime as the filters compare it (a Z suffix is UTC)."""
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 def passes(node: dict, meta: dict) -> bool:
     """The filter grammar's meaning written out plainly (the oracle the vectorised evaluation is held to):
     a list matches eq/in when any element does; ne/nin are the negations of eq/in; ISO-8601 text compares
@@ -24,9 +29,8 @@ def passes(node: dict, meta: dict) -> bool:
         return False
     vals = value if isinstance(value, list) else [value]
     if isinstance(vals[0], str) and "T" in vals[0] and vals[0][:4].isdigit():  # a datetime field
-        when = lambda x: dt.datetime.fromisoformat(x.replace("Z", "+00:00"))  # noqa: E731
-        vals = [when(x) for x in vals]
-        want = [when(w) for w in want] if operator == "in" else when(want)
+        vals = [_datetime(x) for x in vals]
+        want = [_datetime(w) for w in want] if operator == "in" else _datetime(want)
     test = {"eq": lambda x: x == want, "in": lambda x: x in want, "gt": lambda x: x > want,
             "gte": lambda x: x >= want, "lt": lambda x: x < want, "lte": lambda x: x <= want}[operator]
     return any(test(x) for x in vals)

@@ -37,8 +37,12 @@ def render_with_components(overlay: str | Path, components: list[str | Path]) ->
     """The overlay rendered with kustomize components added, as a user's kustomization that lists them
     renders it (kustomize takes relative paths only, so the kustomization is written beside, in a temp dir)."""
     with tempfile.TemporaryDirectory(prefix="qrag-kz-") as tmp:
-        rel = lambda p: os.path.relpath(Path(p).resolve(), tmp)  # noqa: E731
+
+        def relative(path: str | Path) -> str:
+            """`path` relative to the temp dir (kustomize takes relative paths only)."""
+            return os.path.relpath(Path(path).resolve(), tmp)
+
         (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump({
             "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-            "resources": [rel(overlay)], "components": [rel(c) for c in components]}))
+            "resources": [relative(overlay)], "components": [relative(c) for c in components]}))
         return render_kustomization(tmp)
