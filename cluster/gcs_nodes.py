@@ -23,15 +23,15 @@ def live_nodes(address: str, timeout: float = 5.0) -> list[dict]:
     return out
 
 
-def wait_for_nodes(address: str, n: int, timeout: float = 90.0) -> list[dict]:
+def wait_for_nodes(address: str, count: int, timeout: float = 90.0) -> list[dict]:
     deadline = time.time() + timeout
     last: Exception | None = None
     while time.time() < deadline:
         try:
             nodes = live_nodes(address)
-            if len(nodes) >= n:
+            if len(nodes) >= count:
                 return nodes
-        except Exception as e:  # noqa: BLE001 - GCS still starting
-            last = e
+        except Exception as error:  # the GCS may still be starting
+            last = error
         time.sleep(1.0)
-    raise RuntimeError(f"cluster at {address} did not reach {n} alive nodes in {timeout:.0f}s ({last})")
+    raise RuntimeError(f"cluster at {address} did not reach {count} alive nodes in {timeout:.0f}s ({last})")

@@ -34,25 +34,28 @@ def _vectors(path: Path) -> np.ndarray:
         return index.reconstruct_n(0, index.ntotal)
 
 
-def differences(a: Path, b: Path, atol: float = ATOL) -> list[str]:
+def differences(first: Path, second: Path, atol: float = ATOL) -> list[str]:
     """What differs between index folders a and b, one line each (empty: the same index)."""
-    ma, mb = _manifest(a), _manifest(b)
+    first_manifest = _manifest(first)
+    second_manifest = _manifest(second)
     out = []
-    if ma.get("content") != mb.get("content"):
+    if first_manifest.get("content") != second_manifest.get("content"):
         out.append("content config differs")
-    fa, fb = ma["files"], mb["files"]
-    if sorted(fa) != sorted(fb):
-        out.append(f"file lists differ: only in the first {sorted(set(fa) - set(fb))}, "
-                   f"only in the second {sorted(set(fb) - set(fa))}")
-    for rel in sorted(set(fa) & set(fb)):
-        if fa[rel] == fb[rel]:
+    first_files = first_manifest["files"]
+    second_files = second_manifest["files"]
+    if sorted(first_files) != sorted(second_files):
+        out.append(f"file lists differ: only in the first {sorted(set(first_files) - set(second_files))}, "
+                   f"only in the second {sorted(set(second_files) - set(first_files))}")
+    for rel in sorted(set(first_files) & set(second_files)):
+        if first_files[rel] == second_files[rel]:
             continue
         if not rel.endswith(VECTOR_SUFFIX):
             out.append(f"{rel}: bytes differ")
             continue
-        va, vb = _vectors(a / rel), _vectors(b / rel)
-        if va.shape != vb.shape:
-            out.append(f"{rel}: {va.shape[0]} vectors against {vb.shape[0]}")
-        elif (d := float(np.abs(va - vb).max(initial=0.0))) > atol:
-            out.append(f"{rel}: vectors differ by up to {d:.2e} (tolerance {atol:.0e})")
+        first_vectors = _vectors(first / rel)
+        second_vectors = _vectors(second / rel)
+        if first_vectors.shape != second_vectors.shape:
+            out.append(f"{rel}: {first_vectors.shape[0]} vectors against {second_vectors.shape[0]}")
+        elif (gap := float(np.abs(first_vectors - second_vectors).max(initial=0.0))) > atol:
+            out.append(f"{rel}: vectors differ by up to {gap:.2e} (tolerance {atol:.0e})")
     return out

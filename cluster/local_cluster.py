@@ -116,15 +116,15 @@ class ClusterState:
 
     @classmethod
     def load(cls, path: Path) -> "ClusterState":
-        d = json.loads(path.read_text())
-        d.pop("temp_dir", None)
-        d.pop("metrics_urls", None)
-        d["nodes"] = [NodeSpec(**n) for n in d["nodes"]]
-        return cls(**d)
+        fields = json.loads(path.read_text())
+        fields.pop("temp_dir", None)
+        fields.pop("metrics_urls", None)
+        fields["nodes"] = [NodeSpec(**n) for n in fields["nodes"]]
+        return cls(**fields)
 
 
-def worker_names(n: int) -> list[str]:
-    return [f"node_{chr(ord('a') + i)}" for i in range(n)]
+def worker_names(count: int) -> list[str]:
+    return [f"node_{chr(ord('a') + i)}" for i in range(count)]
 
 
 def default_shapes(workers: int, worker_cpus: int, head_cpus: int) -> list[NodeShape]:
@@ -138,38 +138,38 @@ def plan_nodes(base: int, workers: int, worker_cpus: int, head_cpus: int,
     the plain layout of `workers` x `worker_cpus`."""
     specs = []
     for i, shape in enumerate(shapes or default_shapes(workers, worker_cpus, head_cpus)):
-        o = base + NODE_STRIDE * i
-        wp = base + WORKER_PORT_BLOCK * (i + 1)
+        offset = base + NODE_STRIDE * i
+        worker_port = base + WORKER_PORT_BLOCK * (i + 1)
         specs.append(NodeSpec(
             index=i, name=shape.name, num_cpus=shape.num_cpus, resources={shape.name: 1.0, **shape.resources},
-            node_manager_port=o + 3, object_manager_port=o + 4, metrics_export_port=o + 5,
-            dashboard_agent_listen_port=o + 6, dashboard_agent_grpc_port=o + 7, runtime_env_agent_port=o + 8,
-            min_worker_port=wp, max_worker_port=wp + WORKER_PORT_BLOCK - 1, num_gpus=shape.num_gpus,
-            memory=shape.memory, env=dict(shape.env), readonly=list(shape.readonly), ip=shape.ip,
-            netns=list(shape.netns)))
+            node_manager_port=offset + 3, object_manager_port=offset + 4, metrics_export_port=offset + 5,
+            dashboard_agent_listen_port=offset + 6, dashboard_agent_grpc_port=offset + 7,
+            runtime_env_agent_port=offset + 8, min_worker_port=worker_port,
+            max_worker_port=worker_port + WORKER_PORT_BLOCK - 1, num_gpus=shape.num_gpus, memory=shape.memory,
+            env=dict(shape.env), readonly=list(shape.readonly), ip=shape.ip, netns=list(shape.netns)))
     return specs
 
 
 def ports_of(base: int, workers: int) -> list[int]:
     ports = [base, base + 1, base + 2]
-    for n in plan_nodes(base, workers, 1, 0):
-        ports += [n.node_manager_port, n.object_manager_port, n.metrics_export_port,
-                  n.dashboard_agent_listen_port, n.dashboard_agent_grpc_port, n.runtime_env_agent_port]
-        ports += list(range(n.min_worker_port, n.max_worker_port + 1))
+    for node in plan_nodes(base, workers, 1, 0):
+        ports += [node.node_manager_port, node.object_manager_port, node.metrics_export_port,
+                  node.dashboard_agent_listen_port, node.dashboard_agent_grpc_port, node.runtime_env_agent_port]
+        ports += list(range(node.min_worker_port, node.max_worker_port + 1))
     return ports
 
 
 def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((HOST, port))
+            sock.bind((HOST, port))
         except OSError:
             return False
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # also the wildcard address
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # also the wildcard address
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("", port))
+            sock.bind(("", port))
         except OSError:
             return False
     return True
@@ -209,10 +209,10 @@ def ensure_token(env: dict[str, str]) -> None:
     `ray start` in token mode refuses to run without one. The token is never printed."""
     if env.get("RAY_AUTH_MODE") != "token" or env.get("RAY_AUTH_TOKEN"):
         return
-    r = subprocess.run([_ray_bin(), "get-auth-token", "--generate"], env=env, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, text=True, timeout=60)
-    if r.returncode != 0:
-        raise RuntimeError(f"no Ray auth token: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
+    result = subprocess.run([_ray_bin(), "get-auth-token", "--generate"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, timeout=60)
+    if result.returncode != 0:
+        raise RuntimeError(f"no Ray auth token: {result.stderr.strip().splitlines()[-1:] or result.returncode}")
 
 
 def _ray_bin() -> str:
@@ -264,10 +264,10 @@ def up(name: str = "qrc", workers: int = 2, worker_cpus: int = 2, head_cpus: int
         try:
             return _up_once(name, shapes or default_shapes(workers, worker_cpus, head_cpus), base_port,
                             object_store_mb, cdir, timeout, quiet, env or {})
-        except RuntimeError as e:
+        except RuntimeError as error:
             if attempt == attempts:
                 raise
-            print(f"local cluster start failed (attempt {attempt}/{attempts}): {e}; retrying", file=sys.stderr)
+            print(f"local cluster start failed (attempt {attempt}/{attempts}): {error}; retrying", file=sys.stderr)
             shutil.rmtree(cdir / "ray", ignore_errors=True)
     raise AssertionError("unreachable")
 
@@ -283,29 +283,28 @@ def _up_once(name: str, shapes: list[NodeShape], base_port: int | None, object_s
     (cdir / "cluster.json").write_text(state.to_json())
     env = _env(cdir) | extra_env
     ensure_token(env)
-    log = open(cdir / "ray-start.log", "ab")
     try:
-        for node in state.nodes:
-            cmd = ray_start_command(state, node, object_store_mb)
-            log.write(("$ " + " ".join(cmd) + "\n").encode())
-            log.flush()
-            since = log.tell()
-            try:
-                r = subprocess.run(cmd, env=env | node.env, stdout=log, stderr=subprocess.STDOUT,
-                                   timeout=timeout, start_new_session=True)
-            except subprocess.TimeoutExpired:  # a start that hangs on a loaded box is retried like a failed one
-                raise RuntimeError(f"`ray start` for {node.name} did not return in {timeout:.0f}s; see "
-                                   f"{cdir / 'ray-start.log'}") from None
-            if r.returncode != 0 and not _registered_late(cdir / "ray-start.log", since, state, node, timeout):
-                raise RuntimeError(f"`ray start` for {node.name} failed (rc {r.returncode}); see {cdir / 'ray-start.log'}")
-            if node.index == 0:
-                wait_for_nodes(state.address, 1, timeout)
-        wait_for_nodes(state.address, len(state.nodes), timeout)
+        with open(cdir / "ray-start.log", "ab") as log:
+            for node in state.nodes:
+                cmd = ray_start_command(state, node, object_store_mb)
+                log.write(("$ " + " ".join(cmd) + "\n").encode())
+                log.flush()
+                since = log.tell()
+                try:
+                    result = subprocess.run(cmd, env=env | node.env, stdout=log, stderr=subprocess.STDOUT,
+                                            timeout=timeout, start_new_session=True)
+                except subprocess.TimeoutExpired:  # a start that hangs on a loaded box is retried like a failed one
+                    raise RuntimeError(f"`ray start` for {node.name} did not return in {timeout:.0f}s; see "
+                                       f"{cdir / 'ray-start.log'}") from None
+                if result.returncode != 0 and not _registered_late(cdir / "ray-start.log", since, state, node, timeout):
+                    raise RuntimeError(f"`ray start` for {node.name} failed (rc {result.returncode}); "
+                                       f"see {cdir / 'ray-start.log'}")
+                if node.index == 0:
+                    wait_for_nodes(state.address, 1, timeout)
+            wait_for_nodes(state.address, len(state.nodes), timeout)
     except BaseException:
-        log.close()
         kill_cluster_processes(cdir)
         raise
-    log.close()
     if not quiet:
         print(f"local Ray cluster '{name}' up: {len(state.nodes)} nodes, address {state.address}, "
               f"dashboard {state.dashboard_url}, dir {cdir}", file=sys.stderr)
@@ -316,9 +315,9 @@ def _registered_late(log: Path, since: int, state: ClusterState, node: NodeSpec,
     """`ray start` gives up when its node has not registered with the GCS within a fixed 30 s, but leaves the
     node's processes running; on a loaded machine the node often registers a little later. So a start that
     failed that way counts when the node (its node-manager port) is alive within `timeout`."""
-    with open(log, "rb") as f:
-        f.seek(since)
-        if b"timed out during startup" not in f.read():
+    with open(log, "rb") as file:
+        file.seek(since)
+        if b"timed out during startup" not in file.read():
             return False
     deadline = time.time() + timeout
     raylet = f"--node_manager_port={node.node_manager_port}\0".encode()
@@ -329,7 +328,7 @@ def _registered_late(log: Path, since: int, state: ClusterState, node: NodeSpec,
             if any(n["port"] == node.node_manager_port for n in live_nodes(state.address)):
                 print(f"`ray start` for {node.name} timed out, but the node registered later", file=sys.stderr)
                 return True
-        except Exception:  # noqa: BLE001 - the GCS may still be starting
+        except Exception:  # the GCS may still be starting
             pass
         time.sleep(2.0)
     return False
@@ -351,47 +350,49 @@ def down(name: str = "qrc", cdir: Path | None = None, keep_logs: bool = False, q
 
 def status(name: str = "qrc", cdir: Path | None = None) -> dict:
     cdir = Path(cdir) if cdir else default_dir(name)
-    sf = cdir / "cluster.json"
+    state_file = cdir / "cluster.json"
     pids = cluster_pids(cdir)
-    if not sf.exists():
+    if not state_file.exists():
         return {"name": name, "dir": str(cdir), "running": bool(pids), "pids": pids, "nodes": []}
-    state = ClusterState.load(sf)
+    state = ClusterState.load(state_file)
     try:
         nodes = live_nodes(state.address) if pids else []
-    except Exception as e:  # noqa: BLE001
-        nodes = [{"error": str(e)}]
+    except Exception as error:
+        nodes = [{"error": str(error)}]
     return {"name": name, "dir": str(cdir), "address": state.address, "dashboard_url": state.dashboard_url,
             "metrics_urls": state.metrics_urls, "running": bool(pids), "pids": pids, "nodes": nodes}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="local_cluster", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for c in ("up", "down", "status"):
-        p = sub.add_parser(c)
-        p.add_argument("--name", default=os.environ.get("QRAG_LOCAL_CLUSTER_NAME", "qrc"))
-        p.add_argument("--dir", default=None, help="cluster dir (default /tmp/qrag-lc-<name>)")
-        if c == "up":
-            p.add_argument("--workers", type=int, default=2)
-            p.add_argument("--worker-cpus", type=int, default=2, help="logical CPUs per worker node")
-            p.add_argument("--head-cpus", type=int, default=0)
-            p.add_argument("--base-port", default="auto", help="first port of the cluster's range, or auto")
-            p.add_argument("--object-store-mb", type=int, default=400)
-            p.add_argument("--timeout", type=float, default=120.0, help="seconds each `ray start` may take")
-        if c == "down":
-            p.add_argument("--keep-logs", action="store_true")
-    a = ap.parse_args(argv)
-    cdir = Path(a.dir) if a.dir else None
-    if a.cmd == "up":
-        st = up(a.name, a.workers, a.worker_cpus, a.head_cpus,
-                None if a.base_port == "auto" else int(a.base_port), a.object_store_mb, cdir, a.timeout)
-        print(st.to_json())
+    parser = argparse.ArgumentParser(prog="local_cluster", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for command in ("up", "down", "status"):
+        command_parser = sub.add_parser(command)
+        command_parser.add_argument("--name", default=os.environ.get("QRAG_LOCAL_CLUSTER_NAME", "qrc"))
+        command_parser.add_argument("--dir", default=None, help="cluster dir (default /tmp/qrag-lc-<name>)")
+        if command == "up":
+            command_parser.add_argument("--workers", type=int, default=2)
+            command_parser.add_argument("--worker-cpus", type=int, default=2, help="logical CPUs per worker node")
+            command_parser.add_argument("--head-cpus", type=int, default=0)
+            command_parser.add_argument("--base-port", default="auto",
+                                        help="first port of the cluster's range, or auto")
+            command_parser.add_argument("--object-store-mb", type=int, default=400)
+            command_parser.add_argument("--timeout", type=float, default=120.0,
+                                        help="seconds each `ray start` may take")
+        if command == "down":
+            command_parser.add_argument("--keep-logs", action="store_true")
+    args = parser.parse_args(argv)
+    cdir = Path(args.dir) if args.dir else None
+    if args.cmd == "up":
+        state = up(args.name, args.workers, args.worker_cpus, args.head_cpus,
+                   None if args.base_port == "auto" else int(args.base_port), args.object_store_mb, cdir, args.timeout)
+        print(state.to_json())
         return 0
-    if a.cmd == "down":
-        return 0 if down(a.name, cdir, a.keep_logs) else 1
-    s = status(a.name, cdir)
-    print(json.dumps(s, indent=2))
-    return 0 if s["running"] else 3
+    if args.cmd == "down":
+        return 0 if down(args.name, cdir, args.keep_logs) else 1
+    report = status(args.name, cdir)
+    print(json.dumps(report, indent=2))
+    return 0 if report["running"] else 3
 
 
 if __name__ == "__main__":

@@ -30,19 +30,19 @@ def cluster_pids(cdir: Path) -> list[int]:
     """Processes that belong to the cluster in cdir: they carry the env marker or the temp dir."""
     marker = f"{ENV_MARKER}={cdir}\0".encode()
     tdir = str(cdir / "ray").encode()
-    me = os.getpid()
+    own_pid = os.getpid()
     out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
             continue
-        pid = int(p.name)
-        if pid == me:
+        pid = int(entry.name)
+        if pid == own_pid:
             continue
         env = read_environ(pid)
         if marker in env + b"\0" or tdir in read_cmdline(pid):
             # skip zombies: they hold no resources and vanish when reaped
             try:
-                stat = (p / "stat").read_text()
+                stat = (entry / "stat").read_text()
                 if stat.rsplit(")", 1)[1].split()[0] == "Z":
                     continue
             except (OSError, IndexError):

@@ -53,12 +53,12 @@ def _container(template: dict) -> dict:
 def _mounts(template: dict) -> tuple[Mount, ...]:
     vols = {v["name"]: v for v in (template.get("spec") or {}).get("volumes") or []}
     out = []
-    for m in _container(template).get("volumeMounts") or []:
-        vol = vols.get(m["name"], {})
+    for mount in _container(template).get("volumeMounts") or []:
+        vol = vols.get(mount["name"], {})
         kind = next((k for k in vol if k != "name"), "")
         src = vol.get(kind) or {}
-        source = src.get("claimName") or src.get("name") or src.get("secretName") or m["name"]
-        out.append(Mount(m["mountPath"], kind, source, m.get("subPath", ""), src.get("medium", "")))
+        source = src.get("claimName") or src.get("name") or src.get("secretName") or mount["name"]
+        out.append(Mount(mount["mountPath"], kind, source, mount.get("subPath", ""), src.get("medium", "")))
     return tuple(out)
 
 
@@ -83,9 +83,10 @@ def cluster_pods(cluster: dict, pods_per_group: dict[str, int] | None, owner: st
         raise ValueError(f"no worker group {sorted(unknown)} in {owner} (groups: {sorted(groups)})")
     head = cluster["headGroupSpec"]
     pods = [pod_of("head", "head", head.get("rayStartParams") or {}, head["template"])]
-    for name, g in groups.items():
-        n = counts.get(name, max(1, int(g.get("replicas") or 0)))
-        pods += [pod_of(f"{name}-{i}", name, g.get("rayStartParams") or {}, g["template"]) for i in range(n)]
+    for name, group in groups.items():
+        count = counts.get(name, max(1, int(group.get("replicas") or 0)))
+        pods += [pod_of(f"{name}-{i}", name, group.get("rayStartParams") or {}, group["template"])
+                 for i in range(count)]
     return pods
 
 
@@ -119,11 +120,14 @@ def local_paths(pod: Pod, root: Path) -> dict[str, Path]:
     each claim, ConfigMap and Secret shared by every pod (as the cluster's volumes are); a Memory emptyDir
     (/dev/shm) stays the machine's own."""
     out: dict[str, Path] = {POD_HOME: root / "pods" / pod.name / "home"}
-    for m in pod.mounts:
-        if m.kind == "emptyDir" and m.medium == "Memory":
+    for mount in pod.mounts:
+        if mount.kind == "emptyDir" and mount.medium == "Memory":
             continue
-        base = root / "pods" / pod.name / "volumes" / m.source if m.kind == "emptyDir" else root / m.kind / m.source
-        out[m.path.rstrip("/")] = base / m.sub_path if m.sub_path else base
+        if mount.kind == "emptyDir":
+            base = root / "pods" / pod.name / "volumes" / mount.source
+        else:
+            base = root / mount.kind / mount.source
+        out[mount.path.rstrip("/")] = base / mount.sub_path if mount.sub_path else base
     return out
 
 

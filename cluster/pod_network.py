@@ -35,30 +35,31 @@ class PodNetwork:
     def gateway(self) -> str:
         return f"{self.subnet}.1"
 
-    def ip(self, i: int) -> str:
-        return f"{self.subnet}.{10 + i}"
+    def ip(self, pod: int) -> str:
+        return f"{self.subnet}.{10 + pod}"
 
-    def netns(self, i: int) -> str:
-        return f"qrn{self.tag}-{i}"
+    def netns(self, pod: int) -> str:
+        return f"qrn{self.tag}-{pod}"
 
-    def exec_prefix(self, i: int) -> list[str]:
+    def exec_prefix(self, pod: int) -> list[str]:
         """The argv prefix that runs a command in pod i's network."""
-        return ["ip", "netns", "exec", self.netns(i)]
+        return ["ip", "netns", "exec", self.netns(pod)]
 
     def setup_commands(self) -> list[list[str]]:
         """Pure: the `ip` commands that make the bridge and every pod's namespace, link and address."""
         cmds = [["ip", "link", "add", self.bridge, "type", "bridge"],
                 ["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge],
                 ["ip", "link", "set", self.bridge, "up"]]
-        for i in range(self.pods):
-            ns, host_end = self.netns(i), f"qrv{self.tag}{i}"
-            cmds += [["ip", "netns", "add", ns],
-                     ["ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns],
+        for pod in range(self.pods):
+            namespace = self.netns(pod)
+            host_end = f"qrv{self.tag}{pod}"
+            cmds += [["ip", "netns", "add", namespace],
+                     ["ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", namespace],
                      ["ip", "link", "set", host_end, "master", self.bridge, "up"],
-                     ["ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0"],
-                     ["ip", "-n", ns, "link", "set", "eth0", "up"],
-                     ["ip", "-n", ns, "link", "set", "lo", "up"],
-                     ["ip", "-n", ns, "route", "add", "default", "via", self.gateway]]
+                     ["ip", "-n", namespace, "addr", "add", f"{self.ip(pod)}/24", "dev", "eth0"],
+                     ["ip", "-n", namespace, "link", "set", "eth0", "up"],
+                     ["ip", "-n", namespace, "link", "set", "lo", "up"],
+                     ["ip", "-n", namespace, "route", "add", "default", "via", self.gateway]]
         return cmds
 
     def teardown_commands(self) -> list[list[str]]:
@@ -84,9 +85,9 @@ def plan(pods: int, tag: int | None = None) -> PodNetwork:
     """A network for `pods` pods on the first 10.n.<tag>.0/24 that overlaps none of this machine's."""
     tag = os.getpid() % 250 if tag is None else tag
     used = used_networks()
-    for n in SUBNETS:
-        if not any(ipaddress.ip_network(f"10.{n}.{tag}.0/24").overlaps(u) for u in used):
-            return PodNetwork(f"{tag:03d}", f"10.{n}.{tag}", pods)
+    for second_octet in SUBNETS:
+        if not any(ipaddress.ip_network(f"10.{second_octet}.{tag}.0/24").overlaps(u) for u in used):
+            return PodNetwork(f"{tag:03d}", f"10.{second_octet}.{tag}", pods)
     raise RuntimeError("no free 10.x.y.0/24 for the pods' bridge")
 
 
@@ -105,10 +106,10 @@ def unavailable() -> str | None:
 def up(net: PodNetwork) -> None:
     """Make the network; on a failure nothing of it is left."""
     for cmd in net.setup_commands():
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
             down(net)
-            raise RuntimeError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()}")
+            raise RuntimeError(f"`{' '.join(cmd)}` failed: {result.stderr.strip()}")
 
 
 def down(net: PodNetwork, grace_s: float = 5.0) -> None:
@@ -130,6 +131,6 @@ def down(net: PodNetwork, grace_s: float = 5.0) -> None:
         subprocess.run(cmd, capture_output=True)
 
 
-def netns_pids(ns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+def netns_pids(namespace: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
     return [int(p) for p in out.split() if p.isdigit()]

@@ -27,8 +27,8 @@ def make_readonly(folders: list[str], writable: bool = False) -> None:
     if os.geteuid() == 0:
         return
     for top in folders:
-        for d, subdirs, _ in os.walk(top):
-            for p in [d, *(os.path.join(d, x) for x in subdirs)]:
-                if not os.path.islink(p):
-                    mode = os.stat(p).st_mode
-                    os.chmod(p, (mode | 0o200) if writable else (mode & ~0o222))
+        for folder, subdirs, _ in os.walk(top):
+            for path in [folder, *(os.path.join(folder, x) for x in subdirs)]:
+                if not os.path.islink(path):
+                    mode = os.stat(path).st_mode
+                    os.chmod(path, (mode | 0o200) if writable else (mode & ~0o222))

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from cluster import local_cluster as lc
+from cluster import local_cluster
 from cluster.index_compare import differences
 from cluster.pod_layout import POD_HOME, JobPlan, Pod, job_plan, local_paths, map_env, map_text
 from cluster.pod_network import PodNetwork
@@ -52,18 +52,18 @@ class Rehearsal:
     plan: JobPlan
     work: Path
     token: str
-    shapes: list[lc.NodeShape]
+    shapes: list[local_cluster.NodeShape]
     entrypoint: str  # with the head's local paths
     params: dict  # the entrypoint's `qrag index` parameters, local paths
     runtime_env: dict
     code: str | None = None  # the checkout every node imports (PYTHONPATH), None: this environment's
     name: str = field(default_factory=lambda: f"rh{os.getpid() % 100000}")
     job_id: str = field(default_factory=lambda: f"qrag-index-{secrets.token_hex(4)}")
-    state: lc.ClusterState | None = None
+    state: local_cluster.ClusterState | None = None
 
     @property
     def cdir(self) -> Path:
-        return lc.default_dir(self.name)
+        return local_cluster.default_dir(self.name)
 
     @property
     def readonly(self) -> list[str]:
@@ -149,27 +149,28 @@ def node_env(pod: Pod, paths: dict[str, Path], token: str, code: str | None) -> 
 
 
 def pod_shapes(pods: tuple[Pod, ...], work: Path, token: str, code: str | None,
-               net: PodNetwork | None = None) -> tuple[list[lc.NodeShape], dict[str, Path]]:
+               net: PodNetwork | None = None) -> tuple[list[local_cluster.NodeShape], dict[str, Path]]:
     """Every pod's folders laid out under `work` and the node it runs as (its resources, environment and
     read-only folders; in a network of pods, its own address and namespace); and the head's pod path -> local
     folder."""
-    shapes, laid_out = [], [lay_out_pod(pod, work) for pod in pods]
-    for i, (pod, (paths, readonly)) in enumerate(zip(pods, laid_out)):
-        shapes.append(lc.NodeShape(pod.name, pod.num_cpus, pod.num_gpus, pod.memory or None,
-                                   env=node_env(pod, paths, token, code), readonly=readonly,
-                                   **({"ip": net.ip(i), "netns": net.exec_prefix(i)} if net else {})))
+    shapes = []
+    laid_out = [lay_out_pod(pod, work) for pod in pods]
+    for number, (pod, (paths, readonly)) in enumerate(zip(pods, laid_out, strict=True)):
+        shapes.append(local_cluster.NodeShape(pod.name, pod.num_cpus, pod.num_gpus, pod.memory or None,
+                                              env=node_env(pod, paths, token, code), readonly=readonly,
+                                   **({"ip": net.ip(number), "netns": net.exec_prefix(number)} if net else {})))
     return shapes, laid_out[0][0]
 
 
-def readonly_folders(shapes: list[lc.NodeShape]) -> list[str]:
+def readonly_folders(shapes: list[local_cluster.NodeShape]) -> list[str]:
     return sorted({f for s in shapes for f in s.readonly})
 
 
 def default_token() -> str:
     """This machine's Ray token, by Ray's own lookup (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token),
     made first when there is none (for a cluster other drivers on this machine join too)."""
-    env = lc._env(Path("/nonexistent"))
-    lc.ensure_token(env)
+    env = local_cluster._env(Path("/nonexistent"))
+    local_cluster.ensure_token(env)
     if env.get("RAY_AUTH_TOKEN"):
         return env["RAY_AUTH_TOKEN"]
     return Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser().read_text().strip()
@@ -202,25 +203,26 @@ def prepare(overlay: str, work: Path, *, pods: dict[str, int] | None = None, env
     return Rehearsal(path.name, plan, work, token, shapes, entrypoint, params, runtime_env, code)
 
 
-def start(r: Rehearsal, timeout: float = 240.0, quiet: bool = True) -> lc.ClusterState:
-    make_readonly(r.readonly)
-    r.state = lc.up(name=r.name, cdir=r.cdir, shapes=r.shapes, object_store_mb=300, timeout=timeout, quiet=quiet,
-                    env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": r.token})
-    return r.state
+def start(rehearsal: Rehearsal, timeout: float = 240.0, quiet: bool = True) -> local_cluster.ClusterState:
+    make_readonly(rehearsal.readonly)
+    rehearsal.state = local_cluster.up(name=rehearsal.name, cdir=rehearsal.cdir, shapes=rehearsal.shapes,
+                                       object_store_mb=300, timeout=timeout, quiet=quiet,
+                            env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": rehearsal.token})
+    return rehearsal.state
 
 
-def stop(r: Rehearsal) -> bool:
-    ok = lc.down(name=r.name, cdir=r.cdir, quiet=True)
-    make_readonly(r.readonly, writable=True)
-    return ok
+def stop(rehearsal: Rehearsal) -> bool:
+    stopped = local_cluster.down(name=rehearsal.name, cdir=rehearsal.cdir, quiet=True)
+    make_readonly(rehearsal.readonly, writable=True)
+    return stopped
 
 
-def submit_command(r: Rehearsal) -> list[str]:
+def submit_command(rehearsal: Rehearsal) -> list[str]:
     """KubeRay's submitter command (K8sJobMode) for this cluster."""
-    return [lc._ray_bin(), "job", "submit", "--address", r.state.dashboard_url,
-            "--runtime-env-json", json.dumps(r.runtime_env), "--submission-id", r.job_id, "--",
+    return [local_cluster._ray_bin(), "job", "submit", "--address", rehearsal.state.dashboard_url,
+            "--runtime-env-json", json.dumps(rehearsal.runtime_env), "--submission-id", rehearsal.job_id, "--",
             # the submitter's shell splits the entrypoint into words; one word would be run as one program name
-            *shlex.split(r.entrypoint)]
+            *shlex.split(rehearsal.entrypoint)]
 
 
 def _driver_env(**extra: str) -> dict[str, str]:
@@ -228,39 +230,41 @@ def _driver_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
-def submit(r: Rehearsal, timeout: float = 1800.0) -> tuple[int, str]:
+def submit(rehearsal: Rehearsal, timeout: float = 1800.0) -> tuple[int, str]:
     """Run the job to its end; (exit code of `ray job submit`, its output: the job's log)."""
-    log = r.work / "job.log"
-    with log.open("w") as f:
+    log = rehearsal.work / "job.log"
+    with log.open("w") as log_file:
         try:
-            rc = subprocess.run(submit_command(r), env=_driver_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=r.token),
-                                stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            returncode = subprocess.run(submit_command(rehearsal),
+                                        env=_driver_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=rehearsal.token),
+                                        stdout=log_file, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
-            rc = 124
-    return rc, log.read_text(errors="replace")
+            returncode = 124
+    return returncode, log.read_text(errors="replace")
 
 
-def plain_build(r: Rehearsal, timeout: float = 1800.0) -> tuple[int, str, Path]:
+def plain_build(rehearsal: Rehearsal, timeout: float = 1800.0) -> tuple[int, str, Path]:
     """The same build with plain `qrag index` in this process's environment (plus the job's env vars): no
     cluster, its own output beside the job's. Its in-process Ray declares the pods' GPUs (Ray's
     RAY_OVERRIDE_RESOURCES, logical ones on a CPU machine), so the config's GPU requests hold there too."""
-    argv = shlex.split(r.entrypoint)[1:]
+    argv = shlex.split(rehearsal.entrypoint)[1:]
     if "--address" in argv:
-        i = argv.index("--address")
-        del argv[i:i + 2]
-    out = r.work / "plain" / Path(r.params["output"]).name
+        position = argv.index("--address")
+        del argv[position:position + 2]
+    out = rehearsal.work / "plain" / Path(rehearsal.params["output"]).name
     argv[argv.index("--output") + 1] = str(out)
-    env = _driver_env(**(r.runtime_env.get("env_vars") or {}), **({"PYTHONPATH": r.code} if r.code else {}))
-    if gpus := sum(s.num_gpus for s in r.shapes):
+    env = _driver_env(**(rehearsal.runtime_env.get("env_vars") or {}),
+                      **({"PYTHONPATH": rehearsal.code} if rehearsal.code else {}))
+    if gpus := sum(s.num_gpus for s in rehearsal.shapes):
         env["RAY_OVERRIDE_RESOURCES"] = json.dumps({"GPU": gpus})
-    p = subprocess.run([sys.executable, "-m", "qrag_ray.cli", *argv], env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout + p.stderr, out
+    process = subprocess.run([sys.executable, "-m", "qrag_ray.cli", *argv], env=env, capture_output=True, text=True,
+                             timeout=timeout)
+    return process.returncode, process.stdout + process.stderr, out
 
 
 def content_hash(index_dir: Path) -> str | None:
-    f = index_dir / "manifest.json"
-    return json.loads(f.read_text()).get("content_hash") if f.is_file() else None
+    manifest = index_dir / "manifest.json"
+    return json.loads(manifest.read_text()).get("content_hash") if manifest.is_file() else None
 
 
 @dataclass
@@ -282,69 +286,76 @@ class Outcome:
         if self.plain_hash is None:
             return f"plain `qrag index` failed:\n{self.plain_log[-4000:]}"
         if self.ok:
-            same = "content_hash equal" if self.job_hash == self.plain_hash else "equal but for float-level vector differences"
+            if self.job_hash == self.plain_hash:
+                same = "content_hash equal"
+            else:
+                same = "equal but for float-level vector differences"
             return f"the job's index and plain qrag index's: {same}"
         return "the job's index differs from plain qrag index's:\n  " + "\n  ".join(self.differences)
 
 
-def run_job(r: Rehearsal, timeout: float = 1800.0, compare: bool = True) -> Outcome:
+def run_job(rehearsal: Rehearsal, timeout: float = 1800.0, compare: bool = True) -> Outcome:
     """Submit the job to the started cluster; then, if it published, the plain build and the comparison."""
-    t0 = time.monotonic()
-    rc, log = submit(r, timeout)
-    out = Outcome(False, rc, log, seconds={"job": round(time.monotonic() - t0, 1)})
-    if rc != 0 or not compare:
+    started = time.monotonic()
+    returncode, log = submit(rehearsal, timeout)
+    out = Outcome(False, returncode, log, seconds={"job": round(time.monotonic() - started, 1)})
+    if returncode != 0 or not compare:
         return out
-    out.job_hash = content_hash(Path(r.params["output"]))
+    out.job_hash = content_hash(Path(rehearsal.params["output"]))
     if out.job_hash is None:
         return out
-    t1 = time.monotonic()
-    prc, out.plain_log, plain = plain_build(r, timeout)
-    out.seconds["plain"] = round(time.monotonic() - t1, 1)
+    plain_started = time.monotonic()
+    prc, out.plain_log, plain = plain_build(rehearsal, timeout)
+    out.seconds["plain"] = round(time.monotonic() - plain_started, 1)
     out.plain_hash = content_hash(plain) if prc == 0 else None
     if out.plain_hash is not None:
-        out.differences = [] if out.plain_hash == out.job_hash else differences(Path(r.params["output"]), plain)
+        out.differences = [] if out.plain_hash == out.job_hash else differences(Path(rehearsal.params["output"]), plain)
         out.ok = not out.differences
     return out
 
 
-def describe(r: Rehearsal) -> str:
-    rows = [f"  {s.name}: {s.num_cpus} CPUs, {s.num_gpus} GPUs, {(s.memory or 0) / 2**30:.0f} GiB" for s in r.shapes]
-    return "\n".join([f"rehearsing the RayJob of overlay {r.overlay} in {r.work}", *rows,
-                      "  $ " + shlex.join(["ray", "job", "submit", "--runtime-env-json", json.dumps(r.runtime_env),
-                                           "--submission-id", r.job_id, "--", r.entrypoint])])
+def describe(rehearsal: Rehearsal) -> str:
+    rows = [f"  {s.name}: {s.num_cpus} CPUs, {s.num_gpus} GPUs, {(s.memory or 0) / 2**30:.0f} GiB"
+            for s in rehearsal.shapes]
+    return "\n".join([f"rehearsing the RayJob of overlay {rehearsal.overlay} in {rehearsal.work}", *rows,
+                      "  $ " + shlex.join(["ray", "job", "submit", "--runtime-env-json",
+                                           json.dumps(rehearsal.runtime_env),
+                                           "--submission-id", rehearsal.job_id, "--", rehearsal.entrypoint])])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cluster.rehearse", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--overlay", default="cpu-dev", help="k8s/overlays/<name> or a kustomization folder")
-    ap.add_argument("--pods", action="append", default=[], metavar="GROUP=N,...",
-                    help="pods per worker group (default: each group's replicas, at least 1)")
-    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                    help="an env var added to the job's runtime env, as a user adds one to runtimeEnvYAML")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
-                    help="a setting of the ConfigMap's index config (dotted key, YAML value)")
-    ap.add_argument("--docs", type=int, default=3, help=f"documents in the corpus (at most {len(TOPICS)})")
-    ap.add_argument("--code", default=None, help="the qrag-ray checkout every node imports (default: this environment's)")
-    ap.add_argument("--work", default=None, help="folder for the pods' paths (default: a new temporary folder)")
-    ap.add_argument("--keep", action="store_true", help="keep the work folder (the job's log, both indexes)")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds the job may take")
-    a = ap.parse_args(argv)
-    work = Path(a.work or tempfile.mkdtemp(prefix="qrag-rehearse-")).resolve()
+    parser = argparse.ArgumentParser(prog="python -m cluster.rehearse", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--overlay", default="cpu-dev", help="k8s/overlays/<name> or a kustomization folder")
+    parser.add_argument("--pods", action="append", default=[], metavar="GROUP=N,...",
+                        help="pods per worker group (default: each group's replicas, at least 1)")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="an env var added to the job's runtime env, as a user adds one to runtimeEnvYAML")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="a setting of the ConfigMap's index config (dotted key, YAML value)")
+    parser.add_argument("--docs", type=int, default=3, help=f"documents in the corpus (at most {len(TOPICS)})")
+    parser.add_argument("--code", default=None,
+                        help="the qrag-ray checkout every node imports (default: this environment's)")
+    parser.add_argument("--work", default=None, help="folder for the pods' paths (default: a new temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (the job's log, both indexes)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds the job may take")
+    args = parser.parse_args(argv)
+    work = Path(args.work or tempfile.mkdtemp(prefix="qrag-rehearse-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    pods = {k: int(v) for k, v in parse_pairs(a.pods, "pods").items()}
-    r = prepare(a.overlay, work, pods=pods, env=parse_pairs(a.env, "env"), settings=parse_pairs(a.settings, "set"),
-                docs=min(a.docs, len(TOPICS)), code=str(Path(a.code).resolve()) if a.code else None)
-    print(describe(r), file=sys.stderr)
-    os.environ["RAY_AUTH_TOKEN"] = r.token  # this process watches the nodes start: the cluster's token
+    pods = {k: int(v) for k, v in parse_pairs(args.pods, "pods").items()}
+    rehearsal = prepare(args.overlay, work, pods=pods, env=parse_pairs(args.env, "env"),
+                        settings=parse_pairs(args.settings, "set"),
+                        docs=min(args.docs, len(TOPICS)), code=str(Path(args.code).resolve()) if args.code else None)
+    print(describe(rehearsal), file=sys.stderr)
+    os.environ["RAY_AUTH_TOKEN"] = rehearsal.token  # this process watches the nodes start: the cluster's token
     try:
-        start(r, quiet=False)
-        outcome = run_job(r, a.timeout)
+        start(rehearsal, quiet=False)
+        outcome = run_job(rehearsal, args.timeout)
     finally:
-        stopped = stop(r)
+        stopped = stop(rehearsal)
     print(outcome.summary(), file=sys.stderr)
-    print(json.dumps({"overlay": r.overlay, "ok": outcome.ok, "job_hash": outcome.job_hash,
+    print(json.dumps({"overlay": rehearsal.overlay, "ok": outcome.ok, "job_hash": outcome.job_hash,
                       "plain_hash": outcome.plain_hash, "seconds": outcome.seconds, "work": str(work)}))
-    if not a.keep:
+    if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if outcome.ok and stopped else 1
 

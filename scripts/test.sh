@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The full test run (README's test command, called by .ci/run), in phases, each stamped when it starts
 # and ends ("[test] HH:MM:SS phase ...") and listed with its minutes at the end:
+#   lint     ruff over the repository's Python (pyproject's [tool.ruff], `make lint`): a finding ends the run
+#            here, in seconds, before half an hour of tests
 #   fast     the unit and integration tiers (pytest -m "not slow")
 #   install  the fresh-user install checks (tests/test_install.py), in the background at a lower CPU and
 #            I/O priority, started when the fast tier ends; their output is printed when they end
@@ -52,6 +54,9 @@ tier() {
   shift
   QRAG_TEST_DURATIONS="$REPORTS/durations-$name.tsv" python -m pytest -q -p no:cacheprovider "$@"
 }
+
+# ruff lists every finding as file:line:column: rule message
+phase lint ruff check --output-format concise
 
 fast_rc=0
 # The fast tier's tests take 3 minutes at most on a quiet 2-core box: a fast test that hangs fails at 10

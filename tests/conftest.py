@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from support.build_cache import file_digest, shared
 from support.corpus import pydoc_docs, write_jsonl
 from support.indexes import build, shared_build
@@ -47,7 +48,7 @@ def _unit_tests_start_no_ray(request, monkeypatch):
 
     ray = sys.modules.get("ray")
     if ray is not None and not ray.is_initialized():
-        def refuse(*a, **k):
+        def refuse(*args, **kwargs):
             raise RuntimeError(f"{request.node.nodeid} is a unit test but starts Ray: mark it "
                                "@pytest.mark.integration (or use a Ray fixture)")
 
@@ -139,12 +140,12 @@ def sentence_cli_index(local_ray, pydoc_jsonl, index_root):
     def run_cli():
         buf = io.StringIO()
         with contextlib.redirect_stderr(buf):
-            rc = main(["index", "--input", str(pydoc_jsonl), "--output", str(out), *args, "--config", str(conf)])
-        return rc, buf.getvalue()
+            code = main(["index", "--input", str(pydoc_jsonl), "--output", str(out), *args, "--config", str(conf)])
+        return code, buf.getvalue()
 
     spec = {"qrag index": args, "input": file_digest(pydoc_jsonl), "config": file_digest(conf)}
-    rc, stderr = shared(spec, out, run_cli)
-    return out, rc, stderr
+    code, stderr = shared(spec, out, run_cli)
+    return out, code, stderr
 
 
 # the client and adapter tests' document metadata: a group per topic, a number, a list of tags
@@ -191,15 +192,18 @@ def _read_index(index_dir: Path) -> dict:
 
     from qrag_ray.index.format import read_table_file
 
-    m = json.loads((index_dir / "manifest.json").read_text())
+    manifest = json.loads((index_dir / "manifest.json").read_text())
     chunks = pq.read_table(index_dir / "chunks.parquet")
     shards = []
-    for s in m["shards"]:
-        idx = faiss.read_index(str(index_dir / s["faiss"]))
-        meta = read_table_file(index_dir / s["meta"])
-        vecs = idx.reconstruct_n(0, idx.ntotal) if idx.ntotal else np.zeros((0, m["embedder"]["dim"]), np.float32)
-        shards.append({"id": s["id"], "index": idx, "meta": meta, "vectors": vecs})
-    return {"manifest": m, "chunks": chunks, "shards": shards}
+    for shard in manifest["shards"]:
+        idx = faiss.read_index(str(index_dir / shard["faiss"]))
+        meta = read_table_file(index_dir / shard["meta"])
+        if idx.ntotal:
+            vecs = idx.reconstruct_n(0, idx.ntotal)
+        else:
+            vecs = np.zeros((0, manifest["embedder"]["dim"]), np.float32)
+        shards.append({"id": shard["id"], "index": idx, "meta": meta, "vectors": vecs})
+    return {"manifest": manifest, "chunks": chunks, "shards": shards}
 
 
 # Helpers as fixtures: test modules must not import conftest (tests/generation has its own conftest).

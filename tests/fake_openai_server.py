@@ -24,12 +24,13 @@ _STOP = {"the", "and", "that", "with", "from", "this", "have", "into", "which", 
 
 def words_of(text: str) -> list[str]:
     """Content words (>= 4 letters, no stop words) in order of first appearance."""
-    seen, out = set(), []
-    for w in re.findall(r"[A-Za-z][A-Za-z0-9-]{3,}", text):
-        k = w.lower()
-        if k not in _STOP and k not in seen:
-            seen.add(k)
-            out.append(w)
+    seen = set()
+    out = []
+    for word in re.findall(r"[A-Za-z][A-Za-z0-9-]{3,}", text):
+        key = word.lower()
+        if key not in _STOP and key not in seen:
+            seen.add(key)
+            out.append(word)
     return out
 
 
@@ -42,10 +43,10 @@ def rule_based_reply(messages: list[dict]) -> str:
     last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
     prompt_text = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") in ("system", "user"))
     subject = last_user.split("The answer should be present in:\n")[-1]
-    m = re.search(r"(?:exactly|Generate)\s+(\d+)", prompt_text.split("The answer should be present in:")[0][-400:])
-    n = int(m.group(1)) if m else (1 if "a single" in last_user else 3)
-    ws = words_of(subject) or ["nothing"]
-    lines = [f"{i + 1}. What does the text say about {ws[i % len(ws)]}?" for i in range(n)]
+    match = re.search(r"(?:exactly|Generate)\s+(\d+)", prompt_text.split("The answer should be present in:")[0][-400:])
+    count = int(match.group(1)) if match else (1 if "a single" in last_user else 3)
+    words = words_of(subject) or ["nothing"]
+    lines = [f"{i + 1}. What does the text say about {words[i % len(words)]}?" for i in range(count)]
     return "\n".join(lines) + "\n"
 
 
@@ -73,8 +74,8 @@ class FakeOpenAI:
     # convenience for tests
     def fail_next(self, *statuses: int, retry_after: str | None = None) -> None:
         with self.lock:
-            for s in statuses:
-                self.failures.append((s, {"Retry-After": retry_after} if retry_after is not None else {}))
+            for status in statuses:
+                self.failures.append((status, {"Retry-After": retry_after} if retry_after is not None else {}))
 
     @property
     def url(self) -> str:
@@ -100,8 +101,8 @@ def _make_handler(state: FakeOpenAI):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
             self.end_headers()
             self.wfile.write(body)
 
@@ -116,7 +117,7 @@ def _make_handler(state: FakeOpenAI):
             want = state.require_key
             return want is None or self.headers.get("Authorization") == f"Bearer {want}"
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path.rstrip("/") != "/v1/models":
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
                 return
@@ -127,7 +128,7 @@ def _make_handler(state: FakeOpenAI):
                 return
             self._send(200, {"object": "list", "data": [{"id": state.model_name, "object": "model"}]})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
             if self.path.rstrip("/") != "/v1/chat/completions":
@@ -151,14 +152,15 @@ def _make_handler(state: FakeOpenAI):
                 if delay:
                     time.sleep(delay)
                 if not self._authorized():
-                    self._send(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}})
+                    self._send(401, {"error": {"message": "Incorrect API key provided",
+                                               "type": "invalid_request_error"}})
                     return
                 if failure is not None:
                     status, headers = failure
                     self._send(status, {"error": {"message": f"scripted failure {status}"}}, headers)
                     return
-                n = int(body.get("n") or 1)
-                texts = [state.reply(body["messages"]) for _ in range(n)]
+                count = int(body.get("n") or 1)
+                texts = [state.reply(body["messages"]) for _ in range(count)]
                 prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
                 completion_tokens = sum(len(t.split()) for t in texts)
                 self._send(200, {

@@ -37,5 +37,6 @@ def qwen_available() -> bool:
         return True
     with contextlib.suppress(QragError):
         parts = qwen.find_qwen_parts()
-        return all(p.is_file() and p.stat().st_size == want for p, want in zip(parts, qwen.QWEN_PART_SIZES))
+        return all(p.is_file() and p.stat().st_size == want for p,
+                   want in zip(parts, qwen.QWEN_PART_SIZES, strict=True))
     return False

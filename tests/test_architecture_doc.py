@@ -31,9 +31,9 @@ def code_block(text: str, heading: str) -> list[str]:
     `heading`."""
     start = text.find(heading)
     assert start >= 0, f"docs/ARCHITECTURE.md has no {heading!r}"
-    m = re.search(r"^```[^\n]*\n(.*?)^```", text[start:], re.S | re.M)
-    assert m, f"no code block after {heading!r}"
-    return m.group(1).splitlines()
+    match = re.search(r"^```[^\n]*\n(.*?)^```", text[start:], re.S | re.M)
+    assert match, f"no code block after {heading!r}"
+    return match.group(1).splitlines()
 
 
 def layout_modules(text: str) -> list[str]:
@@ -60,12 +60,12 @@ _FIELD = re.compile(r"^(\w+)(\??)(?: \[?\{([^}]*)\}\]?)?(?:\s|$)")
 def doc_fields(text: str) -> dict[str, tuple[bool, dict[str, bool] | None]]:
     """{field: (optional, {sub-field: optional} or None)} from the manifest block."""
     out = {}
-    for ln in code_block(text, "Manifest fields"):
-        if not ln.strip() or ln[0].isspace():
+    for line in code_block(text, "Manifest fields"):
+        if not line.strip() or line[0].isspace():
             continue
-        m = _FIELD.match(ln)
-        assert m, f"unparsable manifest line {ln!r}"
-        name, opt, inner = m.groups()
+        match = _FIELD.match(line)
+        assert match, f"unparsable manifest line {line!r}"
+        name, opt, inner = match.groups()
         assert name not in out, f"manifest field {name} listed twice"
         subs = None
         if inner is not None:
@@ -88,12 +88,12 @@ def _record(annotation) -> type[BaseModel] | None:
 def model_fields(model: type[BaseModel]) -> dict[str, tuple[bool, dict[str, bool] | None]]:
     """The declared fields a manifest.json holds (a field excluded from dumps is never written)."""
     out = {}
-    for name, f in model.model_fields.items():
-        if f.exclude:
+    for name, field in model.model_fields.items():
+        if field.exclude:
             continue
-        rec = _record(f.annotation)
+        rec = _record(field.annotation)
         subs = None if rec is None else {n: not g.is_required() for n, g in rec.model_fields.items() if not g.exclude}
-        out[name] = (not f.is_required(), subs)
+        out[name] = (not field.is_required(), subs)
     return out
 
 
@@ -144,7 +144,8 @@ def test_every_dotted_name_the_page_names_resolves(page):
 def _defined_in(name: str, files: list[Path]) -> bool:
     """`Name`, `Name.attr` or `name`: a class, function, constant or attribute the files define."""
     last = name.split(".")[-1]
-    pat = re.compile(rf"^\s*(?:(?:async\s+)?def|class)\s+{re.escape(last)}\b|^\s*(?:self\.)?{re.escape(last)}\s*[:=]", re.M)
+    pat = re.compile(rf"^\s*(?:(?:async\s+)?def|class)\s+{re.escape(last)}\b|^\s*(?:self\.)?{re.escape(last)}\s*[:=]",
+                     re.M)
     return any(pat.search(f.read_text()) for f in files)
 
 
@@ -164,12 +165,15 @@ def test_where_to_change_what_names_what_its_files_define(doc):
 
 
 def test_manifest_fields_are_the_typed_manifest(doc):
-    listed, declared = doc_fields(doc), model_fields(Manifest)
-    extra, missing = sorted(set(listed) - set(declared)), sorted(set(declared) - set(listed))
+    listed = doc_fields(doc)
+    declared = model_fields(Manifest)
+    extra = sorted(set(listed) - set(declared))
+    missing = sorted(set(declared) - set(listed))
     assert extra == [], f"docs/ARCHITECTURE.md lists manifest fields that Manifest does not declare: {extra}"
     assert missing == [], f"Manifest declares fields that docs/ARCHITECTURE.md does not list: {missing}"
     for name, (optional, subs) in declared.items():
-        assert listed[name] == (optional, subs), f"manifest field {name}: doc says {listed[name]}, code {(optional, subs)}"
+        code = (optional, subs)
+        assert listed[name] == code, f"manifest field {name}: doc says {listed[name]}, code {code}"
 
 
 def test_the_parsers_see_a_change():
@@ -207,11 +211,11 @@ def qrag_commands(text: str) -> list[tuple[str, list[str]]]:
     """(`command [subcommand]`, [--flag, ...]) for every qrag command line the page's code holds."""
     found = []
     for span in code_spans(text):
-        for m in _QRAG.finditer(span):
-            words = m.group(3).split()
+        for match in _QRAG.finditer(span):
+            words = match.group(3).split()
             sub = [words[0]] if words and re.fullmatch(r"[a-z][\w-]*", words[0]) else []
             flags = [w.split("=")[0] for w in words if re.fullmatch(r"--[a-z][\w-]*(=.*)?", w)]
-            found.append((" ".join([m.group(2), *sub]), flags))
+            found.append((" ".join([match.group(2), *sub]), flags))
     return found
 
 
@@ -225,8 +229,8 @@ def cli():
     register_commands()
     out = {}
     for name, cmd in typer.main.get_command(app).commands.items():
-        for sub, c in [(name, cmd), *((f"{name} {s}", c) for s, c in getattr(cmd, "commands", {}).items())]:
-            out[sub] = {o for p in c.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+        for sub, command in [(name, cmd), *((f"{name} {s}", c) for s, c in getattr(cmd, "commands", {}).items())]:
+            out[sub] = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
     return out
 
 

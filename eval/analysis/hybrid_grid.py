@@ -24,8 +24,8 @@ NORMS = ("max", "minmax", "zscore")
 
 def policies(base) -> dict[str, object]:
     out = {"dense": replace(base, bm25_alpha=None), "bm25": replace(base, bm25_alpha=0.0)}
-    for norm, a in itertools.product(NORMS, ALPHAS):
-        out[f"{norm}@{a:g}"] = replace(base, bm25_alpha=a, bm25_norm=norm)
+    for norm, alpha in itertools.product(NORMS, ALPHAS):
+        out[f"{norm}@{alpha:g}"] = replace(base, bm25_alpha=alpha, bm25_norm=norm)
     out["rrf"] = replace(base, fusion="rrf", bm25_alpha=0.5)
     return out
 
@@ -36,39 +36,44 @@ def main(argv: list[str] | None = None) -> None:
     from qrag_ray.search.engine import SearchEngine
     from qrag_ray.search.merge import dedup, gather
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--index", required=True)
-    ap.add_argument("--dataset", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--subset", type=int)
-    ap.add_argument("--offset", type=int, default=0)
-    ap.add_argument("--depth", type=int, default=200)
-    ap.add_argument("--output")
-    a = ap.parse_args(argv)
-    ev = load_eval_set(a.dataset, a.data, subset=a.subset, offset=a.offset)
-    eng = SearchEngine(a.index)
-    texts = [q["text"] for q in ev.queries]
-    qvecs = eng.embed(texts)
-    hits = [s.search(qvecs, a.depth, texts) for s in eng.shards]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--index", required=True)
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--subset", type=int)
+    parser.add_argument("--offset", type=int, default=0)
+    parser.add_argument("--depth", type=int, default=200)
+    parser.add_argument("--output")
+    args = parser.parse_args(argv)
+    eval_set = load_eval_set(args.dataset, args.data, subset=args.subset, offset=args.offset)
+    search_engine = SearchEngine(args.index)
+    texts = [q["text"] for q in eval_set.queries]
+    qvecs = search_engine.embed(texts)
+    hits = [s.search(qvecs, args.depth, texts) for s in search_engine.shards]
     cands = [gather(hits, qi) for qi in range(len(texts))]
-    doc = lambda ci: eng.chunks.get(ci)["doc_id"]  # noqa: E731
+
+    def doc_of(chunk_idx: int) -> str:
+        """The document a chunk belongs to."""
+        return search_engine.chunks.get(chunk_idx)["doc_id"]
+
     out = {}
-    for name, pol in policies(eng.policy).items():
+    for name, pol in policies(search_engine.policy).items():
         run = {}
-        for q, c in zip(ev.queries, cands):
-            seen, docs = set(), []
-            for r in dedup(c, 50, policy=pol):
-                d = doc(r.chunk_idx)
-                if d not in seen:
-                    seen.add(d)
-                    docs.append(d)
-            run[q["qid"]] = docs
-        m = evaluate(run, ev.qrels, ks=[1, 10])
-        out[name] = {"nDCG@10": round(100 * m["nDCG@10"], 2), "R@1": round(100 * m["R@1"], 2)}
+        for query, candidates in zip(eval_set.queries, cands, strict=True):
+            seen = set()
+            docs = []
+            for hit in dedup(candidates, 50, policy=pol):
+                doc_id = doc_of(hit.chunk_idx)
+                if doc_id not in seen:
+                    seen.add(doc_id)
+                    docs.append(doc_id)
+            run[query["qid"]] = docs
+        metrics = evaluate(run, eval_set.qrels, ks=[1, 10])
+        out[name] = {"nDCG@10": round(100 * metrics["nDCG@10"], 2), "R@1": round(100 * metrics["R@1"], 2)}
         print(f"{name:14s} nDCG@10 {out[name]['nDCG@10']:6.2f}  R@1 {out[name]['R@1']:6.2f}", flush=True)
-    if a.output:
-        with open(a.output, "w") as f:
-            json.dump({"index": a.index, "data": a.data, "subset": a.subset, "results": out}, f, indent=2)
+    if args.output:
+        with open(args.output, "w") as file:
+            json.dump({"index": args.index, "data": args.data, "subset": args.subset, "results": out}, file, indent=2)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fusion_grid import fused, load_matrices, parity_halves, split_metrics  # noqa: E402
+from fusion_grid import fused, load_matrices, parity_halves, split_metrics
 
 WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
 
@@ -40,53 +40,55 @@ def bm25_matrix(doc_texts: list[str], queries: list[str]) -> np.ndarray:
     ret = bm25s.BM25()
     ret.index(tokenize(doc_texts, ids=True), show_progress=False)
     toks = tokenize(queries, ids=False)
-    B = np.stack([ret.get_scores(t) for t in toks]).astype(np.float32)
-    return B / np.maximum(B.max(1, keepdims=True), 1e-6)
+    scores = np.stack([ret.get_scores(t) for t in toks]).astype(np.float32)
+    return scores / np.maximum(scores.max(1, keepdims=True), 1e-6)
 
 
-def dense_configs(m: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def dense_configs(mats: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The dense presets the index can score (EVALUATION.md §4.6 for the calibrated one)."""
-    out = {"chunk": m["chunk"], "atom-sentence": fused(m, 0.0, {}), "chunk x0.5 + sentence (no LLM)": fused(m, 0.5, {})}
-    if "question" in m and "quote" in m:
-        out["atom-hybrid (calibrated)"] = fused(m, 0.5, {"question": -0.2, "quote": -0.05})
+    out = {"chunk": mats["chunk"], "atom-sentence": fused(mats, 0.0, {}),
+           "chunk x0.5 + sentence (no LLM)": fused(mats, 0.5, {})}
+    if "question" in mats and "quote" in mats:
+        out["atom-hybrid (calibrated)"] = fused(mats, 0.5, {"question": -0.2, "quote": -0.05})
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--index", required=True)
-    ap.add_argument("--data", required=True, help="SQuAD v1.1 JSON the index was built from")
-    ap.add_argument("--offset", type=int, default=0)
-    ap.add_argument("--subset", type=int, default=None)
-    ap.add_argument("--output", required=True, help="JSON file for the table")
-    a = ap.parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--index", required=True)
+    parser.add_argument("--data", required=True, help="SQuAD v1.1 JSON the index was built from")
+    parser.add_argument("--offset", type=int, default=0)
+    parser.add_argument("--subset", type=int, default=None)
+    parser.add_argument("--output", required=True, help="JSON file for the table")
+    args = parser.parse_args()
 
-    mats, gold, article, ev = load_matrices(Path(a.index), a.data, a.offset, a.subset)
+    mats, gold, article, eval_set = load_matrices(Path(args.index), args.data, args.offset, args.subset)
     halves = parity_halves(article)
-    qtexts = [q["text"] for q in ev["queries"]]
-    lexical = {"bm25(chunk)": bm25_matrix([d["text"] for d in ev["corpus"]], qtexts)}
-    if any(ev["questions"]):
+    qtexts = [q["text"] for q in eval_set["queries"]]
+    lexical = {"bm25(chunk)": bm25_matrix([d["text"] for d in eval_set["corpus"]], qtexts)}
+    if any(eval_set["questions"]):
         lexical["bm25(chunk+questions)"] = bm25_matrix(
-            [d["text"] + "\n" + "\n".join(qs) for d, qs in zip(ev["corpus"], ev["questions"])], qtexts)
+            [d["text"] + "\n" + "\n".join(qs) for d, qs in zip(eval_set["corpus"], eval_set["questions"], strict=True)],
+            qtexts)
 
-    def score(label, M, w=None):
-        return {"label": label, "w_bm25": w, **split_metrics(M, gold, halves)}
+    def score(label, dense, weight=None):
+        return {"label": label, "w_bm25": weight, **split_metrics(dense, gold, halves)}
 
     rows = [score(name, B) for name, B in lexical.items()]
-    for dname, D in dense_configs(mats).items():
-        rows.append(score(dname, D))
-        for lname, B in lexical.items():
-            cands = [score(f"{dname} + w*{lname}", D + w * B, w) for w in WEIGHTS]
+    for dname, dense in dense_configs(mats).items():
+        rows.append(score(dname, dense))
+        for lname, lexical_scores in lexical.items():
+            cands = [score(f"{dname} + w*{lname}", dense + w * lexical_scores, w) for w in WEIGHTS]
             rows.append(max(cands, key=lambda r: (r["even"]["R@1"], r["even"]["MRR@10"])))
     print(f"{'configuration (BM25 weight chosen on even articles)':64s} {'w':>4s} {'even R@1':>8s} "
           f"{'odd R@1':>8s} {'all R@1':>8s} {'all R@5':>8s} {'all MRR':>8s}")
-    for r in rows:
-        w = f"{r['w_bm25']:.1f}" if r["w_bm25"] is not None else ""
-        print(f"{r['label']:64s} {w:>4s} {r['even']['R@1']:8.1f} {r['odd']['R@1']:8.1f} {r['all']['R@1']:8.1f} "
-              f"{r['all']['R@5']:8.1f} {r['all']['MRR@10']:8.1f}")
-    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps({"index": a.index, "offset": a.offset, "subset": a.subset,
-                                          "queries": len(gold), "rows": rows}, indent=1))
+    for row in rows:
+        weight = f"{row['w_bm25']:.1f}" if row["w_bm25"] is not None else ""
+        print(f"{row['label']:64s} {weight:>4s} {row['even']['R@1']:8.1f} {row['odd']['R@1']:8.1f} "
+              f"{row['all']['R@1']:8.1f} {row['all']['R@5']:8.1f} {row['all']['MRR@10']:8.1f}")
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps({"index": args.index, "offset": args.offset, "subset": args.subset,
+                                             "queries": len(gold), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

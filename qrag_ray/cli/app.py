@@ -22,7 +22,8 @@ err = Console(stderr=True)
 @app.callback()
 def _global_options(
     verbose: int = typer.Option(0, "--verbose", "-v", count=True,
-                                help="show third-party logs and warnings (Ray, Ray Data, transformers, vLLM); -vv debug"),
+                                help="show third-party logs and warnings (Ray, Ray Data, transformers, vLLM); "
+                                     "-vv debug"),
 ):
     set_verbosity(verbose)
     filter_native_stderr()
@@ -52,21 +53,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         typer.main.get_command(app).main(args=argv, prog_name="qrag", standalone_mode=False)
         return 0
-    except (*aborts, KeyboardInterrupt) as e:
-        err.print("interrupted" if isinstance(e, KeyboardInterrupt) else "aborted")
+    except (*aborts, KeyboardInterrupt) as error:
+        err.print("interrupted" if isinstance(error, KeyboardInterrupt) else "aborted")
         return 130
-    except tuple(m.exceptions.ClickException for m in mods) as e:
+    except tuple(m.exceptions.ClickException for m in mods) as error:
         # one line ('error: Missing option ... (see qrag index --help)'); a bare `qrag` or a group without
         # its command still gets the help it asks for
-        if type(e).__name__ == "NoArgsIsHelpError":
-            e.show()
+        if type(error).__name__ == "NoArgsIsHelpError":
+            error.show()
         else:
-            ctx = getattr(e, "ctx", None)
-            _error_line(e.format_message() + (f" (see {ctx.command_path} --help)" if ctx is not None else ""))
-        return e.exit_code or 2
-    except BaseException as e:  # noqa: BLE001 - map user errors to one line, keep bugs loud
-        ue = find_user_error(e)
-        if ue is None:
+            ctx = getattr(error, "ctx", None)
+            _error_line(error.format_message() + (f" (see {ctx.command_path} --help)" if ctx is not None else ""))
+        return error.exit_code or 2
+    except BaseException as error:  # map user errors to one line, keep bugs loud
+        user_error = find_user_error(error)
+        if user_error is None:
             raise
-        _error_line(str(ue))
-        return ue.exit_code
+        _error_line(str(user_error))
+        return user_error.exit_code

@@ -15,8 +15,8 @@ def register(app: typer.Typer) -> None:
         """Files and rows in the cache."""
         from qrag_ray.generation.cache import QuestionCache
 
-        c = QuestionCache(cache_dir)
-        print(json.dumps({"root": str(c.root), "files": len(c.files()), "rows": len(c)}))
+        cache = QuestionCache(cache_dir)
+        print(json.dumps({"root": str(cache.root), "files": len(cache.files()), "rows": len(cache)}))
 
     @cache_app.command("compact")
     def compact(cache_dir: str | None = typer.Option(None, "--cache-dir", help="question cache folder"),
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
 
         if buckets < 1:
             raise QragError(f"--buckets must be at least 1, got {buckets}")
-        c = QuestionCache(cache_dir)
-        print(json.dumps({"root": str(c.root), **c.compact(buckets)}))
+        cache = QuestionCache(cache_dir)
+        print(json.dumps({"root": str(cache.root), **cache.compact(buckets)}))
 
     app.add_typer(cache_app, name="cache")

@@ -54,18 +54,20 @@ def first_rank(results: list[dict], expected: tuple[str, ...]) -> int | None:
 
 def comparison_rows(ours: list[dict], base: list[dict], expected: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """Table rows: rank, our hit (topic, score, how it matched), the baseline's hit (topic, score)."""
-    def cell(r: dict | None, show_match: bool) -> str:
-        if r is None:
+    def cell(result: dict | None, show_match: bool) -> str:
+        if result is None:
             return ""
-        hit = f"{'[green]✓[/] ' if r.get('doc_id') in expected else ''}[bold]{r['doc_id']}[/] {r['score']:.3f}"
+        mark = "[green]✓[/] " if result.get("doc_id") in expected else ""
+        hit = f"{mark}[bold]{result['doc_id']}[/] {result['score']:.3f}"
         if not show_match:
             return hit
-        q, kind = matched_question(r), won_by(r)
-        if q and kind in QUESTION_KINDS:
-            return f"{hit}\n  [italic]matched generated question:[/] “{clip(q, 90)}”"
-        if q:
-            return f"{hit}\n  [dim]matched its {kind}; best question: “{clip(q, 70)}”[/]"
-        text = (r.get("matched") or [{}])[0].get("text") or r.get("text", "")
+        question = matched_question(result)
+        kind = won_by(result)
+        if question and kind in QUESTION_KINDS:
+            return f"{hit}\n  [italic]matched generated question:[/] “{clip(question, 90)}”"
+        if question:
+            return f"{hit}\n  [dim]matched its {kind}; best question: “{clip(question, 70)}”[/]"
+        text = (result.get("matched") or [{}])[0].get("text") or result.get("text", "")
         return f"{hit}\n  [dim]matched its {kind}: {clip(text, 80)}[/]"
 
     return [(str(i), cell(o, True), cell(b, False)) for i, (o, b) in enumerate(zip_longest(ours, base), 1)]
@@ -81,14 +83,16 @@ def register(app: typer.Typer) -> None:
         baseline: str = typer.Option(BASELINE_REPRESENTATION, "--baseline", help="the index it is compared with"),
         generator: str | None = typer.Option(None, "--generator", "-g",
                                                 help="vllm|openai|none (default: vllm when installed)"),
-        topics: str | None = typer.Option(None, "--topics", help="comma-separated pydoc topics (default: the statements subset)"),
+        topics: str | None = typer.Option(None, "--topics",
+                                          help="comma-separated pydoc topics (default: the statements subset)"),
         all_topics: bool = typer.Option(False, "--all-topics", help="index all 79 topics (slow with the LLM)"),
         questions: int = typer.Option(8, "--questions", "-n", help="questions the LLM writes per chunk"),
         prompt: str = typer.Option("hype-fewshot", "--prompt", help="question prompt template"),
         shards: int = typer.Option(2, "--shards"),
         k: int = typer.Option(3, "--k"),
         query: list[str] | None = typer.Option(None, "--query", "-q", help="ask your own question(s)"),
-        cache_dir: str | None = typer.Option(None, "--cache-dir", help="question cache folder (default ~/.cache/qrag-ray/questions)"),
+        cache_dir: str | None = typer.Option(None, "--cache-dir",
+                                             help="question cache folder (default ~/.cache/qrag-ray/questions)"),
     ):
         """Question-based retrieval on the Python language reference, next to the chunk baseline."""
         from qrag_ray.config.index import build_index_config
@@ -103,50 +107,53 @@ def register(app: typer.Typer) -> None:
         generator = ("none" if no_llm else "vllm") if generator is None else generator
         rep = representation or (QUESTION_REPRESENTATION if generator != "none" else NO_LLM_REPRESENTATION)
         names = None if all_topics else ([t.strip() for t in topics.split(",") if t.strip()] if topics else DEMO_TOPICS)
-        wd = Path(workdir)
-        common = {"input": str(wd / "corpus.jsonl"), "format": "jsonl", "shards": shards, "build.overwrite": True,
+        folder = Path(workdir)
+        common = {"input": str(folder / "corpus.jsonl"), "format": "jsonl", "shards": shards, "build.overwrite": True,
                   "build.cache_dir": cache_dir, "chunker.method": "token", "chunker.size": 200, "chunker.overlap": 20}
         # both configs are checked before anything is written or printed: a bad flag is one line
         cfg = build_index_config(None, representation=rep, **common, **{
-            "build.output": str(wd / "index"), "generator.backend": generator, "generator.questions": questions,
+            "build.output": str(folder / "index"), "generator.backend": generator, "generator.questions": questions,
             "generator.prompt": prompt, "generator.batch_size": 8})
-        base_cfg = build_index_config(None, representation=baseline, **common, **{"build.output": str(wd / "index-baseline")})
+        base_cfg = build_index_config(None, representation=baseline, **common,
+                                      **{"build.output": str(folder / "index-baseline")})
         get_prompt(prompt)
-        n = write_pydoc_corpus(wd / "corpus.jsonl", names)
+        topic_count = write_pydoc_corpus(folder / "corpus.jsonl", names)
         asks = list(query or DEMO_QUERIES)
         if no_llm:
             err.print(f"[yellow]no LLM ({no_llm[0]}):[/] generated questions need one, so the demo compares "
                       f"{rep} (our index without an LLM) with {baseline}; for the questions, {no_llm[1]}.")
-        err.print(f"corpus: {n} topics of the Python language reference -> {wd / 'corpus.jsonl'}")
+        err.print(f"corpus: {topic_count} topics of the Python language reference -> {folder / 'corpus.jsonl'}")
         err.print(f"[bold]1/2[/] {rep} index" + (f" (questions by {cfg.generator.model} on {generator})"
                                                  if generator != "none" else ""))
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         report = build_index(cfg, console=err)
-        t_ours = time.perf_counter() - t0
-        g = report.generation
-        if g.requests:
+        t_ours = time.perf_counter() - started
+        generation = report.generation
+        if generation.requests:
             err.print(f"  {report.chunks} chunks, {report.questions} generated questions; LLM requests "
-                      f"{g.cached} from the question cache, {g.generated} generated ({g.seconds:.0f}s)")
+                      f"{generation.cached} from the question cache, {generation.generated} generated "
+                      f"({generation.seconds:.0f}s)")
         err.print(f"[bold]2/2[/] {baseline} index (the baseline)")
         build_index(base_cfg, console=err)
         engines = [SearchEngine(cfg.build.output), SearchEngine(base_cfg.build.output)]
         wins = [0, 0]
-        for q in asks:
-            ours, base = (e.search([q], k=k)[0] for e in engines)
-            expected = DEMO_EXPECTED.get(q, ())
-            t = Table(title=f"[bold]{q}", title_justify="left", show_lines=True, expand=False)
-            t.add_column("#", justify="right")
-            t.add_column(f"{rep} (generated questions)" if generator != "none" else f"{rep} (no LLM)", ratio=3)
-            t.add_column(f"{baseline} (baseline)", ratio=1)
+        for question in asks:
+            ours, base = (e.search([question], k=k)[0] for e in engines)
+            expected = DEMO_EXPECTED.get(question, ())
+            table = Table(title=f"[bold]{question}", title_justify="left", show_lines=True, expand=False)
+            table.add_column("#", justify="right")
+            table.add_column(f"{rep} (generated questions)" if generator != "none" else f"{rep} (no LLM)", ratio=3)
+            table.add_column(f"{baseline} (baseline)", ratio=1)
             for row in comparison_rows(ours, base, expected):
-                t.add_row(*row)
-            out.print(t)
+                table.add_row(*row)
+            out.print(table)
             if expected:
-                ro, rb = first_rank(ours, expected), first_rank(base, expected)
-                out.print(f"  right topic ({', '.join(expected)}) first at rank: {rep} {ro or f'>{k}'}, "
-                          f"{baseline} {rb or f'>{k}'}\n")
-                wins[0] += ro == 1
-                wins[1] += rb == 1
+                rank_ours = first_rank(ours, expected)
+                rank_baseline = first_rank(base, expected)
+                out.print(f"  right topic ({', '.join(expected)}) first at rank: {rep} {rank_ours or f'>{k}'}, "
+                          f"{baseline} {rank_baseline or f'>{k}'}\n")
+                wins[0] += rank_ours == 1
+                wins[1] += rank_baseline == 1
         if known := sum(q in DEMO_EXPECTED for q in asks):
             out.print(f"right topic at rank 1: {rep} {wins[0]}/{known}, {baseline} {wins[1]}/{known}")
         out.print(f"{rep} index built in {t_ours:.0f}s. Search it yourself: qrag search --index {cfg.build.output} "

@@ -14,10 +14,14 @@ def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
         dataset: str = typer.Option(..., "--dataset", help="squad|bipar|beir|jsonl"),
-        data: str = typer.Option(..., "--data", help="SQuAD JSON file, BEIR folder, or folder with corpus.jsonl/queries.jsonl/qrels.tsv"),
+        data: str = typer.Option(..., "--data",
+                                 help="SQuAD JSON file, BEIR folder, or folder with "
+                                      "corpus.jsonl/queries.jsonl/qrels.tsv"),
         representations: str = typer.Option("chunk,atom-sentence", "--representations", help="comma-separated"),
         subset: int | None = typer.Option(None, "--subset", help="first N contexts/documents with their queries"),
-        offset: int = typer.Option(0, "--offset", help="skip the first N contexts/documents (a held-out slice: --offset 300 --subset 300)"),
+        offset: int = typer.Option(0, "--offset",
+                                   help="skip the first N contexts/documents (a held-out slice: "
+                                        "--offset 300 --subset 300)"),
         k: str = typer.Option("1,2,5,10,20", "--k", help="cut-offs for recall@k / title accuracy"),
         output: str = typer.Option("runs/eval", "--output", "-o"),
         config: str | None = typer.Option(None, "--config", "-c", help="YAML index config applied to every variant"),
@@ -32,14 +36,16 @@ def register(app: typer.Typer) -> None:
         hyde: bool = typer.Option(False, "--hyde", help="add the HyDE query-time baseline (needs an LLM)"),
         strict: bool = typer.Option(False, "--strict", help="fail when a generated question equals a query"),
         split: str = typer.Option("test", "--split", help="BEIR qrels split"),
-        variants_file: str | None = typer.Option(None, "--variants", help="YAML list of named variants (label, representation, config overrides) added after --representations"),
+        variants_file: str | None = typer.Option(None, "--variants",
+                                                 help="YAML list of named variants (label, representation, config "
+                                                      "overrides) added after --representations"),
     ):
         """Compare representations side by side on labelled data."""
         from qrag_ray.config.index import deep_update, load_yaml, nest_dotted
         from qrag_ray.evaluation.driver import load_variants, parse_list, plan_variants, run_eval
 
         try:
-            ks = parse_list(k, int)
+            cutoffs = parse_list(k, int)
             taus = parse_list(prune_taus, float)
         except ValueError:
             raise QragError("--k and --prune-taus take comma-separated numbers") from None
@@ -53,7 +59,7 @@ def register(app: typer.Typer) -> None:
         variants = plan_variants(parse_list(representations), taus, parse_list(questions_sweep), hyde)
         if variants_file:
             variants += load_variants(variants_file)
-        res = run_eval(dataset, data, variants, output, subset=subset, ks=ks, base_overrides=base,
+        res = run_eval(dataset, data, variants, output, subset=subset, ks=cutoffs, base_overrides=base,
                        strict=strict, console=err, split=split, offset=offset)
         print(res.paths["md"].read_text())
         err.print(f"wrote {', '.join(map(str, res.paths.values()))}")
@@ -74,20 +80,22 @@ def register(app: typer.Typer) -> None:
         res = run_matrix(path, ids=parse_list(ids) or None, runner=evaluate_condition, tags=parse_list(tags) or None)
         print(res.comparison.summary())
         if json_out:
-            with open(json_out, "w") as f:
-                json.dump(res.measured, f, indent=2, default=str)
+            with open(json_out, "w") as file:
+                json.dump(res.measured, file, indent=2, default=str)
         if not res.passed:
             raise typer.Exit(1)
 
     @app.command("suite")
     def suite_cmd(
-        path: str = typer.Option("eval/suite.yaml", "--suite", help="suite YAML (datasets x configurations -> figures)"),
+        path: str = typer.Option("eval/suite.yaml", "--suite",
+                                 help="suite YAML (datasets x configurations -> figures)"),
         slice_name: str = typer.Option("full", "--slice", help="'full', or a slice the YAML names (e.g. ci)"),
         datasets: str | None = typer.Option(None, "--datasets", help="comma-separated dataset names (default: all)"),
         configs: str | None = typer.Option(None, "--configs", help="comma-separated config names (default: all)"),
         output: str = typer.Option("runs/suite", "--output", "-o"),
         record: bool = typer.Option(False, "--record", help="also print the measured table as an expected: block"),
-        resume: bool = typer.Option(False, "--resume", help="keep figures an earlier run of this slice wrote to --output"),
+        resume: bool = typer.Option(False, "--resume",
+                                    help="keep figures an earlier run of this slice wrote to --output"),
     ):
         """Every configuration on every dataset: one table with the mean, JSON and a plot, then the matrix
         conditions the slice names; exit 1 when a figure falls below the one recorded for it."""

@@ -18,14 +18,17 @@ def register(app: typer.Typer) -> None:
         format: str = typer.Option("jsonl", "--format", "-f", help="jsonl|parquet|msmarco|beir|html"),
         output: str = typer.Option(..., "--output", "-o", help="index directory to publish"),
         representation: str = typer.Option(None, "--representation", "-r",
-                                           help="a preset (`qrag presets` lists them; no flag: default, title-prefixed chunk + sentences + windows + BM25) or kinds joined by '+'"),
+                                           help="a preset (`qrag presets` lists them; no flag: default, title-prefixed "
+                                                "chunk + sentences + windows + BM25) or kinds joined by '+'"),
         shards: int = typer.Option(None, "--shards", "-s", help="number of shards (>= 1)"),
         generator: str = typer.Option(None, "--generator", "-g", help="vllm|openai|precomputed|none"),
         questions: int = typer.Option(None, "--questions", "-n", help="questions per chunk prompt"),
         config: str | None = typer.Option(None, "--config", "-c", help="YAML config (flags override it)"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing index at --output"),
-        address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: local Ray in-process)"),
-        factory: str | None = typer.Option(None, "--factory", help="FAISS factory string, e.g. Flat, HNSW32, IVF1024,PQ48"),
+        address: str | None = typer.Option(None, "--address",
+                                           help="Ray cluster address (default: local Ray in-process)"),
+        factory: str | None = typer.Option(None, "--factory",
+                                           help="FAISS factory string, e.g. Flat, HNSW32, IVF1024,PQ48"),
         prune_tau: float | None = typer.Option(None, "--prune-tau", help="Q-Q pruning threshold"),
         chunker: str | None = typer.Option(None, "--chunker", help="token|sentence|paragraph|none"),
         chunk_size: int | None = typer.Option(None, "--chunk-size"),
@@ -33,20 +36,25 @@ def register(app: typer.Typer) -> None:
         embedder: str | None = typer.Option(None, "--embedder", help="embedder name or local folder"),
         model: str | None = typer.Option(None, "--model", help="LLM for question generation (name or local folder)"),
         prompt: str | None = typer.Option(None, "--prompt", help="prompt template name"),
-        base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for --generator openai"),
+        base_url: str | None = typer.Option(None, "--base-url",
+                                            help="OpenAI-compatible endpoint for --generator openai"),
         cache_dir: str | None = typer.Option(None, "--cache-dir", help="question cache folder"),
-        bm25: bool | None = typer.Option(None, "--bm25/--no-bm25", help="also build a BM25 index per shard (hybrid search)"),
+        bm25: bool | None = typer.Option(None, "--bm25/--no-bm25",
+                                         help="also build a BM25 index per shard (hybrid search)"),
         bm25_alpha: float | None = typer.Option(
             None, "--bm25-alpha", help="default hybrid weight of the dense score, 0..1 (implies --bm25)"),
         json_out: bool = typer.Option(False, "--json", help="print the build report as JSON"),
-        append: str | None = typer.Option(None, "--append", help="add these documents to the index at --output (new version)"),
-        delete_ids: str | None = typer.Option(None, "--delete-ids", help="file of document ids to remove from the index at --output"),
-        keep_work: bool = typer.Option(False, "--keep-work", help="keep the checkpoints (later --append/--delete-ids reuse them)"),
+        append: str | None = typer.Option(None, "--append",
+                                          help="add these documents to the index at --output (new version)"),
+        delete_ids: str | None = typer.Option(None, "--delete-ids",
+                                              help="file of document ids to remove from the index at --output"),
+        keep_work: bool = typer.Option(False, "--keep-work",
+                                       help="keep the checkpoints (later --append/--delete-ids reuse them)"),
     ):
         """Build a sharded question index from a corpus."""
         from qrag_ray.config.index import build_index_config
-        from qrag_ray.index.incremental import incremental_config
         from qrag_ray.index.build import build_index
+        from qrag_ray.index.incremental import incremental_config
 
         if append or delete_ids:
             cfg = incremental_config(output, append, delete_ids)
@@ -72,13 +80,13 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_summary(report) -> None:
-    t = Table(title=f"index published at {report.output}", show_header=False)
-    g = report.generation
+    table = Table(title=f"index published at {report.output}", show_header=False)
+    generation = report.generation
     rows = [("documents", report.documents), ("chunks", report.chunks), ("questions", report.questions),
             ("vectors (before filters)", f"{report.vectors} ({report.vectors_before_filters})"),
-            ("LLM requests: cached / generated", f"{g.cached} / {g.generated}"),
-            ("LLM tokens: prompt / output", f"{g.prompt_tokens} / {g.output_tokens}"),
+            ("LLM requests: cached / generated", f"{generation.cached} / {generation.generated}"),
+            ("LLM tokens: prompt / output", f"{generation.prompt_tokens} / {generation.output_tokens}"),
             ("index size", f"{report.index_bytes / 1e6:.2f} MB")]
-    for k, v in rows + [(f"time: {k}", f"{v:.1f}s") for k, v in report.stage_seconds.items()]:
-        t.add_row(k, str(v))
-    err.print(t)
+    for label, value in rows + [(f"time: {k}", f"{v:.1f}s") for k, v in report.stage_seconds.items()]:
+        table.add_row(label, str(value))
+    err.print(table)

@@ -22,52 +22,59 @@ def register(app: typer.Typer) -> None:
         """Describe an index: its build, vectors, BM25, bytes, metadata fields and sample chunks."""
         from qrag_ray.index.summary import summarize_index
 
-        s = summarize_index(index, sample)
+        summary = summarize_index(index, sample)
         if json_out:
-            print(json.dumps(s, indent=2, ensure_ascii=False))
+            print(json.dumps(summary, indent=2, ensure_ascii=False))
             return
-        print_summary(s)
+        print_summary(summary)
 
 
-def _size(n: int) -> str:
+def _size(size: int) -> str:
     for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1000
-    return str(n)
+        if size < 1000 or unit == "GB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1000
+    return str(size)
 
 
-def _field_type(v) -> str:
-    return v if isinstance(v, str) else str(v.get("type", v)) if isinstance(v, dict) else str(v)
+def _field_type(field) -> str:
+    return field if isinstance(field, str) else str(field.get("type", field)) if isinstance(field, dict) else str(field)
 
 
-def print_summary(s: dict) -> None:
+def print_summary(summary: dict) -> None:
     out = Console(highlight=False)
     out.width = max(out.width, 120)  # readable when piped
-    c, b, bm25, schema = s["counts"], s["bytes"], s["bm25"], s["metadata_schema"]
-    built = f"{s['created_at'] or 'unknown'}" + (f" in {s['build_seconds']:.1f} s" if s["build_seconds"] else "")
+    counts = summary["counts"]
+    sizes = summary["bytes"]
+    bm25 = summary["bm25"]
+    schema = summary["metadata_schema"]
+    built = f"{summary['created_at'] or 'unknown'}" + (f" in {summary['build_seconds']:.1f} s"
+                                                       if summary["build_seconds"] else "")
     rows = [
-        ("index", f"{s['path']} (version {s['index_version']}, format {s['format_version']})"),
+        ("index", f"{summary['path']} (version {summary['index_version']}, format {summary['format_version']})"),
         ("built", built),
-        ("representation", f"{s['representation']} (preset {s['preset'] or 'not recorded'}; kinds "
-                           f"{'+'.join(s['kinds'] or []) or '?'}; questions per {s['question_granularity'] or '-'})"),
-        ("embedder", f"{s['embedder']['model']} (dim {s['embedder']['dim']})"),
-        ("faiss", f"{s['faiss']['factory']}, {s['faiss'].get('metric', '')}" if s["faiss"] else "unknown"),
-        ("shards", f"{s['num_shards']} (chunks {', '.join(str(x['chunks']) for x in s['shards'])})"),
-        ("counts", ", ".join(f"{k} {v:,}" for k, v in c.items()) if c else "not recorded"),
-        ("vectors per kind", ", ".join(f"{k} {v:,}" for k, v in s["vectors_per_kind"].items()) or "none"),
+        ("representation", f"{summary['representation']} (preset {summary['preset'] or 'not recorded'}; kinds "
+                           f"{'+'.join(summary['kinds'] or []) or '?'}; questions per "
+                           f"{summary['question_granularity'] or '-'})"),
+        ("embedder", f"{summary['embedder']['model']} (dim {summary['embedder']['dim']})"),
+        ("faiss", f"{summary['faiss']['factory']}, {summary['faiss'].get('metric', '')}" if summary["faiss"]
+         else "unknown"),
+        ("shards", f"{summary['num_shards']} (chunks {', '.join(str(x['chunks']) for x in summary['shards'])})"),
+        ("counts", ", ".join(f"{k} {v:,}" for k, v in counts.items()) if counts else "not recorded"),
+        ("vectors per kind", ", ".join(f"{k} {v:,}" for k, v in summary["vectors_per_kind"].items()) or "none"),
         ("bm25", "none" if bm25 is None else f"{bm25['docs']:,} chunks, vocabulary {bm25['vocabulary']:,}"
                                              f" per shard at most, alpha {bm25['alpha']}"),
-        ("bytes", f"{_size(b['total'])} (FAISS {_size(b['faiss'])}, rows {_size(b['rows'])}, chunks "
-                  f"{_size(b['chunks'])}, BM25 {_size(b['bm25'])})"),
+        ("bytes", f"{_size(sizes['total'])} (FAISS {_size(sizes['faiss'])}, rows {_size(sizes['rows'])}, chunks "
+                  f"{_size(sizes['chunks'])}, BM25 {_size(sizes['bm25'])})"),
         ("metadata", "none" if not schema else ", ".join(f"{k}: {_field_type(v)}" for k, v in schema.items())),
     ]
     for name, value in rows:
         out.print(f"[bold]{name:<17}[/]{escape(value)}")
-    if s["samples"]:
-        out.print(f"\n[bold]{len(s['samples'])} sample chunks[/] (of {c.get('chunks', '?')}) with their generated "
-                  "questions:")
-    for x in s["samples"]:
-        out.print(f"\n[bold]{escape(x['chunk_id'])}[/]  {escape(x['title'] or '')}\n  {escape(clip(x['text'], 200))}")
-        for q in x["questions"] or ["(no generated questions)"]:
-            out.print(f"    - {escape(q)}")
+    if summary["samples"]:
+        out.print(f"\n[bold]{len(summary['samples'])} sample chunks[/] (of {counts.get('chunks', '?')}) with their "
+                  "generated questions:")
+    for sample in summary["samples"]:
+        out.print(f"\n[bold]{escape(sample['chunk_id'])}[/]  {escape(sample['title'] or '')}\n  "
+                  f"{escape(clip(sample['text'], 200))}")
+        for question in sample["questions"] or ["(no generated questions)"]:
+            out.print(f"    - {escape(question)}")

@@ -25,13 +25,13 @@ def register(app: typer.Typer) -> None:
             raise QragError(f"--transport must be stdio or http, not {transport!r}")
         try:
             from qrag_client.mcp_server import serve
-        except ImportError as e:
-            raise QragError(f"qrag mcp needs the MCP SDK ({e}): pip install 'qrag-client[mcp]'") from None
+        except ImportError as error:
+            raise QragError(f"qrag mcp needs the MCP SDK ({error}): pip install 'qrag-client[mcp]'") from None
         from qrag_client import QragClientError
         from qrag_client.models import parse_filter
 
         try:
             serve(url, key, transport=transport, host=host, port=port, k=k, filter=parse_filter(filter_json),
                   index=index)
-        except (QragClientError, ValueError) as e:
-            raise QragError(str(e)) from None
+        except (QragClientError, ValueError) as error:
+            raise QragError(str(error)) from None

@@ -14,8 +14,8 @@ def register(app: typer.Typer) -> None:
         from qrag_ray.embedding import load_sentence_transformer
         from qrag_ray.models.bundled import resolve_embedder, resolve_llm
 
-        st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
+        model = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
         err.print(f"embedder all-MiniLM-L6-v2: {resolve_embedder('all-MiniLM-L6-v2')} "
-                  f"(dim {st.get_sentence_embedding_dimension()})")
+                  f"(dim {model.get_sentence_embedding_dimension()})")
         if llm:
             err.print(f"LLM qwen2.5-coder-0.5b-instruct: {resolve_llm('qwen2.5-coder-0.5b-instruct')}")

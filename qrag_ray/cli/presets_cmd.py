@@ -21,14 +21,14 @@ def register(app: typer.Typer) -> None:
                                "bm25_alpha": p.search.get("bm25_alpha"), "calibrated_for": p.calibrated_for,
                                "source": p.source} for p in PRESETS.values()], indent=2))
             return
-        t = Table(title="index presets (qrag index --representation NAME; 'kind+kind' for your own)")
+        table = Table(title="index presets (qrag index --representation NAME; 'kind+kind' for your own)")
         for col in ("preset", "kinds", "LLM", "BM25 α", "calibrated for"):
-            t.add_column(col, no_wrap=True)
-        t.add_column("what it is for", ratio=1, min_width=30)
-        for p in PRESETS.values():
-            alpha = p.search.get("bm25_alpha")
-            t.add_row(p.id, "+".join(p.kinds), f"per {p.granularity}" if p.needs_llm else "no",
-                      "-" if alpha is None else f"{alpha:g}", p.calibrated_for or "-", p.purpose)
+            table.add_column(col, no_wrap=True)
+        table.add_column("what it is for", ratio=1, min_width=30)
+        for preset in PRESETS.values():
+            alpha = preset.search.get("bm25_alpha")
+            table.add_row(preset.id, "+".join(preset.kinds), f"per {preset.granularity}" if preset.needs_llm else "no",
+                          "-" if alpha is None else f"{alpha:g}", preset.calibrated_for or "-", preset.purpose)
         console = Console()
         console.width = max(console.width, 140)  # a readable table when piped, too
-        console.print(t)
+        console.print(table)

@@ -35,15 +35,15 @@ def register(app: typer.Typer) -> None:
 
         try:
             filt = parse_filter(filter_json)
-        except ValueError as e:
-            raise QragError(str(e)) from None
+        except ValueError as error:
+            raise QragError(str(error)) from None
         try:
             with QragClient(url, api_key=key, timeout=120) as client:
                 ask = client.answer if answer else client.search
                 resp = ask(text, k, mode=mode, min_score=min_score, bm25_alpha=bm25_alpha, filter=filt,
                            doc_ids=doc_id or None)
-        except QragClientError as e:  # the API's error (HTTP status, kind, message) or the transport's, one line
-            raise QragError(str(e)) from None
+        except QragClientError as error:  # the API's error (HTTP status, kind, message) or the transport's, one line
+            raise QragError(str(error)) from None
         data = resp.model_dump(mode="json", exclude_unset=True)  # the body's fields as the server sent them
         if json_out:
             print(json.dumps(data, indent=2, ensure_ascii=False))
@@ -56,20 +56,20 @@ def print_results(data: dict, query: str, answer: bool = False) -> None:
     if answer:
         out.rule(f"[bold]{query}")
         out.print(data.get("answer", ""))
-        for c in data.get("citations", []):
-            out.print(f"  [{c['n']}] {c['chunk_id']}")
-    t = Table(show_lines=True, title=f"{len(data.get('results', []))} results from '{data.get('index')}' (index "
-                                     f"{str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)")
+        for citation in data.get("citations", []):
+            out.print(f"  [{citation['n']}] {citation['chunk_id']}")
+    table = Table(show_lines=True, title=f"{len(data.get('results', []))} results from '{data.get('index')}' (index "
+                                         f"{str(data.get('index_version', ''))[:12]}, {data.get('took_ms', 0):.0f} ms)")
     for col in ("#", "score", "chunk", "matched", "text"):
-        t.add_column(col, justify="right" if col in ("#", "score") else "left")
-    for i, r in enumerate(data.get("results", []), 1):
-        best = r["matched"][0] if r.get("matched") else {}
-        t.add_row(str(i), f"{r['score']:.3f}", r["chunk_id"],
-                  f"{best.get('kind', '')}: {clip(best.get('text', ''), 100)}", clip(r.get("text", ""), 200))
-    out.print(t)
+        table.add_column(col, justify="right" if col in ("#", "score") else "left")
+    for rank, result in enumerate(data.get("results", []), 1):
+        best = result["matched"][0] if result.get("matched") else {}
+        table.add_row(str(rank), f"{result['score']:.3f}", result["chunk_id"],
+                      f"{best.get('kind', '')}: {clip(best.get('text', ''), 100)}", clip(result.get("text", ""), 200))
+    out.print(table)
 
 
-def clip(s: str, n: int) -> str:
-    """`s` on one line, cut to at most `n` characters."""
-    s = " ".join(str(s).split())
-    return s if len(s) <= n else s[: n - 1] + "…"
+def clip(text: str, width: int) -> str:
+    """`text` on one line, cut to at most `width` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -25,7 +25,6 @@ def register(app: typer.Typer) -> None:
     ):
         """Search an index in-process (no server) and print JSON results."""
         from qrag_client.models import parse_filter
-
         from qrag_ray.index.format import load_manifest
         from qrag_ray.search.engine import SearchEngine
         from qrag_ray.search.query import validate_k
@@ -35,8 +34,8 @@ def register(app: typer.Typer) -> None:
             raise QragError("query must be a non-empty string")
         try:  # the client's check of the text (qrag query's too); the grammar and fields are the engine's
             spec = parse_filter(filter)
-        except ValueError as e:
-            raise QragError(str(e)) from None
+        except ValueError as error:
+            raise QragError(str(error)) from None
         engine = SearchEngine(index, policy=None if bm25_alpha is None else
                               load_manifest(index).search_policy.with_bm25_alpha(bm25_alpha))
         results = engine.search([query], k=k, min_score=min_score, filter=spec, doc_ids=doc_id or None)[0]

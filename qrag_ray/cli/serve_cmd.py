@@ -26,18 +26,18 @@ def load_serve_config(path: str | Path) -> dict:
     from qrag_ray.config.index import format_validation_error
     from qrag_ray.config.yaml_file import read_yaml
 
-    p = Path(path)
-    data = read_yaml(p, "serve config", default={})
+    config_path = Path(path)
+    data = read_yaml(config_path, "serve config", default={})
     from ray.serve.schema import ServeDeploySchema  # after the cheap checks: importing Serve takes seconds
 
     try:
         ServeDeploySchema.model_validate(data)
-    except ValidationError as e:
-        msg = format_validation_error(e).removeprefix("invalid configuration: ")
-        raise QragError(f"serve config {p} does not match Ray's Serve schema: {msg}") from None
+    except ValidationError as error:
+        msg = format_validation_error(error).removeprefix("invalid configuration: ")
+        raise QragError(f"serve config {config_path} does not match Ray's Serve schema: {msg}") from None
     apps = data.get("applications") or []
     if len(apps) != 1:
-        raise QragError(f"serve config {p}: expected one application, found {len(apps)}")
+        raise QragError(f"serve config {config_path}: expected one application, found {len(apps)}")
     return data
 
 
@@ -95,13 +95,13 @@ def wait_healthy(url: str, timeout_s: float = 300.0) -> dict:
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(f"{url}/readyz", timeout=10)
-            last = r.json()
-            if r.status_code == 200:
-                st = httpx.get(f"{url}/v1/admin/status", timeout=60)
-                return st.json() if st.status_code == 200 else last
-        except (httpx.HTTPError, ValueError) as e:
-            last = str(e)
+            response = httpx.get(f"{url}/readyz", timeout=10)
+            last = response.json()
+            if response.status_code == 200:
+                status = httpx.get(f"{url}/v1/admin/status", timeout=60)
+                return status.json() if status.status_code == 200 else last
+        except (httpx.HTTPError, ValueError) as error:
+            last = str(error)
         time.sleep(0.5)
     raise QragError(f"the server at {url} did not become healthy in {timeout_s:.0f}s: {last}")
 
@@ -114,11 +114,14 @@ def register(app: typer.Typer) -> None:
         config: str | None = typer.Option(None, "--config", "-c", help="serve config YAML (serve_configs/*.yaml)"),
         host: str | None = typer.Option(None, "--host", help="bind address (default 127.0.0.1)"),
         port: int | None = typer.Option(None, "--port", help=f"HTTP port (default {DEFAULT_PORT})"),
-        address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: local Ray in-process)"),
-        llm_url: str | None = typer.Option(None, "--llm-url", help="OpenAI-compatible endpoint for mode=hyde and /v1/answer"),
+        address: str | None = typer.Option(None, "--address",
+                                           help="Ray cluster address (default: local Ray in-process)"),
+        llm_url: str | None = typer.Option(None, "--llm-url",
+                                           help="OpenAI-compatible endpoint for mode=hyde and /v1/answer"),
         llm_model: str | None = typer.Option(None, "--llm-model", help="model name at --llm-url"),
         name: str = typer.Option("qrag", "--name", help="Serve application name"),
-        detach: bool = typer.Option(False, "--detach", help="deploy and return (with --address); default: serve until Ctrl-C"),
+        detach: bool = typer.Option(False, "--detach",
+                                    help="deploy and return (with --address); default: serve until Ctrl-C"),
         ingress: str = typer.Option(
             "proxy", "--ingress", help="local Ray only: what answers on --port: `proxy`, Serve's HTTP proxy; "
             "`haproxy`, Serve's HAProxy ingress (less CPU per request); `direct`, the Router replica itself "
@@ -173,10 +176,11 @@ def register(app: typer.Typer) -> None:
         if direct_ingress:
             try:  # what the server on the user's port routes: {route prefix: app name}
                 routes = httpx.get(f"{url}/-/routes", timeout=10).json()
-            except (httpx.HTTPError, ValueError) as e:
-                routes = str(e)
+            except (httpx.HTTPError, ValueError) as error:
+                routes = str(error)
             if routes != {"/": name}:
-                raise QragError(f"direct ingress: port {http_port} does not answer as the Router of '{name}' ({routes})")
+                raise QragError(f"direct ingress: port {http_port} does not answer as the Router of '{name}' "
+                                f"({routes})")
             err.print(f"direct ingress: the Router replica answers on port {http_port} itself "
                       f"(Serve's proxy is on port {proxy_port}, unused)")
         if bad := [t for t in health.get("tenants", []) if t.get("status") != "ok"]:

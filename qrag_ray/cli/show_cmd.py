@@ -25,26 +25,29 @@ def register(app: typer.Typer) -> None:
 
         if (chunk_id is None) == (doc is None):
             raise QragError("give a chunk id or --doc DOC_ID (one of them)")
-        m = load_manifest(index)
-        where = {"index": str(m.path), "index_version": m.index_version}
+        manifest = load_manifest(index)
+        where = {"index": str(manifest.path), "index_version": manifest.index_version}
         if doc is None:
-            chunk_idx, number = shard_of_chunk(chunk_id, m.num_shards)
-            found = [r for r in Shard.open(m, number).fetch_records([chunk_idx]) if r["chunk_id"] == chunk_id]
+            chunk_idx, number = shard_of_chunk(chunk_id, manifest.num_shards)
+            found = [record for record in Shard.open(manifest, number).fetch_records([chunk_idx])
+                     if record["chunk_id"] == chunk_id]
             if not found:
-                raise QragError(f"no chunk {chunk_id!r} in {m.path}")
+                raise QragError(f"no chunk {chunk_id!r} in {manifest.path}")
             body = {**found[0], **where}
         else:
-            records = [r for number in range(m.num_shards) for r in Shard.open(m, number).fetch_records(doc_id=doc)]
+            records = [record for number in range(manifest.num_shards)
+                       for record in Shard.open(manifest, number).fetch_records(doc_id=doc)]
             if not records:
-                raise QragError(f"no document {doc!r} in {m.path}")
+                raise QragError(f"no document {doc!r} in {manifest.path}")
             body = {**document_body(doc, records), **where}
         if json_out:
             print(json.dumps(body, indent=2, ensure_ascii=False))
             return
-        print(f"{body.get('chunk_id') or body['doc_id']}: {body['title']}" + (f" <{body['url']}>" if body["url"] else ""))
+        link = f" <{body['url']}>" if body["url"] else ""
+        print(f"{body.get('chunk_id') or body['doc_id']}: {body['title']}{link}")
         for name, value in body["metadata"].items():
             print(f"  {name}: {value}")
-        for c in body.get("chunks") or [body]:
-            print(f"\n[{c['chunk_id']}]\n{c['text']}")
-            for q in c["questions"]:
-                print(f"  ? {q}")
+        for chunk in body.get("chunks") or [body]:
+            print(f"\n[{chunk['chunk_id']}]\n{chunk['text']}")
+            for question in chunk["questions"]:
+                print(f"  ? {question}")

@@ -11,7 +11,8 @@ from qrag_ray.errors import QragError
 
 
 def register(app: typer.Typer) -> None:
-    tenants_app = typer.Typer(help="Manage the tenants file (API keys are stored as sha256 only).", no_args_is_help=True)
+    tenants_app = typer.Typer(help="Manage the tenants file (API keys are stored as sha256 only).",
+                              no_args_is_help=True)
     app.add_typer(tenants_app, name="tenants")
 
     @tenants_app.command("add")
@@ -35,8 +36,8 @@ def register(app: typer.Typer) -> None:
         limit = None if rps is None else {"rps": rps, "burst": burst if burst is not None else max(1, int(2 * rps))}
         try:
             key = add_tenant(file, name, index, rate_limit=limit)
-        except ValidationError as e:
-            raise QragError(format_validation_error(e)) from None
+        except ValidationError as error:
+            raise QragError(format_validation_error(error)) from None
         _print_key(f"tenant '{name}' -> {Path(index).resolve()} in {file}; its API key (shown once, stored as sha256):",
                    key)
 
@@ -74,9 +75,9 @@ def register(app: typer.Typer) -> None:
         """List tenants and their indexes (never keys)."""
         from qrag_ray.serving.tenants import load_tenants
 
-        for t in load_tenants(file).by_name.values():
-            lim = f"\t{t.rate_limit.rps:g} rps, burst {t.rate_limit.burst}" if t.rate_limit else ""
-            print(f"{t.name}\t{t.index}{lim}")
+        for tenant in load_tenants(file).by_name.values():
+            lim = f"\t{tenant.rate_limit.rps:g} rps, burst {tenant.rate_limit.burst}" if tenant.rate_limit else ""
+            print(f"{tenant.name}\t{tenant.index}{lim}")
 
 
 def _print_key(note: str, key: str) -> None:

@@ -16,14 +16,12 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from qrag_ray.config.roles import Strict, field_roles, select
-from qrag_ray.errors import QragError
-from qrag_ray.config.llm import GeneratorConfig, SamplingConfig  # noqa: F401 - the schema imports from here
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.config.presets import PRESETS
+from qrag_ray.config.roles import Strict, field_roles, select
 from qrag_ray.config.search_policy import GENERATED_KINDS, VECTOR_KINDS, SearchConfig, research_knobs_marked
 from qrag_ray.config.yaml_file import read_yaml
-
-load_yaml_any = read_yaml  # any YAML document; `load_yaml` reads a config file
+from qrag_ray.errors import QragError
 
 # `--representation NAME`: a preset (`qrag presets`) as the config values it gives; or kinds joined by '+'
 REPRESENTATIONS: dict[str, dict[str, Any]] = {name: p.as_config() for name, p in PRESETS.items()}
@@ -47,8 +45,10 @@ class FilterConfig(Strict):
     """Question filters, Q–Q pruning and atom compaction, applied per chunk at shard-build time (exact: a
     chunk's vectors share a shard)."""
 
-    prune_tau: float | None = Field(None, gt=-1.0, le=1.0, description="drop a question whose cosine to a kept one exceeds tau")
-    min_question_chunk_sim: float | None = Field(None, description="drop questions whose cosine to their own chunk is below this")
+    prune_tau: float | None = Field(None, gt=-1.0, le=1.0,
+                                    description="drop a question whose cosine to a kept one exceeds tau")
+    min_question_chunk_sim: float | None = Field(
+        None, description="drop questions whose cosine to their own chunk is below this")
     require_content_overlap: bool = False  # drop questions sharing no content word with their chunk
     keep_chunk_fallback: bool = True  # a chunk left with no vector keeps its own text vector
     max_atoms: int | None = Field(None, ge=1, description="pool a chunk's other vectors (sentences, windows, "
@@ -99,17 +99,18 @@ class Bm25Config(Strict):
     # Lucene's BM25 as Anserini runs it ranks web queries better than bm25s's defaults (1.5, 0.75, unstemmed)
     k1: float = Field(0.9, gt=0)
     b: float = Field(0.4, ge=0, le=1)
-    stemmer: str | None = Field("english", description="Snowball stemmer (PyStemmer) for documents and queries; null = none")
+    stemmer: str | None = Field("english",
+                                description="Snowball stemmer (PyStemmer) for documents and queries; null = none")
 
     @field_validator("stemmer")
     @classmethod
-    def _known_stemmer(cls, v: str | None) -> str | None:
-        if v:
+    def _known_stemmer(cls, value: str | None) -> str | None:
+        if value:
             import Stemmer
 
-            if v not in Stemmer.algorithms():
-                raise ValueError(f"unknown stemmer {v!r} (known: {', '.join(Stemmer.algorithms())})")
-        return v or None
+            if value not in Stemmer.algorithms():
+                raise ValueError(f"unknown stemmer {value!r} (known: {', '.join(Stemmer.algorithms())})")
+        return value or None
 
 
 class FaissConfig(Strict):
@@ -152,7 +153,8 @@ def recorded_config(data: Mapping[str, Any] | None, refuse: bool = False) -> dic
         node = reduce(lambda n, p: n.get(p) if isinstance(n, dict) else None, parents, out)
         if isinstance(node, dict) and leaf in node:
             if refuse:
-                raise ValueError(f"{old} is now {new} (run settings live under build:, the FAISS settings under faiss:)")
+                raise ValueError(f"{old} is now {new} (run settings live under build:, "
+                                 "the FAISS settings under faiss:)")
             reduce(lambda n, p: n.setdefault(p, {}), new.split(".")[:-1], out)[new.split(".")[-1]] = node.pop(leaf)
     return out
 
@@ -179,9 +181,9 @@ class IndexConfig(Strict):
 
     @field_validator("representation")
     @classmethod
-    def _known_representation(cls, v: str) -> str:
-        resolve_representation(v)
-        return v
+    def _known_representation(cls, value: str) -> str:
+        resolve_representation(value)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "IndexConfig":
@@ -225,10 +227,10 @@ def index_config(data: Mapping[str, Any], where: str = "") -> IndexConfig:
     starts from (a recorded one is complete: `recorded_config`). Invalid: a one-line QragError after `where`."""
     try:
         return IndexConfig.model_validate(with_preset(recorded_config(data, refuse=True)))
-    except ValidationError as e:
-        raise QragError(where + format_validation_error(e)) from None
-    except ValueError as e:  # a setting at its old place
-        raise QragError(f"{where}invalid configuration: {e}") from None
+    except ValidationError as error:
+        raise QragError(where + format_validation_error(error)) from None
+    except ValueError as error:  # a setting at its old place
+        raise QragError(f"{where}invalid configuration: {error}") from None
 
 
 def index_identity(cfg_dump: Mapping[str, Any], *, corpus: bool = True) -> dict[str, Any]:
@@ -263,8 +265,9 @@ def representation_plan(cfg: IndexConfig) -> tuple[list[str], str | None]:
 def deep_update(base: dict, upd: Mapping) -> dict:
     """Nested merge for config overrides: `{generator: {backend: vllm}}` keeps the rest of `generator`."""
     out = dict(base)
-    for k, v in upd.items():
-        out[k] = deep_update(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    for key, value in upd.items():
+        nested = isinstance(value, Mapping) and isinstance(out.get(key), dict)
+        out[key] = deep_update(out[key], value) if nested else value
     return out
 
 
@@ -290,7 +293,7 @@ def build_index_config(config_file: str | Path | None = None, **overrides: Any) 
     return index_config(data)
 
 
-def format_validation_error(e: ValidationError) -> str:
+def format_validation_error(error: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(
         f"{'.'.join(str(x) for x in err['loc']) or 'config'}: {err['msg'].removeprefix('Value error, ')}"
-        for err in e.errors())
+        for err in error.errors())

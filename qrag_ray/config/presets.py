@@ -85,11 +85,11 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
 
 def calibration_note(preset_name: str, embedder: str) -> str | None:
     """Why the preset's fusion biases may not fit `embedder` (None when they do, or it has none)."""
-    p = PRESETS.get(preset_name)
-    if p is None or p.calibrated_for is None:
+    preset = PRESETS.get(preset_name)
+    if preset is None or preset.calibrated_for is None:
         return None
-    calibrated, used = (s.lower().replace("_", "-") for s in (p.calibrated_for, embedder))
+    calibrated, used = (s.lower().replace("_", "-") for s in (preset.calibrated_for, embedder))
     if calibrated in used:  # a registry name, a hub id or a local folder of it
         return None
-    return (f"preset {p.id} has fusion offsets calibrated for {p.calibrated_for}, not {embedder}: "
+    return (f"preset {preset.id} has fusion offsets calibrated for {preset.calibrated_for}, not {embedder}: "
             "re-measure them (eval/analysis/fusion_grid.py) and set search.kind_bias / kind_weights")

@@ -54,39 +54,41 @@ class SearchConfig(Strict):
     fusion: Literal["max", "rrf", "sum"] = "max"
     kind_weights: dict[str, float] = Field(default_factory=dict, description="score multiplier per vector kind")
     rrf_k: int = Field(60, ge=1, description="RRF constant: 1/(rrf_k + rank) per kind list")
-    kind_bias: dict[str, float] = Field(default_factory=dict, description="added to a vector's (weighted) score per kind")
+    kind_bias: dict[str, float] = Field(default_factory=dict,
+                                        description="added to a vector's (weighted) score per kind")
     groups: dict[str, list[str]] = Field(
         default_factory=dict, description="kinds fused as one: the best calibrated vector of the group counts once")
     # chunk score = alpha * dense + (1 - alpha) * BM25 / the query's best BM25 score; None = dense only
-    bm25_alpha: float | None = Field(None, ge=0.0, le=1.0, description="weight of the dense score in a dense+BM25 hybrid")
+    bm25_alpha: float | None = Field(None, ge=0.0, le=1.0,
+                                     description="weight of the dense score in a dense+BM25 hybrid")
     bm25_norm: Literal["max", "minmax", "zscore"] = Field(
         "max", description="per-query scale of both lists before the alpha mix (qrag_ray.search.merge.normalise)")
 
     @field_validator("kind_weights", "kind_bias")
     @classmethod
-    def _known_kinds(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
-        _check_kinds(v, info.field_name)
-        if info.field_name == "kind_weights" and any(w <= 0 for w in v.values()):
+    def _known_kinds(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        _check_kinds(value, info.field_name)
+        if info.field_name == "kind_weights" and any(w <= 0 for w in value.values()):
             raise ValueError("kind_weights must be positive")
-        if info.field_name == "kind_bias" and any(not -2.0 <= b <= 2.0 for b in v.values()):
+        if info.field_name == "kind_bias" and any(not -2.0 <= b <= 2.0 for b in value.values()):
             raise ValueError("kind_bias values must lie in [-2, 2] (cosine scores lie in [-1, 1])")
-        return v
+        return value
 
     @field_validator("groups")
     @classmethod
-    def _disjoint_groups(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+    def _disjoint_groups(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         seen: dict[str, str] = {}
-        for g, ks in v.items():
-            if g in VECTOR_KINDS:
-                raise ValueError(f"group name {g!r} is a vector kind; name groups apart from kinds")
-            if not ks:
-                raise ValueError(f"group {g!r} lists no kinds")
-            _check_kinds(ks, f"group {g!r}")
-            for k in ks:
-                if k in seen:
-                    raise ValueError(f"vector kind {k!r} is in two groups ({seen[k]!r} and {g!r})")
-                seen[k] = g
-        return v
+        for group, group_kinds in value.items():
+            if group in VECTOR_KINDS:
+                raise ValueError(f"group name {group!r} is a vector kind; name groups apart from kinds")
+            if not group_kinds:
+                raise ValueError(f"group {group!r} lists no kinds")
+            _check_kinds(group_kinds, f"group {group!r}")
+            for kind in group_kinds:
+                if kind in seen:
+                    raise ValueError(f"vector kind {kind!r} is in two groups ({seen[kind]!r} and {group!r})")
+                seen[kind] = group
+        return value
 
 
     def with_bm25_alpha(self, alpha: float) -> "SearchConfig":

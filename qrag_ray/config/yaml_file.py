@@ -13,20 +13,20 @@ from qrag_ray.errors import QragError
 
 def read_yaml(path: str | Path, what: str = "file", default: Any = None, expect: type | None = None) -> Any:
     """The parsed file (`default` when empty); QragError when missing, not YAML, or not an `expect`."""
-    p = Path(path)
-    if not p.is_file():
-        raise QragError(f"{what} not found: {p}")
+    file = Path(path)
+    if not file.is_file():
+        raise QragError(f"{what} not found: {file}")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise QragError(f"{what} {p} is not valid YAML{where}: {problem}") from None
-    except UnicodeDecodeError as e:
-        raise QragError(f"{what} {p} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise QragError(f"{what} {file} is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError as error:
+        raise QragError(f"{what} {file} is not UTF-8 text: {error.reason} at byte {error.start}") from None
     data = default if data is None else data
     if expect is not None and not isinstance(data, expect):
         kind = {dict: "a mapping", list: "a list"}.get(expect, expect.__name__)
-        raise QragError(f"{what} {p} must hold {kind} at the top level")
+        raise QragError(f"{what} {file} must hold {kind} at the top level")
     return data

@@ -41,46 +41,46 @@ def plan(lens: np.ndarray, limit: int, tokens_per_batch: int,
         for length in np.unique(padded):
             idx = np.flatnonzero(padded == length)
             rows = canonical_pass_rows(length, tokens_per_batch, canonical_rows)
-            for s in range(0, len(idx), rows):
-                grp = idx[s:s + rows]
+            for start in range(0, len(idx), rows):
+                grp = idx[start:start + rows]
                 out.append((grp, int(length), rows - len(grp)))
         return out
     order = np.argsort(padded, kind="stable")
     sorted_len = padded[order].astype(np.int64)
-    s = 0
-    while s < len(order):
+    start = 0
+    while start < len(order):
         # sorted, so a pass's last row is its longest and rows x that length only grows with the rows
-        cost = np.arange(1, len(order) - s + 1) * sorted_len[s:]
-        e = s + max(1, int(np.searchsorted(cost, tokens_per_batch, side="right")))
-        out.append((order[s:e], int(sorted_len[e - 1]), 0))
-        s = e
+        cost = np.arange(1, len(order) - start + 1) * sorted_len[start:]
+        end = start + max(1, int(np.searchsorted(cost, tokens_per_batch, side="right")))
+        out.append((order[start:end], int(sorted_len[end - 1]), 0))
+        start = end
     return out
 
 
 class Forward:
-    """`Forward(st, ...)(ids, lens)` -> float32 [n, dim] in input order. On CUDA ids are copied from
+    """`Forward(model, ...)(ids, lens)` -> float32 [n, dim] in input order. On CUDA ids are copied from
     pinned memory without blocking, so the host prepares the next pass while the GPU computes."""
 
-    def __init__(self, st, tokens_per_batch: int = GPU_TOKENS_PER_BATCH, canonical_rows: int | None = None):
+    def __init__(self, model, tokens_per_batch: int = GPU_TOKENS_PER_BATCH, canonical_rows: int | None = None):
         import torch
 
-        self.st = st
-        self.device = torch.device(st.device)
+        self.model = model
+        self.device = torch.device(model.device)
         self.tokens_per_batch = tokens_per_batch
         self.canonical_rows = canonical_rows
-        self.token_types = "token_type_ids" in st.tokenizer.model_input_names
-        self.left = st.tokenizer.padding_side == "left"
-        self.pad = st.tokenizer.pad_token_id or 0
-        self.limit = int(st.max_seq_length or 512)  # the limit the canonical shapes are drawn from
+        self.token_types = "token_type_ids" in model.tokenizer.model_input_names
+        self.left = model.tokenizer.padding_side == "left"
+        self.pad = model.tokenizer.pad_token_id or 0
+        self.limit = int(model.max_seq_length or 512)  # the limit the canonical shapes are drawn from
 
-    def to_device(self, a: np.ndarray):
+    def to_device(self, array: np.ndarray):
         """A host array on the model's device as int64 (copied as int32: half the bytes to move)."""
         import torch
 
-        t = torch.from_numpy(np.ascontiguousarray(a))
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
         if self.device.type == "cuda":
-            t = t.pin_memory().to(self.device, non_blocking=True)
-        return t.long()
+            tensor = tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.long()
 
     def passes(self, ids: np.ndarray, lens: np.ndarray):
         """(row indices, ids [rows, L], lengths [rows]) per forward pass, on the host, fill included; the
@@ -99,20 +99,21 @@ class Forward:
         feats = {"input_ids": ids_t, "attention_mask": mask.long()}
         if self.token_types:
             feats["token_type_ids"] = torch.zeros_like(ids_t)
-        with torch.inference_mode(), precision(self.st):
-            e = self.st.forward(feats)["sentence_embedding"].float()
-        return torch.nn.functional.normalize(e, p=2, dim=1)
+        with torch.inference_mode(), precision(self.model):
+            vectors = self.model.forward(feats)["sentence_embedding"].float()
+        return torch.nn.functional.normalize(vectors, p=2, dim=1)
 
     def __call__(self, ids: np.ndarray, lens: np.ndarray, on_pass=None) -> np.ndarray:
         import torch
 
         lens = np.asarray(lens, np.int32)
-        done, parts = [], []
-        for idx, x, n in self.passes(ids, lens):
-            done.append(idx)
-            parts.append(self.embed(self.to_device(x), self.to_device(n))[:len(idx)])
-            on_pass and on_pass(len(idx))  # rows done, for the progress display
-        out = np.zeros((len(lens), embedding_dim(self.st)), np.float32)
+        done = []
+        parts = []
+        for rows, pass_tokens, pass_lens in self.passes(ids, lens):
+            done.append(rows)
+            parts.append(self.embed(self.to_device(pass_tokens), self.to_device(pass_lens))[:len(rows)])
+            on_pass and on_pass(len(rows))  # rows done, for the progress display
+        out = np.zeros((len(lens), embedding_dim(self.model)), np.float32)
         if parts:
             out[np.concatenate(done)] = torch.cat(parts).cpu().numpy()
         return out
@@ -140,9 +141,9 @@ def pass_ids(ids: np.ndarray, lens: np.ndarray, left: bool, pad: int):
     first = np.cumsum(widths) - widths + (widths - lens if left else 0)  # each row's first token in `flat`
 
     def take_ragged(rows: np.ndarray, length: int) -> np.ndarray:
-        n = lens[rows][:, None]
-        pos = np.arange(length)[None, :] - (length - n if left else 0)  # the token's place in its row
-        real = (pos >= 0) & (pos < n)
+        row_lens = lens[rows][:, None]
+        pos = np.arange(length)[None, :] - (length - row_lens if left else 0)  # the token's place in its row
+        real = (pos >= 0) & (pos < row_lens)
         out = np.full((len(rows), length), pad, flat.dtype)
         out[real] = flat[(first[rows][:, None] + pos)[real]]
         return out
@@ -150,13 +151,13 @@ def pass_ids(ids: np.ndarray, lens: np.ndarray, left: bool, pad: int):
     return take_ragged
 
 
-def encode_canonical(st, texts: list[str], micro_batch: int = 32,
+def encode_canonical(model, texts: list[str], micro_batch: int = 32,
                      tokens_per_batch: int = CPU_TOKENS_PER_BATCH) -> np.ndarray:
     """Like `encode`, but a text's vector does not depend on its batch-mates (a resumed build batches
     differently, and BLAS results move in the last bits with the batch's shape): a CPU build's vectors."""
     texts = [str(t) for t in texts]
-    tok = getattr(st, "tokenizer", None)
+    tok = getattr(model, "tokenizer", None)
     if not texts or tok is None:
-        return encode(st, texts, micro_batch)
-    ids, lens = token_ids(tok, texts, int(st.max_seq_length or 512))
-    return Forward(st, tokens_per_batch, canonical_rows=micro_batch)(ids, lens)
+        return encode(model, texts, micro_batch)
+    ids, lens = token_ids(tok, texts, int(model.max_seq_length or 512))
+    return Forward(model, tokens_per_batch, canonical_rows=micro_batch)(ids, lens)

@@ -38,34 +38,35 @@ def load_sentence_transformer(model: str, device: str | None = None, max_seq_len
     from sentence_transformers import SentenceTransformer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dt = resolve_dtype(dtype, device)
-    st = SentenceTransformer(resolve_embedder(model), device=device)
+    resolved_dtype = resolve_dtype(dtype, device)
+    transformer = SentenceTransformer(resolve_embedder(model), device=device)
     if max_seq_length:
-        st.max_seq_length = max_seq_length
-    if dt in ("bfloat16", "float16"):
-        st.to(getattr(torch, dt))
-    st._qrag_dtype = dt  # tf32 keeps float32 weights and is switched on around each encode (`precision`)
-    if backend == "onnx" or (backend == "auto" and device == "cpu" and dt == "float32"):
+        transformer.max_seq_length = max_seq_length
+    if resolved_dtype in ("bfloat16", "float16"):
+        transformer.to(getattr(torch, resolved_dtype))
+    # tf32 keeps float32 weights and is switched on around each encode (`precision`)
+    transformer._qrag_dtype = resolved_dtype
+    if backend == "onnx" or (backend == "auto" and device == "cpu" and resolved_dtype == "float32"):
         from qrag_ray.embedding.onnx import OnnxUnavailable, use_onnx
 
         try:
-            if dt != "float32":
-                raise OnnxUnavailable(f"the ONNX backend runs float32 only, not {dt}")
-            use_onnx(st, threads)
-        except OnnxUnavailable as e:
+            if resolved_dtype != "float32":
+                raise OnnxUnavailable(f"the ONNX backend runs float32 only, not {resolved_dtype}")
+            use_onnx(transformer, threads)
+        except OnnxUnavailable as error:
             if backend == "onnx":
-                raise QragError(f"embedder backend onnx: {e}") from None
-            logger.info("embedder %s stays on torch: %s", model, e)
+                raise QragError(f"embedder backend onnx: {error}") from None
+            logger.info("embedder %s stays on torch: %s", model, error)
     elif backend not in ("auto", "torch"):
         raise ValueError(f"unknown embedder backend {backend!r}")
-    return st
+    return transformer
 
 
 @contextlib.contextmanager
-def precision(st) -> Iterator[None]:
-    """TF32 matmuls while `st` encodes, when it was loaded with dtype tf32. torch's switch is per
+def precision(model) -> Iterator[None]:
+    """TF32 matmuls while `model` encodes, when it was loaded with dtype tf32. torch's switch is per
     process, so it is restored after the call: another model in the same process keeps float32."""
-    if getattr(st, "_qrag_dtype", "float32") != "tf32":
+    if getattr(model, "_qrag_dtype", "float32") != "tf32":
         yield
         return
     import torch
@@ -78,15 +79,15 @@ def precision(st) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-def encode(st, texts: list[str], batch_size: int = 64) -> np.ndarray:
-    with precision(st):
-        vecs = st.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
-                         convert_to_numpy=True, show_progress_bar=False)
+def encode(model, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    with precision(model):
+        vecs = model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
+                            convert_to_numpy=True, show_progress_bar=False)
     return np.ascontiguousarray(vecs, dtype=np.float32)
 
 
-def embedding_dim(st) -> int:
-    get = getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension
+def embedding_dim(model) -> int:
+    get = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     return int(get())
 
 

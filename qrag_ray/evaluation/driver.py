@@ -16,10 +16,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from qrag_ray.config.index import (GeneratorConfig, IndexConfig, deep_update, format_validation_error, index_config,
-                                   index_identity, load_yaml_any, recorded_config, representation_plan,
-                                   resolve_representation)
+from qrag_ray.config.index import (
+    GeneratorConfig,
+    IndexConfig,
+    deep_update,
+    format_validation_error,
+    index_config,
+    index_identity,
+    recorded_config,
+    representation_plan,
+    resolve_representation,
+)
 from qrag_ray.config.search_policy import QUESTION_KINDS
+from qrag_ray.config.yaml_file import read_yaml
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EvalSet, load_eval_set
 from qrag_ray.evaluation.metrics import DEFAULT_KS, evaluate, leaked_queries
@@ -35,8 +44,8 @@ class Variant:
     hyde: bool = False
 
 
-def parse_list(s: str | None, cast=str) -> list:
-    return [cast(x.strip()) for x in s.split(",") if x.strip()] if s else []
+def parse_list(text: str | None, cast=str) -> list:
+    return [cast(x.strip()) for x in text.split(",") if x.strip()] if text else []
 
 
 def plan_variants(representations: list[str], prune_taus: list[float] | None = None,
@@ -44,11 +53,12 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
     """The paper sweeps as variants: every representation, then τ and question-count sweeps applied
     to each question-based representation, and HyDE over the chunk index."""
     out = [Variant(r, {"representation": r}) for r in representations]
-    for r in [r for r in representations if resolve_representation(r)[1] is not None]:
-        key = "questions" if resolve_representation(r)[1] == "chunk" else "questions_per_atom"
-        out += [Variant(f"{r}@tau={tau:g}", {"representation": r, "filters": {"prune_tau": tau}})
+    for representation in [r for r in representations if resolve_representation(r)[1] is not None]:
+        key = "questions" if resolve_representation(representation)[1] == "chunk" else "questions_per_atom"
+        out += [Variant(f"{representation}@tau={tau:g}",
+                        {"representation": representation, "filters": {"prune_tau": tau}})
                 for tau in prune_taus or []]
-        out += [Variant(f"{r}@n={n}", {"representation": r, "generator": {
+        out += [Variant(f"{representation}@n={n}", {"representation": representation, "generator": {
             key: None if str(n).lower() in ("auto", "llm", "none") else int(n)}}) for n in question_counts or []]
     if hyde:
         out.append(Variant("hyde", {"representation": "chunk", "generator": {"backend": "none"}}, hyde=True))
@@ -58,7 +68,7 @@ def plan_variants(representations: list[str], prune_taus: list[float] | None = N
 def load_variants(path: str | Path) -> list[Variant]:
     """Variants from YAML: a list of {label, representation, hyde?, <IndexConfig overrides>...}, so an
     ablation (prompt, filters, fusion, kinds) is a file of named configurations, not code."""
-    data = load_yaml_any(path)
+    data = read_yaml(path)
     if isinstance(data, dict):
         data = data.get("variants")
     if not isinstance(data, list) or not data:
@@ -96,10 +106,12 @@ def find_reusable(indexes: Path, preferred: Path, cfg: IndexConfig) -> Path | No
 
 
 def generated_texts(index_dir: Path) -> list[str]:
-    m = load_manifest(index_dir)
-    tables = (read_table_file(m.file(m.shard(i).meta), ["kind", "text"]) for i in range(m.num_shards))
-    return [tx for t in tables for kd, tx in zip(t.column("kind").to_pylist(), t.column("text").to_pylist())
-            if kd in QUESTION_KINDS]
+    manifest = load_manifest(index_dir)
+    tables = (read_table_file(manifest.file(manifest.shard(i).meta), ["kind", "text"])
+              for i in range(manifest.num_shards))
+    return [text for table in tables
+            for kind, text in zip(table.column("kind").to_pylist(), table.column("text").to_pylist(), strict=True)
+            if kind in QUESTION_KINDS]
 
 
 def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, HydeCost]:
@@ -117,68 +129,70 @@ def hyde_vectors(engine, queries: list[str], gcfg) -> tuple[Any, HydeCost]:
 
     reqs = [make_request(gcfg, "hyde", q, None) | {"unit": -1, "chunk_idx": i, "shard": 0, "text": q}
             for i, q in enumerate(queries)]
-    ds = ray.data.from_items(reqs).materialize()
+    dataset = ray.data.from_items(reqs).materialize()
     model_path = resolve_llm(gcfg.model) if gcfg.backend == "vllm" else None
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     stage = plan_generation(gcfg, current_cluster(local=False), kernels_from_env())
-    answered, stats = generate(ds, gcfg, QuestionCache(None), model_path, stage)
+    answered, stats = generate(dataset, gcfg, QuestionCache(None), model_path, stage)
     rows = sorted(answered.take_all(), key=lambda r: int(r["chunk_idx"]))
     passages = [hyde_passage(r.get("raw"), queries[int(r["chunk_idx"])]) for r in rows]  # as served
     vecs = encode(engine.embedder, passages)
-    return vecs, HydeCost(llm_seconds=time.perf_counter() - t0, generated=stats.generated,
+    return vecs, HydeCost(llm_seconds=time.perf_counter() - started, generated=stats.generated,
                           output_tokens=stats.output_tokens,
                           llm_seconds_per_query=stats.seconds / stats.generated if stats.generated else None)
 
 
-def run_variant(ev: EvalSet, v: Variant, base: dict, out_dir: Path, ks: list[int], corpus_path: Path,
+def run_variant(eval_set: EvalSet, variant: Variant, base: dict, out_dir: Path, ks: list[int], corpus_path: Path,
                 hyde_generator: dict | None = None, console=None) -> VariantResult:
     from qrag_ray.index.build import build_index
     from qrag_ray.search.engine import SearchEngine
 
-    idx_dir = out_dir / "indexes" / v.label.replace("/", "_")
+    idx_dir = out_dir / "indexes" / variant.label.replace("/", "_")
     here = {"input": str(corpus_path), "format": "jsonl", "build": {"output": str(idx_dir), "overwrite": True}}
-    cfg = index_config(deep_update(deep_update(base, v.overrides), here), f"variant {v.label}: ")
+    cfg = index_config(deep_update(deep_update(base, variant.overrides), here), f"variant {variant.label}: ")
     reuse = find_reusable(idx_dir.parent, idx_dir, cfg)
-    man: Manifest
+    manifest: Manifest
     if reuse is not None:
         if console:
             console.print(f"[dim]reusing index {reuse}[/]")
-        idx_dir, man = reuse, load_manifest(reuse)
-        stage = dict(man.stage_seconds or {})
+        idx_dir = reuse
+        manifest = load_manifest(reuse)
+        stage = dict(manifest.stage_seconds or {})
     else:
         rep = build_index(cfg, console=console)
-        man, stage = rep.manifest, dict(rep.stage_seconds)
+        manifest = rep.manifest
+        stage = dict(rep.stage_seconds)
     engine = SearchEngine(idx_dir, policy=cfg.search)
-    queries = [q["text"] for q in ev.queries]
-    t0 = time.perf_counter()
+    queries = [q["text"] for q in eval_set.queries]
+    started = time.perf_counter()
     hyde: HydeCost | None = None
-    if v.hyde:
+    if variant.hyde:
         try:
             gcfg = GeneratorConfig.model_validate(hyde_generator or {})
-        except ValidationError as e:
-            raise QragError(f"HyDE generator: {format_validation_error(e)}") from None
+        except ValidationError as error:
+            raise QragError(f"HyDE generator: {format_validation_error(error)}") from None
         if gcfg.backend in ("none", "precomputed"):
             raise QragError("HyDE needs an LLM: pass --generator vllm or openai")
         qvecs, hyde = hyde_vectors(engine, queries, gcfg)
-        t1 = time.perf_counter()
+        search_started = time.perf_counter()
     else:
-        t1 = time.perf_counter()
+        search_started = time.perf_counter()
         qvecs = engine.embed(queries)
     ranked = [[r.doc_id for r in page] for page in engine.search_vectors(qvecs, max(ks), queries=queries)]
-    stage["search"] = round(time.perf_counter() - t1, 3)
+    stage["search"] = round(time.perf_counter() - search_started, 3)
     if hyde is not None:
         stage["hyde_llm"] = round(hyde.llm_seconds, 3)
-    run = {q["qid"]: list(dict.fromkeys(docs)) for q, docs in zip(ev.queries, ranked)}
-    leaked = leaked_queries(generated_texts(idx_dir), ev.queries)
-    counts = man.counts.model_dump() if man.counts is not None else {}
+    run = {q["qid"]: list(dict.fromkeys(docs)) for q, docs in zip(eval_set.queries, ranked, strict=True)}
+    leaked = leaked_queries(generated_texts(idx_dir), eval_set.queries)
+    counts = manifest.counts.model_dump() if manifest.counts is not None else {}
     return VariantResult(
-        metrics=evaluate(run, ev.qrels, ks=ks, doc_titles=ev.doc_titles),
+        metrics=evaluate(run, eval_set.qrels, ks=ks, doc_titles=eval_set.doc_titles),
         **{k: counts.get(k) for k in ("vectors", "chunks", "questions", "vectors_before_filters")},
         index_bytes=sum(p.stat().st_size for p in idx_dir.rglob("*") if p.is_file()),
-        stage_seconds=stage, query_ms=round(1000 * (time.perf_counter() - t0) / max(1, len(queries)), 3),
-        generation=man.generation or {}, leaked_queries=len(leaked), leaked_examples=leaked[:5],
+        stage_seconds=stage, query_ms=round(1000 * (time.perf_counter() - started) / max(1, len(queries)), 3),
+        generation=manifest.generation or {}, leaked_queries=len(leaked), leaked_examples=leaked[:5],
         index_reused=reuse is not None, index_dir=str(idx_dir),
-        config=(man.config or {}) | {"search": cfg.search.model_dump(mode="json")}, hyde=hyde)
+        config=(manifest.config or {}) | {"search": cfg.search.model_dump(mode="json")}, hyde=hyde)
 
 
 def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Path, subset: int | None = None,
@@ -190,9 +204,9 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
     ks = sorted(set(ks or DEFAULT_KS))
     if any(k < 1 for k in ks):
         raise QragError("--k values must be positive")
-    ev = load_eval_set(dataset, data, subset=subset, split=split, offset=offset)
+    eval_set = load_eval_set(dataset, data, subset=subset, split=split, offset=offset)
     out = Path(output)
-    corpus_path = ev.write_corpus_jsonl(out / "corpus.jsonl")  # creates `out`
+    corpus_path = eval_set.write_corpus_jsonl(out / "corpus.jsonl")  # creates `out`
     # named by its content: an index's identity holds its input path, so an index that another slice of the
     # dataset (another subset or offset) left in the same output folder is never taken for this one
     digest = hashlib.sha256(corpus_path.read_bytes()).hexdigest()[:16]
@@ -200,12 +214,13 @@ def run_eval(dataset: str, data: str, variants: list[Variant], output: str | Pat
     base = {"chunker": {"method": "none"}} if dataset in ("squad", "bipar") else {}  # one passage = one chunk
     base = deep_update(base, base_overrides or {})
     results: dict[str, VariantResult] = {}
-    for v in variants:
+    for variant in variants:
         if console:
-            console.rule(f"{v.label}")
-        results[v.label] = run_variant(ev, v, base, out, ks, corpus_path, base.get("generator"), console)
+            console.rule(f"{variant.label}")
+        results[variant.label] = run_variant(eval_set, variant, base, out, ks, corpus_path, base.get("generator"),
+                                             console)
         write_partial(out / "partial.json", results)
-    meta = EvalMeta(dataset=dataset, data=str(data), subset=subset, offset=offset, **ev.stats(), ks=ks)
+    meta = EvalMeta(dataset=dataset, data=str(data), subset=subset, offset=offset, **eval_set.stats(), ks=ks)
     report = EvalReport(meta=meta, representations=results)
     done = EvalRun(report, write_report(out, report))
     (out / "partial.json").unlink(missing_ok=True)

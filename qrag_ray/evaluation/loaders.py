@@ -43,14 +43,14 @@ class EvalSet:
 
     def write_corpus_jsonl(self, path: str | Path) -> Path:
         """Write the corpus as JSONL rows {doc_id, title, text} (the `jsonl` input format of `qrag index`)."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with p.open("w", encoding="utf-8") as f:
-            for d in self.corpus:
-                row = {"doc_id": d["doc_id"], "title": d.get("title") or "", "text": d["text"]}
-                questions = {"questions": d["questions"]} if "questions" in d else {}
-                f.write(json.dumps(row | questions, ensure_ascii=False) + "\n")
-        return p
+        file = Path(path)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        with file.open("w", encoding="utf-8") as stream:
+            for document in self.corpus:
+                row = {"doc_id": document["doc_id"], "title": document.get("title") or "", "text": document["text"]}
+                questions = {"questions": document["questions"]} if "questions" in document else {}
+                stream.write(json.dumps(row | questions, ensure_ascii=False) + "\n")
+        return file
 
 
 def check_slice(subset: Any, offset: Any, where: str = "", none: str = "None") -> None:
@@ -62,70 +62,72 @@ def check_slice(subset: Any, offset: Any, where: str = "", none: str = "None") -
         raise QragError(f"{where}offset must be a non-negative integer, got {offset!r}")
 
 
-def _require_file(p: Path, what: str) -> Path:
-    if not p.is_file():
-        raise QragError(f"{what} not found: {p}")
-    return p
+def _require_file(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise QragError(f"{what} not found: {path}")
+    return path
 
 
-def _field(obj: dict, names: tuple[str, ...], p: Path, lineno: int) -> Any:
-    for n in names:
-        if n in obj and obj[n] is not None:
-            return obj[n]
-    raise QragError(f"{p}:{lineno}: missing field {' or '.join(repr(n) for n in names)}")
+def _field(obj: dict, names: tuple[str, ...], path: Path, lineno: int) -> Any:
+    for name in names:
+        if name in obj and obj[name] is not None:
+            return obj[name]
+    raise QragError(f"{path}:{lineno}: missing field {' or '.join(repr(n) for n in names)}")
 
 
-def _read_texts(p: Path, id_fields: tuple[str, ...], what: str) -> dict[str, dict]:
+def _read_texts(path: Path, id_fields: tuple[str, ...], what: str) -> dict[str, dict]:
     """{id: row} of the non-blank JSONL lines, objects with an id (the first of `id_fields` present) and a
     string `text`; a bad line is a QragError naming it."""
     rows: dict[str, dict] = {}
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open(encoding="utf-8") as stream:
+        for lineno, line in enumerate(stream, 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise QragError(f"{p}:{lineno}: malformed JSON line ({e.msg})") from None
+            except json.JSONDecodeError as error:
+                raise QragError(f"{path}:{lineno}: malformed JSON line ({error.msg})") from None
             if not isinstance(obj, dict):
-                raise QragError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            rid = str(_field(obj, id_fields, p, lineno))
-            if not isinstance(_field(obj, ("text",), p, lineno), str):
-                raise QragError(f"{p}:{lineno}: field 'text' must be a string")
+                raise QragError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            rid = str(_field(obj, id_fields, path, lineno))
+            if not isinstance(_field(obj, ("text",), path, lineno), str):
+                raise QragError(f"{path}:{lineno}: field 'text' must be a string")
             if rid in rows:
-                raise QragError(f"{p}:{lineno}: duplicate {what} id {rid!r}")
+                raise QragError(f"{path}:{lineno}: duplicate {what} id {rid!r}")
             rows[rid] = obj
     return rows
 
 
-def _read_corpus_jsonl(p: Path, id_fields: tuple[str, ...]) -> list[dict]:
+def _read_corpus_jsonl(path: Path, id_fields: tuple[str, ...]) -> list[dict]:
     # precomputed questions travel to `qrag index`
     return [{"doc_id": doc_id, "title": "" if obj.get("title") is None else str(obj["title"]), "text": obj["text"]}
             | ({"questions": [str(q) for q in obj["questions"]]} if isinstance(obj.get("questions"), list) else {})
-            for doc_id, obj in _read_texts(p, id_fields, "document").items()]
+            for doc_id, obj in _read_texts(path, id_fields, "document").items()]
 
 
-def _read_queries_jsonl(p: Path, id_fields: tuple[str, ...]) -> dict[str, str]:
-    return {qid: obj["text"] for qid, obj in _read_texts(p, id_fields, "query").items()}
+def _read_queries_jsonl(path: Path, id_fields: tuple[str, ...]) -> dict[str, str]:
+    return {qid: obj["text"] for qid, obj in _read_texts(path, id_fields, "query").items()}
 
 
-def _read_qrels_tsv(p: Path) -> dict[str, dict[str, int]]:
+def _read_qrels_tsv(path: Path) -> dict[str, dict[str, int]]:
     """Qrels lines `qid doc_id grade` (tab or whitespace separated), an optional header line, or TREC
     lines `qid iter doc_id grade`. A repeated (qid, doc_id) keeps the last grade."""
     qrels: dict[str, dict[str, int]] = {}
-    with p.open(encoding="utf-8") as f:
-        lines = [(n, s) for n, line in enumerate(f, 1) if (s := line.strip()) and not s.startswith("#")]
-    for i, (lineno, s) in enumerate(lines):
-        parts = [x.strip() for x in (s.split("\t") if "\t" in s else s.split())]
+    with path.open(encoding="utf-8") as stream:
+        lines = [(n, s) for n, line in enumerate(stream, 1) if (s := line.strip()) and not s.startswith("#")]
+    for i, (lineno, text) in enumerate(lines):
+        parts = [x.strip() for x in (text.split("\t") if "\t" in text else text.split())]
         if len(parts) not in (3, 4):  # 4: a TREC line, `qid iter doc_id grade`
-            raise QragError(f"{p}:{lineno}: expected 'qid doc_id grade' (3 columns), got {len(parts)} columns")
-        qid, doc_id, grade_s = parts[0], parts[-2], parts[-1]
+            raise QragError(f"{path}:{lineno}: expected 'qid doc_id grade' (3 columns), got {len(parts)} columns")
+        qid = parts[0]
+        doc_id = parts[-2]
+        grade_s = parts[-1]
         try:
             grade = int(float(grade_s))
         except ValueError:
             if i == 0:  # header, e.g. "query-id corpus-id score"
                 continue
-            raise QragError(f"{p}:{lineno}: grade {grade_s!r} is not a number") from None
+            raise QragError(f"{path}:{lineno}: grade {grade_s!r} is not a number") from None
         qrels.setdefault(qid, {})[doc_id] = grade
     return qrels
 
@@ -161,41 +163,43 @@ def load_squad(path: str | Path, subset: int | None = None, offset: int = 0) -> 
     "{article:03d}-{paragraph:03d}" (file order) with the article title as written ("Super_Bowl_50"), and
     every question a query whose only relevant document (grade 1) is its own context."""
     check_slice(subset, offset)
-    p = _require_file(Path(path), "SQuAD file")
+    file = _require_file(Path(path), "SQuAD file")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise QragError(f"{p}: not valid JSON (line {e.lineno}: {e.msg})") from None
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise QragError(f"{file}: not valid JSON (line {error.lineno}: {error.msg})") from None
     articles = data.get("data") if isinstance(data, dict) else None
     if not isinstance(articles, list):
-        raise QragError(f"{p}: not a SQuAD file (no top-level 'data' list)")
+        raise QragError(f"{file}: not a SQuAD file (no top-level 'data' list)")
     corpus: list[dict] = []
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
     paragraphs = ((ai, pi, art, para) for ai, art in enumerate(articles)
                   for pi, para in enumerate(art.get("paragraphs") or []))
     # read up to offset + subset contexts; _assemble drops the first `offset` with their questions
-    for ai, pi, art, para in itertools.islice(paragraphs, offset + subset if subset is not None else None):
+    stop = offset + subset if subset is not None else None
+    for article_no, paragraph_no, art, para in itertools.islice(paragraphs, stop):
         if "context" not in para:
-            raise QragError(f"{p}: article {ai} paragraph {pi} has no 'context'")
-        doc_id = f"{ai:03d}-{pi:03d}"
+            raise QragError(f"{file}: article {article_no} paragraph {paragraph_no} has no 'context'")
+        doc_id = f"{article_no:03d}-{paragraph_no:03d}"
         corpus.append({"doc_id": doc_id, "title": str(art.get("title") or ""), "text": para["context"]})
-        for qi, qa in enumerate(para.get("qas") or []):
-            qid = str(qa.get("id") or f"{doc_id}-q{qi:03d}")
-            if "question" not in qa:
-                raise QragError(f"{p}: question {qid!r} has no 'question' text")
+        for question_no, entry in enumerate(para.get("qas") or []):
+            qid = str(entry.get("id") or f"{doc_id}-q{question_no:03d}")
+            if "question" not in entry:
+                raise QragError(f"{file}: question {qid!r} has no 'question' text")
             if qid in qrels:
-                raise QragError(f"{p}: duplicate question id {qid!r}")
-            queries[qid] = qa["question"]
+                raise QragError(f"{file}: duplicate question id {qid!r}")
+            queries[qid] = entry["question"]
             qrels[qid] = {doc_id: 1}
-    return _assemble(f"squad:{p.stem}", corpus, queries, qrels, subset, p, offset)
+    return _assemble(f"squad:{file.stem}", corpus, queries, qrels, subset, file, offset)
 
 
 def load_bipar(path: str | Path, subset: int | None = None, offset: int = 0) -> EvalSet:
     """BiPaR monolingual English (novel passages in SQuAD v1.1 format). Its "titles" are file ids
     ("lu_ding_ji_753"), not words a reader would search with, so they are dropped."""
-    es = load_squad(path, subset, offset)
-    return replace(es, name=es.name.replace("squad:", "bipar:", 1), corpus=[d | {"title": ""} for d in es.corpus])
+    eval_set = load_squad(path, subset, offset)
+    return replace(eval_set, name=eval_set.name.replace("squad:", "bipar:", 1),
+                   corpus=[d | {"title": ""} for d in eval_set.corpus])
 
 
 def load_beir(folder: str | Path, split: str = "test", subset: int | None = None, offset: int = 0) -> EvalSet:
@@ -218,11 +222,13 @@ def load_jsonl_qrels(corpus_jsonl: str | Path, queries_jsonl: str | Path, qrels_
     `text`) and a qrels TSV (`qid doc_id grade` or TREC `qid 0 doc_id grade`, tabs or spaces, header or not).
     Only judged queries with a relevant document are kept."""
     check_slice(subset, offset)
-    cp = _require_file(Path(corpus_jsonl), "corpus file")
-    qp = _require_file(Path(queries_jsonl), "queries file")
-    rp = _require_file(Path(qrels_tsv), "qrels file")
-    return _assemble(f"jsonl:{cp.parent.name or cp.stem}", _read_corpus_jsonl(cp, ("doc_id", "id", "_id")),
-                     _read_queries_jsonl(qp, ("qid", "id", "_id")), _read_qrels_tsv(rp), subset, rp, offset)
+    corpus_file = _require_file(Path(corpus_jsonl), "corpus file")
+    queries_file = _require_file(Path(queries_jsonl), "queries file")
+    qrels_file = _require_file(Path(qrels_tsv), "qrels file")
+    return _assemble(f"jsonl:{corpus_file.parent.name or corpus_file.stem}",
+                     _read_corpus_jsonl(corpus_file, ("doc_id", "id", "_id")),
+                     _read_queries_jsonl(queries_file, ("qid", "id", "_id")), _read_qrels_tsv(qrels_file), subset,
+                     qrels_file, offset)
 
 
 def load_eval_set(kind: str, data: str | Path, subset: int | None = None, split: str = "test",

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from qrag_ray.config.index import deep_update, index_config
+from qrag_ray.config.yaml_file import read_yaml
 from qrag_ray.errors import QragError
 from qrag_ray.evaluation.loaders import EVAL_KINDS, check_slice
 from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
-from qrag_ray.config.yaml_file import read_yaml
 
 DEFAULT_TOLERANCE = 1.0
 
@@ -83,10 +83,10 @@ class MatrixResult:
         return self.comparison.passed
 
 
-def _number(v: Any, where: str) -> float:
-    if (n := finite_number(v)) is None:
-        raise QragError(f"{where} must be a number, got {v!r}")
-    return n
+def _number(value: Any, where: str) -> float:
+    if (number := finite_number(value)) is None:
+        raise QragError(f"{where} must be a number, got {value!r}")
+    return number
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -95,14 +95,14 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 def resolve_data_path(data: str, base: Path | None = None) -> str:
     """Expand `${NAME}` / `${NAME:-default}` and `~`; a relative result is taken relative to `base`
     (the matrix file's folder)."""
-    def _sub(m: re.Match) -> str:
-        val = os.environ.get(m.group(1)) or m.group(2)
+    def _sub(match: re.Match) -> str:
+        val = os.environ.get(match.group(1)) or match.group(2)
         if val is not None:
             return val
-        raise QragError(f"data path {data!r} uses ${{{m.group(1)}}}, which is not set")
+        raise QragError(f"data path {data!r} uses ${{{match.group(1)}}}, which is not set")
 
-    p = Path(os.path.expanduser(_VAR.sub(_sub, data)))
-    return str(p if p.is_absolute() or base is None else base / p)
+    resolved = Path(os.path.expanduser(_VAR.sub(_sub, data)))
+    return str(resolved if resolved.is_absolute() or base is None else base / resolved)
 
 
 def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> Condition:
@@ -120,14 +120,15 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
     if not isinstance(raw.get("data"), str) or not raw["data"]:
         raise QragError(f"{where}: 'data' must be a path")
     data = resolve_data_path(raw["data"], base)
-    subset, offset = raw.get("subset"), raw.get("offset", 0)
+    subset = raw.get("subset")
+    offset = raw.get("offset", 0)
     check_slice(subset, offset, f"{where}: ", "null")
 
     def _component(name: str, key: str) -> dict[str, Any]:
-        v = raw.get(name)
-        if v is not None and not isinstance(v, (str, dict)):
+        value = raw.get(name)
+        if value is not None and not isinstance(value, (str, dict)):
             raise QragError(f"{where}: '{name}' must be a name or a mapping")
-        return {key: v} if isinstance(v, str) else dict(v or {})
+        return {key: value} if isinstance(value, str) else dict(value or {})
 
     embedder = _component("embedder", "model")
     generator = _component("generator", "backend")
@@ -150,29 +151,31 @@ def _parse_condition(raw: Any, idx: int, src: str, base: Path | None = None) -> 
                      representation=str(raw.get("representation") or "chunk"), embedder=embedder,
                      generator=generator, extra=extra, expected=expected, tolerance=tolerance, tags=tags,
                      split=str(raw.get("split") or "test"), notes=str(raw.get("notes") or ""))
-    index_config(cond.index_overrides(), f"{where}: ")  # typos in representation / embedder / generator / extra fail here
+    # typos in representation / embedder / generator / extra fail here
+    index_config(cond.index_overrides(), f"{where}: ")
     return cond
 
 
 def load_matrix(path: str | Path) -> list[Condition]:
     """Parse and validate a matrix YAML file (a list of conditions, or {conditions: [...]})."""
-    p = Path(path)
-    raw = read_yaml(p, "matrix file")
+    file = Path(path)
+    raw = read_yaml(file, "matrix file")
     if isinstance(raw, dict) and "conditions" in raw:
         raw = raw["conditions"]
     if not isinstance(raw, list) or not raw:
-        raise QragError(f"matrix file {p} must hold a non-empty list of conditions")
-    conds = [_parse_condition(c, i, str(p), p.parent) for i, c in enumerate(raw)]
+        raise QragError(f"matrix file {file} must hold a non-empty list of conditions")
+    conds = [_parse_condition(c, i, str(file), file.parent) for i, c in enumerate(raw)]
     ids = [c.id for c in conds]
     if (dup := next((cid for i, cid in enumerate(ids) if cid in ids[:i]), None)) is not None:
-        raise QragError(f"{p}: duplicate condition id '{dup}'")
+        raise QragError(f"{file}: duplicate condition id '{dup}'")
     return conds
 
 
 def select(conditions: list[Condition], ids: Iterable[str] | None = None,
            tags: Iterable[str] | None = None) -> list[Condition]:
     """Conditions by id (in the order given) and/or carrying any of `tags`; unknown ids are an error."""
-    ids, by_id = None if ids is None else list(ids), {c.id: c for c in conditions}
+    ids = None if ids is None else list(ids)
+    by_id = {c.id: c for c in conditions}
     if missing := [i for i in ids or [] if i not in by_id]:
         raise QragError(f"unknown matrix condition(s): {', '.join(missing)} (known: {', '.join(by_id)})")
     out = list(conditions) if ids is None else [by_id[i] for i in ids]
@@ -189,19 +192,21 @@ def compare(conditions: list[Condition], measured: Mapping[str, Mapping[str, flo
     from `measured` are `not_run`; a null expected figure is recorded, never failed."""
     if measured_scale not in ("fraction", "percent"):
         raise ValueError(f"measured_scale must be 'fraction' or 'percent', got {measured_scale!r}")
-    figures, record_only, not_run = [], {}, []
+    figures = []
+    record_only = {}
+    not_run = []
     scale = 100.0 if measured_scale == "fraction" else 1.0
-    for c in conditions:
-        if c.id not in measured:
-            not_run.append(c.id)
+    for condition in conditions:
+        if condition.id not in measured:
+            not_run.append(condition.id)
             continue
-        got = {m: None if (n := finite_number(v)) is None else n * scale for m, v in measured[c.id].items()}
-        expected = c.expected or {}
-        opened = ([m for m in got if _METRIC.match(m)] if c.record_only
+        got = {m: None if (n := finite_number(v)) is None else n * scale for m, v in measured[condition.id].items()}
+        expected = condition.expected or {}
+        opened = ([m for m in got if _METRIC.match(m)] if condition.record_only
                   else [m for m, v in expected.items() if v is None])
         if figs := {m: got[m] for m in opened if got.get(m) is not None}:
-            record_only[c.id] = figs
-        figures += [Figure(c.id, m, exp, got.get(m), c.tolerance) for m, exp in expected.items()]
+            record_only[condition.id] = figs
+        figures += [Figure(condition.id, m, exp, got.get(m), condition.tolerance) for m, exp in expected.items()]
     checked = compare_figures(figures)
     return MatrixComparison(checked.regressions, checked.improvements, checked.within, record_only, not_run)
 
@@ -220,9 +225,9 @@ def run_matrix(path: str | Path, ids: Iterable[str] | None = None, *,
     if not conds:
         raise QragError(f"no matrix condition selected from {path}")
     measured: dict[str, dict[str, float]] = {}
-    for c in conds:
-        got = runner(c)
+    for condition in conds:
+        got = runner(condition)
         if not isinstance(got, Mapping):
-            raise TypeError(f"runner returned {type(got).__name__} for condition '{c.id}', expected a mapping")
-        measured[c.id] = dict(got)
+            raise TypeError(f"runner returned {type(got).__name__} for condition '{condition.id}', expected a mapping")
+        measured[condition.id] = dict(got)
     return MatrixResult(measured, compare(conds, measured))

@@ -68,9 +68,9 @@ def mrr_at_k(run: Run, qrels: Qrels, k: int = 10) -> float:
 def ndcg_at_k(run: Run, qrels: Qrels, k: int = 10) -> float:
     """Mean nDCG@k with graded gains (grade), log2 discount, ideal ranking from the qrels."""
     vals = []
-    for q in _relevant(qrels):
-        rels = qrels[q]
-        dcg = sum(max(rels.get(d, 0), 0) / math.log2(i + 1) for i, d in enumerate(_ranked(run.get(q), k), 1))
+    for qid in _relevant(qrels):
+        rels = qrels[qid]
+        dcg = sum(max(rels.get(d, 0), 0) / math.log2(i + 1) for i, d in enumerate(_ranked(run.get(qid), k), 1))
         ideal = sorted((g for g in rels.values() if g > 0), reverse=True)[:k]
         idcg = sum(g / math.log2(i + 1) for i, g in enumerate(ideal, 1))
         vals.append(dcg / idcg if idcg > 0 else 0.0)

@@ -15,11 +15,11 @@ from typing import Any
 _EPS = 1e-9  # a figure exactly at the tolerance edge passes despite float rounding (0.615 * 100)
 
 
-def finite_number(v: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
     """`v` as a float when it is a finite int or float (not a bool), else None."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    return float(v)
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,11 @@ class Comparison:
 def compare_figures(figures: Iterable[Figure]) -> Comparison:
     """Sort each recorded figure (not None) into regression, better than recorded or within tolerance."""
     out = Comparison()
-    for f in (f for f in figures if f.expected is not None):
-        if f.measured is None or f.measured < f.expected - f.tolerance - _EPS:
-            out.regressions.append(f)
-        elif f.measured > f.expected + f.tolerance + _EPS:
-            out.improvements.append(f)
+    for figure in (f for f in figures if f.expected is not None):
+        if figure.measured is None or figure.measured < figure.expected - figure.tolerance - _EPS:
+            out.regressions.append(figure)
+        elif figure.measured > figure.expected + figure.tolerance + _EPS:
+            out.improvements.append(figure)
         else:
-            out.within.append(f)
+            out.within.append(figure)
     return out

@@ -18,9 +18,9 @@ _RECALL = re.compile(r"^R@(\d+)$")
 _DASH = "–"
 
 
-def _fmt(v: Any, spec: str, scale: float = 1.0) -> str:
-    n = finite_number(v)
-    return _DASH if n is None else format(scale * n, spec)
+def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
+    number = finite_number(value)
+    return _DASH if number is None else format(scale * number, spec)
 
 
 def markdown_table(results: Mapping[str, VariantResult]) -> str:
@@ -29,12 +29,13 @@ def markdown_table(results: Mapping[str, VariantResult]) -> str:
     cols = {c: [v for e in results.values() if (v := e.metrics.get(c)) is not None] for c in COLUMNS}
     best = {c: max(vals) for c, vals in cols.items() if len(vals) > 1}
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
-    for rep, e in results.items():
-        cells = [f"`{rep}`", _DASH if e.vectors is None else f"{e.vectors:,}", _fmt(e.vectors_per_chunk, ".2f")]
+    for rep, entry in results.items():
+        cells = [f"`{rep}`", _DASH if entry.vectors is None else f"{entry.vectors:,}",
+                 _fmt(entry.vectors_per_chunk, ".2f")]
         for col in COLUMNS:
-            cell = _fmt(e.metrics.get(col), ".1f", 100.0)
-            cells.append(f"**{cell}**" if col in best and e.metrics.get(col) == best[col] else cell)
-        cells += [_fmt(e.build_seconds, ".1f"), _fmt(e.index_mb, ".1f")]
+            cell = _fmt(entry.metrics.get(col), ".1f", 100.0)
+            cells.append(f"**{cell}**" if col in best and entry.metrics.get(col) == best[col] else cell)
+        cells += [_fmt(entry.build_seconds, ".1f"), _fmt(entry.index_mb, ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -51,11 +52,11 @@ def _plot(path: Path, results: Mapping[str, VariantResult], title: str | None) -
         pts = sorted((int(m.group(1)), 100.0 * v) for key, v in entry.metrics.items()
                      if (m := _RECALL.match(key)) and v is not None)
         if pts:
-            ax1.plot(*zip(*pts), marker="o", label=rep)
+            ax1.plot(*zip(*pts, strict=True), marker="o", label=rep)
     ax1.set_xscale("log", base=2)
-    ks = sorted({int(m.group(1)) for e in results.values() for key in e.metrics if (m := _RECALL.match(key))})
-    if ks:
-        ax1.set_xticks(ks, [str(k) for k in ks])
+    cutoffs = sorted({int(m.group(1)) for e in results.values() for key in e.metrics if (m := _RECALL.match(key))})
+    if cutoffs:
+        ax1.set_xticks(cutoffs, [str(k) for k in cutoffs])
     ax1.set(xlabel="k (distinct chunks)", ylabel="recall@k (%)", title="recall@k")
     ax1.grid(True, alpha=0.3)
     if any(ax1.get_lines()):
@@ -64,9 +65,9 @@ def _plot(path: Path, results: Mapping[str, VariantResult], title: str | None) -
     ax2.bar(range(len(reps)), [v if v is not None else 0.0 for v in vpc], color="tab:gray")
     ax2.set_xticks(range(len(reps)), reps, rotation=30, ha="right", fontsize=8)
     ax2.set(ylabel="vectors per chunk", title="index size")
-    for i, v in enumerate(vpc):
-        if v is not None:
-            ax2.annotate(f"{v:.1f}", (i, v), ha="center", va="bottom", fontsize=8)
+    for i, value in enumerate(vpc):
+        if value is not None:
+            ax2.annotate(f"{value:.1f}", (i, value), ha="center", va="bottom", fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -81,10 +82,11 @@ def write_report(output_dir: str | Path, report: EvalReport) -> dict[str, Path]:
     paths = {"json": out / "results.json", "md": out / "results.md", "png": out / "recall.png"}
     doc = report.to_json()
     paths["json"].write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    results, title = report.representations, report.title
-    md = [f"# {title}", "", *(f"- **{k}**: {v}" for k, v in doc["meta"].items()), "", markdown_table(results),
-          "Metrics in percent (R@k = recall@k over distinct chunks = context accuracy C@k with one gold "
+    results = report.representations
+    title = report.title
+    markdown = [f"# {title}", "", *(f"- **{k}**: {v}" for k, v in doc["meta"].items()), "", markdown_table(results),
+                "Metrics in percent (R@k = recall@k over distinct chunks = context accuracy C@k with one gold "
           "chunk; T@1 = title accuracy). Best per column in bold.", "", "![recall@k](recall.png)"]
-    paths["md"].write_text("\n".join(md) + "\n", encoding="utf-8")
+    paths["md"].write_text("\n".join(markdown) + "\n", encoding="utf-8")
     _plot(paths["png"], results, title)
     return paths

@@ -27,8 +27,8 @@ class _Measured(_Read):
 
     @field_validator("metrics")
     @classmethod
-    def _finite(cls, v: dict[str, float | None]) -> dict[str, float | None]:
-        return {k: finite_number(x) for k, x in v.items()}
+    def _finite(cls, value: dict[str, float | None]) -> dict[str, float | None]:
+        return {k: finite_number(x) for k, x in value.items()}
 
 
 class HydeCost(_Read):
@@ -111,11 +111,12 @@ class EvalReport(_Read):
 
     @property
     def title(self) -> str:
-        m = self.meta
-        return f"qrag eval: {m.dataset} ({m.documents} docs, {m.queries} queries)"
+        meta = self.meta
+        return f"qrag eval: {meta.dataset} ({meta.documents} docs, {meta.queries} queries)"
 
     def to_json(self) -> dict[str, Any]:
-        return {"meta": self.meta.to_json(), "representations": {k: r.to_json() for k, r in self.representations.items()}}
+        return {"meta": self.meta.to_json(),
+                "representations": {k: r.to_json() for k, r in self.representations.items()}}
 
     @classmethod
     def read(cls, path: Path) -> "EvalReport | None":
@@ -168,8 +169,9 @@ class SuiteCell(_Measured):
     build_seconds: float | None = None  # a reused index reports the build that made it
 
     @classmethod
-    def of(cls, r: VariantResult) -> "SuiteCell":
-        return cls(metrics=r.metrics, vectors_per_chunk=r.vectors_per_chunk, build_seconds=r.build_seconds)
+    def from_result(cls, result: VariantResult) -> "SuiteCell":
+        return cls(metrics=result.metrics, vectors_per_chunk=result.vectors_per_chunk,
+                   build_seconds=result.build_seconds)
 
     def to_json(self) -> dict[str, Any]:
         """suite.json's form: the metrics with the costs beside them (those known)."""

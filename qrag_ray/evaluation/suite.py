@@ -19,9 +19,8 @@ from qrag_ray.errors import QragError
 from qrag_ray.evaluation.driver import Variant, evaluate_condition, run_eval
 from qrag_ray.evaluation.loaders import EVAL_KINDS, load_eval_set
 from qrag_ray.evaluation.matrix import Condition, load_matrix, resolve_data_path, run_matrix, select
-from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures, finite_number
-from qrag_ray.evaluation.results import (EvalReport, SuiteCell, SuiteMatrix, SuiteReport, read_partial,
-                                         read_suite_json)
+from qrag_ray.evaluation.regression import Comparison, Figure, compare_figures
+from qrag_ray.evaluation.results import EvalReport, SuiteCell, SuiteMatrix, SuiteReport, read_partial, read_suite_json
 
 FULL = "full"
 
@@ -35,12 +34,13 @@ class SuiteDataset:
     offset: int = 0
     split: str = "test"
 
-    def sliced(self, sl: dict[str, Any] | None) -> "SuiteDataset | None":
+    def sliced(self, slice_spec: dict[str, Any] | None) -> "SuiteDataset | None":
         """This dataset as a slice reads it (None: the full dataset); None when the slice leaves it out."""
-        if sl is None or self.name not in (sl.get("datasets") or {}):
-            return self if sl is None else None
-        d = sl["datasets"][self.name] or {}
-        return SuiteDataset(self.name, self.kind, self.data, d.get("subset"), int(d.get("offset", 0)), self.split)
+        if slice_spec is None or self.name not in (slice_spec.get("datasets") or {}):
+            return self if slice_spec is None else None
+        override = slice_spec["datasets"][self.name] or {}
+        return SuiteDataset(self.name, self.kind, self.data, override.get("subset"), int(override.get("offset", 0)),
+                            self.split)
 
 
 @dataclass
@@ -56,41 +56,48 @@ class Suite:
 
 def load_suite(path: str | Path) -> Suite:
     """Parse and validate a suite YAML (every configuration checked as an IndexConfig up front)."""
-    p = Path(path)
-    raw, where = load_yaml(p), str(p)
+    file = Path(path)
+    raw = load_yaml(file)
+    where = str(file)
     base = raw.get("base") or {}
     if not isinstance(base, dict):
         raise QragError(f"{where}: 'base' must be a mapping of index config overrides")
     dsets = []
-    for name, d in (raw.get("datasets") or {}).items():
-        if not isinstance(d, dict) or d.get("kind") not in EVAL_KINDS or not isinstance(d.get("data"), str):
+    for name, dataset_spec in (raw.get("datasets") or {}).items():
+        if (not isinstance(dataset_spec, dict) or dataset_spec.get("kind") not in EVAL_KINDS
+                or not isinstance(dataset_spec.get("data"), str)):
             raise QragError(f"{where}: dataset {name!r} needs kind ({', '.join(EVAL_KINDS)}) and data")
-        dsets.append(SuiteDataset(str(name), d["kind"], resolve_data_path(d["data"], p.parent), d.get("subset"),
-                                  int(d.get("offset", 0)), str(d.get("split", "test"))))
+        dsets.append(SuiteDataset(str(name), dataset_spec["kind"], resolve_data_path(dataset_spec["data"], file.parent),
+                                  dataset_spec.get("subset"), int(dataset_spec.get("offset", 0)),
+                                  str(dataset_spec.get("split", "test"))))
     configs = raw.get("configs") or {}
     if not dsets or not isinstance(configs, dict) or not configs:
         raise QragError(f"{where}: needs at least one dataset and one config")
-    for name, c in configs.items():
-        if not isinstance(c, dict) or not c.get("representation"):
+    for name, config in configs.items():
+        if not isinstance(config, dict) or not config.get("representation"):
             raise QragError(f"{where}: config {name!r} needs a representation")
-        index_config(deep_update(base, c), f"{where}: config {name!r}: ")
+        index_config(deep_update(base, config), f"{where}: config {name!r}: ")
     slices = raw.get("slices") or {}
-    for sl, spec in slices.items():
-        if sl == FULL or not isinstance(spec, dict) or not isinstance(spec.get("datasets"), dict):
-            raise QragError(f"{where}: slice {sl!r} needs a 'datasets' mapping (and may not be named {FULL!r})")
+    for slice_name, spec in slices.items():
+        if slice_name == FULL or not isinstance(spec, dict) or not isinstance(spec.get("datasets"), dict):
+            raise QragError(f"{where}: slice {slice_name!r} needs a 'datasets' mapping "
+                            f"(and may not be named {FULL!r})")
         bad = [x for x in spec["datasets"] if x not in {d.name for d in dsets}]
         bad += [x for x in spec.get("configs") or [] if x not in configs]
-        for ds, cs in (spec.get("skip") or {}).items():
-            bad += [x for x in [ds] if x not in spec["datasets"]] + [x for x in cs or [] if x not in configs]
+        for dataset_name, skipped_configs in (spec.get("skip") or {}).items():
+            bad += [x for x in [dataset_name] if x not in spec["datasets"]]
+            bad += [x for x in skipped_configs or [] if x not in configs]
         if bad:
-            raise QragError(f"{where}: slice {sl!r} names unknown dataset(s) or config(s): {', '.join(map(str, bad))}")
+            raise QragError(f"{where}: slice {slice_name!r} names unknown dataset(s) or config(s): "
+                            f"{', '.join(map(str, bad))}")
         if "matrix" in spec:
-            spec["matrix"] = _slice_matrix(spec["matrix"], p.parent, f"{where}: slice {sl!r}")
+            spec["matrix"] = _slice_matrix(spec["matrix"], file.parent, f"{where}: slice {slice_name!r}")
     expected = raw.get("expected") or {}
-    for sl, table in expected.items():
-        for ds, row in (table or {}).items():
-            if (unknown := set(row or {}) - set(configs)) or ds not in {d.name for d in dsets}:
-                raise QragError(f"{where}: expected.{sl}.{ds} names an unknown dataset or config {sorted(unknown)}")
+    for slice_name, table in expected.items():
+        for dataset_name, row in (table or {}).items():
+            if (unknown := set(row or {}) - set(configs)) or dataset_name not in {d.name for d in dsets}:
+                raise QragError(f"{where}: expected.{slice_name}.{dataset_name} names an unknown dataset or config "
+                                f"{sorted(unknown)}")
     return Suite(raw.get("metric", "nDCG@10"), float(raw.get("tolerance", 1.0)), base, dsets,
                  {str(k): dict(v) for k, v in configs.items()}, {str(k): dict(v) for k, v in slices.items()},
                  {str(s): {str(d): dict(r or {}) for d, r in (t or {}).items()} for s, t in expected.items()})
@@ -111,10 +118,10 @@ def _slice_matrix(spec: Any, here: Path, where: str) -> dict[str, Any]:
 def with_mean(table: Mapping[str, Mapping[str, float]], datasets: list[str]) -> dict[str, dict[str, float]]:
     """{config: {dataset: value}} plus a "mean" over `datasets` (only for configs measured on all)."""
     out = {cfg: dict(row) for cfg, row in table.items()}
-    for r in out.values():
-        vals = [r[d] for d in datasets if r.get(d) is not None]
+    for measured in out.values():
+        vals = [measured[d] for d in datasets if measured.get(d) is not None]
         if datasets and len(vals) == len(datasets):
-            r["mean"] = sum(vals) / len(vals)
+            measured["mean"] = sum(vals) / len(vals)
     return out
 
 
@@ -123,7 +130,8 @@ def format_table(table: Mapping[str, Mapping[str, float]], datasets: list[str], 
     """Markdown: one row per configuration, one column per dataset and the mean, then what its index costs
     (`cost`: vectors per chunk, build seconds); the best figure of each column in bold, `mark` (the
     default) with a star."""
-    cols, extra = datasets + ["mean"], ["vectors/chunk", "build s"] if cost else []
+    cols = datasets + ["mean"]
+    extra = ["vectors/chunk", "build s"] if cost else []
     best = {c: max((r.get(c) for r in table.values() if r.get(c) is not None), default=None) for c in cols}
     lines = [f"| {metric} | " + " | ".join(cols + extra) + " |", "|---|" + "---:|" * len(cols + extra)]
     for cfg, row in table.items():
@@ -150,18 +158,19 @@ def plot(table: Mapping[str, Mapping[str, float]], datasets: list[str], metric: 
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    cols, cfgs = datasets + ["mean"], list(table)
+    cols = datasets + ["mean"]
+    cfgs = list(table)
     fig = Figure(figsize=(9, 0.45 * len(cfgs) * max(1, len(cols)) / 2 + 1.5))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(111)
-    h = 0.8 / len(cols)
-    for j, c in enumerate(cols):
-        ax.barh([i + j * h for i in range(len(cfgs))], [table[cfg].get(c) or 0.0 for cfg in cfgs], height=h,
-                label=c, color="black" if c == "mean" else None)
-    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(cfgs))], cfgs, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel(metric)
-    ax.legend(fontsize=8, loc="lower right")
+    axes = fig.add_subplot(111)
+    bar_height = 0.8 / len(cols)
+    for j, column in enumerate(cols):
+        axes.barh([i + j * bar_height for i in range(len(cfgs))], [table[cfg].get(column) or 0.0 for cfg in cfgs],
+                  height=bar_height, label=column, color="black" if column == "mean" else None)
+    axes.set_yticks([i + 0.4 - bar_height / 2 for i in range(len(cfgs))], cfgs, fontsize=8)
+    axes.invert_yaxis()
+    axes.set_xlabel(metric)
+    axes.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
@@ -179,13 +188,14 @@ def without_titles(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _evaluate_dataset(ds: SuiteDataset, suite: Suite, configs: list[str], out: Path,
+def _evaluate_dataset(dataset: SuiteDataset, suite: Suite, configs: list[str], out: Path,
                       console=None) -> dict[str, SuiteCell]:
-    titled = any(d["title"] for d in load_eval_set(ds.kind, ds.data, ds.subset, ds.split, ds.offset).corpus)
+    eval_set = load_eval_set(dataset.kind, dataset.data, dataset.subset, dataset.split, dataset.offset)
+    titled = any(d["title"] for d in eval_set.corpus)
     variants = [Variant(c, dict(suite.configs[c]) if titled else without_titles(suite.configs[c])) for c in configs]
-    res = run_eval(ds.kind, ds.data, variants, out / ds.name, subset=ds.subset, ks=[1, 10],
-                   base_overrides=suite.base, console=console, split=ds.split, offset=ds.offset)
-    return {c: SuiteCell.of(r) for c, r in res.results.items()}
+    res = run_eval(dataset.kind, dataset.data, variants, out / dataset.name, subset=dataset.subset, ks=[1, 10],
+                   base_overrides=suite.base, console=console, split=dataset.split, offset=dataset.offset)
+    return {c: SuiteCell.from_result(r) for c, r in res.results.items()}
 
 
 def _costs(raw: Mapping[str, Mapping[str, SuiteCell]], config: str) -> dict[str, float]:
@@ -200,22 +210,23 @@ def _previous(out: Path, slice_name: str, suite: Suite) -> dict[str, dict[str, S
     """{dataset: {config: cell}} measured earlier in `out` for this slice: each dataset folder's `qrag
     eval` reports (results.json of the same slice, partial.json of an interrupted run; taken by name), then
     suite.json, whose stored definitions must equal the current ones (a changed one is measured again)."""
-    sl = suite.slices.get(slice_name)
+    slice_spec = suite.slices.get(slice_name)
     prev: dict[str, dict[str, SuiteCell]] = {}
-    for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
-        rep = EvalReport.read(out / ds.name / "results.json")
+    for dataset in filter(None, (d.sliced(slice_spec) for d in suite.datasets)):
+        rep = EvalReport.read(out / dataset.name / "results.json")
         row = {}
-        if rep is not None and rep.meta.subset == ds.subset and rep.meta.offset == ds.offset:
-            row |= {c: SuiteCell.of(r) for c, r in rep.representations.items()}
-        row |= {c: SuiteCell.of(r) for c, r in read_partial(out / ds.name / "partial.json").items()}
-        prev[ds.name] = row
+        if rep is not None and rep.meta.subset == dataset.subset and rep.meta.offset == dataset.offset:
+            row |= {c: SuiteCell.from_result(r) for c, r in rep.representations.items()}
+        row |= {c: SuiteCell.from_result(r) for c, r in read_partial(out / dataset.name / "partial.json").items()}
+        prev[dataset.name] = row
     old = read_suite_json(out / "suite.json")
     if old.get("slice") == slice_name:
-        defs, now = old.get("configs") or {}, suite.configs
-        for ds, row in (old.get("metrics") or {}).items():
-            prev.setdefault(ds, {}).update({c: SuiteCell.from_json(m) for c, m in row.items()
-                                            if defs.get(c, now.get(c)) == now.get(c)})
-    return {ds: {c: m for c, m in row.items() if c in suite.configs} for ds, row in prev.items()}
+        stored = old.get("configs") or {}
+        now = suite.configs
+        for dataset_name, row in (old.get("metrics") or {}).items():
+            prev.setdefault(dataset_name, {}).update({c: SuiteCell.from_json(m) for c, m in row.items()
+                                                      if stored.get(c, now.get(c)) == now.get(c)})
+    return {name: {c: m for c, m in row.items() if c in suite.configs} for name, row in prev.items()}
 
 
 def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: list[str] | None = None,
@@ -237,10 +248,10 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
         raise QragError(f"unknown suite dataset(s) or config(s): {', '.join(unknown)}")
     if slice_name != FULL and slice_name not in suite.slices:
         raise QragError(f"unknown suite slice {slice_name!r} (known: {', '.join([FULL, *suite.slices])})")
-    sl = suite.slices.get(slice_name)
-    cfgs = configs or list((sl or {}).get("configs") or suite.configs)
+    slice_spec = suite.slices.get(slice_name)
+    cfgs = configs or list((slice_spec or {}).get("configs") or suite.configs)
     prev = _previous(out, slice_name, suite) if resume else {}
-    skip = (sl or {}).get("skip") or {}
+    skip = (slice_spec or {}).get("skip") or {}
     # a resumed run that measures a few configurations still shows the figures it kept for the others,
     # so a table assembled over several runs is whole in suite.json, suite.md and the plot
     others = {c for row in prev.values() for c in row} - set(cfgs)
@@ -248,21 +259,21 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     table: dict[str, dict[str, float]] = {c: {} for c in shown}
     raw: dict[str, dict[str, SuiteCell]] = {}
     done: list[str] = []
-    for ds in filter(None, (d.sliced(sl) for d in suite.datasets)):
+    for dataset in filter(None, (d.sliced(slice_spec) for d in suite.datasets)):
         # a dataset left out of this run keeps the figures an earlier run of the slice wrote (resume)
-        selected = not datasets or ds.name in datasets
-        if not selected and not prev.get(ds.name):
+        selected = not datasets or dataset.name in datasets
+        if not selected and not prev.get(dataset.name):
             continue
         if console and selected:
-            console.rule(f"suite: {ds.name} ({slice_name})")
-        kept = {c: m for c, m in prev.get(ds.name, {}).items() if c in shown}
-        todo = [c for c in cfgs if c not in kept and c not in (skip.get(ds.name) or [])] if selected else []
-        cells = kept | ((runner or _evaluate_dataset)(ds, suite, todo, out, console) if todo else {})
-        raw[ds.name] = cells = {c: cells[c] for c in shown if c in cells}
-        for c in shown:
-            if c in cells and (v := cells[c].metrics.get(suite.metric)) is not None:
-                table[c][ds.name] = 100.0 * v
-        done.append(ds.name)
+            console.rule(f"suite: {dataset.name} ({slice_name})")
+        kept = {c: m for c, m in prev.get(dataset.name, {}).items() if c in shown}
+        todo = [c for c in cfgs if c not in kept and c not in (skip.get(dataset.name) or [])] if selected else []
+        cells = kept | ((runner or _evaluate_dataset)(dataset, suite, todo, out, console) if todo else {})
+        raw[dataset.name] = cells = {c: cells[c] for c in shown if c in cells}
+        for config in shown:
+            if config in cells and (value := cells[config].metrics.get(suite.metric)) is not None:
+                table[config][dataset.name] = 100.0 * value
+        done.append(dataset.name)
     if not done:
         raise QragError(f"no suite dataset has slice {slice_name!r}")
     table = with_mean(table, done)
@@ -270,11 +281,12 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
     spent = {c: _costs(raw, c) for c in shown}
     report = SuiteReport(slice_name, suite.metric, done, table, raw, spent, {c: suite.configs[c] for c in shown},
                          skip, [str(r) for r in checked.regressions], [str(b) for b in checked.improvements])
-    if (m := (sl or {}).get("matrix")) and not datasets and not configs:
+    if (matrix := (slice_spec or {}).get("matrix")) and not datasets and not configs:
         if console:
-            console.rule(f"suite: matrix conditions tagged {', '.join(m['tags'])}")
-        res = run_matrix(m["file"], tags=m["tags"], runner=matrix_runner or partial(evaluate_condition, root=out / "matrix"))
-        report.matrix = SuiteMatrix(m["file"], m["tags"], res.measured, res.comparison.summary())
+            console.rule(f"suite: matrix conditions tagged {', '.join(matrix['tags'])}")
+        condition_runner = matrix_runner or partial(evaluate_condition, root=out / "matrix")
+        res = run_matrix(matrix["file"], tags=matrix["tags"], runner=condition_runner)
+        report.matrix = SuiteMatrix(matrix["file"], matrix["tags"], res.measured, res.comparison.summary())
         report.regressions += [f"matrix {r}" for r in res.comparison.regressions]
     (out / "suite.json").write_text(json.dumps(report.to_json(), indent=2))
     report.markdown = format_table(table, done, suite.metric, mark="default" if "default" in table else None,
@@ -288,7 +300,7 @@ def run_suite(suite: Suite, out: str | Path, slice_name: str = FULL, datasets: l
 def recorded_yaml(table: Mapping[str, Mapping[str, float]], datasets: list[str], slice_name: str) -> str:
     """The measured table as an `expected:` block to paste into the suite YAML."""
     lines = [f"  {slice_name}:"]
-    for d in datasets:
-        cells = ", ".join(f"{c}: {row[d]:.1f}" for c, row in table.items() if row.get(d) is not None)
-        lines.append(f"    {d}: {{{cells}}}")
+    for dataset in datasets:
+        cells = ", ".join(f"{c}: {row[dataset]:.1f}" for c, row in table.items() if row.get(dataset) is not None)
+        lines.append(f"    {dataset}: {{{cells}}}")
     return "\n".join(lines)

@@ -40,15 +40,15 @@ class QuestionCache:
     def files(self) -> list[str]:
         """Readable cache files; truncated ones (a killed writer) are skipped with a warning."""
         good = []
-        for p in sorted(self.root.rglob("*.parquet")):
-            if any(part.startswith(".") for part in p.relative_to(self.root).parts):  # compaction temporaries
+        for path in sorted(self.root.rglob("*.parquet")):
+            if any(part.startswith(".") for part in path.relative_to(self.root).parts):  # compaction temporaries
                 continue
             try:
-                md = pq.read_metadata(p)
-                if md.num_rows and {"key", "raw"} <= set(md.schema.names):
-                    good.append(str(p))
-            except Exception as e:  # noqa: BLE001 - any unreadable file is skipped, not fatal
-                log.warning("skipping unreadable question-cache file %s: %s", p, e)
+                metadata = pq.read_metadata(path)
+                if metadata.num_rows and {"key", "raw"} <= set(metadata.schema.names):
+                    good.append(str(path))
+            except Exception as error:  # any unreadable file is skipped, not fatal
+                log.warning("skipping unreadable question-cache file %s: %s", path, error)
         return good
 
     def __len__(self) -> int:
@@ -81,39 +81,40 @@ class QuestionCache:
         cid = uuid.uuid4().hex[:10]
         tmp = self.root / f".compact-{cid}"
         rows_before = 0
-        for i, f in enumerate(sources):  # pass 1: split every source by key bucket
-            t = pq.read_table(f).select(SCHEMA.names).cast(SCHEMA)
-            rows_before += t.num_rows
-            b = pc.cast(pc.utf8_slice_codeunits(t.column("key"), 0, 4), pa.string())
-            ids = pa.array([int(x, 16) % buckets if x else 0 for x in b.to_pylist()], pa.int32())
-            for k in range(buckets):
-                part = t.filter(pc.equal(ids, k))
+        for number, source in enumerate(sources):  # pass 1: split every source by key bucket
+            table = pq.read_table(source).select(SCHEMA.names).cast(SCHEMA)
+            rows_before += table.num_rows
+            prefixes = pc.cast(pc.utf8_slice_codeunits(table.column("key"), 0, 4), pa.string())
+            ids = pa.array([int(x, 16) % buckets if x else 0 for x in prefixes.to_pylist()], pa.int32())
+            for bucket in range(buckets):
+                part = table.filter(pc.equal(ids, bucket))
                 if part.num_rows:
-                    (tmp / f"{k:03d}").mkdir(parents=True, exist_ok=True)
-                    pq.write_table(part, tmp / f"{k:03d}" / f"{i:06d}.parquet")
+                    (tmp / f"{bucket:03d}").mkdir(parents=True, exist_ok=True)
+                    pq.write_table(part, tmp / f"{bucket:03d}" / f"{number:06d}.parquet")
         out = self.root / f"compact-{cid}"
         out.mkdir()
         rows_after = 0
-        for k in range(buckets):  # pass 2: one bucket in memory, first row per key wins
-            d = tmp / f"{k:03d}"
-            if not d.is_dir():
+        for bucket in range(buckets):  # pass 2: one bucket in memory, first row per key wins
+            folder = tmp / f"{bucket:03d}"
+            if not folder.is_dir():
                 continue
-            t = pa.concat_tables([pq.read_table(p) for p in sorted(d.glob("*.parquet"))])
+            table = pa.concat_tables([pq.read_table(p) for p in sorted(folder.glob("*.parquet"))])
             first: dict[str, int] = {}
-            for j, key in enumerate(t.column("key").to_pylist()):
-                first.setdefault(key, j)
-            t = t.take(pa.array(list(first.values()), pa.int64()))
-            rows_after += t.num_rows
-            part = out / f".{k:03d}.parquet.tmp"
-            pq.write_table(t, part)
-            os.replace(part, out / f"part-{k:03d}.parquet")
+            for row, key in enumerate(table.column("key").to_pylist()):
+                first.setdefault(key, row)
+            table = table.take(pa.array(list(first.values()), pa.int64()))
+            rows_after += table.num_rows
+            part = out / f".{bucket:03d}.parquet.tmp"
+            pq.write_table(table, part)
+            os.replace(part, out / f"part-{bucket:03d}.parquet")
         shutil.rmtree(tmp, ignore_errors=True)
         if not keep_sources:
-            for f in sources:
-                Path(f).unlink(missing_ok=True)
+            for source in sources:
+                Path(source).unlink(missing_ok=True)
             # emptied run folders, once idle for a while: a running build may still write into its own
-            for d in sorted(self.root.iterdir(), reverse=True):
-                if d.is_dir() and d != out and not any(d.rglob("*")) and time.time() - d.stat().st_mtime > 600:
-                    d.rmdir()
+            for folder in sorted(self.root.iterdir(), reverse=True):
+                idle = folder.is_dir() and time.time() - folder.stat().st_mtime > 600
+                if idle and folder != out and not any(folder.rglob("*")):
+                    folder.rmdir()
         return {"files_before": len(sources), "files_after": len(self.files()), "rows_before": rows_before,
                 "rows_after": rows_after}

@@ -14,7 +14,7 @@ import threading
 import uuid
 from typing import Protocol, runtime_checkable
 
-from qrag_ray.config.index import GeneratorConfig
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.backends.openai import OpenAIChatClient
 from qrag_ray.generation.backends.vllm import check_model_path, cpu_env_vars, engine_kwargs_for, per_request_seed_ok
@@ -58,13 +58,13 @@ class OpenAIChatModel:
         msgs = _checked(messages, max_tokens, temperature)
         loop = id(asyncio.get_running_loop())  # one semaphore per event loop: a model serves several
         async with self._sems.setdefault(loop, asyncio.Semaphore(self.cfg.max_parallel_requests)):
-            r = await self.client.achat(msgs, max_tokens=max_tokens, temperature=temperature, n=1)
-        return r["texts"][0] if r["texts"] else ""
+            reply = await self.client.achat(msgs, max_tokens=max_tokens, temperature=temperature, n=1)
+        return reply["texts"][0] if reply["texts"] else ""
 
     def complete(self, messages: Messages, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
         msgs = _checked(messages, max_tokens, temperature)
-        r = self.client.chat(msgs, max_tokens=max_tokens, temperature=temperature, n=1)
-        return r["texts"][0] if r["texts"] else ""
+        reply = self.client.chat(msgs, max_tokens=max_tokens, temperature=temperature, n=1)
+        return reply["texts"][0] if reply["texts"] else ""
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -92,12 +92,12 @@ class VLLMChatModel:
     def _engine_args(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        kw = engine_kwargs_for(self.cfg)
-        kw.pop("task_type", None)
-        kw.setdefault("disable_log_stats", True)
+        engine_kwargs = engine_kwargs_for(self.cfg)
+        engine_kwargs.pop("task_type", None)
+        engine_kwargs.setdefault("disable_log_stats", True)
         if self.cfg.num_gpus <= 0:  # sampled calls on CPU carry no seed of their own (per_request_seed_ok)
-            kw.setdefault("seed", int(self.cfg.sampling.seed))
-        return AsyncEngineArgs(model=self.model_path, **kw)
+            engine_kwargs.setdefault("seed", int(self.cfg.sampling.seed))
+        return AsyncEngineArgs(model=self.model_path, **engine_kwargs)
 
     def start(self) -> "VLLMChatModel":
         """Start the engine now (blocking). Idempotent; `acomplete` calls it lazily."""
@@ -105,8 +105,8 @@ class VLLMChatModel:
             if self._engine is not None:
                 return self
             if self.cfg.num_gpus <= 0:
-                for k, v in cpu_env_vars().items():
-                    os.environ.setdefault(k, v)
+                for variable, setting in cpu_env_vars().items():
+                    os.environ.setdefault(variable, setting)
             loop = asyncio.new_event_loop()
             ready = threading.Event()
 
@@ -133,20 +133,24 @@ class VLLMChatModel:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
-            self._engine, self._loop, self._thread = engine, loop, thread
+            self._engine = engine
+            self._loop = loop
+            self._thread = thread
             logger.info("vLLM chat engine ready: %s", self.model_path)
         return self
 
     def close(self) -> None:
         """Shut the engine down and stop its thread (idempotent)."""
         with self._lock:
-            engine, loop, thread = self._engine, self._loop, self._thread
+            engine = self._engine
+            loop = self._loop
+            thread = self._thread
             self._engine = self._loop = self._thread = None
         if engine is not None:
             try:
                 engine.shutdown()
-            except Exception as e:  # noqa: BLE001
-                logger.warning("vLLM engine shutdown: %s", e)
+            except Exception as error:
+                logger.warning("vLLM engine shutdown: %s", error)
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
@@ -161,15 +165,15 @@ class VLLMChatModel:
     def _sampling(self, max_tokens: int, temperature: float):
         from vllm import SamplingParams
 
-        s = self.cfg.sampling
-        seed = int(s.seed) if per_request_seed_ok(self.cfg.num_gpus, temperature) else None
-        return SamplingParams(max_tokens=int(max_tokens), temperature=float(temperature), top_p=float(s.top_p),
-                              repetition_penalty=float(s.repetition_penalty), seed=seed, n=1)
+        sampling = self.cfg.sampling
+        seed = int(sampling.seed) if per_request_seed_ok(self.cfg.num_gpus, temperature) else None
+        return SamplingParams(max_tokens=int(max_tokens), temperature=float(temperature), top_p=float(sampling.top_p),
+                              repetition_penalty=float(sampling.repetition_penalty), seed=seed, n=1)
 
     async def _generate(self, ids: list[int], params) -> str:
         final = None
-        async for final in self._engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
-            pass
+        async for output in self._engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+            final = output
         return final.outputs[0].text if final is not None and final.outputs else ""
 
     def _submit(self, messages: Messages, max_tokens: int, temperature: float):

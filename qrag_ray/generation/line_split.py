@@ -36,16 +36,16 @@ def _boundaries(seg: str) -> list[int]:
             if seg[m.start()] in "!;:" or not keeps_its_dot(seg[:m.start() + 1])]
 
 
-def clean_question(s: str) -> str:
+def clean_question(text: str) -> str:
     """A question without prefixes or wrappers, its whitespace collapsed and one "?" at the end."""
-    s = re.sub(r"\s+", " ", strip_wrappers(strip_prefixes(s))).strip()
-    return re.sub(r"\?+", "?", re.sub(r"\s+\?", "?", s)).lstrip("¿").strip()
+    text = re.sub(r"\s+", " ", strip_wrappers(strip_prefixes(text))).strip()
+    return re.sub(r"\?+", "?", re.sub(r"\s+\?", "?", text)).lstrip("¿").strip()
 
 
 def _is_label(text: str) -> bool:
     """Is `text` nothing but numbering / a 'Question:' label (so it belongs to the question after it)?"""
-    t = text.strip()
-    return bool(t) and not strip_prefixes(t).strip(" .:-–—)(")
+    stripped = text.strip()
+    return bool(stripped) and not strip_prefixes(stripped).strip(" .:-–—)(")
 
 
 def _cut_question(seg: str, first: bool) -> tuple[str, str]:
@@ -59,44 +59,45 @@ def _cut_question(seg: str, first: bool) -> tuple[str, str]:
         # an answer or a preamble; only a later interrogative sentence start after '.', '!' moves the cut.
         interrogative = [b for b in interrogative if b == 0 or seg[:b].rstrip()[-1:] in ".!;"] or [0]
     if interrogative:
-        p = interrogative[-1]
+        cut = interrogative[-1]
     elif first:  # "Sure! Berlin has how many inhabitants?" -> cut after the last preamble-looking sentence
-        p = max((b for b in bounds if PREAMBLE.match(strip_prefixes(seg[:b])) or seg[:b].rstrip().endswith(":")),
-                default=0)
+        cut = max((b for b in bounds if PREAMBLE.match(strip_prefixes(seg[:b])) or seg[:b].rstrip().endswith(":")),
+                  default=0)
     elif bounds:
-        p = bounds[-1]
+        cut = bounds[-1]
     else:
         # "Elon Musk When was Tesla founded?" (an answer without a full stop, then the next question)
-        m = _INTERROGATIVE_INNER.search(seg)
-        p = m.start() if m else 0
+        match = _INTERROGATIVE_INNER.search(seg)
+        cut = match.start() if match else 0
     # numbering or a label just before the cut belongs to the question ("Paris. 2. What …?")
-    earlier = [0] + [b for b in bounds if b < p]
-    for b in reversed(earlier):
-        if not (p and _is_label(seg[b:p])):
+    earlier = [0] + [b for b in bounds if b < cut]
+    for bound in reversed(earlier):
+        if not (cut and _is_label(seg[bound:cut])):
             break
-        p = b
-    return seg[:p].strip(), seg[p:].strip()
+        cut = bound
+    return seg[:cut].strip(), seg[cut:].strip()
 
 
-def clean_answer(a: str) -> str:
+def clean_answer(answer: str) -> str:
     """An answer without an "Answer:" label, a dangling "Question:" label at its end, quotes or extra spaces."""
-    a = ANSWER_LABEL.sub("", a.strip()).strip()
-    a = re.sub(r"(?:^|\s)(?:q|question|query)\s*\d{0,3}\s*:?\s*$", "", a, flags=re.IGNORECASE).strip()
-    return re.sub(r"\s+", " ", a.strip(" ,;\"'“”"))
+    answer = ANSWER_LABEL.sub("", answer.strip()).strip()
+    answer = re.sub(r"(?:^|\s)(?:q|question|query)\s*\d{0,3}\s*:?\s*$", "", answer, flags=re.IGNORECASE).strip()
+    return re.sub(r"\s+", " ", answer.strip(" ,;\"'“”"))
 
 
 def split_line(line: str) -> tuple[list[list[str]], str]:
     """[[question, answer], ...] found on one prepared line, plus the text before the first question."""
     pairs: list[list[str]] = []
-    lead, start = "", 0
-    for m in re.finditer(r"\?+", line):
-        before, question = _cut_question(line[start:m.end()], first=not pairs)
+    lead = ""
+    start = 0
+    for match in re.finditer(r"\?+", line):
+        before, question = _cut_question(line[start:match.end()], first=not pairs)
         if pairs:
             pairs[-1][1] = (pairs[-1][1] + " " + before).strip()
         else:
             lead = before
         pairs.append([question, ""])
-        start = m.end()
+        start = match.end()
     tail = line[start:].strip()
     if pairs:
         pairs[-1][1] = tail

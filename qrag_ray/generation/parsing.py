@@ -12,9 +12,22 @@ from __future__ import annotations
 import re
 
 from qrag_ray.generation.line_split import clean_answer, clean_question, is_interrogative, split_line
-from qrag_ray.generation.reply_text import (ANSWER_LABEL, ANSWER_LINE, FENCE, PREAMBLE, ROLE_LINE, Dedup, acceptable,
-                                            clean_text, drop_cut_tail, looks_cut, normalize_key, reply_lines,
-                                            strip_prefixes, strip_wrappers)
+from qrag_ray.generation.reply_text import (
+    ANSWER_LABEL,
+    ANSWER_LINE,
+    FENCE,
+    PREAMBLE,
+    ROLE_LINE,
+    Dedup,
+    acceptable,
+    clean_text,
+    drop_cut_tail,
+    looks_cut,
+    normalize_key,
+    reply_lines,
+    strip_prefixes,
+    strip_wrappers,
+)
 from qrag_ray.text import sentences
 
 __all__ = ["clean_text", "is_interrogative", "normalize_key", "parse_atoms", "parse_output", "parse_qa",
@@ -55,23 +68,24 @@ def _qa_pairs(raw: str | None, *, require_qmark: bool, truncated: bool | None, m
         pairs, rest = split_line(line)
         if not require_qmark and not (last_cut and is_last):
             tail = pairs[-1][1] if pairs else rest
-            t = clean_question(tail) if tail else ""
-            if t and is_interrogative(t) and not t.endswith(":"):
+            question = clean_question(tail) if tail else ""
+            if question and is_interrogative(question) and not question.endswith(":"):
                 if pairs:
                     pairs[-1][1] = ""
-                pairs.append([re.sub(r"[\s.!;:,]+$", "", t) + "?", ""])
-        for q, a in pairs:
-            q, a = clean_question(q), clean_answer(a)
-            if not acceptable(q, min_words, max_words) or _META.search(q):
+                pairs.append([re.sub(r"[\s.!;:,]+$", "", question) + "?", ""])
+        for raw_question, raw_answer in pairs:
+            question = clean_question(raw_question)
+            answer = clean_answer(raw_answer)
+            if not acceptable(question, min_words, max_words) or _META.search(question):
                 continue
-            if dedup.add(q):
-                out.append([q, a])
+            if dedup.add(question):
+                out.append([question, answer])
                 if is_last:
                     last_answer = out[-1]
-            elif a:  # a repeated question may bring the answer its first copy lacked
-                key = normalize_key(q)
+            elif answer:  # a repeated question may bring the answer its first copy lacked
+                key = normalize_key(question)
                 if lacking := next((p for p in out if not p[1] and normalize_key(p[0]) == key), None):
-                    lacking[1] = a
+                    lacking[1] = answer
     if last_answer is not None and last_answer[1] and not ended and truncated is not False:
         # an answer cut off by max_tokens: drop it (the question itself was complete). Unless the caller
         # says so, guess from the other answers: cut if most of them end with punctuation and this not.

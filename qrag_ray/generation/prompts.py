@@ -113,7 +113,8 @@ def _fill(template: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: m.group(1) + values[m.group(2)] if values[m.group(2)] else "", template)
 
 
-FENCE_OPEN, FENCE_CLOSE = "<<<", ">>>"
+FENCE_OPEN = "<<<"
+FENCE_CLOSE = ">>>"
 
 
 def fence(text: str) -> str:
@@ -134,14 +135,14 @@ def load_prompt_file(path: str | Path) -> PromptTemplate:
     """A custom template from YAML/JSON holding PromptTemplate fields (name, user, [system, output, ...])."""
     from qrag_ray.config.yaml_file import read_yaml
 
-    p = Path(path)
-    data = read_yaml(p, "prompt file")  # YAML is a superset of JSON: one reader for both
+    file = Path(path)
+    data = read_yaml(file, "prompt file")  # YAML is a superset of JSON: one reader for both
     if not isinstance(data, dict):
-        raise QragError(f"prompt file {p} must hold a mapping of PromptTemplate fields")
+        raise QragError(f"prompt file {file} must hold a mapping of PromptTemplate fields")
     try:
         return PromptTemplate.from_dict(data)
-    except TypeError as e:
-        raise QragError(f"prompt file {p}: {e}") from None
+    except TypeError as error:
+        raise QragError(f"prompt file {file}: {error}") from None
 
 
 # The shipped templates, listed for a stable order.
@@ -152,10 +153,10 @@ TEMPLATE_NAMES = ("hype", "hype-fewshot", "quote-basic", "quote-complex", "quote
 
 
 def _load_builtin(name: str) -> PromptTemplate:
-    t = load_prompt_file(TEMPLATES_DIR / f"{name}.yaml")
-    if t.name != name:
-        raise QragError(f"{TEMPLATES_DIR / (name + '.yaml')} holds template '{t.name}', not '{name}'")
-    return t
+    template = load_prompt_file(TEMPLATES_DIR / f"{name}.yaml")
+    if template.name != name:
+        raise QragError(f"{TEMPLATES_DIR / (name + '.yaml')} holds template '{template.name}', not '{name}'")
+    return template
 
 
 PROMPTS: dict[str, PromptTemplate] = {n: _load_builtin(n) for n in TEMPLATE_NAMES}

@@ -70,42 +70,44 @@ def normalize_key(text: str) -> str:
     return re.sub(r"[\W_]+", " ", text.lower()).strip()
 
 
-def strip_wrappers(s: str) -> str:
-    """`s` without the quotes, brackets or emphasis marks around it, and without an unbalanced one at either end."""
-    s = s.strip()
+def strip_wrappers(text: str) -> str:
+    """`text` without the quotes, brackets or emphasis marks around it, and without an unbalanced one at either
+    end."""
+    text = text.strip()
     for _ in range(4):
-        if not (len(s) >= 2 and s[0] in _PAIRS and s[-1] == _PAIRS[s[0]]):
+        if not (len(text) >= 2 and text[0] in _PAIRS and text[-1] == _PAIRS[text[0]]):
             break
-        s = s[1:-1].strip()
+        text = text[1:-1].strip()
     # an unbalanced opener left at the start (its closer went with the text after "?")
-    while s and s[0] in _PAIRS:
-        opener, closer = s[0], _PAIRS[s[0]]
-        if (s.count(opener) % 2 == 0) if opener == closer else (s.count(closer) >= s.count(opener)):
+    while text and text[0] in _PAIRS:
+        opener = text[0]
+        closer = _PAIRS[opener]
+        if (text.count(opener) % 2 == 0) if opener == closer else (text.count(closer) >= text.count(opener)):
             break
-        s = s[1:].lstrip()
-    while s and s[-1] in _CLOSERS:
-        closer = s[-1]
+        text = text[1:].lstrip()
+    while text and text[-1] in _CLOSERS:
+        closer = text[-1]
         if closer in ("'", '"', "`", "*", "_"):
-            balanced = s.count(closer) % 2 == 0
+            balanced = text.count(closer) % 2 == 0
         else:
-            balanced = any(s.count(o) >= s.count(closer) for o, c in _PAIRS.items() if c == closer)
+            balanced = any(text.count(o) >= text.count(closer) for o, c in _PAIRS.items() if c == closer)
         if balanced:
             break
-        s = s[:-1].rstrip()
-    return s
+        text = text[:-1].rstrip()
+    return text
 
 
-def strip_prefixes(s: str, extra: re.Pattern | None = None) -> str:
-    """`s` without its leading numbering, bullets and labels (and `extra`'s), however many are stacked."""
+def strip_prefixes(text: str, extra: re.Pattern | None = None) -> str:
+    """`text` without its leading numbering, bullets and labels (and `extra`'s), however many are stacked."""
     for _ in range(8):
-        before = s.strip()
-        s = _PREFIX.sub("", before, count=1)
+        before = text.strip()
+        text = _PREFIX.sub("", before, count=1)
         if extra is not None:
-            s = extra.sub("", s, count=1)
-        s = strip_wrappers(s)
-        if s == before:
+            text = extra.sub("", text, count=1)
+        text = strip_wrappers(text)
+        if text == before:
             break
-    return s.strip()
+    return text.strip()
 
 
 def _prepare_line(line: str) -> str:
@@ -123,36 +125,37 @@ def _json_items(text: str) -> list[str] | None:
     """If the reply holds JSON (a list of strings / objects, or {"questions": [...]}), its items as lines."""
     lines = [ln for ln in text.split("\n") if not FENCE.fullmatch(ln)]
     try:
-        i = next(i for i, ln in enumerate(lines) if ln.lstrip()[:1] in ("[", "{"))
-        end = next(j for j in range(len(lines) - 1, i - 1, -1) if lines[j].rstrip()[-1:] in ("]", "}"))
-        data = json.loads("\n".join(lines[i:end + 1]).strip())
+        start = next(i for i, ln in enumerate(lines) if ln.lstrip()[:1] in ("[", "{"))
+        end = next(j for j in range(len(lines) - 1, start - 1, -1) if lines[j].rstrip()[-1:] in ("]", "}"))
+        data = json.loads("\n".join(lines[start:end + 1]).strip())
     except (StopIteration, ValueError, TypeError):  # no JSON in the reply
         return None
     if not isinstance(data, (list, dict)):
         return None
     out: list[str] = []
 
-    def walk(x) -> None:
-        if isinstance(x, str):
-            out.append(x)
-        elif isinstance(x, list):
-            for y in x:
-                walk(y)
-        elif isinstance(x, dict):
-            lower = {str(k).lower(): v for k, v in x.items()}
+    def walk(node) -> None:
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+        elif isinstance(node, dict):
+            lower = {str(k).lower(): v for k, v in node.items()}
             keys = ("question", "q", "query", "statement", "fact", "atom", "text")
-            q = next((lower[k] for k in keys if k in lower), None)
-            if isinstance(q, str):
-                a = next((lower[k] for k in ("answer", "a") if k in lower), None)
-                out.append(f"{q.strip()} {a.strip()}" if isinstance(a, str) and a.strip() else q)
+            question = next((lower[k] for k in keys if k in lower), None)
+            if isinstance(question, str):
+                answer = next((lower[k] for k in ("answer", "a") if k in lower), None)
+                out.append(f"{question.strip()} {answer.strip()}" if isinstance(answer, str) and answer.strip()
+                           else question)
                 return
-            for k in ("questions", "atoms", "facts", "statements", "items", "pairs", "qa"):
-                if k in lower:
-                    walk(lower[k])
+            for key in ("questions", "atoms", "facts", "statements", "items", "pairs", "qa"):
+                if key in lower:
+                    walk(lower[key])
                     return
-            for v in x.values():
-                if isinstance(v, (list, dict)):
-                    walk(v)
+            for value in node.values():
+                if isinstance(value, (list, dict)):
+                    walk(value)
 
     walk(data)
     return [" ".join(s.split()) for s in out]
@@ -189,7 +192,9 @@ def drop_cut_tail(lines: list[str], ended: bool, truncated: bool | None) -> None
     marks = list(re.finditer(r"\?+", lines[-1]))
     if not marks:
         return
-    head, tail = lines[-1][:marks[-1].end()], lines[-1][marks[-1].end():].strip()
+    cut = marks[-1].end()
+    head = lines[-1][:cut]
+    tail = lines[-1][cut:].strip()
     segments = [seg for seg in re.split(r"(?<=\?)\s+", head) if seg.strip()]
     if tail and looks_cut(tail, lines[:-1] + segments, ended, truncated):
         lines[-1] = head

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from qrag_ray.config.index import GeneratorConfig
+from qrag_ray.config.llm import GeneratorConfig
 
 
 def cache_key(model_id: str, prompt_version: str, sampling: dict, n: int | None, text: str,

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qrag_ray.config.index import GeneratorConfig
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.generation.backends import get_backend
 from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.runtime.stage_plan import StagePlan
@@ -28,8 +28,8 @@ class GenerationStats:
     by_stage: dict = field(default_factory=dict)
 
     def add(self, other: "GenerationStats", name: str) -> None:
-        for f in ("requests", "cached", "generated", "prompt_tokens", "output_tokens", "seconds"):
-            setattr(self, f, getattr(self, f) + getattr(other, f))
+        for field_name in ("requests", "cached", "generated", "prompt_tokens", "output_tokens", "seconds"):
+            setattr(self, field_name, getattr(self, field_name) + getattr(other, field_name))
         self.by_stage[name] = other.__dict__ | {"by_stage": {}}
 
 
@@ -48,12 +48,12 @@ def _missing_keys(requests, cache: QuestionCache):
     return joined.filter(lambda r: not r["hit"]).select_columns(["key", "messages"])
 
 
-def _parts(ds) -> int:
+def _parts(dataset) -> int:
     try:
-        n = ds.num_blocks()
+        blocks = dataset.num_blocks()
     except (AttributeError, NotImplementedError):
-        n = 4
-    return max(1, min(32, n))
+        blocks = 4
+    return max(1, min(32, blocks))
 
 
 def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: str | None, stage: StagePlan):
@@ -65,7 +65,7 @@ def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: s
     than once in a first run; the consumer dedups per (chunk, unit)."""
     import pyarrow.parquet as pq
 
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     stats = GenerationStats(requests=requests.count())
     missing = _missing_keys(requests, cache).materialize()
     n_missing = missing.count()
@@ -82,11 +82,11 @@ def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: s
         # progress" watchdog; progress shows in the cache run dir instead.
         out.context.execution_no_progress_timeout_s = -1
         out.write_parquet(run_dir)
-        for f in sorted(Path(run_dir).glob("*.parquet")):
-            t = pq.read_table(f, columns=["prompt_tokens", "output_tokens"])
-            stats.generated += t.num_rows
-            stats.prompt_tokens += sum(x or 0 for x in t["prompt_tokens"].to_pylist())
-            stats.output_tokens += sum(x or 0 for x in t["output_tokens"].to_pylist())
+        for file in sorted(Path(run_dir).glob("*.parquet")):
+            table = pq.read_table(file, columns=["prompt_tokens", "output_tokens"])
+            stats.generated += table.num_rows
+            stats.prompt_tokens += sum(x or 0 for x in table["prompt_tokens"].to_pylist())
+            stats.output_tokens += sum(x or 0 for x in table["output_tokens"].to_pylist())
     stats.cached = stats.requests - n_missing
     cached = cache.dataset()
     if cached is None:
@@ -94,5 +94,5 @@ def generate(requests, cfg: GeneratorConfig, cache: QuestionCache, model_path: s
     joined = requests.drop_columns(["messages"]).join(
         cached.select_columns(["key", "raw"]), join_type="left_outer", on=("key",),
         num_partitions=_parts(requests)).materialize()
-    stats.seconds = time.perf_counter() - t0
+    stats.seconds = time.perf_counter() - started
     return joined, stats

@@ -13,21 +13,39 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from qrag_ray.config.index import IndexConfig, index_identity, representation_plan
+from qrag_ray.config.presets import PRESETS, calibration_note
 from qrag_ray.errors import QragError
 from qrag_ray.generation.stage import GenerationStats
 from qrag_ray.index import workdir
-from qrag_ray.index.format import (MANIFEST, Counts, EmbedderInfo, FaissInfo, IndexDescription, Manifest, ShardEntry,
-                                   check_output_dir, load_manifest, new_staging_dir, publish, stable_hash,
-                                   write_manifest)
-from qrag_ray.index.plan import BuildPlan, StageClock
-from qrag_ray.index.resource_plan import (ClusterSpec, ResourcePlan, current_cluster, kernels_from_env,
-                                          local_ray_cpus, plan_resources)
-from qrag_ray.index.stream import Streamed, stream
+from qrag_ray.index.format import (
+    MANIFEST,
+    Counts,
+    EmbedderInfo,
+    FaissInfo,
+    IndexDescription,
+    Manifest,
+    ShardEntry,
+    check_output_dir,
+    load_manifest,
+    new_staging_dir,
+    publish,
+    stable_hash,
+    write_manifest,
+)
 from qrag_ray.index.incremental import check_fields
+from qrag_ray.index.plan import BuildPlan, StageClock
+from qrag_ray.index.resource_plan import (
+    ClusterSpec,
+    ResourcePlan,
+    current_cluster,
+    kernels_from_env,
+    local_ray_cpus,
+    plan_resources,
+)
+from qrag_ray.index.stream import Streamed, stream
 from qrag_ray.index.tasks import assemble, build_one_shard, metadata_fields, needs_training, train_quantizer
 from qrag_ray.io.precheck import precheck_corpus
 from qrag_ray.io.readers import resolve_files
-from qrag_ray.config.presets import PRESETS, calibration_note
 from qrag_ray.runtime.ray_start import ensure_ray
 from qrag_ray.runtime.stage_plan import StagePlan
 
@@ -95,14 +113,15 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
     resources = plan_resources(cfg, current_cluster(local), kernels)
     _show(resources, console)
     check_cuda(resources)  # a plan the cluster cannot run stops here, before the work dir exists
-    f = cfg.filters
+    filters = cfg.filters
     work = workdir.work_dir_for(out, cfg.build.work_dir)
     resumed = workdir.open_work_dir(work, workdir.work_key(cfg.model_dump(mode="json")))
     if resumed and console:
         console.print(f"[bold]resuming[/] from checkpoints in {work}")
     return BuildPlan(
         cfg=cfg, out=out, work=work, run=workdir.new_run_id(), kinds=kinds, granularity=gran,
-        aux_questions=f.prune_tau is not None or f.min_question_chunk_sim is not None or f.require_content_overlap,
+        aux_questions=(filters.prune_tau is not None or filters.min_question_chunk_sim is not None
+                       or filters.require_content_overlap),
         inputs=stable_hash([workdir.input_fingerprint(files), cfg.build.delete_ids,
                             [workdir.input_fingerprint([p]) for p in cfg.build.delete_ids]]), deleted=deleted,
         resources=resources)
@@ -128,8 +147,8 @@ def check_cuda(resources: ResourcePlan) -> None:
         return torch.cuda.is_available(), ray.util.get_node_ip_address()
 
     task = ray.remote(num_cpus=0, num_gpus=min(s.num_gpus for s in stages))(probe)
-    ok, node = ray.get(task.remote())
-    if not ok:
+    has_cuda, node = ray.get(task.remote())
+    if not has_cuda:
         raise QragError(f"the {', '.join(s.name for s in stages)} stage(s) run on GPUs, but a task given one on "
                         f"node {node} sees no CUDA device: run on GPU nodes with CUDA (and torch's CUDA build), or "
                         "set QRAG_KERNELS=cpu to keep the GPU requests and run every kernel on CPU")
@@ -147,11 +166,11 @@ def _check_input(cfg: IndexConfig) -> None:
 def _deleted_ids(files: list[str]) -> frozenset:
     """Document ids to leave out, one per line (--delete-ids); blank lines ignored."""
     ids: set[str] = set()
-    for f in files:
-        p = Path(f)
-        if not p.is_file():
-            raise QragError(f"--delete-ids file not found: {f}")
-        ids.update(line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip())
+    for file in files:
+        path = Path(file)
+        if not path.is_file():
+            raise QragError(f"--delete-ids file not found: {file}")
+        ids.update(line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
     return frozenset(ids)
 
 
@@ -179,21 +198,21 @@ def train(plan: BuildPlan, streamed: Streamed, clock: StageClock) -> str | None:
     factory = plan.cfg.faiss.factory
     if not needs_training(factory, streamed.dim):
         return None
-    st = plan.stage("train")
+    stage = plan.stage("train")
     with clock.stage("train"):
-        task = ray.remote(num_cpus=st.num_cpus)(train_quantizer)
+        task = ray.remote(num_cpus=stage.num_cpus)(train_quantizer)
         return ray.get(task.remote(str(plan.work), factory, plan.cfg.faiss.train_sample, streamed.rows, streamed.dim,
-                                   streamed.run, st.threads))
+                                   streamed.run, stage.threads))
 
 
-def shard_task_options(st: StagePlan) -> dict:
+def shard_task_options(stage: StagePlan) -> dict:
     """Ray options of a shard build task. SPREAD: on a cluster shard builds go to different nodes (one
     node's memory and CPU do not scale). A worker that ran CUDA kernels exits after its task so the GPU
     memory FAISS held is freed (Ray's default for a task that asks for a GPU); one that asked for a GPU but
     ran its kernels on CPU holds none and takes the next shard (max_calls 0: no limit), instead of a new
     worker importing FAISS and pyarrow for every shard."""
-    return {"num_gpus": st.num_gpus, "num_cpus": st.num_cpus, "scheduling_strategy": "SPREAD",
-            "max_calls": 1 if st.device == "cuda" else 0}
+    return {"num_gpus": stage.num_gpus, "num_cpus": stage.num_cpus, "scheduling_strategy": "SPREAD",
+            "max_calls": 1 if stage.device == "cuda" else 0}
 
 
 def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None, clock: StageClock,
@@ -201,12 +220,13 @@ def build_shards(plan: BuildPlan, streamed: Streamed, trained: str | None, clock
     """One task per shard: (the shards' manifest entries, how many an earlier run had built)."""
     import ray
 
-    cfg, st = plan.cfg, plan.stage("build-shards")
+    cfg = plan.cfg
+    stage = plan.stage("build-shards")
     with clock.stage("build-shards"):
-        task = ray.remote(**shard_task_options(st))(build_one_shard)
+        task = ray.remote(**shard_task_options(stage))(build_one_shard)
         cfg_json = cfg.model_dump_json()
         stats = ray.get([task.remote(s, str(plan.work), streamed.run, cfg_json, streamed.dim, trained, fields,
-                                     st.threads, st.device == "cuda") for s in range(cfg.shards)])
+                                     stage.threads, stage.device == "cuda") for s in range(cfg.shards)])
     internal = ("reused", "signature", "chunk_rows")  # the work dir's bookkeeping, not the index's
     return ([ShardEntry.model_validate({k: v for k, v in s.items() if k not in internal}) for s in stats],
             sum(1 for s in stats if s["reused"]))

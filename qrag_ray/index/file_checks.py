@@ -21,41 +21,42 @@ _manifests: OrderedDict[tuple[str, tuple[int, ...]], Manifest] = OrderedDict()  
 
 
 def identity(path: str | Path) -> tuple[int, ...]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def _remember(d: OrderedDict, key, value) -> None:
+def _remember(cache: OrderedDict, key, value) -> None:
     with _lock:
-        d[key] = value
-        d.move_to_end(key)
-        while len(d) > _KEEP:
-            d.popitem(last=False)
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > _KEEP:
+            cache.popitem(last=False)
 
 
 def manifest_now(index_dir: str | Path) -> Manifest:
     """`load_manifest(index_dir)`, parsed once per state of its manifest.json."""
-    d = Path(index_dir)
+    folder = Path(index_dir)
     try:
-        key = (str(d), identity(d / MANIFEST))
+        key = (str(folder), identity(folder / MANIFEST))
     except OSError:  # no manifest: load_manifest says what is wrong
-        return load_manifest(d)
-    if (m := _manifests.get(key)) is None:
-        _remember(_manifests, key, m := load_manifest(d))
-    return m
+        return load_manifest(folder)
+    if (manifest := _manifests.get(key)) is None:
+        _remember(_manifests, key, manifest := load_manifest(folder))
+    return manifest
 
 
-def verify_once(m: Manifest, rels: list[str]) -> None:
+def verify_once(manifest: Manifest, rels: list[str]) -> None:
     """`verify_files(m, rels)`, skipping each file hashed in this process against the same sha256 and
     unchanged since."""
     for rel in rels:
-        path, want = m.file(rel), m.files.get(rel)
+        path = manifest.file(rel)
+        want = manifest.files.get(rel)
         try:
             now = identity(path)
         except OSError:
             now = None
         if now is not None and _hashed.get((str(path), want or "")) == now:
             continue
-        verify_files(m, [rel])  # raises on a mismatch or a file the manifest does not list
+        verify_files(manifest, [rel])  # raises on a mismatch or a file the manifest does not list
         if now is not None and identity(path) == now:  # unchanged while it was hashed
             _remember(_hashed, (str(path), want), now)

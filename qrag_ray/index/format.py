@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from qrag_ray.errors import IndexFormatError, QragError
 from qrag_ray.config.search_policy import SearchConfig
+from qrag_ray.errors import IndexFormatError, QragError
 
 FORMAT_VERSION = 2  # 2: a shard's row metadata and chunks as Arrow IPC files
 READS_FORMATS = (1, 2)
@@ -73,9 +73,9 @@ def shard_bm25(shard: int) -> str:
     return f"{SHARDS_DIR}/{shard:05d}.bm25"
 
 
-def files_under(m: "Manifest", folder: str) -> list[str]:
+def files_under(manifest: "Manifest", folder: str) -> list[str]:
     """The manifest's files inside `folder` (a shard's BM25 folder), for verify_files."""
-    return [rel for rel in m.files if rel.startswith(folder.rstrip("/") + "/")]
+    return [rel for rel in manifest.files if rel.startswith(folder.rstrip("/") + "/")]
 
 
 def atomic_write(path: Path, write, suffix: str = "") -> None:
@@ -100,8 +100,8 @@ def atomic_write_parquet(table: pa.Table, path: Path) -> None:
 
 def write_arrow(table: pa.Table, path: Path) -> None:
     """An uncompressed Arrow IPC file of one record batch: `read_table_file` maps it, decoding nothing."""
-    with pa.ipc.new_file(path, table.schema) as w:
-        w.write_table(table.combine_chunks())
+    with pa.ipc.new_file(path, table.schema) as writer:
+        writer.write_table(table.combine_chunks())
 
 
 def read_table_file(path: Path, columns: list[str] | None = None) -> pa.Table:
@@ -119,8 +119,8 @@ def read_table_file(path: Path, columns: list[str] | None = None) -> pa.Table:
 
 
 def sha256_file(path: str | Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 class _Record(BaseModel):
@@ -180,7 +180,8 @@ class IndexDescription(_Record):
     generation: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     stage_seconds: dict[str, float] | None = None
-    content: dict[str, Any] | None = None  # the index identity (qrag_ray.config.index.index_identity + the metadata schema)
+    # the index identity (qrag_ray.config.index.index_identity + the metadata schema)
+    content: dict[str, Any] | None = None
     metadata_schema: dict[str, str] | None = None  # {field: type} of the documents' metadata (absent: none)
 
     @model_validator(mode="after")
@@ -240,44 +241,46 @@ class Manifest(IndexDescription):
 
 def load_manifest(index_dir: str | Path, verify: bool = False) -> Manifest:
     """Read and validate manifest.json; with verify=True also check every file's sha256."""
-    d = Path(index_dir)
-    if not d.is_dir():
-        raise IndexFormatError(f"index not found: {d}")
-    mpath = d / MANIFEST
+    folder = Path(index_dir)
+    if not folder.is_dir():
+        raise IndexFormatError(f"index not found: {folder}")
+    mpath = folder / MANIFEST
     if not mpath.is_file():
-        raise IndexFormatError(f"{d} is not a qrag index (no {MANIFEST})")
+        raise IndexFormatError(f"{folder} is not a qrag index (no {MANIFEST})")
     try:
         data = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise IndexFormatError(f"corrupt manifest {mpath}: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise IndexFormatError(f"corrupt manifest {mpath}: {error}") from None
     if not isinstance(data, dict):
         raise IndexFormatError(f"corrupt manifest {mpath}: not a JSON object")
-    fv = data.get("format_version")
-    if fv not in READS_FORMATS:
-        raise IndexFormatError(f"{mpath}: unsupported format_version {fv!r} (this qrag reads "
+    format_version = data.get("format_version")
+    if format_version not in READS_FORMATS:
+        raise IndexFormatError(f"{mpath}: unsupported format_version {format_version!r} (this qrag reads "
                                f"{', '.join(map(str, READS_FORMATS))})")
     try:
-        m = Manifest.model_validate({**data, "path": d})
-    except ValidationError as e:
-        err = e.errors()[0]
-        where, msg = ".".join(str(x) for x in err["loc"]), err["msg"].removeprefix("Value error, ")
+        manifest = Manifest.model_validate({**data, "path": folder})
+    except ValidationError as error:
+        err = error.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
         raise IndexFormatError(f"corrupt manifest {mpath}: {where}: {msg}") from None
-    for rel in m.files:
-        if not (d / rel).is_file():
-            raise IndexFormatError(f"index {d} is incomplete: missing {rel}")
+    for rel in manifest.files:
+        if not (folder / rel).is_file():
+            raise IndexFormatError(f"index {folder} is incomplete: missing {rel}")
     if verify:
-        verify_files(m)
-    return m
+        verify_files(manifest)
+    return manifest
 
 
-def verify_files(m: Manifest, rels: list[str] | None = None) -> None:
-    for rel in rels if rels is not None else list(m.files):
-        want = m.files.get(rel)
+def verify_files(manifest: Manifest, rels: list[str] | None = None) -> None:
+    for rel in rels if rels is not None else list(manifest.files):
+        want = manifest.files.get(rel)
         if want is None:
-            raise IndexFormatError(f"{rel} is not listed in {m.path / MANIFEST}")
-        got = sha256_file(m.path / rel)
+            raise IndexFormatError(f"{rel} is not listed in {manifest.path / MANIFEST}")
+        got = sha256_file(manifest.path / rel)
         if got != want:
-            raise IndexFormatError(f"checksum mismatch for {m.path / rel}: manifest {want[:12]}…, file {got[:12]}…")
+            raise IndexFormatError(f"checksum mismatch for {manifest.path / rel}: manifest {want[:12]}…, file "
+                                   f"{got[:12]}…")
 
 
 def write_manifest(tmp_dir: Path, description: IndexDescription) -> Manifest:
@@ -289,9 +292,10 @@ def write_manifest(tmp_dir: Path, description: IndexDescription) -> Manifest:
                              "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if description.content is not None:
         extra["content_hash"] = manifest_content_hash(files, description.content)
-    m = Manifest.model_validate({**description.model_dump(mode="json", exclude_unset=True), **extra, "path": tmp_dir})
-    atomic_write_text(tmp_dir / MANIFEST, json.dumps(m.data, indent=2, sort_keys=True, default=str))
-    return m
+    manifest = Manifest.model_validate({**description.model_dump(mode="json", exclude_unset=True), **extra,
+                                        "path": tmp_dir})
+    atomic_write_text(tmp_dir / MANIFEST, json.dumps(manifest.data, indent=2, sort_keys=True, default=str))
+    return manifest
 
 
 def check_output_dir(output: str | Path, overwrite: bool) -> Path:

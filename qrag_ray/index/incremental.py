@@ -15,19 +15,19 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     if not append and not delete_ids:
         raise QragError("an incremental build needs --append FILE or --delete-ids FILE")
     try:
-        m = load_manifest(output)
-    except QragError as e:
-        raise QragError(f"--append/--delete-ids update an existing index: {e}") from None
-    data = recorded_config(m.config)  # in today's layout, whichever release built it
+        manifest = load_manifest(output)
+    except QragError as error:
+        raise QragError(f"--append/--delete-ids update an existing index: {error}") from None
+    data = recorded_config(manifest.config)  # in today's layout, whichever release built it
     if not data.get("input"):
         raise QragError(f"{output}: its manifest records no input; rebuild it with this qrag first")
     try:
         now = resolve_representation(str(data.get("representation") or "default"))[0]
     except ValueError:
         now = None
-    if m.kinds and now != list(m.kinds):
+    if manifest.kinds and now != list(manifest.kinds):
         # the preset's name means other kinds since this index was built: keep the kinds the index holds
-        data["representation"] = "+".join(m.kinds)
+        data["representation"] = "+".join(manifest.kinds)
     build = data.setdefault("build", {})
     build["extra_inputs"] = list(build.get("extra_inputs") or []) + ([append] if append else [])
     build["delete_ids"] = list(build.get("delete_ids") or []) + ([delete_ids] if delete_ids else [])

@@ -17,15 +17,16 @@ from qrag_ray.io.metadata import iso, parse_date, parse_datetime
 
 ARROW_TYPES = {"string": pa.string(), "number": pa.float64(), "bool": pa.bool_(), "date": pa.date32(),
                "datetime": pa.timestamp("us", tz="UTC"), "string_list": pa.list_(pa.string())}
-URL, METADATA = "url", "metadata"
+URL = "url"
+METADATA = "metadata"
 
 
-def _arrow_value(v: Any, typ: str) -> Any:
+def _arrow_value(value: Any, typ: str) -> Any:
     if typ == "date":
-        return parse_date(v)
+        return parse_date(value)
     if typ == "datetime":
-        return parse_datetime(v)
-    return float(v) if typ == "number" else v
+        return parse_datetime(value)
+    return float(value) if typ == "number" else value
 
 
 def typed_struct(json_texts: Iterable[str | None], schema: dict[str, str]) -> pa.StructArray:
@@ -49,14 +50,14 @@ def json_values(rows: list[dict]) -> list[dict[str, Any]]:
     out = []
     for row in rows:
         meta = {}
-        for name, v in (row or {}).items():
-            if v is None:
+        for name, value in (row or {}).items():
+            if value is None:
                 continue
-            if isinstance(v, dt.date):
-                v = iso(v)
-            elif isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53:
-                v = int(v)
-            meta[name] = v
+            if isinstance(value, dt.date):
+                value = iso(value)
+            elif isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+                value = int(value)
+            meta[name] = value
         out.append(meta)
     return out
 

@@ -11,8 +11,8 @@ from typing import Iterator
 
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.config.search_policy import QUESTION_KINDS
-from qrag_ray.runtime.progress import stage
 from qrag_ray.index.resource_plan import ResourcePlan
+from qrag_ray.runtime.progress import stage
 from qrag_ray.runtime.stage_plan import StagePlan
 
 
@@ -48,16 +48,16 @@ class StageClock:
 
     console: object = None
     seconds: dict[str, float] = field(default_factory=dict)
-    t0: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         try:
             with stage(self.console, name):
                 yield
         finally:
-            self.seconds[name] = round(self.seconds.get(name, 0) + time.perf_counter() - t0, 3)
+            self.seconds[name] = round(self.seconds.get(name, 0) + time.perf_counter() - started, 3)
 
     def total(self) -> float:
-        return round(time.perf_counter() - self.t0, 3)
+        return round(time.perf_counter() - self.started, 3)

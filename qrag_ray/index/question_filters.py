@@ -14,10 +14,14 @@ import numpy as np
 from qrag_ray.config.index import FilterConfig
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOP = set("""a an the of in on at to for from by with about as is are was were be been being do does did
-what which who whom whose when where why how that this these those it its and or not no there their they
-he she his her him them we you your our i me my can could would should will shall may might must has have
-had than then into over under after before during between through against among""".split())
+_STOP = {
+    "a", "an", "the", "of", "in", "on", "at", "to", "for", "from", "by", "with", "about", "as", "is", "are",
+    "was", "were", "be", "been", "being", "do", "does", "did", "what", "which", "who", "whom", "whose", "when",
+    "where", "why", "how", "that", "this", "these", "those", "it", "its", "and", "or", "not", "no", "there",
+    "their", "they", "he", "she", "his", "her", "him", "them", "we", "you", "your", "our", "i", "me", "my", "can",
+    "could", "would", "should", "will", "shall", "may", "might", "must", "has", "have", "had", "than", "then",
+    "into", "over", "under", "after", "before", "during", "between", "through", "against", "among",
+}
 
 
 def content_words(text: str) -> set[str]:
@@ -40,8 +44,8 @@ def select_questions(qvecs: np.ndarray, qtexts: list[str], chunk_vec: np.ndarray
     if not len(qtexts):
         return keep
     if cfg.require_content_overlap:
-        cw = content_words(chunk_text)
-        keep &= np.array([bool(content_words(q) & cw) for q in qtexts])
+        chunk_words = content_words(chunk_text)
+        keep &= np.array([bool(content_words(q) & chunk_words) for q in qtexts])
     if cfg.min_question_chunk_sim is not None and chunk_vec is not None:
         keep &= (qvecs @ chunk_vec) >= cfg.min_question_chunk_sim
     if cfg.prune_tau is not None and keep.any():
@@ -50,16 +54,19 @@ def select_questions(qvecs: np.ndarray, qtexts: list[str], chunk_vec: np.ndarray
     return keep
 
 
-def pool(vecs: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """At most m clusters of unit vectors (average linkage on cosine distance): (each cluster's member
+def pool(vecs: np.ndarray, max_clusters: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most `max_clusters` clusters of unit vectors (average linkage on cosine distance): (each cluster's member
     nearest its centroid, the re-normalised centroids)."""
     from scipy.cluster.hierarchy import fcluster, linkage
 
-    labels = fcluster(linkage(vecs, "average", "cosine"), m, "maxclust") if len(vecs) > 1 else np.ones(len(vecs), int)
+    if len(vecs) > 1:
+        labels = fcluster(linkage(vecs, "average", "cosine"), max_clusters, "maxclust")
+    else:
+        labels = np.ones(len(vecs), int)
     groups = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     cents = np.stack([vecs[g].mean(axis=0) for g in groups])
     cents /= np.maximum(np.linalg.norm(cents, axis=1, keepdims=True), 1e-12)
-    return np.array([g[np.argmax(vecs[g] @ c)] for g, c in zip(groups, cents)], dtype=np.int64), cents
+    return np.array([g[np.argmax(vecs[g] @ c)] for g, c in zip(groups, cents, strict=True)], dtype=np.int64), cents
 
 
 def filter_chunk_rows(kind: np.ndarray, qn: np.ndarray, store: np.ndarray, texts: list[str],

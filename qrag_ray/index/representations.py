@@ -5,27 +5,28 @@ question so filters decided on the question apply to both."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 _NORM = re.compile(r"[^a-z0-9]+")
 
 
-def norm_question(q: str) -> str:
-    return _NORM.sub(" ", q.lower()).strip()
+def norm_question(question: str) -> str:
+    return _NORM.sub(" ", question.lower()).strip()
 
 
 def dedup_questions(questions) -> list[str]:
     """The questions, stripped, without empty ones and repeats (compared lowercased, punctuation aside)."""
     kept: dict[str, str] = {}
-    for q in ((q or "").strip() for q in questions):
-        kept.setdefault(norm_question(q), q)
+    for question in ((q or "").strip() for q in questions):
+        kept.setdefault(norm_question(question), question)
     return [q for k, q in kept.items() if k]
 
 
 def sentence_windows(sentences: list[str]) -> list[str]:
     """Each pair of consecutive sentences (no LLM): an answer spread over two sentences, or a pronoun
     whose referent sits in the sentence before, matches neither sentence alone."""
-    return [f"{a} {b}" for a, b in zip(sentences, sentences[1:])]
+    return [f"{first} {second}" for first, second in itertools.pairwise(sentences)]
 
 
 def title_text(title: str | None) -> str:
@@ -46,7 +47,9 @@ def vector_rows(chunk: dict, kinds: list[str], questions: list[str], sentences: 
         return base | {"kind": kind, "text": text, "embed_text": text if embed is None else embed, "qn": qn,
                        "store": store}
 
-    text, title, qs = chunk["text"], title_text(title), dedup_questions(questions)
+    text = chunk["text"]
+    title = title_text(title)
+    unique_questions = dedup_questions(questions)
     rows = [row("chunk", text, f"{title}\n{text}" if title_prefix and title else text, store="chunk" in kinds)]
     if "title" in kinds and title:
         rows.append(row("title", title))
@@ -55,11 +58,12 @@ def vector_rows(chunk: dict, kinds: list[str], questions: list[str], sentences: 
     if "window" in kinds:
         rows += [row("window", w) for w in sentence_windows(sentences or [])]
     if "question" in kinds or aux_questions:
-        rows += [row("question", q, qn=i, store="question" in kinds) for i, q in enumerate(qs)]
+        rows += [row("question", q, qn=i, store="question" in kinds) for i, q in enumerate(unique_questions)]
     if "quote" in kinds:
-        rows += [row("quote", q, f"{q}\n{text}", i) for i, q in enumerate(qs)]
+        rows += [row("quote", q, f"{q}\n{text}", i) for i, q in enumerate(unique_questions)]
     if "atomquote" in kinds:
-        rows += [row("atomquote", q, f"{q}\n{atom or text}", i) for i, q in enumerate(qs)]
-    if "onedoc" in kinds and qs:
-        rows.append(row("onedoc", f"{text[:80]}… + {len(qs)} questions", text + "\n" + "\n".join(qs)))
+        rows += [row("atomquote", q, f"{q}\n{atom or text}", i) for i, q in enumerate(unique_questions)]
+    if "onedoc" in kinds and unique_questions:
+        rows.append(row("onedoc", f"{text[:80]}… + {len(unique_questions)} questions",
+                        text + "\n" + "\n".join(unique_questions)))
     return rows

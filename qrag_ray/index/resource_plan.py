@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from qrag_ray.config.index import GeneratorConfig, IndexConfig, representation_plan
+from qrag_ray.config.index import IndexConfig, representation_plan
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.backends.vllm import default_max_num_seqs, engine_kwargs_for
 from qrag_ray.runtime.ray_start import local_num_cpus
@@ -74,9 +75,9 @@ class ClusterSpec:
     def accelerator(self) -> str | None:
         """The accelerator type most of the cluster's GPUs are."""
         kinds = Counter({n.accelerator: 0.0 for n in self.nodes if n.accelerator})
-        for n in self.nodes:
-            if n.accelerator:
-                kinds[n.accelerator] += n.gpus
+        for node in self.nodes:
+            if node.accelerator:
+                kinds[node.accelerator] += node.gpus
         return kinds.most_common(1)[0][0] if kinds else None
 
     def summary(self) -> str:
@@ -122,13 +123,13 @@ def kernels_from_env(environ: Mapping[str, str] = os.environ) -> str:
 def cluster_from_nodes(nodes: list[Mapping[str, Any]], local: bool = False, cores: int = 1) -> ClusterSpec:
     """ray.nodes()'s alive entries as a ClusterSpec (the accelerator from the `accelerator_type:X` resource)."""
     specs = []
-    for n in nodes:
-        if not n.get("Alive", True):
+    for node in nodes:
+        if not node.get("Alive", True):
             continue
-        r = n.get("Resources", {})
-        acc = next((k.split(":", 1)[1] for k in r if k.startswith("accelerator_type:")), None)
-        specs.append(NodeSpec(cpus=float(r.get("CPU", 0)), gpus=float(r.get("GPU", 0)),
-                              memory=float(r.get("memory", 0)), accelerator=acc))
+        resources = node.get("Resources", {})
+        acc = next((k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")), None)
+        specs.append(NodeSpec(cpus=float(resources.get("CPU", 0)), gpus=float(resources.get("GPU", 0)),
+                              memory=float(resources.get("memory", 0)), accelerator=acc))
     return ClusterSpec(tuple(specs), local=local, cores=cores)
 
 
@@ -181,85 +182,88 @@ def plan_chunking(cfg: IndexConfig, cluster: ClusterSpec) -> StagePlan:
                      batch_size=cfg.build.docs_per_batch)
 
 
-def plan_generation(g: GeneratorConfig, cluster: ClusterSpec, kernels: str = "auto") -> StagePlan:
+def plan_generation(generator: GeneratorConfig, cluster: ClusterSpec, kernels: str = "auto") -> StagePlan:
     """The LLM stage. vLLM: a fixed pool of engines (all started before the first request), by default
     one per `generator.num_gpus` GPUs of the cluster; each engine keeps at least vLLM's `max_num_seqs`
     requests in flight (batch_size x concurrent batches)."""
-    if g.backend == "openai":
-        n = g.concurrency or 1
-        return StagePlan("generate", "actors", n, n, num_cpus=OPENAI_CLIENT_CPU,
-                         batch_size=max(1, min(g.batch_size, 4 * g.max_parallel_requests)),
-                         in_flight=g.max_parallel_requests)
-    tp, pp = _parallel_sizes(g.num_gpus, g.engine_kwargs)
-    workers, layout_gpu = tp * pp, g.num_gpus > 0
+    if generator.backend == "openai":
+        clients = generator.concurrency or 1
+        return StagePlan("generate", "actors", clients, clients, num_cpus=OPENAI_CLIENT_CPU,
+                         batch_size=max(1, min(generator.batch_size, 4 * generator.max_parallel_requests)),
+                         in_flight=generator.max_parallel_requests)
+    tensor_parallel, pipeline_parallel = _parallel_sizes(generator.num_gpus, generator.engine_kwargs)
+    workers = tensor_parallel * pipeline_parallel
+    layout_gpu = generator.num_gpus > 0
     on_gpu = layout_gpu and kernels == "auto"
-    engines = g.concurrency or (max(1, int(cluster.gpus // g.num_gpus)) if layout_gpu else 1)
+    engines = generator.concurrency or (max(1, int(cluster.gpus // generator.num_gpus)) if layout_gpu else 1)
     notes = []
-    if layout_gpu and engines * g.num_gpus > cluster.gpus:
-        notes.append(f"generate: {engines} engines x {g.num_gpus:g} GPUs, the cluster has {cluster.gpus:g} GPUs now "
-                     "(the pool starts when the autoscaler has added the rest)")
-    kw = engine_kwargs_for(g, on_gpu)
+    if layout_gpu and engines * generator.num_gpus > cluster.gpus:
+        notes.append(f"generate: {engines} engines x {generator.num_gpus:g} GPUs, the cluster has {cluster.gpus:g} "
+                     "GPUs now (the pool starts when the autoscaler has added the rest)")
+    engine_kwargs = engine_kwargs_for(generator, on_gpu)
     if on_gpu:
-        seqs = int(kw.get("max_num_seqs") or default_max_num_seqs(cluster.accelerator))
-        kw["max_num_seqs"] = seqs  # Ray Data's engine would otherwise get vLLM's 128, whatever the GPU
-        if tp > 1:
-            kw["tensor_parallel_size"] = tp
-        in_flight = g.batch_size * math.ceil(seqs / g.batch_size)
+        seqs = int(engine_kwargs.get("max_num_seqs") or default_max_num_seqs(cluster.accelerator))
+        engine_kwargs["max_num_seqs"] = seqs  # Ray Data's engine would otherwise get vLLM's 128, whatever the GPU
+        if tensor_parallel > 1:
+            engine_kwargs["tensor_parallel_size"] = tensor_parallel
+        in_flight = generator.batch_size * math.ceil(seqs / generator.batch_size)
     else:
         if layout_gpu:  # QRAG_KERNELS=cpu: one CPU engine process holds the layout's GPUs as logical resources
-            kw.pop("tensor_parallel_size", None)
-            kw.pop("pipeline_parallel_size", None)
-        in_flight = g.batch_size * RAY_CONCURRENT_BATCHES
-    bundle = {"CPU": 1.0, "GPU": g.num_gpus / workers} if layout_gpu else {"CPU": 1.0}
-    return StagePlan("generate", "actors", engines, engines, num_cpus=float(workers), num_gpus=g.num_gpus,
-                     device="cuda" if on_gpu else "cpu", batch_size=g.batch_size, in_flight=in_flight,
-                     tensor_parallel=tp, bundles=tuple(dict(bundle) for _ in range(workers)), engine_kwargs=kw,
-                     notes=tuple(notes))
+            engine_kwargs.pop("tensor_parallel_size", None)
+            engine_kwargs.pop("pipeline_parallel_size", None)
+        in_flight = generator.batch_size * RAY_CONCURRENT_BATCHES
+    bundle = {"CPU": 1.0, "GPU": generator.num_gpus / workers} if layout_gpu else {"CPU": 1.0}
+    return StagePlan("generate", "actors", engines, engines, num_cpus=float(workers), num_gpus=generator.num_gpus,
+                     device="cuda" if on_gpu else "cpu", batch_size=generator.batch_size, in_flight=in_flight,
+                     tensor_parallel=tensor_parallel, bundles=tuple(dict(bundle) for _ in range(workers)),
+                     engine_kwargs=engine_kwargs, notes=tuple(notes))
 
 
 def _parallel_sizes(num_gpus: float, engine_kwargs: Mapping[str, Any]) -> tuple[int, int]:
     """(tensor, pipeline) parallel sizes of an engine of `num_gpus` GPUs: `generator.num_gpus` counts the GPUs
     of one engine, spread over tensor x pipeline parallel workers (tensor_parallel_size defaults to all)."""
-    pp = int(engine_kwargs.get("pipeline_parallel_size", 1))
+    pipeline_parallel = int(engine_kwargs.get("pipeline_parallel_size", 1))
     if num_gpus <= 0:
-        return int(engine_kwargs.get("tensor_parallel_size", 1)), pp
+        return int(engine_kwargs.get("tensor_parallel_size", 1)), pipeline_parallel
     if num_gpus < 1:
-        tp = int(engine_kwargs.get("tensor_parallel_size", 1))
-        if tp * pp != 1:
+        tensor_parallel = int(engine_kwargs.get("tensor_parallel_size", 1))
+        if tensor_parallel * pipeline_parallel != 1:
             raise QragError(f"generator.num_gpus {num_gpus:g} shares a GPU between engines: an engine with "
                             f"tensor/pipeline parallel workers needs whole GPUs (one each)")
         return 1, 1
     if num_gpus != int(num_gpus):
         raise QragError(f"generator.num_gpus is the GPUs of one engine: a whole number, or below 1 for engines "
                         f"sharing a GPU (got {num_gpus:g})")
-    tp = int(engine_kwargs.get("tensor_parallel_size", int(num_gpus) // pp))
-    if tp * pp != int(num_gpus):
+    tensor_parallel = int(engine_kwargs.get("tensor_parallel_size", int(num_gpus) // pipeline_parallel))
+    if tensor_parallel * pipeline_parallel != int(num_gpus):
         raise QragError(f"generator.num_gpus {num_gpus:g} is the GPUs of one engine: it must equal "
-                        f"tensor_parallel_size x pipeline_parallel_size ({tp} x {pp})")
-    return tp, pp
+                        f"tensor_parallel_size x pipeline_parallel_size ({tensor_parallel} x {pipeline_parallel})")
+    return tensor_parallel, pipeline_parallel
 
 
 def plan_embedding(cfg: IndexConfig, cluster: ClusterSpec, kernels: str = "auto") -> list[StagePlan]:
     """[tokenize,] embed. On GPUs one embedding actor per `build.embedder.num_gpus` of the cluster, fed by
     tokenizer actors: at least one, at most TOKENIZERS_PER_GPU per embedding GPU (never every CPU), or a fixed
     pool of `build.embedder.tokenizers`."""
-    r = cfg.build.embedder
-    layout_gpu = r.num_gpus > 0
-    actors = r.actors or (max(1, int(cluster.gpus // r.num_gpus)) if layout_gpu else 1)
+    embedder = cfg.build.embedder
+    layout_gpu = embedder.num_gpus > 0
+    actors = embedder.actors or (max(1, int(cluster.gpus // embedder.num_gpus)) if layout_gpu else 1)
     on_gpu = layout_gpu and kernels == "auto"
     out = []
-    if r.tokenize_apart():
-        devices = actors * r.num_gpus if layout_gpu else actors
-        hi = r.tokenizers or max(1, int(TOKENIZERS_PER_GPU * devices))
-        lo = r.tokenizers or max(1, min(hi, int(devices)))
-        out.append(StagePlan("tokenize", "actors", lo, hi, num_cpus=1.0, batch_size=cfg.build.rows_per_part))
+    if embedder.tokenize_apart():
+        devices = actors * embedder.num_gpus if layout_gpu else actors
+        most_tokenizers = embedder.tokenizers or max(1, int(TOKENIZERS_PER_GPU * devices))
+        fewest_tokenizers = embedder.tokenizers or max(1, min(most_tokenizers, int(devices)))
+        out.append(StagePlan("tokenize", "actors", fewest_tokenizers, most_tokenizers, num_cpus=1.0,
+                             batch_size=cfg.build.rows_per_part))
     notes = ()
-    if layout_gpu and actors * r.num_gpus > cluster.gpus:
-        notes = (f"embed: {actors} actors x {r.num_gpus:g} GPUs, the cluster has {cluster.gpus:g} GPUs now "
+    if layout_gpu and actors * embedder.num_gpus > cluster.gpus:
+        notes = (f"embed: {actors} actors x {embedder.num_gpus:g} GPUs, the cluster has {cluster.gpus:g} GPUs now "
                  "(the pool starts when the autoscaler has added the rest)",)
-    out.append(StagePlan("embed", "actors", actors, actors, num_cpus=1.0, num_gpus=r.num_gpus,
-                         device="cuda" if on_gpu else "cpu", batch_size=cfg.build.rows_per_part,
-                         threads=None if on_gpu else (r.threads or max(1, cluster.cores // actors)), notes=notes))
+    threads = None if on_gpu else (embedder.threads or max(1, cluster.cores // actors))
+    out.append(StagePlan("embed", "actors", actors, actors, num_cpus=1.0, num_gpus=embedder.num_gpus,
+                         device="cuda" if on_gpu else "cpu", batch_size=cfg.build.rows_per_part, threads=threads,
+                         notes=notes))
     return out
 
 
@@ -267,18 +271,19 @@ def plan_faiss(cfg: IndexConfig, cluster: ClusterSpec, kernels: str = "auto") ->
     """train (one task: the quantizer, when the factory trains), build-shards (one task per shard). A task asks
     for a GPU only for a factory FAISS has a GPU version of; its FAISS threads are its CPUs (one for HNSW,
     whose parallel build differs run to run, so a resumed build would not publish the same bytes)."""
-    f = cfg.faiss
-    capable = faiss_gpu_capable(f.factory)
-    if f.use_gpu is True and not capable:
-        raise QragError(f"faiss.use_gpu is true but FAISS has no GPU version of '{f.factory}' (GPU: Flat, "
+    faiss = cfg.faiss
+    capable = faiss_gpu_capable(faiss.factory)
+    if faiss.use_gpu is True and not capable:
+        raise QragError(f"faiss.use_gpu is true but FAISS has no GPU version of '{faiss.factory}' (GPU: Flat, "
                         "IVF<n>,Flat, IVF<n>,SQ8, IVF<n>,PQ<m> at 8 bits; not HNSW, Refine or fast-scan 'fs')")
-    gpu = 1.0 if capable and (f.use_gpu is True or (f.use_gpu == "auto" and cluster.gpus > 0)) else 0.0
+    gpu = 1.0 if capable and (faiss.use_gpu is True or (faiss.use_gpu == "auto" and cluster.gpus > 0)) else 0.0
     node = max(1, int(cluster.max_node_cpus))
     share = max(1, min(node, int(cluster.cpus // cfg.shards)))
     if gpu:  # a GPU node's CPUs split between its GPUs, so every GPU gets a task
         share = max(1, min([share] + [int(n.cpus // n.gpus) for n in cluster.nodes if n.gpus]))
-    one = "HNSW" in f.factory.upper()
-    at_once = min(cfg.shards, max(1, int(cluster.cpus // share)), *([int(cluster.gpus)] if gpu and cluster.gpus else []))
+    one = "HNSW" in faiss.factory.upper()
+    gpu_cap = [int(cluster.gpus)] if gpu and cluster.gpus else []
+    at_once = min(cfg.shards, max(1, int(cluster.cpus // share)), *gpu_cap)
     device = "cuda" if gpu and kernels == "auto" else "cpu"
     # On a local Ray (nothing joins it later) a task never asks for the whole node: an actor left holding a
     # fraction of a CPU (a failed build's Ray Data actor, until Python's cyclic GC frees it) would make it
@@ -291,18 +296,19 @@ def plan_faiss(cfg: IndexConfig, cluster: ClusterSpec, kernels: str = "auto") ->
 
 def _check_fits(plan: ResourcePlan) -> None:
     """On a local Ray (nothing joins it later) a pool or a task it cannot hold would wait forever: say so."""
-    c = plan.cluster
-    if not c.local:
+    cluster = plan.cluster
+    if not cluster.local:
         return
-    for s in plan.stages.values():
-        need = s.num_gpus * (s.min_size if s.compute == "actors" else 1)
-        if need > c.gpus:
-            raise QragError(f"the {s.name} stage needs {need:g} GPUs at once but this machine's Ray has "
-                            f"{c.gpus:g}: set its num_gpus to 0 for CPU, or start Ray with GPUs (on a CPU machine "
-                            f"logical ones: RAY_OVERRIDE_RESOURCES='{{\"GPU\": {need:g}}}' with {KERNELS_ENV}=cpu)")
+    for stage in plan.stages.values():
+        need = stage.num_gpus * (stage.min_size if stage.compute == "actors" else 1)
+        if need > cluster.gpus:
+            raise QragError(f"the {stage.name} stage needs {need:g} GPUs at once but this machine's Ray has "
+                            f"{cluster.gpus:g}: set its num_gpus to 0 for CPU, or start Ray with GPUs (on a CPU "
+                            f"machine logical ones: RAY_OVERRIDE_RESOURCES='{{\"GPU\": {need:g}}}' "
+                            f"with {KERNELS_ENV}=cpu)")
     # the stream runs chunking, tokenizing and embedding at once: their smallest pools together
     streamed = [plan.stages[n] for n in ("read+chunk", "tokenize", "embed") if n in plan.stages]
     need = sum(s.num_cpus * (s.min_size if s.compute == "actors" else 1) for s in streamed)
-    if need > c.cpus:
-        raise QragError(f"the stream's stages need {need:g} CPUs at once but this machine's Ray has {c.cpus:g}: "
+    if need > cluster.cpus:
+        raise QragError(f"the stream's stages need {need:g} CPUs at once but this machine's Ray has {cluster.cpus:g}: "
                         "set build.num_cpus (logical CPUs) to at least that")

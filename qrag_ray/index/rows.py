@@ -47,8 +47,9 @@ def check_unique_chunks(chunk_idx: np.ndarray, chunk_id) -> None:
 
 def rows_of(batch: dict) -> list[dict]:
     """A numpy batch as one dict per row (array cells as lists)."""
-    n = len(next(iter(batch.values()))) if batch else 0
-    return [{k: (v[i].tolist() if isinstance(v[i], np.ndarray) else v[i]) for k, v in batch.items()} for i in range(n)]
+    count = len(next(iter(batch.values()))) if batch else 0
+    return [{k: (v[i].tolist() if isinstance(v[i], np.ndarray) else v[i]) for k, v in batch.items()}
+            for i in range(count)]
 
 
 def _object_column(values: list) -> np.ndarray:
@@ -60,12 +61,13 @@ def chunk_rows(doc: dict, cfg: IndexConfig) -> list[dict]:
     """A document's chunks, each with its key, its shard, the document's url and metadata and its
     precomputed questions."""
     rows = list(chunk_document(doc, cfg.chunker))
-    for c in rows:
-        c["chunk_idx"] = chunk_key(c["chunk_id"])
-        c["shard"] = shard_of(c["chunk_idx"], cfg.shards)
-        c["url"], c["metadata"] = doc.get("url") or "", doc.get("metadata") or ""
+    for chunk in rows:
+        chunk["chunk_idx"] = chunk_key(chunk["chunk_id"])
+        chunk["shard"] = shard_of(chunk["chunk_idx"], cfg.shards)
+        chunk["url"] = doc.get("url") or ""
+        chunk["metadata"] = doc.get("metadata") or ""
         if "questions" in doc:
-            c["questions"] = list(doc["questions"])
+            chunk["questions"] = list(doc["questions"])
     return rows
 
 
@@ -84,19 +86,19 @@ def atoms_of(chunk: dict, cfg: IndexConfig) -> list[str]:
     return split_sentences(chunk["text"])
 
 
-def base_vector_rows(chunk: dict, kinds: list[str], cfg: IndexConfig, aux_q: bool) -> list[dict]:
+def base_vector_rows(chunk: dict, kinds: list[str], cfg: IndexConfig, aux_questions: bool) -> list[dict]:
     """Chunk, sentence and window rows (no LLM needed); precomputed questions join here too."""
     sentences = atoms_of(chunk, cfg) if {"sentence", "window"} & set(kinds) else None
-    qs = list(chunk.get("questions") or []) if cfg.generator.backend == "precomputed" else []
-    return vector_rows(chunk, kinds, qs, sentences, aux_questions=aux_q and bool(qs), title=chunk.get("title"),
-                       title_prefix=cfg.title_prefix)
+    questions = list(chunk.get("questions") or []) if cfg.generator.backend == "precomputed" else []
+    return vector_rows(chunk, kinds, questions, sentences, aux_questions=aux_questions and bool(questions),
+                       title=chunk.get("title"), title_prefix=cfg.title_prefix)
 
 
-def question_vector_rows(row: dict, kinds: list[str], aux_q: bool) -> list[dict]:
+def question_vector_rows(row: dict, kinds: list[str], aux_questions: bool) -> list[dict]:
     """Vector rows for the questions of one answered request (no chunk row: base rows have it)."""
-    qs = parse_output(row.get("raw") or "", row.get("output") or "questions") if row.get("raw") else []
-    qs = [q if isinstance(q, str) else q[0] for q in qs]
-    rows = vector_rows(row, kinds, qs, None, aux_questions=aux_q, atom=row.get("atom") or None)
+    questions = parse_output(row.get("raw") or "", row.get("output") or "questions") if row.get("raw") else []
+    questions = [q if isinstance(q, str) else q[0] for q in questions]
+    rows = vector_rows(row, kinds, questions, None, aux_questions=aux_questions, atom=row.get("atom") or None)
     unit = int(row.get("unit", -1))  # qn becomes unique per chunk across atoms
     return [r | {"qn": (unit + 1) * 1000 + r["qn"]} if r["qn"] >= 0 else r for r in rows if r["kind"] != "chunk"]
 
@@ -106,16 +108,16 @@ def vector_columns(rows: list[dict]) -> dict:
     return {c: np.asarray([r[c] for r in rows], dtype=t) for c, t in _VECTOR_COLUMNS.items()}
 
 
-def base_vector_columns(chunks: list[dict], kinds: list[str], cfg: IndexConfig, aux_q: bool) -> dict:
+def base_vector_columns(chunks: list[dict], kinds: list[str], cfg: IndexConfig, aux_questions: bool) -> dict:
     """The base rows of some chunks, each numbered by its place in its chunk (`ord`)."""
     return vector_columns([v | {"ord": i} for c in chunks
-                           for i, v in enumerate(base_vector_rows(c, kinds, cfg, aux_q))])
+                           for i, v in enumerate(base_vector_rows(c, kinds, cfg, aux_questions))])
 
 
-def question_vector_columns(answered: list[dict], kinds: list[str], aux_q: bool) -> dict:
+def question_vector_columns(answered: list[dict], kinds: list[str], aux_questions: bool) -> dict:
     """The question rows of some answered requests, numbered after every base row of their chunk."""
     return vector_columns([v | {"ord": (int(r.get("unit", -1)) + 2) * GEN_ORD_BASE + i}
-                           for r in answered for i, v in enumerate(question_vector_rows(r, kinds, aux_q))])
+                           for r in answered for i, v in enumerate(question_vector_rows(r, kinds, aux_questions))])
 
 
 def payload(chunk: dict) -> dict:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.parquet as pq
 
-from qrag_ray.runtime import progress
 from qrag_ray.embedding import Tokenize, embedder_dim
 from qrag_ray.errors import QragError
 from qrag_ray.generation.cache import QuestionCache
@@ -20,10 +19,19 @@ from qrag_ray.index import workdir
 from qrag_ray.index.format import atomic_write_text
 from qrag_ray.index.plan import BuildPlan, StageClock
 from qrag_ray.index.resource_plan import llm_atoms
-from qrag_ray.index.udfs import (EmbedSink, attach_atoms, make_atomize_requests, make_base_rows, make_chunker,
-                                 make_question_requests, make_question_rows, progress_rows)
+from qrag_ray.index.udfs import (
+    EmbedSink,
+    attach_atoms,
+    make_atomize_requests,
+    make_base_rows,
+    make_chunker,
+    make_question_requests,
+    make_question_rows,
+    progress_rows,
+)
 from qrag_ray.io.readers import read_corpus
 from qrag_ray.models.bundled import resolve_llm
+from qrag_ray.runtime import progress
 
 _SAVED = ("run", "rows", "dim", "documents", "chunks", "questions")  # what stream.json keeps of a Streamed
 
@@ -46,13 +54,13 @@ class Streamed:
 def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
     """Run the stream, or reuse the one a killed run finished for the same inputs (stream.json)."""
     done = plan.work / "stream.json"
-    st = json.loads(done.read_text()) if done.is_file() else {}
-    if st.get("inputs") == plan.inputs:
+    saved = json.loads(done.read_text()) if done.is_file() else {}
+    if saved.get("inputs") == plan.inputs:
         clock.seconds.update({"read+chunk": 0.0, "embed": 0.0})
-        return Streamed(embedded=0, reused=st["rows"], **{k: st[k] for k in _SAVED})
+        return Streamed(embedded=0, reused=saved["rows"], **{k: saved[k] for k in _SAVED})
     cfg = plan.cfg
     generation = GenerationStats()
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     with clock.stage("stream"):
         chunks, questions = _generate(plan, _chunks(plan), clock, generation)
         # the rows to embed that need no LLM (chunk, sentence, precomputed questions...), plus the LLM's
@@ -60,14 +68,15 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
                                   num_cpus=plan.stage("read+chunk").num_cpus)
         counts = _embed(plan, rows.union(questions) if questions is not None else rows)
     parts = workdir.registered_parts(plan.work, plan.run)
-    documents, n_chunks = sum(p["documents"] for p in parts), sum(p["chunks"] for p in parts)
+    documents = sum(p["documents"] for p in parts)
+    n_chunks = sum(p["chunks"] for p in parts)
     if documents == 0:
         raise QragError(f"empty corpus: no documents in {cfg.input}")
     if n_chunks == 0:
         raise QragError(f"empty corpus: the documents in {cfg.input} hold no text")
     clock.seconds["read+chunk"] = round(sum(p.get("seconds", 0.0) for p in parts), 3)
     clock.seconds["embed"] = round(counts["seconds"], 3)
-    clock.seconds["stream"] = round(time.perf_counter() - t0, 3)
+    clock.seconds["stream"] = round(time.perf_counter() - started, 3)
     out = Streamed(run=plan.run, rows=counts["rows"], dim=_dim_of(plan), documents=documents, chunks=n_chunks,
                    questions=counts["questions"], embedded=counts["embedded"],
                    reused=counts["rows"] - counts["embedded"], generation=generation)
@@ -77,23 +86,27 @@ def stream(plan: BuildPlan, clock: StageClock) -> Streamed:
 
 def _chunks(plan: BuildPlan):
     """Documents -> chunk rows (lazy)."""
-    cfg, gcfg = plan.cfg, plan.cfg.generator
+    cfg = plan.cfg
+    gcfg = cfg.generator
     qcol = gcfg.precomputed_column if gcfg.backend == "precomputed" else None
     docs = read_corpus(cfg.input, cfg.format, questions_column=qcol)
     for extra in cfg.build.extra_inputs:  # --append: earlier versions' inputs plus the new documents
         docs = docs.union(read_corpus(extra, cfg.format, questions_column=qcol))
     # its own CPU request keeps Ray Data from fusing chunking into the embedding actors (taking turns)
-    st = plan.stage("read+chunk")
+    stage = plan.stage("read+chunk")
     return docs.map_batches(make_chunker(cfg, plan.work, plan.run, plan.deleted, bool(qcol)), batch_format="numpy",
-                            batch_size=st.batch_size, num_cpus=st.num_cpus)
+                            batch_size=stage.batch_size, num_cpus=stage.num_cpus)
 
 
 def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats):
     """LLM atoms and questions through the cache: (chunk rows, question rows or None); not streamed."""
-    cfg, gcfg, gran = plan.cfg, plan.cfg.generator, plan.granularity
+    cfg = plan.cfg
+    gcfg = cfg.generator
+    gran = plan.granularity
     if "generate" not in plan.resources.stages:
         return chunks, None
-    stage, atoms = plan.stage("generate"), llm_atoms(cfg, plan.kinds, gran)
+    stage = plan.stage("generate")
+    atoms = llm_atoms(cfg, plan.kinds, gran)
     chunks = chunks.materialize()
     cache = QuestionCache(cfg.build.cache_dir)
     model_path = None
@@ -103,8 +116,8 @@ def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats
     if atoms:
         with clock.stage("atomize"):
             requests = chunks.map_batches(make_atomize_requests(gcfg), batch_format="numpy").materialize()
-            answered, st = generate(requests, gcfg, cache, model_path, stage)
-            stats.add(st, "atomize")
+            answered, generated = generate(requests, gcfg, cache, model_path, stage)
+            stats.add(generated, "atomize")
             chunks = answered.map_batches(attach_atoms, batch_format="numpy").materialize()
     if gran is None:
         return chunks, None
@@ -112,8 +125,8 @@ def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats
         requests = chunks.map_batches(make_question_requests(cfg, gran), batch_format="numpy").materialize()
         if not requests.count():
             return chunks, None
-        answered, st = generate(requests, gcfg, cache, model_path, stage)
-        stats.add(st, "questions")
+        answered, generated = generate(requests, gcfg, cache, model_path, stage)
+        stats.add(generated, "questions")
         return chunks, answered.map_batches(make_question_rows(plan.kinds, plan.aux_questions), batch_format="numpy")
 
 
@@ -121,22 +134,23 @@ def _embed(plan: BuildPlan, rows) -> dict:
     """The embedding actor pool, the stream's sink: it writes the vector parts; its counters are summed."""
     import ray.data
 
-    e, r = plan.cfg.embedder, plan.cfg.build.embedder
+    embedder = plan.cfg.embedder
+    embed_run = plan.cfg.build.embedder
     if "tokenize" in plan.resources.stages:
         # CPU actors tokenize and sort by length (a pool per embedding GPU, autoscaling within its bounds);
         # the embedding actors only stack and run the model
         tok = plan.stage("tokenize")
-        rows = rows.map_batches(Tokenize, fn_constructor_args=(e.model, e.max_seq_length),
+        rows = rows.map_batches(Tokenize, fn_constructor_args=(embedder.model, embedder.max_seq_length),
                                 compute=ray.data.ActorPoolStrategy(**tok.pool()), num_cpus=tok.num_cpus,
                                 batch_size=tok.batch_size, batch_format="numpy")
-    st = plan.stage("embed")
+    stage = plan.stage("embed")
     done = rows.map_batches(
-        EmbedSink, fn_constructor_args=(e.model, r.batch_size, e.max_seq_length, st.threads, str(plan.work),
-                                        plan.question_kind, plan.run, r.backend, e.dtype, r.tokens_per_batch,
-                                        st.device),
-        compute=ray.data.ActorPoolStrategy(**st.pool(), max_concurrent_calls_per_actor=EmbedSink.CONCURRENCY,
+        EmbedSink, fn_constructor_args=(embedder.model, embed_run.batch_size, embedder.max_seq_length, stage.threads,
+                                        str(plan.work), plan.question_kind, plan.run, embed_run.backend,
+                                        embedder.dtype, embed_run.tokens_per_batch, stage.device),
+        compute=ray.data.ActorPoolStrategy(**stage.pool(), max_concurrent_calls_per_actor=EmbedSink.CONCURRENCY,
                                            enable_true_multi_threading=True),
-        num_gpus=st.num_gpus or None, num_cpus=st.num_cpus, batch_size=st.batch_size, batch_format="numpy")
+        num_gpus=stage.num_gpus or None, num_cpus=stage.num_cpus, batch_size=stage.batch_size, batch_format="numpy")
     counts = {"rows": 0, "embedded": 0, "questions": 0, "seconds": 0.0}
     shutil.rmtree(plan.work / "runs" / plan.run / "progress", ignore_errors=True)  # a killed run's counts
     # the display's embed row counts the rows of batches still in the model (Ray Data's, whole batches)
@@ -150,7 +164,7 @@ def _embed(plan: BuildPlan, rows) -> dict:
 
 
 def _dim_of(plan: BuildPlan) -> int:
-    for f in workdir.parquet_files(plan.work / "vectors"):
-        if pq.read_metadata(f).num_rows:
-            return pq.read_schema(f).field("vector").type.list_size
+    for file in workdir.parquet_files(plan.work / "vectors"):
+        if pq.read_metadata(file).num_rows:
+            return pq.read_schema(file).field("vector").type.list_size
     return embedder_dim(plan.cfg.embedder.model)

@@ -1,7 +1,7 @@
 """The Ray Data UDFs of the build's stream: each turns one numpy batch into the next stage's columns
 (the logic is in qrag_ray.index.rows); the chunker and the embedding sink also write checkpoint parts
-into the work dir, so a killed build resumes from them. A UDF's function name is its operator's name
-in the progress display (qrag_ray.runtime.progress.op_label)."""
+into the work dir, so a killed build resumes from them. Each UDF carries the label of its operator's row in
+the progress display (qrag_ray.runtime.progress.operator_label)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,22 @@ from qrag_ray.embedding.tokens import token_ids
 from qrag_ray.generation.requests import atomize_request, question_requests
 from qrag_ray.index import workdir
 from qrag_ray.index.format import atomic_write_parquet, atomic_write_text
-from qrag_ray.index.rows import (CHUNK_PART_SCHEMA, atom_columns, atoms_of, base_vector_columns, check_unique_chunks,
-                                 chunk_columns, chunk_rows, payload, question_vector_columns, request_columns, rows_of,
-                                 vector_schema)
+from qrag_ray.index.rows import (
+    CHUNK_PART_SCHEMA,
+    atom_columns,
+    atoms_of,
+    base_vector_columns,
+    check_unique_chunks,
+    chunk_columns,
+    chunk_rows,
+    payload,
+    question_vector_columns,
+    request_columns,
+    rows_of,
+    vector_schema,
+)
 from qrag_ray.io.metadata import field_types
+from qrag_ray.runtime.progress import operator_label
 
 # rows whose key is a multiple of this also go to work/sample, where a large build draws its training sample
 SAMPLE_STRIPE = 1024
@@ -36,12 +48,13 @@ SAMPLE_STRIPE = 1024
 def make_chunker(cfg: IndexConfig, work: Path, run: str, deleted: frozenset, with_questions: bool):
     """Documents -> chunk rows; every batch also lands as chunk parts in the work dir."""
 
+    @operator_label("chunker")
     def chunker(batch: dict) -> dict:
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         docs = [d for d in rows_of(batch) if str(d["doc_id"]) not in deleted]
         cols = chunk_columns([r for d in docs for r in chunk_rows(d, cfg)], with_questions)
         if docs:
-            write_chunk_part(cols, len(docs), work, run, seconds=time.perf_counter() - t0)
+            write_chunk_part(cols, len(docs), work, run, seconds=time.perf_counter() - started)
         return cols
 
     return chunker
@@ -56,7 +69,7 @@ def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: flo
     check_unique_chunks(ids, cols["chunk_id"])
     table = pa.table({k: pa.array(cols[k] if k in ("chunk_idx", "shard") else list(cols[k]),
                                   type=CHUNK_PART_SCHEMA.field(k).type) for k in CHUNK_PART_SCHEMA.names})
-    docs = dict(zip(cols["doc_id"], cols["metadata"]))
+    docs = dict(zip(cols["doc_id"], cols["metadata"], strict=True))
     fields = field_types((d, json.loads(m)) for d, m in docs.items() if m)
     content = (ids.tobytes() + "".join(table.column("text").to_pylist()).encode() + str(n_docs).encode()
                + "".join(m for m in cols["metadata"] if m).encode() + "".join(u for u in cols["url"] if u).encode())
@@ -69,23 +82,26 @@ def write_chunk_part(cols: dict, n_docs: int, work: Path, run: str, seconds: flo
                                   "url": any(bool(u) for u in cols["url"])}))
 
 
-def make_base_rows(kinds: list[str], cfg: IndexConfig, aux_q: bool):
+def make_base_rows(kinds: list[str], cfg: IndexConfig, aux_questions: bool):
     """Chunk rows -> the rows to embed that need no LLM (chunk, sentence, window, precomputed questions)."""
 
+    @operator_label("base")
     def base(batch: dict) -> dict:
-        return base_vector_columns(rows_of(batch), kinds, cfg, aux_q)
+        return base_vector_columns(rows_of(batch), kinds, cfg, aux_questions)
 
     return base
 
 
 def make_atomize_requests(gcfg):
     """Chunk rows -> one atomize request per chunk."""
+    @operator_label("atomize")
     def atomize(batch: dict) -> dict:
         return request_columns([atomize_request(r, gcfg) | payload(r) for r in rows_of(batch)])
 
     return atomize
 
 
+@operator_label("attach_atoms")
 def attach_atoms(batch: dict) -> dict:
     """Answered atomize requests -> chunk rows with their atoms."""
     return atom_columns(batch)
@@ -93,21 +109,23 @@ def attach_atoms(batch: dict) -> dict:
 
 def make_question_requests(cfg: IndexConfig, granularity: str):
     """Chunk rows -> question requests, one per chunk or one per atom."""
+    @operator_label("requests")
     def requests(batch: dict) -> dict:
         out = []
-        for r in rows_of(batch):
-            atoms = atoms_of(r, cfg) if granularity == "atom" else None
-            out += [q | payload(r) for q in question_requests(r, atoms, cfg.generator, granularity)]
+        for row in rows_of(batch):
+            atoms = atoms_of(row, cfg) if granularity == "atom" else None
+            out += [q | payload(row) for q in question_requests(row, atoms, cfg.generator, granularity)]
         return request_columns(out)
 
     return requests
 
 
-def make_question_rows(kinds: list[str], aux_q: bool):
+def make_question_rows(kinds: list[str], aux_questions: bool):
     """Answered question requests -> the rows to embed for their questions."""
 
+    @operator_label("questions")
     def questions(batch: dict) -> dict:
-        return question_vector_columns(rows_of(batch), kinds, aux_q)
+        return question_vector_columns(rows_of(batch), kinds, aux_questions)
 
     return questions
 
@@ -134,44 +152,50 @@ class EmbedSink:
 
             torch.set_num_threads(threads)
         # device: the resource plan's (None: CUDA where there is one)
-        self.st = load_sentence_transformer(model, device=device, max_seq_length=max_seq_length, backend=backend,
-                                            threads=threads, dtype=dtype)
-        on_gpu = str(self.st.device).startswith("cuda")
-        self.forward = Forward(self.st, tokens_per_batch or default_tokens_per_batch(on_gpu),
+        self.model = load_sentence_transformer(model, device=device, max_seq_length=max_seq_length, backend=backend,
+                                               threads=threads, dtype=dtype)
+        on_gpu = str(self.model.device).startswith("cuda")
+        self.forward = Forward(self.model, tokens_per_batch or default_tokens_per_batch(on_gpu),
                                canonical_rows=None if on_gpu else batch_size)
         self.work = Path(work)
-        self.qk = question_kind
+        self.question_kind = question_kind
         self.run = run
         self.done = workdir.done_row_keys(self.work)
-        self.model_lock, self.count_lock, self.rows, self.noted = threading.Lock(), threading.Lock(), 0, 0
+        self.model_lock = threading.Lock()  # one batch in the model at a time
+        self.count_lock = threading.Lock()
+        self.rows = 0  # rows done, batches in flight included
+        self.noted = 0  # the count the progress file holds
         self.note = self.work / "runs" / run / "progress" / f"{os.getpid()}-{id(self)}"
         threading.Thread(target=_note_every, args=(weakref.ref(self),), daemon=True).start()
 
     def __call__(self, batch: dict) -> dict:
-        t0 = time.perf_counter()
-        n = len(batch["chunk_idx"])
+        started = time.perf_counter()
+        count = len(batch["chunk_idx"])
         keys = workdir.row_keys(batch["chunk_idx"], batch["kind"], batch["ord"], batch["text"], batch["embed_text"])
         embedded = ~workdir.isin_sorted(keys, self.done)
         todo = np.flatnonzero(embedded)
-        self._count(n - len(todo))
-        question = (batch["kind"] == self.qk) & (batch["qn"] >= 0) if self.qk else np.zeros(n, bool)
+        self._count(count - len(todo))
+        if self.question_kind:
+            question = (batch["kind"] == self.question_kind) & (batch["qn"] >= 0)
+        else:
+            question = np.zeros(count, bool)
         # this run's rows, reused or not: the shard keeps exactly these (an older corpus's rows stay out)
         workdir.write_part(pa.table({"row_key": keys, "shard": np.asarray(batch["shard"], np.int32)}),
                            workdir.run_keys_dir(self.work, self.run) / f"{workdir.part_name(keys)}.parquet")
         t_wait = time.perf_counter()
         with self.model_lock:  # the seconds leave out the wait for it (the other call's forward)
-            t0 += time.perf_counter() - t_wait
+            started += time.perf_counter() - t_wait
             vecs = self._vectors(batch, todo) if len(todo) else None
         if vecs is not None:
             self._write_vectors(batch, keys, todo, vecs)
         return {"embedded": embedded, "question": np.asarray(question, bool),
-                "seconds": np.full(n, (time.perf_counter() - t0) / max(1, n))}
+                "seconds": np.full(count, (time.perf_counter() - started) / max(1, count))}
 
     def _vectors(self, batch: dict, todo: np.ndarray) -> np.ndarray:
         if "input_ids" in batch:
             return self.forward(batch["input_ids"][todo], batch["n_tokens"][todo], self._count)
-        return self.forward(*token_ids(self.st.tokenizer, [str(batch["embed_text"][i]) for i in todo],
-                                       int(self.st.max_seq_length or 512)), self._count)
+        return self.forward(*token_ids(self.model.tokenizer, [str(batch["embed_text"][i]) for i in todo],
+                                       int(self.model.max_seq_length or 512)), self._count)
 
     def _count(self, rows: int) -> None:
         with self.count_lock:
@@ -188,15 +212,15 @@ class EmbedSink:
     def _write_vectors(self, batch: dict, keys: np.ndarray, todo: np.ndarray, vecs: np.ndarray) -> None:
         flat = pa.array(vecs.reshape(-1), type=pa.float32())
         cols = {c: batch[c][todo] for c in ("chunk_idx", "kind", "text", "qn", "ord")}
-        t = pa.table({**cols, "store": batch["store"][todo].astype(bool), "row_key": keys[todo],
-                      "vector": pa.FixedSizeListArray.from_arrays(flat, vecs.shape[1]),
+        table = pa.table({**cols, "store": batch["store"][todo].astype(bool), "row_key": keys[todo],
+                          "vector": pa.FixedSizeListArray.from_arrays(flat, vecs.shape[1]),
                       "shard": np.asarray(batch["shard"][todo], np.int32)},
-                     schema=vector_schema(vecs.shape[1]).append(pa.field("shard", pa.int32())))
+                         schema=vector_schema(vecs.shape[1]).append(pa.field("shard", pa.int32())))
         name = workdir.part_name(keys[todo])
         stripe = (keys[todo] % SAMPLE_STRIPE) == 0
         if stripe.any():  # the rows a large build trains its quantizer from (before the part: see sample_vectors)
-            atomic_write_parquet(t.filter(pa.array(stripe)), self.work / "sample" / f"{name}.parquet")
-        workdir.write_part(t, self.work / "vectors" / f"{name}.parquet")
+            atomic_write_parquet(table.filter(pa.array(stripe)), self.work / "sample" / f"{name}.parquet")
+        workdir.write_part(table, self.work / "vectors" / f"{name}.parquet")
 
 
 def _note_every(sink_ref) -> None:
@@ -211,7 +235,7 @@ def _note_every(sink_ref) -> None:
 def progress_rows(work: Path, run: str) -> int:
     """Rows the embedding actors have done so far, batches in flight included (for the display)."""
     total = 0
-    for f in (Path(work) / "runs" / run / "progress").glob("[!.]*"):
+    for file in (Path(work) / "runs" / run / "progress").glob("[!.]*"):
         with contextlib.suppress(OSError, ValueError):  # an actor may be replacing its file
-            total += int(f.read_text())
+            total += int(file.read_text())
     return total

@@ -32,18 +32,18 @@ class ResolvedIndex:
 
 
 def is_versioned_root(path: str | Path) -> bool:
-    p = Path(path)
-    return (p / CURRENT).is_file() or ((p / VERSIONS).is_dir() and not (p / MANIFEST).is_file())
+    folder = Path(path)
+    return (folder / CURRENT).is_file() or ((folder / VERSIONS).is_dir() and not (folder / MANIFEST).is_file())
 
 
 def current_version_name(root: str | Path) -> str:
-    p = Path(root) / CURRENT
+    pointer = Path(root) / CURRENT
     try:
-        name = p.read_text().strip()
+        name = pointer.read_text().strip()
     except FileNotFoundError:
         raise IndexFormatError(f"{root} is a versioned index root with nothing published yet (no {CURRENT})") from None
     if not name or "/" in name or name.startswith("."):
-        raise IndexFormatError(f"{p} holds no valid version name: {name!r}")
+        raise IndexFormatError(f"{pointer} holds no valid version name: {name!r}")
     return name
 
 
@@ -51,28 +51,30 @@ def resolve_index(path: str | Path) -> ResolvedIndex:
     """The directory and version a tenant's index path serves now (reads one small file or two; the
     manifest is parsed once per state of its file, so a server re-checking every tenant's pointer costs a
     few stats each)."""
-    p = Path(path)
-    d = p / VERSIONS / current_version_name(p) if is_versioned_root(p) else p
-    return ResolvedIndex(p, d, manifest_now(d))
+    root = Path(path)
+    folder = root / VERSIONS / current_version_name(root) if is_versioned_root(root) else root
+    return ResolvedIndex(root, folder, manifest_now(folder))
 
 
 def check_index(index_dir: str | Path) -> dict:
     """What a server does when it loads the index: every checksum, every shard's FAISS file opened."""
     from qrag_ray.index.faiss_search import open_faiss
 
-    m = load_manifest(index_dir, verify=True)
-    vectors = sum(open_faiss(m.file(m.shard(i).faiss), m).ntotal for i in range(m.num_shards))
-    if m.counts and vectors != m.counts.vectors:
-        raise IndexFormatError(f"{index_dir}: shards hold {vectors} vectors, the manifest counts {m.counts.vectors}")
-    return {"index_version": m.index_version, "num_shards": m.num_shards, "vectors": vectors}
+    manifest = load_manifest(index_dir, verify=True)
+    vectors = sum(open_faiss(manifest.file(manifest.shard(number).faiss), manifest).ntotal
+                  for number in range(manifest.num_shards))
+    if manifest.counts and vectors != manifest.counts.vectors:
+        raise IndexFormatError(f"{index_dir}: shards hold {vectors} vectors, the manifest counts "
+                               f"{manifest.counts.vectors}")
+    return {"index_version": manifest.index_version, "num_shards": manifest.num_shards, "vectors": vectors}
 
 
 def list_versions(root: str | Path) -> list[str]:
     """Published version names, oldest first (by the time they were published)."""
-    v = Path(root) / VERSIONS
-    if not v.is_dir():
+    versions_dir = Path(root) / VERSIONS
+    if not versions_dir.is_dir():
         return []
-    dirs = [d for d in v.iterdir() if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST).is_file()]
+    dirs = [d for d in versions_dir.iterdir() if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST).is_file()]
     return [d.name for d in sorted(dirs, key=lambda d: (d.stat().st_mtime, d.name))]
 
 
@@ -81,35 +83,36 @@ def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> d
     versions beyond the `keep` newest (never the one just replaced: servers may still be draining it)."""
     if keep < 2:
         raise QragError("--keep must be at least 2: the version being replaced stays until servers moved off it")
-    src, r = Path(index_dir), Path(root)
-    if (r / MANIFEST).is_file():
-        raise QragError(f"{r} is a plain index directory, not a versioned root: publish into a new path")
-    if src.resolve() == r.resolve() or r.resolve() in src.resolve().parents:
-        raise QragError(f"the index to publish ({src}) must not lie inside the root ({r})")
+    src = Path(index_dir)
+    root_dir = Path(root)
+    if (root_dir / MANIFEST).is_file():
+        raise QragError(f"{root_dir} is a plain index directory, not a versioned root: publish into a new path")
+    if src.resolve() == root_dir.resolve() or root_dir.resolve() in src.resolve().parents:
+        raise QragError(f"the index to publish ({src}) must not lie inside the root ({root_dir})")
     info = check_index(src)  # a broken build never reaches versions/
     name = info["index_version"]
-    versions = r / VERSIONS
+    versions = root_dir / VERSIONS
     versions.mkdir(parents=True, exist_ok=True)
     dest = versions / name
-    previous = current_version_name(r) if (r / CURRENT).is_file() else None
+    previous = current_version_name(root_dir) if (root_dir / CURRENT).is_file() else None
     if not (dest / MANIFEST).is_file():  # the copy is checked too, as the servers will read it
         atomic_write(dest, lambda tmp: check_index(shutil.copytree(src, tmp)))
     os.utime(dest)  # newest published, for pruning order
-    atomic_write_text(r / CURRENT, name + "\n")
-    names = list_versions(r)
+    atomic_write_text(root_dir / CURRENT, name + "\n")
+    names = list_versions(root_dir)
     removed = [old for old in names[: max(0, len(names) - keep)] if old not in (name, previous)]
     for old in removed:
         shutil.rmtree(versions / old, ignore_errors=True)
-    return {**info, "root": str(r), "previous": previous, "removed": removed}
+    return {**info, "root": str(root_dir), "previous": previous, "removed": removed}
 
 
 def rollback(root: str | Path, version: str) -> str:
     """Point CURRENT at an already published version (it stays checked: versions are immutable)."""
-    r = Path(root)
-    d = r / VERSIONS / version
-    if not (d / MANIFEST).is_file():
-        have = ", ".join(list_versions(r)) or "none"
-        raise QragError(f"version {version!r} is not published under {r} (published: {have})")
-    load_manifest(d, verify=True)
-    atomic_write_text(r / CURRENT, version + "\n")
+    root_dir = Path(root)
+    folder = root_dir / VERSIONS / version
+    if not (folder / MANIFEST).is_file():
+        have = ", ".join(list_versions(root_dir)) or "none"
+        raise QragError(f"version {version!r} is not published under {root_dir} (published: {have})")
+    load_manifest(folder, verify=True)
+    atomic_write_text(root_dir / CURRENT, version + "\n")
     return version

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -57,10 +58,10 @@ def write_part(table: pa.Table, path: Path) -> None:
     cuts = [0, *(np.flatnonzero(np.diff(shard[order])) + 1).tolist(), len(order)]
 
     def write(tmp: Path) -> None:
-        with pq.ParquetWriter(tmp, table.schema) as w:
-            for a, b in zip(cuts, cuts[1:]):
-                if b > a:
-                    w.write_table(table.slice(a, b - a), row_group_size=b - a)
+        with pq.ParquetWriter(tmp, table.schema) as writer:
+            for start, end in itertools.pairwise(cuts):
+                if end > start:
+                    writer.write_table(table.slice(start, end - start), row_group_size=end - start)
 
     atomic_write(path, write)
 
@@ -82,12 +83,12 @@ def read_row_groups(groups: list, columns: list[str], shard: int) -> list[pa.Tab
 def input_fingerprint(files: list[str]) -> list[list]:
     """(path, size, mtime_ns) per input file: an edited corpus must not resume from stale vectors."""
     out = []
-    for f in sorted(files):
+    for path in sorted(files):
         try:
-            st = os.stat(f)
-            out.append([f, st.st_size, st.st_mtime_ns])
+            stat = os.stat(path)
+            out.append([path, stat.st_size, stat.st_mtime_ns])
         except OSError:  # remote URI: the path alone
-            out.append([f, None, None])
+            out.append([path, None, None])
     return out
 
 
@@ -115,7 +116,7 @@ def new_run_id() -> str:
 def row_keys(chunk_idx, kind, ordinal, text, embed_text) -> np.ndarray:
     """63-bit identity of each vector row: its chunk, kind, position in the chunk and both texts."""
     rows = (f"{int(c)}\x1f{k}\x1f{int(o)}\x1f{t}\x1f{e}"
-            for c, k, o, t, e in zip(chunk_idx, kind, ordinal, text, embed_text))
+            for c, k, o, t, e in zip(chunk_idx, kind, ordinal, text, embed_text, strict=True))
     return np.fromiter((key63(r) for r in rows), np.int64, len(chunk_idx))
 
 

@@ -13,11 +13,11 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from qrag_ray.config.index import Bm25Config, FilterConfig, FaissConfig
+from qrag_ray.config.index import Bm25Config, FaissConfig, FilterConfig
 from qrag_ray.errors import QragError
-from qrag_ray.index.question_filters import filter_chunk_rows
 from qrag_ray.index.format import shard_bm25, shard_faiss, shard_meta, write_arrow
 from qrag_ray.index.lexical import build_bm25, lexical_docs
+from qrag_ray.index.question_filters import filter_chunk_rows
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ def apply_filters(table: pa.Table, vecs: np.ndarray, cfg: FilterConfig) -> tuple
     texts = table.column("text").to_pylist()
     # only pooling changes vectors: without it the shard's vectors are neither copied nor written back
     pooling = cfg.max_atoms is not None
-    keep, out = np.zeros(len(chunk_idx), dtype=bool), vecs.copy() if pooling else vecs
+    keep = np.zeros(len(chunk_idx), dtype=bool)
+    out = vecs.copy() if pooling else vecs
     order = np.argsort(chunk_idx, kind="stable")
     for grp in np.split(order, np.flatnonzero(np.diff(chunk_idx[order])) + 1):
         keep[grp], pooled = filter_chunk_rows(kind[grp], qn[grp], store[grp], [texts[i] for i in grp], vecs[grp], cfg)
@@ -71,17 +72,20 @@ def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = T
     if gpu:
         try:
             work = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
-        except RuntimeError as e:  # a variant the cloner refuses (e.g. PQ over 48 bytes per code): CPU
-            log.warning("FAISS cannot build '%s' on the GPU (%s): building on CPU", cfg.factory, e)
+        except RuntimeError as error:  # a variant the cloner refuses (e.g. PQ over 48 bytes per code): CPU
+            log.warning("FAISS cannot build '%s' on the GPU (%s): building on CPU", cfg.factory, error)
     if not work.is_trained:
-        n = min(len(vecs), cfg.train_sample)
-        sample = vecs[np.random.default_rng(seed).choice(len(vecs), size=n, replace=False)] if n < len(vecs) else vecs
+        sample_size = min(len(vecs), cfg.train_sample)
+        if sample_size < len(vecs):
+            sample = vecs[np.random.default_rng(seed).choice(len(vecs), size=sample_size, replace=False)]
+        else:
+            sample = vecs
         try:
             work.train(sample)
-        except RuntimeError as e:
+        except RuntimeError as error:
             # IVF / PQ need more training vectors than centroids: on a small shard a user error, not a crash
-            raise QragError(f"cannot train FAISS '{cfg.factory}' on {n} vectors "
-                            f"({str(e).split('Error: ')[-1].strip()}); use a smaller "
+            raise QragError(f"cannot train FAISS '{cfg.factory}' on {sample_size} vectors "
+                            f"({str(error).split('Error: ')[-1].strip()}); use a smaller "
                             "nlist/PQ code, or Flat/HNSW32") from None
     if add and len(vecs):
         work.add(vecs)
@@ -91,7 +95,7 @@ def build_faiss(vecs: np.ndarray, cfg: FaissConfig, seed: int = 0, add: bool = T
 def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: FilterConfig, index_cfg: FaissConfig,
                 dim: int, bm25: Bm25Config | None = None, trained: str | None = None, gpu: bool = False) -> dict:
     """Build and write shard files under out_dir; returns stats for the manifest."""
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     out_dir = Path(out_dir)
     (out_dir / "shards").mkdir(parents=True, exist_ok=True)
     vecs = vectors_of(table) if table.num_rows else np.zeros((0, dim), np.float32)
@@ -120,4 +124,4 @@ def write_shard(shard: int, table: pa.Table, out_dir: str | Path, filters: Filte
     return {**lexical, "id": shard, "faiss": shard_faiss(shard), "meta": shard_meta(shard),
             "vectors": int(index.ntotal), "vectors_before_filters": before,
             "chunks": len(np.unique(meta.column("chunk_idx").to_numpy())),
-            "kinds": dict(Counter(meta.column("kind").to_pylist())), "seconds": round(time.perf_counter() - t0, 3)}
+            "kinds": dict(Counter(meta.column("kind").to_pylist())), "seconds": round(time.perf_counter() - started, 3)}

@@ -19,7 +19,8 @@ def html_document(html: str | bytes) -> tuple[str, str, str, dict[str, str]]:
     soup = BeautifulSoup(html, "html.parser")
     meta: dict[str, str] = {}
     for tag in soup.find_all("meta"):
-        name, content = tag.get("name") or tag.get("property"), tag.get("content")
+        name = tag.get("name") or tag.get("property")
+        content = tag.get("content")
         if isinstance(name, str) and name.strip() and isinstance(content, str):
             meta.setdefault(name.strip(), content.strip())
     link = soup.find("link", rel="canonical")
@@ -44,8 +45,8 @@ def _text(soup: BeautifulSoup) -> tuple[str, str]:
         rows = ([c.get_text(" ", strip=True) for c in tr.find_all(["td", "th"])] for tr in table.find_all("tr"))
         lines = [" | ".join(c for c in cells if c) for cells in rows if any(cells)]
         table.replace_with(soup.new_string("\n\n" + "\n".join(lines) + "\n\n"))
-    for br in soup.find_all("br"):
-        br.replace_with("\n")
+    for line_break in soup.find_all("br"):
+        line_break.replace_with("\n")
     for tag in soup.find_all(_BLOCKS):
         tag.insert_before("\n\n")
         tag.insert_after("\n\n")

@@ -40,10 +40,10 @@ def parse_datetime(text: str) -> dt.datetime | None:
     if not _DATETIME.match(text):
         return None
     try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t.astimezone(dt.timezone.utc)
+    return parsed.replace(tzinfo=dt.timezone.utc) if parsed.tzinfo is None else parsed.astimezone(dt.timezone.utc)
 
 
 def iso(value: dt.date) -> str:
@@ -68,24 +68,25 @@ def value_type(value: Any) -> str:
     return "datetime" if _DATETIME.match(value) else "string"
 
 
-def _value(v: Any, what: str) -> Any:
+def _value(raw: Any, what: str) -> Any:
     """One raw value -> its JSON form (None: absent); QragError for a value of no supported type."""
-    if v is None or isinstance(v, (bool, str)):
-        if isinstance(v, str) and (_DATE.match(v) or _DATETIME.match(v)) and not (parse_date(v) or parse_datetime(v)):
-            raise QragError(f"{what}: {v!r} is not a valid ISO-8601 date")
-        return v
-    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, np.bool_):
-        if not math.isfinite(float(v)):
-            raise QragError(f"{what}: {v!r} is not a finite number")
-        return int(v) if isinstance(v, (int, np.integer)) else float(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
-    if isinstance(v, dt.date):  # Parquet date and timestamp columns
-        return iso(v)
-    if isinstance(v, (list, tuple, np.ndarray)) and all(isinstance(x, str) for x in v):
-        return [str(x) for x in v]
+    if raw is None or isinstance(raw, (bool, str)):
+        looks_dated = isinstance(raw, str) and (_DATE.match(raw) or _DATETIME.match(raw))
+        if looks_dated and not (parse_date(raw) or parse_datetime(raw)):
+            raise QragError(f"{what}: {raw!r} is not a valid ISO-8601 date")
+        return raw
+    if isinstance(raw, (int, float, np.integer, np.floating)) and not isinstance(raw, np.bool_):
+        if not math.isfinite(float(raw)):
+            raise QragError(f"{what}: {raw!r} is not a finite number")
+        return int(raw) if isinstance(raw, (int, np.integer)) else float(raw)
+    if isinstance(raw, np.bool_):
+        return bool(raw)
+    if isinstance(raw, dt.date):  # Parquet date and timestamp columns
+        return iso(raw)
+    if isinstance(raw, (list, tuple, np.ndarray)) and all(isinstance(x, str) for x in raw):
+        return [str(x) for x in raw]
     raise QragError(f"{what}: values must be a string, number, bool, ISO-8601 date or list of strings, "
-                    f"got {type(v).__name__}")
+                    f"got {type(raw).__name__}")
 
 
 def normalize_metadata(meta: Any, where: str) -> dict[str, Any]:
@@ -98,11 +99,11 @@ def normalize_metadata(meta: Any, where: str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise QragError(f"{where}: 'metadata' must be an object of field: value, got {type(meta).__name__}")
     out = {}
-    for name, v in meta.items():
+    for name, raw in meta.items():
         if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_CHARS or not name.isprintable():
             raise QragError(f"{where}: metadata field name {str(name)[:40]!r} must be 1..{MAX_NAME_CHARS} "
                             "printable characters")
-        value = _value(v, f"{where}: metadata field {name!r}")
+        value = _value(raw, f"{where}: metadata field {name!r}")
         if value is not None:
             out[name] = value
     return out
@@ -123,8 +124,8 @@ def field_types(docs: Iterable[tuple[str, dict]], seen: dict[str, list] | None =
     QragError naming both documents and types when one disagrees."""
     seen = {} if seen is None else seen
     for doc, meta in docs:
-        for name, v in meta.items():
-            typ = value_type(v)
+        for name, value in meta.items():
+            typ = value_type(value)
             first = seen.setdefault(name, [typ, doc])
             if first[0] != typ:
                 raise conflict(name, doc, typ, first[1], first[0])

@@ -32,12 +32,12 @@ def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str
         return
     seen: dict[str, str] = {}
     types: dict[str, list] = {}
-    for f in files:
-        name = os.path.basename(f)
+    for file in files:
+        name = os.path.basename(file)
         try:
-            with (gzip.open if f.endswith(".gz") else open)(f, "rt", encoding="utf-8", errors="strict") as fh:
-                for n, line in enumerate(fh, 1):
-                    where = f"{name} line {n}"
+            with (gzip.open if file.endswith(".gz") else open)(file, "rt", encoding="utf-8", errors="strict") as stream:
+                for line_number, line in enumerate(stream, 1):
+                    where = f"{name} line {line_number}"
                     line = line.rstrip("\r\n")
                     rec = (parse_msmarco_line(line, where) if fmt == "msmarco"
                            else parse_jsonl_line(line, where, questions_column))
@@ -47,11 +47,11 @@ def precheck_corpus(path: str, fmt: str, files: list[str], questions_column: str
                     if rec is not None and rec["metadata"]:
                         try:
                             field_types([(rec["doc_id"], json.loads(rec["metadata"]))], types)
-                        except QragError as e:
-                            raise QragError(f"{where}: {e}") from None
-        except UnicodeDecodeError as e:
-            raise QragError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        except (OSError, EOFError) as e:
-            raise QragError(f"cannot read {f}: {e.strerror or e}") from None
+                        except QragError as error:
+                            raise QragError(f"{where}: {error}") from None
+        except UnicodeDecodeError as error:
+            raise QragError(f"{name}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        except (OSError, EOFError) as error:
+            raise QragError(f"cannot read {file}: {error.strerror or error}") from None
     if not seen:
         raise QragError(f"empty corpus: no documents in {path}")

@@ -15,7 +15,8 @@ DEMO_QUERIES = (
     "What happens if an exception is raised inside a finally clause?",
 )
 # The topics that answer each demo question (a hit on one of them is marked in the table).
-DEMO_EXPECTED = dict(zip(DEMO_QUERIES, [("for", "while", "break"), ("context-managers", "with"), ("try",)]))
+DEMO_EXPECTED = dict(zip(DEMO_QUERIES, [("for", "while", "break"), ("context-managers", "with"), ("try",)],
+                         strict=True))
 # The statements part of the language reference: every demo answer plus topics that compete for the same
 # words (`async with`, `raise` and `exceptions` on finally), in about 30 chunks of 200 tokens (LLM prompts).
 DEMO_TOPICS = ("assert", "async", "break", "context-managers", "continue", "del", "exceptions", "for",
@@ -37,9 +38,9 @@ def write_pydoc_corpus(path: Path, topics: tuple[str, ...] | list[str] | None = 
         raise QragError(f"unknown pydoc topic(s) {unknown} (see `python -c \"import pydoc_data.topics as t; "
                         "print(sorted(t.topics))\"`)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    with path.open("w", encoding="utf-8") as file:
         for name in names:
             text = unwrap(all_topics[name])
             title = text.splitlines()[0].strip() if text else name
-            f.write(json.dumps({"id": name, "title": title, "text": text}) + "\n")
+            file.write(json.dumps({"id": name, "title": title, "text": text}) + "\n")
     return len(names)

@@ -15,6 +15,7 @@ import numpy as np
 
 from qrag_ray.errors import QragError
 from qrag_ray.io.metadata import normalize_metadata, to_json
+from qrag_ray.runtime.progress import operator_label
 
 INPUT_FORMATS = ("jsonl", "parquet", "msmarco", "beir", "html")  # IndexConfig.format lists the same
 _ID_KEYS = ("doc_id", "id", "_id", "pid", "docid")
@@ -39,12 +40,12 @@ def normalize_record(rec: dict[str, Any], where: str, questions_column: str | No
     out = {"doc_id": str(doc_id), "title": str(rec.get("title") or ""), "text": text, "url": url or "",
            "metadata": to_json(meta)}
     if questions_column:
-        qs = rec.get(questions_column)
-        if isinstance(qs, str):
-            qs = [q for q in qs.split("\n") if q.strip()]
-        if qs is not None and not (isinstance(qs, list) and all(isinstance(q, str) for q in qs)):
+        questions = rec.get(questions_column)
+        if isinstance(questions, str):
+            questions = [q for q in questions.split("\n") if q.strip()]
+        if questions is not None and not (isinstance(questions, list) and all(isinstance(q, str) for q in questions)):
             raise QragError(f"{where}: record {doc_id!r}: '{questions_column}' must be a list of strings")
-        out["questions"] = qs or []
+        out["questions"] = questions or []
     return out
 
 
@@ -53,8 +54,8 @@ def parse_jsonl_line(line: str, where: str, questions_column: str | None) -> dic
         return None
     try:
         rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise QragError(f"{where}: malformed JSON line ({e.msg}): {line[:80]!r}") from None
+    except json.JSONDecodeError as error:
+        raise QragError(f"{where}: malformed JSON line ({error.msg}): {line[:80]!r}") from None
     return normalize_record(rec, where, questions_column)
 
 
@@ -71,18 +72,18 @@ def resolve_files(path: str, fmt: str) -> list[str]:
     """Input files for a path (file, folder or glob); a clear error when there are none."""
     if "://" in path:
         return [path]
-    p = Path(path)
+    location = Path(path)
     if fmt == "beir":
-        corpus = p / "corpus.jsonl" if p.is_dir() else p
+        corpus = location / "corpus.jsonl" if location.is_dir() else location
         if not corpus.is_file():
             raise QragError(f"BEIR folder {path} has no corpus.jsonl")
         return [str(corpus)]
     if any(ch in path for ch in "*?["):
         files = sorted(glob.glob(path, recursive=True))
-    elif p.is_dir():
-        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.name.endswith(_SUFFIXES[fmt]))
-    elif p.is_file():
-        files = [str(p)]
+    elif location.is_dir():
+        files = sorted(str(f) for f in location.rglob("*") if f.is_file() and f.name.endswith(_SUFFIXES[fmt]))
+    elif location.is_file():
+        files = [str(location)]
     else:
         raise QragError(f"input not found: {path}")
     if not files:
@@ -98,16 +99,17 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
         raise QragError(f"unknown input format '{fmt}' (known: {', '.join(INPUT_FORMATS)})")
     files = resolve_files(path, fmt)
     if fmt in ("jsonl", "beir", "msmarco"):
+        @operator_label("parse")
         def parse(batch: dict) -> dict:
             rows = []
-            for line, src in zip(batch["text"], batch["path"]):
+            for line, src in zip(batch["text"], batch["path"], strict=True):
                 where = os.path.basename(src)
                 try:
                     rec = (parse_msmarco_line(line, where) if fmt == "msmarco"
                            else parse_jsonl_line(line, where, questions_column))
-                except QragError as e:
+                except QragError as error:
                     # read_text does not number lines; find the bad one only on this error path
-                    raise QragError(str(e).replace(where, f"{where} line {_line_number(src, line)}", 1)) from None
+                    raise QragError(str(error).replace(where, f"{where} line {_line_number(src, line)}", 1)) from None
                 if rec is not None:
                     rows.append(rec)
             return _columns(rows, questions_column)
@@ -115,6 +117,7 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
         return ray.data.read_text(files, include_paths=True).map_batches(parse, batch_format="numpy", batch_size=4096)
 
     if fmt == "parquet":
+        @operator_label("norm")
         def norm(batch) -> dict:
             return _columns([normalize_record(r, "parquet", questions_column) for r in batch.to_pylist()],
                             questions_column)
@@ -123,11 +126,12 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
 
     root = path if Path(path).is_dir() else str(Path(path).parent)
 
+    @operator_label("extract")
     def extract(batch: dict) -> dict:  # html
         from qrag_ray.io.html_text import html_document
 
         rows = []
-        for data, src in zip(batch["bytes"], batch["path"]):
+        for data, src in zip(batch["bytes"], batch["path"], strict=True):
             rel = src if "://" in src else os.path.relpath(src, root)
             title, text, url, meta = html_document(bytes(data))
             meta = normalize_metadata({**meta, "path": rel}, f"{rel}: <meta>")
@@ -135,15 +139,15 @@ def read_corpus(path: str, fmt: str, questions_column: str | None = None):
                          "url": src if "://" in src else url, "metadata": to_json(meta)})
         return _columns(rows, None)
 
-    ds = ray.data.read_binary_files(files, include_paths=True)
-    return ds.map_batches(extract, batch_format="numpy", batch_size=64)
+    dataset = ray.data.read_binary_files(files, include_paths=True)
+    return dataset.map_batches(extract, batch_format="numpy", batch_size=64)
 
 
 def _line_number(path: str, line: str) -> str:
     """1-based number of the first line of `path` equal to `line` ('?' when it cannot be read)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return next((str(n) for n, got in enumerate(f, 1) if got.rstrip("\r\n") == line.rstrip("\r\n")), "?")
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return next((str(n) for n, got in enumerate(file, 1) if got.rstrip("\r\n") == line.rstrip("\r\n")), "?")
     except OSError:
         return "?"
 

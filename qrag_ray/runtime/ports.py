@@ -7,6 +7,6 @@ import socket
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on at this moment (the OS picks it); the caller binds it soon after."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -12,11 +12,19 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskID, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.text import Text
 
 _WRAPPER = re.compile(r"\b(?:MapBatches|Map|FlatMap|Filter|MapRows)\((.*?)\)")
@@ -28,15 +36,31 @@ ONE_TO_ONE = ("EmbedSink", "Tokenize")
 _live: dict[str, Callable[[], int]] = {}  # label -> rows done as the workers count them (see live_rows)
 
 
+Function = TypeVar("Function", bound=Callable)
+
+
+def operator_label(label: str) -> Callable[[Function], Function]:
+    """Decorate a Ray Data map function with the label its operator's row shows (through `op_label`): Ray Data
+    names the operator after the function (`MapBatches(<function name>)`), so the label is set here, and
+    renaming the function leaves the display as it is. Only the function's `__name__` changes (pickling goes
+    by `__qualname__`)."""
+
+    def labelled(function: Function) -> Function:
+        function.__name__ = label
+        return function
+
+    return labelled
+
+
 def op_label(name: str) -> str:
     """A Ray Data operator name as a person reads it: 'ReadText->MapBatches(parse)' -> 'ReadText → parse',
     'MapBatches(EmbedSink)' -> 'embed', 'vLLMEngineStage' -> 'LLM generation (vLLM)'."""
     for key, label in _NAMED_OPS.items():
         if key in name:
             return label
-    s = _WRAPPER.sub(lambda m: m.group(1), re.sub(r"->SplitBlocks\(\d+\)", "", name))
-    s = re.sub(r"\b_+(?=\w)", "", s.replace("->", " → ").replace("<lambda>", "λ"))
-    return s if len(s) <= 48 else s[:47] + "…"
+    shown = _WRAPPER.sub(lambda m: m.group(1), re.sub(r"->SplitBlocks\(\d+\)", "", name))
+    shown = re.sub(r"\b_+(?=\w)", "", shown.replace("->", " → ").replace("<lambda>", "λ"))
+    return shown if len(shown) <= 48 else shown[:47] + "…"
 
 
 def rate_and_eta(done: int, total: int | None, elapsed_s: float) -> tuple[float | None, float | None]:
@@ -56,17 +80,19 @@ def shown_ops(labels: list[str]) -> list[int]:
 def status_line(stage: str, ops: list[tuple[str, int, int | None, float]]) -> str:
     """One plain line for logs from (label, done, total, seconds since the operator started) per operator."""
     parts = []
-    for label, done, total, el in ops:
-        rate, eta = rate_and_eta(done, total, el)
+    for label, done, total, elapsed_s in ops:
+        rate, eta = rate_and_eta(done, total, elapsed_s)
         parts.append(f"{label} {done}/{total if total is not None else '?'} rows"
                      + (f", {rate:.1f}/s" if rate is not None else "")
                      + (f", ETA {_fmt_s(eta)}" if eta is not None else ""))
     return f"… {stage}: " + ("; ".join(parts) if parts else "running")
 
 
-def _fmt_s(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+def _fmt_s(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 class _RateColumn(ProgressColumn):
@@ -93,7 +119,7 @@ class _EtaColumn(TimeRemainingColumn):
 class _Stage:
     name: str
     task: TaskID
-    t0: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)
     ops: dict = field(default_factory=dict)  # (execution id, op position) -> the operator's task
 
 
@@ -121,48 +147,50 @@ class Display:
         with self.lock:
             if not self.stages:
                 self.progress.start()
-            st = _Stage(name, self.progress.add_task(f"[bold cyan]▶ {name}[/]", total=None, stage=True))
-            self.stages.append(st)
+            current = _Stage(name, self.progress.add_task(f"[bold cyan]▶ {name}[/]", total=None, stage=True))
+            self.stages.append(current)
             self.last_line = time.monotonic()
         try:
-            yield st
+            yield current
         finally:
             with self.lock:
-                for task in [st.task, *st.ops.values()]:
+                for task in [current.task, *current.ops.values()]:
                     self.progress.remove_task(task)
-                self.stages.remove(st)
+                self.stages.remove(current)
                 if not self.stages:
                     self.progress.stop()
         # reached only when the stage succeeded: a failed stage leaves its error line alone
-        self.console.print(f"  [green]✓[/] {name} ({time.perf_counter() - st.t0:.1f}s)", highlight=False)
+        self.console.print(f"  [green]✓[/] {name} ({time.perf_counter() - current.started:.1f}s)", highlight=False)
 
     def report(self, execution: str, ops: list[tuple[int, str, int, int | None]], finished: bool = False) -> None:
         """From Ray Data's executor thread; ops: (position, operator name, rows done, total or None)."""
         with self.lock:
             if not self.stages:
                 return
-            st, labels = self.stages[-1], [op_label(o[1]) for o in ops]
+            current = self.stages[-1]
+            labels = [op_label(o[1]) for o in ops]
             for i in shown_ops(labels):
                 pos, _, done, total = ops[i]
                 if labels[i] in _live:
                     done = max(done, _live[labels[i]]())
                 # a total the count has passed was an estimate: unknown, never the count so far
                 total = total if total is None or total >= done else None
-                if (execution, pos) not in st.ops:
+                if (execution, pos) not in current.ops:
                     if finished:
                         continue
-                    st.ops[execution, pos] = self.progress.add_task(f"   {labels[i]}", total=total, label=labels[i])
-                self.progress.update(st.ops[execution, pos], completed=done, total=total)
+                    current.ops[execution, pos] = self.progress.add_task(f"   {labels[i]}", total=total,
+                                                                         label=labels[i])
+                self.progress.update(current.ops[execution, pos], completed=done, total=total)
                 if total is None:  # rich's update leaves a total it is given as None alone
-                    next(t for t in self.progress.tasks if t.id == st.ops[execution, pos]).total = None
+                    next(t for t in self.progress.tasks if t.id == current.ops[execution, pos]).total = None
             if finished:
-                for key in [k for k in st.ops if k[0] == execution]:
-                    self.progress.remove_task(st.ops.pop(key))
+                for key in [k for k in current.ops if k[0] == execution]:
+                    self.progress.remove_task(current.ops.pop(key))
             elif not self.live and time.monotonic() - self.last_line >= self.interval:
                 self.last_line = time.monotonic()
                 rows = [(t.fields["label"], int(t.completed), t.total, t.elapsed or 0.0)
-                        for t in self.progress.tasks if t.id in st.ops.values()]
-                self.console.print(status_line(st.name, rows), highlight=False, soft_wrap=True)
+                        for t in self.progress.tasks if t.id in current.ops.values()]
+                self.console.print(status_line(current.name, rows), highlight=False, soft_wrap=True)
 
 
 _displays: dict[Console, Display] = {}
@@ -177,10 +205,11 @@ def stage(console: Console | None, name: str) -> Iterator[None]:
     if console is None:
         yield
         return
-    d = _displays.get(console) or _displays.setdefault(console, Display(console))
-    prev, _current = _current, d
+    display = _displays.get(console) or _displays.setdefault(console, Display(console))
+    prev = _current
+    _current = display
     try:
-        with d.stage(name):
+        with display.stage(name):
             yield
     finally:
         _current = prev

@@ -23,35 +23,36 @@ def operator_counts(topology) -> list[tuple[int, str, int, int | None]]:
             for pos, op in enumerate(topology or {}) if not isinstance(op, InputDataBuffer)]
 
 
-def exact_rows(op) -> int | None:
+def exact_rows(operator) -> int | None:
     """The rows `op` outputs in all where that is certain, else None: a finished operator's count, a
     union's inputs' sum, a one-to-one operator's input's. Ray Data's own estimate extrapolates from the
     blocks so far and drops as blocks of other sizes arrive, so it is never shown as a total here."""
-    if isinstance(op, UnionOperator):
-        parts = [exact_rows(d) for d in op.input_dependencies]
+    if isinstance(operator, UnionOperator):
+        parts = [exact_rows(d) for d in operator.input_dependencies]
         return None if None in parts else sum(parts)
-    if op.has_execution_finished():
-        if isinstance(op, MapOperator):
-            return int(op.metrics.rows_task_outputs_generated or 0)
-        if isinstance(op, InputDataBuffer):  # a materialized dataset's blocks
-            return op.num_output_rows_total()
+    if operator.has_execution_finished():
+        if isinstance(operator, MapOperator):
+            return int(operator.metrics.rows_task_outputs_generated or 0)
+        if isinstance(operator, InputDataBuffer):  # a materialized dataset's blocks
+            return operator.num_output_rows_total()
         return None
-    return exact_rows(op.input_dependencies[0]) if _one_to_one(op) and op.input_dependencies else None
+    return exact_rows(operator.input_dependencies[0]) if _one_to_one(operator) and operator.input_dependencies else None
 
 
-def _one_to_one(op) -> bool:
-    return any(k in op.name for k in progress.ONE_TO_ONE)
+def _one_to_one(operator) -> bool:
+    return any(k in operator.name for k in progress.ONE_TO_ONE)
 
 
 class RayDataProgress(ExecutionCallback):
     """One per dataset execution (Ray Data instantiates the classes listed in the DataContext)."""
 
-    every_s, last = 0.25, 0.0  # how often the counters are read; when they were last
+    every_s = 0.25  # how often the counters are read
+    last = 0.0  # when they were last
 
     def _send(self, executor, finished: bool = False) -> None:
-        if (d := progress.current()) is not None:
+        if (display := progress.current()) is not None:
             ops = operator_counts(getattr(executor, "_topology", None))
-            d.report(str(getattr(executor, "_dataset_id", id(executor))), ops, finished)
+            display.report(str(getattr(executor, "_dataset_id", id(executor))), ops, finished)
 
     def on_execution_step(self, executor) -> None:
         now = time.monotonic()
@@ -62,7 +63,8 @@ class RayDataProgress(ExecutionCallback):
     def after_execution_fails(self, executor, error: Exception | None = None) -> None:
         self._send(executor, finished=True)
 
-    after_execution_succeeds = after_execution_fails
+    def after_execution_succeeds(self, executor) -> None:
+        self._send(executor, finished=True)
 
 
 def attach_ray_data(ctx) -> None:

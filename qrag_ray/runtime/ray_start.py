@@ -78,8 +78,8 @@ def join_ray(address: str, **kwargs) -> None:
     mode = client_auth_mode()
     try:
         ray.init(address=address, **kwargs)
-    except Exception as e:  # noqa: BLE001 - only an authentication failure is translated
-        if not refused_for_auth(e):
+    except Exception as error:  # only an authentication failure is translated
+        if not refused_for_auth(error):
             raise
         raise QragError(auth_refused_message(address, mode)) from None
 
@@ -127,9 +127,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
         try:
             ray.init(address="local", num_cpus=num_cpus or local_num_cpus(), include_dashboard=False, **kwargs)
             return
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+        except Exception as error:  # Ray raises a bare Exception for this
             # Ray gives a new raylet a fixed 30 s to register; on a busy 2-core machine that is not
             # always enough, and a retry usually is.
-            if "timed out during startup" not in str(e) or attempt == 2:
+            if "timed out during startup" not in str(error) or attempt == 2:
                 raise
             ray.shutdown()

@@ -57,9 +57,10 @@ class StagePlan:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["bundles"], out["notes"] = list(self.bundles), list(self.notes)
+        out["bundles"] = list(self.bundles)
+        out["notes"] = list(self.notes)
         return out
 
 
-def _num(x: float) -> str:
-    return f"{x:g}"
+def _num(value: float) -> str:
+    return f"{value:g}"

@@ -28,9 +28,9 @@ def token_windows(text: str, size: int, overlap: int) -> list[str]:
 def paragraphs(text: str, max_tokens: int | None = None, overlap: int = 0) -> list[str]:
     """Blank-line separated paragraphs; a paragraph longer than max_tokens is windowed."""
     out = []
-    for p in filter(None, (p.strip() for p in _PARA.split(text or ""))):
-        long = max_tokens and len(_TOKEN.findall(p)) > max_tokens
-        out.extend(token_windows(p, max_tokens, min(overlap, max_tokens - 1)) if long else [p])
+    for paragraph in filter(None, (p.strip() for p in _PARA.split(text or ""))):
+        long = max_tokens and len(_TOKEN.findall(paragraph)) > max_tokens
+        out.extend(token_windows(paragraph, max_tokens, min(overlap, max_tokens - 1)) if long else [paragraph])
     return out
 
 
@@ -53,6 +53,6 @@ def chunk_text(text: str, cfg: ChunkerConfig) -> list[str]:
 
 def chunk_document(doc: dict, cfg: ChunkerConfig) -> Iterator[dict]:
     """Chunk rows for one normalized document; chunk_id = '{doc_id}#{n}'."""
-    for n, piece in enumerate(chunk_text(doc["text"], cfg)):
-        yield {"chunk_id": f"{doc['doc_id']}#{n}", "doc_id": doc["doc_id"], "title": doc.get("title") or "",
+    for number, piece in enumerate(chunk_text(doc["text"], cfg)):
+        yield {"chunk_id": f"{doc['doc_id']}#{number}", "doc_id": doc["doc_id"], "title": doc.get("title") or "",
                "text": piece}

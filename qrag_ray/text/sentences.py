@@ -27,9 +27,9 @@ def split_sentences(text: str) -> list[str]:
     text = (text or "").strip()
     out: list[str] = []
     start = 0
-    for m in _BOUNDARY.finditer(text):
-        if keeps_its_dot(text[start:m.start()].rstrip()):
+    for match in _BOUNDARY.finditer(text):
+        if keeps_its_dot(text[start:match.start()].rstrip()):
             continue
-        out.append(text[start:m.end()].strip())  # never empty: it holds the boundary's end punctuation
-        start = m.end()
+        out.append(text[start:match.end()].strip())  # never empty: it holds the boundary's end punctuation
+        start = match.end()
     return out + [tail] if (tail := text[start:].strip()) else out

@@ -2,8 +2,9 @@
 
 Each case runs the real CLI in a fresh process (`python -m qrag_ray.cli`, this tree first on the path)
 and checks the WHOLE stderr: one line starting with "error: ", naming the problem; no traceback, no
-Ray log line, no progress line (after the build's resource plan where the build got as far as starting). In-process calls (tests/cli/test_cli_index.py) cannot see what Ray's C++
-core worker or Ray Data's loggers write to the process's stderr; these can.
+Ray log line, no progress line (after the build's resource plan where the build got as far as starting).
+In-process calls (tests/cli/test_cli_index.py) cannot see what Ray's C++ core worker or Ray Data's loggers
+write to the process's stderr; these can.
 
 Most cases fail before Ray starts (about a second each). The two marked slow start Ray (15-30 s
 each): a malformed record found inside a Ray Data task, and a duplicate id found after Ray read the
@@ -27,17 +28,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def qrag(*args: str, cwd: Path, env: dict | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
-    e = dict(os.environ)
-    e.update({"PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-              "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "QRAG_CACHE": str(cwd / "cache"),
+    environ = dict(os.environ)
+    environ.update({"PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+                    "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "QRAG_CACHE": str(cwd / "cache"),
               # the error line alone is checked here: a loaded box can take longer than the progress
               # interval before a Ray task meets the bad input, and the status line is not an error
               "QRAG_PROGRESS_INTERVAL": "3600"})
-    for k in ("QRAG_VERBOSE", "QRAG_PRECHECK_MAX_BYTES"):
-        e.pop(k, None)
-    e.update(env or {})
+    for variable in ("QRAG_VERBOSE", "QRAG_PRECHECK_MAX_BYTES"):
+        environ.pop(variable, None)
+    environ.update(env or {})
     return subprocess.run([sys.executable, "-m", "qrag_ray.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=e, cwd=cwd)
+                          timeout=timeout, env=environ, cwd=cwd)
 
 
 def after_the_plan(lines: list[str]) -> list[str]:
@@ -50,53 +51,55 @@ def after_the_plan(lines: list[str]) -> list[str]:
     return lines
 
 
-def assert_one_line(p: subprocess.CompletedProcess, *needles: str) -> str:
-    lines = after_the_plan(p.stderr.splitlines())
-    assert p.returncode != 0, (p.returncode, p.stderr)
-    assert len(lines) == 1, f"stderr is {len(lines)} lines:\n{p.stderr}"
+def assert_one_line(process: subprocess.CompletedProcess, *needles: str) -> str:
+    lines = after_the_plan(process.stderr.splitlines())
+    assert process.returncode != 0, (process.returncode, process.stderr)
+    assert len(lines) == 1, f"stderr is {len(lines)} lines:\n{process.stderr}"
     line = lines[0]
     assert line.startswith("error: "), line
-    for n in needles:
-        assert n in line, (n, line)
-    assert p.stdout == "", p.stdout
+    for needle in needles:
+        assert needle in line, (needle, line)
+    assert process.stdout == "", process.stdout
     return line
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, pydoc_jsonl) -> Path:
     """A folder of good and bad inputs, written once."""
-    d = tmp_path_factory.mktemp("bad-inputs")
-    shutil.copy(pydoc_jsonl, d / "good.jsonl")
-    (d / "malformed.jsonl").write_text('{"id": "a", "text": "fine"}\n{"id": "b", "text": "fine"}\n{"id": "c", "text": \n')
-    (d / "notext.jsonl").write_text('{"id": "a", "body": "x"}\n')
-    (d / "noid.jsonl").write_text('{"text": "x"}\n')
-    (d / "array.jsonl").write_text('[1, 2]\n')
-    (d / "dup.jsonl").write_text('{"id": "a", "text": "one"}\n{"id": "a", "text": "two"}\n')
-    (d / "empty.jsonl").write_text("\n\n")
-    (d / "latin1.jsonl").write_bytes('{"id": "a", "text": "caf\xe9"}\n'.encode("latin-1"))
-    (d / "pairs.tsv").write_text("p1\tfine passage\nno tab here\n")
-    (d / "nofiles").mkdir()
-    (d / "nofiles" / "readme.txt").write_text("not a corpus")
-    (d / "beir-without-corpus").mkdir()
-    (d / "notyaml.yaml").write_text("chunker: [unclosed\n")
-    (d / "unknown-key.yaml").write_text("chunker:\n  sise: 100\n")
-    (d / "list.yaml").write_text("- a\n- b\n")
-    (d / "bad-value.yaml").write_text("chunker:\n  size: -3\n")
-    (d / "old-place.yaml").write_text("embedder:\n  actors: 2\n")
-    (d / "someone-elses").mkdir()
-    (d / "someone-elses" / "notes.txt").write_text("mine")
-    (d / "not-a-model").mkdir()
-    (d / "not-an-index").mkdir()
-    (d / "corrupt-manifest").mkdir()
-    (d / "corrupt-manifest" / "manifest.json").write_text("{")
-    (d / "future-index").mkdir()
-    (d / "future-index" / "manifest.json").write_text(json.dumps({"format_version": 99}))
-    (d / "tenants-notyaml.yaml").write_text("tenants: [unclosed\n")
-    (d / "tenants-extra.yaml").write_text("tenants:\n  - name: a\n    index: /x\n    colour: red\n")
-    (d / "tenants-badname.yaml").write_text("tenants:\n  - name: 'a b!'\n    index: /x\n    key_sha256: " + "0" * 64 + "\n")
-    (d / "serve-notyaml.yaml").write_text("applications: [unclosed\n")
-    (d / "serve-schema.yaml").write_text("applications:\n  - name: qrag\n    import_path: 5\n    bogus: 1\n")
-    return d
+    folder = tmp_path_factory.mktemp("bad-inputs")
+    shutil.copy(pydoc_jsonl, folder / "good.jsonl")
+    (folder / "malformed.jsonl").write_text('{"id": "a", "text": "fine"}\n{"id": "b", "text": "fine"}\n{"id": "c", '
+                                            '"text": \n')
+    (folder / "notext.jsonl").write_text('{"id": "a", "body": "x"}\n')
+    (folder / "noid.jsonl").write_text('{"text": "x"}\n')
+    (folder / "array.jsonl").write_text('[1, 2]\n')
+    (folder / "dup.jsonl").write_text('{"id": "a", "text": "one"}\n{"id": "a", "text": "two"}\n')
+    (folder / "empty.jsonl").write_text("\n\n")
+    (folder / "latin1.jsonl").write_bytes('{"id": "a", "text": "caf\xe9"}\n'.encode("latin-1"))
+    (folder / "pairs.tsv").write_text("p1\tfine passage\nno tab here\n")
+    (folder / "nofiles").mkdir()
+    (folder / "nofiles" / "readme.txt").write_text("not a corpus")
+    (folder / "beir-without-corpus").mkdir()
+    (folder / "notyaml.yaml").write_text("chunker: [unclosed\n")
+    (folder / "unknown-key.yaml").write_text("chunker:\n  sise: 100\n")
+    (folder / "list.yaml").write_text("- a\n- b\n")
+    (folder / "bad-value.yaml").write_text("chunker:\n  size: -3\n")
+    (folder / "old-place.yaml").write_text("embedder:\n  actors: 2\n")
+    (folder / "someone-elses").mkdir()
+    (folder / "someone-elses" / "notes.txt").write_text("mine")
+    (folder / "not-a-model").mkdir()
+    (folder / "not-an-index").mkdir()
+    (folder / "corrupt-manifest").mkdir()
+    (folder / "corrupt-manifest" / "manifest.json").write_text("{")
+    (folder / "future-index").mkdir()
+    (folder / "future-index" / "manifest.json").write_text(json.dumps({"format_version": 99}))
+    (folder / "tenants-notyaml.yaml").write_text("tenants: [unclosed\n")
+    (folder / "tenants-extra.yaml").write_text("tenants:\n  - name: a\n    index: /x\n    colour: red\n")
+    (folder / "tenants-badname.yaml").write_text("tenants:\n  - name: 'a b!'\n    index: /x\n    key_sha256: "
+                                                 + "0" * 64 + "\n")
+    (folder / "serve-notyaml.yaml").write_text("applications: [unclosed\n")
+    (folder / "serve-schema.yaml").write_text("applications:\n  - name: qrag\n    import_path: 5\n    bogus: 1\n")
+    return folder
 
 
 # (argv, needles); {d} is the inputs folder. None of these starts Ray.
@@ -125,7 +128,8 @@ CASES = [
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--bm25-alpha", "2"], ["bm25_alpha"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--prune-tau", "5"], ["prune_tau"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--embedder", "bert-huge"], ["unknown embedder 'bert-huge'"]),
-    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--embedder", "{d}/not-a-model"], ["no sentence-transformers model"]),
+    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "--embedder", "{d}/not-a-model"],
+     ["no sentence-transformers model"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-r", "hype", "-g", "vllm", "--model", "llama-9000"],
      ["unknown LLM 'llama-9000'"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-r", "hype", "-g", "vllm", "--model", "{d}/not-a-model"],
@@ -133,8 +137,10 @@ CASES = [
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/someone-elses", "--overwrite"], ["holds no qrag index"]),
     # qrag index: config files
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/nope.yaml"], ["config file not found"]),
-    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/notyaml.yaml"], ["notyaml.yaml is not valid YAML (line 2"]),
-    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/unknown-key.yaml"], ["chunker.sise", "Extra inputs"]),
+    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/notyaml.yaml"],
+     ["notyaml.yaml is not valid YAML (line 2"]),
+    (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/unknown-key.yaml"],
+     ["chunker.sise", "Extra inputs"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/list.yaml"], ["mapping at the top level"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/bad-value.yaml"], ["chunker.size"]),
     (["index", "-i", "{d}/good.jsonl", "-o", "{d}/out", "-c", "{d}/old-place.yaml"],
@@ -170,8 +176,8 @@ CASES = [
 ]
 
 
-def _argv(args: list[str], d: Path) -> list[str]:
-    return [a.format(d=d) for a in args]
+def _argv(args: list[str], folder: Path) -> list[str]:
+    return [a.format(d=folder) for a in args]
 
 
 @pytest.fixture(scope="module")
@@ -199,12 +205,12 @@ def test_real_index_cases(inputs, sentence_cli_index, tmp_path):
     good = sentence_cli_index[0]
     bad = tmp_path / "bad"
     shutil.copytree(good, bad)
-    f = bad / shard_faiss(1)
-    data = bytearray(f.read_bytes())
+    path = bad / shard_faiss(1)
+    data = bytearray(path.read_bytes())
     data[100] ^= 0x01
-    f.write_bytes(bytes(data))
+    path.write_bytes(bytes(data))
     assert_one_line(qrag("search", "--index", str(bad), "loops", cwd=tmp_path), "checksum mismatch", "00001.faiss")
-    f.unlink()
+    path.unlink()
     assert_one_line(qrag("search", "--index", str(bad), "loops", cwd=tmp_path), "00001.faiss")
     assert_one_line(qrag("search", "--index", str(good), "--bm25-alpha", "0.5", "loops", cwd=tmp_path), "BM25")
     assert_one_line(qrag("serve", "--index", str(good), "--detach", cwd=tmp_path), "--detach needs --address")
@@ -221,16 +227,16 @@ def test_real_index_cases(inputs, sentence_cli_index, tmp_path):
 def test_malformed_record_found_inside_ray(inputs):
     """The driver's pre-check off: a Ray Data task meets the bad line, Ray wraps the error twice and
     appends its retry advice; the user still sees the one line."""
-    p = qrag("index", "-i", str(inputs / "malformed.jsonl"), "-o", str(inputs / "out"), cwd=inputs,
-             env={"QRAG_PRECHECK_MAX_BYTES": "0"})
-    line = assert_one_line(p, "malformed.jsonl line 3", "malformed JSON")
+    process = qrag("index", "-i", str(inputs / "malformed.jsonl"), "-o", str(inputs / "out"), cwd=inputs,
+                   env={"QRAG_PRECHECK_MAX_BYTES": "0"})
+    line = assert_one_line(process, "malformed.jsonl line 3", "malformed JSON")
     assert "max_map_retries" not in line and "Failed to apply" not in line
     assert not (inputs / "out").exists()
 
 
 @pytest.mark.slow
 def test_duplicate_id_found_after_ray_read_the_corpus(inputs):
-    p = qrag("index", "-i", str(inputs / "dup.jsonl"), "-o", str(inputs / "out"), cwd=inputs,
-             env={"QRAG_PRECHECK_MAX_BYTES": "0"})
-    assert_one_line(p, "duplicate document id")
+    process = qrag("index", "-i", str(inputs / "dup.jsonl"), "-o", str(inputs / "out"), cwd=inputs,
+                   env={"QRAG_PRECHECK_MAX_BYTES": "0"})
+    assert_one_line(process, "duplicate document id")
     assert not (inputs / "out").exists()

@@ -17,17 +17,17 @@ from qrag_ray.index.format import shard_faiss
 
 @pytest.mark.integration
 def test_index_summary(sentence_cli_index):
-    out, rc, stderr = sentence_cli_index
-    assert rc == 0
+    out, code, stderr = sentence_cli_index
+    assert code == 0
     assert "index published at" in stderr
     for label in ("documents", "chunks", "questions", "vectors (before filters)", "time: read+chunk",
                   "time: embed", "time: build-shards", "time: total"):
         assert label in stderr, label
-    m = json.loads((out / "manifest.json").read_text())
-    assert m["config"]["chunker"] == {"method": "token", "size": 200, "overlap": 20}  # from --config YAML
-    assert m["representation"] == "atom-sentence" and m["num_shards"] == 2
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["chunker"] == {"method": "token", "size": 200, "overlap": 20}  # from --config YAML
+    assert manifest["representation"] == "atom-sentence" and manifest["num_shards"] == 2
     row = next(line for line in stderr.splitlines() if "│ chunks" in line)
-    assert str(m["counts"]["chunks"]) in row
+    assert str(manifest["counts"]["chunks"]) in row
 
 
 @pytest.mark.integration
@@ -38,8 +38,8 @@ def test_search_prints_k_distinct_chunks(sentence_cli_index, capsys):
     res = json.loads(capsys.readouterr().out)
     ids = [r["chunk_id"] for r in res["results"]]
     assert len(ids) == 7 == len(set(ids))
-    for r in res["results"]:
-        assert {"chunk_id", "doc_id", "score", "text", "matched"} <= set(r)
+    for result in res["results"]:
+        assert {"chunk_id", "doc_id", "score", "text", "matched"} <= set(result)
     assert res["results"][0]["doc_id"] in ("for", "while", "break")
 
 
@@ -47,32 +47,32 @@ def test_search_prints_k_distinct_chunks(sentence_cli_index, capsys):
 def test_search_end_to_end_subprocess(sentence_cli_index):
     """The installed entry point in a fresh process: the contract exactly as a user runs it."""
     out = sentence_cli_index[0]
-    p = subprocess.run([sys.executable, "-m", "qrag_ray.cli", "search", "--index", str(out), "--k", "4",
-                        "How do I make an object usable in a with statement?"],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    res = json.loads(p.stdout)["results"]
+    process = subprocess.run([sys.executable, "-m", "qrag_ray.cli", "search", "--index", str(out), "--k", "4",
+                              "How do I make an object usable in a with statement?"],
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == 0, process.stderr
+    res = json.loads(process.stdout)["results"]
     assert len({r["chunk_id"] for r in res}) == 4 and res[0]["doc_id"] == "with"
 
 
-def one_clear_line(capsys, rc: int, *needles: str) -> str:
+def one_clear_line(capsys, code: int, *needles: str) -> str:
     lines = capsys.readouterr().err.strip().splitlines()
-    assert rc != 0
+    assert code != 0
     assert "Traceback" not in "\n".join(lines)
     # the error is one line, the last; anything before it is stage progress ("▶ read+chunk")
     err = lines[-1]
     assert err.startswith("error: "), lines
     assert all(line.lstrip().startswith(("▶", "✓")) for line in lines[:-1]), lines
-    for n in needles:
-        assert n in err, err
+    for needle in needles:
+        assert needle in err, err
     return err
 
 
 @pytest.fixture()
 def corpus(pydoc_jsonl, tmp_path):
-    p = tmp_path / "c.jsonl"
-    shutil.copy(pydoc_jsonl, p)
-    return p
+    path = tmp_path / "c.jsonl"
+    shutil.copy(pydoc_jsonl, path)
+    return path
 
 
 def no_index_written(tmp_path, out):
@@ -114,15 +114,15 @@ def test_non_empty_output_needs_overwrite(corpus, tmp_path, capsys, sentence_cli
     out = tmp_path / "out"
     shutil.copytree(sentence_cli_index[0], out)
     before = (out / "manifest.json").read_text()
-    rc = main(["index", "--input", str(corpus), "--output", str(out), "--representation", "chunk"])
-    one_clear_line(capsys, rc, "is not empty", "--overwrite")
+    code = main(["index", "--input", str(corpus), "--output", str(out), "--representation", "chunk"])
+    one_clear_line(capsys, code, "is not empty", "--overwrite")
     assert (out / "manifest.json").read_text() == before
     # a folder of someone else's files is never replaced, even with --overwrite
     other = tmp_path / "docs"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    rc = main(["index", "--input", str(corpus), "--output", str(other), "--overwrite"])
-    one_clear_line(capsys, rc, "holds no qrag index")
+    code = main(["index", "--input", str(corpus), "--output", str(other), "--overwrite"])
+    one_clear_line(capsys, code, "holds no qrag index")
     assert (other / "notes.txt").read_text() == "mine"
 
 
@@ -149,12 +149,12 @@ def test_empty_and_malformed_corpus(local_ray, tmp_path, capsys):
 def test_search_corrupt_index(sentence_cli_index, tmp_path, capsys):
     bad = tmp_path / "bad"
     shutil.copytree(sentence_cli_index[0], bad)
-    f = bad / shard_faiss(1)
-    data = bytearray(f.read_bytes())
+    path = bad / shard_faiss(1)
+    data = bytearray(path.read_bytes())
     data[100] ^= 0x01  # one flipped bit in a shard
-    f.write_bytes(bytes(data))
-    rc = main(["search", "--index", str(bad), "--k", "3", "loops"])
-    one_clear_line(capsys, rc, "checksum mismatch", "00001.faiss")
+    path.write_bytes(bytes(data))
+    code = main(["search", "--index", str(bad), "--k", "3", "loops"])
+    one_clear_line(capsys, code, "checksum mismatch", "00001.faiss")
     (bad / "manifest.json").write_text("{")
     one_clear_line(capsys, main(["search", "--index", str(bad), "loops"]), "corrupt manifest")
     one_clear_line(capsys, main(["search", "--index", str(tmp_path / "none"), "loops"]), "index not found")
@@ -163,10 +163,10 @@ def test_search_corrupt_index(sentence_cli_index, tmp_path, capsys):
 
 @pytest.mark.skipif(os.environ.get("QRAG_SKIP_SUBPROCESS") == "1", reason="subprocess tests disabled")
 def test_bad_input_subprocess_exit_code(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(tmp_path / "x.jsonl"),
-                        "--output", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert p.stderr.strip().splitlines() == [f"error: input not found: {tmp_path / 'x.jsonl'}"]
+    process = subprocess.run([sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(tmp_path / "x.jsonl"),
+                              "--output", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 2 and "Traceback" not in process.stderr
+    assert process.stderr.strip().splitlines() == [f"error: input not found: {tmp_path / 'x.jsonl'}"]
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -176,6 +176,6 @@ def test_bad_input_subprocess_exit_code(tmp_path):
 ])
 def test_usage_errors_are_messages_not_tracebacks(argv, needle):
     # typer runs on its vendored click; a usage error from it once escaped main() as a traceback
-    p = subprocess.run([sys.executable, "-m", "qrag_ray.cli", *argv], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2, p.stderr
-    assert "Traceback" not in p.stderr and needle in p.stderr
+    process = subprocess.run([sys.executable, "-m", "qrag_ray.cli", *argv], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 2, process.stderr
+    assert "Traceback" not in process.stderr and needle in process.stderr

@@ -12,19 +12,20 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.demo import WITH_Q, assert_quiet
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    e = dict(os.environ)
-    e.update({"PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-              "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "160"})
-    e.pop("QRAG_VERBOSE", None)
+    env = dict(os.environ)
+    env.update({"PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "160"})
+    env.pop("QRAG_VERBOSE", None)
     return subprocess.run([sys.executable, "-m", "qrag_ray.cli", "demo", "--workdir", str(tmp_path / "demo"),
                            "--cache-dir", str(tmp_path / "qcache"), *args],
-                          capture_output=True, text=True, timeout=1800, env=e, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
 
 
 @pytest.mark.slow
@@ -36,13 +37,13 @@ def test_demo_generates_questions_once(tmp_path):
     cached questions instead of asking is tests/generation/test_requests_cache.py's, without an engine)."""
     from qrag_ray.generation.cache import QuestionCache
 
-    p = demo(tmp_path, "--topics", "with,context-managers,for", "--k", "2", "-q", WITH_Q)
-    assert p.returncode == 0, p.stderr
-    assert_quiet(p.stderr)
-    assert "hybrid (generated questions)" in p.stdout and "matched generated question" in p.stdout
-    m = re.search(r"LLM requests (\d+) from the question cache, (\d+) generated", " ".join(p.stderr.split()))
-    assert m and int(m.group(1)) == 0 and int(m.group(2)) > 0, p.stderr
-    assert len(QuestionCache(tmp_path / "qcache")) == int(m.group(2))  # one cached answer per request
+    process = demo(tmp_path, "--topics", "with,context-managers,for", "--k", "2", "-q", WITH_Q)
+    assert process.returncode == 0, process.stderr
+    assert_quiet(process.stderr)
+    assert "hybrid (generated questions)" in process.stdout and "matched generated question" in process.stdout
+    match = re.search(r"LLM requests (\d+) from the question cache, (\d+) generated", " ".join(process.stderr.split()))
+    assert match and int(match.group(1)) == 0 and int(match.group(2)) > 0, process.stderr
+    assert len(QuestionCache(tmp_path / "qcache")) == int(match.group(2))  # one cached answer per request
 
 
 def test_without_the_llm_the_demo_shows_what_we_ship_and_says_how_to_get_the_llm(monkeypatch):
@@ -53,7 +54,7 @@ def test_without_the_llm_the_demo_shows_what_we_ship_and_says_how_to_get_the_llm
     from qrag_ray.cli import demo_cmd
     from qrag_ray.config.index import IndexConfig
 
-    assert demo_cmd.NO_LLM_REPRESENTATION == IndexConfig().representation
+    assert IndexConfig().representation == demo_cmd.NO_LLM_REPRESENTATION
     monkeypatch.setenv("QRAG_NO_LLM", "1")
     assert demo_cmd.llm_unavailable() == ("QRAG_NO_LLM=1", "run it without QRAG_NO_LLM")
     monkeypatch.delenv("QRAG_NO_LLM")

@@ -7,10 +7,10 @@ import json
 import shutil
 
 import pytest
-from support.corpus import PYDOC_QUESTIONS
 
 from qrag_ray.cli import main
 from qrag_ray.index.representations import dedup_questions
+from support.corpus import PYDOC_QUESTIONS
 
 
 def run(argv, capsys):
@@ -23,27 +23,32 @@ def run(argv, capsys):
 def test_info_describes_the_index_and_lists_its_sample_chunks_questions(client_index, capsys):
     code, out, err = run(["info", "--index", str(client_index), "--sample", "4", "--json"], capsys)
     assert code == 0, err
-    s = json.loads(out)
-    m = json.loads((client_index / "manifest.json").read_text())
-    assert (s["representation"], s["preset"], s["index_version"]) == ("hybrid", "hybrid@1", m["index_version"])
-    assert s["counts"] == m["counts"] and sum(s["vectors_per_kind"].values()) == m["counts"]["vectors"]
-    assert set(s["vectors_per_kind"]) == {"chunk", "question"} and s["bm25"] is None
-    assert s["embedder"] == {"model": "all-MiniLM-L6-v2", "dim": 384} and s["num_shards"] == 1
+    summary = json.loads(out)
+    manifest = json.loads((client_index / "manifest.json").read_text())
+    assert (summary["representation"], summary["preset"]) == ("hybrid", "hybrid@1")
+    assert summary["index_version"] == manifest["index_version"]
+    assert summary["counts"] == manifest["counts"]
+    assert sum(summary["vectors_per_kind"].values()) == manifest["counts"]["vectors"]
+    assert set(summary["vectors_per_kind"]) == {"chunk", "question"} and summary["bm25"] is None
+    assert summary["embedder"] == {"model": "all-MiniLM-L6-v2", "dim": 384} and summary["num_shards"] == 1
     on_disk = sum(p.stat().st_size for p in client_index.rglob("*") if p.is_file())
-    assert s["bytes"]["total"] == on_disk and s["bytes"]["faiss"] > 0 and s["build_seconds"] > 0
-    if s["metadata_schema"] is not None:  # a build that records the corpus's metadata fields
-        assert {"group", "order", "tags"} <= set(s["metadata_schema"])
-    samples = s["samples"]
+    assert summary["bytes"]["total"] == on_disk and summary["bytes"]["faiss"] > 0 and summary["build_seconds"] > 0
+    if summary["metadata_schema"] is not None:  # a build that records the corpus's metadata fields
+        assert {"group", "order", "tags"} <= set(summary["metadata_schema"])
+    samples = summary["samples"]
     assert len(samples) == 4 and len({x["doc_id"] for x in samples}) >= 3  # spread over the index
-    for x in samples:  # precomputed questions belong to every chunk of their document, each once
-        assert x["questions"] == dedup_questions(PYDOC_QUESTIONS[x["doc_id"]]), x
-        assert x["text"] and x["chunk_id"].startswith(x["doc_id"] + "#")
+    for entry in samples:  # precomputed questions belong to every chunk of their document, each once
+        assert entry["questions"] == dedup_questions(PYDOC_QUESTIONS[entry["doc_id"]]), entry
+        assert entry["text"] and entry["chunk_id"].startswith(entry["doc_id"] + "#")
 
     code, out, err = run(["info", "--index", str(client_index), "--sample", "2"], capsys)
     assert code == 0, err
     assert "hybrid (preset hybrid@1" in out and "vectors per kind" in out and "bm25             none" in out
-    for x in json.loads(run(["info", "--index", str(client_index), "--sample", "2", "--json"], capsys)[1])["samples"]:
-        assert x["chunk_id"] in out and all(f"- {q}" in out for q in x["questions"])
+    shown = json.loads(run(["info", "--index", str(client_index), "--sample", "2", "--json"], capsys)[1])["samples"]
+    assert len(shown) == 2
+    for sample in shown:  # every chunk has precomputed questions: the listing shows them
+        assert sample["questions"] and sample["chunk_id"] in out
+        assert all(f"- {q}" in out for q in sample["questions"])
 
 
 @pytest.mark.integration

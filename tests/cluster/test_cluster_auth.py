@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from cluster import local_cluster as lc
+from cluster import local_cluster
 from cluster import node_processes as procs
 from support.cluster_procs import native_processes_in_token_mode
 
@@ -49,14 +49,14 @@ def head(token_file):
     its own, in token mode by default: RAY_AUTH_MODE is unset, only the token's file is given. (Ray
     caches a token per process, so this test process never loads one.)"""
     name = f"a{os.getpid() % 100000}"
-    cdir = lc.default_dir(name)
+    cdir = local_cluster.default_dir(name)
     env = _env_without_auth(RAY_AUTH_TOKEN_PATH=str(token_file))
     cli = [sys.executable, "-m", "cluster.local_cluster"]
-    r = subprocess.run([*cli, "up", "--name", name, "--workers", "0", "--head-cpus", "1"], env=env,
-                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    result = subprocess.run([*cli, "up", "--name", name, "--workers", "0", "--head-cpus", "1"], env=env,
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
     try:
-        assert r.returncode == 0, r.stderr[-3000:]
-        yield SimpleNamespace(**json.loads(r.stdout))
+        assert result.returncode == 0, result.stderr[-3000:]
+        yield SimpleNamespace(**json.loads(result.stdout))
     finally:
         down = subprocess.run([*cli, "down", "--name", name], env=env, capture_output=True, text=True,
                               timeout=300, cwd=REPO)
@@ -71,10 +71,10 @@ def _jobs_api(url: str, method: str = "GET", body: dict | None = None, token: st
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+        with urllib.request.urlopen(req, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
 
 def _run_job(head, token: str, body: dict, timeout: float = 180) -> tuple[str, str]:
@@ -117,7 +117,8 @@ def test_jobs_api_refuses_a_submission_without_the_token(head, token_file):
 
 
 def test_jobs_api_runs_a_submission_with_the_token(head, token_file):
-    status, logs = _run_job(head, token_file.read_text(), {"entrypoint": "python -c \"print('authenticated job ran')\""},
+    status, logs = _run_job(head, token_file.read_text(),
+                            {"entrypoint": "python -c \"print('authenticated job ran')\""},
                             timeout=120)
     assert status == "SUCCEEDED", status
     assert "authenticated job ran" in logs
@@ -141,10 +142,10 @@ def test_a_job_with_the_rayjobs_runtime_env_joins_and_a_users_variable_reaches_t
 def test_a_driver_with_the_token_joins(head, token_file):
     code = ("from qrag_ray.runtime.ray_start import ensure_ray; import ray; ensure_ray(%r);"
             "print(int(ray.cluster_resources()['head']))" % head.address)
-    r = subprocess.run([sys.executable, "-c", code], env=_env_without_auth(RAY_AUTH_TOKEN_PATH=str(token_file)),
-                       capture_output=True, text=True, timeout=180, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "1"
+    result = subprocess.run([sys.executable, "-c", code], env=_env_without_auth(RAY_AUTH_TOKEN_PATH=str(token_file)),
+                            capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "1"
 
 
 @pytest.mark.parametrize("case", ["no token", "wrong token", "mode disabled"])
@@ -154,13 +155,13 @@ def test_qrag_index_without_the_token_says_what_to_set(head, tmp_path, token_fil
              "mode disabled": {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": str(token_file)}}[case]
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"id": "a", "text": "Ray clusters authenticate every client."}) + "\n")
-    r = subprocess.run([sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(corpus), "--output",
-                        str(tmp_path / "idx"), "--address", head.address],
-                       env=_env_without_auth(**extra), capture_output=True, text=True, timeout=180, cwd=REPO)
-    assert r.returncode == 2, r.stderr[-3000:]
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    result = subprocess.run([sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(corpus), "--output",
+                             str(tmp_path / "idx"), "--address", head.address],
+                            env=_env_without_auth(**extra), capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"Ray cluster at {head.address} requires its authentication token" in errors[0]
     assert "RAY_AUTH_TOKEN" in errors[0] and "RAY_AUTH_TOKEN_PATH" in errors[0]
     if case == "mode disabled":
@@ -175,8 +176,8 @@ def test_local_ray_of_qrag_runs_in_token_mode_without_setup(tmp_path):
             "from ray._raylet import AuthenticationMode, get_authentication_mode;"
             "import os, ray; print(get_authentication_mode() == AuthenticationMode.TOKEN, os.environ['RAY_AUTH_MODE']);"
             "ray.shutdown()")
-    r = subprocess.run([sys.executable, "-c", code], env=_env_without_auth(HOME=str(tmp_path)),
-                       capture_output=True, text=True, timeout=180, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "True token"
+    result = subprocess.run([sys.executable, "-c", code], env=_env_without_auth(HOME=str(tmp_path)),
+                            capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "True token"
     assert (tmp_path / ".ray" / "auth_token").is_file()

@@ -27,14 +27,14 @@ def _index(folder: Path, vectors: np.ndarray, chunks: bytes = b"chunks") -> Path
 
 def test_equal_indexes_and_float_noise_pass_and_real_differences_are_named(tmp_path):
     rng = np.random.default_rng(0)
-    v = rng.standard_normal((20, 8)).astype(np.float32)
-    a = _index(tmp_path / "a", v)
-    assert differences(a, _index(tmp_path / "same", v)) == []
-    noisy = v + np.float32(3e-7) * rng.standard_normal(v.shape).astype(np.float32)
-    assert differences(a, _index(tmp_path / "noisy", noisy)) == []
-    moved = v.copy()
+    vectors = rng.standard_normal((20, 8)).astype(np.float32)
+    first = _index(tmp_path / "a", vectors)
+    assert differences(first, _index(tmp_path / "same", vectors)) == []
+    noisy = vectors + np.float32(3e-7) * rng.standard_normal(vectors.shape).astype(np.float32)
+    assert differences(first, _index(tmp_path / "noisy", noisy)) == []
+    moved = vectors.copy()
     moved[3, 0] += 1e-3
-    [line] = differences(a, _index(tmp_path / "moved", moved))
+    [line] = differences(first, _index(tmp_path / "moved", moved))
     assert line.startswith("shards/00000.faiss: vectors differ by up to 1.00e-03")
-    assert differences(a, _index(tmp_path / "text", v, b"other chunks")) == ["chunks.parquet: bytes differ"]
-    assert differences(a, _index(tmp_path / "fewer", v[:19])) == ["shards/00000.faiss: 20 vectors against 19"]
+    assert differences(first, _index(tmp_path / "text", vectors, b"other chunks")) == ["chunks.parquet: bytes differ"]
+    assert differences(first, _index(tmp_path / "fewer", vectors[:19])) == ["shards/00000.faiss: 20 vectors against 19"]

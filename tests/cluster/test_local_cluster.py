@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from cluster import gcs_nodes as gcs
-from cluster import local_cluster as lc
+from cluster import local_cluster, rehearse
 from cluster import node_processes as procs
-from cluster import rehearse
 from qrag_ray.runtime.ports import free_port
 from support.cluster_procs import native_processes_in_token_mode
 
@@ -49,14 +48,14 @@ def qrag(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 def rehearsal(tmp_path_factory):
     """The cpu-dev RayJob's pods as a local cluster, with this machine's Ray token (the drivers of these
     tests find it by Ray's own lookup) given to every node as KubeRay gives its own."""
-    r = rehearse.prepare("cpu-dev", tmp_path_factory.mktemp("rehearsal"), token=rehearse.default_token())
+    rehearsal = rehearse.prepare("cpu-dev", tmp_path_factory.mktemp("rehearsal"), token=rehearse.default_token())
     try:
-        rehearse.start(r, timeout=180)
-        yield r
+        rehearse.start(rehearsal, timeout=180)
+        yield rehearsal
     finally:
-        assert rehearse.stop(r), "cluster processes survived SIGKILL"
-        assert procs.cluster_pids(r.cdir) == [], "processes of the local cluster were left behind"
-        assert not r.cdir.exists()
+        assert rehearse.stop(rehearsal), "cluster processes survived SIGKILL"
+        assert procs.cluster_pids(rehearsal.cdir) == [], "processes of the local cluster were left behind"
+        assert not rehearsal.cdir.exists()
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +67,8 @@ def cluster(rehearsal):
 def nodes(cluster) -> dict[str, str]:
     """resource name (head, cpu-workers-0, cpu-workers-1) -> node id"""
     out = {}
-    for n in gcs.live_nodes(cluster.address):
-        out.update({r: n["node_id"] for r in ("head", *WORKERS) if r in n["resources"]})
+    for node in gcs.live_nodes(cluster.address):
+        out.update({r: node["node_id"] for r in ("head", *WORKERS) if r in node["resources"]})
     return out
 
 
@@ -79,15 +78,15 @@ def cluster_index(cluster, tmp_path_factory) -> Path:
 
     from qrag_ray.io.pydoc_corpus import unwrap
 
-    d = tmp_path_factory.mktemp("lc-index")
-    corpus = d / "corpus.jsonl"
-    with corpus.open("w") as f:
-        for t in TOPICS:
-            f.write(json.dumps({"id": t, "title": f"The {t} topic", "text": unwrap(topics[t])}) + "\n")
-    out = d / "index"
-    r = qrag("index", "--input", str(corpus), "--output", str(out), "--shards", "4", "--chunk-size", "120",
-             "--chunk-overlap", "20", "--address", cluster.address, "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
+    folder = tmp_path_factory.mktemp("lc-index")
+    corpus = folder / "corpus.jsonl"
+    with corpus.open("w") as file:
+        for topic in TOPICS:
+            file.write(json.dumps({"id": topic, "title": f"The {topic} topic", "text": unwrap(topics[topic])}) + "\n")
+    out = folder / "index"
+    result = qrag("index", "--input", str(corpus), "--output", str(out), "--shards", "4", "--chunk-size", "120",
+                  "--chunk-overlap", "20", "--address", cluster.address, "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
     return out
 
 
@@ -97,10 +96,10 @@ def test_cluster_has_three_nodes_with_their_own_resources(cluster, nodes):
     assert set(nodes) == {"head", *WORKERS} and len(set(nodes.values())) == 3
     head = next(n for n in live if "head" in n["resources"])
     assert head["resources"].get("CPU", 0) == 0 and head["is_head"]
-    for n in live:  # the pods' resources: 4 CPUs and 12 GiB of memory per worker, as the overlay asks
-        if not n["is_head"]:
-            assert n["resources"]["CPU"] == 4 and n["resources"]["memory"] == 12 * 2**30, n["resources"]
-    assert lc.status(cluster.name, Path(cluster.dir))["running"]
+    for node in live:  # the pods' resources: 4 CPUs and 12 GiB of memory per worker, as the overlay asks
+        if not node["is_head"]:
+            assert node["resources"]["CPU"] == 4 and node["resources"]["memory"] == 12 * 2**30, node["resources"]
+    assert local_cluster.status(cluster.name, Path(cluster.dir))["running"]
 
 
 def test_cluster_runs_in_token_mode(cluster):
@@ -114,8 +113,8 @@ def test_cluster_runs_in_token_mode(cluster):
 def test_index_shards_are_built_on_different_worker_nodes(cluster_index, nodes):
     from qrag_ray.index.format import load_manifest
 
-    m = load_manifest(cluster_index, verify=True)
-    built_on = [s["built_on"]["node_id"] for s in m.data["shards"]]
+    manifest = load_manifest(cluster_index, verify=True)
+    built_on = [s["built_on"]["node_id"] for s in manifest.data["shards"]]
     assert len(built_on) == 4
     assert set(built_on) <= {nodes[w] for w in WORKERS}, "a shard was built outside the worker nodes"
     assert len(set(built_on)) >= 2, f"all shards were built on one node: {built_on}"
@@ -128,7 +127,6 @@ def test_index_built_on_the_cluster_answers_in_process(cluster_index, open_engin
 
 
 def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes, open_engine):
-    pytest.importorskip("qrag_ray.serving.application")
     import httpx
     import ray
     from ray import serve
@@ -136,9 +134,9 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes, open_engin
     from tools.validate_deploy.monitoring import dashboard_exprs, promql_metric_names
 
     port = free_port()
-    r = qrag("serve", "--index", str(cluster_index), "--address", cluster.address, "--port", str(port), "--detach",
-             timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    result = qrag("serve", "--index", str(cluster_index), "--address", cluster.address, "--port", str(port), "--detach",
+                  timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
     url = f"http://127.0.0.1:{port}"
     try:
         assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
@@ -147,8 +145,8 @@ def test_serve_app_runs_on_the_cluster(cluster, cluster_index, nodes, open_engin
         results = got.json()["results"]
         want = open_engine(cluster_index).search([QUERY], k=3)[0]
         assert [x["chunk_id"] for x in results] == [x["chunk_id"] for x in want]
-        for q in ("How does a for loop work?", "What is a lambda?", "When does a while loop stop?"):
-            assert httpx.post(f"{url}/v1/search", json={"query": q, "k": 5}, timeout=60).status_code == 200
+        for query in ("How does a for loop work?", "What is a lambda?", "When does a while loop stop?"):
+            assert httpx.post(f"{url}/v1/search", json={"query": query, "k": 5}, timeout=60).status_code == 200
         bad = httpx.post(f"{url}/v1/search", json={"query": "", "k": 3}, timeout=60)
         assert 400 <= bad.status_code < 500
 

@@ -53,18 +53,19 @@ def test_whole_repo_validates():
 @pytest.mark.parametrize("overlay", sorted(OVERLAY_NAMES))
 def test_overlay_yaml_parses_and_has_the_resources(overlay, rendered):
     docs = rendered[overlay]
-    for d in docs:
-        assert d["apiVersion"] and d["kind"] and d["metadata"]["name"]
+    for doc in docs:
+        assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"]
     assert _one(docs, "RayJob")["apiVersion"] == "ray.io/v1"
     assert _one(docs, "RayService")["apiVersion"] == "ray.io/v1"
-    assert {d["spec"]["selector"]["matchLabels"]["ray.io/node-type"] for d in docs if d["kind"] == "PodMonitor"} == {"head", "worker"}
+    assert {d["spec"]["selector"]["matchLabels"]["ray.io/node-type"] for d in docs
+            if d["kind"] == "PodMonitor"} == {"head", "worker"}
     assert not [d for d in docs if d["kind"] == "ServiceMonitor"]
     job = _one(docs, "RayJob")["spec"]
     assert job["shutdownAfterJobFinishes"] is True and isinstance(job["ttlSecondsAfterFinished"], int)
     svc = _one(docs, "RayService")["spec"]
     assert svc["rayClusterConfig"]["enableInTreeAutoscaling"] is True
-    for g in svc["rayClusterConfig"]["workerGroupSpecs"]:
-        assert g["minReplicas"] <= g["replicas"] <= g["maxReplicas"]
+    for group in svc["rayClusterConfig"]["workerGroupSpecs"]:
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
     assert all(d["metadata"].get("namespace") == "qrag" for d in docs if d["kind"] != "Namespace")
 
 
@@ -73,8 +74,8 @@ def test_gpu_prod_has_gpu_groups_and_cpu_dev_none(rendered):
         assert kuberay.gpu_groups(_one(rendered["gpu-prod"], kind)["spec"][key]), kind
         assert not kuberay.gpu_groups(_one(rendered["cpu-dev"], kind)["spec"][key]), kind
         gpu = kuberay.gpu_groups(_one(rendered["gpu-prod"], kind)["spec"][key])[0]
-        c = gpu["template"]["spec"]["containers"][0]
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        container = gpu["template"]["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
 def test_serve_config_v2_is_the_canonical_serve_config(rendered, canonical):
@@ -85,16 +86,17 @@ def test_serve_config_v2_is_the_canonical_serve_config(rendered, canonical):
 
 
 def test_embed_serve_config_roundtrip_keeps_the_rest_of_the_file(tmp_path):
-    rs = tmp_path / "rayservice.yaml"
-    rs.write_text("# head comment\nkind: RayService\nspec:\n  serveConfigV2: |\n    old: 1\n  rayClusterConfig:\n    x: 1\n")
-    sc = tmp_path / "serve.yaml"
-    sc.write_text("# c\napplications:\n  - name: a\n    import_path: m:f\n")
-    assert serve.sync_serve_config(rs, sc) is True
-    d = yaml.safe_load(rs.read_text())
-    assert yaml.safe_load(d["spec"]["serveConfigV2"]) == {"applications": [{"name": "a", "import_path": "m:f"}]}
-    assert d["spec"]["rayClusterConfig"] == {"x": 1}
-    assert rs.read_text().startswith("# head comment\n")
-    assert serve.sync_serve_config(rs, sc) is False  # idempotent
+    rayservice = tmp_path / "rayservice.yaml"
+    rayservice.write_text("# head comment\nkind: RayService\nspec:\n  serveConfigV2: |\n    old: 1\n  "
+                          "rayClusterConfig:\n    x: 1\n")
+    serve_config = tmp_path / "serve.yaml"
+    serve_config.write_text("# c\napplications:\n  - name: a\n    import_path: m:f\n")
+    assert serve.sync_serve_config(rayservice, serve_config) is True
+    doc = yaml.safe_load(rayservice.read_text())
+    assert yaml.safe_load(doc["spec"]["serveConfigV2"]) == {"applications": [{"name": "a", "import_path": "m:f"}]}
+    assert doc["spec"]["rayClusterConfig"] == {"x": 1}
+    assert rayservice.read_text().startswith("# head comment\n")
+    assert serve.sync_serve_config(rayservice, serve_config) is False  # idempotent
 
 
 def test_rayjob_entrypoint_parses_with_the_real_qrag_index():
@@ -133,9 +135,9 @@ def test_dashboard_queries_only_exported_or_serve_metrics():
 
 
 def test_promql_metric_names():
-    e = ('histogram_quantile(0.95, sum by (le, shard) (rate(ray_qrag_x_bucket{tenant="a",le!="+Inf"}[5m]))) '
-         '/ on (shard) group_left ray_y_total offset 5m + sum({__name__="ray_z"})')
-    assert monitoring.promql_metric_names(e) == {"ray_qrag_x_bucket", "ray_y_total", "ray_z"}
+    expr = ('histogram_quantile(0.95, sum by (le, shard) (rate(ray_qrag_x_bucket{tenant="a",le!="+Inf"}[5m]))) '
+            '/ on (shard) group_left ray_y_total offset 5m + sum({__name__="ray_z"})')
+    assert monitoring.promql_metric_names(expr) == {"ray_qrag_x_bucket", "ray_y_total", "ray_z"}
     with pytest.raises(ValueError, match="not PromQL"):
         monitoring.promql_metric_names("sum(rate(ray_qrag_x[5m])")
 
@@ -236,9 +238,9 @@ def test_every_rayservice_pod_runs_haproxy_with_the_serve_configs_timeout(render
 def test_planted_missing_gpu_limit_and_autoscaling_fail(rendered):
     doc = _rayservice(rendered)
     spec = doc["spec"]["rayClusterConfig"]
-    for g in kuberay.gpu_groups(spec):
-        for c in g["template"]["spec"]["containers"]:
-            c["resources"]["limits"].pop("nvidia.com/gpu")
+    for group in kuberay.gpu_groups(spec):
+        for container in group["template"]["spec"]["containers"]:
+            container["resources"]["limits"].pop("nvidia.com/gpu")
     spec["enableInTreeAutoscaling"] = False
     spec["workerGroupSpecs"][0]["minReplicas"] = 99
     probs = kuberay.check_rayservice(doc, require_gpu=True, canonical=None)
@@ -252,7 +254,8 @@ def test_planted_cluster_too_small_for_the_app(rendered):
     doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] = 2
     doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] = 1
     doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["minReplicas"] = 1
-    doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
+    worker = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    worker["resources"]["limits"]["cpu"] = "2"
     probs = kuberay.check_rayservice(doc, require_gpu=False, canonical=None)
     assert any("CPUs at min_replicas" in p for p in probs), probs
 
@@ -264,7 +267,8 @@ def test_planted_cluster_too_small_for_the_app(rendered):
     ("qrag indexx --input a --output b", "not a qrag subcommand"),
     ("python build.py", "must run `qrag <subcommand>`"),
     ("qrag index --input /tmp/c.jsonl --output /mnt/qrag/i", "not on a shared volume"),
-    ("qrag index --input /mnt/qrag/c.jsonl --output /mnt/qrag/i --config /etc/other/x.yaml", "not in a ConfigMap volume"),
+    ("qrag index --input /mnt/qrag/c.jsonl --output /mnt/qrag/i --config /etc/other/x.yaml",
+     "not in a ConfigMap volume"),
 ])
 def test_planted_bad_entrypoint_fails(rendered, entrypoint, expect):
     docs = copy.deepcopy(rendered["gpu-prod"])
@@ -277,8 +281,8 @@ def test_planted_bad_entrypoint_fails(rendered, entrypoint, expect):
 
 def test_planted_invalid_index_config_fails(rendered):
     docs = copy.deepcopy(rendered["cpu-dev"])
-    cm = _one(docs, "ConfigMap", "qrag-index-config")
-    cm["data"]["index.yaml"] = cm["data"]["index.yaml"].replace("questions: 10", "questionz: 10")
+    configmap = _one(docs, "ConfigMap", "qrag-index-config")
+    configmap["data"]["index.yaml"] = configmap["data"]["index.yaml"].replace("questions: 10", "questionz: 10")
     probs = kuberay.check_rayjob(_one(docs, "RayJob"), require_gpu=False,
                            configmaps={d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"})
     assert any("questionz" in p for p in probs), probs
@@ -304,13 +308,14 @@ def test_planted_metric_not_exported_fails():
 
 def test_planted_servicemonitor_and_port_mismatch_fail(rendered):
     docs = copy.deepcopy(rendered["gpu-prod"])
-    pm = _one(docs, "PodMonitor", "qrag-ray-head")
-    pm["kind"] = "ServiceMonitor"
+    monitor = _one(docs, "PodMonitor", "qrag-ray-head")
+    monitor["kind"] = "ServiceMonitor"
     probs = monitoring.check_podmonitors(docs)
     assert any("not a ServiceMonitor" in p for p in probs)
     assert any("no PodMonitor selects Ray head pods" in p for p in probs)
     docs = copy.deepcopy(rendered["gpu-prod"])
-    _one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["metrics-export-port"] = "9090"
+    head = _one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]
+    head["rayStartParams"]["metrics-export-port"] = "9090"
     assert any("metrics-export-port" in p for p in monitoring.check_podmonitors(docs))
 
 
@@ -360,11 +365,11 @@ def _ray_docs(rendered, overlay="gpu-prod"):
 def test_every_overlay_is_locked_down(overlay, rendered):
     docs = rendered[overlay]
     assert security.check_manifests(docs) == []
-    for d in _ray_docs(rendered, overlay):
-        assert security.check_ray_resource(d) == [], d["kind"]
-        assert security.cluster_spec(d)["authOptions"] == {"mode": "token"}
-    ns = _one(docs, "Namespace")
-    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for doc in _ray_docs(rendered, overlay):
+        assert security.check_ray_resource(doc) == [], doc["kind"]
+        assert security.cluster_spec(doc)["authOptions"] == {"mode": "token"}
+    namespace = _one(docs, "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     svc = _one(docs, "RayService")
     assert security.serve_tenants_paths(svc) == ["/etc/qrag/tenants/tenants.yaml"]
 
@@ -478,8 +483,8 @@ def test_planted_tenants_not_from_a_secret_fails(rendered, volume, expect):
     pod = security.cluster_spec(doc)["workerGroupSpecs"][0]["template"]["spec"]
     pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "tenants"] + ([volume] if volume else [])
     if volume is None:
-        c = pod["containers"][0]
-        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "tenants"]
+        container = pod["containers"][0]
+        container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "tenants"]
     probs = security.check_ray_resource(doc)
     assert any(expect in p and "worker group" in p for p in probs), probs
 
@@ -504,10 +509,10 @@ def test_planted_manifest_file_without_auth_fails_the_overlay(tmp_path):
     """The whole path the CI check takes: a base file edited to drop token auth and the policies makes
     the rendered overlay fail."""
     shutil.copytree(REPO / "k8s", tmp_path / "k8s")
-    rs = tmp_path / "k8s" / "base" / "rayservice.yaml"
-    rs.write_text(rs.read_text().replace("    authOptions:\n      mode: token\n", ""))
-    kz = tmp_path / "k8s" / "base" / "kustomization.yaml"
-    kz.write_text(kz.read_text().replace("  - networkpolicies.yaml\n", ""))
+    rayservice = tmp_path / "k8s" / "base" / "rayservice.yaml"
+    rayservice.write_text(rayservice.read_text().replace("    authOptions:\n      mode: token\n", ""))
+    kustomization = tmp_path / "k8s" / "base" / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace("  - networkpolicies.yaml\n", ""))
     report = validate_overlay(tmp_path / "k8s" / "overlays" / "cpu-dev", require_gpu=False,
                               canonical_serve=serve.load_canonical_serve_config())
     assert any("RayService/qrag: Ray token authentication is off" in p for p in report.problems), report.problems
@@ -518,9 +523,9 @@ def test_planted_manifest_file_without_auth_fails_the_overlay(tmp_path):
 def test_cli_fails_a_single_manifest_without_the_lock_down(tmp_path, capsys, rendered):
     job = copy.deepcopy(_one(rendered["cpu-dev"], "RayJob"))
     security.cluster_spec(job).pop("authOptions")
-    f = tmp_path / "job.yaml"
-    f.write_text(yaml.safe_dump(job))
-    assert main([str(f)]) == 1
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main([str(path)]) == 1
     err = capsys.readouterr().err
     assert "token authentication is off" in err and "no default-deny ingress NetworkPolicy" in err
     assert validate_docs(rendered["cpu-dev"], require_gpu=False).ok

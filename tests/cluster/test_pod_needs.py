@@ -36,25 +36,25 @@ def _groups(doc: dict) -> list[dict]:
 def test_every_ray_pod_of_the_overlays_has_what_it_needs(overlay, rendered):
     docs = _ray_docs(rendered[overlay])
     assert len(docs) == 2
-    for d in docs:
-        assert pods.check_pods(d) == [], d["kind"]
+    for doc in docs:
+        assert pods.check_pods(doc) == [], doc["kind"]
 
 
 def test_planted_pod_without_a_cache_env_fails(rendered):
-    for d in _ray_docs(copy.deepcopy(rendered["gpu-prod"])):
-        c = _groups(d)[-1]["template"]["spec"]["containers"][0]
-        c["env"] = [e for e in c["env"] if e["name"] != "XDG_CACHE_HOME"]
-        probs = pods.check_cache_env(d)
+    for doc in _ray_docs(copy.deepcopy(rendered["gpu-prod"])):
+        container = _groups(doc)[-1]["template"]["spec"]["containers"][0]
+        container["env"] = [e for e in container["env"] if e["name"] != "XDG_CACHE_HOME"]
+        probs = pods.check_cache_env(doc)
         assert len(probs) == 1 and "XDG_CACHE_HOME" in probs[0] and "got nothing" in probs[0], probs
 
 
 def test_planted_cache_env_in_the_read_only_home_fails(rendered):
-    d = copy.deepcopy(next(x for x in rendered["cpu-dev"] if x["kind"] == "RayJob"))
-    c = _groups(d)[0]["template"]["spec"]["containers"][0]
-    for e in c["env"]:
-        if e["name"] == "XDG_CACHE_HOME":
-            e["value"] = "/home/ray/.cache"
-    probs = pods.check_cache_env(d)
+    doc = copy.deepcopy(next(x for x in rendered["cpu-dev"] if x["kind"] == "RayJob"))
+    container = _groups(doc)[0]["template"]["spec"]["containers"][0]
+    for variable in container["env"]:
+        if variable["name"] == "XDG_CACHE_HOME":
+            variable["value"] = "/home/ray/.cache"
+    probs = pods.check_cache_env(doc)
     assert len(probs) == 1 and "head" in probs[0] and "/home/ray/.cache" in probs[0], probs
 
 
@@ -67,26 +67,26 @@ def test_planted_cache_env_in_the_read_only_home_fails(rendered):
      "no Memory emptyDir at /dev/shm"),
 ], ids=["no-shm", "shm-smaller-than-the-store", "shm-on-disk"])
 def test_planted_shm_below_the_object_store_fails(rendered, plant, expect):
-    for d in _ray_docs(copy.deepcopy(rendered["gpu-prod"])):
-        spec = _groups(d)[-1]["template"]["spec"]
+    for doc in _ray_docs(copy.deepcopy(rendered["gpu-prod"])):
+        spec = _groups(doc)[-1]["template"]["spec"]
         plant(spec, spec["containers"][0])
-        probs = pods.check_shm(d)
+        probs = pods.check_shm(doc)
         assert len(probs) == 1 and expect in probs[0], probs
 
 
 def test_object_store_size_follows_rays_rules():
-    c = {"resources": {"limits": {"memory": "10Gi"}}}
-    assert pods.object_store_bytes({}, c) == pytest.approx(3 * 2**30)
-    assert pods.object_store_bytes({"object-store-memory": "1000"}, c) == 1000
+    container = {"resources": {"limits": {"memory": "10Gi"}}}
+    assert pods.object_store_bytes({}, container) == pytest.approx(3 * 2**30)
+    assert pods.object_store_bytes({"object-store-memory": "1000"}, container) == 1000
 
 
 def test_shipped_gpu_groups_are_scheduled_by_the_gpu_request_alone(rendered):
     docs = _ray_docs(rendered["gpu-prod"])
     assert {n for d in docs for n, _ in pods.gpu_templates(d)} == {"gpu-workers", "gpu-serve"}
-    for d in docs:
-        for _, t in pods.gpu_templates(d):
-            assert not pods.accelerator_pins(t)
-            assert "nodeSelector" not in t["spec"]
+    for doc in docs:
+        for _, template in pods.gpu_templates(doc):
+            assert not pods.accelerator_pins(template)
+            assert "nodeSelector" not in template["spec"]
 
 
 @pytest.mark.parametrize("plant, expect", [
@@ -97,13 +97,14 @@ def test_shipped_gpu_groups_are_scheduled_by_the_gpu_request_alone(rendered):
                                                     "values": ["NVIDIA-L4"]}]}]}}}),
      "pinned to one kind of accelerator by nvidia.com/gpu.product"),
     (lambda t: t["spec"].pop("tolerations"), "no toleration of the nvidia.com/gpu taint"),
-    (lambda t: t["spec"]["containers"][0]["resources"]["requests"].pop("nvidia.com/gpu"), "requests must equal its limits"),
+    (lambda t: t["spec"]["containers"][0]["resources"]["requests"].pop("nvidia.com/gpu"),
+     "requests must equal its limits"),
 ], ids=["gke-pin", "affinity-pin", "no-toleration", "no-gpu-request"])
 def test_planted_gpu_scheduling_errors_fail(rendered, plant, expect):
-    for d in _ray_docs(copy.deepcopy(rendered["gpu-prod"])):
-        (_, t), = pods.gpu_templates(d)
-        plant(t)
-        probs = pods.check_gpu_scheduling(d)
+    for doc in _ray_docs(copy.deepcopy(rendered["gpu-prod"])):
+        (_, template), = pods.gpu_templates(doc)
+        plant(template)
+        probs = pods.check_gpu_scheduling(doc)
         assert len(probs) == 1 and expect in probs[0], probs
 
 
@@ -117,10 +118,10 @@ def test_a_node_selector_component_selects_the_gpu_groups_only(component):
     assert pods.check_node_selector_component(docs, component.name) == []
     want = {"gpu-nodes-h100": "NVIDIA-H100-80GB-HBM3", "gpu-nodes-a100": "NVIDIA-A100-SXM4-80GB",
             "gpu-nodes-l4": "NVIDIA-L4"}[component.name]
-    for d in _ray_docs(docs):
-        for _, t in pods.gpu_templates(d):
-            assert t["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": want}
-        assert pods.check_gpu_scheduling(d, user_patch=True) == []  # the user's own selector is allowed
+    for doc in _ray_docs(docs):
+        for _, template in pods.gpu_templates(doc):
+            assert template["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": want}
+        assert pods.check_gpu_scheduling(doc, user_patch=True) == []  # the user's own selector is allowed
 
 
 def test_planted_component_that_pins_a_cpu_group_fails():

@@ -63,14 +63,14 @@ def _pod_env(overlay: str, group: str, tmp_path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("overlay, group", [("cpu-dev", "head"), ("gpu-prod", "gpu-workers")])
 def test_llm_helper_and_embedder_start_with_a_read_only_home(tmp_path, overlay, group):
     env = _pod_env(overlay, group, tmp_path)
-    p = _run(tmp_path, env)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "vectors (1, 384)" in p.stdout
+    process = _run(tmp_path, env)
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert "vectors (1, 384)" in process.stdout
     assert (Path(env["XDG_CACHE_HOME"]) / "torch" / "kernels").is_dir()  # the helper wrote where the pod can
 
 
 def test_without_the_pods_env_the_llm_helper_fails_on_the_read_only_home(tmp_path):
-    p = _run(tmp_path, None)
-    assert p.returncode != 0
-    assert 'os.makedirs(os.path.join(torch_cache_home, "kernels")' in p.stderr, p.stderr[-3000:]
-    assert "Read-only file system" in p.stderr or "Permission denied" in p.stderr, p.stderr[-3000:]
+    process = _run(tmp_path, None)
+    assert process.returncode != 0
+    assert 'os.makedirs(os.path.join(torch_cache_home, "kernels")' in process.stderr, process.stderr[-3000:]
+    assert "Read-only file system" in process.stderr or "Permission denied" in process.stderr, process.stderr[-3000:]

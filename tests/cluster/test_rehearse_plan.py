@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import local_cluster as lc
-from cluster import rehearse
+from cluster import local_cluster, rehearse
 from cluster.pod_layout import POD_HOME, Mount, Pod, job_plan, local_paths, map_text
 from cluster.readonly import readonly_wrapper
 from tools.validate_deploy.render import render_kustomization
@@ -49,7 +48,8 @@ def test_gpu_prod_gpu_group_starts_with_one_pod_unless_told(plans):
 
 
 def test_rayjob_resources_follow_kuberay():
-    tpl = {"spec": {"containers": [{"resources": {"limits": {"cpu": "1500m", "memory": "2Gi", "nvidia.com/gpu": "2"}}}]}}
+    limits = {"cpu": "1500m", "memory": "2Gi", "nvidia.com/gpu": "2"}
+    tpl = {"spec": {"containers": [{"resources": {"limits": limits}}]}}
     docs = [{"kind": "RayJob", "metadata": {"name": "qrag-index"},
              "spec": {"entrypoint": "qrag  index\n --input x", "rayClusterSpec": {
                  "headGroupSpec": {"rayStartParams": {"num-cpus": "0"}, "template": tpl},
@@ -80,7 +80,8 @@ def test_map_text_rewrites_whole_paths_once():
 
 def test_settings_change_the_index_config():
     text = "generator:\n  backend: vllm\n  questions: 10\nfaiss: {factory: IVF4096}\n"
-    out = rehearse.apply_settings(text, {"generator.questions": "3", "faiss.factory": "Flat", "build.keep_work": "true"})
+    out = rehearse.apply_settings(text, {"generator.questions": "3", "faiss.factory": "Flat",
+                                         "build.keep_work": "true"})
     import yaml
 
     assert yaml.safe_load(out) == {"generator": {"backend": "vllm", "questions": 3}, "faiss": {"factory": "Flat"},
@@ -92,53 +93,58 @@ def test_settings_change_the_index_config():
 def test_the_corpus_is_written_in_the_entrypoints_format(tmp_path, fmt):
     from qrag_ray.io.readers import parse_jsonl_line, parse_msmarco_line
 
-    f = tmp_path / "c" / "corpus.txt"
-    rehearse.write_corpus(f, fmt, 3)
-    lines = f.read_text().splitlines()
+    path = tmp_path / "c" / "corpus.txt"
+    rehearse.write_corpus(path, fmt, 3)
+    lines = path.read_text().splitlines()
     parse = parse_msmarco_line if fmt == "msmarco" else (lambda line, w: parse_jsonl_line(line, w, None))
     recs = [parse(line, "c") for line in lines]
     assert len(recs) == 3 and len({r["doc_id"] for r in recs}) == 3 and all(len(r["text"]) > 100 for r in recs)
 
 
 def test_prepare_lays_out_the_pods_and_the_submission(tmp_path):
-    r = rehearse.prepare("cpu-dev", tmp_path, env={"QRAG_KERNELS": "cpu"}, token="t0k3n")
-    assert [s.name for s in r.shapes] == ["head", "cpu-workers-0", "cpu-workers-1"]
-    head = r.shapes[0]
+    rehearsal = rehearse.prepare("cpu-dev", tmp_path, env={"QRAG_KERNELS": "cpu"}, token="t0k3n")
+    assert [s.name for s in rehearsal.shapes] == ["head", "cpu-workers-0", "cpu-workers-1"]
+    head = rehearsal.shapes[0]
     assert head.num_cpus == 0 and head.memory == 8 * GiB
     assert head.env["RAY_AUTH_TOKEN"] == "t0k3n" and head.env["RAY_AUTH_MODE"] == "token"
     home = Path(head.env["HOME"])
     assert home == tmp_path / "pods" / "head" / "home" and str(home) in head.readonly
     assert head.env["XDG_CACHE_HOME"] == str(tmp_path / "pods" / "head" / "volumes" / "tmp" / ".cache")
     assert (tmp_path / "configMap" / "qrag-index-config" / "index.yaml").is_file()
-    assert Path(r.params["input"]).is_file() and r.params["address"] == "auto"
-    assert r.runtime_env["env_vars"]["QRAG_KERNELS"] == "cpu" and r.runtime_env["env_vars"]["HF_HUB_OFFLINE"] == "1"
-    r.state = lc.ClusterState("x", str(tmp_path), 27000, "127.0.0.1:27000", "http://127.0.0.1:27002", 27001)
-    cmd = rehearse.submit_command(r)
+    assert Path(rehearsal.params["input"]).is_file() and rehearsal.params["address"] == "auto"
+    env_vars = rehearsal.runtime_env["env_vars"]
+    assert env_vars["QRAG_KERNELS"] == "cpu" and env_vars["HF_HUB_OFFLINE"] == "1"
+    rehearsal.state = local_cluster.ClusterState("x", str(tmp_path), 27000, "127.0.0.1:27000", "http://127.0.0.1:27002",
+                                                 27001)
+    cmd = rehearse.submit_command(rehearsal)
     # KubeRay's K8sJobMode submitter: ray job submit --address --runtime-env-json --submission-id -- entrypoint
     assert cmd[1:5] == ["job", "submit", "--address", "http://127.0.0.1:27002"]
-    assert json.loads(cmd[cmd.index("--runtime-env-json") + 1]) == r.runtime_env
+    assert json.loads(cmd[cmd.index("--runtime-env-json") + 1]) == rehearsal.runtime_env
     # the submitter's shell splits the entrypoint into words (one word would be a program named by all of it)
-    assert cmd[cmd.index("--") + 1:] == shlex.split(r.entrypoint) and cmd[cmd.index("--") + 1:][:2] == ["qrag", "index"]
-    assert str(tmp_path) in r.entrypoint and "/mnt/qrag" not in r.entrypoint
+    entrypoint = cmd[cmd.index("--") + 1:]
+    assert entrypoint == shlex.split(rehearsal.entrypoint) and entrypoint[:2] == ["qrag", "index"]
+    assert str(tmp_path) in rehearsal.entrypoint and "/mnt/qrag" not in rehearsal.entrypoint
 
 
 def test_read_only_folders_are_a_mount_namespace_for_root_and_file_modes_otherwise(monkeypatch, tmp_path):
     monkeypatch.setattr("os.geteuid", lambda: 0)
-    w = readonly_wrapper(["/a", "/b"])
-    assert w[:2] == ["unshare", "--mount"] and w[-3:] == ["/a", "/b", "--"]
+    wrapper = readonly_wrapper(["/a", "/b"])
+    assert wrapper[:2] == ["unshare", "--mount"] and wrapper[-3:] == ["/a", "/b", "--"]
     assert readonly_wrapper([]) == []
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     assert readonly_wrapper(["/a"]) == []
 
 
 def test_a_node_shape_reaches_ray_start():
-    shapes = [lc.NodeShape("head", 0, memory=8 * GiB), lc.NodeShape("gpu-workers-0", 8, num_gpus=1, memory=32 * GiB)]
-    st = lc.ClusterState("t", "/tmp/qrag-lc-t", 27000, "127.0.0.1:27000", "", 27001, lc.plan_nodes(27000, 0, 0, 0, shapes))
-    gpu = lc.ray_start_command(st, st.nodes[1], 300)
+    shapes = [local_cluster.NodeShape("head", 0, memory=8 * GiB),
+              local_cluster.NodeShape("gpu-workers-0", 8, num_gpus=1, memory=32 * GiB)]
+    state = local_cluster.ClusterState("t", "/tmp/qrag-lc-t", 27000, "127.0.0.1:27000", "", 27001,
+                                       local_cluster.plan_nodes(27000, 0, 0, 0, shapes))
+    gpu = local_cluster.ray_start_command(state, state.nodes[1], 300)
     assert gpu[gpu.index("--num-gpus") + 1] == "1" and gpu[gpu.index("--memory") + 1] == str(32 * GiB)
     assert json.loads(gpu[gpu.index("--resources") + 1]) == {"gpu-workers-0": 1.0}
 
 
 def test_a_pod_without_limits_declares_nothing():
-    p = Pod("x", "x", 0, 0, 0, {}, (Mount("/tmp", "emptyDir", "tmp"),))
-    assert local_paths(p, Path("/r")) == {POD_HOME: Path("/r/pods/x/home"), "/tmp": Path("/r/pods/x/volumes/tmp")}
+    pod = Pod("x", "x", 0, 0, 0, {}, (Mount("/tmp", "emptyDir", "tmp"),))
+    assert local_paths(pod, Path("/r")) == {POD_HOME: Path("/r/pods/x/home"), "/tmp": Path("/r/pods/x/volumes/tmp")}

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import local_cluster as lc
-from cluster import pod_network
+from cluster import local_cluster, pod_network
 from cluster.pod_layout import service_plan
 from cluster.rehearse_service import QUERY, verdict
 from qrag_ray.serving.config import CLUSTER_INGRESS_ENV, SERVE_PROCESS_ENV
@@ -57,7 +56,7 @@ def test_pod_network_gives_each_pod_its_own_namespace_and_address():
         assert f"ip -n {net.netns(i)} addr add {net.ip(i)}/24 dev eth0" in cmds
         assert f"ip -n {net.netns(i)} route add default via 10.231.7.1" in cmds
     links = [c[3] for c in net.setup_commands() if c[:3] == ["ip", "link", "add"]]
-    assert all(len(name) <= 15 for name in links)  # the kernel's limit on a link's name
+    assert len(links) == 4 and all(len(name) <= 15 for name in links)  # the bridge and 3 veths: at most 15 chars
     down = [" ".join(c) for c in net.teardown_commands()]
     assert down[-1] == f"ip link del {net.bridge}" and len(down) == 4
 
@@ -71,22 +70,23 @@ def test_pod_network_plan_avoids_this_machines_networks(monkeypatch):
 
 
 def test_a_node_in_a_pod_network_starts_there_on_its_address():
-    shapes = [lc.NodeShape("head", 0, ip="10.231.7.10", netns=["ip", "netns", "exec", "qrn007-0"]),
-              lc.NodeShape("w", 2, ip="10.231.7.11", netns=["ip", "netns", "exec", "qrn007-1"])]
-    st = lc.ClusterState(name="t", dir="/tmp/qrag-lc-t", base_port=27000, address="10.231.7.10:27000",
-                         dashboard_url="", client_port=27001, nodes=lc.plan_nodes(27000, 0, 0, 0, shapes))
-    head, worker = (lc.ray_start_command(st, n, 300) for n in st.nodes)
+    shapes = [local_cluster.NodeShape("head", 0, ip="10.231.7.10", netns=["ip", "netns", "exec", "qrn007-0"]),
+              local_cluster.NodeShape("w", 2, ip="10.231.7.11", netns=["ip", "netns", "exec", "qrn007-1"])]
+    nodes = local_cluster.plan_nodes(27000, 0, 0, 0, shapes)
+    state = local_cluster.ClusterState(name="t", dir="/tmp/qrag-lc-t", base_port=27000, address="10.231.7.10:27000",
+                                       dashboard_url="", client_port=27001, nodes=nodes)
+    head, worker = (local_cluster.ray_start_command(state, n, 300) for n in state.nodes)
     assert head[:4] == ["ip", "netns", "exec", "qrn007-0"] and worker[3] == "qrn007-1"
     assert head[head.index("--node-ip-address") + 1] == "10.231.7.10"
     assert head[head.index("--dashboard-host") + 1] == "10.231.7.10"
     assert worker[worker.index("--address") + 1] == "10.231.7.10:27000"
-    assert st.metrics_urls[1].startswith("http://10.231.7.11:")
+    assert state.metrics_urls[1].startswith("http://10.231.7.11:")
 
 
-def _row(**kw):
+def _row(**options):
     row = {"pod": "cpu-serve-0", "listener": "haproxy", "expected": "haproxy", "healthz": 200, "search": 200,
            "rank1": QUERY[1], "wrong_key": 401, "error": None}
-    return row | kw
+    return row | options
 
 
 def test_verdict_names_each_way_a_pod_can_serve_other_than_meant():
@@ -112,10 +112,10 @@ def test_replicas_per_pod_counts_running_replicas_by_the_pods_addresses(cpu_dev,
 
     pods, config = cpu_dev
     net = pod_network.PodNetwork("007", "10.231.7", len(pods))
-    r = rehearse_service.ServiceRehearsal("cpu-dev", pods, tmp_path, net, "t", [], config, {})
+    rehearsal = rehearse_service.ServiceRehearsal("cpu-dev", pods, tmp_path, net, "t", [], config, {})
     status = {"applications": {"qrag": {"deployments": {
         "Router": {"replicas": [{"state": "RUNNING", "node_ip": "10.231.7.11"},
                                 {"state": "RUNNING", "node_ip": "10.231.7.12"}]},
         "ShardSearcher0": {"replicas": [{"state": "STARTING", "node_ip": "10.231.7.12"},
                                         {"state": "RUNNING", "node_ip": "10.231.7.11"}]}}}}}
-    assert rehearse_service.replicas_per_pod(r, status) == {"head": 0, "cpu-serve-0": 2, "cpu-serve-1": 1}
+    assert rehearse_service.replicas_per_pod(rehearsal, status) == {"head": 0, "cpu-serve-0": 2, "cpu-serve-1": 1}

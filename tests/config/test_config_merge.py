@@ -19,9 +19,9 @@ def test_nest_dotted_skips_flags_not_given():
 
 
 def test_flags_override_the_file_and_keep_its_other_fields(tmp_path):
-    f = tmp_path / "c.yaml"
-    f.write_text("generator: {backend: vllm, questions: 4, prompt: quote}\nshards: 2\n")
-    cfg = build_index_config(f, **{"generator.questions": 7, "generator.prompt": None})
+    path = tmp_path / "c.yaml"
+    path.write_text("generator: {backend: vllm, questions: 4, prompt: quote}\nshards: 2\n")
+    cfg = build_index_config(path, **{"generator.questions": 7, "generator.prompt": None})
     assert (cfg.generator.backend, cfg.generator.questions, cfg.generator.prompt, cfg.shards) == ("vllm", 7, "quote", 2)
 
 

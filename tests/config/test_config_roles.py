@@ -10,12 +10,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qrag_ray.config.index import (GeneratorConfig, IndexConfig, build_index_config, deep_update, index_config,
-                             index_identity, recorded_config, with_preset)
-from qrag_ray.errors import QragError
+from qrag_ray.config.index import (
+    GeneratorConfig,
+    IndexConfig,
+    build_index_config,
+    deep_update,
+    index_config,
+    index_identity,
+    recorded_config,
+    with_preset,
+)
 from qrag_ray.config.roles import Strict, field_roles, role_of
-from qrag_ray.index.workdir import work_key
 from qrag_ray.config.search_policy import EXPERIMENTAL_SEARCH
+from qrag_ray.errors import QragError
+from qrag_ray.index.workdir import work_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +34,8 @@ def _dump(**data) -> dict:
 
 # ------------------------------------------------------------------------------------------ identity
 @pytest.mark.parametrize("override", [
-    {"build": {"output": "/elsewhere", "overwrite": True, "address": "ray://head:10001", "num_cpus": 8, "cache_dir": "/c"}},
+    {"build": {"output": "/elsewhere", "overwrite": True, "address": "ray://head:10001", "num_cpus": 8,
+               "cache_dir": "/c"}},
     {"build": {"rows_per_part": 128, "keep_work": True, "work_dir": "/w"}},
     {"build": {"embedder": {"batch_size": 512, "actors": 4, "threads": 1, "num_gpus": 1, "backend": "torch"}}},
     {"generator": {"batch_size": 64, "concurrency": 4, "num_gpus": 1, "engine_kwargs": {"max_num_seqs": 8},
@@ -35,10 +44,11 @@ def _dump(**data) -> dict:
 ])
 def test_run_options_and_the_search_policy_leave_the_identity(override):
     base = {"representation": "atom-sentence", "bm25": {"enabled": True}}
-    a, b = _dump(**base), _dump(**deep_update(base, override))
-    assert a != b
-    assert index_identity(a) == index_identity(b)
-    assert work_key(a) == work_key(b)
+    plain = _dump(**base)
+    changed = _dump(**deep_update(base, override))
+    assert plain != changed
+    assert index_identity(plain) == index_identity(changed)
+    assert work_key(plain) == work_key(changed)
 
 
 @pytest.mark.parametrize("override", [
@@ -53,9 +63,10 @@ def test_what_decides_the_vectors_is_the_identity(override):
 
 
 def test_the_documents_are_in_the_content_but_not_in_the_checkpoints_key():
-    a, b = _dump(input="/data/a.jsonl"), _dump(input="/data/b.jsonl")
-    assert index_identity(a) != index_identity(b)
-    assert work_key(a) == work_key(b) and "input" not in work_key(a)
+    first = _dump(input="/data/a.jsonl")
+    second = _dump(input="/data/b.jsonl")
+    assert index_identity(first) != index_identity(second)
+    assert work_key(first) == work_key(second) and "input" not in work_key(first)
 
 
 def test_a_preset_counts_by_the_kinds_it_makes():
@@ -67,14 +78,16 @@ def test_a_preset_counts_by_the_kinds_it_makes():
 # ------------------------------------------------------------------------------------ moved settings
 @pytest.mark.parametrize("text,new", [
     ("index: {factory: HNSW32}\n", "faiss"), ("output: /o\n", "build.output"),
-    ("cache_dir: /c\n", "build.cache_dir"), ("embedder: {model: all-MiniLM-L6-v2, batch_size: 8}\n", "build.embedder.batch_size"),
+    ("cache_dir: /c\n", "build.cache_dir"), ("embedder: {model: all-MiniLM-L6-v2, batch_size: 8}\n",
+                                             "build.embedder.batch_size"),
 ])
 def test_a_setting_at_its_old_place_is_an_error_naming_the_new_one(text, new, tmp_path):
-    (f := tmp_path / "c.yaml").write_text(text)
-    with pytest.raises(QragError, match=f" is now {re.escape(new)} ") as e:
-        build_index_config(f)
-    assert "\n" not in str(e.value)
-    with pytest.raises(QragError, match=f"^where: invalid configuration: .*{re.escape(new)}"):  # eval variants, the matrix, the suite
+    (config_file := tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(QragError, match=f" is now {re.escape(new)} ") as raised:
+        build_index_config(config_file)
+    assert "\n" not in str(raised.value)
+    # eval variants, the matrix, the suite
+    with pytest.raises(QragError, match=f"^where: invalid configuration: .*{re.escape(new)}"):
         index_config(yaml.safe_load(text), "where: ")
 
 
@@ -137,15 +150,15 @@ def test_eval_config_files_load(path):
     assert cfg.generator.backend == "vllm"
 
 
-def _leaves(d: dict, path: tuple = ()):
-    for k, v in d.items():
-        yield from _leaves(v, (*path, k)) if isinstance(v, dict) and v else [((*path, k), v)]
+def _leaves(tree: dict, path: tuple = ()):
+    for key, value in tree.items():
+        yield from _leaves(value, (*path, key)) if isinstance(value, dict) and value else [((*path, key), value)]
 
 
-def _at(d, path: tuple):
-    for k in path:
-        d = d.get(k) if isinstance(d, dict) else None
-    return d
+def _at(tree, path: tuple):
+    for key in path:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "eval" / "variants").glob("*.yaml")), ids=lambda p: p.name)
@@ -157,10 +170,10 @@ def test_eval_variant_files_load(path):
     variants = load_variants(path)
     labels = [v.label for v in variants]
     assert variants and len(set(labels)) == len(labels), labels
-    for v in variants:
-        cfg = index_config(deep_update({"generator": {"backend": "vllm"}}, v.overrides)).model_dump(mode="json")
-        dropped = [(".".join(p), want, _at(cfg, p)) for p, want in _leaves(v.overrides) if _at(cfg, p) != want]
-        assert dropped == [], f"{v.label}: (setting, in the file, in the config) {dropped}"
+    for variant in variants:
+        cfg = index_config(deep_update({"generator": {"backend": "vllm"}}, variant.overrides)).model_dump(mode="json")
+        dropped = [(".".join(p), want, _at(cfg, p)) for p, want in _leaves(variant.overrides) if _at(cfg, p) != want]
+        assert dropped == [], f"{variant.label}: (setting, in the file, in the config) {dropped}"
 
 
 def test_the_variant_check_sees_a_dropped_setting():
@@ -182,9 +195,9 @@ def test_the_matrix_and_the_suite_load():
     ("k8s/overlays/cpu-dev/index-config-cpu.yaml", lambda d: d[0]["value"]),
 ], ids=["base", "cpu-dev"])
 def test_k8s_index_configs_load(path, pointer, tmp_path):
-    f = tmp_path / "index.yaml"
-    f.write_text(pointer(yaml.safe_load((ROOT / path).read_text())))
-    assert build_index_config(f).representation == "hype"
+    config_file = tmp_path / "index.yaml"
+    config_file.write_text(pointer(yaml.safe_load((ROOT / path).read_text())))
+    assert build_index_config(config_file).representation == "hype"
 
 
 # ---------------------------------------------------------------------------------- serving's LLM

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,19 +15,20 @@ from qrag_ray.config.presets import MINILM, PRESETS, calibration_note
 def test_every_preset_is_a_representation_with_its_own_defaults():
     assert list(REPRESENTATIONS) == list(PRESETS)
     cfg = index_config({"representation": "atom-hybrid", "generator": {"backend": "precomputed"}})
-    p = PRESETS["atom-hybrid"]
-    assert p.id == "atom-hybrid@2" and p.needs_llm and p.calibrated_for == MINILM
-    assert cfg.search.fusion == "sum" and cfg.search.kind_bias == p.search["kind_bias"]
-    d = index_config({})  # no --representation: the shipped default
-    assert d.representation == "default" and d.title_prefix and d.bm25.enabled and d.search.bm25_alpha == 0.67
-    assert representation_plan(d) == (["chunk", "sentence", "window"], None) and PRESETS["default"].version == 2
+    preset = PRESETS["atom-hybrid"]
+    assert preset.id == "atom-hybrid@2" and preset.needs_llm and preset.calibrated_for == MINILM
+    assert cfg.search.fusion == "sum" and cfg.search.kind_bias == preset.search["kind_bias"]
+    default = index_config({})  # no --representation: the shipped default
+    assert default.representation == "default" and default.title_prefix
+    assert default.bm25.enabled and default.search.bm25_alpha == 0.67
+    assert representation_plan(default) == (["chunk", "sentence", "window"], None) and PRESETS["default"].version == 2
     lean = index_config({"representation": "chunk-bm25"})  # default@1: one vector per chunk
     assert representation_plan(lean) == (["chunk"], None) and lean.title_prefix and lean.search.bm25_alpha == 0.67
     assert not PRESETS["default"].needs_llm and not PRESETS["chunk"].needs_llm
 
 
 def test_a_preset_object_cannot_be_changed_in_place():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         PRESETS["chunk"].version = 9  # type: ignore[misc]
     REPRESENTATIONS["atom-hybrid"]["search"]["kind_bias"]["question"] = 0.0  # a copy: the preset is untouched
     try:
@@ -53,9 +55,9 @@ def test_qrag_presets_lists_them(capsys):
     assert main(["presets", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rows] == list(PRESETS)
-    by = {r["name"]: r for r in rows}
-    assert by["default"]["bm25_alpha"] == 0.67 and by["default"]["needs_llm"] is False
-    assert by["hype"]["needs_llm"] is True and by["atom-hybrid"]["id"] == "atom-hybrid@2"
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["default"]["bm25_alpha"] == 0.67 and by_name["default"]["needs_llm"] is False
+    assert by_name["hype"]["needs_llm"] is True and by_name["atom-hybrid"]["id"] == "atom-hybrid@2"
     assert main(["presets"]) == 0
     assert "atom-hybrid@2" in capsys.readouterr().out
 
@@ -69,13 +71,14 @@ def test_default_and_sentence_window_bm25_are_the_suites_csw_bm25():
 
     suite = yaml.safe_load((Path(__file__).resolve().parents[2] / "eval" / "suite.yaml").read_text())
     measured = suite["configs"]["csw+bm25@0.67"]
-    p = PRESETS["sentence-window-bm25"]
-    assert "+".join(p.kinds) == measured["representation"] and not p.needs_llm
-    assert p.search == measured["search"] and p.bm25 == {"enabled": True} == suite["base"]["bm25"]
+    preset = PRESETS["sentence-window-bm25"]
+    assert "+".join(preset.kinds) == measured["representation"] and not preset.needs_llm
+    assert preset.search == measured["search"] and preset.bm25 == {"enabled": True} == suite["base"]["bm25"]
     cfg = index_config({"representation": "sentence-window-bm25"})
     assert representation_plan(cfg) == (["chunk", "sentence", "window"], None)
     assert cfg.bm25.enabled and cfg.search.bm25_alpha == 0.67
     assert cfg.search.kind_weights == {"chunk": 0.5} and not cfg.title_prefix
-    d = PRESETS["default"]
-    assert (d.kinds, d.search, d.bm25, d.title_prefix) == (p.kinds, p.search, p.bm25, True)
+    default = PRESETS["default"]
+    assert (default.kinds, default.search, default.bm25) == (preset.kinds, preset.search, preset.bm25)
+    assert default.title_prefix
     assert suite["configs"]["default"] == {"representation": "default"}

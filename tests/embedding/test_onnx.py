@@ -9,8 +9,8 @@ import pytest
 
 from qrag_ray.config.index import IndexConfig, index_identity
 from qrag_ray.embedding import encode, encode_canonical, load_sentence_transformer
-from qrag_ray.errors import QragError
 from qrag_ray.embedding.onnx import backend_of
+from qrag_ray.errors import QragError
 
 TEXTS = ["what is a python generator expression", "Ships sail on the sea.",
          "A flea can live up to a year, but its general lifespan depends on its living conditions, such as "
@@ -26,15 +26,18 @@ def torch_minilm():
 @pytest.mark.integration
 def test_auto_runs_minilm_on_onnx_with_torchs_vectors(minilm, torch_minilm):
     assert backend_of(minilm) == "onnx" and backend_of(torch_minilm) == "torch"
-    for fn in (encode, encode_canonical):
-        a, b = fn(torch_minilm, TEXTS), fn(minilm, TEXTS)
-        assert a.shape == b.shape == (len(TEXTS), 384) and a.dtype == b.dtype == np.float32
-        assert np.abs(a - b).max() < 1e-5
-        assert np.allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    for encoder in (encode, encode_canonical):
+        torch_vecs = encoder(torch_minilm, TEXTS)
+        onnx_vecs = encoder(minilm, TEXTS)
+        assert torch_vecs.shape == onnx_vecs.shape == (len(TEXTS),
+                                                       384) and torch_vecs.dtype == onnx_vecs.dtype == np.float32
+        assert np.abs(torch_vecs - onnx_vecs).max() < 1e-5
+        assert np.allclose(np.linalg.norm(onnx_vecs, axis=1), 1.0, atol=1e-5)
     # the rank of a query's nearest text is the backend's business no more
-    q_t, q_o = encode(torch_minilm, ["how long do fleas live"]), encode(minilm, ["how long do fleas live"])
+    torch_query = encode(torch_minilm, ["how long do fleas live"])
+    onnx_query = encode(minilm, ["how long do fleas live"])
     docs = encode(torch_minilm, TEXTS)
-    assert int(np.argmax(docs @ q_t[0])) == int(np.argmax(docs @ q_o[0])) == 2
+    assert int(np.argmax(docs @ torch_query[0])) == int(np.argmax(docs @ onnx_query[0])) == 2
 
 
 def test_graph_is_exported_once_per_model(tmp_path, monkeypatch):
@@ -54,23 +57,23 @@ def test_graph_is_exported_once_per_model(tmp_path, monkeypatch):
 
 
 def test_onnx_where_it_cannot_run_is_a_clear_error(monkeypatch):
-    import qrag_ray.embedding.onnx as ob
+    import qrag_ray.embedding.onnx as onnx_backend
 
-    def no_runtime(*a, **k):
-        raise ob.OnnxUnavailable("onnxruntime is not installed (test)")
+    def no_runtime(*args, **kwargs):
+        raise onnx_backend.OnnxUnavailable("onnxruntime is not installed (test)")
 
-    monkeypatch.setattr(ob, "use_onnx", no_runtime)
+    monkeypatch.setattr(onnx_backend, "use_onnx", no_runtime)
     with pytest.raises(QragError, match="embedder backend onnx: onnxruntime is not installed"):
         load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="onnx")
-    st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="auto")  # auto falls back
-    assert backend_of(st) == "torch"
+    model = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu", backend="auto")  # auto falls back
+    assert backend_of(model) == "torch"
 
 
 def test_backend_is_not_part_of_an_indexs_identity():
-    a = IndexConfig().model_dump()
-    b = IndexConfig(build={"embedder": {"backend": "torch"}}).model_dump()
-    assert a["build"]["embedder"]["backend"] == "auto" and b["build"]["embedder"]["backend"] == "torch"
-    assert index_identity(a) == index_identity(b)
-    assert "build" not in index_identity(a)
+    auto = IndexConfig().model_dump()
+    torch_backend = IndexConfig(build={"embedder": {"backend": "torch"}}).model_dump()
+    assert auto["build"]["embedder"]["backend"] == "auto" and torch_backend["build"]["embedder"]["backend"] == "torch"
+    assert index_identity(auto) == index_identity(torch_backend)
+    assert "build" not in index_identity(auto)
     with pytest.raises(ValueError):
         IndexConfig(build={"embedder": {"backend": "tensorrt"}})

@@ -24,14 +24,15 @@ def eval_folder(tmp_path_factory) -> Path:
     from pydoc_data.topics import topics
 
     root = tmp_path_factory.mktemp("evalset")
-    with (root / "corpus.jsonl").open("w") as f:
-        for t in TOPICS:
+    with (root / "corpus.jsonl").open("w") as file:
+        for topic in TOPICS:
             # precomputed questions: one of them is verbatim a test query (leakage)
-            qs = [QUERIES["q-for"][0]] if t == "for" else [f"What is the {t} statement?"]
-            f.write(json.dumps({"id": t, "title": t, "text": unwrap(topics[t])[:1500], "questions": qs}) + "\n")
-    with (root / "queries.jsonl").open("w") as f:
+            questions = [QUERIES["q-for"][0]] if topic == "for" else [f"What is the {topic} statement?"]
+            file.write(json.dumps({"id": topic, "title": topic, "text": unwrap(topics[topic])[:1500],
+                                   "questions": questions}) + "\n")
+    with (root / "queries.jsonl").open("w") as file:
         for qid, (text, _) in QUERIES.items():
-            f.write(json.dumps({"id": qid, "text": text}) + "\n")
+            file.write(json.dumps({"id": qid, "text": text}) + "\n")
     (root / "qrels.tsv").write_text("".join(f"{qid}\t{doc}\t1\n" for qid, (_, doc) in QUERIES.items()))
     return root
 
@@ -45,11 +46,11 @@ def test_eval_side_by_side_writes_report_and_reuses_indexes(eval_folder, tmp_pat
     res = json.loads((out / "results.json").read_text())
     results = res["representations"]
     assert set(results) == {"chunk", "atom-sentence"}
-    for label, r in results.items():
-        m = r["metrics"]
-        assert 0.0 <= m["R@1"] <= m["R@5"] <= 1.0, (label, m)
-        assert m["R@5"] >= 0.75, (label, m)  # 4 easy queries over 8 documents
-        assert r["vectors"] >= r["chunks"] >= len(TOPICS)
+    for label, result in results.items():
+        metrics = result["metrics"]
+        assert 0.0 <= metrics["R@1"] <= metrics["R@5"] <= 1.0, (label, metrics)
+        assert metrics["R@5"] >= 0.75, (label, metrics)  # 4 easy queries over 8 documents
+        assert result["vectors"] >= result["chunks"] >= len(TOPICS)
     assert results["atom-sentence"]["vectors"] > results["chunk"]["vectors"]
     assert (out / "results.md").read_text().count("`atom-sentence`") == 1
     assert (out / "recall.png").stat().st_size > 1000
@@ -128,14 +129,14 @@ def test_reuse_needs_the_same_kinds_not_just_the_same_config(tmp_path):
     from qrag_ray.evaluation.driver import find_reusable
 
     cfg = index_config({"representation": "atom-hybrid", "generator": {"backend": "precomputed"}})
-    d = tmp_path / "indexes" / "atom-hybrid"
-    write_manifest(d, cfg.model_dump(mode="json"), ["chunk", "sentence", "question", "quote"])
-    assert find_reusable(tmp_path / "indexes", d, cfg) == d
-    write_manifest(d, cfg.model_dump(mode="json"), ["chunk", "sentence", "quote"])
-    assert find_reusable(tmp_path / "indexes", d, cfg) is None
+    folder = tmp_path / "indexes" / "atom-hybrid"
+    write_manifest(folder, cfg.model_dump(mode="json"), ["chunk", "sentence", "question", "quote"])
+    assert find_reusable(tmp_path / "indexes", folder, cfg) == folder
+    write_manifest(folder, cfg.model_dump(mode="json"), ["chunk", "sentence", "quote"])
+    assert find_reusable(tmp_path / "indexes", folder, cfg) is None
     # what is not an index is not reused (and not an error)
-    (d / "manifest.json").write_text("{not json")
-    assert find_reusable(tmp_path / "indexes", d, cfg) is None
+    (folder / "manifest.json").write_text("{not json")
+    assert find_reusable(tmp_path / "indexes", folder, cfg) is None
 
 
 def test_an_index_built_before_a_config_section_existed_is_reused_unless_the_section_matters(tmp_path):
@@ -145,12 +146,13 @@ def test_an_index_built_before_a_config_section_existed_is_reused_unless_the_sec
     from qrag_ray.evaluation.driver import find_reusable
 
     cfg = index_config({"representation": "atom-sentence"})
-    d = tmp_path / "indexes" / "atom-sentence"
+    folder = tmp_path / "indexes" / "atom-sentence"
     old = cfg.model_dump(mode="json")
     del old["bm25"]
-    write_manifest(d, old, ["sentence"])
-    assert find_reusable(tmp_path / "indexes", d, cfg) == d
-    assert find_reusable(tmp_path / "indexes", d, index_config({"representation": "atom-sentence", "bm25": {"enabled": True}})) is None
+    write_manifest(folder, old, ["sentence"])
+    assert find_reusable(tmp_path / "indexes", folder, cfg) == folder
+    assert find_reusable(tmp_path / "indexes", folder,
+                         index_config({"representation": "atom-sentence", "bm25": {"enabled": True}})) is None
     # a recorded config this release rejects is not reusable (and not an error)
-    write_manifest(d, old | {"retired_field": 1}, ["sentence"])
-    assert find_reusable(tmp_path / "indexes", d, cfg) is None
+    write_manifest(folder, old | {"retired_field": 1}, ["sentence"])
+    assert find_reusable(tmp_path / "indexes", folder, cfg) is None

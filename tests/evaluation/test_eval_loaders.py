@@ -24,9 +24,9 @@ def _squad(tmp_path: Path) -> Path:
             {"context": "Beta one.", "qas": [{"id": "q4", "question": "What is beta?", "answers": []}]},
         ]},
     ]}
-    p = tmp_path / "squad.json"
-    p.write_text(json.dumps(data))
-    return p
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(data))
+    return path
 
 
 def _jsonl(path: Path, rows: list[dict]) -> None:
@@ -47,55 +47,55 @@ def _beir(tmp_path: Path) -> Path:
 
 
 def test_squad_small(tmp_path):
-    es = load_squad(_squad(tmp_path))
-    assert isinstance(es, EvalSet)
-    assert [d["doc_id"] for d in es.corpus] == ["000-000", "000-001", "001-000"]
-    assert [d["title"] for d in es.corpus] == ["Alpha", "Alpha", "Beta"]
-    assert [q["qid"] for q in es.queries] == ["q1", "q2", "q3", "q4"]
-    assert es.qrels == {"q1": {"000-000": 1}, "q2": {"000-000": 1}, "q3": {"000-001": 1}, "q4": {"001-000": 1}}
-    assert es.doc_titles == {"000-000": "Alpha", "000-001": "Alpha", "001-000": "Beta"}
-    assert es.gold_titles["q4"] == {"Beta"}
-    assert es.stats() == {"documents": 3, "queries": 4, "judgments": 4}
+    eval_set = load_squad(_squad(tmp_path))
+    assert isinstance(eval_set, EvalSet)
+    assert [d["doc_id"] for d in eval_set.corpus] == ["000-000", "000-001", "001-000"]
+    assert [d["title"] for d in eval_set.corpus] == ["Alpha", "Alpha", "Beta"]
+    assert [q["qid"] for q in eval_set.queries] == ["q1", "q2", "q3", "q4"]
+    assert eval_set.qrels == {"q1": {"000-000": 1}, "q2": {"000-000": 1}, "q3": {"000-001": 1}, "q4": {"001-000": 1}}
+    assert eval_set.doc_titles == {"000-000": "Alpha", "000-001": "Alpha", "001-000": "Beta"}
+    assert eval_set.gold_titles["q4"] == {"Beta"}
+    assert eval_set.stats() == {"documents": 3, "queries": 4, "judgments": 4}
 
 
 def test_squad_subset_is_prefix_with_all_questions(tmp_path):
-    p = _squad(tmp_path)
-    es = load_squad(p, subset=2)
-    assert [d["doc_id"] for d in es.corpus] == ["000-000", "000-001"]
-    assert [q["qid"] for q in es.queries] == ["q1", "q2", "q3"]
-    assert load_squad(p, subset=2) == es  # deterministic
-    assert len(load_squad(p, subset=100).corpus) == 3
+    path = _squad(tmp_path)
+    eval_set = load_squad(path, subset=2)
+    assert [d["doc_id"] for d in eval_set.corpus] == ["000-000", "000-001"]
+    assert [q["qid"] for q in eval_set.queries] == ["q1", "q2", "q3"]
+    assert load_squad(path, subset=2) == eval_set  # deterministic
+    assert len(load_squad(path, subset=100).corpus) == 3
 
 
 def test_squad_offset_gives_the_next_slice(tmp_path):
-    p = _squad(tmp_path)
-    held = load_squad(p, subset=1, offset=1)
+    path = _squad(tmp_path)
+    held = load_squad(path, subset=1, offset=1)
     assert [d["doc_id"] for d in held.corpus] == ["000-001"]
     assert [q["qid"] for q in held.queries] == ["q3"] and held.qrels == {"q3": {"000-001": 1}}
     assert held.name.endswith("[1:2]")
-    rest = load_squad(p, offset=1)
+    rest = load_squad(path, offset=1)
     assert [d["doc_id"] for d in rest.corpus] == ["000-001", "001-000"]
     assert [q["qid"] for q in rest.queries] == ["q3", "q4"]
     with pytest.raises(QragError, match="offset 3 skips all 3 documents"):
-        load_squad(p, offset=3)
+        load_squad(path, offset=3)
     with pytest.raises(QragError, match="offset must be a non-negative integer"):
-        load_squad(p, offset=-1)
+        load_squad(path, offset=-1)
 
 
 def test_beir_offset(tmp_path):
     root = str(_beir(tmp_path))
-    es = load_eval_set("beir", root, subset=1, offset=1)
-    assert [d["doc_id"] for d in es.corpus] == ["d2"]
-    assert es.queries == []  # query b also needs doc 3, outside the slice
-    es = load_eval_set("beir", root, offset=1)
-    assert [q["qid"] for q in es.queries] == ["b"] and es.qrels == {"b": {"d2": 1, "3": 1}}
+    eval_set = load_eval_set("beir", root, subset=1, offset=1)
+    assert [d["doc_id"] for d in eval_set.corpus] == ["d2"]
+    assert eval_set.queries == []  # query b also needs doc 3, outside the slice
+    eval_set = load_eval_set("beir", root, offset=1)
+    assert [q["qid"] for q in eval_set.queries] == ["b"] and eval_set.qrels == {"b": {"d2": 1, "3": 1}}
     with pytest.raises(QragError, match="offset 9 skips all 3 documents"):
         load_eval_set("beir", root, offset=9)
 
 
 def test_write_corpus_jsonl(tmp_path):
-    es = load_squad(_squad(tmp_path))
-    out = es.write_corpus_jsonl(tmp_path / "out" / "corpus.jsonl")
+    eval_set = load_squad(_squad(tmp_path))
+    out = eval_set.write_corpus_jsonl(tmp_path / "out" / "corpus.jsonl")
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert rows[0] == {"doc_id": "000-000", "title": "Alpha", "text": "Alpha one."}
     assert len(rows) == 3
@@ -103,16 +103,16 @@ def test_write_corpus_jsonl(tmp_path):
 
 @pytest.mark.skipif(not SQUAD_DEV.is_file(), reason="shared SQuAD dev set not present")
 def test_squad_full_dev_counts():
-    es = load_squad(SQUAD_DEV)
-    assert len(es.corpus) == 2067
-    assert len(es.queries) == 10570
-    assert all(len(r) == 1 for r in es.qrels.values())
-    assert len({d["doc_id"] for d in es.corpus}) == 2067
+    eval_set = load_squad(SQUAD_DEV)
+    assert len(eval_set.corpus) == 2067
+    assert len(eval_set.queries) == 10570
+    assert all(len(r) == 1 for r in eval_set.qrels.values())
+    assert len({d["doc_id"] for d in eval_set.corpus}) == 2067
     sub = load_squad(SQUAD_DEV, subset=50)
     assert len(sub.corpus) == 50
-    assert [d["doc_id"] for d in sub.corpus] == [d["doc_id"] for d in es.corpus[:50]]
-    assert all(next(iter(r)) in {d["doc_id"] for d in sub.corpus} for r in sub.qrels.values())
-    assert len(sub.queries) == sum(1 for r in es.qrels.values() if next(iter(r)) in sub.doc_titles)
+    assert [d["doc_id"] for d in sub.corpus] == [d["doc_id"] for d in eval_set.corpus[:50]]
+    assert sub.qrels and all(next(iter(r)) in {d["doc_id"] for d in sub.corpus} for r in sub.qrels.values())
+    assert len(sub.queries) == sum(1 for r in eval_set.qrels.values() if next(iter(r)) in sub.doc_titles)
 
 
 BIPAR_VALID = SQUAD_DEV.parent.parent / "bipar-en-valid" / "Monolingual_EN_valid.json"
@@ -120,31 +120,31 @@ BIPAR_VALID = SQUAD_DEV.parent.parent / "bipar-en-valid" / "Monolingual_EN_valid
 
 @pytest.mark.skipif(not BIPAR_VALID.is_file(), reason="shared BiPaR valid set not present")
 def test_bipar_valid_counts_and_no_id_titles():
-    es = load_eval_set("bipar", BIPAR_VALID)
-    assert es.name.startswith("bipar:") and es.stats()["documents"] == 375 and len(es.queries) == 1500
-    assert all(d["title"] == "" for d in es.corpus) and not any(es.gold_titles.values())
+    eval_set = load_eval_set("bipar", BIPAR_VALID)
+    assert eval_set.name.startswith("bipar:") and eval_set.stats()["documents"] == 375 and len(eval_set.queries) == 1500
+    assert all(d["title"] == "" for d in eval_set.corpus) and not any(eval_set.gold_titles.values())
     sub = load_eval_set("bipar", BIPAR_VALID, subset=10, offset=5)
-    assert [d["doc_id"] for d in sub.corpus] == [d["doc_id"] for d in es.corpus[5:15]]
+    assert [d["doc_id"] for d in sub.corpus] == [d["doc_id"] for d in eval_set.corpus[5:15]]
     assert len(sub.queries) == 40  # four questions per passage
 
 
 def test_bipar_is_squad_format(tmp_path):
-    p = tmp_path / "b.json"
-    p.write_text(json.dumps({"data": [{"title": "lu_ding_ji_1", "paragraphs": [
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"data": [{"title": "lu_ding_ji_1", "paragraphs": [
         {"context": "Wei went north.", "qas": [{"id": "q1", "question": "Who went north?", "answers": []}]}]}]}))
-    es = load_eval_set("bipar", p)
-    assert es.corpus == [{"doc_id": "000-000", "title": "", "text": "Wei went north."}]
-    assert es.qrels == {"q1": {"000-000": 1}}
+    eval_set = load_eval_set("bipar", path)
+    assert eval_set.corpus == [{"doc_id": "000-000", "title": "", "text": "Wei went north."}]
+    assert eval_set.qrels == {"q1": {"000-000": 1}}
 
 
 def test_beir(tmp_path):
-    es = load_beir(_beir(tmp_path))
-    assert [d["doc_id"] for d in es.corpus] == ["d1", "d2", "3"]  # integer ids become strings
+    eval_set = load_beir(_beir(tmp_path))
+    assert [d["doc_id"] for d in eval_set.corpus] == ["d1", "d2", "3"]  # integer ids become strings
     # 'c' has only a grade-0 judgment and 'unjudged' none: both dropped
-    assert [q["qid"] for q in es.queries] == ["a", "b"]
-    assert es.qrels == {"a": {"d1": 2, "3": 0}, "b": {"d2": 1, "3": 1}}
-    assert es.doc_titles == {"d1": "T1", "d2": "T2", "3": ""}
-    assert es.gold_titles == {"a": {"T1"}, "b": {"T2"}}
+    assert [q["qid"] for q in eval_set.queries] == ["a", "b"]
+    assert eval_set.qrels == {"a": {"d1": 2, "3": 0}, "b": {"d2": 1, "3": 1}}
+    assert eval_set.doc_titles == {"d1": "T1", "d2": "T2", "3": ""}
+    assert eval_set.gold_titles == {"a": {"T1"}, "b": {"T2"}}
 
 
 def test_beir_subset(tmp_path):
@@ -184,10 +184,10 @@ def _plain(tmp_path: Path, qrels: str) -> Path:
 ])
 def test_jsonl_qrels_formats(tmp_path, qrels):
     root = _plain(tmp_path, qrels)
-    es = load_eval_set("jsonl", str(root))
-    assert es.qrels == {"1": {"x": 1}, "2": {"y": 2}}
-    assert es.doc_titles == {"x": "X", "y": ""}
-    assert es.queries == [{"qid": "1", "text": "q one"}, {"qid": "2", "text": "q two"}]
+    eval_set = load_eval_set("jsonl", str(root))
+    assert eval_set.qrels == {"1": {"x": 1}, "2": {"y": 2}}
+    assert eval_set.doc_titles == {"x": "X", "y": ""}
+    assert eval_set.queries == [{"qid": "1", "text": "q one"}, {"qid": "2", "text": "q two"}]
     es2 = load_jsonl_qrels(root / "corpus.jsonl", root / "queries.jsonl", root / "qrels.tsv", subset=1)
     assert [q["qid"] for q in es2.queries] == ["1"]
 
@@ -241,6 +241,6 @@ def test_errors(tmp_path):
 def test_error_messages_are_one_line(tmp_path):
     root = _plain(tmp_path, "1 x 1\n")
     (root / "queries.jsonl").write_text("[1, 2]\n")
-    with pytest.raises(QragError) as ei:
+    with pytest.raises(QragError) as raised:
         load_eval_set("jsonl", str(root))
-    assert "\n" not in str(ei.value) and "queries.jsonl:1" in str(ei.value)
+    assert "\n" not in str(raised.value) and "queries.jsonl:1" in str(raised.value)

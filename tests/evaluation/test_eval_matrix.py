@@ -44,20 +44,20 @@ MATRIX = """
 
 @pytest.fixture()
 def matrix_file(tmp_path: Path) -> Path:
-    p = tmp_path / "matrix.yaml"
-    p.write_text(MATRIX)
-    return p
+    path = tmp_path / "matrix.yaml"
+    path.write_text(MATRIX)
+    return path
 
 
 def test_load_matrix(matrix_file, monkeypatch):
     monkeypatch.delenv("QRAG_TEST_DATA_DIR", raising=False)
     conds = load_matrix(matrix_file)
     assert [c.id for c in conds] == ["chunk", "sentence-ci", "partial"]
-    c = conds[0]
-    assert c.data == str(matrix_file.parent / "squad.json")  # relative to the matrix file
-    assert c.embedder == {"model": "all-MiniLM-L6-v2"} and c.generator == {"backend": "none"}
-    assert c.index_overrides() == {"representation": "chunk", "embedder": {"model": "all-MiniLM-L6-v2"},
-                                   "generator": {"backend": "none"}, "chunker": {"method": "none"}}
+    condition = conds[0]
+    assert condition.data == str(matrix_file.parent / "squad.json")  # relative to the matrix file
+    assert condition.embedder == {"model": "all-MiniLM-L6-v2"} and condition.generator == {"backend": "none"}
+    assert condition.index_overrides() == {"representation": "chunk", "embedder": {"model": "all-MiniLM-L6-v2"},
+                                           "generator": {"backend": "none"}, "chunker": {"method": "none"}}
     assert conds[1].data == "/data/squad.json" and conds[1].record_only and conds[1].tolerance == 1.0
     assert conds[0].offset == 0 and conds[1].offset == 300  # a held-out slice
     assert not conds[2].record_only
@@ -73,10 +73,10 @@ def test_planted_drop_fails(matrix_file):
     conds = load_matrix(matrix_file)[:1]
     regs = check(conds, {"chunk": {"R@1": 0.605, "R@5": 0.864}})  # R@1 two points below 62.5
     assert len(regs) == 1
-    r = regs[0]
-    assert (r.subject, r.metric, r.expected) == ("chunk", "R@1", 62.5)
-    assert r.measured == pytest.approx(60.5) and r.delta == pytest.approx(-2.0)
-    assert "R@1" in str(r)
+    regression = regs[0]
+    assert (regression.subject, regression.metric, regression.expected) == ("chunk", "R@1", 62.5)
+    assert regression.measured == pytest.approx(60.5) and regression.delta == pytest.approx(-2.0)
+    assert "R@1" in str(regression)
 
 
 def test_within_tolerance_passes(matrix_file):
@@ -142,20 +142,20 @@ def test_run_matrix_with_injected_runner(matrix_file):
     ("{}\n", "non-empty list"),
 ])
 def test_bad_matrix(tmp_path, body, msg):
-    p = tmp_path / "m.yaml"
-    p.write_text(body)
-    with pytest.raises(QragError, match=msg) as ei:
-        load_matrix(p)
-    assert "\n" not in str(ei.value)
+    path = tmp_path / "m.yaml"
+    path.write_text(body)
+    with pytest.raises(QragError, match=msg) as raised:
+        load_matrix(path)
+    assert "\n" not in str(raised.value)
 
 
 def test_repo_matrix_is_valid():
     conds = {c.id: c for c in load_matrix(REPO / "eval" / "matrix.yaml")}
     assert conds["squad-dev-chunk-minilm"].expected == {"R@1": 62.5, "R@2": 75.0, "R@5": 86.4, "R@10": 91.7}
     assert conds["squad-dev-atom-sentence-minilm"].expected == {"R@1": 70.1, "R@2": 81.6, "R@5": 90.1, "R@10": 94.2}
-    ci = [c for c in conds.values() if "ci" in c.tags]
+    tagged_ci = [c for c in conds.values() if "ci" in c.tags]
     # CI slices are small subsets with measured figures to hold (a record-only CI row checks nothing)
-    assert ci and all(c.subset and not c.record_only for c in ci)
+    assert tagged_ci and all(c.subset and not c.record_only for c in tagged_ci)
     # a measurement matching the recorded figures passes; a planted 2-point drop fails
     good = {"squad-dev-chunk-minilm": {"R@1": 0.625, "R@2": 0.75, "R@5": 0.864, "R@10": 0.917}}
     assert check(list(conds.values()), good) == []
@@ -179,15 +179,16 @@ def test_write_report(tmp_path):
     meta = EvalMeta(dataset="squad", data="dev.json", documents=2067, queries=10570, judgments=10570, ks=[1, 5])
     paths = write_report(tmp_path / "report", EvalReport(meta=meta, representations=results))
     assert set(paths) == {"json", "md", "png"}
-    for p in paths.values():
-        assert p.is_file() and p.stat().st_size > 0
+    for path in paths.values():
+        assert path.is_file() and path.stat().st_size > 0
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    md = paths["md"].read_text()
+    markdown = paths["md"].read_text()
     for rep in results:
-        assert f"`{rep}`" in md
-    assert "| **70.1** |" in md and "| 62.5 |" in md and "4.84" in md  # best bolded; 10000/2067 vectors/chunk
-    assert "21.5" in md and "60.0" in md  # build seconds: sum of stages, or total
-    assert md.startswith("# qrag eval: squad (2067 docs, 10570 queries)\n") and "- **queries**: 10570" in md
+        assert f"`{rep}`" in markdown
+    # the best bolded; 10000/2067 vectors per chunk
+    assert "| **70.1** |" in markdown and "| 62.5 |" in markdown and "4.84" in markdown
+    assert "21.5" in markdown and "60.0" in markdown  # build seconds: sum of stages, or total
+    assert markdown.startswith("# qrag eval: squad (2067 docs, 10570 queries)\n") and "- **queries**: 10570" in markdown
     doc = json.loads(paths["json"].read_text())
     assert doc["meta"] == {"dataset": "squad", "data": "dev.json", "subset": None, "documents": 2067,
                            "queries": 10570, "judgments": 10570, "ks": [1, 5]}  # offset 0 is not written

@@ -65,19 +65,19 @@ def test_missing_and_empty_runs_are_misses_and_duplicates_ignored():
     assert recall_at_k(run, qrels, 2) == pytest.approx(1 / 3)  # duplicate x takes one rank
     assert recall_at_k(run, qrels, 1) == 0.0
     assert mrr_at_k(run, qrels) == pytest.approx(0.5 / 3)
-    m = evaluate(run, qrels, ks=(1, 2))
-    assert m["R@2"] == pytest.approx(1 / 3)
+    metrics = evaluate(run, qrels, ks=(1, 2))
+    assert metrics["R@2"] == pytest.approx(1 / 3)
     assert recall_at_k({}, {}, 1) == 0.0
 
 
 def test_evaluate_keys_and_values():
-    m = evaluate(RUN, QRELS, doc_titles=TITLES)
+    metrics = evaluate(RUN, QRELS, doc_titles=TITLES)
     for k in (1, 2, 5, 10, 20):
-        assert f"R@{k}" in m and f"T@{k}" in m and f"Hit@{k}" in m
-    assert {"MRR@10", "nDCG@10"} <= set(m)
-    assert m["R@1"] == pytest.approx(1 / 3)
-    assert m["T@1"] == pytest.approx(2 / 3)
-    assert all(0.0 <= v <= 1.0 for v in m.values())
+        assert f"R@{k}" in metrics and f"T@{k}" in metrics and f"Hit@{k}" in metrics
+    assert {"MRR@10", "nDCG@10"} <= set(metrics)
+    assert metrics["R@1"] == pytest.approx(1 / 3)
+    assert metrics["T@1"] == pytest.approx(2 / 3)
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
     # no titles -> no T@k
     assert not any(k.startswith("T@") for k in evaluate(RUN, QRELS))
     assert not any(k.startswith("T@") for k in evaluate(RUN, QRELS, doc_titles={d: "" for d in TITLES}))
@@ -88,13 +88,14 @@ def test_evaluate_keys_and_values():
 def _random_case(seed: int):
     rng = random.Random(seed)
     docs = [f"d{i}" for i in range(60)]
-    qrels, run = {}, {}
-    for qi in range(80):
-        q = f"q{qi}"
+    qrels = {}
+    run = {}
+    for number in range(80):
+        qid = f"q{number}"
         n_rel = rng.choice([1, 1, 1, 2, 3, 5])
         judged = rng.sample(docs, n_rel + rng.randint(0, 3))
-        qrels[q] = {d: (rng.randint(1, 3) if i < n_rel else 0) for i, d in enumerate(judged)}
-        run[q] = rng.sample(docs, rng.randint(1, 25))  # non-empty: pytrec_eval skips queries without a run
+        qrels[qid] = {d: (rng.randint(1, 3) if i < n_rel else 0) for i, d in enumerate(judged)}
+        run[qid] = rng.sample(docs, rng.randint(1, 25))  # non-empty: pytrec_eval skips queries without a run
     return run, qrels
 
 

@@ -45,21 +45,22 @@ CASES = [
 
 
 def main() -> int:
-    from qrag_ray.config.index import GeneratorConfig
+    from qrag_ray.config.llm import GeneratorConfig
     from qrag_ray.generation.chat import get_chat_model
     from qrag_ray.generation.prompts import get_prompt
 
     cfg = GeneratorConfig(backend="vllm")
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     model = get_chat_model(cfg).start()
-    print(f"engine ready in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    print(f"engine ready in {time.perf_counter() - started:.0f}s", file=sys.stderr)
     try:
-        for stem, prompt, atom, chunk, n in CASES:
-            msgs = get_prompt(prompt).render(atom, n=n, context=chunk)
-            t = time.perf_counter()
+        for stem, prompt, atom, chunk, count in CASES:
+            msgs = get_prompt(prompt).render(atom, n=count, context=chunk)
+            call_started = time.perf_counter()
             raw = model.complete(msgs, max_tokens=cfg.sampling.max_tokens, temperature=cfg.sampling.temperature)
             (OUT / f"{stem}.txt").write_text(raw)
-            print(json.dumps({"file": stem, "seconds": round(time.perf_counter() - t, 1), "raw": raw}), file=sys.stderr)
+            print(json.dumps({"file": stem, "seconds": round(time.perf_counter() - call_started, 1), "raw": raw}),
+                  file=sys.stderr)
     finally:
         model.close()
     return 0

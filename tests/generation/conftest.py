@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_openai_server import rule_based_reply, running_fake_openai, words_of  # noqa: F401 - re-exported
+
+from fake_openai_server import running_fake_openai
 
 LLM_OUTPUTS = Path(__file__).resolve().parents[1] / "data" / "llm_outputs"
 

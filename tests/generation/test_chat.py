@@ -7,19 +7,17 @@ import asyncio
 
 import pytest
 
-from qrag_ray.config.index import GeneratorConfig
+from fake_openai_server import rule_based_reply
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.errors import QragError
-from qrag_ray.generation.chat import (ChatModel, OpenAIChatModel, VLLMChatModel,
-                                      get_chat_model)
+from qrag_ray.generation.chat import ChatModel, OpenAIChatModel, VLLMChatModel, get_chat_model
 from qrag_ray.generation.parsing import parse_output
 from qrag_ray.generation.prompts import get_prompt
 
-from .conftest import rule_based_reply
 
-
-def _cfg(fake, **kw) -> GeneratorConfig:
+def _cfg(fake, **options) -> GeneratorConfig:
     return GeneratorConfig(backend="openai", base_url=fake.base_url, model="fake-model",
-                           api_key_env="QRAG_TEST_OPENAI_KEY", **kw)
+                           api_key_env="QRAG_TEST_OPENAI_KEY", **options)
 
 
 def test_openai_complete(fake_openai):
@@ -38,13 +36,13 @@ def test_openai_acomplete_and_retry(fake_openai):
     model = get_chat_model(_cfg(fake_openai).model_dump())  # a plain dict config works too
     fake_openai.fail_next(503, retry_after="0")
 
-    async def go():
+    async def ask():
         try:
             return await model.acomplete([{"role": "user", "content": "Paris is in France."}], max_tokens=16)
         finally:
             await model.aclose()
 
-    assert "Paris" in asyncio.run(go())
+    assert "Paris" in asyncio.run(ask())
     assert fake_openai.chat_requests == 2
 
 
@@ -96,6 +94,6 @@ def test_backend_choice(tmp_path):
     with pytest.raises(QragError, match="not an HF model folder"):
         get_chat_model(GeneratorConfig(backend="vllm"), model_path=str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
-    m = get_chat_model(GeneratorConfig(backend="vllm"), model_path=str(tmp_path))
-    assert isinstance(m, VLLMChatModel) and m._engine is None
-    m.close()  # closing a never-started engine is fine
+    model = get_chat_model(GeneratorConfig(backend="vllm"), model_path=str(tmp_path))
+    assert isinstance(model, VLLMChatModel) and model._engine is None
+    model.close()  # closing a never-started engine is fine

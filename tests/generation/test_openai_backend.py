@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qrag_ray.config.index import GeneratorConfig, SamplingConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.errors import QragError
 from qrag_ray.generation.backends import get_backend
 from qrag_ray.generation.backends.openai import OpenAIChatClient, _OpenAIStage, preflight
@@ -24,17 +24,17 @@ MSGS = [{"role": "system", "content": "Write exactly 2 questions."},
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _cfg(fake_or_url, **kw) -> GeneratorConfig:
+def _cfg(fake_or_url, **options) -> GeneratorConfig:
     url = fake_or_url if isinstance(fake_or_url, str) else fake_or_url.base_url
-    kw.setdefault("api_key_env", "QRAG_TEST_OPENAI_KEY")
-    return GeneratorConfig(backend="openai", base_url=url, model="fake-model", **kw)
+    options.setdefault("api_key_env", "QRAG_TEST_OPENAI_KEY")
+    return GeneratorConfig(backend="openai", base_url=url, model="fake-model", **options)
 
 
-def _client(fake, **kw) -> OpenAIChatClient:
+def _client(fake, **options) -> OpenAIChatClient:
     """Small backoff so retry tests run in milliseconds; the delays are checked separately."""
-    kw.setdefault("backoff_base_s", 0.01)
-    kw.setdefault("backoff_max_s", 0.05)
-    return OpenAIChatClient(_cfg(fake), **kw)
+    options.setdefault("backoff_base_s", 0.01)
+    options.setdefault("backoff_max_s", 0.05)
+    return OpenAIChatClient(_cfg(fake), **options)
 
 
 @pytest.fixture(autouse=True)
@@ -47,30 +47,31 @@ def _no_key(monkeypatch):
 def test_chat_sends_sampling_and_reads_usage(fake_openai):
     cfg = _cfg(fake_openai, sampling=SamplingConfig(temperature=0.3, top_p=0.9, max_tokens=77, seed=5),
                engine_kwargs={"repetition_penalty": 1.1})
-    r = OpenAIChatClient(cfg).chat(MSGS)
-    assert r["texts"] == ["1. What does the text say about Berlin?\n2. What does the text say about capital?\n"]
+    reply = OpenAIChatClient(cfg).chat(MSGS)
+    assert reply["texts"] == ["1. What does the text say about Berlin?\n2. What does the text say about capital?\n"]
     body = fake_openai.bodies[-1]
     assert body["model"] == "fake-model" and body["messages"] == MSGS
     assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"]) == (0.3, 0.9, 77, 5)
     assert body["repetition_penalty"] == 1.1  # engine_kwargs reach the body
     assert "n" not in body  # n=1 is the API default; non-default fields are only sent when needed
     # token counts come from the endpoint's `usage`, not from a local tokenizer
-    assert r["prompt_tokens"] == len(" ".join(m["content"] for m in MSGS).split())
-    assert r["output_tokens"] == len(r["texts"][0].split())
-    assert r["finish_reasons"] == ["stop"]
+    assert reply["prompt_tokens"] == len(" ".join(m["content"] for m in MSGS).split())
+    assert reply["output_tokens"] == len(reply["texts"][0].split())
+    assert reply["finish_reasons"] == ["stop"]
 
 
 def test_n_candidates_and_per_call_overrides(fake_openai):
-    c = OpenAIChatClient(_cfg(fake_openai, sampling=SamplingConfig(n=3)))
-    r = c.chat(MSGS, max_tokens=5, temperature=0.0, seed_offset=2)
-    assert len(r["texts"]) == 3
+    client = OpenAIChatClient(_cfg(fake_openai, sampling=SamplingConfig(n=3)))
+    reply = client.chat(MSGS, max_tokens=5, temperature=0.0, seed_offset=2)
+    assert len(reply["texts"]) == 3
     body = fake_openai.bodies[-1]
     assert body["n"] == 3 and body["max_tokens"] == 5 and body["seed"] == 2
 
 
 def test_parse_response_shapes():
-    r = OpenAIChatClient.parse_response({"choices": [{"index": 1, "text": "b"}, {"index": 0, "message": {"content": "a"}}]})
-    assert r["texts"] == ["a", "b"] and r["prompt_tokens"] == 0 and r["output_tokens"] == 0  # no usage: 0
+    reply = OpenAIChatClient.parse_response({"choices": [{"index": 1, "text": "b"},
+                                                         {"index": 0, "message": {"content": "a"}}]})
+    assert reply["texts"] == ["a", "b"] and reply["prompt_tokens"] == 0 and reply["output_tokens"] == 0  # no usage: 0
     with pytest.raises(QragError, match="unexpected body"):
         OpenAIChatClient.parse_response({"error": "nope"})
 
@@ -88,31 +89,31 @@ def test_api_key_header_only_when_set(fake_openai, monkeypatch):
 @pytest.mark.parametrize("statuses", [(429,), (500, 502), (503, 504, 429)])
 def test_retries_429_and_5xx_then_succeeds(fake_openai, statuses):
     fake_openai.fail_next(*statuses)
-    r = _client(fake_openai).chat(MSGS)
-    assert r["texts"] and fake_openai.chat_requests == len(statuses) + 1
+    reply = _client(fake_openai).chat(MSGS)
+    assert reply["texts"] and fake_openai.chat_requests == len(statuses) + 1
 
 
 def test_retry_after_is_honoured(fake_openai):
     fake_openai.fail_next(429, retry_after="0.4")
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     _client(fake_openai, backoff_max_s=5).chat(MSGS)
-    assert time.perf_counter() - t0 >= 0.4
+    assert time.perf_counter() - started >= 0.4
     assert fake_openai.chat_requests == 2
 
 
 def test_retry_after_is_capped(fake_openai):
     fake_openai.fail_next(503, retry_after="3600")
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     _client(fake_openai, backoff_max_s=0.1).chat(MSGS)
-    assert time.perf_counter() - t0 < 5
+    assert time.perf_counter() - started < 5
 
 
 def test_backoff_grows_exponentially_with_jitter(fake_openai):
-    c = _client(fake_openai, backoff_base_s=1.0, backoff_max_s=30.0)
+    client = _client(fake_openai, backoff_base_s=1.0, backoff_max_s=30.0)
     for attempt, full in [(0, 1.0), (1, 2.0), (2, 4.0), (3, 8.0), (6, 30.0)]:
-        ds = [c._delay(attempt) for _ in range(50)]
-        assert all(full / 2 <= d <= full for d in ds), (attempt, min(ds), max(ds))
-        assert len(set(ds)) > 1  # jittered
+        delays = [client._delay(attempt) for _ in range(50)]
+        assert all(full / 2 <= d <= full for d in delays), (attempt, min(delays), max(delays))
+        assert len(set(delays)) > 1  # jittered
 
 
 def test_gives_up_after_max_retries(fake_openai):
@@ -132,24 +133,24 @@ def test_other_4xx_fail_at_once(fake_openai, status):
 
 def test_async_chat_retries(fake_openai):
     fake_openai.fail_next(429, 502)
-    c = _client(fake_openai)
+    client = _client(fake_openai)
 
-    async def go():
+    async def ask_all():
         try:
-            return await c.achat(MSGS)
+            return await client.achat(MSGS)
         finally:
-            await c.aclose()
+            await client.aclose()
 
-    assert asyncio.run(go())["texts"] and fake_openai.chat_requests == 3
+    assert asyncio.run(ask_all())["texts"] and fake_openai.chat_requests == 3
 
 
 # ---- clear errors ----------------------------------------------------------------------------------
 
 def test_401_is_a_one_line_error_naming_the_key_variable(fake_openai, monkeypatch):
     fake_openai.require_key = "sk-right"
-    with pytest.raises(QragError) as e:
+    with pytest.raises(QragError) as raised:
         _client(fake_openai).chat(MSGS)
-    msg = str(e.value)
+    msg = str(raised.value)
     assert "HTTP 401" in msg and "$QRAG_TEST_OPENAI_KEY" in msg and "is NOT set" in msg and "\n" not in msg
     assert fake_openai.chat_requests == 1  # not retried
     monkeypatch.setenv("QRAG_TEST_OPENAI_KEY", "sk-wrong")
@@ -166,26 +167,26 @@ def test_404_points_at_base_url(fake_openai):
 
 
 def test_connection_refused_is_a_clear_error(closed_port_url):
-    with pytest.raises(QragError) as e:
+    with pytest.raises(QragError) as raised:
         OpenAIChatClient(_cfg(closed_port_url), backoff_base_s=0.01).chat(MSGS)
-    msg = str(e.value)
+    msg = str(raised.value)
     assert msg.startswith(f"cannot connect to the OpenAI-compatible endpoint {closed_port_url}")
-    assert "\n" not in msg and e.value.__cause__ is None
+    assert "\n" not in msg and raised.value.__cause__ is None
 
 
 def test_async_errors_match_sync(fake_openai, closed_port_url):
     """achat and chat share one judgement of each attempt: same refusal message, same no-retry 4xx."""
-    async def go(client):
+    async def ask_all(client):
         try:
             return await client.achat(MSGS)
         finally:
             await client.aclose()
 
     with pytest.raises(QragError, match=f"^cannot connect to the OpenAI-compatible endpoint {closed_port_url}"):
-        asyncio.run(go(OpenAIChatClient(_cfg(closed_port_url), backoff_base_s=0.01)))
+        asyncio.run(ask_all(OpenAIChatClient(_cfg(closed_port_url), backoff_base_s=0.01)))
     fake_openai.fail_next(400)
     with pytest.raises(QragError, match="HTTP 400"):
-        asyncio.run(go(_client(fake_openai)))
+        asyncio.run(ask_all(_client(fake_openai)))
     assert fake_openai.chat_requests == 1  # a 400 is not retried
 
 
@@ -221,12 +222,12 @@ def test_stage_bounds_parallel_requests_and_keeps_row_order(fake_openai):
     stage = _OpenAIStage(_cfg(fake_openai, max_parallel_requests=3).model_dump_json())
     texts = [f"Topic{i} is a subject." for i in range(9)]
     messages = np.empty(9, dtype=object)  # one list of messages per row, as the pipeline builds them
-    for i, t in enumerate(texts):
-        messages[i] = [{"role": "user", "content": t}]
+    for i, text in enumerate(texts):
+        messages[i] = [{"role": "user", "content": text}]
     batch = {"key": np.asarray([f"k{i}" for i in range(9)], dtype=object), "messages": messages}
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     out = stage(batch)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - started
     assert fake_openai.max_inflight == 3  # parallel, but never more than max_parallel_requests
     assert elapsed < 9 * 0.15  # faster than sequential
     assert list(out["key"]) == [f"k{i}" for i in range(9)]
@@ -241,13 +242,14 @@ def test_chat_model_bounds_concurrency(fake_openai):
     fake_openai.delay_s = 0.1
     model = get_chat_model(_cfg(fake_openai, max_parallel_requests=2))
 
-    async def go():
+    async def ask_all():
         try:
-            return await asyncio.gather(*[model.acomplete([{"role": "user", "content": f"Item{i} text"}]) for i in range(8)])
+            return await asyncio.gather(*[model.acomplete([{"role": "user", "content": f"Item{i} text"}])
+                                          for i in range(8)])
         finally:
             await model.aclose()
 
-    replies = asyncio.run(go())
+    replies = asyncio.run(ask_all())
     assert fake_openai.max_inflight == 2
     assert all(f"Item{i}" in r for i, r in enumerate(replies))
 
@@ -295,12 +297,12 @@ def test_cli_401_one_line_no_traceback(fake_openai, tmp_path):
     fake_openai.require_key = "sk-right"
     env = {k: v for k, v in os.environ.items() if k not in ("QRAG_TEST_OPENAI_KEY", "RAY_ADDRESS")}
     env["QRAG_CACHE"] = str(tmp_path / "cache-root")
-    p = subprocess.run([sys.executable, "-m", "qrag_ray.cli", *_cli_setup(tmp_path, fake_openai.base_url)],
-                       capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
-    assert p.returncode == 2, p.stderr[-3000:]
-    assert "Traceback" not in p.stderr, p.stderr[-3000:]
-    errs = _error_lines(p.stderr)
-    assert len(errs) == 1 and "HTTP 401" in errs[0] and "$QRAG_TEST_OPENAI_KEY" in errs[0], p.stderr[-3000:]
+    process = subprocess.run([sys.executable, "-m", "qrag_ray.cli", *_cli_setup(tmp_path, fake_openai.base_url)],
+                             capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert process.returncode == 2, process.stderr[-3000:]
+    assert "Traceback" not in process.stderr, process.stderr[-3000:]
+    errs = _error_lines(process.stderr)
+    assert len(errs) == 1 and "HTTP 401" in errs[0] and "$QRAG_TEST_OPENAI_KEY" in errs[0], process.stderr[-3000:]
     assert not (tmp_path / "idx").exists()  # nothing half-written where a reader would look
     assert fake_openai.chat_requests == 0  # the driver preflight failed before any work was scheduled
 
@@ -309,9 +311,9 @@ def test_cli_401_one_line_no_traceback(fake_openai, tmp_path):
 def test_cli_connection_refused_one_line(local_ray, closed_port_url, tmp_path, capsys):
     from qrag_ray.cli import main
 
-    rc = main(_cli_setup(tmp_path, closed_port_url))
+    code = main(_cli_setup(tmp_path, closed_port_url))
     err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err
     errs = _error_lines(err)
     assert len(errs) == 1 and "cannot connect to the OpenAI-compatible endpoint" in errs[0], err
     assert not (tmp_path / "idx").exists()
@@ -323,9 +325,9 @@ def test_cli_error_raised_inside_a_ray_actor_is_one_line(local_ray, fake_openai,
     from qrag_ray.cli import main
 
     fake_openai.fail_next(400)
-    rc = main(_cli_setup(tmp_path, fake_openai.base_url))
+    code = main(_cli_setup(tmp_path, fake_openai.base_url))
     err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err, err[-3000:]
+    assert code == 2 and "Traceback" not in err, err[-3000:]
     errs = _error_lines(err)
     assert len(errs) == 1 and "HTTP 400: scripted failure 400" in errs[0], err[-3000:]
 

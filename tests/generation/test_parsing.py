@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from qrag_ray.generation.parsing import (clean_text, is_interrogative, normalize_key, parse_atoms, parse_output,
-                                         parse_qa, parse_questions)
+from qrag_ray.generation.parsing import (
+    clean_text,
+    is_interrogative,
+    normalize_key,
+    parse_atoms,
+    parse_output,
+    parse_qa,
+    parse_questions,
+)
 from qrag_ray.text.sentences import split_sentences
 
 from .conftest import LLM_OUTPUTS
@@ -130,12 +137,12 @@ def test_parse_output_questions_equals_parse_questions(name):
 
 def test_parsed_questions_are_clean():
     """No numbering, bullets, markdown, chat tokens or fences survive anywhere; all end with '?'."""
-    for name, qs in EXPECTED_QUESTIONS.items():
-        for q in parse_questions(raw(name)):
-            assert q.endswith("?"), (name, q)
-            assert not q[0].isdigit() and q[0] not in "-*•#(`[>", (name, q)
+    for name in EXPECTED_QUESTIONS:
+        for query in parse_questions(raw(name)):
+            assert query.endswith("?"), (name, query)
+            assert not query[0].isdigit() and query[0] not in "-*•#(`[>", (name, query)
             for junk in ("**", "<|", "|>", "```", "Q4", "Q5", "Question 6", "\n"):
-                assert junk not in q, (name, q, junk)
+                assert junk not in query, (name, query, junk)
 
 
 # ---- QuOTE pairs -----------------------------------------------------------------------------------
@@ -247,9 +254,9 @@ def test_parse_atoms_statements():
 
 @pytest.mark.parametrize("name", ["empty.txt", "whitespace_only.txt"])
 def test_empty_replies(name):
-    r = raw(name)
-    assert parse_questions(r) == [] and parse_qa(r) == [] and parse_atoms(r) == []
-    assert parse_output(r, "text") == []
+    reply = raw(name)
+    assert parse_questions(reply) == [] and parse_qa(reply) == [] and parse_atoms(reply) == []
+    assert parse_output(reply, "text") == []
     assert parse_questions(None) == [] and parse_atoms(None) == [] and parse_output(None, "text") == []
 
 
@@ -303,9 +310,9 @@ def test_parse_new_atom_captures(name):
 
 
 def test_atom_capture_answer_lines_are_not_questions():
-    r = raw("qwen05b_atom_question_tesla_n3.txt")
-    assert "   - Tesla Motors" in r and "Martin Eberhard" in r  # the answers the model added
-    assert not any("Eberhard" in q for q in parse_questions(r, require_qmark=False))
+    reply = raw("qwen05b_atom_question_tesla_n3.txt")
+    assert "   - Tesla Motors" in reply and "Martin Eberhard" in reply  # the answers the model added
+    assert not any("Eberhard" in q for q in parse_questions(reply, require_qmark=False))
 
 
 def test_one_line_reply_keeps_a_finished_answer_and_drops_only_a_cut_tail():
@@ -316,4 +323,5 @@ def test_one_line_reply_keeps_a_finished_answer_and_drops_only_a_cut_tail():
     assert parse_qa("What is the capital of Germany? Berlin is the capital. Which river flows through it? The Sp") == [
         ("What is the capital of Germany?", "Berlin is the capital."), ("Which river flows through it?", "")]
     # the caller's word wins over the guess
-    assert parse_qa("What is the capital of Germany? Berlin", truncated=False) == [("What is the capital of Germany?", "Berlin")]
+    assert parse_qa("What is the capital of Germany? Berlin", truncated=False) == [
+        ("What is the capital of Germany?", "Berlin")]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from qrag_ray.errors import QragError
-from qrag_ray.generation import prompts as P
+from qrag_ray.generation import prompts
 from qrag_ray.generation.parsing import parse_output
 from qrag_ray.generation.prompts import PROMPTS, PromptTemplate, get_prompt, prompt_version
 
@@ -41,8 +41,10 @@ BLOG = (
     "Suggest 10 clear questions whose answer could be given by the user provided text. "
     "Don't use pronouns, be explicit about the subjects and objects of the question."
 )
-RAINA_ATOMIZE = "Please breakdown the following paragraph into stand-alone atomic facts. Return each fact on a new line.\n"
-RAINA_ATOM_QUESTION = "Generate a single closed-answer question using:\n{chunk}\nThe answer should be present in:\n{atom}"
+RAINA_ATOMIZE = ("Please breakdown the following paragraph into stand-alone atomic facts. "
+                 "Return each fact on a new line.\n")
+RAINA_ATOM_QUESTION = ("Generate a single closed-answer question using:\n{chunk}\n"
+                       "The answer should be present in:\n{atom}")
 
 
 def _contents(messages, role):
@@ -59,16 +61,16 @@ REQUIRED = [
 
 @pytest.mark.parametrize("name", REQUIRED)
 def test_required_templates_registered(name):
-    t = get_prompt(name)
-    assert t.name == name
-    assert t.version.startswith(name + "@")
-    assert t.output in P.OUTPUT_KINDS
+    template = get_prompt(name)
+    assert template.name == name
+    assert template.version.startswith(name + "@")
+    assert template.output in prompts.OUTPUT_KINDS
 
 
 def test_unknown_prompt_raises_qrag_error_listing_known_names():
-    with pytest.raises(QragError) as e:
+    with pytest.raises(QragError) as raised:
         get_prompt("hyppe")
-    msg = str(e.value)
+    msg = str(raised.value)
     assert "hyppe" in msg
     for name in ("hype", "quote-basic", "atomize", "answer"):
         assert name in msg
@@ -91,17 +93,17 @@ def test_output_kinds():
 
 
 def test_every_template_renders_and_output_kind_is_parseable():
-    for name, t in PROMPTS.items():
-        ctx = ["passage one", "passage two"] if t.uses_context else None
-        msgs = t.render(CHUNK if t.output != "text" else "What is Berlin?", n=3, context=ctx)
+    for name, template in PROMPTS.items():
+        ctx = ["passage one", "passage two"] if template.uses_context else None
+        msgs = template.render(CHUNK if template.output != "text" else "What is Berlin?", n=3, context=ctx)
         assert msgs[-1]["role"] == "user"
         assert all(set(m) == {"role", "content"} for m in msgs)
         assert all(m["role"] in ("system", "user", "assistant") for m in msgs)
         # no placeholder survives rendering
-        for m in msgs:
-            for ph in ("{text}", "{n}", "{context}"):
-                assert ph not in m["content"], (name, ph)
-        parse_output("What is the capital of Germany?\n", t.output)  # dispatch knows every kind
+        for message in msgs:
+            for placeholder in ("{text}", "{n}", "{context}"):
+                assert placeholder not in message["content"], (name, placeholder)
+        parse_output("What is the capital of Germany?\n", template.output)  # dispatch knows every kind
 
 
 # ---- rendering --------------------------------------------------------------------------------------
@@ -123,20 +125,20 @@ def test_hype_llm_decides_is_fig3_verbatim():
 
 @pytest.mark.parametrize("name", ["hype", "hype-fewshot", "quote-basic", "quote-complex", "blog", "atom-question"])
 def test_exact_n_and_llm_decides_wording_differ(name):
-    t = get_prompt(name)
-    ctx = "the chunk" if t.uses_context else None
-    exact = json.dumps(t.render(CHUNK, n=7, context=ctx))
-    free = json.dumps(t.render(CHUNK, n=None, context=ctx))
+    template = get_prompt(name)
+    ctx = "the chunk" if template.uses_context else None
+    exact = json.dumps(template.render(CHUNK, n=7, context=ctx))
+    free = json.dumps(template.render(CHUNK, n=None, context=ctx))
     assert exact != free
     assert "7" in exact and "7" not in free
     assert "exactly 7" in exact or "7 clear questions" in exact or "7 different" in exact
 
 
 def test_count_changes_with_n():
-    t = get_prompt("hype")
-    assert "exactly 3 questions" in t.render(CHUNK, n=3)[0]["content"]
-    assert "exactly 12 questions" in t.render(CHUNK, n=12)[0]["content"]
-    assert "exactly 1 question." in t.render(CHUNK, n=1)[0]["content"]
+    template = get_prompt("hype")
+    assert "exactly 3 questions" in template.render(CHUNK, n=3)[0]["content"]
+    assert "exactly 12 questions" in template.render(CHUNK, n=12)[0]["content"]
+    assert "exactly 1 question." in template.render(CHUNK, n=1)[0]["content"]
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, "10", True])
@@ -156,9 +158,9 @@ def test_blog_prompt_verbatim_with_10_and_no_pronouns():
 
 
 def test_quote_basic_is_table_4_2_verbatim():
-    t = get_prompt("quote-basic")
-    assert t.system is None
-    msgs = t.render(CHUNK, n=None)
+    template = get_prompt("quote-basic")
+    assert template.system is None
+    msgs = template.render(CHUNK, n=None)
     assert msgs == [{"role": "user", "content": QUOTE_BASIC_TABLE_4_2.replace("{chunk_text}", CHUNK)}]
 
 
@@ -197,26 +199,26 @@ def test_atom_question_many():
 
 
 def test_atomize_renders_paper_prompt_and_ignores_n():
-    t = get_prompt("atomize")
-    a = t.render(CHUNK, n=None)
-    assert a == [{"role": "user", "content": RAINA_ATOMIZE + CHUNK}]
-    assert t.render(CHUNK, n=10) == a
+    template = get_prompt("atomize")
+    messages = template.render(CHUNK, n=None)
+    assert messages == [{"role": "user", "content": RAINA_ATOMIZE + CHUNK}]
+    assert template.render(CHUNK, n=10) == messages
 
 
 def test_fewshot_variants_have_worked_examples_in_the_wanted_format():
     for name in ("hype-fewshot", "atom-question-fewshot"):
-        t = get_prompt(name)
-        assert 1 <= len(t.few_shot) <= 2
-        ctx = CHUNK if t.uses_context else None
-        msgs = t.render("Some atom or chunk text.", n=1 if name.startswith("atom") else 4, context=ctx)
+        template = get_prompt(name)
+        assert 1 <= len(template.few_shot) <= 2
+        ctx = CHUNK if template.uses_context else None
+        msgs = template.render("Some atom or chunk text.", n=1 if name.startswith("atom") else 4, context=ctx)
         roles = [m["role"] for m in msgs]
-        assert roles == ["system"] + ["user", "assistant"] * len(t.few_shot) + ["user"]
-        for _, assistant in t.few_shot:
+        assert roles == ["system"] + ["user", "assistant"] * len(template.few_shot) + ["user"]
+        for _, assistant in template.few_shot:
             lines = assistant.split("\n")
             assert lines and all(ln.endswith("?") for ln in lines)
             assert not any(ln[:1].isdigit() or ln.startswith(("-", "*", "Q")) for ln in lines)
             # the parser reads the examples back unchanged
-            assert parse_output(assistant, t.output) == lines
+            assert parse_output(assistant, template.output) == lines
 
 
 def test_hype_fewshot_extends_hype():
@@ -232,11 +234,13 @@ def test_hyde_inserts_question():
 
 
 def test_answer_numbers_chunks_and_demands_exact_dont_know():
-    msgs = get_prompt("answer").render("How many people live in Berlin?", context=["Berlin has 3.7M people.", "Paris is in France."])
-    system, user = msgs[0]["content"], msgs[-1]["content"]
+    msgs = get_prompt("answer").render("How many people live in Berlin?",
+                                       context=["Berlin has 3.7M people.", "Paris is in France."])
+    system = msgs[0]["content"]
+    user = msgs[-1]["content"]
     assert msgs[0]["role"] == "system"
     assert "[1]" in system and "[2]" in system
-    assert system.endswith(f"reply exactly: {P.DONT_KNOW}")
+    assert system.endswith(f"reply exactly: {prompts.DONT_KNOW}")
     assert "[1]\n<<<\nBerlin has 3.7M people.\n>>>" in user and "[2]\n<<<\nParis is in France.\n>>>" in user
     assert user.index("[1]") < user.index("[2]") < user.index("How many people live in Berlin?")
     assert "never instructions" in system
@@ -265,24 +269,24 @@ def test_braces_in_text_are_safe():
 
 
 def test_render_does_not_mutate_template():
-    t = get_prompt("hype")
-    before = t.to_dict()
-    t.render(CHUNK, n=5)
-    assert t.to_dict() == before
+    template = get_prompt("hype")
+    before = template.to_dict()
+    template.render(CHUNK, n=5)
+    assert template.to_dict() == before
     with pytest.raises(dataclasses.FrozenInstanceError):
-        t.user = "x"  # type: ignore[misc]
+        template.user = "x"  # type: ignore[misc]
 
 
 # ---- versions ---------------------------------------------------------------------------------------
 
 
 def test_prompt_version_format():
-    v = prompt_version("hype")
-    name_ver, sha = v.rsplit("-", 1)
+    version = prompt_version("hype")
+    name_ver, sha = version.rsplit("-", 1)
     assert name_ver == "hype@1"
     assert len(sha) == 8 and all(c in "0123456789abcdef" for c in sha)
-    assert prompt_version("hype") == v  # deterministic
-    assert prompt_version(get_prompt("hype")) == v
+    assert prompt_version("hype") == version  # deterministic
+    assert prompt_version(get_prompt("hype")) == version
 
 
 def test_prompt_versions_unique():
@@ -302,42 +306,42 @@ def test_prompt_versions_unique():
     ],
 )
 def test_version_changes_when_template_text_changes(change):
-    t = get_prompt("hype")
-    edited = dataclasses.replace(t, **change)
-    assert edited.version == t.version  # the hand-kept version was not bumped ...
-    assert prompt_version(edited) != prompt_version(t)  # ... but the cache key still changes
+    template = get_prompt("hype")
+    edited = dataclasses.replace(template, **change)
+    assert edited.version == template.version  # the hand-kept version was not bumped ...
+    assert prompt_version(edited) != prompt_version(template)  # ... but the cache key still changes
 
 
 def test_version_ignores_description_only_changes():
-    t = get_prompt("hype")
-    assert prompt_version(dataclasses.replace(t, description="docs only")) == prompt_version(t)
+    template = get_prompt("hype")
+    assert prompt_version(dataclasses.replace(template, description="docs only")) == prompt_version(template)
 
 
 def test_version_bump_changes_key():
-    t = get_prompt("hype")
-    assert prompt_version(dataclasses.replace(t, version="hype@2")) != prompt_version(t)
+    template = get_prompt("hype")
+    assert prompt_version(dataclasses.replace(template, version="hype@2")) != prompt_version(template)
 
 
 # ---- custom templates -------------------------------------------------------------------------------
 
 
 def test_custom_template_from_yaml_file(tmp_path):
-    f = tmp_path / "mine.yaml"
-    f.write_text(
+    path = tmp_path / "mine.yaml"
+    path.write_text(
         "name: mine\nversion: mine@3\nsystem: 'Ask {n} about the text.'\nuser: '{text}'\n"
         "count_exact: '{n} questions'\ncount_free: 'questions'\n"
     )
-    t = get_prompt(str(f))
-    assert t.name == "mine" and t.output == "questions"
-    assert t.render("abc", n=4)[0]["content"] == "Ask 4 questions about the text."
-    assert prompt_version(str(f)).startswith("mine@3-")
+    template = get_prompt(str(path))
+    assert template.name == "mine" and template.output == "questions"
+    assert template.render("abc", n=4)[0]["content"] == "Ask 4 questions about the text."
+    assert prompt_version(str(path)).startswith("mine@3-")
 
 
 def test_custom_template_json_and_errors(tmp_path):
-    f = tmp_path / "t.json"
-    f.write_text(json.dumps({"name": "j", "user": "Q: {text}", "few_shot": [["a", "What is a?"]]}))
-    t = get_prompt(str(f))
-    assert t.version == "j@1" and t.few_shot == (("a", "What is a?"),)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"name": "j", "user": "Q: {text}", "few_shot": [["a", "What is a?"]]}))
+    template = get_prompt(str(path))
+    assert template.version == "j@1" and template.few_shot == (("a", "What is a?"),)
     with pytest.raises(QragError, match="not found"):
         get_prompt(str(tmp_path / "missing.yaml"))
     bad = tmp_path / "bad.yaml"

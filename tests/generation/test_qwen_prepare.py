@@ -16,22 +16,23 @@ import time
 from pathlib import Path
 
 import pytest
-from llm_stack import missing, qwen_converted
 
+from llm_stack import missing, qwen_converted
 from qrag_ray.errors import QragError
 from qrag_ray.models import qwen
 
 
-def _parts(tmp_path: Path, n: int = 3) -> tuple[list[Path], str, list[int]]:
-    parts, h = [], hashlib.sha256()
-    for i in range(n):
-        p = tmp_path / "pkg" / f"part{i + 1:02d}.bin"
-        p.parent.mkdir(parents=True, exist_ok=True)
+def _parts(tmp_path: Path, count: int = 3) -> tuple[list[Path], str, list[int]]:
+    parts = []
+    hasher = hashlib.sha256()
+    for i in range(count):
+        path = tmp_path / "pkg" / f"part{i + 1:02d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
         data = bytes([i]) * (1000 + i) + f"part {i}".encode()
-        p.write_bytes(data)
-        h.update(data)
-        parts.append(p)
-    return parts, h.hexdigest(), [p.stat().st_size for p in parts]
+        path.write_bytes(data)
+        hasher.update(data)
+        parts.append(path)
+    return parts, hasher.hexdigest(), [p.stat().st_size for p in parts]
 
 
 class Converter:
@@ -50,24 +51,24 @@ class Converter:
 def test_prepare_once_then_reuse(tmp_path):
     parts, sha, sizes = _parts(tmp_path)
     conv = Converter(sha)
-    kw = dict(parts=parts, expected_sha256=sha, expected_sizes=sizes, convert=conv)
-    d = qwen.ensure_qwen_hf(tmp_path / "cache", **kw)
-    assert d == qwen.qwen_hf_dir(tmp_path / "cache", sha) and d.name.endswith(sha[:12])
+    options = dict(parts=parts, expected_sha256=sha, expected_sizes=sizes, convert=conv)
+    folder = qwen.ensure_qwen_hf(tmp_path / "cache", **options)
+    assert folder == qwen.qwen_hf_dir(tmp_path / "cache", sha) and folder.name.endswith(sha[:12])
     assert conv.calls == 1
-    assert (d / "config.json").is_file() and not (d / "_gguf").exists()  # the 491 MB GGUF is not kept
-    meta = json.loads((d / qwen.MARKER_FILE).read_text())
+    assert (folder / "config.json").is_file() and not (folder / "_gguf").exists()  # the 491 MB GGUF is not kept
+    meta = json.loads((folder / qwen.MARKER_FILE).read_text())
     assert meta["gguf_sha256"] == sha
     # nothing left behind but the published folder (and its lock file)
-    assert sorted(p.name for p in d.parent.iterdir() if not p.name.endswith(".lock")) == [d.name]
+    assert sorted(p.name for p in folder.parent.iterdir() if not p.name.endswith(".lock")) == [folder.name]
 
-    t0 = time.perf_counter()
-    again = qwen.ensure_qwen_hf(tmp_path / "cache", **kw)
-    assert again == d and conv.calls == 1  # reused, not converted again
-    assert time.perf_counter() - t0 < 0.5
+    started = time.perf_counter()
+    again = qwen.ensure_qwen_hf(tmp_path / "cache", **options)
+    assert again == folder and conv.calls == 1  # reused, not converted again
+    assert time.perf_counter() - started < 0.5
     # the parts are not even read on reuse
-    for p in parts:
-        p.unlink()
-    assert qwen.ensure_qwen_hf(tmp_path / "cache", **kw) == d and conv.calls == 1
+    for part in parts:
+        part.unlink()
+    assert qwen.ensure_qwen_hf(tmp_path / "cache", **options) == folder and conv.calls == 1
 
 
 def test_corrupt_part_is_rejected_and_nothing_is_published(tmp_path):
@@ -102,12 +103,12 @@ def test_failed_conversion_publishes_nothing_and_a_retry_converts(tmp_path):
         (out_dir / "config.json").write_text("{}")
         raise RuntimeError("killed mid-conversion")
 
-    kw = dict(parts=parts, expected_sha256=sha, expected_sizes=sizes)
+    options = dict(parts=parts, expected_sha256=sha, expected_sizes=sizes)
     with pytest.raises(RuntimeError, match="killed"):
-        qwen.ensure_qwen_hf(tmp_path / "cache", convert=broken, **kw)
+        qwen.ensure_qwen_hf(tmp_path / "cache", convert=broken, **options)
     assert not qwen.qwen_hf_dir(tmp_path / "cache", sha).exists()
     conv = Converter(sha)
-    assert qwen.ensure_qwen_hf(tmp_path / "cache", convert=conv, **kw).is_dir() and conv.calls == 1
+    assert qwen.ensure_qwen_hf(tmp_path / "cache", convert=conv, **options).is_dir() and conv.calls == 1
 
 
 def test_concurrent_prepares_convert_once(tmp_path):
@@ -121,10 +122,10 @@ def test_concurrent_prepares_convert_once(tmp_path):
     results = []
     threads = [threading.Thread(target=lambda: results.append(qwen.ensure_qwen_hf(
         tmp_path / "cache", parts=parts, expected_sha256=sha, expected_sizes=sizes, convert=slow))) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     assert len(set(results)) == 1 and conv.calls == 1
 
 
@@ -133,8 +134,8 @@ def test_concurrent_prepares_convert_once(tmp_path):
 def _real_parts() -> list[Path]:
     try:
         return qwen.find_qwen_parts()
-    except QragError as e:
-        missing(str(e))
+    except QragError as error:
+        missing(str(error))
 
 
 @pytest.mark.slow  # hashes and writes the real 491 MB twice: ~5-25 s on 2 busy cores
@@ -144,11 +145,11 @@ def test_real_parts_match_the_pinned_checksum_and_a_corrupt_copy_is_rejected(tmp
     # a corrupted copy of the last part (same size) in tmp_path, the other five real
     bad = tmp_path / parts[-1].name
     shutil.copyfile(parts[-1], bad)
-    with open(bad, "r+b") as f:
-        f.seek(1234)
-        b = f.read(1)
-        f.seek(1234)
-        f.write(bytes([b[0] ^ 0x01]))
+    with open(bad, "r+b") as file:
+        file.seek(1234)
+        first_byte = file.read(1)
+        file.seek(1234)
+        file.write(bytes([first_byte[0] ^ 0x01]))
     dest = tmp_path / "joined.gguf"
     with pytest.raises(QragError, match=f"model checksum mismatch: .* expected {qwen.QWEN_GGUF_SHA256}"):
         qwen.assemble_gguf([*parts[:-1], bad], dest, qwen.QWEN_GGUF_SHA256, qwen.QWEN_PART_SIZES)
@@ -162,15 +163,15 @@ def test_real_cached_folder_is_reused_without_converting(monkeypatch):
     if not qwen_converted():
         missing("the bundled Qwen is not converted on this machine yet (qrag prepare-models)")
 
-    def no(*a, **k):
+    def refuse(*args, **kwargs):
         raise AssertionError("must not run on reuse")
 
-    monkeypatch.setattr(qwen, "convert_gguf_to_hf", no)
-    monkeypatch.setattr(qwen, "find_qwen_parts", no)
-    t0 = time.perf_counter()
-    d = qwen.ensure_qwen_hf()
-    assert time.perf_counter() - t0 < 0.5
-    assert (d / "config.json").is_file() and (d / qwen.MARKER_FILE).is_file()
+    monkeypatch.setattr(qwen, "convert_gguf_to_hf", refuse)
+    monkeypatch.setattr(qwen, "find_qwen_parts", refuse)
+    started = time.perf_counter()
+    folder = qwen.ensure_qwen_hf()
+    assert time.perf_counter() - started < 0.5
+    assert (folder / "config.json").is_file() and (folder / qwen.MARKER_FILE).is_file()
     from qrag_ray.models.bundled import resolve_llm
 
-    assert resolve_llm("qwen2.5-coder-0.5b-instruct") == str(d)
+    assert resolve_llm("qwen2.5-coder-0.5b-instruct") == str(folder)

@@ -14,16 +14,15 @@ from unittest import mock
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support.question_cache import cache_entries
 
-from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
-
+from qrag_ray.config.index import IndexConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.generation.cache import QuestionCache
 from qrag_ray.generation.prompts import prompt_version
-from qrag_ray.generation.requests import (atomize_request, cache_key, make_request, model_id,
-                                          question_requests)
+from qrag_ray.generation.requests import atomize_request, cache_key, make_request, model_id, question_requests
 from qrag_ray.index.format import load_manifest, read_table_file
 from qrag_ray.text.sentences import split_sentences
+from support.question_cache import cache_entries
 
 CHUNK = {"text": "Berlin is the capital of Germany. It has 3.7 million inhabitants.", "chunk_idx": 1, "shard": 0}
 
@@ -62,7 +61,7 @@ def test_cache_key_changes_with_each_input(field, value):
 
 def test_make_request_keys_follow_config_fields():
     base = GeneratorConfig(backend="vllm")
-    k0 = make_request(base, "hype", CHUNK["text"], 3)["key"]
+    base_key = make_request(base, "hype", CHUNK["text"], 3)["key"]
     # fields that decide the output change the key ...
     changed = [
         base.model_copy(update={"model": "some/other-model"}),
@@ -70,9 +69,9 @@ def test_make_request_keys_follow_config_fields():
         base.model_copy(update={"sampling": SamplingConfig(temperature=0.5)}),
     ]
     for cfg in changed:
-        assert make_request(cfg, "hype", CHUNK["text"], 3)["key"] != k0, cfg
-    assert make_request(base, "hype-fewshot", CHUNK["text"], 3)["key"] != k0  # another prompt version
-    assert make_request(base, "hype", CHUNK["text"], 4)["key"] != k0
+        assert make_request(cfg, "hype", CHUNK["text"], 3)["key"] != base_key, cfg
+    assert make_request(base, "hype-fewshot", CHUNK["text"], 3)["key"] != base_key  # another prompt version
+    assert make_request(base, "hype", CHUNK["text"], 4)["key"] != base_key
     # ... and fields that only decide how the work is scheduled do not
     same = [
         base.model_copy(update={"batch_size": 64, "concurrency": 4, "num_gpus": 0.0}),
@@ -80,16 +79,17 @@ def test_make_request_keys_follow_config_fields():
         base.model_copy(update={"questions": 7, "questions_per_atom": 2}),  # n is passed explicitly
     ]
     for cfg in same:
-        assert make_request(cfg, "hype", CHUNK["text"], 3)["key"] == k0, cfg
+        assert make_request(cfg, "hype", CHUNK["text"], 3)["key"] == base_key, cfg
 
 
 def test_make_request_uses_prompt_version_and_model_id():
     cfg = GeneratorConfig(backend="vllm")
-    r = make_request(cfg, "hype", CHUNK["text"], 3)
+    request = make_request(cfg, "hype", CHUNK["text"], 3)
     assert model_id(cfg) == "vllm:qwen2.5-coder-0.5b-instruct"
-    assert r["key"] == cache_key(model_id(cfg), prompt_version("hype"), cfg.sampling.model_dump(), 3, CHUNK["text"])
-    assert r["output"] == "questions"
-    assert r["messages"][-1] == {"role": "user", "content": CHUNK["text"]}
+    assert request["key"] == cache_key(model_id(cfg), prompt_version("hype"), cfg.sampling.model_dump(), 3,
+                                       CHUNK["text"])
+    assert request["output"] == "questions"
+    assert request["messages"][-1] == {"role": "user", "content": CHUNK["text"]}
 
 
 def test_question_requests_chunk_granularity():
@@ -106,8 +106,8 @@ def test_question_requests_atom_granularity_keys_per_atom_with_chunk_context():
     reqs = question_requests(CHUNK, atoms, cfg, "atom")
     assert [r["unit"] for r in reqs] == [0, 1]
     assert len({r["key"] for r in reqs}) == 2
-    for atom, r in zip(atoms, reqs):
-        content = r["messages"][-1]["content"]
+    for atom, request in zip(atoms, reqs, strict=True):
+        content = request["messages"][-1]["content"]
         assert content.endswith(atom) and CHUNK["text"] in content  # atom + chunk as context
     # an edit elsewhere in the chunk changes the context, so every atom's key changes
     other = dict(CHUNK, text=CHUNK["text"] + " It is in Europe.")
@@ -119,9 +119,10 @@ def test_question_requests_atom_granularity_keys_per_atom_with_chunk_context():
 
 def test_atomize_request():
     cfg = GeneratorConfig(backend="vllm")
-    r = atomize_request(CHUNK, cfg)
-    assert r["unit"] == -1 and r["output"] == "atoms" and CHUNK["text"] in r["messages"][-1]["content"]
-    assert r["key"] != question_requests(CHUNK, None, cfg, "chunk")[0]["key"]
+    request = atomize_request(CHUNK, cfg)
+    assert request["unit"] == -1 and request["output"] == "atoms"
+    assert CHUNK["text"] in request["messages"][-1]["content"]
+    assert request["key"] != question_requests(CHUNK, None, cfg, "chunk")[0]["key"]
 
 
 # ---- the cache folder ----------------------------------------------------------------------------
@@ -130,9 +131,9 @@ def _write(path: Path, rows: list[tuple[str, str]]) -> None:
     from qrag_ray.generation.cache import SCHEMA
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    t = pa.table({"key": [k for k, _ in rows], "raw": [r for _, r in rows], "prompt_tokens": [10] * len(rows),
-                  "output_tokens": [5] * len(rows)}, schema=SCHEMA)
-    pq.write_table(t, path)
+    table = pa.table({"key": [k for k, _ in rows], "raw": [r for _, r in rows], "prompt_tokens": [10] * len(rows),
+                      "output_tokens": [5] * len(rows)}, schema=SCHEMA)
+    pq.write_table(table, path)
 
 
 def test_question_cache_reads_runs_and_skips_broken_files(tmp_path):
@@ -169,7 +170,8 @@ def test_question_cache_default_dir_from_env(tmp_path, monkeypatch):
 DOCS = [
     {"id": "berlin", "text": "Berlin is the capital of Germany. Berlin has 3.7 million inhabitants."},
     {"id": "eiffel", "text": "The Eiffel Tower stands in Paris. Gustave Eiffel's company designed the tower."},
-    {"id": "photo", "text": "Photosynthesis converts light energy into chemical energy. Chloroplasts capture sunlight."},
+    {"id": "photo",
+     "text": "Photosynthesis converts light energy into chemical energy. Chloroplasts capture sunlight."},
 ]
 
 
@@ -188,14 +190,14 @@ def _cfg(fake, tmp_path: Path, corpus: str, out: str, representation: str = "hyp
 
 
 def _meta_files(index_dir: str) -> list[Path]:
-    m = load_manifest(index_dir)
-    return [m.file(m.shard(i).meta) for i in range(m.num_shards)]
+    manifest = load_manifest(index_dir)
+    return [manifest.file(manifest.shard(i).meta) for i in range(manifest.num_shards)]
 
 
 def _shard_rows(index_dir: str) -> list[tuple]:
     rows = []
-    for f in _meta_files(index_dir):
-        rows += [(f.name, *r.values()) for r in read_table_file(f).to_pylist()]
+    for file in _meta_files(index_dir):
+        rows += [(file.name, *r.values()) for r in read_table_file(file).to_pylist()]
     return sorted(rows)
 
 
@@ -203,10 +205,10 @@ def _questions_by_doc(index_dir: str) -> dict[str, set[str]]:
     chunks = pq.read_table(Path(index_dir, "chunks.parquet")).to_pylist()
     doc_of = {c["chunk_idx"]: c["doc_id"] for c in chunks}
     out: dict[str, set[str]] = {}
-    for f in _meta_files(index_dir):
-        for r in read_table_file(f).to_pylist():
-            if r["kind"] == "question":
-                out.setdefault(doc_of[r["chunk_idx"]], set()).add(r["text"])
+    for file in _meta_files(index_dir):
+        for row in read_table_file(file).to_pylist():
+            if row["kind"] == "question":
+                out.setdefault(doc_of[row["chunk_idx"]], set()).add(row["text"])
     return out
 
 
@@ -214,37 +216,38 @@ def _questions_by_doc(index_dir: str) -> dict[str, set[str]]:
 def test_rerun_is_free_and_identical_and_an_edit_pays_only_for_its_chunk(local_ray, fake_openai, tmp_path):
     """One chain of three builds (each costs seconds of Ray + MiniLM): first run, identical re-run,
     re-run with one chunk edited."""
-    from qrag_ray.index.format import load_manifest
     from qrag_ray.index.build import build_index
+    from qrag_ray.index.format import load_manifest
 
     corpus = _corpus(tmp_path / "docs.jsonl", DOCS)
-    r1 = build_index(_cfg(fake_openai, tmp_path, corpus, "idx1"))
+    first = build_index(_cfg(fake_openai, tmp_path, corpus, "idx1"))
     assert fake_openai.chat_requests == 3  # one HyPE prompt per chunk
-    assert r1.generation.generated == 3 and r1.generation.cached == 0
-    assert r1.generation.prompt_tokens > 0 and r1.generation.output_tokens > 0
-    assert r1.questions == 9  # 3 questions per chunk from the endpoint
-    by_doc = _questions_by_doc(r1.output)
+    assert first.generation.generated == 3 and first.generation.cached == 0
+    assert first.generation.prompt_tokens > 0 and first.generation.output_tokens > 0
+    assert first.questions == 9  # 3 questions per chunk from the endpoint
+    by_doc = _questions_by_doc(first.output)
     assert by_doc["berlin"] == {f"What does the text say about {w}?" for w in ("Berlin", "capital", "Germany")}
 
     # the same corpus again: nothing sent, the same index
-    r2 = build_index(_cfg(fake_openai, tmp_path, corpus, "idx2"))
+    second = build_index(_cfg(fake_openai, tmp_path, corpus, "idx2"))
     assert fake_openai.chat_requests == 3, "the second run must not call the endpoint"
-    assert r2.generation.generated == 0 and r2.generation.cached == 3
-    assert r2.generation.prompt_tokens == 0 and r2.generation.output_tokens == 0
-    m1, m2 = load_manifest(r1.output), load_manifest(r2.output)
-    assert m1.data["counts"] == m2.data["counts"]
-    assert _shard_rows(r1.output) == _shard_rows(r2.output)
-    assert m1.index_version == m2.index_version
+    assert second.generation.generated == 0 and second.generation.cached == 3
+    assert second.generation.prompt_tokens == 0 and second.generation.output_tokens == 0
+    first_manifest = load_manifest(first.output)
+    second_manifest = load_manifest(second.output)
+    assert first_manifest.data["counts"] == second_manifest.data["counts"]
+    assert _shard_rows(first.output) == _shard_rows(second.output)
+    assert first_manifest.index_version == second_manifest.index_version
 
     # one chunk edited: exactly its request is sent, the others come from the cache
     fake_openai.reset()
     changed = [dict(d) for d in DOCS]
     changed[1]["text"] = "Gustave Eiffel's tower is 330 metres tall. It stands in Paris."
-    r3 = build_index(_cfg(fake_openai, tmp_path, _corpus(tmp_path / "docs2.jsonl", changed), "idx3"))
+    third = build_index(_cfg(fake_openai, tmp_path, _corpus(tmp_path / "docs2.jsonl", changed), "idx3"))
     assert fake_openai.chat_requests == 1
     assert fake_openai.user_texts() == [changed[1]["text"]]
-    assert r3.generation.generated == 1 and r3.generation.cached == 2
-    by_doc3 = _questions_by_doc(r3.output)
+    assert third.generation.generated == 1 and third.generation.cached == 2
+    by_doc3 = _questions_by_doc(third.output)
     assert by_doc3["eiffel"] == {f"What does the text say about {w}?" for w in ("Gustave", "Eiffel", "tower")}
     assert by_doc3["berlin"] == by_doc["berlin"] and by_doc3["photo"] == by_doc["photo"]
 
@@ -255,19 +258,19 @@ def test_atom_granularity_rerun_pays_only_for_the_changed_chunks_atoms(local_ray
     from qrag_ray.index.build import build_index
 
     corpus = _corpus(tmp_path / "docs.jsonl", DOCS)
-    r1 = build_index(_cfg(fake_openai, tmp_path, corpus, "idx1", representation="atom-question"))
+    first = build_index(_cfg(fake_openai, tmp_path, corpus, "idx1", representation="atom-question"))
     n_atoms = sum(len(split_sentences(d["text"])) for d in DOCS)
     assert n_atoms == 6
-    assert fake_openai.chat_requests == n_atoms and r1.generation.generated == n_atoms
+    assert fake_openai.chat_requests == n_atoms and first.generation.generated == n_atoms
     fake_openai.reset()
 
     changed = [dict(d) for d in DOCS]
     changed[2]["text"] = DOCS[2]["text"] + " Oxygen is released."
-    r2 = build_index(_cfg(fake_openai, tmp_path, _corpus(tmp_path / "d2.jsonl", changed), "idx2",
-                          representation="atom-question"))
+    second = build_index(_cfg(fake_openai, tmp_path, _corpus(tmp_path / "d2.jsonl", changed), "idx2",
+                              representation="atom-question"))
     # the changed chunk is the context of all its atoms: 3 new requests, the other 4 atoms come from the cache
     assert fake_openai.chat_requests == 3
-    assert r2.generation.cached == 4 and r2.generation.generated == 3
+    assert second.generation.cached == 4 and second.generation.generated == 3
     assert all(changed[2]["text"] in t for t in fake_openai.user_texts())
 
 
@@ -282,17 +285,17 @@ def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake
     instead of asking is the tests above)."""
     import subprocess
     import sys
+    from pydoc_data.topics import topics
 
     import ray
-    from pydoc_data.topics import topics
 
     from qrag_ray.generation.cache import QuestionCache
     from qrag_ray.io.pydoc_corpus import unwrap
 
     names = sorted(topics)[:16]
     halves = {"a": names[:8], "b": names[8:]}
-    for h, ns in halves.items():
-        _corpus(tmp_path / f"{h}.jsonl", [{"id": n, "text": unwrap(topics[n])[:1500]} for n in ns])
+    for half, numbers in halves.items():
+        _corpus(tmp_path / f"{half}.jsonl", [{"id": n, "text": unwrap(topics[n])[:1500]} for n in numbers])
     cache = tmp_path / "shared-cache"
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(
@@ -309,13 +312,14 @@ def test_two_concurrent_builds_sharing_a_cache_do_not_corrupt_it(local_ray, fake
     procs = [subprocess.Popen(cmd(f"{h}.jsonl", f"idx-{h}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for h in halves]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    for process, (_, err) in zip(procs, outs, strict=True):
+        assert process.returncode == 0, err[-3000:]
     generated = [json.loads(o)["generation"]["generated"] for o, _ in outs]
     assert all(g > 0 for g in generated) and fake_openai.max_inflight >= 2
     assert fake_openai.chat_requests == sum(generated)
 
-    c = QuestionCache(cache)
-    assert len(c.files()) == len(list(cache.rglob("*.parquet")))  # every file readable: none torn
-    assert len(c) == sum(generated) == len(cache_entries(c))  # one row per request, from both builds
+    question_cache = QuestionCache(cache)
+    assert len(question_cache.files()) == len(list(cache.rglob("*.parquet")))  # every file readable: none torn
+    # one row per request, from both builds
+    assert len(question_cache) == sum(generated) == len(cache_entries(question_cache))
 

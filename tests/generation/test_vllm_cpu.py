@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
+from fake_openai_server import words_of
 from llm_stack import missing, qwen_available
-
-from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
+from qrag_ray.config.index import IndexConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.index.format import load_manifest, read_table_file
-
-from .conftest import words_of
 
 pytestmark = pytest.mark.slow
 
@@ -64,34 +64,34 @@ def built(local_ray, tmp_path_factory):
 def _questions(index_dir: str) -> dict[str, list[str]]:
     chunks = {c["chunk_idx"]: c for c in pq.read_table(Path(index_dir, "chunks.parquet")).to_pylist()}
     out: dict[str, list[str]] = {c["doc_id"]: [] for c in chunks.values()}
-    m = load_manifest(index_dir)
-    for i in range(m.num_shards):
-        for r in read_table_file(m.file(m.shard(i).meta)).to_pylist():
-            if r["kind"] == "question":
-                out[chunks[r["chunk_idx"]]["doc_id"]].append(r["text"])
+    manifest = load_manifest(index_dir)
+    for shard in range(manifest.num_shards):
+        for row in read_table_file(manifest.file(manifest.shard(shard).meta)).to_pylist():
+            if row["kind"] == "question":
+                out[chunks[row["chunk_idx"]]["doc_id"]].append(row["text"])
     return out
 
 
 def test_questions_are_questions_about_their_chunk(built):
     first, _ = built
-    qs = _questions(first.output)
-    print(json.dumps(qs, indent=1))  # shown with -s: what the 0.5B model wrote
+    by_chunk = _questions(first.output)
+    print(json.dumps(by_chunk, indent=1))  # shown with -s: what the 0.5B model wrote
     texts = {d["id"]: d["text"] for d in DOCS}
-    for doc_id, questions in qs.items():
+    for doc_id, questions in by_chunk.items():
         assert questions, f"no questions for {doc_id}"
         chunk_words = {w.lower() for w in words_of(texts[doc_id])}
-        for q in questions:
-            assert q.endswith("?"), q
-            assert {w.lower() for w in words_of(q)} & chunk_words, f"{q!r} mentions nothing of chunk {doc_id}"
-    assert first.questions == sum(len(v) for v in qs.values())
+        for query in questions:
+            assert query.endswith("?"), query
+            assert {w.lower() for w in words_of(query)} & chunk_words, f"{query!r} mentions nothing of chunk {doc_id}"
+    assert first.questions == sum(len(v) for v in by_chunk.values())
 
 
 def test_token_counts(built):
     first, _ = built
-    g = first.generation
-    assert g.requests == 3 and g.generated == 3 and g.cached == 0
-    assert g.prompt_tokens > 3 * 50  # HyPE system prompt + chunk, through the chat template
-    assert g.output_tokens > 0
+    generation = first.generation
+    assert generation.requests == 3 and generation.generated == 3 and generation.cached == 0
+    assert generation.prompt_tokens > 3 * 50  # HyPE system prompt + chunk, through the chat template
+    assert generation.output_tokens > 0
 
 
 def test_second_run_generates_nothing_and_gives_the_same_index(built):
@@ -157,13 +157,13 @@ def test_sampled_candidates_on_cpu(tmp_path):
             "--format", "jsonl", "--output", str(out), "--representation", "atom-question",
             "--shards", "1", "--config", str(tmp_path / "cfg.yaml"), "--cache-dir", str(tmp_path / "qc")]
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"sampled generation did not finish in 600 s (engine crash loop?):\n{str(e.stderr)[-3000:]}")
-    assert p.returncode == 0, p.stderr[-3000:]
-    qs = _questions(str(out))
+        process = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"sampled generation did not finish in 600 s (engine crash loop?):\n{str(error.stderr)[-3000:]}")
+    assert process.returncode == 0, process.stderr[-3000:]
+    questions = _questions(str(out))
     atoms = sum(len(d["text"].split(". ")) for d in DOCS)  # 5 sentences in all
-    n_questions = sum(len(v) for v in qs.values())
-    assert all(qs.values()), qs
+    n_questions = sum(len(v) for v in questions.values())
+    assert all(questions.values()), questions
     # three samples per sentence, minus exact duplicates: clearly more than one question per atom
-    assert n_questions > atoms, (n_questions, qs)
+    assert n_questions > atoms, (n_questions, questions)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qrag_ray.config.index import GeneratorConfig, SamplingConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.generation.backends.vllm import (
     _join_candidates,
     engine_seed_kwargs,
@@ -25,10 +25,10 @@ def test_per_request_seed_only_where_the_engine_supports_it(num_gpus, temperatur
 
 
 def test_sampling_params_drop_the_seed_when_told():
-    s = SamplingConfig(temperature=0.7, top_p=0.95, max_tokens=48, seed=3)
-    seeded = sampling_params_for(s, seed_offset=2)
+    sampling = SamplingConfig(temperature=0.7, top_p=0.95, max_tokens=48, seed=3)
+    seeded = sampling_params_for(sampling, seed_offset=2)
     assert seeded["seed"] == 5 and seeded["n"] == 1 and seeded["temperature"] == 0.7
-    unseeded = sampling_params_for(s, seed_offset=2, per_request_seed=False)
+    unseeded = sampling_params_for(sampling, seed_offset=2, per_request_seed=False)
     assert "seed" not in unseeded
     assert {k: v for k, v in seeded.items() if k != "seed"} == unseeded
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from qrag_ray.errors import QragError
-from qrag_ray.index.question_filters import greedy_prune
 from qrag_ray.index.format import load_manifest
+from qrag_ray.index.question_filters import greedy_prune
 from qrag_ray.index.representations import dedup_questions
 
 
@@ -26,12 +26,12 @@ def test_build_report(kinds_index):
     _, report = kinds_index
     assert report.documents == 14 and report.chunks > 14
     assert report.vectors == report.vectors_before_filters > report.chunks
-    st = report.stage_seconds
+    seconds = report.stage_seconds
     # each stage measured (a stage that recorded no time reads 0), and the driver's sequential stages
     # inside the total
     for stage in ("read+chunk", "embed", "stream", "build-shards", "total"):
-        assert st[stage] > 0, st
-    assert st["stream"] + st["build-shards"] <= st["total"], st
+        assert seconds[stage] > 0, seconds
+    assert seconds["stream"] + seconds["build-shards"] <= seconds["total"], seconds
     assert report.generation.generated == 0  # precomputed: no LLM call
 
 
@@ -47,21 +47,22 @@ def test_tokenizing_in_cpu_workers_writes_the_same_index(kinds_index, build_with
                 "representation": "chunk+sentence+question+quote+onedoc", "generator.backend": "precomputed",
                 "faiss.factory": "Flat", "chunker.method": "token", "chunker.size": 120, "chunker.overlap": 20,
                 "build.embedder.tokenize": "tasks", "build.embedder.tokenizers": 2})
-    a, b = json.loads((ref / "manifest.json").read_text()), json.loads((out / "manifest.json").read_text())
-    assert a["files"] and a["files"] == b["files"]
-    assert a["counts"] == b["counts"]
+    ref_manifest = json.loads((ref / "manifest.json").read_text())
+    out_manifest = json.loads((out / "manifest.json").read_text())
+    assert ref_manifest["files"] and ref_manifest["files"] == out_manifest["files"]
+    assert ref_manifest["counts"] == out_manifest["counts"]
 
 
 @pytest.mark.integration
 def test_pruning_and_fallback(filtered_index, read_index, corpus_records, embed):
     out, report = filtered_index
     data = read_index(out)
-    m = data["manifest"]
-    assert m["counts"]["vectors_before_filters"] == report.vectors_before_filters
+    manifest = data["manifest"]
+    assert manifest["counts"]["vectors_before_filters"] == report.vectors_before_filters
     assert report.vectors < report.vectors_before_filters  # vectors before/after are reported
     per_chunk = {}
-    for s in data["shards"]:
-        for row in s["meta"].to_pylist():
+    for shard in data["shards"]:
+        for row in shard["meta"].to_pylist():
             per_chunk.setdefault(row["chunk_idx"], []).append((row["kind"], row["text"]))
     chunks = {c["doc_id"]: c for c in data["chunks"].to_pylist()}  # chunker none: one chunk per doc
     assert len(chunks) == 14 and len(per_chunk) == 14  # no chunk lost all its vectors
@@ -71,11 +72,11 @@ def test_pruning_and_fallback(filtered_index, read_index, corpus_records, embed)
     for doc in corpus_records():
         if doc["id"] == "pass":
             continue
-        qs = dedup_questions(doc["questions"])
+        questions = dedup_questions(doc["questions"])
         cvec = embed([chunks[doc["id"]]["text"]])[0]
-        qv = embed(qs)
-        ok = np.flatnonzero(qv @ cvec >= 0.1)
-        kept = [qs[i] for i in ok[greedy_prune(qv[ok], 0.8)]]
+        question_vecs = embed(questions)
+        close = np.flatnonzero(question_vecs @ cvec >= 0.1)
+        kept = [questions[i] for i in close[greedy_prune(question_vecs[close], 0.8)]]
         assert per_chunk[chunks[doc["id"]]["chunk_idx"]] == [("question", q) for q in kept], doc["id"]
     brk = per_chunk[chunks["break"]["chunk_idx"]]
     assert len(brk) < len(dedup_questions(next(d["questions"] for d in corpus_records() if d["id"] == "break")))
@@ -108,7 +109,8 @@ def test_crash_mid_write_keeps_old_index(kinds_index, build_with, tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.work", "idx", "small.jsonl"]
     res = open_engine(out).search(["What does the assert statement do?"], k=3)[0]
     assert len(res) == 3
-    again = build_with({"input": str(corpus), "build.output": str(out), "representation": "chunk", "build.overwrite": True})
+    again = build_with({"input": str(corpus), "build.output": str(out), "representation": "chunk",
+                        "build.overwrite": True})
     assert again.vectors_embedded == 0 and again.vectors_reused == again.vectors > 0
     assert again.shards_reused == 1  # only the manifest and the publish were left to do
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "small.jsonl"]
@@ -167,15 +169,15 @@ def test_named_presets_build_and_search(rep, build_with, local_ray, pydoc_jsonl,
     backend = "none" if rep == "default" else "precomputed"
     report = build_with({"input": str(pydoc_jsonl), "build.output": str(tmp_path / rep), "representation": rep,
                          "generator.backend": backend, "shards": 2, "chunker.method": "none"})
-    m = load_manifest(tmp_path / rep, verify=True)
-    assert {k for s in m.data["shards"] for k in s["kinds"]} == kinds
-    assert m.representation == rep and report.chunks == 14
+    manifest = load_manifest(tmp_path / rep, verify=True)
+    assert {k for s in manifest.data["shards"] for k in s["kinds"]} == kinds
+    assert manifest.representation == rep and report.chunks == 14
     res = open_engine(tmp_path / rep).search(["When does the else clause of a for loop run?"], k=3)[0]
     assert len({r["chunk_id"] for r in res}) == 3
     # only the presets with BM25 build the channel, and their results carry the lexical score
-    assert m.has_bm25 == (rep in WITH_BM25)
-    assert m.data["config"]["title_prefix"] == (rep == "default")
-    assert all(("bm25" in r) == m.has_bm25 for r in res)
+    assert manifest.has_bm25 == (rep in WITH_BM25)
+    assert manifest.data["config"]["title_prefix"] == (rep == "default")
+    assert all(("bm25" in r) == manifest.has_bm25 for r in res)
 
 
 @pytest.mark.slow
@@ -189,12 +191,12 @@ def test_a_trained_factory_through_the_pipeline(build_with, local_ray, pydoc_jso
     out = tmp_path / "idx"
     build_with({"input": str(pydoc_jsonl), "build.output": str(out), "representation": "atom-sentence", "shards": 2,
                 "faiss.factory": factory, "faiss.nprobe": 4, "chunker.method": "none"})
-    m = load_manifest(out, verify=True)
-    assert m.data["faiss"]["factory"] == factory
-    raw = faiss.read_index(str(out / m.shard(0).faiss))  # keep it: downcast_index does not own it
+    manifest = load_manifest(out, verify=True)
+    assert manifest.data["faiss"]["factory"] == factory
+    raw = faiss.read_index(str(out / manifest.shard(0).faiss))  # keep it: downcast_index does not own it
     idx = faiss.downcast_index(raw)
     assert isinstance(idx, faiss.IndexIVFPQ)
-    assert idx.ntotal == m.shard(0).vectors > 0
+    assert idx.ntotal == manifest.shard(0).vectors > 0
     res = open_engine(out).search(["When does the else clause of a for loop run?"], k=5)[0]
     assert len({r["chunk_id"] for r in res}) == 5 and res[0]["doc_id"] in ("for", "while", "break")
 

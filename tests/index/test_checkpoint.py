@@ -17,7 +17,8 @@ def test_canonical_encoding_does_not_depend_on_the_batch(minilm):
     from qrag_ray.embedding import encode, encode_canonical
 
     rng = np.random.default_rng(0)
-    words = "the loop break value list index shard vector river music field python else clause".split()
+    words = ["the", "loop", "break", "value", "list", "index", "shard", "vector", "river", "music", "field", "python",
+             "else", "clause"]
     texts = [" ".join(rng.choice(words, int(rng.integers(1, 40)))) for _ in range(40)]
     whole = encode_canonical(minilm, texts, 16)
     shifted = encode_canonical(minilm, texts[7:] + texts[:7], 16)
@@ -28,13 +29,13 @@ def test_canonical_encoding_does_not_depend_on_the_batch(minilm):
 
 
 def test_row_keys_name_content_not_position():
-    a = workdir.row_keys([1, 1, 2], ["chunk", "question", "chunk"], [0, 1, 0], ["x", "q?", "y"], ["x", "q?", "y"])
-    b = workdir.row_keys([2, 1], ["chunk", "chunk"], [0, 0], ["y", "x"], ["y", "x"])
-    assert a[2] == b[0] and a[0] == b[1] and len(set(a.tolist())) == 3 and (a >= 0).all()
-    assert workdir.part_name(a) == workdir.part_name(a[::-1])
-    done = np.sort(b)
-    assert workdir.isin_sorted(a, done).tolist() == [True, False, True]
-    assert workdir.isin_sorted(a, np.zeros(0, np.int64)).tolist() == [False] * 3
+    first = workdir.row_keys([1, 1, 2], ["chunk", "question", "chunk"], [0, 1, 0], ["x", "q?", "y"], ["x", "q?", "y"])
+    second = workdir.row_keys([2, 1], ["chunk", "chunk"], [0, 0], ["y", "x"], ["y", "x"])
+    assert first[2] == second[0] and first[0] == second[1] and len(set(first.tolist())) == 3 and (first >= 0).all()
+    assert workdir.part_name(first) == workdir.part_name(first[::-1])
+    done = np.sort(second)
+    assert workdir.isin_sorted(first, done).tolist() == [True, False, True]
+    assert workdir.isin_sorted(first, np.zeros(0, np.int64)).tolist() == [False] * 3
 
 
 def test_keys_and_content_hash_are_pinned():
@@ -55,25 +56,25 @@ def test_sample_is_chosen_by_key_whatever_the_parts(tmp_path):
 
     def write(root, splits):
         for i, idx in enumerate(np.split(np.arange(500), splits)):
-            t = pa.table({"row_key": keys[idx], "store": np.ones(len(idx), bool),
-                          "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs[idx].ravel()), 8)})
-            atomic_write_parquet(t, root / "vectors" / f"{i:03d}.parquet")
+            table = pa.table({"row_key": keys[idx], "store": np.ones(len(idx), bool),
+                              "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs[idx].ravel()), 8)})
+            atomic_write_parquet(table, root / "vectors" / f"{i:03d}.parquet")
 
     write(tmp_path / "a", [100, 300])
     write(tmp_path / "b", [50, 120, 400, 450])
-    sa = sample_vectors(tmp_path / "a", 500, 60)
-    assert sa.shape == (60, 8) and np.array_equal(sa, sample_vectors(tmp_path / "b", 500, 60))
+    sample = sample_vectors(tmp_path / "a", 500, 60)
+    assert sample.shape == (60, 8) and np.array_equal(sample, sample_vectors(tmp_path / "b", 500, 60))
     keep = np.sort(keys[:250])  # a run that holds only half the rows samples only from them
-    sk = sample_vectors(tmp_path / "a", 250, 60, keep)
-    assert {v.tobytes() for v in sk} <= {v.tobytes() for v in vecs[:250]}
+    kept_sample = sample_vectors(tmp_path / "a", 250, 60, keep)
+    assert {v.tobytes() for v in kept_sample} <= {v.tobytes() for v in vecs[:250]}
 
 
 def test_content_hash_ignores_timings_and_paths():
     files = {"shards/00000.faiss": "ab", "chunks.parquet": "cd"}
-    c1 = index_identity({"representation": "chunk", "build": {"output": "/a", "keep_work": True}})
-    c2 = index_identity({"representation": "chunk", "build": {"output": "/b", "keep_work": False}})
-    assert manifest_content_hash(files, c1) == manifest_content_hash(dict(reversed(files.items())), c2)
-    assert manifest_content_hash({**files, "chunks.parquet": "ce"}, c1) != manifest_content_hash(files, c1)
+    first = index_identity({"representation": "chunk", "build": {"output": "/a", "keep_work": True}})
+    second = index_identity({"representation": "chunk", "build": {"output": "/b", "keep_work": False}})
+    assert manifest_content_hash(files, first) == manifest_content_hash(dict(reversed(files.items())), second)
+    assert manifest_content_hash({**files, "chunks.parquet": "ce"}, first) != manifest_content_hash(files, first)
 
 
 def test_a_part_holds_every_shard_of_its_batch_in_row_groups_read_by_shard(tmp_path):
@@ -82,19 +83,20 @@ def test_a_part_holds_every_shard_of_its_batch_in_row_groups_read_by_shard(tmp_p
     rng = np.random.default_rng(2)
     shard = rng.integers(0, 32, 500).astype(np.int32)
     shard[shard == 7] = 8  # a shard the batch does not touch
-    t = pa.table({"row_key": np.arange(500, dtype=np.int64), "shard": shard})
-    workdir.write_part(t, tmp_path / "p" / "a.parquet")
-    workdir.write_part(t.slice(0, 10), tmp_path / "p" / "b.parquet")
+    table = pa.table({"row_key": np.arange(500, dtype=np.int64), "shard": shard})
+    workdir.write_part(table, tmp_path / "p" / "a.parquet")
+    workdir.write_part(table.slice(0, 10), tmp_path / "p" / "b.parquet")
     files = workdir.parquet_files(tmp_path / "p")
     assert [f.name for f in files] == ["a.parquet", "b.parquet"]
     import pyarrow.parquet as pq
 
     assert pq.ParquetFile(files[0]).num_row_groups == len(np.unique(shard))
-    for s in (0, 7, 8, 31):
-        groups = workdir.shard_row_groups(files, s)
-        got = [t.column("row_key").to_pylist() for t in workdir.read_row_groups(groups, ["row_key"], s)]
-        want = [w.tolist() for w in (np.flatnonzero(shard == s), np.flatnonzero(shard[:10] == s)) if len(w)]
-        assert got == want, s  # a file without the shard's rows gives no row group to read
+    for shard_no in (0, 7, 8, 31):
+        groups = workdir.shard_row_groups(files, shard_no)
+        got = [t.column("row_key").to_pylist() for t in workdir.read_row_groups(groups, ["row_key"], shard_no)]
+        want = [w.tolist() for w in (np.flatnonzero(shard == shard_no), np.flatnonzero(shard[:10] == shard_no))
+                if len(w)]
+        assert got == want, shard_no  # a file without the shard's rows gives no row group to read
 
 
 @pytest.mark.integration
@@ -105,26 +107,27 @@ def test_an_embedding_batch_writes_the_same_few_files_at_1_and_32_shards(tmp_pat
     from qrag_ray.index.rows import chunk_columns
     from qrag_ray.index.udfs import EmbedSink, write_chunk_part
 
-    n, written = 4096, {}
+    rows = 4096
+    written = {}
     for shards in (1, 32):
         work = tmp_path / f"shards{shards}"
-        idx = np.arange(n, dtype=np.int64) * 7919
+        idx = np.arange(rows, dtype=np.int64) * 7919
         chunks = [{"chunk_id": f"d{i}#0", "doc_id": f"d{i}", "title": "", "text": f"row {i}", "chunk_idx": int(c),
                    "shard": int(c % shards), "url": "", "metadata": ""} for i, c in enumerate(idx)]
-        write_chunk_part(chunk_columns(chunks, False), n, work, "run")
-        batch = {"chunk_idx": idx, "kind": np.full(n, "chunk", object), "ord": np.zeros(n, np.int32),
-                 "text": np.asarray([c["text"] for c in chunks], object), "qn": np.full(n, -1, np.int32),
-                 "shard": (idx % shards).astype(np.int32), "store": np.ones(n, bool)}
+        write_chunk_part(chunk_columns(chunks, False), rows, work, "run")
+        batch = {"chunk_idx": idx, "kind": np.full(rows, "chunk", object), "ord": np.zeros(rows, np.int32),
+                 "text": np.asarray([c["text"] for c in chunks], object), "qn": np.full(rows, -1, np.int32),
+                 "shard": (idx % shards).astype(np.int32), "store": np.ones(rows, bool)}
         batch["embed_text"] = batch["text"]
         sink = EmbedSink("all-MiniLM-L6-v2", 64, None, 1, str(work), None, "run")
         out = sink(batch)
         assert out["embedded"].all()
         written[shards] = sorted(str(p.relative_to(work).parent) for p in work.rglob("*.parquet"))
         written[shards] += sorted(str(p.relative_to(work).parent) for p in work.glob("chunks/runs/*/*.json"))
-        for s in (0, shards - 1):
-            groups = workdir.shard_row_groups(workdir.parquet_files(work / "vectors"), s)
+        for shard in (0, shards - 1):
+            groups = workdir.shard_row_groups(workdir.parquet_files(work / "vectors"), shard)
             got = np.concatenate([t.column("chunk_idx").to_numpy()
-                                  for t in workdir.read_row_groups(groups, ["chunk_idx"], s)])
-            assert sorted(got.tolist()) == idx[idx % shards == s].tolist()
-            assert len(workdir.run_row_keys(work, "run", s)) == int(np.sum(idx % shards == s))
+                                  for t in workdir.read_row_groups(groups, ["chunk_idx"], shard)])
+            assert sorted(got.tolist()) == idx[idx % shards == shard].tolist()
+            assert len(workdir.run_row_keys(work, "run", shard)) == int(np.sum(idx % shards == shard))
     assert written[1] == written[32] == ["chunks", "runs/run/keys", "sample", "vectors", "chunks/runs/run"], written

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.corpus import pydoc_docs, write_jsonl
 from support.indexes import build
 
@@ -66,14 +67,15 @@ def test_cpu_kernels_run_the_gpu_layout_and_write_the_cpu_index(local_ray, tmp_p
     plain = build({"input": str(corpus), "build.output": str(tmp_path / "plain"), **BASE})
     yaml = tmp_path / "gpu.yaml"
     yaml.write_text("build:\n  embedder: {num_gpus: 1}\nfaiss: {use_gpu: false}\n")
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 8, "GPU": 2}),
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",
+           "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 8, "GPU": 2}),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("QRAG_KERNELS", None)
-    p = subprocess.run([sys.executable, "-c", SCRIPT, str(corpus), str(tmp_path / "rehearsed"),
-                        json.dumps({**BASE, **GPU_LAYOUT}), str(yaml)], env=env, capture_output=True, text=True,
-                       timeout=1500)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    res = json.loads(p.stdout.strip().splitlines()[-1])
+    process = subprocess.run([sys.executable, "-c", SCRIPT, str(corpus), str(tmp_path / "rehearsed"),
+                              json.dumps({**BASE, **GPU_LAYOUT}), str(yaml)], env=env, capture_output=True, text=True,
+                             timeout=1500)
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    res = json.loads(process.stdout.strip().splitlines()[-1])
     stages = res["plan"]["stages"]
     assert res["plan"]["kernels"] == "cpu" and res["plan"]["cluster"]["gpus"] == 2
     embed = stages["embed"]

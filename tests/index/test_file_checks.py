@@ -15,11 +15,11 @@ from qrag_ray.index.file_checks import manifest_now, verify_once
 FILES = ("shards/00000.faiss", "shards/00000.arrow")
 
 
-def _index(d, payload: bytes = b"vectors") -> fmt.Manifest:
+def _index(folder, payload: bytes = b"vectors") -> fmt.Manifest:
     for rel in FILES:
-        (d / rel).parent.mkdir(parents=True, exist_ok=True)
-        (d / rel).write_bytes(payload + rel.encode())
-    return fmt.write_manifest(d, fmt.IndexDescription(
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(payload + rel.encode())
+    return fmt.write_manifest(folder, fmt.IndexDescription(
         representation="chunk", embedder=fmt.EmbedderInfo(model="m", dim=4), num_shards=1,
         shards=[fmt.ShardEntry(id=0, faiss=FILES[0], meta=FILES[1], vectors=0, vectors_before_filters=0, chunks=0,
                                kinds={}, seconds=0.0)]))
@@ -51,27 +51,27 @@ def test_a_manifest_is_parsed_once_until_its_file_changes(tmp_path):
 
 
 def test_an_unchanged_file_is_hashed_once_and_a_changed_one_again(tmp_path, hashed):
-    m = _index(tmp_path)
+    manifest = _index(tmp_path)
     hashed.clear()  # the build's own hashing
-    verify_once(m, list(FILES))
-    verify_once(m, list(FILES))
+    verify_once(manifest, list(FILES))
+    verify_once(manifest, list(FILES))
     assert hashed == ["00000.faiss", "00000.arrow"]
-    f = tmp_path / FILES[0]
-    st = f.stat()
-    f.write_bytes(f.read_bytes())  # same bytes, rewritten: a new mtime, so hashed again
-    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    verify_once(m, list(FILES))
+    path = tmp_path / FILES[0]
+    stat = path.stat()
+    path.write_bytes(path.read_bytes())  # same bytes, rewritten: a new mtime, so hashed again
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    verify_once(manifest, list(FILES))
     assert hashed == ["00000.faiss", "00000.arrow", "00000.faiss"]
 
 
 def test_a_file_corrupted_after_it_was_hashed_is_still_refused(tmp_path, hashed):
-    m = _index(tmp_path)
-    verify_once(m, list(FILES))
-    f = tmp_path / FILES[1]
-    f.write_bytes(b"X" * f.stat().st_size)  # same size, other bytes
+    manifest = _index(tmp_path)
+    verify_once(manifest, list(FILES))
+    path = tmp_path / FILES[1]
+    path.write_bytes(b"X" * path.stat().st_size)  # same size, other bytes
     with pytest.raises(IndexFormatError, match="checksum mismatch"):
-        verify_once(m, list(FILES))
+        verify_once(manifest, list(FILES))
     with pytest.raises(IndexFormatError, match="checksum mismatch"):  # and on every later try
-        verify_once(m, list(FILES))
+        verify_once(manifest, list(FILES))
     with pytest.raises(IndexFormatError, match="not listed"):
-        verify_once(m, ["shards/nope.faiss"])
+        verify_once(manifest, ["shards/nope.faiss"])

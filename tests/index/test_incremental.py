@@ -17,8 +17,11 @@ QUERIES = ["When does the else clause of a for loop run?", "What does the assert
 
 
 def _search(open_engine, index):
-    eng = open_engine(index)
-    return [[(r["chunk_id"], round(r["score"], 5)) for r in res] for res in eng.search(QUERIES, k=4)]
+    """(chunk id, score) of each query's top 4: four for every query, so two indexes compare on results."""
+    engine = open_engine(index)
+    pages = [[(r["chunk_id"], round(r["score"], 5)) for r in res] for res in engine.search(QUERIES, k=4)]
+    assert [len(page) for page in pages] == [4] * len(QUERIES), pages
+    return pages
 
 
 @pytest.mark.slow
@@ -28,8 +31,8 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
 
     docs = corpus_records()
     # metadata travels too: the appended documents add a field (`since`), which an append may do
-    for i, d in enumerate(docs):
-        d["metadata"] = {"n": i, **({"since": f"2024-01-{i + 1:02d}"} if i >= 9 else {})}
+    for i, doc in enumerate(docs):
+        doc["metadata"] = {"n": i, **({"since": f"2024-01-{i + 1:02d}"} if i >= 9 else {})}
     old = jsonl_writer(tmp_path / "old.jsonl", docs[:9])
     new = jsonl_writer(tmp_path / "new.jsonl", docs[9:])
     both = jsonl_writer(tmp_path / "both.jsonl", docs)
@@ -45,9 +48,11 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     assert appended.vectors_reused == first.vectors
     assert appended.vectors_embedded == full.vectors - first.vectors > 0
     assert load_manifest(out).index_version != first.manifest.index_version  # a new version
-    a, f = load_manifest(out, verify=True).data, load_manifest(tmp_path / "full").data
-    assert a["files"] == f["files"] and a["counts"] == f["counts"]
-    assert a["metadata_schema"] == {"n": "number", "since": "date"} == f["metadata_schema"]
+    appended_manifest = load_manifest(out, verify=True).data
+    full_manifest = load_manifest(tmp_path / "full").data
+    assert appended_manifest["files"] == full_manifest["files"]
+    assert appended_manifest["counts"] == full_manifest["counts"]
+    assert appended_manifest["metadata_schema"] == {"n": "number", "since": "date"} == full_manifest["metadata_schema"]
     assert _search(open_engine, out) == _search(open_engine, tmp_path / "full")
 
     ids = tmp_path / "gone.txt"
@@ -56,8 +61,9 @@ def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_re
     assert deleted.vectors_embedded == 0 and deleted.documents == len(docs) - 2
     rest = jsonl_writer(tmp_path / "rest.jsonl", [d for d in docs if d["id"] not in ("for", "lambda")])
     ref = build_with({**common, "input": str(rest), "build.output": str(tmp_path / "ref")})
-    d, r = load_manifest(out, verify=True).data, load_manifest(tmp_path / "ref").data
-    assert d["files"] == r["files"] and deleted.vectors == ref.vectors
+    deleted_manifest = load_manifest(out, verify=True).data
+    ref_manifest = load_manifest(tmp_path / "ref").data
+    assert deleted_manifest["files"] == ref_manifest["files"] and deleted.vectors == ref.vectors
     hits = _search(open_engine, out)
     assert hits == _search(open_engine, tmp_path / "ref")
     assert not any(cid.split("#")[0] in ("for", "lambda") for res in hits for cid, _ in res)

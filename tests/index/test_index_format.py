@@ -13,10 +13,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qrag_ray.config.index import FilterConfig, FaissConfig
+from qrag_ray.config.index import FaissConfig, FilterConfig
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.format import (FORMAT_VERSION, IndexDescription, load_manifest, publish, read_table_file,
-                                   sha256_file, shard_chunks, shard_faiss, shard_meta, verify_files, write_manifest)
+from qrag_ray.index.format import (
+    FORMAT_VERSION,
+    IndexDescription,
+    load_manifest,
+    publish,
+    read_table_file,
+    sha256_file,
+    shard_chunks,
+    shard_faiss,
+    shard_meta,
+    verify_files,
+    write_manifest,
+)
 from qrag_ray.search.shard import Shard
 from qrag_ray.index.writer import write_shard
 from qrag_ray.text.sentences import split_sentences
@@ -27,26 +38,26 @@ from qrag_ray.text.sentences import split_sentences
 @pytest.mark.integration
 def test_manifest_fields_and_checksums(kinds_index):
     out, report = kinds_index
-    m = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
     for key in ("format_version", "index_version", "created_at", "representation", "kinds", "embedder", "faiss",
                 "num_shards", "counts", "files", "shards", "config", "stage_seconds"):
-        assert key in m, key
-    assert m["format_version"] == FORMAT_VERSION
-    assert m["embedder"] == {"model": "all-MiniLM-L6-v2", "dim": 384, "normalize": True}
-    assert m["faiss"]["factory"] == "Flat"
-    assert m["representation"] == "chunk+sentence+question+quote+onedoc"
-    assert set(m["counts"]) >= {"documents", "chunks", "questions", "vectors", "vectors_before_filters"}
-    assert m["counts"]["documents"] == report.documents == 14
+        assert key in manifest, key
+    assert manifest["format_version"] == FORMAT_VERSION
+    assert manifest["embedder"] == {"model": "all-MiniLM-L6-v2", "dim": 384, "normalize": True}
+    assert manifest["faiss"]["factory"] == "Flat"
+    assert manifest["representation"] == "chunk+sentence+question+quote+onedoc"
+    assert set(manifest["counts"]) >= {"documents", "chunks", "questions", "vectors", "vectors_before_filters"}
+    assert manifest["counts"]["documents"] == report.documents == 14
     expected_files = ({"chunks.parquet"} | {shard_faiss(i) for i in range(3)} | {shard_meta(i) for i in range(3)}
                       | {shard_chunks(i) for i in range(3)})
-    assert set(m["files"]) == expected_files
-    for rel, digest in m["files"].items():
+    assert set(manifest["files"]) == expected_files
+    for rel, digest in manifest["files"].items():
         assert sha256_file(out / rel) == digest
-    assert [s["id"] for s in m["shards"]] == [0, 1, 2]
-    assert sum(s["vectors"] for s in m["shards"]) == m["counts"]["vectors"]
-    assert sum(s["chunks"] for s in m["shards"]) == m["counts"]["chunks"]
-    assert m["config"]["generator"]["backend"] == "precomputed"
-    assert load_manifest(out, verify=True).index_version == m["index_version"]
+    assert [s["id"] for s in manifest["shards"]] == [0, 1, 2]
+    assert sum(s["vectors"] for s in manifest["shards"]) == manifest["counts"]["vectors"]
+    assert sum(s["chunks"] for s in manifest["shards"]) == manifest["counts"]["chunks"]
+    assert manifest["config"]["generator"]["backend"] == "precomputed"
+    assert load_manifest(out, verify=True).index_version == manifest["index_version"]
 
 
 @pytest.mark.integration
@@ -63,11 +74,11 @@ def test_load_manifest_rejects_bad_indexes(kinds_index, tmp_path):
         load_manifest(bad)
     shutil.rmtree(bad)
     shutil.copytree(src, bad)
-    m = json.loads((bad / "manifest.json").read_text())
-    (bad / "manifest.json").write_text(json.dumps(m | {"format_version": 99}))
+    manifest = json.loads((bad / "manifest.json").read_text())
+    (bad / "manifest.json").write_text(json.dumps(manifest | {"format_version": 99}))
     with pytest.raises(IndexFormatError, match="unsupported format_version 99"):
         load_manifest(bad)
-    (bad / "manifest.json").write_text(json.dumps(m))
+    (bad / "manifest.json").write_text(json.dumps(manifest))
     (bad / shard_meta(1)).unlink()
     with pytest.raises(IndexFormatError, match="incomplete"):
         load_manifest(bad)
@@ -78,13 +89,13 @@ def test_flipped_byte_fails_checksum(kinds_index, tmp_path):
     src, _ = kinds_index
     bad = tmp_path / "flip"
     shutil.copytree(src, bad)
-    f = bad / shard_faiss(2)
-    data = bytearray(f.read_bytes())
+    path = bad / shard_faiss(2)
+    data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    f.write_bytes(bytes(data))
-    m = load_manifest(bad)  # cheap load checks presence only
+    path.write_bytes(bytes(data))
+    manifest = load_manifest(bad)  # cheap load checks presence only
     with pytest.raises(IndexFormatError, match="checksum mismatch"):
-        verify_files(m)
+        verify_files(manifest)
     with pytest.raises(IndexFormatError, match="checksum mismatch"):
         Shard.open(bad, 2)
     Shard.open(bad, 0)  # the other shards are fine
@@ -98,22 +109,22 @@ def test_a_loaded_shard_keeps_its_row_metadata_columnar_and_counts_its_bytes(kin
     import numpy as np
 
     out, _ = kinds_index
-    m = load_manifest(out)
-    for number in range(m.num_shards):
+    manifest = load_manifest(out)
+    for number in range(manifest.num_shards):
         shard = Shard.open(out, number)
-        meta = read_table_file(out / m.shard(number).meta)
-        rows = list(zip(meta.column("kind").to_pylist(), meta.column("text").to_pylist()))
+        meta = read_table_file(out / manifest.shard(number).meta)
+        rows = list(zip(meta.column("kind").to_pylist(), meta.column("text").to_pylist(), strict=True))
         got = shard.fetch_rows(range(shard.ntotal))  # read with one take
         assert len(rows) > 3 and [got[row] for row in range(shard.ntotal)] == rows
         few = list(range(shard.ntotal))[-3:]  # read one by one
         assert shard.fetch_rows(few) == {row: rows[row] for row in few} and shard.fetch_rows([]) == {}
         kinds = meta.column("kind").to_pylist()
-        (hits,) = shard.nearest(np.ones((1, m.dim), np.float32), shard.ntotal + 5)
+        (hits,) = shard.nearest(np.ones((1, manifest.dim), np.float32), shard.ntotal + 5)
         assert hits.rows.shape == (shard.ntotal,) and sorted(hits.rows) == list(range(shard.ntotal))
         assert list(hits.kinds) == [kinds[row] for row in hits.rows]
         texts = sum(len(text.encode()) for text in meta.column("text").to_pylist())
-        faiss_bytes = (out / m.shard(number).faiss).stat().st_size
-        table_bytes = read_table_file(out / m.shard(number).chunk_table).nbytes
+        faiss_bytes = (out / manifest.shard(number).faiss).stat().st_size
+        table_bytes = read_table_file(out / manifest.shard(number).chunk_table).nbytes
         assert faiss_bytes + texts + table_bytes < shard.nbytes
         assert shard.nbytes < faiss_bytes + texts + table_bytes + 24 * shard.ntotal + 64
 
@@ -126,20 +137,26 @@ def test_an_index_written_before_the_arrow_shard_files_loads_and_ranks_the_same(
     out, _ = kinds_index
     old = tmp_path / "old"
     shutil.copytree(out, old)
-    m = json.loads((old / "manifest.json").read_text())
-    for s in m["shards"]:
-        meta = read_table_file(old / s["meta"])
+    manifest = json.loads((old / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        meta = read_table_file(old / shard["meta"])
         meta = meta.set_column(1, "kind", meta.column("kind").cast(pa.string()))
-        (old / s["meta"]).unlink()
-        (old / s.pop("chunk_table")).unlink()
-        s["meta"] = s["meta"].replace(".arrow", ".parquet")
-        pq.write_table(meta, old / s["meta"])
-    m["files"] = {str(f.relative_to(old)): sha256_file(f) for f in old.rglob("*")
-                  if f.is_file() and f.name != "manifest.json"}
-    (old / "manifest.json").write_text(json.dumps(m))
-    q = np.random.default_rng(0).standard_normal((3, m["embedder"]["dim"])).astype(np.float32)
-    pages = lambda engine: [[r.to_json() for r in page] for page in engine.search_vectors(q, 5)]  # noqa: E731
-    assert pages(SearchEngine(old)) == pages(SearchEngine(out))
+        (old / shard["meta"]).unlink()
+        (old / shard.pop("chunk_table")).unlink()
+        shard["meta"] = shard["meta"].replace(".arrow", ".parquet")
+        pq.write_table(meta, old / shard["meta"])
+    manifest["files"] = {str(f.relative_to(old)): sha256_file(f) for f in old.rglob("*")
+                         if f.is_file() and f.name != "manifest.json"}
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    query_vecs = np.random.default_rng(0).standard_normal((3, manifest["embedder"]["dim"])).astype(np.float32)
+
+    def pages(engine: SearchEngine) -> list[list[dict]]:
+        """The engine's top 5 for each query vector, as JSON."""
+        return [[r.to_json() for r in page] for page in engine.search_vectors(query_vecs, 5)]
+
+    old_pages = pages(SearchEngine(old))
+    assert [len(page) for page in old_pages] == [5, 5, 5]  # results to compare, not two empty lists
+    assert old_pages == pages(SearchEngine(out))
 
 
 # ---------------------------------------------------------------- the typed manifest (no build)
@@ -155,19 +172,21 @@ OLD = {"format_version": 1, "index_version": "0123abcd", "created_at": "2026-11-
 
 
 def _index_with(tmp_path, manifest: dict):
-    d = tmp_path / "idx"
-    d.mkdir(exist_ok=True)
-    (d / "manifest.json").write_text(json.dumps(manifest))
-    return d
+    folder = tmp_path / "idx"
+    folder.mkdir(exist_ok=True)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
 
 
 def test_an_older_manifest_reads_back_as_written(tmp_path):
-    m = load_manifest(_index_with(tmp_path, OLD))
-    assert m.data == OLD  # no key added, none lost
-    assert (m.num_shards, m.dim, m.embedder_model, m.index_version, m.representation) == (
+    manifest = load_manifest(_index_with(tmp_path, OLD))
+    assert manifest.data == OLD  # no key added, none lost
+    assert (manifest.num_shards, manifest.dim, manifest.embedder_model, manifest.index_version,
+            manifest.representation) == (
         1, 384, "all-MiniLM-L6-v2", "0123abcd", "chunk")
-    assert m.shard(0).model_dump(exclude_unset=True) == SHARD and not m.has_bm25 and m.kinds is None and m.content_hash is None
-    assert m.file("shards/00000.faiss") == tmp_path / "idx" / "shards" / "00000.faiss"
+    assert manifest.shard(0).model_dump(exclude_unset=True) == SHARD and not manifest.has_bm25
+    assert manifest.kinds is None and manifest.content_hash is None
+    assert manifest.file("shards/00000.faiss") == tmp_path / "idx" / "shards" / "00000.faiss"
 
 
 @pytest.mark.parametrize("change,needle", [
@@ -207,9 +226,9 @@ def sentence_table(embed):
     from qrag_ray.io.pydoc_corpus import unwrap
 
     rows = []
-    for n, name in enumerate(sorted(topics)[:30]):
-        for s in split_sentences(unwrap(topics[name])):
-            rows.append((n, s))
+    for number, name in enumerate(sorted(topics)[:30]):
+        for sentence in split_sentences(unwrap(topics[name])):
+            rows.append((number, sentence))
     vecs = embed([s for _, s in rows])
     table = pa.table({
         "chunk_idx": pa.array([c for c, _ in rows], pa.int64()), "kind": pa.array(["sentence"] * len(rows)),
@@ -242,7 +261,7 @@ def test_factories(sentence_table, tmp_path, factory, cls):
     sample = np.arange(0, len(vecs), 17)
     texts = meta.column("text").to_pylist()
     _, ids = idx.search(vecs[sample], 1)
-    hit = np.mean([texts[i] == table.column("text")[int(s)].as_py() for s, i in zip(sample, ids[:, 0])])
+    hit = np.mean([texts[i] == table.column("text")[int(s)].as_py() for s, i in zip(sample, ids[:, 0], strict=True)])
     assert hit >= (0.99 if "PQ" not in factory else 0.7), hit
 
 
@@ -257,7 +276,7 @@ def test_max_atoms_writes_at_most_m_pooled_vectors_per_chunk(sentence_table, tmp
     assert stats["vectors"] == meta.num_rows < len(vecs) and per_chunk.max() == 2
     stored = faiss.read_index(str(tmp_path / shard_faiss(0))).reconstruct_n(0, meta.num_rows)
     assert np.allclose(np.linalg.norm(stored, axis=1), 1, atol=1e-5)
-    originals = {t: v for t, v in zip(table.column("text").to_pylist(), vecs)}
+    originals = {t: v for t, v in zip(table.column("text").to_pylist(), vecs, strict=True)}
     pooled = [not np.allclose(stored[i], originals[t]) for i, t in enumerate(meta.column("text").to_pylist())]
     assert any(pooled) and not all(pooled)  # a cluster of several sentences moved; a lone one did not
 

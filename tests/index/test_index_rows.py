@@ -7,8 +7,18 @@ import numpy as np
 
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.index.format import chunk_key, shard_of
-from qrag_ray.index.rows import (GEN_ORD_BASE, atom_columns, base_vector_columns, chunk_columns, chunk_rows, payload,
-                                 question_vector_columns, request_columns, rows_of, vector_columns)
+from qrag_ray.index.rows import (
+    GEN_ORD_BASE,
+    atom_columns,
+    base_vector_columns,
+    chunk_columns,
+    chunk_rows,
+    payload,
+    question_vector_columns,
+    request_columns,
+    rows_of,
+    vector_columns,
+)
 
 CFG = IndexConfig(representation="chunk+sentence", shards=3, chunker={"method": "none"})
 DOC = {"doc_id": "loops", "title": "Loops", "text": "Loops run. A break ends them.", "questions": ["What ends a loop?"]}
@@ -32,7 +42,7 @@ def test_chunk_columns_keep_each_question_list_whole():
 
 def test_base_vector_columns_number_rows_within_their_chunk():
     chunks = chunk_rows(DOC, CFG) + chunk_rows(DOC | {"doc_id": "b", "text": "One sentence only."}, CFG)
-    cols = base_vector_columns(chunks, ["chunk", "sentence"], CFG, aux_q=False)
+    cols = base_vector_columns(chunks, ["chunk", "sentence"], CFG, aux_questions=False)
     assert list(cols["kind"]) == ["chunk", "sentence", "sentence", "chunk", "sentence"]
     assert list(cols["ord"]) == [0, 1, 2, 0, 1]
     assert list(cols["embed_text"][1:3]) == ["Loops run.", "A break ends them."]
@@ -50,7 +60,7 @@ def test_question_vector_columns_come_after_the_base_rows_and_skip_the_chunk():
                  "raw": "1. What does a for loop repeat?\n2. Which statement ends a loop early?"},
                 {"chunk_idx": 7, "shard": 1, "text": "Loops run.", "unit": 3, "output": "questions", "atom": "",
                  "raw": ""}]
-    cols = question_vector_columns(answered, ["chunk", "question"], aux_q=False)
+    cols = question_vector_columns(answered, ["chunk", "question"], aux_questions=False)
     assert list(cols["kind"]) == ["question", "question"]
     assert list(cols["text"]) == ["What does a for loop repeat?", "Which statement ends a loop early?"]
     assert list(cols["qn"]) == [3000, 3001]  # unique per chunk across atoms
@@ -99,17 +109,20 @@ def test_chunk_parts_carry_metadata_and_the_build_types_it(tmp_path):
     assert fields == {"schema": {"day": "date", "lang": "string", "n": "number"}, "url": True}
     with pytest.raises(QragError, match="document 'd': metadata field 'n' is a string, but document 'a'"):
         metadata_fields([part, {"metadata": {"n": ["string", "d"]}}])
-    def shard0_rows(f):  # a part's rows of shard 0, read as the shard task reads them
-        return pa.concat_tables(workdir.read_row_groups(workdir.shard_row_groups([f], 0), CHUNK_PART_SCHEMA.names, 0))
+    def shard0_rows(part):  # a part's rows of shard 0, read as the shard task reads them
+        return pa.concat_tables(workdir.read_row_groups(workdir.shard_row_groups([part], 0), CHUNK_PART_SCHEMA.names,
+                                                        0))
 
-    t = chunk_table(shard0_rows(next((tmp_path / "chunks").rglob("*.parquet"))).sort_by("doc_id"), **fields)
-    assert t.column("url").to_pylist() == ["https://x.org/a", None]
-    assert json_values(t.column("metadata").to_pylist()) == [{"n": 1}, {"n": 2.5, "day": "2024-01-02"}]
+    table = chunk_table(shard0_rows(next((tmp_path / "chunks").rglob("*.parquet"))).sort_by("doc_id"), **fields)
+    assert table.column("url").to_pylist() == ["https://x.org/a", None]
+    assert json_values(table.column("metadata").to_pylist()) == [{"n": 1}, {"n": 2.5, "day": "2024-01-02"}]
     plain = normalize_record({"id": "c", "text": "four"}, "f")
     write_chunk_part(chunk_columns(chunk_rows(plain, cfg), False), 1, tmp_path, "run2")
     (part,) = workdir.registered_parts(tmp_path, "run2")
     assert part["metadata"] == {} and not part["url"]
     files = sorted((tmp_path / "chunks").rglob("*.parquet"))
     untyped = [chunk_table(shard0_rows(f)) for f in files]
+    assert len(untyped) == len(files) >= 2
     assert all(t.column_names == ["chunk_idx", "chunk_id", "doc_id", "title", "text", "shard"] for t in untyped)
-    assert all(json.loads(m) for f in files for m in pq.read_table(f).column("metadata").to_pylist() if m)
+    metadata = [m for f in files for m in pq.read_table(f).column("metadata").to_pylist() if m]
+    assert metadata and all(json.loads(m) for m in metadata)

@@ -19,8 +19,8 @@ ROWS = [  # (chunk_idx, kind, text, qn) as the shard writer sees them, unfiltere
 
 
 def _cols(rows):
-    ci, kd, tx, qn = zip(*rows)
-    return np.asarray(ci, np.int64), list(kd), list(tx), np.asarray(qn, np.int32)
+    chunk_idx, kinds, texts, qn = zip(*rows, strict=True)
+    return np.asarray(chunk_idx, np.int64), list(kinds), list(texts), np.asarray(qn, np.int32)
 
 
 def test_doc2query_appends_each_distinct_question_once():
@@ -33,7 +33,8 @@ def test_doc2query_appends_each_distinct_question_once():
 
 def test_without_doc2query_only_the_chunk_text():
     ids, docs = lexical_docs(*_cols(ROWS), doc2query=False)
-    assert docs == ["The while statement repeats while a condition holds.", "The for statement iterates over a sequence."]
+    assert docs == ["The while statement repeats while a condition holds.",
+                    "The for statement iterates over a sequence."]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def lexicon(tmp_path_factory):
     ids = np.asarray([100 + i for i in range(len(names))], np.int64)
     vocab = build_bm25(ids, [topics[n] for n in names], path, k1=1.5, b=0.75)
     assert vocab > 100
-    return ShardLexicon(path), dict(zip(names, ids.tolist())), [topics[n] for n in names]
+    return ShardLexicon(path), dict(zip(names, ids.tolist(), strict=True)), [topics[n] for n in names]
 
 
 def test_search_ranks_by_bm25_and_returns_chunk_ids(lexicon):
@@ -85,10 +86,10 @@ def test_empty_shard(tmp_path):
 
 def _scores_by_chunk(paths, query: str) -> dict[int, float]:
     out: dict[int, float] = {}
-    for p in paths:
-        lex = ShardLexicon(p)
-        s, ids = lex.search([query], k=len(lex))
-        out |= {int(c): float(v) for c, v in zip(ids[0], s[0]) if c >= 0}
+    for path in paths:
+        lex = ShardLexicon(path)
+        scores, ids = lex.search([query], k=len(lex))
+        out |= {int(c): float(v) for c, v in zip(ids[0], scores[0], strict=True) if c >= 0}
     return out
 
 
@@ -97,23 +98,24 @@ def test_global_idf_makes_shards_score_like_one_index(tmp_path):
     index; after globalize_idf the scores are the one index's. b = 0 takes the shards' average lengths
     out of the tf part, so the comparison is exact."""
     import shutil
-
     from pydoc_data.topics import topics
 
     names = ["for", "while", "with", "try", "lambda", "assert", "if", "import", "return", "raise", "del", "pass"]
-    texts, ids = [topics[n] for n in names], np.arange(len(names), dtype=np.int64)
+    texts = [topics[n] for n in names]
+    ids = np.arange(len(names), dtype=np.int64)
     build_bm25(ids, texts, tmp_path / "one.bm25", k1=1.5, b=0.0)
     shards = [tmp_path / f"{s:05d}.bm25" for s in range(3)]
-    for s, p in enumerate(shards):
-        sel = ids % 3 == s
-        build_bm25(ids[sel], [t for t, k in zip(texts, sel) if k], p, k1=1.5, b=0.0)
+    for shard, path in enumerate(shards):
+        sel = ids % 3 == shard
+        build_bm25(ids[sel], [t for t, k in zip(texts, sel, strict=True) if k], path, k1=1.5, b=0.0)
     build_bm25(np.zeros(0, np.int64), [], tmp_path / "empty.bm25", 1.5, 0.0)  # an empty shard is skipped
     local = [tmp_path / f"local{s}.bm25" for s in range(3)]
-    for p, q in zip(shards, local):
-        shutil.copytree(p, q)
+    for path, local_path in zip(shards, local, strict=True):
+        shutil.copytree(path, local_path)
     globalize_idf(shards + [tmp_path / "empty.bm25"])
     for query in ["exception raised in the try clause", "iterate over the items of a sequence", "module import"]:
-        one, merged = _scores_by_chunk([tmp_path / "one.bm25"], query), _scores_by_chunk(shards, query)
+        one = _scores_by_chunk([tmp_path / "one.bm25"], query)
+        merged = _scores_by_chunk(shards, query)
         assert sorted(merged) == sorted(one)
         np.testing.assert_allclose([merged[c] for c in sorted(one)], [one[c] for c in sorted(one)], rtol=1e-5)
         per_shard = _scores_by_chunk(local, query)
@@ -128,8 +130,8 @@ def test_global_idf_refuses_another_idf_before_rewriting_any_shard(tmp_path):
     import json
 
     shards = [tmp_path / f"{s:05d}.bm25" for s in range(2)]
-    for s, p in enumerate(shards):
-        build_bm25(np.array([s], np.int64), [f"shard {s} text about loops"], p, 1.5, 0.75)
+    for shard, path in enumerate(shards):
+        build_bm25(np.array([shard], np.int64), [f"shard {shard} text about loops"], path, 1.5, 0.75)
     params = shards[1] / "params.index.json"
     params.write_text(json.dumps({**json.loads(params.read_text()), "method": "robertson"}))
     before = (shards[0] / "data.csc.index.npy").read_bytes()
@@ -152,7 +154,8 @@ def _bm25_by_hand(tf: int, dl: int, avgdl: float, df: int, n: int, k1: float, b:
 
 def test_stemmed_bm25_matches_a_hand_computed_score(tmp_path):
     # stemmed, stopwords out: d0 = runner run quick (3), d1 = run fun (2), d2 = cat sleep all day (4)
-    k1, b = 0.9, 0.4
+    k1 = 0.9
+    b = 0.4
     build_bm25(np.asarray([10, 11, 12]), TOY, tmp_path / "s", k1=k1, b=b, stemmer="english")
     lex = ShardLexicon(tmp_path / "s")
     assert lex.stemmer == "english"

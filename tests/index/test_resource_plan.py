@@ -12,8 +12,16 @@ import pytest
 from qrag_ray.config.index import build_index_config
 from qrag_ray.errors import QragError
 from qrag_ray.index.build import shard_task_options
-from qrag_ray.index.resource_plan import (TOKENIZERS_PER_GPU, ClusterSpec, NodeSpec, cluster_from_nodes,
-                                          faiss_gpu_capable, kernels_from_env, local_ray_cpus, plan_resources)
+from qrag_ray.index.resource_plan import (
+    TOKENIZERS_PER_GPU,
+    ClusterSpec,
+    NodeSpec,
+    cluster_from_nodes,
+    faiss_gpu_capable,
+    kernels_from_env,
+    local_ray_cpus,
+    plan_resources,
+)
 
 SHIPPED_FACTORY = "IVF4096,PQ96x4fs,Refine(SQfp16)"
 H100_NODE = NodeSpec(cpus=208, gpus=8, memory=1.8e12, accelerator="H100")
@@ -41,14 +49,15 @@ def test_the_gpu_cluster_of_the_job():
     assert gen.pool() == {"size": 64}
     assert gen.device == "cuda" and gen.num_gpus == 1 and gen.tensor_parallel == 1
     assert gen.in_flight >= 1024 and gen.engine_kwargs["max_num_seqs"] == 1024
-    embed, tok = plan.stages["embed"], plan.stages["tokenize"]
+    embed = plan.stages["embed"]
+    tok = plan.stages["tokenize"]
     assert embed.fixed and embed.min_size == 64 and embed.num_gpus == 1 and embed.device == "cuda"
     embed_gpus = embed.min_size * embed.num_gpus
     assert not tok.fixed and 1 <= tok.min_size <= tok.max_size <= TOKENIZERS_PER_GPU * embed_gpus
     assert tok.max_size < GPU_CLUSTER.cpus and tok.num_gpus == 0  # never every CPU of the cluster
     for name in ("train", "build-shards"):
-        st = plan.stages[name]
-        assert st.num_gpus == 0 and st.device == "cpu" and st.threads == st.num_cpus > 1
+        stage = plan.stages[name]
+        assert stage.num_gpus == 0 and stage.device == "cpu" and stage.threads == stage.num_cpus > 1
     shards = plan.stages["build-shards"]
     assert shards.num_cpus * shards.max_size <= GPU_CLUSTER.cpus and shards.max_size == 32
     json.dumps(plan.to_dict())  # the --json report carries it
@@ -57,10 +66,10 @@ def test_the_gpu_cluster_of_the_job():
 def test_the_printed_plan_names_every_stage():
     lines = plan_resources(_gpu_job(), GPU_CLUSTER).lines()
     assert lines[0].startswith("plan on 8 nodes: 1664 CPUs, 64 GPUs (H100)") and "kernels auto" in lines[0]
-    by = {ln.split()[0]: ln for ln in lines[1:]}
-    assert list(by) == ["read+chunk", "generate", "tokenize", "embed", "train", "build-shards"]
-    assert "actors 64 fixed" in by["generate"] and "in flight 1024/engine" in by["generate"]
-    assert "actors 64-1024" in by["tokenize"] and "GPU" not in by["build-shards"]
+    by_stage = {ln.split()[0]: ln for ln in lines[1:]}
+    assert list(by_stage) == ["read+chunk", "generate", "tokenize", "embed", "train", "build-shards"]
+    assert "actors 64 fixed" in by_stage["generate"] and "in flight 1024/engine" in by_stage["generate"]
+    assert "actors 64-1024" in by_stage["tokenize"] and "GPU" not in by_stage["build-shards"]
 
 
 def test_engines_over_tensor_parallel_gpus():
@@ -125,12 +134,13 @@ def test_cpu_kernels_keep_every_request():
     """QRAG_KERNELS=cpu: the same actors, CPUs and GPUs as on GPUs; the kernels on CPU (vLLM's CPU engine
     arguments, no tensor parallelism inside the one CPU engine process)."""
     job = _gpu_job(**{"generator.num_gpus": 2})
-    gpu, cpu = plan_resources(job, GPU_CLUSTER), plan_resources(job, GPU_CLUSTER, kernels="cpu")
-    for name, st in gpu.stages.items():
-        c = cpu.stages[name]
-        assert (c.min_size, c.max_size, c.num_cpus, c.num_gpus, c.bundles) == (
-            st.min_size, st.max_size, st.num_cpus, st.num_gpus, st.bundles)
-        assert c.device == "cpu"
+    gpu = plan_resources(job, GPU_CLUSTER)
+    cpu = plan_resources(job, GPU_CLUSTER, kernels="cpu")
+    for name, stage in gpu.stages.items():
+        cpu_stage = cpu.stages[name]
+        assert (cpu_stage.min_size, cpu_stage.max_size, cpu_stage.num_cpus, cpu_stage.num_gpus, cpu_stage.bundles) == (
+            stage.min_size, stage.max_size, stage.num_cpus, stage.num_gpus, stage.bundles)
+        assert cpu_stage.device == "cpu"
     eng = cpu.stages["generate"].engine_kwargs
     assert "tensor_parallel_size" not in eng and "max_num_seqs" not in eng and eng["enforce_eager"] is True
     assert cpu.stages["embed"].threads == 1  # the driver's 2 cores over 64 actors, at least 1
@@ -140,10 +150,10 @@ def test_cpu_kernels_keep_every_request():
 def test_a_local_ray_without_the_gpus_refuses_at_once():
     """A fixed pool a local Ray cannot hold would wait forever: one error line; a joined cluster may grow."""
     gpu_embed = _cfg(**{"build.embedder.num_gpus": 1})
-    with pytest.raises(QragError, match="embed stage needs 1 GPUs at once but this machine's Ray has 0") as e:
+    with pytest.raises(QragError, match="embed stage needs 1 GPUs at once but this machine's Ray has 0") as raised:
         plan_resources(gpu_embed, LAPTOP)
     # the line says how to give a CPU machine's Ray the GPUs it asks for, in a form that can be pasted
-    assert """RAY_OVERRIDE_RESOURCES='{"GPU": 1}' with QRAG_KERNELS=cpu""" in str(e.value)
+    assert """RAY_OVERRIDE_RESOURCES='{"GPU": 1}' with QRAG_KERNELS=cpu""" in str(raised.value)
     two = ClusterSpec((NodeSpec(cpus=8, gpus=2),), local=True)
     assert plan_resources(gpu_embed, two).stages["embed"].min_size == 2
     with pytest.raises(QragError, match="needs 4 GPUs"):
@@ -213,9 +223,10 @@ def test_cluster_from_ray_nodes():
     nodes = [{"Alive": True, "Resources": {"CPU": 208.0, "GPU": 8.0, "memory": 1e12, "accelerator_type:H100": 1.0}},
              {"Alive": True, "Resources": {"CPU": 8.0, "memory": 3e10}},
              {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}]
-    c = cluster_from_nodes(nodes, cores=4)
-    assert (c.cpus, c.gpus, c.accelerator, c.max_node_cpus, c.cores) == (216, 8, "H100", 208, 4)
-    assert c.summary().startswith("2 nodes: 216 CPUs, 8 GPUs (H100)")
+    cluster = cluster_from_nodes(nodes, cores=4)
+    assert (cluster.cpus, cluster.gpus, cluster.accelerator) == (216, 8, "H100")
+    assert (cluster.max_node_cpus, cluster.cores) == (208, 4)
+    assert cluster.summary().startswith("2 nodes: 216 CPUs, 8 GPUs (H100)")
 
 
 def test_the_ray_data_llm_processor_gets_a_fixed_pool():
@@ -234,5 +245,6 @@ def test_the_ray_data_llm_processor_gets_a_fixed_pool():
         assert conf.batch_size * conf.max_concurrent_batches >= stage.in_flight
         bundles = conf.placement_group_config["bundles"]
         assert sum(b["GPU"] for b in bundles) == stage.num_gpus and sum(b["CPU"] for b in bundles) == stage.num_cpus
-        tp = conf.engine_kwargs.get("tensor_parallel_size", 1) * conf.engine_kwargs.get("pipeline_parallel_size", 1)
-        assert tp == (1 if kernels == "cpu" else stage.tensor_parallel)  # Ray replicates bundles per tp x pp
+        kwargs = conf.engine_kwargs
+        workers = kwargs.get("tensor_parallel_size", 1) * kwargs.get("pipeline_parallel_size", 1)
+        assert workers == (1 if kernels == "cpu" else stage.tensor_parallel)  # Ray replicates bundles per tp x pp

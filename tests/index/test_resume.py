@@ -31,7 +31,8 @@ def _corpus(path):
 def test_killed_build_resumes_to_the_same_index(local_ray, build_with, tmp_path, shards):
     corpus = _corpus(tmp_path / "topics.jsonl")
     conf = tmp_path / "c.yaml"
-    conf.write_text("chunker: {method: token, size: 120, overlap: 20}\nbuild: {rows_per_part: 16, embedder: {threads: 1, batch_size: 8}}\n")
+    conf.write_text("chunker: {method: token, size: 120, overlap: 20}\n"
+                    "build: {rows_per_part: 16, embedder: {threads: 1, batch_size: 8}}\n")
     out = tmp_path / "idx"
     cmd = [sys.executable, "-m", "qrag_ray.cli", "index", "--input", str(corpus), "--output", str(out),
            "--representation", "chunk", "--shards", str(shards), "--config", str(conf), "--json"]
@@ -60,7 +61,8 @@ def test_killed_build_resumes_to_the_same_index(local_ray, build_with, tmp_path,
     fresh = build_with({**cfg, "build.output": str(tmp_path / "fresh")})
     # (an embedding actor that Ray restarts mid-build reuses its own finished parts: reused may be > 0)
     assert fresh.vectors_reused + fresh.vectors_embedded == fresh.vectors == resumed.vectors
-    a, b = load_manifest(out, verify=True).data, load_manifest(tmp_path / "fresh", verify=True).data
-    assert a["files"] == b["files"]  # byte-identical shards and chunks
-    assert a["content_hash"] == b["content_hash"]
-    assert a["index_version"] == b["index_version"]
+    resumed_manifest = load_manifest(out, verify=True).data
+    fresh_manifest = load_manifest(tmp_path / "fresh", verify=True).data
+    assert resumed_manifest["files"] == fresh_manifest["files"]  # byte-identical shards and chunks
+    assert resumed_manifest["content_hash"] == fresh_manifest["content_hash"]
+    assert resumed_manifest["index_version"] == fresh_manifest["index_version"]

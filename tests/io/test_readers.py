@@ -13,12 +13,18 @@ import pytest
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.errors import QragError
 from qrag_ray.io.html_text import html_to_text
-from qrag_ray.io.readers import (INPUT_FORMATS, normalize_record, parse_jsonl_line, parse_msmarco_line, read_corpus,
-                                 resolve_files)
+from qrag_ray.io.readers import (
+    INPUT_FORMATS,
+    normalize_record,
+    parse_jsonl_line,
+    parse_msmarco_line,
+    read_corpus,
+    resolve_files,
+)
 
 
-def docs_of(ds) -> dict[str, dict]:
-    rows = ds.take_all()
+def docs_of(dataset) -> dict[str, dict]:
+    rows = dataset.take_all()
     return {r["doc_id"]: {k: (list(v) if k == "questions" else v) for k, v in r.items()} for r in rows}
 
 
@@ -30,8 +36,8 @@ def test_normalize_record_variants():
                                                              "metadata": ""}
     assert normalize_record({"_id": "a", "title": "T", "text": "x"}, "f")["title"] == "T"
     assert normalize_record({"pid": "p1", "contents": "y"}, "f")["text"] == "y"
-    r = normalize_record({"id": "a", "text": "x", "questions": "Q1?\n\nQ2?"}, "f", "questions")
-    assert r["questions"] == ["Q1?", "Q2?"]
+    record = normalize_record({"id": "a", "text": "x", "questions": "Q1?\n\nQ2?"}, "f", "questions")
+    assert record["questions"] == ["Q1?", "Q2?"]
     assert normalize_record({"id": "a", "text": "x"}, "f", "questions")["questions"] == []
 
 
@@ -51,9 +57,9 @@ def test_normalize_record_variants():
     ({"id": "a", "text": "x", "metadata": {"": 1}}, "metadata field name"),
 ])
 def test_normalize_record_errors_name_the_place(rec, msg):
-    with pytest.raises(QragError, match=msg) as e:
+    with pytest.raises(QragError, match=msg) as raised:
         normalize_record(rec, "corpus.jsonl line 3", "questions")
-    assert str(e.value).startswith("corpus.jsonl line 3")
+    assert str(raised.value).startswith("corpus.jsonl line 3")
 
 
 def test_metadata_is_typed_and_travels_as_canonical_json():
@@ -63,10 +69,11 @@ def test_metadata_is_typed_and_travels_as_canonical_json():
 
     meta = {"lang": "en", "year": 2021, "score": 0.5, "public": True, "day": "2024-01-05",
             "at": "2024-01-05T10:00:00+02:00", "tags": ["a", "b"], "gone": None}
-    r = normalize_record({"id": "a", "text": "x", "url": "https://x.org/a", "metadata": meta}, "f")
-    assert r["url"] == "https://x.org/a" and json.loads(r["metadata"]) == {k: v for k, v in meta.items() if v is not None}
-    assert list(json.loads(r["metadata"])) == sorted(json.loads(r["metadata"]))  # canonical: keys sorted
-    assert {k: value_type(v) for k, v in json.loads(r["metadata"]).items()} == {
+    record = normalize_record({"id": "a", "text": "x", "url": "https://x.org/a", "metadata": meta}, "f")
+    assert record["url"] == "https://x.org/a"
+    assert json.loads(record["metadata"]) == {k: v for k, v in meta.items() if v is not None}
+    assert list(json.loads(record["metadata"])) == sorted(json.loads(record["metadata"]))  # canonical: keys sorted
+    assert {k: value_type(v) for k, v in json.loads(record["metadata"]).items()} == {
         "lang": "string", "year": "number", "score": "number", "public": "bool", "day": "date", "at": "datetime",
         "tags": "string_list"}
     # Parquet gives dates, timestamps and map columns' key-value pairs
@@ -149,29 +156,29 @@ def test_html_title_falls_back_to_h1():
 
 @pytest.mark.integration
 def test_jsonl_reader(local_ray, tmp_path, jsonl_writer):
-    p = jsonl_writer(tmp_path / "c.jsonl", [
-        {"id": "d1", "title": "One", "text": "First doc.", "questions": ["What is first?"]},
+    path = jsonl_writer(tmp_path / "c.jsonl", [
+           {"id": "d1", "title": "One", "text": "First doc.", "questions": ["What is first?"]},
         {"id": 2, "text": "Second doc."},
     ])
-    with p.open("a") as f:
-        f.write("\n")  # blank lines are skipped
-    docs = docs_of(read_corpus(str(p), "jsonl", questions_column="questions"))
+    with path.open("a") as file:
+        file.write("\n")  # blank lines are skipped
+    docs = docs_of(read_corpus(str(path), "jsonl", questions_column="questions"))
     assert docs["d1"] == {"doc_id": "d1", "title": "One", "text": "First doc.", "questions": ["What is first?"],
                           "url": "", "metadata": ""}
     assert docs["2"]["title"] == "" and docs["2"]["questions"] == []
-    assert "questions" not in docs_of(read_corpus(str(p), "jsonl"))["d1"]
+    assert "questions" not in docs_of(read_corpus(str(path), "jsonl"))["d1"]
 
 
 @pytest.mark.integration
 def test_parquet_reader(local_ray, tmp_path):
-    p = tmp_path / "c.parquet"
+    path = tmp_path / "c.parquet"
     import datetime as dt
 
     meta = pa.array([{"lang": "en", "day": dt.date(2024, 1, 5)}, {"lang": None, "day": None}])
     pq.write_table(pa.table({"id": ["a", "b"], "title": ["TA", None], "text": ["Alpha.", "Beta."],
                              "questions": [["Q a?", "Q b?"], []], "url": ["https://x.org/a", None],
-                             "metadata": meta}), p)
-    docs = docs_of(read_corpus(str(p), "parquet", questions_column="questions"))
+                             "metadata": meta}), path)
+    docs = docs_of(read_corpus(str(path), "parquet", questions_column="questions"))
     assert docs["a"] == {"doc_id": "a", "title": "TA", "text": "Alpha.", "questions": ["Q a?", "Q b?"],
                          "url": "https://x.org/a", "metadata": '{"day":"2024-01-05","lang":"en"}'}
     assert docs["b"]["title"] == "" and docs["b"]["questions"] == [] and docs["b"]["metadata"] == ""
@@ -179,9 +186,9 @@ def test_parquet_reader(local_ray, tmp_path):
 
 @pytest.mark.integration
 def test_msmarco_reader(local_ray, tmp_path):
-    p = tmp_path / "collection.tsv"
-    p.write_text("0\tThe presence of communication amid scientific minds.\n1\tManhattan Project.\n")
-    docs = docs_of(read_corpus(str(p), "msmarco"))
+    path = tmp_path / "collection.tsv"
+    path.write_text("0\tThe presence of communication amid scientific minds.\n1\tManhattan Project.\n")
+    docs = docs_of(read_corpus(str(path), "msmarco"))
     none = {"url": "", "metadata": ""}
     assert docs == {"0": {"doc_id": "0", "title": "", "text": "The presence of communication amid scientific minds.",
                           **none}, "1": {"doc_id": "1", "title": "", "text": "Manhattan Project.", **none}}
@@ -211,20 +218,21 @@ def test_html_reader(local_ray, tmp_path):
     assert set(docs) == {"planets.html", "sub/page.htm"}
     assert docs["planets.html"]["title"] == "Planets" and "Earth | 1" in docs["planets.html"]["text"]
     assert docs["sub/page.htm"]["title"] == "page"
-    assert json.loads(docs["sub/page.htm"]["metadata"]) == {"path": "sub/page.htm"} and docs["sub/page.htm"]["url"] == ""
+    assert json.loads(docs["sub/page.htm"]["metadata"]) == {"path": "sub/page.htm"}
+    assert docs["sub/page.htm"]["url"] == ""
 
 
 @pytest.mark.integration
 def test_malformed_jsonl_line_is_named(local_ray, tmp_path):
-    p = tmp_path / "bad.jsonl"
-    p.write_text(json.dumps({"id": "a", "text": "ok"}) + "\n" + json.dumps({"id": "b", "text": "ok"})
-                 + "\n{not json\n")
-    with pytest.raises(Exception) as e:
-        read_corpus(str(p), "jsonl").take_all()
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"id": "a", "text": "ok"}) + "\n" + json.dumps({"id": "b", "text": "ok"})
+                    + "\n{not json\n")
+    with pytest.raises(Exception) as raised:
+        read_corpus(str(path), "jsonl").take_all()
     from qrag_ray.errors import find_user_error
 
-    ue = find_user_error(e.value)
-    assert ue is not None and "bad.jsonl line 3" in str(ue) and "malformed JSON" in str(ue)
+    user_error = find_user_error(raised.value)
+    assert user_error is not None and "bad.jsonl line 3" in str(user_error) and "malformed JSON" in str(user_error)
 
 
 def test_unknown_format():

@@ -14,7 +14,8 @@ class _Node:
 
 
 def test_live_objects_leave_the_scans_and_garbage_cycles_are_collected_first():
-    kept, dropped = _Node(), _Node()
+    kept = _Node()
+    dropped = _Node()
     gone = weakref.ref(dropped)
     del dropped  # garbage, but only a collection can free the cycle
     assert gone() is not None

@@ -12,9 +12,8 @@ import time
 import pytest
 from rich.console import Console
 
-from qrag_ray.runtime import logs, progress
 from qrag_ray.errors import IndexFormatError, QragError
-
+from qrag_ray.runtime import logs, progress
 
 # ---------------------------------------------------------------- errors
 
@@ -22,11 +21,11 @@ from qrag_ray.errors import IndexFormatError, QragError
 def test_qrag_error_message_survives_ray_annotation_and_pickling():
     """Ray Data appends its retry advice to args[0] of an exception raised in a map task; the message
     the user sees is the one raised, also after the trip back from the worker (pickle)."""
-    e = IndexFormatError("bad.jsonl line 3: malformed JSON line")
-    e.args = (e.args[0] + "\nFailed to apply UDF transform after 1/1 attempts ... max_map_retries",)
-    back = pickle.loads(pickle.dumps(e))
+    error = IndexFormatError("bad.jsonl line 3: malformed JSON line")
+    error.args = (error.args[0] + "\nFailed to apply UDF transform after 1/1 attempts ... max_map_retries",)
+    back = pickle.loads(pickle.dumps(error))
     assert type(back) is IndexFormatError and back.exit_code == 2
-    assert str(back) == str(e) == "bad.jsonl line 3: malformed JSON line"
+    assert str(back) == str(error) == "bad.jsonl line 3: malformed JSON line"
     assert str(QragError()) == ""
 
 
@@ -43,6 +42,22 @@ def test_qrag_error_message_survives_ray_annotation_and_pickling():
 ])
 def test_op_label(name, label):
     assert progress.op_label(name) == label
+
+
+def test_operator_label_is_what_the_row_shows_whatever_the_function_is_called():
+    """Ray Data names a map operator after its function (`MapBatches(<__name__>)`): the UDFs carry their
+    label explicitly, so renaming one leaves the display alone, and pickling still finds it by its own name."""
+    from qrag_ray.index import udfs
+
+    @progress.operator_label("chunker")
+    def chunk_the_documents(batch):
+        return batch
+
+    assert chunk_the_documents.__name__ == "chunker"
+    assert chunk_the_documents.__qualname__.endswith("chunk_the_documents")
+    assert progress.op_label(f"ReadText->MapBatches({chunk_the_documents.__name__})") == "ReadText → chunker"
+    assert udfs.attach_atoms.__name__ == "attach_atoms"
+    assert pickle.loads(pickle.dumps(udfs.attach_atoms)) is udfs.attach_atoms
 
 
 def test_rate_and_eta():
@@ -77,9 +92,8 @@ def test_display_off_a_terminal_prints_only_finished_stages_and_periodic_status(
     assert lines[-1].strip().startswith("✓ embed (")
 
     con, buf = _console(False)
-    with pytest.raises(QragError):
-        with progress.stage(con, "read+chunk"):
-            raise QragError("bad line")
+    with pytest.raises(QragError), progress.stage(con, "read+chunk"):
+        raise QragError("bad line")
     assert buf.getvalue() == ""  # a failed stage leaves the error line alone
 
 
@@ -88,10 +102,10 @@ def test_a_total_the_count_has_passed_is_shown_as_unknown(monkeypatch):
     con, buf = _console(False)
     monkeypatch.setenv("QRAG_PROGRESS_INTERVAL", "0")
     with progress.stage(con, "stream"):
-        d = progress.current()
-        d.report("ds1", [(1, "MapBatches(EmbedSink)", 10, 40)])
-        d.report("ds1", [(1, "MapBatches(EmbedSink)", 50, 40)])
-        d.report("ds1", [(1, "MapBatches(EmbedSink)", 60, 90)])
+        display = progress.current()
+        display.report("ds1", [(1, "MapBatches(EmbedSink)", 10, 40)])
+        display.report("ds1", [(1, "MapBatches(EmbedSink)", 50, 40)])
+        display.report("ds1", [(1, "MapBatches(EmbedSink)", 60, 90)])
     lines = [line for line in buf.getvalue().splitlines() if line.startswith("…")]
     assert lines[0].startswith("… stream: embed 10/40 rows")
     assert lines[1].startswith("… stream: embed 50/? rows") and "ETA" not in lines[1]
@@ -101,15 +115,15 @@ def test_a_total_the_count_has_passed_is_shown_as_unknown(monkeypatch):
 def test_display_on_a_terminal_is_live_and_leaves_one_line_per_stage():
     con, buf = _console(True)
     with progress.stage(con, "generate"):
-        d = progress.current()
-        assert d.live
-        d.report("ds1", [(1, "vLLMEngineStage", 3, 30)])
-        (task,) = [t for t in d.progress.tasks if not t.fields.get("stage")]
+        display = progress.current()
+        assert display.live
+        display.report("ds1", [(1, "vLLMEngineStage", 3, 30)])
+        (task,) = [t for t in display.progress.tasks if not t.fields.get("stage")]
         assert (task.completed, task.total, task.description.strip()) == (3, 30, "LLM generation (vLLM)")
-        d.report("ds1", [(1, "vLLMEngineStage", 30, 30)], finished=True)
-        assert [t.fields.get("stage") for t in d.progress.tasks] == [True]  # operator rows gone
+        display.report("ds1", [(1, "vLLMEngineStage", 30, 30)], finished=True)
+        assert [t.fields.get("stage") for t in display.progress.tasks] == [True]  # operator rows gone
         time.sleep(0.3)
-    assert not d.progress.live.is_started
+    assert not display.progress.live.is_started
     assert "✓ generate (" in buf.getvalue()
 
 
@@ -123,11 +137,11 @@ def test_ray_data_operators_reach_the_display(local_ray, monkeypatch):
     """The ExecutionCallback registered by ensure_ray reports a real Ray Data execution's operators."""
     import ray.data
 
-    ds = ray.data.range(2000, override_num_blocks=8)
+    dataset = ray.data.range(2000, override_num_blocks=8)
     con, buf = _console(False)
     monkeypatch.setenv("QRAG_PROGRESS_INTERVAL", "0")
     with progress.stage(con, "square"):
-        assert ds.map_batches(lambda b: {"id": b["id"] ** 2}).sum("id") == sum(i * i for i in range(2000))
+        assert dataset.map_batches(lambda b: {"id": b["id"] ** 2}).sum("id") == sum(i * i for i in range(2000))
     out = buf.getvalue()
     assert "… square: " in out and "rows" in out, out
     assert out.splitlines()[-1].strip().startswith("✓ square (")
@@ -151,7 +165,8 @@ def test_a_build_shows_its_embedding_counting_up_to_its_vectors(local_ray, build
     monkeypatch.setattr(progress.Display, "report", recorded)
     con, buf = _console(False)
     corpus = jsonl_writer(tmp_path / "few.jsonl", corpus_records(with_questions=False)[:8])
-    report = build_with({"input": str(corpus), "build.output": str(tmp_path / "idx"), "representation": "chunk+sentence",
+    report = build_with({"input": str(corpus), "build.output": str(tmp_path / "idx"),
+                         "representation": "chunk+sentence",
                          "chunker.method": "none", "build.embedder.batch_size": 8},
                         console=con)
     rows = [(done, total) for ops in reports for label, done, total in ops if label == "embed"]
@@ -186,7 +201,7 @@ def test_the_embed_total_is_the_rows_to_come_while_a_multi_block_build_runs(loca
              re.findall(r"\bembed (\d+)/(\d+|\?) rows(?:, [\d.]+/s)?(?:, ETA (\w+))?", buf.getvalue())]
     assert len(shown) >= 5 and final > 8 * 16, (final, buf.getvalue()[-2000:])
     wrong = [(done, total) for done, total, _ in shown if total is not None and total < final]
-    assert not wrong, f"embed totals below the {final} rows the stage embedded (N/N while rows were to come): {wrong[:8]}"
+    assert not wrong, f"embed totals below the {final} rows embedded (N/N while rows were to come): {wrong[:8]}"
     # the total is known before the end, and the ETA comes from it
     during = [(done, eta) for done, total, eta in shown if total == final and 0 < done < final]
     assert during and all(eta for _, eta in during), shown[-10:]
@@ -205,8 +220,8 @@ def test_native_noise_filter():
 
 
 def test_set_verbosity_quiets_libraries_unless_verbose(monkeypatch):
-    for k in logs.QUIET_ENV:
-        monkeypatch.delenv(k, raising=False)
+    for variable in logs.QUIET_ENV:
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")  # the user's own setting wins
     monkeypatch.setattr(logs, "_level", None)
     logs.set_verbosity(1)
@@ -219,18 +234,19 @@ def test_set_verbosity_quiets_libraries_unless_verbose(monkeypatch):
 
 
 def test_quiet_ray_data_mutes_its_console_only(monkeypatch):
-    lg = logging.getLogger("ray.data")
-    console, file_like = logging.StreamHandler(io.StringIO()), logging.Handler()
-    lg.addHandler(console)
-    lg.addHandler(file_like)
+    ray_data_logger = logging.getLogger("ray.data")
+    console = logging.StreamHandler(io.StringIO())
+    file_like = logging.Handler()
+    ray_data_logger.addHandler(console)
+    ray_data_logger.addHandler(file_like)
     try:
         monkeypatch.setattr(logs, "_level", 0)
         logs.quiet_ray_data()
         rec = logging.LogRecord("ray.data", logging.ERROR, __file__, 1, "boom", None, None)
         assert not console.filter(rec) and file_like.filter(rec)
     finally:
-        lg.removeHandler(console)
-        lg.removeHandler(file_like)
+        ray_data_logger.removeHandler(console)
+        ray_data_logger.removeHandler(file_like)
 
 
 # ---------------------------------------------------------------- the demo's table

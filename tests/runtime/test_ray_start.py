@@ -8,8 +8,14 @@ import ast
 import json
 from pathlib import Path
 
-from qrag_ray.runtime.ray_start import (JOB_CONFIG_VAR, LOCAL_MIN_CPUS, PROCESS_ENV, driver_runtime_env,
-                                        job_runtime_env, local_num_cpus)
+from qrag_ray.runtime.ray_start import (
+    JOB_CONFIG_VAR,
+    LOCAL_MIN_CPUS,
+    PROCESS_ENV,
+    driver_runtime_env,
+    job_runtime_env,
+    local_num_cpus,
+)
 
 PACKAGE = Path(__file__).resolve().parents[2] / "qrag_ray"
 # the runtime env of the shipped RayJob (k8s/base/rayjob-index.yaml) plus a variable of the user's own

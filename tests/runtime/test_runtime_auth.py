@@ -22,16 +22,16 @@ def test_refused_for_auth_reads_the_cause_chain():
             raise RuntimeError("GCS: RPC error: InvalidAuthToken: Authentication token is missing or incorrect")
         except RuntimeError as inner:
             raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379") from inner
-    except ConnectionError as e:
-        assert refused_for_auth(e)
+    except ConnectionError as error:
+        assert refused_for_auth(error)
     assert refused_for_auth(AuthenticationError("no token"))
     try:
         try:
             raise TimeoutError("GCS did not answer")
         except TimeoutError as inner:
             raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379") from inner
-    except ConnectionError as e:
-        assert not refused_for_auth(e)  # an unreachable cluster keeps Ray's own error
+    except ConnectionError as error:
+        assert not refused_for_auth(error)  # an unreachable cluster keeps Ray's own error
 
 
 def test_client_auth_mode_defaults_to_token_and_keeps_an_explicit_choice(monkeypatch):

@@ -82,9 +82,13 @@ def test_k_beyond_index_returns_every_chunk(engines):
 
 
 def test_min_score_and_bad_input(engines):
+    """min_score keeps exactly the top k's results at or above it: some (the query names its topic), not all."""
     engine, _ = engines["sentences"]
+    unfiltered = engine.search(["for loop else clause"], k=10)[0]
     res = engine.search(["for loop else clause"], k=10, min_score=0.5)[0]
+    assert res, "no result at or above min_score 0.5 for a query that names its topic"
     assert all(r["score"] >= 0.5 for r in res) and len(res) < 10
+    assert [r["chunk_id"] for r in res] == [r["chunk_id"] for r in unfiltered if r["score"] >= 0.5]
     with pytest.raises(QragError, match="k must be between"):
         engine.search(["x"], k=0)
     with pytest.raises(QragError, match="non-empty"):

@@ -46,34 +46,37 @@ from typing import Any, TypeVar
 
 ENV = "QRAG_TEST_BUILD_CACHE"
 PACKAGE = Path(__file__).resolve().parents[2] / "qrag_ray"
-RESULT, INDEX, SPEC = "result.pickle", "index", "spec.json"
+RESULT = "result.pickle"
+INDEX = "index"
+SPEC = "spec.json"
 
 T = TypeVar("T")
 
 
 def file_digest(path: Path) -> str:
     """sha256 of a file's bytes, or of a folder's files (relative paths and bytes, sorted)."""
-    h = hashlib.sha256()
+    hasher = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        h.update(str(f.relative_to(path) if f != path else "").encode() + b"\0")
-        h.update(hashlib.sha256(f.read_bytes()).digest())
-    return h.hexdigest()
+    for file in files:
+        hasher.update(str(file.relative_to(path) if file != path else "").encode() + b"\0")
+        hasher.update(hashlib.sha256(file.read_bytes()).digest())
+    return hasher.hexdigest()
 
 
 @functools.cache
 def environment_digest() -> str:
     """What every build of this process depends on besides its own inputs: the package's files, the
     installed distributions, the Python version and the QRAG_* variables (not the tests' own QRAG_TEST_*)."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        h.update(str(f.relative_to(PACKAGE)).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    hasher = hashlib.sha256()
+    for file in sorted(p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        hasher.update(str(file.relative_to(PACKAGE)).encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
     # the installed distributions by their metadata folders' names (name-version.dist-info): a listing,
     # not a read of every METADATA file
-    dists = sorted(e for d in sys.path if os.path.isdir(d) for e in os.listdir(d) if e.endswith((".dist-info", ".egg-info")))
+    dists = sorted(e for d in sys.path if os.path.isdir(d) for e in os.listdir(d)
+                   if e.endswith((".dist-info", ".egg-info")))
     env = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("QRAG_") and not k.startswith("QRAG_TEST_"))
-    h.update("\n".join([sys.version, *dists, *env]).encode())
-    return h.hexdigest()
+    hasher.update("\n".join([sys.version, *dists, *env]).encode())
+    return hasher.hexdigest()
 
 
 def content_key(spec: Mapping[str, Any]) -> str:
@@ -84,8 +87,8 @@ def content_key(spec: Mapping[str, Any]) -> str:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+    with open(path, "a") as file:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         yield
 
 
@@ -104,7 +107,8 @@ def shared(spec: Mapping[str, Any], out: Path, make: Callable[[], T]) -> T:
     root = os.environ.get(ENV)
     if not root:
         return make()
-    cache, out = Path(root), Path(out)
+    cache = Path(root)
+    out = Path(out)
     cache.mkdir(parents=True, exist_ok=True)
     key = content_key(spec)
     entry = cache / key

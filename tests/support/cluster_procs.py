@@ -17,7 +17,8 @@ def native_processes_in_token_mode(cdir: Path) -> Counter[str]:
     naming the first one not in token mode."""
     counts: Counter[str] = Counter()
     for pid in procs.cluster_pids(cdir):
-        cmd, env = procs.read_cmdline(pid), procs.read_environ(pid)
+        cmd = procs.read_cmdline(pid)
+        env = procs.read_environ(pid)
         name = next((n for n in NATIVE if f"/{n}\0".encode() in cmd), None)
         if name and env:  # both are empty once a process has exited: skipped
             assert b"RAY_AUTH_MODE=token" in env.split(b"\0"), (name, pid)

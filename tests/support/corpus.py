@@ -41,10 +41,10 @@ def pydoc_docs(with_questions: bool = True) -> list[dict]:
     from qrag_ray.io.pydoc_corpus import unwrap
 
     out = []
-    for name, qs in PYDOC_QUESTIONS.items():
+    for name, questions in PYDOC_QUESTIONS.items():
         rec = {"id": name, "title": f"The {name} topic", "text": unwrap(topics[name])}
         if with_questions:
-            rec["questions"] = list(qs)
+            rec["questions"] = list(questions)
         out.append(rec)
     return out
 
@@ -72,8 +72,9 @@ def topic_records(names: list[str], metadata: bool = False) -> list[dict]:
     return out
 
 
-def topic_metadata(i: int, name: str) -> dict:
+def topic_metadata(number: int, name: str) -> dict:
     """The i-th topic's metadata, one field of each type: `area` (string), `order` (number), `statement`
     (bool), `added` (date), `reviewed` (datetime), `letters` (list of strings)."""
-    return {"area": ("loops", "values", "names")[i % 3], "order": i, "statement": i % 2 == 0,
-            "added": f"2024-03-{1 + i:02d}", "reviewed": f"2024-04-01T{i:02d}:15:00Z", "letters": sorted(set(name[:3]))}
+    return {"area": ("loops", "values", "names")[number % 3], "order": number, "statement": number % 2 == 0,
+            "added": f"2024-03-{1 + number:02d}", "reviewed": f"2024-04-01T{number:02d}:15:00Z",
+            "letters": sorted(set(name[:3]))}

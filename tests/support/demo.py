@@ -26,8 +26,8 @@ def assert_no_llm_demo(stdout: str, stderr: str) -> None:
     assert_quiet(stderr)
     assert "default (no LLM)" in stdout and "chunk (baseline)" in stdout
     assert "(raylet)" not in stdout
-    for q in ("When does the else clause of a for loop run?", WITH_Q):
-        assert q in stdout
-    m = re.search(r"right topic at rank 1: default (\d)/3, chunk (\d)/3", stdout)
-    assert m, stdout
-    assert int(m.group(1)) == 3, stdout  # the subset holds every answer
+    for query in ("When does the else clause of a for loop run?", WITH_Q):
+        assert query in stdout
+    match = re.search(r"right topic at rank 1: default (\d)/3, chunk (\d)/3", stdout)
+    assert match, stdout
+    assert int(match.group(1)) == 3, stdout  # the subset holds every answer

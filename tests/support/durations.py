@@ -32,10 +32,10 @@ def pytest_configure(config) -> None:
 def pytest_runtest_logreport(report) -> None:
     if report.duration >= MIN_S:
         _rows.append((report.duration, report.when, report.outcome, report.nodeid))
-    tr = _config[0].pluginmanager.get_plugin("terminalreporter") if _config else None
-    if tr is not None and report.duration >= LOUD_S:
-        tr.ensure_newline()
-        tr.write_line(f"[test phase] {report.duration:.0f} s {report.when} {report.outcome} {report.nodeid}")
+    reporter = _config[0].pluginmanager.get_plugin("terminalreporter") if _config else None
+    if reporter is not None and report.duration >= LOUD_S:
+        reporter.ensure_newline()
+        reporter.write_line(f"[test phase] {report.duration:.0f} s {report.when} {report.outcome} {report.nodeid}")
 
 
 def pytest_sessionfinish(session) -> None:

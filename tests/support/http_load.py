@@ -26,27 +26,31 @@ class Load:
     """`workers` threads sending searches until stopped; every response is kept for the asserts."""
 
     def __init__(self, url: str, headers: dict, workers: int = 4, body: dict | None = None, timeout: float = 60):
-        self.url, self.headers, self.body, self.timeout = url, headers, body or QUERY, timeout
+        self.url = url
+        self.headers = headers
+        self.body = body or QUERY
+        self.timeout = timeout
         self.stop = threading.Event()
         self.responses: list[dict] = []
         self.pool = ThreadPoolExecutor(workers)
         self.futures = [self.pool.submit(self._run) for _ in range(workers)]
 
     def _run(self):
-        with httpx.Client(base_url=self.url, timeout=self.timeout) as c:
+        with httpx.Client(base_url=self.url, timeout=self.timeout) as client:
             while not self.stop.is_set():
-                t0 = time.time()
+                started = time.time()
                 try:
-                    r = c.post("/v1/search", json=self.body, headers=self.headers)
-                    body = r.json()
-                    status = r.status_code
-                except httpx.HTTPError as e:
-                    body, status = {"error": type(e).__name__}, 0
-                self.responses.append({"status": status, "body": body, "t0": t0, "s": time.time() - t0})
+                    response = client.post("/v1/search", json=self.body, headers=self.headers)
+                    body = response.json()
+                    status = response.status_code
+                except httpx.HTTPError as error:
+                    body = {"error": type(error).__name__}
+                    status = 0
+                self.responses.append({"status": status, "body": body, "t0": started, "s": time.time() - started})
 
     def finish(self) -> list[dict]:
         self.stop.set()
-        for f in self.futures:
-            f.result()
+        for future in self.futures:
+            future.result()
         self.pool.shutdown()
         return self.responses

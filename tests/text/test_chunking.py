@@ -3,6 +3,7 @@ sentence groups, none — and their edge cases."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -17,20 +18,21 @@ def text(corpus_records):
     return next(r["text"] for r in corpus_records() if r["id"] == "for")
 
 
-def toks(s: str) -> list[str]:
-    return s.split()
+def toks(text: str) -> list[str]:
+    return text.split()
 
 
 def test_token_windows_size_and_overlap(text):
     words = toks(text)
     assert len(words) > 250
-    size, overlap = 100, 20
+    size = 100
+    overlap = 20
     wins = token_windows(text, size, overlap)
     assert all(len(toks(w)) <= size for w in wins)
     assert all(len(toks(w)) == size for w in wins[:-1])
     # consecutive windows share exactly `overlap` tokens: the tail of one is the head of the next
-    for a, b in zip(wins, wins[1:]):
-        assert toks(a)[-overlap:] == toks(b)[:overlap]
+    for window, following in itertools.pairwise(wins):
+        assert toks(window)[-overlap:] == toks(following)[:overlap]
     # together they cover the document's tokens in order, nothing lost or invented
     rebuilt = toks(wins[0]) + [t for w in wins[1:] for t in toks(w)[overlap:]]
     assert rebuilt == words
@@ -74,8 +76,8 @@ def test_paragraphs_follow_blank_lines(text):
 
 def test_long_paragraph_is_windowed(text):
     longest = max(paragraphs(text), key=lambda p: len(toks(p)))
-    n = len(toks(longest))
-    assert n > 40
+    count = len(toks(longest))
+    assert count > 40
     out = paragraphs(longest, max_tokens=20, overlap=5)
     assert len(out) > 1 and all(len(toks(p)) <= 20 for p in out)
     assert toks(out[0])[-5:] == toks(out[1])[:5]
@@ -96,6 +98,7 @@ def test_none_keeps_document_whole(text):
 def test_chunk_document_ids_and_fields(text):
     doc = {"doc_id": "for", "title": "The for statement", "text": text}
     rows = list(chunk_document(doc, ChunkerConfig(method="token", size=80, overlap=10)))
+    assert len(rows) > 1
     assert [r["chunk_id"] for r in rows] == [f"for#{i}" for i in range(len(rows))]
     assert all(r["doc_id"] == "for" and r["title"] == "The for statement" for r in rows)
     assert list(chunk_document({"doc_id": "e", "text": ""}, ChunkerConfig())) == []

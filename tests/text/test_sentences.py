@@ -18,8 +18,8 @@ def test_empty(text):
 
 
 def test_keeps_abbreviations_and_initials_together():
-    s = "Dr. Smith moved to the U.S. in 1990. J. R. R. Tolkien wrote books, e.g. The Hobbit. It sold well."
-    assert split_sentences(s) == [
+    text = "Dr. Smith moved to the U.S. in 1990. J. R. R. Tolkien wrote books, e.g. The Hobbit. It sold well."
+    assert split_sentences(text) == [
         "Dr. Smith moved to the U.S. in 1990.",
         "J. R. R. Tolkien wrote books, e.g. The Hobbit.",
         "It sold well.",
@@ -27,13 +27,13 @@ def test_keeps_abbreviations_and_initials_together():
 
 
 def test_closing_quotes_and_brackets_stay_with_their_sentence():
-    s = 'He said "stop." Then he left (quickly.) The end.'
-    assert split_sentences(s) == ['He said "stop."', "Then he left (quickly.)", "The end."]
+    text = 'He said "stop." Then he left (quickly.) The end.'
+    assert split_sentences(text) == ['He said "stop."', "Then he left (quickly.)", "The end."]
 
 
 def test_no_split_inside_numbers_or_dotted_names():
-    s = "Use os.path.join to build paths. Version 3.11 added it."
-    assert split_sentences(s) == ["Use os.path.join to build paths.", "Version 3.11 added it."]
+    text = "Use os.path.join to build paths. Version 3.11 added it."
+    assert split_sentences(text) == ["Use os.path.join to build paths.", "Version 3.11 added it."]
 
 
 def test_real_text_roundtrip(corpus_records):

@@ -29,8 +29,8 @@ class Report:
         self.problems.append(f"{where}: {msg}")
 
     def extend(self, where: str, msgs: Iterable[str]) -> None:
-        for m in msgs:
-            self.add(where, m)
+        for msg in msgs:
+            self.add(where, msg)
 
     @property
     def ok(self) -> bool:
@@ -45,30 +45,31 @@ def validate_docs(docs: list[dict], *, require_gpu: bool, canonical_serve: dict 
         if need not in kinds:
             report.add(where, f"no {need} in the manifests")
     configmaps = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ConfigMap"}
-    for d in docs:
-        if not isinstance(d, dict) or not d.get("apiVersion") or not d.get("kind") or not (d.get("metadata") or {}).get("name"):
-            report.add(where, f"a resource lacks apiVersion/kind/metadata.name: {str(d)[:80]}")
+    for doc in docs:
+        named = isinstance(doc, dict) and (doc.get("metadata") or {}).get("name")
+        if not named or not doc.get("apiVersion") or not doc.get("kind"):
+            report.add(where, f"a resource lacks apiVersion/kind/metadata.name: {str(doc)[:80]}")
             continue
-        w = f"{where}{d['kind']}/{d['metadata']['name']}"
-        if d["kind"] == "RayService":
-            report.extend(w, kuberay.check_rayservice(d, require_gpu=require_gpu, canonical=canonical_serve))
-            report.extend(w, security.check_ray_resource(d))
-            report.extend(w, pods.check_pods(d))
-        elif d["kind"] == "RayJob":
-            report.extend(w, kuberay.check_rayjob(d, require_gpu=require_gpu, configmaps=configmaps))
-            report.extend(w, security.check_ray_resource(d))
-            report.extend(w, pods.check_pods(d))
-        elif d["kind"] == "ConfigMap" and any(k.endswith(".json") for k in d.get("data") or {}):
-            for k, v in d["data"].items():
-                if k.endswith(".json"):
+        resource = f"{where}{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] == "RayService":
+            report.extend(resource, kuberay.check_rayservice(doc, require_gpu=require_gpu, canonical=canonical_serve))
+            report.extend(resource, security.check_ray_resource(doc))
+            report.extend(resource, pods.check_pods(doc))
+        elif doc["kind"] == "RayJob":
+            report.extend(resource, kuberay.check_rayjob(doc, require_gpu=require_gpu, configmaps=configmaps))
+            report.extend(resource, security.check_ray_resource(doc))
+            report.extend(resource, pods.check_pods(doc))
+        elif doc["kind"] == "ConfigMap" and any(k.endswith(".json") for k in doc.get("data") or {}):
+            for key, value in doc["data"].items():
+                if key.endswith(".json"):
                     try:
-                        dash = json.loads(v)
-                    except json.JSONDecodeError as e:
-                        report.add(w, f"{k} is not JSON: {e}")
+                        dash = json.loads(value)
+                    except json.JSONDecodeError as error:
+                        report.add(resource, f"{key} is not JSON: {error}")
                         continue
                     metrics = exported if exported is not None else monitoring.exported_metrics()
-                    report.extend(f"{w}[{k}]", monitoring.check_dashboard(dash, metrics))
-        report.checked.append(w)
+                    report.extend(f"{resource}[{key}]", monitoring.check_dashboard(dash, metrics))
+        report.checked.append(resource)
     report.extend(where + "monitoring", monitoring.check_podmonitors(docs))
     report.extend(where + "security", security.check_manifests(docs))
     return report
@@ -80,8 +81,8 @@ def validate_overlay(path: str | Path, *, require_gpu: bool, canonical_serve: di
     report = report or Report()
     try:
         docs = render_kustomization(path)
-    except (RenderError, OSError, yaml.YAMLError) as e:
-        report.add(str(path), f"cannot render: {e}")
+    except (RenderError, OSError, yaml.YAMLError) as error:
+        report.add(str(path), f"cannot render: {error}")
         return report
     return validate_docs(docs, require_gpu=require_gpu, canonical_serve=canonical_serve, exported=exported,
                          report=report, where=f"{path.name}: ")
@@ -98,8 +99,8 @@ def validate_node_selectors(root: Path, report: Report) -> Report:
             where = f"{name} + components/{comp.name}"
             try:
                 docs = render_with_components(root / "k8s" / "overlays" / name, [comp])
-            except (RenderError, OSError, yaml.YAMLError) as e:
-                report.add(where, f"cannot render: {e}")
+            except (RenderError, OSError, yaml.YAMLError) as error:
+                report.add(where, f"cannot render: {error}")
                 continue
             report.extend(where, pods.check_node_selector_component(docs, comp.name))
             report.checked.append(where)
@@ -122,25 +123,26 @@ def validate_repo(root: Path = REPO) -> Report:
 def main(argv: list[str] | None = None) -> int:
     from tools.validate_deploy import __doc__ as doc
 
-    ap = argparse.ArgumentParser(prog="python -m tools.validate_deploy", description=doc.split("\n\n")[0])
-    ap.add_argument("paths", nargs="*", help="overlay directories or YAML files (default: the whole repo)")
-    ap.add_argument("--gpu", action="store_true", help="require a GPU worker group (for given paths)")
-    ap.add_argument("--sync-serve-config", action="store_true",
-                    help="regenerate serveConfigV2 in k8s/base/rayservice.yaml from serve_configs/qrag.yaml")
-    a = ap.parse_args(argv)
-    if a.sync_serve_config:
+    parser = argparse.ArgumentParser(prog="python -m tools.validate_deploy", description=doc.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", help="overlay directories or YAML files (default: the whole repo)")
+    parser.add_argument("--gpu", action="store_true", help="require a GPU worker group (for given paths)")
+    parser.add_argument("--sync-serve-config", action="store_true",
+                        help="regenerate serveConfigV2 in k8s/base/rayservice.yaml from serve_configs/qrag.yaml")
+    args = parser.parse_args(argv)
+    if args.sync_serve_config:
         changed = serve.sync_serve_config()
         print(f"k8s/base/rayservice.yaml: serveConfigV2 {'updated' if changed else 'already in sync'}")
-    if a.paths:
+    if args.paths:
         report = Report()
         canonical = serve.load_canonical_serve_config()
-        for p in map(Path, a.paths):
-            if p.is_dir():
-                validate_overlay(p, require_gpu=a.gpu, canonical_serve=canonical, report=report)
-            elif "available_node_types" in p.read_text():
-                report.extend(str(p), launcher.check_cluster_launcher(yaml.safe_load(p.read_text())))
+        for path in map(Path, args.paths):
+            if path.is_dir():
+                validate_overlay(path, require_gpu=args.gpu, canonical_serve=canonical, report=report)
+            elif "available_node_types" in path.read_text():
+                report.extend(str(path), launcher.check_cluster_launcher(yaml.safe_load(path.read_text())))
             else:
-                validate_docs(load_docs(p), require_gpu=a.gpu, canonical_serve=canonical, report=report, where=f"{p}: ")
+                validate_docs(load_docs(path), require_gpu=args.gpu, canonical_serve=canonical, report=report,
+                              where=f"{path}: ")
     else:
         report = validate_repo()
     for msg in report.problems:

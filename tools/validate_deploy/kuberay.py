@@ -20,15 +20,15 @@ REPO_SERVE_CONFIG = "serve_configs/qrag.yaml"
 _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
-def quantity(q: Any) -> float:
+def quantity(value: Any) -> float:
     """A Kubernetes quantity ("12Gi", "500m", "8") as a number."""
-    s = str(q)
-    if s.endswith("m"):
-        return float(s[:-1]) / 1000
+    text = str(value)
+    if text.endswith("m"):
+        return float(text[:-1]) / 1000
     for unit, mult in _UNITS.items():
-        if s.endswith(unit):
-            return float(s[: -len(unit)]) * mult
-    return float(s)
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * mult
+    return float(text)
 
 
 def containers(template: dict) -> list[dict]:
@@ -46,24 +46,28 @@ def check_cluster_spec(spec: dict, *, require_gpu: bool) -> list[str]:
     if not groups:
         out.append("no workerGroupSpecs")
     names = set()
-    for g in groups:
-        gn = g.get("groupName")
-        if not gn or gn in names:
-            out.append(f"worker group name missing or duplicated: {gn!r}")
-        names.add(gn)
-        lo, hi, n = g.get("minReplicas"), g.get("maxReplicas"), g.get("replicas", g.get("minReplicas"))
-        if not all(isinstance(v, int) for v in (lo, hi, n)):
-            out.append(f"group {gn}: minReplicas/maxReplicas/replicas must be integers")
-        elif not (0 <= lo <= n <= hi) or hi < 1:
-            out.append(f"group {gn}: need 0 <= minReplicas ({lo}) <= replicas ({n}) <= maxReplicas ({hi}), maxReplicas >= 1")
-        cs = containers(g.get("template"))
-        if not cs:
-            out.append(f"group {gn}: template has no containers")
-        for c in cs:
-            if not c.get("image"):
-                out.append(f"group {gn}: container {c.get('name')} has no image")
-            if "cpu" not in ((c.get("resources") or {}).get("limits") or {}):
-                out.append(f"group {gn}: container {c.get('name')} has no cpu limit (Ray sizes num-cpus from it)")
+    for group in groups:
+        group_name = group.get("groupName")
+        if not group_name or group_name in names:
+            out.append(f"worker group name missing or duplicated: {group_name!r}")
+        names.add(group_name)
+        least = group.get("minReplicas")
+        most = group.get("maxReplicas")
+        replicas = group.get("replicas", least)
+        if not all(isinstance(v, int) for v in (least, most, replicas)):
+            out.append(f"group {group_name}: minReplicas/maxReplicas/replicas must be integers")
+        elif not (0 <= least <= replicas <= most) or most < 1:
+            out.append(f"group {group_name}: need 0 <= minReplicas ({least}) <= replicas ({replicas}) <= maxReplicas "
+                       f"({most}), maxReplicas >= 1")
+        group_containers = containers(group.get("template"))
+        if not group_containers:
+            out.append(f"group {group_name}: template has no containers")
+        for container in group_containers:
+            if not container.get("image"):
+                out.append(f"group {group_name}: container {container.get('name')} has no image")
+            if "cpu" not in ((container.get("resources") or {}).get("limits") or {}):
+                out.append(f"group {group_name}: container {container.get('name')} has no cpu limit (Ray sizes "
+                           "num-cpus from it)")
     if require_gpu and not gpu_groups(spec):
         out.append(f"no worker group with a {GPU} limit")
     return out
@@ -86,7 +90,8 @@ def pod_templates(doc: dict) -> list[tuple[str, dict, dict]]:
     spec = doc["spec"].get("rayClusterConfig") or doc["spec"].get("rayClusterSpec") or {}
     head = spec.get("headGroupSpec") or {}
     out = [("head", head.get("rayStartParams") or {}, head.get("template") or {})]
-    out += [("worker", g.get("rayStartParams") or {}, g.get("template") or {}) for g in spec.get("workerGroupSpecs") or []]
+    out += [("worker", g.get("rayStartParams") or {}, g.get("template") or {})
+            for g in spec.get("workerGroupSpecs") or []]
     return out
 
 
@@ -98,11 +103,11 @@ def check_serve_env(doc: dict) -> list[str]:
 
     out = []
     for role, _, template in pod_templates(doc):
-        for c in containers(template):
-            env = {e.get("name"): e.get("value") for e in c.get("env") or [] if isinstance(e, dict)}
+        for container in containers(template):
+            env = {e.get("name"): e.get("value") for e in container.get("env") or [] if isinstance(e, dict)}
             bad = sorted(k for k, v in {**SERVE_PROCESS_ENV, **CLUSTER_INGRESS_ENV}.items() if env.get(k) != v)
             if bad:
-                out.append(f"{role} container {c.get('name')!r}: env {', '.join(bad)} missing or not "
+                out.append(f"{role} container {container.get('name')!r}: env {', '.join(bad)} missing or not "
                            "qrag_ray.serving.config's SERVE_PROCESS_ENV or CLUSTER_INGRESS_ENV value")
     return out
 
@@ -124,13 +129,13 @@ def check_rayservice(doc: dict, *, require_gpu: bool, canonical: dict | None) ->
     out = []
     if doc.get("apiVersion") != RAY_API:
         out.append(f"apiVersion must be {RAY_API}")
-    sc = (doc.get("spec") or {}).get("serveConfigV2")
-    if not isinstance(sc, str):
+    serve_config = (doc.get("spec") or {}).get("serveConfigV2")
+    if not isinstance(serve_config, str):
         return out + ["spec.serveConfigV2 must be a YAML string"]
     try:
-        cfg = yaml.safe_load(sc)
-    except yaml.YAMLError as e:
-        return out + [f"serveConfigV2 is not YAML: {e}"]
+        cfg = yaml.safe_load(serve_config)
+    except yaml.YAMLError as error:
+        return out + [f"serveConfigV2 is not YAML: {error}"]
     out += [f"serveConfigV2 {m}" for m in check_serve_config(cfg)]
     if canonical is not None and cfg != canonical:
         out.append(f"serveConfigV2 differs from {REPO_SERVE_CONFIG}; run "
@@ -142,7 +147,8 @@ def check_rayservice(doc: dict, *, require_gpu: bool, canonical: dict | None) ->
     out += check_serve_env(doc)
     out += check_haproxy_timeout(cfg)
     if isinstance(cfg, dict) and not out:
-        floor, cap = serve_cpu_floor(cfg), max_cpus(spec)
+        floor = serve_cpu_floor(cfg)
+        cap = max_cpus(spec)
         if floor > cap:
             out.append(f"the Serve app needs {floor:g} CPUs at min_replicas but the worker groups top out at {cap:g}")
     return out
@@ -178,10 +184,10 @@ def parse_entrypoint(entrypoint: str) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"`qrag {argv[0]}` is not a qrag subcommand (known: {', '.join(sorted(commands))})")
     try:
         ctx = sub.make_context(f"qrag {argv[0]}", list(argv[1:]), resilient_parsing=False)
-    except Exception as e:  # click's UsageError/BadParameter (typer._click or click)
-        if not hasattr(e, "format_message"):
+    except Exception as error:  # click's UsageError/BadParameter (typer._click or click)
+        if not hasattr(error, "format_message"):
             raise
-        raise ValueError(f"`qrag {argv[0]}`: {e.format_message()}") from None
+        raise ValueError(f"`qrag {argv[0]}`: {error.format_message()}") from None
     return argv[0], dict(ctx.params)
 
 
@@ -189,8 +195,8 @@ def _mounts(template: dict) -> dict[str, dict]:
     """mountPath -> volume source, for the first container of a pod template."""
     spec = template.get("spec") or {}
     vols = {v["name"]: v for v in spec.get("volumes") or []}
-    cs = spec.get("containers") or [{}]
-    return {m["mountPath"]: vols.get(m["name"], {}) for m in cs[0].get("volumeMounts") or []}
+    pod_containers = spec.get("containers") or [{}]
+    return {m["mountPath"]: vols.get(m["name"], {}) for m in pod_containers[0].get("volumeMounts") or []}
 
 
 def _under(path: str, mounts: dict[str, dict], kind: str) -> bool:
@@ -207,30 +213,32 @@ def check_rayjob(doc: dict, *, require_gpu: bool, configmaps: dict[str, dict]) -
     ttl = spec.get("ttlSecondsAfterFinished")
     if not isinstance(ttl, int) or ttl < 0:
         out.append("ttlSecondsAfterFinished must be a non-negative integer")
-    ep = spec.get("entrypoint")
-    if not isinstance(ep, str) or not ep.strip():
+    entrypoint = spec.get("entrypoint")
+    if not isinstance(entrypoint, str) or not entrypoint.strip():
         out.append("spec.entrypoint missing")
-        sub, params = None, {}
+        sub = None
+        params = {}
     else:
         try:
-            sub, params = parse_entrypoint(ep)
-        except ValueError as e:
-            out.append(f"entrypoint: {e}")
-            sub, params = None, {}
-    rc = spec.get("rayClusterSpec")
-    if not isinstance(rc, dict):
+            sub, params = parse_entrypoint(entrypoint)
+        except ValueError as error:
+            out.append(f"entrypoint: {error}")
+            sub = None
+            params = {}
+    cluster = spec.get("rayClusterSpec")
+    if not isinstance(cluster, dict):
         return out + ["spec.rayClusterSpec missing"]
-    out += check_cluster_spec(rc, require_gpu=require_gpu)
+    out += check_cluster_spec(cluster, require_gpu=require_gpu)
     if sub != "index":
         return out
     # paths of the job must be on shared storage (a PVC) mounted in the head and every worker group
     templates = pod_templates(doc)
     for flag, key in (("--input", "input"), ("--output", "output"), ("--cache-dir", "cache_dir")):
-        p = params.get(key)
-        if p and "://" not in p:
-            for role, _, t in templates:
-                if not _under(p, _mounts(t), "persistentVolumeClaim"):
-                    out.append(f"entrypoint {flag} {p} is not on a shared volume (PVC) mounted in every {role} pod")
+        path = params.get(key)
+        if path and "://" not in path:
+            for role, _, template in templates:
+                if not _under(path, _mounts(template), "persistentVolumeClaim"):
+                    out.append(f"entrypoint {flag} {path} is not on a shared volume (PVC) mounted in every {role} pod")
                     break
     if params.get("config"):
         out += [f"entrypoint --config: {m}" for m in _check_index_config(params, templates[0][2], configmaps)]
@@ -246,24 +254,24 @@ def _check_index_config(params: dict, head_template: dict, configmaps: dict[str,
     from qrag_ray.errors import QragError
 
     path = params["config"]
-    for mp, src in _mounts(head_template).items():
-        if path.startswith(mp.rstrip("/") + "/") and "configMap" in src:
-            cm = configmaps.get(src["configMap"]["name"])
-            if cm is None:
-                return [f"ConfigMap {src['configMap']['name']} (mounted at {mp}) is not in the manifests"]
-            key = path[len(mp.rstrip("/")) + 1:]
-            text = (cm.get("data") or {}).get(key)
+    for mount_path, src in _mounts(head_template).items():
+        if path.startswith(mount_path.rstrip("/") + "/") and "configMap" in src:
+            configmap = configmaps.get(src["configMap"]["name"])
+            if configmap is None:
+                return [f"ConfigMap {src['configMap']['name']} (mounted at {mount_path}) is not in the manifests"]
+            key = path[len(mount_path.rstrip("/")) + 1:]
+            text = (configmap.get("data") or {}).get(key)
             if text is None:
                 return [f"ConfigMap {src['configMap']['name']} has no key {key}"]
-            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-                f.write(text)
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
+                file.write(text)
             try:
-                build_index_config(f.name, input=params.get("input"), format=params.get("format"),
+                build_index_config(file.name, input=params.get("input"), format=params.get("format"),
                                    shards=params.get("shards"), representation=params.get("representation"),
                                    **{"build.output": params.get("output"), "build.address": params.get("address")})
-            except QragError as e:
-                return [str(e)]
+            except QragError as error:
+                return [str(error)]
             finally:
-                Path(f.name).unlink(missing_ok=True)
+                Path(file.name).unlink(missing_ok=True)
             return []
     return [f"{path} is not in a ConfigMap volume of the head pod"]

@@ -18,8 +18,8 @@ def check_cluster_launcher(cfg: Any) -> list[str]:
 
     try:
         validate_config(copy.deepcopy(cfg))
-    except (jsonschema.ValidationError, ValueError, RuntimeError) as e:
-        return [f"Ray cluster-launcher schema: {getattr(e, 'message', e)}"]
+    except (jsonschema.ValidationError, ValueError, RuntimeError) as error:
+        return [f"Ray cluster-launcher schema: {getattr(error, 'message', error)}"]
     out = []
     types = cfg["available_node_types"]
     head = types[cfg["head_node_type"]]
@@ -31,9 +31,9 @@ def check_cluster_launcher(cfg: Any) -> list[str]:
     if not any(not v.get("resources", {}).get("GPU", 0) and v.get("resources", {}).get("CPU", 0) >= 1
                for v in workers.values()):
         out.append("no CPU worker type")
-    for k, v in workers.items():
-        if "max_workers" not in v or v.get("min_workers", 0) > v["max_workers"]:
-            out.append(f"worker type {k}: autoscaling bounds need min_workers <= max_workers")
+    for name, node_type in workers.items():
+        if "max_workers" not in node_type or node_type.get("min_workers", 0) > node_type["max_workers"]:
+            out.append(f"worker type {name}: autoscaling bounds need min_workers <= max_workers")
     return out + check_launcher_auth(cfg)
 
 
@@ -46,12 +46,13 @@ def check_launcher_auth(cfg: dict) -> list[str]:
         starts = [c for c in cfg.get(key) or [] if re.search(r"\bray start\b", c)]
         if not starts:
             out.append(f"{key}: no `ray start`")
-        for c in starts:
-            if not re.search(r"\bRAY_AUTH_MODE=token\s+(\S+=\S*\s+)*ray start\b", c):
-                out.append(f"{key}: `ray start` without RAY_AUTH_MODE=token: {c!r}")
-            m = re.search(r"--dashboard-host[= ](\S+)", c)
-            if m and m.group(1) not in ("127.0.0.1", "localhost"):
-                out.append(f"{key}: the dashboard listens on {m.group(1)} (keep it on loopback, use `ray dashboard`)")
+        for command in starts:
+            if not re.search(r"\bRAY_AUTH_MODE=token\s+(\S+=\S*\s+)*ray start\b", command):
+                out.append(f"{key}: `ray start` without RAY_AUTH_MODE=token: {command!r}")
+            match = re.search(r"--dashboard-host[= ](\S+)", command)
+            if match and match.group(1) not in ("127.0.0.1", "localhost"):
+                out.append(f"{key}: the dashboard listens on {match.group(1)} (keep it on loopback, use `ray "
+                           "dashboard`)")
     if TOKEN_PATH not in (cfg.get("file_mounts") or {}):
         out.append(f"file_mounts: the token is not copied to {TOKEN_PATH} on the nodes")
     return out

@@ -15,30 +15,33 @@ def check_podmonitors(docs: list[dict]) -> list[str]:
         out.append("use PodMonitors, not a ServiceMonitor (a RayService has two head services; workers have none)")
     pms = [d for d in docs if d.get("kind") == "PodMonitor"]
     roles = {}
-    for pm in pms:
-        if pm.get("apiVersion") != "monitoring.coreos.com/v1":
-            out.append(f"PodMonitor {pm['metadata'].get('name')}: apiVersion must be monitoring.coreos.com/v1")
-        sel = ((pm.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    for monitor in pms:
+        if monitor.get("apiVersion") != "monitoring.coreos.com/v1":
+            out.append(f"PodMonitor {monitor['metadata'].get('name')}: apiVersion must be monitoring.coreos.com/v1")
+        sel = ((monitor.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
         role = sel.get("ray.io/node-type")
-        eps = (pm.get("spec") or {}).get("podMetricsEndpoints") or []
+        eps = (monitor.get("spec") or {}).get("podMetricsEndpoints") or []
         if role not in ("head", "worker") or not eps:
-            out.append(f"PodMonitor {pm['metadata'].get('name')}: needs matchLabels ray.io/node-type head|worker and podMetricsEndpoints")
+            out.append(f"PodMonitor {monitor['metadata'].get('name')}: needs matchLabels ray.io/node-type head|worker "
+                       "and podMetricsEndpoints")
             continue
         roles[role] = [e.get("port") for e in eps]
     for role in ("head", "worker"):
         if role not in roles:
             out.append(f"no PodMonitor selects Ray {role} pods")
     # the named port must exist in every Ray pod of that role and be Ray's metrics-export-port
-    for d in docs:
-        if d.get("kind") not in ("RayJob", "RayService"):
+    for doc in docs:
+        if doc.get("kind") not in ("RayJob", "RayService"):
             continue
-        for role, params, t in pod_templates(d):
+        for role, params, template in pod_templates(doc):
             for port_name in roles.get(role, []):
-                ports = {p.get("name"): p.get("containerPort") for c in containers(t) for p in c.get("ports") or []}
+                ports = {p.get("name"): p.get("containerPort")
+                         for c in containers(template) for p in c.get("ports") or []}
                 if port_name not in ports:
-                    out.append(f"{d['kind']} {d['metadata']['name']}: a {role} pod has no container port named {port_name!r}")
+                    out.append(f"{doc['kind']} {doc['metadata']['name']}: a {role} pod has no container port named "
+                               f"{port_name!r}")
                 elif str(params.get("metrics-export-port")) != str(ports[port_name]):
-                    out.append(f"{d['kind']} {d['metadata']['name']}: {role} port {port_name} ({ports[port_name]}) "
+                    out.append(f"{doc['kind']} {doc['metadata']['name']}: {role} port {port_name} ({ports[port_name]}) "
                                f"is not rayStartParams.metrics-export-port ({params.get('metrics-export-port')})")
     return out
 
@@ -50,8 +53,8 @@ def promql_metric_names(expr: str) -> set[str]:
 
     try:
         ast = promql_parser.parse(expr)
-    except Exception as e:  # noqa: BLE001 - the binding raises its own error types
-        raise ValueError(f"not PromQL: {e}") from None
+    except Exception as error:  # the binding raises its own error types
+        raise ValueError(f"not PromQL: {error}") from None
     names: set[str] = set()
 
     def visit(node) -> None:
@@ -68,9 +71,9 @@ def dashboard_exprs(dash: dict) -> list[str]:
     exprs = []
 
     def walk(panels):
-        for p in panels or []:
-            exprs.extend(t["expr"] for t in p.get("targets") or [] if t.get("expr"))
-            walk(p.get("panels"))
+        for panel in panels or []:
+            exprs.extend(t["expr"] for t in panel.get("targets") or [] if t.get("expr"))
+            walk(panel.get("panels"))
 
     walk(dash.get("panels"))
     return exprs
@@ -83,18 +86,18 @@ def check_dashboard(dash: dict, exported: Iterable[str]) -> list[str]:
     if not exprs:
         return ["the dashboard has no queries"]
     used_ours = False
-    for e in exprs:
+    for expr in exprs:
         try:
-            used = promql_metric_names(e)
+            used = promql_metric_names(expr)
         except ValueError as err:
-            out.append(f"query {e!r}: {err}")
+            out.append(f"query {expr!r}: {err}")
             continue
         for name in used:
             if name in exported:
                 used_ours = True
             elif not name.startswith("ray_serve_"):
-                out.append(f"query {e!r} uses {name}, which is neither in qrag_ray.serving.app_metrics.EXPORTED_METRICS "
-                           "nor a Ray Serve built-in (ray_serve_*)")
+                out.append(f"query {expr!r} uses {name}, which is neither in "
+                           "qrag_ray.serving.app_metrics.EXPORTED_METRICS nor a Ray Serve built-in (ray_serve_*)")
     if not used_ours and not out:
         out.append("the dashboard charts none of our exported metrics")
     return out

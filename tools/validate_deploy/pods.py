@@ -24,8 +24,8 @@ CACHE_ENV = {
 OBJECT_STORE_SHARE = 0.3  # Ray's default object store: this share of the memory the container may use
 SHM = "/dev/shm"
 # node labels that pick one kind of accelerator: the user's choice, never the shipped overlays'
-ACCELERATOR_LABELS = ("cloud.google.com/gke-accelerator", "nvidia.com/gpu.product", "karpenter.k8s.aws/instance-gpu-name",
-                      "node.kubernetes.io/instance-type")
+ACCELERATOR_LABELS = ("cloud.google.com/gke-accelerator", "nvidia.com/gpu.product",
+                      "karpenter.k8s.aws/instance-gpu-name", "node.kubernetes.io/instance-type")
 COMPONENTS = Path(__file__).resolve().parents[2] / "k8s" / "components"
 
 
@@ -41,15 +41,15 @@ def _writable_dirs(template: dict, container: dict) -> list[str]:
 
 def check_cache_env(doc: dict) -> list[str]:
     out = []
-    for role, _, t in pod_templates(doc):
-        for c in containers(t)[:1]:  # the Ray container
-            env = {e.get("name"): e.get("value") for e in c.get("env") or [] if isinstance(e, dict)}
-            dirs = _writable_dirs(t, c)
+    for role, _, template in pod_templates(doc):
+        for container in containers(template)[:1]:  # the Ray container
+            env = {e.get("name"): e.get("value") for e in container.get("env") or [] if isinstance(e, dict)}
+            dirs = _writable_dirs(template, container)
             for var, what in CACHE_ENV.items():
                 val = str(env.get(var) or "")
                 if not any(val == d or val.startswith(d + "/") for d in dirs):
-                    out.append(f"{role} container {c.get('name')!r}: {var} ({what}) must name a folder on a writable "
-                               f"emptyDir mount ({', '.join(dirs) or 'none'}), got {val or 'nothing'}: "
+                    out.append(f"{role} container {container.get('name')!r}: {var} ({what}) must name a folder on a "
+                               f"writable emptyDir mount ({', '.join(dirs) or 'none'}), got {val or 'nothing'}: "
                                "the root filesystem is read-only")
     return out
 
@@ -64,18 +64,18 @@ def object_store_bytes(params: dict, container: dict) -> float:
 
 def check_shm(doc: dict) -> list[str]:
     out = []
-    for role, params, t in pod_templates(doc):
-        for c in containers(t)[:1]:
-            vols = _volumes(t)
-            mount = next((m for m in c.get("volumeMounts") or [] if m.get("mountPath") == SHM), None)
+    for role, params, template in pod_templates(doc):
+        for container in containers(template)[:1]:
+            vols = _volumes(template)
+            mount = next((m for m in container.get("volumeMounts") or [] if m.get("mountPath") == SHM), None)
             src = (vols.get(mount["name"]) or {}).get("emptyDir") if mount else None
-            need = object_store_bytes(params, c)
+            need = object_store_bytes(params, container)
             if src is None or src.get("medium") != "Memory":
-                out.append(f"{role} container {c.get('name')!r}: no Memory emptyDir at {SHM} (a pod's own is "
+                out.append(f"{role} container {container.get('name')!r}: no Memory emptyDir at {SHM} (a pod's own is "
                            f"64 MiB; Ray's object store needs {need / 2**30:.1f} GiB)")
             elif "sizeLimit" in src and quantity(src["sizeLimit"]) < need:
-                out.append(f"{role} container {c.get('name')!r}: {SHM} sizeLimit {src['sizeLimit']} is below Ray's "
-                           f"object store ({need / 2**30:.1f} GiB): Ray would fall back to disk")
+                out.append(f"{role} container {container.get('name')!r}: {SHM} sizeLimit {src['sizeLimit']} is below "
+                           f"Ray's object store ({need / 2**30:.1f} GiB): Ray would fall back to disk")
     return out
 
 
@@ -101,15 +101,15 @@ def check_gpu_scheduling(doc: dict, *, user_patch: bool = False) -> list[str]:
     """A GPU group is scheduled by its GPU request: the GPU in requests as in limits, the GPU taint tolerated,
     and (unless `user_patch`: a user's own node-selector component) no label naming one accelerator."""
     out = []
-    for name, t in gpu_templates(doc):
-        c = containers(t)[0]
-        res = c.get("resources") or {}
+    for name, template in gpu_templates(doc):
+        container = containers(template)[0]
+        res = container.get("resources") or {}
         if quantity((res.get("requests") or {}).get(GPU, 0)) != quantity((res.get("limits") or {}).get(GPU, 0)):
             out.append(f"GPU group {name}: {GPU} requests must equal its limits")
-        tol = (t.get("spec") or {}).get("tolerations") or []
+        tol = (template.get("spec") or {}).get("tolerations") or []
         if not any(x.get("key") == GPU and x.get("operator") in ("Exists", None) for x in tol):
             out.append(f"GPU group {name}: no toleration of the {GPU} taint GPU nodes carry")
-        if not user_patch and (pins := accelerator_pins(t)):
+        if not user_patch and (pins := accelerator_pins(template)):
             out.append(f"GPU group {name}: pinned to one kind of accelerator by {', '.join(pins)}; the GPU request "
                        "schedules the pod, the node selector is the user's patch (k8s/components/gpu-nodes-*)")
     return out
@@ -123,18 +123,18 @@ def check_node_selector_component(docs: list[dict], component: str) -> list[str]
     """An overlay rendered with a k8s/components/gpu-nodes-* component: every GPU group of every Ray resource
     carries the component's node selector, and no CPU group does."""
     out = []
-    for d in docs:
-        if d.get("kind") not in ("RayJob", "RayService"):
+    for doc in docs:
+        if doc.get("kind") not in ("RayJob", "RayService"):
             continue
-        spec = d["spec"].get("rayClusterConfig") or d["spec"].get("rayClusterSpec") or {}
-        gpu = {n for n, _ in gpu_templates(d)}
+        spec = doc["spec"].get("rayClusterConfig") or doc["spec"].get("rayClusterSpec") or {}
+        gpu = {n for n, _ in gpu_templates(doc)}
         if not gpu:
-            out.append(f"{d['kind']}/{d['metadata']['name']}: no GPU group for {component} to select nodes for")
-        for g in spec.get("workerGroupSpecs") or []:
-            pins = accelerator_pins(g.get("template") or {})
-            where = f"{d['kind']}/{d['metadata']['name']} group {g.get('groupName')}"
-            if g.get("groupName") in gpu and not pins:
+            out.append(f"{doc['kind']}/{doc['metadata']['name']}: no GPU group for {component} to select nodes for")
+        for group in spec.get("workerGroupSpecs") or []:
+            pins = accelerator_pins(group.get("template") or {})
+            where = f"{doc['kind']}/{doc['metadata']['name']} group {group.get('groupName')}"
+            if group.get("groupName") in gpu and not pins:
                 out.append(f"{where}: {component} sets no accelerator node selector")
-            if g.get("groupName") not in gpu and pins:
+            if group.get("groupName") not in gpu and pins:
                 out.append(f"{where}: {component} pins a CPU group to GPU nodes ({', '.join(pins)})")
     return out

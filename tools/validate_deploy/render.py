@@ -27,18 +27,22 @@ def kubectl() -> str:
 
 def render_kustomization(path: str | Path) -> list[dict]:
     """The resources kustomize builds from a kustomization directory."""
-    r = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        raise RenderError(r.stderr.strip() or f"kubectl kustomize exited {r.returncode}")
-    return [d for d in yaml.safe_load_all(r.stdout) if d]
+    result = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise RenderError(result.stderr.strip() or f"kubectl kustomize exited {result.returncode}")
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def render_with_components(overlay: str | Path, components: list[str | Path]) -> list[dict]:
     """The overlay rendered with kustomize components added, as a user's kustomization that lists them
     renders it (kustomize takes relative paths only, so the kustomization is written beside, in a temp dir)."""
     with tempfile.TemporaryDirectory(prefix="qrag-kz-") as tmp:
-        rel = lambda p: os.path.relpath(Path(p).resolve(), tmp)  # noqa: E731
+
+        def relative(path: str | Path) -> str:
+            """`path` relative to the temp dir (kustomize takes relative paths only)."""
+            return os.path.relpath(Path(path).resolve(), tmp)
+
         (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump({
             "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-            "resources": [rel(overlay)], "components": [rel(c) for c in components]}))
+            "resources": [relative(overlay)], "components": [relative(c) for c in components]}))
         return render_kustomization(tmp)

@@ -32,9 +32,9 @@ def cluster_spec(doc: dict) -> dict:
 # ---------------------------------------------------------------- token authentication
 
 
-def _version(v: Any) -> tuple[int, ...]:
+def _version(version: Any) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in str(v).split(".")[:2])
+        return tuple(int(x) for x in str(version).split(".")[:2])
     except ValueError:
         return ()
 
@@ -47,16 +47,17 @@ def check_token_auth(doc: dict) -> list[str]:
     spec = cluster_spec(doc)
     mode = (spec.get("authOptions") or {}).get("mode")
     if mode != "token":
-        out.append(f"Ray token authentication is off: the cluster spec needs authOptions: {{mode: token}} (got {mode!r})")
+        out.append(f"Ray token authentication is off: the cluster spec needs authOptions: {{mode: token}} (got "
+                   f"{mode!r})")
     if _version(spec.get("rayVersion")) < TOKEN_AUTH_MIN_RAY:
         out.append(f"rayVersion {spec.get('rayVersion')!r} has no token authentication (needs >= "
                    f"{'.'.join(map(str, TOKEN_AUTH_MIN_RAY))})")
-    for role, _, t in pod_templates(doc):
-        for c in _all_containers(t):
-            for e in c.get("env") or []:
-                if e.get("name") == "RAY_AUTH_MODE" and e.get("value") != "token":
-                    out.append(f"{role} container {c.get('name')!r} sets RAY_AUTH_MODE={e.get('value')!r}, "
-                               "which overrides authOptions")
+    for role, _, template in pod_templates(doc):
+        for container in _all_containers(template):
+            for variable in container.get("env") or []:
+                if variable.get("name") == "RAY_AUTH_MODE" and variable.get("value") != "token":
+                    out.append(f"{role} container {container.get('name')!r} sets "
+                               f"RAY_AUTH_MODE={variable.get('value')!r}, which overrides authOptions")
     return out
 
 
@@ -74,29 +75,30 @@ def _writable_mounts(template: dict, container: dict) -> list[str]:
             if not m.get("readOnly") and "emptyDir" in vols.get(m.get("name"), {})]
 
 
-def check_container_security(sc: dict | None, pod_sc: dict | None, where: str) -> list[str]:
+def check_container_security(context: dict | None, pod_context: dict | None, where: str) -> list[str]:
     """One container's securityContext (with its pod's): what `restricted` requires, plus a read-only
     root filesystem."""
-    sc, pod_sc = sc or {}, pod_sc or {}
+    context = context or {}
+    pod_context = pod_context or {}
     out = []
-    non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
-    uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+    non_root = context.get("runAsNonRoot", pod_context.get("runAsNonRoot"))
+    uid = context.get("runAsUser", pod_context.get("runAsUser"))
     if non_root is not True:
         out.append(f"{where}: may run as root (runAsNonRoot: true missing)")
     if uid == 0:
         out.append(f"{where}: runAsUser 0 is root")
-    if sc.get("privileged"):
+    if context.get("privileged"):
         out.append(f"{where}: privileged")
-    if sc.get("allowPrivilegeEscalation") is not False:
+    if context.get("allowPrivilegeEscalation") is not False:
         out.append(f"{where}: allowPrivilegeEscalation must be false")
-    caps = sc.get("capabilities") or {}
+    caps = context.get("capabilities") or {}
     if "ALL" not in (caps.get("drop") or []):
         out.append(f"{where}: capabilities must drop ALL")
     if caps.get("add"):
         out.append(f"{where}: adds capabilities {caps['add']}")
-    if sc.get("readOnlyRootFilesystem") is not True:
+    if context.get("readOnlyRootFilesystem") is not True:
         out.append(f"{where}: readOnlyRootFilesystem must be true (writable paths as explicit mounts)")
-    seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+    seccomp = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get("type")
     if seccomp not in ("RuntimeDefault", "Localhost"):
         out.append(f"{where}: seccompProfile must be RuntimeDefault (got {seccomp!r})")
     return out
@@ -107,21 +109,23 @@ def check_pod_template(template: dict, where: str, *, ray: bool) -> list[str]:
     container a writable /tmp (Ray's session dir) since its root filesystem is read-only."""
     spec = (template or {}).get("spec") or {}
     out = []
-    for k in ("hostNetwork", "hostPID", "hostIPC"):
-        if spec.get(k):
-            out.append(f"{where}: {k} is on")
-    for v in spec.get("volumes") or []:
-        kinds = set(v) - {"name"}
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(flag):
+            out.append(f"{where}: {flag} is on")
+    for volume in spec.get("volumes") or []:
+        kinds = set(volume) - {"name"}
         if not kinds <= RESTRICTED_VOLUMES:
-            out.append(f"{where}: volume {v.get('name')!r} of type {sorted(kinds - RESTRICTED_VOLUMES)} is not allowed")
+            out.append(f"{where}: volume {volume.get('name')!r} of type {sorted(kinds - RESTRICTED_VOLUMES)} is not "
+                       "allowed")
     containers = _all_containers(template)
     if not containers:
         out.append(f"{where}: no containers")
-    for c in containers:
-        cw = f"{where} container {c.get('name')!r}"
-        out += check_container_security(c.get("securityContext"), spec.get("securityContext"), cw)
-        if ray and "/tmp" not in _writable_mounts(template, c):
-            out.append(f"{cw}: no writable emptyDir at /tmp (Ray's session dir on a read-only root filesystem)")
+    for container in containers:
+        container_where = f"{where} container {container.get('name')!r}"
+        out += check_container_security(container.get("securityContext"), spec.get("securityContext"), container_where)
+        if ray and "/tmp" not in _writable_mounts(template, container):
+            out.append(f"{container_where}: no writable emptyDir at /tmp (Ray's session dir on a read-only root "
+                       "filesystem)")
     return out
 
 
@@ -129,8 +133,8 @@ def check_pod_security(doc: dict) -> list[str]:
     """Every pod KubeRay creates for a RayJob/RayService: Ray head and workers, the autoscaler sidecar
     (autoscalerOptions.securityContext) and, for a RayJob in K8sJobMode, the submitter pod."""
     out = []
-    for i, (role, _, t) in enumerate(pod_templates(doc)):
-        out += check_pod_template(t, f"{role} pod" if role == "head" else f"worker group {i}", ray=True)
+    for i, (role, _, template) in enumerate(pod_templates(doc)):
+        out += check_pod_template(template, f"{role} pod" if role == "head" else f"worker group {i}", ray=True)
     spec = cluster_spec(doc)
     if spec.get("enableInTreeAutoscaling"):
         pod_sc = ((spec.get("headGroupSpec") or {}).get("template") or {}).get("spec", {}).get("securityContext")
@@ -146,14 +150,14 @@ def check_pod_security(doc: dict) -> list[str]:
 
 
 def check_namespace(docs: list[dict]) -> list[str]:
-    ns = [d for d in docs if d.get("kind") == "Namespace"]
-    if not ns:
+    namespaces = [d for d in docs if d.get("kind") == "Namespace"]
+    if not namespaces:
         return ["no Namespace in the manifests (its Pod Security label is part of the lock-down)"]
     out = []
-    for d in ns:
-        labels = (d.get("metadata") or {}).get("labels") or {}
+    for doc in namespaces:
+        labels = (doc.get("metadata") or {}).get("labels") or {}
         if labels.get("pod-security.kubernetes.io/enforce") != "restricted":
-            out.append(f"Namespace {d['metadata']['name']}: pod-security.kubernetes.io/enforce must be restricted")
+            out.append(f"Namespace {doc['metadata']['name']}: pod-security.kubernetes.io/enforce must be restricted")
     return out
 
 
@@ -163,18 +167,20 @@ def check_namespace(docs: list[dict]) -> list[str]:
 def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
     """Kubernetes label selector semantics (matchLabels and matchExpressions; {} selects everything)."""
     selector = selector or {}
-    for k, v in (selector.get("matchLabels") or {}).items():
-        if labels.get(k) != v:
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
             return False
-    for e in selector.get("matchExpressions") or []:
-        k, op, vals = e.get("key"), e.get("operator"), e.get("values") or []
-        if op == "In" and labels.get(k) not in vals:
+    for expression in selector.get("matchExpressions") or []:
+        key = expression.get("key")
+        operator = expression.get("operator")
+        vals = expression.get("values") or []
+        if operator == "In" and labels.get(key) not in vals:
             return False
-        if op == "NotIn" and labels.get(k) in vals:
+        if operator == "NotIn" and labels.get(key) in vals:
             return False
-        if op == "Exists" and k not in labels:
+        if operator == "Exists" and key not in labels:
             return False
-        if op == "DoesNotExist" and k in labels:
+        if operator == "DoesNotExist" and key in labels:
             return False
     return True
 
@@ -182,20 +188,24 @@ def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
 def ray_pods(docs: list[dict]) -> list[tuple[str, dict[str, str], bool]]:
     """(where, labels, is_head) of every pod the Ray resources create; KubeRay adds ray.io/node-type."""
     out = []
-    for d in docs:
-        if d.get("kind") not in ("RayJob", "RayService") or d.get("apiVersion") != RAY_API:
+    for doc in docs:
+        if doc.get("kind") not in ("RayJob", "RayService") or doc.get("apiVersion") != RAY_API:
             continue
-        for i, (role, _, t) in enumerate(pod_templates(d)):
-            labels = dict(((t or {}).get("metadata") or {}).get("labels") or {}) | {"ray.io/node-type": role}
-            out.append((f"{d['kind']} {d['metadata']['name']} {role} pod" + ("" if role == "head" else f" (group {i})"),
-                        labels, role == "head"))
+        for i, (role, _, template) in enumerate(pod_templates(doc)):
+            labels = dict(((template or {}).get("metadata") or {}).get("labels") or {}) | {"ray.io/node-type": role}
+            group = "" if role == "head" else f" (group {i})"
+            out.append((f"{doc['kind']} {doc['metadata']['name']} {role} pod{group}", labels, role == "head"))
     return out
 
 
 def submitter_pods(docs: list[dict]) -> list[tuple[str, dict[str, str]]]:
-    return [(f"RayJob {d['metadata']['name']} submitter pod",
-             dict((((d.get("spec") or {}).get("submitterPodTemplate") or {}).get("metadata") or {}).get("labels") or {}))
-            for d in docs if d.get("kind") == "RayJob"]
+    out = []
+    for doc in docs:
+        if doc.get("kind") == "RayJob":
+            template = (doc.get("spec") or {}).get("submitterPodTemplate") or {}
+            labels = (template.get("metadata") or {}).get("labels") or {}
+            out.append((f"RayJob {doc['metadata']['name']} submitter pod", dict(labels)))
+    return out
 
 
 def _ports(rule: dict) -> set[int] | None:
@@ -226,11 +236,11 @@ def check_network_policies(docs: list[dict]) -> list[str]:
         if not any(selector_matches((p.get("spec") or {}).get("podSelector"), labels) for p in policies):
             out.append(f"{where}: no NetworkPolicy selects it (labels {labels})")
     serve_reachable = False
-    for p in policies:
-        name = p["metadata"]["name"]
-        sel = (p.get("spec") or {}).get("podSelector")
+    for policy in policies:
+        name = policy["metadata"]["name"]
+        sel = (policy.get("spec") or {}).get("podSelector")
         targets = [(w, lab, head) for w, lab, head in pods if selector_matches(sel, lab)]
-        for rule in (p.get("spec") or {}).get("ingress") or []:
+        for rule in (policy.get("spec") or {}).get("ingress") or []:
             ports = _ports(rule)
             peers = rule.get("from") or [{}]  # no `from`: every source
             for peer in peers:
@@ -280,18 +290,19 @@ def check_tenants_secret(doc: dict, tenants_path: str | None) -> list[str]:
     if not tenants_path:
         return []
     out = []
-    for i, (role, _, t) in enumerate(pod_templates(doc)):
-        spec = (t or {}).get("spec") or {}
+    for i, (role, _, template) in enumerate(pod_templates(doc)):
+        spec = (template or {}).get("spec") or {}
         vols = {v.get("name"): v for v in spec.get("volumes") or []}
-        for c in spec.get("containers") or []:
+        for container in spec.get("containers") or []:
             src = None
-            for m in c.get("volumeMounts") or []:
-                mp = m["mountPath"].rstrip("/")
-                if tenants_path == mp or tenants_path.startswith(mp + "/"):
-                    src = vols.get(m.get("name"), {})
+            for mount in container.get("volumeMounts") or []:
+                mount_path = mount["mountPath"].rstrip("/")
+                if tenants_path == mount_path or tenants_path.startswith(mount_path + "/"):
+                    src = vols.get(mount.get("name"), {})
             where = f"{role} pod" if role == "head" else f"worker group {i}"
             if src is None:
-                out.append(f"{where}: the tenants file {tenants_path} is on no mounted volume (it would come from the image)")
+                out.append(f"{where}: the tenants file {tenants_path} is on no mounted volume (it would come from the "
+                           "image)")
             elif "secret" not in src:
                 kind = next(iter(set(src) - {"name"}), "?")
                 out.append(f"{where}: the tenants file {tenants_path} comes from a {kind} volume, not a Secret")

@@ -40,26 +40,27 @@ def check_serve_config(cfg: Any) -> list[str]:
     out = []
     try:
         ServeDeploySchema.model_validate(cfg)
-    except ValidationError as e:
+    except ValidationError as error:
         out.append("does not validate against ray.serve.schema.ServeDeploySchema: "
-                   + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()))
+                   + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in error.errors()))
         return out
     for app in cfg.get("applications", []):
         name = app.get("name", "?")
         try:
             obj = import_attr(app["import_path"])
             if not callable(obj) and type(obj).__name__ != "Application":
-                out.append(f"application {name}: import_path {app['import_path']} is neither an Application nor a builder")
-        except (ImportError, AttributeError) as e:
-            out.append(f"application {name}: import_path {app['import_path']!r} does not import ({e})")
+                out.append(f"application {name}: import_path {app['import_path']} is neither an Application nor a "
+                           "builder")
+        except (ImportError, AttributeError) as error:
+            out.append(f"application {name}: import_path {app['import_path']!r} does not import ({error})")
         deps = app.get("deployments") or []
         if not deps:
             out.append(f"application {name}: no deployments listed (no autoscaling_config to apply)")
         for dep in deps:
-            ac = dep.get("autoscaling_config")
-            if not ac:
+            autoscaling = dep.get("autoscaling_config")
+            if not autoscaling:
                 out.append(f"application {name}: deployment {dep.get('name')} has no autoscaling_config")
-            elif ac.get("min_replicas", 1) > ac.get("max_replicas", 1):
+            elif autoscaling.get("min_replicas", 1) > autoscaling.get("max_replicas", 1):
                 out.append(f"application {name}: deployment {dep.get('name')}: min_replicas > max_replicas")
     return out
 
@@ -69,8 +70,8 @@ def serve_cpu_floor(cfg: dict) -> float:
     total = 0.0
     for app in cfg.get("applications", []):
         for dep in app.get("deployments") or []:
-            n = (dep.get("autoscaling_config") or {}).get("min_replicas", dep.get("num_replicas", 1))
-            total += n * float((dep.get("ray_actor_options") or {}).get("num_cpus", 1))
+            replicas = (dep.get("autoscaling_config") or {}).get("min_replicas", dep.get("num_replicas", 1))
+            total += replicas * float((dep.get("ray_actor_options") or {}).get("num_cpus", 1))
     return total
 
 
@@ -78,24 +79,26 @@ def load_canonical_serve_config(path: Path = SERVE_CONFIG) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
+# the line opening the RayService's serve config block (`serveConfigV2: |`), its indent captured
+_SERVE_CONFIG_KEY = re.compile(r"^(\s*)serveConfigV2:\s*\|[-+]?\s*$")
+
+
 def embed_serve_config(rayservice_text: str, serve_yaml_text: str) -> str:
     """Replace the `serveConfigV2: |` block of a RayService file (keeping its comments) with the
     canonical serve config, comments included, indented as a YAML block scalar."""
     lines = rayservice_text.splitlines(keepends=True)
-    for i, ln in enumerate(lines):
-        m = re.match(r"^(\s*)serveConfigV2:\s*\|[-+]?\s*$", ln)
-        if m:
-            break
-    else:
+    key_line = next((number for number, line in enumerate(lines) if _SERVE_CONFIG_KEY.match(line)), None)
+    if key_line is None:
         raise ValueError("no `serveConfigV2: |` block in the RayService file")
-    key_indent = len(m.group(1))
-    j = i + 1
-    while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > key_indent):
-        j += 1
+    key_indent = len(_SERVE_CONFIG_KEY.match(lines[key_line]).group(1))
+    block_end = key_line + 1
+    while block_end < len(lines) and (not lines[block_end].strip()
+                                      or len(lines[block_end]) - len(lines[block_end].lstrip()) > key_indent):
+        block_end += 1
     pad = " " * (key_indent + 2)
-    body = [pad + ln if ln.strip() else "\n" for ln in serve_yaml_text.rstrip("\n").splitlines(keepends=True)]
+    body = [pad + line if line.strip() else "\n" for line in serve_yaml_text.rstrip("\n").splitlines(keepends=True)]
     body[-1] = body[-1].rstrip("\n") + "\n"
-    return "".join(lines[:i + 1] + body + lines[j:])
+    return "".join(lines[:key_line + 1] + body + lines[block_end:])
 
 
 def sync_serve_config(rayservice: Path = RAYSERVICE, serve_config: Path = SERVE_CONFIG) -> bool:

@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from qrag_ray.config.index import GeneratorConfig
+from qrag_ray.config.llm import GeneratorConfig
 from qrag_ray.errors import QragError
 from qrag_ray.runtime.stage_plan import StagePlan
 
@@ -51,9 +51,9 @@ def _base_url(cfg: GeneratorConfig) -> str:
     return cfg.base_url.rstrip("/")
 
 
-def _short(text: str, n: int = 300) -> str:
+def _short(text: str, limit: int = 300) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= n else text[:n] + "…"
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _error_message(resp) -> str:
@@ -76,40 +76,45 @@ class OpenAIChatClient:
 
     def __init__(self, cfg: GeneratorConfig, *, max_retries: int = 6, backoff_base_s: float = 0.5,
                  backoff_max_s: float = 30.0):
-        self.cfg, self.base_url = cfg, _base_url(cfg)
+        self.cfg = cfg
+        self.base_url = _base_url(cfg)
         self.url = self.base_url + "/chat/completions"
-        self.max_retries, self.backoff_base_s, self.backoff_max_s = max_retries, backoff_base_s, backoff_max_s
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
         self._client = None
         self._aclients: dict[int, Any] = {}  # one AsyncClient per event loop
 
     def body(self, messages: list[dict], *, max_tokens: int | None = None, temperature: float | None = None,
              n: int | None = None, seed_offset: int = 0) -> dict[str, Any]:
-        s = self.cfg.sampling
-        n = int(n if n is not None else s.n)
+        sampling = self.cfg.sampling
+        n = int(n if n is not None else sampling.n)
         return {"model": self.cfg.model,
                 "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
-                "max_tokens": int(max_tokens if max_tokens is not None else s.max_tokens),
-                "temperature": float(temperature if temperature is not None else s.temperature),
-                "top_p": float(s.top_p), "seed": int(s.seed) + int(seed_offset),
+                "max_tokens": int(max_tokens if max_tokens is not None else sampling.max_tokens),
+                "temperature": float(temperature if temperature is not None else sampling.temperature),
+                "top_p": float(sampling.top_p), "seed": int(sampling.seed) + int(seed_offset),
                 **({"n": n} if n > 1 else {}), **(self.cfg.engine_kwargs or {})}
 
     @staticmethod
     def parse_response(data: Any) -> dict[str, Any]:
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
             raise QragError(f"the OpenAI-compatible endpoint returned an unexpected body: {_short(data)}")
-        texts, reasons = [], []
-        for ch in sorted(data["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0):
-            content = (ch.get("message") or {}).get("content")
+        texts = []
+        reasons = []
+        for choice in sorted(data["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0):
+            content = (choice.get("message") or {}).get("content")
             if content is None:  # legacy completions shape
-                content = ch.get("text")
+                content = choice.get("text")
             texts.append(str(content or ""))
-            reasons.append(ch.get("finish_reason"))
+            reasons.append(choice.get("finish_reason"))
         usage = data.get("usage") or {}
         return {"texts": texts, "prompt_tokens": int(usage.get("prompt_tokens") or 0),
                 "output_tokens": int(usage.get("completion_tokens") or 0), "finish_reasons": reasons}
 
     def _fail(self, resp) -> QragError:
-        code, msg = resp.status_code, _error_message(resp)
+        code = resp.status_code
+        msg = _error_message(resp)
         if code in (401, 403):
             key_state = "is set" if _api_key(self.cfg) else "is NOT set"
             return QragError(
@@ -123,16 +128,16 @@ class OpenAIChatClient:
     def _delay(self, attempt: int, resp=None) -> float:
         with contextlib.suppress(AttributeError, KeyError, ValueError):  # no response or no usable Retry-After
             return min(max(0.0, float(resp.headers["retry-after"])), self.backoff_max_s)
-        d = min(self.backoff_max_s, self.backoff_base_s * (2 ** attempt))
-        return d * (0.5 + random.random() / 2)
+        delay = min(self.backoff_max_s, self.backoff_base_s * (2 ** attempt))
+        return delay * (0.5 + random.random() / 2)
 
     def _give_up(self, what: str) -> QragError:
         return QragError(f"the endpoint {self.url} kept failing after {self.max_retries + 1} attempts ({what})")
 
     @staticmethod
-    def _unreachable(base: str, e: Exception) -> QragError:
-        return QragError(f"cannot connect to the OpenAI-compatible endpoint {base}: {type(e).__name__}: {_short(e)}"
-                         " (is the server running and generator.base_url right?)")
+    def _unreachable(base: str, error: Exception) -> QragError:
+        return QragError(f"cannot connect to the OpenAI-compatible endpoint {base}: {type(error).__name__}: "
+                         f"{_short(error)} (is the server running and generator.base_url right?)")
 
     @property
     def client(self):
@@ -158,20 +163,23 @@ class OpenAIChatClient:
             raise self._fail(resp)
         return None, f"HTTP {resp.status_code}: {_error_message(resp)}"
 
-    def chat(self, messages: list[dict], **kw) -> dict[str, Any]:
-        body, last = self.body(messages, **kw), ""
+    def chat(self, messages: list[dict], **options) -> dict[str, Any]:
+        body = self.body(messages, **options)
+        last = ""
         for attempt in range(self.max_retries + 1):
+            resp = None
+            exc = None
             try:
-                resp, exc = self.client.post(self.url, json=body), None
-            except _retryable_errors() as e:
-                resp, exc = None, e
+                resp = self.client.post(self.url, json=body)
+            except _retryable_errors() as error:
+                exc = error
             reply, last = self._judge(attempt, resp, exc)
             if reply is not None:
                 return reply
             if attempt < self.max_retries:
-                d = self._delay(attempt, resp)
-                logger.info("openai backend: %s; retry %d/%d in %.1fs", last, attempt + 1, self.max_retries, d)
-                time.sleep(d)
+                delay = self._delay(attempt, resp)
+                logger.info("openai backend: %s; retry %d/%d in %.1fs", last, attempt + 1, self.max_retries, delay)
+                time.sleep(delay)
         raise self._give_up(last)
 
     def close(self) -> None:
@@ -187,13 +195,17 @@ class OpenAIChatClient:
             self._aclients[loop] = httpx.AsyncClient(**_http_kwargs(self.cfg))
         return self._aclients[loop]
 
-    async def achat(self, messages: list[dict], **kw) -> dict[str, Any]:
-        body, client, last = self.body(messages, **kw), self._aclient(), ""
+    async def achat(self, messages: list[dict], **options) -> dict[str, Any]:
+        body = self.body(messages, **options)
+        client = self._aclient()
+        last = ""
         for attempt in range(self.max_retries + 1):
+            resp = None
+            exc = None
             try:
-                resp, exc = await client.post(self.url, json=body), None
-            except _retryable_errors() as e:
-                resp, exc = None, e
+                resp = await client.post(self.url, json=body)
+            except _retryable_errors() as error:
+                exc = error
             reply, last = self._judge(attempt, resp, exc)
             if reply is not None:
                 return reply
@@ -202,8 +214,8 @@ class OpenAIChatClient:
         raise self._give_up(last)
 
     async def aclose(self) -> None:
-        for c in list(self._aclients.values()):
-            await c.aclose()
+        for client in list(self._aclients.values()):
+            await client.aclose()
         self._aclients.clear()
 
 
@@ -218,8 +230,8 @@ def preflight(cfg: GeneratorConfig, timeout_s: float = 10.0) -> None:
     except httpx.TimeoutException:
         logger.warning("openai backend: %s/models did not answer within %.0fs; going on", base, timeout_s)
         return
-    except httpx.HTTPError as e:
-        raise OpenAIChatClient._unreachable(base, e) from None
+    except httpx.HTTPError as error:
+        raise OpenAIChatClient._unreachable(base, error) from None
     if resp.status_code in (401, 403):
         raise OpenAIChatClient(cfg)._fail(resp)
 
@@ -234,8 +246,8 @@ class _OpenAIStage:
         self.pool = ThreadPoolExecutor(max_workers=self.cfg.max_parallel_requests)
 
     def _one(self, messages) -> tuple[str, int, int]:
-        r = self.client.chat(list(messages.tolist() if hasattr(messages, "tolist") else messages))
-        return "\n".join(r["texts"]), r["prompt_tokens"], r["output_tokens"]
+        reply = self.client.chat(list(messages.tolist() if hasattr(messages, "tolist") else messages))
+        return "\n".join(reply["texts"]), reply["prompt_tokens"], reply["output_tokens"]
 
     def __call__(self, batch: dict) -> dict:
         import numpy as np
@@ -252,14 +264,14 @@ class _OpenAIStage:
             self.client.close()
 
 
-def run(ds, cfg: GeneratorConfig, model_path: str | None = None, *, stage: StagePlan, check: bool = True):
-    """Raw outputs for every request row of `ds` through the endpoint (lazy Ray Dataset out), on the client
+def run(dataset, cfg: GeneratorConfig, model_path: str | None = None, *, stage: StagePlan, check: bool = True):
+    """Raw outputs for every request row of `dataset` through the endpoint (lazy Ray Dataset out), on the client
     actors of `stage` (the build's resource plan). `model_path` is ignored (the endpoint serves `cfg.model`);
     `check=False` skips the driver preflight."""
     import ray.data
 
     if check:
         preflight(cfg)
-    return ds.select_columns(["key", "messages"]).map_batches(
+    return dataset.select_columns(["key", "messages"]).map_batches(
         _OpenAIStage, fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()}, batch_format="numpy",
         batch_size=stage.batch_size, compute=ray.data.ActorPoolStrategy(**stage.pool()), num_cpus=stage.num_cpus)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qrag_ray.config.index import GeneratorConfig, SamplingConfig
+from qrag_ray.config.llm import GeneratorConfig, SamplingConfig
 from qrag_ray.errors import QragError
 from qrag_ray.runtime.stage_plan import StagePlan
 
@@ -50,10 +50,10 @@ def engine_kwargs_for(cfg: GeneratorConfig, on_gpu: bool | None = None) -> dict[
     """Engine defaults for the device the engine runs on (`on_gpu`; None: where `cfg.num_gpus` says),
     overridden by `cfg.engine_kwargs`."""
     on_gpu = cfg.num_gpus > 0 if on_gpu is None else on_gpu
-    kw = dict(GPU_ENGINE_DEFAULTS if on_gpu else CPU_ENGINE_DEFAULTS)
+    engine_kwargs = dict(GPU_ENGINE_DEFAULTS if on_gpu else CPU_ENGINE_DEFAULTS)
     if on_gpu and 0 < cfg.num_gpus < 1:  # a GPU shared by several engines: leave memory for the others
-        kw["gpu_memory_utilization"] = round(0.9 * cfg.num_gpus, 3)
-    return kw | cfg.engine_kwargs
+        engine_kwargs["gpu_memory_utilization"] = round(0.9 * cfg.num_gpus, 3)
+    return engine_kwargs | cfg.engine_kwargs
 
 
 def per_request_seed_ok(on_gpu: float | bool, temperature: float) -> bool:
@@ -75,21 +75,22 @@ def engine_seed_kwargs(cfg: GeneratorConfig, on_gpu: bool | None = None) -> dict
     return {"seed": int(cfg.sampling.seed)}
 
 
-def sampling_params_for(s: SamplingConfig, seed_offset: int = 0, per_request_seed: bool = True) -> dict[str, Any]:
+def sampling_params_for(sampling: SamplingConfig, seed_offset: int = 0,
+                        per_request_seed: bool = True) -> dict[str, Any]:
     """vllm.SamplingParams kwargs for one completion (n is handled by request expansion)."""
-    return {"temperature": float(s.temperature), "top_p": float(s.top_p), "max_tokens": int(s.max_tokens),
-            "repetition_penalty": float(s.repetition_penalty), "n": 1,
+    return {"temperature": float(sampling.temperature), "top_p": float(sampling.top_p),
+            "max_tokens": int(sampling.max_tokens), "repetition_penalty": float(sampling.repetition_penalty), "n": 1,
             "detokenize": False,  # the detokenize stage turns token ids into text
-            **({"seed": int(s.seed) + seed_offset} if per_request_seed else {})}
+            **({"seed": int(sampling.seed) + seed_offset} if per_request_seed else {})}
 
 
 def check_model_path(model_path: str | os.PathLike | None) -> str:
     if not model_path:
         raise QragError("the vllm backend needs a model: a local HF-format model folder (see `qrag prepare-models`)")
-    p = Path(model_path).expanduser()
-    if not p.is_dir() or not (p / "config.json").is_file():
-        raise QragError(f"model folder not found or not an HF model folder (no config.json): {p}")
-    return str(p.resolve())
+    folder = Path(model_path).expanduser()
+    if not folder.is_dir() or not (folder / "config.json").is_file():
+        raise QragError(f"model folder not found or not an HF model folder (no config.json): {folder}")
+    return str(folder.resolve())
 
 
 def _ensure_ray(on_gpu: bool) -> None:
@@ -98,9 +99,9 @@ def _ensure_ray(on_gpu: bool) -> None:
     if not ray.is_initialized():
         from qrag_ray.runtime.ray_start import ensure_ray, local_num_cpus
 
-        n = local_num_cpus(vllm_on_cpu=not on_gpu)
-        logger.warning("Ray is not initialised: starting a local Ray with num_cpus=%d for vLLM", n)
-        ensure_ray(None, n)
+        num_cpus = local_num_cpus(vllm_on_cpu=not on_gpu)
+        logger.warning("Ray is not initialised: starting a local Ray with num_cpus=%d for vLLM", num_cpus)
+        ensure_ray(None, num_cpus)
     elif not on_gpu and (total := ray.cluster_resources().get("CPU", 0)) < 3:
         logger.warning("vLLM on CPU: the Ray cluster has only %s logical CPUs; the engine actor may never "
                        "schedule. Start Ray with more logical CPUs than cores, e.g. ray.init(num_cpus=8).", total)
@@ -171,22 +172,22 @@ def _join_candidates(group: dict[str, Any]) -> dict[str, Any]:
             "output_tokens": np.asarray([sum(int(otok[i]) for i in idx) for idx in rows], dtype=np.int64)}
 
 
-def run(ds, cfg: GeneratorConfig, model_path: str | None = None, *, stage: StagePlan):
-    """Generate raw outputs for every request row of `ds` with vLLM (lazy Ray Dataset out).
+def run(dataset, cfg: GeneratorConfig, model_path: str | None = None, *, stage: StagePlan):
+    """Generate raw outputs for every request row of `dataset` with vLLM (lazy Ray Dataset out).
 
     `model_path`: a local HF-format model folder (e.g. `qrag_ray.models.qwen.ensure_qwen_hf()`); `stage`:
     the generate stage of the build's resource plan.
     """
     path = check_model_path(model_path)
     _ensure_ray(stage.device == "cuda")
-    n = int(cfg.sampling.n)
-    ds = ds.select_columns(["key", "messages"])
-    if n == 1:
-        return build_vllm_processor(cfg, path, stage)(ds)
+    candidates = int(cfg.sampling.n)
+    dataset = dataset.select_columns(["key", "messages"])
+    if candidates == 1:
+        return build_vllm_processor(cfg, path, stage)(dataset)
 
     def expand(row: dict[str, Any]) -> list[dict[str, Any]]:
-        return [{"key": row["key"], "messages": row["messages"], "_seed": i} for i in range(n)]
+        return [{"key": row["key"], "messages": row["messages"], "_seed": i} for i in range(candidates)]
 
-    expanded = ds.flat_map(expand, num_cpus=MAP_NUM_CPUS if stage.num_gpus <= 0 else 1)
+    expanded = dataset.flat_map(expand, num_cpus=MAP_NUM_CPUS if stage.num_gpus <= 0 else 1)
     out = build_vllm_processor(cfg, path, stage, seeded=True)(expanded)
     return out.groupby("key").map_groups(_join_candidates, batch_format="numpy")
