@@ -125,8 +125,8 @@ def test_answers_that_are_not_the_apis_are_unexpected_responses(response, says):
 
 
 def test_429_and_503_wait_their_retry_after_then_succeed(waits):
-    s = Server(err(429, "rate_limited", headers={"Retry-After": "2"}), err(503, "overloaded", headers={"Retry-After": "1"}),
-               httpx.Response(200, json=PAGE))
+    s = Server(err(429, "rate_limited", headers={"Retry-After": "2"}),
+               err(503, "overloaded", headers={"Retry-After": "1"}), httpx.Response(200, json=PAGE))
     assert client(s).search("q").results[0].chunk_id == "for#0"
     assert waits == [2.0, 1.0] and len(s.requests) == 3
 
