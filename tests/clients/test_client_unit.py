@@ -118,6 +118,8 @@ def test_each_error_status_is_its_own_class(status, cls, kind):
     (httpx.Response(200, text="not json"), "answered HTTP 200 with a non-JSON body"),
     (httpx.Response(200, json={"results": "nope"}), "answered HTTP 200 with an unexpected body"),
     (httpx.Response(500, json={"detail": "Internal"}), "answered HTTP 500 with an unexpected body"),
+    (httpx.Response(307, headers={"Location": "http://qrag.test:8000/v1/documents/"}),
+     "answered HTTP 307, a redirect to http://qrag.test:8000/v1/documents/: does this server have the route?"),
 ])
 def test_answers_that_are_not_the_apis_are_unexpected_responses(response, says):
     with pytest.raises(e.UnexpectedResponseError, match=says):

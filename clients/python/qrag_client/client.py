@@ -185,6 +185,9 @@ class _Base(_Routes):
     def _decode(self, call: _Call, response: httpx.Response) -> Any:
         if response.status_code >= 400:
             raise error_from_response(self.url, response)
+        if response.is_redirect:
+            raise UnexpectedResponseError(self.url, response.status_code, response.text,
+                                          location=response.headers.get("location", ""))
         try:
             return call.model.model_validate(response.json())
         except (ValueError, ValidationError):  # a JSONDecodeError is a ValueError

@@ -28,12 +28,18 @@ class QragTimeoutError(QragConnectionError):
 
 
 class UnexpectedResponseError(QragClientError):
-    """An answer that is not the API's: a non-JSON body, or JSON that is neither a result nor an error."""
+    """An answer that is not the API's: a non-JSON body, JSON that is neither a result nor an error, or a
+    redirect (`location`: the API never redirects, a server without the route may)."""
 
-    def __init__(self, url: str, status: int, body: str):
-        super().__init__(f"{url} answered HTTP {status} with a non-JSON body" if not _is_json(body)
-                         else f"{url} answered HTTP {status} with an unexpected body: {body[:200]}")
-        self.url, self.status, self.body = url, status, body
+    def __init__(self, url: str, status: int, body: str, location: str | None = None):
+        if location is not None:
+            message = f"{url} answered HTTP {status}, a redirect to {location}: does this server have the route?"
+        elif not _is_json(body):
+            message = f"{url} answered HTTP {status} with a non-JSON body"
+        else:
+            message = f"{url} answered HTTP {status} with an unexpected body: {body[:200]}"
+        super().__init__(message)
+        self.url, self.status, self.body, self.location = url, status, body, location
 
 
 def _is_json(text: str) -> bool:
