@@ -11,7 +11,7 @@ VectorStoreIndex.from_vector_store(QragLlamaIndexVectorStore) with MetadataFilte
 The write route ships in the same release as this client: a server without it fails these tests (404 or
 405 on the route, or a tenants file without write scopes), they never skip.
 
-Cost: one small build (two seed documents) and one Serve app, about a minute on 2 cores, then a
+Cost: one small build (two seed documents) and one Serve app, 1 to 3 minutes on a busy 2-core box, then a
 write's round trip per test (each waits until its writes are searchable)."""
 
 from __future__ import annotations

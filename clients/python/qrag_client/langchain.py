@@ -18,7 +18,7 @@ back in order (GET /v1/documents/{id})."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
@@ -202,7 +202,7 @@ class QragVectorStore(VectorStore):
             page = await c.search(query, k, filter=filter, index=self.index, **kwargs)
         return [(_chunk_document(r), r.score) for r in page.results]
 
-    def _select_relevance_score_fn(self) -> Any:
+    def _select_relevance_score_fn(self) -> Callable[[float], float]:
         return similarity_to_relevance
 
     def max_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5,
