@@ -16,8 +16,11 @@ def register(app: typer.Typer) -> None:
         transport: str = typer.Option("stdio", "--transport", help="stdio | http (streamable HTTP at /mcp)"),
         host: str = typer.Option("127.0.0.1", "--host", help="http: the address to listen on"),
         port: int = typer.Option(8765, "--port", help="http: the port"),
-        k: int = typer.Option(10, "--k", "-k", help="results per search"),
-        filter_json: str | None = typer.Option(None, "--filter", help="a metadata filter (JSON) every search gets"),
+        k: int = typer.Option(10, "--k", "-k", help="results per search unless the agent asks for another number "
+                                                    "(1..1000)"),
+        filter_json: str | None = typer.Option(
+            None, "--filter", help="a metadata filter (JSON) every search gets; an agent's own filter is ANDed with "
+                                   "it, so it can narrow the search, never widen it"),
         index: str | None = typer.Option(None, "--index", help="the index to search (default: the key's)"),
     ):
         """Serve the MCP tools search and fetch (the pair ChatGPT connectors require) over a qrag server."""

@@ -15,8 +15,8 @@ import pytest
 from qrag_client.models import SearchResponse
 
 PAGE = {"results": [
-    {"chunk_id": "for#1", "doc_id": "for", "title": "The for topic", "score": 0.7, "cosine": 0.7, "text": "The else clause.",
-     "url": "https://docs.example/for", "metadata": {"group": "loops", "score": "clash"},
+    {"chunk_id": "for#1", "doc_id": "for", "title": "The for topic", "score": 0.7, "cosine": 0.7,
+     "text": "The else clause.", "url": "https://docs.example/for", "metadata": {"group": "loops", "score": "clash"},
      "matched": [{"kind": "question", "text": "When does the else clause run?", "score": 0.7}]},
     {"chunk_id": "while#0", "doc_id": "while", "title": "", "score": 0.5, "text": "While loops. " * 80,
      "matched": [{"kind": "chunk", "text": "While loops.", "score": 0.5}]}],
@@ -29,8 +29,10 @@ def test_langchain_documents():
 
     d, w = to_documents(SearchResponse.model_validate(PAGE))
     assert (d.id, d.page_content) == ("for#1", "The else clause.")
-    assert d.metadata["matched_question"] == "When does the else clause run?" and d.metadata["matched_kind"] == "question"
-    assert (d.metadata["doc_id"], d.metadata["url"], d.metadata["index_version"]) == ("for", "https://docs.example/for", "v9")
+    assert d.metadata["matched_question"] == "When does the else clause run?"
+    assert d.metadata["matched_kind"] == "question"
+    assert (d.metadata["doc_id"], d.metadata["url"], d.metadata["index_version"]) == \
+        ("for", "https://docs.example/for", "v9")
     # the chunk's own fields sit beside ours; on a clash ours win and theirs stay whole under `metadata`
     assert d.metadata["group"] == "loops" and d.metadata["score"] == 0.7
     assert d.metadata["metadata"] == {"group": "loops", "score": "clash"}
@@ -47,7 +49,17 @@ def test_llamaindex_nodes_and_filters():
     n = to_nodes(SearchResponse.model_validate(PAGE))[0]
     assert (n.node.node_id, n.score, n.node.ref_doc_id) == ("for#1", 0.7, "for")
     llm_view = n.node.get_content(metadata_mode=MetadataMode.LLM)
-    assert "The for topic" in llm_view and "0.7" not in llm_view and "v9" not in llm_view  # no scores for the LLM
+    assert "The for topic" in llm_view and "v9" not in llm_view  # no bookkeeping for the LLM
+    # this query's match sits on the NodeWithScore, not in the node's metadata, which identifies the node
+    assert (n.cosine, n.bm25, n.matched_question, n.matched_kind) == (0.7, None, "When does the else clause run?",
+                                                                      "question")
+    assert set(n.node.metadata) == {"group", "score", "chunk_id", "doc_id", "title", "url", "index", "index_version",
+                                    "metadata"}
+    assert n.node.metadata["score"] == "clash"  # the chunk's own field: no score of ours shadows it
+    # the same chunk matched by another query with other scores is the same node (hash) to LlamaIndex
+    other = {**PAGE, "results": [{**PAGE["results"][0], "score": 0.2, "cosine": 0.2, "matched": []}]}
+    again = to_nodes(SearchResponse.model_validate(other))[0]
+    assert again.node.hash == n.node.hash and again.score == 0.2 and again.matched_question is None
 
     f = MetadataFilters(filters=[MetadataFilter(key="group", value="loops"),
                                  MetadataFilter(key="order", value=3, operator="<"),
@@ -58,7 +70,8 @@ def test_llamaindex_nodes_and_filters():
     assert to_qrag_filter(MetadataFilters(filters=[MetadataFilter(key="a", value=1, operator="!=")])) == \
         {"type": "ne", "key": "a", "value": 1}
     assert to_qrag_filter(MetadataFilters(filters=[])) is None
-    for bad, says in [(MetadataFilter(key="a", value="x", operator="text_match"), "'text_match' on 'a' is not supported"),
+    for bad, says in [(MetadataFilter(key="a", value="x", operator="text_match"),
+                       "'text_match' on 'a' is not supported"),
                       (MetadataFilter(key="a", value=["x"], operator="any"), "'any'"),
                       (MetadataFilter(key="a", value="x", operator="nin"), "takes a list"),
                       (MetadataFilters(filters=[MetadataFilter(key="a", value=1)], condition="not"), "'not'")]:
@@ -106,8 +119,11 @@ def test_mcp_tools_have_the_connector_shapes():
 
     tools, found, by_chunk, by_doc, missing = asyncio.run(run())
     assert set(tools) == {"search", "fetch"}
-    assert list(tools["search"].input_schema["properties"]) == ["query"]  # one string, as connectors call it
+    assert list(tools["search"].input_schema["properties"]) == ["query", "k", "filter"]
+    assert tools["search"].input_schema["required"] == ["query"]  # a connector calls it with the query alone
     assert list(tools["fetch"].input_schema["properties"]) == ["id"]
+    assert all(t.input_schema["additionalProperties"] is False for t in tools.values())
+    assert not any(line.startswith(" ") for t in tools.values() for line in t.description.splitlines())
     assert all(t.annotations.read_only_hint for t in tools.values())
     hits = found.structured_content["results"]
     assert json.loads(found.content[0].text) == found.structured_content
@@ -134,3 +150,201 @@ def test_qrag_mcp_says_in_one_line_when_the_server_cannot_be_reached(capsys):
     assert out == "" and err.splitlines() == ["error: cannot reach http://127.0.0.1:9: [Errno 111] Connection refused",
                                               'error: --filter must be a JSON object, e.g. {"type": "eq", "key": '
                                               '"lang", "value": "en"}']
+
+
+def _searches(server_filter, arguments_list, k=3):
+    """The bodies the MCP tool `search` sends for each call's arguments, and each call's result."""
+    from mcp import Client
+
+    from qrag_client.mcp_server import build_server
+
+    bodies = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json=PAGE)
+
+    server = build_server("http://qrag.test", "k", k=k, filter=server_filter, transport=httpx.MockTransport(api))
+
+    async def run():
+        async with Client(server) as c:
+            return [await c.call_tool("search", arguments) for arguments in arguments_list]
+
+    return asyncio.run(run()), bodies
+
+
+def test_mcp_search_takes_k_and_a_filter_anded_with_the_servers():
+    pytest.importorskip("mcp")
+    bound = {"type": "eq", "key": "tenant_group", "value": "a"}
+    mine = {"type": "or", "filters": [{"type": "in", "key": "lang", "value": ["en", "de"]},
+                                      {"type": "gte", "key": "year", "value": 2020}]}
+    results, bodies = _searches(bound, [{"query": "q"}, {"query": "q", "k": 7, "filter": mine},
+                                        {"query": "q", "filter": json.dumps(mine)}])  # some clients send JSON text
+    assert not any(r.is_error for r in results), [r.content for r in results if r.is_error]
+    assert bodies[0] == {"query": "q", "k": 3, "filter": bound}  # the server's --k and --filter
+    assert bodies[1] == {"query": "q", "k": 7, "filter": {"type": "and", "filters": [bound, mine]}}
+    assert bodies[2] == bodies[1] | {"k": 3}
+    results, bodies = _searches(None, [{"query": "q", "filter": mine}])
+    assert bodies == [{"query": "q", "k": 3, "filter": mine}]  # no bound: the agent's filter alone
+
+
+@pytest.mark.parametrize("arguments,says", [
+    ({"query": "q", "bogus": 1}, "bogus"),
+    ({"query": "q", "filters": {"type": "eq", "key": "a", "value": 1}}, "filters"),
+    ({"query": "q", "k": 0}, "greater than or equal to 1"),
+    ({"query": "q", "k": 1001}, "less than or equal to 1000"),
+    ({"query": "q", "filter": {"type": "like", "key": "a", "value": "x"}}, "like"),
+    ({"query": "q", "filter": {"type": "eq", "key": "a", "value": 1, "extra": 2}}, "extra"),
+])
+def test_mcp_search_refuses_what_its_schema_does_not_allow(arguments, says):
+    pytest.importorskip("mcp")
+    results, bodies = _searches(None, [arguments])
+    assert results[0].is_error and says in results[0].content[0].text and bodies == []  # nothing reached the server
+
+
+def test_mcp_k_must_be_in_range():
+    pytest.importorskip("mcp")
+    from qrag_client.mcp_server import build_server, main
+
+    with pytest.raises(ValueError, match="--k must be 1..1000, not 0"):
+        build_server("http://qrag.test", k=0)
+    assert main(["--url", "http://127.0.0.1:9", "--k", "5000"]) == 2  # refused before reaching for the server
+
+
+# ---------------------------------------------------------------------------------------- vector stores
+RECEIPT = {"write_id": "w-1", "index": "acme", "operation": "upsert", "status": "queued", "documents": 1}
+SEARCHABLE = {**RECEIPT, "status": "searchable", "chunks": 1, "indexed": 1, "submitted_at": 1.0, "searchable_at": 2.0}
+HITS = {"results": [
+    {"chunk_id": "n1#0", "doc_id": "n1", "score": 0.9, "text": "Alpha one.",
+     "metadata": {"lang": "en", "ref_doc_id": "d1"}, "vector": [1.0, 0.0, 0.0]},
+    {"chunk_id": "n2#0", "doc_id": "n2", "score": 0.89, "text": "Alpha one again.", "metadata": {"lang": "en"},
+     "vector": [0.999, 0.0447, 0.0]},
+    {"chunk_id": "n3#0", "doc_id": "n3", "score": 0.5, "text": "Gamma.", "metadata": {}, "vector": [0.6, 0.0, 0.8]}],
+    "index": "acme", "index_version": "v1", "mode": "default", "took_ms": 1.0, "query_vector": [0.9, 0.0, 0.436]}
+
+
+class Api:
+    """Answers as the API does (a write taken, then searchable; a search page; a document; 404s), and
+    keeps every request (method, path, JSON body)."""
+
+    def __init__(self):
+        self.requests: list[tuple[str, str, dict | None]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.raw_path.decode().split("?")[0]
+        self.requests.append((request.method, path, json.loads(request.content) if request.content else None))
+        if path == "/v1/documents":
+            return httpx.Response(202, json=RECEIPT)
+        if path.startswith("/v1/writes/"):
+            return httpx.Response(200, json=SEARCHABLE)
+        if path == "/v1/search":
+            return httpx.Response(200, json=HITS)
+        if path == "/v1/documents/n1":
+            return httpx.Response(200, json={"doc_id": "n1", "title": "", "url": None, "metadata": {"lang": "en"},
+                                             "index": "acme", "index_version": "v1",
+                                             "chunks": [{"chunk_id": "n1#0", "text": "Alpha"},
+                                                        {"chunk_id": "n1#1", "text": "one."}]})
+        return httpx.Response(404, json={"error": "not_found", "message": "unknown document"})
+
+
+def test_langchain_vector_store_writes_searches_and_reads():
+    pytest.importorskip("langchain_core")
+    from langchain_core.documents import Document
+
+    from qrag_client.langchain import QragVectorStore
+
+    api = Api()
+    store = QragVectorStore("http://qrag.test", "k", index="acme", batch_size=2, transport=httpx.MockTransport(api))
+    assert store.embeddings is None
+    ids = store.add_documents([Document(id="a", page_content="A.", metadata={"n": 1}), Document(page_content="B."),
+                               Document(id="c", page_content="C.")])
+    assert ids[0] == "a" and ids[2] == "c" and len(ids[1]) == 36  # ids honoured, a new UUID for the one without
+    writes = [body for method, path, body in api.requests if method == "POST"]
+    assert writes == [{"index": "acme", "documents": [{"id": "a", "text": "A.", "title": "", "metadata": {"n": 1}},
+                                                      {"id": ids[1], "text": "B.", "title": "", "metadata": {}}]},
+                      {"index": "acme", "documents": [{"id": "c", "text": "C.", "title": "", "metadata": {}}]}]
+    assert [path for _, path, _ in api.requests].count("/v1/writes/w-1") == 2  # waited for each batch
+    api.requests.clear()
+    found = store.similarity_search_with_score("alpha", k=3, filter={"type": "eq", "key": "lang", "value": "en"},
+                                               doc_ids=["n1", "n2"])
+    assert api.requests[0][2] == {"query": "alpha", "k": 3, "index": "acme", "doc_ids": ["n1", "n2"],
+                                  "filter": {"type": "eq", "key": "lang", "value": "en"}}
+    assert found[0] == (Document(id="n1", page_content="Alpha one.", metadata={"lang": "en", "ref_doc_id": "d1"}), 0.9)
+    # per call through a retriever: search_kwargs, and what invoke adds
+    retriever = store.as_retriever(search_kwargs={"k": 2, "filter": {"type": "eq", "key": "lang", "value": "en"}})
+    retriever.invoke("alpha")
+    assert api.requests[-1][2]["k"] == 2 and api.requests[-1][2]["filter"]["key"] == "lang"
+    # MMR over the server's vectors: the near-duplicate n2 gives way to the different n3
+    assert [d.id for d in store.max_marginal_relevance_search("alpha", k=2, fetch_k=3, lambda_mult=0.5)] == ["n1", "n3"]
+    assert api.requests[-1][2] == {"query": "alpha", "k": 3, "index": "acme", "include_vectors": True}
+    assert [d.id for d in store.max_marginal_relevance_search("alpha", k=2, fetch_k=3, lambda_mult=1.0)] == ["n1", "n2"]
+    assert store.get_by_ids(["n1", "missing"]) == [Document(id="n1", page_content="Alpha\n\none.",
+                                                            metadata={"lang": "en"})]
+    assert store.delete(["a", "c"]) is True and api.requests[-2][:3] == ("DELETE", "/v1/documents",
+                                                                         {"ids": ["a", "c"], "index": "acme"})
+    with pytest.raises(ValueError, match="give ids or filter"):
+        store.delete()
+    with pytest.raises(ValueError, match="takes no embedding"):
+        QragVectorStore.from_texts(["x"], embedding=object(), url="http://qrag.test")
+
+
+def test_langchain_vector_store_async_twins():
+    pytest.importorskip("langchain_core")
+    from qrag_client.langchain import QragVectorStore
+
+    api = Api()
+    store = QragVectorStore("http://qrag.test", "k", wait=False, transport=httpx.MockTransport(api))
+
+    async def run():
+        ids = await store.aadd_texts(["A."], [{"n": 1}], ids=["a"])
+        hits = await store.asimilarity_search("alpha", k=1)
+        mmr = await store.amax_marginal_relevance_search("alpha", k=2, fetch_k=3)
+        got = await store.aget_by_ids(["n1", "nope"])
+        await store.adelete(filter={"type": "eq", "key": "n", "value": 1})
+        return ids, hits, mmr, got
+
+    ids, hits, mmr, got = asyncio.run(run())
+    assert ids == ["a"] and hits[0].id == "n1" and [d.id for d in mmr] == ["n1", "n3"] and [d.id for d in got] == ["n1"]
+    assert not any(path.startswith("/v1/writes/") for _, path, _ in api.requests)  # wait=False: no polling
+    assert api.requests[-1][2] == {"filter": {"type": "eq", "key": "n", "value": 1}}
+
+
+def test_llamaindex_vector_store_maps_nodes_queries_and_deletes():
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
+    from llama_index.core.vector_stores.types import (
+        MetadataFilter,
+        MetadataFilters,
+        VectorStoreQuery,
+        VectorStoreQueryMode,
+    )
+
+    from qrag_client.llamaindex import QragLlamaIndexVectorStore
+
+    api = Api()
+    store = QragLlamaIndexVectorStore("http://qrag.test", "k", transport=httpx.MockTransport(api))
+    assert store.stores_text and not store.is_embedding_query
+    node = TextNode(id_="n1", text="Alpha one.", metadata={"lang": "en"}, embedding=[0.1],
+                    relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id="d1")})
+    assert store.add([node]) == ["n1"]
+    assert api.requests[0][2] == {"documents": [{"id": "n1", "text": "Alpha one.", "title": "",
+                                                 "metadata": {"lang": "en", "ref_doc_id": "d1"}}]}
+    result = store.query(VectorStoreQuery(query_str="alpha", similarity_top_k=3, doc_ids=["d1"], node_ids=["n1", "n2"],
+                                          filters=MetadataFilters(filters=[MetadataFilter(key="lang", value="en")]),
+                                          mode=VectorStoreQueryMode.HYBRID, alpha=0.7))
+    assert api.requests[-1][2] == {"query": "alpha", "k": 3, "bm25_alpha": 0.7, "doc_ids": ["n1", "n2"],
+                                   "filter": {"type": "and", "filters": [
+                                       {"type": "eq", "key": "lang", "value": "en"},
+                                       {"type": "in", "key": "ref_doc_id", "value": ["d1"]}]}}
+    first = result.nodes[0]
+    assert (first.node_id, first.text, first.metadata, first.ref_doc_id) == ("n1", "Alpha one.", {"lang": "en"}, "d1")
+    assert result.similarities == [0.9, 0.89, 0.5] and result.ids == ["n1", "n2", "n3"]
+    store.delete("d1")
+    assert api.requests[-2][2] == {"filter": {"type": "in", "key": "ref_doc_id", "value": ["d1"]}}
+    store.delete_nodes(["n1"])
+    assert api.requests[-2][2] == {"ids": ["n1"]}
+    assert [n.node_id for n in store.get_nodes(["n1", "nope"])] == ["n1"]
+    with pytest.raises(ValueError, match="no query_str"):
+        store.query(VectorStoreQuery(query_embedding=[0.1], similarity_top_k=1))
+    with pytest.raises(ValueError, match="'mmr' is not supported"):
+        store.query(VectorStoreQuery(query_str="x", mode=VectorStoreQueryMode.MMR))

@@ -46,7 +46,8 @@ def test_the_client_installs_light_and_fast_from_the_public_index(tmp_path):
     names = {d["name"].lower().replace("_", "-") for d in json.loads(listed)}
     assert {"qrag-client", "httpx", "pydantic"} <= names
     assert names & HEAVY == set(), names & HEAVY
-    assert seconds < 60, f"venv + install took {seconds:.0f} s ({cpu_s:.0f} s of CPU: the rest waited on a busy box or the network)"
+    assert seconds < 60, (f"venv + install took {seconds:.0f} s ({cpu_s:.0f} s of CPU: the rest waited on a busy box "
+                          "or the network)")
     # it works there: a search against a scripted server, and the typed error of a refused key
     script = """
 import httpx, qrag_client

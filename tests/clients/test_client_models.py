@@ -2,8 +2,10 @@
 in process from the Router's FastAPI app (the one the served-schema test holds equal to the live server's):
 every request field the server takes is a parameter of the client and no other; every response field the
 server sends is a field of the client's model, the client expects no field the server does not send, and
-requires none the server may leave out. Nested records are followed. So the two cannot drift apart
-unnoticed. And qrag-ray pins the client version it ships with. Imports only; no Ray."""
+requires none the server may leave out. Nested records are followed, the search filter's models
+included. So the two cannot drift apart unnoticed. Every route the client calls must be the server's: the
+fetch routes, the search filter and the write routes ship in the same release as the client, so a server
+without one fails here. And qrag-ray pins the client version it ships with. Imports only; no Ray."""
 
 from __future__ import annotations
 
@@ -17,10 +19,6 @@ from pydantic import BaseModel
 from qrag_client import models as cm
 
 ROOT = Path(__file__).resolve().parents[2]
-FETCH_ROUTES = ("/v1/chunks/{chunk_id}", "/v1/documents/{doc_id}")
-# what the filter-and-fetch contract adds; a server without the fetch routes predates it (and lacks these)
-CONTRACT_ADDITIONS = {"SearchRequest": {"filter", "doc_ids"}, "AnswerRequest": {"filter", "doc_ids"},
-                      "SearchResult": {"metadata", "url"}}
 
 
 @pytest.fixture(scope="module")
@@ -55,46 +53,71 @@ def _route_schema(spec: dict, path: str, method: str, status: str | None) -> dic
     return _schema(spec, node["content"]["application/json"]["schema"])
 
 
-def _compare(spec: dict, model: type[BaseModel], server: dict, pending: bool, where: str) -> list[str]:
+def _route_exists(spec: dict, path: str, method: str) -> None:
+    assert method in spec["paths"].get(path, {}), f"the server has no {method.upper()} {path}"
+
+
+def _compare(spec: dict, model: type[BaseModel], server: dict, where: str) -> list[str]:
     """Every difference between a response model and the server's schema of it, nested records included."""
     ours, theirs = model.model_fields, server.get("properties", {})
-    allowed = CONTRACT_ADDITIONS.get(model.__name__, set()) if pending else set()
     problems = [f"{where}: the server sends {f!r}, the client has no field for it" for f in theirs if f not in ours]
     problems += [f"{where}: the client expects {f!r}, the server has no such field" for f in ours
-                 if f not in theirs and f not in allowed]
+                 if f not in theirs]
     required = set(server.get("required", []))
     problems += [f"{where}: the client requires {f!r}, the server may leave it out" for f, info in ours.items()
                  if info.is_required() and f in theirs and f not in required]
     for f, info in ours.items():
         sub = _record(info.annotation)
         if sub is not None and f in theirs:
-            problems += _compare(spec, sub, _schema(spec, theirs[f]), pending, f"{where}.{f}")
+            problems += _compare(spec, sub, _schema(spec, theirs[f]), f"{where}.{f}")
     return problems
 
 
 RESPONSES = [(cm.SearchResponse, "/v1/search", "post", "200"), (cm.AnswerResponse, "/v1/answer", "post", "200"),
              (cm.IndexesResponse, "/v1/indexes", "get", "200"), (cm.ErrorResponse, "/v1/search", "post", "422"),
-             (cm.ChunkResponse, FETCH_ROUTES[0], "get", "200"), (cm.DocumentResponse, FETCH_ROUTES[1], "get", "200")]
+             (cm.ChunkResponse, "/v1/chunks/{chunk_id}", "get", "200"),
+             (cm.DocumentResponse, "/v1/documents/{doc_id}", "get", "200"),
+             (cm.WriteReceipt, "/v1/documents", "post", "202"), (cm.WriteReceipt, "/v1/documents", "delete", "202"),
+             (cm.WriteStatus, "/v1/writes/{write_id}", "get", "200")]
 
 
-@pytest.mark.parametrize("model,path,method,status", RESPONSES, ids=[r[0].__name__ for r in RESPONSES])
+@pytest.mark.parametrize("model,path,method,status", RESPONSES,
+                         ids=[f"{r[0].__name__}-{r[2]}" for r in RESPONSES])
 def test_response_models_match_the_servers(spec, model, path, method, status):
-    pending = not all(p in spec["paths"] for p in FETCH_ROUTES)
-    if path not in spec["paths"]:
-        assert pending and path in FETCH_ROUTES, f"the server has no {path}"
-        pytest.skip(f"this server has no {path} yet (the fetch contract): checked once it does")
-    problems = _compare(spec, model, _route_schema(spec, path, method, status), pending, model.__name__)
+    _route_exists(spec, path, method)
+    problems = _compare(spec, model, _route_schema(spec, path, method, status), model.__name__)
     assert problems == []
 
 
-@pytest.mark.parametrize("model,path", [(cm.SearchRequest, "/v1/search"), (cm.AnswerRequest, "/v1/answer")])
-def test_request_fields_are_the_servers(spec, model, path):
-    pending = not all(p in spec["paths"] for p in FETCH_ROUTES)
-    theirs = set(_route_schema(spec, path, "post", None)["properties"])
+REQUESTS = [(cm.SearchRequest, "/v1/search", "post"), (cm.AnswerRequest, "/v1/answer", "post"),
+            (cm.UpsertRequest, "/v1/documents", "post"), (cm.DeleteRequest, "/v1/documents", "delete")]
+
+
+@pytest.mark.parametrize("model,path,method", REQUESTS, ids=[r[0].__name__ for r in REQUESTS])
+def test_request_fields_are_the_servers(spec, model, path, method):
+    _route_exists(spec, path, method)
+    theirs = set(_route_schema(spec, path, method, None)["properties"])
     ours = set(model.model_fields)
     assert theirs - ours == set(), "the server takes fields the client cannot send"
-    assert ours - theirs <= (CONTRACT_ADDITIONS[model.__name__] if pending else set()), \
-        "the client sends fields the server does not take"
+    assert ours - theirs == set(), "the client sends fields the server does not take"
+
+
+def test_a_documents_fields_are_the_servers(spec):
+    """A record of POST /v1/documents: the index's input schema, the same on both sides."""
+    _route_exists(spec, "/v1/documents", "post")
+    upsert = _route_schema(spec, "/v1/documents", "post", None)
+    record = _schema(spec, upsert["properties"]["documents"])
+    assert set(record["properties"]) == set(cm.Document.model_fields)
+    assert set(record.get("required", [])) == {f for f, info in cm.Document.model_fields.items() if info.is_required()}
+
+
+@pytest.mark.parametrize("model", [cm.ComparisonFilter, cm.InFilter, cm.CompoundFilter])
+def test_the_filter_models_are_the_servers(spec, model):
+    """The typed search filter (what the MCP tool `search` shows an agent) is the server's grammar: the same
+    records, fields and operators."""
+    theirs = spec["components"]["schemas"][model.__name__]
+    assert set(theirs["properties"]) == set(model.model_fields)
+    assert set(theirs["properties"]["type"]["enum"]) == set(typing.get_args(model.model_fields["type"].annotation))
 
 
 def test_the_check_sees_a_drift(spec):
@@ -111,7 +134,7 @@ def test_the_check_sees_a_drift(spec):
         timings: dict = {}
         extra_field: int
 
-    problems = _compare(spec, Shrunk, server, pending=False, where="Shrunk")
+    problems = _compare(spec, Shrunk, server, where="Shrunk")
     assert any("'took_ms'" in p and "no field" in p for p in problems)
     assert any("'extra_field'" in p and "no such field" in p for p in problems)
 

@@ -4,8 +4,10 @@ keys. The client's results and errors (401/403/404/409/422/429, Retry-After hono
 through it, LangChain's standard retriever tests, and the LlamaIndex retriever and the MCP tools (stdio
 and streamable HTTP, through the SDK's own client) returning the chunks /v1/search returns, in its order.
 
-The filter and fetch tests run when the server has the search filter and the fetch routes (read from
-its OpenAPI document) and skip, saying so, when it does not."""
+LlamaIndex's QueryFusionRetriever in each fusion mode over the retriever and a filtered copy: one node
+per chunk, its ranks and scores fused. The MCP tool `search` with an agent's k and filter under the
+server's bound. The search filter and the fetch routes ship with this server: a server without them
+fails these tests."""
 
 from __future__ import annotations
 
@@ -20,14 +22,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fake_openai_server import running_fake_openai
 from langchain_tests.integration_tests import RetrieversIntegrationTests
-from support.corpus import PYDOC_QUESTIONS
 
+from fake_openai_server import running_fake_openai
 from qrag_client import AsyncQragClient, QragClient, RetryPolicy
 from qrag_client import errors as e
 from qrag_ray.index.representations import dedup_questions
 from qrag_ray.runtime.ports import free_port
+from support.corpus import PYDOC_QUESTIONS
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS and Serve
 
@@ -63,25 +65,12 @@ def server(local_ray, client_index, tmp_path_factory):
         while httpx.get(f"{url}/readyz", timeout=30).status_code != 200:
             assert time.time() < deadline, "the app did not become ready"
             time.sleep(1)
-        spec = httpx.get(f"{url}/openapi.json", timeout=30).json()
-        info = {"url": url, "keys": keys, "index": client_index, "llm": llm,
-                "filter": "filter" in spec["components"]["schemas"]["SearchRequest"]["properties"],
-                "fetch": "/v1/chunks/{chunk_id}" in spec["paths"] and "/v1/documents/{doc_id}" in spec["paths"]}
+        info = {"url": url, "keys": keys, "index": client_index, "llm": llm}
         _SERVER.update(info)
         try:
             yield info
         finally:
             serve.shutdown()
-
-
-def needs_filter(server) -> None:
-    if not server["filter"]:
-        pytest.skip("this server has no search filter yet (docs/SERVING.md's filter contract): runs once it does")
-
-
-def needs_fetch(server) -> None:
-    if not server["fetch"]:
-        pytest.skip("this server has no /v1/chunks or /v1/documents yet (the fetch contract): runs once it does")
 
 
 def raw_search(server, body: dict, tenant: str = "main") -> dict:
@@ -233,7 +222,6 @@ def test_langchain_documents_carry_the_chunk(server):
 
 
 def test_langchain_filter_and_doc_ids_as_fields_and_per_call(server):
-    needs_filter(server)
     from qrag_client.langchain import QragRetriever
 
     want = raw_search(server, {"query": QUERY, "k": 3, "filter": LOOPS})
@@ -259,7 +247,6 @@ def test_llamaindex_returns_the_search_ranking(server):
 
 
 def test_llamaindex_metadata_filters_are_the_search_filter(server):
-    needs_filter(server)
     from llama_index.core.vector_stores.types import FilterCondition, MetadataFilter, MetadataFilters
 
     from qrag_client.llamaindex import QragLlamaIndexRetriever
@@ -269,13 +256,111 @@ def test_llamaindex_metadata_filters_are_the_search_filter(server):
         MetadataFilters(filters=[MetadataFilter(key="order", value=9, operator=">="),
                                  MetadataFilter(key="group", value=["branches", "expressions"], operator="in")])])
     qrag_filter = {"type": "or", "filters": [LOOPS, {"type": "and", "filters": [
-        {"type": "gte", "key": "order", "value": 9}, {"type": "in", "key": "group", "value": ["branches", "expressions"]}]}]}
+        {"type": "gte", "key": "order", "value": 9},
+        {"type": "in", "key": "group", "value": ["branches", "expressions"]}]}]}
     want = raw_search(server, {"query": QUERY, "k": 6, "filter": qrag_filter})
-    nodes = QragLlamaIndexRetriever(server["url"], server["keys"]["main"], similarity_top_k=6, filters=filters).retrieve(QUERY)
+    retriever = QragLlamaIndexRetriever(server["url"], server["keys"]["main"], similarity_top_k=6, filters=filters)
+    nodes = retriever.retrieve(QUERY)
     assert [(n.node.node_id, n.score) for n in nodes] == ranked(want) and len(nodes) == 6
     for n in nodes:
         md = n.node.metadata
         assert md["group"] == "loops" or (md["order"] >= 9 and md["group"] in ("branches", "expressions")), md
+
+
+FUSION_K = 8  # chunks per retriever (the filtered one has 6 to give): they share their best chunks
+RRF_K = 60.0  # the constant of LlamaIndex's reciprocal rank fusion
+
+
+def fused_scores(mode: str, lists: list[list[tuple[str, float]]]) -> dict[str, float]:
+    """What each fusion mode of QueryFusionRetriever (one query, equal retriever weights) scores a chunk,
+    from each retriever's ranked (chunk id, score) list: the sums a chunk in several lists must get."""
+    fused: dict[str, float] = {}
+    weight = 1.0 / len(lists)
+    for ranked_list in lists:
+        scores = [score for _, score in ranked_list]
+        if mode == "dist_based_score":
+            mean = sum(scores) / len(scores)
+            spread = (sum((x - mean) ** 2 for x in scores) / len(scores)) ** 0.5
+            low, high = mean - 3 * spread, mean + 3 * spread
+        else:
+            low, high = min(scores), max(scores)
+        by_score = sorted(ranked_list, key=lambda pair: pair[1], reverse=True)
+        for rank, (chunk_id, score) in enumerate(by_score):
+            if mode == "simple":
+                fused[chunk_id] = max(fused.get(chunk_id, 0.0), score)
+            elif mode == "reciprocal_rerank":
+                fused[chunk_id] = fused.get(chunk_id, 0.0) + 1.0 / (rank + RRF_K)
+            else:
+                scaled = (score - low) / (high - low) if high != low else float(high > 0)
+                fused[chunk_id] = fused.get(chunk_id, 0.0) + scaled * weight
+    return fused
+
+
+def _check_fusion(nodes, mode: str, lists: list[list[tuple[str, float]]]) -> None:
+    ids = [n.node.node_id for n in nodes]
+    assert len(ids) == len(set(ids)), f"{mode}: one chunk came back as several nodes: {ids}"
+    want = fused_scores(mode, lists)
+    assert set(ids) == set(want), mode  # every chunk of every list, once
+    assert [n.score for n in nodes] == sorted((n.score for n in nodes), reverse=True)
+    for n in nodes:
+        assert n.score == pytest.approx(want[n.node.node_id], rel=1e-6), (mode, n.node.node_id)
+
+
+@pytest.mark.parametrize("call", ["retrieve", "retrieve_in_threads", "aretrieve"])
+@pytest.mark.parametrize("mode", ["simple", "reciprocal_rerank", "relative_score", "dist_based_score"])
+def test_llamaindex_query_fusion_fuses_one_node_per_chunk(server, mode, call):
+    """QueryFusionRetriever over the retriever and a filtered copy (one query: no LLM writes more): a chunk
+    both return is one node, scored as its fusion mode sums its two lists' terms."""
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.retrievers import QueryFusionRetriever
+
+    from qrag_client.llamaindex import QragLlamaIndexRetriever
+
+    plain = QragLlamaIndexRetriever(server["url"], server["keys"]["main"], similarity_top_k=FUSION_K)
+    loops = QragLlamaIndexRetriever(server["url"], server["keys"]["main"], similarity_top_k=FUSION_K, filters=LOOPS)
+    lists = [ranked(raw_search(server, {"query": QUERY, "k": FUSION_K})),
+             ranked(raw_search(server, {"query": QUERY, "k": FUSION_K, "filter": LOOPS}))]
+    shared = {c for c, _ in lists[0]} & {c for c, _ in lists[1]}
+    assert shared and len(lists[0]) == FUSION_K  # the two lists overlap: there is something to fuse
+    fusion = QueryFusionRetriever([plain, loops], llm=MockLLM(), mode=mode, num_queries=1,
+                                  similarity_top_k=2 * FUSION_K, use_async=call == "retrieve_in_threads")
+    nodes = asyncio.run(fusion.aretrieve(QUERY)) if call == "aretrieve" else fusion.retrieve(QUERY)
+    _check_fusion(nodes, mode, lists)
+    if mode == "reciprocal_rerank":  # a shared chunk scores the sum of its two ranks' terms
+        chunk = sorted(shared)[0]
+        ranks = [[c for c, _ in ranked_list].index(chunk) for ranked_list in lists]
+        assert next(n.score for n in nodes if n.node.node_id == chunk) == \
+            pytest.approx(sum(1.0 / (r + RRF_K) for r in ranks))
+
+
+def test_llamaindex_a_chunk_two_phrasings_find_is_one_node(server):
+    """The same chunk scored differently by two queries (what QueryFusionRetriever's generated
+    sub-queries do) is still one node: the scores that differ are not in the node's metadata."""
+    from llama_index.core.base.base_retriever import BaseRetriever
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.retrievers import QueryFusionRetriever
+
+    from qrag_client.llamaindex import QragLlamaIndexRetriever
+
+    other_phrasing = "In a for loop, when is the else block executed?"
+
+    class OtherPhrasing(BaseRetriever):
+        """The retriever, asked in other words."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def _retrieve(self, query_bundle):
+            return self.inner.retrieve(other_phrasing)
+
+    plain = QragLlamaIndexRetriever(server["url"], server["keys"]["main"], similarity_top_k=FUSION_K)
+    lists = [ranked(raw_search(server, {"query": q, "k": FUSION_K})) for q in (QUERY, other_phrasing)]
+    first = dict(lists[0])
+    assert any(c in first and first[c] != score for c, score in lists[1])  # one chunk, two different scores
+    fusion = QueryFusionRetriever([plain, OtherPhrasing(plain)], llm=MockLLM(), mode="reciprocal_rerank",
+                                  num_queries=1, similarity_top_k=2 * FUSION_K, use_async=False)
+    _check_fusion(fusion.retrieve(QUERY), "reciprocal_rerank", lists)
 
 
 # ---------------------------------------------------------------------------------------- MCP
@@ -288,8 +373,8 @@ def _mcp_args(server, *extra: str) -> list[str]:
     return ["-m", "qrag_ray.cli", "mcp", "--url", server["url"], "--key", server["keys"]["main"], *extra]
 
 
-async def _use_tools(target, fetch: bool) -> tuple[set[str], dict, dict | None]:
-    """(tool names, search's structured result, fetch's of the first hit or None), through mcp.Client."""
+async def _use_tools(target) -> tuple[set[str], dict, dict]:
+    """(tool names, search's structured result, fetch's of the first hit), through mcp.Client."""
     from mcp import Client
 
     async with Client(target, read_timeout_seconds=120) as c:
@@ -297,41 +382,38 @@ async def _use_tools(target, fetch: bool) -> tuple[set[str], dict, dict | None]:
         found = await c.call_tool("search", {"query": QUERY})
         assert not found.is_error, found.content
         assert json.loads(found.content[0].text) == found.structured_content  # one text item, the same JSON
-        fetched = None
-        if fetch:
-            f = await c.call_tool("fetch", {"id": found.structured_content["results"][0]["id"]})
-            assert not f.is_error, f.content
-            fetched = f.structured_content
-            missing = await c.call_tool("fetch", {"id": "nosuch#0"})
-            assert missing.is_error and "unknown id" in missing.content[0].text
-        return names, found.structured_content, fetched
+        f = await c.call_tool("fetch", {"id": found.structured_content["results"][0]["id"]})
+        assert not f.is_error, f.content
+        missing = await c.call_tool("fetch", {"id": "nosuch#0"})
+        assert missing.is_error and "unknown id" in missing.content[0].text
+        return names, found.structured_content, f.structured_content
 
 
 def _check_tools(server, names, found, fetched, body: dict) -> None:
     assert names == {"search", "fetch"}
     want = raw_search(server, body)
     assert [h["id"] for h in found["results"]] == [r["chunk_id"] for r in want["results"]]
-    for h, r in zip(found["results"], want["results"]):
+    for h, r in zip(found["results"], want["results"], strict=True):
         assert h["title"] == r["title"] and " ".join(r["text"].split()).startswith(h["text"].rstrip("…")) and h["url"]
-    if fetched is not None:
-        doc = want["results"][0]["doc_id"]
-        assert fetched["id"] == want["results"][0]["chunk_id"] and fetched["metadata"]["doc_id"] == doc
-        assert want["results"][0]["text"] in fetched["text"]
-        assert sorted(fetched["metadata"]["questions"]) == sorted(dedup_questions(PYDOC_QUESTIONS[doc]))
+    doc = want["results"][0]["doc_id"]
+    assert fetched["id"] == want["results"][0]["chunk_id"] and fetched["metadata"]["doc_id"] == doc
+    assert want["results"][0]["text"] in fetched["text"]
+    assert sorted(fetched["metadata"]["questions"]) == sorted(dedup_questions(PYDOC_QUESTIONS[doc]))
 
 
 def test_mcp_over_stdio(server):
     from mcp import StdioServerParameters
 
-    extra = ("--filter", json.dumps(LOOPS)) if server["filter"] else ()
-    params = StdioServerParameters(command=sys.executable, args=_mcp_args(server, *extra), env=_cli_env(), cwd=str(REPO))
-    names, found, fetched = asyncio.run(_use_tools(params, fetch=server["fetch"]))
-    _check_tools(server, names, found, fetched, {"query": QUERY, "k": 10, **({"filter": LOOPS} if extra else {})})
+    params = StdioServerParameters(command=sys.executable, args=_mcp_args(server, "--filter", json.dumps(LOOPS)),
+                                   env=_cli_env(), cwd=str(REPO))
+    names, found, fetched = asyncio.run(_use_tools(params))
+    _check_tools(server, names, found, fetched, {"query": QUERY, "k": 10, "filter": LOOPS})
 
 
 def test_mcp_over_streamable_http(server):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, *_mcp_args(server, "--transport", "http", "--port", str(port), "--k", "5")],
+    args = _mcp_args(server, "--transport", "http", "--port", str(port), "--k", "5")
+    proc = subprocess.Popen([sys.executable, *args],
                             env={**os.environ, **_cli_env()}, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -344,7 +426,7 @@ def test_mcp_over_streamable_http(server):
             except OSError:
                 assert time.time() < deadline, "qrag mcp --transport http did not listen"
                 time.sleep(0.5)
-        names, found, fetched = asyncio.run(_use_tools(f"http://127.0.0.1:{port}/mcp", fetch=server["fetch"]))
+        names, found, fetched = asyncio.run(_use_tools(f"http://127.0.0.1:{port}/mcp"))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -359,9 +441,37 @@ def test_qrag_mcp_refuses_a_bad_key_in_one_line(server, capsys):
     assert out == "" and err.startswith("error: HTTP 401 unauthorized") and len(err.strip().splitlines()) == 1
 
 
+def test_mcp_search_takes_k_and_a_filter_within_the_servers_bound(server):
+    """An agent's k and filter reach the search; its filter is ANDed with the server's --filter, so it can
+    narrow what the server allows and never widen it; an argument the tool does not declare is an error."""
+    from mcp import Client
+
+    from qrag_client.mcp_server import build_server
+
+    bound = {"type": "in", "key": "group", "value": ["loops", "branches"]}
+    mcp_server = build_server(server["url"], server["keys"]["main"], k=4, filter=bound)
+    asked = {"type": "nin", "key": "tags", "value": ["for"]}
+
+    async def run():
+        async with Client(mcp_server) as c:
+            return [await c.call_tool("search", arguments) for arguments in (
+                {"query": QUERY, "k": 3, "filter": asked}, {"query": QUERY},
+                {"query": QUERY, "filter": {"type": "eq", "key": "group", "value": "expressions"}},
+                {"query": QUERY, "top_k": 3})]
+
+    narrowed, default, outside, unknown = asyncio.run(run())
+    want = raw_search(server, {"query": QUERY, "k": 3, "filter": {"type": "and", "filters": [bound, asked]}})
+    hits = narrowed.structured_content["results"]
+    assert [h["id"] for h in hits] == [r["chunk_id"] for r in want["results"]] and len(hits) == 3
+    assert all(r["metadata"]["group"] in ("loops", "branches") and r["doc_id"] != "for" for r in want["results"])
+    assert [h["id"] for h in default.structured_content["results"]] == \
+        [r["chunk_id"] for r in raw_search(server, {"query": QUERY, "k": 4, "filter": bound})["results"]]
+    assert outside.structured_content["results"] == []  # outside the bound: nothing, whatever the agent asks
+    assert unknown.is_error and "top_k" in unknown.content[0].text
+
+
 # ---------------------------------------------------------------------------------------- filter, fetch
 def test_the_filter_and_doc_ids_reach_the_server(server):
-    needs_filter(server)
     with client(server) as c:
         page = c.search(QUERY, 3, filter=LOOPS)
         assert len(page.results) == 3 and all(r.metadata["group"] == "loops" for r in page.results)
@@ -373,7 +483,6 @@ def test_the_filter_and_doc_ids_reach_the_server(server):
 
 
 def test_fetch_a_chunk_and_its_document(server):
-    needs_fetch(server)
     with client(server) as c:
         first = c.search(QUERY, 1).results[0]
         ch = c.chunk(first.chunk_id)

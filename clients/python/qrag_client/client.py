@@ -1,12 +1,14 @@
 """QragClient and AsyncQragClient: the API's routes over httpx, typed results, typed errors, a timeout
-on every request, and bounded retries of the reads (every route here is one) on 429 and 503, waiting
-what the server's Retry-After says, and on a connection that could not be made (nothing was sent)."""
+on every request, and bounded retries on 429 and 503, waiting what the server's Retry-After says, and on
+a connection that could not be made (nothing was sent). Reads repeat nothing; a write is keyed by its
+documents' ids (an upsert replaces them whole, a delete removes them), so a retried one that had been
+taken after all applies the same change twice, which leaves the same index."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -16,10 +18,32 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from qrag_client import __version__
-from qrag_client.errors import (QragClientError, QragConnectionError, QragTimeoutError, RateLimitError,
-                                ServiceUnavailableError, UnexpectedResponseError, error_from_response)
-from qrag_client.models import (AnswerRequest, AnswerResponse, ChunkResponse, DocumentResponse, Filter,
-                                IndexesResponse, SearchRequest, SearchResponse)
+from qrag_client.errors import (
+    QragClientError,
+    QragConnectionError,
+    QragTimeoutError,
+    RateLimitError,
+    ServiceUnavailableError,
+    UnexpectedResponseError,
+    WriteFailedError,
+    WriteTimeoutError,
+    error_from_response,
+)
+from qrag_client.models import (
+    AnswerRequest,
+    AnswerResponse,
+    ChunkResponse,
+    DeleteRequest,
+    Document,
+    DocumentResponse,
+    Filter,
+    IndexesResponse,
+    SearchRequest,
+    SearchResponse,
+    UpsertRequest,
+    WriteReceipt,
+    WriteStatus,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -59,6 +83,9 @@ class _Call(NamedTuple):
     model: type[BaseModel]
 
 
+FilterArg = Mapping[str, Any] | BaseModel | None  # the grammar as a dict, or as qrag_client.models' filter models
+
+
 def quote_id(value: str) -> str:
     """An id as one path segment: chunk ids hold '#', document ids may hold '/'."""
     return quote(value, safe="")
@@ -71,16 +98,18 @@ class _Routes:
     def _run(self, call: _Call) -> Any:
         raise NotImplementedError
 
-    def search(self, query: str, k: int | None = None, *, filter: Mapping[str, Any] | None = None,
+    def search(self, query: str, k: int | None = None, *, filter: FilterArg = None,
                doc_ids: list[str] | None = None, mode: str | None = None, min_score: float | None = None,
-               index: str | None = None, bm25_alpha: float | None = None) -> SearchResponse:
-        """POST /v1/search: the top k distinct chunks (the server's default k when None)."""
+               index: str | None = None, bm25_alpha: float | None = None,
+               include_vectors: bool | None = None) -> SearchResponse:
+        """POST /v1/search: the top k distinct chunks (the server's default k when None). `include_vectors`:
+        the query's vector and each chunk's (its best-matching row's), L2-normalised, for re-ranking here."""
         req = SearchRequest(query=query, k=k, filter=_filter(filter), doc_ids=doc_ids, mode=mode,
-                            min_score=min_score, index=index, bm25_alpha=bm25_alpha)
+                            min_score=min_score, index=index, bm25_alpha=bm25_alpha, include_vectors=include_vectors)
         return self._run(_Call("POST", "/v1/search", req.body(), None, SearchResponse))
 
     def answer(self, query: str, k: int | None = None, *, max_tokens: int | None = None,
-               filter: Mapping[str, Any] | None = None, doc_ids: list[str] | None = None, mode: str | None = None,
+               filter: FilterArg = None, doc_ids: list[str] | None = None, mode: str | None = None,
                min_score: float | None = None, index: str | None = None,
                bm25_alpha: float | None = None) -> AnswerResponse:
         """POST /v1/answer: an answer from the top k chunks with [n] citations (needs a server with an LLM)."""
@@ -100,9 +129,40 @@ class _Routes:
         """GET /v1/indexes: the index this key may query."""
         return self._run(_Call("GET", "/v1/indexes", None, None, IndexesResponse))
 
+    def upsert(self, documents: Sequence[Document | Mapping[str, Any]], index: str | None = None) -> WriteReceipt:
+        """POST /v1/documents (a write key): add documents, or replace those whose id the index holds (all
+        of their chunks). The server answers once the batch is durable; `wait_until_searchable` waits
+        until a search sees it. A record the client can tell is invalid raises pydantic's ValidationError
+        (a ValueError) before anything is sent."""
+        req = UpsertRequest(documents=[_document(d) for d in documents], index=index)
+        return self._run(_Call("POST", "/v1/documents", req.body(), None, WriteReceipt))
 
-def _filter(f: Mapping[str, Any] | None) -> Filter | None:
-    return None if f is None else dict(f)
+    def delete(self, ids: list[str] | None = None, filter: FilterArg = None,
+               index: str | None = None) -> WriteReceipt:
+        """DELETE /v1/documents (a write key): remove these documents, or every document the filter (the
+        search filter's grammar) passes; exactly one of the two. Ids the index does not hold are no error."""
+        req = DeleteRequest(ids=ids, filter=_filter(filter), index=index)
+        return self._run(_Call("DELETE", "/v1/documents", req.body(), None, WriteReceipt))
+
+    def write_status(self, write_id: str) -> WriteStatus:
+        """GET /v1/writes/{write_id}: where one of this tenant's writes stands."""
+        return self._run(_Call("GET", f"/v1/writes/{quote_id(write_id)}", None, None, WriteStatus))
+
+
+def _filter(f: FilterArg) -> Filter | None:
+    if f is None:
+        return None
+    if isinstance(f, BaseModel):
+        return f.model_dump(mode="json", exclude_none=True)
+    return dict(f)
+
+
+def _document(d: Document | Mapping[str, Any]) -> Document:
+    return d if isinstance(d, Document) else Document.model_validate(dict(d))
+
+
+def _write_id(write: str | WriteReceipt | WriteStatus) -> str:
+    return write if isinstance(write, str) else write.write_id
 
 
 def _index(index: str | None) -> dict[str, str] | None:
@@ -125,6 +185,9 @@ class _Base(_Routes):
     def _decode(self, call: _Call, response: httpx.Response) -> Any:
         if response.status_code >= 400:
             raise error_from_response(self.url, response)
+        if response.is_redirect:
+            raise UnexpectedResponseError(self.url, response.status_code, response.text,
+                                          location=response.headers.get("location", ""))
         try:
             return call.model.model_validate(response.json())
         except (ValueError, ValidationError):  # a JSONDecodeError is a ValueError
@@ -144,6 +207,18 @@ class _Base(_Routes):
         if wait is None:
             raise error
         return wait
+
+    @staticmethod
+    def _searchable(status: WriteStatus, deadline: float, timeout: float) -> bool:
+        """True once the write is searchable; raises WriteFailedError for a failed one, WriteTimeoutError
+        for one still on its way at the deadline; False: poll again."""
+        if status.status == "searchable":
+            return True
+        if status.status == "failed":
+            raise WriteFailedError(status)
+        if time.monotonic() >= deadline:
+            raise WriteTimeoutError(status, timeout)
+        return False
 
 
 class QragClient(_Base):
@@ -170,7 +245,20 @@ class QragClient(_Base):
         except httpx.TransportError as e:
             raise self._transport_error(e) from e
 
+    def wait_until_searchable(self, write: str | WriteReceipt, timeout: float = 30.0,
+                              poll: float = 0.2) -> WriteStatus:
+        """Poll the write's status every `poll` seconds until a search sees it, and return that status.
+        Raises WriteFailedError (the server's reason, the record and field) for a write that failed, and
+        WriteTimeoutError (a TimeoutError) when it is not searchable within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.write_status(_write_id(write))
+            if self._searchable(status, deadline, timeout):
+                return status
+            time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
+
     def close(self) -> None:
+        """Close the connection pool."""
         self._http.close()
 
     def __enter__(self) -> QragClient:
@@ -204,7 +292,18 @@ class AsyncQragClient(_Base):
         except httpx.TransportError as e:
             raise self._transport_error(e) from e
 
+    async def wait_until_searchable(self, write: str | WriteReceipt, timeout: float = 30.0,
+                                    poll: float = 0.2) -> WriteStatus:
+        """QragClient.wait_until_searchable, awaited."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = await self.write_status(_write_id(write))
+            if self._searchable(status, deadline, timeout):
+                return status
+            await anyio.sleep(max(0.0, min(poll, deadline - time.monotonic())))
+
     async def aclose(self) -> None:
+        """Close the connection pool."""
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncQragClient:

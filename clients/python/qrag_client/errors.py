@@ -28,12 +28,18 @@ class QragTimeoutError(QragConnectionError):
 
 
 class UnexpectedResponseError(QragClientError):
-    """An answer that is not the API's: a non-JSON body, or JSON that is neither a result nor an error."""
+    """An answer that is not the API's: a non-JSON body, JSON that is neither a result nor an error, or a
+    redirect (`location`: the API never redirects, a server without the route may)."""
 
-    def __init__(self, url: str, status: int, body: str):
-        super().__init__(f"{url} answered HTTP {status} with a non-JSON body" if not _is_json(body)
-                         else f"{url} answered HTTP {status} with an unexpected body: {body[:200]}")
-        self.url, self.status, self.body = url, status, body
+    def __init__(self, url: str, status: int, body: str, location: str | None = None):
+        if location is not None:
+            message = f"{url} answered HTTP {status}, a redirect to {location}: does this server have the route?"
+        elif not _is_json(body):
+            message = f"{url} answered HTTP {status} with a non-JSON body"
+        else:
+            message = f"{url} answered HTTP {status} with an unexpected body: {body[:200]}"
+        super().__init__(message)
+        self.url, self.status, self.body, self.location = url, status, body, location
 
 
 def _is_json(text: str) -> bool:
@@ -69,7 +75,7 @@ class AuthenticationError(QragAPIError):
 
 
 class PermissionDeniedError(QragAPIError):
-    status = 403  # forbidden: another tenant's index
+    status = 403  # forbidden: another tenant's index, or a read key on a write route
 
 
 class NotFoundError(QragAPIError):
@@ -77,15 +83,19 @@ class NotFoundError(QragAPIError):
 
 
 class ConflictError(QragAPIError):
-    status = 409  # e.g. no_bm25_index: a valid request this index cannot serve
+    status = 409  # no_bm25_index, not_writable: a valid request this index cannot serve (the message says why)
+
+
+class PayloadTooLargeError(QragAPIError):
+    status = 413  # too_large: more records or bytes than one request may carry (the message names the bound)
 
 
 class InvalidRequestError(QragAPIError):
-    status = 422  # invalid_request, query_too_long, invalid_filter (`detail` lists the fields)
+    status = 422  # invalid_request, query_too_long, invalid_filter, invalid_document (`detail` lists the fields)
 
 
 class RateLimitError(QragAPIError):
-    status = 429  # rate_limited (Retry-After)
+    status = 429  # rate_limited, write_backlog (Retry-After)
 
 
 class NotConfiguredError(QragAPIError):
@@ -105,8 +115,36 @@ class DeadlineExceededError(QragAPIError):
 
 
 ERRORS_BY_STATUS: dict[int, type[QragAPIError]] = {c.status: c for c in (
-    BadRequestError, AuthenticationError, PermissionDeniedError, NotFoundError, ConflictError, InvalidRequestError,
-    RateLimitError, NotConfiguredError, UpstreamError, ServiceUnavailableError, DeadlineExceededError)}
+    BadRequestError, AuthenticationError, PermissionDeniedError, NotFoundError, ConflictError, PayloadTooLargeError,
+    InvalidRequestError, RateLimitError, NotConfiguredError, UpstreamError, ServiceUnavailableError,
+    DeadlineExceededError)}
+
+
+class WriteFailedError(QragClientError):
+    """A write the server took (202) and then could not apply: `status` is its WriteStatus, whose `error`
+    names the record's position in the batch and its field when one is to blame. Nothing of that batch
+    was applied."""
+
+    def __init__(self, status: Any):
+        error = status.error
+        where = ""
+        if error is not None and error.record is not None:
+            where = f"record {error.record}" + (f", field {error.field!r}" if error.field else "") + ": "
+        message = error.message if error is not None else "no reason given"
+        super().__init__(f"write {status.write_id} to {status.index!r} failed: {where}{message}")
+        self.status = status
+
+
+class WriteTimeoutError(QragClientError, TimeoutError):
+    """A write not yet searchable when the wait ended; `status` is its last WriteStatus (the write goes on:
+    wait again, or read it with write_status)."""
+
+    def __init__(self, status: Any, timeout: float):
+        super().__init__(f"write {status.write_id} to {status.index!r} is still {status.status} after "
+                         f"{timeout:g} s ({status.indexed} of {status.chunks if status.chunks is not None else '?'} "
+                         "chunks indexed)")
+        self.status = status
+        self.timeout = timeout
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -121,11 +159,15 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 def error_from_response(url: str, response: httpx.Response) -> QragClientError:
-    """The exception for an error response (status >= 400)."""
+    """The exception for an error response (status >= 400). The API's body is `{"error": kind, "message":
+    line}`; the nested spelling `{"error": {"kind": ..., "message": ...}}` reads the same."""
     try:
         body = response.json()
     except ValueError:
         return UnexpectedResponseError(url, response.status_code, response.text)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = {**body["error"], **{k: v for k, v in body.items() if k != "error"}}
+        body["error"] = body.pop("kind", None)
     if not (isinstance(body, dict) and isinstance(body.get("error"), str)):
         return UnexpectedResponseError(url, response.status_code, response.text)
     cls = ERRORS_BY_STATUS.get(response.status_code, QragAPIError)

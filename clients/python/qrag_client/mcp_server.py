@@ -1,14 +1,17 @@
 """An MCP server over a running qrag server (`qrag-client[mcp]`): the two read-only tools ChatGPT
 connectors and deep research require, shaped as they specify, over stdio or streamable HTTP.
 
-- `search(query)` -> `{"results": [{"id", "title", "url", "text"}]}`: the chunks /v1/search returns, in
-  its order (`id` a chunk id, `text` a snippet of the chunk);
+- `search(query, k?, filter?)` -> `{"results": [{"id", "title", "url", "text"}]}`: the chunks /v1/search
+  returns, in its order (`id` a chunk id, `text` a snippet of the chunk); `k` 1..1000 (default the
+  server's --k), `filter` the search filter's grammar, typed in the tool's input schema;
 - `fetch(id)` -> `{"id", "title", "text", "url", "metadata"}`: the full document of a chunk id (or of a
   document id), its chunks in order; `metadata` has the document's fields, the chunk's generated
   questions and the index version.
 
-Each result comes back as structured content and as the same JSON in one text item. A server-wide k,
-filter and index scope every search (`--k`, `--filter`, `--index`): a connector sees only what it may.
+Each result comes back as structured content and as the same JSON in one text item. An argument a tool
+does not declare is an error, and its input schema says so (`additionalProperties: false`). A server-wide
+filter and index scope every search (`--filter`, `--index`): an agent's own filter is ANDed with the
+server's, so it narrows what the agent sees and never widens it.
 
     qrag-mcp --url http://127.0.0.1:8000 --key KEY                       # stdio (a desktop client spawns it)
     qrag-mcp --url http://127.0.0.1:8000 --transport http --port 8765    # http://127.0.0.1:8765/mcp
@@ -17,20 +20,24 @@ filter and index scope every search (`--k`, `--filter`, `--index`): a connector 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from qrag_client.client import DEFAULT_URL, AsyncQragClient, QragClient, quote_id
 from qrag_client.errors import NotFoundError, QragClientError
-from qrag_client.models import Filter, SearchResult, parse_filter
+from qrag_client.models import MAX_K, Filter, SearchFilter, SearchResult, parse_filter
 
 SNIPPET_CHARS = 400
+MAX_QUERY_CHARS = 2000  # the server's bound on a query
 _READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
 
@@ -58,14 +65,39 @@ def _snippet(text: str) -> str:
     return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 1] + "…"
 
 
+def both(bound: Filter | None, asked: Filter | None) -> Filter | None:
+    """The filter a search runs with: the server's bound AND the agent's own (either may be absent)."""
+    if bound is None or asked is None:
+        return asked if bound is None else bound
+    return {"type": "and", "filters": [bound, asked]}
+
+
+def _tool(fn: Callable[..., Any]) -> Tool:
+    """A read-only tool from `fn`, described by its docstring without the source's indentation, whose
+    arguments are closed: one it does not declare is an error (the SDK would drop it unseen), and its input
+    schema says so (`additionalProperties: false`), so an agent's misspelt argument fails instead of being
+    ignored."""
+    tool = Tool.from_function(fn, description=inspect.cleandoc(fn.__doc__ or ""), annotations=_READ_ONLY)
+    declared = tool.fn_metadata.arg_model
+
+    class ClosedArguments(declared):
+        model_config = ConfigDict(extra="forbid", title=declared.__name__)
+
+    tool.fn_metadata.arg_model = ClosedArguments
+    tool.parameters = ClosedArguments.model_json_schema(by_alias=True)
+    return tool
+
+
 def build_server(url: str = DEFAULT_URL, api_key: str | None = None, *, k: int = 10, filter: Filter | None = None,
                  index: str | None = None, timeout: float = 60.0, **client_options: Any) -> MCPServer:
     """The MCP server; every tool call is a request to the qrag server at `url` (`client_options` go to
-    AsyncQragClient: retry, headers, transport)."""
+    AsyncQragClient: retry, headers, transport). `k`: results per search unless the agent asks for
+    another number; `filter`: a bound on every search (ANDed with the agent's)."""
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f"--k must be 1..{MAX_K}, not {k}")
     base = url.rstrip("/")
-    server = MCPServer("qrag", version="0.1.0", log_level="WARNING",
-                       instructions="Search a qrag index with `search` (natural-language questions work best), "
-                                    "then read a whole document with `fetch` and one of the ids it returned.")
+    default_k = k
+    bound = filter
 
     def client() -> AsyncQragClient:
         return AsyncQragClient(base, api_key, timeout=timeout, **client_options)
@@ -74,19 +106,26 @@ def build_server(url: str = DEFAULT_URL, api_key: str | None = None, *, k: int =
         return SearchHit(id=r.chunk_id, title=r.title or r.doc_id, text=_snippet(r.text),
                          url=r.url or f"{base}/v1/chunks/{quote_id(r.chunk_id)}")
 
-    @server.tool(annotations=_READ_ONLY)
-    async def search(query: str) -> SearchResults:
+    async def search(
+        query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS,
+                                    description="what to look for; a natural-language question works best")],
+        k: Annotated[int, Field(ge=1, le=MAX_K, description=f"how many passages, 1..{MAX_K}")] = default_k,
+        filter: Annotated[SearchFilter | None, Field(
+            description="only passages whose document's metadata passes this: a comparison {type: eq|ne|gt|gte|"
+                        "lt|lte, key, value}, a set {type: in|nin, key, value: [...]}, or {type: and|or, filters: "
+                        "[...]}; dates as ISO-8601 strings")] = None,
+    ) -> SearchResults:
         """Search the documents for passages that answer a question. Returns the best passages, best
         first, each with an id for `fetch`, a title, a URL to cite and the beginning of its text."""
+        asked = filter.model_dump(mode="json") if filter is not None else None
         try:
             async with client() as c:
-                page = await c.search(query, k, filter=filter, index=index)
+                page = await c.search(query, k, filter=both(bound, asked), index=index)
         except QragClientError as e:
             raise ToolError(str(e)) from None
         return SearchResults(results=[hit(r) for r in page.results])
 
-    @server.tool(annotations=_READ_ONLY)
-    async def fetch(id: str) -> FetchedDocument:  # noqa: A002 - the name the connector specification uses
+    async def fetch(id: str) -> FetchedDocument:
         """Fetch the whole document a search result (an id from `search`) belongs to: its title, full text,
         URL and metadata (the document's fields, the passage's generated questions)."""
         try:
@@ -106,7 +145,9 @@ def build_server(url: str = DEFAULT_URL, api_key: str | None = None, *, k: int =
         return FetchedDocument(id=id, title=doc.title or doc.doc_id, text=doc.text, metadata=meta,
                                url=doc.url or f"{base}/v1/documents/{quote_id(doc.doc_id)}")
 
-    return server
+    return MCPServer("qrag", version="0.1.0", log_level="WARNING", tools=[_tool(search), _tool(fetch)],
+                     instructions="Search a qrag index with `search` (natural-language questions work best), "
+                                  "then read a whole document with `fetch` and one of the ids it returned.")
 
 
 def check_reachable(url: str, api_key: str | None) -> None:
@@ -119,8 +160,8 @@ def serve(url: str = DEFAULT_URL, api_key: str | None = None, *, transport: str 
           port: int = 8765, path: str = "/mcp", k: int = 10, filter: Filter | None = None,
           index: str | None = None) -> None:
     """Run the server until stopped: over stdio, or streamable HTTP at http://host:port/path."""
-    check_reachable(url, api_key)
     server = build_server(url, api_key, k=k, filter=filter, index=index)
+    check_reachable(url, api_key)
     if transport == "stdio":
         server.run("stdio")
     elif transport == "http":
@@ -137,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     ap.add_argument("--host", default="127.0.0.1", help="http: the address to listen on")
     ap.add_argument("--port", type=int, default=8765, help="http: the port")
-    ap.add_argument("--k", type=int, default=10, help="results per search")
-    ap.add_argument("--filter", help="a metadata filter (JSON) every search gets")
+    ap.add_argument("--k", type=int, default=10, help=f"results per search unless the agent asks (1..{MAX_K})")
+    ap.add_argument("--filter", help="a metadata filter (JSON) every search gets; an agent's own is ANDed with it")
     ap.add_argument("--index", help="the index to search (default: the key's)")
     a = ap.parse_args(argv)
     try:
