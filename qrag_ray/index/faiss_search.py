@@ -116,23 +116,24 @@ def selector_params(index, sel, keep: list, widen: float = 1.0):
     index = faiss.downcast_index(index)
     if isinstance(index, faiss.IndexPreTransform):
         inner = selector_params(index.index, sel, keep, widen)
-        p = None if inner is None else faiss.SearchParametersPreTransform(index_params=inner, sel=sel)
+        params = None if inner is None else faiss.SearchParametersPreTransform(index_params=inner, sel=sel)
     elif isinstance(index, faiss.IndexRefine):
         inner = selector_params(index.base_index, sel, keep, widen)
-        p = None if inner is None else faiss.IndexRefineSearchParameters(k_factor=index.k_factor, sel=sel)
-        if p is not None:
-            p.base_index_params = inner
+        params = None if inner is None else faiss.IndexRefineSearchParameters(k_factor=index.k_factor, sel=sel)
+        if params is not None:
+            params.base_index_params = inner
     elif isinstance(index, faiss.IndexIVF):
         nprobe = index.nlist if widen == math.inf else min(index.nlist, math.ceil(index.nprobe * widen))
-        p = faiss.SearchParametersIVF(sel=sel, nprobe=nprobe, max_codes=0 if widen == math.inf else index.max_codes)
+        max_codes = 0 if widen == math.inf else index.max_codes
+        params = faiss.SearchParametersIVF(sel=sel, nprobe=nprobe, max_codes=max_codes)
     elif isinstance(index, faiss.IndexHNSW):
-        p = faiss.SearchParametersHNSW(sel=sel, efSearch=index.hnsw.efSearch)
+        params = faiss.SearchParametersHNSW(sel=sel, efSearch=index.hnsw.efSearch)
     elif isinstance(index, (faiss.IndexFlatCodes,)) and not isinstance(index, faiss.IndexFastScan):
-        p = faiss.SearchParameters(sel=sel)
+        params = faiss.SearchParameters(sel=sel)
     else:
         return None
-    keep.append(p)
-    return p
+    keep.append(params)
+    return params
 
 
 def _codes_index(index):
@@ -159,9 +160,11 @@ def stored_vectors(index, rows: np.ndarray) -> np.ndarray:
 
 def brute_force(index, qvecs: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(scores, rows) of the k best of `rows` per query by inner product with their stored vectors."""
-    vecs = stored_vectors(index, rows)
-    scores = qvecs @ vecs.T
-    top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < len(rows) else np.tile(np.arange(len(rows)), (len(qvecs), 1))
+    scores = qvecs @ stored_vectors(index, rows).T
+    if k < len(rows):
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    else:
+        top = np.tile(np.arange(len(rows)), (len(qvecs), 1))
     best = np.take_along_axis(scores, top, axis=1)
     order = np.lexsort((top, -best), axis=1)  # score desc, then row: a deterministic order
     top = np.take_along_axis(top, order, axis=1)
@@ -184,7 +187,8 @@ def search_selected(index, qvecs: np.ndarray, k: int, selection, reconstructs: b
         scores, found = index.search(qvecs, k, params=params)
     except RuntimeError:  # an index type that takes no selector: its stored vectors, or a clear error
         if not reconstructs:
-            raise QragError(f"a filter cannot search this FAISS index type ({type(faiss.downcast_index(index)).__name__}):"
+            index_type = type(faiss.downcast_index(index)).__name__
+            raise QragError(f"a filter cannot search this FAISS index type ({index_type}):"
                             " it takes no ID selector and does not return its vectors; re-index with Flat, HNSW "
                             "or IVF") from None
         return brute_force(index, qvecs, selection.rows, k)

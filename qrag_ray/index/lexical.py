@@ -28,15 +28,15 @@ def lexical_docs(chunk_idx: np.ndarray, kind: list[str], text: list[str], qn: np
     text, after it the `title` row's and (doc2query) each distinct generated question."""
     body: dict[int, str] = {}
     extra: dict[int, list[str]] = {}
-    for ci, kd, tx, n in zip(chunk_idx.tolist(), kind, text, qn.tolist()):
-        if kd == "chunk":
-            body[ci] = tx
-        elif kd == "title":  # the document's title is evidence for BM25 too (BEIR's title + text)
-            extra.setdefault(ci, []).insert(0, tx)
-        elif doc2query and kd in QUESTION_KINDS and n >= 0:
-            qs = extra.setdefault(ci, [])
-            if tx not in qs:
-                qs.append(tx)
+    for chunk, kind_name, row_text, question_number in zip(chunk_idx.tolist(), kind, text, qn.tolist(), strict=True):
+        if kind_name == "chunk":
+            body[chunk] = row_text
+        elif kind_name == "title":  # the document's title is evidence for BM25 too (BEIR's title + text)
+            extra.setdefault(chunk, []).insert(0, row_text)
+        elif doc2query and kind_name in QUESTION_KINDS and question_number >= 0:
+            questions = extra.setdefault(chunk, [])
+            if row_text not in questions:
+                questions.append(row_text)
     ids = np.asarray(sorted(body), dtype=np.int64)
     return ids, ["\n".join([body[ci], *extra.get(ci, [])]) for ci in ids.tolist()]
 
@@ -84,8 +84,8 @@ def _numbered_by_first_use(tok):
     ids = [[renumber.setdefault(t, len(renumber)) for t in doc] for doc in tok.ids]
     term = {i: w for w, i in tok.vocab.items()}
     vocab = {term[old]: new for old, new in renumber.items()}
-    for w in sorted(set(tok.vocab) - set(vocab)):  # terms no document kept (none expected)
-        vocab[w] = len(vocab)
+    for word in sorted(set(tok.vocab) - set(vocab)):  # terms no document kept (none expected)
+        vocab[word] = len(vocab)
     return Tokenized(ids=ids, vocab=vocab)
 
 
@@ -108,25 +108,25 @@ def globalize_idf(paths: list[str | Path]) -> None:
     if len(paths) < 2:
         return
     sizes = [len(np.load(p / CHUNK_IDX, mmap_mode="r")) for p in paths]
-    shards = [(p, n) for p, n in zip(paths, sizes) if n]
+    shards = [(p, n) for p, n in zip(paths, sizes, strict=True) if n]
     df_all: Counter = Counter()
-    for p, _ in shards:
-        method = json.loads((p / _PARAMS).read_text()).get("method", "lucene")
+    for shard_path, _ in shards:
+        method = json.loads((shard_path / _PARAMS).read_text()).get("method", "lucene")
         if method != "lucene":  # we always build with bm25s's default; another IDF would need its own formula
-            raise ValueError(f"{p}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
-        vocab, counts = _term_columns(p)
+            raise ValueError(f"{shard_path}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
+        vocab, counts = _term_columns(shard_path)
         df_all.update({t: int(counts[i]) for t, i in vocab.items()})
     n_all = sum(sizes)
-    for p, n in shards:
-        vocab, counts = _term_columns(p)
+    for shard_path, n in shards:
+        vocab, counts = _term_columns(shard_path)
         cols = np.fromiter(vocab.values(), np.int64, len(vocab))
         local = counts[cols].astype(np.float64)
         glob = np.fromiter((df_all[t] for t in vocab), np.float64, len(vocab))
         ratio = np.ones(len(counts))
         seen = local > 0
         ratio[cols[seen]] = lucene_idf(n_all, glob[seen]) / lucene_idf(n, local[seen])
-        data = np.load(p / _DATA)
-        np.save(p / _DATA, (data * np.repeat(ratio, counts)).astype(data.dtype))
+        data = np.load(shard_path / _DATA)
+        np.save(shard_path / _DATA, (data * np.repeat(ratio, counts)).astype(data.dtype))
 
 
 class ShardLexicon:
@@ -135,10 +135,10 @@ class ShardLexicon:
     every query policy, and only hybrid queries read it."""
 
     def __init__(self, path: str | Path):
-        p = Path(path)
-        self.path = p
-        self.chunk_idx = np.load(p / CHUNK_IDX)
-        tok = p / TOKENIZER  # absent in indexes built before stemming: those were not stemmed
+        folder = Path(path)
+        self.path = folder
+        self.chunk_idx = np.load(folder / CHUNK_IDX)
+        tok = folder / TOKENIZER  # absent in indexes built before stemming: those were not stemmed
         self.stemmer = json.loads(tok.read_text()).get("stemmer") if tok.is_file() else None
         self._bm25 = None
         self._lock = threading.Lock()
@@ -164,15 +164,15 @@ class ShardLexicon:
         ids = np.full((len(queries), k), -1, np.int64)
         if k == 0 or self.bm25 is None:
             return scores, ids
-        for qi, toks in enumerate(tokenize(queries, ids=False, stemmer=self.stemmer)):
+        for query, toks in enumerate(tokenize(queries, ids=False, stemmer=self.stemmer)):
             if not toks:  # only stopwords or punctuation
                 continue
-            s = np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
+            doc_scores = np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
             if docs is not None:
-                s[~docs] = 0.0  # a score of 0 is never returned
-            top = np.argpartition(-s, k - 1)[:k] if k < len(s) else np.arange(len(s))
-            top = top[np.lexsort((top, -s[top]))]
-            top = top[s[top] > 0]
-            scores[qi, :len(top)] = s[top]
-            ids[qi, :len(top)] = self.chunk_idx[top]
+                doc_scores[~docs] = 0.0  # a score of 0 is never returned
+            top = np.argpartition(-doc_scores, k - 1)[:k] if k < len(doc_scores) else np.arange(len(doc_scores))
+            top = top[np.lexsort((top, -doc_scores[top]))]
+            top = top[doc_scores[top] > 0]
+            scores[query, :len(top)] = doc_scores[top]
+            ids[query, :len(top)] = self.chunk_idx[top]
         return scores, ids

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from qrag_ray.config.index import FaissConfig, IndexConfig
 from qrag_ray.index import workdir
+from qrag_ray.index.faiss_search import set_faiss_threads
 from qrag_ray.index.format import (
     CHUNKS,
     atomic_write,
@@ -29,7 +30,6 @@ from qrag_ray.index.format import (
 from qrag_ray.index.lexical import globalize_idf
 from qrag_ray.index.metadata_columns import chunk_table
 from qrag_ray.index.rows import CHUNK_PART_SCHEMA, check_unique_chunks, vector_schema
-from qrag_ray.index.faiss_search import set_faiss_threads
 from qrag_ray.index.udfs import SAMPLE_STRIPE
 from qrag_ray.index.writer import build_faiss, faiss_factory, vectors_of, write_shard
 from qrag_ray.io.metadata import merge_field_types

@@ -106,29 +106,29 @@ def _keys(node: dict, allowed: set[str]) -> None:
         raise InvalidFilter(f"a {node.get('type')!r} filter needs {', '.join(map(repr, missing))}")
 
 
-def _typed(v: Any, typ: str, key: str) -> Any:
+def _typed(value: Any, typ: str, key: str) -> Any:
     """A filter value as the field's column type; InvalidFilter when it cannot be one."""
     if typ == "bool":
-        if isinstance(v, bool):
-            return v
+        if isinstance(value, bool):
+            return value
     elif typ == "number":
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v):
-            return float(v)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
+            return float(value)
     elif typ in ("string", "string_list"):
-        if isinstance(v, str):
-            return v
-    elif isinstance(v, str):  # date / datetime: ISO-8601 text
-        got = parse_date(v) if typ == "date" else parse_datetime(v) or _midnight(parse_date(v))
+        if isinstance(value, str):
+            return value
+    elif isinstance(value, str):  # date / datetime: ISO-8601 text
+        got = parse_date(value) if typ == "date" else parse_datetime(value) or _midnight(parse_date(value))
         if got is None:
             want = "YYYY-MM-DD" if typ == "date" else "YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS][Z|+HH:MM]"
-            raise InvalidFilter(f"field {key!r} is {TYPE_NAMES[typ]}; {v!r} is not an ISO-8601 {typ} ({want})")
+            raise InvalidFilter(f"field {key!r} is {TYPE_NAMES[typ]}; {value!r} is not an ISO-8601 {typ} ({want})")
         return got
-    raise InvalidFilter(f"field {key!r} is {TYPE_NAMES[typ]}; the value {v!r} is not "
+    raise InvalidFilter(f"field {key!r} is {TYPE_NAMES[typ]}; the value {value!r} is not "
                         f"{'an ISO-8601 ' + typ + ' string' if typ in ('date', 'datetime') else TYPE_NAMES[typ]}")
 
 
-def _midnight(d: dt.date | None) -> dt.datetime | None:
-    return None if d is None else dt.datetime(d.year, d.month, d.day, tzinfo=dt.timezone.utc)
+def _midnight(day: dt.date | None) -> dt.datetime | None:
+    return None if day is None else dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc)
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -136,13 +136,13 @@ _CMP = {"eq": pc.equal, "ne": pc.equal, "gt": pc.greater, "gte": pc.greater_equa
         "lte": pc.less_equal}
 
 
-def chunk_mask(f: Filter, doc_id: pa.Array, metadata: pa.StructArray | None) -> np.ndarray:
+def chunk_mask(flt: Filter, doc_id: pa.Array, metadata: pa.StructArray | None) -> np.ndarray:
     """Which chunks of a shard's chunk table pass `f` (bool per chunk): one vectorised evaluation. A
     missing value fails every comparison but ne / nin, which are the negations of eq / in."""
     n = len(doc_id)
-    mask = np.ones(n, bool) if f.tree is None else _eval(f.tree, metadata, n)
-    if f.doc_ids is not None:
-        mask &= _bools(pc.is_in(doc_id, value_set=pa.array(f.doc_ids, pa.string())))
+    mask = np.ones(n, bool) if flt.tree is None else _eval(flt.tree, metadata, n)
+    if flt.doc_ids is not None:
+        mask &= _bools(pc.is_in(doc_id, value_set=pa.array(flt.doc_ids, pa.string())))
     return mask
 
 
@@ -156,16 +156,16 @@ def _eval(node: tuple, metadata: pa.StructArray | None, n: int) -> np.ndarray:
     if node[0] in COMPOUNDS:
         parts = [_eval(c, metadata, n) for c in node[1]]
         return np.logical_and.reduce(parts) if node[0] == "and" else np.logical_or.reduce(parts)
-    _, op, key, typ, value = node
+    _, operator, key, typ, value = node
     col = metadata.field(key) if metadata is not None else pa.nulls(n, ARROW_TYPES[typ])
     if typ == "string_list":  # any element matches (eq / in), none does (ne / nin)
-        values = pa.array([value] if op in ("eq", "ne") else list(value), pa.string())
+        values = pa.array([value] if operator in ("eq", "ne") else list(value), pa.string())
         hit = _bools(pc.is_in(pc.list_flatten(col), value_set=values))
         any_hit = np.zeros(n, bool)
         any_hit[np.asarray(pc.list_parent_indices(col).to_numpy())[hit]] = True
-        return ~any_hit if op in ("ne", "nin") else any_hit
-    if op in SETS:
+        return ~any_hit if operator in ("ne", "nin") else any_hit
+    if operator in SETS:
         hit = _bools(pc.is_in(col, value_set=pa.array(list(value), ARROW_TYPES[typ])))
-        return ~hit if op == "nin" else hit
-    hit = _bools(_CMP[op](col, pa.scalar(value, ARROW_TYPES[typ])))
-    return ~hit if op == "ne" else hit
+        return ~hit if operator == "nin" else hit
+    hit = _bools(_CMP[operator](col, pa.scalar(value, ARROW_TYPES[typ])))
+    return ~hit if operator == "ne" else hit

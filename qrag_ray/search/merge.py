@@ -50,6 +50,8 @@ class Candidates:
 
 @dataclass
 class ChunkResult:
+    """One chunk of a merged page: its fused score and the vectors (shard, row, score) that matched best."""
+
     chunk_idx: int
     score: float
     matches: list[tuple[int, int, float]]  # (shard, row, score), best first
@@ -63,7 +65,12 @@ def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
 
 def gather(per_shard: list[Hits]) -> Candidates:
     """One query's hits of every shard, flattened, without empty slots (row -1)."""
-    scores, chunk_idx, shards, rows, kinds, cutoffs = [], [], [], [], [], {}
+    scores = []
+    chunk_idx = []
+    shards = []
+    rows = []
+    kinds = []
+    cutoffs = {}
     with_kinds = bool(per_shard) and all(hits.kinds is not None for hits in per_shard)
     for hits in per_shard:
         filled = hits.rows >= 0
@@ -86,14 +93,15 @@ def gather(per_shard: list[Hits]) -> Candidates:
 def _gather_lexical(per_shard: list[Hits]) -> tuple[np.ndarray, np.ndarray, float]:
     """All shards' BM25 hits of one query over the best one (raw BM25 grows with the query's length)."""
     filled = [hits.lex_chunk_idx >= 0 for hits in per_shard]
-    chunks = np.concatenate([hits.lex_chunk_idx[ok] for hits, ok in zip(per_shard, filled)]).astype(np.int64)
-    scores = np.concatenate([hits.lex_scores[ok] for hits, ok in zip(per_shard, filled)]).astype(np.float64)
+    pairs = list(zip(per_shard, filled, strict=True))
+    chunks = np.concatenate([hits.lex_chunk_idx[ok] for hits, ok in pairs]).astype(np.int64)
+    scores = np.concatenate([hits.lex_scores[ok] for hits, ok in pairs]).astype(np.float64)
     top = float(scores.max()) if len(scores) else 0.0
     if top <= 0:
         return np.zeros(0, np.int64), np.zeros(0, np.float64), 0.0
     scores = scores / top
     # a shard whose list is full may hold unseen chunks up to its last score: they count the lowest
-    cuts = [float(hits.lex_scores[-1]) / top for hits, ok in zip(per_shard, filled) if _full(ok)]
+    cuts = [float(hits.lex_scores[-1]) / top for hits, ok in pairs if _full(ok)]
     return chunks, scores, (min(cuts) if cuts else 0.0)
 
 
@@ -102,22 +110,25 @@ def _full(filled: np.ndarray) -> bool:
     return bool(len(filled)) and bool(filled.all())
 
 
-def hybrid_scores(dense: dict[int, float], c: Candidates, policy: SearchConfig) -> dict[int, float]:
+def hybrid_scores(dense: dict[int, float], candidates: Candidates, policy: SearchConfig) -> dict[int, float]:
     """chunk -> alpha * dense + (1 - alpha) * lexical over the union of both lists; a chunk one list
     missed counts that list's floor. Under rrf BM25 adds (1 - alpha) / (rrf_k + rank) instead."""
-    a = float(policy.bm25_alpha)
-    lex_ids, lex_sc = c.lex_chunks.tolist(), c.lex_scores.tolist()
+    alpha = float(policy.bm25_alpha)
+    lex_chunks = candidates.lex_chunks.tolist()
+    lex_scores = candidates.lex_scores.tolist()
     if policy.fusion == "rrf":
-        order = sorted(range(len(lex_ids)), key=lambda i: (-lex_sc[i], lex_ids[i]))
-        lex = {lex_ids[i]: 1.0 / (policy.rrf_k + r) for r, i in enumerate(order, start=1)}
-        lfloor = 1.0 / (policy.rrf_k + len(lex) + 1)
+        order = sorted(range(len(lex_chunks)), key=lambda i: (-lex_scores[i], lex_chunks[i]))
+        lexical = {lex_chunks[i]: 1.0 / (policy.rrf_k + rank) for rank, i in enumerate(order, start=1)}
+        lex_floor = 1.0 / (policy.rrf_k + len(lexical) + 1)
     else:
-        lex, lfloor = dict(zip(lex_ids, lex_sc)), c.lex_floor
-    dfloor = min(dense.values()) if dense else 0.0
+        lexical = dict(zip(lex_chunks, lex_scores, strict=True))
+        lex_floor = candidates.lex_floor
+    dense_floor = min(dense.values()) if dense else 0.0
     if policy.fusion != "rrf" and policy.bm25_norm != "max":
-        dense, dfloor = normalise(dense, dfloor, policy.bm25_norm)
-        lex, lfloor = normalise(lex, lfloor, policy.bm25_norm)
-    return {ch: a * dense.get(ch, dfloor) + (1 - a) * lex.get(ch, lfloor) for ch in dense.keys() | lex.keys()}
+        dense, dense_floor = normalise(dense, dense_floor, policy.bm25_norm)
+        lexical, lex_floor = normalise(lexical, lex_floor, policy.bm25_norm)
+    return {chunk: alpha * dense.get(chunk, dense_floor) + (1 - alpha) * lexical.get(chunk, lex_floor)
+            for chunk in dense.keys() | lexical.keys()}
 
 
 def normalise(scores: dict[int, float], floor: float, how: str) -> tuple[dict[int, float], float]:
@@ -125,102 +136,105 @@ def normalise(scores: dict[int, float], floor: float, how: str) -> tuple[dict[in
     query: "minmax" maps onto [0, 1], "zscore" centres and divides by the spread, "max" keeps them."""
     if how == "max" or not scores:
         return scores, floor
-    vals = np.fromiter(scores.values(), np.float64, len(scores))
+    values = np.fromiter(scores.values(), np.float64, len(scores))
     if how == "minmax":
-        lo = min(float(vals.min()), floor)
-        span = float(vals.max()) - lo
+        low = min(float(values.min()), floor)
+        span = float(values.max()) - low
         if span <= 0:
-            return {ch: 1.0 for ch in scores}, 0.0
-        return {ch: (v - lo) / span for ch, v in scores.items()}, (floor - lo) / span
+            return dict.fromkeys(scores, 1.0), 0.0
+        return {chunk: (value - low) / span for chunk, value in scores.items()}, (floor - low) / span
     if how == "zscore":
-        mu, sd = float(vals.mean()), float(vals.std())
-        if sd <= 0:
-            return {ch: 0.0 for ch in scores}, min(0.0, floor - mu)
-        return {ch: (v - mu) / sd for ch, v in scores.items()}, (floor - mu) / sd
+        mean = float(values.mean())
+        spread = float(values.std())
+        if spread <= 0:
+            return dict.fromkeys(scores, 0.0), min(0.0, floor - mean)
+        return {chunk: (value - mean) / spread for chunk, value in scores.items()}, (floor - mean) / spread
     raise QragError(f"unknown score normalisation {how!r} (known: max, minmax, zscore)")
 
 
 def _best_per_chunk(chunks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(unique chunk ids, their best score), chunks ordered by best score desc."""
     order = np.lexsort((chunks, -scores))
-    uniq, first = np.unique(chunks[order], return_index=True)
+    unique, first = np.unique(chunks[order], return_index=True)
     best = scores[order][first]
-    o = np.lexsort((uniq, -best))
-    return uniq[o], best[o]
+    by_best = np.lexsort((unique, -best))
+    return unique[by_best], best[by_best]
 
 
-def fuse_scores(c: Candidates, policy: SearchConfig, scores: np.ndarray) -> dict[int, float]:
-    """chunk_idx -> fused score for rrf / sum from the calibrated vector `scores` of `c`."""
-    kinds = c.kinds if c.kinds is not None else np.full(len(c.scores), "?", dtype=object)
+def fuse_scores(candidates: Candidates, policy: SearchConfig, scores: np.ndarray) -> dict[int, float]:
+    """chunk_idx -> fused score for rrf / sum from the calibrated vector `scores` of `candidates`."""
+    kinds = candidates.kinds if candidates.kinds is not None else np.full(len(candidates.scores), "?", dtype=object)
     labels = policy.groups_of(kinds)
     fused: dict[int, float] = {}
-    all_chunks = np.unique(c.chunk_idx)
-    for g in sorted(set(labels.tolist())):
-        m = labels == g
-        uniq, best = _best_per_chunk(c.chunk_idx[m], scores[m])
+    all_chunks = np.unique(candidates.chunk_idx).tolist()
+    for group in sorted(set(labels.tolist())):
+        in_group = labels == group
+        chunks, best = _best_per_chunk(candidates.chunk_idx[in_group], scores[in_group])
         if policy.fusion == "rrf":
             # rank order inside one kind is unchanged by its calibration; a group's weight is 1
-            w = 1.0 if g in policy.groups else float(policy.kind_weights.get(g, 1.0))
-            ranks = {int(ch): r for r, ch in enumerate(uniq, start=1)}
-            miss = len(uniq) + 1  # unseen in this list: just below its last retrieved chunk
-            for ch in all_chunks.tolist():
-                fused[ch] = fused.get(ch, 0.0) + w / (policy.rrf_k + ranks.get(ch, miss))
+            weight = 1.0 if group in policy.groups else float(policy.kind_weights.get(group, 1.0))
+            ranks = {int(chunk): rank for rank, chunk in enumerate(chunks, start=1)}
+            miss = len(chunks) + 1  # unseen in this list: just below its last retrieved chunk
+            for chunk in all_chunks:
+                fused[chunk] = fused.get(chunk, 0.0) + weight / (policy.rrf_k + ranks.get(chunk, miss))
         else:  # sum of calibrated bests; a group that did not retrieve the chunk counts its floor
             floor = float(best[-1]) if len(best) else 0.0
-            bs = dict(zip(uniq.tolist(), best.tolist()))
-            for ch in all_chunks.tolist():
-                fused[ch] = fused.get(ch, 0.0) + bs.get(ch, floor)
+            bests = dict(zip(chunks.tolist(), best.tolist(), strict=True))
+            for chunk in all_chunks:
+                fused[chunk] = fused.get(chunk, 0.0) + bests.get(chunk, floor)
     return fused
 
 
-def dedup(c: Candidates, k: int, min_score: float | None = None, max_matches: int = 3,
+def dedup(candidates: Candidates, k: int, min_score: float | None = None, max_matches: int = 3,
           policy: SearchConfig | None = None) -> list[ChunkResult]:
     """Top k distinct chunks under the fusion policy (default: max over the chunk's vectors).
     `min_score` applies to the chunk's best (calibrated) vector score whatever the fusion."""
     policy = policy or SearchConfig()
-    scores = policy.calibrate(c.scores, c.kinds)
-    order = np.lexsort((c.row, c.shard, -scores))  # score desc, deterministic ties
-    cidx = c.chunk_idx[order]
-    _, first = np.unique(cidx, return_index=True)
+    scores = policy.calibrate(candidates.scores, candidates.kinds)
+    order = np.lexsort((candidates.row, candidates.shard, -scores))  # score desc, deterministic ties
+    chunk_order = candidates.chunk_idx[order]
+    _, first = np.unique(chunk_order, return_index=True)
     first = np.sort(first)  # positions (in score order) of each chunk's best vector
-    by_best = list(zip(cidx[first].tolist(), scores[order[first]].tolist()))  # chunk, best score: score desc
+    # (chunk, its best score), score desc
+    by_best = list(zip(chunk_order[first].tolist(), scores[order[first]].tolist(), strict=True))
     best = dict(by_best)
-    hybrid = policy.bm25_alpha is not None and c.lex_chunks is not None
+    hybrid = policy.bm25_alpha is not None and candidates.lex_chunks is not None
     lexical: dict[int, float] = {}
     if policy.fusion == "max" and not hybrid:
         ranked = by_best
     else:
-        fused = best if policy.fusion == "max" else fuse_scores(c, policy, scores)
+        fused = best if policy.fusion == "max" else fuse_scores(candidates, policy, scores)
         if hybrid:
-            fused = hybrid_scores(fused, c, policy)
-            lex = dict(zip(c.lex_chunks.tolist(), c.lex_scores.tolist()))
-            lexical = {ch: lex.get(ch, c.lex_floor) for ch in fused}  # what each chunk was scored with
-        ranked = sorted(fused.items(), key=lambda t: (-t[1], -best.get(t[0], -np.inf), t[0]))
+            fused = hybrid_scores(fused, candidates, policy)
+            lex = dict(zip(candidates.lex_chunks.tolist(), candidates.lex_scores.tolist(), strict=True))
+            lexical = {chunk: lex.get(chunk, candidates.lex_floor) for chunk in fused}  # what each was scored with
+        ranked = sorted(fused.items(), key=lambda item: (-item[1], -best.get(item[0], -np.inf), item[0]))
     results: list[ChunkResult] = []
-    for chunk, s in ranked:
+    for chunk, score in ranked:
         if len(results) == k:
             break
         if min_score is not None and best.get(chunk, -np.inf) < min_score:
             if policy.fusion == "max" and not hybrid:
                 break
             continue
-        mine = order[cidx == chunk]
+        mine = order[chunk_order == chunk]
         top = mine[:max_matches]
-        matches = list(zip(c.shard[top].tolist(), c.row[top].tolist(), scores[top].tolist()))
-        results.append(ChunkResult(chunk, float(s), matches, lexical.get(chunk) if hybrid else None,
-                                   float(c.scores[mine].max()) if len(mine) else None))
+        matches = list(zip(candidates.shard[top].tolist(), candidates.row[top].tolist(), scores[top].tolist(),
+                           strict=True))
+        results.append(ChunkResult(chunk, float(score), matches, lexical.get(chunk) if hybrid else None,
+                                   float(candidates.scores[mine].max()) if len(mine) else None))
     return results
 
 
-def needs_more(c: Candidates, results: list[ChunkResult], k: int, min_score: float | None = None,
+def needs_more(candidates: Candidates, results: list[ChunkResult], k: int, min_score: float | None = None,
                policy: SearchConfig | None = None) -> bool:
     """True when a larger over-retrieval could change the top k: too few distinct chunks while some
     shard still has vectors, or (max fusion only) a shard cut off above the k-th chunk's score. rrf and
     sum rank by the lists retrieved, which deeper lists refine but rarely reorder at the top."""
-    if not c.cutoffs:
+    if not candidates.cutoffs:
         return False
     policy = policy or SearchConfig()
-    highest_cut = max(policy.bound(cut) for cut in c.cutoffs.values())
+    highest_cut = max(policy.bound(cut) for cut in candidates.cutoffs.values())
     if min_score is not None and highest_cut < min_score:
         return False
     if len(results) < k:
@@ -302,7 +316,7 @@ def reachable_chunks(per_shard: list[Hits], k: int, policy: SearchConfig) -> set
             beats &= _beats_on(group_best, keys, ranked)
     if lexical:
         raw = np.full(len(keys), np.nan)
-        for hits, found in zip(lexical, lex_keys):
+        for hits, found in zip(lexical, lex_keys, strict=True):
             raw[np.searchsorted(keys, found)] = hits.lex_scores[hits.lex_chunk_idx >= 0]
         cuts = [float(hits.lex_scores[-1]) for hits in lexical if _full(hits.lex_chunk_idx >= 0)]
         beats &= _beats_on_lexical(raw, keys, min(cuts) if cuts else np.inf, ranked)

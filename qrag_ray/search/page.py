@@ -17,7 +17,7 @@ class ChunkMeta(NamedTuple):  # a chunk's row of chunks.parquet, as the page nee
     title: str
     text: str
     url: str | None = None
-    metadata: dict[str, Any] = {}  # noqa: RUF012 - never mutated: pydantic copies it into each result
+    metadata: dict[str, Any] = {}
 
 
 # a metadata value as the API returns it (dates as ISO-8601 text)

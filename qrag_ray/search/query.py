@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import Manifest
-from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.search.filters import Filter
 
 MAX_K = 1000

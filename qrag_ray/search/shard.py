@@ -21,8 +21,14 @@ import pyarrow.parquet as pq
 
 from qrag_ray.config.search_policy import QUESTION_KINDS
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.faiss_search import (Selection, can_reconstruct, open_faiss, search_selected, set_faiss_threads,
-                                         stored_vectors)
+from qrag_ray.index.faiss_search import (
+    Selection,
+    can_reconstruct,
+    open_faiss,
+    search_selected,
+    set_faiss_threads,
+    stored_vectors,
+)
 from qrag_ray.index.file_checks import manifest_now, verify_once
 from qrag_ray.index.format import CHUNKS, Manifest, chunk_key, files_under, read_table_file, shard_of
 from qrag_ray.index.lexical import ShardLexicon
@@ -231,7 +237,7 @@ class Shard:
                                  selection)
             wider = depth < total
             again = []
-            for query, query_hits in zip(pending.tolist(), found):
+            for query, query_hits in zip(pending.tolist(), found, strict=True):
                 top, more = [], False
                 if wider or tops_decide:
                     top, more = merge_hits([query_hits], batch.k, batch.min_score, batch.policy)
@@ -260,17 +266,18 @@ class Shard:
         found, positions = self._positions(chunk_idx)
         if len(found) != len(chunk_idx):
             raise IndexFormatError(f"chunk(s) missing from the chunk table of shard {self.number}")
-        at = positions.tolist()
-        columns = [py_values(column, at) for column in self.chunk_columns]
-        columns.append(py_values(self.url, at) if self.url is not None else [None] * len(at))
-        columns.append(json_values(py_values(self.metadata, at)) if self.metadata is not None else [{}] * len(at))
-        return {int(key): ChunkMeta(*values) for key, values in zip(found.tolist(), zip(*columns))}
+        rows = positions.tolist()
+        columns = [py_values(column, rows) for column in self.chunk_columns]
+        columns.append(py_values(self.url, rows) if self.url is not None else [None] * len(rows))
+        columns.append(json_values(py_values(self.metadata, rows)) if self.metadata is not None else [{}] * len(rows))
+        records = zip(*columns, strict=True)
+        return {int(key): ChunkMeta(*values) for key, values in zip(found.tolist(), records, strict=True)}
 
     def fetch_rows(self, rows: Sequence[int]) -> dict[int, tuple[str, str]]:
         """row -> (its vector's kind, its text), for rows of this shard."""
         rows = [int(row) for row in rows]
         kinds = self._kind_names[self._kind_codes[rows]].tolist()
-        return dict(zip(rows, zip(kinds, py_values(self.row_texts, rows))))
+        return dict(zip(rows, zip(kinds, py_values(self.row_texts, rows), strict=True), strict=True))
 
     def fetch_vectors(self, rows: Sequence[int]) -> dict[int, list[float] | None]:
         """row -> its stored vector (None for each where the index keeps no full vectors: an IVF without a
@@ -281,7 +288,7 @@ class Shard:
         if not rows or not self._reconstructs:
             return dict.fromkeys(rows)
         vectors = stored_vectors(self.faiss, np.asarray(rows, dtype=np.int64)).astype(np.float32)
-        return {row: vector.tolist() for row, vector in zip(rows, vectors)}
+        return {row: vector.tolist() for row, vector in zip(rows, vectors, strict=True)}
 
     def fetch_records(self, chunk_idx: Sequence[int] | None = None, doc_id: str | None = None) -> list[dict]:
         """The records of this shard's chunks with these keys, or of document `doc_id` (absent ones left
@@ -316,6 +323,6 @@ def search_shards(shards: Sequence[Shard], vectors: np.ndarray, batch: QueryBatc
     started = time.perf_counter()
     replies = finish_replies(shards, [found for found, _ in timed_searches], batch, travels)
     finish_ms = (time.perf_counter() - started) * 1000
-    for reply, (_, search_ms) in zip(replies, timed_searches):
+    for reply, (_, search_ms) in zip(replies, timed_searches, strict=True):
         reply.search_ms = search_ms + finish_ms
     return replies

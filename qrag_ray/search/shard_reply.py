@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
 import numpy as np
 
 from qrag_ray.config.search_policy import SearchConfig
@@ -123,11 +124,11 @@ def finish_replies(shards: Sequence, searched: Sequence[tuple[list[Hits], list[l
         reachable = [reachable_chunks([hits[query] for hits, _, _ in searched], batch.k, policy)
                      for query in range(queries)]
     replies = []
-    for shard, (hits, tops, rounds) in zip(shards, searched):
+    for shard, (hits, tops, rounds) in zip(shards, searched, strict=True):
         if not travels:
             sent = hits
         elif winners_decide:
-            sent = [_only(query_hits, chunks) for query_hits, chunks in zip(hits, reachable)]
+            sent = [_only(query_hits, chunks) for query_hits, chunks in zip(hits, reachable, strict=True)]
         else:
             sent = [essential_hits(query_hits, batch.k, policy) for query_hits in hits]
         reply = ShardReply.of(shard.number, sent)
@@ -135,7 +136,7 @@ def finish_replies(shards: Sequence, searched: Sequence[tuple[list[Hits], list[l
         reply.rounds = rounds
         mine: set[int] = set()
         rows: list[int] = []
-        for query_hits, top, chunks in zip(sent, tops, reachable):
+        for query_hits, top, chunks in zip(sent, tops, reachable, strict=True):
             if winners_decide:  # the shard's own top k holds its winners with their matched rows
                 page = [result for result in top if result.chunk_idx in chunks]
                 mine.update(result.chunk_idx for result in page)

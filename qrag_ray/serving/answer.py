@@ -71,10 +71,10 @@ class Answerer:
         self.require(what)
         try:
             return await self.synth.complete.remote(messages, max_tokens)
-        except Exception as e:  # noqa: BLE001 - an LLM outage is a 502 for the client, logged here
-            logger.warning("LLM call failed: %s", e)
-            ue = find_user_error(e)
-            raise ApiError(502, "llm_failed", f"the LLM backend failed: {ue or type(e).__name__}") from None
+        except Exception as error:
+            logger.warning("LLM call failed: %s", error)
+            user_error = find_user_error(error)
+            raise ApiError(502, "llm_failed", f"the LLM backend failed: {user_error or type(error).__name__}") from None
 
     async def query_text(self, req: m._Request, stage: dict) -> tuple[str, str | None]:
         """(the text to embed, the HyDE passage): the query, or in HyDE mode an LLM-written passage."""

@@ -9,8 +9,8 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr, field_validator
 
 from qrag_ray.search.filters import MAX_DOC_IDS, MAX_FILTER_CLAUSES, MAX_FILTER_DEPTH, MAX_IN_VALUES
-from qrag_ray.search.query import MAX_K
 from qrag_ray.search.page import MetadataValue, SearchResult
+from qrag_ray.search.query import MAX_K
 
 MAX_QUERY_CHARS = 2000
 INDEX_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # tenant names
@@ -34,10 +34,10 @@ ERROR_DESCRIPTIONS = {
 }
 
 
-def _int_not_bool_or_text(v):
-    if isinstance(v, (bool, str)):
+def _int_not_bool_or_text(value):
+    if isinstance(value, (bool, str)):
         raise ValueError("Input should be a valid integer")
-    return v
+    return value
 
 
 # Numbers as JSON Schema types them, so the published schema and the server agree on what is valid (the
@@ -97,10 +97,10 @@ class _Request(BaseModel):
 
     @field_validator("query")
     @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not re.search(NOT_BLANK, v):  # the schema's own pattern, so both agree on every character
+    def _not_blank(cls, value: str) -> str:
+        if not re.search(NOT_BLANK, value):  # the schema's own pattern, so both agree on every character
             raise ValueError("must not be empty or whitespace")
-        return v
+        return value
 
 
 class SearchRequest(_Request):
@@ -254,7 +254,8 @@ class CacheStatus(BaseModel):
     reachable: bool = Field(True, description="the deployment answered the status call")
     error: str | None = Field(None, description="why it did not")
     loaded: int | None = Field(None, description="tenant shards in the cache")
-    bytes: int | None = Field(None, description="their bytes (FAISS, row metadata, BM25, chunk table), within max_bytes")
+    bytes: int | None = Field(None, description="their bytes (FAISS, row metadata, BM25, chunk table), within "
+                                                "max_bytes")
     max_bytes: int | None = None
     hits: int = Field(0, description="since the replica started: shards served from memory (searches, fetches, "
                                      "warm-ups)")

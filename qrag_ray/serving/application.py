@@ -1,6 +1,7 @@
 """The Serve application: Router (ingress) -> ShardSearcher0 .. ShardSearcher{G-1} (each searching
-`shards_per_searcher` consecutive shard numbers) -> Synthesizer (only with args.generator). DEFAULT_OPTIONS are `qrag serve`'s deployment options without a config; a serve
-config's `deployments:` override them by name. Every queue is bounded (`max_queued_requests`): under a
+`shards_per_searcher` consecutive shard numbers) -> Synthesizer (only with args.generator). DEFAULT_OPTIONS
+are `qrag serve`'s deployment options without a config; a serve config's `deployments:` override them by
+name. Every queue is bounded (`max_queued_requests`): under a
 spike, callers get a fast 503 instead of an ever longer wait."""
 
 from __future__ import annotations
@@ -40,23 +41,23 @@ DEFAULT_OPTIONS: dict[str, dict] = {
 def _deployment(cls, name: str, overrides: dict[str, dict] | None, kind: str | None = None):
     """`cls` as deployment `name` with DEFAULT_OPTIONS[kind or name] under the overrides given for `name`."""
     base = dict(DEFAULT_OPTIONS[kind or name])
-    o = dict((overrides or {}).get(name) or {})
-    o.pop("name", None)
-    if "num_replicas" in o:  # a fixed replica count replaces autoscaling
+    given = dict((overrides or {}).get(name) or {})
+    given.pop("name", None)
+    if "num_replicas" in given:  # a fixed replica count replaces autoscaling
         base.pop("autoscaling_config", None)
-    if "ray_actor_options" in o:
-        o["ray_actor_options"] = {**base.get("ray_actor_options", {}), **o["ray_actor_options"]}
-    return serve.deployment(cls).options(**{**base, **o, "name": name})
+    if "ray_actor_options" in given:
+        given["ray_actor_options"] = {**base.get("ray_actor_options", {}), **given["ray_actor_options"]}
+    return serve.deployment(cls).options(**{**base, **given, "name": name})
 
 
 def shard_count(tenants) -> int:
     """ShardSearcher deployments needed: the most shards of any readable tenant index."""
     most = 0
-    for t in tenants.by_name.values():
+    for tenant in tenants.by_name.values():
         try:
-            most = max(most, load_manifest(resolve_index(t.index).dir).num_shards)
-        except QragError as e:  # one broken tenant must not take the others down: the admin status reports it
-            logger.error("tenant %r: %s", t.name, e)
+            most = max(most, load_manifest(resolve_index(tenant.index).dir).num_shards)
+        except QragError as error:  # one broken tenant must not take the others down: the admin status reports it
+            logger.error("tenant %r: %s", tenant.name, error)
     if most == 0:
         raise QragError("no tenant index could be read, so the number of shards is unknown: "
                         "fix the index path(s) or set args.shards")

@@ -46,16 +46,16 @@ class Coalescer(Generic[Item, Result]):
         self._keys: dict[Hashable, _Key] = {}
 
     async def submit(self, key: Hashable, item: Item) -> Result:
-        k = self._keys.get(key)
-        if k is None:
-            k = self._keys[key] = _Key()
+        queue = self._keys.get(key)
+        if queue is None:
+            queue = self._keys[key] = _Key()
         fut = asyncio.get_running_loop().create_future()  # a deadline cancels it, not the call
-        k.waiting.append((item, fut))
-        if self.max_items is not None and len(k.waiting) >= self.max_items:  # a full call: it starts now
-            full, k.waiting = k.waiting[:self.max_items], k.waiting[self.max_items:]
-            self._start(key, k, full)
-        elif k.running == 0:  # takes what is waiting when it runs (the callers of this same tick too)
-            self._start(key, k, None)
+        queue.waiting.append((item, fut))
+        if self.max_items is not None and len(queue.waiting) >= self.max_items:  # a full call: it starts now
+            full, queue.waiting = queue.waiting[:self.max_items], queue.waiting[self.max_items:]
+            self._start(key, queue, full)
+        elif queue.running == 0:  # takes what is waiting when it runs (the callers of this same tick too)
+            self._start(key, queue, None)
         return await fut
 
     def _start(self, key: Hashable, k: _Key, first: list | None) -> None:
@@ -77,21 +77,21 @@ class Coalescer(Generic[Item, Result]):
                 try:
                     results = await self.run(key, [i for i, _ in now])
                 except asyncio.CancelledError:  # the task itself (the loop shutting down): its callers fail with it
-                    for _, f in now:
-                        f.cancel()
+                    for _, future in now:
+                        future.cancel()
                     raise
-                except Exception as e:  # noqa: BLE001 - each caller gets the error (a model that fails to load)
-                    for _, f in now:
-                        if not f.done():
-                            f.set_exception(e)
+                except Exception as error:
+                    for _, future in now:
+                        if not future.done():
+                            future.set_exception(error)
                     continue
-                for (_, f), r in zip(now, results):
-                    if not f.done():
-                        f.set_result(r)
+                for (_, future), result in zip(now, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
         finally:
             k.running -= 1
             if k.running == 0:  # items still waiting here have no call left to take them (a cancelled task)
-                for _, f in k.waiting:
-                    f.cancel()
+                for _, future in k.waiting:
+                    future.cancel()
                 if self._keys.get(key) is k:
                     del self._keys[key]

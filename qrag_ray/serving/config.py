@@ -10,8 +10,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from qrag_ray.config.index import format_validation_error
-from qrag_ray.errors import QragError
 from qrag_ray.config.llm import LLMConfig
+from qrag_ray.errors import QragError
 from qrag_ray.runtime.ports import free_port
 from qrag_ray.serving.tenants import RateLimit, Tenants, load_tenants
 
@@ -47,11 +47,12 @@ def haproxy_env() -> dict[str, str]:
     under the temp dir (a short path: Serve adds a 56-character folder, and HAProxy refuses a socket path
     over 97 characters; `RAY_SERVE_HAPROXY_SERVER_STATE_BASE` names it for removal) and its metrics and
     stats on free ports, so two servers on one machine do not collide."""
-    d = Path(tempfile.mkdtemp(prefix="qh-"))
-    return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(d / "haproxy.cfg"),
-            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(d / "admin.sock"), "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(d),
-            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(d / "metrics.sock"),
-            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(d / "server-state"),
+    folder = Path(tempfile.mkdtemp(prefix="qh-"))
+    return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())}
 
 
@@ -61,7 +62,7 @@ def assigned_cpus() -> int:
         import ray
 
         return max(1, int(round(ray.get_runtime_context().get_assigned_resources().get("CPU") or 1)))
-    except Exception:  # noqa: BLE001 - outside Ray
+    except Exception:
         return 1
 
 
@@ -122,6 +123,6 @@ def parse_app_args(args: AppArgs | dict[str, Any] | None) -> AppArgs:
         return args
     try:
         return AppArgs.model_validate(args or {})
-    except ValidationError as e:
-        msg = format_validation_error(e).removeprefix("invalid configuration: ")
+    except ValidationError as error:
+        msg = format_validation_error(error).removeprefix("invalid configuration: ")
         raise QragError(f"invalid serve app args: {msg}") from None

@@ -31,9 +31,9 @@ class QueryEncoder:
         from qrag_ray.embedding import load_sentence_transformer
 
         torch.set_num_threads(self.threads)
-        st = load_sentence_transformer(name, device=None, threads=self.threads, dtype="auto")  # CUDA: half precision
+        model = load_sentence_transformer(name, device=None, threads=self.threads, dtype="auto")  # CUDA: half precision
         logger.info("query embedder loaded %s", name)
-        return st
+        return model
 
     async def model(self, name: str):
         fut = self._models.get(name)
@@ -42,11 +42,11 @@ class QueryEncoder:
             fut.add_done_callback(lambda f: self._models.pop(name) if f.cancelled() or f.exception() else None)
         return await asyncio.shield(fut)
 
-    def _encode(self, st, texts: list[str]) -> np.ndarray:
+    def _encode(self, model, texts: list[str]) -> np.ndarray:
         from qrag_ray.embedding import encode
 
         with self._lock:
-            return encode(st, texts)
+            return encode(model, texts)
 
     async def encode(self, texts: list[str], model: str) -> tuple[np.ndarray, int]:
         """One vector per text (a row each), from a model call shared with the callers waiting beside it; and
@@ -56,9 +56,10 @@ class QueryEncoder:
     async def _model_call(self, name: str, asked: list[list[str]]) -> list[tuple[np.ndarray, int]]:
         """One model call over the texts of every caller waiting (each caller's own slice back)."""
         texts = [t for ts in asked for t in ts]
-        vecs = await asyncio.to_thread(self._encode, await self.model(name), texts)
-        out, start = [], 0
-        for ts in asked:
-            out.append((vecs[start:start + len(ts)], len(texts)))
-            start += len(ts)
+        vectors = await asyncio.to_thread(self._encode, await self.model(name), texts)
+        out = []
+        start = 0
+        for caller_texts in asked:
+            out.append((vectors[start:start + len(caller_texts)], len(texts)))
+            start += len(caller_texts)
         return out

@@ -50,8 +50,8 @@ def _openapi() -> dict:
     bodies: an example the server itself rejects (no `query`) is not a truthful one."""
     if app.openapi_schema is None:
         for ops in FastAPI.openapi(app).get("paths", {}).values():  # FastAPI's own sets app.openapi_schema
-            for op in ops.values():
-                for media in (op.get("requestBody") or {}).get("content", {}).values():
+            for operation in ops.values():
+                for media in (operation.get("requestBody") or {}).get("content", {}).values():
                     if media.get("example") == {}:
                         media.pop("example")
     return app.openapi_schema
@@ -76,13 +76,13 @@ def _error(request: Request, status: int, kind: str, message: str, headers: dict
 
 
 @app.exception_handler(ApiError)
-async def _api_error(request: Request, e: ApiError):
-    return _error(request, e.status, e.kind, e.message, e.headers)
+async def _api_error(request: Request, error: ApiError):
+    return _error(request, error.status, error.kind, error.message, error.headers)
 
 
 @app.exception_handler(RequestValidationError)
-async def _validation_error(request: Request, e: RequestValidationError):
-    errs = e.errors()
+async def _validation_error(request: Request, error: RequestValidationError):
+    errs = error.errors()
     if any(err.get("type") == "json_invalid" for err in errs):
         return _error(request, 400, "malformed_json", "the request body is not valid JSON")
     detail = [{"loc": [x for x in err.get("loc", ()) if x != "body"] or ["body"],
@@ -98,16 +98,16 @@ async def _validation_error(request: Request, e: RequestValidationError):
 
 
 @app.exception_handler(StarletteHTTPException)
-async def _http_error(request: Request, e: StarletteHTTPException):
-    kind = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
-    msg = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
-    return _error(request, e.status_code, kind, msg, headers=getattr(e, "headers", None))
+async def _http_error(request: Request, error: StarletteHTTPException):
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+    msg = f"no route {request.method} {request.url.path}" if error.status_code in (404, 405) else str(error.detail)
+    return _error(request, error.status_code, kind, msg, headers=getattr(error, "headers", None))
 
 
 @app.exception_handler(Exception)
-async def _bug(request: Request, e: Exception):
+async def _bug(request: Request, error: Exception):
     logger.exception("unhandled error in %s %s", request.method, request.url.path)
-    return _error(request, 500, "internal", f"internal error ({type(e).__name__}); see the Router replica log")
+    return _error(request, 500, "internal", f"internal error ({type(error).__name__}); see the Router replica log")
 
 
 class _Timing:
@@ -120,7 +120,7 @@ class _Timing:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         status = [500]
         state = scope.setdefault("state", {})
 
@@ -132,7 +132,7 @@ class _Timing:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            metrics_of(scope["app"]).latency.observe((time.perf_counter() - t0) * 1000, tags={
+            metrics_of(scope["app"]).latency.observe((time.perf_counter() - started) * 1000, tags={
                 "route": _route_of(scope), "tenant": state.get("tenant") or "-", "status": str(status[0])})
 
 

@@ -15,12 +15,12 @@ from qrag_ray.serving.tenants import Tenants, load_tenants
 logger = logging.getLogger("ray.serve")
 
 
-def _identity(p: Path) -> tuple | None:
+def _identity(path: Path) -> tuple | None:
     try:
-        st = os.stat(p)  # follows symlinks: a ConfigMap swap changes the target's identity
+        status = os.stat(path)  # follows symlinks: a ConfigMap swap changes the target's identity
     except OSError:
         return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return (status.st_ino, status.st_size, status.st_mtime_ns)
 
 
 class TenantRegistry:
@@ -45,8 +45,8 @@ class TenantRegistry:
         self._seen = ident
         try:
             tenants = load_tenants(self.path)
-        except QragError as e:
-            self.error = f"kept the previous tenants table: {e}"
+        except QragError as error:
+            self.error = f"kept the previous tenants table: {error}"
             logger.error("tenants file %s: %s", self.path, self.error)
             return False
         self.tenants, self.error = tenants, None

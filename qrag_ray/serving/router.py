@@ -89,7 +89,7 @@ class Router:
                 if first:  # the first tenants' models and shards are loaded: what the replica keeps
                     freeze_long_lived()
                 first, self._ready = False, True
-            except Exception:  # noqa: BLE001 - the watcher must outlive any one bad tenant
+            except Exception:
                 logger.exception("tenant watcher pass failed")
             await asyncio.sleep(self.args.tenants_reload_s)
 
@@ -115,51 +115,51 @@ class Router:
             async with asyncio.timeout(self.args.request_timeout_s):  # in this request's task: no task of its own
                 return await coro
         except TimeoutError:
-            at = stage.get("stage", "starting")
+            where = stage.get("stage", "starting")
             raise ApiError(504, "deadline_exceeded", "the request did not finish within its "
-                           f"{self.args.request_timeout_s:g} s deadline (it was {at})") from None
+                           f"{self.args.request_timeout_s:g} s deadline (it was {where})") from None
         finally:
             self._inflight -= 1
 
     async def _retrieve(self, request: Request, tenant: Tenant, req: m._Request, stage: dict):
         """(the retrieval, the HyDE passage) for the request's query."""
         text, hypothetical = await self.answerer.query_text(req, stage)
-        r = await self.passes.search(tenant, req, text, stage)
+        routed = await self.passes.search(tenant, req, text, stage)
         metrics = metrics_of(request.app)
-        metrics.before.observe(r.timings.candidates, tags={"tenant": tenant.name})
-        metrics.after.observe(len(r.results), tags={"tenant": tenant.name})
-        return r, hypothetical
+        metrics.before.observe(routed.timings.candidates, tags={"tenant": tenant.name})
+        metrics.after.observe(len(routed.results), tags={"tenant": tenant.name})
+        return routed, hypothetical
 
     # ---- routes --------------------------------------------------------------------------------
     @app.post("/v1/search", response_model=m.SearchResponse, responses=_QUERY_ERRORS, dependencies=[bearer])
     async def search(self, req: m.SearchRequest, request: Request) -> m.SearchResponse:
         """Top k distinct chunks for a query (exactly k when the index has them)."""
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         tenant = self._auth(request, req.index)
         stage: dict = {}
 
         async def run():
-            r, hypothetical = await self._retrieve(request, tenant, req, stage)
-            return m.SearchResponse(results=r.results, index=tenant.name, index_version=r.index_version,
-                                    mode=req.mode, took_ms=(time.perf_counter() - t0) * 1000,
-                                    hypothetical=hypothetical, query_vector=r.query_vector, timings=r.timings)
+            routed, hypothetical = await self._retrieve(request, tenant, req, stage)
+            return m.SearchResponse(results=routed.results, index=tenant.name, index_version=routed.index_version,
+                                    mode=req.mode, took_ms=(time.perf_counter() - started) * 1000,
+                                    hypothetical=hypothetical, query_vector=routed.query_vector, timings=routed.timings)
 
         return await self._deadline(run(), stage)
 
     @app.post("/v1/answer", response_model=m.AnswerResponse, responses=_QUERY_ERRORS, dependencies=[bearer])
     async def answer(self, req: m.AnswerRequest, request: Request) -> m.AnswerResponse:
         """An answer synthesized from the retrieved chunks with [n] citations, or "I don't know"."""
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         tenant = self._auth(request, req.index)
         self.answerer.require("/v1/answer")
         stage: dict = {}
 
         async def run():
-            r, _ = await self._retrieve(request, tenant, req, stage)
-            answer, citations = await self.answerer.answer(req.query, r.results, req.max_tokens, stage)
-            return m.AnswerResponse(answer=answer, citations=citations, results=r.results, index=tenant.name,
-                                    index_version=r.index_version, mode=req.mode,
-                                    took_ms=(time.perf_counter() - t0) * 1000)
+            routed, _ = await self._retrieve(request, tenant, req, stage)
+            answer, citations = await self.answerer.answer(req.query, routed.results, req.max_tokens, stage)
+            return m.AnswerResponse(answer=answer, citations=citations, results=routed.results, index=tenant.name,
+                                    index_version=routed.index_version, mode=req.mode,
+                                    took_ms=(time.perf_counter() - started) * 1000)
 
         return await self._deadline(run(), stage)
 
@@ -188,15 +188,16 @@ class Router:
         """The indexes this key may query (its tenant's)."""
         tenant = self._auth(request)
         try:
-            ti = await self.versions.current(tenant)
-        except ApiError as e:
+            version = await self.versions.current(tenant)
+        except ApiError as error:
             return m.IndexesResponse(indexes=[m.IndexInfo(name=tenant.name, index_version=None, representation=None,
                                                           num_shards=None, embedder=None, available=False,
-                                                          error=e.message)])
-        mf = ti.manifest
+                                                          error=error.message)])
+        manifest = version.manifest
         return m.IndexesResponse(indexes=[m.IndexInfo(
-            name=tenant.name, index_version=ti.index_version, representation=mf.representation, num_shards=ti.num_shards,
-            embedder=ti.embedder, counts=mf.counts.model_dump() if mf.counts else {}, available=True)])
+            name=tenant.name, index_version=version.index_version, representation=manifest.representation,
+            num_shards=version.num_shards, embedder=version.embedder,
+            counts=manifest.counts.model_dump() if manifest.counts else {}, available=True)])
 
     @app.get("/healthz", response_model=m.HealthResponse)
     async def healthz(self) -> m.HealthResponse:
@@ -236,20 +237,20 @@ class Router:
                                                        loaded_at=reg.loaded_at, error=reg.error),
                              inflight=self._inflight)
 
-    def _tenant_status(self, t: Tenant, shard_problems: list[dict]) -> m.TenantStatus:
-        active = self.versions.active.get(t.name)
-        newest, problem = self.versions.newest(t)
+    def _tenant_status(self, tenant: Tenant, shard_problems: list[dict]) -> m.TenantStatus:
+        active = self.versions.active.get(tenant.name)
+        newest, problem = self.versions.newest(tenant)
         versions = {x.index_version for x in (active, newest) if x is not None}
         problems = ([problem] if problem else []) + [f"shard {p['shard']}: {p['reason']}" for p in shard_problems
                                                      if p["version"] in versions]
         known = active or newest
         return m.TenantStatus(
-            name=t.name, status="error" if problems else "ok", problems=problems,
+            name=tenant.name, status="error" if problems else "ok", problems=problems,
             searched_in=None if known is None else known.backend.path,
             serving_version=active.index_version if active else None,
             current_version=newest.index_version if newest else None,
             num_shards=known.num_shards if known else None,
-            rate_limit=t.rate_limit.model_dump() if t.rate_limit else None)
+            rate_limit=tenant.rate_limit.model_dump() if tenant.rate_limit else None)
 
     def check_health(self) -> None:
         """Serve's periodic probe: restart a replica whose tenant watcher died (it would stop seeing

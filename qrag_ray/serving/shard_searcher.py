@@ -84,7 +84,7 @@ class ShardSearcher:
         cold = [not self.cache.is_open(key, number) for number in numbers]
         shards = await asyncio.gather(*[self._open(key, number) for number in numbers])
         replies = await asyncio.to_thread(search_shards, shards, vectors, batch, self.pool, True)
-        for reply, was_cold in zip(replies, cold):
+        for reply, was_cold in zip(replies, cold, strict=True):
             reply.cold = was_cold
             reply.replica = self.replica
         self.metrics.searched(key.tenant, replies)
@@ -150,7 +150,8 @@ class RemoteShards:
                     raise shard_unavailable(f"ShardSearcher{group}", type(error).__name__) from None
                 logger.warning("ShardSearcher%d replica failed (%s); retrying once", group, type(error).__name__)
 
-    async def search(self, key: VersionKey, num_shards: int, vectors: np.ndarray, batch: QueryBatch) -> list[ShardReply]:
+    async def search(self, key: VersionKey, num_shards: int, vectors: np.ndarray,
+                     batch: QueryBatch) -> list[ShardReply]:
         """Every shard's reply for the batch, one call per deployment."""
         calls = [self._call(group, "search", key, numbers, vectors, batch)
                  for group, numbers in enumerate(group_shards(num_shards, self.per))]

@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.errors import QragError
 from qrag_ray.index.format import Manifest
 from qrag_ray.index.versions import resolve_index
+from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.search.query import check_hybrid
-from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.serving.api_errors import ApiError, index_unavailable
 from qrag_ray.serving.shard_cache import VersionKey
-from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.serving.tenants import Tenant
 
 logger = logging.getLogger("ray.serve")
@@ -117,16 +117,16 @@ class TenantVersions:
         """(the version the tenant's path points at, the problem to report)."""
         try:
             return self.read(tenant.index), self.problems.get(tenant.name)
-        except QragError as e:
-            return None, str(e)
+        except QragError as error:
+            return None, str(error)
 
     async def check(self, tenant: Tenant, warm: bool) -> IndexVersion | None:
         """Resolve the tenant's index; switch to a new version only once every shard has loaded it."""
         old = self.active.get(tenant.name)
         try:
             version = self.read(tenant.index)
-        except QragError as e:
-            self.problems[tenant.name] = str(e)
+        except QragError as error:
+            self.problems[tenant.name] = str(error)
             return old
         if old is not None and (old.index_version, old.dir) == (version.index_version, version.dir):
             return old
@@ -137,15 +137,16 @@ class TenantVersions:
                 key = version.key(tenant.name)
                 await asyncio.gather(self.warm_encoder(version.embedder),
                                      *[version.backend.prepare(key, number) for number in range(version.num_shards)])
-            except (ApiError, QragError) as e:  # str(ApiError) is its message
+            except (ApiError, QragError) as error:  # str(ApiError) is its message
                 self.problems[tenant.name] = (f"version {version.index_version} failed to load, still serving "
-                                              f"{old.index_version}: {e}" if old else str(e))
+                                              f"{old.index_version}: {error}" if old else str(error))
                 self._retry_at[(tenant.name, version.index_version)] = self.clock() + self.retry_s
                 return old
         self.active[tenant.name] = version
         self.problems.pop(tenant.name, None)
         if old is not None:
-            logger.info("tenant %r now serves index version %s (was %s)", tenant.name, version.index_version, old.index_version)
+            logger.info("tenant %r now serves index version %s (was %s)", tenant.name, version.index_version,
+                        old.index_version)
             self._retire_later(old, tenant.name, self.retire_after_s)
         return version
 

@@ -19,10 +19,10 @@ from typing import Iterator
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from qrag_ray.errors import QragError
 from qrag_ray.config.yaml_file import read_yaml
-from qrag_ray.serving.api_models import INDEX_NAME
+from qrag_ray.errors import QragError
 from qrag_ray.serving.api_errors import ApiError, forbidden, unauthorized
+from qrag_ray.serving.api_models import INDEX_NAME
 
 DEFAULT_TENANT = "default"
 KEY_PREFIX = "qrag_"

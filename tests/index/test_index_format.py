@@ -28,8 +28,8 @@ from qrag_ray.index.format import (
     verify_files,
     write_manifest,
 )
-from qrag_ray.search.shard import Shard
 from qrag_ray.index.writer import write_shard
+from qrag_ray.search.shard import Shard
 from qrag_ray.text.sentences import split_sentences
 
 # ---------------------------------------------------------------- manifest of a built index

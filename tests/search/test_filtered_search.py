@@ -69,7 +69,7 @@ def test_dense_filtered_equals_brute_force_over_the_subset(index, f, strategy, m
     qvecs = _queries()
     for k in (1, 5, 40):
         pages = engine.search_vectors(qvecs, k, filter=engine.compile_filter(f, doc_ids))
-        for page, truth in zip(pages, dense_truth(engine, qvecs, chosen)):
+        for page, truth in zip(pages, dense_truth(engine, qvecs, chosen), strict=True):
             ids = [r.chunk_id for r in page]
             assert len(ids) == min(k, len(chosen)) == len(set(ids))  # k distinct chunks whenever k pass
             assert ids == [c for c, _ in truth[:k]]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qrag_ray.search.merge import Hits, dedup, gather, merge_hits
 from qrag_ray.config.search_policy import SearchConfig
+from qrag_ray.search.merge import Hits, dedup, gather, merge_hits
 
 
 def hits(shard, scores, chunks, lex_scores, lex_chunks, kinds=None):
@@ -23,7 +23,7 @@ def hits(shard, scores, chunks, lex_scores, lex_chunks, kinds=None):
 def test_bm25_is_divided_by_the_best_score_over_all_shards():
     per = [hits(0, [0.9], [1], [4.0, 1.0], [1, 3]), hits(1, [0.5], [2], [8.0, 0.0], [2, -1])]
     c = gather(per)
-    assert dict(zip(c.lex_chunks.tolist(), c.lex_scores.tolist())) == {1: 0.5, 3: 0.125, 2: 1.0}
+    assert dict(zip(c.lex_chunks.tolist(), c.lex_scores.tolist(), strict=True)) == {1: 0.5, 3: 0.125, 2: 1.0}
     assert c.lex_floor == pytest.approx(0.125)  # shard 0's list is full: unseen chunks there score <= 1/8
 
 
@@ -121,8 +121,8 @@ def test_normalisation_changes_which_channel_decides():
     the best lets BM25 decide at alpha 0.5; z-scores weigh the two spreads alike."""
     import numpy as np
 
-    from qrag_ray.search.merge import Candidates, hybrid_scores
     from qrag_ray.config.search_policy import SearchConfig
+    from qrag_ray.search.merge import Candidates, hybrid_scores
 
     dense = {1: 0.56, 2: 0.50, 3: 0.53}
     c = Candidates(np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64),

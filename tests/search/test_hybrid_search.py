@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.errors import QragError
 from qrag_ray.search.engine import SearchEngine
-from qrag_ray.config.search_policy import SearchConfig
 
 pytestmark = pytest.mark.integration  # real Ray, MiniLM, FAISS or Serve
 
@@ -73,7 +73,7 @@ def test_scores_decompose_into_alpha_dense_plus_bm25(hybrid_index, minilm):
     for q in QUERIES:
         res = engine.search([q], k=8)[0]
         assert len(res) == 8 == len({r["chunk_id"] for r in res})
-        assert all(a["score"] >= b["score"] for a, b in zip(res, res[1:]))
+        assert all(a["score"] >= b["score"] for a, b in zip(res, res[1:], strict=True))
         for r in res:
             assert 0.0 <= r["bm25"] <= 1.0
             if r["matched"]:  # max fusion: the dense part is the best vector's cosine

@@ -59,7 +59,7 @@ class StandInShards:
             reply = ShardReply.of(shard, hits)
             reply.candidates = [len(query_hits.rows) for query_hits in hits]
             for query_hits in hits:
-                for row, chunk in zip(query_hits.rows.tolist(), query_hits.chunk_idx.tolist()):
+                for row, chunk in zip(query_hits.rows.tolist(), query_hits.chunk_idx.tolist(), strict=True):
                     reply.row_texts[row] = ("question", self.rows[(shard, row)][1])
                     reply.chunks[chunk] = self.meta(chunk)
             replies.append(reply)

@@ -3,6 +3,8 @@ max-per-chunk over every vector of the index computed here with numpy."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -26,7 +28,7 @@ def brute_force(data, qvec: np.ndarray, k: int) -> tuple[list[int], list[float],
     vecs = np.concatenate([s["vectors"] for s in data["shards"]])
     scores = vecs @ qvec
     best: dict[int, float] = {}
-    for c, s in zip(cidx.tolist(), scores.tolist()):
+    for c, s in zip(cidx.tolist(), scores.tolist(), strict=True):
         best[c] = max(best.get(c, -2.0), s)
     top = sorted(best, key=lambda c: -best[c])[:k]
     top_vec_chunks = cidx[np.argsort(-scores)[:k]].tolist()
@@ -47,7 +49,7 @@ def test_k_distinct_chunks_are_the_true_top_k(engines, name, k):
     engine, data = engines[name]
     qvecs = engine.embed(QUERIES)
     crowded = 0
-    for q, qv in zip(QUERIES, qvecs):
+    for q, qv in zip(QUERIES, qvecs, strict=True):
         res = engine.search([q], k=k)[0]
         ids = [r["chunk_id"] for r in res]
         assert len(ids) == k == len(set(ids))
@@ -55,7 +57,7 @@ def test_k_distinct_chunks_are_the_true_top_k(engines, name, k):
         idx_of = {r["chunk_idx"]: r["chunk_id"] for r in data["chunks"].to_pylist()}
         assert ids == [idx_of[c] for c in want]
         np.testing.assert_allclose([r["score"] for r in res], want_scores, atol=1e-4)
-        assert all(a["score"] >= b["score"] for a, b in zip(res, res[1:]))
+        assert all(a["score"] >= b["score"] for a, b in pairwise(res))
         crowded += len(set(top_vec_chunks)) < k
     if k > 1:
         # the case dedup exists for: the top k vectors belong to fewer than k chunks

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_openai_server import running_fake_openai
 
+from fake_openai_server import running_fake_openai
 from qrag_ray.runtime.ports import free_port
 from support.corpus import topic_records, write_jsonl
 from support.indexes import shared_build

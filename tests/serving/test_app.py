@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
 from qrag_ray.index.format import load_manifest
 from support.serving_data import ALPHA_TOPICS, BETA_TOPICS, HYDE_PASSAGE, IDK_MARKER
 
@@ -115,7 +116,7 @@ def test_results_equal_in_process_search(served, prefix, tenant, open_engine):
             assert got["index_version"] == engine.manifest.index_version
             assert (got["timings"]["path"], got["timings"]["embed_batch"]) == ("router", 1)  # a lone request: a batch of one
             assert [x["chunk_id"] for x in got["results"]] == [x["chunk_id"] for x in want]
-            for g, w in zip(got["results"], want):
+            for g, w in zip(got["results"], want, strict=True):
                 assert g["score"] == pytest.approx(w["score"], abs=1e-4)
                 assert [(m["kind"], m["text"]) for m in g["matched"]] == [(m["kind"], m["text"]) for m in w["matched"]]
                 assert (g["doc_id"], g["title"], g["text"]) == (w["doc_id"], w["title"], w["text"])
@@ -130,7 +131,7 @@ def test_concurrent_requests_are_batched_and_rank_as_in_process(served, open_eng
 
     engine = open_engine(served["alpha"])
     queries = [f"{q} ({i})" for i in range(8) for q in QUERIES]
-    want = {q: [x["chunk_id"] for x in r] for q, r in zip(queries, engine.search(queries, k=5))}
+    want = {q: [x["chunk_id"] for x in r] for q, r in zip(queries, engine.search(queries, k=5), strict=True)}
     url, headers = str(served["client"].base_url), auth(served, "alpha")
 
     def one(q):
@@ -158,7 +159,7 @@ def test_hybrid_tenant_equals_in_process_hybrid_search(served, open_engine):
         want = engine.search([q], k=10)[0]
         got = search(served, {"query": q, "k": 10}, tenant="delta").json()["results"]
         assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert g["score"] == pytest.approx(w["score"], abs=1e-4)
             assert g["bm25"] == pytest.approx(w["bm25"], abs=1e-4) and 0 <= g["bm25"] <= 1
             assert g["text"] == w["text"]

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from qrag_ray.errors import QragError
-from qrag_ray.serving.config import parse_app_args
 from qrag_ray.serving.app_metrics import EXPORTED_METRICS
+from qrag_ray.serving.config import parse_app_args
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "serve_configs").glob("*.yaml"))

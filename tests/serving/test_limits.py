@@ -8,12 +8,11 @@ import os
 import pytest
 
 from qrag_ray.errors import QragError
+from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.serving.api_errors import ApiError
 from qrag_ray.serving.ratelimit import RateLimiter, TokenBucket
 from qrag_ray.serving.registry import TenantRegistry
-from qrag_ray.runtime.byte_lru import ByteLRU
-from qrag_ray.serving.tenants import (add_tenant, hash_key, load_tenants, remove_tenant, rotate_key,
-                                      set_admin_key)
+from qrag_ray.serving.tenants import add_tenant, hash_key, load_tenants, remove_tenant, rotate_key, set_admin_key
 
 
 # ---------------------------------------------------------------------------------- rate limits

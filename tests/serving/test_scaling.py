@@ -64,7 +64,7 @@ def test_a_tenants_queries_stay_on_the_replicas_that_hold_it_and_another_tenant_
             again = _search(client, headers["alpha"])
             assert again["cold_loads"] == 0 and again["shard_replicas"] == alpha, again
         beta = _search(client, headers["beta"])  # a tenant nobody holds goes to the replica holding fewest
-        assert beta["cold_loads"] == 3 and all(b != a for a, b in zip(alpha, beta["shard_replicas"])), (alpha, beta)
+        assert beta["cold_loads"] == 3 and all(b != a for a, b in zip(alpha, beta["shard_replicas"], strict=True)), (alpha, beta)
         time.sleep(1.0)
         for t, replicas in (("beta", beta["shard_replicas"]), ("alpha", alpha)):
             again = _search(client, headers[t])

@@ -10,8 +10,8 @@ import pytest
 
 from qrag_ray.errors import QragError
 from qrag_ray.serving.api_errors import ApiError, shard_unavailable
-from qrag_ray.serving.tenants import Tenant
 from qrag_ray.serving.tenant_versions import IndexVersion, TenantVersions
+from qrag_ray.serving.tenants import Tenant
 
 ALPHA = Tenant(name="alpha", index="/idx/alpha")
 BETA = Tenant(name="beta", index="/idx/beta")

@@ -7,8 +7,18 @@ import yaml
 
 from qrag_ray.errors import QragError
 from qrag_ray.serving.api_errors import ApiError
-from qrag_ray.serving.tenants import (DEFAULT_TENANT, Tenant, Tenants, add_tenant, hash_key, load_tenants,
-                                      new_key, remove_tenant, rotate_key, set_admin_key)
+from qrag_ray.serving.tenants import (
+    DEFAULT_TENANT,
+    Tenant,
+    Tenants,
+    add_tenant,
+    hash_key,
+    load_tenants,
+    new_key,
+    remove_tenant,
+    rotate_key,
+    set_admin_key,
+)
 
 
 def test_add_tenant_stores_only_the_hash(tmp_path):
