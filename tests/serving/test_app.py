@@ -516,7 +516,7 @@ def test_filtered_search_is_exact_served_as_in_process(served, f):
     engines = {a: SearchEngine(served["delta"], policy=SearchConfig().with_bm25_alpha(a) if a is not None else None)
                for a in (None, 0.0, 1.0)}  # the index's hybrid 0.7, BM25 alone, dense alone
     chosen = _chosen(f)
-    n_chosen = sum(1 for ls in engines[None].shards for d in ls.chunks[1].to_pylist() if d in chosen)
+    n_chosen = sum(1 for shard in engines[None].shards for d in shard.chunk_columns[1].to_pylist() if d in chosen)
     q = QUERIES[0]
     for alpha, engine in engines.items():
         for k in (3, 30):
