@@ -67,8 +67,8 @@ def register(app: typer.Typer) -> None:
             raise QragError("give --id ID (repeatable) or --filter JSON: one of the two")
         try:
             selector: dict[str, Any] = {"ids": doc_id} if doc_id else {"filter": parse_filter(filter_json)}
-        except ValueError as e:
-            raise QragError(str(e)) from None
+        except ValueError as error:
+            raise QragError(str(error)) from None
         with _client(url, key) as client:
             receipt = _call(client.delete, index=index, **selector)
             print(_receipt_line(receipt))
@@ -130,11 +130,11 @@ def _call(method: Any, *args: Any, **kwargs: Any) -> Any:
 
     try:
         return method(*args, **kwargs)
-    except ValidationError as e:
-        raise QragError(f"invalid request: {e.errors()[0]['msg']} ({'.'.join(map(str, e.errors()[0]['loc']))})") \
-            from None
-    except QragClientError as e:
-        raise QragError(str(e)) from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise QragError(f"invalid request: {first['msg']} ({'.'.join(map(str, first['loc']))})") from None
+    except QragClientError as error:
+        raise QragError(str(error)) from None
 
 
 def _receipt_line(receipt: WriteReceipt) -> str:
