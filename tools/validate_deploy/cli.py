@@ -11,7 +11,7 @@ from typing import Iterable
 
 import yaml
 
-from tools.validate_deploy import REPO, kuberay, launcher, monitoring, pods, security, serve
+from tools.validate_deploy import REPO, autoscaling, kuberay, launcher, monitoring, pods, security, serve
 from tools.validate_deploy.render import RenderError, load_docs, render_kustomization, render_with_components
 
 OVERLAYS = {"cpu-dev": {"gpu": False}, "gpu-prod": {"gpu": True}}
@@ -54,6 +54,7 @@ def validate_docs(docs: list[dict], *, require_gpu: bool, canonical_serve: dict 
             report.extend(w, kuberay.check_rayservice(d, require_gpu=require_gpu, canonical=canonical_serve))
             report.extend(w, security.check_ray_resource(d))
             report.extend(w, pods.check_pods(d))
+            autoscaling.validate(d, report, w)
         elif d["kind"] == "RayJob":
             report.extend(w, kuberay.check_rayjob(d, require_gpu=require_gpu, configmaps=configmaps))
             report.extend(w, security.check_ray_resource(d))
