@@ -74,6 +74,7 @@ class NodeSpec:
     readonly: list[str] = field(default_factory=list)  # folders the node's processes cannot write
     ip: str = HOST  # the node's address: its pod's own in a network of pods (cluster/pod_network.py)
     netns: list[str] = field(default_factory=list)  # argv prefix that runs in the node's network, if its own
+    start_args: list[str] = field(default_factory=list)  # more `ray start` flags (e.g. --autoscaling-config)
 
 
 @dataclass
@@ -90,6 +91,7 @@ class NodeShape:
     readonly: list[str] = field(default_factory=list)
     ip: str = HOST
     netns: list[str] = field(default_factory=list)
+    start_args: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -146,7 +148,8 @@ def plan_nodes(base: int, workers: int, worker_cpus: int, head_cpus: int,
             dashboard_agent_listen_port=offset + 6, dashboard_agent_grpc_port=offset + 7,
             runtime_env_agent_port=offset + 8, min_worker_port=worker_port,
             max_worker_port=worker_port + WORKER_PORT_BLOCK - 1, num_gpus=shape.num_gpus, memory=shape.memory,
-            env=dict(shape.env), readonly=list(shape.readonly), ip=shape.ip, netns=list(shape.netns)))
+            env=dict(shape.env), readonly=list(shape.readonly), ip=shape.ip, netns=list(shape.netns),
+            start_args=list(shape.start_args)))
     return specs
 
 
@@ -240,7 +243,7 @@ def ray_start_command(state: ClusterState, node: NodeSpec, object_store_mb: int)
                 "--dashboard-port", str(state.base_port + 2)]
     else:
         cmd += ["--address", state.address]
-    return node.netns + readonly_wrapper(node.readonly) + cmd
+    return node.netns + readonly_wrapper(node.readonly) + cmd + node.start_args
 
 
 # ---------------------------------------------------------------- cluster state

@@ -154,9 +154,15 @@ def replicas_per_pod(rehearsal: ServiceRehearsal, status: dict) -> dict[str, int
 def deploy(rehearsal: ServiceRehearsal, timeout: float = 600.0) -> dict:
     """PUT serveConfigV2 on the head's dashboard as KubeRay's controller does, then wait for every app to be
     RUNNING; returns the dashboard's last answer. A failed deploy (DEPLOY_FAILED) ends the wait."""
-    url = f"{rehearsal.state.dashboard_url}/api/serve/applications/"
-    headers = {"Authorization": f"Bearer {rehearsal.token}"}
-    put = httpx.put(url, json=rehearsal.serve_config, headers=headers, timeout=60)
+    return deploy_config(rehearsal.state.dashboard_url, rehearsal.token, rehearsal.serve_config, timeout)
+
+
+def deploy_config(dashboard_url: str, token: str, serve_config: dict, timeout: float = 600.0) -> dict:
+    """PUT a serve config on a dashboard with the cluster's token (what KubeRay's controller does with
+    serveConfigV2) and wait for every app to be RUNNING; returns the dashboard's last answer."""
+    url = f"{dashboard_url}/api/serve/applications/"
+    headers = {"Authorization": f"Bearer {token}"}
+    put = httpx.put(url, json=serve_config, headers=headers, timeout=60)
     if put.status_code != 200:
         raise RuntimeError(f"the dashboard refused the serve config: HTTP {put.status_code} {put.text[:500]}")
     deadline = time.monotonic() + timeout

@@ -15,6 +15,7 @@ overlays, Ray's own ServeDeploySchema and cluster-launcher schema validate, clic
     python -m tools.validate_deploy --sync-serve-config    # regenerate serveConfigV2 from serve_configs/
 
 Modules: render (kustomize), serve (Serve config), kuberay (cluster specs, RayService, RayJob),
+autoscaling (KubeRay's autoscaler options, Serve's replicas against the pods it may start),
 security (auth, policies, pod security, tenants), monitoring (PodMonitors, dashboard), launcher
 (cluster launcher), cli (whole overlays and the command line).
 """

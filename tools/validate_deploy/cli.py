@@ -11,7 +11,7 @@ from typing import Iterable
 
 import yaml
 
-from tools.validate_deploy import REPO, kuberay, launcher, monitoring, pods, security, serve
+from tools.validate_deploy import REPO, autoscaling, kuberay, launcher, monitoring, pods, security, serve
 from tools.validate_deploy.render import RenderError, load_docs, render_kustomization, render_with_components
 
 OVERLAYS = {"cpu-dev": {"gpu": False}, "gpu-prod": {"gpu": True}}
@@ -55,6 +55,7 @@ def validate_docs(docs: list[dict], *, require_gpu: bool, canonical_serve: dict 
             report.extend(resource, kuberay.check_rayservice(doc, require_gpu=require_gpu, canonical=canonical_serve))
             report.extend(resource, security.check_ray_resource(doc))
             report.extend(resource, pods.check_pods(doc))
+            autoscaling.validate(doc, report, resource)
         elif doc["kind"] == "RayJob":
             report.extend(resource, kuberay.check_rayjob(doc, require_gpu=require_gpu, configmaps=configmaps))
             report.extend(resource, security.check_ray_resource(doc))
