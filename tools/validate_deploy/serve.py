@@ -78,16 +78,16 @@ def load_canonical_serve_config(path: Path = SERVE_CONFIG) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
-def embed_serve_config(rayservice_text: str, serve_yaml_text: str) -> str:
-    """Replace the `serveConfigV2: |` block of a RayService file (keeping its comments) with the
-    canonical serve config, comments included, indented as a YAML block scalar."""
+def embed_serve_config(rayservice_text: str, serve_yaml_text: str, key: str = "serveConfigV2") -> str:
+    """Replace the `<key>: |` block of a RayService file (keeping its comments) with the canonical serve
+    config, comments included, indented as a YAML block scalar (`key`: `value` in a JSON patch of it)."""
     lines = rayservice_text.splitlines(keepends=True)
     for i, ln in enumerate(lines):
-        m = re.match(r"^(\s*)serveConfigV2:\s*\|[-+]?\s*$", ln)
+        m = re.match(rf"^(\s*){key}:\s*\|[-+]?\s*$", ln)
         if m:
             break
     else:
-        raise ValueError("no `serveConfigV2: |` block in the RayService file")
+        raise ValueError(f"no `{key}: |` block in the file")
     key_indent = len(m.group(1))
     j = i + 1
     while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > key_indent):
