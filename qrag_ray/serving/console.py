@@ -37,7 +37,7 @@ CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; c
                  ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 # Scripts and styles only from the console's own files (no inline script or style, no eval), requests only
 # to this origin, no frames, no forms posted elsewhere, no referrer sent with the page's links.
-CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 ASSET_HEADERS = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Content-Type-Options": "nosniff",
                  "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
@@ -99,7 +99,7 @@ class Console:
         filter operators of each metadata field and what the search form may offer."""
         key = (ti.dir, ti.version, samples)
         task = self._summaries.get(key)
-        if task is None or (task.done() and task.exception() is not None):
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             # a task of its own: a request that misses its deadline leaves it running for the next one
             task = asyncio.ensure_future(asyncio.to_thread(summarize_index, ti.dir, samples))
             self._summaries.put(key, task, 1)
