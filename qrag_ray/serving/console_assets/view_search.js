@@ -374,7 +374,7 @@ function showCode(info, curlBox, pythonBox) {
   const url = serverUrl();
   const keyed = !keys.open();
   const curl = [`curl -s ${url}/v1/search`];
-  if (keyed) curl.push(`  -H "Authorization: Bearer $QRAG_KEY"`);
+  if (keyed) curl.push(`  -H "Authorization: Bearer $QRAG_API_KEY"`);
   curl.push(`  -H "Content-Type: application/json"`, `  -d ${shellQuote(JSON.stringify(body))}`);
   replace(curlBox, curl.join(" \\\n"));
   const args = [py(body.query), `k=${body.k}`];
@@ -384,7 +384,7 @@ function showCode(info, curlBox, pythonBox) {
   const lines = [];
   if (keyed) lines.push("import os", "");
   lines.push("from qrag_client import QragClient", "",
-    `with QragClient(${py(url)}${keyed ? ', api_key=os.environ["QRAG_KEY"]' : ""}) as qrag:`,
+    `with QragClient(${py(url)}${keyed ? ', api_key=os.environ["QRAG_API_KEY"]' : ""}) as qrag:`,
     `    page = qrag.search(${args.join(", ")})`,
     "    for r in page.results:",
     '        print(f"{r.score:.3f} {r.chunk_id} {r.matched_question}")');
