@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -342,6 +343,15 @@ def test_a_filtered_search_shows_only_matching_chunks_with_the_matched_question(
     assert '"filter":{"type":"eq","key":"group","value":"loops"}' in curl and "$QRAG_API_KEY" in curl
     assert 'filter={"type": "eq", "key": "group", "value": "loops"}' in python and "QragClient(" in python
     assert page.app["keys"]["docs"] not in curl + python
+    # what a developer copies runs as it is, and finds what the page shows
+    env = {**os.environ, "QRAG_API_KEY": page.app["keys"]["docs"]}
+    ran = subprocess.run([sys.executable, "-c", python], env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert [line.split()[1] for line in ran.stdout.splitlines()] == shown
+    assert "When does the else clause of a for loop run?" in ran.stdout.splitlines()[0]
+    if shutil.which("bash") and shutil.which("curl"):
+        ran = subprocess.run(["bash", "-c", curl], env=env, capture_output=True, text=True, timeout=60)
+        assert [r["chunk_id"] for r in json.loads(ran.stdout)["results"]] == shown, ran.stdout[:300]
     page.shoot("search")
     page.assert_clean()
 
@@ -449,6 +459,9 @@ def test_an_answer_links_its_citations_to_the_results(page):
     assert "[1]" in answer.text and "[2]" in answer.text
     page.wait_for("button.cite").click()
     assert page.driver.execute_script("return document.activeElement.id") == "result-1"
+    code = page.driver.execute_script("return document.getElementById('code-curl').textContent + "
+                                      "document.getElementById('code-python').textContent")
+    assert "/v1/answer" in code and "qrag.answer(" in code  # the code shown is the answer's call
     page.assert_clean()
 
 

@@ -149,6 +149,7 @@ function buildForm(info, parts) {
       if (answer) answer.disabled = false;
     }
     renderOutcome(parts.results, info);
+    showCode(info, parts.code, parts.python);
   }
 
   const form = h("form", {id: "search-form", class: "search-form", on: {
@@ -371,9 +372,10 @@ function showCode(info, curlBox, pythonBox) {
   const built = requestBody(info);
   const body = built.body || {query: state.form.query || "…"};
   if (!body.query) body.query = "…";
+  const answer = Boolean(state.outcome && state.outcome.kind === "answer"); // an answer on screen: its call
   const url = serverUrl();
   const keyed = !keys.open();
-  const curl = [`curl -s ${url}/v1/search`];
+  const curl = [`curl -s ${url}/v1/${answer ? "answer" : "search"}`];
   if (keyed) curl.push(`  -H "Authorization: Bearer $QRAG_API_KEY"`);
   curl.push(`  -H "Content-Type: application/json"`, `  -d ${shellQuote(JSON.stringify(body))}`);
   replace(curlBox, curl.join(" \\\n"));
@@ -385,8 +387,10 @@ function showCode(info, curlBox, pythonBox) {
   if (keyed) lines.push("import os", "");
   lines.push("from qrag_client import QragClient", "",
     `with QragClient(${py(url)}${keyed ? ', api_key=os.environ["QRAG_API_KEY"]' : ""}) as qrag:`,
-    `    page = qrag.search(${args.join(", ")})`,
-    "    for r in page.results:",
-    '        print(f"{r.score:.3f} {r.chunk_id} {r.matched_question}")');
+    ...(answer
+      ? [`    reply = qrag.answer(${args.join(", ")})`, "    print(reply.answer)",
+        "    for c in reply.citations:", '        print(f"[{c.n}] {c.chunk_id}")']
+      : [`    page = qrag.search(${args.join(", ")})`, "    for r in page.results:",
+        '        print(f"{r.score:.3f} {r.chunk_id} {r.matched_question}")']));
   replace(pythonBox, lines.join("\n"));
 }
