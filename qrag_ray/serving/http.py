@@ -125,8 +125,9 @@ async def _bug(request: Request, e: Exception):
 
 
 class _Timing:
-    """Request latency per route, tenant and status; plain ASGI, as Starlette's BaseHTTPMiddleware runs
-    every request through extra tasks and streams that cost more than the rest of a small request."""
+    """Request latency per route, tenant and status (the Prometheus histogram, and a tenant's API requests
+    in the console's window); plain ASGI, as Starlette's BaseHTTPMiddleware runs every request through
+    extra tasks and streams that cost more than the rest of a small request."""
 
     def __init__(self, asgi_app):
         self.app = asgi_app

@@ -4,12 +4,15 @@ against a real Serve app with the console on (slow tier): a filtered search show
 with the question that matched, a bad filter the API's message, a wrong key the 401's message, a
 `<script>` document stays text, the operate view counts new traffic, the keyboard alone reaches every
 step; every page loads with no request leaving the machine and no console error, each view paints within
-a second against the warm server. The same tests write the screenshots of docs/img/console-*.png.
+a second against the warm server. Each view's screenshot is taken on the way.
 
 Cost in the slow tier: one 2-shard index of 15 small documents (one build, ~30 s on 2 cores), one Serve
 app (Router, two ShardSearchers, the Synthesizer on the suite's fake LLM: ~30 s) and one browser for
-the module (~30 s of pages). Chromium comes from Debian's packages, installed by the `browser` fixture
-when missing (as root: `apt-get install -y chromium chromium-driver`); never a browser download."""
+the module (~40 s of pages). Chromium comes from Debian's packages, installed by the `chromium_binaries`
+fixture when missing (as root: `apt-get install -y chromium chromium-driver`); never a browser download.
+
+The screenshots of docs/img/console-*.png are these tests' own:
+    QRAG_CONSOLE_SCREENSHOTS=docs/img python -m pytest -m slow tests/serving/test_console.py"""
 
 from __future__ import annotations
 
@@ -29,7 +32,9 @@ from qrag_ray.serving.api_errors import ApiError
 from qrag_ray.serving.console import ASSET_HEADERS, CONTENT_SECURITY_POLICY, Console, asset_names
 
 ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOTS = ROOT / "docs" / "img"
+# The screenshots every run takes go to runs/ (ignored); QRAG_CONSOLE_SCREENSHOTS=docs/img refreshes the docs'
+# own copies, so that a plain `make test` leaves the tree as it found it.
+SCREENSHOTS = ROOT / os.environ.get("QRAG_CONSOLE_SCREENSHOTS", "runs/console-screenshots")
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 LOOPS = {"for", "while", "break", "continue"}  # the documents whose metadata group is "loops"
@@ -290,7 +295,7 @@ class Page:
         return urls
 
     def shoot(self, name: str) -> None:
-        """docs/img/console-<name>.png: the page as shown, down to the end of its content (at most 1600 px)."""
+        """console-<name>.png in SCREENSHOTS: the page as shown, down to the end of its content (at most 1600 px)."""
         height = min(1600, self.driver.execute_script("return document.documentElement.scrollHeight"))
         shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {
             "format": "png", "captureBeyondViewport": True,
@@ -527,25 +532,32 @@ def test_the_keyboard_alone_reaches_every_step(page):
 
 @pytest.mark.slow
 def test_each_view_paints_within_a_second_on_the_warm_server(page):
-    """First paint within a second, timed by the page itself from the start of its navigation, on a second
-    visit (the server warm, the browser's cache as a person has it); the view's content (its data read
-    through the API) within two, a guard against a view that waits on something slow."""
+    """First paint within a second, timed by the page itself from the start of its navigation, after a
+    first visit has warmed the server's reads of the view (the browser's cache as a person has it on a
+    second visit); the view's content (its data read through the API) within two, a guard against a view
+    that waits on something slow. The median of three visits: one visit on a busy shared box can lose a
+    time slice that is no property of the page."""
+    import statistics
+
     page.open()
     page.use_key()
     page.wait_for("#query")
     ready_at = ("const [selector, done] = arguments; const check = () => document.querySelector(selector) ? "
                 "done(performance.now()) : requestAnimationFrame(check); check();")
+    first_paint = "const p = performance.getEntriesByName('first-contentful-paint')[0]; return p ? p.startTime : null"
     timings = {}
     for view, ready in (("#/search", "#query"), ("#/index", ".sample"), ("#/chunk/for%230", ".vector-kind"),
                         ("#/operate", "#admin-key")):
-        for _ in range(2):  # the first visit warms the server's reads of this view
+        visits = []
+        for visit in range(4):  # the first warms the server's reads of this view
             page.driver.get("about:blank")
             page.open(view, fresh=False)
             content = page.driver.execute_async_script(ready_at, ready)
-        paint = page.driver.execute_script(
-            "const p = performance.getEntriesByName('first-contentful-paint')[0]; return p ? p.startTime : null")
-        timings[view] = (paint, content)
-    assert all(paint is not None and paint < PAINT_BUDGET_MS for paint, _ in timings.values()), timings
+            if visit:
+                visits.append((page.driver.execute_script(first_paint), content))
+        assert all(paint is not None for paint, _ in visits), (view, visits)
+        timings[view] = (statistics.median(p for p, _ in visits), statistics.median(c for _, c in visits))
+    print("first paint, content, median ms:", {v: (round(p), round(c)) for v, (p, c) in timings.items()})
+    assert all(paint < PAINT_BUDGET_MS for paint, _ in timings.values()), timings
     assert all(content < 2 * PAINT_BUDGET_MS for _, content in timings.values()), timings
-    print("first paint, content (ms):", {v: (round(p), round(c)) for v, (p, c) in timings.items()})
     page.assert_clean()
