@@ -126,6 +126,9 @@ def register(app: typer.Typer) -> None:
             "proxy", "--ingress", help="local Ray only: what answers on --port: `proxy`, Serve's HTTP proxy; "
             "`haproxy`, Serve's HAProxy ingress (less CPU per request); `direct`, the Router replica itself "
             "(experimental in Ray; more replicas: the next ports) (docs/SERVING.md)"),
+        console: bool | None = typer.Option(
+            None, "--console/--no-console", help="the browser console at /console (default: on, unless the "
+            "--config's args say `console: false`)"),
     ):
         """Serve an index (or many tenants' indexes) over HTTP with Ray Serve."""
         from qrag_ray.index.versions import resolve_index
@@ -133,6 +136,9 @@ def register(app: typer.Typer) -> None:
 
         data = load_serve_config(config) if config else None
         args, dep_opts, http = plan_from_config(data, index, tenants, llm_url, llm_model)
+        if console is not None:
+            args["console"] = console
+        args.setdefault("console", True)  # a person's own server: the console is what they look at it with
         if not args.get("index") and not args.get("tenants"):
             raise QragError("give --index DIR or --tenants FILE (or a --config whose args name one)")
         if args.get("index"):
@@ -186,7 +192,8 @@ def register(app: typer.Typer) -> None:
         if bad := [t for t in health.get("tenants", []) if t.get("status") != "ok"]:
             err.print(f"[yellow]serving, but with problems:[/] {json.dumps({t['name']: t['problems'] for t in bad})}")
         mode = "tenants (Bearer keys required)" if args.get("tenants") else "open default tenant (no key)"
-        err.print(f"qrag serving at {url}  ({mode}); API docs at {url}/docs")
+        err.print(f"qrag serving at {url}  ({mode}); API docs at {url}/docs"
+                  + (f"; console at {url}/console" if args["console"] else ""))
         if detach:
             return
         err.print("Ctrl-C to stop")

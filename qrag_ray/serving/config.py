@@ -102,6 +102,8 @@ class AppArgs(BaseModel):
     warm_tenants: int = Field(
         8, ge=0, description="tenants loaded on every shard at start-up (the rest load on first use)")
     default_rate_limit: RateLimit | None = Field(None, description="per-tenant limit for tenants without their own")
+    console: bool = Field(False, description="serve the browser console at /console (`qrag serve` turns it on "
+                                             "unless --no-console; a deployed config must say `console: true`)")
 
     @model_validator(mode="after")
     def _one_source(self) -> "AppArgs":

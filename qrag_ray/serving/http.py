@@ -34,6 +34,20 @@ def metrics_of(asgi_app):
     return asgi_app.state.metrics
 
 
+def window_of(asgi_app):
+    """The RequestWindow of this app in this process: the console's live per-tenant request figures."""
+    if getattr(asgi_app.state, "request_window", None) is None:
+        from qrag_ray.serving.request_window import RequestWindow
+
+        asgi_app.state.request_window = RequestWindow()
+    return asgi_app.state.request_window
+
+
+def in_request_window(route: str) -> bool:
+    """A tenant's API route (search, answer, fetch, indexes), not the console's or the admin's own reads."""
+    return route.startswith("/v1/") and not route.startswith(("/v1/console/", "/v1/admin/"))
+
+
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
 _HEADERS = {401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
             429: _RETRY_AFTER, 503: _RETRY_AFTER}
@@ -111,8 +125,9 @@ async def _bug(request: Request, error: Exception):
 
 
 class _Timing:
-    """Request latency per route, tenant and status; plain ASGI, as Starlette's BaseHTTPMiddleware runs
-    every request through extra tasks and streams that cost more than the rest of a small request."""
+    """Request latency per route, tenant and status (the Prometheus histogram, and a tenant's API requests
+    in the console's window); plain ASGI, as Starlette's BaseHTTPMiddleware runs every request through
+    extra tasks and streams that cost more than the rest of a small request."""
 
     def __init__(self, asgi_app):
         self.app = asgi_app
@@ -132,8 +147,13 @@ class _Timing:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            metrics_of(scope["app"]).latency.observe((time.perf_counter() - started) * 1000, tags={
-                "route": _route_of(scope), "tenant": state.get("tenant") or "-", "status": str(status[0])})
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            route = _route_of(scope)
+            tenant = state.get("tenant") or "-"
+            metrics_of(scope["app"]).latency.observe(elapsed_ms, tags={"route": route, "tenant": tenant,
+                                                               "status": str(status[0])})
+            if in_request_window(route):
+                window_of(scope["app"]).record(tenant, elapsed_ms, status[0])
 
 
 app.add_middleware(_Timing)

@@ -21,9 +21,10 @@ from qrag_ray.serving.answer import Answerer
 from qrag_ray.serving.api_errors import ApiError, overloaded
 from qrag_ray.serving.app_metrics import process_metrics
 from qrag_ray.serving.config import AppArgs
+from qrag_ray.serving.console import Console
 from qrag_ray.serving.encoder import QueryEncoder
 from qrag_ray.serving.fetcher import Fetcher
-from qrag_ray.serving.http import app, bearer, error_responses, metrics_of
+from qrag_ray.serving.http import app, bearer, error_responses, metrics_of, window_of
 from qrag_ray.serving.ratelimit import RateLimiter
 from qrag_ray.serving.registry import TenantRegistry
 from qrag_ray.serving.search_passes import SearchPasses
@@ -36,6 +37,7 @@ logger = logging.getLogger("ray.serve")
 
 _QUERY_ERRORS = error_responses(400, 401, 403, 404, 409, 422, 429, 501, 502, 503, 504)
 _FETCH_ERRORS = error_responses(401, 403, 404, 422, 429, 503, 504)
+_CONSOLE_ERRORS = error_responses(401, 403, 404, 422, 429, 503, 504)
 _INDEX = Query(None, pattern=m.INDEX_NAME, description="index name; defaults to the one the API key belongs to")
 
 
@@ -63,6 +65,7 @@ class Router:
         self.passes = SearchPasses(self.encoder, self.versions)
         self.fetcher = Fetcher(self.versions)
         self.answerer = Answerer(synthesizer, args.hyde_max_tokens, args.answer_min_cosine)
+        self.console = Console(args.console)
         self._inflight = 0
         self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished
         self._watcher: asyncio.Task | None = None
@@ -251,6 +254,62 @@ class Router:
             current_version=newest.index_version if newest else None,
             num_shards=known.num_shards if known else None,
             rate_limit=tenant.rate_limit.model_dump() if tenant.rate_limit else None)
+
+    # ---- the console (serving/console.py): its pages, and the reads they need that no route above gives
+    @app.get("/console", include_in_schema=False)
+    async def console_entry(self):
+        """The console's address without its slash: the browser is sent to `console/`."""
+        return self.console.entry()
+
+    @app.get("/console/", include_in_schema=False)
+    async def console_page(self):
+        """The console's page."""
+        return self.console.page()
+
+    @app.get("/console/{name}", include_in_schema=False)
+    async def console_asset(self, name: str):
+        """One of the console's script and style files."""
+        return self.console.asset(name)
+
+    @app.get("/v1/console/index", response_model=m.ConsoleIndex, responses=_CONSOLE_ERRORS, dependencies=[bearer],
+             tags=["console"])
+    async def console_index(self, request: Request, index: str | None = _INDEX,
+                            sample: int = Query(5, ge=0, le=20, description="sample chunks to show")) -> m.ConsoleIndex:
+        """The key's index as `qrag info` describes it, with its metadata fields' filter operators (the console)."""
+        tenant = self._auth(request, index)  # first: a request without a key is a 401 whether or not the console is on
+        self.console.require()
+        stage: dict = {"stage": "describing the index"}
+
+        async def run():
+            ti = await self.versions.current(tenant)
+            return await self.console.index(ti, tenant.name, self.args.generator is not None, sample)
+
+        return await self._deadline(run(), stage)
+
+    @app.get("/v1/console/vectors/{chunk_id:path}", response_model=m.ConsoleVectors, responses=_CONSOLE_ERRORS,
+             dependencies=[bearer], tags=["console"])
+    async def console_vectors(self, request: Request, chunk_id: str = Path(..., description="the chunk id"),
+                              index: str | None = _INDEX) -> m.ConsoleVectors:
+        """Every vector of one chunk: its kind and the text embedded (the console's chunk page)."""
+        tenant = self._auth(request, index)  # first: a request without a key is a 401 whether or not the console is on
+        self.console.require()
+        stage: dict = {"stage": "reading the chunk's vectors"}
+
+        async def run():
+            ti = await self.versions.current(tenant)
+            return await self.console.vectors(ti, tenant.name, chunk_id)
+
+        return await self._deadline(run(), stage)
+
+    @app.get("/v1/console/operate", response_model=m.ConsoleOperate, responses=error_responses(401, 403, 404),
+             dependencies=[bearer], tags=["console"])
+    async def console_operate(self, request: Request) -> m.ConsoleOperate:
+        """The admin status with each tenant's requests in this replica's last minute, index bytes and the
+        app's deployments (admin key only; the console's operate view)."""
+        status = await self.admin_status(request)  # the admin key's check first, as above
+        self.console.require()
+        window = window_of(request.app)
+        return await self.console.operate(status, dict(self.versions.active), window.stats(), window.seconds)
 
     def check_health(self) -> None:
         """Serve's periodic probe: restart a replica whose tenant watcher died (it would stop seeing

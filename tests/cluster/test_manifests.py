@@ -529,3 +529,91 @@ def test_cli_fails_a_single_manifest_without_the_lock_down(tmp_path, capsys, ren
     err = capsys.readouterr().err
     assert "token authentication is off" in err and "no default-deny ingress NetworkPolicy" in err
     assert validate_docs(rendered["cpu-dev"], require_gpu=False).ok
+
+
+# ---------------------------------------------------------------- the browser console (console.py)
+
+
+def _serve_apps(doc: dict) -> list[dict]:
+    return yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"]
+
+
+def test_the_console_is_off_in_the_base_and_every_shipped_overlay(rendered, canonical):
+    """The Serve app's console arg defaults off, and nothing shipped turns it on."""
+    from qrag_ray.serving.config import AppArgs
+
+    assert AppArgs(tenants="/t.yaml").console is False
+    assert all("console" not in app["args"] for app in canonical["applications"])
+    for overlay, docs in rendered.items():
+        assert all(not app["args"].get("console") for app in _serve_apps(_one(docs, "RayService"))), overlay
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAY_NAMES))
+def test_the_console_component_opens_the_console_and_nothing_else(overlay, rendered, canonical):
+    from tools.validate_deploy import console
+    from tools.validate_deploy.render import render_with_components
+
+    opened = render_with_components(OVERLAYS / overlay, [console.COMPONENT])
+    assert [app["args"]["console"] for app in _serve_apps(_one(opened, "RayService"))] == [True]
+    assert console.check_console_component(rendered[overlay], opened, canonical) == []
+    report = validate_docs(opened, require_gpu=OVERLAY_NAMES[overlay]["gpu"],
+                           canonical_serve=console.with_console(canonical), console_open=True)
+    assert report.ok, report.problems
+    # the same manifests without the component's explicit switch fail: the console is on
+    closed = validate_docs(opened, require_gpu=OVERLAY_NAMES[overlay]["gpu"],
+                           canonical_serve=console.with_console(canonical))
+    assert any("args.console is True" in p and "k8s/components/console" in p for p in closed.problems), closed.problems
+    # the NetworkPolicies are the overlay's own: the console rides the Serve port they already open
+    assert [d for d in opened if d["kind"] == "NetworkPolicy"] == [d for d in rendered[overlay]
+                                                                  if d["kind"] == "NetworkPolicy"]
+
+
+def test_planted_console_in_the_base_fails(rendered, canonical):
+    docs = copy.deepcopy(rendered["cpu-dev"])
+    svc = _one(docs, "RayService")
+    cfg = yaml.safe_load(svc["spec"]["serveConfigV2"])
+    cfg["applications"][0]["args"]["console"] = True
+    svc["spec"]["serveConfigV2"] = yaml.safe_dump(cfg)
+    report = validate_docs(docs, require_gpu=False, canonical_serve=cfg)
+    assert any("args.console is True" in p for p in report.problems), report.problems
+
+
+def test_planted_component_that_opens_more_than_the_console_fails(tmp_path, canonical):
+    """A component that also opens a port, or serves a stale config, is named by the validator."""
+    from tools.validate_deploy import console
+    from tools.validate_deploy.cli import Report, validate_console_component
+
+    shutil.copytree(REPO / "k8s", tmp_path / "k8s")
+    comp = tmp_path / "k8s" / "components" / "console"
+    kz = yaml.safe_load((comp / "kustomization.yaml").read_text())
+    opens_dashboard = "- op: add\n  path: /spec/ingress/0/ports/-\n  value: {protocol: TCP, port: 8265}\n"
+    kz["patches"].append({"target": {"kind": "NetworkPolicy", "name": "qrag-serve-http"}, "patch": opens_dashboard})
+    (comp / "kustomization.yaml").write_text(yaml.safe_dump(kz))
+    report = validate_console_component(tmp_path, canonical, Report())
+    assert any("changes more than serveConfigV2" in p for p in report.problems), report.problems
+    assert any("opens ports [8000, 8265] to any address" in p for p in report.problems), report.problems
+    stale = dict(canonical, http_options={**canonical["http_options"], "port": 9000})
+    report = validate_console_component(REPO, stale, Report())
+    assert any("--sync-serve-config" in p for p in report.problems), report.problems
+    assert validate_console_component(REPO, canonical, Report()).ok
+    assert console.console_serve_yaml("a: 1\nargs:\n  b: 2\n") == (
+        "a: 1\nargs:\n  console: true  # the browser console at /console (k8s/components/console)\n  b: 2\n")
+
+
+def test_sync_console_patch_regenerates_the_component_from_the_serve_config(tmp_path):
+    from tools.validate_deploy import console
+
+    patch = tmp_path / "patch.yaml"
+    patch.write_text("# generated\n- op: replace\n  path: /spec/serveConfigV2\n  value: |\n    old: 1\n")
+    serve_yaml = tmp_path / "serve.yaml"
+    serve_yaml.write_text("# c\napplications:\n  - name: a\n    import_path: m:f\n    args:\n      shards: 2\n")
+    assert console.sync_console_patch(patch, serve_yaml) is True
+    ops = yaml.safe_load(patch.read_text())
+    assert ops[0]["path"] == "/spec/serveConfigV2" and patch.read_text().startswith("# generated\n")
+    assert yaml.safe_load(ops[0]["value"]) == {"applications": [{"name": "a", "import_path": "m:f",
+                                                                  "args": {"console": True, "shards": 2}}]}
+    assert console.sync_console_patch(patch, serve_yaml) is False
+    from tools.validate_deploy.serve import SERVE_CONFIG, embed_serve_config
+
+    shipped = console.PATCH.read_text()  # the shipped patch is what the sync writes, comments included
+    assert embed_serve_config(shipped, console.console_serve_yaml(SERVE_CONFIG.read_text()), key="value") == shipped

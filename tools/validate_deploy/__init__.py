@@ -17,7 +17,8 @@ overlays, Ray's own ServeDeploySchema and cluster-launcher schema validate, clic
 Modules: render (kustomize), serve (Serve config), kuberay (cluster specs, RayService, RayJob),
 autoscaling (KubeRay's autoscaler options, Serve's replicas against the pods it may start),
 security (auth, policies, pod security, tenants), monitoring (PodMonitors, dashboard), launcher
-(cluster launcher), cli (whole overlays and the command line).
+(cluster launcher), console (the browser console: off as shipped, opened only by its component), cli
+(whole overlays and the command line).
 """
 
 from pathlib import Path

@@ -11,7 +11,7 @@ from typing import Iterable
 
 import yaml
 
-from tools.validate_deploy import REPO, autoscaling, kuberay, launcher, monitoring, pods, security, serve
+from tools.validate_deploy import REPO, autoscaling, console, kuberay, launcher, monitoring, pods, security, serve
 from tools.validate_deploy.render import RenderError, load_docs, render_kustomization, render_with_components
 
 OVERLAYS = {"cpu-dev": {"gpu": False}, "gpu-prod": {"gpu": True}}
@@ -38,7 +38,10 @@ class Report:
 
 
 def validate_docs(docs: list[dict], *, require_gpu: bool, canonical_serve: dict | None = None,
-                  exported: Iterable[str] | None = None, report: Report | None = None, where: str = "") -> Report:
+                  exported: Iterable[str] | None = None, report: Report | None = None, where: str = "",
+                  console_open: bool = False) -> Report:
+    """Every check of one set of manifests; `console_open`: rendered with k8s/components/console (else the
+    console must be off)."""
     report = report or Report()
     kinds = [d.get("kind") for d in docs]
     for need in ("RayJob", "RayService", "PodMonitor"):
@@ -53,6 +56,8 @@ def validate_docs(docs: list[dict], *, require_gpu: bool, canonical_serve: dict 
         resource = f"{where}{doc['kind']}/{doc['metadata']['name']}"
         if doc["kind"] == "RayService":
             report.extend(resource, kuberay.check_rayservice(doc, require_gpu=require_gpu, canonical=canonical_serve))
+            if not console_open:
+                report.extend(resource, console.check_console_off(console.serve_config_of(doc)))
             report.extend(resource, security.check_ray_resource(doc))
             report.extend(resource, pods.check_pods(doc))
             autoscaling.validate(doc, report, resource)
@@ -108,14 +113,37 @@ def validate_node_selectors(root: Path, report: Report) -> Report:
     return report
 
 
+def validate_console_component(root: Path, canonical: dict, report: Report) -> Report:
+    """The console component (k8s/components/console) on every overlay: it opens the console and nothing
+    else, and the opened manifests pass every other check."""
+    comp = root / "k8s" / "components" / "console"
+    if not comp.is_dir():
+        report.add("k8s/components", "no console component: the one way an operator opens /console")
+        return report
+    for name, opts in OVERLAYS.items():
+        where = f"{name} + components/console"
+        try:
+            plain = render_kustomization(root / "k8s" / "overlays" / name)
+            opened = render_with_components(root / "k8s" / "overlays" / name, [comp])
+        except (RenderError, OSError, yaml.YAMLError) as e:
+            report.add(where, f"cannot render: {e}")
+            continue
+        report.extend(where, console.check_console_component(plain, opened, canonical))
+        validate_docs(opened, require_gpu=opts["gpu"], canonical_serve=console.with_console(canonical),
+                      report=report, where=f"{where}: ", console_open=True)
+    return report
+
+
 def validate_repo(root: Path = REPO) -> Report:
     report = Report()
     canonical = serve.load_canonical_serve_config(root / "serve_configs" / "qrag.yaml")
     report.extend("serve_configs/qrag.yaml", serve.check_serve_config(canonical))
+    report.extend("serve_configs/qrag.yaml", console.check_console_off(canonical))
     for name, opts in OVERLAYS.items():
         validate_overlay(root / "k8s" / "overlays" / name, require_gpu=opts["gpu"], canonical_serve=canonical,
                          report=report)
     validate_node_selectors(root, report)
+    validate_console_component(root, canonical, report)
     report.extend("cluster/cloud-gpu.yaml",
                   launcher.check_cluster_launcher(yaml.safe_load((root / "cluster" / "cloud-gpu.yaml").read_text())))
     return report
@@ -128,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", help="overlay directories or YAML files (default: the whole repo)")
     parser.add_argument("--gpu", action="store_true", help="require a GPU worker group (for given paths)")
     parser.add_argument("--sync-serve-config", action="store_true",
-                        help="regenerate serveConfigV2 in k8s/base/rayservice.yaml from serve_configs/qrag.yaml")
+                        help="regenerate serveConfigV2 in k8s/base/rayservice.yaml (and, with the console on, in "
+                             "k8s/components/console) from serve_configs/qrag.yaml")
     args = parser.parse_args(argv)
     if args.sync_serve_config:
         changed = serve.sync_serve_config()
         print(f"k8s/base/rayservice.yaml: serveConfigV2 {'updated' if changed else 'already in sync'}")
+        changed = console.sync_console_patch()
+        print(f"k8s/components/console: serveConfigV2 {'updated' if changed else 'already in sync'}")
     if args.paths:
         report = Report()
         canonical = serve.load_canonical_serve_config()

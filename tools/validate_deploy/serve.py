@@ -79,18 +79,15 @@ def load_canonical_serve_config(path: Path = SERVE_CONFIG) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
-# the line opening the RayService's serve config block (`serveConfigV2: |`), its indent captured
-_SERVE_CONFIG_KEY = re.compile(r"^(\s*)serveConfigV2:\s*\|[-+]?\s*$")
-
-
-def embed_serve_config(rayservice_text: str, serve_yaml_text: str) -> str:
-    """Replace the `serveConfigV2: |` block of a RayService file (keeping its comments) with the
-    canonical serve config, comments included, indented as a YAML block scalar."""
+def embed_serve_config(rayservice_text: str, serve_yaml_text: str, key: str = "serveConfigV2") -> str:
+    """Replace the `<key>: |` block of a RayService file (keeping its comments) with the canonical serve
+    config, comments included, indented as a YAML block scalar (`key`: `value` in a JSON patch of it)."""
+    key_pattern = re.compile(rf"^(\s*){key}:\s*\|[-+]?\s*$")
     lines = rayservice_text.splitlines(keepends=True)
-    key_line = next((number for number, line in enumerate(lines) if _SERVE_CONFIG_KEY.match(line)), None)
+    key_line = next((number for number, line in enumerate(lines) if key_pattern.match(line)), None)
     if key_line is None:
-        raise ValueError("no `serveConfigV2: |` block in the RayService file")
-    key_indent = len(_SERVE_CONFIG_KEY.match(lines[key_line]).group(1))
+        raise ValueError(f"no `{key}: |` block in the file")
+    key_indent = len(key_pattern.match(lines[key_line]).group(1))
     block_end = key_line + 1
     while block_end < len(lines) and (not lines[block_end].strip()
                                       or len(lines[block_end]) - len(lines[block_end].lstrip()) > key_indent):
