@@ -4,6 +4,7 @@ precomputed questions), searched in process through FAISS + bm25s + the merge.""
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_scores_decompose_into_alpha_dense_plus_bm25(hybrid_index, minilm):
     for query in QUERIES:
         results = engine.search([query], k=8)[0]
         assert len(results) == 8 == len({r["chunk_id"] for r in results})
-        assert all(a["score"] >= b["score"] for a, b in zip(results, results[1:], strict=True))
+        assert all(a["score"] >= b["score"] for a, b in pairwise(results))
         for result in results:
             assert 0.0 <= result["bm25"] <= 1.0
             if result["matched"]:  # max fusion: the dense part is the best vector's cosine
