@@ -534,7 +534,8 @@ def test_filtered_search_is_exact_served_as_in_process(served, filter_spec):
     engines = {a: SearchEngine(served["delta"], policy=SearchConfig().with_bm25_alpha(a) if a is not None else None)
                for a in (None, 0.0, 1.0)}  # the index's hybrid 0.7, BM25 alone, dense alone
     chosen = _chosen(filter_spec)
-    n_chosen = sum(1 for shard in engines[None].shards for doc_id in shard.chunks[1].to_pylist() if doc_id in chosen)
+    chunk_docs = [doc_id for shard in engines[None].shards for doc_id in shard.chunk_columns[1].to_pylist()]
+    n_chosen = sum(doc_id in chosen for doc_id in chunk_docs)
     assert n_chosen > 0
     query = QUERIES[0]
     for alpha, engine in engines.items():
