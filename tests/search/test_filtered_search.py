@@ -38,37 +38,45 @@ def index(request, tmp_path_factory):
 
 
 def _queries(n: int = 4, dim: int = 16) -> np.ndarray:
-    q = np.random.default_rng(7).standard_normal((n, dim)).astype(np.float32)
-    return q / np.linalg.norm(q, axis=1, keepdims=True)
+    vectors = np.random.default_rng(7).standard_normal((n, dim)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def _chosen(f, doc_ids=None) -> set[str]:
+def _chosen(filter_spec, doc_ids=None) -> set[str]:
     from qrag_ray.io.metadata import normalize_metadata
 
-    return {d["doc_id"] for d in DOCS if (f is None or passes(f, normalize_metadata(d["metadata"], "")))
-            and (doc_ids is None or d["doc_id"] in doc_ids)}
+    def selected(doc) -> bool:
+        in_filter = filter_spec is None or passes(filter_spec, normalize_metadata(doc["metadata"], ""))
+        return in_filter and (doc_ids is None or doc["doc_id"] in doc_ids)
+
+    return {doc["doc_id"] for doc in DOCS if selected(doc)}
+
+
+def _filter_id(filter_spec) -> str:
+    return "doc_ids" if filter_spec is None else filter_spec["type"] + ":" + str(filter_spec.get("key"))
 
 
 @pytest.mark.parametrize("strategy", ["direct", "selector", "retry"])
-@pytest.mark.parametrize("f", FILTERS, ids=lambda f: "doc_ids" if f is None else f["type"] + ":" + str(f.get("key")))
-def test_dense_filtered_equals_brute_force_over_the_subset(index, f, strategy, monkeypatch):
+@pytest.mark.parametrize("filter_spec", FILTERS, ids=_filter_id)
+def test_dense_filtered_equals_brute_force_over_the_subset(index, filter_spec, strategy, monkeypatch):
     if strategy != "direct":  # every selection searched by FAISS with the selector, not scored directly
         monkeypatch.setattr(faiss_search, "BRUTE_FORCE_VALUES", 0)
     if strategy == "retry":  # the first search returns too few: the exhaustive retry must fill every query
         real = faiss.IndexFlat.search
 
-        def short(self, x, k, params=None, **kw):
-            d, i = real(self, x, k, params=params, **kw)
+        def short(self, vectors, k, params=None, **kwargs):
+            scores, rows = real(self, vectors, k, params=params, **kwargs)
             if params is not None:
-                d[:, k // 2:], i[:, k // 2:] = -np.inf, -1
-            return d, i
+                scores[:, k // 2:] = -np.inf
+                rows[:, k // 2:] = -1
+            return scores, rows
         monkeypatch.setattr(faiss.IndexFlat, "search", short)
     engine = SearchEngine(index, verify=False)
-    doc_ids = ["d1", "d2", "d3", "d10", "d11", "d40", "d41", "d77"] if f is None else None
-    chosen = _chosen(f, doc_ids)
+    doc_ids = ["d1", "d2", "d3", "d10", "d11", "d40", "d41", "d77"] if filter_spec is None else None
+    chosen = _chosen(filter_spec, doc_ids)
     qvecs = _queries()
     for k in (1, 5, 40):
-        pages = engine.search_vectors(qvecs, k, filter=engine.compile_filter(f, doc_ids))
+        pages = engine.search_vectors(qvecs, k, filter=engine.compile_filter(filter_spec, doc_ids))
         for page, truth in zip(pages, dense_truth(engine, qvecs, chosen), strict=True):
             ids = [r.chunk_id for r in page]
             assert len(ids) == min(k, len(chosen)) == len(set(ids))  # k distinct chunks whenever k pass
@@ -77,20 +85,22 @@ def test_dense_filtered_equals_brute_force_over_the_subset(index, f, strategy, m
             assert all(r.doc_id in chosen for r in page)
 
 
-@pytest.mark.parametrize("f", FILTERS[1:], ids=lambda f: f["type"] + ":" + str(f.get("key")))
-def test_bm25_and_hybrid_filtered_equal_brute_force_over_the_subset(index, f):
+@pytest.mark.parametrize("filter_spec", FILTERS[1:], ids=_filter_id)
+def test_bm25_and_hybrid_filtered_equal_brute_force_over_the_subset(index, filter_spec):
     """alpha 0 ranks by BM25 alone; alpha 0.6 mixes the two, each list exact over the chosen chunks (the
     subset is smaller than the hybrid depth, so the closed form below is the whole fusion: a chunk without
     BM25 counts the lexical floor, the lowest score of a shard whose list every chosen chunk filled)."""
-    chosen = _chosen(f)
-    qvecs, texts = _queries(2), ["shard replica merge", "query latency cache token"]
+    chosen = _chosen(filter_spec)
+    qvecs = _queries(2)
+    texts = ["shard replica merge", "query latency cache token"]
     lexical = SearchEngine(index, verify=False, policy=SearchConfig().with_bm25_alpha(0.0))
     hybrid = SearchEngine(index, verify=False, policy=SearchConfig().with_bm25_alpha(0.6))
-    flt = lexical.compile_filter(f)
+    compiled = lexical.compile_filter(filter_spec)
     dense = dense_truth(lexical, qvecs, chosen)
-    for qi, text in enumerate(texts):
+    for query_index, text in enumerate(texts):
         lex, per_shard = bm25_truth(lexical, text, chosen)
-        page = lexical.search_vectors(qvecs[qi:qi + 1], 5, queries=[text], filter=flt)[0]
+        query_vectors = qvecs[query_index:query_index + 1]
+        page = lexical.search_vectors(query_vectors, 5, queries=[text], filter=compiled)[0]
         got = [(r.chunk_id, r.bm25) for r in page if r.bm25]
         top = lex[0][1] if lex else 1.0
         assert len(got) == min(5, len(lex))  # the best BM25 scores in order (equal scores in any order)
@@ -98,9 +108,11 @@ def test_bm25_and_hybrid_filtered_equal_brute_force_over_the_subset(index, f):
         assert [b for _, b in got] == pytest.approx([dict(lex)[c] / top for c, _ in got], abs=1e-5)
         assert all(r.doc_id in chosen for r in page) and len(page) == min(5, len(chosen))
         floor = min([min(sc) / top for sc in per_shard if sc and min(sc) > 0] or [0.0])
-        want = {c: 0.6 * s + 0.4 * (dict(lex)[c] / top if c in dict(lex) else floor) for c, s in dense[qi]}
+        lexical_scores = dict(lex)
+        want = {c: 0.6 * s + 0.4 * (lexical_scores[c] / top if c in lexical_scores else floor)
+                for c, s in dense[query_index]}
         ranked = sorted(want.items(), key=lambda t: -t[1])[:10]
-        page = hybrid.search_vectors(qvecs[qi:qi + 1], 10, queries=[text], filter=flt)[0]
+        page = hybrid.search_vectors(query_vectors, 10, queries=[text], filter=compiled)[0]
         assert [r.score for r in page] == pytest.approx([s for _, s in ranked], abs=1e-5)
         assert [r.score for r in page] == pytest.approx([want[r.chunk_id] for r in page], abs=1e-5)
 
@@ -113,8 +125,8 @@ def test_approximate_indexes_return_k_chunks_whenever_k_pass(tmp_path, factory, 
     docs = synthetic_docs(400, seed=3)
     idx = write_synthetic_index(tmp_path / "i", docs, shards=2, dim=8, factory=factory)
     engine = SearchEngine(idx, verify=False)
-    for ls in engine.shards:
-        inner = faiss.downcast_index(ls.faiss)
+    for shard in engine.shards:
+        inner = faiss.downcast_index(shard.faiss)
         inner = faiss.downcast_index(inner.base_index) if isinstance(inner, faiss.IndexRefine) else inner
         if isinstance(inner, faiss.IndexIVF):
             inner.nprobe = 1
@@ -130,18 +142,20 @@ def test_approximate_indexes_return_k_chunks_whenever_k_pass(tmp_path, factory, 
 
 def test_filter_errors_name_what_is_wrong(index, tmp_path):
     engine = SearchEngine(index, verify=False)
-    cases = [({"type": "eq", "key": "colour", "value": "x"}, "unknown metadata field 'colour'; this index has: at, day"),
-             ({"type": "gt", "key": "public", "value": True}, "'gt' does not apply to field 'public', which is a bool"),
-             ({"type": "lt", "key": "day", "value": "2024-02-30"}, "is not an ISO-8601 date"),
-             ({"type": "eq", "key": "year", "value": "2004"}, "field 'year' is a number"),
-             ({"type": "in", "key": "group", "value": ["a"] * 1001}, "at most 1000 values")]
+    cases = [
+        ({"type": "eq", "key": "colour", "value": "x"}, "unknown metadata field 'colour'; this index has: at, day"),
+        ({"type": "gt", "key": "public", "value": True}, "'gt' does not apply to field 'public', which is a bool"),
+        ({"type": "lt", "key": "day", "value": "2024-02-30"}, "is not an ISO-8601 date"),
+        ({"type": "eq", "key": "year", "value": "2004"}, "field 'year' is a number"),
+        ({"type": "in", "key": "group", "value": ["a"] * 1001}, "at most 1000 values"),
+    ]
     deep = {"type": "eq", "key": "group", "value": "a"}
     for _ in range(9):
         deep = {"type": "and", "filters": [deep]}
     cases.append((deep, "deeper than 8 levels"))
-    for f, msg in cases:
-        with pytest.raises(InvalidFilter, match=msg.replace("(", r"\(")):
-            engine.compile_filter(f)
+    for filter_spec, message in cases:
+        with pytest.raises(InvalidFilter, match=message.replace("(", r"\(")):
+            engine.compile_filter(filter_spec)
     plain = write_synthetic_index(tmp_path / "plain", [{**d, "metadata": {}, "url": ""} for d in DOCS[:9]])
     bare = SearchEngine(plain, verify=False)
     assert bare.manifest.metadata_schema is None
@@ -156,20 +170,20 @@ def test_results_carry_metadata_and_url(index):
     page = engine.search_vectors(_queries(1), 90)[0]
     by_doc = {d["doc_id"]: d for d in DOCS}
     assert len(page) == 90
-    for r in page:
-        d = by_doc[r.doc_id]
-        assert r.url == (d["url"] or None)
-        assert r.metadata == d["metadata"]  # as given: dates as text, whole numbers as integers
+    for result in page:
+        doc = by_doc[result.doc_id]
+        assert result.url == (doc["url"] or None)
+        assert result.metadata == doc["metadata"]  # as given: dates as text, whole numbers as integers
 
 
 @pytest.mark.parametrize("factory", ["Flat", "SQfp16", "SQ8", "HNSW8", "IVF4,PQ4x4fs,Refine(SQfp16)", "PCA8,Flat"])
 def test_stored_vectors_are_what_reconstruct_returns(factory):
     """Direct scoring decodes the selected rows' codes in one call: the same floats as FAISS's own
     reconstruct, for every index type that stores its vectors."""
-    x = np.random.default_rng(3).standard_normal((300, 16)).astype(np.float32)
+    vectors = np.random.default_rng(3).standard_normal((300, 16)).astype(np.float32)
     index = faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT)
-    index.train(x)
-    index.add(x)
+    index.train(vectors)
+    index.add(vectors)
     rows = np.array([299, 0, 17, 17, 150], dtype=np.int64)
     np.testing.assert_array_equal(faiss_search.stored_vectors(index, rows), index.reconstruct_batch(rows))
 
@@ -177,16 +191,16 @@ def test_stored_vectors_are_what_reconstruct_returns(factory):
 def test_an_ivf_probes_more_lists_the_fewer_rows_a_filter_selects():
     """A selection of a tenth of the rows probes ten times the lists (all of them at most): as many selected
     rows as the unfiltered search scans."""
-    x = np.random.default_rng(4).standard_normal((2000, 8)).astype(np.float32)
+    vectors = np.random.default_rng(4).standard_normal((2000, 8)).astype(np.float32)
     index = faiss.index_factory(8, "IVF32,Flat", faiss.METRIC_INNER_PRODUCT)
-    index.train(x)
-    index.add(x)
+    index.train(vectors)
+    index.add(vectors)
     index.nprobe = 2
     keep: list = []
-    sel = faiss.IDSelectorRange(0, 200)
-    assert faiss_search.selector_params(index, sel, keep).nprobe == 2
-    assert faiss_search.selector_params(index, sel, keep, widen=10.0).nprobe == 20
-    assert faiss_search.selector_params(index, sel, keep, widen=100.0).nprobe == 32
+    selector = faiss.IDSelectorRange(0, 200)
+    assert faiss_search.selector_params(index, selector, keep).nprobe == 2
+    assert faiss_search.selector_params(index, selector, keep, widen=10.0).nprobe == 20
+    assert faiss_search.selector_params(index, selector, keep, widen=100.0).nprobe == 32
 
 
 def test_a_repeated_filter_is_evaluated_once_per_shard(index, monkeypatch):
@@ -210,10 +224,10 @@ def test_a_repeated_filter_is_evaluated_once_per_shard(index, monkeypatch):
     assert len(evaluated) == len(engine.shards)  # no evaluation the second time
     assert [[r.chunk_id for r in p] for p in again[::-1]] == [[r.chunk_id for r in p] for p in first]
     years = [{"type": "gte", "key": "year", "value": 1990 + i} for i in range(2 * shard_module.SELECTIONS_KEPT)]
-    for f in years:
-        engine.search_vectors(qvecs, 5, filter=engine.compile_filter(f, None))
-    for ls in engine.shards:
-        kept = ls._selections
+    for year_filter in years:
+        engine.search_vectors(qvecs, 5, filter=engine.compile_filter(year_filter, None))
+    for shard in engine.shards:
+        kept = shard._selections
         assert 0 < len(kept) <= shard_module.SELECTIONS_KEPT and kept.bytes <= kept.max_bytes
     evaluated.clear()  # the most recent filter is still kept, the first ones are not
     engine.search_vectors(qvecs, 5, filter=engine.compile_filter(years[-1], None))

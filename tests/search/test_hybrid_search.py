@@ -4,6 +4,7 @@ precomputed questions), searched in process through FAISS + bm25s + the merge.""
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 
@@ -25,28 +26,28 @@ ALPHA = 0.6
 @pytest.fixture(scope="module")
 def hybrid_index(local_ray, pydoc_jsonl, index_root, build_with):
     out = index_root / "hybrid-bm25"
-    report = build_with({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 2, "representation": "hybrid",
-                         "generator.backend": "precomputed", "chunker.method": "none",
+    report = build_with({"input": str(pydoc_jsonl), "build.output": str(out), "shards": 2,
+                         "representation": "hybrid", "generator.backend": "precomputed", "chunker.method": "none",
                          "bm25.enabled": True, "search.bm25_alpha": ALPHA})
     return out, report
 
 
 def test_each_shard_has_a_checksummed_bm25_index_of_its_chunks(hybrid_index):
     path, report = hybrid_index
-    man = json.loads((path / "manifest.json").read_text())
-    assert sum(s["bm25_docs"] for s in man["shards"]) == man["counts"]["chunks"] == report.chunks
-    for s in man["shards"]:
-        listed = [f for f in man["files"] if f.startswith(s["bm25"] + "/")]
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert sum(s["bm25_docs"] for s in manifest["shards"]) == manifest["counts"]["chunks"] == report.chunks
+    for shard in manifest["shards"]:
+        listed = [f for f in manifest["files"] if f.startswith(shard["bm25"] + "/")]
         assert any(f.endswith("chunk_idx.npy") for f in listed) and len(listed) >= 5
     # a tampered BM25 file is refused like a tampered FAISS file
-    f = path / man["shards"][0]["bm25"] / "chunk_idx.npy"
-    good = f.read_bytes()
+    bm25_file = path / manifest["shards"][0]["bm25"] / "chunk_idx.npy"
+    good = bm25_file.read_bytes()
     try:
-        f.write_bytes(good[:-8] + bytes(8))
+        bm25_file.write_bytes(good[:-8] + bytes(8))
         with pytest.raises(QragError, match="checksum"):
             SearchEngine(path)
     finally:
-        f.write_bytes(good)
+        bm25_file.write_bytes(good)
 
 
 def test_doc2query_makes_a_chunk_findable_by_its_questions_words(hybrid_index, minilm):
@@ -60,34 +61,38 @@ def test_doc2query_makes_a_chunk_findable_by_its_questions_words(hybrid_index, m
 def test_alpha_one_is_the_dense_ranking(hybrid_index, minilm):
     dense = SearchEngine(hybrid_index[0], embedder=minilm, policy=SearchConfig())
     one = SearchEngine(hybrid_index[0], embedder=minilm, policy=SearchConfig(bm25_alpha=1.0))
-    for q in QUERIES:
-        a, b = dense.search([q], k=5)[0], one.search([q], k=5)[0]
-        assert [r["chunk_id"] for r in a] == [r["chunk_id"] for r in b]
-        assert "bm25" not in a[0] and "bm25" in b[0]
+    for query in QUERIES:
+        dense_page = dense.search([query], k=5)[0]
+        alpha_one_page = one.search([query], k=5)[0]
+        assert dense_page
+        assert [r["chunk_id"] for r in dense_page] == [r["chunk_id"] for r in alpha_one_page]
+        assert "bm25" not in dense_page[0] and "bm25" in alpha_one_page[0]
 
 
 def test_scores_decompose_into_alpha_dense_plus_bm25(hybrid_index, minilm):
     engine = SearchEngine(hybrid_index[0], embedder=minilm)  # the manifest's policy: alpha 0.6
     assert engine.policy.bm25_alpha == ALPHA
     seen_lexical = False
-    for q in QUERIES:
-        res = engine.search([q], k=8)[0]
-        assert len(res) == 8 == len({r["chunk_id"] for r in res})
-        assert all(a["score"] >= b["score"] for a, b in zip(res, res[1:], strict=True))
-        for r in res:
-            assert 0.0 <= r["bm25"] <= 1.0
-            if r["matched"]:  # max fusion: the dense part is the best vector's cosine
-                assert r["score"] == pytest.approx(ALPHA * r["matched"][0]["score"] + (1 - ALPHA) * r["bm25"], abs=2e-5)
-            seen_lexical |= r["bm25"] > 0
+    for query in QUERIES:
+        results = engine.search([query], k=8)[0]
+        assert len(results) == 8 == len({r["chunk_id"] for r in results})
+        assert all(a["score"] >= b["score"] for a, b in pairwise(results))
+        for result in results:
+            assert 0.0 <= result["bm25"] <= 1.0
+            if result["matched"]:  # max fusion: the dense part is the best vector's cosine
+                dense_part = result["matched"][0]["score"]
+                assert result["score"] == pytest.approx(ALPHA * dense_part + (1 - ALPHA) * result["bm25"], abs=2e-5)
+            seen_lexical |= result["bm25"] > 0
     assert seen_lexical
     # the same ranking from precomputed vectors + texts (what `qrag eval` calls)
-    qv = engine.embed(QUERIES)
-    direct = engine.search_vectors(qv, 8, queries=QUERIES)
+    query_vectors = engine.embed(QUERIES)
+    direct = engine.search_vectors(query_vectors, 8, queries=QUERIES)
     via_text = engine.search(QUERIES, k=8)
+    assert [len(page) for page in direct] == [8] * len(QUERIES)
     assert [[r.chunk_id for r in rs] for rs in direct] == [
         [r["chunk_id"] for r in rs] for rs in via_text]
     with pytest.raises(QragError, match="query texts"):
-        engine.search_vectors(qv, 8)
+        engine.search_vectors(query_vectors, 8)
 
 
 def test_hybrid_on_an_index_without_bm25_is_a_clear_error(kinds_index, minilm):
@@ -100,13 +105,13 @@ def test_cli_search_overrides_alpha_and_refuses_an_index_without_bm25(hybrid_ind
 
     assert main(["search", "--index", str(hybrid_index[0]), "--k", "3", "--bm25-alpha", "0",
                  "What is the capital of France?"]) == 0
-    res = json.loads(capsys.readouterr().out)["results"]
-    assert res[0]["doc_id"] == "pass" and res[0]["bm25"] == 1.0
-    for argv, msg in ((["--index", str(kinds_index[0]), "--bm25-alpha", "0.5"], "bm25.enabled"),
-                      (["--index", str(hybrid_index[0]), "--bm25-alpha", "1.5"], "must lie in")):
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert results[0]["doc_id"] == "pass" and results[0]["bm25"] == 1.0
+    for argv, message in ((["--index", str(kinds_index[0]), "--bm25-alpha", "0.5"], "bm25.enabled"),
+                          (["--index", str(hybrid_index[0]), "--bm25-alpha", "1.5"], "must lie in")):
         assert main(["search", *argv, "loops"]) == 2
-        err = capsys.readouterr().err.strip()
-        assert msg in err and "Traceback" not in err and len(err.splitlines()) == 1
+        stderr = capsys.readouterr().err.strip()
+        assert message in stderr and "Traceback" not in stderr and len(stderr.splitlines()) == 1
 
 
 def test_hybrid_rounds_go_deep_and_rank_like_exhaustive_lists(hybrid_index, minilm):

@@ -21,7 +21,8 @@ POLICIES = {
     "rrf-groups": SearchConfig(fusion="rrf", groups={"text": ["chunk", "sentence"]}),
     "max-hybrid": SearchConfig(bm25_alpha=0.6),
     "sum-hybrid": SearchConfig(fusion="sum", bm25_alpha=0.7, bm25_norm="minmax"),
-    "sum-hybrid-z": SearchConfig(fusion="sum", bm25_alpha=0.5, bm25_norm="zscore", groups={"text": ["chunk", "sentence"]}),
+    "sum-hybrid-z": SearchConfig(fusion="sum", bm25_alpha=0.5, bm25_norm="zscore",
+                                 groups={"text": ["chunk", "sentence"]}),
     "rrf-hybrid": SearchConfig(fusion="rrf", bm25_alpha=0.6),
 }
 
@@ -52,12 +53,13 @@ def test_merging_essential_hits_gives_the_page_of_all_hits(name, k, min_score):
     policy = POLICIES[name]
     rng = np.random.default_rng(7)
     for _ in range(20):
-        per = [_shard_hits(rng, shard, int(rng.integers(1, 120)), policy.bm25_alpha is not None) for shard in range(3)]
-        want, _ = merge_hits(per, k, min_score, policy)
-        few = [essential_hits(hits, k, policy) for hits in per]
+        per_shard = [_shard_hits(rng, shard, int(rng.integers(1, 120)), policy.bm25_alpha is not None)
+                     for shard in range(3)]
+        want, _ = merge_hits(per_shard, k, min_score, policy)
+        few = [essential_hits(hits, k, policy) for hits in per_shard]
         got, _ = merge_hits(few, k, min_score, policy)
         assert want and _page(got) == _page(want)
-        assert sum(len(hits.rows) for hits in few) <= sum(len(hits.rows) for hits in per)
+        assert sum(len(hits.rows) for hits in few) <= sum(len(hits.rows) for hits in per_shard)
 
 
 def test_essential_hits_keep_at_most_four_vectors_a_chunk_under_max_fusion():
@@ -80,12 +82,13 @@ def test_every_page_chunk_is_one_its_group_sends_metadata_for(name, k, min_score
     rng = np.random.default_rng(11)
     sent_sizes = []
     for _ in range(30):
-        per = [_shard_hits(rng, shard, int(rng.integers(1, 120)), policy.bm25_alpha is not None) for shard in range(4)]
-        page, _ = merge_hits(per, k, min_score, policy)
+        per_shard = [_shard_hits(rng, shard, int(rng.integers(1, 120)), policy.bm25_alpha is not None)
+                     for shard in range(4)]
+        page, _ = merge_hits(per_shard, k, min_score, policy)
         assert page
         named: set[int] = set()
         rows: set[tuple[int, int]] = set()
-        for group in (per[:3], per[3:]):
+        for group in (per_shard[:3], per_shard[3:]):
             if winners_decide:
                 chunks = group_winners([merge_hits([hits], k, min_score, policy)[0] for hits in group], k)
                 assert len(chunks) <= k
@@ -96,5 +99,5 @@ def test_every_page_chunk_is_one_its_group_sends_metadata_for(name, k, min_score
         assert {result.chunk_idx for result in page} <= named
         assert {(shard, row) for result in page for shard, row, _ in result.matches} <= rows
         sent_sizes.append(len(named))
-    distinct = [len({int(c) for hits in per for c in hits.chunk_idx}) for _ in [0]]
-    assert min(sent_sizes) >= min(k, 1) and distinct[0] > 0
+    distinct = len({int(chunk) for hits in per_shard for chunk in hits.chunk_idx})
+    assert min(sent_sizes) >= min(k, 1) and distinct > 0

@@ -66,19 +66,21 @@ class StandInShards:
         return replies
 
 
-A, B = _chunks_in(0, 2)
-C, D = _chunks_in(1, 2)
-HITS = [{A: 0.9, B: 0.5, C: 0.8, D: 0.7}, {A: 0.1, B: 0.6, C: 0.2, D: 0.95}]
+CHUNK_A, CHUNK_B = _chunks_in(0, 2)
+CHUNK_C, CHUNK_D = _chunks_in(1, 2)
+HITS = [{CHUNK_A: 0.9, CHUNK_B: 0.5, CHUNK_C: 0.8, CHUNK_D: 0.7},
+        {CHUNK_A: 0.1, CHUNK_B: 0.6, CHUNK_C: 0.2, CHUNK_D: 0.95}]
 
 
 def test_pages_merge_all_shards_per_query_from_one_call():
     backend = StandInShards(HITS)
     found = asyncio.run(retrieve(backend, "v1", 2, np.zeros((2, 4), np.float32), QueryBatch(3, None, SearchConfig())))
-    assert [[result.doc_id for result in page] for page in found.pages] == [[f"d{A}", f"d{C}", f"d{D}"],
-                                                                           [f"d{D}", f"d{B}", f"d{C}"]]
+    doc_ids = [[result.doc_id for result in page] for page in found.pages]
+    assert doc_ids == [[f"d{CHUNK_A}", f"d{CHUNK_C}", f"d{CHUNK_D}"], [f"d{CHUNK_D}", f"d{CHUNK_B}", f"d{CHUNK_C}"]]
     first = found.pages[0][0]
-    assert (first.score, first.title, first.text) == (pytest.approx(0.9), f"title {A}", f"text of chunk {A}")
-    assert [(match.kind, match.text) for match in first.matched] == [("question", f"a question {A} answers")]
+    assert first.score == pytest.approx(0.9)
+    assert (first.title, first.text) == (f"title {CHUNK_A}", f"text of chunk {CHUNK_A}")
+    assert [(match.kind, match.text) for match in first.matched] == [("question", f"a question {CHUNK_A} answers")]
     assert list(first.to_json()) == ["chunk_id", "doc_id", "title", "score", "text", "matched", "cosine"]  # no bm25
     assert backend.calls == 1 and len(found.replies) == 2 and found.rounds == 1
 
@@ -95,7 +97,7 @@ def test_retrieve_asks_the_shards_once():
 def test_min_score_and_fewer_chunks_than_k():
     found = asyncio.run(retrieve(StandInShards(HITS), None, 2, np.zeros((1, 4), np.float32),
                                  QueryBatch(10, 0.75, SearchConfig())))
-    assert [result.doc_id for result in found.pages[0]] == [f"d{A}", f"d{C}"]
+    assert [result.doc_id for result in found.pages[0]] == [f"d{CHUNK_A}", f"d{CHUNK_C}"]
 
 
 def test_hybrid_needs_the_query_texts():
@@ -121,8 +123,8 @@ def _calls(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call):
-            f = node.func
-            names.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+            func = node.func
+            names.add(func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else "")
     return names
 
 
@@ -147,16 +149,16 @@ def _calls_the_core(source: str) -> bool:
 def test_every_search_path_is_the_core():
     """`qrag search` / `qrag eval` (the engine) and the Router rank through the core's `retrieve`, and
     nothing else in the package merges shard hits or searches a shard: there is no second search path."""
-    for f in (PKG / "search" / "engine.py", PKG / "serving" / "search_passes.py"):
-        assert _calls_the_core(f.read_text()), f
+    for module_path in (PKG / "search" / "engine.py", PKG / "serving" / "search_passes.py"):
+        assert _calls_the_core(module_path.read_text()), module_path
     core = "from qrag_ray.search.retrieve import retrieve\n"
     assert _calls_the_core(core + "retrieve(1)\n")
     assert not _calls_the_core(core + "def retrieve(*a):\n    pass\nretrieve(1)\n")  # its own retrieve
     assert not _calls_the_core(core.replace("search.retrieve", "search.other") + "retrieve(1)\n")
     core_files = {PKG / "search" / name for name in ("retrieve.py", "shard.py", "shard_reply.py", "merge.py")}
-    for f in PKG.rglob("*.py"):
-        if f not in core_files:
-            assert not _calls(f) & {"merge_hits", "dedup", "finish_replies"}, f
+    for module_path in PKG.rglob("*.py"):
+        if module_path not in core_files:
+            assert not _calls(module_path) & {"merge_hits", "dedup", "finish_replies"}, module_path
     searchers = {f.relative_to(PKG).as_posix() for f in PKG.rglob("*.py") if "search_shards" in _names(f)
                  and f.name != "shard.py"}
     assert searchers == {"search/retrieve.py", "serving/shard_searcher.py"}  # in process, and over Serve

@@ -10,8 +10,10 @@ from qrag_ray.index.representations import title_text, vector_rows
 
 # Six short biographies whose texts never name their subject: only the title says who each one is.
 DOCS = [
-    ("okonkwo", "Marguerite Okonkwo-Lindqvist", "She was born in 1901 and worked as a chemist in a small laboratory by the sea."),
-    ("haddad", "Tobias Haddad-Vermeulen", "He was born in 1899 and worked as a chemist in a laboratory near the harbour."),
+    ("okonkwo", "Marguerite Okonkwo-Lindqvist",
+     "She was born in 1901 and worked as a chemist in a small laboratory by the sea."),
+    ("haddad", "Tobias Haddad-Vermeulen",
+     "He was born in 1899 and worked as a chemist in a laboratory near the harbour."),
     ("sato", "Ingrid Sato-Fairweather", "She was born in 1903 and taught chemistry at a school in the mountains."),
     ("brennan", "Casimir Brennan-Oduya", "He was born in 1898 and ran a pharmacy in a market town."),
     ("moreau", "Yelena Moreau-Achebe", "She was born in 1905 and studied minerals in a university museum."),
@@ -49,7 +51,8 @@ def test_a_title_only_match_retrieves_its_document(cfg, local_ray, build_with, o
 @pytest.mark.integration
 def test_without_titles_the_same_query_misses(local_ray, build_with, open_engine, titled_corpus, tmp_path):
     """The control: the texts alone do not single the document out, so the tests above measure titles."""
-    assert _top_doc(local_ray, build_with, open_engine, titled_corpus, tmp_path / "idx", representation="chunk")[0] != "haddad"
+    top = _top_doc(local_ray, build_with, open_engine, titled_corpus, tmp_path / "idx", representation="chunk")
+    assert top and top[0] != "haddad"
 
 
 def test_title_rows_are_built_only_when_asked():
@@ -59,5 +62,6 @@ def test_title_rows_are_built_only_when_asked():
     rows = vector_rows(chunk, ["chunk", "title"], [], title="Super_Bowl_50", title_prefix=True)
     assert [(r["kind"], r["text"], r["embed_text"]) for r in rows] == [
         ("chunk", "Body text.", "Super Bowl 50\nBody text."), ("title", "Super Bowl 50", "Super Bowl 50")]
-    assert [r["kind"] for r in vector_rows(chunk, ["chunk", "title"], [], title="")] == ["chunk"]  # no empty title vector
+    untitled = vector_rows(chunk, ["chunk", "title"], [], title="")
+    assert [r["kind"] for r in untitled] == ["chunk"]  # no empty title vector
     assert title_text("  A_b  c ") == "A b c"

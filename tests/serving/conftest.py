@@ -26,8 +26,9 @@ def build_tenant_index(workdir: Path, name: str, names: list[str], shards: int =
     process that asks (support/build_cache.py)."""
     corpus = write_jsonl(workdir / f"{name}.jsonl", topic_records(names, metadata))
     out = workdir / f"{name}-index"
-    shared_build({"input": str(corpus), "format": "jsonl", "build.output": str(out), "representation": "atom-sentence",
-                  "shards": shards, "build.overwrite": True, "generator": {"backend": "none"},
+    shared_build({"input": str(corpus), "format": "jsonl", "build.output": str(out),
+                  "representation": "atom-sentence", "shards": shards, "build.overwrite": True,
+                  "generator": {"backend": "none"},
                   "chunker": {"method": "token", "size": 120, "overlap": 20}, **extra})
     return out
 
@@ -45,19 +46,19 @@ def serving_reply(messages: list[dict]) -> str:
 
 @pytest.fixture(scope="session")
 def tenant_indexes(local_ray, tmp_path_factory):
-    wd = tmp_path_factory.mktemp("serving")
-    alpha = build_tenant_index(wd, "alpha", ALPHA_TOPICS)
-    beta = build_tenant_index(wd, "beta", BETA_TOPICS)
+    workdir = tmp_path_factory.mktemp("serving")
+    alpha = build_tenant_index(workdir, "alpha", ALPHA_TOPICS)
+    beta = build_tenant_index(workdir, "beta", BETA_TOPICS)
     # alpha's topics again, with a BM25 channel and hybrid search in its manifest, and document metadata
-    delta = build_tenant_index(wd, "delta", ALPHA_TOPICS, metadata=True, bm25={"enabled": True},
+    delta = build_tenant_index(workdir, "delta", ALPHA_TOPICS, metadata=True, bm25={"enabled": True},
                                search={"bm25_alpha": 0.7})
-    gamma = wd / "gamma-index"  # alpha with shard 1's FAISS file corrupted (same size: checksum mismatch)
+    gamma = workdir / "gamma-index"  # alpha with shard 1's FAISS file corrupted (same size: checksum mismatch)
     shutil.copytree(alpha, gamma)
-    f = gamma / "shards" / "00001.faiss"
-    data = bytearray(f.read_bytes())
+    faiss_file = gamma / "shards" / "00001.faiss"
+    data = bytearray(faiss_file.read_bytes())
     data[-64:] = bytes(64)
-    f.write_bytes(bytes(data))
-    return {"alpha": alpha, "beta": beta, "gamma": gamma, "delta": delta, "workdir": wd}
+    faiss_file.write_bytes(bytes(data))
+    return {"alpha": alpha, "beta": beta, "gamma": gamma, "delta": delta, "workdir": workdir}
 
 
 @pytest.fixture(scope="session")
@@ -69,14 +70,15 @@ def index_builder():
 @pytest.fixture(scope="session")
 def fake_llm():
     """The suite's one fake LLM server (tests/fake_openai_server.py) with the serving replies."""
-    with running_fake_openai(serving_reply) as f:
-        yield f
+    with running_fake_openai(serving_reply) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def served(local_ray, tenant_indexes, fake_llm):
-    """Serve once (the app tests live in one module): app `qrag` (tenants alpha, beta, broken gamma; fake LLM) at `/` (and delta, alpha with hybrid
-    search) and app `open` (alpha as the open default tenant, no LLM) at `/open`."""
+    """Serve once (the app tests live in one module): app `qrag` (tenants alpha, beta, broken gamma; fake LLM)
+    at `/` (and delta, alpha with hybrid search) and app `open` (alpha as the open default tenant, no LLM) at
+    `/open`."""
     import httpx
     from ray import serve
 
@@ -89,14 +91,15 @@ def served(local_ray, tenant_indexes, fake_llm):
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.5}}
-    opts = {n: small for n in ("Router", "ShardSearcher0", "ShardSearcher1", "ShardSearcher2", "Synthesizer")}
-    gen = {"backend": "openai", "base_url": fake_llm.url, "model": "fake-llm", "api_key_env": ""}
-    t0 = time.time()
-    serve.run(compose_app({"tenants": str(tenants_file), "generator": gen}, opts), name="qrag", route_prefix="/")
-    serve.run(compose_app({"index": str(tenant_indexes["alpha"])}, opts), name="open", route_prefix="/open")
+    options = {n: small for n in ("Router", "ShardSearcher0", "ShardSearcher1", "ShardSearcher2", "Synthesizer")}
+    generator = {"backend": "openai", "base_url": fake_llm.url, "model": "fake-llm", "api_key_env": ""}
+    started = time.time()
+    tenants_app = compose_app({"tenants": str(tenants_file), "generator": generator}, options)
+    serve.run(tenants_app, name="qrag", route_prefix="/")
+    serve.run(compose_app({"index": str(tenant_indexes["alpha"])}, options), name="open", route_prefix="/open")
     url = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=url, timeout=120)
-    yield {"url": url, "client": client, "keys": keys, "tenants_file": tenants_file, "startup_s": time.time() - t0,
+    yield {"url": url, "client": client, "keys": keys, "tenants_file": tenants_file, "startup_s": time.time() - started,
            **tenant_indexes, **local_ray}
     client.close()
     serve.shutdown()

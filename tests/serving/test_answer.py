@@ -46,7 +46,8 @@ def test_extract_citations_in_first_seen_order():
 
 class _FakeSynth:
     def __init__(self, reply: str):
-        self.reply, self.calls = reply, []
+        self.reply = reply
+        self.calls = []
         self.complete = self
 
     async def remote(self, messages, max_tokens):
@@ -61,9 +62,9 @@ RESULTS = [SearchResult(chunk_id="a#0", doc_id="a", text="alpha", score=0.9, cos
 
 def test_answer_cites_only_the_supported_prefix():
     synth = _FakeSynth("From [1] and [2], also [3].")
-    text, cites = asyncio.run(Answerer(synth, 64, 0.35).answer("q?", RESULTS, 128, {}))
+    text, citations = asyncio.run(Answerer(synth, 64, 0.35).answer("q?", RESULTS, 128, {}))
     assert text == "From [1] and [2], also [3]."
-    assert [(c.n, c.chunk_id) for c in cites] == [(1, "a#0"), (2, "b#0")]  # [3] was below the gate: not sent
+    assert [(c.n, c.chunk_id) for c in citations] == [(1, "a#0"), (2, "b#0")]  # [3] was below the gate: not sent
     assert "gamma" not in str(synth.calls[0]) and "alpha" in str(synth.calls[0])
 
 
@@ -74,6 +75,7 @@ def test_answer_gate_says_i_dont_know_without_the_llm():
 
 
 def test_without_an_llm_the_features_are_501():
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(ApiError) as raised:
         Answerer(None, 64, 0.35).require("/v1/answer")
-    assert e.value.status == 501 and e.value.kind == "llm_not_configured" and "Retry-After" not in e.value.headers
+    assert raised.value.status == 501 and raised.value.kind == "llm_not_configured"
+    assert "Retry-After" not in raised.value.headers

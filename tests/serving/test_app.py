@@ -34,30 +34,30 @@ def search(served, body, tenant="alpha", prefix=""):
 
 # ------------------------------------------------------------------------------------ health, docs
 def test_open_app_is_healthy_and_documents_its_api(served):
-    c = served["client"]
-    r = c.get("/open/healthz")
-    assert r.status_code == 200, r.text
-    assert r.json() == {"status": "ok"}
-    spec = c.get("/open/openapi.json").json()
+    client = served["client"]
+    response = client.get("/open/healthz")
+    assert response.status_code == 200, response.text
+    assert response.json() == {"status": "ok"}
+    spec = client.get("/open/openapi.json").json()
     assert {"/v1/search", "/v1/answer", "/v1/indexes", "/healthz", "/readyz", "/v1/admin/status"} <= set(spec["paths"])
-    assert c.get("/open/docs").status_code == 200
+    assert client.get("/open/docs").status_code == 200
     # the open (127.0.0.1) server shows its status to anyone who can reach it
-    st = c.get("/open/v1/admin/status").json()
-    assert st["status"] == "ok" and [t["name"] for t in st["tenants"]] == ["default"]
+    status = client.get("/open/v1/admin/status").json()
+    assert status["status"] == "ok" and [t["name"] for t in status["tenants"]] == ["default"]
 
 
 def test_liveness_tells_nothing_and_admin_status_needs_the_admin_key(served):
-    c = served["client"]
-    r = c.get("/healthz")
-    assert r.status_code == 200 and r.json() == {"status": "ok"}  # no tenant names, paths or errors
+    client = served["client"]
+    response = client.get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}  # no tenant names, paths or errors
     deadline = time.time() + 120
-    while (r := c.get("/readyz")).status_code == 503 and time.time() < deadline:
-        assert r.json() == {"status": "starting"}
+    while (response := client.get("/readyz")).status_code == 503 and time.time() < deadline:
+        assert response.json() == {"status": "starting"}
         time.sleep(1)
-    assert r.status_code == 200 and r.json() == {"status": "ok"}
-    assert c.get("/v1/admin/status").status_code == 401
-    r = c.get("/v1/admin/status", headers=auth(served, "alpha"))  # a tenant's key is not the admin's
-    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+    assert client.get("/v1/admin/status").status_code == 401
+    response = client.get("/v1/admin/status", headers=auth(served, "alpha"))  # a tenant's key is not the admin's
+    assert response.status_code == 401 and response.json()["error"] == "unauthorized"
 
 
 def test_broken_shard_is_reported_to_the_admin_and_the_others_keep_working(served):
@@ -70,30 +70,31 @@ def test_broken_shard_is_reported_to_the_admin_and_the_others_keep_working(serve
         time.sleep(1)
     assert body["status"] == "degraded"
     bad = by_name["gamma"]
-    assert bad["status"] == "error" and any(p.startswith("shard 1:") and "checksum" in p.lower() for p in bad["problems"]), bad
+    assert bad["status"] == "error", bad
+    assert any(p.startswith("shard 1:") and "checksum" in p.lower() for p in bad["problems"]), bad
     for name in ("alpha", "beta", "delta"):
         assert by_name[name]["status"] == "ok" and by_name[name]["current_version"], by_name[name]
     assert [s["shard"] for s in body["shards"]] == [0, 1, 2] and all(s["reachable"] for s in body["shards"])
     assert by_name["alpha"]["searched_in"] == "router"  # a small index: no shard hop
     # the broken tenant gets a clear 503, the others keep working
-    r = search(served, {"query": "for loop", "k": 3}, tenant="gamma")
-    assert r.status_code == 503 and r.json()["error"] == "index_unavailable"
+    response = search(served, {"query": "for loop", "k": 3}, tenant="gamma")
+    assert response.status_code == 503 and response.json()["error"] == "index_unavailable"
     assert search(served, {"query": "for loop", "k": 3}).status_code == 200
 
 
 # ------------------------------------------------------------------------------------ ranking
 @pytest.mark.parametrize("k", [1, 5, 20, 40])
 def test_returns_k_distinct_chunks(served, k):
-    r = search(served, {"query": QUERIES[0], "k": k})
-    assert r.status_code == 200, r.text
-    body = r.json()
+    response = search(served, {"query": QUERIES[0], "k": k})
+    assert response.status_code == 200, response.text
+    body = response.json()
     ids = [x["chunk_id"] for x in body["results"]]
     assert len(ids) == k and len(set(ids)) == k
     scores = [x["score"] for x in body["results"]]
     assert scores == sorted(scores, reverse=True)
-    for x in body["results"]:
-        assert x["matched"] and x["text"] and x["doc_id"] in ALPHA_TOPICS
-        assert x["score"] == pytest.approx(x["matched"][0]["score"], abs=1e-6)  # chunk score = best vector
+    for result in body["results"]:
+        assert result["matched"] and result["text"] and result["doc_id"] in ALPHA_TOPICS
+        assert result["score"] == pytest.approx(result["matched"][0]["score"], abs=1e-6)  # chunk score = best vector
     assert body["index_version"] and body["took_ms"] > 0
 
 
@@ -109,17 +110,21 @@ def test_k_beyond_the_index_returns_every_chunk_once(served):
 @pytest.mark.parametrize("prefix,tenant", [("/open", None), ("", "alpha")])
 def test_results_equal_in_process_search(served, prefix, tenant, open_engine):
     engine = open_engine(served["alpha"])
-    for q in QUERIES:
+    for query in QUERIES:
         for k in (3, 25):
-            want = engine.search([q], k=k)[0]
-            got = search(served, {"query": q, "k": k}, tenant=tenant, prefix=prefix).json()
+            want = engine.search([query], k=k)[0]
+            got = search(served, {"query": query, "k": k}, tenant=tenant, prefix=prefix).json()
             assert got["index_version"] == engine.manifest.index_version
-            assert (got["timings"]["path"], got["timings"]["embed_batch"]) == ("router", 1)  # a lone request: a batch of one
+            # a lone request: a batch of one
+            assert (got["timings"]["path"], got["timings"]["embed_batch"]) == ("router", 1)
+            assert len(want) == k
             assert [x["chunk_id"] for x in got["results"]] == [x["chunk_id"] for x in want]
-            for g, w in zip(got["results"], want, strict=True):
-                assert g["score"] == pytest.approx(w["score"], abs=1e-4)
-                assert [(m["kind"], m["text"]) for m in g["matched"]] == [(m["kind"], m["text"]) for m in w["matched"]]
-                assert (g["doc_id"], g["title"], g["text"]) == (w["doc_id"], w["title"], w["text"])
+            for got_result, want_result in zip(got["results"], want, strict=True):
+                assert got_result["score"] == pytest.approx(want_result["score"], abs=1e-4)
+                got_matched = [(m["kind"], m["text"]) for m in got_result["matched"]]
+                assert got_matched == [(m["kind"], m["text"]) for m in want_result["matched"]]
+                fields = ("doc_id", "title", "text")
+                assert [got_result[field] for field in fields] == [want_result[field] for field in fields]
 
 
 def test_concurrent_requests_are_batched_and_rank_as_in_process(served, open_engine):
@@ -132,20 +137,24 @@ def test_concurrent_requests_are_batched_and_rank_as_in_process(served, open_eng
     engine = open_engine(served["alpha"])
     queries = [f"{q} ({i})" for i in range(8) for q in QUERIES]
     want = {q: [x["chunk_id"] for x in r] for q, r in zip(queries, engine.search(queries, k=5), strict=True)}
-    url, headers = str(served["client"].base_url), auth(served, "alpha")
+    assert all(len(chunk_ids) == 5 for chunk_ids in want.values())
+    url = str(served["client"].base_url)
+    headers = auth(served, "alpha")
 
-    def one(q):
-        with httpx.Client(base_url=url, timeout=120) as c:
-            return q, c.post("/v1/search", json={"query": q, "k": 5}, headers=headers)
+    def one(query):
+        with httpx.Client(base_url=url, timeout=120) as client:
+            return query, client.post("/v1/search", json={"query": query, "k": 5}, headers=headers)
 
     with ThreadPoolExecutor(12) as pool:
         got = list(pool.map(one, queries))
+    assert len(got) == len(queries)
     batches = set()
-    for q, r in got:
-        assert r.status_code == 200, r.text
-        assert [x["chunk_id"] for x in r.json()["results"]] == want[q], q
-        assert r.json()["timings"]["path"] == "router"
-        batches.add((r.json()["timings"]["embed_batch"], r.json()["timings"]["search_batch"]))
+    for query, response in got:
+        assert response.status_code == 200, response.text
+        assert [x["chunk_id"] for x in response.json()["results"]] == want[query], query
+        assert response.json()["timings"]["path"] == "router"
+        timings = response.json()["timings"]
+        batches.add((timings["embed_batch"], timings["search_batch"]))
     assert max(e for e, _ in batches) > 1, batches  # some requests overlapped and were embedded together
     assert max(s for _, s in batches) > 1, batches  # ... and searched together
 
@@ -155,16 +164,19 @@ def test_hybrid_tenant_equals_in_process_hybrid_search(served, open_engine):
     merges BM25 and dense lists exactly as the in-process engine does."""
     engine = open_engine(served["delta"])
     assert engine.policy.bm25_alpha == 0.7
-    for q in QUERIES + ["nonlocal"]:
-        want = engine.search([q], k=10)[0]
-        got = search(served, {"query": q, "k": 10}, tenant="delta").json()["results"]
+    for query in QUERIES + ["nonlocal"]:
+        want = engine.search([query], k=10)[0]
+        got = search(served, {"query": query, "k": 10}, tenant="delta").json()["results"]
+        assert len(want) == 10
         assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
-        for g, w in zip(got, want, strict=True):
-            assert g["score"] == pytest.approx(w["score"], abs=1e-4)
-            assert g["bm25"] == pytest.approx(w["bm25"], abs=1e-4) and 0 <= g["bm25"] <= 1
-            assert g["text"] == w["text"]
+        for got_result, want_result in zip(got, want, strict=True):
+            assert got_result["score"] == pytest.approx(want_result["score"], abs=1e-4)
+            assert got_result["bm25"] == pytest.approx(want_result["bm25"], abs=1e-4)
+            assert 0 <= got_result["bm25"] <= 1
+            assert got_result["text"] == want_result["text"]
     plain = search(served, {"query": "nonlocal", "k": 10}, tenant="alpha").json()["results"]
     hybrid = search(served, {"query": "nonlocal", "k": 10}, tenant="delta").json()["results"]
+    assert len(plain) == 10
     assert all("bm25" not in x or x["bm25"] is None for x in plain)
     # BM25 is normalised by the query's best chunk over all shards, which is among the results
     assert hybrid[0]["doc_id"] == "nonlocal" and max(x["bm25"] for x in hybrid) == 1.0
@@ -175,21 +187,24 @@ def test_request_bm25_alpha_overrides_the_index_setting(served, open_engine):
 
     base = open_engine(served["delta"])
     lexical = open_engine(served["delta"], policy=base.policy.with_bm25_alpha(0.0))
-    for q in QUERIES:
-        want = lexical.search([q], k=10)[0]
-        got = search(served, {"query": q, "k": 10, "bm25_alpha": 0.0}, tenant="delta").json()["results"]
+    for query in QUERIES:
+        want = lexical.search([query], k=10)[0]
+        got = search(served, {"query": query, "k": 10, "bm25_alpha": 0.0}, tenant="delta").json()["results"]
+        assert len(want) == 10
         assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
         assert [x["bm25"] for x in got] == pytest.approx([x["bm25"] for x in want], abs=1e-5)
     # alpha 1 on the hybrid index is its dense ranking
     dense = open_engine(served["delta"], policy=SearchConfig())
     got = search(served, {"query": QUERIES[0], "k": 10, "bm25_alpha": 1.0}, tenant="delta").json()["results"]
+    assert len(got) == 10
     assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in dense.search([QUERIES[0]], k=10)[0]]
     # an index without a BM25 channel: a clear 409 (the request is valid, the index cannot serve it),
     # not a silent dense answer
-    r = search(served, {"query": QUERIES[0], "k": 3, "bm25_alpha": 0.5}, tenant="alpha")
-    assert r.status_code == 409 and r.json()["error"] == "no_bm25_index" and "bm25.enabled" in r.json()["message"]
-    r = search(served, {"query": QUERIES[0], "k": 3, "bm25_alpha": 1.5}, tenant="delta")
-    assert r.status_code == 422
+    response = search(served, {"query": QUERIES[0], "k": 3, "bm25_alpha": 0.5}, tenant="alpha")
+    assert response.status_code == 409 and response.json()["error"] == "no_bm25_index"
+    assert "bm25.enabled" in response.json()["message"]
+    response = search(served, {"query": QUERIES[0], "k": 3, "bm25_alpha": 1.5}, tenant="delta")
+    assert response.status_code == 422
 
 
 def test_min_score_filters_like_in_process(served, open_engine):
@@ -205,22 +220,22 @@ def test_min_score_filters_like_in_process(served, open_engine):
 
 # ------------------------------------------------------------------------------------ tenants
 def test_tenant_isolation(served):
-    q = "How do I make an object usable in a with statement?"
-    a = search(served, {"query": q, "k": 20}, tenant="alpha").json()["results"]
-    b = search(served, {"query": q, "k": 20}, tenant="beta").json()["results"]
-    assert len(a) == 20 and all(x["doc_id"] in ALPHA_TOPICS for x in a)
-    assert all(x["doc_id"] in BETA_TOPICS for x in b)
-    assert b[0]["doc_id"] in ("with", "context-managers")
-    assert not {x["chunk_id"] for x in a} & {x["chunk_id"] for x in b}
+    query = "How do I make an object usable in a with statement?"
+    alpha_results = search(served, {"query": query, "k": 20}, tenant="alpha").json()["results"]
+    beta_results = search(served, {"query": query, "k": 20}, tenant="beta").json()["results"]
+    assert len(alpha_results) == 20 and all(x["doc_id"] in ALPHA_TOPICS for x in alpha_results)
+    assert beta_results and all(x["doc_id"] in BETA_TOPICS for x in beta_results)
+    assert beta_results[0]["doc_id"] in ("with", "context-managers")
+    assert not {x["chunk_id"] for x in alpha_results} & {x["chunk_id"] for x in beta_results}
 
 
 def test_indexes_lists_only_the_callers_index(served):
-    r = served["client"].get("/v1/indexes", headers=auth(served, "beta"))
-    assert r.status_code == 200
-    idx = r.json()["indexes"]
-    assert [i["name"] for i in idx] == ["beta"] and idx[0]["num_shards"] == 3 and idx[0]["available"]
+    response = served["client"].get("/v1/indexes", headers=auth(served, "beta"))
+    assert response.status_code == 200
+    indexes = response.json()["indexes"]
+    assert [i["name"] for i in indexes] == ["beta"] and indexes[0]["num_shards"] == 3 and indexes[0]["available"]
     written = load_manifest(served["beta"]).data  # what the build wrote, as the API reports it
-    assert (idx[0]["representation"], idx[0]["counts"]) == (written["representation"], written["counts"])
+    assert (indexes[0]["representation"], indexes[0]["counts"]) == (written["representation"], written["counts"])
 
 
 @pytest.mark.parametrize("headers,status,kind", [
@@ -229,16 +244,16 @@ def test_indexes_lists_only_the_callers_index(served):
     ({"Authorization": "Basic abc"}, 401, "unauthorized"),
 ])
 def test_missing_or_unknown_key_is_401(served, headers, status, kind):
-    r = served["client"].post("/v1/search", json={"query": "for loop", "k": 3}, headers=headers)
-    assert r.status_code == status and r.json()["error"] == kind
-    assert r.headers.get("www-authenticate") == "Bearer"
+    response = served["client"].post("/v1/search", json={"query": "for loop", "k": 3}, headers=headers)
+    assert response.status_code == status and response.json()["error"] == kind
+    assert response.headers.get("www-authenticate") == "Bearer"
 
 
 def test_key_for_another_tenants_index(served):
-    r = search(served, {"query": "for loop", "k": 3, "index": "beta"}, tenant="alpha")
-    assert r.status_code == 403 and r.json()["error"] == "forbidden"
-    r = search(served, {"query": "for loop", "k": 3, "index": "nope"}, tenant="alpha")
-    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    response = search(served, {"query": "for loop", "k": 3, "index": "beta"}, tenant="alpha")
+    assert response.status_code == 403 and response.json()["error"] == "forbidden"
+    response = search(served, {"query": "for loop", "k": 3, "index": "nope"}, tenant="alpha")
+    assert response.status_code == 404 and response.json()["error"] == "not_found"
 
 
 # ------------------------------------------------------------------------------------ bad input
@@ -259,46 +274,46 @@ def test_key_for_another_tenants_index(served):
     ('[1, 2]', 422, "invalid_request"),
 ])
 def test_bad_input_is_a_clear_4xx(served, body, status, kind):
-    r = served["client"].post("/v1/search", content=body,
-                              headers={"content-type": "application/json", **auth(served, "alpha")})
-    assert r.status_code == status, r.text
-    j = r.json()
-    assert j["error"] == kind and j["message"]
+    response = served["client"].post("/v1/search", content=body,
+                                     headers={"content-type": "application/json", **auth(served, "alpha")})
+    assert response.status_code == status, response.text
+    error = response.json()
+    assert error["error"] == kind and error["message"]
 
 
 def test_numbers_as_json_schema_types_them(served):
     """JSON Schema's integer includes 3.0 (schemathesis sends it): the server takes what its schema allows."""
-    r = search(served, {"query": "for loop", "k": 3.0, "bm25_alpha": None, "min_score": -1}, tenant="alpha")
-    assert r.status_code == 200, r.text
-    assert len(r.json()["results"]) == 3
+    response = search(served, {"query": "for loop", "k": 3.0, "bm25_alpha": None, "min_score": -1}, tenant="alpha")
+    assert response.status_code == 200, response.text
+    assert len(response.json()["results"]) == 3
 
 
 def test_unknown_route_and_method(served):
-    r = served["client"].get("/v2/search")
-    assert r.status_code == 404 and r.json()["error"] == "not_found"
-    r = served["client"].get("/v1/search")
-    assert r.status_code == 405
+    response = served["client"].get("/v2/search")
+    assert response.status_code == 404 and response.json()["error"] == "not_found"
+    response = served["client"].get("/v1/search")
+    assert response.status_code == 405
 
 
 # ------------------------------------------------------------------------------------ LLM paths
 def test_hyde_embeds_the_llm_passage(served, fake_llm, open_engine):
-    n0 = len(fake_llm.bodies)
-    r = search(served, {"query": "How do I make an object usable in a with statement?", "k": 5, "mode": "hyde"},
-               tenant="beta")
-    assert r.status_code == 200, r.text
-    body = r.json()
+    calls_before = len(fake_llm.bodies)
+    query = "How do I make an object usable in a with statement?"
+    response = search(served, {"query": query, "k": 5, "mode": "hyde"}, tenant="beta")
+    assert response.status_code == 200, response.text
+    body = response.json()
     assert body["mode"] == "hyde" and body["hypothetical"] == HYDE_PASSAGE
-    assert len(fake_llm.bodies) == n0 + 1 and "Passage:" in fake_llm.bodies[-1]["messages"][-1]["content"]
+    assert len(fake_llm.bodies) == calls_before + 1 and "Passage:" in fake_llm.bodies[-1]["messages"][-1]["content"]
     # the vector searched is the passage's: same ranking as an in-process search for the passage text
     want = open_engine(served["beta"]).search([HYDE_PASSAGE], k=5)[0]
     assert [x["chunk_id"] for x in body["results"]] == [x["chunk_id"] for x in want]
 
 
 def test_answer_cites_chunk_ids(served, fake_llm):
-    r = served["client"].post("/v1/answer", json={"query": "What does the __exit__ method of a context manager do?",
-                                                 "k": 4}, headers=auth(served, "beta"))
-    assert r.status_code == 200, r.text
-    body = r.json()
+    query = "What does the __exit__ method of a context manager do?"
+    response = served["client"].post("/v1/answer", json={"query": query, "k": 4}, headers=auth(served, "beta"))
+    assert response.status_code == 200, response.text
+    body = response.json()
     assert "[1]" in body["answer"] and body["answer"] != "I don't know"
     assert [c["n"] for c in body["citations"]] == [1, 2]
     ids = [x["chunk_id"] for x in body["results"]]
@@ -308,27 +323,28 @@ def test_answer_cites_chunk_ids(served, fake_llm):
 
 
 def test_answer_says_i_dont_know_when_the_model_does(served):
-    r = served["client"].post("/v1/answer", json={"query": f"Which {IDK_MARKER} wrote the with statement?", "k": 3},
-                              headers=auth(served, "beta"))
-    assert r.status_code == 200 and r.json()["answer"] == "I don't know" and r.json()["citations"] == []
+    query = f"Which {IDK_MARKER} wrote the with statement?"
+    response = served["client"].post("/v1/answer", json={"query": query, "k": 3}, headers=auth(served, "beta"))
+    assert response.status_code == 200
+    assert response.json()["answer"] == "I don't know" and response.json()["citations"] == []
 
 
 def test_answer_without_support_does_not_ask_the_llm(served, fake_llm):
-    n0 = len(fake_llm.bodies)
-    r = served["client"].post("/v1/answer", json={"query": "zxqv blorf wibble frobnicate", "k": 3},
-                              headers=auth(served, "beta"))
-    assert r.status_code == 200
-    assert r.json()["answer"] == "I don't know" and r.json()["citations"] == []
-    assert len(fake_llm.bodies) == n0
+    calls_before = len(fake_llm.bodies)
+    response = served["client"].post("/v1/answer", json={"query": "zxqv blorf wibble frobnicate", "k": 3},
+                                     headers=auth(served, "beta"))
+    assert response.status_code == 200
+    assert response.json()["answer"] == "I don't know" and response.json()["citations"] == []
+    assert len(fake_llm.bodies) == calls_before
 
 
 def test_answer_and_hyde_without_llm_are_501(served):
     """A feature this server does not offer is not a temporary outage (clients retry a 503)."""
     for route, body in (("/open/v1/answer", {"query": "for loop"}),
                         ("/open/v1/search", {"query": "for loop", "mode": "hyde"})):
-        r = served["client"].post(route, json=body)
-        assert r.status_code == 501 and r.json()["error"] == "llm_not_configured", r.text
-        assert "retry-after" not in r.headers
+        response = served["client"].post(route, json=body)
+        assert response.status_code == 501 and response.json()["error"] == "llm_not_configured", response.text
+        assert "retry-after" not in response.headers
     paths = served["client"].get("/open/openapi.json").json()["paths"]
     assert all("501" in paths[p]["post"]["responses"] for p in ("/v1/answer", "/v1/search"))  # documented
 
@@ -340,12 +356,13 @@ def test_metrics_on_the_scrape_endpoint(served):
 
     from qrag_ray.serving.app_metrics import EXPORTED_METRICS
 
-    for q in QUERIES:
-        search(served, {"query": q, "k": 5})
+    for query in QUERIES:
+        search(served, {"query": query, "k": 5})
     served["client"].post("/v1/search", json={"query": ""}, headers=auth(served, "alpha"))
     want_tags = ['tenant="alpha"', 'route="/v1/search"', 'kind="invalid_request"', 'index_version="']
     deadline = time.time() + 90
-    missing, text = set(EXPORTED_METRICS), ""
+    missing = set(EXPORTED_METRICS)
+    text = ""
     while time.time() < deadline:
         text = httpx.get(f"http://127.0.0.1:{served['metrics_port']}/metrics", timeout=30).text
         present = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
@@ -355,8 +372,8 @@ def test_metrics_on_the_scrape_endpoint(served):
         time.sleep(2)
     assert not missing, f"not scraped: {sorted(missing)}"
     errors = [line[line.find("{"):][-300:] for line in text.splitlines() if line.startswith("ray_qrag_errors_total")]
-    for t in want_tags:
-        assert t in text, (t, errors)
+    for tag in want_tags:
+        assert tag in text, (tag, errors)
 
 
 # ------------------------------------------------------------------------------------ CLI
@@ -377,8 +394,8 @@ def test_qrag_query_prints_a_table(served, capsys):
     assert "HTTP 409 no_bm25_index" in capsys.readouterr().err
     assert main(["query", "--url", url, "--key", served["keys"]["delta"], "--bm25-alpha", "0", "--json",
                  "--k", "2", "nonlocal statement"]) == 0
-    res = json.loads(capsys.readouterr().out)["results"]
-    assert res[0]["doc_id"] == "nonlocal" and res[0]["bm25"] == 1.0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert results[0]["doc_id"] == "nonlocal" and results[0]["bm25"] == 1.0
 
 
 # CI runs `qrag serve` with the proxy as a process in tests/cluster/ (on the 3-node cluster); the other
@@ -448,10 +465,10 @@ def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, ingress):
     # Ctrl-C (or SIGTERM) stops it by itself, without a replica's load-balancer drain (Serve's 30 s),
     # and takes HAProxy's files (the folder of its config) with it
     assert stop_s < 60 and proc.returncode == 0, (stop_s, proc.returncode, lines[-20:])
-    cfg = [Path(a) for a in title.split() if a.endswith("haproxy.cfg")]
-    assert all(not c.parent.exists() for c in cfg), cfg
+    haproxy_configs = [Path(a) for a in title.split() if a.endswith("haproxy.cfg")]
+    assert all(not c.parent.exists() for c in haproxy_configs), haproxy_configs
     if ingress == "haproxy":
-        assert cfg, title
+        assert haproxy_configs, title
 
 
 # ------------------------------------------------------------------------------------ OpenAPI
@@ -463,7 +480,8 @@ def _spec() -> dict:
 
 def test_served_openapi_is_the_one_fuzzed(served):
     """The schema below is built in-process at collection time; it must be the server's own."""
-    served_spec, ours = served["client"].get("/openapi.json").json(), json.loads(json.dumps(_spec()))
+    served_spec = served["client"].get("/openapi.json").json()
+    ours = json.loads(json.dumps(_spec()))
     served_spec.pop("servers", None)  # Serve adds the route prefix it is mounted at
     assert served_spec == ours
 
@@ -496,16 +514,16 @@ FILTERS = [
 ]
 
 
-def _chosen(f: dict | None, doc_ids=None) -> set[str]:
+def _chosen(filter_spec: dict | None, doc_ids=None) -> set[str]:
     from support.brute_force import passes
     from support.corpus import topic_metadata
 
-    return {n for i, n in enumerate(ALPHA_TOPICS) if (f is None or passes(f, topic_metadata(i, n)))
+    return {n for i, n in enumerate(ALPHA_TOPICS) if (filter_spec is None or passes(filter_spec, topic_metadata(i, n)))
             and (doc_ids is None or n in doc_ids)}
 
 
-@pytest.mark.parametrize("f", FILTERS, ids=lambda f: f["type"])
-def test_filtered_search_is_exact_served_as_in_process(served, f):
+@pytest.mark.parametrize("filter_spec", FILTERS, ids=lambda filter_spec: filter_spec["type"])
+def test_filtered_search_is_exact_served_as_in_process(served, filter_spec):
     """delta (3 shards, Flat, BM25, metadata): each filtered page holds exactly min(k, chunks that pass)
     distinct chunks, all passing, equal to brute force over the filtered subset (dense: every vector;
     BM25: every chunk's score), and served exactly as the in-process engine ranks (dense, BM25, hybrid)."""
@@ -515,27 +533,31 @@ def test_filtered_search_is_exact_served_as_in_process(served, f):
 
     engines = {a: SearchEngine(served["delta"], policy=SearchConfig().with_bm25_alpha(a) if a is not None else None)
                for a in (None, 0.0, 1.0)}  # the index's hybrid 0.7, BM25 alone, dense alone
-    chosen = _chosen(f)
-    n_chosen = sum(1 for shard in engines[None].shards for d in shard.chunk_columns[1].to_pylist() if d in chosen)
-    q = QUERIES[0]
+    chosen = _chosen(filter_spec)
+    chunk_docs = [doc_id for shard in engines[None].shards for doc_id in shard.chunk_columns[1].to_pylist()]
+    n_chosen = sum(doc_id in chosen for doc_id in chunk_docs)
+    assert n_chosen > 0
+    query = QUERIES[0]
     for alpha, engine in engines.items():
         for k in (3, 30):
-            want = engine.search([q], k=k, filter=f)[0]
-            body = {"query": q, "k": k, "filter": f, **({} if alpha is None else {"bm25_alpha": alpha})}
+            want = engine.search([query], k=k, filter=filter_spec)[0]
+            body = {"query": query, "k": k, "filter": filter_spec, **({} if alpha is None else {"bm25_alpha": alpha})}
             got = search(served, body, tenant="delta").json()["results"]
             assert [x["chunk_id"] for x in got] == [x["chunk_id"] for x in want]
             assert [x["score"] for x in got] == pytest.approx([x["score"] for x in want], abs=1e-4)
             assert len({x["chunk_id"] for x in got}) == len(got) == min(k, n_chosen)
             assert all(x["doc_id"] in chosen and x["metadata"]["area"] for x in got)
             if alpha == 1.0:
-                truth = dense_truth(engine, engine.embed([q]), chosen)[0][:k]
+                truth = dense_truth(engine, engine.embed([query]), chosen)[0][:k]
                 assert [x["chunk_id"] for x in got] == [c for c, _ in truth]
                 assert [x["score"] for x in got] == pytest.approx([s for _, s in truth], abs=1e-4)
             if alpha == 0.0:  # each chunk's BM25 over the best passing one's; without one, the lexical floor
-                lex, per_shard = bm25_truth(engine, q, chosen)
+                lex, per_shard = bm25_truth(engine, query, chosen)
                 floor = min([min(sc) / lex[0][1] for sc in per_shard if sc and min(sc) > 0] or [0.0])
-                assert [x["bm25"] for x in got] == pytest.approx(
-                    [dict(lex)[x["chunk_id"]] / lex[0][1] if x["chunk_id"] in dict(lex) else floor for x in got], abs=1e-4)
+                lexical_scores = dict(lex)
+                want_bm25 = [lexical_scores[x["chunk_id"]] / lex[0][1] if x["chunk_id"] in lexical_scores else floor
+                             for x in got]
+                assert [x["bm25"] for x in got] == pytest.approx(want_bm25, abs=1e-4)
                 assert got[0]["bm25"] == 1.0
 
 
@@ -544,10 +566,12 @@ def test_results_carry_metadata_and_url(served):
 
     got = search(served, {"query": QUERIES[0], "k": 5}, tenant="delta").json()["results"]
     meta = {n: topic_metadata(i, n) for i, n in enumerate(ALPHA_TOPICS)}
-    for x in got:
-        assert x["metadata"] == meta[x["doc_id"]]
-        assert x["url"] == f"https://docs.python.org/3/reference/{x['doc_id']}.html"
+    assert len(got) == 5
+    for result in got:
+        assert result["metadata"] == meta[result["doc_id"]]
+        assert result["url"] == f"https://docs.python.org/3/reference/{result['doc_id']}.html"
     plain = search(served, {"query": QUERIES[0], "k": 2}).json()["results"]  # alpha: no metadata
+    assert len(plain) == 2
     assert all(x["metadata"] == {} and x["url"] is None for x in plain)
 
 
@@ -555,16 +579,17 @@ def test_doc_ids_and_filters_on_answer_and_an_index_without_metadata(served, fak
     ids = ["while", "break", "pass"]
     got = search(served, {"query": QUERIES[0], "k": 40, "doc_ids": ids}).json()["results"]
     assert {x["doc_id"] for x in got} == set(ids)  # alpha has no metadata fields, but doc_ids always works
-    r = served["client"].post("/v1/answer", json={"query": QUERIES[0], "k": 3, "filter": FILTERS[0]},
-                              headers=auth(served, "delta"))
-    assert r.status_code == 200, r.text
-    assert all(x["doc_id"] in _chosen(FILTERS[0]) for x in r.json()["results"])
-    assert {c["chunk_id"] for c in r.json()["citations"]} <= {x["chunk_id"] for x in r.json()["results"]}
+    response = served["client"].post("/v1/answer", json={"query": QUERIES[0], "k": 3, "filter": FILTERS[0]},
+                                     headers=auth(served, "delta"))
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["results"] and all(x["doc_id"] in _chosen(FILTERS[0]) for x in answer["results"])
+    assert {c["chunk_id"] for c in answer["citations"]} <= {x["chunk_id"] for x in answer["results"]}
 
 
-@pytest.mark.parametrize("tenant,f,needle", [
-    ("delta", {"type": "eq", "key": "colour", "value": "red"}, "unknown metadata field 'colour'; this index has: "
-                                                                "added, area, letters, order, reviewed, statement"),
+@pytest.mark.parametrize("tenant,filter_spec,needle", [
+    ("delta", {"type": "eq", "key": "colour", "value": "red"},
+     "unknown metadata field 'colour'; this index has: added, area, letters, order, reviewed, statement"),
     ("delta", {"type": "gt", "key": "statement", "value": True}, "'gt' does not apply to field 'statement'"),
     ("delta", {"type": "gte", "key": "added", "value": "2024-3-5"}, "is not an ISO-8601 date"),
     ("delta", {"type": "eq", "key": "order", "value": "three"}, "field 'order' is a number"),
@@ -573,62 +598,63 @@ def test_doc_ids_and_filters_on_answer_and_an_index_without_metadata(served, fak
     ("delta", {"type": "like", "key": "area", "value": "x"}, "filter"),
     ("alpha", {"type": "eq", "key": "area", "value": "loops"}, "built without document metadata"),
 ])
-def test_invalid_filters_are_422_invalid_filter(served, tenant, f, needle):
-    r = search(served, {"query": QUERIES[0], "k": 3, "filter": f}, tenant=tenant)
-    assert r.status_code == 422 and r.json()["error"] == "invalid_filter", r.text
-    assert needle in r.json()["message"] and "\n" not in r.json()["message"]
+def test_invalid_filters_are_422_invalid_filter(served, tenant, filter_spec, needle):
+    response = search(served, {"query": QUERIES[0], "k": 3, "filter": filter_spec}, tenant=tenant)
+    assert response.status_code == 422 and response.json()["error"] == "invalid_filter", response.text
+    assert needle in response.json()["message"] and "\n" not in response.json()["message"]
 
 
 def test_too_deep_filters_and_bodies_are_4xx_and_the_replica_lives_on(served):
     deep = FILTERS[0]
     for _ in range(9):
         deep = {"type": "or", "filters": [deep]}
-    r = search(served, {"query": QUERIES[0], "filter": deep}, tenant="delta")
-    assert r.status_code == 422 and "deeper than 8" in r.json()["message"], r.text
+    response = search(served, {"query": QUERIES[0], "filter": deep}, tenant="delta")
+    assert response.status_code == 422 and "deeper than 8" in response.json()["message"], response.text
     body = '{"query": "x", "filter": ' + '{"type": "or", "filters": [' * 3000 + "]}" * 3000 + "}"
-    r = served["client"].post("/v1/search", content=body, headers={"content-type": "application/json",
-                                                                  **auth(served, "delta")})
-    assert 400 <= r.status_code < 500, r.text
+    headers = {"content-type": "application/json", **auth(served, "delta")}
+    response = served["client"].post("/v1/search", content=body, headers=headers)
+    assert 400 <= response.status_code < 500, response.text
     assert search(served, {"query": QUERIES[0], "k": 1}, tenant="delta").status_code == 200
 
 
-def _quoted(i: str) -> str:
+def _quoted(identifier: str) -> str:
     from urllib.parse import quote
 
-    return quote(i, safe="")
+    return quote(identifier, safe="")
 
 
 def test_fetch_a_chunk_and_a_document_by_id(served):
-    c = served["client"]
-    page = search(served, {"query": QUERIES[0], "k": 1}, tenant="delta").json()["results"][0]
-    r = c.get(f"/v1/chunks/{_quoted(page['chunk_id'])}", headers=auth(served, "delta"))
-    assert r.status_code == 200, r.text
-    got = r.json()
-    assert {k: got[k] for k in ("chunk_id", "doc_id", "title", "text", "url", "metadata")} == \
-        {k: page[k] for k in ("chunk_id", "doc_id", "title", "text", "url", "metadata")}
+    client = served["client"]
+    result = search(served, {"query": QUERIES[0], "k": 1}, tenant="delta").json()["results"][0]
+    response = client.get(f"/v1/chunks/{_quoted(result['chunk_id'])}", headers=auth(served, "delta"))
+    assert response.status_code == 200, response.text
+    got = response.json()
+    fields = ("chunk_id", "doc_id", "title", "text", "url", "metadata")
+    assert {k: got[k] for k in fields} == {k: result[k] for k in fields}
     assert got["questions"] == [] and got["index"] == "delta" and got["index_version"]
-    r = c.get(f"/v1/documents/{page['doc_id']}", headers=auth(served, "delta"))
-    assert r.status_code == 200, r.text
-    doc = r.json()
-    n = [x["chunk_id"] for x in doc["chunks"]]
-    assert n == [f"{page['doc_id']}#{i}" for i in range(len(n))] and page["chunk_id"] in n  # document order
-    assert doc["metadata"] == page["metadata"] and doc["url"] == page["url"]
+    response = client.get(f"/v1/documents/{result['doc_id']}", headers=auth(served, "delta"))
+    assert response.status_code == 200, response.text
+    doc = response.json()
+    chunk_ids = [x["chunk_id"] for x in doc["chunks"]]
+    assert chunk_ids == [f"{result['doc_id']}#{i}" for i in range(len(chunk_ids))]  # document order
+    assert result["chunk_id"] in chunk_ids
+    assert doc["metadata"] == result["metadata"] and doc["url"] == result["url"]
     assert " ".join(x["text"] for x in doc["chunks"]).startswith(doc["chunks"][0]["text"])
 
 
 def test_fetch_obeys_tenant_keys(served):
-    c = served["client"]
+    client = served["client"]
     alpha_chunk = search(served, {"query": QUERIES[0], "k": 1}).json()["results"][0]["chunk_id"]
-    assert c.get(f"/v1/chunks/{_quoted(alpha_chunk)}", headers=auth(served, "alpha")).status_code == 200
-    r = c.get(f"/v1/chunks/{_quoted(alpha_chunk)}", headers=auth(served, "beta"))  # not in beta's index
-    assert r.status_code == 404 and r.json()["error"] == "not_found"
-    r = c.get(f"/v1/chunks/{_quoted(alpha_chunk)}?index=alpha", headers=auth(served, "beta"))
-    assert r.status_code == 403 and r.json()["error"] == "forbidden"
-    r = c.get("/v1/documents/for?index=alpha", headers=auth(served, "beta"))
-    assert r.status_code == 403
-    assert c.get("/v1/documents/for", headers=auth(served, "beta")).status_code == 404
-    assert c.get(f"/v1/chunks/{_quoted(alpha_chunk)}").status_code == 401
-    r = c.get(f"/v1/chunks/{_quoted('nope#0')}", headers=auth(served, "alpha"))
-    assert r.status_code == 404 and "no chunk 'nope#0'" in r.json()["message"]
-    r = c.get("/v1/documents/nope", headers=auth(served, "alpha"))
-    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    assert client.get(f"/v1/chunks/{_quoted(alpha_chunk)}", headers=auth(served, "alpha")).status_code == 200
+    response = client.get(f"/v1/chunks/{_quoted(alpha_chunk)}", headers=auth(served, "beta"))  # not in beta's index
+    assert response.status_code == 404 and response.json()["error"] == "not_found"
+    response = client.get(f"/v1/chunks/{_quoted(alpha_chunk)}?index=alpha", headers=auth(served, "beta"))
+    assert response.status_code == 403 and response.json()["error"] == "forbidden"
+    response = client.get("/v1/documents/for?index=alpha", headers=auth(served, "beta"))
+    assert response.status_code == 403
+    assert client.get("/v1/documents/for", headers=auth(served, "beta")).status_code == 404
+    assert client.get(f"/v1/chunks/{_quoted(alpha_chunk)}").status_code == 401
+    response = client.get(f"/v1/chunks/{_quoted('nope#0')}", headers=auth(served, "alpha"))
+    assert response.status_code == 404 and "no chunk 'nope#0'" in response.json()["message"]
+    response = client.get("/v1/documents/nope", headers=auth(served, "alpha"))
+    assert response.status_code == 404 and response.json()["error"] == "not_found"

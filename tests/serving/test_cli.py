@@ -19,28 +19,29 @@ def fake_index(tmp_path):
     """Just enough of an index for `qrag tenants add` (it checks the manifest is readable)."""
     import json
 
-    d = tmp_path / "idx"
-    d.mkdir()
-    (d / "manifest.json").write_text(json.dumps({
+    index_dir = tmp_path / "idx"
+    index_dir.mkdir()
+    (index_dir / "manifest.json").write_text(json.dumps({
         "format_version": 1, "index_version": "v", "num_shards": 1, "embedder": {"model": "m", "dim": 3},
         "shards": [{"id": 0, "faiss": "shards/00000.faiss", "meta": "shards/00000.parquet", "vectors": 0,
                     "vectors_before_filters": 0, "chunks": 0, "kinds": {}, "seconds": 0.0}],
         "files": {}, "representation": "chunk"}))
-    return d
+    return index_dir
 
 
 def test_tenants_add_prints_the_key_once_and_stores_its_hash(tmp_path, fake_index, capsys):
-    f = tmp_path / "tenants.yaml"
-    code, out, err = run(["tenants", "add", "--file", str(f), "--name", "acme", "--index", str(fake_index)], capsys)
+    tenants_file = tmp_path / "tenants.yaml"
+    argv = ["tenants", "add", "--file", str(tenants_file), "--name", "acme", "--index", str(fake_index)]
+    code, out, err = run(argv, capsys)
     assert code == 0
     key = out.strip()
-    assert key.startswith("qrag_") and key not in f.read_text()
-    assert load_tenants(f).by_name["acme"].key_sha256 == hash_key(key)
-    code, out, _ = run(["tenants", "list", "--file", str(f)], capsys)
+    assert key.startswith("qrag_") and key not in tenants_file.read_text()
+    assert load_tenants(tenants_file).by_name["acme"].key_sha256 == hash_key(key)
+    code, out, _ = run(["tenants", "list", "--file", str(tenants_file)], capsys)
     assert code == 0 and out.startswith("acme\t") and key not in out
 
 
-@pytest.mark.parametrize("argv,msg", [
+@pytest.mark.parametrize("argv,message", [
     (["tenants", "add", "--file", "{tmp}/t.yaml", "--name", "a", "--index", "{tmp}/missing"], "index not found"),
     (["tenants", "add", "--file", "{tmp}/t.yaml", "--name", "a b", "--index", "{idx}"], "tenant names"),
     (["serve", "--index", "{tmp}/missing"], "index not found"),
@@ -50,12 +51,12 @@ def test_tenants_add_prints_the_key_once_and_stores_its_hash(tmp_path, fake_inde
     (["serve", "--config", "{tmp}/missing.yaml"], "serve config not found"),
     (["query", "--url", "http://127.0.0.1:9", "how?"], "cannot reach"),
 ])
-def test_user_errors_are_one_line(tmp_path, fake_index, capsys, argv, msg):
+def test_user_errors_are_one_line(tmp_path, fake_index, capsys, argv, message):
     (tmp_path / "bad.yaml").write_text("applications:\n  - name: qrag\n    import_path: 3\n    bogus: 1\n")
     argv = [a.format(tmp=tmp_path, idx=fake_index) for a in argv]
     code, out, err = run(argv, capsys)
     assert code == 2, err
-    assert msg in err and "Traceback" not in err
+    assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) <= 3  # one message (rich may wrap it)
 
 
@@ -65,10 +66,13 @@ def test_flags_override_the_serve_config(tmp_path):
     from qrag_ray.cli.serve_cmd import load_serve_config, plan_from_config
 
     data = load_serve_config("serve_configs/qrag.yaml")
-    args, deps, http = plan_from_config(data, str(tmp_path), None, "http://llm:9/v1", "m")
+    args, deployments, http = plan_from_config(data, str(tmp_path), None, "http://llm:9/v1", "m")
     assert args["index"] == str(tmp_path.resolve()) and "tenants" not in args
     assert args["generator"]["base_url"] == "http://llm:9/v1" and args["generator"]["model"] == "m"
-    assert args["shards"] == yaml.safe_load(open("serve_configs/qrag.yaml"))["applications"][0]["args"]["shards"]
-    assert set(deps) >= {"Router", "ShardSearcher0"} and "QueryEmbedder" not in deps and http["port"] == 8000
+    with open("serve_configs/qrag.yaml") as config_file:
+        written = yaml.safe_load(config_file)
+    assert args["shards"] == written["applications"][0]["args"]["shards"]
+    assert set(deployments) >= {"Router", "ShardSearcher0"} and "QueryEmbedder" not in deployments
+    assert http["port"] == 8000
     args, _, _ = plan_from_config(None, None, str(tmp_path / "t.yaml"), None, None)
     assert args == {"tenants": str((tmp_path / "t.yaml").resolve())}

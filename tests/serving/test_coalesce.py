@@ -22,13 +22,13 @@ def test_a_shared_call_runs_in_no_callers_context():
         seen.append(REQUEST.get())
         return items
 
-    async def caller(name: str, c: Coalescer):
+    async def caller(name: str, coalescer: Coalescer):
         REQUEST.set(name)
-        return await c.submit("k", name)
+        return await coalescer.submit("k", name)
 
     async def go():
-        c = Coalescer(run)
-        return await asyncio.gather(caller("a", c), caller("b", c))
+        coalescer = Coalescer(run)
+        return await asyncio.gather(caller("a", coalescer), caller("b", coalescer))
 
     assert asyncio.run(go()) == ["a", "b"] and seen == [None]
 
@@ -42,15 +42,15 @@ def test_a_cancelled_call_fails_its_callers_and_those_waiting_behind_it():
             await asyncio.sleep(60)
             return items
 
-        c = Coalescer(run)
-        first = asyncio.ensure_future(c.submit("k", 1))
+        coalescer = Coalescer(run)
+        first = asyncio.ensure_future(coalescer.submit("k", 1))
         await running.wait()
-        second = asyncio.ensure_future(c.submit("k", 2))  # waits for the running call
+        second = asyncio.ensure_future(coalescer.submit("k", 2))  # waits for the running call
         await asyncio.sleep(0)
-        for task in list(c._keys["k"].tasks):
+        for task in list(coalescer._keys["k"].tasks):
             task.cancel()
         out = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5)
-        return out, c._keys
+        return out, coalescer._keys
 
     out, keys = asyncio.run(go())
     assert all(isinstance(x, asyncio.CancelledError) for x in out) and keys == {}
@@ -68,10 +68,10 @@ def test_with_max_items_a_full_call_starts_beside_the_running_one():
                 await gate.wait()
             return items
 
-        c = Coalescer(run, max_items=2)
-        first = asyncio.ensure_future(c.submit("k", 0))
+        coalescer = Coalescer(run, max_items=2)
+        first = asyncio.ensure_future(coalescer.submit("k", 0))
         await asyncio.sleep(0.01)
-        rest = [asyncio.ensure_future(c.submit("k", i)) for i in (1, 2, 3)]  # 1, 2 full: a call now; 3 waits
+        rest = [asyncio.ensure_future(coalescer.submit("k", i)) for i in (1, 2, 3)]  # 1, 2 full: a call now; 3 waits
         await asyncio.wait_for(asyncio.gather(*rest[:2]), 5)
         gate.set()
         return await asyncio.gather(first, *rest)
@@ -88,9 +88,9 @@ def test_an_error_reaches_every_caller_of_its_call_and_the_next_call_runs(max_it
                 raise ValueError("bad batch")
             return items
 
-        c = Coalescer(run, max_items)
-        bad = await asyncio.gather(c.submit("k", 0), c.submit("k", 1), return_exceptions=True)
-        return bad, await c.submit("k", 5)
+        coalescer = Coalescer(run, max_items)
+        bad = await asyncio.gather(coalescer.submit("k", 0), coalescer.submit("k", 1), return_exceptions=True)
+        return bad, await coalescer.submit("k", 5)
 
     bad, good = asyncio.run(go())
     assert all(isinstance(x, ValueError) for x in bad) and good == 5

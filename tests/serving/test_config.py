@@ -29,10 +29,10 @@ def test_serve_config_matches_rays_schema_and_our_app(path, tmp_path):
     schema = ServeDeploySchema.model_validate(data)
     assert len(schema.applications) == 1
     app = schema.applications[0]
-    for d in app.deployments:  # per-deployment autoscaling, as the issue asks
-        assert d.autoscaling_config, f"{path.name}: {d.name} has no autoscaling_config"
-        assert d.autoscaling_config["min_replicas"] >= 1
-        assert d.autoscaling_config["max_replicas"] >= d.autoscaling_config["min_replicas"]
+    for deployment in app.deployments:  # per-deployment autoscaling, as the issue asks
+        assert deployment.autoscaling_config, f"{path.name}: {deployment.name} has no autoscaling_config"
+        assert deployment.autoscaling_config["min_replicas"] >= 1
+        assert deployment.autoscaling_config["max_replicas"] >= deployment.autoscaling_config["min_replicas"]
     module, _, attr = app.import_path.partition(":")
     builder = getattr(importlib.import_module(module), attr)
     assert app.import_path == "qrag_ray.serving.application:build_app"
@@ -41,7 +41,8 @@ def test_serve_config_matches_rays_schema_and_our_app(path, tmp_path):
     fake_args = dict(app.args)
     if args.tenants:
         fake_args["tenants"] = str(tmp_path / "t.yaml")
-        (tmp_path / "t.yaml").write_text("tenants:\n  - {name: a, index: /nonexistent, key_sha256: '" + "0" * 64 + "'}\n")
+        tenant = "{name: a, index: /nonexistent, key_sha256: '" + "0" * 64 + "'}"
+        (tmp_path / "t.yaml").write_text(f"tenants:\n  - {tenant}\n")
     from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 
     # exactly as Serve's controller calls it for `serve deploy` / KubeRay (one-parameter builders only)
@@ -69,18 +70,18 @@ def test_deployment_overrides_apply(tmp_path):
     from qrag_ray.serving.application import compose_app
 
     app = compose_app({"index": str(tmp_path), "shards": 2},
-                            {"ShardSearcher1": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0.25}}})
-    deps = {d.name: d for d in ray_build(app, name="x").deployments}
-    assert deps["ShardSearcher1"].num_replicas == 3
-    assert deps["ShardSearcher1"].ray_actor_options["num_cpus"] == 0.25
-    assert deps["ShardSearcher0"]._deployment_config.autoscaling_config is not None
+                      {"ShardSearcher1": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0.25}}})
+    deployments = {d.name: d for d in ray_build(app, name="x").deployments}
+    assert deployments["ShardSearcher1"].num_replicas == 3
+    assert deployments["ShardSearcher1"].ray_actor_options["num_cpus"] == 0.25
+    assert deployments["ShardSearcher0"]._deployment_config.autoscaling_config is not None
     # five shard numbers, two per ShardSearcher: three deployments, the last searching shard 4 alone
     grouped = ray_build(compose_app({"index": str(tmp_path), "shards": 5, "shards_per_searcher": 2}), name="y")
     assert sorted(d.name for d in grouped.deployments if d.name.startswith("ShardSearcher")) == [
         "ShardSearcher0", "ShardSearcher1", "ShardSearcher2"]
 
 
-@pytest.mark.parametrize("args,msg", [
+@pytest.mark.parametrize("args,message", [
     ({}, "exactly one of"),
     ({"index": "/a", "tenants": "/b"}, "exactly one of"),
     ({"index": "/a", "shard": 2}, "shard"),
@@ -93,8 +94,8 @@ def test_deployment_overrides_apply(tmp_path):
     ({"index": "/a", "generator": {"backend": "vllm", "questions_per_atom": 3}}, "generator.questions_per_atom"),
     ({"index": "/a", "generator": {"backend": "vllm", "sampling": {"n": 4}}}, "generator.sampling.n"),
 ])
-def test_bad_app_args(args, msg):
-    with pytest.raises(QragError, match=msg):
+def test_bad_app_args(args, message):
+    with pytest.raises(QragError, match=message):
         parse_app_args(args)
 
 
@@ -108,9 +109,11 @@ def test_build_app_without_any_readable_index_is_a_clear_error(tmp_path):
 def test_exported_metric_names_are_as_scraped():
     assert EXPORTED_METRICS and all(n.startswith("ray_qrag_") for n in EXPORTED_METRICS)
     assert all(h for h in EXPORTED_METRICS.values())
-    hist = {n.rsplit("_", 1)[0] for n in EXPORTED_METRICS if n.endswith("_bucket")}
-    assert hist == {"ray_qrag_request_latency_ms", "ray_qrag_shard_search_latency_ms",
-                    "ray_qrag_candidates_before_dedup", "ray_qrag_candidates_after_dedup", "ray_qrag_shard_load_seconds"}
-    for h in hist:
-        assert {f"{h}_sum", f"{h}_count"} <= set(EXPORTED_METRICS)
-    assert {"ray_qrag_errors_total", "ray_qrag_index_version_loaded", "ray_qrag_shard_cache_events_total"} <= set(EXPORTED_METRICS)
+    histograms = {n.rsplit("_", 1)[0] for n in EXPORTED_METRICS if n.endswith("_bucket")}
+    assert histograms == {"ray_qrag_request_latency_ms", "ray_qrag_shard_search_latency_ms",
+                          "ray_qrag_candidates_before_dedup", "ray_qrag_candidates_after_dedup",
+                          "ray_qrag_shard_load_seconds"}
+    for histogram in histograms:
+        assert {f"{histogram}_sum", f"{histogram}_count"} <= set(EXPORTED_METRICS)
+    counters = {"ray_qrag_errors_total", "ray_qrag_index_version_loaded", "ray_qrag_shard_cache_events_total"}
+    assert counters <= set(EXPORTED_METRICS)

@@ -17,109 +17,113 @@ from qrag_ray.serving.tenants import add_tenant, hash_key, load_tenants, remove_
 
 # ---------------------------------------------------------------------------------- rate limits
 def test_token_bucket_allows_a_burst_then_the_rate():
-    b = TokenBucket(rate=2.0, burst=3)
-    assert [b.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert b.take(0.0) == pytest.approx(0.5)  # one token every 0.5 s
-    assert b.take(0.5) == 0.0
-    assert b.take(0.5) > 0
-    assert [b.take(10.0) for _ in range(3)] == [0.0, 0.0, 0.0]  # refilled to the burst, not beyond
-    assert b.take(10.0) > 0
+    bucket = TokenBucket(rate=2.0, burst=3)
+    assert [bucket.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.take(0.0) == pytest.approx(0.5)  # one token every 0.5 s
+    assert bucket.take(0.5) == 0.0
+    assert bucket.take(0.5) > 0
+    assert [bucket.take(10.0) for _ in range(3)] == [0.0, 0.0, 0.0]  # refilled to the burst, not beyond
+    assert bucket.take(10.0) > 0
 
 
 def test_rate_limiter_is_per_tenant_and_keeps_buckets_across_reloads():
     now = [0.0]
-    rl = RateLimiter(clock=lambda: now[0])
-    rl.configure({"a": (1.0, 1), "b": None})
-    assert rl.retry_after("a") == 0 and rl.retry_after("a") == 1  # Retry-After in whole seconds, >= 1
-    assert all(rl.retry_after("b") == 0 for _ in range(50))  # unlimited
-    rl.configure({"a": (1.0, 1), "b": None})  # a reload with the same limit: no fresh burst
-    assert rl.retry_after("a") == 1
-    rl.configure({"a": (100.0, 5)})  # a new limit takes effect at once
-    assert rl.retry_after("a") == 0
+    limiter = RateLimiter(clock=lambda: now[0])
+    limiter.configure({"a": (1.0, 1), "b": None})
+    assert limiter.retry_after("a") == 0 and limiter.retry_after("a") == 1  # Retry-After in whole seconds, >= 1
+    assert all(limiter.retry_after("b") == 0 for _ in range(50))  # unlimited
+    limiter.configure({"a": (1.0, 1), "b": None})  # a reload with the same limit: no fresh burst
+    assert limiter.retry_after("a") == 1
+    limiter.configure({"a": (100.0, 5)})  # a new limit takes effect at once
+    assert limiter.retry_after("a") == 0
     now[0] = 0.2
-    rl.configure({})
-    assert rl.retry_after("a") == 0  # limit removed
+    limiter.configure({})
+    assert limiter.retry_after("a") == 0  # limit removed
 
 
 # ---------------------------------------------------------------------------------- shard cache
 def test_byte_lru_evicts_least_recently_used_by_bytes():
-    c = ByteLRU(100)
-    assert c.put("a", 1, 40) == [] and c.put("b", 2, 40) == []
-    assert c.get("a") == 1  # a is now the most recent
-    assert c.put("c", 3, 40) == ["b"]
-    assert c.keys() == ["a", "c"] and c.bytes == 80
-    assert c.put("huge", 4, 500) == ["a", "c"]  # bigger than the budget: admitted alone
-    assert c.keys() == ["huge"] and c.bytes == 500
-    assert c.pop("huge") == 4 and c.bytes == 0 and c.get("huge") is None
-    c.put("x", 1, 10)
-    c.put("x", 2, 30)  # replacing counts the new size only
-    assert c.bytes == 30 and c.get("x") == 2
+    cache = ByteLRU(100)
+    assert cache.put("a", 1, 40) == [] and cache.put("b", 2, 40) == []
+    assert cache.get("a") == 1  # a is now the most recent
+    assert cache.put("c", 3, 40) == ["b"]
+    assert cache.keys() == ["a", "c"] and cache.bytes == 80
+    assert cache.put("huge", 4, 500) == ["a", "c"]  # bigger than the budget: admitted alone
+    assert cache.keys() == ["huge"] and cache.bytes == 500
+    assert cache.pop("huge") == 4 and cache.bytes == 0 and cache.get("huge") is None
+    cache.put("x", 1, 10)
+    cache.put("x", 2, 30)  # replacing counts the new size only
+    assert cache.bytes == 30 and cache.get("x") == 2
 
 
 # ---------------------------------------------------------------------------------- tenants file
 def test_rotate_remove_and_admin_key(tmp_path):
-    f = tmp_path / "t.yaml"
-    old = add_tenant(f, "acme", tmp_path, rate_limit={"rps": 5, "burst": 10})
-    add_tenant(f, "globex", tmp_path)
-    new = rotate_key(f, "acme")
-    t = load_tenants(f)
-    assert t.authenticate(f"Bearer {new}").name == "acme"
-    assert t.by_name["acme"].rate_limit.rps == 5  # rotation keeps the rest of the entry
-    with pytest.raises(ApiError) as e:
-        t.authenticate(f"Bearer {old}")
-    assert e.value.status == 401
-    with pytest.raises(ApiError) as e:
-        t.is_admin(f"Bearer {new}")
-    assert e.value.status == 403  # no admin key configured yet
-    with pytest.raises(ApiError) as e:
-        t.is_admin(None)
-    assert (e.value.status, e.value.headers) == (401, {"WWW-Authenticate": "Bearer"})  # no credentials: 401 first
-    admin = set_admin_key(f)
-    t = load_tenants(f)
-    assert t.is_admin(f"Bearer {admin}") and admin not in f.read_text() and hash_key(admin) in f.read_text()
-    with pytest.raises(ApiError) as e:
-        t.is_admin(f"Bearer {new}")
-    assert e.value.status == 401
+    tenants_file = tmp_path / "t.yaml"
+    old_key = add_tenant(tenants_file, "acme", tmp_path, rate_limit={"rps": 5, "burst": 10})
+    add_tenant(tenants_file, "globex", tmp_path)
+    rotated_key = rotate_key(tenants_file, "acme")
+    tenants = load_tenants(tenants_file)
+    assert tenants.authenticate(f"Bearer {rotated_key}").name == "acme"
+    assert tenants.by_name["acme"].rate_limit.rps == 5  # rotation keeps the rest of the entry
+    with pytest.raises(ApiError) as raised:
+        tenants.authenticate(f"Bearer {old_key}")
+    assert raised.value.status == 401
+    with pytest.raises(ApiError) as raised:
+        tenants.is_admin(f"Bearer {rotated_key}")
+    assert raised.value.status == 403  # no admin key configured yet
+    with pytest.raises(ApiError) as raised:
+        tenants.is_admin(None)
+    # no credentials: 401 first
+    assert (raised.value.status, raised.value.headers) == (401, {"WWW-Authenticate": "Bearer"})
+    admin = set_admin_key(tenants_file)
+    tenants = load_tenants(tenants_file)
+    assert tenants.is_admin(f"Bearer {admin}")
+    assert admin not in tenants_file.read_text() and hash_key(admin) in tenants_file.read_text()
+    with pytest.raises(ApiError) as raised:
+        tenants.is_admin(f"Bearer {rotated_key}")
+    assert raised.value.status == 401
     with pytest.raises(ApiError):
-        t.authenticate(f"Bearer {admin}")  # the admin key is not a tenant key
-    remove_tenant(f, "acme")
-    assert set(load_tenants(f).by_name) == {"globex"}
+        tenants.authenticate(f"Bearer {admin}")  # the admin key is not a tenant key
+    remove_tenant(tenants_file, "acme")
+    assert set(load_tenants(tenants_file).by_name) == {"globex"}
     with pytest.raises(QragError, match="no tenant 'acme'.*globex"):
-        rotate_key(f, "acme")
+        rotate_key(tenants_file, "acme")
     with pytest.raises(QragError, match="no tenant 'nope'"):
-        remove_tenant(f, "nope")
+        remove_tenant(tenants_file, "nope")
 
 
 def test_thousand_tenants_authenticate_by_hash(tmp_path):
     from qrag_ray.serving.tenants import Tenant, Tenants, new_key
 
     keys = [new_key() for _ in range(1000)]
-    ts = Tenants.from_list([Tenant(name=f"t{i}", index=str(tmp_path), key_sha256=hash_key(k)) for i, k in enumerate(keys)])
-    assert len(ts.by_hash) == 1000
-    assert all(ts.authenticate(f"Bearer {keys[i]}").name == f"t{i}" for i in (0, 499, 999))
+    tenants = Tenants.from_list([Tenant(name=f"t{i}", index=str(tmp_path), key_sha256=hash_key(k))
+                                 for i, k in enumerate(keys)])
+    assert len(tenants.by_hash) == 1000
+    assert all(tenants.authenticate(f"Bearer {keys[i]}").name == f"t{i}" for i in (0, 499, 999))
 
 
 # ---------------------------------------------------------------------------------- registry
 def test_registry_picks_up_changes_and_keeps_the_last_good_table(tmp_path):
-    f = tmp_path / "t.yaml"
-    ka = add_tenant(f, "acme", tmp_path)
-    reg = TenantRegistry.from_file(f)
-    assert not reg.refresh()  # unchanged
-    kb = add_tenant(f, "globex", tmp_path)
-    assert reg.refresh() and reg.tenants.authenticate(f"Bearer {kb}").name == "globex"
-    good = f.read_text()
-    f.write_text("tenants: [oops")
-    assert not reg.refresh()
-    assert "kept the previous tenants table" in reg.error and reg.tenants.authenticate(f"Bearer {ka}").name == "acme"
-    f.write_text(good.replace("acme", "acme2"))
-    assert reg.refresh() and reg.error is None and set(reg.tenants.by_name) == {"acme2", "globex"}
+    tenants_file = tmp_path / "t.yaml"
+    acme_key = add_tenant(tenants_file, "acme", tmp_path)
+    registry = TenantRegistry.from_file(tenants_file)
+    assert not registry.refresh()  # unchanged
+    globex_key = add_tenant(tenants_file, "globex", tmp_path)
+    assert registry.refresh() and registry.tenants.authenticate(f"Bearer {globex_key}").name == "globex"
+    good = tenants_file.read_text()
+    tenants_file.write_text("tenants: [oops")
+    assert not registry.refresh()
+    assert "kept the previous tenants table" in registry.error
+    assert registry.tenants.authenticate(f"Bearer {acme_key}").name == "acme"
+    tenants_file.write_text(good.replace("acme", "acme2"))
+    assert registry.refresh() and registry.error is None and set(registry.tenants.by_name) == {"acme2", "globex"}
     # a Kubernetes-style swap: the path is a symlink re-pointed at a new file
     link = tmp_path / "link.yaml"
-    os.symlink(f, link)
-    reg2 = TenantRegistry.from_file(link)
-    g = tmp_path / "t2.yaml"
-    add_tenant(g, "solo", tmp_path)
-    tmp = tmp_path / "link.tmp"
-    os.symlink(g, tmp)
-    os.replace(tmp, link)
-    assert reg2.refresh() and set(reg2.tenants.by_name) == {"solo"}
+    os.symlink(tenants_file, link)
+    linked_registry = TenantRegistry.from_file(link)
+    other_file = tmp_path / "t2.yaml"
+    add_tenant(other_file, "solo", tmp_path)
+    new_link = tmp_path / "link.tmp"
+    os.symlink(other_file, new_link)
+    os.replace(new_link, link)
+    assert linked_registry.refresh() and set(linked_registry.tenants.by_name) == {"solo"}

@@ -23,31 +23,31 @@ def run(argv, capsys):
 
 
 def test_search_filter_on_the_cli(tenant_indexes, capsys):
-    f = {"type": "eq", "key": "area", "value": "values"}
-    code, out, err = run(["search", "--index", str(tenant_indexes["delta"]), "--k", "50", "--filter", json.dumps(f),
-                          "how are numbers compared?"], capsys)
+    filter_spec = {"type": "eq", "key": "area", "value": "values"}
+    code, out, err = run(["search", "--index", str(tenant_indexes["delta"]), "--k", "50",
+                          "--filter", json.dumps(filter_spec), "how are numbers compared?"], capsys)
     assert code == 0, err
-    res = json.loads(out)["results"]
+    results = json.loads(out)["results"]
     want = {n for i, n in enumerate(ALPHA_TOPICS) if topic_metadata(i, n)["area"] == "values"}
-    assert res and {r["doc_id"] for r in res} == want  # every chunk of those documents, no other
-    assert all(r["metadata"]["area"] == "values" and r["url"].endswith(f"/{r['doc_id']}.html") for r in res)
+    assert results and {r["doc_id"] for r in results} == want  # every chunk of those documents, no other
+    assert all(r["metadata"]["area"] == "values" and r["url"].endswith(f"/{r['doc_id']}.html") for r in results)
     code, out, _ = run(["search", "--index", str(tenant_indexes["alpha"]), "--k", "5", "--doc-id", "for",
                         "--doc-id", "while", "loops"], capsys)
-    res = json.loads(out)["results"]
+    results = json.loads(out)["results"]
     docs = pq.read_table(tenant_indexes["alpha"] / "chunks.parquet", columns=["doc_id"]).column("doc_id").to_pylist()
     passing = sum(d in ("for", "while") for d in docs)  # k=5, or every chunk of the two when they hold fewer
-    assert code == 0 and {r["doc_id"] for r in res} <= {"for", "while"} and len(res) == min(5, passing) > 0
-    assert all("metadata" not in r and "url" not in r for r in res)  # an index without metadata prints as before
+    assert code == 0 and {r["doc_id"] for r in results} <= {"for", "while"} and len(results) == min(5, passing) > 0
+    assert all("metadata" not in r and "url" not in r for r in results)  # an index without metadata prints as before
 
 
-@pytest.mark.parametrize("index,flt,needle", [
+@pytest.mark.parametrize("index,filter_json,needle", [
     ("delta", '{"type": "eq", "key": "colour", "value": 1}', "unknown metadata field 'colour'; this index has: added"),
     ("delta", '{"type": "lt", "key": "added", "value": "soon"}', "is not an ISO-8601 date"),
     ("delta", '{"type": "eq", "key": "area"', "--filter is not valid JSON"),
     ("alpha", '{"type": "eq", "key": "area", "value": "x"}', "built without document metadata"),
 ])
-def test_bad_filters_are_one_line(tenant_indexes, capsys, index, flt, needle):
-    code, out, err = run(["search", "--index", str(tenant_indexes[index]), "--filter", flt, "loops"], capsys)
+def test_bad_filters_are_one_line(tenant_indexes, capsys, index, filter_json, needle):
+    code, out, err = run(["search", "--index", str(tenant_indexes[index]), "--filter", filter_json, "loops"], capsys)
     assert code == 2 and out == ""
     assert err.startswith("error: ") and needle in " ".join(err.split()) and "Traceback" not in err
 

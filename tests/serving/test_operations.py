@@ -29,100 +29,113 @@ def ops(local_ray, tenant_indexes, index_builder):
     from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant, set_admin_key
 
-    wd = tenant_indexes["workdir"]
-    one = index_builder(wd, "one", ALPHA_TOPICS[:6], shards=1)
-    two = index_builder(wd, "two", BETA_TOPICS[:8], shards=2)
-    root = wd / "swap-root"
+    workdir = tenant_indexes["workdir"]
+    one = index_builder(workdir, "one", ALPHA_TOPICS[:6], shards=1)
+    two = index_builder(workdir, "two", BETA_TOPICS[:8], shards=2)
+    root = workdir / "swap-root"
     publish_version(root, tenant_indexes["alpha"])
-    tf = wd / "ops-tenants.yaml"
-    keys = {"one": add_tenant(tf, "one", one), "two": add_tenant(tf, "two", two),
-            "three": add_tenant(tf, "three", tenant_indexes["beta"]),
-            "rot": add_tenant(tf, "rot", tenant_indexes["alpha"]),
-            "limited": add_tenant(tf, "limited", one, rate_limit={"rps": 0.5, "burst": 2}),
-            "swap": add_tenant(tf, "swap", root)}
-    keys["admin"] = set_admin_key(tf)
+    tenants_file = workdir / "ops-tenants.yaml"
+    keys = {"one": add_tenant(tenants_file, "one", one), "two": add_tenant(tenants_file, "two", two),
+            "three": add_tenant(tenants_file, "three", tenant_indexes["beta"]),
+            "rot": add_tenant(tenants_file, "rot", tenant_indexes["alpha"]),
+            "limited": add_tenant(tenants_file, "limited", one, rate_limit={"rps": 0.5, "burst": 2}),
+            "swap": add_tenant(tenants_file, "swap", root)}
+    keys["admin"] = set_admin_key(tenants_file)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.25}}
-    opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 2} for i in range(3)}}
+    options = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 2} for i in range(3)}}
     # every tenant fans out to the ShardSearcher replicas here (small ones are searched in the Router by default)
-    args = {"tenants": str(tf), "tenants_reload_s": RELOAD_S, "request_timeout_s": 20, "local_search_max_bytes": 0}
-    serve.run(compose_app(args, opts), name="ops", route_prefix="/ops")
+    args = {"tenants": str(tenants_file), "tenants_reload_s": RELOAD_S, "request_timeout_s": 20,
+            "local_search_max_bytes": 0}
+    serve.run(compose_app(args, options), name="ops", route_prefix="/ops")
     url = f"http://127.0.0.1:{port}/ops"
     client = httpx.Client(base_url=url, timeout=120)
-    yield {"url": url, "client": client, "keys": keys, "tenants_file": tf, "root": root, "one": one, "two": two,
-           **tenant_indexes}
+    yield {"url": url, "client": client, "keys": keys, "tenants_file": tenants_file, "root": root,
+           "one": one, "two": two, **tenant_indexes}
     client.close()
     serve.delete("ops")
 
 
-def H(key: str) -> dict:
+def bearer(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
 def status(ops) -> dict:
-    return ops["client"].get("/v1/admin/status", headers=H(ops["keys"]["admin"])).json()
+    return ops["client"].get("/v1/admin/status", headers=bearer(ops["keys"]["admin"])).json()
 
 
 @pytest.mark.integration
 def test_tenants_with_1_2_and_3_shards_are_all_healthy(ops):
-    c = ops["client"]
+    client = ops["client"]
     for name, shards, topics in (("one", 1, ALPHA_TOPICS[:6]), ("two", 2, BETA_TOPICS[:8]), ("three", 3, BETA_TOPICS)):
-        r = c.post("/v1/search", json={"query": "How do loops end?", "k": 4}, headers=H(ops["keys"][name]))
-        assert r.status_code == 200, r.text
-        assert len(r.json()["results"]) == 4 and {x["doc_id"] for x in r.json()["results"]} <= set(topics)
-        assert r.json()["timings"]["path"] == "shards"
-        idx = c.get("/v1/indexes", headers=H(ops["keys"][name])).json()["indexes"][0]
-        assert idx["num_shards"] == shards and idx["available"]
-    assert c.get("/healthz").json() == {"status": "ok"}
-    st = wait_for(lambda: (s := status(ops))["status"] == "ok" and s, 60, "admin status ok")
-    by = {t["name"]: t for t in st["tenants"]}
-    assert {n: by[n]["num_shards"] for n in ("one", "two", "three")} == {"one": 1, "two": 2, "three": 3}
-    assert all(t["status"] == "ok" and not t["problems"] for t in st["tenants"]), st
-    assert {t["searched_in"] for t in st["tenants"]} == {"shards"} and st["router_cache"]["loaded"] == 0
+        headers = bearer(ops["keys"][name])
+        response = client.post("/v1/search", json={"query": "How do loops end?", "k": 4}, headers=headers)
+        assert response.status_code == 200, response.text
+        assert len(response.json()["results"]) == 4 and {x["doc_id"] for x in response.json()["results"]} <= set(topics)
+        assert response.json()["timings"]["path"] == "shards"
+        index = client.get("/v1/indexes", headers=headers).json()["indexes"][0]
+        assert index["num_shards"] == shards and index["available"]
+    assert client.get("/healthz").json() == {"status": "ok"}
+    admin_status = wait_for(lambda: (s := status(ops))["status"] == "ok" and s, 60, "admin status ok")
+    by_name = {t["name"]: t for t in admin_status["tenants"]}
+    assert {n: by_name[n]["num_shards"] for n in ("one", "two", "three")} == {"one": 1, "two": 2, "three": 3}
+    assert all(t["status"] == "ok" and not t["problems"] for t in admin_status["tenants"]), admin_status
+    assert {t["searched_in"] for t in admin_status["tenants"]} == {"shards"}
+    assert admin_status["router_cache"]["loaded"] == 0
 
 
 @pytest.mark.integration
 def test_key_rotation_revocation_and_new_tenants_without_restart(ops):
     from qrag_ray.serving.tenants import add_tenant, remove_tenant, rotate_key
 
-    c, tf, keys = ops["client"], ops["tenants_file"], ops["keys"]
-    old = keys["rot"]
-    assert c.post("/v1/search", json=QUERY, headers=H(old)).status_code == 200
-    t0 = time.time()
-    new = rotate_key(tf, "rot")
-    wait_for(lambda: c.post("/v1/search", json=QUERY, headers=H(old)).status_code == 401, 10, "old key refused")
-    assert time.time() - t0 < 10
-    assert c.post("/v1/search", json=QUERY, headers=H(new)).status_code == 200
+    client = ops["client"]
+    tenants_file = ops["tenants_file"]
+    keys = ops["keys"]
+    old_key = keys["rot"]
+    assert client.post("/v1/search", json=QUERY, headers=bearer(old_key)).status_code == 200
+    rotated_at = time.time()
+    rotated_key = rotate_key(tenants_file, "rot")
+    wait_for(lambda: client.post("/v1/search", json=QUERY, headers=bearer(old_key)).status_code == 401, 10,
+             "old key refused")
+    assert time.time() - rotated_at < 10
+    assert client.post("/v1/search", json=QUERY, headers=bearer(rotated_key)).status_code == 200
     # a new tenant, added while serving
-    fresh = add_tenant(tf, "fresh", ops["two"])
-    r = wait_for(lambda: (x := c.post("/v1/search", json=QUERY, headers=H(fresh))).status_code == 200 and x, 10,
-              "new tenant served")
-    assert {x["doc_id"] for x in r.json()["results"]} <= set(BETA_TOPICS)
+    fresh = add_tenant(tenants_file, "fresh", ops["two"])
+
+    def served_to_fresh():
+        reply = client.post("/v1/search", json=QUERY, headers=bearer(fresh))
+        return reply.status_code == 200 and reply
+
+    response = wait_for(served_to_fresh, 10, "new tenant served")
+    assert response.json()["results"]
+    assert {x["doc_id"] for x in response.json()["results"]} <= set(BETA_TOPICS)
     # revoked: the tenant is gone
-    remove_tenant(tf, "rot")
-    wait_for(lambda: c.post("/v1/search", json=QUERY, headers=H(new)).status_code == 401, 10, "removed tenant refused")
+    remove_tenant(tenants_file, "rot")
+    wait_for(lambda: client.post("/v1/search", json=QUERY, headers=bearer(rotated_key)).status_code == 401, 10,
+             "removed tenant refused")
     # a broken file (an operator's typo) keeps the last good table and says so
-    good = tf.read_text()
-    tf.write_text("tenants: [this is: not valid")
-    st = wait_for(lambda: (s := status(ops))["registry"]["error"] and s, 10, "registry error reported")
-    assert "kept the previous tenants table" in st["registry"]["error"]
-    assert c.post("/v1/search", json=QUERY, headers=H(fresh)).status_code == 200
-    tf.write_text(good)
+    good = tenants_file.read_text()
+    tenants_file.write_text("tenants: [this is: not valid")
+    admin_status = wait_for(lambda: (s := status(ops))["registry"]["error"] and s, 10, "registry error reported")
+    assert "kept the previous tenants table" in admin_status["registry"]["error"]
+    assert client.post("/v1/search", json=QUERY, headers=bearer(fresh)).status_code == 200
+    tenants_file.write_text(good)
     wait_for(lambda: status(ops)["registry"]["error"] is None, 10, "registry recovered")
 
 
 @pytest.mark.integration
 def test_rate_limit_answers_429_with_retry_after(ops):
-    c, key = ops["client"], ops["keys"]["limited"]
-    codes = [c.post("/v1/search", json=QUERY, headers=H(key)) for _ in range(4)]
-    assert [r.status_code for r in codes[:2]] == [200, 200]
-    limited = [r for r in codes[2:] if r.status_code == 429]
-    assert limited, [r.status_code for r in codes]
-    r = limited[0]
-    assert r.json()["error"] == "rate_limited" and int(r.headers["retry-after"]) >= 1
+    client = ops["client"]
+    key = ops["keys"]["limited"]
+    responses = [client.post("/v1/search", json=QUERY, headers=bearer(key)) for _ in range(4)]
+    assert [r.status_code for r in responses[:2]] == [200, 200]
+    limited = [r for r in responses[2:] if r.status_code == 429]
+    assert limited, [r.status_code for r in responses]
+    response = limited[0]
+    assert response.json()["error"] == "rate_limited" and int(response.headers["retry-after"]) >= 1
     # other tenants are not slowed by it
-    assert c.post("/v1/search", json=QUERY, headers=H(ops["keys"]["one"])).status_code == 200
+    assert client.post("/v1/search", json=QUERY, headers=bearer(ops["keys"]["one"])).status_code == 200
 
 
 @pytest.mark.integration
@@ -133,31 +146,32 @@ def test_index_version_swapped_under_load(ops):
     from qrag_ray.index.format import load_manifest
     from qrag_ray.index.versions import publish_version
 
-    v1 = load_manifest(ops["alpha"]).index_version
-    v2 = load_manifest(ops["beta"]).index_version
-    corpus = {v1: set(ALPHA_TOPICS), v2: set(BETA_TOPICS)}
-    load = Load(ops["url"], H(ops["keys"]["swap"]))
+    old_version = load_manifest(ops["alpha"]).index_version
+    new_version = load_manifest(ops["beta"]).index_version
+    corpus = {old_version: set(ALPHA_TOPICS), new_version: set(BETA_TOPICS)}
+    load = Load(ops["url"], bearer(ops["keys"]["swap"]))
     time.sleep(3)
     publish_version(ops["root"], ops["beta"])
-    t_pub = time.time()
-    wait_for(lambda: any(r["body"].get("index_version") == v2 for r in load.responses), 60, "new version served")
+    published_at = time.time()
+    wait_for(lambda: any(r["body"].get("index_version") == new_version for r in load.responses), 60,
+             "new version served")
     time.sleep(3)
     responses = load.finish()
     failed = [r for r in responses if r["status"] != 200]
     assert not failed, failed[:3]
     seen = {r["body"]["index_version"] for r in responses}
-    assert seen == {v1, v2}
-    for r in responses:
-        docs = {x["doc_id"] for x in r["body"]["results"]}
-        assert docs <= corpus[r["body"]["index_version"]], (r["body"]["index_version"], docs)
+    assert seen == {old_version, new_version}
+    for response in responses:
+        docs = {x["doc_id"] for x in response["body"]["results"]}
+        assert docs and docs <= corpus[response["body"]["index_version"]], (response["body"]["index_version"], docs)
     # once switched (one Router replica here), every request that starts afterwards is on the new version
-    switched = min(r["t0"] + r["s"] for r in responses if r["body"]["index_version"] == v2)
+    switched = min(r["t0"] + r["s"] for r in responses if r["body"]["index_version"] == new_version)
     late = [r for r in responses if r["t0"] > switched]
-    assert late and all(r["body"]["index_version"] == v2 for r in late)
-    assert switched - t_pub < 60
-    st = status(ops)
-    swap = next(t for t in st["tenants"] if t["name"] == "swap")
-    assert swap["serving_version"] == swap["current_version"] == v2
+    assert late and all(r["body"]["index_version"] == new_version for r in late)
+    assert switched - published_at < 60
+    admin_status = status(ops)
+    swap = next(t for t in admin_status["tenants"] if t["name"] == "swap")
+    assert swap["serving_version"] == swap["current_version"] == new_version
 
 
 def _replica_handles(app: str, deployment: str):
@@ -173,13 +187,13 @@ def _replica_handles(app: str, deployment: str):
 def test_shard_replica_killed_under_load_with_a_second_replica(ops):
     import ray
 
-    reps = _replica_handles("ops", "ShardSearcher0")
-    assert len(reps) == 2
+    replicas = _replica_handles("ops", "ShardSearcher0")
+    assert len(replicas) == 2
     # the tenant loaded and the Router's encoder warm, whatever ran before this test
-    assert ops["client"].post("/v1/search", json=QUERY, headers=H(ops["keys"]["three"])).status_code == 200
-    load = Load(ops["url"], H(ops["keys"]["three"]))
+    assert ops["client"].post("/v1/search", json=QUERY, headers=bearer(ops["keys"]["three"])).status_code == 200
+    load = Load(ops["url"], bearer(ops["keys"]["three"]))
     time.sleep(3)
-    ray.kill(reps[0], no_restart=True)
+    ray.kill(replicas[0], no_restart=True)
     time.sleep(8)
     responses = load.finish()
     failed = [r for r in responses if r["status"] != 200]
@@ -198,28 +212,29 @@ def test_single_shard_replica_killed_gives_clean_errors_never_a_hang(ops, tenant
     from qrag_ray.serving.application import compose_app
 
     small = {"ray_actor_options": {"num_cpus": 0.25}}
-    opts = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 1} for i in range(3)}}
+    options = {"Router": small, **{f"ShardSearcher{i}": {**small, "num_replicas": 1} for i in range(3)}}
     deadline_s = 4.0
-    serve.run(compose_app({"index": str(tenant_indexes["alpha"]), "request_timeout_s": deadline_s,
-                                 "local_search_max_bytes": 0}, opts),
-              name="solo", route_prefix="/solo")
+    app_args = {"index": str(tenant_indexes["alpha"]), "request_timeout_s": deadline_s, "local_search_max_bytes": 0}
+    serve.run(compose_app(app_args, options), name="solo", route_prefix="/solo")
     url = ops["url"].removesuffix("/ops") + "/solo"  # the same Serve proxy
     try:
         wait_for(lambda: httpx.post(f"{url}/v1/search", json=QUERY, timeout=60).status_code == 200, 120,
-              "warm (the model and shards load in the background at start)")
+                 "warm (the model and shards load in the background at start)")
         load = Load(url, {}, workers=3, timeout=deadline_s + 30)
         time.sleep(2)
         ray.kill(_replica_handles("solo", "ShardSearcher1")[0], no_restart=True)
         time.sleep(10)
         responses = load.finish()
+        assert responses
         assert {r["status"] for r in responses} <= {200, 503, 504}, {r["status"] for r in responses}
         assert max(r["s"] for r in responses) < deadline_s + 10  # answered, never hung
-        for r in responses:
-            if r["status"] != 200:
-                assert r["body"]["error"] in ("shard_unavailable", "deadline_exceeded", "overloaded"), r["body"]
-                assert r["body"]["message"]
+        for response in responses:
+            if response["status"] != 200:
+                clean_errors = ("shard_unavailable", "deadline_exceeded", "overloaded")
+                assert response["body"]["error"] in clean_errors, response["body"]
+                assert response["body"]["message"]
         wait_for(lambda: httpx.post(f"{url}/v1/search", json=QUERY, timeout=60).status_code == 200, 120,
-              "served again after Serve replaced the replica")
+                 "served again after Serve replaced the replica")
     finally:
         serve.delete("solo")
 
@@ -238,37 +253,38 @@ def test_a_thousand_tenants_start_and_serve(ops, index_builder):
     from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import hash_key, new_key
 
-    wd = ops["workdir"] / "many"
-    wd.mkdir(exist_ok=True)
-    tiny = index_builder(wd, "tiny", ["for", "while"], shards=1)
+    workdir = ops["workdir"] / "many"
+    workdir.mkdir(exist_ok=True)
+    tiny = index_builder(workdir, "tiny", ["for", "while"], shards=1)
     n = 1000
-    keys, entries = {}, []
+    keys = {}
+    entries = []
     for i in range(n):
-        d = wd / f"t{i:04d}"
-        if not d.exists():
-            shutil.copytree(ops["two"] if i == 500 else tiny, d)
+        index_dir = workdir / f"t{i:04d}"
+        if not index_dir.exists():
+            shutil.copytree(ops["two"] if i == 500 else tiny, index_dir)
         keys[i] = new_key()
-        entries.append({"name": f"t{i:04d}", "index": str(d), "key_sha256": hash_key(keys[i])})
+        entries.append({"name": f"t{i:04d}", "index": str(index_dir), "key_sha256": hash_key(keys[i])})
     admin = new_key()
-    tf = wd / "tenants.yaml"
-    tf.write_text(yaml.safe_dump({"admin_key_sha256": hash_key(admin), "tenants": entries}))
+    tenants_file = workdir / "tenants.yaml"
+    tenants_file.write_text(yaml.safe_dump({"admin_key_sha256": hash_key(admin), "tenants": entries}))
     small = {"ray_actor_options": {"num_cpus": 0.25}}
-    t0 = time.time()
-    serve.run(compose_app({"tenants": str(tf)}, {"Router": small, "ShardSearcher0": small, "ShardSearcher1": small}),
-              name="many", route_prefix="/many")
-    started = time.time() - t0
+    options = {"Router": small, "ShardSearcher0": small, "ShardSearcher1": small}
+    start = time.time()
+    serve.run(compose_app({"tenants": str(tenants_file)}, options), name="many", route_prefix="/many")
+    startup_s = time.time() - start
     url = ops["url"].removesuffix("/ops") + "/many"
     try:
-        with httpx.Client(base_url=url, timeout=120) as c:
+        with httpx.Client(base_url=url, timeout=120) as client:
             for i in [500] + random.Random(0).sample(range(n), 20):
-                r = c.post("/v1/search", json=QUERY, headers=H(keys[i]))
-                assert r.status_code == 200, (i, r.text)
-                docs = {x["doc_id"] for x in r.json()["results"]}
-                assert docs <= (set(BETA_TOPICS[:8]) if i == 500 else {"for", "while"}), (i, docs)
-            st = c.get("/v1/admin/status", headers=H(admin)).json()
-            assert len(st["tenants"]) == n and all(t["status"] == "ok" for t in st["tenants"])
-            assert st["router_cache"]["loaded"] >= 21  # small tenants are searched together in the Router
-            assert {t["searched_in"] for t in st["tenants"]} == {"router"}
-        assert started < 300
+                response = client.post("/v1/search", json=QUERY, headers=bearer(keys[i]))
+                assert response.status_code == 200, (i, response.text)
+                docs = {x["doc_id"] for x in response.json()["results"]}
+                assert docs and docs <= (set(BETA_TOPICS[:8]) if i == 500 else {"for", "while"}), (i, docs)
+            admin_status = client.get("/v1/admin/status", headers=bearer(admin)).json()
+            assert len(admin_status["tenants"]) == n and all(t["status"] == "ok" for t in admin_status["tenants"])
+            assert admin_status["router_cache"]["loaded"] >= 21  # small tenants are searched together in the Router
+            assert {t["searched_in"] for t in admin_status["tenants"]} == {"router"}
+        assert startup_s < 300
     finally:
         serve.delete("many")

@@ -10,10 +10,11 @@ from qrag_ray.serving.router import Router
 
 
 def test_every_route_parameter_annotation_is_a_type_not_a_string():
-    cls = getattr(Router, "func_or_class", Router)
+    router_class = getattr(Router, "func_or_class", Router)
     checked = 0
-    for name, fn in inspect.getmembers(cls, inspect.isfunction):
-        for p in inspect.signature(fn).parameters.values():
-            assert not isinstance(p.annotation, str), f"Router.{name}({p.name}: {p.annotation!r})"
-            checked += p.annotation is Request
+    for name, method in inspect.getmembers(router_class, inspect.isfunction):
+        for parameter in inspect.signature(method).parameters.values():
+            where = f"Router.{name}({parameter.name}: {parameter.annotation!r})"
+            assert not isinstance(parameter.annotation, str), where
+            checked += parameter.annotation is Request
     assert checked >= 2  # search and answer at least take the request

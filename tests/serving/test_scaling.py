@@ -30,11 +30,11 @@ def serve_app(local_ray, tenant_indexes):
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
 
-    def deploy(name: str, args: dict, opts: dict):
-        tf = tenant_indexes["workdir"] / f"{name}-tenants.yaml"
-        keys = {t: add_tenant(tf, t, tenant_indexes[t]) for t in ("alpha", "beta")}
-        keys["admin"] = set_admin_key(tf)
-        serve.run(compose_app({"tenants": str(tf), "local_search_max_bytes": 0, **args}, opts),
+    def deploy(name: str, args: dict, options: dict):
+        tenants_file = tenant_indexes["workdir"] / f"{name}-tenants.yaml"
+        keys = {t: add_tenant(tenants_file, t, tenant_indexes[t]) for t in ("alpha", "beta")}
+        keys["admin"] = set_admin_key(tenants_file)
+        serve.run(compose_app({"tenants": str(tenants_file), "local_search_max_bytes": 0, **args}, options),
                   name=name, route_prefix=f"/{name}")
         return f"http://127.0.0.1:{port}/{name}", {t: {"Authorization": f"Bearer {k}"} for t, k in keys.items()}
 
@@ -43,9 +43,9 @@ def serve_app(local_ray, tenant_indexes):
 
 
 def _search(client, headers) -> dict:
-    r = client.post("/v1/search", json=QUERY, headers=headers)
-    assert r.status_code == 200, r.text
-    return r.json()["timings"]
+    response = client.post("/v1/search", json=QUERY, headers=headers)
+    assert response.status_code == 200, response.text
+    return response.json()["timings"]
 
 
 @pytest.mark.slow
@@ -64,11 +64,12 @@ def test_a_tenants_queries_stay_on_the_replicas_that_hold_it_and_another_tenant_
             again = _search(client, headers["alpha"])
             assert again["cold_loads"] == 0 and again["shard_replicas"] == alpha, again
         beta = _search(client, headers["beta"])  # a tenant nobody holds goes to the replica holding fewest
-        assert beta["cold_loads"] == 3 and all(b != a for a, b in zip(alpha, beta["shard_replicas"], strict=True)), (alpha, beta)
+        assert beta["cold_loads"] == 3, (alpha, beta)
+        assert all(b != a for a, b in zip(alpha, beta["shard_replicas"], strict=True)), (alpha, beta)
         time.sleep(1.0)
-        for t, replicas in (("beta", beta["shard_replicas"]), ("alpha", alpha)):
-            again = _search(client, headers[t])
-            assert again["cold_loads"] == 0 and again["shard_replicas"] == replicas, (t, again)
+        for tenant, replicas in (("beta", beta["shard_replicas"]), ("alpha", alpha)):
+            again = _search(client, headers[tenant])
+            assert again["cold_loads"] == 0 and again["shard_replicas"] == replicas, (tenant, again)
     serve.delete("affine")
 
 
@@ -86,8 +87,9 @@ def test_a_burst_of_cold_requests_for_one_tenant_loads_each_shard_once_and_all_a
                              {"Router": SMALL, **{f"ShardSearcher{i}": {**SMALL, "num_replicas": 1} for i in range(3)}})
 
     def one(i: int) -> httpx.Response:
-        with httpx.Client(base_url=url, timeout=120) as c:
-            return c.post("/v1/search", json={**QUERY, "query": f"{QUERY['query']} ({i})"}, headers=headers["beta"])
+        with httpx.Client(base_url=url, timeout=120) as client:
+            body = {**QUERY, "query": f"{QUERY['query']} ({i})"}
+            return client.post("/v1/search", json=body, headers=headers["beta"])
 
     with ThreadPoolExecutor(16) as pool:
         got = list(pool.map(one, range(16)))
@@ -95,8 +97,8 @@ def test_a_burst_of_cold_requests_for_one_tenant_loads_each_shard_once_and_all_a
     timings = [r.json()["timings"] for r in got]
     assert {t["path"] for t in timings} == {"shards"} and all(t["cold_loads"] <= 3 for t in timings), timings
     assert sum(t["cold_loads"] for t in timings) >= 3, timings  # the first requests waited for every shard
-    with httpx.Client(base_url=url, timeout=120) as c:
-        status = c.get("/v1/admin/status", headers=headers["admin"]).json()
+    with httpx.Client(base_url=url, timeout=120) as client:
+        status = client.get("/v1/admin/status", headers=headers["admin"]).json()
     assert [(s["shard"], s["cold_loads"]) for s in status["shards"]] == [(0, 1), (1, 1), (2, 1)], status["shards"]
     serve.delete("burst")
 
@@ -114,9 +116,11 @@ def test_grouped_shard_searchers_rank_as_in_process_with_one_call_per_group(serv
     with httpx.Client(base_url=url, timeout=120) as client:
         for query in ("When does the else clause of a for loop run?", "What does the with statement do?"):
             for k in (3, 25):
-                r = client.post("/v1/search", json={"query": query, "k": k}, headers=headers["alpha"])
-                assert r.status_code == 200, r.text
-                got, want = r.json(), engine.search([query], k=k)[0]
+                response = client.post("/v1/search", json={"query": query, "k": k}, headers=headers["alpha"])
+                assert response.status_code == 200, response.text
+                got = response.json()
+                want = engine.search([query], k=k)[0]
+                assert len(want) == k
                 replicas = got["timings"]["shard_replicas"]
                 assert got["timings"]["path"] == "shards" and len(replicas) == 3
                 assert replicas[0] == replicas[1] != replicas[2]
@@ -141,16 +145,16 @@ def test_a_load_ramp_scales_the_router_up_and_back_down_without_failing_a_reques
                               **{f"ShardSearcher{i}": {**SMALL, "num_replicas": 1} for i in range(3)}})
 
     def replicas(state: str | None = None) -> int:
-        dep = serve.status().applications["ramp"].deployments["Router"]
-        return sum(n for s, n in dep.replica_states.items() if state is None or s == state)
+        deployment = serve.status().applications["ramp"].deployments["Router"]
+        return sum(n for s, n in deployment.replica_states.items() if state is None or s == state)
 
     assert replicas("RUNNING") == 1
     responses = []
     heavy = Load(url, headers["alpha"], workers=6, body=QUERY, timeout=90)
     try:
-        t0 = time.time()
+        start = time.time()
         wait_for(lambda: replicas() >= 2, 60, "a second Router replica asked for under load")
-        decided_s = time.time() - t0
+        decided_s = time.time() - start
         wait_for(lambda: replicas("RUNNING") >= 2, 180, "the second Router replica running")
     finally:
         responses += heavy.finish()

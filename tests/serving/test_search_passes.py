@@ -21,19 +21,20 @@ from qrag_ray.serving.shard_cache import VersionKey, VersionMoved
 from qrag_ray.serving.shard_searcher import RemoteShards, affinity_id
 from qrag_ray.serving.tenant_versions import IndexVersion
 from qrag_ray.serving.tenants import Tenant
-from tests.search.test_retrieve import HITS, A, C, StandInShards
+from tests.search.test_retrieve import CHUNK_A, CHUNK_C, HITS, StandInShards
 
 
 class _Method:
     def __init__(self, outcomes: list):
-        self.outcomes, self.calls = list(outcomes), 0
+        self.outcomes = list(outcomes)
+        self.calls = 0
 
     async def remote(self, key, *args):
         self.calls += 1
-        out = self.outcomes.pop(0)
-        if isinstance(out, BaseException):
-            raise out
-        return out
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
 
 class _Handle:
@@ -41,9 +42,9 @@ class _Handle:
 
     def __init__(self, **methods):
         self.model_ids: list[str] = []
-        for name, m in methods.items():
-            m.options = self._options(m)
-            setattr(self, name, m)
+        for name, method in methods.items():
+            method.options = self._options(method)
+            setattr(self, name, method)
 
     def _options(self, method):
         def options(multiplexed_model_id: str):
@@ -134,11 +135,11 @@ class _Moving(_Remote):
         super().__init__(HITS[:1])
         self.n = n
 
-    async def search(self, key, num_shards, qvecs, q):
+    async def search(self, key, num_shards, vectors, batch):
         if self.n:
             self.n -= 1
             raise VersionMoved("republished")
-        return await super().search(key, num_shards, qvecs, q)
+        return await super().search(key, num_shards, vectors, batch)
 
 
 def _retriever(remote) -> tuple[SearchPasses, _Versions, _Encoder]:
@@ -150,27 +151,28 @@ def _retriever(remote) -> tuple[SearchPasses, _Versions, _Encoder]:
 
 def test_retriever_runs_the_core_over_the_tenant_backend():
     remote = _Remote(HITS[:1])
-    retriever, _, enc = _retriever(remote)
-    r = asyncio.run(retriever.search(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
-    assert [x.doc_id for x in r.results] == [f"d{A}", f"d{C}"]
-    assert r.index_version == "v1" and enc.batches == [["q"]]
-    assert (r.timings.path, r.timings.embed_batch, r.timings.rounds, r.timings.candidates) == ("shards", 1, 1, 4)
-    assert r.timings.model_dump()["shard_replicas"] == ["", ""]  # the JSON keys of the HTTP `timings`
+    retriever, _, encoder = _retriever(remote)
+    response = asyncio.run(retriever.search(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
+    assert [x.doc_id for x in response.results] == [f"d{CHUNK_A}", f"d{CHUNK_C}"]
+    assert response.index_version == "v1" and encoder.batches == [["q"]]
+    timings = response.timings
+    assert (timings.path, timings.embed_batch, timings.rounds, timings.candidates) == ("shards", 1, 1, 4)
+    assert timings.model_dump()["shard_replicas"] == ["", ""]  # the JSON keys of the HTTP `timings`
     assert remote.calls == 1  # one call to the version's backend: the replies carried the page
 
 
 def test_a_version_moved_mid_request_is_resolved_again_once():
     retriever, versions, _ = _retriever(_Moving(1))
-    r = asyncio.run(retriever.search(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
-    assert len(r.results) == 2 and versions.moved_calls == 1
+    response = asyncio.run(retriever.search(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
+    assert len(response.results) == 2 and versions.moved_calls == 1
     retriever, versions, _ = _retriever(_Moving(2))
     with pytest.raises(ApiError, match="changed twice"):
         asyncio.run(retriever.search(Tenant(name="acme", index="/idx"), SearchRequest(query="q", k=2), "q", {}))
 
 
-def _asks(retriever, remote, *reqs: SearchRequest) -> list:
+def _asks(retriever, remote, *requests: SearchRequest) -> list:
     version = retriever.versions.version
-    return [QueuedQuery(r.query, version, version.key("acme"), resolve_query(version, "acme", r), {}) for r in reqs]
+    return [QueuedQuery(r.query, version, version.key("acme"), resolve_query(version, "acme", r), {}) for r in requests]
 
 
 def _batches(retriever, asks) -> list:
@@ -185,19 +187,19 @@ def test_concurrent_queries_of_one_group_embed_in_one_call_and_ask_each_shard_on
     class Counting(_Remote):
         sizes: list = []
 
-        async def search(self, key, num_shards, qvecs, q):
-            self.sizes.append(len(qvecs))
-            return await super().search(key, num_shards, qvecs, q)
+        async def search(self, key, num_shards, vectors, batch):
+            self.sizes.append(len(vectors))
+            return await super().search(key, num_shards, vectors, batch)
 
     remote = Counting(HITS[:1] * 3)
-    retriever, _, enc = _retriever(remote)
+    retriever, _, encoder = _retriever(remote)
     asks = _asks(retriever, remote, SearchRequest(query="a", k=2), SearchRequest(query="b", k=2),
                  SearchRequest(query="c", k=1))
-    out = _batches(retriever, asks)
-    assert enc.batches == [["a", "b"], ["c"]]  # one encode per pass: k=2's two, then k=1's own
+    outcomes = _batches(retriever, asks)
+    assert encoder.batches == [["a", "b"], ["c"]]  # one encode per pass: k=2's two, then k=1's own
     assert remote.sizes == [2, 1]  # k=2 twice in one pass of the core, k=1 apart
-    assert [len(page) for page, _, _ in out] == [2, 2, 1]
-    assert [(t.embed_batch, t.search_batch) for _, t, _ in out] == [(2, 2), (2, 2), (1, 1)]
+    assert [len(page) for page, _, _ in outcomes] == [2, 2, 1]
+    assert [(t.embed_batch, t.search_batch) for _, t, _ in outcomes] == [(2, 2), (2, 2), (1, 1)]
 
 
 def test_a_group_waits_only_for_its_own_pass_and_a_full_pass_starts_beside_a_running_one():
@@ -209,11 +211,11 @@ def test_a_group_waits_only_for_its_own_pass_and_a_full_pass_starts_beside_a_run
             self.asked = []
             self.release = asyncio.Event()
 
-        async def search(self, key, num_shards, qvecs, q):
-            self.asked.append((q.k, len(qvecs)))
+        async def search(self, key, num_shards, vectors, batch):
+            self.asked.append((batch.k, len(vectors)))
             if len(self.asked) == 1:
                 await self.release.wait()  # the group's first pass runs until released
-            return await super().search(key, num_shards, qvecs, q)
+            return await super().search(key, num_shards, vectors, batch)
 
     async def go():
         remote = Blocking()
@@ -241,12 +243,13 @@ def test_a_group_waits_only_for_its_own_pass_and_a_full_pass_starts_beside_a_run
 
 def test_a_groups_error_reaches_its_requests_and_not_the_others():
     class FailsForK1(_Remote):
-        async def search(self, key, num_shards, qvecs, q):
-            if q.k == 1:
+        async def search(self, key, num_shards, vectors, batch):
+            if batch.k == 1:
                 raise VersionMoved("republished")
-            return await super().search(key, num_shards, qvecs, q)
+            return await super().search(key, num_shards, vectors, batch)
 
     remote = FailsForK1(HITS[:1] * 2)
     retriever, _, _ = _retriever(remote)
-    out = _batches(retriever, _asks(retriever, remote, SearchRequest(query="a", k=1), SearchRequest(query="b", k=2)))
-    assert isinstance(out[0], VersionMoved) and len(out[1][0]) == 2
+    asks = _asks(retriever, remote, SearchRequest(query="a", k=1), SearchRequest(query="b", k=2))
+    outcomes = _batches(retriever, asks)
+    assert isinstance(outcomes[0], VersionMoved) and len(outcomes[1][0]) == 2

@@ -47,31 +47,32 @@ def test_every_path_asking_for_one_cold_shard_at_once_shares_one_load(tenant_ind
 
     monkeypatch.setattr(Shard, "open", slow_open)
     index = tenant_indexes["alpha"]
-    store = ShardCache(256 << 20, 1)
+    cache = ShardCache(256 << 20, 1)
     key = _key("alpha", index)
-    qvecs, q = _query(index)
+    vectors, batch = _query(index)
 
     async def burst():
-        backend = _local(store)
-        return await asyncio.gather(*[backend.search(key, 3, qvecs, q) for _ in range(4)],
+        backend = _local(cache)
+        return await asyncio.gather(*[backend.search(key, 3, vectors, batch) for _ in range(4)],
                                     *[backend.prepare(key, number) for number in range(3)],
                                     backend.fetch(key, 1, [0], None))
 
-    out = asyncio.run(burst())
-    assert all(len(replies) == 3 for replies in out[:4])
+    outcomes = asyncio.run(burst())
+    assert all(len(replies) == 3 for replies in outcomes[:4])
     assert calls == {(str(index), s): 1 for s in range(3)}
-    st = store.status()
-    assert st["cold_loads"] == 3 and st["loaded"] == 3
-    assert [(x["shard"], x["cold_loads"]) for x in st["shard_loads"]] == [(0, 1), (1, 1), (2, 1)]
-    assert all(x["max_seconds"] >= 0.3 and x["seconds"] >= x["max_seconds"] for x in st["shard_loads"])
+    status = cache.status()
+    assert status["cold_loads"] == 3 and status["loaded"] == 3
+    assert [(x["shard"], x["cold_loads"]) for x in status["shard_loads"]] == [(0, 1), (1, 1), (2, 1)]
+    assert all(x["max_seconds"] >= 0.3 and x["seconds"] >= x["max_seconds"] for x in status["shard_loads"])
 
 
 def test_a_burst_of_cold_loads_never_holds_the_thread_a_warm_search_needs(tenant_indexes, monkeypatch):
     """Forty stuck loads (more than any default worker pool's threads) while a warm tenant is searched."""
-    index, other = tenant_indexes["alpha"], tenant_indexes["beta"]
-    store = ShardCache(256 << 20, 1)
+    index = tenant_indexes["alpha"]
+    other = tenant_indexes["beta"]
+    cache = ShardCache(256 << 20, 1)
     warm = _key("alpha", index)
-    qvecs, q = _query(index)
+    vectors, batch = _query(index)
     real = Shard.open
     release = threading.Event()
 
@@ -80,23 +81,23 @@ def test_a_burst_of_cold_loads_never_holds_the_thread_a_warm_search_needs(tenant
         return real(*args)
 
     async def go():
-        backend = _local(store)
-        await backend.search(warm, 3, qvecs, q)  # warm: loaded before the loads get stuck
+        backend = _local(cache)
+        await backend.search(warm, 3, vectors, batch)  # warm: loaded before the loads get stuck
         monkeypatch.setattr(Shard, "open", stuck_open)
-        cold = [asyncio.ensure_future(backend.search(_key(f"cold{i}", other), 3, qvecs, q)) for i in range(14)]
+        cold = [asyncio.ensure_future(backend.search(_key(f"cold{i}", other), 3, vectors, batch)) for i in range(14)]
         await asyncio.sleep(0.5)
-        t0 = time.perf_counter()
+        start = time.perf_counter()
         try:
-            replies = await asyncio.wait_for(backend.search(warm, 3, qvecs, q), 30)
+            replies = await asyncio.wait_for(backend.search(warm, 3, vectors, batch), 30)
         finally:
             release.set()
-        warm_s = time.perf_counter() - t0
+        warm_s = time.perf_counter() - start
         await asyncio.gather(*cold)
         return replies, warm_s
 
     replies, warm_s = asyncio.run(go())
     assert len(replies) == 3 and warm_s < 10
-    assert store.status()["cold_loads"] == 3 + 14 * 3
+    assert cache.status()["cold_loads"] == 3 + 14 * 3
 
 
 @pytest.mark.parametrize("faiss_threads,threads", [(None, 1), (3, 3)])

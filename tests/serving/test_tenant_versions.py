@@ -17,8 +17,8 @@ ALPHA = Tenant(name="alpha", index="/idx/alpha")
 BETA = Tenant(name="beta", index="/idx/beta")
 
 
-def version(v: str, shards: int = 3) -> IndexVersion:
-    return IndexVersion(f"/idx/versions/{v}", v, None, None, shards, "minilm", backend=None)
+def version(index_version: str, shards: int = 3) -> IndexVersion:
+    return IndexVersion(f"/idx/versions/{index_version}", index_version, None, None, shards, "minilm", backend=None)
 
 
 class Backend:
@@ -73,111 +73,113 @@ def run(coro):
 
 
 def test_first_use_loads_without_warm_up_and_start_up_warms_the_first_tenants():
-    f = Fakes()
+    fakes = Fakes()
 
     async def go():
-        tv = f.versions()
-        assert (await tv.current(ALPHA)).index_version == "v1"
-        assert f.calls == []  # first use: no traffic to protect, no prepare
-        await tv.sync({"alpha": ALPHA, "beta": BETA}, warm_first=2)
-        return tv
+        versions = fakes.versions()
+        assert (await versions.current(ALPHA)).index_version == "v1"
+        assert fakes.calls == []  # first use: no traffic to protect, no prepare
+        await versions.sync({"alpha": ALPHA, "beta": BETA}, warm_first=2)
+        return versions
 
-    tv = run(go())
-    assert tv.active["beta"].index_version == "b1" and {("prepare", "b1", 0), ("prepare", "b1", 1)} <= set(f.calls)
-    assert f.warmed == ["minilm"]  # beta warmed its embedder; alpha was already served on v1
+    versions = run(go())
+    assert versions.active["beta"].index_version == "b1"
+    assert {("prepare", "b1", 0), ("prepare", "b1", 1)} <= set(fakes.calls)
+    assert fakes.warmed == ["minilm"]  # beta warmed its embedder; alpha was already served on v1
 
 
 def test_swap_only_after_every_shard_prepared_then_old_version_retired():
-    f = Fakes()
+    fakes = Fakes()
 
     async def go():
-        tv = f.versions()
-        await tv.current(ALPHA)
-        f.points[ALPHA.index] = version("v2")
-        f.gate = asyncio.Event()
-        swap = asyncio.ensure_future(tv.sync({"alpha": ALPHA}))
+        versions = fakes.versions()
+        await versions.current(ALPHA)
+        fakes.points[ALPHA.index] = version("v2")
+        fakes.gate = asyncio.Event()
+        swap = asyncio.ensure_future(versions.sync({"alpha": ALPHA}))
         await asyncio.sleep(0.01)
-        assert (await tv.current(ALPHA)).index_version == "v1"  # still loading v2: requests stay on v1
-        f.gate.set()
+        assert (await versions.current(ALPHA)).index_version == "v1"  # still loading v2: requests stay on v1
+        fakes.gate.set()
         await swap
-        assert (await tv.current(ALPHA)).index_version == "v2"
+        assert (await versions.current(ALPHA)).index_version == "v2"
         await asyncio.sleep(0.01)  # the retirement task (retire_after_s=0)
 
     run(go())
-    prepared = [c for c in f.calls if c[0] == "prepare"]
+    prepared = [c for c in fakes.calls if c[0] == "prepare"]
     assert sorted(prepared) == [("prepare", "v2", i) for i in range(3)]
-    assert sorted(c for c in f.calls if c[0] == "retire") == [("retire", "v1", i) for i in range(3)]
+    assert sorted(c for c in fakes.calls if c[0] == "retire") == [("retire", "v1", i) for i in range(3)]
 
 
 def test_failed_warm_keeps_the_old_version_and_retries_after_the_delay():
-    f = Fakes()
+    fakes = Fakes()
 
     async def go():
-        tv = f.versions()
-        await tv.current(ALPHA)
-        f.points[ALPHA.index] = version("v2")
-        f.fail.add(("v2", 1))
-        await tv.sync({"alpha": ALPHA})
-        assert tv.active["alpha"].index_version == "v1"
-        assert tv.problems["alpha"].startswith("version v2 failed to load, still serving v1: ShardSearcher1")
-        n = len(f.calls)
-        f.now += 10
-        await tv.sync({"alpha": ALPHA})  # before retry_s: not tried again
-        assert len(f.calls) == n
-        f.fail.clear()
-        f.now += 25
-        await tv.sync({"alpha": ALPHA})
-        assert tv.active["alpha"].index_version == "v2" and "alpha" not in tv.problems
+        versions = fakes.versions()
+        await versions.current(ALPHA)
+        fakes.points[ALPHA.index] = version("v2")
+        fakes.fail.add(("v2", 1))
+        await versions.sync({"alpha": ALPHA})
+        assert versions.active["alpha"].index_version == "v1"
+        assert versions.problems["alpha"].startswith("version v2 failed to load, still serving v1: ShardSearcher1")
+        calls_before = len(fakes.calls)
+        fakes.now += 10
+        await versions.sync({"alpha": ALPHA})  # before retry_s: not tried again
+        assert len(fakes.calls) == calls_before
+        fakes.fail.clear()
+        fakes.now += 25
+        await versions.sync({"alpha": ALPHA})
+        assert versions.active["alpha"].index_version == "v2" and "alpha" not in versions.problems
         await asyncio.sleep(0.01)
 
     run(go())
-    assert ("retire", "v2", 1) not in f.calls and ("retire", "v1", 0) in f.calls
+    assert ("retire", "v2", 1) not in fakes.calls and ("retire", "v1", 0) in fakes.calls
 
 
 def test_unreadable_index_keeps_serving_and_is_reported():
-    f = Fakes()
+    fakes = Fakes()
 
     async def go():
-        tv = f.versions()
-        await tv.current(ALPHA)
-        f.points[ALPHA.index] = QragError("no manifest.json in /idx/alpha")
-        await tv.sync({"alpha": ALPHA})
-        assert tv.active["alpha"].index_version == "v1"
-        assert tv.newest(ALPHA) == (None, "no manifest.json in /idx/alpha")
-        with pytest.raises(ApiError) as e:
-            await tv.current(BETA.model_copy(update={"index": ALPHA.index}))
-        assert e.value.status == 503 and e.value.kind == "index_unavailable" and "manifest" in e.value.message
+        versions = fakes.versions()
+        await versions.current(ALPHA)
+        fakes.points[ALPHA.index] = QragError("no manifest.json in /idx/alpha")
+        await versions.sync({"alpha": ALPHA})
+        assert versions.active["alpha"].index_version == "v1"
+        assert versions.newest(ALPHA) == (None, "no manifest.json in /idx/alpha")
+        with pytest.raises(ApiError) as raised:
+            await versions.current(BETA.model_copy(update={"index": ALPHA.index}))
+        assert raised.value.status == 503 and raised.value.kind == "index_unavailable"
+        assert "manifest" in raised.value.message
 
     run(go())
 
 
 def test_removed_tenant_is_retired_on_every_shard():
-    f = Fakes()
+    fakes = Fakes()
 
     async def go():
-        tv = f.versions()
-        await tv.current(ALPHA)
-        await tv.current(BETA)
-        await tv.sync({"alpha": ALPHA})  # beta left the tenants file
+        versions = fakes.versions()
+        await versions.current(ALPHA)
+        await versions.current(BETA)
+        await versions.sync({"alpha": ALPHA})  # beta left the tenants file
         await asyncio.sleep(0.01)
-        return tv
+        return versions
 
-    tv = run(go())
-    assert set(tv.active) == {"alpha"}
-    assert sorted(c for c in f.calls if c[0] == "retire") == [("retire", "b1", 0), ("retire", "b1", 1)]
+    versions = run(go())
+    assert set(versions.active) == {"alpha"}
+    assert sorted(c for c in fakes.calls if c[0] == "retire") == [("retire", "b1", 0), ("retire", "b1", 1)]
 
 
 def test_version_moved_resolves_again_without_warm_up():
     """A plain directory republished in place: a shard saw another version, so the pointer is dropped
     and the next request resolves the directory again (no prepare: traffic is waiting)."""
-    f = Fakes()
+    fakes = Fakes()
 
     async def go():
-        tv = f.versions()
-        await tv.current(ALPHA)
-        f.points[ALPHA.index] = version("v3")
-        tv.moved("alpha")
-        assert (await tv.current(ALPHA)).index_version == "v3"
+        versions = fakes.versions()
+        await versions.current(ALPHA)
+        fakes.points[ALPHA.index] = version("v3")
+        versions.moved("alpha")
+        assert (await versions.current(ALPHA)).index_version == "v3"
 
     run(go())
-    assert f.calls == []
+    assert fakes.calls == []

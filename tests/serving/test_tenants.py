@@ -22,82 +22,86 @@ from qrag_ray.serving.tenants import (
 
 
 def test_add_tenant_stores_only_the_hash(tmp_path):
-    f = tmp_path / "tenants.yaml"
-    ka = add_tenant(f, "acme", tmp_path / "a")
-    kb = add_tenant(f, "globex", tmp_path / "b")
-    text = f.read_text()
-    assert ka not in text and kb not in text and hash_key(ka) in text
-    assert ka.startswith("qrag_") and ka != kb and len(ka) > 40
-    assert (f.stat().st_mode & 0o777) == 0o600
-    t = load_tenants(f)
-    assert set(t.by_name) == {"acme", "globex"} and not t.open
-    assert t.by_name["acme"].index == str((tmp_path / "a").resolve())
+    tenants_file = tmp_path / "tenants.yaml"
+    acme_key = add_tenant(tenants_file, "acme", tmp_path / "a")
+    globex_key = add_tenant(tenants_file, "globex", tmp_path / "b")
+    text = tenants_file.read_text()
+    assert acme_key not in text and globex_key not in text and hash_key(acme_key) in text
+    assert acme_key.startswith("qrag_") and acme_key != globex_key and len(acme_key) > 40
+    assert (tenants_file.stat().st_mode & 0o777) == 0o600
+    tenants = load_tenants(tenants_file)
+    assert set(tenants.by_name) == {"acme", "globex"} and not tenants.open
+    assert tenants.by_name["acme"].index == str((tmp_path / "a").resolve())
 
 
 def test_rotating_a_key_invalidates_the_old_one(tmp_path):
-    f = tmp_path / "t.yaml"
-    old = add_tenant(f, "acme", tmp_path)
-    new = add_tenant(f, "acme", tmp_path)
-    t = load_tenants(f)
-    assert len(t.by_name) == 1
-    assert t.authenticate(f"Bearer {new}").name == "acme"
-    with pytest.raises(ApiError) as e:
-        t.authenticate(f"Bearer {old}")
-    assert e.value.status == 401
+    tenants_file = tmp_path / "t.yaml"
+    old_key = add_tenant(tenants_file, "acme", tmp_path)
+    rotated_key = add_tenant(tenants_file, "acme", tmp_path)
+    tenants = load_tenants(tenants_file)
+    assert len(tenants.by_name) == 1
+    assert tenants.authenticate(f"Bearer {rotated_key}").name == "acme"
+    with pytest.raises(ApiError) as raised:
+        tenants.authenticate(f"Bearer {old_key}")
+    assert raised.value.status == 401
 
 
 def test_rotate_remove_and_admin_key_edit_the_file_in_place(tmp_path):
-    f = tmp_path / "t.yaml"
-    old, other = add_tenant(f, "acme", tmp_path), add_tenant(f, "globex", tmp_path)
-    new, admin = rotate_key(f, "acme"), set_admin_key(f)
-    t = load_tenants(f)
-    assert t.authenticate(f"Bearer {new}").name == "acme" and t.authenticate(f"Bearer {other}").name == "globex"
-    assert hash_key(old) not in f.read_text() and hash_key(admin) in f.read_text()
-    remove_tenant(f, "acme")
-    assert set(load_tenants(f).by_name) == {"globex"}
+    tenants_file = tmp_path / "t.yaml"
+    old_key = add_tenant(tenants_file, "acme", tmp_path)
+    globex_key = add_tenant(tenants_file, "globex", tmp_path)
+    rotated_key = rotate_key(tenants_file, "acme")
+    admin = set_admin_key(tenants_file)
+    tenants = load_tenants(tenants_file)
+    assert tenants.authenticate(f"Bearer {rotated_key}").name == "acme"
+    assert tenants.authenticate(f"Bearer {globex_key}").name == "globex"
+    assert hash_key(old_key) not in tenants_file.read_text() and hash_key(admin) in tenants_file.read_text()
+    remove_tenant(tenants_file, "acme")
+    assert set(load_tenants(tenants_file).by_name) == {"globex"}
     for edit in (rotate_key, remove_tenant):  # a name the file lacks: one error naming who is there
         with pytest.raises(QragError, match=r"no tenant 'acme' in .*t.yaml \(tenants: globex\)"):
-            edit(f, "acme")
-    assert set(load_tenants(f).by_name) == {"globex"}  # a failed edit writes nothing
+            edit(tenants_file, "acme")
+    assert set(load_tenants(tenants_file).by_name) == {"globex"}  # a failed edit writes nothing
 
 
 def _two(tmp_path):
-    ka, kb = new_key(), new_key()
-    t = Tenants.from_list([Tenant(name="a", index=str(tmp_path / "a"), key_sha256=hash_key(ka)),
-                           Tenant(name="b", index=str(tmp_path / "b"), key_sha256=hash_key(kb))])
-    return t, ka, kb
+    key_a = new_key()
+    key_b = new_key()
+    tenants = Tenants.from_list([Tenant(name="a", index=str(tmp_path / "a"), key_sha256=hash_key(key_a)),
+                                 Tenant(name="b", index=str(tmp_path / "b"), key_sha256=hash_key(key_b))])
+    return tenants, key_a, key_b
 
 
 @pytest.mark.parametrize("header", [None, "", "Bearer", "Bearer   ", "Basic abc", "Bearer wrong", "token x"])
 def test_authenticate_rejects_with_401(tmp_path, header):
-    t, _, _ = _two(tmp_path)
-    with pytest.raises(ApiError) as e:
-        t.authenticate(header)
-    assert e.value.status == 401 and e.value.headers == {"WWW-Authenticate": "Bearer"}
+    tenants, _, _ = _two(tmp_path)
+    with pytest.raises(ApiError) as raised:
+        tenants.authenticate(header)
+    assert raised.value.status == 401 and raised.value.headers == {"WWW-Authenticate": "Bearer"}
 
 
 def test_authenticate_and_resolve(tmp_path):
-    t, ka, kb = _two(tmp_path)
-    assert t.authenticate(f"Bearer {ka}").name == "a"
-    assert t.authenticate(f"bearer  {kb} ").name == "b"
-    a = t.by_name["a"]
-    assert t.resolve(a, None) is a and t.resolve(a, "a") is a
-    with pytest.raises(ApiError) as e:
-        t.resolve(a, "b")
-    assert e.value.status == 403
-    with pytest.raises(ApiError) as e:
-        t.resolve(a, "zzz")
-    assert e.value.status == 404
+    tenants, key_a, key_b = _two(tmp_path)
+    assert tenants.authenticate(f"Bearer {key_a}").name == "a"
+    assert tenants.authenticate(f"bearer  {key_b} ").name == "b"
+    tenant_a = tenants.by_name["a"]
+    assert tenants.resolve(tenant_a, None) is tenant_a and tenants.resolve(tenant_a, "a") is tenant_a
+    with pytest.raises(ApiError) as raised:
+        tenants.resolve(tenant_a, "b")
+    assert raised.value.status == 403
+    with pytest.raises(ApiError) as raised:
+        tenants.resolve(tenant_a, "zzz")
+    assert raised.value.status == 404
 
 
 def test_open_default_tenant_needs_no_key(tmp_path):
-    t = Tenants.single(str(tmp_path))
-    assert t.open and t.authenticate(None).name == DEFAULT_TENANT
+    tenants = Tenants.single(str(tmp_path))
+    assert tenants.open and tenants.authenticate(None).name == DEFAULT_TENANT
     with pytest.raises(ApiError):
-        t.resolve(t.by_name[DEFAULT_TENANT], "other")
+        tenants.resolve(tenants.by_name[DEFAULT_TENANT], "other")
 
 
-@pytest.mark.parametrize("content,msg", [
+@pytest.mark.parametrize("content,message", [
     ("tenants: []", "no tenants"),
     ("tenants:\n  - {name: a, index: /x}", "without key_sha256"),
     ("tenants:\n  - {name: a, index: /x, key_sha256: abc}", "64 lowercase hex"),
@@ -109,11 +113,11 @@ def test_open_default_tenant_needs_no_key(tmp_path):
     ("tenants:\n  - {name: a, index: /x, key: plain}", "key"),
     ("tenants: [", "not valid YAML"),
 ])
-def test_bad_tenants_files_are_one_line_errors(tmp_path, content, msg):
-    f = tmp_path / "t.yaml"
-    f.write_text(content)
-    with pytest.raises(QragError, match=msg):
-        load_tenants(f)
+def test_bad_tenants_files_are_one_line_errors(tmp_path, content, message):
+    tenants_file = tmp_path / "t.yaml"
+    tenants_file.write_text(content)
+    with pytest.raises(QragError, match=message):
+        load_tenants(tenants_file)
 
 
 def test_missing_tenants_file(tmp_path):
@@ -122,7 +126,7 @@ def test_missing_tenants_file(tmp_path):
 
 
 def test_dumped_tenants_round_trip_without_their_keys(tmp_path):
-    t, ka, _ = _two(tmp_path)
-    dumped = [x.model_dump() for x in t.by_name.values()]
-    assert Tenants.from_list(dumped).authenticate(f"Bearer {ka}").name == "a"
+    tenants, key_a, _ = _two(tmp_path)
+    dumped = [x.model_dump() for x in tenants.by_name.values()]
+    assert Tenants.from_list(dumped).authenticate(f"Bearer {key_a}").name == "a"
     assert "key" not in yaml.safe_dump(dumped).replace("key_sha256", "")

@@ -50,7 +50,7 @@ RESULT = "result.pickle"
 INDEX = "index"
 SPEC = "spec.json"
 
-T = TypeVar("T")
+Built = TypeVar("Built")
 
 
 def file_digest(path: Path) -> str:
@@ -99,7 +99,7 @@ def _copy_out(entry: Path, out: Path) -> Any:
     return pickle.loads((entry / RESULT).read_bytes())
 
 
-def shared(spec: Mapping[str, Any], out: Path, make: Callable[[], T]) -> T:
+def shared(spec: Mapping[str, Any], out: Path, make: Callable[[], Built]) -> Built:
     """`make()` builds the folder `out` and returns its result; with QRAG_TEST_BUILD_CACHE set, only
     once per content key across the processes of the run (see the module doc). `spec` names everything
     the build depends on besides the package and the environment: input files as `file_digest`s. A copy
