@@ -196,13 +196,11 @@ def _env(cdir: Path) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # a driver's RAY_ADDRESS must not redirect `ray start`
-    env.pop("RAY_ADDRESS", None)
-    # Token authentication on every node: without it anyone who reaches the dashboard or the GCS can
-    # run code as this user. Ray 2.60 turns it on by itself for a head only when ~/.ray/auth_token
-    # exists and never for a joining worker, so the mode is explicit. The token is Ray's own lookup:
-    # RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token (made by `up` when missing),
-    # which is where a driver on this machine finds it too.
+    env.pop("RAY_ADDRESS", None)  # a driver's RAY_ADDRESS must not redirect `ray start`
+    # Token authentication on every node: without it anyone who reaches the dashboard or the GCS can run code as this
+    # user. Ray 2.60 turns it on by itself for a head only when ~/.ray/auth_token exists and never for a joining worker,
+    # so the mode is explicit. The token is Ray's own lookup: RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH, else
+    # ~/.ray/auth_token (made by `up` when missing), which is where a driver on this machine finds it too.
     env.setdefault("RAY_AUTH_MODE", "token")
     return env
 
