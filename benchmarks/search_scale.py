@@ -1,4 +1,5 @@
-"""Scale benchmark: a sharded IVF-PQ index of >= 10M vectors built and searched on one small box.
+"""How large an index does one small box build, hold and search, at what recall and speed? A sharded IVF-PQ
+index of >= 10M vectors, against exact search in the same run.
 
 Why synthetic vectors: the systems question (memory per shard, build time, QPS, recall of compressed
 search + refinement vs exact) does not depend on what the vectors mean, and 10M real MiniLM vectors
@@ -15,14 +16,14 @@ scores are comparable when merged).
 Baseline in the same run: exact search (FAISS flat inner product, brute force over every chunk) —
 its QPS and its memory (fp32 flat) are the denominators of the reported ratios.
 
-    python benchmarks/bench_scale.py --n 10000000 --dim 64 --shards 4 --out runs/bench-scale.json
-    python benchmarks/bench_scale.py --n 200000 --shards 2 --nlist 256 --queries 200   # smoke
+    python -m benchmarks.search_scale --n 10000000 --dim 64 --shards 4 --out runs/bench-scale.json
+    python -m benchmarks.search_scale --n 200000 --shards 2 --nlist 256 --queries 200
+    python -m benchmarks.search_scale --tiny          # smoke: 20,000 vectors, seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -32,6 +33,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.harness import options
+from benchmarks.harness.report import write_json
+
+FULL = {"n": 10_000_000, "nlist": 2048, "train": 100_000, "chunk": 500_000, "queries": 200, "single_queries": 100,
+        "k_factor": "1,16,64"}
+TINY = {"n": 20_000, "nlist": 64, "train": 2_000, "chunk": 10_000, "queries": 50, "single_queries": 20,
+        "k_factor": "1,16"}
 
 
 def rss_mb() -> float:
@@ -74,7 +83,7 @@ def merge_topk(scores: list[np.ndarray], ids: list[np.ndarray], k: int) -> tuple
 
 def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
     """Mean |found[:k] ∩ truth[:k]| / k (the usual ANN recall@k against exact top-k)."""
-    hits = [len(set(f[:k].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth)]
+    hits = [len(set(f[:k].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth, strict=True)]
     return float(np.mean(hits)) / k
 
 
@@ -161,7 +170,7 @@ def run(a: argparse.Namespace) -> dict:
 
     def search_all(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ss, ii = [], []
-        for off, ix in zip(offsets, loaded):
+        for off, ix in zip(offsets, loaded, strict=True):
             d, i = ix.search(q, k)
             ss.append(d)
             ii.append(np.where(i >= 0, i + off, -1))
@@ -205,7 +214,7 @@ def run(a: argparse.Namespace) -> dict:
         "exact_baseline": {"seconds": round(exact_s, 1), "qps": round(exact_qps, 2)},
         "search": [r | {"speedup_vs_exact": round(r["qps_batch"] / exact_qps, 1)} for r in rows],
         "total_seconds": round(time.perf_counter() - t_all, 1),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "command": options.command(),
     }
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -229,72 +238,33 @@ def print_table(r: dict) -> None:
         print(" | ".join(f"{row[h]!s:>17}" for h in hdr))
 
 
-def minilm_rate(n: int, batch_size: int = 128) -> dict:
-    """MiniLM (all-MiniLM-L6-v2, bundled) encode rate on question-length texts, for docs/SCALING.md.
-
-    Reports wall-clock texts/s and texts per CPU-second: on a shared box the second is the stable
-    figure (it does not drop when other jobs take the cores), and it is what scales by core count.
-    """
-    from pydoc_data.topics import topics
-
-    from qrag_ray.embedding import encode, load_sentence_transformer
-    from qrag_ray.text.sentences import split_sentences
-
-    st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
-    pool = [x for t in sorted(topics) for x in split_sentences(topics[t].replace("\n", " ")) if 20 <= len(x) <= 120]
-    # past the pool (~10k sentences) it repeats: a forward pass costs the same for a text seen before
-    texts = (pool * (n // len(pool) + 1))[:n]
-    encode(st, texts[:64], 64)  # warm-up
-    t, c = time.perf_counter(), time.process_time()
-    v = encode(st, texts, batch_size)
-    wall, cpu = time.perf_counter() - t, time.process_time() - c
-    distinct = len(set(texts))
-    return {"benchmark": "minilm-rate", "model": "all-MiniLM-L6-v2", "texts": len(texts), "distinct_texts": distinct,
-            "mean_chars": round(sum(map(len, texts)) / len(texts), 1), "batch_size": batch_size, "dim": int(v.shape[1]),
-            "wall_seconds": round(wall, 2), "texts_per_s": round(len(texts) / wall, 1), "cpu_seconds": round(cpu, 2),
-            "texts_per_cpu_s": round(len(texts) / cpu, 1), "cpus": os.cpu_count(),
-            "loadavg_1m": round(os.getloadavg()[0], 1), "command": " ".join([Path(sys.executable).name] + sys.argv)}
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=10_000_000)
+    ap = options.parser(__doc__)
+    options.add_common(ap, "search_scale", queries=True)
+    ap.add_argument("--n", type=int, help="vectors (full: 10,000,000)")
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--nlist", type=int, default=2048, help="IVF lists (used when --factory is not given)")
+    ap.add_argument("--nlist", type=int, help="IVF lists (used when --factory is not given; full 2048)")
     ap.add_argument("--factory", default=None, help="FAISS factory (default IVF{nlist},PQ{dim/2}x4fs,Refine(SQfp16))")
-    ap.add_argument("--train", type=int, default=100_000)
-    ap.add_argument("--chunk", type=int, default=500_000)
-    ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--single-queries", type=int, default=100)
+    ap.add_argument("--train", type=int, help="training sample (full 100,000)")
+    ap.add_argument("--chunk", type=int, help="vectors generated and added at a time (full 500,000)")
+    ap.add_argument("--single-queries", type=int, help="queries searched one at a time (full 100)")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--nprobe", default="16")
-    ap.add_argument("--k-factor", default="1,16,64")
+    ap.add_argument("--k-factor", help="refinement factors, comma list (full 1,16,64; 1 = PQ ranking alone)")
     ap.add_argument("--centres", type=int, default=2000)
     ap.add_argument("--spread", type=float, default=0.6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--work-dir", default="/tmp/qrag-bench-scale")
     ap.add_argument("--keep", action="store_true", help="keep the shard files in --work-dir")
-    ap.add_argument("--out", default="runs/bench-scale.json")
-    ap.add_argument("--minilm-rate", type=int, default=0, metavar="N",
-                    help="only measure MiniLM encode throughput on N question-length texts and exit")
-    a = ap.parse_args(argv)
-    if a.minilm_rate:
-        r = minilm_rate(a.minilm_rate)
-        print(json.dumps(r, indent=2))
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(r, indent=2))
-        return 0
+    a = options.sized(ap.parse_args(argv), FULL, TINY)
     a.nprobe = [int(x) for x in str(a.nprobe).split(",")]
     a.k_factor = [float(x) for x in str(a.k_factor).split(",")]
     a.factory = a.factory or f"IVF{a.nlist},PQ{a.dim // 2}x4fs,Refine(SQfp16)"
-    r = run(a)
-    print_table(r)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=2))
-    print(f"\nwrote {out}")
+    result = run(a)
+    print_table(result)
+    write_json(result, a.out)
     return 0
 
 
