@@ -33,8 +33,9 @@ FULL = {"docs": [100_000], "queries": 200, "vocab": 100_000}
 TINY = {"docs": [2_000], "queries": 20, "vocab": 5_000}
 
 
-def zipf_texts(n: int, length: int, vocab: list[str], rng: np.random.Generator, a: float = 1.1) -> list[str]:
-    ids = (rng.zipf(a, size=(n, length)) - 1) % len(vocab)
+def zipf_texts(n: int, length: int, vocab: list[str], rng: np.random.Generator,
+               exponent: float = 1.1) -> list[str]:
+    ids = (rng.zipf(exponent, size=(n, length)) - 1) % len(vocab)
     return [" ".join(vocab[i] for i in row) for row in ids]
 
 
@@ -87,26 +88,27 @@ def bench(n: int, queries: list[str], vocab: list[str], k: int, dim: int, seed: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = options.parser(__doc__)
-    options.add_common(ap, "bm25", queries=True)
-    ap.add_argument("--docs", type=int, nargs="+", help="shard sizes (BM25 documents = chunks; full 100000)")
-    ap.add_argument("--vocab", type=int, help="words in the vocabulary (full 100000)")
-    ap.add_argument("--k", type=int, default=100)
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--threads", type=int, default=1, help="FAISS threads (BM25 scoring is single-threaded)")
-    ap.add_argument("--seed", type=int, default=0)
-    a = options.sized(ap.parse_args(argv), FULL, TINY)
+    parser = options.parser(__doc__)
+    options.add_common(parser, "bm25", queries=True)
+    parser.add_argument("--docs", type=int, nargs="+", help="shard sizes (BM25 documents = chunks; full 100000)")
+    parser.add_argument("--vocab", type=int, help="words in the vocabulary (full 100000)")
+    parser.add_argument("--k", type=int, default=100)
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--threads", type=int, default=1, help="FAISS threads (BM25 scoring is single-threaded)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
 
     import faiss
 
-    faiss.omp_set_num_threads(a.threads)
-    rng = np.random.default_rng(a.seed)
-    vocab = make_vocab(a.vocab, rng)
-    queries = zipf_texts(a.queries, 6, vocab, rng)
-    rows = [bench(n, queries, vocab, a.k, a.dim, a.seed) for n in a.docs]
-    print_table([(c, c, "") for c in rows[0]], rows, f"BM25 and dense (Flat, {a.dim}-d) per shard, k={a.k}, "
-                f"{a.queries} queries")
-    write_json({"command": options.command(), "args": vars(a), "machine": platform.platform(), "rows": rows}, a.out)
+    faiss.omp_set_num_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    vocab = make_vocab(args.vocab, rng)
+    queries = zipf_texts(args.queries, 6, vocab, rng)
+    rows = [bench(n, queries, vocab, args.k, args.dim, args.seed) for n in args.docs]
+    print_table([(c, c, "") for c in rows[0]], rows, f"BM25 and dense (Flat, {args.dim}-d) per shard, k={args.k}, "
+                f"{args.queries} queries")
+    write_json({"command": options.command(), "args": vars(args), "machine": platform.platform(), "rows": rows},
+               args.out)
     return 0
 
 

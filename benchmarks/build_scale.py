@@ -59,18 +59,18 @@ def write_corpus(folder: Path, files: int, part: int, seed: int = 0) -> list[Pat
     pool = sentences()
     words = sorted({w.strip(".,:;()").lower() for s in pool for w in s.split() if w.isalpha() and len(w) > 4})
     paths = []
-    for f in range(files):
-        path = folder / f"part-{f:03d}.jsonl"
+    for number in range(files):
+        path = folder / f"part-{number:03d}.jsonl"
         paths.append(path)
         if path.is_file():
             continue
-        rng = random.Random(seed * 1000 + f)
+        rng = random.Random(seed * 1000 + number)
         tmp = path.with_suffix(".partial")
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with open(tmp, "w", encoding="utf-8") as handle:
             for i in range(part):
                 title = " ".join(rng.sample(words, 2)).title()
                 text = " ".join(rng.sample(pool, rng.randint(2, 5)))
-                fh.write(json.dumps({"id": f"p{f}-{i}", "title": title, "text": text}) + "\n")
+                handle.write(json.dumps({"id": f"p{number}-{i}", "title": title, "text": text}) + "\n")
         tmp.rename(path)
     return paths
 
@@ -134,15 +134,15 @@ def table(rows: list[dict]) -> str:
     head = ("| passages | wall s | stream s | embed busy rows/s | train s | shards s | publish s | "
             "driver peak MB | max worker peak MB | all procs peak MB |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
-    for r in rows:
-        st = r["stage_seconds"]
-        workers = r["peak_rss_mb"]["workers"]
+    for row in rows:
+        stages = row["stage_seconds"]
+        workers = row["peak_rss_mb"]["workers"]
         top = max(workers.items(), key=lambda kv: kv[1]) if workers else ("-", 0)
-        lines.append(f"| {r['passages']:,} | {r['wall_s']:.0f} | {st.get('stream', 0):.0f} | "
-                     f"{r['rows_per_s']['embed_busy']:,.0f} | {st.get('train', 0):.0f} | "
-                     f"{st.get('build-shards', 0):.0f} | {st.get('publish', 0):.0f} | "
-                     f"{r['peak_rss_mb']['driver']} | {top[1]} ({top[0]}) | "
-                     f"{r['peak_rss_mb']['all_processes_total']} |")
+        lines.append(f"| {row['passages']:,} | {row['wall_s']:.0f} | {stages.get('stream', 0):.0f} | "
+                     f"{row['rows_per_s']['embed_busy']:,.0f} | {stages.get('train', 0):.0f} | "
+                     f"{stages.get('build-shards', 0):.0f} | {stages.get('publish', 0):.0f} | "
+                     f"{row['peak_rss_mb']['driver']} | {top[1]} ({top[0]}) | "
+                     f"{row['peak_rss_mb']['all_processes_total']} |")
     return "\n".join(lines)
 
 
@@ -210,31 +210,31 @@ def reader_check(reads: int) -> dict:
 
 
 def parse(argv: list[str] | None):
-    ap = options.parser(__doc__)
-    options.add_common(ap, "build_scale")
-    ap.add_argument("--sizes", type=int, nargs="+", help="passages per build (full: 250000 500000 1000000)")
-    ap.add_argument("--repeat", type=int, default=1, help="builds of each size")
-    ap.add_argument("--work", default=str(options.RUNS / "pipeline-scale"), help="corpus, model and index folder")
-    ap.add_argument("--plot", default=None, help="a PNG of time and memory by size (matplotlib)")
-    ap.add_argument("--replot", metavar="JSON", help="only redraw --plot from a saved report")
-    ap.add_argument("--reader-check", type=int, default=0, metavar="N", help="also time N Parquet reads, V1 and V2")
-    ap.add_argument("--embedder", default="tiny", help="'tiny' (written locally) or a model name/folder")
-    ap.add_argument("--shards", type=int)
-    ap.add_argument("--factory", help="FAISS factory (full: IVF1024,PQ8; tiny: Flat)")
-    ap.add_argument("--train-sample", type=int)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--rows-per-part", type=int, default=8192)
-    ap.add_argument("--actors", type=int, default=1)
-    ap.add_argument("--keep-index", action="store_true")
-    ap.add_argument("--hidden", type=int, default=32, help="tiny model width (= vector dim)")
-    ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--max-seq-length", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per embedding actor")
-    ap.add_argument("--num-gpus", type=float, default=0, help="GPUs per embedding actor (0: a CPU build)")
-    ap.add_argument("--part", type=int, help=f"passages per corpus file (default {PART}; smaller for a small run)")
-    ap.add_argument("--faiss-use-gpu", choices=("auto", "true", "false"), default="auto",
+    parser = options.parser(__doc__)
+    options.add_common(parser, "build_scale")
+    parser.add_argument("--sizes", type=int, nargs="+", help="passages per build (full: 250000 500000 1000000)")
+    parser.add_argument("--repeat", type=int, default=1, help="builds of each size")
+    parser.add_argument("--work", default=str(options.RUNS / "pipeline-scale"), help="corpus, model and index folder")
+    parser.add_argument("--plot", default=None, help="a PNG of time and memory by size (matplotlib)")
+    parser.add_argument("--replot", metavar="JSON", help="only redraw --plot from a saved report")
+    parser.add_argument("--reader-check", type=int, default=0, metavar="N", help="also time N Parquet reads, V1 and V2")
+    parser.add_argument("--embedder", default="tiny", help="'tiny' (written locally) or a model name/folder")
+    parser.add_argument("--shards", type=int)
+    parser.add_argument("--factory", help="FAISS factory (full: IVF1024,PQ8; tiny: Flat)")
+    parser.add_argument("--train-sample", type=int)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--rows-per-part", type=int, default=8192)
+    parser.add_argument("--actors", type=int, default=1)
+    parser.add_argument("--keep-index", action="store_true")
+    parser.add_argument("--hidden", type=int, default=32, help="tiny model width (= vector dim)")
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--max-seq-length", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per embedding actor")
+    parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per embedding actor (0: a CPU build)")
+    parser.add_argument("--part", type=int, help=f"passages per corpus file (default {PART}; smaller for a small run)")
+    parser.add_argument("--faiss-use-gpu", choices=("auto", "true", "false"), default="auto",
                     help="faiss.use_gpu (false where the FAISS installed is the CPU build)")
-    return options.sized(ap.parse_args(argv), FULL, TINY)
+    return options.sized(parser.parse_args(argv), FULL, TINY)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,16 +60,17 @@ TINY = {"passages": 16, "questions": 16, "rows_per_batch": 16, "texts": 64, "que
 
 
 def parse(argv: list[str] | None):
-    ap = options.parser(__doc__)
-    options.add_common(ap, "embedding", queries=True, rounds=True)
-    ap.add_argument("--mode", choices=MODES, default="stage")
-    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="auto: CUDA where torch sees it")
-    ap.add_argument("--model", default="all-MiniLM-L6-v2")
-    ap.add_argument("--threads", type=int, help="torch / ONNX Runtime threads (stage: CPUs - workers; else 1)")
-    ap.add_argument("--dtypes", help="comma list (stage on CUDA: float32,tf32,bfloat16,float16; stage on CPU: "
+    parser = options.parser(__doc__)
+    options.add_common(parser, "embedding", queries=True, rounds=True)
+    parser.add_argument("--mode", choices=MODES, default="stage")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="auto: CUDA where torch sees it")
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--threads", type=int, help="torch / ONNX Runtime threads (stage: CPUs - workers; else 1)")
+    parser.add_argument("--dtypes", help="comma list (stage on CUDA: float32,tf32,bfloat16,float16; stage on CPU: "
                                      "float32,bfloat16; precision: float32,bfloat16,float16; tiny: float32, "
                                      "precision float32,bfloat16)")
-    stage = ap.add_argument_group("mode stage")
+    stage = parser.add_argument_group("mode stage")
     stage.add_argument("--passages", type=int, help="passages to embed (CUDA 100000, CPU 256)")
     stage.add_argument("--questions", type=int, help="questions to embed (CUDA 100000, CPU 256)")
     stage.add_argument("--today-limit", type=int, default=20000, help="texts per workload for today's slower path")
@@ -82,24 +83,24 @@ def parse(argv: list[str] | None):
                                                                           "waits this long before it is written")
     stage.add_argument("--random-init", action="store_true", help="the MiniLM-shape random-init model even where "
                                                                   "the weights are installed")
-    other = ap.add_argument_group("modes backend, precision, rate")
+    other = parser.add_argument_group("modes backend, precision, rate")
     other.add_argument("--texts", type=int, help="texts per batch block (backend) or to embed (rate)")
     other.add_argument("--squad", help="precision: SQuAD v1.1 dev JSON (default: the Python reference)")
     other.add_argument("--contexts", type=int, help="precision: contexts (passages) searched")
-    ap.set_defaults(out=None)
-    a = ap.parse_args(argv)
-    a.out = a.out or str(options.RUNS / f"embedding_{a.mode}.json")
-    if a.device == "auto":
+    parser.set_defaults(out=None)
+    args = parser.parse_args(argv)
+    args.out = args.out or str(options.RUNS / f"embedding_{args.mode}.json")
+    if args.device == "auto":
         try:
             import torch
 
-            a.device = "cuda" if torch.cuda.is_available() else "cpu"
+            args.device = "cuda" if torch.cuda.is_available() else "cpu"
         except ImportError:  # main() says what is missing
-            a.device = "cpu"
-    return options.sized(a, FULL if a.device == "cuda" else FULL_CPU, TINY)
+            args.device = "cpu"
+    return options.sized(args, FULL if args.device == "cuda" else FULL_CPU, TINY)
 
 
-def stage(a) -> int:
+def stage(args) -> int:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -109,27 +110,27 @@ def stage(a) -> int:
     from benchmarks.harness.models import pick_model
 
     cpus = os.cpu_count() or 2
-    full = "float32,tf32,bfloat16,float16" if a.device == "cuda" else "float32,bfloat16"
-    dtypes = (a.dtypes or ("float32" if a.tiny else full)).split(",")
-    tpbs = [int(x) for x in a.tokens_per_batch.split(",")]
-    workers = a.workers or max(1, cpus - 2)  # the pipeline's: CPUs - the embedding actor - the driver
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    full = "float32,tf32,bfloat16,float16" if args.device == "cuda" else "float32,bfloat16"
+    dtypes = (args.dtypes or ("float32" if args.tiny else full)).split(",")
+    tpbs = [int(x) for x in args.tokens_per_batch.split(",")]
+    workers = args.workers or max(1, cpus - 2)  # the pipeline's: CPUs - the embedding actor - the driver
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        model_path, model_name = pick_model(a.model, a.random_init, Path(tmp))
+        model_path, model_name = pick_model(args.model, args.random_init, Path(tmp))
         # the pool starts (spawn) before CUDA is touched, and is warmed so its start-up is not timed
         pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=worker_init,
                                    initargs=(model_path,))
         list(pool.map(tokenize_batch, [(np.arange(1), ["warm up"])] * workers * 2))
         try:
-            run_stage(a, pool, model_path, model_name, a.passages, a.questions, dtypes, tpbs, workers, cpus,
+            run_stage(args, pool, model_path, model_name, args.passages, args.questions, dtypes, tpbs, workers, cpus,
                       Path(tmp))
         finally:
             pool.shutdown()
-    print(f"wrote {a.out}", flush=True)
+    print(f"wrote {args.out}", flush=True)
     return 0
 
 
-def backend(a) -> dict:
+def backend(args) -> dict:
     import numpy as np
     import torch
 
@@ -137,24 +138,24 @@ def backend(a) -> dict:
     from qrag_ray.embedding import encode, encode_canonical, load_sentence_transformer
     from qrag_ray.embedding.onnx import backend_of
 
-    threads = a.threads or 1
+    threads = args.threads or 1
     torch.set_num_threads(threads)
-    models = {b: load_sentence_transformer(a.model, device="cpu", backend=b, threads=threads)
+    models = {b: load_sentence_transformer(args.model, device="cpu", backend=b, threads=threads)
               for b in ("torch", "onnx")}
     if backend_of(models["onnx"]) != "onnx":
         raise SystemExit("error: ONNX Runtime is not available here")
-    texts, source = corpus_texts(None, a.texts)
-    queries = [t[:80] for t in texts[:a.queries]]
+    texts, source = corpus_texts(None, args.texts)
+    queries = [t[:80] for t in texts[:args.queries]]
     query_ms: dict[str, list[float]] = {b: [] for b in models}
     rate: dict[str, list[float]] = {b: [] for b in models}
     for st in models.values():  # warm-up
         encode(st, queries[:4])
         encode_canonical(st, texts[:64])
-    for _ in range(a.rounds):
+    for _ in range(args.rounds):
         for name, st in models.items():
-            for q in queries:
+            for query in queries:
                 start = time.perf_counter()
-                encode(st, [q])
+                encode(st, [query])
                 query_ms[name].append((time.perf_counter() - start) * 1000)
             start = time.perf_counter()
             encode_canonical(st, texts)
@@ -167,9 +168,9 @@ def backend(a) -> dict:
             for b in models]
     print_table([("backend", "backend", ""), ("query p50 ms", "query_p50_ms", ".2f"),
                  ("query p90 ms", "query_p90_ms", ".2f"), ("build texts/s", "build_texts_per_s", ".1f")], rows,
-                f"{a.model}, {threads} threads, {len(texts)} texts, {len(queries)} queries, max |diff| {diff:.1e}")
-    return {"model": a.model, "threads": threads, "source": source, "texts": len(texts), "queries": len(queries),
-            "rounds": a.rounds, "backends": rows, "max_abs_diff": diff}
+                f"{args.model}, {threads} threads, {len(texts)} texts, {len(queries)} queries, max |diff| {diff:.1e}")
+    return {"model": args.model, "threads": threads, "source": source, "texts": len(texts), "queries": len(queries),
+            "rounds": args.rounds, "backends": rows, "max_abs_diff": diff}
 
 
 def squad(path: str, contexts: int) -> tuple[list[str], list[str], list[int]]:
@@ -197,7 +198,7 @@ def first_sentences(contexts: int) -> tuple[list[str], list[str], list[int]]:
     return passages, [split_sentences(p)[0] for p in passages], list(range(len(passages)))
 
 
-def precision(a) -> dict:
+def precision(args) -> dict:
     import numpy as np
     import torch
 
@@ -205,12 +206,12 @@ def precision(a) -> dict:
     from qrag_ray.embedding.tokens import token_ids
     from qrag_ray.evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
 
-    torch.set_num_threads(a.threads or 1)
-    ctx, questions, gold = squad(a.squad, a.contexts) if a.squad else first_sentences(a.contexts)
+    torch.set_num_threads(args.threads or 1)
+    ctx, questions, gold = squad(args.squad, args.contexts) if args.squad else first_sentences(args.contexts)
     qrels = {str(i): {str(g): 1} for i, g in enumerate(gold)}
     rows, reference = [], None
-    for dtype in (a.dtypes or ("float32,bfloat16" if a.tiny else "float32,bfloat16,float16")).split(","):
-        st = load_sentence_transformer(a.model, device="cpu", dtype=dtype, backend="torch")
+    for dtype in (args.dtypes or ("float32,bfloat16" if args.tiny else "float32,bfloat16,float16")).split(","):
+        st = load_sentence_transformer(args.model, device="cpu", dtype=dtype, backend="torch")
         forward = Forward(st, tokens_per_batch=8192)
         start = time.perf_counter()
         vec = {name: forward(*token_ids(st.tokenizer, texts, int(st.max_seq_length)))
@@ -234,20 +235,21 @@ def precision(a) -> dict:
                  ("MRR@10", "MRR@10", ".4f"), ("s", "seconds", ".1f"), ("max|diff|", "max_abs_diff", ".1e"),
                  ("min cos", "min_cosine", ".5f"),
                  ("top1 same", "top1_same", ".3f"), ("top10 same", "top10_same_set", ".3f")], rows,
-                f"{len(ctx)} contexts, {len(questions)} questions ({a.squad or 'the Python reference'})")
-    return {"source": a.squad or "pydoc_data.topics", "contexts": len(ctx), "questions": len(questions), "dtypes": rows}
+                f"{len(ctx)} contexts, {len(questions)} questions ({args.squad or 'the Python reference'})")
+    return {"source": args.squad or "pydoc_data.topics", "contexts": len(ctx), "questions": len(questions),
+            "dtypes": rows}
 
 
-def rate(a) -> dict:
+def rate(args) -> dict:
     """MiniLM's `encode` on question-length sentences of the Python reference (repeated past its ~10k)."""
     from pydoc_data.topics import topics
 
     from qrag_ray.embedding import encode, load_sentence_transformer
     from qrag_ray.text.sentences import split_sentences
 
-    st = load_sentence_transformer(a.model, device="cpu")
+    st = load_sentence_transformer(args.model, device="cpu")
     pool = [x for t in sorted(topics) for x in split_sentences(topics[t].replace("\n", " ")) if 20 <= len(x) <= 120]
-    texts = (pool * (a.texts // len(pool) + 1))[:a.texts]
+    texts = (pool * (args.texts // len(pool) + 1))[:args.texts]
     encode(st, texts[:64], 64)  # warm-up
     start = time.perf_counter()
     cpu0 = time.process_time()
@@ -258,22 +260,23 @@ def rate(a) -> dict:
            "mean_chars": round(sum(map(len, texts)) / len(texts), 1), "texts_per_s": round(len(texts) / wall, 1),
            "texts_per_cpu_s": round(len(texts) / cpu, 1),
            "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2)}
-    print_table([(k, k, "") for k in row], [row], f"{a.model} encode, batch 128")
-    return {"model": a.model, **row}
+    print_table([(k, k, "") for k in row], [row], f"{args.model} encode, batch 128")
+    return {"model": args.model, **row}
 
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.harness.embed_stage import missing
 
-    a = parse(argv)
+    args = parse(argv)
     if gone := missing("numpy", "torch", "transformers", "sentence_transformers"):
         print(f"error: the embedding benchmark needs {', '.join(gone)} (pip install {' '.join(gone)})", flush=True)
         return 2
-    if a.mode == "stage":
-        return stage(a)
-    measured = {"backend": backend, "precision": precision, "rate": rate}[a.mode](a)
-    write_json({"command": options.command(), "mode": a.mode, "cpus": os.cpu_count(), "platform": platform.platform(),
-                "load_avg": os.getloadavg(), **measured}, a.out)
+    if args.mode == "stage":
+        return stage(args)
+    measured = {"backend": backend, "precision": precision, "rate": rate}[args.mode](args)
+    write_json({"command": options.command(), "mode": args.mode, "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "load_avg": os.getloadavg(), **measured}, args.out)
     return 0
 
 

@@ -80,33 +80,34 @@ def run_filtered(engine, url: str, queries: list[str], k: int, truth: dict, conc
     client = httpx.Client(base_url=url, timeout=600)
     bodies = {sel: {} if bucket_filter(sel) is None else {"filter": bucket_filter(sel)} for sel in SELECTIVITIES}
     for sel in SELECTIVITIES:  # warm both paths at every selectivity
-        for q in queries[:3]:
-            engine.search([q], k=k, filter=bucket_filter(sel))
-            client.post("/v1/search", json={"query": q, "k": k, **bodies[sel]})
+        for query in queries[:3]:
+            engine.search([query], k=k, filter=bucket_filter(sel))
+            client.post("/v1/search", json={"query": query, "k": k, **bodies[sel]})
     local, served, same, recall, sizes = ({sel: [] for sel in SELECTIVITIES} for _ in range(5))
-    for qi, q in enumerate(queries):
+    for number, query in enumerate(queries):
         for sel in SELECTIVITIES:
             start = time.perf_counter()
-            want = [x["chunk_id"] for x in engine.search([q], k=k, filter=bucket_filter(sel))[0]]
+            want = [x["chunk_id"] for x in engine.search([query], k=k, filter=bucket_filter(sel))[0]]
             local[sel].append((time.perf_counter() - start) * 1000)
             start = time.perf_counter()
-            r = client.post("/v1/search", json={"query": q, "k": k, **bodies[sel]})
+            response = client.post("/v1/search", json={"query": query, "k": k, **bodies[sel]})
             served[sel].append((time.perf_counter() - start) * 1000)
-            got = [x["chunk_id"] for x in (r.json().get("results") or [])] if r.status_code == 200 else None
+            got = ([x["chunk_id"] for x in (response.json().get("results") or [])] if response.status_code == 200
+                   else None)
             same[sel].append(got == want)
             sizes[sel].append(len(want))
-            recall[sel].append(len(set(want) & truth[sel][qi]) / k)
+            recall[sel].append(len(set(want) & truth[sel][number]) / k)
     client.close()
     out = {}
     for sel in SELECTIVITIES:
         loaded = {}
-        for c in concurrency:
+        for clients in concurrency:
             records, wall = [], 0.0
             for _ in range(rounds):
-                block = closed_loop(url, [{"query": q, "k": k, **bodies[sel]} for q in queries], c)
+                block = closed_loop(url, [{"query": q, "k": k, **bodies[sel]} for q in queries], clients)
                 records += block["records"]
                 wall += block["wall_s"]
-            loaded[str(c)] = summarize(records, wall)
+            loaded[str(clients)] = summarize(records, wall)
         loc, srv = local[sel], served[sel]
         out["unfiltered" if sel is None else f"{sel:g}%"] = {
             "in_process": {"p50_ms": pct(loc, 50), "p99_ms": pct(loc, 99), "qps": 1000 / statistics.mean(loc)},
@@ -114,25 +115,25 @@ def run_filtered(engine, url: str, queries: list[str], k: int, truth: dict, conc
             "served_blocks": loaded, "same_ranking": statistics.mean(same[sel]),
             "recall_at_k": statistics.mean(recall[sel]), "min_page": min(sizes[sel])}
     base = out["unfiltered"]
-    for r in out.values():
-        r["p50_over_unfiltered"] = {p: r[p]["p50_ms"] / base[p]["p50_ms"] for p in ("in_process", "served")}
+    for row in out.values():
+        row["p50_over_unfiltered"] = {p: row[p]["p50_ms"] / base[p]["p50_ms"] for p in ("in_process", "served")}
     return out
 
 
-def measure(a) -> dict:
+def measure(args) -> dict:
     from benchmarks.harness import served, trees
     from benchmarks.harness.indexes import make_queries
     from benchmarks.harness.synthetic import big_tenant
 
-    layout_env = served.ingress_env(a.serve_env)
-    workdir = Path(a.workdir).resolve()
+    layout_env = served.ingress_env(args.serve_env)
+    workdir = Path(args.workdir).resolve()
     trees.leave_the_tree(workdir)
-    index = big_tenant(workdir, a.vectors, a.shards, 8, a.factory, a.nprobe, topics=True)
+    index = big_tenant(workdir, args.vectors, args.shards, 8, args.factory, args.nprobe, topics=True)
     served.start_ray()
     client, port = served.start_serve()
     served.deploy(client, [served.app_config("new", options.ROOT, {"index": str(index), "local_search_max_bytes": 0,
                                                                  "request_timeout_s": 60})])
-    url = served.app_urls(["new"], a.serve_env, port)["new"]
+    url = served.app_urls(["new"], args.serve_env, port)["new"]
     served.wait_ready(url)
     import torch
 
@@ -140,12 +141,12 @@ def measure(a) -> dict:
 
     torch.set_num_threads(1)  # one CPU, like a replica
     engine = SearchEngine(index, threads=1)
-    queries = make_queries(a.queries)
-    truth = exact_top(index, index.with_name(index.name + ".vectors"), engine.embed(queries), a.k)
-    report = {"command": options.command(), "index": str(index), "vectors": a.vectors, "shards": a.shards,
-              "factory": a.factory, "nprobe": a.nprobe, "serve_env": a.serve_env, "serve_vars": layout_env,
-              "queries": len(queries), "k": a.k,
-              "selectivities": run_filtered(engine, url, queries, a.k, truth, a.concurrency, a.rounds)}
+    queries = make_queries(args.queries)
+    truth = exact_top(index, index.with_name(index.name + ".vectors"), engine.embed(queries), args.k)
+    report = {"command": options.command(), "index": str(index), "vectors": args.vectors, "shards": args.shards,
+              "factory": args.factory, "nprobe": args.nprobe, "serve_env": args.serve_env, "serve_vars": layout_env,
+              "queries": len(queries), "k": args.k,
+              "selectivities": run_filtered(engine, url, queries, args.k, truth, args.concurrency, args.rounds)}
     served.shutdown()
     return report
 
@@ -153,17 +154,17 @@ def measure(a) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.harness.served import LAYOUT_HELP, LAYOUTS
 
-    ap = options.parser(__doc__)
-    options.add_common(ap, "filtered_search", queries=True, rounds=True, concurrency=True, workdir=True)
-    ap.add_argument("--vectors", type=int)
-    ap.add_argument("--shards", type=int)
-    ap.add_argument("--factory", help="FAISS factory (full: IVF1024,PQ32x4fs,Refine(SQfp16); tiny: Flat)")
-    ap.add_argument("--nprobe", type=int, default=16)
-    ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--serve-env", choices=LAYOUTS, default="direct", help=LAYOUT_HELP)
-    a = options.sized(ap.parse_args(argv), FULL, TINY)
-    out = Path(a.out).resolve()
-    report = measure(a)
+    parser = options.parser(__doc__)
+    options.add_common(parser, "filtered_search", queries=True, rounds=True, concurrency=True, workdir=True)
+    parser.add_argument("--vectors", type=int)
+    parser.add_argument("--shards", type=int)
+    parser.add_argument("--factory", help="FAISS factory (full: IVF1024,PQ32x4fs,Refine(SQfp16); tiny: Flat)")
+    parser.add_argument("--nprobe", type=int, default=16)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--serve-env", choices=LAYOUTS, default="direct", help=LAYOUT_HELP)
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
+    out = Path(args.out).resolve()
+    report = measure(args)
     rows = []
     for name, r in report["selectivities"].items():
         blocks = {f"qps_c{c}": b["qps"] for c, b in r["served_blocks"].items()}
@@ -173,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                      "recall": r["recall_at_k"], "same": r["same_ranking"], "min_page": r["min_page"]})
     columns = [("passes", "passes", ""), ("in-proc p50", "in_p50", ".1f"), ("x unfiltered", "in_x", ".2f"),
                ("served p50", "sv_p50", ".1f"), ("x unfiltered", "sv_x", ".2f")]
-    columns += [(f"qps c={c}", f"qps_c{c}", ".1f") for c in a.concurrency]
-    columns += [(f"recall@{a.k}", "recall", ".3f"), ("same ranking", "same", ".0%"), ("min page", "min_page", "d")]
-    print_table(columns, rows, f"filtered search (bucket < x) on {report['vectors']:,} vectors in {a.shards} shards "
-                f"({a.factory}), {report['queries']} queries, k={a.k}, {a.serve_env}")
+    columns += [(f"qps c={c}", f"qps_c{c}", ".1f") for c in args.concurrency]
+    columns += [(f"recall@{args.k}", "recall", ".3f"), ("same ranking", "same", ".0%"), ("min page", "min_page", "d")]
+    print_table(columns, rows, f"filtered search (bucket < x) on {report['vectors']:,} vectors in {args.shards} shards "
+                f"({args.factory}), {report['queries']} queries, k={args.k}, {args.serve_env}")
     write_json(report, out)
     return 0
 

@@ -95,46 +95,46 @@ def set_search_params(index, nprobe: int, k_factor: float) -> None:
         index.k_factor = k_factor
 
 
-def run(a: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace) -> dict:
     import faiss
 
-    faiss.omp_set_num_threads(a.threads)
-    work = Path(a.work_dir)
+    faiss.omp_set_num_threads(args.threads)
+    work = Path(args.work_dir)
     shutil.rmtree(work, ignore_errors=True)
     (work / "shards").mkdir(parents=True)
-    syn = Synth(a.dim, a.centres, a.spread, a.seed)
-    per_shard = a.n // a.shards
-    n = per_shard * a.shards
-    chunks_per_shard = max(1, -(-per_shard // a.chunk))
-    k = a.k
-    queries = syn.chunk(0, a.queries, stream=2)  # a stream disjoint from the database
+    syn = Synth(args.dim, args.centres, args.spread, args.seed)
+    per_shard = args.n // args.shards
+    n = per_shard * args.shards
+    chunks_per_shard = max(1, -(-per_shard // args.chunk))
+    k = args.k
+    queries = syn.chunk(0, args.queries, stream=2)  # a stream disjoint from the database
     t_all = time.perf_counter()
     rss0 = rss_mb()
 
     # ---- train once (coarse quantizer + PQ + refine codec), shared by all shards
     t0 = time.perf_counter()
-    train = syn.chunk(0, min(a.train, n), stream=3)
-    template = faiss.index_factory(a.dim, a.factory, faiss.METRIC_INNER_PRODUCT)
+    train = syn.chunk(0, min(args.train, n), stream=3)
+    template = faiss.index_factory(args.dim, args.factory, faiss.METRIC_INNER_PRODUCT)
     template.train(train)
     train_s = time.perf_counter() - t0
     del train
-    print(f"trained {a.factory} on {min(a.train, n):,} vectors in {train_s:.1f}s", file=sys.stderr)
+    print(f"trained {args.factory} on {min(args.train, n):,} vectors in {train_s:.1f}s", file=sys.stderr)
 
     # ---- one pass over the data: add to the shard, exact-scan for ground truth
-    gt_s = np.full((a.queries, k), -np.inf, np.float32)
-    gt_i = np.full((a.queries, k), -1, np.int64)
+    gt_s = np.full((args.queries, k), -np.inf, np.float32)
+    gt_i = np.full((args.queries, k), -1, np.int64)
     exact_s = 0.0
     gen_s = 0.0
     shards = []
-    for s in range(a.shards):
+    for s in range(args.shards):
         t_shard = time.perf_counter()
         add_s = 0.0
         index = faiss.clone_index(template)
         rss_before = rss_mb()
         base = s * per_shard
         for c in range(chunks_per_shard):
-            lo = c * a.chunk
-            m = min(a.chunk, per_shard - lo)
+            lo = c * args.chunk
+            m = min(args.chunk, per_shard - lo)
             if m <= 0:
                 break
             t = time.perf_counter()
@@ -144,7 +144,7 @@ def run(a: argparse.Namespace) -> dict:
             index.add(x)
             add_s += time.perf_counter() - t
             t = time.perf_counter()
-            flat = faiss.IndexFlatIP(a.dim)
+            flat = faiss.IndexFlatIP(args.dim)
             flat.add(x)
             ds, di = flat.search(queries, k)
             gt_s, gt_i = merge_topk([gt_s, ds], [gt_i, np.where(di >= 0, di + base + lo, -1)], k)
@@ -163,10 +163,10 @@ def run(a: argparse.Namespace) -> dict:
 
     # ---- search: load every shard (as a serving node would), sweep nprobe x refine factor
     t = time.perf_counter()
-    loaded = [faiss.read_index(str(work / "shards" / f"{s:05d}.faiss")) for s in range(a.shards)]
+    loaded = [faiss.read_index(str(work / "shards" / f"{s:05d}.faiss")) for s in range(args.shards)]
     load_s = time.perf_counter() - t
     rss_loaded = rss_mb()
-    offsets = [s * per_shard for s in range(a.shards)]
+    offsets = [s * per_shard for s in range(args.shards)]
 
     def search_all(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ss, ii = [], []
@@ -177,38 +177,38 @@ def run(a: argparse.Namespace) -> dict:
         return merge_topk(ss, ii, k)
 
     rows = []  # k_factor 1 = PQ ranking alone (no refinement): the ablation
-    for nprobe in a.nprobe:
-        for kf in a.k_factor:
+    for nprobe in args.nprobe:
+        for kf in args.k_factor:
             for ix in loaded:
                 set_search_params(ix, nprobe, kf)
             t = time.perf_counter()
             _, found = search_all(queries)
             batch_s = time.perf_counter() - t
             # one query at a time: what a serving replica sees without batching
-            nq1 = min(a.single_queries, a.queries)
+            nq1 = min(args.single_queries, args.queries)
             t = time.perf_counter()
             for j in range(nq1):
                 search_all(queries[j:j + 1])
             single_s = time.perf_counter() - t
             rows.append({"nprobe": nprobe, "k_factor": kf, "recall@10": round(recall_at(found, gt_i, k), 4),
                          "recall@1": round(recall_at(found, gt_i, 1), 4),
-                         "qps_batch": round(a.queries / batch_s, 1), "qps_single": round(nq1 / single_s, 1),
+                         "qps_batch": round(args.queries / batch_s, 1), "qps_single": round(nq1 / single_s, 1),
                          "latency_ms_single": round(1000 * single_s / nq1, 2)})
             print(f"nprobe={nprobe} k_factor={kf}: recall@10={rows[-1]['recall@10']:.3f} "
                   f"qps(batch)={rows[-1]['qps_batch']:.0f} qps(single)={rows[-1]['qps_single']:.0f}", file=sys.stderr)
 
-    exact_qps = a.queries / exact_s  # brute force over all n vectors (time excludes data generation)
+    exact_qps = args.queries / exact_s  # brute force over all n vectors (time excludes data generation)
     total_bytes = sum(x["file_bytes"] for x in shards)
-    flat_bytes = n * a.dim * 4
+    flat_bytes = n * args.dim * 4
     result = {
-        "benchmark": "scale", "n": n, "dim": a.dim, "shards": a.shards, "factory": a.factory, "k": k,
-        "queries": a.queries, "train_vectors": min(a.train, n), "centres": a.centres, "spread": a.spread,
-        "threads": a.threads, "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
+        "benchmark": "scale", "n": n, "dim": args.dim, "shards": args.shards, "factory": args.factory, "k": k,
+        "queries": args.queries, "train_vectors": min(args.train, n), "centres": args.centres, "spread": args.spread,
+        "threads": args.threads, "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
         "train_seconds": round(train_s, 1), "add_seconds": round(sum(x["add_seconds"] for x in shards), 1),
         "build_seconds": round(build_s, 1), "generate_seconds": round(gen_s, 1), "load_seconds": round(load_s, 1),
         "shard_detail": shards,
         "memory": {"index_bytes_total": total_bytes, "bytes_per_vector": round(total_bytes / n, 1),
-                   "index_mib_per_shard": round(total_bytes / a.shards / 2**20, 1),
+                   "index_mib_per_shard": round(total_bytes / args.shards / 2**20, 1),
                    "flat_fp32_bytes": flat_bytes, "compression_vs_flat": round(flat_bytes / total_bytes, 2),
                    "rss_mib_all_shards_loaded": round(rss_loaded - rss0, 1), "peak_rss_mib": round(peak_rss_mb(), 1)},
         "exact_baseline": {"seconds": round(exact_s, 1), "qps": round(exact_qps, 2)},
@@ -216,7 +216,7 @@ def run(a: argparse.Namespace) -> dict:
         "total_seconds": round(time.perf_counter() - t_all, 1),
         "command": options.command(),
     }
-    if not a.keep:
+    if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return result
 
@@ -239,32 +239,33 @@ def print_table(r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = options.parser(__doc__)
-    options.add_common(ap, "search_scale", queries=True)
-    ap.add_argument("--n", type=int, help="vectors (full: 10,000,000)")
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--nlist", type=int, help="IVF lists (used when --factory is not given; full 2048)")
-    ap.add_argument("--factory", default=None, help="FAISS factory (default IVF{nlist},PQ{dim/2}x4fs,Refine(SQfp16))")
-    ap.add_argument("--train", type=int, help="training sample (full 100,000)")
-    ap.add_argument("--chunk", type=int, help="vectors generated and added at a time (full 500,000)")
-    ap.add_argument("--single-queries", type=int, help="queries searched one at a time (full 100)")
-    ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--nprobe", default="16")
-    ap.add_argument("--k-factor", help="refinement factors, comma list (full 1,16,64; 1 = PQ ranking alone)")
-    ap.add_argument("--centres", type=int, default=2000)
-    ap.add_argument("--spread", type=float, default=0.6)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--work-dir", default="/tmp/qrag-bench-scale")
-    ap.add_argument("--keep", action="store_true", help="keep the shard files in --work-dir")
-    a = options.sized(ap.parse_args(argv), FULL, TINY)
-    a.nprobe = [int(x) for x in str(a.nprobe).split(",")]
-    a.k_factor = [float(x) for x in str(a.k_factor).split(",")]
-    a.factory = a.factory or f"IVF{a.nlist},PQ{a.dim // 2}x4fs,Refine(SQfp16)"
-    result = run(a)
+    parser = options.parser(__doc__)
+    options.add_common(parser, "search_scale", queries=True)
+    parser.add_argument("--n", type=int, help="vectors (full: 10,000,000)")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--nlist", type=int, help="IVF lists (used when --factory is not given; full 2048)")
+    parser.add_argument("--factory", default=None,
+                        help="FAISS factory (default IVF{nlist},PQ{dim/2}x4fs,Refine(SQfp16))")
+    parser.add_argument("--train", type=int, help="training sample (full 100,000)")
+    parser.add_argument("--chunk", type=int, help="vectors generated and added at a time (full 500,000)")
+    parser.add_argument("--single-queries", type=int, help="queries searched one at a time (full 100)")
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--nprobe", default="16")
+    parser.add_argument("--k-factor", help="refinement factors, comma list (full 1,16,64; 1 = PQ ranking alone)")
+    parser.add_argument("--centres", type=int, default=2000)
+    parser.add_argument("--spread", type=float, default=0.6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--work-dir", default="/tmp/qrag-bench-scale")
+    parser.add_argument("--keep", action="store_true", help="keep the shard files in --work-dir")
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
+    args.nprobe = [int(x) for x in str(args.nprobe).split(",")]
+    args.k_factor = [float(x) for x in str(args.k_factor).split(",")]
+    args.factory = args.factory or f"IVF{args.nlist},PQ{args.dim // 2}x4fs,Refine(SQfp16)"
+    result = run(args)
     print_table(result)
-    write_json(result, a.out)
+    write_json(result, args.out)
     return 0
 
 

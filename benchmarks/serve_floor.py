@@ -222,14 +222,15 @@ def http_part(shapes: list[str], requests: int, concurrency: list[int], serve_en
     bodies = [{"query": f"query {i}", "k": 10} for i in range(requests)]
     rows = []
     try:
-        for c in concurrency:
+        for clients in concurrency:
             for shape, url in urls.items():
-                closed_loop(url, bodies[:200], c)  # warm: connections, the pass queue
+                closed_loop(url, bodies[:200], clients)  # warm: connections, the pass queue
                 before = ray_cpu_by_process()
-                block = closed_loop(url, bodies, c)
+                block = closed_loop(url, bodies, clients)
                 loaded = summarize(block["records"], block["wall_s"])
                 by_process = cpu_by_process(before, ray_cpu_by_process(), loaded["ok"])
-                rows.append({"shape": shape, "concurrency": c, **loaded, "cpu_ms_per_request": sum(by_process.values()),
+                rows.append({"shape": shape, "concurrency": clients, **loaded,
+                             "cpu_ms_per_request": sum(by_process.values()),
                              "request_path_cpu_ms": request_path_cpu(by_process, shape),
                              "cpu_ms_per_request_by_process": by_process})
     finally:
@@ -240,31 +241,32 @@ def http_part(shapes: list[str], requests: int, concurrency: list[int], serve_en
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.harness.served import LAYOUT_HELP
 
-    ap = options.parser(__doc__)
-    options.add_common(ap, "serve_floor", concurrency=True)
-    ap.add_argument("--part", default="call,http", help="call and/or http (comma list)")
-    ap.add_argument("--calls", type=int, help="part call: calls per method")
-    ap.add_argument("--requests", type=int, help="part http: requests per block")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="part http: shapes (comma list)")
-    ap.add_argument("--serve-env", choices=("direct", "haproxy"), default="direct", help=LAYOUT_HELP)
-    a = options.sized(ap.parse_args(argv), FULL, TINY)
-    report = {"command": options.command(), "serve_env": a.serve_env}
-    parts = a.part.split(",")
+    parser = options.parser(__doc__)
+    options.add_common(parser, "serve_floor", concurrency=True)
+    parser.add_argument("--part", default="call,http", help="call and/or http (comma list)")
+    parser.add_argument("--calls", type=int, help="part call: calls per method")
+    parser.add_argument("--requests", type=int, help="part http: requests per block")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="part http: shapes (comma list)")
+    parser.add_argument("--serve-env", choices=("direct", "haproxy"), default="direct", help=LAYOUT_HELP)
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
+    report = {"command": options.command(), "serve_env": args.serve_env}
+    parts = args.part.split(",")
     if "call" in parts:
-        report["call"] = call_part(a.calls)
+        report["call"] = call_part(args.calls)
         print_table([("step", "step", ""), ("p50 ms", "p50_ms", ".3f"), ("p90 ms", "p90_ms", ".3f")],
                     [{"step": step, **r} for step, r in report["call"].items()],
-                    f"one deployment-to-deployment call at c=1, {a.calls} calls")
+                    f"one deployment-to-deployment call at c=1, {args.calls} calls")
     if "http" in parts:
-        report["http"] = http_part([s for s in a.shapes.split(",") if s], a.requests, a.concurrency, a.serve_env)
+        shapes = [s for s in args.shapes.split(",") if s]
+        report["http"] = http_part(shapes, args.requests, args.concurrency, args.serve_env)
         for row in report["http"]:
             row["by_process"] = ", ".join(f"{n.replace('ray::ServeReplica:', '')} {v:.2f}"
                                           for n, v in row["cpu_ms_per_request_by_process"].items())
         print_table([("shape", "shape", ""), ("conc", "concurrency", "d"), ("p50 ms", "p50_ms", ".1f"),
                      ("qps", "qps", ".1f"), ("errors", "errors", "d"), ("CPU ms/req", "cpu_ms_per_request", ".2f"),
                      ("path CPU", "request_path_cpu_ms", ".2f"), ("by process", "by_process", "")],
-                    report["http"], f"Serve's floor, {a.requests} requests per block, {a.serve_env} ingress")
-    write_json(report, Path(a.out))
+                    report["http"], f"Serve's floor, {args.requests} requests per block, {args.serve_env} ingress")
+    write_json(report, Path(args.out))
     return 0
 
 

@@ -39,42 +39,44 @@ TINY = {"vectors": 20_000, "shards": 2, "factory": "Flat", "queries": 6, "rounds
 def parse(argv: list[str] | None):
     from benchmarks.harness.served import LAYOUT_HELP, LAYOUTS
 
-    ap = options.parser(__doc__)
-    options.add_common(ap, "serving_big", queries=True, rounds=True, concurrency=True, baseline=True, workdir=True)
-    ap.add_argument("--vectors", type=int)
-    ap.add_argument("--shards", type=int)
-    ap.add_argument("--vectors-per-chunk", type=int, default=8)
-    ap.add_argument("--factory", help="FAISS factory (full: IVF1024,PQ32x4fs,Refine(SQfp16); tiny: Flat)")
-    ap.add_argument("--nprobe", type=int, default=16)
-    ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--shards-per-searcher", type=int, default=1,
+    parser = options.parser(__doc__)
+    options.add_common(parser, "serving_big", queries=True, rounds=True, concurrency=True, baseline=True, workdir=True)
+    parser.add_argument("--vectors", type=int)
+    parser.add_argument("--shards", type=int)
+    parser.add_argument("--vectors-per-chunk", type=int, default=8)
+    parser.add_argument("--factory", help="FAISS factory (full: IVF1024,PQ32x4fs,Refine(SQfp16); tiny: Flat)")
+    parser.add_argument("--nprobe", type=int, default=16)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--shards-per-searcher", type=int, default=1,
                     help="the app's shards_per_searcher: consecutive shards one ShardSearcher deployment searches")
-    ap.add_argument("--searcher-cpus", type=float, help="num_cpus of each ShardSearcher replica (default: the app's)")
-    ap.add_argument("--serve-env", choices=LAYOUTS, default="direct", help=LAYOUT_HELP)
-    ap.add_argument("--data", choices=("random", "topics"), default="random",
+    parser.add_argument("--searcher-cpus", type=float,
+                        help="num_cpus of each ShardSearcher replica (default: the app's)")
+    parser.add_argument("--serve-env", choices=LAYOUTS, default="direct", help=LAYOUT_HELP)
+    parser.add_argument("--data", choices=("random", "topics"), default="random",
                     help="random: every chunk around a random centre (a query has no near neighbours); topics: half "
                          "of the chunks at graded distances around the queries' vectors")
-    return options.sized(ap.parse_args(argv), FULL, TINY)
+    return options.sized(parser.parse_args(argv), FULL, TINY)
 
 
-def measure(a) -> dict:
+def measure(args) -> dict:
     from benchmarks.harness import served, trees
     from benchmarks.harness.indexes import make_queries, manifest
     from benchmarks.harness.synthetic import big_tenant
 
-    layout_env = served.ingress_env(a.serve_env)
-    apps = trees.trees(a.baseline_ref)
-    workdir = Path(a.workdir).resolve()
+    layout_env = served.ingress_env(args.serve_env)
+    apps = trees.trees(args.baseline_ref)
+    workdir = Path(args.workdir).resolve()
     trees.leave_the_tree(workdir)
-    index = big_tenant(workdir, a.vectors, a.shards, a.vectors_per_chunk, a.factory, a.nprobe, a.data == "topics")
+    index = big_tenant(workdir, args.vectors, args.shards, args.vectors_per_chunk, args.factory, args.nprobe,
+                       args.data == "topics")
     served.start_ray()
     client, port = served.start_serve()
-    args = {"index": str(index), "local_search_max_bytes": 0, "shards_per_searcher": a.shards_per_searcher,
+    args = {"index": str(index), "local_search_max_bytes": 0, "shards_per_searcher": args.shards_per_searcher,
             "request_timeout_s": 60}
-    overrides = ({name: served.fixed(num_cpus=a.searcher_cpus)
-                  for name in served.searcher_names(a.shards, a.shards_per_searcher)} if a.searcher_cpus else {})
+    names = served.searcher_names(args.shards, args.shards_per_searcher)
+    overrides = {name: served.fixed(num_cpus=args.searcher_cpus) for name in names} if args.searcher_cpus else {}
     served.deploy(client, [served.app_config(n, tree, args, overrides) for n, tree in apps.items()])
-    urls = served.app_urls(list(apps), a.serve_env, port)
+    urls = served.app_urls(list(apps), args.serve_env, port)
     for url in urls.values():
         served.wait_ready(url)
     trees.check_trees(apps)
@@ -84,18 +86,19 @@ def measure(a) -> dict:
 
     torch.set_num_threads(1)  # one CPU, like a replica
     engine = SearchEngine(index, threads=1)
-    queries = make_queries(a.queries)
-    engine.search(queries[:1], k=a.k)  # its embedder loads on the first search: not a cost of any block
-    report = {"command": options.command(), "baseline_ref": a.baseline_ref, "serve_env": a.serve_env,
-              "serve_vars": layout_env, "data": a.data, "index": str(index),
-              "vectors": (manifest(index).get("counts") or {}).get("vectors"), "shards": a.shards,
-              "shards_per_searcher": a.shards_per_searcher, "searcher_cpus": a.searcher_cpus, "factory": a.factory,
-              "nprobe": a.nprobe, "queries": len(queries), "k": a.k, "blocks": {}}
-    if 1 in a.concurrency:
-        report["c1"] = interleaved_c1(engine, urls, queries, a.k)
-    bodies = [{"query": q, "k": a.k} for q in queries]
-    for c in (c for c in a.concurrency if c != 1):
-        report["blocks"][str(c)] = alternating_blocks(urls, bodies, c, a.rounds, engine, a.k)
+    queries = make_queries(args.queries)
+    engine.search(queries[:1], k=args.k)  # its embedder loads on the first search: not a cost of any block
+    report = {"command": options.command(), "baseline_ref": args.baseline_ref, "serve_env": args.serve_env,
+              "serve_vars": layout_env, "data": args.data, "index": str(index),
+              "vectors": (manifest(index).get("counts") or {}).get("vectors"), "shards": args.shards,
+              "shards_per_searcher": args.shards_per_searcher, "searcher_cpus": args.searcher_cpus,
+              "factory": args.factory,
+              "nprobe": args.nprobe, "queries": len(queries), "k": args.k, "blocks": {}}
+    if 1 in args.concurrency:
+        report["c1"] = interleaved_c1(engine, urls, queries, args.k)
+    bodies = [{"query": q, "k": args.k} for q in queries]
+    for concurrency in (c for c in args.concurrency if c != 1):
+        report["blocks"][str(concurrency)] = alternating_blocks(urls, bodies, concurrency, args.rounds, engine, args.k)
     served.shutdown()
     return report
 
@@ -103,16 +106,17 @@ def measure(a) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.harness.trees import BaselineError
 
-    a = parse(argv)
-    out = Path(a.out).resolve()
+    args = parse(argv)
+    out = Path(args.out).resolve()
     try:
-        report = measure(a)
+        report = measure(args)
     except BaselineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print_served(report, f"{report['vectors']:,} vectors in {a.shards} shards ({a.factory}, nprobe {a.nprobe}; "
-                 f"{a.shards_per_searcher} per ShardSearcher, num_cpus {a.searcher_cpus or 1:g}), "
-                 f"{report['queries']} queries, k={a.k}, {a.serve_env}")
+    print_served(report, f"{report['vectors']:,} vectors in {args.shards} shards ({args.factory}, "
+                 f"nprobe {args.nprobe}; "
+                 f"{args.shards_per_searcher} per ShardSearcher, num_cpus {args.searcher_cpus or 1:g}), "
+                 f"{report['queries']} queries, k={args.k}, {args.serve_env}")
     write_json(report, out)
     return 0
 

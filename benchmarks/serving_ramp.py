@@ -64,14 +64,14 @@ def ramp(url: str, app: str, keys: list[str], ranks, queries: list[str], stages:
         with httpx.Client(base_url=url, timeout=120) as client:
             while time.time() < until:
                 with lock:
-                    i = counter["next"]
+                    number = counter["next"]
                     counter["next"] += 1
                 start = time.perf_counter()
                 try:
-                    r = client.post("/v1/search", json={"query": queries[i % len(queries)], "k": 5},
-                                    headers={"Authorization": f"Bearer {keys[ranks[i % len(ranks)]]}"})
-                    status = r.status_code
-                    cold = (r.json().get("timings") or {}).get("cold_loads", 0) if status == 200 else 0
+                    response = client.post("/v1/search", json={"query": queries[number % len(queries)], "k": 5},
+                                           headers={"Authorization": f"Bearer {keys[ranks[number % len(ranks)]]}"})
+                    status = response.status_code
+                    cold = (response.json().get("timings") or {}).get("cold_loads", 0) if status == 200 else 0
                 except (httpx.HTTPError, ValueError):
                     status = 0
                     cold = 0
@@ -113,49 +113,50 @@ def ramp(url: str, app: str, keys: list[str], ranks, queries: list[str], stages:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = options.parser(__doc__)
-    options.add_common(ap, "serving_ramp", workdir=True)
-    ap.set_defaults(workdir=str(options.RUNS / "serving_tenants"))  # serving_tenants.py's indexes, reused
-    ap.add_argument("--tenants", type=int)
-    ap.add_argument("--indexes", type=int)
-    ap.add_argument("--replicas", type=int, help="most replicas of every ShardSearcher deployment")
-    ap.add_argument("--budget-x", type=float, default=4.0, help="tenants' bytes / one replica's budget")
-    ap.add_argument("--ramp", help="concurrency:seconds stages, e.g. 1:30,16:90,1:120")
-    ap.add_argument("--layouts", help="spread (tenant_affinity off) and/or affine (on), in this order")
-    ap.add_argument("--target-ongoing", type=float, default=2.0, help="autoscaling target per replica")
-    ap.add_argument("--upscale-delay", type=float, help="seconds (full run: 30, Serve's default)")
-    ap.add_argument("--downscale-delay", type=float, help="seconds (full run: 60; Serve's default is 600)")
-    a = options.sized(ap.parse_args(argv), FULL, TINY)
+    parser = options.parser(__doc__)
+    options.add_common(parser, "serving_ramp", workdir=True)
+    parser.set_defaults(workdir=str(options.RUNS / "serving_tenants"))  # serving_tenants.py's indexes, reused
+    parser.add_argument("--tenants", type=int)
+    parser.add_argument("--indexes", type=int)
+    parser.add_argument("--replicas", type=int, help="most replicas of every ShardSearcher deployment")
+    parser.add_argument("--budget-x", type=float, default=4.0, help="tenants' bytes / one replica's budget")
+    parser.add_argument("--ramp", help="concurrency:seconds stages, e.g. 1:30,16:90,1:120")
+    parser.add_argument("--layouts", help="spread (tenant_affinity off) and/or affine (on), in this order")
+    parser.add_argument("--target-ongoing", type=float, default=2.0, help="autoscaling target per replica")
+    parser.add_argument("--upscale-delay", type=float, help="seconds (full run: 30, Serve's default)")
+    parser.add_argument("--downscale-delay", type=float, help="seconds (full run: 60; Serve's default is 600)")
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
     from ray import serve
 
     from benchmarks.harness import served, trees
     from benchmarks.harness.indexes import make_queries
     from benchmarks.harness.tenant_mix import index_bytes, tenant_indexes, write_tenants, zipf_ranks
 
-    out = Path(a.out).resolve()
-    workdir = Path(a.workdir).resolve()
+    out = Path(args.out).resolve()
+    workdir = Path(args.workdir).resolve()
     trees.leave_the_tree(workdir)
-    indexes = tenant_indexes(workdir, options.ROOT, a.indexes, a.tiny)
-    budget = max(1 << 20, int(sum(index_bytes(indexes[i % a.indexes]) for i in range(a.tenants)) / 2 / a.budget_x))
-    names = {f"t{i:04d}": indexes[i % a.indexes] for i in range(a.tenants)}
+    indexes = tenant_indexes(workdir, options.ROOT, args.indexes, args.tiny)
+    total = sum(index_bytes(indexes[i % args.indexes]) for i in range(args.tenants))
+    budget = max(1 << 20, int(total / 2 / args.budget_x))  # two shard deployments share the tenants' bytes
+    names = {f"t{i:04d}": indexes[i % args.indexes] for i in range(args.tenants)}
     keys = write_tenants(workdir / "tenants-ramp.yaml", names)
-    tenant_keys = [keys[f"t{i:04d}"] for i in range(a.tenants)]
-    ranks = zipf_ranks(a.tenants, 100_000)
+    tenant_keys = [keys[f"t{i:04d}"] for i in range(args.tenants)]
+    ranks = zipf_ranks(args.tenants, 100_000)
     queries = make_queries(97)
-    stages = stages_of(a.ramp)
-    scaling = {"min_replicas": 1, "initial_replicas": 1, "target_ongoing_requests": a.target_ongoing,
-               "upscale_delay_s": a.upscale_delay, "downscale_delay_s": a.downscale_delay}
+    stages = stages_of(args.ramp)
+    scaling = {"min_replicas": 1, "initial_replicas": 1, "target_ongoing_requests": args.target_ongoing,
+               "upscale_delay_s": args.upscale_delay, "downscale_delay_s": args.downscale_delay}
     router = {"ray_actor_options": {"num_cpus": 1}, "autoscaling_config": {**scaling, "max_replicas": 2}}
     deployments = {"Router": router,
                    **{n: {"ray_actor_options": {"num_cpus": 0.25},
-                          "autoscaling_config": {**scaling, "max_replicas": a.replicas}}
+                          "autoscaling_config": {**scaling, "max_replicas": args.replicas}}
                       for n in served.searcher_names(2)}}  # the tenant indexes have 2 shards
-    report = {"command": options.command(), "stages": a.ramp, "autoscaling": scaling, "layouts": {}}
+    report = {"command": options.command(), "stages": args.ramp, "autoscaling": scaling, "layouts": {}}
     served.start_ray()
     client, port = served.start_serve()
-    print(f"ramp {a.ramp}: autoscaling {scaling}", flush=True)
+    print(f"ramp {args.ramp}: autoscaling {scaling}", flush=True)
     rows = []
-    for layout in a.layouts.split(","):
+    for layout in args.layouts.split(","):
         name = f"{layout}-ramp"
         args = {"tenants": str(workdir / "tenants-ramp.yaml"), "local_search_max_bytes": 0, "warm_tenants": 0,
                 "shard_cache_bytes": budget, "tenant_affinity": layout == "affine", "request_timeout_s": 60}

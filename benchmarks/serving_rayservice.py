@@ -139,29 +139,29 @@ def in_process(index: Path, queries: list[str]) -> tuple[dict, list[list[str]]]:
 def main(argv: list[str] | None = None) -> int:
     import shutil
 
-    ap = options.parser(__doc__)
-    options.add_common(ap, "serving_rayservice", rounds=True, concurrency=True)
-    ap.add_argument("--requests", type=int)
-    ap.add_argument("--warmup", type=int)
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds each app may take to be RUNNING")
-    ap.add_argument("--shards-per-searcher", type=int, default=1,
+    parser = options.parser(__doc__)
+    options.add_common(parser, "serving_rayservice", rounds=True, concurrency=True)
+    parser.add_argument("--requests", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds each app may take to be RUNNING")
+    parser.add_argument("--shards-per-searcher", type=int, default=1,
                     help="shards one ShardSearcher deployment searches (app arg shards_per_searcher), both layouts")
-    ap.add_argument("--router-cpus", type=float, default=None,
+    parser.add_argument("--router-cpus", type=float, default=None,
                     help="the Router's num_cpus (its torch threads) instead of serveConfigV2's, in both layouts")
-    a = options.sized(ap.parse_args(argv), FULL, TINY)
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
     if why := pod_network.unavailable():
         print(f"error: {why}", file=sys.stderr)
         return 2
-    queries = make_queries(a.requests)
+    queries = make_queries(args.requests)
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # every layout's cluster's, read once by this process
     runs = []
-    for rnd in range(a.rounds):
+    for rnd in range(args.rounds):
         for layout in ("haproxy", "proxy") if rnd % 2 == 0 else ("proxy", "haproxy"):
-            runs.append({"round": rnd, **run_layout(layout, queries, a.warmup, a.concurrency[0], a.timeout,
-                                                    a.router_cpus, a.shards_per_searcher)})
+            runs.append({"round": rnd, **run_layout(layout, queries, args.warmup, args.concurrency[0], args.timeout,
+                                                    args.router_cpus, args.shards_per_searcher)})
             print(f"round {rnd} {layout}: done", file=sys.stderr)
     # the in-process baseline on the last layout's index (every layout builds the same one), then its folder goes
-    base, tops = in_process(Path(runs[-1]["index"]), queries[a.warmup:])
+    base, tops = in_process(Path(runs[-1]["index"]), queries[args.warmup:])
     for run in runs:
         run["same_rankings"] = round(sum(t == b for t, b in zip(run.pop("tops"), tops, strict=True)) / len(tops), 4)
         shutil.rmtree(run.pop("work"), ignore_errors=True)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                  ("/ in-process", "request_path_over_in_process", ".2f"),
                  ("same ranking", "same_rankings", ".0%")], runs)
     print(f"in-process search: {base['cpu_ms_per_query']} ms CPU per query")
-    write_json({"command": options.command(), "args": vars(a), "in_process": base, "runs": runs}, Path(a.out))
+    write_json({"command": options.command(), "args": vars(args), "in_process": base, "runs": runs}, Path(args.out))
     return 0
 
 

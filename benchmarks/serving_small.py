@@ -38,32 +38,33 @@ TINY = {"queries": 8, "rounds": 1, "concurrency": [1, 4]}
 def parse(argv: list[str] | None):
     from benchmarks.harness.served import LAYOUT_HELP, LAYOUTS
 
-    ap = options.parser(__doc__)
-    options.add_common(ap, "serving_small", queries=True, rounds=True, concurrency=True, baseline=True, workdir=True)
-    ap.add_argument("--index", help="serve this index instead of building the demo corpus's")
-    ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--serve-env", choices=LAYOUTS, default="default", help=LAYOUT_HELP)
-    ap.add_argument("--url", help="load this running server instead (closed-loop blocks only)")
-    ap.add_argument("--llm", help="`vllm` (the bundled Qwen in the app) or an OpenAI-compatible URL: mode=hyde too")
-    ap.add_argument("--hyde-queries", type=int, default=5)
-    return options.sized(ap.parse_args(argv), FULL, TINY)
+    parser = options.parser(__doc__)
+    options.add_common(parser, "serving_small", queries=True, rounds=True, concurrency=True, baseline=True,
+                       workdir=True)
+    parser.add_argument("--index", help="serve this index instead of building the demo corpus's")
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--serve-env", choices=LAYOUTS, default="default", help=LAYOUT_HELP)
+    parser.add_argument("--url", help="load this running server instead (closed-loop blocks only)")
+    parser.add_argument("--llm", help="`vllm` (the bundled Qwen in the app) or an OpenAI-compatible URL: mode=hyde too")
+    parser.add_argument("--hyde-queries", type=int, default=5)
+    return options.sized(parser.parse_args(argv), FULL, TINY)
 
 
-def load_running(a) -> dict:
+def load_running(args) -> dict:
     """Closed-loop blocks against a running server, per concurrency."""
     from benchmarks.harness.indexes import make_queries
 
-    bodies = [{"query": q, "k": a.k} for q in make_queries(a.queries)]
+    bodies = [{"query": q, "k": args.k} for q in make_queries(args.queries)]
     rows = []
-    for c in a.concurrency:
+    for concurrency in args.concurrency:
         records, wall = [], 0.0
-        for _ in range(a.rounds):
-            block = closed_loop(a.url.rstrip("/"), bodies, c)
+        for _ in range(args.rounds):
+            block = closed_loop(args.url.rstrip("/"), bodies, concurrency)
             records += block["records"]
             wall += block["wall_s"]
-        rows.append({"path": "served", "concurrency": c, **summarize(records, wall)})
-    print_table(COLUMNS[:6] + [("embed batch", "embed_batch_mean", ".2f")], rows, f"{a.url}, {a.queries} queries")
-    return {"command": options.command(), "url": a.url, "rows": rows}
+        rows.append({"path": "served", "concurrency": concurrency, **summarize(records, wall)})
+    print_table(COLUMNS[:6] + [("embed batch", "embed_batch_mean", ".2f")], rows, f"{args.url}, {args.queries} queries")
+    return {"command": options.command(), "url": args.url, "rows": rows}
 
 
 def generator(llm: str | None) -> dict:
@@ -82,21 +83,21 @@ def hyde(url: str, queries: list[str], k: int) -> dict:
     return {mode: summarize(**closed_loop(url, b, 1)) for mode, b in bodies.items()}
 
 
-def serve_and_measure(a) -> dict:
+def serve_and_measure(args) -> dict:
     from benchmarks.harness import served, trees
     from benchmarks.harness.indexes import demo_index, make_queries, manifest
 
-    layout_env = served.ingress_env(a.serve_env)
-    apps = trees.trees(a.baseline_ref)
-    workdir = Path(a.workdir).resolve()
-    index = Path(a.index).resolve() if a.index else None
+    layout_env = served.ingress_env(args.serve_env)
+    apps = trees.trees(args.baseline_ref)
+    workdir = Path(args.workdir).resolve()
+    index = Path(args.index).resolve() if args.index else None
     trees.leave_the_tree(workdir)
-    index = index or demo_index(workdir, next(iter(apps.values())), a.tiny, a.baseline_ref or "")
+    index = index or demo_index(workdir, next(iter(apps.values())), args.tiny, args.baseline_ref or "")
     served.start_ray()
     client, port = served.start_serve()
-    args = {"index": str(index), "request_timeout_s": 60, **generator(a.llm)}
+    args = {"index": str(index), "request_timeout_s": 60, **generator(args.llm)}
     served.deploy(client, [served.app_config(n, tree, args) for n, tree in apps.items()])
-    urls = served.app_urls(list(apps), a.serve_env, port)
+    urls = served.app_urls(list(apps), args.serve_env, port)
     for url in urls.values():
         served.wait_ready(url)
     trees.check_trees(apps)
@@ -106,18 +107,18 @@ def serve_and_measure(a) -> dict:
 
     torch.set_num_threads(1)  # what a replica of one CPU runs
     engine = SearchEngine(index, threads=1)
-    queries = make_queries(a.queries)
+    queries = make_queries(args.queries)
     info = manifest(index)
-    report = {"command": options.command(), "baseline_ref": a.baseline_ref, "serve_env": a.serve_env,
+    report = {"command": options.command(), "baseline_ref": args.baseline_ref, "serve_env": args.serve_env,
               "serve_vars": layout_env, "index": str(index), "num_shards": info.get("num_shards"),
-              "counts": info.get("counts"), "queries": len(queries), "k": a.k, "blocks": {}}
-    if 1 in a.concurrency:
-        report["c1"] = interleaved_c1(engine, urls, queries, a.k)
-    bodies = [{"query": q, "k": a.k} for q in queries]
-    for c in (c for c in a.concurrency if c != 1):
-        report["blocks"][str(c)] = alternating_blocks(urls, bodies, c, a.rounds, engine, a.k)
-    if a.llm:
-        report["hyde"] = hyde(urls["new"], queries[:a.hyde_queries], a.k)
+              "counts": info.get("counts"), "queries": len(queries), "k": args.k, "blocks": {}}
+    if 1 in args.concurrency:
+        report["c1"] = interleaved_c1(engine, urls, queries, args.k)
+    bodies = [{"query": q, "k": args.k} for q in queries]
+    for concurrency in (c for c in args.concurrency if c != 1):
+        report["blocks"][str(concurrency)] = alternating_blocks(urls, bodies, concurrency, args.rounds, engine, args.k)
+    if args.llm:
+        report["hyde"] = hyde(urls["new"], queries[:args.hyde_queries], args.k)
     served.shutdown()
     return report
 
@@ -125,21 +126,21 @@ def serve_and_measure(a) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.harness.trees import BaselineError
 
-    a = parse(argv)
-    out = Path(a.out).resolve()
-    if a.url:
-        write_json(load_running(a), out)
+    args = parse(argv)
+    out = Path(args.out).resolve()
+    if args.url:
+        write_json(load_running(args), out)
         return 0
     try:
-        report = serve_and_measure(a)
+        report = serve_and_measure(args)
     except BaselineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print_served(report, f"index {report['index']} ({report['num_shards']} shards, {report['counts']}), "
                  f"{report['queries']} queries, k={report['k']}, {report['serve_env']}")
     if "hyde" in report:
-        h = report["hyde"]
-        print(f"HyDE p50 {h['hyde']['p50_ms']:.0f} ms / question index p50 {h['default']['p50_ms']:.0f} ms")
+        modes = report["hyde"]
+        print(f"HyDE p50 {modes['hyde']['p50_ms']:.0f} ms / question index p50 {modes['default']['p50_ms']:.0f} ms")
     write_json(report, out)
     return 0
 

@@ -115,73 +115,74 @@ def in_process_cpu(indexes: list[Path], tenant_index: list[int], ranks, queries:
 def parse(argv: list[str] | None):
     from benchmarks.harness.served import LAYOUT_HELP, LAYOUTS
 
-    ap = options.parser(__doc__)
-    options.add_common(ap, "serving_tenants", rounds=True, concurrency=True, baseline=True, workdir=True)
-    ap.add_argument("--tenants", type=int)
-    ap.add_argument("--indexes", type=int, help="distinct small indexes the tenants are spread over")
-    ap.add_argument("--own-copies", action="store_true", help="each tenant on its own copy of its index")
-    ap.add_argument("--replicas", type=int, help="replicas of every ShardSearcher deployment")
-    ap.add_argument("--budget-x", type=float, default=4.0, help="tenants' bytes / one replica's budget")
-    ap.add_argument("--requests", type=int)
-    ap.add_argument("--warmup", type=int, help="requests of the warm-up phase (default: --tenants)")
-    ap.add_argument("--timeout", type=float, default=10.0, help="the app's request_timeout_s")
-    ap.add_argument("--layouts", default="affine", help="affine (tenant_affinity on) and/or spread (off)")
-    ap.add_argument("--shards-per-searcher", type=int, default=1)
-    ap.add_argument("--serve-env", choices=LAYOUTS, default="tuned", help=LAYOUT_HELP)
-    return options.sized(ap.parse_args(argv), FULL, TINY)
+    parser = options.parser(__doc__)
+    options.add_common(parser, "serving_tenants", rounds=True, concurrency=True, baseline=True, workdir=True)
+    parser.add_argument("--tenants", type=int)
+    parser.add_argument("--indexes", type=int, help="distinct small indexes the tenants are spread over")
+    parser.add_argument("--own-copies", action="store_true", help="each tenant on its own copy of its index")
+    parser.add_argument("--replicas", type=int, help="replicas of every ShardSearcher deployment")
+    parser.add_argument("--budget-x", type=float, default=4.0, help="tenants' bytes / one replica's budget")
+    parser.add_argument("--requests", type=int)
+    parser.add_argument("--warmup", type=int, help="requests of the warm-up phase (default: --tenants)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="the app's request_timeout_s")
+    parser.add_argument("--layouts", default="affine", help="affine (tenant_affinity on) and/or spread (off)")
+    parser.add_argument("--shards-per-searcher", type=int, default=1)
+    parser.add_argument("--serve-env", choices=LAYOUTS, default="tuned", help=LAYOUT_HELP)
+    return options.sized(parser.parse_args(argv), FULL, TINY)
 
 
-def measure(a) -> dict:
+def measure(args) -> dict:
     from ray import serve
 
     from benchmarks.harness import served, trees
     from benchmarks.harness.indexes import make_queries
     from benchmarks.harness.tenant_mix import index_bytes, tenant_indexes, write_tenants, zipf_ranks
 
-    layout_env = served.ingress_env(a.serve_env)
-    apps = trees.trees(a.baseline_ref)
-    workdir = Path(a.workdir).resolve()
+    layout_env = served.ingress_env(args.serve_env)
+    apps = trees.trees(args.baseline_ref)
+    workdir = Path(args.workdir).resolve()
     trees.leave_the_tree(workdir)
-    indexes = tenant_indexes(workdir, next(iter(apps.values())), a.indexes, a.tiny)
-    tenant_index = [i % a.indexes for i in range(a.tenants)]
+    indexes = tenant_indexes(workdir, next(iter(apps.values())), args.indexes, args.tiny)
+    tenant_index = [i % args.indexes for i in range(args.tenants)]
     paths = [indexes[j] for j in tenant_index]
-    if a.own_copies:  # as tenants with their own indexes have: nothing read or verified once serves another
+    if args.own_copies:  # as tenants with their own indexes have: nothing read or verified once serves another
         for i, src in enumerate(paths):
             if not ((dst := workdir / "copies" / f"t{i:04d}") / "manifest.json").is_file():
                 shutil.copytree(src, dst, dirs_exist_ok=True)
             paths[i] = dst
     per_tenant = [index_bytes(p) for p in paths]
-    searchers = served.searcher_names(2, a.shards_per_searcher)  # the tenant indexes have 2 shards
-    budget = max(1 << 20, int(sum(per_tenant) / len(searchers) / a.budget_x))
+    searchers = served.searcher_names(2, args.shards_per_searcher)  # the tenant indexes have 2 shards
+    budget = max(1 << 20, int(sum(per_tenant) / len(searchers) / args.budget_x))
     keys = write_tenants(workdir / "tenants.yaml", {**{f"t{i:04d}": p for i, p in enumerate(paths)},
                                                      "primer": indexes[0]})
-    tenant_keys = [keys[f"t{i:04d}"] for i in range(a.tenants)]
-    ranks = zipf_ranks(a.tenants, a.requests)
+    tenant_keys = [keys[f"t{i:04d}"] for i in range(args.tenants)]
+    ranks = zipf_ranks(args.tenants, args.requests)
     queries = make_queries(97)
-    warmup = a.warmup if a.warmup is not None else a.tenants
-    report = {"command": options.command(), "tenants": a.tenants, "indexes": a.indexes,
+    warmup = args.warmup if args.warmup is not None else args.tenants
+    report = {"command": options.command(), "tenants": args.tenants, "indexes": args.indexes,
               "tenant_bytes_max": max(per_tenant), "tenant_bytes_total": sum(per_tenant),
-              "replicas_per_shard": a.replicas, "replica_budget_bytes": budget,
-              "budget_x": a.budget_x, "serve_env": a.serve_env, "serve_vars": layout_env, "warmup": warmup,
-              "distinct_tenants_asked": len(set(ranks.tolist())), "baseline_ref": a.baseline_ref, "runs": []}
-    print(f"{a.tenants} tenants on {a.indexes} indexes (up to {max(per_tenant) / 1e6:.2f} MB a tenant), replica budget "
-          f"{budget / 1e6:.1f} MB (tenants' total = {a.budget_x:g}x), {a.replicas} replicas per shard deployment, "
-          f"{a.requests} requests, deadline {a.timeout:g} s", flush=True)
+              "replicas_per_shard": args.replicas, "replica_budget_bytes": budget,
+              "budget_x": args.budget_x, "serve_env": args.serve_env, "serve_vars": layout_env, "warmup": warmup,
+              "distinct_tenants_asked": len(set(ranks.tolist())), "baseline_ref": args.baseline_ref, "runs": []}
+    print(f"{args.tenants} tenants on {args.indexes} indexes (up to {max(per_tenant) / 1e6:.2f} MB a tenant), "
+          f"replica budget {budget / 1e6:.1f} MB (tenants' total = {args.budget_x:g}x), {args.replicas} replicas per "
+          "shard deployment, "
+          f"{args.requests} requests, deadline {args.timeout:g} s", flush=True)
     shift = warmup % len(queries)  # the steady phase's request i asks queries[(warmup + i) % len(queries)]
     report["in_process"] = in_process_cpu(indexes, tenant_index, ranks[warmup:], queries[shift:] + queries[:shift])
     served.start_ray()
     client, port = served.start_serve()
-    deployments = {"Router": served.fixed(1, 1), **{n: served.fixed(a.replicas, 0.25) for n in searchers}}
-    for _ in range(a.rounds):
-        for concurrency in a.concurrency:
-            for layout in a.layouts.split(","):
+    deployments = {"Router": served.fixed(1, 1), **{n: served.fixed(args.replicas, 0.25) for n in searchers}}
+    for _ in range(args.rounds):
+        for concurrency in args.concurrency:
+            for layout in args.layouts.split(","):
                 for tree_name, tree in apps.items():
                     name = f"{tree_name}-{layout}"
                     args = {"tenants": str(workdir / "tenants.yaml"), "local_search_max_bytes": 0, "warm_tenants": 0,
                             "shard_cache_bytes": budget, "tenant_affinity": layout == "affine",
-                            "request_timeout_s": a.timeout, "shards_per_searcher": a.shards_per_searcher}
+                            "request_timeout_s": args.timeout, "shards_per_searcher": args.shards_per_searcher}
                     served.deploy(client, [served.app_config(name, tree, args, deployments)])
-                    url = served.app_urls([name], a.serve_env, port)[name]
+                    url = served.app_urls([name], args.serve_env, port)[name]
                     served.wait_ready(url, keys["primer"])
                     run = {"app": tree_name, "layout": layout, "concurrency": concurrency,
                            **run_app(url, name, tenant_keys, ranks, queries, concurrency, warmup, 2, keys["primer"])}
@@ -193,22 +194,23 @@ def measure(a) -> dict:
 
 
 def print_run(run: dict, in_process: dict) -> None:
-    w = run["warmup"]
-    s = run["steady"]
-    print(f"| {run['app']} | {run['layout']} | c={run['concurrency']} | warm-up p50/p99 {w['p50_ms']}/{w['p99_ms']} "
-          f"ms, first queries p99 {w['first_queries']['p99_ms']} max {w['first_queries']['max_ms']}, misses "
-          f"{w['deadline_misses']}, errors {w['errors']} | steady p50/p99 {s['p50_ms']}/{s['p99_ms']}, qps {s['qps']}, "
-          f"hit rate {s['hit_rate']:.3f}, CPU ms/req {s['cpu_ms_per_request']} (path {s['request_path_cpu_ms']}; "
-          f"in-process {in_process['cpu_ms_per_query']}), errors {s['errors']} |", flush=True)
+    warm = run["warmup"]
+    steady = run["steady"]
+    print(f"| {run['app']} | {run['layout']} | c={run['concurrency']} | warm-up p50/p99 {warm['p50_ms']}/"
+          f"{warm['p99_ms']} ms, first queries p99 {warm['first_queries']['p99_ms']} max "
+          f"{warm['first_queries']['max_ms']}, misses {warm['deadline_misses']}, errors {warm['errors']} | steady "
+          f"p50/p99 {steady['p50_ms']}/{steady['p99_ms']}, qps {steady['qps']}, hit rate {steady['hit_rate']:.3f}, "
+          f"CPU ms/req {steady['cpu_ms_per_request']} (path {steady['request_path_cpu_ms']}; in-process "
+          f"{in_process['cpu_ms_per_query']}), errors {steady['errors']} |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.harness.trees import BaselineError
 
-    a = parse(argv)
-    out = Path(a.out).resolve()
+    args = parse(argv)
+    out = Path(args.out).resolve()
     try:
-        report = measure(a)
+        report = measure(args)
     except BaselineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -115,40 +115,41 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.harness.indexes import demo_index
     from benchmarks.harness.report import print_table
 
-    ap = options.parser(__doc__)
-    options.add_common(ap, "shard_memory", baseline=True, workdir=True)
-    ap.set_defaults(workdir=str(options.RUNS / "serving_small"))  # serving_small.py's demo index, reused
-    ap.add_argument("--index", help="the index whose shards are loaded (default: the demo corpus's, built once)")
-    a = ap.parse_args(argv)
+    parser = options.parser(__doc__)
+    options.add_common(parser, "shard_memory", baseline=True, workdir=True)
+    parser.set_defaults(workdir=str(options.RUNS / "serving_small"))  # serving_small.py's demo index, reused
+    parser.add_argument("--index", help="the index whose shards are loaded (default: the demo corpus's, built once)")
+    args = parser.parse_args(argv)
     try:
-        apps = trees.trees(a.baseline_ref)
+        apps = trees.trees(args.baseline_ref)
     except trees.BaselineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if a.index:
-        index = Path(a.index).resolve()
+    if args.index:
+        index = Path(args.index).resolve()
     else:
-        workdir = Path(a.workdir).resolve()
+        workdir = Path(args.workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        index = demo_index(workdir, next(iter(apps.values())), a.tiny, a.baseline_ref or "")
+        index = demo_index(workdir, next(iter(apps.values())), args.tiny, args.baseline_ref or "")
     shards = json.loads((index / "manifest.json").read_text())["num_shards"]
     rows = []
     for shard in range(shards):
         raw = raw_bytes(index, shard)
         for name, tree in apps.items():
             measured = measure(index, shard, tree)
-            rows.append({"tree": a.baseline_ref if name == "base" else "this tree", "shard": shard, "raw": raw,
+            rows.append({"tree": args.baseline_ref if name == "base" else "this tree", "shard": shard, "raw": raw,
                          **measured})
-    for r in rows:
-        if "error" not in r:
-            r.update(raw_mb=r["raw"] / 1e6, resident_mb=r["resident"] / 1e6, reported_mb=r["reported"] / 1e6,
-                     x_resident=ratio(r["resident"], r["raw"]), x_all_read=ratio(r["resident_all_read"], r["raw"]),
-                     x_filtered=ratio(r.get("resident_filtered"), r["raw"]))
+    for row in rows:
+        if "error" not in row:
+            row.update(raw_mb=row["raw"] / 1e6, resident_mb=row["resident"] / 1e6, reported_mb=row["reported"] / 1e6,
+                       x_resident=ratio(row["resident"], row["raw"]),
+                       x_all_read=ratio(row["resident_all_read"], row["raw"]),
+                       x_filtered=ratio(row.get("resident_filtered"), row["raw"]))
     print_table([("tree", "tree", ""), ("shard", "shard", "d"), ("raw MB", "raw_mb", ".2f"),
                  ("resident MB", "resident_mb", ".2f"), ("resident/raw", "x_resident", ".2f"),
                  ("every row read", "x_all_read", ".2f"), ("after a filter", "x_filtered", ".2f"),
                  ("reported MB", "reported_mb", ".2f"), ("error", "error", "")], rows, f"index {index}")
-    write_json({"command": options.command(), "index": str(index), "rows": rows}, a.out)
+    write_json({"command": options.command(), "index": str(index), "rows": rows}, args.out)
     return 0
 
 

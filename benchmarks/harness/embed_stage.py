@@ -224,16 +224,16 @@ def time_tokenize(pool: ProcessPoolExecutor, texts: list[str], rows: int) -> flo
     return time.perf_counter() - t
 
 
-def run_stage(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes: list[str], tpbs: list[int],
+def run_stage(args, pool, model_path: str, model_name: str, n_pas: int, n_q: int, dtypes: list[str], tpbs: list[int],
               workers: int, cpus: int, tmp: Path) -> dict:
-    """Every row of mode `stage`, each printed and written to `a.out` as it is measured."""
+    """Every row of mode `stage`, each printed and written to `args.out` as it is measured."""
     import torch
 
     from benchmarks.harness.options import command
     from qrag_ray.embedding import Forward, load_sentence_transformer
     from qrag_ray.embedding.tokens import token_ids
 
-    if a.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch sees no CUDA device")
     EmbedSink = None
     if gone := missing("pyarrow", "pydantic", "yaml"):
@@ -242,34 +242,34 @@ def run_stage(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, d
     else:
         from qrag_ray.index.udfs import EmbedSink
 
-        files = FileCount(a.file_latency_ms / 1000)
-    threads = a.threads or max(1, cpus - workers)
-    if a.device == "cpu":
+        files = FileCount(args.file_latency_ms / 1000)
+    threads = args.threads or max(1, cpus - workers)
+    if args.device == "cpu":
         torch.set_num_threads(threads)
     texts = workloads(n_pas, n_q)
     # today's model as a build loads it (on CPU: ONNX Runtime where it runs); other dtypes on torch
-    models = {dt: load_sentence_transformer(model_path, device=a.device, dtype=dt, threads=threads)
+    models = {dt: load_sentence_transformer(model_path, device=args.device, dtype=dt, threads=threads)
               for dt in dtypes}
-    base = models.get("float32") or load_sentence_transformer(model_path, device=a.device, dtype="float32",
+    base = models.get("float32") or load_sentence_transformer(model_path, device=args.device, dtype="float32",
                                                               threads=threads)
     tok, limit = base.tokenizer, int(base.max_seq_length or 512)
     rows: list[dict] = []
-    res = {"command": command(), "device": a.device,
-           "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else None,
+    res = {"command": command(), "device": args.device,
+           "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
            "machine": {"cpus": cpus, "platform": platform.platform(), "python": platform.python_version(),
                        "torch": torch.__version__, "load_avg_1m": round(os.getloadavg()[0], 2)},
-           "model": model_name, "workers": workers, "torch_threads": threads if a.device == "cpu" else None,
-           "rows_per_batch": a.rows_per_batch, "shards": a.shards, "file_latency_ms": a.file_latency_ms,
+           "model": model_name, "workers": workers, "torch_threads": threads if args.device == "cpu" else None,
+           "rows_per_batch": args.rows_per_batch, "shards": args.shards, "file_latency_ms": args.file_latency_ms,
            "workloads": {}, "rows": rows}
-    print(f"{model_name} on {res['gpu'] or 'CPU'}; {workers} tokenizer workers; {a.rows_per_batch} rows per batch "
-          f"over {a.shards} shards; {a.file_latency_ms:g} ms per file; load avg {res['machine']['load_avg_1m']}",
+    print(f"{model_name} on {res['gpu'] or 'CPU'}; {workers} tokenizer workers; {args.rows_per_batch} rows per batch "
+          f"over {args.shards} shards; {args.file_latency_ms:g} ms per file; load avg {res['machine']['load_avg_1m']}",
           flush=True)
     print(HEAD, flush=True)
 
     def add(row: dict) -> None:
         rows.append(row)
         print(format_row(row), flush=True)
-        Path(a.out).write_text(json.dumps(res, indent=2))
+        Path(args.out).write_text(json.dumps(res, indent=2))
 
     current: dict = {}  # the workload being measured: its name, today's rate, its batches
 
@@ -277,7 +277,8 @@ def run_stage(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, d
         add({"workload": current["workload"], "path": path, "dtype": dt, "tokens_per_batch": tpb,
              "texts_per_s": round(rate, 1), "ratio": round(rate / best, 3) if best else None,
              "vs_forward": round(rate / fwd_rate, 3) if fwd_rate else None,
-             "x_today": round(rate / current["today"], 2), "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": diff,
+             "x_today": round(rate / current["today"], 2), "gpu_peak_gib": gpu_peak_gib(args.device),
+             "max_abs_diff": diff,
              "files_per_batch": round(files / current["batches"], 2) if files is not None else None})
         return rate
 
@@ -286,19 +287,19 @@ def run_stage(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, d
             continue
         ids, lens = token_ids(tok, tx, limit)
         res["workloads"][wl] = w = {"texts": len(tx), "mean_tokens": round(float(lens.mean()), 1)}
-        w["tokenize_texts_per_s"] = round(len(tx) / time_tokenize(pool, tx, a.rows_per_batch), 1)
+        w["tokenize_texts_per_s"] = round(len(tx) / time_tokenize(pool, tx, args.rows_per_batch), 1)
         print(f"{wl}: {len(tx)} texts, {w['mean_tokens']} tokens on average; {workers} tokenizer workers alone "
               f"{w['tokenize_texts_per_s']:.0f} texts/s", flush=True)
-        batches = list(pool.map(tokenize_batch, chunks(tx, a.rows_per_batch)))
-        sub = tx[:a.today_limit]
-        reset_peak(a.device)
-        today_s, ref = time_today(base, sub, a.device)
+        batches = list(pool.map(tokenize_batch, chunks(tx, args.rows_per_batch)))
+        sub = tx[:args.today_limit]
+        reset_peak(args.device)
+        today_s, ref = time_today(base, sub, args.device)
         today = len(sub) / today_s
         add({"workload": wl, "path": "today", "dtype": "float32", "tokens_per_batch": None,
              "texts_per_s": round(today, 1), "ratio": None, "vs_forward": None, "x_today": 1.0,
-             "gpu_peak_gib": gpu_peak_gib(a.device), "max_abs_diff": 0.0, "files_per_batch": None})
-        if a.device == "cpu":  # the plan before: TODAY_MICRO_BATCH rows whatever their length (no token bound)
-            old_s, old_v = time_today(base, sub, a.device, TODAY_MICRO_BATCH * limit)
+             "gpu_peak_gib": gpu_peak_gib(args.device), "max_abs_diff": 0.0, "files_per_batch": None})
+        if args.device == "cpu":  # the plan before: TODAY_MICRO_BATCH rows whatever their length (no token bound)
+            old_s, old_v = time_today(base, sub, args.device, TODAY_MICRO_BATCH * limit)
             add({"workload": wl, "path": "rows64", "dtype": "float32", "tokens_per_batch": None,
                  "texts_per_s": round(len(sub) / old_s, 1), "ratio": None, "vs_forward": None,
                  "x_today": round(today_s / old_s, 2), "gpu_peak_gib": None,
@@ -308,8 +309,8 @@ def run_stage(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, d
         for dt in dtypes:
             best, ceilings = 0.0, []
             for tpb in tpbs:
-                reset_peak(a.device)
-                rate = len(tx) / time_ceiling(Forward(models[dt], tokens_per_batch=tpb), ids, lens, a.device)
+                reset_peak(args.device)
+                rate = len(tx) / time_ceiling(Forward(models[dt], tokens_per_batch=tpb), ids, lens, args.device)
                 best = max(best, rate)
                 measured("ceiling", dt, tpb, rate, best)  # against the best so far; corrected below
                 ceilings.append((rows[-1], rate))
@@ -318,37 +319,37 @@ def run_stage(a, pool, model_path: str, model_name: str, n_pas: int, n_q: int, d
             if EmbedSink is None:
                 fwd = Forward(models[dt], tokens_per_batch=tpbs[0])
                 fwd(ids[:8], lens[:8])
-                reset_peak(a.device)
+                reset_peak(args.device)
                 t = time.perf_counter()
                 for b in batches:
                     fwd(b["input_ids"], b["n_tokens"])
-                sync(a.device)
+                sync(args.device)
                 measured("forward", dt, tpbs[0], len(tx) / (time.perf_counter() - t), best)
                 continue
             sink_rows = dict(fwd=None)
             for path in ("forward", "EmbedSink", "stage"):
                 work = tmp / f"work-{wl}-{dt}-{path}"
-                sink = EmbedSink(model_path, TODAY_MICRO_BATCH, None, threads if a.device == "cpu" else None,
-                                 str(work), None, "bench", "auto", dt, None if a.device == "cpu" else tpbs[0])
+                sink = EmbedSink(model_path, TODAY_MICRO_BATCH, None, threads if args.device == "cpu" else None,
+                                 str(work), None, "bench", "auto", dt, None if args.device == "cpu" else tpbs[0])
                 sink.forward(ids[:8], lens[:8])  # warm-up
-                reset_peak(a.device)
+                reset_peak(args.device)
                 files.files = 0
                 if path == "forward":  # the sink's own forward step alone, batch after batch
                     t = time.perf_counter()
                     for b in batches:
                         sink.forward(b["input_ids"], b["n_tokens"])
-                    sync(a.device)
+                    sync(args.device)
                     s = time.perf_counter() - t
                 elif path == "EmbedSink":
-                    sb = [sink_batch(b, a.shards) for b in batches]
+                    sb = [sink_batch(b, args.shards) for b in batches]
                     s = time_sink(sink, sb, EmbedSink.CONCURRENCY)
                 else:
-                    s = time_stage(sink, pool, tx, a.rows_per_batch, EmbedSink.CONCURRENCY, a.shards)
+                    s = time_stage(sink, pool, tx, args.rows_per_batch, EmbedSink.CONCURRENCY, args.shards)
                 diff = None
                 if path != "forward":
                     got = sink_vectors(work, len(tx))
                     diff = float(np.abs(got[:len(sub)] - ref).max())
-                rate = measured(path, dt, None if a.device == "cpu" else tpbs[0], len(tx) / s, best,
+                rate = measured(path, dt, None if args.device == "cpu" else tpbs[0], len(tx) / s, best,
                                 sink_rows["fwd"], diff, files.files if path != "forward" else None)
                 if path == "forward":
                     sink_rows["fwd"] = rate

@@ -47,9 +47,9 @@ async def _closed_loop(url: str, requests: list[tuple[dict, dict]], concurrency:
             for i, (body, headers) in pending:
                 start = time.perf_counter()
                 try:
-                    r = await client.post("/v1/search", json=body, headers=headers)
-                    status = r.status_code
-                    answer = r.json() if status == 200 else {}
+                    response = await client.post("/v1/search", json=body, headers=headers)
+                    status = response.status_code
+                    answer = response.json() if status == 200 else {}
                 except (httpx.HTTPError, ValueError):
                     status = 0
                     answer = {}
@@ -129,9 +129,10 @@ def alternating_blocks(urls: dict[str, str], bodies: list[dict], concurrency: in
                    qps_if_all_cores=(os.cpu_count() or 1) * row["ok"] / max(total, 1e-9))
         out[name] = row
     if engine is not None:
-        n = len(local["lat"])
-        out["in_process"] = {"ok": n, "errors": 0, "qps": n / local["wall_s"], "p50_ms": pct(local["lat"], 50),
-                             "p99_ms": pct(local["lat"], 99), "cpu_ms_per_request": 1000 * local["cpu_s"] / n}
+        searched = len(local["lat"])
+        out["in_process"] = {"ok": searched, "errors": 0, "qps": searched / local["wall_s"],
+                             "p50_ms": pct(local["lat"], 50), "p99_ms": pct(local["lat"], 99),
+                             "cpu_ms_per_request": 1000 * local["cpu_s"] / searched}
     return out
 
 
@@ -165,47 +166,47 @@ def interleaved_c1(engine, urls: dict[str, str], queries: list[str], k: int, fil
     body = {"k": k, **({"filter": filters} if filters else {})}
     clients = {n: httpx.Client(base_url=u, timeout=600) for n, u in urls.items()}
     lean = {n: _Lean(u) for n, u in urls.items()}
-    for q in queries[:5]:  # warm-up: the engine's model, connections, the apps' first loads
-        engine.search([q], k=k, filter=filters)
-        for n in urls:
-            clients[n].post("/v1/search", json={"query": q, **body})
-            lean[n].search({"query": q, **body})
+    for query in queries[:5]:  # warm-up: the engine's model, connections, the apps' first loads
+        engine.search([query], k=k, filter=filters)
+        for name in urls:
+            clients[name].post("/v1/search", json={"query": query, **body})
+            lean[name].search({"query": query, **body})
     lat: dict[str, list[float]] = {"in_process": [], **{n: [] for n in urls}, **{f"{n}_http_client": [] for n in urls}}
     same = dict.fromkeys(urls, 0)
     handler: dict[str, dict[str, list[float]]] = {n: {} for n in urls}
     cpu_in_process = 0.0
     before = ray_cpu_by_process()
-    for q in queries:
+    for query in queries:
         cpu0 = time.process_time()
         start = time.perf_counter()
-        want = _ids(engine.search([q], k=k, filter=filters)[0])
+        want = _ids(engine.search([query], k=k, filter=filters)[0])
         lat["in_process"].append((time.perf_counter() - start) * 1000)
         cpu_in_process += time.process_time() - cpu0
-        for n in urls:
+        for name in urls:
             start = time.perf_counter()
-            r = clients[n].post("/v1/search", json={"query": q, **body})
-            lat[n].append((time.perf_counter() - start) * 1000)
-            answer = r.json() if r.status_code == 200 else {}
-            same[n] += _ids(answer.get("results")) == want
+            response = clients[name].post("/v1/search", json={"query": query, **body})
+            lat[name].append((time.perf_counter() - start) * 1000)
+            answer = response.json() if response.status_code == 200 else {}
+            same[name] += _ids(answer.get("results")) == want
             for field, value in {"took_ms": answer.get("took_ms"), **_numbers(answer.get("timings"))}.items():
                 if isinstance(value, (int, float)):
-                    handler[n].setdefault(field, []).append(value)
+                    handler[name].setdefault(field, []).append(value)
             start = time.perf_counter()
-            status, answer = lean[n].search({"query": q, **body})
-            lat[f"{n}_http_client"].append((time.perf_counter() - start) * 1000)
-            same[n] += status == 200 and _ids(answer.get("results")) == want
+            status, answer = lean[name].search({"query": query, **body})
+            lat[f"{name}_http_client"].append((time.perf_counter() - start) * 1000)
+            same[name] += status == 200 and _ids(answer.get("results")) == want
     by_title = cpu_by_process(before, ray_cpu_by_process(), 1)  # CPU ms over the loop, per title
-    for c in clients.values():
-        c.close()
+    for client in clients.values():
+        client.close()
     out = {path: latency(values) for path, values in lat.items()}
     out["in_process"]["cpu_ms_per_request"] = 1000 * cpu_in_process / len(queries)
     served = 2 * len(queries)  # requests per app (httpx and http.client)
     ingress = ingress_cpu(by_title)  # Serve's proxy or HAProxy: shared by the apps
-    for n in urls:
-        out[n].update(same_ranking=same[n] / served,
-                      handler_p50_ms={f: round(pct(v, 50), 3) for f, v in handler[n].items()},
-                      request_path_cpu_ms=(request_path_cpu(by_title, n) - ingress) / served
-                      + ingress / (served * len(urls)))
+    for name in urls:
+        out[name].update(same_ranking=same[name] / served,
+                         handler_p50_ms={f: round(pct(v, 50), 3) for f, v in handler[name].items()},
+                         request_path_cpu_ms=(request_path_cpu(by_title, name) - ingress) / served
+                         + ingress / (served * len(urls)))
     out["cpu_ms_by_process"] = by_title
     return out
 

@@ -27,25 +27,25 @@ def parser(doc: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def add_common(ap: argparse.ArgumentParser, name: str, *, queries: bool = False, rounds: bool = False,
+def add_common(parser: argparse.ArgumentParser, name: str, *, queries: bool = False, rounds: bool = False,
                concurrency: bool = False, baseline: bool = False, workdir: bool = False) -> None:
     """The shared options a script takes. A size option left unset takes the script's full or tiny size
     (`sized`): --tiny is a smoke-sized run of the same code path, well under a minute where the script
     starts no LLM and no cluster."""
-    ap.add_argument("--out", default=str(RUNS / f"{name}.json"), help="the JSON report (default: %(default)s)")
-    ap.add_argument("--tiny", action="store_true", help="smoke size: a small index, few queries, one round")
+    parser.add_argument("--out", default=str(RUNS / f"{name}.json"), help="the JSON report (default: %(default)s)")
+    parser.add_argument("--tiny", action="store_true", help="smoke size: a small index, few queries, one round")
     if queries:
-        ap.add_argument("--queries", type=int, help="queries (requests) per block")
+        parser.add_argument("--queries", type=int, help="queries (requests) per block")
     if rounds:
-        ap.add_argument("--rounds", type=int, help="times each block runs, the apps alternating")
+        parser.add_argument("--rounds", type=int, help="times each block runs, the apps alternating")
     if concurrency:
-        ap.add_argument("--concurrency", type=int_list, help="comma list of concurrencies, e.g. 1,8,32")
+        parser.add_argument("--concurrency", type=int_list, help="comma list of concurrencies, e.g. 1,8,32")
     if baseline:
-        ap.add_argument("--baseline-ref", metavar="REF",
+        parser.add_argument("--baseline-ref", metavar="REF",
                         help="also run the code of git ref REF (checked out into a temporary worktree) side by "
                              "side with this tree's, in the same run; no default")
     if workdir:
-        ap.add_argument("--workdir", default=str(RUNS / name),
+        parser.add_argument("--workdir", default=str(RUNS / name),
                         help="where indexes and models are built once and reused (default: %(default)s)")
 
 

@@ -36,17 +36,17 @@ def cpu_by_title(procs: list, every: bool = False) -> dict[str, float]:
     import psutil
 
     out: dict[str, float] = {}
-    for p in procs:
+    for process in procs:
         try:
-            cmd = " ".join(p.cmdline() or []) or p.name()
-            if p.name() == "haproxy":  # Serve's HAProxy ingress, this run's own
+            cmd = " ".join(process.cmdline() or []) or process.name()
+            if process.name() == "haproxy":  # Serve's HAProxy ingress, this run's own
                 name = "haproxy"
             elif cmd.startswith("ray::") or every:
                 name = cmd.split()[0].split(".")[0]
             else:
                 continue
-            t = p.cpu_times()
-            out[name] = out.get(name, 0.0) + t.user + t.system
+            times = process.cpu_times()
+            out[name] = out.get(name, 0.0) + times.user + times.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out
@@ -72,8 +72,8 @@ def request_path_cpu(by_process: dict[str, float], app: str | None = None) -> fl
 
 def cpu_by_process(before: dict, after: dict, requests: int) -> dict[str, float]:
     """CPU ms per request of each Ray process title over an interval (those that used any)."""
-    d = {n: 1000 * (v - before.get(n, 0.0)) / max(1, requests) for n, v in after.items()}
-    return {n: round(v, 2) for n, v in sorted(d.items(), key=lambda t: -t[1]) if v > 0.05}
+    per_request = {n: 1000 * (v - before.get(n, 0.0)) / max(1, requests) for n, v in after.items()}
+    return {n: round(v, 2) for n, v in sorted(per_request.items(), key=lambda t: -t[1]) if v > 0.05}
 
 
 def _children(pid: int) -> dict[int, list[int]]:
@@ -81,8 +81,8 @@ def _children(pid: int) -> dict[int, list[int]]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
                 kids.setdefault(ppid, []).append(int(entry))
             except (OSError, ValueError, IndexError):
                 pass
@@ -92,10 +92,10 @@ def _children(pid: int) -> dict[int, list[int]]:
 def _kind_and_rss_mb(pid: int, root: int) -> tuple[str, int] | None:
     """(driver, ray::<task or actor>, raylet, gcs_server or other; resident MB) of a live process."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            rss_kb = next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        with open(f"/proc/{pid}/status") as status:
+            rss_kb = next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            cmd = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return None
     if pid == root:

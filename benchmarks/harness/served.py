@@ -119,14 +119,14 @@ def app_urls(names: list[str], layout: str, port: int, timeout: float = 600) -> 
     found: dict[str, str] = {}
     deadline = time.time() + timeout
     while time.time() < deadline and len(found) < len(names):
-        for p in range(low, low + 32):
+        for port in range(low, low + 32):
             try:
-                routes = httpx.get(f"http://127.0.0.1:{p}/-/routes", timeout=2).json()
+                routes = httpx.get(f"http://127.0.0.1:{port}/-/routes", timeout=2).json()
             except (httpx.HTTPError, ValueError):
                 continue
             for prefix, app in (routes.items() if isinstance(routes, dict) else ()):
                 if app in names:
-                    found[app] = f"http://127.0.0.1:{p}{prefix}".rstrip("/")
+                    found[app] = f"http://127.0.0.1:{port}{prefix}".rstrip("/")
         time.sleep(2)
     if len(found) < len(names):
         raise RuntimeError(f"direct ingress ports not found for {sorted(set(names) - set(found))}")
@@ -142,10 +142,10 @@ def wait_ready(url: str, key: str | None = None, timeout: float = 600) -> None:
     last = ""
     while time.time() < deadline:
         try:
-            r = httpx.post(f"{url}/v1/search", json={"query": "for loop", "k": 3}, headers=headers, timeout=60)
-            if r.status_code == 200:
+            response = httpx.post(f"{url}/v1/search", json={"query": "for loop", "k": 3}, headers=headers, timeout=60)
+            if response.status_code == 200:
                 return
-            last = f"{r.status_code} {r.text[:200]}"
+            last = f"{response.status_code} {response.text[:200]}"
         except httpx.HTTPError as e:
             last = type(e).__name__
         time.sleep(2)
