@@ -138,17 +138,17 @@ def print_table(rows: list[dict], baseline: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = options.parser(__doc__)
-    options.add_common(ap, "generation")
-    ap.add_argument("--n", type=int, help="chunks (full 20)")
-    ap.add_argument("--input", help="JSONL with id, text (default: pydoc topics)")
-    ap.add_argument("--recipes", help="comma list (full: hype,atom-question)")
-    ap.add_argument("--chunk-words", type=int, default=80, help="words per pydoc chunk")
-    ap.add_argument("--max-tokens", type=int, help="full: 256")
-    ap.add_argument("--questions", type=int, default=10, help="questions per chunk prompt (hype)")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--no-baseline", action="store_true", help="skip the engine-start baseline run")
-    args = options.sized(ap.parse_args(argv), FULL, TINY)
+    parser = options.parser(__doc__)
+    options.add_common(parser, "generation")
+    parser.add_argument("--n", type=int, help="chunks (full 20)")
+    parser.add_argument("--input", help="JSONL with id, text (default: pydoc topics)")
+    parser.add_argument("--recipes", help="comma list (full: hype,atom-question)")
+    parser.add_argument("--chunk-words", type=int, default=80, help="words per pydoc chunk")
+    parser.add_argument("--max-tokens", type=int, help="full: 256")
+    parser.add_argument("--questions", type=int, default=10, help="questions per chunk prompt (hype)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the engine-start baseline run")
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
     args.no_baseline = args.no_baseline or args.tiny
 
     docs = read_jsonl(args.input, args.n) if args.input else pydoc_chunks(args.n, args.chunk_words)

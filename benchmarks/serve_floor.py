@@ -48,13 +48,22 @@ TINY = {"calls": 30, "requests": 60, "concurrency": [4]}
 
 
 def coalescer():
-    """The Router's shared call (Coalescer, PASS_QUERIES) where the package has it, else None."""
+    """A maker of the Router's shared call (its Coalescer, at most PASS_QUERIES a pass) where the package has
+    one, else None."""
+    import functools
+    import importlib
+
     try:
         from qrag_ray.serving.coalesce import Coalescer
-        from qrag_ray.serving.query_batch import PASS_QUERIES
     except ImportError:
         return None
-    return lambda call: Coalescer(call, PASS_QUERIES)
+    for module in ("qrag_ray.serving.search_passes", "qrag_ray.serving.query_batch"):
+        try:
+            most = importlib.import_module(module).PASS_QUERIES
+        except (ImportError, AttributeError):
+            continue
+        return functools.partial(Coalescer, max_items=most)
+    return None
 
 
 def reply() -> list:

@@ -71,11 +71,11 @@ def measure(args) -> dict:
                        args.data == "topics")
     served.start_ray()
     client, port = served.start_serve()
-    args = {"index": str(index), "local_search_max_bytes": 0, "shards_per_searcher": args.shards_per_searcher,
+    app_args = {"index": str(index), "local_search_max_bytes": 0, "shards_per_searcher": args.shards_per_searcher,
             "request_timeout_s": 60}
     names = served.searcher_names(args.shards, args.shards_per_searcher)
     overrides = {name: served.fixed(num_cpus=args.searcher_cpus) for name in names} if args.searcher_cpus else {}
-    served.deploy(client, [served.app_config(n, tree, args, overrides) for n, tree in apps.items()])
+    served.deploy(client, [served.app_config(n, tree, app_args, overrides) for n, tree in apps.items()])
     urls = served.app_urls(list(apps), args.serve_env, port)
     for url in urls.values():
         served.wait_ready(url)

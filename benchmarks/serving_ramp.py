@@ -158,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for layout in args.layouts.split(","):
         name = f"{layout}-ramp"
-        args = {"tenants": str(workdir / "tenants-ramp.yaml"), "local_search_max_bytes": 0, "warm_tenants": 0,
-                "shard_cache_bytes": budget, "tenant_affinity": layout == "affine", "request_timeout_s": 60}
-        served.deploy(client, [served.app_config(name, options.ROOT, args, deployments)])
+        app_args = {"tenants": str(workdir / "tenants-ramp.yaml"), "local_search_max_bytes": 0, "warm_tenants": 0,
+                    "shard_cache_bytes": budget, "tenant_affinity": layout == "affine", "request_timeout_s": 60}
+        served.deploy(client, [served.app_config(name, options.ROOT, app_args, deployments)])
         url = served.app_urls([name], "default", port)[name]
         served.wait_ready(url, tenant_keys[0])
         result = ramp(url, name, tenant_keys, ranks, queries, stages, 2)

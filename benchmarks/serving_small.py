@@ -92,11 +92,13 @@ def serve_and_measure(args) -> dict:
     workdir = Path(args.workdir).resolve()
     index = Path(args.index).resolve() if args.index else None
     trees.leave_the_tree(workdir)
-    index = index or demo_index(workdir, next(iter(apps.values())), args.tiny, args.baseline_ref or "")
+    if index is None:
+        tree = trees.index_builder(apps)
+        index = demo_index(workdir, tree, args.tiny, args.baseline_ref if tree != options.ROOT else "")
     served.start_ray()
     client, port = served.start_serve()
-    args = {"index": str(index), "request_timeout_s": 60, **generator(args.llm)}
-    served.deploy(client, [served.app_config(n, tree, args) for n, tree in apps.items()])
+    app_args = {"index": str(index), "request_timeout_s": 60, **generator(args.llm)}
+    served.deploy(client, [served.app_config(n, tree, app_args) for n, tree in apps.items()])
     urls = served.app_urls(list(apps), args.serve_env, port)
     for url in urls.values():
         served.wait_ready(url)

@@ -142,7 +142,7 @@ def measure(args) -> dict:
     apps = trees.trees(args.baseline_ref)
     workdir = Path(args.workdir).resolve()
     trees.leave_the_tree(workdir)
-    indexes = tenant_indexes(workdir, next(iter(apps.values())), args.indexes, args.tiny)
+    indexes = tenant_indexes(workdir, trees.index_builder(apps), args.indexes, args.tiny)
     tenant_index = [i % args.indexes for i in range(args.tenants)]
     paths = [indexes[j] for j in tenant_index]
     if args.own_copies:  # as tenants with their own indexes have: nothing read or verified once serves another
@@ -178,10 +178,10 @@ def measure(args) -> dict:
             for layout in args.layouts.split(","):
                 for tree_name, tree in apps.items():
                     name = f"{tree_name}-{layout}"
-                    args = {"tenants": str(workdir / "tenants.yaml"), "local_search_max_bytes": 0, "warm_tenants": 0,
-                            "shard_cache_bytes": budget, "tenant_affinity": layout == "affine",
-                            "request_timeout_s": args.timeout, "shards_per_searcher": args.shards_per_searcher}
-                    served.deploy(client, [served.app_config(name, tree, args, deployments)])
+                    app_args = {"tenants": str(workdir / "tenants.yaml"), "local_search_max_bytes": 0,
+                                "warm_tenants": 0, "shard_cache_bytes": budget, "tenant_affinity": layout == "affine",
+                                "request_timeout_s": args.timeout, "shards_per_searcher": args.shards_per_searcher}
+                    served.deploy(client, [served.app_config(name, tree, app_args, deployments)])
                     url = served.app_urls([name], args.serve_env, port)[name]
                     served.wait_ready(url, keys["primer"])
                     run = {"app": tree_name, "layout": layout, "concurrency": concurrency,

@@ -12,7 +12,7 @@ loaded: the most a shard holds). Raw = the FAISS file (the index as FAISS holds 
 metadata's texts and ids (8-byte chunk key per vector) + the shard's chunks' texts and ids (and their
 typed url / metadata columns); with metadata also after a filter on its first field. The
 baseline loads the same files from a git worktree of `--baseline-ref` (PYTHONPATH), in its own
-process, one after the other. A tree whose shard loader is none of LOADERS gets an empty row.
+process, one after the other. A tree with no known way to open a shard gets a row with its error.
 """
 
 from __future__ import annotations
@@ -27,49 +27,77 @@ from benchmarks.harness import options
 from benchmarks.harness.report import write_json
 
 PROBE = r"""
-import gc, json, sys
+import gc
+import json
+import sys
+
+
 def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-import importlib
-import faiss, numpy, pyarrow.parquet  # imported before the first reading
-load_shard = None
-for module, extra in (("qrag_ray.search.shard_search", ()), ("qrag_ray.serving.shard_store", (None,))):
-    try:  # this tree's loader, or an older tree's (the Serve shard store's, which took a third argument)
-        loader = importlib.import_module(module).load_shard
-    except (ImportError, AttributeError):
-        continue
-    def load_shard(index, shard, loader=loader, extra=extra):
-        return loader(index, shard, *extra)
-    break
-if load_shard is None:
-    print(json.dumps({"error": "no known shard loader in this tree"}))
-    sys.exit(0)
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+
+
+def open_shard(index, number):
+    # the tree's own way to open a shard: Shard.open, or an older tree's load_shard
+    try:
+        from qrag_ray.search.shard import Shard
+    except ImportError:
+        pass
+    else:
+        return Shard.open(index, number)
+    try:
+        from qrag_ray.search.shard_search import load_shard
+    except ImportError:  # older still: the Serve shard store's loader, which took a third argument
+        from qrag_ray.serving.shard_store import load_shard as store_load
+        return store_load(index, number, None)
+    return load_shard(index, number)
+
+
+def text_columns(shard):
+    # every row's text and the chunk table's columns, however the tree's shard holds them
+    if hasattr(shard, "row_texts"):
+        return [shard.row_texts, *shard.chunk_columns]
+    chunks = shard.chunks.columns if hasattr(shard.chunks, "columns") else shard.chunks  # a Table, or its columns
+    return [shard.index.text, *chunks]
+
+
+import faiss  # noqa: E402,F401 - imported before the first reading
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet  # noqa: E402
+
+index = sys.argv[1]
 # the first Parquet read of a process maps the reader's code and starts its thread pool (~70 MB here,
 # once per process, not per shard): done before the first reading
-pyarrow.parquet.read_table(sys.argv[1] + "/chunks.parquet", columns=["shard"])
-gc.collect(); before = rss()
-ls = load_shard(sys.argv[1], int(sys.argv[2]))
-gc.collect(); after = rss()
+pyarrow.parquet.read_table(index + "/chunks.parquet", columns=["shard"])
+gc.collect()
+before = rss()
+try:
+    shard = open_shard(index, int(sys.argv[2]))
+except ImportError as error:
+    print(json.dumps({"error": f"no known way to open a shard in this tree ({error})"}))
+    sys.exit(0)
+gc.collect()
+after = rss()
 try:  # every row's text and every chunk read once: a memory-mapped shard's pages all loaded (the most it holds)
-    import pyarrow.compute as pc
-    chunk_cols = ls.chunks.columns if hasattr(ls.chunks, "columns") else ls.chunks  # a Table, or its columns
-    for col in (ls.index.text, *chunk_cols):
-        pc.sum(pc.utf8_length(col))  # reads every byte (binary_length would read only the offsets)
+    for column in text_columns(shard):
+        pc.sum(pc.utf8_length(column))  # reads every byte (binary_length would read only the offsets)
     read_all = rss() - before
 except AttributeError:  # a tree whose shard keeps its texts otherwise
     read_all = None
 filtered = None
-if getattr(ls, "metadata", None) is not None:  # a filter on the first field: its column read, a selection made
+with open(index + "/manifest.json") as manifest:
+    schema = json.load(manifest).get("metadata_schema") or {}
+if getattr(shard, "metadata", None) is not None and schema:  # a filter on the first field: its column read
     from qrag_ray.search.filters import compile_filter
-    name, typ = next(iter(ls.index.manifest.metadata_schema.items()))
+    name, typ = next(iter(schema.items()))
     value = {"number": 0, "bool": True, "date": "2000-01-01", "datetime": "2000-01-01"}.get(typ, "")
-    schema = ls.index.manifest.metadata_schema
-    sel = ls.select(compile_filter({"type": "ne", "key": name, "value": value}, None, schema))
-    gc.collect(); filtered = rss() - before
+    selection = shard.select(compile_filter({"type": "ne", "key": name, "value": value}, None, schema))
+    gc.collect()
+    filtered = rss() - before
 print(json.dumps({"resident": after - before, "resident_all_read": read_all, "resident_filtered": filtered,
-                  "reported": ls.nbytes}))
+                  "reported": shard.nbytes}))
 """
 
 
@@ -130,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         workdir = Path(args.workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        index = demo_index(workdir, next(iter(apps.values())), args.tiny, args.baseline_ref or "")
+        tree = trees.index_builder(apps)
+        index = demo_index(workdir, tree, args.tiny, args.baseline_ref if tree != options.ROOT else "")
     shards = json.loads((index / "manifest.json").read_text())["num_shards"]
     rows = []
     for shard in range(shards):

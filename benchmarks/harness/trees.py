@@ -57,6 +57,18 @@ def trees(baseline_ref: str | None) -> dict[str, Path]:
     return {"base": baseline_tree(baseline_ref), "new": ROOT}
 
 
+def index_builder(apps: dict[str, Path]) -> Path:
+    """The tree that builds an index both apps serve: a newer qrag reads the formats an older one writes, not
+    the other way round, so the baseline when it is an ancestor of this checkout, else this tree."""
+    base = apps.get("base")
+    if base is None:
+        return ROOT
+    commit = subprocess.run(["git", "-C", str(base), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    older = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", commit, "HEAD"]).returncode == 0
+    return base if older else ROOT
+
+
 def builder(tree: Path) -> str:
     """The import path of `tree`'s Serve builder (the first of BUILDERS whose module the tree has)."""
     for path in BUILDERS:
