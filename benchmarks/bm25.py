@@ -35,21 +35,26 @@ TINY = {"docs": [2_000], "queries": 20, "vocab": 5_000}
 
 def zipf_texts(n: int, length: int, vocab: list[str], rng: np.random.Generator,
                exponent: float = 1.1) -> list[str]:
+    """`n` texts of `length` words drawn by Zipf(`exponent`) rank from `vocab`."""
     ids = (rng.zipf(exponent, size=(n, length)) - 1) % len(vocab)
     return [" ".join(vocab[i] for i in row) for row in ids]
 
 
 def make_vocab(size: int, rng: np.random.Generator) -> list[str]:
+    """`size` distinct random lowercase words, sorted."""
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     words = {"".join(rng.choice(letters, size=rng.integers(3, 10))) for _ in range(size * 2)}
     return sorted(words)[:size]
 
 
 def dir_bytes(p: Path) -> int:
+    """The bytes of the files under `p`."""
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
 def bench(n: int, queries: list[str], vocab: list[str], k: int, dim: int, seed: int) -> dict:
+    """One shard size: BM25 build and query cost through the index's own code, and a Flat dense search of as
+    many vectors."""
     import faiss
 
     from qrag_ray.index.lexical import ShardLexicon, build_bm25
@@ -88,6 +93,7 @@ def bench(n: int, queries: list[str], vocab: list[str], k: int, dim: int, seed: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, measure every shard size, print the table and write the report."""
     parser = options.parser(__doc__)
     options.add_common(parser, "bm25", queries=True)
     parser.add_argument("--docs", type=int, nargs="+", help="shard sizes (BM25 documents = chunks; full 100000)")

@@ -41,6 +41,7 @@ TINY = {"sizes": [300], "part": 300, "shards": 2, "factory": "Flat", "train_samp
 
 
 def sentences() -> list[str]:
+    """Sentences of the Python language reference, 30-300 characters, capitalised."""
     from pydoc_data.topics import topics
 
     from qrag_ray.text.sentences import split_sentences
@@ -131,6 +132,7 @@ def run_one(size: int, root: Path, model: str, args) -> dict:
 
 
 def table(rows: list[dict]) -> str:
+    """The builds as a Markdown table."""
     head = ("| passages | wall s | stream s | embed busy rows/s | train s | shards s | publish s | "
             "driver peak MB | max worker peak MB | all procs peak MB |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
@@ -147,6 +149,7 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    """Time and peak memory per process against the corpus size, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,6 +213,7 @@ def reader_check(reads: int) -> dict:
 
 
 def parse(argv: list[str] | None):
+    """The options, with the full or tiny sizes."""
     parser = options.parser(__doc__)
     options.add_common(parser, "build_scale")
     parser.add_argument("--sizes", type=int, nargs="+", help="passages per build (full: 250000 500000 1000000)")
@@ -238,6 +242,7 @@ def parse(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Build every size (--repeat times), then the reader check, the table, the plot and the report."""
     import shutil
 
     args = parse(argv)

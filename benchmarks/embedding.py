@@ -60,6 +60,7 @@ TINY = {"passages": 16, "questions": 16, "rows_per_batch": 16, "texts": 64, "que
 
 
 def parse(argv: list[str] | None):
+    """The options, with the full (per device) or tiny sizes and the report's path per mode."""
     parser = options.parser(__doc__)
     options.add_common(parser, "embedding", queries=True, rounds=True)
     parser.add_argument("--mode", choices=MODES, default="stage")
@@ -101,6 +102,7 @@ def parse(argv: list[str] | None):
 
 
 def stage(args) -> int:
+    """Mode stage: a warmed pool of tokenizer processes, then every row (harness/embed_stage.py)."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -131,6 +133,7 @@ def stage(args) -> int:
 
 
 def backend(args) -> dict:
+    """Mode backend: torch and ONNX Runtime block by block, query latency and build rate."""
     import numpy as np
     import torch
 
@@ -199,6 +202,7 @@ def first_sentences(contexts: int) -> tuple[list[str], list[str], list[int]]:
 
 
 def precision(args) -> dict:
+    """Mode precision: ranking quality and vector drift per dtype against float32."""
     import numpy as np
     import torch
 
@@ -265,6 +269,7 @@ def rate(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Check the dependencies, run the mode, write its report."""
     from benchmarks.harness.embed_stage import missing
 
     args = parse(argv)

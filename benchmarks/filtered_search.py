@@ -121,6 +121,7 @@ def run_filtered(engine, url: str, queries: list[str], k: int, truth: dict, conc
 
 
 def measure(args) -> dict:
+    """Build (once) and serve the tenant, then every selectivity."""
     from benchmarks.harness import served, trees
     from benchmarks.harness.indexes import make_queries
     from benchmarks.harness.synthetic import big_tenant
@@ -152,6 +153,7 @@ def measure(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, measure, print the table and write the report."""
     from benchmarks.harness.served import LAYOUT_HELP, LAYOUTS
 
     parser = options.parser(__doc__)

@@ -60,6 +60,7 @@ def pydoc_chunks(n: int, words: int) -> list[dict]:
 
 
 def read_jsonl(path: str, n: int) -> list[dict]:
+    """The first `n` records (id, text) of a JSONL file."""
     rows = []
     with open(path) as f:
         for line in f:
@@ -73,6 +74,7 @@ def read_jsonl(path: str, n: int) -> list[dict]:
 
 def run_recipe(docs: list[dict], representation: str, work: Path, max_tokens: int, questions: int,
                batch_size: int) -> dict:
+    """One `build_index` of `docs` with an empty question cache: the generation stage's counters and seconds."""
     from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
     from qrag_ray.index.build import build_index
 
@@ -107,6 +109,7 @@ def derive(row: dict, baseline_s: float) -> dict:
     net = s - baseline_s if baseline_s and s - baseline_s > 0.1 * s else None
 
     def rate(x, t):
+        """`x` per `t`, or None without a time."""
         return round(x / t, 2) if t else None
 
     row |= {
@@ -122,6 +125,7 @@ def derive(row: dict, baseline_s: float) -> dict:
 
 
 def print_table(rows: list[dict], baseline: dict) -> None:
+    """The recipes' rows and the baseline's seconds."""
     cols = [("recipe", "recipe"), ("chunks", "chunks"), ("requests", "req"), ("questions", "questions"),
             ("prompt_tokens", "prompt tok"), ("output_tokens", "output tok"), ("generate_seconds", "s"),
             ("output_tok_s", "out tok/s"), ("prompt_tok_s", "prompt tok/s"), ("s_per_chunk", "s/chunk"),
@@ -138,6 +142,7 @@ def print_table(rows: list[dict], baseline: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, run the baseline and every recipe, print and write the report."""
     parser = options.parser(__doc__)
     options.add_common(parser, "generation")
     parser.add_argument("--n", type=int, help="chunks (full 20)")

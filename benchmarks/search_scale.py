@@ -51,6 +51,7 @@ def rss_mb() -> float:
 
 
 def peak_rss_mb() -> float:
+    """The process's peak resident set size so far, MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -62,6 +63,7 @@ class Synth:
         self.centres = np.random.default_rng([seed, 0]).standard_normal((centres, dim)).astype(np.float32)
 
     def chunk(self, i: int, n: int, stream: int = 1) -> np.ndarray:
+        """Chunk `i` of stream `stream`: `n` unit vectors around the centres."""
         rng = np.random.default_rng([self.seed, stream, i])
         c = rng.integers(0, len(self.centres), size=n)
         x = self.centres[c] + self.spread * rng.standard_normal((n, self.dim), dtype=np.float32)
@@ -88,6 +90,7 @@ def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
 
 
 def set_search_params(index, nprobe: int, k_factor: float) -> None:
+    """nprobe of the IVF inside `index` and the refinement's k_factor where it has one."""
     import faiss
 
     faiss.extract_index_ivf(index).nprobe = nprobe
@@ -96,6 +99,7 @@ def set_search_params(index, nprobe: int, k_factor: float) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    """Train once, add every shard with the exact top k beside it, then search at every nprobe and k_factor."""
     import faiss
 
     faiss.omp_set_num_threads(args.threads)
@@ -169,6 +173,7 @@ def run(args: argparse.Namespace) -> dict:
     offsets = [s * per_shard for s in range(args.shards)]
 
     def search_all(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every loaded shard searched, the per-shard top k merged."""
         ss, ii = [], []
         for off, ix in zip(offsets, loaded, strict=True):
             d, i = ix.search(q, k)
@@ -222,6 +227,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def print_table(r: dict) -> None:
+    """The result as printed."""
     m = r["memory"]
     print(f"\n{r['n']:,} vectors x {r['dim']}d, {r['shards']} shards, {r['factory']}  (k={r['k']}, "
           f"{r['queries']} queries, {r['threads']} threads)")
@@ -239,6 +245,7 @@ def print_table(r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, run, print and write the report."""
     parser = options.parser(__doc__)
     options.add_common(parser, "search_scale", queries=True)
     parser.add_argument("--n", type=int, help="vectors (full: 10,000,000)")

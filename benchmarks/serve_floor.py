@@ -67,6 +67,7 @@ def coalescer():
 
 
 def reply() -> list:
+    """A reply shaped like a small shard reply: two 10-element arrays and 2 KB of text."""
     return [np.arange(10, dtype=np.int64), np.ones(10, dtype=np.float32), {"text": "x" * 2000}]
 
 
@@ -80,7 +81,10 @@ def call_part(calls: int) -> dict:
 
     @serve.deployment
     class Callee:
+        """Answers at once, three ways."""
+
         async def plain(self, x):
+            """The reply, at once."""
             return reply()
 
         @serve.multiplexed(max_num_models_per_replica=-1)
@@ -88,23 +92,29 @@ def call_part(calls: int) -> dict:
             return model_id
 
         async def multiplexed(self, x):
+            """The reply after the multiplexed model id is looked up."""
             await self._hold(serve.get_multiplexed_model_id())
             return reply()
 
         async def threaded(self, x):
+            """The reply made in a worker thread."""
             return await asyncio.to_thread(reply)
 
     @serve.deployment
     class Caller:
+        """Times its calls to the Callee and its own in-replica steps."""
+
         def __init__(self, callee):
             self.callee = callee
             make = coalescer()
             self.passes = make(self.one_pass) if make else None
 
         async def one_pass(self, key, xs: list) -> list:
+            """A pass that returns its input."""
             return xs
 
         async def awaited(self, x):
+            """An async no-op."""
             return x
 
         async def _shared(self, x):
@@ -158,29 +168,37 @@ def build(shape: str):
     make = coalescer()
 
     class Body(BaseModel):
+        """The request body."""
         query: str
         k: int = 10
 
     class Hit(BaseModel):
+        """One result."""
         chunk_id: str
         score: float
         text: str
 
     class Page(BaseModel):
+        """The response."""
         results: list[Hit]
         took_ms: float
 
     def page(k: int, start: float) -> Page:
+        """A page of `k` results."""
         return Page(results=[Hit(chunk_id=f"c{i}", score=1.0 - i / 100, text="x" * 300) for i in range(k)],
                     took_ms=(time.perf_counter() - start) * 1000)
 
     def group_reply(queries: int) -> list[dict]:
+        """A shard group's reply to `queries` queries."""
         return [{"scores": np.ones((queries, 10), np.float32), "rows": np.arange(10 * queries).reshape(queries, 10),
                  "texts": {i: "y" * 300 for i in range(3 * queries)}} for _ in range(SHARDS)]
 
     @serve.deployment(num_replicas=1)
     class Back:
+        """Answers a shard group's call at once."""
+
         async def search(self, qvecs):
+            """The group's reply."""
             return group_reply(len(qvecs))
 
     app = FastAPI()
@@ -188,16 +206,20 @@ def build(shape: str):
     @serve.deployment(num_replicas=1, max_ongoing_requests=256)
     @serve.ingress(app)
     class Front:
+        """The FastAPI ingress of one shape."""
+
         def __init__(self, back=None):
             self.back = None if back is None else back.search.options(multiplexed_model_id="tenant/v1/0")
             self.passes = make(self.one_pass) if make else None
 
         async def one_pass(self, key, qvecs: list) -> list:
+            """One handle call for the pass's queries."""
             await self.back.remote(np.stack(qvecs))
             return qvecs
 
         @app.post("/v1/search", response_model=Page)
         async def search(self, body: Body) -> Page:
+            """The route: validate, call as the shape says, answer a page."""
             start = time.perf_counter()
             vec = np.random.rand(64).astype(np.float32)
             if shape == "call":
@@ -248,6 +270,7 @@ def http_part(shapes: list[str], requests: int, concurrency: list[int], serve_en
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, run the parts, print their tables and write the report."""
     from benchmarks.harness.served import LAYOUT_HELP
 
     parser = options.parser(__doc__)

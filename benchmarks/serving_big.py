@@ -37,6 +37,7 @@ TINY = {"vectors": 20_000, "shards": 2, "factory": "Flat", "queries": 6, "rounds
 
 
 def parse(argv: list[str] | None):
+    """The options, with the full or tiny sizes."""
     from benchmarks.harness.served import LAYOUT_HELP, LAYOUTS
 
     parser = options.parser(__doc__)
@@ -59,6 +60,7 @@ def parse(argv: list[str] | None):
 
 
 def measure(args) -> dict:
+    """Build (once) and serve the tenant, then c=1 and every other concurrency."""
     from benchmarks.harness import served, trees
     from benchmarks.harness.indexes import make_queries, manifest
     from benchmarks.harness.synthetic import big_tenant
@@ -104,6 +106,7 @@ def measure(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, measure, print the table and write the report."""
     from benchmarks.harness.trees import BaselineError
 
     args = parse(argv)

@@ -36,6 +36,7 @@ def stages_of(text: str) -> list[tuple[int, float]]:
 
 
 def replicas_total(row: dict, deployments: list[str]) -> int:
+    """The RUNNING replicas of `deployments` in one timeline row."""
     return sum(row[d] for d in deployments)
 
 
@@ -53,6 +54,7 @@ def ramp(url: str, app: str, keys: list[str], ranks, queries: list[str], stages:
     t_start = time.time()
 
     def watch() -> None:
+        """Every second, each deployment's RUNNING replicas."""
         while not done.is_set():
             deployments = serve.status().applications[app].deployments
             timeline.append({"t": round(time.time() - t_start, 1), **{
@@ -61,6 +63,7 @@ def ramp(url: str, app: str, keys: list[str], ranks, queries: list[str], stages:
             time.sleep(1.0)
 
     def worker(stage: int, until: float, out: list) -> None:
+        """Send until `until`, each request's outcome to `out`."""
         with httpx.Client(base_url=url, timeout=120) as client:
             while time.time() < until:
                 with lock:
@@ -113,6 +116,7 @@ def ramp(url: str, app: str, keys: list[str], ranks, queries: list[str], stages:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Build the tenants (once), then the ramp on each layout's fresh app."""
     parser = options.parser(__doc__)
     options.add_common(parser, "serving_ramp", workdir=True)
     parser.set_defaults(workdir=str(options.RUNS / "serving_tenants"))  # serving_tenants.py's indexes, reused

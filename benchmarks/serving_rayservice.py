@@ -62,6 +62,7 @@ def send(r: rs.ServiceRehearsal, queries: list[str], concurrency: int) -> list[d
     out: list[dict | None] = [None] * len(queries)
 
     def worker(w: int) -> None:
+        """Client `w`: every concurrency-th query, on its pod's port 8000."""
         with httpx.Client(base_url=f"http://{r.net.ip(w % len(r.pods))}:8000", timeout=120) as client:
             for i in range(w, len(queries), concurrency):
                 t0 = time.perf_counter()
@@ -80,6 +81,7 @@ def send(r: rs.ServiceRehearsal, queries: list[str], concurrency: int) -> list[d
 
 def run_layout(layout: str, queries: list[str], warmup: int, concurrency: int, timeout: float,
                router_cpus: float | None, group: int) -> dict:
+    """One layout on a fresh rehearsed RayService: its replicas, the load, CPU by process."""
     r = rs.prepare("cpu-dev", Path(tempfile.mkdtemp(prefix="qrs-")), token=os.environ["RAY_AUTH_TOKEN"],
                    app_args={"local_search_max_bytes": "0", "shards_per_searcher": str(group)})
     exist = set(searcher_names(int(rs.app_config(r)["args"]["shards"]), group))  # the ShardSearchers the app has
@@ -137,6 +139,7 @@ def in_process(index: Path, queries: list[str]) -> tuple[dict, list[list[str]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, run the layouts round by round, the in-process baseline, print and write the report."""
     import shutil
 
     parser = options.parser(__doc__)

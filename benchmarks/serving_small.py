@@ -36,6 +36,7 @@ TINY = {"queries": 8, "rounds": 1, "concurrency": [1, 4]}
 
 
 def parse(argv: list[str] | None):
+    """The options, with the full or tiny sizes."""
     from benchmarks.harness.served import LAYOUT_HELP, LAYOUTS
 
     parser = options.parser(__doc__)
@@ -68,6 +69,7 @@ def load_running(args) -> dict:
 
 
 def generator(llm: str | None) -> dict:
+    """The app's generator args for --llm."""
     if not llm:
         return {}
     model = "qwen2.5-coder-0.5b-instruct"
@@ -84,6 +86,7 @@ def hyde(url: str, queries: list[str], k: int) -> dict:
 
 
 def serve_and_measure(args) -> dict:
+    """Build (once) and serve the index, then c=1, every other concurrency and HyDE."""
     from benchmarks.harness import served, trees
     from benchmarks.harness.indexes import demo_index, make_queries, manifest
 
@@ -126,6 +129,7 @@ def serve_and_measure(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, measure (or load a running server), print the table and write the report."""
     from benchmarks.harness.trees import BaselineError
 
     args = parse(argv)

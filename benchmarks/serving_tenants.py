@@ -47,6 +47,7 @@ TINY = {"tenants": 6, "indexes": 2, "replicas": 1, "requests": 40, "concurrency"
 
 
 def summary(records: list[dict]) -> dict:
+    """Requests, errors, deadline misses and latencies of a phase."""
     lat = [r["ms"] for r in records if r["status"] == 200]
     return {"requests": len(records), "errors": sum(r["status"] != 200 for r in records),
             "deadline_misses": sum(r["status"] == 504 for r in records), "p50_ms": round(pct(lat, 50), 1),
@@ -113,6 +114,7 @@ def in_process_cpu(indexes: list[Path], tenant_index: list[int], ranks, queries:
 
 
 def parse(argv: list[str] | None):
+    """The options, with the full or tiny sizes."""
     from benchmarks.harness.served import LAYOUT_HELP, LAYOUTS
 
     parser = options.parser(__doc__)
@@ -132,6 +134,7 @@ def parse(argv: list[str] | None):
 
 
 def measure(args) -> dict:
+    """Build the tenants (once), then every round, concurrency, layout and app."""
     from ray import serve
 
     from benchmarks.harness import served, trees
@@ -194,6 +197,7 @@ def measure(args) -> dict:
 
 
 def print_run(run: dict, in_process: dict) -> None:
+    """One run as a table row."""
     warm = run["warmup"]
     steady = run["steady"]
     print(f"| {run['app']} | {run['layout']} | c={run['concurrency']} | warm-up p50/p99 {warm['p50_ms']}/"
@@ -205,6 +209,7 @@ def print_run(run: dict, in_process: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, measure and write the report."""
     from benchmarks.harness.trees import BaselineError
 
     args = parse(argv)

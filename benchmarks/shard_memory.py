@@ -135,10 +135,12 @@ def measure(index: Path, shard: int, tree: Path) -> dict:
 
 
 def ratio(part: int | None, raw: int) -> float | None:
+    """`part` / `raw`, or None."""
     return None if part is None else part / raw
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, measure every shard in every tree, print the table and write the report."""
     from benchmarks.harness import trees
     from benchmarks.harness.indexes import demo_index
     from benchmarks.harness.report import print_table

@@ -69,6 +69,7 @@ TODAY_MICRO_BATCH = 64  # EmbedderConfig.batch_size, the micro-batch builds pass
 
 
 def sync(device: str) -> None:
+    """Wait for the device's queued work (CUDA only)."""
     import torch
 
     if device == "cuda":
@@ -101,6 +102,7 @@ def time_ceiling(fwd, ids: np.ndarray, lens: np.ndarray, device: str) -> float:
 
 
 def gpu_peak_gib(device: str) -> float | None:
+    """The device's peak allocated memory in GiB since the last reset (CUDA only)."""
     import torch
 
     if device != "cuda":
@@ -109,6 +111,7 @@ def gpu_peak_gib(device: str) -> float | None:
 
 
 def missing(*modules: str) -> list[str]:
+    """The modules of `modules` that do not import."""
     import importlib
 
     out = []
@@ -121,6 +124,7 @@ def missing(*modules: str) -> list[str]:
 
 
 def reset_peak(device: str) -> None:
+    """Reset the device's peak memory statistics (CUDA only)."""
     import torch
 
     if device == "cuda":
@@ -133,6 +137,7 @@ _TOKENIZE = None
 
 
 def worker_init(model: str) -> None:
+    """A tokenizer process's start: the pipeline's `Tokenize` for `model`."""
     global _TOKENIZE
     from qrag_ray.embedding.tokens import Tokenize
 
@@ -140,11 +145,13 @@ def worker_init(model: str) -> None:
 
 
 def tokenize_batch(chunk: tuple[np.ndarray, list[str]]) -> dict:
+    """One batch (row numbers, texts) through the process's `Tokenize`."""
     rows, texts = chunk
     return _TOKENIZE({"row": rows, "embed_text": np.asarray(texts, dtype=object)})
 
 
 def chunks(texts: list[str], rows: int):
+    """(row numbers, texts) batches of `rows` texts."""
     for s in range(0, len(texts), rows):
         yield np.arange(s, min(s + rows, len(texts))), texts[s:s + rows]
 
@@ -173,6 +180,7 @@ class FileCount:
         self.latency_s, self.files, self.lock, real = latency_s, 0, threading.Lock(), fmt.atomic_write
 
         def counted(path, write, suffix=""):
+            """The atomic write, counted and delayed."""
             if "progress" not in Path(path).parts:
                 with self.lock:
                     self.files += 1
@@ -218,6 +226,7 @@ def sink_vectors(work: Path, n: int) -> np.ndarray:
 
 
 def time_tokenize(pool: ProcessPoolExecutor, texts: list[str], rows: int) -> float:
+    """Seconds for the pool to tokenize every batch of `texts`."""
     t = time.perf_counter()
     for _ in pool.map(tokenize_batch, chunks(texts, rows)):
         pass
@@ -267,6 +276,7 @@ def run_stage(args, pool, model_path: str, model_name: str, n_pas: int, n_q: int
     print(HEAD, flush=True)
 
     def add(row: dict) -> None:
+        """Keep, print and write a row as it is measured."""
         rows.append(row)
         print(format_row(row), flush=True)
         Path(args.out).write_text(json.dumps(res, indent=2))
@@ -274,6 +284,7 @@ def run_stage(args, pool, model_path: str, model_name: str, n_pas: int, n_q: int
     current: dict = {}  # the workload being measured: its name, today's rate, its batches
 
     def measured(path, dt, tpb, rate, best, fwd_rate=None, diff=None, files=None):
+        """A measured rate as a row of the current workload (ratios against `best`, the forward row and today)."""
         add({"workload": current["workload"], "path": path, "dtype": dt, "tokens_per_batch": tpb,
              "texts_per_s": round(rate, 1), "ratio": round(rate / best, 3) if best else None,
              "vs_forward": round(rate / fwd_rate, 3) if fwd_rate else None,
@@ -363,7 +374,9 @@ HEAD = "{:10} {:10} {:9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>9} {:>7}".forma
 
 
 def format_row(r: dict) -> str:
+    """One row of the table as printed."""
     def f(v, fmt):
+        """A cell: `-` for None."""
         return "-" if v is None else format(v, fmt)
     return "{:10} {:10} {:9} {:>9} {:>10} {:>6} {:>6} {:>8} {:>8} {:>9} {:>7}".format(
         r["workload"], r["path"], r["dtype"], f(r["tokens_per_batch"], "d"), f(r["texts_per_s"], ".0f"),

@@ -35,6 +35,7 @@ def write_corpus(path: Path, topics: tuple[str, ...] | list[str] | None = None) 
 
 
 def built(index: Path) -> bool:
+    """Whether `index` holds a published index."""
     return (index / "manifest.json").is_file()
 
 

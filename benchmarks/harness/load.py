@@ -44,6 +44,7 @@ async def _closed_loop(url: str, requests: list[tuple[dict, dict]], concurrency:
     limits = httpx.Limits(max_connections=2 * concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         async def one_client() -> None:
+            """One client: the next request as soon as its last one answered, until none are left."""
             for i, (body, headers) in pending:
                 start = time.perf_counter()
                 try:
@@ -146,6 +147,7 @@ class _Lean:
         self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
 
     def search(self, body: dict) -> tuple[int, dict]:
+        """POST one search: (status, the answer's JSON or {})."""
         self.conn.request("POST", self.path, json.dumps(body), {"content-type": "application/json"})
         resp = self.conn.getresponse()
         raw = resp.read()

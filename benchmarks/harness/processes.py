@@ -126,6 +126,7 @@ class MemoryWatch(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
+        """Sample until stopped."""
         while not self._done.is_set():
             kids = _children(self.pid)
             todo = [self.pid]
@@ -142,5 +143,6 @@ class MemoryWatch(threading.Thread):
             time.sleep(self.every)
 
     def stop(self) -> None:
+        """Stop sampling and wait for the thread."""
         self._done.set()
         self.join()

@@ -86,6 +86,7 @@ def synthetic_index(out: Path, model: str, dim: int, vectors: int, shards: int, 
         topic_chunks(centres, noise, topics, rng)
 
     def unit(v: np.ndarray) -> np.ndarray:
+        """Rows scaled to unit length, float32."""
         return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
 
     trained = out.parent / f"{out.name}.trained.faiss"

@@ -107,6 +107,7 @@ def check_trees(apps: dict[str, Path]) -> None:
 
     @ray.remote(num_cpus=0)
     def qrag_ray_file() -> str:
+        """Where this worker imports qrag_ray from."""
         import qrag_ray
 
         return qrag_ray.__file__
