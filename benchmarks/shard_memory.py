@@ -39,20 +39,23 @@ def rss():
                 return int(line.split()[1]) * 1024
 
 
-def open_shard(index, number):
-    # the tree's own way to open a shard: Shard.open, or an older tree's load_shard
+def shard_opener():
+    # the tree's own way to open a shard (Shard.open, or an older tree's load_shard), imported here: before
+    # the first reading, so the package's imports are not counted as the shard's memory
     try:
         from qrag_ray.search.shard import Shard
     except ImportError:
         pass
     else:
-        return Shard.open(index, number)
+        return Shard.open
     try:
         from qrag_ray.search.shard_search import load_shard
     except ImportError:  # older still: the Serve shard store's loader, which took a third argument
         from qrag_ray.serving.shard_store import load_shard as store_load
-        return store_load(index, number, None)
-    return load_shard(index, number)
+
+        def load_shard(index, number):
+            return store_load(index, number, None)
+    return load_shard
 
 
 def text_columns(shard):
@@ -71,13 +74,14 @@ index = sys.argv[1]
 # the first Parquet read of a process maps the reader's code and starts its thread pool (~70 MB here,
 # once per process, not per shard): done before the first reading
 pyarrow.parquet.read_table(index + "/chunks.parquet", columns=["shard"])
-gc.collect()
-before = rss()
 try:
-    shard = open_shard(index, int(sys.argv[2]))
+    open_shard = shard_opener()
 except ImportError as error:
     print(json.dumps({"error": f"no known way to open a shard in this tree ({error})"}))
     sys.exit(0)
+gc.collect()
+before = rss()
+shard = open_shard(index, int(sys.argv[2]))
 gc.collect()
 after = rss()
 try:  # every row's text and every chunk read once: a memory-mapped shard's pages all loaded (the most it holds)
