@@ -28,5 +28,10 @@ test-fast:
 test-soak: setup
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false QRAG_REQUIRE_LLM=1 .venv/bin/python -m pytest -m soak -q
 
+# The benchmarks' smoke test (every script's --help; the tiny modes of a few, one served): minutes.
+# Each script's full run: benchmarks/README.md.
+bench: setup
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python -m pytest -q tests/test_benchmarks.py
+
 clean:
 	rm -rf runs/demo .pytest_cache

@@ -48,9 +48,9 @@ def requirements(pins: list[str]) -> list[str]:
 def install_wheels(stage: Path, reqs: list[str]) -> None:
     """pip (the ordinary client) installs the device's wheels into `stage` without running them here."""
     plat = [a for p in DEVICE["platforms"] for a in ("--platform", p)]
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--only-binary=:all:",
-                    "--target", str(stage), "--python-version", DEVICE["python"], "--implementation", "cp", *plat, *reqs],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                    "--only-binary=:all:", "--target", str(stage), "--python-version", DEVICE["python"],
+                    "--implementation", "cp", *plat, *reqs], check=True)
 
 
 def copy_site(stage: Path) -> None:
@@ -66,6 +66,7 @@ def copy_site(stage: Path) -> None:
 
 
 def trim(stage: Path) -> None:
+    """Remove what `qrag index` never imports (TRIM, tests, caches, source maps)."""
     for rel in TRIM:
         shutil.rmtree(stage / rel, ignore_errors=True)
     for p in sorted(stage.rglob("*"), reverse=True):
@@ -91,10 +92,12 @@ def pack(stage: Path, out: Path, compress: str) -> Path:
 
 
 def size_of(path: Path) -> int:
+    """The bytes of a file, or of the files under a folder."""
     return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def main() -> None:
+    """Install or copy, trim, pack and say how big."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(HERE / "carry"))
     ap.add_argument("--from-site", action="store_true", help="copy this interpreter's packages (same Python only)")

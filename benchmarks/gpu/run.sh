@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The GPU measurement of the indexing job's GPU stages, as one script for a machine lent with a GPU (a copy of
-# this repository, no network): (1) benchmarks/bench_embedding.py at full size, the pipeline's UDF classes
-# (Tokenize, EmbedSink) against the forward-only ceiling, every dtype and token-batch size, and the sink
-# writing 32 shards (SHARDS; where bench_embedding.py has --shards); (2) `qrag index` itself through Ray Data on
-# the GPU over a synthetic corpus of 1M passages (benchmarks/bench_pipeline_scale.py) with its resource plan
+# this repository, no network): (1) `python -m benchmarks.embedding --mode stage` at full size, the pipeline's
+# UDF classes (Tokenize, EmbedSink) against the forward-only ceiling, every dtype and token-batch size, and the
+# sink writing 32 shards (SHARDS); (2) `qrag index` itself through Ray Data on the GPU over a synthetic corpus
+# of 1M passages (`python -m benchmarks.build_scale`) with its resource plan
 # and stage table, where Ray, FAISS and the rest import: from the machine's image, or from the carry
 # (benchmarks/gpu/carry/site.tar.xz or carry/site/, made by benchmarks/gpu/make_carry.py for the device's
 # Python: Ray trimmed to what `qrag index` runs, faiss-cpu, pydantic and a few more, 32 MiB of the call's 64;
 # name benchmarks/gpu/carry in the device call's carry). Installs nothing. Each missing piece is one line
 # and its part is left out; the script exits 0.
 # Under 8 minutes: BENCH_LIMIT_S (default 180) + INDEX_LIMIT_S (default 240) + set-up (on a
-# 2-core box under load the imports alone take minutes: the tiny CPU run took 11.5 min at load average 50).
+# 2-core box under load the imports alone take minutes). It runs in the repository root (the `cd` below), the
+# benchmarks as `python -m benchmarks.<script>`.
 #
 #   python benchmarks/gpu/make_carry.py                              # here, once: the carry (PyPI wheels)
 #   OUT=/some/dir bash benchmarks/gpu/run.sh                          # on the GPU machine
@@ -83,17 +84,12 @@ else
     SIZE=(--passages 100000 --questions 100000 --today-limit 10000 --dtypes bfloat16,float32
           --tokens-per-batch 65536,16384,262144)
   else
-    SIZE=(--quick --passages "${N:-48}" --questions "${N:-48}" --rows-per-batch 16 --dtypes "${DTYPES:-float32,bfloat16}")
+    SIZE=(--passages "${N:-48}" --questions "${N:-48}" --rows-per-batch 16 --dtypes "${DTYPES:-float32,bfloat16}")
   fi
-  # the sink at many shards (its files per batch): where bench_embedding.py has the option
-  if "$PY" benchmarks/bench_embedding.py --help 2>/dev/null | grep -q -- "--shards"; then
-    SIZE+=(--shards "${SHARDS:-32}")
-  else
-    echo "bench_embedding: the sink at ${SHARDS:-32} shards left out: this bench_embedding.py has no --shards"
-  fi
-  # random init on the GPU box too when the weights happen to be installed: figures comparable across boxes
-  timeout "${BENCH_LIMIT_S:-180}" "$PY" -u benchmarks/bench_embedding.py --device "$DEVICE" --random-init \
-    "${SIZE[@]}" --out "$OUT/bench_embedding.json" 2>&1 | tee "$OUT/bench_embedding.log"
+  # random init on the GPU box too when the weights happen to be installed: figures comparable across boxes;
+  # the sink at many shards (its files per batch)
+  timeout "${BENCH_LIMIT_S:-180}" "$PY" -u -m benchmarks.embedding --mode stage --device "$DEVICE" --random-init \
+    --shards "${SHARDS:-32}" "${SIZE[@]}" --out "$OUT/bench_embedding.json" 2>&1 | tee "$OUT/bench_embedding.log"
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || echo "bench_embedding: exit $rc$( [ "$rc" = 124 ] && echo " (over BENCH_LIMIT_S; rows so far in $OUT/bench_embedding.json)")"
 fi
@@ -111,16 +107,16 @@ if [ -n "$gone" ]; then
 fi
 if [ "$DEVICE" = cuda ]; then
   MODEL="$OUT/minilm-shape-random"
-  "$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
-from embed_workloads import random_init_model; random_init_model(Path(sys.argv[1]))" "$MODEL" || exit 0
+  "$PY" -c "import sys; from pathlib import Path; from benchmarks.harness.models import random_init_model; \
+random_init_model(Path(sys.argv[1]))" "$MODEL" || exit 0
   # the carry's FAISS is the CPU build: the shard tasks hold no GPU they cannot use
   IDX=(--sizes "${N_INDEX:-1000000}" --num-gpus 1 --embedder "$MODEL" --rows-per-part 65536 --faiss-use-gpu false)
 else
   IDX=(--sizes "${N_INDEX:-2000}" --part "${N_INDEX:-2000}" --shards 2 --factory Flat --train-sample 1000)
 fi
-timeout "${INDEX_LIMIT_S:-240}" "$PY" -u benchmarks/bench_pipeline_scale.py "${IDX[@]}" --work "$OUT/pipeline" \
+timeout "${INDEX_LIMIT_S:-240}" "$PY" -u -m benchmarks.build_scale "${IDX[@]}" --work "$OUT/pipeline" \
   --out "$OUT/pipeline.json" 2>&1 | tee "$OUT/pipeline.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" = 0 ] || echo "qrag index run: exit $rc$( [ "$rc" = 124 ] && echo " (over INDEX_LIMIT_S)")"
-rm -rf "$OUT/pipeline/corpus" "$OUT/pipeline"/index-* "$OUT/pipeline"/input-*
+rm -rf "$OUT/pipeline"/corpus-* "$OUT/pipeline"/index-* "$OUT/pipeline"/input-*
 exit 0

@@ -41,7 +41,7 @@ def test_auto_runs_minilm_on_onnx_with_torchs_vectors(minilm, torch_minilm):
 
 
 def test_graph_is_exported_once_per_model(tmp_path, monkeypatch):
-    from benchmarks.tiny_model import write_tiny_model
+    from benchmarks.harness.models import write_tiny_model
 
     monkeypatch.setenv("QRAG_ONNX_CACHE", str(tmp_path / "cache"))
     model = write_tiny_model(tmp_path / "tiny", hidden=32, layers=1)

@@ -1,6 +1,9 @@
-"""The RayService layout's ingress: HAProxy (what the manifests ship) against Serve's Python proxy, in one run.
+"""The RayService layout's ingress: what CPU per request and throughput does HAProxy (what the manifests
+ship) give against Serve's Python proxy, on the cpu-dev RayService rehearsed on this machine, in one run?
 
-    python benchmarks/bench_rayservice.py [--requests 800] [--concurrency 8] [--rounds 2] [--out runs/bench_rayservice.json]
+    python -m benchmarks.serving_rayservice [--requests 800] [--concurrency 8] [--rounds 2]
+                                            [--out runs/serving_rayservice.json]
+    python -m benchmarks.serving_rayservice --tiny     # smoke: 40 requests, one round (minutes: 2 clusters start)
 
 Each layout is the cpu-dev RayService as cluster/rehearse_service.py rehearses it: a head without CPUs and two
 serving pods, each Ray node in a network of its own (its own address, Serve's port 8000 on every pod),
@@ -18,9 +21,7 @@ share the layout wins; CPU per request is the figure to compare.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import secrets
 import statistics
@@ -30,17 +31,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.harness import options
+from benchmarks.harness.indexes import make_queries
+from benchmarks.harness.processes import cpu_by_process, cpu_by_title, request_path_cpu
+from benchmarks.harness.report import pct, print_table, write_json
+from benchmarks.harness.served import searcher_names
+from cluster import pod_network
+from cluster import rehearse_service as rs
+from cluster.pod_layout import map_text
 
-from cluster import pod_network, rehearse_service as rs  # noqa: E402
-from cluster.pod_layout import map_text  # noqa: E402
-from qrag_ray.serving.application import searcher_names  # noqa: E402
-from qrag_ray.serving.config import CLUSTER_INGRESS_ENV  # noqa: E402
-
-from bench_serving import make_queries, pct  # noqa: E402
-from process_cpu import cpu_by_process, cpu_by_title, request_path_cpu  # noqa: E402
+FULL = {"requests": 800, "warmup": 100, "concurrency": [8], "rounds": 2}
+TINY = {"requests": 40, "warmup": 8, "concurrency": [2], "rounds": 1}
 
 
 def pods_cpu(r: rs.ServiceRehearsal) -> dict[str, float]:
@@ -61,6 +62,7 @@ def send(r: rs.ServiceRehearsal, queries: list[str], concurrency: int) -> list[d
     out: list[dict | None] = [None] * len(queries)
 
     def worker(w: int) -> None:
+        """Client `w`: every concurrency-th query, on its pod's port 8000."""
         with httpx.Client(base_url=f"http://{r.net.ip(w % len(r.pods))}:8000", timeout=120) as client:
             for i in range(w, len(queries), concurrency):
                 t0 = time.perf_counter()
@@ -79,6 +81,7 @@ def send(r: rs.ServiceRehearsal, queries: list[str], concurrency: int) -> list[d
 
 def run_layout(layout: str, queries: list[str], warmup: int, concurrency: int, timeout: float,
                router_cpus: float | None, group: int) -> dict:
+    """One layout on a fresh rehearsed RayService: its replicas, the load, CPU by process."""
     r = rs.prepare("cpu-dev", Path(tempfile.mkdtemp(prefix="qrs-")), token=os.environ["RAY_AUTH_TOKEN"],
                    app_args={"local_search_max_bytes": "0", "shards_per_searcher": str(group)})
     exist = set(searcher_names(int(rs.app_config(r)["args"]["shards"]), group))  # the ShardSearchers the app has
@@ -89,6 +92,8 @@ def run_layout(layout: str, queries: list[str], warmup: int, concurrency: int, t
             if dep["name"] == "Router":
                 dep.setdefault("ray_actor_options", {})["num_cpus"] = router_cpus
     if layout == "proxy":
+        from qrag_ray.serving.config import CLUSTER_INGRESS_ENV
+
         for s in r.shapes:
             for k in CLUSTER_INGRESS_ENV:
                 s.env.pop(k, None)
@@ -133,47 +138,45 @@ def in_process(index: Path, queries: list[str]) -> tuple[dict, list[list[str]]]:
     return {"queries": len(queries), "cpu_ms_per_query": round(statistics.mean(cpu), 3)}, tops
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=800)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds each app may take to be RUNNING")
-    ap.add_argument("--shards-per-searcher", type=int, default=1,
+def main(argv: list[str] | None = None) -> int:
+    """Parse, run the layouts round by round, the in-process baseline, print and write the report."""
+    import shutil
+
+    parser = options.parser(__doc__)
+    options.add_common(parser, "serving_rayservice", rounds=True, concurrency=True)
+    parser.add_argument("--requests", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds each app may take to be RUNNING")
+    parser.add_argument("--shards-per-searcher", type=int, default=1,
                     help="shards one ShardSearcher deployment searches (app arg shards_per_searcher), both layouts")
-    ap.add_argument("--router-cpus", type=float, default=None,
+    parser.add_argument("--router-cpus", type=float, default=None,
                     help="the Router's num_cpus (its torch threads) instead of serveConfigV2's, in both layouts")
-    ap.add_argument("--out", default="runs/bench_rayservice.json")
-    a = ap.parse_args()
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
     if why := pod_network.unavailable():
         print(f"error: {why}", file=sys.stderr)
         return 2
-    queries = make_queries(a.requests)
+    queries = make_queries(args.requests)
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # every layout's cluster's, read once by this process
     runs = []
-    for rnd in range(a.rounds):
+    for rnd in range(args.rounds):
         for layout in ("haproxy", "proxy") if rnd % 2 == 0 else ("proxy", "haproxy"):
-            runs.append({"round": rnd, **run_layout(layout, queries, a.warmup, a.concurrency, a.timeout, a.router_cpus, a.shards_per_searcher)})
+            runs.append({"round": rnd, **run_layout(layout, queries, args.warmup, args.concurrency[0], args.timeout,
+                                                    args.router_cpus, args.shards_per_searcher)})
             print(f"round {rnd} {layout}: done", file=sys.stderr)
-    import shutil
-
     # the in-process baseline on the last layout's index (every layout builds the same one), then its folder goes
-    base, tops = in_process(Path(runs[-1]["index"]), queries[a.warmup:])
+    base, tops = in_process(Path(runs[-1]["index"]), queries[args.warmup:])
     for run in runs:
-        run["same_rankings"] = round(sum(t == b for t, b in zip(run.pop("tops"), tops)) / len(tops), 4)
+        run["same_rankings"] = round(sum(t == b for t, b in zip(run.pop("tops"), tops, strict=True)) / len(tops), 4)
         shutil.rmtree(run.pop("work"), ignore_errors=True)
         run.pop("index")
         run["request_path_over_in_process"] = round(run["request_path_cpu_ms"] / base["cpu_ms_per_query"], 2)
-    print(f"{'round':>5} {'layout':<8} {'qps':>6} {'p50 ms':>7} {'p99 ms':>7} {'err':>4} {'CPU ms/req':>10} "
-          f"{'request path':>12} {'/in-process':>11} {'same':>5}")
-    for x in runs:
-        print(f"{x['round']:>5} {x['layout']:<8} {x['qps']:>6} {x['p50_ms']:>7} {x['p99_ms']:>7} {x['errors']:>4} "
-              f"{x['cpu_ms_per_request']:>10} {x['request_path_cpu_ms']:>12} {x['request_path_over_in_process']:>10}x "
-              f"{x['same_rankings']:>5}")
+    print_table([("round", "round", "d"), ("layout", "layout", ""), ("qps", "qps", ".1f"), ("p50 ms", "p50_ms", ".1f"),
+                 ("p99 ms", "p99_ms", ".1f"), ("errors", "errors", "d"), ("CPU ms/req", "cpu_ms_per_request", ".2f"),
+                 ("request path", "request_path_cpu_ms", ".2f"),
+                 ("/ in-process", "request_path_over_in_process", ".2f"),
+                 ("same ranking", "same_rankings", ".0%")], runs)
     print(f"in-process search: {base['cpu_ms_per_query']} ms CPU per query")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"args": vars(a), "in_process": base, "runs": runs}, indent=2))
+    write_json({"command": options.command(), "args": vars(args), "in_process": base, "runs": runs}, Path(args.out))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Scale benchmark: a sharded IVF-PQ index of >= 10M vectors built and searched on one small box.
+"""How large an index does one small box build, hold and search, at what recall and speed? A sharded IVF-PQ
+index of >= 10M vectors, against exact search in the same run.
 
 Why synthetic vectors: the systems question (memory per shard, build time, QPS, recall of compressed
 search + refinement vs exact) does not depend on what the vectors mean, and 10M real MiniLM vectors
@@ -15,14 +16,14 @@ scores are comparable when merged).
 Baseline in the same run: exact search (FAISS flat inner product, brute force over every chunk) —
 its QPS and its memory (fp32 flat) are the denominators of the reported ratios.
 
-    python benchmarks/bench_scale.py --n 10000000 --dim 64 --shards 4 --out runs/bench-scale.json
-    python benchmarks/bench_scale.py --n 200000 --shards 2 --nlist 256 --queries 200   # smoke
+    python -m benchmarks.search_scale --n 10000000 --dim 64 --shards 4 --out runs/bench-scale.json
+    python -m benchmarks.search_scale --n 200000 --shards 2 --nlist 256 --queries 200
+    python -m benchmarks.search_scale --tiny          # smoke: 20,000 vectors, seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -33,6 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import options
+from benchmarks.harness.report import write_json
+
+FULL = {"n": 10_000_000, "nlist": 2048, "train": 100_000, "chunk": 500_000, "queries": 200, "single_queries": 100,
+        "k_factor": "1,16,64"}
+TINY = {"n": 20_000, "nlist": 64, "train": 2_000, "chunk": 10_000, "queries": 50, "single_queries": 20,
+        "k_factor": "1,16"}
+
 
 def rss_mb() -> float:
     """Current resident set size (not the peak): what the process holds right now."""
@@ -42,6 +51,7 @@ def rss_mb() -> float:
 
 
 def peak_rss_mb() -> float:
+    """The process's peak resident set size so far, MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -53,6 +63,7 @@ class Synth:
         self.centres = np.random.default_rng([seed, 0]).standard_normal((centres, dim)).astype(np.float32)
 
     def chunk(self, i: int, n: int, stream: int = 1) -> np.ndarray:
+        """Chunk `i` of stream `stream`: `n` unit vectors around the centres."""
         rng = np.random.default_rng([self.seed, stream, i])
         c = rng.integers(0, len(self.centres), size=n)
         x = self.centres[c] + self.spread * rng.standard_normal((n, self.dim), dtype=np.float32)
@@ -74,11 +85,12 @@ def merge_topk(scores: list[np.ndarray], ids: list[np.ndarray], k: int) -> tuple
 
 def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
     """Mean |found[:k] ∩ truth[:k]| / k (the usual ANN recall@k against exact top-k)."""
-    hits = [len(set(f[:k].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth)]
+    hits = [len(set(f[:k].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth, strict=True)]
     return float(np.mean(hits)) / k
 
 
 def set_search_params(index, nprobe: int, k_factor: float) -> None:
+    """nprobe of the IVF inside `index` and the refinement's k_factor where it has one."""
     import faiss
 
     faiss.extract_index_ivf(index).nprobe = nprobe
@@ -86,46 +98,47 @@ def set_search_params(index, nprobe: int, k_factor: float) -> None:
         index.k_factor = k_factor
 
 
-def run(a: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace) -> dict:
+    """Train once, add every shard with the exact top k beside it, then search at every nprobe and k_factor."""
     import faiss
 
-    faiss.omp_set_num_threads(a.threads)
-    work = Path(a.work_dir)
+    faiss.omp_set_num_threads(args.threads)
+    work = Path(args.work_dir)
     shutil.rmtree(work, ignore_errors=True)
     (work / "shards").mkdir(parents=True)
-    syn = Synth(a.dim, a.centres, a.spread, a.seed)
-    per_shard = a.n // a.shards
-    n = per_shard * a.shards
-    chunks_per_shard = max(1, -(-per_shard // a.chunk))
-    k = a.k
-    queries = syn.chunk(0, a.queries, stream=2)  # a stream disjoint from the database
+    syn = Synth(args.dim, args.centres, args.spread, args.seed)
+    per_shard = args.n // args.shards
+    n = per_shard * args.shards
+    chunks_per_shard = max(1, -(-per_shard // args.chunk))
+    k = args.k
+    queries = syn.chunk(0, args.queries, stream=2)  # a stream disjoint from the database
     t_all = time.perf_counter()
     rss0 = rss_mb()
 
     # ---- train once (coarse quantizer + PQ + refine codec), shared by all shards
     t0 = time.perf_counter()
-    train = syn.chunk(0, min(a.train, n), stream=3)
-    template = faiss.index_factory(a.dim, a.factory, faiss.METRIC_INNER_PRODUCT)
+    train = syn.chunk(0, min(args.train, n), stream=3)
+    template = faiss.index_factory(args.dim, args.factory, faiss.METRIC_INNER_PRODUCT)
     template.train(train)
     train_s = time.perf_counter() - t0
     del train
-    print(f"trained {a.factory} on {min(a.train, n):,} vectors in {train_s:.1f}s", file=sys.stderr)
+    print(f"trained {args.factory} on {min(args.train, n):,} vectors in {train_s:.1f}s", file=sys.stderr)
 
     # ---- one pass over the data: add to the shard, exact-scan for ground truth
-    gt_s = np.full((a.queries, k), -np.inf, np.float32)
-    gt_i = np.full((a.queries, k), -1, np.int64)
+    gt_s = np.full((args.queries, k), -np.inf, np.float32)
+    gt_i = np.full((args.queries, k), -1, np.int64)
     exact_s = 0.0
     gen_s = 0.0
     shards = []
-    for s in range(a.shards):
+    for s in range(args.shards):
         t_shard = time.perf_counter()
         add_s = 0.0
         index = faiss.clone_index(template)
         rss_before = rss_mb()
         base = s * per_shard
         for c in range(chunks_per_shard):
-            lo = c * a.chunk
-            m = min(a.chunk, per_shard - lo)
+            lo = c * args.chunk
+            m = min(args.chunk, per_shard - lo)
             if m <= 0:
                 break
             t = time.perf_counter()
@@ -135,7 +148,7 @@ def run(a: argparse.Namespace) -> dict:
             index.add(x)
             add_s += time.perf_counter() - t
             t = time.perf_counter()
-            flat = faiss.IndexFlatIP(a.dim)
+            flat = faiss.IndexFlatIP(args.dim)
             flat.add(x)
             ds, di = flat.search(queries, k)
             gt_s, gt_i = merge_topk([gt_s, ds], [gt_i, np.where(di >= 0, di + base + lo, -1)], k)
@@ -154,65 +167,67 @@ def run(a: argparse.Namespace) -> dict:
 
     # ---- search: load every shard (as a serving node would), sweep nprobe x refine factor
     t = time.perf_counter()
-    loaded = [faiss.read_index(str(work / "shards" / f"{s:05d}.faiss")) for s in range(a.shards)]
+    loaded = [faiss.read_index(str(work / "shards" / f"{s:05d}.faiss")) for s in range(args.shards)]
     load_s = time.perf_counter() - t
     rss_loaded = rss_mb()
-    offsets = [s * per_shard for s in range(a.shards)]
+    offsets = [s * per_shard for s in range(args.shards)]
 
     def search_all(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every loaded shard searched, the per-shard top k merged."""
         ss, ii = [], []
-        for off, ix in zip(offsets, loaded):
+        for off, ix in zip(offsets, loaded, strict=True):
             d, i = ix.search(q, k)
             ss.append(d)
             ii.append(np.where(i >= 0, i + off, -1))
         return merge_topk(ss, ii, k)
 
     rows = []  # k_factor 1 = PQ ranking alone (no refinement): the ablation
-    for nprobe in a.nprobe:
-        for kf in a.k_factor:
+    for nprobe in args.nprobe:
+        for kf in args.k_factor:
             for ix in loaded:
                 set_search_params(ix, nprobe, kf)
             t = time.perf_counter()
             _, found = search_all(queries)
             batch_s = time.perf_counter() - t
             # one query at a time: what a serving replica sees without batching
-            nq1 = min(a.single_queries, a.queries)
+            nq1 = min(args.single_queries, args.queries)
             t = time.perf_counter()
             for j in range(nq1):
                 search_all(queries[j:j + 1])
             single_s = time.perf_counter() - t
             rows.append({"nprobe": nprobe, "k_factor": kf, "recall@10": round(recall_at(found, gt_i, k), 4),
                          "recall@1": round(recall_at(found, gt_i, 1), 4),
-                         "qps_batch": round(a.queries / batch_s, 1), "qps_single": round(nq1 / single_s, 1),
+                         "qps_batch": round(args.queries / batch_s, 1), "qps_single": round(nq1 / single_s, 1),
                          "latency_ms_single": round(1000 * single_s / nq1, 2)})
             print(f"nprobe={nprobe} k_factor={kf}: recall@10={rows[-1]['recall@10']:.3f} "
                   f"qps(batch)={rows[-1]['qps_batch']:.0f} qps(single)={rows[-1]['qps_single']:.0f}", file=sys.stderr)
 
-    exact_qps = a.queries / exact_s  # brute force over all n vectors (time excludes data generation)
+    exact_qps = args.queries / exact_s  # brute force over all n vectors (time excludes data generation)
     total_bytes = sum(x["file_bytes"] for x in shards)
-    flat_bytes = n * a.dim * 4
+    flat_bytes = n * args.dim * 4
     result = {
-        "benchmark": "scale", "n": n, "dim": a.dim, "shards": a.shards, "factory": a.factory, "k": k,
-        "queries": a.queries, "train_vectors": min(a.train, n), "centres": a.centres, "spread": a.spread,
-        "threads": a.threads, "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
+        "benchmark": "scale", "n": n, "dim": args.dim, "shards": args.shards, "factory": args.factory, "k": k,
+        "queries": args.queries, "train_vectors": min(args.train, n), "centres": args.centres, "spread": args.spread,
+        "threads": args.threads, "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
         "train_seconds": round(train_s, 1), "add_seconds": round(sum(x["add_seconds"] for x in shards), 1),
         "build_seconds": round(build_s, 1), "generate_seconds": round(gen_s, 1), "load_seconds": round(load_s, 1),
         "shard_detail": shards,
         "memory": {"index_bytes_total": total_bytes, "bytes_per_vector": round(total_bytes / n, 1),
-                   "index_mib_per_shard": round(total_bytes / a.shards / 2**20, 1),
+                   "index_mib_per_shard": round(total_bytes / args.shards / 2**20, 1),
                    "flat_fp32_bytes": flat_bytes, "compression_vs_flat": round(flat_bytes / total_bytes, 2),
                    "rss_mib_all_shards_loaded": round(rss_loaded - rss0, 1), "peak_rss_mib": round(peak_rss_mb(), 1)},
         "exact_baseline": {"seconds": round(exact_s, 1), "qps": round(exact_qps, 2)},
         "search": [r | {"speedup_vs_exact": round(r["qps_batch"] / exact_qps, 1)} for r in rows],
         "total_seconds": round(time.perf_counter() - t_all, 1),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "command": options.command(),
     }
-    if not a.keep:
+    if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return result
 
 
 def print_table(r: dict) -> None:
+    """The result as printed."""
     m = r["memory"]
     print(f"\n{r['n']:,} vectors x {r['dim']}d, {r['shards']} shards, {r['factory']}  (k={r['k']}, "
           f"{r['queries']} queries, {r['threads']} threads)")
@@ -229,72 +244,35 @@ def print_table(r: dict) -> None:
         print(" | ".join(f"{row[h]!s:>17}" for h in hdr))
 
 
-def minilm_rate(n: int, batch_size: int = 128) -> dict:
-    """MiniLM (all-MiniLM-L6-v2, bundled) encode rate on question-length texts, for docs/SCALING.md.
-
-    Reports wall-clock texts/s and texts per CPU-second: on a shared box the second is the stable
-    figure (it does not drop when other jobs take the cores), and it is what scales by core count.
-    """
-    from pydoc_data.topics import topics
-
-    from qrag_ray.embedding import encode, load_sentence_transformer
-    from qrag_ray.text.sentences import split_sentences
-
-    st = load_sentence_transformer("all-MiniLM-L6-v2", device="cpu")
-    pool = [x for t in sorted(topics) for x in split_sentences(topics[t].replace("\n", " ")) if 20 <= len(x) <= 120]
-    # past the pool (~10k sentences) it repeats: a forward pass costs the same for a text seen before
-    texts = (pool * (n // len(pool) + 1))[:n]
-    encode(st, texts[:64], 64)  # warm-up
-    t, c = time.perf_counter(), time.process_time()
-    v = encode(st, texts, batch_size)
-    wall, cpu = time.perf_counter() - t, time.process_time() - c
-    distinct = len(set(texts))
-    return {"benchmark": "minilm-rate", "model": "all-MiniLM-L6-v2", "texts": len(texts), "distinct_texts": distinct,
-            "mean_chars": round(sum(map(len, texts)) / len(texts), 1), "batch_size": batch_size, "dim": int(v.shape[1]),
-            "wall_seconds": round(wall, 2), "texts_per_s": round(len(texts) / wall, 1), "cpu_seconds": round(cpu, 2),
-            "texts_per_cpu_s": round(len(texts) / cpu, 1), "cpus": os.cpu_count(),
-            "loadavg_1m": round(os.getloadavg()[0], 1), "command": " ".join([Path(sys.executable).name] + sys.argv)}
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=10_000_000)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--nlist", type=int, default=2048, help="IVF lists (used when --factory is not given)")
-    ap.add_argument("--factory", default=None, help="FAISS factory (default IVF{nlist},PQ{dim/2}x4fs,Refine(SQfp16))")
-    ap.add_argument("--train", type=int, default=100_000)
-    ap.add_argument("--chunk", type=int, default=500_000)
-    ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--single-queries", type=int, default=100)
-    ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--nprobe", default="16")
-    ap.add_argument("--k-factor", default="1,16,64")
-    ap.add_argument("--centres", type=int, default=2000)
-    ap.add_argument("--spread", type=float, default=0.6)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--work-dir", default="/tmp/qrag-bench-scale")
-    ap.add_argument("--keep", action="store_true", help="keep the shard files in --work-dir")
-    ap.add_argument("--out", default="runs/bench-scale.json")
-    ap.add_argument("--minilm-rate", type=int, default=0, metavar="N",
-                    help="only measure MiniLM encode throughput on N question-length texts and exit")
-    a = ap.parse_args(argv)
-    if a.minilm_rate:
-        r = minilm_rate(a.minilm_rate)
-        print(json.dumps(r, indent=2))
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(r, indent=2))
-        return 0
-    a.nprobe = [int(x) for x in str(a.nprobe).split(",")]
-    a.k_factor = [float(x) for x in str(a.k_factor).split(",")]
-    a.factory = a.factory or f"IVF{a.nlist},PQ{a.dim // 2}x4fs,Refine(SQfp16)"
-    r = run(a)
-    print_table(r)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=2))
-    print(f"\nwrote {out}")
+    """Parse, run, print and write the report."""
+    parser = options.parser(__doc__)
+    options.add_common(parser, "search_scale", queries=True)
+    parser.add_argument("--n", type=int, help="vectors (full: 10,000,000)")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--nlist", type=int, help="IVF lists (used when --factory is not given; full 2048)")
+    parser.add_argument("--factory", default=None,
+                        help="FAISS factory (default IVF{nlist},PQ{dim/2}x4fs,Refine(SQfp16))")
+    parser.add_argument("--train", type=int, help="training sample (full 100,000)")
+    parser.add_argument("--chunk", type=int, help="vectors generated and added at a time (full 500,000)")
+    parser.add_argument("--single-queries", type=int, help="queries searched one at a time (full 100)")
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--nprobe", default="16")
+    parser.add_argument("--k-factor", help="refinement factors, comma list (full 1,16,64; 1 = PQ ranking alone)")
+    parser.add_argument("--centres", type=int, default=2000)
+    parser.add_argument("--spread", type=float, default=0.6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--work-dir", default="/tmp/qrag-bench-scale")
+    parser.add_argument("--keep", action="store_true", help="keep the shard files in --work-dir")
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
+    args.nprobe = [int(x) for x in str(args.nprobe).split(",")]
+    args.k_factor = [float(x) for x in str(args.k_factor).split(",")]
+    args.factory = args.factory or f"IVF{args.nlist},PQ{args.dim // 2}x4fs,Refine(SQfp16)"
+    result = run(args)
+    print_table(result)
+    write_json(result, args.out)
     return 0
 
 

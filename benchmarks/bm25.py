@@ -1,5 +1,5 @@
-"""Hybrid-search cost benchmark: what the per-shard BM25 channel adds to a query, next to the dense
-search it rides along with.
+"""What does hybrid search's per-shard BM25 channel add to a query, next to the dense search it rides
+along with?
 
 Why synthetic text: the cost of BM25 scoring depends on corpus size, document length and the
 term-frequency distribution (posting-list lengths), not on meaning. Documents and queries draw words
@@ -11,38 +11,50 @@ reported ratio is "how much slower a hybrid query is than a dense one" per shard
 Measured through the code the index uses: qrag_ray.index.lexical.build_bm25 / ShardLexicon.search
 (bm25s, memory-mapped), k = 100 chunks per shard (k x M over-retrieval).
 
-    python benchmarks/bench_bm25.py --docs 100000 300000 --out runs/bench-bm25.json
+    python -m benchmarks.bm25 --docs 100000 300000 --out runs/bench-bm25.json
+    python -m benchmarks.bm25 --tiny             # smoke: 2,000 documents, seconds
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import options
+from benchmarks.harness.report import print_table, write_json
 
-def zipf_texts(n: int, length: int, vocab: list[str], rng: np.random.Generator, a: float = 1.1) -> list[str]:
-    ids = (rng.zipf(a, size=(n, length)) - 1) % len(vocab)
+FULL = {"docs": [100_000], "queries": 200, "vocab": 100_000}
+TINY = {"docs": [2_000], "queries": 20, "vocab": 5_000}
+
+
+def zipf_texts(n: int, length: int, vocab: list[str], rng: np.random.Generator,
+               exponent: float = 1.1) -> list[str]:
+    """`n` texts of `length` words drawn by Zipf(`exponent`) rank from `vocab`."""
+    ids = (rng.zipf(exponent, size=(n, length)) - 1) % len(vocab)
     return [" ".join(vocab[i] for i in row) for row in ids]
 
 
 def make_vocab(size: int, rng: np.random.Generator) -> list[str]:
+    """`size` distinct random lowercase words, sorted."""
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     words = {"".join(rng.choice(letters, size=rng.integers(3, 10))) for _ in range(size * 2)}
     return sorted(words)[:size]
 
 
 def dir_bytes(p: Path) -> int:
+    """The bytes of the files under `p`."""
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
 def bench(n: int, queries: list[str], vocab: list[str], k: int, dim: int, seed: int) -> dict:
+    """One shard size: BM25 build and query cost through the index's own code, and a Flat dense search of as
+    many vectors."""
     import faiss
 
     from qrag_ray.index.lexical import ShardLexicon, build_bm25
@@ -80,33 +92,31 @@ def bench(n: int, queries: list[str], vocab: list[str], k: int, dim: int, seed: 
             "dense_flat_query_ms": round(dense_ms, 3), "hybrid_over_dense": round((bm25_ms + dense_ms) / dense_ms, 3)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--docs", type=int, nargs="+", default=[100_000], help="shard sizes (BM25 documents = chunks)")
-    ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--vocab", type=int, default=100_000)
-    ap.add_argument("--k", type=int, default=100)
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--threads", type=int, default=1, help="FAISS threads (BM25 scoring is single-threaded)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="JSON file for the results")
-    a = ap.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    """Parse, measure every shard size, print the table and write the report."""
+    parser = options.parser(__doc__)
+    options.add_common(parser, "bm25", queries=True)
+    parser.add_argument("--docs", type=int, nargs="+", help="shard sizes (BM25 documents = chunks; full 100000)")
+    parser.add_argument("--vocab", type=int, help="words in the vocabulary (full 100000)")
+    parser.add_argument("--k", type=int, default=100)
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--threads", type=int, default=1, help="FAISS threads (BM25 scoring is single-threaded)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
 
     import faiss
 
-    faiss.omp_set_num_threads(a.threads)
-    rng = np.random.default_rng(a.seed)
-    vocab = make_vocab(a.vocab, rng)
-    queries = zipf_texts(a.queries, 6, vocab, rng)
-    rows = [bench(n, queries, vocab, a.k, a.dim, a.seed) for n in a.docs]
-    cols = list(rows[0])
-    print(" ".join(f"{c:>20s}" for c in cols))
-    for r in rows:
-        print(" ".join(f"{r[c]:>20}" for c in cols))
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps({"args": vars(a), "machine": platform.platform(), "rows": rows}, indent=1))
+    faiss.omp_set_num_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    vocab = make_vocab(args.vocab, rng)
+    queries = zipf_texts(args.queries, 6, vocab, rng)
+    rows = [bench(n, queries, vocab, args.k, args.dim, args.seed) for n in args.docs]
+    print_table([(c, c, "") for c in rows[0]], rows, f"BM25 and dense (Flat, {args.dim}-d) per shard, k={args.k}, "
+                f"{args.queries} queries")
+    write_json({"command": options.command(), "args": vars(args), "machine": platform.platform(), "rows": rows},
+               args.out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Question-generation throughput on CPU through the real pipeline path (vLLM backend).
+"""How fast does the LLM write questions at index time? Question-generation throughput on CPU through the real
+pipeline path (`build_index` with the vLLM backend).
 
 For each recipe (`hype`: one prompt per chunk; `atom-question`: one prompt per sentence, the chunk as
 context) this runs `build_index` on N chunks with an empty question cache and reads the generation
@@ -7,15 +8,16 @@ seconds include starting the vLLM engine (1-2 min on 2 cores), so the same run f
 the same path with ONE chunk and max_tokens=1, i.e. engine start + pipeline overhead. "net" rates
 subtract it; "gross" rates are what a user waits for.
 
-    python benchmarks/bench_generation.py --n 20                     # pydoc topics as the corpus
-    python benchmarks/bench_generation.py --input chunks.jsonl --n 50 --out runs/gen.json
+    python -m benchmarks.generation --n 20                     # pydoc topics as the corpus
+    python -m benchmarks.generation --input chunks.jsonl --n 50 --out runs/gen.json
+    python -m benchmarks.generation --tiny       # smoke: 2 chunks, hype only, 16 tokens, no baseline (the
+                                                 # engine's start alone takes 1-2 minutes on 2 cores)
 
-Prints a table and writes JSON (default runs/bench_generation.json).
+Prints a table and writes JSON (default runs/generation.json).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -26,8 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.harness import options
+
+FULL = {"n": 20, "recipes": "hype,atom-question", "max_tokens": 256}
+TINY = {"n": 2, "recipes": "hype", "max_tokens": 16}
 
 
 def pydoc_chunks(n: int, words: int) -> list[dict]:
@@ -56,6 +60,7 @@ def pydoc_chunks(n: int, words: int) -> list[dict]:
 
 
 def read_jsonl(path: str, n: int) -> list[dict]:
+    """The first `n` records (id, text) of a JSONL file."""
     rows = []
     with open(path) as f:
         for line in f:
@@ -69,6 +74,7 @@ def read_jsonl(path: str, n: int) -> list[dict]:
 
 def run_recipe(docs: list[dict], representation: str, work: Path, max_tokens: int, questions: int,
                batch_size: int) -> dict:
+    """One `build_index` of `docs` with an empty question cache: the generation stage's counters and seconds."""
     from qrag_ray.config.index import GeneratorConfig, IndexConfig, SamplingConfig
     from qrag_ray.index.build import build_index
 
@@ -103,13 +109,15 @@ def derive(row: dict, baseline_s: float) -> dict:
     net = s - baseline_s if baseline_s and s - baseline_s > 0.1 * s else None
 
     def rate(x, t):
+        """`x` per `t`, or None without a time."""
         return round(x / t, 2) if t else None
 
     row |= {
         "output_tok_s": rate(row["output_tokens"], s), "prompt_tok_s": rate(row["prompt_tokens"], s),
         "net_seconds": round(net, 2) if net else None,
         "net_output_tok_s": rate(row["output_tokens"], net), "net_prompt_tok_s": rate(row["prompt_tokens"], net),
-        "s_per_chunk": rate(s, max(row["chunks"], 1)), "net_s_per_chunk": rate(net, max(row["chunks"], 1)) if net else None,
+        "s_per_chunk": rate(s, max(row["chunks"], 1)),
+        "net_s_per_chunk": rate(net, max(row["chunks"], 1)) if net else None,
         "s_per_question": rate(s, row["questions"]) if row["questions"] else None,
         "net_s_per_question": rate(net, row["questions"]) if row["questions"] and net else None,
     }
@@ -117,6 +125,7 @@ def derive(row: dict, baseline_s: float) -> dict:
 
 
 def print_table(rows: list[dict], baseline: dict) -> None:
+    """The recipes' rows and the baseline's seconds."""
     cols = [("recipe", "recipe"), ("chunks", "chunks"), ("requests", "req"), ("questions", "questions"),
             ("prompt_tokens", "prompt tok"), ("output_tokens", "output tok"), ("generate_seconds", "s"),
             ("output_tok_s", "out tok/s"), ("prompt_tok_s", "prompt tok/s"), ("s_per_chunk", "s/chunk"),
@@ -125,7 +134,7 @@ def print_table(rows: list[dict], baseline: dict) -> None:
     table = [[h for _, h in cols]] + [[str(r.get(k)) for k, _ in cols] for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
     for i, r in enumerate(table):
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
     print(f"baseline (engine start + pipeline, 1 chunk, max_tokens=1): {baseline['generate_seconds']} s; "
@@ -133,17 +142,19 @@ def print_table(rows: list[dict], baseline: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=20, help="chunks (default 20)")
-    ap.add_argument("--input", help="JSONL with id, text (default: pydoc topics)")
-    ap.add_argument("--recipes", default="hype,atom-question")
-    ap.add_argument("--chunk-words", type=int, default=80, help="words per pydoc chunk")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--questions", type=int, default=10, help="questions per chunk prompt (hype)")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--no-baseline", action="store_true", help="skip the engine-start baseline run")
-    ap.add_argument("--out", default=str(REPO / "runs" / "bench_generation.json"))
-    args = ap.parse_args(argv)
+    """Parse, run the baseline and every recipe, print and write the report."""
+    parser = options.parser(__doc__)
+    options.add_common(parser, "generation")
+    parser.add_argument("--n", type=int, help="chunks (full 20)")
+    parser.add_argument("--input", help="JSONL with id, text (default: pydoc topics)")
+    parser.add_argument("--recipes", help="comma list (full: hype,atom-question)")
+    parser.add_argument("--chunk-words", type=int, default=80, help="words per pydoc chunk")
+    parser.add_argument("--max-tokens", type=int, help="full: 256")
+    parser.add_argument("--questions", type=int, default=10, help="questions per chunk prompt (hype)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the engine-start baseline run")
+    args = options.sized(parser.parse_args(argv), FULL, TINY)
+    args.no_baseline = args.no_baseline or args.tiny
 
     docs = read_jsonl(args.input, args.n) if args.input else pydoc_chunks(args.n, args.chunk_words)
     if not docs:
@@ -179,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "env": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                 "vllm": vllm.__version__, "ray": ray.__version__, "loadavg_before": load_before,
                 "loadavg_after": os.getloadavg()},
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "command": options.command(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
