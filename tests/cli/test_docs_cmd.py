@@ -22,12 +22,12 @@ def write_lines(path, *lines: str):
 
 
 def test_read_documents_reads_the_index_input_schema(tmp_path):
-    f = write_lines(tmp_path / "docs.jsonl",
-                    json.dumps({"id": "a", "text": "Alpha.", "title": "A", "url": "https://x/a",
-                                "metadata": {"lang": "en", "year": 2021, "tags": ["x"], "gone": None}}),
-                    "",
-                    json.dumps({"doc_id": 7, "contents": "Seven.", "questions": ["q?"], "extra": 1}))
-    docs = read_documents(f)
+    docs_file = write_lines(tmp_path / "docs.jsonl",
+                            json.dumps({"id": "a", "text": "Alpha.", "title": "A", "url": "https://x/a",
+                                        "metadata": {"lang": "en", "year": 2021, "tags": ["x"], "gone": None}}),
+                            "",
+                            json.dumps({"doc_id": 7, "contents": "Seven.", "questions": ["q?"], "extra": 1}))
+    docs = read_documents(docs_file)
     assert [d.model_dump(mode="json") for d in docs] == [
         {"id": "a", "text": "Alpha.", "title": "A", "url": "https://x/a",
          "metadata": {"lang": "en", "tags": ["x"], "year": 2021}},

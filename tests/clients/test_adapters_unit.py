@@ -27,16 +27,16 @@ def test_langchain_documents():
     pytest.importorskip("langchain_core")
     from qrag_client.langchain import to_documents
 
-    d, w = to_documents(SearchResponse.model_validate(PAGE))
-    assert (d.id, d.page_content) == ("for#1", "The else clause.")
-    assert d.metadata["matched_question"] == "When does the else clause run?"
-    assert d.metadata["matched_kind"] == "question"
-    assert (d.metadata["doc_id"], d.metadata["url"], d.metadata["index_version"]) == \
-        ("for", "https://docs.example/for", "v9")
+    for_chunk, while_chunk = to_documents(SearchResponse.model_validate(PAGE))
+    assert (for_chunk.id, for_chunk.page_content) == ("for#1", "The else clause.")
+    assert for_chunk.metadata["matched_question"] == "When does the else clause run?"
+    assert for_chunk.metadata["matched_kind"] == "question"
+    assert (for_chunk.metadata["doc_id"], for_chunk.metadata["url"], for_chunk.metadata["index_version"]) == (
+        "for", "https://docs.example/for", "v9")
     # the chunk's own fields sit beside ours; on a clash ours win and theirs stay whole under `metadata`
-    assert d.metadata["group"] == "loops" and d.metadata["score"] == 0.7
-    assert d.metadata["metadata"] == {"group": "loops", "score": "clash"}
-    assert w.metadata["matched_question"] is None and w.metadata["url"] is None
+    assert for_chunk.metadata["group"] == "loops" and for_chunk.metadata["score"] == 0.7
+    assert for_chunk.metadata["metadata"] == {"group": "loops", "score": "clash"}
+    assert while_chunk.metadata["matched_question"] is None and while_chunk.metadata["url"] is None
 
 
 def test_llamaindex_nodes_and_filters():
@@ -46,27 +46,27 @@ def test_llamaindex_nodes_and_filters():
 
     from qrag_client.llamaindex import QragLlamaIndexRetriever, UnsupportedFilterError, to_nodes, to_qrag_filter
 
-    n = to_nodes(SearchResponse.model_validate(PAGE))[0]
-    assert (n.node.node_id, n.score, n.node.ref_doc_id) == ("for#1", 0.7, "for")
-    llm_view = n.node.get_content(metadata_mode=MetadataMode.LLM)
+    hit = to_nodes(SearchResponse.model_validate(PAGE))[0]
+    assert (hit.node.node_id, hit.score, hit.node.ref_doc_id) == ("for#1", 0.7, "for")
+    llm_view = hit.node.get_content(metadata_mode=MetadataMode.LLM)
     assert "The for topic" in llm_view and "v9" not in llm_view  # no bookkeeping for the LLM
     # this query's match sits on the NodeWithScore, not in the node's metadata, which identifies the node
-    assert (n.cosine, n.bm25, n.matched_question, n.matched_kind) == (0.7, None, "When does the else clause run?",
-                                                                      "question")
-    assert set(n.node.metadata) == {"group", "score", "chunk_id", "doc_id", "title", "url", "index", "index_version",
-                                    "metadata"}
-    assert n.node.metadata["score"] == "clash"  # the chunk's own field: no score of ours shadows it
+    assert (hit.cosine, hit.bm25, hit.matched_question, hit.matched_kind) == (
+        0.7, None, "When does the else clause run?", "question")
+    assert set(hit.node.metadata) == {"group", "score", "chunk_id", "doc_id", "title", "url", "index", "index_version",
+                                      "metadata"}
+    assert hit.node.metadata["score"] == "clash"  # the chunk's own field: no score of ours shadows it
     # the same chunk matched by another query with other scores is the same node (hash) to LlamaIndex
     other = {**PAGE, "results": [{**PAGE["results"][0], "score": 0.2, "cosine": 0.2, "matched": []}]}
     again = to_nodes(SearchResponse.model_validate(other))[0]
-    assert again.node.hash == n.node.hash and again.score == 0.2 and again.matched_question is None
+    assert again.node.hash == hit.node.hash and again.score == 0.2 and again.matched_question is None
 
-    f = MetadataFilters(filters=[MetadataFilter(key="group", value="loops"),
-                                 MetadataFilter(key="order", value=3, operator="<"),
-                                 MetadataFilter(key="tags", value=["a"], operator="nin")])
-    assert to_qrag_filter(f) == {"type": "and", "filters": [{"type": "eq", "key": "group", "value": "loops"},
-                                                            {"type": "lt", "key": "order", "value": 3},
-                                                            {"type": "nin", "key": "tags", "value": ["a"]}]}
+    filters = MetadataFilters(filters=[MetadataFilter(key="group", value="loops"),
+                                       MetadataFilter(key="order", value=3, operator="<"),
+                                       MetadataFilter(key="tags", value=["a"], operator="nin")])
+    assert to_qrag_filter(filters) == {"type": "and", "filters": [{"type": "eq", "key": "group", "value": "loops"},
+                                                                  {"type": "lt", "key": "order", "value": 3},
+                                                                  {"type": "nin", "key": "tags", "value": ["a"]}]}
     assert to_qrag_filter(MetadataFilters(filters=[MetadataFilter(key="a", value=1, operator="!=")])) == \
         {"type": "ne", "key": "a", "value": 1}
     assert to_qrag_filter(MetadataFilters(filters=[])) is None
@@ -109,12 +109,12 @@ def test_mcp_tools_have_the_connector_shapes():
     server = build_server("http://qrag.test:8000", "k", k=2, transport=httpx.MockTransport(_api))
 
     async def run():
-        async with Client(server) as c:
-            tools = {t.name: t for t in (await c.list_tools()).tools}
-            found = await c.call_tool("search", {"query": "else?"})
-            by_chunk = await c.call_tool("fetch", {"id": "for#1"})
-            by_doc = await c.call_tool("fetch", {"id": "for"})
-            missing = await c.call_tool("fetch", {"id": "nope"})
+        async with Client(server) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            found = await client.call_tool("search", {"query": "else?"})
+            by_chunk = await client.call_tool("fetch", {"id": "for#1"})
+            by_doc = await client.call_tool("fetch", {"id": "for"})
+            missing = await client.call_tool("fetch", {"id": "nope"})
             return tools, found, by_chunk, by_doc, missing
 
     tools, found, by_chunk, by_doc, missing = asyncio.run(run())
@@ -167,8 +167,8 @@ def _searches(server_filter, arguments_list, k=3):
     server = build_server("http://qrag.test", "k", k=k, filter=server_filter, transport=httpx.MockTransport(api))
 
     async def run():
-        async with Client(server) as c:
-            return [await c.call_tool("search", arguments) for arguments in arguments_list]
+        async with Client(server) as client:
+            return [await client.call_tool("search", arguments) for arguments in arguments_list]
 
     return asyncio.run(run()), bodies
 

@@ -30,17 +30,19 @@ def test_the_client_installs_light_and_fast_from_the_public_index(tmp_path):
            "LANG": "C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            **{k: os.environ[k] for k in TLS_TRUST if k in os.environ}}
     venv = tmp_path / "venv"
-    cpu0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
     # an empty venv, filled by pip from outside (`pip --python`): the same install without first seeding
     # the venv with a pip of its own, which takes longer than the client does; no .pyc compiling either
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=env, timeout=120)
-    py = str(venv / "bin" / "python")
-    pip = [sys.executable, "-m", "pip", "--python", py]
-    p = subprocess.run([*pip, "install", "-q", "--no-compile", str(REPO / "clients" / "python")], env=env,
-                       capture_output=True, text=True, timeout=300)
-    seconds, cpu = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = cpu.ru_utime + cpu.ru_stime - cpu0.ru_utime - cpu0.ru_stime
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    python = str(venv / "bin" / "python")
+    pip = [sys.executable, "-m", "pip", "--python", python]
+    install = subprocess.run([*pip, "install", "-q", "--no-compile", str(REPO / "clients" / "python")], env=env,
+                             capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     listed = subprocess.run([*pip, "list", "--format", "json"], env=env, capture_output=True, text=True,
                             check=True).stdout
     names = {d["name"].lower().replace("_", "-") for d in json.loads(listed)}
@@ -53,17 +55,17 @@ def test_the_client_installs_light_and_fast_from_the_public_index(tmp_path):
 import httpx, qrag_client
 page = {"results": [{"chunk_id": "a#0", "doc_id": "a", "score": 0.5, "text": "t"}], "index": "i",
         "index_version": "v", "mode": "default", "took_ms": 1.0}
-def server(req):
-    if req.headers.get("authorization") != "Bearer good":
+def server(request):
+    if request.headers.get("authorization") != "Bearer good":
         return httpx.Response(401, json={"error": "unauthorized", "message": "unknown API key"})
     return httpx.Response(200, json=page)
-t = httpx.MockTransport(server)
-print(qrag_client.QragClient("http://x", "good", transport=t).search("q").results[0].chunk_id)
+transport = httpx.MockTransport(server)
+print(qrag_client.QragClient("http://x", "good", transport=transport).search("q").results[0].chunk_id)
 try:
-    qrag_client.QragClient("http://x", "bad", transport=t).search("q")
-except qrag_client.AuthenticationError as e:
-    print(e)
+    qrag_client.QragClient("http://x", "bad", transport=transport).search("q")
+except qrag_client.AuthenticationError as error:
+    print(error)
 """
-    run = subprocess.run([py, "-c", script], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    run = subprocess.run([python, "-c", script], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == ["a#0", "HTTP 401 unauthorized: unknown API key"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from qrag_client import models as cm
+from qrag_client import models
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,8 +48,8 @@ def _record(annotation) -> type[BaseModel] | None:
 
 
 def _route_schema(spec: dict, path: str, method: str, status: str | None) -> dict:
-    op = spec["paths"][path][method]
-    node = op["requestBody"] if status is None else op["responses"][status]
+    operation = spec["paths"][path][method]
+    node = operation["requestBody"] if status is None else operation["responses"][status]
     return _schema(spec, node["content"]["application/json"]["schema"])
 
 
@@ -59,26 +59,30 @@ def _route_exists(spec: dict, path: str, method: str) -> None:
 
 def _compare(spec: dict, model: type[BaseModel], server: dict, where: str) -> list[str]:
     """Every difference between a response model and the server's schema of it, nested records included."""
-    ours, theirs = model.model_fields, server.get("properties", {})
+    ours = model.model_fields
+    theirs = server.get("properties", {})
     problems = [f"{where}: the server sends {f!r}, the client has no field for it" for f in theirs if f not in ours]
     problems += [f"{where}: the client expects {f!r}, the server has no such field" for f in ours
                  if f not in theirs]
     required = set(server.get("required", []))
     problems += [f"{where}: the client requires {f!r}, the server may leave it out" for f, info in ours.items()
                  if info.is_required() and f in theirs and f not in required]
-    for f, info in ours.items():
+    for field, info in ours.items():
         sub = _record(info.annotation)
-        if sub is not None and f in theirs:
-            problems += _compare(spec, sub, _schema(spec, theirs[f]), f"{where}.{f}")
+        if sub is not None and field in theirs:
+            problems += _compare(spec, sub, _schema(spec, theirs[field]), f"{where}.{field}")
     return problems
 
 
-RESPONSES = [(cm.SearchResponse, "/v1/search", "post", "200"), (cm.AnswerResponse, "/v1/answer", "post", "200"),
-             (cm.IndexesResponse, "/v1/indexes", "get", "200"), (cm.ErrorResponse, "/v1/search", "post", "422"),
-             (cm.ChunkResponse, "/v1/chunks/{chunk_id}", "get", "200"),
-             (cm.DocumentResponse, "/v1/documents/{doc_id}", "get", "200"),
-             (cm.WriteReceipt, "/v1/documents", "post", "202"), (cm.WriteReceipt, "/v1/documents", "delete", "202"),
-             (cm.WriteStatus, "/v1/writes/{write_id}", "get", "200")]
+RESPONSES = [(models.SearchResponse, "/v1/search", "post", "200"),
+             (models.AnswerResponse, "/v1/answer", "post", "200"),
+             (models.IndexesResponse, "/v1/indexes", "get", "200"),
+             (models.ErrorResponse, "/v1/search", "post", "422"),
+             (models.ChunkResponse, "/v1/chunks/{chunk_id}", "get", "200"),
+             (models.DocumentResponse, "/v1/documents/{doc_id}", "get", "200"),
+             (models.WriteReceipt, "/v1/documents", "post", "202"),
+             (models.WriteReceipt, "/v1/documents", "delete", "202"),
+             (models.WriteStatus, "/v1/writes/{write_id}", "get", "200")]
 
 
 @pytest.mark.parametrize("model,path,method,status", RESPONSES,
@@ -89,8 +93,8 @@ def test_response_models_match_the_servers(spec, model, path, method, status):
     assert problems == []
 
 
-REQUESTS = [(cm.SearchRequest, "/v1/search", "post"), (cm.AnswerRequest, "/v1/answer", "post"),
-            (cm.UpsertRequest, "/v1/documents", "post"), (cm.DeleteRequest, "/v1/documents", "delete")]
+REQUESTS = [(models.SearchRequest, "/v1/search", "post"), (models.AnswerRequest, "/v1/answer", "post"),
+            (models.UpsertRequest, "/v1/documents", "post"), (models.DeleteRequest, "/v1/documents", "delete")]
 
 
 @pytest.mark.parametrize("model,path,method", REQUESTS, ids=[r[0].__name__ for r in REQUESTS])
@@ -107,11 +111,12 @@ def test_a_documents_fields_are_the_servers(spec):
     _route_exists(spec, "/v1/documents", "post")
     upsert = _route_schema(spec, "/v1/documents", "post", None)
     record = _schema(spec, upsert["properties"]["documents"])
-    assert set(record["properties"]) == set(cm.Document.model_fields)
-    assert set(record.get("required", [])) == {f for f, info in cm.Document.model_fields.items() if info.is_required()}
+    assert set(record["properties"]) == set(models.Document.model_fields)
+    required = {name for name, info in models.Document.model_fields.items() if info.is_required()}
+    assert set(record.get("required", [])) == required
 
 
-@pytest.mark.parametrize("model", [cm.ComparisonFilter, cm.InFilter, cm.CompoundFilter])
+@pytest.mark.parametrize("model", [models.ComparisonFilter, models.InFilter, models.CompoundFilter])
 def test_the_filter_models_are_the_servers(spec, model):
     """The typed search filter (what the MCP tool `search` shows an agent) is the server's grammar: the same
     records, fields and operators."""
@@ -126,7 +131,7 @@ def test_the_check_sees_a_drift(spec):
     server = _route_schema(spec, "/v1/search", "post", "200")
 
     class Shrunk(BaseModel):  # SearchResponse without `took_ms`, with a field of its own
-        results: list[cm.SearchResult]
+        results: list[models.SearchResult]
         index: str
         index_version: str
         mode: str

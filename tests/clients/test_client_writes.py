@@ -26,8 +26,7 @@ import httpx
 import pytest
 from langchain_tests.integration_tests import VectorStoreIntegrationTests
 
-from qrag_client import AsyncQragClient, QragClient
-from qrag_client import errors as e
+from qrag_client import AsyncQragClient, QragClient, errors
 from qrag_ray.runtime.ports import free_port
 from support.corpus import write_jsonl
 from support.indexes import shared_build
@@ -59,12 +58,13 @@ def writes(local_ray, client_index, index_root, tmp_path_factory):
     shared_build({"input": str(write_jsonl(index_root / "writable.jsonl", SEED)), "build.output": str(index),
                   "shards": 1, "representation": "chunk", "faiss.factory": "Flat", "chunker.method": "token",
                   "chunker.size": 120, "chunker.overlap": 20})
-    f = tmp_path_factory.mktemp("writes-serve") / "tenants.yaml"
-    keys = {"writer": add_tenant(f, "writer", index, scope="write"), "reader": add_tenant(f, "reader", client_index)}
+    tenants_file = tmp_path_factory.mktemp("writes-serve") / "tenants.yaml"
+    keys = {"writer": add_tenant(tenants_file, "writer", index, scope="write"),
+            "reader": add_tenant(tenants_file, "reader", client_index)}
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.5}}
-    serve.run(build_application({"tenants": str(f)}, {n: small for n in ("Router", "ShardSearcher0")}),
+    serve.run(build_application({"tenants": str(tenants_file)}, {name: small for name in ("Router", "ShardSearcher0")}),
               name="qrag-writes", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
@@ -74,15 +74,15 @@ def writes(local_ray, client_index, index_root, tmp_path_factory):
     info = {"url": url, "keys": keys}
     _SERVER.update(info)
     try:
-        with writer(info) as c:
-            c.wait_until_searchable(c.delete([d["id"] for d in SEED]), timeout=120)
+        with writer(info) as client:
+            client.wait_until_searchable(client.delete([d["id"] for d in SEED]), timeout=120)
         yield info
     finally:
         serve.shutdown()
 
 
-def writer(server: dict, **kw) -> QragClient:
-    return QragClient(server["url"], server["keys"]["writer"], **kw)
+def writer(server: dict, **options) -> QragClient:
+    return QragClient(server["url"], server["keys"]["writer"], **options)
 
 
 def empty(client: QragClient) -> None:
@@ -99,52 +99,55 @@ def empty(client: QragClient) -> None:
 @pytest.fixture
 def blank(writes):
     """The served tenants, the writer's index empty before and after the test."""
-    with writer(writes) as c:
-        empty(c)
+    with writer(writes) as client:
+        empty(client)
     yield writes
-    with writer(writes) as c:
-        empty(c)
+    with writer(writes) as client:
+        empty(client)
 
 
 # ---------------------------------------------------------------------------------------- the client
 def test_upsert_wait_search_replace_delete(blank):
-    with writer(blank) as c:
-        receipt = c.upsert([KEYS_DOC, BACKUP_DOC])
+    with writer(blank) as client:
+        receipt = client.upsert([KEYS_DOC, BACKUP_DOC])
         assert (receipt.operation, receipt.status, receipt.documents, receipt.index) == ("upsert", "queued", 2,
                                                                                          "writer")
-        done = c.wait_until_searchable(receipt, timeout=120)
+        done = client.wait_until_searchable(receipt, timeout=120)
         assert done.status == "searchable" and done.documents == 2 and done.chunks >= 2
         assert done.indexed == done.chunks and done.searchable_at >= done.submitted_at and done.error is None
-        assert c.write_status(receipt.write_id).status == "searchable"
-        page = c.search("how often should API keys be rotated?", 2)
+        assert client.write_status(receipt.write_id).status == "searchable"
+        page = client.search("how often should API keys be rotated?", 2)
         assert [r.doc_id for r in page.results] == ["keys", "backup/nightly"]
         top = page.results[0]
         assert (top.text, top.title, top.url, top.metadata) == (KEYS_DOC["text"], "Key rotation",
                                                                 "https://ops.example/keys",
                                                                 {"topic": "security", "year": 2024})
-        assert c.document("backup/nightly").text == BACKUP_DOC["text"]
+        assert client.document("backup/nightly").text == BACKUP_DOC["text"]
         # an existing id is replaced whole: the old text is gone from search and fetch
-        c.wait_until_searchable(c.upsert([{**KEYS_DOC, "text": "Keys never expire.", "metadata": {"year": 2025}}]),
-                                timeout=120)
-        assert c.document("keys").text == "Keys never expire." and c.document("keys").metadata == {"year": 2025}
-        assert all(r.text != KEYS_DOC["text"] for r in c.search("rotate the API keys", MAX_K).results)
+        replacement = {**KEYS_DOC, "text": "Keys never expire.", "metadata": {"year": 2025}}
+        client.wait_until_searchable(client.upsert([replacement]), timeout=120)
+        replaced = client.document("keys")
+        assert replaced.text == "Keys never expire." and replaced.metadata == {"year": 2025}
+        results = client.search("rotate the API keys", MAX_K).results
+        assert results  # the replacement and the other document are still there
+        assert all(r.text != KEYS_DOC["text"] for r in results)
         # delete by id, then by filter (its count is known once applied)
-        c.wait_until_searchable(c.delete(["keys"]), timeout=120)
-        with pytest.raises(e.NotFoundError):
-            c.document("keys")
-        by_filter = c.delete(filter={"type": "lt", "key": "year", "value": 2022})
+        client.wait_until_searchable(client.delete(["keys"]), timeout=120)
+        with pytest.raises(errors.NotFoundError):
+            client.document("keys")
+        by_filter = client.delete(filter={"type": "lt", "key": "year", "value": 2022})
         assert by_filter.operation == "delete" and by_filter.documents is None
-        assert c.wait_until_searchable(by_filter, timeout=120).documents == 1
-        assert c.search("backups", MAX_K).results == []
+        assert client.wait_until_searchable(by_filter, timeout=120).documents == 1
+        assert client.search("backups", MAX_K).results == []
 
 
 def test_the_async_client_writes_and_waits(blank):
     async def run():
-        async with AsyncQragClient(blank["url"], blank["keys"]["writer"]) as c:
-            done = await c.wait_until_searchable(await c.upsert([KEYS_DOC]), timeout=120)
-            found = await c.search("rotate keys", 1)
-            gone = await c.wait_until_searchable(await c.delete(["keys"]), timeout=120)
-            left = await c.search("rotate keys", 1)
+        async with AsyncQragClient(blank["url"], blank["keys"]["writer"]) as client:
+            done = await client.wait_until_searchable(await client.upsert([KEYS_DOC]), timeout=120)
+            found = await client.search("rotate keys", 1)
+            gone = await client.wait_until_searchable(await client.delete(["keys"]), timeout=120)
+            left = await client.search("rotate keys", 1)
             return done, found, gone, left
 
     done, found, gone, left = asyncio.run(run())
@@ -152,48 +155,49 @@ def test_the_async_client_writes_and_waits(blank):
 
 
 def test_search_returns_the_vectors_it_ranked_with(blank):
-    with writer(blank) as c:
-        c.wait_until_searchable(c.upsert([KEYS_DOC, BACKUP_DOC]), timeout=120)
-        page = c.search("how often should API keys be rotated?", 2, include_vectors=True)
-        plain = c.search("how often should API keys be rotated?", 2)
+    with writer(blank) as client:
+        client.wait_until_searchable(client.upsert([KEYS_DOC, BACKUP_DOC]), timeout=120)
+        page = client.search("how often should API keys be rotated?", 2, include_vectors=True)
+        plain = client.search("how often should API keys be rotated?", 2)
     assert page.query_vector is not None and len(page.query_vector) == 384
+    assert len(page.results) == 2  # the checks below are not of an empty page
     assert [r.chunk_id for r in page.results] == [r.chunk_id for r in plain.results] and plain.query_vector is None
-    for r in page.results:
-        assert len(r.vector) == 384 and math.isclose(math.fsum(x * x for x in r.vector), 1.0, rel_tol=1e-4)
+    for result in page.results:
+        assert len(result.vector) == 384 and math.isclose(math.fsum(x * x for x in result.vector), 1.0, rel_tol=1e-4)
         # a chunk index scores a chunk by its one vector: the score is the two vectors' cosine
-        assert math.fsum(q * x for q, x in zip(page.query_vector, r.vector, strict=True)) == \
-            pytest.approx(r.score, abs=1e-4)
+        assert math.fsum(q * x for q, x in zip(page.query_vector, result.vector, strict=True)) == \
+            pytest.approx(result.score, abs=1e-4)
 
 
 def test_write_errors_are_typed(blank):
-    with QragClient(blank["url"], blank["keys"]["reader"]) as reader, writer(blank) as c:
-        with pytest.raises(e.PermissionDeniedError) as read_key:
+    with QragClient(blank["url"], blank["keys"]["reader"]) as reader, writer(blank) as client:
+        with pytest.raises(errors.PermissionDeniedError) as read_key:
             reader.upsert([KEYS_DOC])  # a read key on a write route
         assert read_key.value.kind == "forbidden"
-        with pytest.raises(e.PermissionDeniedError):
-            c.upsert([KEYS_DOC], index="reader")  # another tenant's index
-        with pytest.raises(e.NotFoundError) as unknown:
-            c.write_status("no-such-write")
+        with pytest.raises(errors.PermissionDeniedError):
+            client.upsert([KEYS_DOC], index="reader")  # another tenant's index
+        with pytest.raises(errors.NotFoundError) as unknown:
+            client.write_status("no-such-write")
         assert unknown.value.kind == "not_found"
-        mine = c.upsert([KEYS_DOC])
+        mine = client.upsert([KEYS_DOC])
         # only the key's own tenant's writes: another's is as unknown to it as no write (or refused)
-        with pytest.raises((e.NotFoundError, e.PermissionDeniedError)):
+        with pytest.raises((errors.NotFoundError, errors.PermissionDeniedError)):
             reader.write_status(mine.write_id)
-        c.wait_until_searchable(mine, timeout=120)
+        client.wait_until_searchable(mine, timeout=120)
         # a bad record (the third): its position and field named, nothing of its batch applied; the server
         # may refuse it at once (422) or fail the write; positions may count from 0 or 1
         batch = [{"id": "good", "text": "A good record."}, {"id": "fine", "text": "Another good one."},
                  {**BACKUP_DOC, "metadata": {"year": "last year"}}]
-        with pytest.raises((e.InvalidRequestError, e.WriteFailedError)) as bad:
-            c.wait_until_searchable(c.upsert(batch), timeout=120)
-        if isinstance(bad.value, e.InvalidRequestError):
+        with pytest.raises((errors.InvalidRequestError, errors.WriteFailedError)) as bad:
+            client.wait_until_searchable(client.upsert(batch), timeout=120)
+        if isinstance(bad.value, errors.InvalidRequestError):
             assert bad.value.kind == "invalid_document" and "year" in bad.value.message
             assert re.search(r"\b[23]\b", bad.value.message), bad.value.message
         else:
             assert bad.value.status.error.record in (2, 3) and "year" in (bad.value.status.error.field or "")
         for doc_id in ("good", "fine"):
-            with pytest.raises(e.NotFoundError):
-                c.document(doc_id)
+            with pytest.raises(errors.NotFoundError):
+                client.document(doc_id)
 
 
 # ---------------------------------------------------------------------------------------- LangChain
@@ -229,16 +233,16 @@ def test_langchain_store_filters_mmr_and_retriever(blank):
     question = "how often should API keys be rotated?"
     ranking = [d.id for d in store.similarity_search(question, k=3)]
     assert set(ranking[:2]) == set(ids[:2]) and ranking[2] == ids[2]
-    scored = store.similarity_search_with_score(question, k=3, filter={"type": "eq", "key": "topic",
-                                                                      "value": "operations"})
+    operations = {"type": "eq", "key": "topic", "value": "operations"}
+    scored = store.similarity_search_with_score(question, k=3, filter=operations)
     assert [(d.id, d.metadata) for d, _ in scored] == [(ids[2], {"topic": "operations"})]
     # MMR: the near-duplicate of the best match gives way to the different document
     diverse = [ranking[0], ids[2]]
     assert [d.id for d in store.max_marginal_relevance_search(question, k=2, fetch_k=3, lambda_mult=0.3)] == diverse
-    assert [d.id for d in asyncio.run(store.amax_marginal_relevance_search(question, k=2, fetch_k=3,
-                                                                            lambda_mult=0.3))] == diverse
-    retriever = store.as_retriever(search_kwargs={"k": 1, "filter": {"type": "eq", "key": "topic",
-                                                                     "value": "security"}})
+    awaited = asyncio.run(store.amax_marginal_relevance_search(question, k=2, fetch_k=3, lambda_mult=0.3))
+    assert [d.id for d in awaited] == diverse
+    security = {"type": "eq", "key": "topic", "value": "security"}
+    retriever = store.as_retriever(search_kwargs={"k": 1, "filter": security})
     assert [d.id for d in retriever.invoke(question)] == ranking[:1]
     assert [d.id for d in retriever.invoke(question, k=2)] == ranking[:2]  # per call
     store.delete(filter={"type": "eq", "key": "topic", "value": "security"})
@@ -275,20 +279,20 @@ def test_llamaindex_vector_store_index_inserts_filters_and_deletes(blank):
 def test_qrag_docs_add_status_delete(blank, tmp_path, capsys):
     from qrag_ray.cli import main
 
-    f = write_jsonl(tmp_path / "docs.jsonl", [KEYS_DOC, BACKUP_DOC])
+    docs_file = write_jsonl(tmp_path / "docs.jsonl", [KEYS_DOC, BACKUP_DOC])
     server = ["--url", blank["url"], "--key", blank["keys"]["writer"]]
-    assert main(["docs", "add", str(f), *server, "--wait", "--timeout", "120"]) == 0
+    assert main(["docs", "add", str(docs_file), *server, "--wait", "--timeout", "120"]) == 0
     taken, searchable = capsys.readouterr().out.splitlines()
     write_id = taken.split("\t")[0]
     assert taken.split("\t")[1:] == ["queued", "upsert of 2 documents in 'writer'"]
     assert searchable.startswith(f"{write_id}\tsearchable\t")
     assert main(["docs", "status", write_id, *server, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "searchable"
-    with writer(blank) as c:
-        assert {r.doc_id for r in c.search("keys and backups", MAX_K).results} == {"keys", "backup/nightly"}
+    with writer(blank) as client:
+        assert {r.doc_id for r in client.search("keys and backups", MAX_K).results} == {"keys", "backup/nightly"}
         assert main(["docs", "delete", "--id", "backup/nightly", *server, "--wait"]) == 0
-        assert {r.doc_id for r in c.search("keys and backups", MAX_K).results} == {"keys"}
+        assert {r.doc_id for r in client.search("keys and backups", MAX_K).results} == {"keys"}
     capsys.readouterr()
-    assert main(["docs", "add", str(f), "--url", blank["url"], "--key", blank["keys"]["reader"]]) == 2
+    assert main(["docs", "add", str(docs_file), "--url", blank["url"], "--key", blank["keys"]["reader"]]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: HTTP 403 forbidden: ") and len(err.strip().splitlines()) == 1

@@ -104,18 +104,19 @@ class _Routes:
                include_vectors: bool | None = None) -> SearchResponse:
         """POST /v1/search: the top k distinct chunks (the server's default k when None). `include_vectors`:
         the query's vector and each chunk's (its best-matching row's), L2-normalised, for re-ranking here."""
-        req = SearchRequest(query=query, k=k, filter=_filter(filter), doc_ids=doc_ids, mode=mode,
-                            min_score=min_score, index=index, bm25_alpha=bm25_alpha, include_vectors=include_vectors)
-        return self._run(_Call("POST", "/v1/search", req.body(), None, SearchResponse))
+        request = SearchRequest(query=query, k=k, filter=_filter(filter), doc_ids=doc_ids, mode=mode,
+                                min_score=min_score, index=index, bm25_alpha=bm25_alpha,
+                                include_vectors=include_vectors)
+        return self._run(_Call("POST", "/v1/search", request.body(), None, SearchResponse))
 
     def answer(self, query: str, k: int | None = None, *, max_tokens: int | None = None,
                filter: FilterArg = None, doc_ids: list[str] | None = None, mode: str | None = None,
                min_score: float | None = None, index: str | None = None,
                bm25_alpha: float | None = None) -> AnswerResponse:
         """POST /v1/answer: an answer from the top k chunks with [n] citations (needs a server with an LLM)."""
-        req = AnswerRequest(query=query, k=k, max_tokens=max_tokens, filter=_filter(filter), doc_ids=doc_ids,
-                            mode=mode, min_score=min_score, index=index, bm25_alpha=bm25_alpha)
-        return self._run(_Call("POST", "/v1/answer", req.body(), None, AnswerResponse))
+        request = AnswerRequest(query=query, k=k, max_tokens=max_tokens, filter=_filter(filter), doc_ids=doc_ids,
+                                mode=mode, min_score=min_score, index=index, bm25_alpha=bm25_alpha)
+        return self._run(_Call("POST", "/v1/answer", request.body(), None, AnswerResponse))
 
     def chunk(self, chunk_id: str, *, index: str | None = None) -> ChunkResponse:
         """GET /v1/chunks/{chunk_id}: the chunk with its generated questions."""
@@ -134,31 +135,31 @@ class _Routes:
         of their chunks). The server answers once the batch is durable; `wait_until_searchable` waits
         until a search sees it. A record the client can tell is invalid raises pydantic's ValidationError
         (a ValueError) before anything is sent."""
-        req = UpsertRequest(documents=[_document(d) for d in documents], index=index)
-        return self._run(_Call("POST", "/v1/documents", req.body(), None, WriteReceipt))
+        request = UpsertRequest(documents=[_document(d) for d in documents], index=index)
+        return self._run(_Call("POST", "/v1/documents", request.body(), None, WriteReceipt))
 
     def delete(self, ids: list[str] | None = None, filter: FilterArg = None,
                index: str | None = None) -> WriteReceipt:
         """DELETE /v1/documents (a write key): remove these documents, or every document the filter (the
         search filter's grammar) passes; exactly one of the two. Ids the index does not hold are no error."""
-        req = DeleteRequest(ids=ids, filter=_filter(filter), index=index)
-        return self._run(_Call("DELETE", "/v1/documents", req.body(), None, WriteReceipt))
+        request = DeleteRequest(ids=ids, filter=_filter(filter), index=index)
+        return self._run(_Call("DELETE", "/v1/documents", request.body(), None, WriteReceipt))
 
     def write_status(self, write_id: str) -> WriteStatus:
         """GET /v1/writes/{write_id}: where one of this tenant's writes stands."""
         return self._run(_Call("GET", f"/v1/writes/{quote_id(write_id)}", None, None, WriteStatus))
 
 
-def _filter(f: FilterArg) -> Filter | None:
-    if f is None:
+def _filter(filter_arg: FilterArg) -> Filter | None:
+    if filter_arg is None:
         return None
-    if isinstance(f, BaseModel):
-        return f.model_dump(mode="json", exclude_none=True)
-    return dict(f)
+    if isinstance(filter_arg, BaseModel):
+        return filter_arg.model_dump(mode="json", exclude_none=True)
+    return dict(filter_arg)
 
 
-def _document(d: Document | Mapping[str, Any]) -> Document:
-    return d if isinstance(d, Document) else Document.model_validate(dict(d))
+def _document(record: Document | Mapping[str, Any]) -> Document:
+    return record if isinstance(record, Document) else Document.model_validate(dict(record))
 
 
 def _write_id(write: str | WriteReceipt | WriteStatus) -> str:
@@ -193,14 +194,15 @@ class _Base(_Routes):
         except (ValueError, ValidationError):  # a JSONDecodeError is a ValueError
             raise UnexpectedResponseError(self.url, response.status_code, response.text) from None
 
-    def _transport_error(self, e: httpx.TransportError) -> QragConnectionError:
-        if isinstance(e, httpx.TimeoutException):
-            err: QragConnectionError = QragTimeoutError(self.url, f"no answer within the timeout ({e})")
+    def _transport_error(self, error: httpx.TransportError) -> QragConnectionError:
+        if isinstance(error, httpx.TimeoutException):
+            message = f"no answer within the timeout ({error})"
+            connection_error: QragConnectionError = QragTimeoutError(self.url, message)
         else:
-            err = QragConnectionError(self.url, str(e) or type(e).__name__)
+            connection_error = QragConnectionError(self.url, str(error) or type(error).__name__)
         # a connection that was never made sent nothing: safe to retry whatever the route
-        err.nothing_sent = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
-        return err
+        connection_error.nothing_sent = isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout))
+        return connection_error
 
     def _wait_or_raise(self, attempt: int, error: QragClientError) -> float:
         wait = self.retry.delay(attempt, error)
@@ -235,15 +237,15 @@ class QragClient(_Base):
         for attempt in itertools.count():
             try:
                 return self._decode(call, self._send(call))
-            except QragClientError as e:
-                wait = self._wait_or_raise(attempt, e)
+            except QragClientError as error:
+                wait = self._wait_or_raise(attempt, error)
             time.sleep(wait)
 
     def _send(self, call: _Call) -> httpx.Response:
         try:
             return self._http.request(**self._request(call))
-        except httpx.TransportError as e:
-            raise self._transport_error(e) from e
+        except httpx.TransportError as error:
+            raise self._transport_error(error) from error
 
     def wait_until_searchable(self, write: str | WriteReceipt, timeout: float = 30.0,
                               poll: float = 0.2) -> WriteStatus:
@@ -282,15 +284,15 @@ class AsyncQragClient(_Base):
         for attempt in itertools.count():
             try:
                 return self._decode(call, await self._send(call))
-            except QragClientError as e:
-                wait = self._wait_or_raise(attempt, e)
+            except QragClientError as error:
+                wait = self._wait_or_raise(attempt, error)
             await anyio.sleep(wait)
 
     async def _send(self, call: _Call) -> httpx.Response:
         try:
             return await self._http.request(**self._request(call))
-        except httpx.TransportError as e:
-            raise self._transport_error(e) from e
+        except httpx.TransportError as error:
+            raise self._transport_error(error) from error
 
     async def wait_until_searchable(self, write: str | WriteReceipt, timeout: float = 30.0,
                                     poll: float = 0.2) -> WriteStatus:

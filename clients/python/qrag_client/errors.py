@@ -20,7 +20,8 @@ class QragConnectionError(QragClientError):
 
     def __init__(self, url: str, reason: str):
         super().__init__(f"cannot reach {url}: {reason}")
-        self.url, self.reason = url, reason
+        self.url = url
+        self.reason = reason
 
 
 class QragTimeoutError(QragConnectionError):
@@ -39,7 +40,10 @@ class UnexpectedResponseError(QragClientError):
         else:
             message = f"{url} answered HTTP {status} with an unexpected body: {body[:200]}"
         super().__init__(message)
-        self.url, self.status, self.body, self.location = url, status, body, location
+        self.url = url
+        self.status = status
+        self.body = body
+        self.location = location
 
 
 def _is_json(text: str) -> bool:
@@ -61,7 +65,10 @@ class QragAPIError(QragClientError):
     def __init__(self, status: int, kind: str, message: str, detail: list[dict[str, Any]] | None = None,
                  headers: dict[str, str] | None = None):
         super().__init__(f"HTTP {status} {kind}: {message}")
-        self.status, self.kind, self.message, self.detail = status, kind, message, detail
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.detail = detail
         self.headers = dict(headers or {})
         self.retry_after = parse_retry_after(self.headers.get("retry-after"))
 

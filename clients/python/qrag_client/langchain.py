@@ -76,8 +76,8 @@ class QragRetriever(BaseRetriever):
                                        k: int | None = None, filter: Filter | None = None,
                                        doc_ids: list[str] | None = None) -> list[Document]:
         # a client per call: an httpx.AsyncClient belongs to the event loop it was made on
-        async with AsyncQragClient(**self._options()) as c:
-            return to_documents(await c.search(query, **self._search_args(k, filter, doc_ids)))
+        async with AsyncQragClient(**self._options()) as client:
+            return to_documents(await client.search(query, **self._search_args(k, filter, doc_ids)))
 
 
 class QragVectorStore(VectorStore):
@@ -131,11 +131,12 @@ class QragVectorStore(VectorStore):
                          ids: list[str | None] | None = None, wait: bool | None = None, **kwargs: Any) -> list[str]:
         """`add_texts`, awaited."""
         documents = _documents(texts, metadatas, ids)
-        async with self._async_client() as c:
-            receipts = [await c.upsert(batch, index=self.index) for batch in _batches(documents, self.batch_size)]
+        async with self._async_client() as client:
+            batches = _batches(documents, self.batch_size)
+            receipts = [await client.upsert(batch, index=self.index) for batch in batches]
             if self.wait if wait is None else wait:
                 for receipt in receipts:
-                    await c.wait_until_searchable(receipt, timeout=self.wait_timeout)
+                    await client.wait_until_searchable(receipt, timeout=self.wait_timeout)
         return [d.id for d in documents]
 
     def delete(self, ids: list[str] | None = None, *, filter: Filter | None = None, wait: bool | None = None,
@@ -150,10 +151,10 @@ class QragVectorStore(VectorStore):
     async def adelete(self, ids: list[str] | None = None, *, filter: Filter | None = None, wait: bool | None = None,
                       **kwargs: Any) -> bool:
         """`delete`, awaited."""
-        async with self._async_client() as c:
-            receipt = await c.delete(**_delete_selector(ids, filter), index=self.index)
+        async with self._async_client() as client:
+            receipt = await client.delete(**_delete_selector(ids, filter), index=self.index)
             if self.wait if wait is None else wait:
-                await c.wait_until_searchable(receipt, timeout=self.wait_timeout)
+                await client.wait_until_searchable(receipt, timeout=self.wait_timeout)
         return True
 
     # ---- reads
@@ -170,10 +171,10 @@ class QragVectorStore(VectorStore):
     async def aget_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """`get_by_ids`, awaited."""
         found = []
-        async with self._async_client() as c:
+        async with self._async_client() as client:
             for doc_id in ids:
                 try:
-                    found.append(_whole_document(await c.document(doc_id, index=self.index)))
+                    found.append(_whole_document(await client.document(doc_id, index=self.index)))
                 except NotFoundError:
                     continue
         return found
@@ -198,8 +199,8 @@ class QragVectorStore(VectorStore):
     async def asimilarity_search_with_score(self, query: str, k: int = 4, filter: Filter | None = None,
                                             **kwargs: Any) -> list[tuple[Document, float]]:
         """`similarity_search_with_score`, awaited."""
-        async with self._async_client() as c:
-            page = await c.search(query, k, filter=filter, index=self.index, **kwargs)
+        async with self._async_client() as client:
+            page = await client.search(query, k, filter=filter, index=self.index, **kwargs)
         return [(_chunk_document(r), r.score) for r in page.results]
 
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
@@ -218,9 +219,9 @@ class QragVectorStore(VectorStore):
                                              lambda_mult: float = 0.5, filter: Filter | None = None,
                                              **kwargs: Any) -> list[Document]:
         """`max_marginal_relevance_search`, awaited."""
-        async with self._async_client() as c:
-            page = await c.search(query, max(k, fetch_k), filter=filter, index=self.index, include_vectors=True,
-                                  **kwargs)
+        async with self._async_client() as client:
+            page = await client.search(query, max(k, fetch_k), filter=filter, index=self.index,
+                                       include_vectors=True, **kwargs)
         return _mmr(page, k, lambda_mult)
 
     @classmethod
@@ -289,9 +290,9 @@ def _mmr(page: SearchResponse, k: int, lambda_mult: float) -> list[Document]:
     try:
         import numpy as np
         from langchain_core.vectorstores.utils import maximal_marginal_relevance
-    except ImportError as e:
-        raise ImportError(f"max_marginal_relevance_search needs numpy ({e}): pip install 'qrag-client[langchain]'") \
-            from None
+    except ImportError as error:
+        raise ImportError(f"max_marginal_relevance_search needs numpy ({error}): "
+                          "pip install 'qrag-client[langchain]'") from None
     if not page.results:
         return []
     if page.query_vector is None or any(r.vector is None for r in page.results):

@@ -62,23 +62,24 @@ class UnsupportedFilterError(ValueError):
 def to_qrag_filter(filters: MetadataFilters | MetadataFilter) -> Filter | None:
     """LlamaIndex filters as the search filter (None for an empty MetadataFilters)."""
     if isinstance(filters, MetadataFilter):
-        op = _OPERATORS.get(FilterOperator(filters.operator))
-        if op is None:
+        operator = _OPERATORS.get(FilterOperator(filters.operator))
+        if operator is None:
             raise UnsupportedFilterError(
                 f"filter operator {FilterOperator(filters.operator).value!r} on {filters.key!r} is not supported by "
                 f"qrag's search filter (supported: {', '.join(o.value for o in _OPERATORS)})")
-        if (op in ("in", "nin")) != isinstance(filters.value, list):
-            raise UnsupportedFilterError(f"filter on {filters.key!r}: {FilterOperator(filters.operator).value!r} "
-                                         + ("takes a list of values" if op in ("in", "nin") else "takes one value"))
-        return {"type": op, "key": filters.key, "value": filters.value}
-    cond = _CONDITIONS.get(FilterCondition(filters.condition or FilterCondition.AND))
-    if cond is None:
+        if (operator in ("in", "nin")) != isinstance(filters.value, list):
+            takes = "takes a list of values" if operator in ("in", "nin") else "takes one value"
+            raise UnsupportedFilterError(
+                f"filter on {filters.key!r}: {FilterOperator(filters.operator).value!r} {takes}")
+        return {"type": operator, "key": filters.key, "value": filters.value}
+    condition = _CONDITIONS.get(FilterCondition(filters.condition or FilterCondition.AND))
+    if condition is None:
         raise UnsupportedFilterError(f"filter condition {FilterCondition(filters.condition).value!r} is not "
                                      "supported by qrag's search filter (supported: and, or)")
     parts = [p for p in (to_qrag_filter(f) for f in filters.filters) if p is not None]
     if len(parts) <= 1:
         return parts[0] if parts else None
-    return {"type": cond, "filters": parts}
+    return {"type": condition, "filters": parts}
 
 
 class QragNodeWithScore(NodeWithScore):
@@ -100,13 +101,14 @@ class QragNodeWithScore(NodeWithScore):
 def to_nodes(page: SearchResponse) -> list[QragNodeWithScore]:
     """The page's chunks as LlamaIndex nodes, in its order (see the module's docstring)."""
     out = []
-    for r in page.results:
-        node = TextNode(id_=r.chunk_id, text=r.text, metadata=r.chunk_metadata(page.index, page.index_version),
-                        relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id=r.doc_id)},
+    for result in page.results:
+        node = TextNode(id_=result.chunk_id, text=result.text,
+                        metadata=result.chunk_metadata(page.index, page.index_version),
+                        relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id=result.doc_id)},
                         excluded_llm_metadata_keys=list(_NOT_FOR_MODELS),
                         excluded_embed_metadata_keys=list(_NOT_FOR_MODELS))
-        match = r.match_details()
-        out.append(QragNodeWithScore(node=node, score=r.score, cosine=match["cosine"], bm25=match["bm25"],
+        match = result.match_details()
+        out.append(QragNodeWithScore(node=node, score=result.score, cosine=match["cosine"], bm25=match["bm25"],
                                      matched_question=match["matched_question"], matched_kind=match["matched_kind"],
                                      matched_text=match["matched_text"]))
     return out
@@ -123,7 +125,8 @@ class QragLlamaIndexRetriever(BaseRetriever):
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         self.similarity_top_k = similarity_top_k
         self.filter = to_qrag_filter(filters) if isinstance(filters, (MetadataFilters, MetadataFilter)) else filters
-        self.doc_ids, self.index = doc_ids, index
+        self.doc_ids = doc_ids
+        self.index = index
         self._options: dict[str, Any] = {"url": url, "api_key": api_key, "timeout": timeout,
                                          "retry": RetryPolicy(max_retries=max_retries)}
         self._client: QragClient | None = None
@@ -137,8 +140,8 @@ class QragLlamaIndexRetriever(BaseRetriever):
         return list(to_nodes(self._client.search(query_bundle.query_str, **self._search_args())))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        async with AsyncQragClient(**self._options) as c:  # an AsyncClient belongs to the loop it was made on
-            return list(to_nodes(await c.search(query_bundle.query_str, **self._search_args())))
+        async with AsyncQragClient(**self._options) as client:  # an AsyncClient belongs to the loop it was made on
+            return list(to_nodes(await client.search(query_bundle.query_str, **self._search_args())))
 
 
 # the metadata field that records which LlamaIndex document (a node's ref_doc_id) a stored node came from
@@ -212,10 +215,10 @@ class QragLlamaIndexVectorStore(BasePydanticVectorStore):
         """`add`, awaited."""
         if not nodes:
             return []
-        async with AsyncQragClient(**self._options()) as c:
-            receipt = await c.upsert([_node_document(n) for n in nodes], index=self.index)
+        async with AsyncQragClient(**self._options()) as client:
+            receipt = await client.upsert([_node_document(n) for n in nodes], index=self.index)
             if self.wait:
-                await c.wait_until_searchable(receipt, timeout=self.wait_timeout)
+                await client.wait_until_searchable(receipt, timeout=self.wait_timeout)
         return [n.node_id for n in nodes]
 
     def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
@@ -242,10 +245,10 @@ class QragLlamaIndexVectorStore(BasePydanticVectorStore):
             self.client.wait_until_searchable(receipt, timeout=self.wait_timeout)
 
     async def _adelete(self, **selector: Any) -> None:
-        async with AsyncQragClient(**self._options()) as c:
-            receipt = await c.delete(index=self.index, **selector)
+        async with AsyncQragClient(**self._options()) as client:
+            receipt = await client.delete(index=self.index, **selector)
             if self.wait:
-                await c.wait_until_searchable(receipt, timeout=self.wait_timeout)
+                await client.wait_until_searchable(receipt, timeout=self.wait_timeout)
 
     # ---- reads
     def get_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None) -> list[BaseNode]:
@@ -267,8 +270,8 @@ class QragLlamaIndexVectorStore(BasePydanticVectorStore):
 
     async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         """`query`, awaited."""
-        async with AsyncQragClient(**self._options()) as c:
-            return _query_result(await c.search(**_search_args(query, self.index)))
+        async with AsyncQragClient(**self._options()) as client:
+            return _query_result(await client.search(**_search_args(query, self.index)))
 
 
 def _node_document(node: BaseNode) -> Document:

@@ -72,12 +72,13 @@ def both(bound: Filter | None, asked: Filter | None) -> Filter | None:
     return {"type": "and", "filters": [bound, asked]}
 
 
-def _tool(fn: Callable[..., Any]) -> Tool:
-    """A read-only tool from `fn`, described by its docstring without the source's indentation, whose
+def _tool(function: Callable[..., Any]) -> Tool:
+    """A read-only tool from `function`, described by its docstring without the source's indentation, whose
     arguments are closed: one it does not declare is an error (the SDK would drop it unseen), and its input
     schema says so (`additionalProperties: false`), so an agent's misspelt argument fails instead of being
     ignored."""
-    tool = Tool.from_function(fn, description=inspect.cleandoc(fn.__doc__ or ""), annotations=_READ_ONLY)
+    description = inspect.cleandoc(function.__doc__ or "")
+    tool = Tool.from_function(function, description=description, annotations=_READ_ONLY)
     declared = tool.fn_metadata.arg_model
 
     class ClosedArguments(declared):
@@ -99,12 +100,12 @@ def build_server(url: str = DEFAULT_URL, api_key: str | None = None, *, k: int =
     default_k = k
     bound = filter
 
-    def client() -> AsyncQragClient:
+    def open_client() -> AsyncQragClient:
         return AsyncQragClient(base, api_key, timeout=timeout, **client_options)
 
-    def hit(r: SearchResult) -> SearchHit:
-        return SearchHit(id=r.chunk_id, title=r.title or r.doc_id, text=_snippet(r.text),
-                         url=r.url or f"{base}/v1/chunks/{quote_id(r.chunk_id)}")
+    def hit(result: SearchResult) -> SearchHit:
+        return SearchHit(id=result.chunk_id, title=result.title or result.doc_id, text=_snippet(result.text),
+                         url=result.url or f"{base}/v1/chunks/{quote_id(result.chunk_id)}")
 
     async def search(
         query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS,
@@ -119,26 +120,26 @@ def build_server(url: str = DEFAULT_URL, api_key: str | None = None, *, k: int =
         first, each with an id for `fetch`, a title, a URL to cite and the beginning of its text."""
         asked = filter.model_dump(mode="json") if filter is not None else None
         try:
-            async with client() as c:
-                page = await c.search(query, k, filter=both(bound, asked), index=index)
-        except QragClientError as e:
-            raise ToolError(str(e)) from None
+            async with open_client() as client:
+                page = await client.search(query, k, filter=both(bound, asked), index=index)
+        except QragClientError as error:
+            raise ToolError(str(error)) from None
         return SearchResults(results=[hit(r) for r in page.results])
 
     async def fetch(id: str) -> FetchedDocument:
         """Fetch the whole document a search result (an id from `search`) belongs to: its title, full text,
         URL and metadata (the document's fields, the passage's generated questions)."""
         try:
-            async with client() as c:
+            async with open_client() as client:
                 try:
-                    chunk = await c.chunk(id, index=index)
+                    chunk = await client.chunk(id, index=index)
                 except NotFoundError:
                     chunk = None  # not a chunk id: a document id, then
-                doc = await c.document(chunk.doc_id if chunk else id, index=index)
+                doc = await client.document(chunk.doc_id if chunk else id, index=index)
         except NotFoundError:
             raise ToolError(f"unknown id {id!r}: give an id that search returned") from None
-        except QragClientError as e:
-            raise ToolError(str(e)) from None
+        except QragClientError as error:
+            raise ToolError(str(error)) from None
         meta = {**doc.metadata, "doc_id": doc.doc_id, "index": doc.index, "index_version": doc.index_version}
         if chunk is not None:
             meta |= {"chunk_id": chunk.chunk_id, "questions": chunk.questions}
@@ -152,8 +153,8 @@ def build_server(url: str = DEFAULT_URL, api_key: str | None = None, *, k: int =
 
 def check_reachable(url: str, api_key: str | None) -> None:
     """Fail at start, in one line, on a server that cannot be reached or a key it refuses."""
-    with QragClient(url, api_key, timeout=30) as c:
-        c.indexes()
+    with QragClient(url, api_key, timeout=30) as client:
+        client.indexes()
 
 
 def serve(url: str = DEFAULT_URL, api_key: str | None = None, *, transport: str = "stdio", host: str = "127.0.0.1",
@@ -172,21 +173,23 @@ def serve(url: str = DEFAULT_URL, api_key: str | None = None, *, transport: str 
 
 def main(argv: list[str] | None = None) -> int:
     """`qrag-mcp`: the MCP server from the command line (`qrag mcp` in qrag-ray runs the same)."""
-    ap = argparse.ArgumentParser(prog="qrag-mcp", description=__doc__.split("\n")[0])
-    ap.add_argument("--url", default=os.environ.get("QRAG_URL", DEFAULT_URL), help="the qrag server (or $QRAG_URL)")
-    ap.add_argument("--key", default=os.environ.get("QRAG_API_KEY"), help="its API key (or $QRAG_API_KEY)")
-    ap.add_argument("--transport", choices=("stdio", "http"), default="stdio")
-    ap.add_argument("--host", default="127.0.0.1", help="http: the address to listen on")
-    ap.add_argument("--port", type=int, default=8765, help="http: the port")
-    ap.add_argument("--k", type=int, default=10, help=f"results per search unless the agent asks (1..{MAX_K})")
-    ap.add_argument("--filter", help="a metadata filter (JSON) every search gets; an agent's own is ANDed with it")
-    ap.add_argument("--index", help="the index to search (default: the key's)")
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(prog="qrag-mcp", description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default=os.environ.get("QRAG_URL", DEFAULT_URL),
+                        help="the qrag server (or $QRAG_URL)")
+    parser.add_argument("--key", default=os.environ.get("QRAG_API_KEY"), help="its API key (or $QRAG_API_KEY)")
+    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    parser.add_argument("--host", default="127.0.0.1", help="http: the address to listen on")
+    parser.add_argument("--port", type=int, default=8765, help="http: the port")
+    parser.add_argument("--k", type=int, default=10, help=f"results per search unless the agent asks (1..{MAX_K})")
+    parser.add_argument("--filter",
+                        help="a metadata filter (JSON) every search gets; an agent's own is ANDed with it")
+    parser.add_argument("--index", help="the index to search (default: the key's)")
+    args = parser.parse_args(argv)
     try:
-        serve(a.url, a.key, transport=a.transport, host=a.host, port=a.port, k=a.k, filter=parse_filter(a.filter),
-              index=a.index)
-    except (QragClientError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        serve(args.url, args.key, transport=args.transport, host=args.host, port=args.port, k=args.k,
+              filter=parse_filter(args.filter), index=args.index)
+    except (QragClientError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

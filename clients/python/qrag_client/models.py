@@ -30,8 +30,8 @@ def parse_filter(text: str | None) -> Filter | None:
         return None
     try:
         value = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"--filter is not valid JSON: {e}") from None
+    except ValueError as error:
+        raise ValueError(f"--filter is not valid JSON: {error}") from None
     if not isinstance(value, dict):
         raise ValueError('--filter must be a JSON object, e.g. {"type": "eq", "key": "lang", "value": "en"}')
     return value
