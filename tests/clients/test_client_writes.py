@@ -51,7 +51,7 @@ def writes(local_ray, client_index, index_root, tmp_path_factory):
     """Serve with tenants `writer` (scope write, its own index) and `reader` (scope read, client_index)."""
     from ray import serve
 
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant
 
     index = index_root / "writable"
@@ -64,7 +64,7 @@ def writes(local_ray, client_index, index_root, tmp_path_factory):
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.5}}
-    serve.run(build_application({"tenants": str(tenants_file)}, {name: small for name in ("Router", "ShardSearcher0")}),
+    serve.run(compose_app({"tenants": str(tenants_file)}, {name: small for name in ("Router", "ShardSearcher0")}),
               name="qrag-writes", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
