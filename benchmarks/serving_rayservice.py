@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import statistics
 import sys
 import tempfile
@@ -106,9 +107,12 @@ def run_layout(layout: str, queries: list[str], warmup: int, concurrency: int, t
         before = pods_cpu(r)
         rows = send(r, queries[warmup:], concurrency)
         after = pods_cpu(r)
-    finally:
+    except BaseException:
         rs.stop(r)
-        index = Path(map_text(rs.INDEX, r.paths))
+        shutil.rmtree(r.work, ignore_errors=True)  # a failed layout leaves no folder behind
+        raise
+    rs.stop(r)
+    index = Path(map_text(rs.INDEX, r.paths))
     ok = [x for x in rows if x["status"] == 200]
     lat = [x["s"] * 1000 for x in ok]
     wall = max(x["t"] for x in rows) - min(x["t"] - x["s"] for x in rows)
@@ -140,8 +144,6 @@ def in_process(index: Path, queries: list[str]) -> tuple[dict, list[list[str]]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, run the layouts round by round, the in-process baseline, print and write the report."""
-    import shutil
-
     parser = options.parser(__doc__)
     options.add_common(parser, "serving_rayservice", rounds=True, concurrency=True)
     parser.add_argument("--requests", type=int)
