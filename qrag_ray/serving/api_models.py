@@ -289,8 +289,9 @@ class AdminStatus(BaseModel):
 
 # ---- the write routes: POST/DELETE /v1/documents, GET /v1/writes/{write_id} -----------------------------
 MAX_DOC_ID_CHARS = 512
-WRITE_ID = r"^\d{12}-[0-9a-f]{12}$"
+DOC_ID = r"^[^\r\n]*\S[^\r\n]*$"  # one line (a --delete-ids file holds one id a line), not only whitespace
 WriteMetadataValue = StrictStr | JsonNumber | StrictBool | list[StrictStr] | None
+MetadataName = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class Document(BaseModel):
@@ -298,18 +299,18 @@ class Document(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: StrictStr = Field(..., min_length=1, max_length=MAX_DOC_ID_CHARS, json_schema_extra={"pattern": NOT_BLANK},
-                          description=f"the document id, 1..{MAX_DOC_ID_CHARS} characters; a document with an id "
-                                      "the index has replaces all of that document's chunks")
+    id: StrictStr = Field(..., min_length=1, max_length=MAX_DOC_ID_CHARS, pattern=DOC_ID,
+                          description=f"the document id, 1..{MAX_DOC_ID_CHARS} characters on one line; a document "
+                                      "with an id the index has replaces all of that document's chunks")
     text: StrictStr = Field(..., min_length=1, json_schema_extra={"pattern": NOT_BLANK},
                             description="the document's text, not only whitespace")
     title: StrictStr = ""
     url: StrictStr | None = None
-    metadata: dict[str, WriteMetadataValue] = Field(
+    metadata: dict[MetadataName, WriteMetadataValue] = Field(
         default_factory=dict, description="field: string, number, bool, ISO-8601 date or datetime (as a string), or "
                                           "list of strings; null means absent; one type per field across the index")
 
-    @field_validator("id", "text")
+    @field_validator("text")
     @classmethod
     def _not_blank(cls, v: str) -> str:
         if not re.search(NOT_BLANK, v):
@@ -329,7 +330,7 @@ class DocumentsRequest(BaseModel):
 class DeleteDocumentsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    ids: list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_DOC_ID_CHARS)]] | None = Field(
+    ids: list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_DOC_ID_CHARS, pattern=DOC_ID)]] | None = Field(
         None, min_length=1, description="the documents to delete, by id (ids the index lacks are ignored)")
     filter: Filter | None = Field(None, description="instead of ids: every document whose metadata passes this "
                                                     "filter (the search grammar) when the deletion is applied")
