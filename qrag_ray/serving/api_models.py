@@ -289,6 +289,7 @@ class AdminStatus(BaseModel):
 
 # ---- the write routes: POST/DELETE /v1/documents, GET /v1/writes/{write_id} -----------------------------
 MAX_DOC_ID_CHARS = 512
+MAX_WRITE_DOCUMENTS = 1000  # WriteSettings.max_documents's default: the documented bound (the server answers 413)
 DOC_ID = r"^[^\r\n]*\S[^\r\n]*$"  # one line (a --delete-ids file holds one id a line), not only whitespace
 WriteMetadataValue = StrictStr | JsonNumber | StrictBool | list[StrictStr] | None
 MetadataName = Annotated[str, Field(min_length=1, max_length=128)]
@@ -321,17 +322,30 @@ class Document(BaseModel):
 class DocumentsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    documents: list[Document] = Field(..., min_length=1, description="the documents to add or replace (upsert by "
-                                      "id); at most the server's `writes.max_documents` per request (413 beyond)")
+    documents: list[Document] = Field(
+        ..., min_length=1, json_schema_extra={"maxItems": MAX_WRITE_DOCUMENTS},
+        description="the documents to add or replace (upsert by id), one record per id; at most the server's "
+                    f"`writes.max_documents` ({MAX_WRITE_DOCUMENTS} by default) per request: 413 `too_large` beyond")
     index: str | None = Field(None, pattern=INDEX_NAME,
                               description="index name; defaults to the one the API key belongs to")
 
 
+def _ids_or_filter(schema: dict) -> None:
+    """The JSON Schema says what the model enforces: exactly one of `ids` and `filter`, neither null."""
+    props = schema["properties"]
+    for name in ("ids", "filter"):
+        branches = [b for b in props[name].pop("anyOf", []) if b.get("type") != "null"]
+        props[name].pop("default", None)
+        props[name].update(branches[0])
+    schema["oneOf"] = [{"required": ["ids"]}, {"required": ["filter"]}]
+
+
 class DeleteDocumentsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ids_or_filter)
 
     ids: list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_DOC_ID_CHARS, pattern=DOC_ID)]] | None = Field(
-        None, min_length=1, description="the documents to delete, by id (ids the index lacks are ignored)")
+        None, min_length=1, description="the documents to delete, by id (ids the index lacks are ignored); at most "
+                                         f"the server's `writes.max_documents` ({MAX_WRITE_DOCUMENTS} by default)")
     filter: Filter | None = Field(None, description="instead of ids: every document whose metadata passes this "
                                                     "filter (the search grammar) when the deletion is applied")
     index: str | None = Field(None, pattern=INDEX_NAME,
@@ -339,8 +353,9 @@ class DeleteDocumentsRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_of(self) -> "DeleteDocumentsRequest":
-        if (self.ids is None) == (self.filter is None):
-            raise ValueError("give exactly one of 'ids' or 'filter'")
+        given = [name for name in ("ids", "filter") if name in self.model_fields_set]
+        if len(given) != 1 or getattr(self, given[0]) is None:
+            raise ValueError("give exactly one of 'ids' (a list of ids) or 'filter' (a filter)")
         return self
 
 

@@ -113,7 +113,23 @@ async def _http_error(request: Request, e: StarletteHTTPException):
                       "nested, or not JSON)")
     kind = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
     msg = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
-    return _error(request, e.status_code, kind, msg, headers=getattr(e, "headers", None))
+    headers = getattr(e, "headers", None)
+    if e.status_code == 405:
+        headers = {**(headers or {}), "Allow": _allowed(request)}
+    return _error(request, e.status_code, kind, msg, headers=headers)
+
+
+def _allowed(request: Request) -> str:
+    """Every method some route takes at this path: Starlette's 405 names only the first route whose path
+    matched (POST /v1/documents), not the others at the same path (DELETE /v1/documents)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
 
 
 @app.exception_handler(Exception)

@@ -176,3 +176,19 @@ def test_an_unknown_or_guessed_write_id_is_404(root):
     for wid in ["nope", "000000000009-0123456789ab", real.write_id[:-1] + ("0" if real.write_id[-1] != "0" else "1")]:
         e = _error(lambda w=wid: writes.status(t, w))
         assert e.status == 404 and e.kind == "not_found"
+
+
+# ------------------------------------------------------------------------------------ the HTTP edge
+def test_a_body_too_deep_to_parse_and_a_wrong_method_get_documented_answers():
+    """No Serve needed: FastAPI's own parsing and routing errors, as the app renders them."""
+    from fastapi.testclient import TestClient
+
+    from qrag_ray.serving.router import app
+
+    client = TestClient(app)
+    deep = '{"documents": ' + "[" * 3000 + "]" * 3000 + "}"
+    r = client.post("/v1/documents", content=deep, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"] == "malformed_json" and "nested" in r.json()["message"]
+    r = client.options("/v1/documents")
+    # both routes of the path, not only the first one Starlette matched
+    assert r.status_code == 405 and r.headers["Allow"] == "DELETE, POST"
