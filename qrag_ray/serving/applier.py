@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import threading
@@ -60,7 +61,6 @@ class ApplyResult:
     merged: int = 0
     seconds: float = 0.0
     more: bool = False  # entries were left for the next pass (max_entries)
-    retry: bool = False  # a compaction changed the state meanwhile: the pass was dropped, run it again
 
 
 class Applier:
@@ -183,59 +183,63 @@ class Applier:
                                         if s == seq and rec is not None)
                 outcome["indexed"] = outcome["chunks"]
         tombstones = {d: s for d, (s, _) in folded.pending.items()}
-        delta, merged = None, []
+        delta = None
         if rows is not None and rows.chunks.num_rows:
-            delta, merged = self._write_delta(root, state, base, rows, tombstones, folded.schema, result)
-        outcome_state = self._publish(root, state, result, folded, tombstones, delta, merged)
-        if outcome_state is None:
-            result.retry = True
-            progress.clear()
-            if delta is not None and delta.path.exists():
-                shutil.rmtree(delta.path, ignore_errors=True)
-            return result
-        self._record(root, result, folded, outcome_state.updated_at)
+            delta = self._write_delta(root, base, rows, folded.schema, result.first, result.last)
+            result.delta = delta.name
+        published = self._publish(root, state, result, folded, tombstones, delta)
+        self._record(root, result, folded, published.updated_at)
         progress.clear()
         result.documents = len(live)
         result.chunks = len(todo.chunks)
         result.deleted = sum(1 for _, rec in folded.pending.values() if rec is None)
         result.failed = sum(1 for o in folded.outcomes.values() if o["status"] == "failed")
+        result.merged = self._merge(root, base)  # after the pass is visible: a merge never delays a write
         result.seconds = round(time.perf_counter() - t0, 3)
         return result
 
-    def _write_delta(self, root: Path, state: WriteState, base: BaseInfo, rows: DeltaRows, tombstones: dict[str, int],
-                     schema: dict[str, str], result: ApplyResult) -> tuple[Delta, list[Delta]]:
-        """The pass's delta, merged with the newest deltas while they are small beside it (never one a
-        running compaction folds): (the new delta, the deltas it replaces)."""
-        s = self.settings
-        floor = state.compacting_at or 0
-        kept = list(state.deltas)
-        merged: list[Delta] = []
-        size = rows.chunks.num_rows
-        while kept and kept[-1].first_seq > floor and (kept[-1].chunks <= s.merge_factor * size
-                                                       or len(kept) + 1 > s.max_deltas):
-            d = kept.pop()
-            merged.insert(0, d)
-            size += d.chunks
-        parts = []
-        for d in merged:
-            old = read_delta_rows(d.path, base.manifest.dim)
-            after = {**state.tombstones, **tombstones}
-            parts.append(old.keep(doc for doc in old.doc_ids if after.get(doc, -1) <= d.last_seq))
-        parts.append(rows)
-        content = DeltaRows.concat(parts, base.manifest.dim)
-        first = merged[0].first_seq if merged else result.first
-        out = writes_dir(root) / DELTAS / delta_name(first, result.last)
-        m = write_delta(content, base.cfg, base.manifest, out, schema or None, base.terms,
-                        {"first_seq": first, "last_seq": result.last, "base_version": base.version})
-        result.delta = out.name
-        result.merged = len(merged)
-        return Delta(out, first, result.last, chunks=m.counts.chunks, vectors=m.counts.vectors,
-                     created_at=min([time.time()] + [d.created_at for d in merged])), merged
+    def _write_delta(self, root: Path, base: BaseInfo, rows: DeltaRows, schema: dict[str, str], first: int,
+                     last: int, created_at: float | None = None) -> Delta:
+        """`rows` as the delta of sequence numbers first..last under ROOT/writes/deltas/."""
+        out = writes_dir(root) / DELTAS / delta_name(first, last)
+        m = write_delta(rows, base.cfg, base.manifest, out, schema or None, base.terms,
+                        {"first_seq": first, "last_seq": last, "base_version": base.version})
+        return Delta(out, first, last, chunks=m.counts.chunks, vectors=m.counts.vectors,
+                     created_at=time.time() if created_at is None else created_at)
+
+    def _merge(self, root: Path, base: BaseInfo) -> int:
+        """Merge deltas while `merge_plan` finds some (from their stored vectors, no embedding), each merge
+        published on its own; the deltas merged."""
+        merged = 0
+        while True:
+            state = load_write_state(root)
+            run = merge_plan(state.deltas, state.compacting_at or 0, self.settings)
+            if not run:
+                return merged
+            parts = []
+            for d in run:
+                old = read_delta_rows(d.path, base.manifest.dim)
+                parts.append(old.keep(doc for doc in old.doc_ids if state.visible(doc, d.last_seq)))
+            content = DeltaRows.concat(parts, base.manifest.dim)
+            delta = self._write_delta(root, base, content, state.metadata_schema or {}, run[0].first_seq,
+                                      run[-1].last_seq, created_at=min(d.created_at for d in run))
+            with locked(root, STATE_LOCK):
+                fresh = load_write_state(root)
+                names = [d.name for d in fresh.deltas]
+                folding = fresh.compacting_at is not None and run[0].first_seq <= fresh.compacting_at
+                if folding or any(d.name not in names for d in run):
+                    shutil.rmtree(delta.path, ignore_errors=True)  # a compaction took them meanwhile
+                    return merged
+                at = names.index(run[0].name)
+                deltas = fresh.deltas[:at] + (delta,) + fresh.deltas[at + len(run):]
+                retired = fresh.retired + tuple((str(d.path.relative_to(root)), time.time()) for d in run)
+                publish_state(replace(fresh, deltas=deltas, retired=retired))
+            merged += len(run)
 
     def _publish(self, root: Path, state: WriteState, result: ApplyResult, fold: Fold, tombstones: dict[str, int],
-                 delta: Delta | None, merged: list[Delta]) -> WriteState | None:
-        """Publish the pass's state over the one on disk now (a compaction may have reset it meanwhile);
-        None when the pass must be redone (a delta it merged was folded or is being folded)."""
+                 delta: Delta | None) -> WriteState:
+        """Publish the pass's state over the one on disk now (a compaction may have reset it meanwhile: the
+        pass's entries and its delta are all above the generation it folds)."""
         with locked(root, STATE_LOCK):
             fresh = load_write_state(root)
             if fresh is None:
@@ -243,31 +247,21 @@ class Applier:
             elif fresh.generation != state.generation:
                 raise RuntimeError(f"{root}: the write state moved from {state.generation} to {fresh.generation} "
                                    "under this applier's lock")
-            names = {d.name for d in fresh.deltas}
-            gone = [d for d in merged if d.name not in names]
-            folding = fresh.compacting_at is not None and any(d.first_seq <= fresh.compacting_at for d in merged)
-            if gone or folding:
-                return None
             current = current_version_name(root)
             if fresh.compacting_at is None and current != fresh.base_version:
                 fresh = replace(fresh, base_version=current)  # a version a batch job published since
-            dropped = {d.name for d in merged}
             hashes = dict(fresh.hashes)
             for doc, (_, rec) in fold.pending.items():
                 if rec is None:
                     hashes.pop(doc, None)
                 else:
                     hashes[doc] = rec["hash"]
-            now = time.time()
-            new = replace(
-                fresh, generation=result.last,
-                deltas=tuple(d for d in fresh.deltas if d.name not in dropped) + ((delta,) if delta else ()),
+            return publish_state(replace(
+                fresh, generation=result.last, deltas=fresh.deltas + ((delta,) if delta else ()),
                 tombstones={**fresh.tombstones, **tombstones}, hashes=hashes,
                 metadata_schema=merge_field_types([_schema_part(fresh.metadata_schema),
                                                    _schema_part(fold.schema)]) or None,
-                retired=fresh.retired + tuple((str(d.path.relative_to(root)), now) for d in merged),
-                changed_since=fresh.changed_since or (now if tombstones else None))
-            return publish_state(new)
+                changed_since=fresh.changed_since or (time.time() if tombstones else None)))
 
     def _record(self, root: Path, result: ApplyResult, fold: Fold, at: float) -> None:
         """The pass's outcome per entry, for GET /v1/writes/{id} (not fsynced: the STATE file says what is
@@ -315,6 +309,27 @@ class Applier:
                 with contextlib.suppress(FileNotFoundError):
                     if now - f.stat().st_mtime > self.settings.status_retention_s:
                         f.unlink()
+
+
+def merge_plan(deltas: tuple[Delta, ...], floor: int, settings: WriteSettings) -> list[Delta]:
+    """The newest deltas to merge into one, or none: the newest `merge_factor` when they are of one size tier
+    (their chunk counts on the same step of a logarithmic scale of base `merge_factor`), so a chunk is
+    rewritten about log(n) times; or, past `max_deltas`, as many of the newest as bring the count back. Never
+    a delta at or below `floor` (a running compaction folds those)."""
+    trailing: list[Delta] = []
+    for d in reversed(deltas):  # the newest run above the floor
+        if d.first_seq <= floor:
+            break
+        trailing.insert(0, d)
+    factor = settings.merge_factor
+    if len(trailing) >= factor:
+        newest = trailing[-factor:]
+        if len({int(math.log(max(1, d.chunks), factor)) for d in newest}) == 1:
+            return newest
+    over = len(deltas) - settings.max_deltas
+    if over > 0 and len(trailing) >= 2:
+        return trailing[-min(len(trailing), over + 1):]
+    return []
 
 
 def _schema_part(schema: dict[str, str] | None) -> dict[str, list]:

@@ -81,10 +81,10 @@ class WriteSettings(BaseModel):
     scan_s: float = Field(2.0, gt=0, le=300, description="how often the Writer looks at every tenant's log besides "
                                                          "the Routers' nudges (a restarted Writer replays at once)")
     max_entries: int = Field(256, ge=1, description="log entries the Writer folds into one delta at most")
-    merge_factor: float = Field(
-        4.0, ge=1.0, description="a new delta is merged with the newest one while that one holds at most this "
-                                 "many times its chunks, so a tenant keeps a few deltas of growing size")
-    max_deltas: int = Field(8, ge=1, description="deltas beyond this are merged whatever their sizes")
+    merge_factor: int = Field(
+        4, ge=2, description="this many newest deltas of one size tier (sizes within this factor) merge into one, so "
+                             "a tenant keeps a few deltas of growing size and a chunk is rewritten about log(n) times")
+    max_deltas: int = Field(16, ge=1, description="deltas beyond this are merged whatever their sizes")
     compact_vectors: int = Field(
         200_000, ge=1, description="compact a tenant (fold its deltas and deletions into a new index version) once "
                                    "its deltas hold this many vectors")

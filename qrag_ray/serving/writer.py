@@ -78,7 +78,7 @@ class Writer:
                     result = await asyncio.to_thread(self.applier.apply, root)
                     if result is not None and result.entries:
                         self.last[root] = result.__dict__.copy()
-                    if result is None or not (result.more or result.retry):
+                    if result is None or not result.more:
                         break
                 self.errors.pop(root, None)
                 backoff = 1.0

@@ -52,7 +52,7 @@ def built(local_ray, tmp_path_factory):
 def applier():
     from qrag_ray.serving.applier import Applier
 
-    return Applier(WriteSettings(merge_factor=4.0, max_deltas=3))
+    return Applier(WriteSettings(merge_factor=4, max_deltas=3))
 
 
 @pytest.fixture

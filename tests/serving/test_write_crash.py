@@ -27,7 +27,7 @@ APPLIER = """
 import sys, time
 from qrag_ray.serving.applier import Applier
 from qrag_ray.serving.config import WriteSettings
-applier = Applier(WriteSettings(max_entries=3, merge_factor=2.0, max_deltas=3))
+applier = Applier(WriteSettings(max_entries=3, merge_factor=2, max_deltas=3))
 while True:
     applier.apply(sys.argv[1])
     time.sleep(0.05)

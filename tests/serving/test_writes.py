@@ -192,3 +192,21 @@ def test_a_body_too_deep_to_parse_and_a_wrong_method_get_documented_answers():
     r = client.options("/v1/documents")
     # both routes of the path, not only the first one Starlette matched
     assert r.status_code == 405 and r.headers["Allow"] == "DELETE, POST"
+
+
+# ------------------------------------------------------------------------------------ the merge policy
+def test_deltas_merge_by_size_tier_and_past_the_cap(tmp_path):
+    from qrag_ray.index.write_state import Delta
+    from qrag_ray.serving.applier import merge_plan
+
+    def deltas(*sizes):
+        return tuple(Delta(tmp_path / f"d{i}", 10 * i + 1, 10 * i + 10, chunks=n) for i, n in enumerate(sizes))
+
+    s = WriteSettings(merge_factor=4, max_deltas=6)
+    assert merge_plan(deltas(1, 1, 1), 0, s) == []
+    four = deltas(20, 1, 2, 3, 1)  # the newest four are all under 4 chunks: one tier
+    assert [d.chunks for d in merge_plan(four, 0, s)] == [1, 2, 3, 1]
+    assert merge_plan(deltas(64, 16, 4, 1), 0, s) == []  # one delta per tier: a few, of growing size
+    assert [d.chunks for d in merge_plan(deltas(40, 20, 8, 4, 30, 2, 1), 0, s)] == [2, 1]  # 7 > 6: back to 6
+    # nothing at or below a running compaction's generation
+    assert merge_plan(four, 20, s) == [] and merge_plan(four, 10, s) == list(four[1:])
