@@ -15,7 +15,7 @@ Visibility rule: a chunk of document D in a segment whose newest sequence number
 `last_seq`; the base's `base_seq`) is visible iff `tombstones.get(D, -1) <= G`. A write of D after the
 segment was made hides D there; the segment holding D's latest write shows it; so every document is
 visible in at most one segment, and a deleted one in none. `WriteState.hidden(segment_seq)` gives the
-documents a segment must exclude (the search's pre-filter).
+documents a segment must exclude (the search's pre-filter); `WriteState.segments()` lists them all.
 
 `read_write_state(root)` re-reads the file only when its identity (inode, size, mtime) changed, so a
 Router may call it per request. The file locks (`locked`) use fcntl.flock, which works across processes on
@@ -68,6 +68,16 @@ def delta_name(first_seq: int, last_seq: int) -> str:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One index a search of the tenant covers: the base version or a delta (a directory in the standard
+    format), its newest sequence number, and the documents it must leave out (its pre-filter)."""
+
+    path: Path
+    seq: int
+    hidden: frozenset[str]
+
+
+@dataclass(frozen=True)
 class WriteState:
     """A tenant's write state as published (see the module docstring for the visibility rule)."""
 
@@ -106,6 +116,17 @@ class WriteState:
     @property
     def hidden_in_base(self) -> frozenset[str]:
         return self.hidden(self.base_seq)
+
+    def segments(self) -> list[Segment]:
+        """What a search of the tenant covers, base first then the deltas oldest first, each with the
+        documents it must exclude: merged with one fusion and dedup, they give each document once."""
+        return [Segment(self.base_dir, self.base_seq, self.hidden(self.base_seq))] + [
+            Segment(d.path, d.last_seq, self.hidden(d.last_seq)) for d in self.deltas]
+
+    @property
+    def version_key(self) -> tuple[str, int]:
+        """(base version, generation): changes with every applied pass and every compaction."""
+        return self.base_version, self.generation
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "generation": self.generation, "base_version": self.base_version,

@@ -14,6 +14,7 @@ from qrag_ray.index.versions import is_versioned_root
 from qrag_ray.index.write_log import writes_dir
 from qrag_ray.index.write_state import COMPACT_LOCK, is_locked, read_write_state
 from qrag_ray.serving.applier import Applier
+from qrag_ray.serving.config import assigned_cpus
 
 logger = logging.getLogger("ray.serve")
 
@@ -32,7 +33,7 @@ class Writer:
         a = AppArgs.model_validate(args)
         self.settings = a.writes
         self.registry = TenantRegistry.from_file(a.tenants) if a.tenants else TenantRegistry(a.load_tenants())
-        self.applier = Applier(a.writes)
+        self.applier = Applier(a.writes, threads=assigned_cpus())
         self._wake: dict[str, asyncio.Event] = {}
         self._drains: dict[str, asyncio.Task] = {}
         self._compactions: dict[str, asyncio.Task] = {}

@@ -38,6 +38,10 @@ def test_every_document_is_visible_in_at_most_one_segment(tmp_path):
         assert shown == want, doc
     assert st.hidden_in_base == {"a", "b", "c", "gone"}
     assert st.hidden(5) == {"b", "c", "gone"} and st.hidden(9) == frozenset()
+    segs = st.segments()
+    assert [(s.path.name, s.seq) for s in segs] == [("v1", 2), (st.deltas[0].name, 5), (st.deltas[1].name, 9)]
+    assert [s.hidden for s in segs] == [st.hidden(2), st.hidden(5), st.hidden(9)]
+    assert st.version_key == ("v1", 9)
 
 
 def test_the_state_file_round_trips_and_is_replaced_atomically(tmp_path):
