@@ -18,6 +18,8 @@ from qrag_ray.serving.config import assigned_cpus
 
 logger = logging.getLogger("ray.serve")
 
+COMPACT_RETRY_S = 600.0  # a compaction that failed (its inputs gone, say) is not started again sooner
+
 
 class Writer:
     """The Serve deployment that applies every tenant's writes (one replica: `Writer` in the serve config).
@@ -37,6 +39,7 @@ class Writer:
         self._wake: dict[str, asyncio.Event] = {}
         self._drains: dict[str, asyncio.Task] = {}
         self._compactions: dict[str, asyncio.Task] = {}
+        self._compact_failed: dict[str, float] = {}
         self.errors: dict[str, str] = {}
         self.last: dict[str, dict] = {}
         self._scanner = asyncio.get_running_loop().create_task(self._scan())
@@ -61,7 +64,7 @@ class Writer:
         while True:
             try:
                 self.registry.refresh()
-                for root in sorted(self._roots()):
+                for root in await asyncio.to_thread(_needing_a_pass, sorted(self._roots())):
                     self._wake_up(root)
             except Exception:  # noqa: BLE001 - the scan must outlive any one bad tenant
                 logger.exception("writer scan failed")
@@ -95,6 +98,8 @@ class Writer:
         s = self.settings
         if not s.auto_compact or (root in self._compactions and not self._compactions[root].done()):
             return
+        if time.time() - self._compact_failed.get(root, 0.0) < COMPACT_RETRY_S:
+            return
         state = read_write_state(root)
         if state is None or (not state.deltas and not state.tombstones):
             return
@@ -117,6 +122,7 @@ class Writer:
             code = await proc.wait()
         if code:
             self.errors[root] = f"compaction exited with {code} (see {out})"
+            self._compact_failed[root] = time.time()
         self._wake_up(root)  # the state was reset: anything that waited on the lock goes on
 
     async def status(self) -> dict:
@@ -134,3 +140,20 @@ class Writer:
         """Serve's probe: restart a replica whose scan loop died (it would stop replaying)."""
         if self._scanner.done() and not self._scanner.cancelled() and self._scanner.exception() is not None:
             raise RuntimeError(f"writer scan failed: {self._scanner.exception()!r}")
+
+
+def _needing_a_pass(roots: list[str]) -> list[str]:
+    """The roots with log entries above their write state's generation, or retired deltas to sweep: a few
+    stats and a listing each (a root that never took a write has no log folder)."""
+    from qrag_ray.index.write_log import WriteLog
+
+    out = []
+    for root in roots:
+        if not (writes_dir(root) / "log").is_dir() or not is_versioned_root(root):
+            continue
+        with contextlib.suppress(Exception):  # a root that cannot be read now is looked at next time
+            state = read_write_state(root)
+            generation = state.generation if state else 0
+            if WriteLog(root).last_seq() > generation or (state is not None and state.retired):
+                out.append(root)
+    return out
