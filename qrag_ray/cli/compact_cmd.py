@@ -20,9 +20,9 @@ def register(app: typer.Typer) -> None:
         """Build a new index version from the root's current one plus every write applied so far (the
         incremental build: only new documents are embedded), publish it under load, and reset the writes
         onto it. Writes go on meanwhile; the Writer also compacts by size or age."""
+        from qrag_ray.errors import QragError
         from qrag_ray.index.compaction import compact
         from qrag_ray.index.versions import is_versioned_root
-        from qrag_ray.errors import QragError
 
         if not is_versioned_root(root):
             raise QragError(f"{root} is not a versioned index root (writes and compaction need one: qrag publish "

@@ -36,7 +36,7 @@ from qrag_ray.index.versions import current_version_name, publish_version
 from qrag_ray.index.write_corpus import corpus_dir, read_corpus_records, read_ids, write_corpus, write_ids
 from qrag_ray.index.write_delta import DELTA_VECTORS
 from qrag_ray.index.write_log import LogEntry, WriteLog, writes_dir
-from qrag_ray.index.write_state import (COMPACT_LOCK, STATE_LOCK, WriteState, load_write_state, locked, publish_state)
+from qrag_ray.index.write_state import COMPACT_LOCK, STATE_LOCK, WriteState, load_write_state, locked, publish_state
 from qrag_ray.io.metadata import merge_field_types
 
 log = logging.getLogger("qrag.compact")

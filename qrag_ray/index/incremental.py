@@ -28,11 +28,11 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     return IndexConfig.model_validate(data)
 
 
-def published_config(m: Manifest) -> dict:
-    """The config that built the index of manifest `m`, in today's layout whichever release built it, with
+def published_config(manifest: Manifest) -> dict:
+    """The config that built the index of `manifest`, in today's layout whichever release built it, with
     the vector kinds the index holds: what an incremental build, a write's delta and a compaction build
     with, so nothing that decides a vector drifts."""
-    data = recorded_config(m.config)
+    data = recorded_config(manifest.config)
     try:
         now = resolve_representation(str(data.get("representation") or "default"))[0]
     except ValueError:

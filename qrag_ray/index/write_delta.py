@@ -30,8 +30,21 @@ from qrag_ray.config.index import FaissConfig, IndexConfig, representation_plan
 from qrag_ray.config.search_policy import GENERATED_KINDS
 from qrag_ray.errors import QragError
 from qrag_ray.index import workdir
-from qrag_ray.index.format import (CHUNKS, Counts, EmbedderInfo, FaissInfo, IndexDescription, Manifest, ShardEntry,
-                                   load_manifest, publish, shard_bm25, shard_chunks, write_arrow, write_manifest)
+from qrag_ray.index.format import (
+    CHUNKS,
+    Counts,
+    EmbedderInfo,
+    FaissInfo,
+    IndexDescription,
+    Manifest,
+    ShardEntry,
+    load_manifest,
+    publish,
+    shard_bm25,
+    shard_chunks,
+    write_arrow,
+    write_manifest,
+)
 from qrag_ray.index.incremental import published_config
 from qrag_ray.index.lexical import rescale_idf, shard_frequencies
 from qrag_ray.index.metadata_columns import METADATA, URL, chunk_table, json_values, typed_struct

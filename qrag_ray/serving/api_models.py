@@ -6,8 +6,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Union
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from qrag_ray.search.filters import MAX_DOC_IDS, MAX_FILTER_CLAUSES, MAX_FILTER_DEPTH, MAX_IN_VALUES
 from qrag_ray.search.page import MetadataValue, SearchResult

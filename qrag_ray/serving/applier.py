@@ -23,16 +23,35 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-
 from qrag_ray.config.index import IndexConfig
 from qrag_ray.index.format import atomic_write_text, load_manifest
 from qrag_ray.index.versions import current_version_name, is_versioned_root
-from qrag_ray.index.write_delta import (BaseDocuments, BaseTerms, DeltaEmbedder, DeltaRows, delta_config, delta_input,
-                                        embed_input, read_delta_rows, write_delta)
-from qrag_ray.index.write_log import WriteLog, writes_dir
-from qrag_ray.index.write_state import (APPLY_LOCK, COMPACT_LOCK, DELTAS, STATE_LOCK, Delta, WriteState, delta_name,
-                                        is_locked, load_write_state, locked, publish_state)
 from qrag_ray.index.write_corpus import read_corpus_records
+from qrag_ray.index.write_delta import (
+    BaseDocuments,
+    BaseTerms,
+    DeltaEmbedder,
+    DeltaRows,
+    delta_config,
+    delta_input,
+    embed_input,
+    read_delta_rows,
+    write_delta,
+)
+from qrag_ray.index.write_log import WriteLog, writes_dir
+from qrag_ray.index.write_state import (
+    APPLY_LOCK,
+    COMPACT_LOCK,
+    DELTAS,
+    STATE_LOCK,
+    Delta,
+    WriteState,
+    delta_name,
+    is_locked,
+    load_write_state,
+    locked,
+    publish_state,
+)
 from qrag_ray.io.metadata import merge_field_types
 from qrag_ray.serving.config import WriteSettings
 from qrag_ray.serving.write_fold import BaseInfo, Fold, Folder

@@ -224,7 +224,7 @@ class Router:
     async def _send_nudge(self, root: str) -> None:
         try:
             await self.writer.nudge.remote(root)
-        except Exception:  # noqa: BLE001 - the Writer's own scan applies the batch within writes.scan_s
+        except Exception:
             logger.warning("could not nudge the Writer for %s", root, exc_info=True)
 
     @app.post("/v1/documents", status_code=202, response_model=m.WriteReceipt, responses=_WRITE_ERRORS,

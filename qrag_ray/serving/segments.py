@@ -16,7 +16,7 @@ from qrag_ray.serving.shard_cache import VersionKey
 
 
 @dataclass(frozen=True)
-class Delta:
+class DeltaIndex:
     """One delta index of a written version: where it is, its own index version, its newest sequence number."""
 
     index_dir: str
@@ -29,7 +29,7 @@ class Segments:
     `local` (the Router's LocalShards): the same methods as each. Every segment's batch names the root's
     tombstones at `generation` and its own sequence number, so it leaves out what later writes hid."""
 
-    def __init__(self, base, local, root: str, generation: int, base_seq: int, deltas: tuple[Delta, ...],
+    def __init__(self, base, local, root: str, generation: int, base_seq: int, deltas: tuple[DeltaIndex, ...],
                  hidden: dict[int, frozenset[str]]):
         self.base = base
         self.local = local
@@ -43,7 +43,7 @@ class Segments:
     def _tombstones(self, seq: int) -> Tombstones:
         return Tombstones(self.root, self.generation, seq)
 
-    def _delta_key(self, key: VersionKey, delta: Delta) -> VersionKey:
+    def _delta_key(self, key: VersionKey, delta: DeltaIndex) -> VersionKey:
         return VersionKey(key.tenant, delta.index_dir, delta.version)
 
     async def search(self, key: VersionKey, num_shards: int, vectors: np.ndarray,

@@ -19,8 +19,14 @@ from qrag_ray.index.write_log import LogEntry, WriteLog, parse_write_id, writes_
 from qrag_ray.index.write_state import WriteState, read_write_state
 from qrag_ray.io.metadata import MAX_FIELDS, TYPE_NAMES, normalize_metadata, value_type
 from qrag_ray.search.filters import InvalidFilter, compile_filter
-from qrag_ray.serving.api_errors import (ApiError, index_unavailable, invalid_document, not_writable, too_large,
-                                         write_backlog)
+from qrag_ray.serving.api_errors import (
+    ApiError,
+    index_unavailable,
+    invalid_document,
+    not_writable,
+    too_large,
+    write_backlog,
+)
 from qrag_ray.serving.config import WriteSettings
 from qrag_ray.serving.tenants import Tenant
 

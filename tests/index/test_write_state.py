@@ -10,8 +10,18 @@ import threading
 import pytest
 
 from qrag_ray.errors import IndexFormatError
-from qrag_ray.index.write_state import (APPLY_LOCK, Delta, WriteState, delta_name, is_locked, load_write_state,
-                                        locked, publish_state, read_write_state, state_path)
+from qrag_ray.index.write_state import (
+    APPLY_LOCK,
+    Delta,
+    WriteState,
+    delta_name,
+    is_locked,
+    load_write_state,
+    locked,
+    publish_state,
+    read_write_state,
+    state_path,
+)
 
 
 def _state(root, **kw) -> WriteState:

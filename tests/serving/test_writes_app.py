@@ -25,7 +25,7 @@ def app(local_ray, tmp_path_factory):
     from ray import serve
 
     from qrag_ray.index.versions import publish_version
-    from qrag_ray.serving.application import build_application
+    from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant
 
     wd = tmp_path_factory.mktemp("writes-app")
@@ -43,7 +43,7 @@ def app(local_ray, tmp_path_factory):
     small = {"ray_actor_options": {"num_cpus": 0.25}}
     opts = {n: small for n in ("Router", "ShardSearcher0", "ShardSearcher1", "Writer")}
     args = {"tenants": str(tf), "writes": {"scan_s": 1.0}}
-    serve.run(build_application(args, opts), name="writes", route_prefix="/w")
+    serve.run(compose_app(args, opts), name="writes", route_prefix="/w")
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}/w", timeout=120)
     deadline = time.time() + 180
     while client.get("/readyz").status_code != 200:
@@ -149,27 +149,62 @@ def test_a_body_nested_3000_levels_deep_is_a_documented_400(app, route):
     assert r.json()["error"] == "malformed_json" and "nested" in r.json()["message"]
 
 
-@pytest.mark.xfail(strict=True, reason="needs the search integration: the Router does not search deltas yet")
+def _search(app, query: str, k: int = 3, **extra) -> list[dict]:
+    response = app["client"].post("/v1/search", json={"query": query, "k": k, **extra}, headers=H(app, "acme"))
+    assert response.status_code == 200, response.text
+    return response.json()["results"]
+
+
 def test_a_write_is_searchable_within_seconds_and_a_deletion_gone_within_one(app):
-    c = app["client"]
-    doc = {"id": "fresh-1", "text": "Zebra-striped semaphores guard the write path of a qrag tenant.", "title": ""}
-    r = c.post("/v1/documents", json={"documents": [doc]}, headers=H(app, "acme"))
-    t0 = time.time()
-    query = {"query": "What guards the write path of a qrag tenant?", "k": 3}
-    while time.time() - t0 < 5:
-        hits = c.post("/v1/search", json=query, headers=H(app, "acme")).json()["results"]
-        if any(h["doc_id"] == "fresh-1" for h in hits):
+    client = app["client"]
+    doc = {"id": "fresh-1", "text": "Zebra-striped semaphores guard the write path of a qrag tenant.", "title": "",
+           "metadata": {"area": "writes"}}
+    receipt = client.post("/v1/documents", json={"documents": [doc]}, headers=H(app, "acme")).json()
+    started = time.time()
+    query = "What guards the write path of a qrag tenant?"
+    while time.time() - started < 5:
+        if any(hit["doc_id"] == "fresh-1" for hit in _search(app, query)):
             break
         time.sleep(0.1)
     else:
-        pytest.fail(f"write {r.json()['write_id']} not searchable within 5 s")
-    c.request("DELETE", "/v1/documents", json={"ids": ["fresh-1"]}, headers=H(app, "acme"))
-    t0 = time.time()
-    while time.time() - t0 < 1:
-        hits = c.post("/v1/search", json=query, headers=H(app, "acme")).json()["results"]
-        if not any(h["doc_id"] == "fresh-1" for h in hits):
-            return
-    pytest.fail("a deleted document still found after 1 s")
+        pytest.fail(f"write {receipt['write_id']} not searchable within 5 s")
+    # the written document is a document like the others: filtered on, fetched by id
+    filtered = _search(app, query, filter={"type": "eq", "key": "area", "value": "writes"})
+    assert [hit["doc_id"] for hit in filtered] == ["fresh-1"]
+    assert filtered[0]["metadata"] == {"area": "writes"} and "Zebra-striped" in filtered[0]["text"]
+    fetched = client.get("/v1/documents/fresh-1", headers=H(app, "acme"))
+    assert fetched.status_code == 200 and fetched.json()["chunks"][0]["text"].startswith("Zebra-striped")
+    chunk = client.get(f"/v1/chunks/{fetched.json()['chunks'][0]['chunk_id'].replace('#', '%23')}",
+                       headers=H(app, "acme"))
+    assert chunk.status_code == 200 and chunk.json()["doc_id"] == "fresh-1"
+    client.request("DELETE", "/v1/documents", json={"ids": ["fresh-1"]}, headers=H(app, "acme"))
+    started = time.time()
+    while time.time() - started < 1:
+        hits = _search(app, query)
+        if hits and not any(hit["doc_id"] == "fresh-1" for hit in hits):
+            break
+    else:
+        pytest.fail("a deleted document still found after 1 s")
+    assert client.get("/v1/documents/fresh-1", headers=H(app, "acme")).status_code == 404
+
+
+def test_a_replaced_document_shows_only_its_new_content(app):
+    """A base document replaced through the API: its new text is found, its old chunks are left out of every
+    shard's search (a tombstone), and the page still has k distinct chunks."""
+    client = app["client"]
+    base_hits = _search(app, "When does the else clause of a for loop run?", k=5)
+    old = base_hits[0]
+    assert len(base_hits) == 5
+    new_text = "Replaced: this document now only talks about quartz clocks and their tick rates."
+    receipt = client.post("/v1/documents", json={"documents": [{"id": old["doc_id"], "text": new_text,
+                                                                "title": old["title"]}]},
+                          headers=H(app, "acme")).json()
+    assert _until_searchable(app, receipt["write_id"])["status"] == "searchable"
+    after = _search(app, "When does the else clause of a for loop run?", k=5)
+    assert len(after) == 5 and all(hit["chunk_id"] != old["chunk_id"] or "quartz" in hit["text"] for hit in after)
+    assert not any(old["text"] == hit["text"] for hit in after)
+    quartz = _search(app, "quartz clocks tick rates", k=1)
+    assert quartz and quartz[0]["doc_id"] == old["doc_id"] and "quartz" in quartz[0]["text"]
 
 
 def _schema():
