@@ -340,11 +340,11 @@ class BaseDocuments:
         rows = self.rows.get(doc_id)
         if rows is None:
             return None
-        t = self.table().take(pa.array(rows, pa.int64()))
-        chunks = list(zip(t.column("chunk_id").to_pylist(), t.column("title").to_pylist(),
-                          t.column("text").to_pylist()))
-        url = t.column(URL)[0].as_py() if URL in t.column_names else None
-        meta = json_values([t.column(METADATA)[0].as_py()])[0] if METADATA in t.column_names else {}
+        table = self.table().take(pa.array(rows, pa.int64()))
+        chunks = list(zip(table.column("chunk_id").to_pylist(), table.column("title").to_pylist(),
+                          table.column("text").to_pylist(), strict=True))
+        url = table.column(URL)[0].as_py() if URL in table.column_names else None
+        meta = json_values([table.column(METADATA)[0].as_py()])[0] if METADATA in table.column_names else {}
         return chunk_fingerprint(chunks, url, meta)
 
 

@@ -172,5 +172,5 @@ class Folder:
             meta = pa.table({"doc_id": [d for d, _ in live],
                              METADATA: typed_struct([to_json(rec["metadata"]) for _, rec in live], fold.schema)})
             mask = chunk_mask(flt, meta.column("doc_id").combine_chunks(), meta.column(METADATA).combine_chunks())
-            hits.update(d for (d, _), hit in zip(live, mask) if hit)
+            hits.update(d for (d, _), hit in zip(live, mask, strict=True) if hit)
         return hits

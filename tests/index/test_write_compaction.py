@@ -27,7 +27,8 @@ def _doc(rec):
 
 
 def _ranked(open_engine, index_dir):
-    return [[(r["chunk_id"], round(r["score"], 6)) for r in page] for page in open_engine(index_dir).search(QUERIES, k=5)]
+    pages = open_engine(index_dir).search(QUERIES, k=5)
+    return [[(r["chunk_id"], round(r["score"], 6)) for r in page] for page in pages]
 
 
 def test_compaction_equals_a_fresh_build_and_embeds_nothing_again(local_ray, tmp_path, open_engine):

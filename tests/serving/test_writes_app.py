@@ -99,6 +99,17 @@ def test_a_write_is_acknowledged_then_applied(app):
     assert st.generation >= 3 and "new-1" in st.tombstones and "new-1" not in st.hashes
 
 
+def test_a_batch_no_router_announced_is_applied_by_the_writers_scan(app):
+    """What a Writer restarted after a crash does: a logged batch nobody nudged it for (appended here, as
+    a Router that died after its fsync would leave it) is found by its timer and applied."""
+    from qrag_ray.index.write_log import WriteLog
+    from qrag_ray.serving.writes import check_documents
+
+    records = check_documents([_doc(9)], {})
+    entry = WriteLog(app["root"]).append("upsert", {"records": records})
+    assert _until_searchable(app, entry.write_id, timeout=60)["status"] == "searchable"
+
+
 def test_keys_and_tenants_are_kept_apart(app):
     c = app["client"]
     mine = c.post("/v1/documents", json={"documents": [_doc(3)]}, headers=H(app, "acme")).json()["write_id"]
