@@ -51,7 +51,7 @@ def app(local_ray, tmp_path_factory):
         time.sleep(1)
     yield {"client": client, "keys": keys, "root": root, "url": f"http://127.0.0.1:{port}/w"}
     client.close()
-    serve.delete("writes")
+    serve.shutdown()  # the next module starts Serve on its own port
 
 
 def H(app, tenant: str) -> dict:
