@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The HTTP API against its own OpenAPI schema: schemathesis `--checks all` (60 examples per operation) on a
 # real `qrag serve --tenants` over a small index whose documents have metadata (filters meet real fields),
+# published as a versioned root and reached with a write key (the write routes take the batches they are sent),
 # once without an LLM and once with one (the test suite's OpenAI-compatible fake stands in for the endpoint).
 # Reads ./schemathesis.toml. Prints each summary and exits non-zero when either run finds a failure.
 # Minutes on 2 cores; not part of `make test` (the suite fuzzes the live app with fewer examples in
@@ -20,7 +21,8 @@ docs = [d | {'metadata': topic_metadata(i, d['id']), 'url': 'https://x.org/' + d
 write_jsonl(pathlib.Path(sys.argv[1]), docs)" "$W/corpus.jsonl"
 qrag index -i "$W/corpus.jsonl" -o "$W/idx" -r chunk --bm25 --shards 2 >"$W/index.log" 2>&1 \
   || { echo "error: qrag index failed; the end of its log:" >&2; tail -5 "$W/index.log"; exit 1; }
-KEY=$(qrag tenants add --file "$W/tenants.yaml" --name alpha --index "$W/idx" | awk 'END {print $NF}')
+qrag publish "$W/idx" --root "$W/root" >/dev/null 2>&1 || { echo "error: qrag publish failed" >&2; exit 1; }
+KEY=$(qrag tenants add --file "$W/tenants.yaml" --name alpha --index "$W/root" --scope write | awk 'END {print $NF}')
 free_port() { python -c "from qrag_ray.runtime.ports import free_port; print(free_port())"; }
 rc=0
 for llm in none fake; do

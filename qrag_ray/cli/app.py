@@ -30,7 +30,8 @@ def _global_options(
 
 
 COMMAND_MODULES = ("index_cmd", "search_cmd", "show_cmd", "info_cmd", "presets_cmd", "models_cmd", "serve_cmd",
-                   "query_cmd", "docs_cmd", "mcp_cmd", "tenants_cmd", "publish_cmd", "eval_cmd", "demo_cmd",
+                   "query_cmd", "docs_cmd", "mcp_cmd", "tenants_cmd", "publish_cmd", "compact_cmd", "eval_cmd",
+                   "demo_cmd",
                    "cache_cmd")
 
 

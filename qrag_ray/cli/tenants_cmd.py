@@ -22,6 +22,8 @@ def register(app: typer.Typer) -> None:
         index: str = typer.Option(..., "--index", help="the tenant's index directory or versioned root"),
         rps: float | None = typer.Option(None, "--rps", help="rate limit: requests per second per Router replica"),
         burst: int | None = typer.Option(None, "--burst", help="rate limit burst (default 2 x rps)"),
+        scope: str = typer.Option("read", "--scope", help="read (search, fetch) or write (read + add, replace and "
+                                                          "delete documents through the API)"),
     ):
         """Add a tenant (or replace its entry) and print its new API key once."""
         from pydantic import ValidationError
@@ -33,24 +35,29 @@ def register(app: typer.Typer) -> None:
         resolve_index(index)
         if burst is not None and rps is None:
             raise QragError("--burst needs --rps")
+        _check_scope(scope)
         limit = None if rps is None else {"rps": rps, "burst": burst if burst is not None else max(1, int(2 * rps))}
         try:
-            key = add_tenant(file, name, index, rate_limit=limit)
+            key = add_tenant(file, name, index, rate_limit=limit, scope=scope)
         except ValidationError as error:
             raise QragError(format_validation_error(error)) from None
-        _print_key(f"tenant '{name}' -> {Path(index).resolve()} in {file}; its API key (shown once, stored as sha256):",
-                   key)
+        _print_key(f"tenant '{name}' -> {Path(index).resolve()} in {file}; its {scope} API key (shown once, stored as "
+                   "sha256):", key)
 
     @tenants_app.command("rotate")
     def tenants_rotate(
         file: str = typer.Option(..., "--file", help="tenants YAML"),
         name: str = typer.Option(..., "--name", help="tenant whose key to replace"),
+        scope: str | None = typer.Option(None, "--scope", help="the new key's scope: read or write (default: the "
+                                                               "old key's)"),
     ):
         """Give a tenant a new API key (printed once); running servers refuse the old one within seconds."""
         from qrag_ray.serving.tenants import rotate_key
 
+        if scope is not None:
+            _check_scope(scope)
         _print_key(f"tenant '{name}': new API key (shown once; the old key stops working at the servers' next reload):",
-                   rotate_key(file, name))
+                   rotate_key(file, name, scope))
 
     @tenants_app.command("remove")
     def tenants_remove(
@@ -77,7 +84,14 @@ def register(app: typer.Typer) -> None:
 
         for tenant in load_tenants(file).by_name.values():
             lim = f"\t{tenant.rate_limit.rps:g} rps, burst {tenant.rate_limit.burst}" if tenant.rate_limit else ""
-            print(f"{tenant.name}\t{tenant.index}{lim}")
+            print(f"{tenant.name}\t{tenant.index}\t{tenant.scope}{lim}")
+
+
+def _check_scope(scope: str) -> None:
+    from qrag_ray.serving.tenants import SCOPES
+
+    if scope not in SCOPES:
+        raise QragError(f"--scope must be one of {', '.join(SCOPES)}, not {scope!r}")
 
 
 def _print_key(note: str, key: str) -> None:

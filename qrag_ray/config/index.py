@@ -138,6 +138,10 @@ class BuildConfig(Strict):
     docs_per_batch: int = Field(1024, ge=1, description="documents per chunking batch")
     extra_inputs: list[str] = Field(default_factory=list, description="more corpus paths read with `input` (--append)")
     delete_ids: list[str] = Field(default_factory=list, description="files of document ids left out (--delete-ids)")
+    upsert_inputs: list[str] = Field(
+        default_factory=list, description="JSONL corpora whose documents replace the same ids' documents of `input` "
+                                          "and `extra_inputs` (`delete_ids` do not apply to them): what a served "
+                                          "index's writes left, which a compaction builds from (`qrag compact`)")
 
 
 MOVED = {"index": "faiss", **{k: f"build.{k}" for k in ("output", "overwrite", "address", "num_cpus", "cache_dir")},

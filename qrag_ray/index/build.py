@@ -102,9 +102,16 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
     _check_input(cfg)
     out = check_output_dir(cfg.build.output, cfg.build.overwrite)
     files = [f for i in [cfg.input, *cfg.build.extra_inputs] for f in resolve_files(i, cfg.format)]
+    upserts = [f for i in cfg.build.upsert_inputs for f in resolve_files(i, "jsonl")]
     kinds, gran = representation_plan(cfg)
     precheck_build(cfg, files)  # small corpora: every record, on the driver, before Ray starts or anything is written
-    deleted = _deleted_ids(cfg.build.delete_ids)
+    if upserts:
+        if cfg.generator.backend == "precomputed":
+            raise QragError("build.upsert_inputs carry no precomputed questions: an index whose questions come "
+                            "with its corpus takes new documents through --append")
+        precheck_corpus(cfg.build.upsert_inputs[0], "jsonl", upserts)
+    # the upserted documents' ids leave the other inputs: their new versions come from the upsert inputs
+    deleted = _deleted_ids(cfg.build.delete_ids) | _upserted_ids(upserts)
     _warn_uncalibrated(cfg)  # after the checks: a build that fails says one thing
     kernels = kernels_from_env()
     plan_resources(cfg, ClusterSpec(()), kernels)  # the plan's config errors (GPUs per engine...) before Ray starts
@@ -122,7 +129,7 @@ def prepare(cfg: IndexConfig, console) -> BuildPlan:
         cfg=cfg, out=out, work=work, run=workdir.new_run_id(), kinds=kinds, granularity=gran,
         aux_questions=(filters.prune_tau is not None or filters.min_question_chunk_sim is not None
                        or filters.require_content_overlap),
-        inputs=stable_hash([workdir.input_fingerprint(files), cfg.build.delete_ids,
+        inputs=stable_hash([workdir.input_fingerprint(files + upserts), cfg.build.delete_ids,
                             [workdir.input_fingerprint([p]) for p in cfg.build.delete_ids]]), deleted=deleted,
         resources=resources)
 
@@ -174,6 +181,20 @@ def _deleted_ids(files: list[str]) -> frozenset:
     return frozenset(ids)
 
 
+def _upserted_ids(files: list[str]) -> frozenset:
+    """The document ids of JSONL upsert inputs (build.upsert_inputs), read on the driver."""
+    from qrag_ray.io.readers import parse_jsonl_line
+
+    ids: set[str] = set()
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                rec = parse_jsonl_line(line, f"{Path(f).name} line {n}", None)
+                if rec is not None:
+                    ids.add(rec["doc_id"])
+    return frozenset(ids)
+
+
 def _warn_uncalibrated(cfg: IndexConfig) -> None:
     """Say so when a preset's fusion offsets, left as they are, were calibrated for another embedder."""
     note = calibration_note(cfg.representation, cfg.embedder.model)
@@ -186,7 +207,8 @@ def document_fields(plan: BuildPlan, streamed: Streamed) -> dict | None:
     """The corpus's metadata schema and url (None: no document has either), checked against the
     published index's schema on --append / --delete-ids."""
     fields = metadata_fields(workdir.registered_parts(plan.work, streamed.run))
-    if (plan.cfg.build.extra_inputs or plan.cfg.build.delete_ids) and (plan.out / MANIFEST).is_file():
+    b = plan.cfg.build
+    if (b.extra_inputs or b.delete_ids or b.upsert_inputs) and (plan.out / MANIFEST).is_file():
         check_fields(load_manifest(plan.out).metadata_schema, fields["schema"])
     return fields if fields["schema"] or fields["url"] else None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from qrag_ray.config.index import IndexConfig, recorded_config, resolve_representation
 from qrag_ray.errors import QragError
-from qrag_ray.index.format import load_manifest
+from qrag_ray.index.format import Manifest, load_manifest
 from qrag_ray.io.metadata import TYPE_NAMES
 
 
@@ -18,9 +18,21 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
         manifest = load_manifest(output)
     except QragError as error:
         raise QragError(f"--append/--delete-ids update an existing index: {error}") from None
-    data = recorded_config(manifest.config)  # in today's layout, whichever release built it
+    data = published_config(manifest)
     if not data.get("input"):
         raise QragError(f"{output}: its manifest records no input; rebuild it with this qrag first")
+    build = data.setdefault("build", {})
+    build["extra_inputs"] = list(build.get("extra_inputs") or []) + ([append] if append else [])
+    build["delete_ids"] = list(build.get("delete_ids") or []) + ([delete_ids] if delete_ids else [])
+    build.update(keep_work=True, output=str(output), overwrite=True)
+    return IndexConfig.model_validate(data)
+
+
+def published_config(manifest: Manifest) -> dict:
+    """The config that built the index of `manifest`, in today's layout whichever release built it, with
+    the vector kinds the index holds: what an incremental build, a write's delta and a compaction build
+    with, so nothing that decides a vector drifts."""
+    data = recorded_config(manifest.config)
     try:
         now = resolve_representation(str(data.get("representation") or "default"))[0]
     except ValueError:
@@ -28,11 +40,7 @@ def incremental_config(output: str, append: str | None = None, delete_ids: str |
     if manifest.kinds and now != list(manifest.kinds):
         # the preset's name means other kinds since this index was built: keep the kinds the index holds
         data["representation"] = "+".join(manifest.kinds)
-    build = data.setdefault("build", {})
-    build["extra_inputs"] = list(build.get("extra_inputs") or []) + ([append] if append else [])
-    build["delete_ids"] = list(build.get("delete_ids") or []) + ([delete_ids] if delete_ids else [])
-    build.update(keep_work=True, output=str(output), overwrite=True)
-    return IndexConfig.model_validate(data)
+    return data
 
 
 def check_fields(published: dict[str, str] | None, new: dict[str, str]) -> None:

@@ -9,6 +9,7 @@ import functools
 import json
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -101,32 +102,52 @@ def _term_columns(path: Path) -> tuple[dict[str, int], np.ndarray]:
     return {t: i for t, i in vocab.items() if i < len(counts)}, counts
 
 
+def shard_frequencies(path: str | Path) -> tuple[int, dict[str, int]]:
+    """(documents, {term: documents holding it}) of one saved shard BM25 index (an empty shard: 0, {})."""
+    p = Path(path)
+    n = len(np.load(p / CHUNK_IDX, mmap_mode="r"))
+    if not n:
+        return 0, {}
+    method = json.loads((p / _PARAMS).read_text()).get("method", "lucene")
+    if method != "lucene":  # we always build with bm25s's default; another IDF would need its own formula
+        raise ValueError(f"{p}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
+    vocab, counts = _term_columns(p)
+    return n, {t: int(counts[i]) for t, i in vocab.items()}
+
+
+def rescale_idf(path: str | Path, n_all: int, df_all: Mapping[str, int]) -> None:
+    """Rewrite one shard's stored BM25 scores with the IDF of a collection of `n_all` documents whose
+    document frequencies are `df_all` (this shard's own documents included): bm25s stores idf(term) *
+    tf-part per (term, document), so scaling a term's column by that idf / the shard's own is exact."""
+    p = Path(path)
+    n = len(np.load(p / CHUNK_IDX, mmap_mode="r"))
+    if not n:
+        return
+    vocab, counts = _term_columns(p)
+    cols = np.fromiter(vocab.values(), np.int64, len(vocab))
+    local = counts[cols].astype(np.float64)
+    glob = np.fromiter((df_all.get(t, 0) for t in vocab), np.float64, len(vocab))
+    ratio = np.ones(len(counts))
+    seen = local > 0
+    ratio[cols[seen]] = lucene_idf(n_all, glob[seen]) / lucene_idf(n, local[seen])
+    data = np.load(p / _DATA)
+    np.save(p / _DATA, (data * np.repeat(ratio, counts)).astype(data.dtype))
+
+
 def globalize_idf(paths: list[str | Path]) -> None:
-    """Rewrite each shard's stored BM25 scores with the IDF over all `paths`: bm25s stores idf(term) *
-    tf-part per (term, document), so scaling a term's column by global / shard idf is exact."""
+    """Rewrite each shard's stored BM25 scores with the IDF over all `paths` (`rescale_idf`), so a term's
+    weight does not depend on the shard its chunk landed in."""
     paths = [Path(p) for p in paths]
     if len(paths) < 2:
         return
-    sizes = [len(np.load(p / CHUNK_IDX, mmap_mode="r")) for p in paths]
-    shards = [(p, n) for p, n in zip(paths, sizes, strict=True) if n]
+    stats = [shard_frequencies(path) for path in paths]
     df_all: Counter = Counter()
-    for shard_path, _ in shards:
-        method = json.loads((shard_path / _PARAMS).read_text()).get("method", "lucene")
-        if method != "lucene":  # we always build with bm25s's default; another IDF would need its own formula
-            raise ValueError(f"{shard_path}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
-        vocab, counts = _term_columns(shard_path)
-        df_all.update({t: int(counts[i]) for t, i in vocab.items()})
-    n_all = sum(sizes)
-    for shard_path, n in shards:
-        vocab, counts = _term_columns(shard_path)
-        cols = np.fromiter(vocab.values(), np.int64, len(vocab))
-        local = counts[cols].astype(np.float64)
-        glob = np.fromiter((df_all[t] for t in vocab), np.float64, len(vocab))
-        ratio = np.ones(len(counts))
-        seen = local > 0
-        ratio[cols[seen]] = lucene_idf(n_all, glob[seen]) / lucene_idf(n, local[seen])
-        data = np.load(shard_path / _DATA)
-        np.save(shard_path / _DATA, (data * np.repeat(ratio, counts)).astype(data.dtype))
+    for _, frequencies in stats:
+        df_all.update(frequencies)
+    n_all = sum(count for count, _ in stats)
+    for path, (count, _) in zip(paths, stats, strict=True):
+        if count:
+            rescale_idf(path, n_all, df_all)
 
 
 class ShardLexicon:

@@ -94,8 +94,14 @@ def _chunks(plan: BuildPlan):
         docs = docs.union(read_corpus(extra, cfg.format, questions_column=qcol))
     # its own CPU request keeps Ray Data from fusing chunking into the embedding actors (taking turns)
     stage = plan.stage("read+chunk")
-    return docs.map_batches(make_chunker(cfg, plan.work, plan.run, plan.deleted, bool(qcol)), batch_format="numpy",
-                            batch_size=stage.batch_size, num_cpus=stage.num_cpus)
+    chunks = docs.map_batches(make_chunker(cfg, plan.work, plan.run, plan.deleted, bool(qcol)), batch_format="numpy",
+                              batch_size=stage.batch_size, num_cpus=stage.num_cpus)
+    for upsert in cfg.build.upsert_inputs:  # their documents replace the others' (`plan.deleted` holds their ids)
+        written = read_corpus(upsert, "jsonl").map_batches(make_chunker(cfg, plan.work, plan.run, frozenset(), False),
+                                                           batch_format="numpy", batch_size=stage.batch_size,
+                                                           num_cpus=stage.num_cpus)
+        chunks = chunks.union(written)
+    return chunks
 
 
 def _generate(plan: BuildPlan, chunks, clock: StageClock, stats: GenerationStats):

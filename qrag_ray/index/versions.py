@@ -78,16 +78,19 @@ def list_versions(root: str | Path) -> list[str]:
     return [d.name for d in sorted(dirs, key=lambda d: (d.stat().st_mtime, d.name))]
 
 
-def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> dict:
+def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2, move: bool = False) -> dict:
     """Copy a built index into ROOT/versions/<index_version>, check it, point CURRENT at it, and delete
-    versions beyond the `keep` newest (never the one just replaced: servers may still be draining it)."""
+    versions beyond the `keep` newest (never the one just replaced: servers may still be draining it).
+    `move`: rename the index into place instead of copying it (a build made on the root's own filesystem,
+    inside the root: a compaction's)."""
     if keep < 2:
         raise QragError("--keep must be at least 2: the version being replaced stays until servers moved off it")
     src = Path(index_dir)
     root_dir = Path(root)
     if (root_dir / MANIFEST).is_file():
         raise QragError(f"{root_dir} is a plain index directory, not a versioned root: publish into a new path")
-    if src.resolve() == root_dir.resolve() or root_dir.resolve() in src.resolve().parents:
+    inside = src.resolve() == root_dir.resolve() or root_dir.resolve() in src.resolve().parents
+    if inside and (not move or (root_dir / VERSIONS).resolve() in src.resolve().parents):
         raise QragError(f"the index to publish ({src}) must not lie inside the root ({root_dir})")
     info = check_index(src)  # a broken build never reaches versions/
     name = info["index_version"]
@@ -96,7 +99,12 @@ def publish_version(root: str | Path, index_dir: str | Path, keep: int = 2) -> d
     dest = versions / name
     previous = current_version_name(root_dir) if (root_dir / CURRENT).is_file() else None
     if not (dest / MANIFEST).is_file():  # the copy is checked too, as the servers will read it
-        atomic_write(dest, lambda tmp: check_index(shutil.copytree(src, tmp)))
+        if move:
+            os.replace(src, dest)
+        else:
+            atomic_write(dest, lambda tmp: check_index(shutil.copytree(src, tmp)))
+    elif move:
+        shutil.rmtree(src, ignore_errors=True)  # that very version is published already
     os.utime(dest)  # newest published, for pruning order
     atomic_write_text(root_dir / CURRENT, name + "\n")
     names = list_versions(root_dir)

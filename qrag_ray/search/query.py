@@ -32,6 +32,17 @@ def check_hybrid(policy: SearchConfig, manifest: Manifest, name: str | None = No
 
 
 @dataclass(frozen=True)
+class Tombstones:
+    """Where a segment of a written index (its base version or one of its deltas) finds the documents it must
+    leave out: the tombstones of the root's write state (qrag_ray.index.write_state), read by whichever
+    process searches the segment, so a request carries three values, not the documents."""
+
+    root: str  # the versioned root whose writes/STATE holds them
+    generation: int  # the write generation the request started on (a replica reads at least this one)
+    segment_seq: int  # the segment's newest sequence number: documents written after it are hidden there
+
+
+@dataclass(frozen=True)
 class QueryBatch:
     """What every shard runs for a batch of query vectors, resolved once against an index version: the
     batch's k, score floor, policy, words and filter (one query vector per row of the caller's array). A
@@ -43,6 +54,7 @@ class QueryBatch:
     texts: tuple[str, ...] | None = None  # the user's own words per query vector, for BM25 (hybrid policies)
     filter: Filter | None = None  # metadata filter and doc_ids, checked against the index (search/filters.py)
     vectors: bool = False  # each result also carries its best-matching row's stored vector
+    tombstones: Tombstones | None = None  # a written index's segment: the documents it leaves out
 
     def __post_init__(self) -> None:
         validate_k(self.k)

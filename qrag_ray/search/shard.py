@@ -33,11 +33,12 @@ from qrag_ray.index.file_checks import manifest_now, verify_once
 from qrag_ray.index.format import CHUNKS, Manifest, chunk_key, files_under, read_table_file, shard_of
 from qrag_ray.index.lexical import ShardLexicon
 from qrag_ray.index.metadata_columns import METADATA, URL, json_values
+from qrag_ray.index.write_state import read_write_state
 from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.search.filters import Filter, chunk_mask
 from qrag_ray.search.merge import ChunkResult, Hits, merge_hits
 from qrag_ray.search.page import ChunkMeta
-from qrag_ray.search.query import QueryBatch
+from qrag_ray.search.query import QueryBatch, Tombstones
 from qrag_ray.search.shard_reply import ShardReply, finish_replies
 
 # A hybrid query's first round asks each shard for at least this many vectors and BM25 hits: a chunk
@@ -61,6 +62,20 @@ def py_values(column: pa.Array, positions: list[int]) -> list:
     if len(positions) < 8:
         return [column[position].as_py() for position in positions]
     return column.take(pa.array(positions, pa.int64())).to_pylist()
+
+
+def _without(hits: Hits, hidden: np.ndarray) -> Hits:
+    """`hits` without those of the `hidden` chunks (vector and BM25 alike), in the same order."""
+    shown = ~np.isin(hits.chunk_idx, hidden)
+    lex_scores = hits.lex_scores
+    lex_chunk_idx = hits.lex_chunk_idx
+    if lex_chunk_idx is not None:
+        lex_shown = ~np.isin(lex_chunk_idx, hidden)
+        lex_scores = lex_scores[lex_shown]
+        lex_chunk_idx = lex_chunk_idx[lex_shown]
+    kinds = None if hits.kinds is None else hits.kinds[shown]
+    return Hits(hits.shard, hits.scores[shown], hits.rows[shown], hits.chunk_idx[shown], hits.exhausted, kinds,
+                lex_scores, lex_chunk_idx)
 
 
 def shard_of_chunk(chunk_id: str, num_shards: int) -> tuple[int, int]:
@@ -141,6 +156,7 @@ class Shard:
         self._lex_chunk_positions: np.ndarray | None = None
         per_selection = self.ntotal // 8 + 1 + (len(self.lexicon) if self.lexicon is not None else 0)
         self._selections = ByteLRU(SELECTIONS_KEPT * per_selection)  # Filter -> Selection
+        self._hidden: tuple[tuple, np.ndarray] | None = None  # (its write state, seq) -> its hidden chunk keys
         self._lock = threading.Lock()
 
     @classmethod
@@ -170,6 +186,29 @@ class Shard:
             with self._lock:
                 self._selections.put(flt, selection, selection.nbytes)
         return selection
+
+    def hidden_chunks(self, tombstones: Tombstones | None) -> np.ndarray | None:
+        """The keys (sorted) of this shard's chunks whose documents a later write hid (replaced or deleted),
+        read from the root's write state, computed once per state of it; None when none are."""
+        if tombstones is None:
+            return None
+        state = read_write_state(tombstones.root)
+        if state is None:
+            return None
+        identity = (tombstones.root, state.generation, state.base_version, tombstones.segment_seq)
+        with self._lock:
+            kept = self._hidden
+        if kept is not None and kept[0] == identity:
+            return kept[1]
+        documents = state.hidden(tombstones.segment_seq)
+        hidden = None
+        if documents:
+            mask = pc.is_in(self.chunk_columns[1], value_set=pa.array(sorted(documents), pa.string()))
+            chunks = self.chunk_idx[np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))]
+            hidden = np.sort(chunks) if len(chunks) else None
+        with self._lock:
+            self._hidden = (identity, hidden)
+        return hidden
 
     def _selection(self, passes: np.ndarray) -> Selection:
         """The rows (and BM25 documents) of the chunks that pass: `passes` is a bool per chunk of the table."""
@@ -222,6 +261,7 @@ class Shard:
         caller merges once. With a filter all of it holds among the selected rows: a pre-filter, k chunks
         whenever k pass."""
         selection = None if batch.filter is None else self.select(batch.filter)
+        hidden = self.hidden_chunks(batch.tombstones)
         total = self.ntotal if selection is None else selection.count
         texts = list(batch.texts) if batch.policy.bm25_alpha is not None and batch.texts is not None else None
         hits: list[Hits | None] = [None] * len(vectors)
@@ -238,10 +278,17 @@ class Shard:
             wider = depth < total
             again = []
             for query, query_hits in zip(pending.tolist(), found, strict=True):
+                # hits of documents a later write replaced or deleted are left out: a list may come back
+                # shorter than asked, and one that lost hits so is searched deeper until k chunks remain
+                dropped = False
+                if hidden is not None:
+                    asked = len(query_hits.rows)
+                    query_hits = _without(query_hits, hidden)
+                    dropped = len(query_hits.rows) < asked
                 top, more = [], False
-                if wider or tops_decide:
+                if wider or tops_decide or dropped:
                     top, more = merge_hits([query_hits], batch.k, batch.min_score, batch.policy)
-                if wider and more:
+                if wider and (more or (dropped and len(top) < batch.k)):
                     again.append(query)
                 else:
                     hits[query] = query_hits

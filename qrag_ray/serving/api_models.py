@@ -6,7 +6,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from qrag_ray.search.filters import MAX_DOC_IDS, MAX_FILTER_CLAUSES, MAX_FILTER_DEPTH, MAX_IN_VALUES
 from qrag_ray.search.page import MetadataValue, SearchResult
@@ -18,15 +28,18 @@ NOT_BLANK = r"\S"  # JSON Schema patterns are searches: "contains a non-space ch
 
 # What each error status means on this API (every route documents the ones it can answer).
 ERROR_DESCRIPTIONS = {
-    400: "the request body is not valid JSON",
+    400: "the request body is not valid JSON (or is nested too deeply to parse)",
     401: "missing, malformed or unknown API key",
-    403: "the key may not read the index named, or the server has no admin key",
-    404: "unknown index, or (GET /v1/chunks, /v1/documents) unknown id",
+    403: "the key may not read the index named, or the server has no admin key, or (write routes) a read key",
+    404: "unknown index, or (GET /v1/chunks, /v1/documents, /v1/writes) unknown id",
     422: "a field is missing, of the wrong type or out of range, or the query is too long (`detail` lists each); "
          "`invalid_filter`: a filter this index cannot evaluate (a field it lacks, an operator or value that does not "
-         "fit the field's type, too deep or too long)",
-    409: "a request this index cannot serve as built (bm25_alpha on an index without a BM25 channel)",
-    429: "the tenant is over its request rate (Retry-After)",
+         "fit the field's type, too deep or too long); `invalid_document`: a written record that is not a document "
+         "of this index (the message and `detail` name its position and field; nothing of the batch is applied)",
+    409: "a request this index cannot serve as built (bm25_alpha on an index without a BM25 channel; "
+         "`not_writable`: writes to an index that cannot take them)",
+    413: "`too_large`: more documents or bytes than one write request may carry",
+    429: "the tenant is over its request rate, or (`write_backlog`) its queued writes over their bound (Retry-After)",
     501: "mode=hyde and /v1/answer need an LLM, and this server has none configured",
     502: "the LLM backend failed",
     503: "index unavailable, a shard down after a retry, or the server at capacity",
@@ -383,3 +396,104 @@ class ConsoleOperate(BaseModel):
     deployments_error: str | None = None
     registry: RegistryStatus
     at: float = Field(..., description="when this was read (Unix seconds)")
+
+
+# ---- the write routes: POST/DELETE /v1/documents, GET /v1/writes/{write_id} -----------------------------
+MAX_DOC_ID_CHARS = 512
+MAX_WRITE_DOCUMENTS = 1000  # WriteSettings.max_documents's default: the documented bound (the server answers 413)
+DOC_ID = r"^[^\r\n]*\S[^\r\n]*$"  # one line (a --delete-ids file holds one id a line), not only whitespace
+WriteMetadataValue = StrictStr | JsonNumber | StrictBool | list[StrictStr] | None
+MetadataName = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class Document(BaseModel):
+    """One document in the index's own input schema (as `qrag index --format jsonl` reads a record)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: StrictStr = Field(..., min_length=1, max_length=MAX_DOC_ID_CHARS, pattern=DOC_ID,
+                          description=f"the document id, 1..{MAX_DOC_ID_CHARS} characters on one line; a document "
+                                      "with an id the index has replaces all of that document's chunks")
+    text: StrictStr = Field(..., min_length=1, json_schema_extra={"pattern": NOT_BLANK},
+                            description="the document's text, not only whitespace")
+    title: StrictStr = ""
+    url: StrictStr | None = None
+    metadata: dict[MetadataName, WriteMetadataValue] = Field(
+        default_factory=dict, description="field: string, number, bool, ISO-8601 date or datetime (as a string), or "
+                                          "list of strings; null means absent; one type per field across the index")
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not re.search(NOT_BLANK, v):
+            raise ValueError("must not be empty or whitespace")
+        return v
+
+
+class DocumentsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    documents: list[Document] = Field(
+        ..., min_length=1, json_schema_extra={"maxItems": MAX_WRITE_DOCUMENTS},
+        description="the documents to add or replace (upsert by id), one record per id; at most the server's "
+                    f"`writes.max_documents` ({MAX_WRITE_DOCUMENTS} by default) per request: 413 `too_large` beyond")
+    index: str | None = Field(None, pattern=INDEX_NAME,
+                              description="index name; defaults to the one the API key belongs to")
+
+
+def _ids_or_filter(schema: dict) -> None:
+    """The JSON Schema says what the model enforces: exactly one of `ids` and `filter`, neither null."""
+    props = schema["properties"]
+    for name in ("ids", "filter"):
+        branches = [b for b in props[name].pop("anyOf", []) if b.get("type") != "null"]
+        props[name].pop("default", None)
+        props[name].update(branches[0])
+    schema["oneOf"] = [{"required": ["ids"]}, {"required": ["filter"]}]
+
+
+class DeleteDocumentsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ids_or_filter)
+
+    ids: list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_DOC_ID_CHARS, pattern=DOC_ID)]] | None = Field(
+        None, min_length=1, description="the documents to delete, by id (ids the index lacks are ignored); at most "
+                                         f"the server's `writes.max_documents` ({MAX_WRITE_DOCUMENTS} by default)")
+    filter: Filter | None = Field(None, description="instead of ids: every document whose metadata passes this "
+                                                    "filter (the search grammar) when the deletion is applied")
+    index: str | None = Field(None, pattern=INDEX_NAME,
+                              description="index name; defaults to the one the API key belongs to")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "DeleteDocumentsRequest":
+        given = [name for name in ("ids", "filter") if name in self.model_fields_set]
+        if len(given) != 1 or getattr(self, given[0]) is None:
+            raise ValueError("give exactly one of 'ids' (a list of ids) or 'filter' (a filter)")
+        return self
+
+
+class WriteReceipt(BaseModel):
+    write_id: str = Field(..., description="the id GET /v1/writes/{write_id} answers for")
+    index: str
+    operation: Literal["upsert", "delete"]
+    status: Literal["queued"]
+    documents: int | None = Field(..., description="documents in the batch (null for a delete by filter: known "
+                                                   "once it is applied)")
+
+
+class WriteError(BaseModel):
+    record: int | None = Field(None, description="the position of the offending record in the batch")
+    field: str | None = Field(None, description="the offending field of that record")
+    message: str
+
+
+class WriteStatus(BaseModel):
+    write_id: str
+    index: str
+    operation: Literal["upsert", "delete"]
+    status: Literal["queued", "indexing", "searchable", "failed"]
+    documents: int | None = Field(None, description="documents the batch named (a delete by filter: those it "
+                                                    "matched, once applied)")
+    chunks: int | None = Field(None, description="chunks the batch added (known once it is being indexed)")
+    indexed: int = Field(0, description="chunks embedded so far (indexing)")
+    submitted_at: float = Field(..., description="unix seconds")
+    searchable_at: float | None = Field(None, description="unix seconds: when the write became searchable")
+    error: WriteError | None = None

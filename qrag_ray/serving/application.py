@@ -1,8 +1,9 @@
 """The Serve application: Router (ingress) -> ShardSearcher0 .. ShardSearcher{G-1} (each searching
-`shards_per_searcher` consecutive shard numbers) -> Synthesizer (only with args.generator). DEFAULT_OPTIONS
-are `qrag serve`'s deployment options without a config; a serve config's `deployments:` override them by
-name. Every queue is bounded (`max_queued_requests`): under a
-spike, callers get a fast 503 instead of an ever longer wait."""
+`shards_per_searcher` consecutive shard numbers) -> Synthesizer (only with args.generator); the Writer (one
+replica, unless args.writes.enabled is false) applies the tenants' logged writes. DEFAULT_OPTIONS are
+`qrag serve`'s deployment options without a config; a serve config's `deployments:` override them by name.
+Every queue is bounded (`max_queued_requests`): under a spike, callers get a fast 503 instead of an ever
+longer wait."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from qrag_ray.errors import QragError
 from qrag_ray.index.format import load_manifest
 from qrag_ray.index.versions import resolve_index
 from qrag_ray.serving.answer import Synthesizer
-from qrag_ray.serving.config import ROUTER, SYNTHESIZER, AppArgs, parse_app_args
+from qrag_ray.serving.config import ROUTER, SYNTHESIZER, WRITER, AppArgs, parse_app_args
 from qrag_ray.serving.shard_searcher import ShardSearcher, searcher_names
+from qrag_ray.serving.writer import Writer
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ DEFAULT_OPTIONS: dict[str, dict] = {
                       "ray_actor_options": {"num_cpus": 1}, "health_check_period_s": 5},
     SYNTHESIZER: {"max_ongoing_requests": 64, "max_queued_requests": 128, "autoscaling_config": _autoscaling(2, 16),
                   "ray_actor_options": {"num_cpus": 0.5}},
+    # one replica: a root is applied by one process at a time (a file lock), so more would only wait
+    WRITER: {"num_replicas": 1, "max_ongoing_requests": 256, "ray_actor_options": {"num_cpus": 0.5},
+             "health_check_period_s": 10},
 }
 
 
@@ -84,4 +89,7 @@ def compose_app(args: AppArgs | dict[str, Any], deployment_options: dict[str, di
     synthesizer = None
     if args.generator is not None:
         synthesizer = _deployment(Synthesizer, SYNTHESIZER, deployment_options).bind(args.generator.model_dump())
-    return _deployment(Router, ROUTER, deployment_options).bind(searchers, synthesizer, args)
+    writer = None
+    if args.writes.enabled:
+        writer = _deployment(Writer, WRITER, deployment_options).bind(args)
+    return _deployment(Router, ROUTER, deployment_options).bind(searchers, synthesizer, args, writer)

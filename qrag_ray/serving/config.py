@@ -19,6 +19,7 @@ from qrag_ray.serving.tenants import RateLimit, Tenants, load_tenants
 # shard groups: args.shards / args.shards_per_searcher, rounded up).
 ROUTER = "Router"
 SYNTHESIZER = "Synthesizer"
+WRITER = "Writer"
 
 # RAY_SERVE_THROUGHPUT_OPTIMIZED's switches but direct ingress (which wants HAProxy in front). Ray reads
 # them when each process starts, so `qrag serve` sets them before it starts Ray, and the manifests on every pod.
@@ -66,6 +67,36 @@ def assigned_cpus() -> int:
         return 1
 
 
+class WriteSettings(BaseModel):
+    """The write routes' bounds and the Writer's delta and compaction policy (docs/SERVING.md, "Writing to a
+    tenant")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="deploy the Writer and take writes (false: the write routes answer 409)")
+    max_documents: int = Field(1000, ge=1, description="documents (or ids) one write request may carry (413 beyond)")
+    max_bytes: int = Field(8 << 20, ge=1 << 10, description="bytes one write request's body may have (413 beyond)")
+    max_queued_bytes: int = Field(
+        256 << 20, ge=1 << 10, description="bytes of a tenant's logged writes not yet applied; a write beyond it gets "
+                                           "429 write_backlog with Retry-After")
+    scan_s: float = Field(2.0, gt=0, le=300, description="how often the Writer looks at every tenant's log besides "
+                                                         "the Routers' nudges (a restarted Writer replays at once)")
+    max_entries: int = Field(256, ge=1, description="log entries the Writer folds into one delta at most")
+    merge_factor: int = Field(
+        4, ge=2, description="this many newest deltas of one size tier (sizes within this factor) merge into one, so "
+                             "a tenant keeps a few deltas of growing size and a chunk is rewritten about log(n) times")
+    max_deltas: int = Field(16, ge=1, description="deltas beyond this are merged whatever their sizes")
+    compact_vectors: int = Field(
+        200_000, ge=1, description="compact a tenant (fold its deltas and deletions into a new index version) once "
+                                   "its deltas hold this many vectors")
+    compact_age_s: float = Field(3600.0, gt=0, description="... or once its oldest delta or deletion is this old")
+    auto_compact: bool = Field(True, description="the Writer starts those compactions itself (`qrag compact ROOT` "
+                                                 "runs one by hand either way)")
+    retire_s: float = Field(60.0, ge=0, description="how long a delta replaced by a merge or a compaction stays on "
+                                                    "disk for the replicas still searching it")
+    status_retention_s: float = Field(86400.0, gt=0, description="how long a write's status stays readable")
+
+
 class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -104,6 +135,7 @@ class AppArgs(BaseModel):
     default_rate_limit: RateLimit | None = Field(None, description="per-tenant limit for tenants without their own")
     console: bool = Field(False, description="serve the browser console at /console (`qrag serve` turns it on "
                                              "unless --no-console; a deployed config must say `console: true`)")
+    writes: WriteSettings = Field(default_factory=WriteSettings, description="the write routes and the Writer")
 
     @model_validator(mode="after")
     def _one_source(self) -> "AppArgs":

@@ -91,7 +91,7 @@ def _error(request: Request, status: int, kind: str, message: str, headers: dict
 
 @app.exception_handler(ApiError)
 async def _api_error(request: Request, error: ApiError):
-    return _error(request, error.status, error.kind, error.message, error.headers)
+    return _error(request, error.status, error.kind, error.message, error.headers, error.detail)
 
 
 @app.exception_handler(RequestValidationError)
@@ -107,15 +107,43 @@ async def _validation_error(request: Request, error: RequestValidationError):
     # a filter that is not the grammar (or doc_ids that are not a list of ids) is the filter's error kind,
     # as the checks against the index's fields are
     in_filter = all(d["loc"][0] in ("filter", "doc_ids") for d in detail)
-    kind = "query_too_long" if too_long else "invalid_filter" if in_filter else "invalid_request"
+    # a write's record that is not a document (POST /v1/documents): the record's position and field are in
+    # the message and `detail`, and nothing of the batch was logged
+    in_record = all(len(d["loc"]) > 1 and d["loc"][0] == "documents" and isinstance(d["loc"][1], int) for d in detail)
+    kind = ("query_too_long" if too_long else "invalid_filter" if in_filter else
+            "invalid_document" if in_record else "invalid_request")
     return _error(request, 422, kind, message, detail=detail)
+
+
+# FastAPI answers a body it could not parse, other than with a JSON syntax error, with this 400 (its json.loads
+# raised something else: a RecursionError for a body nested thousands of levels deep)
+_UNPARSED_BODY = "There was an error parsing the body"
 
 
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(request: Request, error: StarletteHTTPException):
+    if error.status_code == 400 and error.detail == _UNPARSED_BODY:
+        return _error(request, 400, "malformed_json", "the request body could not be parsed as JSON (too deeply "
+                      "nested, or not JSON)")
     kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
     msg = f"no route {request.method} {request.url.path}" if error.status_code in (404, 405) else str(error.detail)
-    return _error(request, error.status_code, kind, msg, headers=getattr(error, "headers", None))
+    headers = getattr(error, "headers", None)
+    if error.status_code == 405:
+        headers = {**(headers or {}), "Allow": _allowed(request)}
+    return _error(request, error.status_code, kind, msg, headers=headers)
+
+
+def _allowed(request: Request) -> str:
+    """Every method some route takes at this path: Starlette's 405 names only the first route whose path
+    matched (POST /v1/documents), not the others at the same path (DELETE /v1/documents)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
 
 
 @app.exception_handler(Exception)

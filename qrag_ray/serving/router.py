@@ -32,6 +32,7 @@ from qrag_ray.serving.shard_cache import ShardCache
 from qrag_ray.serving.shard_searcher import RemoteShards
 from qrag_ray.serving.tenant_versions import IndexReader, TenantVersions
 from qrag_ray.serving.tenants import Tenant
+from qrag_ray.serving.writes import TenantWrites, receipt
 
 logger = logging.getLogger("ray.serve")
 
@@ -39,11 +40,12 @@ _QUERY_ERRORS = error_responses(400, 401, 403, 404, 409, 422, 429, 501, 502, 503
 _FETCH_ERRORS = error_responses(401, 403, 404, 422, 429, 503, 504)
 _CONSOLE_ERRORS = error_responses(401, 403, 404, 422, 429, 503, 504)
 _INDEX = Query(None, pattern=m.INDEX_NAME, description="index name; defaults to the one the API key belongs to")
+_WRITE_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 429, 503, 504)
 
 
 @serve.ingress(app)
 class Router:
-    async def __init__(self, searchers: list, synthesizer, args: AppArgs):
+    async def __init__(self, searchers: list, synthesizer, args: AppArgs, writer=None):
         self.args = args
         self.searchers = RemoteShards(searchers, args.tenant_affinity, args.shards_per_searcher)
         self.registry = TenantRegistry.from_file(args.tenants) if args.tenants else TenantRegistry(args.load_tenants())
@@ -66,6 +68,9 @@ class Router:
         self.fetcher = Fetcher(self.versions)
         self.answerer = Answerer(synthesizer, args.hyde_max_tokens, args.answer_min_cosine)
         self.console = Console(args.console)
+        self.writes = TenantWrites(args.writes) if writer is not None else None
+        self.writer = writer
+        self._nudges: set[asyncio.Task] = set()
         self._inflight = 0
         self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished
         self._watcher: asyncio.Task | None = None
@@ -201,6 +206,60 @@ class Router:
             name=tenant.name, index_version=version.index_version, representation=manifest.representation,
             num_shards=version.num_shards, embedder=version.embedder,
             counts=manifest.counts.model_dump() if manifest.counts else {}, available=True)])
+
+    # ---- writes (docs/SERVING.md, "Writing to a tenant"): logged here, applied by the Writer ----------
+    def _auth_write(self, request: Request, index: str | None) -> Tenant:
+        tenant = self._auth(request, index)
+        tenant.require_write()
+        if self.writes is None:
+            raise ApiError(409, "not_writable", "this server takes no writes (its app args set writes.enabled: false)")
+        return tenant
+
+    def _nudge(self, tenant: Tenant) -> None:
+        """Tell the Writer a batch is logged; not waited for (its scan finds the batch anyway)."""
+        task = asyncio.get_running_loop().create_task(self._send_nudge(tenant.index))
+        self._nudges.add(task)
+        task.add_done_callback(self._nudges.discard)
+
+    async def _send_nudge(self, root: str) -> None:
+        try:
+            await self.writer.nudge.remote(root)
+        except Exception:
+            logger.warning("could not nudge the Writer for %s", root, exc_info=True)
+
+    @app.post("/v1/documents", status_code=202, response_model=m.WriteReceipt, responses=_WRITE_ERRORS,
+              dependencies=[bearer])
+    async def upsert_documents(self, req: m.DocumentsRequest, request: Request) -> m.WriteReceipt:
+        """Add or replace documents (upsert by id); durable when answered, searchable once applied."""
+        tenant = self._auth_write(request, req.index)
+        nbytes = len(await request.body())
+        docs = [d.model_dump() for d in req.documents]
+        stage: dict = {"stage": "logging the batch"}
+        entry = await self._deadline(asyncio.to_thread(self.writes.upsert, tenant, docs, nbytes), stage)
+        self._nudge(tenant)
+        return m.WriteReceipt(**receipt(tenant, entry))
+
+    @app.delete("/v1/documents", status_code=202, response_model=m.WriteReceipt, responses=_WRITE_ERRORS,
+                dependencies=[bearer])
+    async def delete_documents(self, req: m.DeleteDocumentsRequest, request: Request) -> m.WriteReceipt:
+        """Delete documents by id, or every document a filter matches when the deletion is applied."""
+        tenant = self._auth_write(request, req.index)
+        nbytes = len(await request.body())
+        spec = None if req.filter is None else req.filter.model_dump(mode="json")
+        stage: dict = {"stage": "logging the batch"}
+        entry = await self._deadline(asyncio.to_thread(self.writes.delete, tenant, req.ids, spec, nbytes), stage)
+        self._nudge(tenant)
+        return m.WriteReceipt(**receipt(tenant, entry))
+
+    @app.get("/v1/writes/{write_id}", response_model=m.WriteStatus, responses=error_responses(401, 403, 404, 429, 503),
+             dependencies=[bearer])
+    async def write_status(self, request: Request, write_id: str = Path(..., description="a write id from a 202"),
+                           index: str | None = _INDEX) -> m.WriteStatus:
+        """Where a write is: queued, indexing (chunks embedded so far), searchable, or failed (record, reason)."""
+        tenant = self._auth(request, index)
+        if self.writes is None:
+            raise ApiError(404, "not_found", f"no write {write_id!r}: this server takes no writes")
+        return m.WriteStatus(**await asyncio.to_thread(self.writes.status, tenant, write_id))
 
     @app.get("/healthz", response_model=m.HealthResponse)
     async def healthz(self) -> m.HealthResponse:

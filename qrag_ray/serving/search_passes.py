@@ -57,7 +57,7 @@ def resolve_query(version: IndexVersion, tenant: str, request) -> QueryBatch:
     if request.filter is not None or request.doc_ids is not None:
         try:
             compiled = compile_filter(None if request.filter is None else request.filter.model_dump(), request.doc_ids,
-                                      version.manifest.metadata_schema)
+                                      version.metadata_schema)
         except InvalidFilter as error:
             raise ApiError(422, "invalid_filter", str(error)) from None
     texts = (request.query,) if policy.bm25_alpha is not None else None

@@ -11,16 +11,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.errors import QragError
+from qrag_ray.index.file_checks import manifest_now
 from qrag_ray.index.format import Manifest
-from qrag_ray.index.versions import resolve_index
+from qrag_ray.index.versions import is_versioned_root, resolve_index
+from qrag_ray.index.write_state import WriteState, read_write_state
 from qrag_ray.runtime.byte_lru import ByteLRU
 from qrag_ray.search.query import check_hybrid
 from qrag_ray.serving.api_errors import ApiError, index_unavailable
+from qrag_ray.serving.segments import DeltaIndex, Segments
 from qrag_ray.serving.shard_cache import VersionKey
 from qrag_ray.serving.tenants import Tenant
 
@@ -39,7 +43,10 @@ class IndexVersion:
     policy: SearchConfig
     num_shards: int
     embedder: str
-    backend: Any  # LocalShards | RemoteShards
+    backend: Any  # LocalShards | RemoteShards, or Segments over one of them and the deltas of a written index
+    metadata_schema: dict[str, str] | None = None  # the fields a filter may name (written documents' included)
+    root: str | None = None  # a versioned root: its writes are followed (serving/segments.py)
+    generation: int = 0  # the writes of the root this view includes (its write state's generation)
 
     def key(self, tenant: str) -> VersionKey:
         """What the shard calls of `tenant`'s requests on this version name."""
@@ -57,8 +64,38 @@ class IndexReader:
         self.local = local
         self.remote = remote
         self._seen = ByteLRU(keep)  # (dir, version) -> IndexVersion, each counted as 1
+        self._delta_versions = ByteLRU(keep)  # a delta's directory -> its index version
 
     def __call__(self, path: str) -> IndexVersion:
+        """The version `path` points at, with the writes applied over it (a versioned root's write state)."""
+        version = self._base(path)
+        if version.root is None:
+            return version
+        state = read_write_state(version.root)
+        return version if state is None else self.with_writes(version, state)
+
+    def with_writes(self, version: IndexVersion, state: WriteState) -> IndexVersion:
+        """`version` (a base) seen through the write state of its root: its deltas searched beside its shards,
+        the documents later writes hid left out of each segment. A state over another base (a compaction
+        between publishing its version and resetting the state) is not applied: the watcher swaps bases."""
+        if state.base_version != version.index_version:
+            return version
+        base = version.backend.base if isinstance(version.backend, Segments) else version.backend
+        deltas = tuple(DeltaIndex(str(delta.path), self._delta_version(delta.path), delta.last_seq)
+                       for delta in state.deltas)
+        hidden = {segment.seq: segment.hidden for segment in state.segments()}
+        segments = Segments(base, self.local, version.root, state.generation, state.base_seq, deltas, hidden)
+        schema = state.metadata_schema or version.manifest.metadata_schema
+        return replace(version, backend=segments, metadata_schema=schema, generation=state.generation)
+
+    def _delta_version(self, path: Path) -> str:
+        known = self._delta_versions.get(str(path))
+        if known is None:
+            known = manifest_now(path).index_version
+            self._delta_versions.put(str(path), known, 1)
+        return known
+
+    def _base(self, path: str) -> IndexVersion:
         resolved = resolve_index(path)
         seen = self._seen.get((str(resolved.dir), resolved.version))
         if seen is not None:
@@ -71,8 +108,9 @@ class IndexReader:
         check_hybrid(policy, manifest)
         nbytes = sum(manifest.file(name).stat().st_size for name in manifest.files)
         backend = self.local if nbytes <= self.local_max_bytes else self.remote
+        root = str(resolved.root) if is_versioned_root(resolved.root) else None
         version = IndexVersion(str(resolved.dir), resolved.version, manifest, policy, manifest.num_shards,
-                               manifest.embedder_model, backend)
+                               manifest.embedder_model, backend, manifest.metadata_schema, root)
         self._seen.put((version.dir, version.index_version), version, 1)
         return version
 
@@ -107,7 +145,24 @@ class TenantVersions:
         version = self.active.get(tenant.name) or await self.check(tenant, warm=False)
         if version is None:
             raise index_unavailable(tenant.name, self.problems.get(tenant.name, "it could not be read"))
+        if version.root is not None:
+            version = self._follow_writes(tenant.name, version)
         return version
+
+    def _follow_writes(self, tenant: str, version: IndexVersion) -> IndexVersion:
+        """`version` moved to its root's newest write state, read per request (a stat while it is unchanged),
+        so an applied write is searched by the next request of any replica."""
+        try:
+            state = read_write_state(version.root)
+        except QragError as error:  # a torn or foreign STATE: keep what was served, say why
+            self.problems[tenant] = str(error)
+            return version
+        if state is None or state.generation == version.generation or state.base_version != version.index_version:
+            return version
+        moved = self.read.with_writes(version, state)
+        if self.active.get(tenant) is version:
+            self.active[tenant] = moved
+        return moved
 
     def moved(self, tenant: str) -> None:
         """A shard found another version in the directory a request named: resolve again next time."""

@@ -14,7 +14,7 @@ import secrets
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -26,6 +26,7 @@ from qrag_ray.serving.api_models import INDEX_NAME
 
 DEFAULT_TENANT = "default"
 KEY_PREFIX = "qrag_"
+SCOPES = ("read", "write")  # write: read + write (POST/DELETE /v1/documents)
 
 
 def hash_key(key: str) -> str:
@@ -56,6 +57,14 @@ class Tenant(BaseModel):
     index: str
     key_sha256: str | None = Field(None, description="sha256 hex of the API key; None only for the open default tenant")
     rate_limit: RateLimit | None = None
+    scope: Literal["read", "write"] = Field("read", description="what the key may do: read (search, fetch), or write "
+                                                                "(read + add, replace and delete documents)")
+
+    def require_write(self) -> None:
+        """403 unless this tenant's key may write."""
+        if self.scope != "write":
+            raise forbidden(f"this API key of tenant '{self.name}' is a read key; writes need a key with scope write "
+                            "(`qrag tenants rotate --scope write`)")
 
     @field_validator("name")
     @classmethod
@@ -96,7 +105,8 @@ class Tenants:
 
     @classmethod
     def single(cls, index: str) -> "Tenants":
-        return cls({DEFAULT_TENANT: Tenant(name=DEFAULT_TENANT, index=str(index))}, open=True)
+        """The open server's one tenant (127.0.0.1, no keys): it may write, as it may read the admin status."""
+        return cls({DEFAULT_TENANT: Tenant(name=DEFAULT_TENANT, index=str(index), scope="write")}, open=True)
 
     @classmethod
     def from_list(cls, tenants: list[Tenant | dict], admin_sha256: str | None = None) -> "Tenants":
@@ -186,19 +196,32 @@ def _entry(data: dict, name: str, p: Path) -> dict:
     raise QragError(f"no tenant {name!r} in {p} (tenants: {have})")
 
 
-def add_tenant(path: str | Path, name: str, index: str | Path, rate_limit: dict | None = None) -> str:
-    """Add a tenant (or replace its entry with a new key) and return the key; the file holds only its hash."""
+def add_tenant(path: str | Path, name: str, index: str | Path, rate_limit: dict | None = None,
+               scope: str = "read") -> str:
+    """Add a tenant (or replace its entry with a new key) and return the key; the file holds only its hash.
+    `scope`: read, or write (read + write); a read key's entry leaves it out, as entries written before
+    scopes existed do."""
     with _editing(path) as (data, _):
         entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key := new_key()),
-                       rate_limit=rate_limit).model_dump(exclude_none=True)
+                       rate_limit=rate_limit, scope=scope).model_dump(exclude_none=True)
+        if entry["scope"] == "read":
+            del entry["scope"]
         data["tenants"] = [t for t in data["tenants"] if t.get("name") != name] + [entry]
     return key
 
 
-def rotate_key(path: str | Path, name: str) -> str:
-    """A new key for an existing tenant; the old one stops working at the servers' next reload."""
+def rotate_key(path: str | Path, name: str, scope: str | None = None) -> str:
+    """A new key for an existing tenant (with `scope` given, that scope; else the one it had); the old one
+    stops working at the servers' next reload."""
+    if scope is not None and scope not in SCOPES:
+        raise QragError(f"unknown scope {scope!r} (known: {', '.join(SCOPES)})")
     with _editing(path) as (data, p):
-        _entry(data, name, p)["key_sha256"] = hash_key(key := new_key())
+        entry = _entry(data, name, p)
+        entry["key_sha256"] = hash_key(key := new_key())
+        if scope == "write":
+            entry["scope"] = "write"
+        elif scope == "read":
+            entry.pop("scope", None)
     return key
 
 

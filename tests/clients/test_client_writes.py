@@ -48,24 +48,27 @@ _SERVER: dict = {}  # for the LangChain standard tests, whose fixtures read it
 
 @pytest.fixture(scope="module")
 def writes(local_ray, client_index, index_root, tmp_path_factory):
-    """Serve with tenants `writer` (scope write, its own index) and `reader` (scope read, client_index)."""
+    """Serve with tenants `writer` (scope write, its own versioned root) and `reader` (scope read, client_index)."""
     from ray import serve
 
+    from qrag_ray.index.versions import publish_version
     from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant
 
-    index = index_root / "writable"
-    shared_build({"input": str(write_jsonl(index_root / "writable.jsonl", SEED)), "build.output": str(index),
+    base = index_root / "writable-base"
+    shared_build({"input": str(write_jsonl(index_root / "writable.jsonl", SEED)), "build.output": str(base),
                   "shards": 1, "representation": "chunk", "faiss.factory": "Flat", "chunker.method": "token",
                   "chunker.size": 120, "chunker.overlap": 20})
+    index = index_root / "writable"  # writes go to a versioned root: its versions are what the Writer publishes
+    publish_version(index, base)
     tenants_file = tmp_path_factory.mktemp("writes-serve") / "tenants.yaml"
     keys = {"writer": add_tenant(tenants_file, "writer", index, scope="write"),
             "reader": add_tenant(tenants_file, "reader", client_index)}
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"ray_actor_options": {"num_cpus": 0.5}}
-    serve.run(compose_app({"tenants": str(tenants_file)}, {name: small for name in ("Router", "ShardSearcher0")}),
-              name="qrag-writes", route_prefix="/")
+    options = {name: small for name in ("Router", "ShardSearcher0", "Writer")}
+    serve.run(compose_app({"tenants": str(tenants_file)}, options), name="qrag-writes", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while httpx.get(f"{url}/readyz", timeout=30).status_code != 200:
