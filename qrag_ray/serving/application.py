@@ -24,16 +24,25 @@ from qrag_ray.serving.writer import Writer
 logger = logging.getLogger(__name__)
 
 
+# The ShardSearchers' autoscaling policy (serving/autoscaling.py): replicas for the queries their passes carry
+# (target_ongoing_requests counts queries there) or their search threads' busy time, whichever asks more.
+SHARD_SEARCHER_POLICY = {"policy_function": "qrag_ray.serving.autoscaling:ShardSearcherPolicy",
+                         "policy_kwargs": {"target_busy": 0.75}}
+
+
 def _autoscaling(max_replicas: int, target: int) -> dict:
     return {"min_replicas": 1, "initial_replicas": 1, "max_replicas": max_replicas, "target_ongoing_requests": target}
 
 
 DEFAULT_OPTIONS: dict[str, dict] = {
-    # the Router upscales after 10 s of load, not Serve's 30, so a load step gets a replica within ~30 s
+    # the Router and the ShardSearchers upscale after 10 s of load, not Serve's 30, so a load step gets a
+    # replica within ~30 s
     ROUTER: {"max_ongoing_requests": 128, "max_queued_requests": 256,
              "autoscaling_config": {**_autoscaling(4, 32), "upscale_delay_s": 10},
              "ray_actor_options": {"num_cpus": 1}, "health_check_period_s": 5},
-    "ShardSearcher": {"max_ongoing_requests": 32, "max_queued_requests": 128, "autoscaling_config": _autoscaling(4, 8),
+    "ShardSearcher": {"max_ongoing_requests": 32, "max_queued_requests": 128,
+                      "autoscaling_config": {**_autoscaling(4, 2), "upscale_delay_s": 10,
+                                             "policy": SHARD_SEARCHER_POLICY},
                       "ray_actor_options": {"num_cpus": 1}, "health_check_period_s": 5},
     SYNTHESIZER: {"max_ongoing_requests": 64, "max_queued_requests": 128, "autoscaling_config": _autoscaling(2, 16),
                   "ray_actor_options": {"num_cpus": 0.5}},
@@ -85,7 +94,8 @@ def compose_app(args: AppArgs | dict[str, Any], deployment_options: dict[str, di
     args = parse_app_args(args)
     names = searcher_names(args.shards or shard_count(args.load_tenants()), args.shards_per_searcher)
     searchers = [_deployment(ShardSearcher, name, deployment_options, "ShardSearcher").bind(
-        args.shard_cache_bytes, args.faiss_threads, args.shards_per_searcher) for name in names]
+        args.shard_cache_bytes, args.faiss_threads, args.shards_per_searcher, group, args)
+        for group, name in enumerate(names)]
     synthesizer = None
     if args.generator is not None:
         synthesizer = _deployment(Synthesizer, SYNTHESIZER, deployment_options).bind(args.generator.model_dump())

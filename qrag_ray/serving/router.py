@@ -72,9 +72,10 @@ class Router:
         self.writer = writer
         self._nudges: set[asyncio.Task] = set()
         self._inflight = 0
-        self._ready = False  # the first watcher pass (warm-up of the first tenants) has finished
+        self._ready = False  # the warm-up has finished (set before the constructor returns)
         self._watcher: asyncio.Task | None = None
         self._reporter = asyncio.get_running_loop().create_task(self.metrics.report_versions(self.cache))
+        await self._warm_up()
         self._ensure_watcher()
 
     # ---- background: registry reloads, version swaps ---------------------------------------------
@@ -87,16 +88,41 @@ class Router:
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
+    async def _warm_up(self) -> None:
+        """What the first requests would otherwise pay, paid before the constructor returns (Serve sends a
+        replica nothing until then, so no request waits on a warming replica, at start-up, under load or in
+        a rollout): the first `warm_tenants` tenants loaded on every shard with their embedders (a broken one
+        shows in the admin status before traffic), then one search of each, which makes the encoder's first
+        model call, the handles to the ShardSearcher deployments and their first search. A step that fails
+        is logged and the replica starts anyway: the requests then pay what is left."""
+        try:
+            tenants = self.registry.tenants.by_name
+            await self.versions.sync(tenants, self.args.warm_tenants)
+            await self.searchers.count_replicas()
+            warm = [tenant for name, tenant in list(tenants.items())[:self.args.warm_tenants]
+                    if name in self.versions.active]
+            await asyncio.gather(*[self._warm_search(tenant) for tenant in warm])
+            await self.searchers.statuses()  # a handle to every ShardSearcher deployment, even with no tenant on it
+        except Exception:
+            logger.exception("warm-up failed; the replica starts without it")
+        freeze_long_lived()  # the first tenants' models and shards are loaded: what the replica keeps
+        self._ready = True
+
+    async def _warm_search(self, tenant: Tenant) -> None:
+        request = m.SearchRequest(query="warm-up", k=1)
+        try:
+            async with asyncio.timeout(self.args.request_timeout_s):
+                await self.passes.search(tenant, request, request.query, {})
+        except Exception as error:
+            logger.warning("warm-up search of tenant %r failed: %r", tenant.name, error)
+
     async def _watch(self) -> None:
-        first = True  # start-up: load the first tenants everywhere, so a broken one shows before traffic
         while True:
             try:
                 if self.registry.refresh():
                     self._configure_limits()
-                await self.versions.sync(self.registry.tenants.by_name, self.args.warm_tenants if first else None)
-                if first:  # the first tenants' models and shards are loaded: what the replica keeps
-                    freeze_long_lived()
-                first, self._ready = False, True
+                await self.versions.sync(self.registry.tenants.by_name)
+                await self.searchers.count_replicas()
             except Exception:
                 logger.exception("tenant watcher pass failed")
             await asyncio.sleep(self.args.tenants_reload_s)
@@ -270,8 +296,9 @@ class Router:
     @app.get("/readyz", response_model=m.HealthResponse, responses={503: {"model": m.ReadyResponse,
                                                                           "description": "still warming up"}})
     async def readyz(self):
-        """Readiness: 200 once the first tenants' shards and models are loaded (failures included: they
-        are the admin status's to report), 503 before. No key, no details."""
+        """Readiness: 200 once the replica is constructed, which is after its warm-up (the first tenants'
+        shards and models loaded, failures included: they are the admin status's to report; one search of
+        each); 503 before. No key, no details."""
         self._ensure_watcher()
         if self._ready:
             return m.HealthResponse(status="ok")

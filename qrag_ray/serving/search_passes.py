@@ -27,8 +27,8 @@ from qrag_ray.serving.shard_cache import VersionKey, VersionMoved
 from qrag_ray.serving.tenant_versions import IndexVersion, TenantVersions
 from qrag_ray.serving.tenants import Tenant
 
-# Queries per search pass: as many waiting start another pass beside the group's running one, so a group's
-# passes in flight grow with its load (what its ShardSearchers' replicas and autoscaling see) in full passes.
+# Queries per search pass: as many waiting start another pass beside the group's running ones, whatever the
+# backend's `passes_at_once`, so a big burst is searched in full passes at once.
 PASS_QUERIES = 32
 
 
@@ -77,18 +77,27 @@ class QueuedQuery:
     @property
     def group(self) -> tuple:
         """Queries searched in one pass: one version has one policy, only a request's bm25_alpha changes it;
-        a filter selects its own rows."""
+        a filter selects its own rows. Its last item is the version's shard backend (its passes at once)."""
         batch = self.batch
-        return self.key, batch.k, batch.min_score, batch.policy.bm25_alpha, batch.filter, batch.vectors
+        return (self.key, batch.k, batch.min_score, batch.policy.bm25_alpha, batch.filter, batch.vectors,
+                self.version.backend)
+
+
+def passes_at_once(group: tuple) -> int:
+    """How many passes of a query group run at once before its queries wait for one: its backend's
+    `passes_at_once` (RemoteShards: the shard groups' running replicas), else 1 (the Router's own shards)."""
+    return getattr(group[-1], "passes_at_once", 1)
 
 
 class SearchPasses:
-    """The Router's searches: each request joins the pass of its group (`QueuedQuery.group`)."""
+    """The Router's searches: each request joins the pass of its group (`QueuedQuery.group`); a group whose
+    shards have several replicas runs that many passes at once (`passes_at_once`), the waiting queries split
+    among them, so every replica takes a share of a big tenant's load."""
 
     def __init__(self, encoder: QueryEncoder, versions: TenantVersions):
         self.encoder = encoder
         self.versions = versions
-        self.passes = Coalescer(self._run_pass, PASS_QUERIES)
+        self.passes = Coalescer(self._run_pass, PASS_QUERIES, passes_at_once)
 
     async def search(self, tenant: Tenant, request, text: str, stage: dict) -> RoutedPage:
         """Search `text` (the query or its HyDE passage) on the tenant's version, as `request` asks."""

@@ -2,7 +2,9 @@
 shard numbers g*per .. g*per+per-1 of any tenant's index (per: `shards_per_searcher`), so a query makes one
 call per deployment; its replicas hold tenants' shards in a byte-bounded cache, with tenant affinity: Serve's
 model multiplexing routes a call to a replica that holds its (tenant, version, group), so the cluster's cache
-grows with its replicas."""
+grows with its replicas. A replica reports its load in queries and search-thread time for its deployment's
+autoscaling (serving/autoscaling.py) and, before it takes traffic, opens its group of the first tenants, so
+an added replica shares their passes as soon as Serve routes to it."""
 
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from qrag_ray.search.shard import Shard, search_shards
 from qrag_ray.search.shard_reply import ShardReply
 from qrag_ray.serving.api_errors import overloaded, shard_unavailable
 from qrag_ray.serving.app_metrics import process_metrics
-from qrag_ray.serving.config import assigned_cpus
+from qrag_ray.serving.autoscaling import ShardLoad
+from qrag_ray.serving.config import AppArgs, assigned_cpus
 from qrag_ray.serving.serve_multiplex import withdraw
 from qrag_ray.serving.shard_cache import ShardCache, VersionKey
+from qrag_ray.serving.tenant_versions import IndexReader
 
 logger = logging.getLogger("ray.serve")
 
@@ -50,16 +54,48 @@ class ShardSearcher:
     over a batch's queries, never within one, and OpenMP threads wait for each other at every barrier,
     spinning where another search or replica holds the core). The groups a replica holds are Serve
     multiplexed models, so Serve routes a call carrying `affinity_id` to a replica holding it (else to the
-    replica holding the fewest); the byte budget decides what is held, not a model count."""
+    replica holding the fewest); the byte budget decides what is held, not a model count.
 
-    def __init__(self, cache_bytes: int, threads: int | None, per: int = 1):
+    With `args` (the app's) and its deployment number `group`, the constructor opens the group's shards of the
+    app's first `warm_tenants` tenants searched by the ShardSearchers before it returns: Serve routes nothing
+    to a replica before its constructor has returned, and routes those tenants' calls to the replicas holding
+    them, so a replica added under load takes its share of their passes at once and no call waits for its
+    loads."""
+
+    async def __init__(self, cache_bytes: int, threads: int | None, per: int = 1, group: int = 0,
+                       args: AppArgs | None = None):
         self.per = per
         self.metrics = process_metrics()
         self.cache = ShardCache(cache_bytes, threads, self.metrics, on_evict=self._withdraw)
-        self.pool = ThreadPoolExecutor(assigned_cpus(), thread_name_prefix="shard-search")
-        self.reporter = asyncio.get_event_loop().create_task(self.metrics.report_versions(self.cache))
+        self.threads = assigned_cpus()
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shard-search")
+        self.load = ShardLoad(self.threads)
+        self.reporter = asyncio.get_running_loop().create_task(self.metrics.report_versions(self.cache))
         self.replica = serve.get_replica_context().replica_id.unique_id
+        if args is not None:
+            await self._warm(args, group)
         freeze_long_lived()  # Ray, Serve and the search libraries, loaded: shards come and go in the byte cache
+
+    async def _warm(self, args: AppArgs, group: int) -> None:
+        """Open group `group`'s shards of the app's first `warm_tenants` tenants whose index the ShardSearchers
+        search (bigger than `local_search_max_bytes`); a tenant that cannot be read or loaded is skipped (the
+        Router's admin status reports it)."""
+        reader = IndexReader(args.shards or 256, args.local_search_max_bytes, local=None, remote=self)
+        numbers = range(group * self.per, (group + 1) * self.per)
+        try:
+            tenants = list(args.load_tenants().by_name.values())[:args.warm_tenants]
+        except Exception as error:
+            logger.warning("ShardSearcher%d: no tenants warmed (%s)", group, error)
+            return
+        for tenant in tenants:
+            try:
+                version = reader(tenant.index)
+                if version.backend is not self:
+                    continue
+                key = version.key(tenant.name)
+                await asyncio.gather(*[self._open(key, number) for number in numbers if number < version.num_shards])
+            except Exception as error:
+                logger.warning("ShardSearcher%d: tenant %r not warmed: %s", group, tenant.name, error)
 
     async def _open(self, key: VersionKey, number: int) -> Shard:
         # held from the start of its load: Serve routes the group's next calls here, to wait for this one load
@@ -81,9 +117,11 @@ class ShardSearcher:
     async def search(self, key: VersionKey, numbers: list[int], vectors: np.ndarray,
                      batch: QueryBatch) -> list[ShardReply]:
         """Shards `numbers` of `key` searched for every query vector, each reply with its page metadata."""
-        cold = [not self.cache.is_open(key, number) for number in numbers]
-        shards = await asyncio.gather(*[self._open(key, number) for number in numbers])
-        replies = await asyncio.to_thread(search_shards, shards, vectors, batch, self.pool, True)
+        with self.load.call(len(vectors)):
+            cold = [not self.cache.is_open(key, number) for number in numbers]
+            shards = await asyncio.gather(*[self._open(key, number) for number in numbers])
+            with self.load.searching(min(len(shards), self.threads)):
+                replies = await asyncio.to_thread(search_shards, shards, vectors, batch, self.pool, True)
         for reply, was_cold in zip(replies, cold, strict=True):
             reply.cold = was_cold
             reply.replica = self.replica
@@ -107,6 +145,11 @@ class ShardSearcher:
         """This replica's cache (api_models.CacheStatus)."""
         return self.cache.status()
 
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics, asked for every few seconds: this replica's load since the last
+        ask (serving/autoscaling.py, which ShardSearcherPolicy reads)."""
+        return self.load.report()
+
     def check_health(self) -> None:
         """Serve's periodic probe: a replica whose metrics task died is restarted rather than kept."""
         task = self.reporter
@@ -119,7 +162,9 @@ class RemoteShards:
     to deployment s // per, a search to every deployment at once (one call each). A call carries its
     (tenant, version, group) as Serve's multiplexed model id, so Serve routes it to a replica that holds
     that group (tenant affinity); a replica that died under a call is retried once (Serve routes the retry
-    to a live one)."""
+    to a live one). `passes_at_once` is how many search passes of one query group the Router sends at once:
+    the most running replicas of any of the deployments (`count_replicas`), so that concurrent passes go to
+    different replicas (Serve routes each to the least busy replica holding the group)."""
 
     path = "shards"  # what `timings.path` says of a search here
 
@@ -127,7 +172,21 @@ class RemoteShards:
         self.handles = list(handles)
         self.affinity = affinity
         self.per = per
+        self.passes_at_once = 1
         self._methods: dict[tuple[int, str], object] = {}  # (group, method) -> its handle, made once
+
+    async def count_replicas(self) -> int:
+        """Read the deployments' running replicas from Serve's status (off the event loop) into
+        `passes_at_once`; unchanged when Serve does not answer."""
+        try:
+            status = await asyncio.wait_for(asyncio.to_thread(serve.status), 10)
+            deployments = status.applications[self.handles[0].app_name].deployments
+            running = [sum(count for state, count in deployments[handle.deployment_name].replica_states.items()
+                           if state == "RUNNING") for handle in self.handles]
+            self.passes_at_once = max([1, *running])
+        except Exception as error:  # Serve's status is advisory here: the last count stays
+            logger.debug("ShardSearcher replicas not counted: %r", error)
+        return self.passes_at_once
 
     async def _call(self, group: int, method: str, key: VersionKey, *args):
         handle = self._methods.get((group, method))

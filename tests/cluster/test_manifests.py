@@ -204,6 +204,16 @@ def test_planted_missing_autoscaling_fails(rendered):
     assert any("no autoscaling_config" in p for p in probs), probs
 
 
+def test_planted_shard_searcher_on_serves_default_policy_fails(rendered):
+    def default_policy(cfg):
+        searcher = next(d for d in cfg["applications"][0]["deployments"] if d["name"] == "ShardSearcher1")
+        searcher["autoscaling_config"].pop("policy")
+
+    probs = kuberay.check_rayservice(_set_serve(_rayservice(rendered), default_policy), require_gpu=True,
+                                     canonical=None)
+    assert any("ShardSearcher1" in p and "ShardSearcherPolicy" in p for p in probs), probs
+
+
 def test_planted_drift_from_canonical_serve_config_fails(rendered, canonical):
     def drift(cfg):
         cfg["applications"][0]["args"]["shards"] = 5

@@ -94,3 +94,72 @@ def test_an_error_reaches_every_caller_of_its_call_and_the_next_call_runs(max_it
 
     bad, good = asyncio.run(go())
     assert all(isinstance(x, ValueError) for x in bad) and good == 5
+
+
+def test_with_two_slots_a_burst_is_split_over_two_calls_at_once():
+    calls = []
+
+    async def go():
+        async def run(key, items):
+            calls.append(list(items))
+            await asyncio.sleep(0.01)
+            return items
+
+        coalescer = Coalescer(run, slots=lambda key: 2)
+        return await asyncio.gather(*[coalescer.submit("k", n) for n in range(6)])
+
+    assert asyncio.run(go()) == list(range(6))
+    assert calls == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_a_free_slot_starts_a_call_for_a_lone_item_beside_the_running_one():
+    calls = []
+
+    async def go():
+        gate = asyncio.Event()
+
+        async def run(key, items):
+            calls.append(list(items))
+            if items == [0]:
+                await gate.wait()
+            return items
+
+        coalescer = Coalescer(run, slots=lambda key: 2)
+        first = asyncio.ensure_future(coalescer.submit("k", 0))
+        await asyncio.sleep(0.01)
+        second = await asyncio.wait_for(coalescer.submit("k", 1), 5)  # does not wait for the blocked call
+        third = asyncio.ensure_future(coalescer.submit("k", 2))
+        fourth = asyncio.ensure_future(coalescer.submit("k", 3))
+        await asyncio.sleep(0.01)
+        gate.set()
+        return [await first, second, await third, await fourth]
+
+    assert asyncio.run(go()) == [0, 1, 2, 3]
+    assert calls == [[0], [1], [2, 3]]  # 2 and 3 arrived while a call ran in each slot: the next call took both
+
+
+def test_slots_that_grow_while_items_wait_split_them_over_new_calls():
+    slots = {"k": 1}
+    calls = []
+
+    async def go():
+        gate = asyncio.Event()
+
+        async def run(key, items):
+            calls.append(list(items))
+            if items == [0]:
+                await gate.wait()
+            await asyncio.sleep(0.01)  # a call takes time: the new calls take their shares meanwhile
+            return items
+
+        coalescer = Coalescer(run, slots=slots.get)
+        first = asyncio.ensure_future(coalescer.submit("k", 0))
+        await asyncio.sleep(0.01)
+        waiting = [asyncio.ensure_future(coalescer.submit("k", n)) for n in range(1, 7)]
+        await asyncio.sleep(0.01)
+        slots["k"] = 3  # the group got replicas while six waited
+        gate.set()
+        return [await first, *await asyncio.gather(*waiting)]
+
+    assert asyncio.run(go()) == list(range(7))
+    assert calls == [[0], [1, 2], [3, 4], [5, 6]]

@@ -167,3 +167,72 @@ def test_a_load_ramp_scales_the_router_up_and_back_down_without_failing_a_reques
     bad = [r for r in responses if r["status"] != 200]
     assert decided_s < 30 and len(responses) > 20 and not bad, (decided_s, len(responses), bad[:3])
     serve.delete("ramp")
+
+
+@pytest.mark.slow
+def test_a_big_tenants_shard_searchers_follow_its_load_up_and_back_down(serve_app):
+    """One tenant, two shard groups (`shards_per_searcher: 2` over 3 shards), each ShardSearcher 1..3 on qrag's
+    policy with short delays: a trickle (one client) keeps one replica each, ten clients take each group to
+    two or more within 30 s, and the trickle after brings them back to one within 30 s past the downscale
+    delay; no request fails. The Router is fixed at one replica, so the ShardSearchers' own signal (the
+    queries their passes carry) is what scales them. About two and a half minutes."""
+    import threading
+
+    from ray import serve
+
+    from qrag_ray.serving.application import SHARD_SEARCHER_POLICY
+
+    # a target well below one query per replica: the small test index is searched in a millisecond or two, so
+    # a replica holds a query for a small share of a request (a trickle keeps 0.05-0.1 queries in a group's
+    # replicas, ten clients 0.2-0.5, the Router's embedding most of the rest). Metrics every 0.5 s (the
+    # deprecated field Ray 2.60 still honours).
+    scaling = {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 0.15,
+               "upscale_delay_s": 2, "downscale_delay_s": 6, "metrics_interval_s": 0.5, "look_back_period_s": 4,
+               "policy": SHARD_SEARCHER_POLICY}
+    groups = ("ShardSearcher0", "ShardSearcher1")
+    url, headers = serve_app("bigramp", {"request_timeout_s": 60, "warm_tenants": 1, "shards_per_searcher": 2},
+                             {"Router": {**SMALL, "num_replicas": 1},
+                              **{group: {**SMALL, "autoscaling_config": scaling} for group in groups}})
+    timeline: list[tuple[float, dict]] = []
+    stop = threading.Event()
+    started = time.time()
+
+    def watch() -> None:
+        while not stop.is_set():
+            deployments = serve.status().applications["bigramp"].deployments
+            timeline.append((time.time() - started, {group: deployments[group].replica_states.get("RUNNING", 0)
+                                                     for group in groups}))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    responses = []
+    try:
+        trickle = Load(url, headers["alpha"], workers=1, body=QUERY, timeout=90)
+        time.sleep(25)
+        responses += trickle.finish()
+        rise = time.time() - started
+        heavy = Load(url, headers["alpha"], workers=10, body=QUERY, timeout=90)
+        try:
+            wait_for(lambda: timeline and all(n >= 2 for n in timeline[-1][1].values()), 60,
+                     "two replicas of each ShardSearcher under load")
+            time.sleep(5)  # the load keeps going to every replica
+        finally:
+            responses += heavy.finish()
+        fall = time.time() - started
+        trickle = Load(url, headers["alpha"], workers=1, body=QUERY, timeout=90)
+        try:
+            wait_for(lambda: all(n == 1 for n in timeline[-1][1].values()), 90, "back to one replica each")
+        finally:
+            responses += trickle.finish()
+    finally:
+        stop.set()
+        watcher.join()
+    first_stage = [counts for t, counts in timeline if t < rise]
+    changes = sum(before != after for before, after in zip(first_stage, first_stage[1:], strict=False))
+    up_s = next(t for t, counts in timeline if t >= rise and all(n >= 2 for n in counts.values())) - rise
+    down_s = next(t for t, counts in timeline if t >= fall and all(n == 1 for n in counts.values())) - fall
+    bad = [r for r in responses if r["status"] != 200]
+    assert len(responses) > 100 and not bad, (len(responses), bad[:3])
+    assert changes <= 1 and up_s < 30 and down_s - scaling["downscale_delay_s"] < 30, (changes, up_s, down_s, timeline)
+    serve.delete("bigramp")

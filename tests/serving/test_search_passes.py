@@ -16,7 +16,7 @@ from qrag_ray.config.search_policy import SearchConfig
 from qrag_ray.errors import QragError
 from qrag_ray.serving.api_errors import ApiError
 from qrag_ray.serving.api_models import SearchRequest
-from qrag_ray.serving.search_passes import PASS_QUERIES, QueuedQuery, SearchPasses, resolve_query
+from qrag_ray.serving.search_passes import PASS_QUERIES, QueuedQuery, SearchPasses, passes_at_once, resolve_query
 from qrag_ray.serving.shard_cache import VersionKey, VersionMoved
 from qrag_ray.serving.shard_searcher import RemoteShards, affinity_id
 from qrag_ray.serving.tenant_versions import IndexVersion
@@ -253,3 +253,40 @@ def test_a_groups_error_reaches_its_requests_and_not_the_others():
     asks = _asks(retriever, remote, SearchRequest(query="a", k=1), SearchRequest(query="b", k=2))
     outcomes = _batches(retriever, asks)
     assert isinstance(outcomes[0], VersionMoved) and len(outcomes[1][0]) == 2
+
+
+def test_a_backend_with_two_replicas_gets_two_passes_of_a_group_at_once_and_the_waiting_split_among_them():
+    """RemoteShards' `passes_at_once` (its deployments' running replicas) is how many passes of one group
+    are in flight: a burst is split over the two passes; with one replica they run one after the other."""
+    class Overlapping(_Remote):
+        def __init__(self, replicas: int):
+            super().__init__(HITS[:1] * 8)
+            self.passes_at_once = replicas
+            self.running = 0
+            self.most = 0
+            self.sizes: list[int] = []
+
+        async def search(self, key, num_shards, vectors, batch):
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.sizes.append(len(vectors))
+            await asyncio.sleep(0.01)
+            self.running -= 1
+            return await super().search(key, num_shards, vectors, batch)
+
+    for replicas, sizes in ((2, [3, 3]), (1, [6])):
+        remote = Overlapping(replicas)
+        retriever, _, _ = _retriever(remote)
+        outcomes = _batches(retriever, _asks(retriever, remote, *[SearchRequest(query=f"q{n}", k=2) for n in range(6)]))
+        assert [len(page) for page, _, _ in outcomes] == [2] * 6
+        assert remote.sizes == sizes and remote.most == len(sizes), (replicas, remote.sizes)
+
+
+def test_the_passes_at_once_of_a_group_are_its_backends():
+    remote = _Remote(HITS[:1])
+    remote.passes_at_once = 3
+    retriever, _, _ = _retriever(remote)
+    queued = _asks(retriever, remote, SearchRequest(query="q", k=2))[0]
+    assert passes_at_once(queued.group) == 3
+    local = _retriever(StandInShards(HITS[:1]))[0]
+    assert passes_at_once(_asks(local, None, SearchRequest(query="q", k=2))[0].group) == 1  # no such attribute: 1

@@ -14,6 +14,9 @@ from tools.validate_deploy import REPO
 
 SERVE_CONFIG = REPO / "serve_configs" / "qrag.yaml"
 RAYSERVICE = REPO / "k8s" / "base" / "rayservice.yaml"
+# A ShardSearcher's ongoing requests are the Routers' search passes (one at a time for one tenant at any load):
+# its autoscaling must count the queries they carry, which this policy does (qrag_ray/serving/autoscaling.py).
+SHARD_SEARCHER_POLICY = "qrag_ray.serving.autoscaling:ShardSearcherPolicy"
 
 
 def import_attr(import_path: str) -> Any:
@@ -62,6 +65,12 @@ def check_serve_config(cfg: Any) -> list[str]:
                 out.append(f"application {name}: deployment {dep.get('name')} has no autoscaling_config")
             elif autoscaling.get("min_replicas", 1) > autoscaling.get("max_replicas", 1):
                 out.append(f"application {name}: deployment {dep.get('name')}: min_replicas > max_replicas")
+            elif str(dep.get("name", "")).startswith("ShardSearcher"):
+                policy = (autoscaling.get("policy") or {}).get("policy_function")
+                if policy != SHARD_SEARCHER_POLICY:
+                    out.append(f"application {name}: deployment {dep.get('name')}: autoscaling_config.policy."
+                               f"policy_function must be {SHARD_SEARCHER_POLICY} (Serve's default counts the "
+                               "Router's search passes, which cannot tell load from idle)")
     return out
 
 
