@@ -40,6 +40,11 @@ class Segments:
         self.hidden = hidden  # segment seq -> the documents it leaves out (for the fetch routes)
         self.path = base.path
 
+    @property
+    def passes_at_once(self) -> int:
+        """The base's (its shard groups' running replicas): the deltas are small and searched in the Router."""
+        return getattr(self.base, "passes_at_once", 1)
+
     def _tombstones(self, seq: int) -> Tombstones:
         return Tombstones(self.root, self.generation, seq)
 
