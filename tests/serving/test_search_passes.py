@@ -290,3 +290,12 @@ def test_the_passes_at_once_of_a_group_are_its_backends():
     assert passes_at_once(queued.group) == 3
     local = _retriever(StandInShards(HITS[:1]))[0]
     assert passes_at_once(_asks(local, None, SearchRequest(query="q", k=2))[0].group) == 1  # no such attribute: 1
+
+
+def test_a_written_tenants_passes_at_once_are_its_bases():
+    from qrag_ray.serving.segments import Segments
+
+    remote = _Remote(HITS[:1])
+    remote.passes_at_once = 3
+    segments = Segments(remote, StandInShards(HITS[:1]), "/root", 2, 0, (), {})
+    assert segments.passes_at_once == 3
