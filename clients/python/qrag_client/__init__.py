@@ -1,7 +1,7 @@
 """qrag-client: a light client for a qrag-ray server (httpx + pydantic), with framework adapters as
 extras: qrag_client.langchain, qrag_client.llamaindex, qrag_client.mcp_server."""
 
-__version__ = "0.1.0"  # released with the qrag-ray of the same version, whose API it mirrors
+__version__ = "0.2.0"  # released with the qrag-ray of the same version, whose API it mirrors
 
 from qrag_client.client import DEFAULT_URL, NO_RETRIES, AsyncQragClient, QragClient, RetryPolicy
 from qrag_client.errors import (

@@ -32,6 +32,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
+from qrag_client import __version__
 from qrag_client.client import DEFAULT_URL, AsyncQragClient, QragClient, quote_id
 from qrag_client.errors import NotFoundError, QragClientError
 from qrag_client.models import MAX_K, Filter, SearchFilter, SearchResult, parse_filter
@@ -146,7 +147,7 @@ def build_server(url: str = DEFAULT_URL, api_key: str | None = None, *, k: int =
         return FetchedDocument(id=id, title=doc.title or doc.doc_id, text=doc.text, metadata=meta,
                                url=doc.url or f"{base}/v1/documents/{quote_id(doc.doc_id)}")
 
-    return MCPServer("qrag", version="0.1.0", log_level="WARNING", tools=[_tool(search), _tool(fetch)],
+    return MCPServer("qrag", version=__version__, log_level="WARNING", tools=[_tool(search), _tool(fetch)],
                      instructions="Search a qrag index with `search` (natural-language questions work best), "
                                   "then read a whole document with `fetch` and one of the ids it returned.")
 
