@@ -186,10 +186,10 @@ def _upserted_ids(files: list[str]) -> frozenset:
     from qrag_ray.io.readers import parse_jsonl_line
 
     ids: set[str] = set()
-    for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                rec = parse_jsonl_line(line, f"{Path(f).name} line {n}", None)
+    for path in files:
+        with open(path, encoding="utf-8") as file:
+            for n, line in enumerate(file, 1):
+                rec = parse_jsonl_line(line, f"{Path(path).name} line {n}", None)
                 if rec is not None:
                     ids.add(rec["doc_id"])
     return frozenset(ids)

@@ -68,25 +68,25 @@ def compact(root: str | Path, address: str | None = None, keep: int = 2, console
 
 
 def _fold(root: Path, state: WriteState, address: str | None, keep: int, console) -> dict:
-    t0 = time.perf_counter()
-    g = state.generation
+    started = time.perf_counter()
+    generation = state.generation
     base = load_manifest(root / "versions" / current_version_name(root))
     api, deleted = written_documents(root, state)
     folder = corpus_dir(root)
-    corpus_file = folder / f"{g:012d}.jsonl"
-    deleted_file = folder / f"{g:012d}.deleted"
+    corpus_file = folder / f"{generation:012d}.jsonl"
+    deleted_file = folder / f"{generation:012d}.deleted"
     write_corpus(corpus_file, api.values())
     write_ids(deleted_file, deleted)
     cfg = compaction_config(root, base, corpus_file if api else None, deleted_file, address)
-    inject_vectors(Path(cfg.build.work_dir), cfg, [d.path for d in state.deltas if d.last_seq <= g], base.dim)
+    inject_vectors(Path(cfg.build.work_dir), cfg, [d.path for d in state.deltas if d.last_seq <= generation], base.dim)
     report = build_index(cfg, console)
     published = publish_version(root, cfg.build.output, keep=keep, move=True)
     new_version = published["index_version"]
     with locked(root, STATE_LOCK):
         fresh = load_write_state(root)
-        folded = [d for d in fresh.deltas if d.last_seq <= g]
-        remaining = tuple(d for d in fresh.deltas if d.last_seq > g)
-        tombstones = {doc: s for doc, s in fresh.tombstones.items() if s > g}
+        folded = [d for d in fresh.deltas if d.last_seq <= generation]
+        remaining = tuple(d for d in fresh.deltas if d.last_seq > generation)
+        tombstones = {doc: s for doc, s in fresh.tombstones.items() if s > generation}
         schemas = [load_manifest(root / "versions" / new_version).metadata_schema or {}]
         schemas += [load_manifest(d.path).metadata_schema or {} for d in remaining]
         schema = merge_field_types([{f: [t, "the index"] for f, t in s.items()} for s in schemas])
@@ -94,19 +94,19 @@ def _fold(root: Path, state: WriteState, address: str | None, keep: int, console
         since = min([d.created_at for d in remaining] + ([fresh.changed_since or now] if tombstones else []),
                     default=None)
         publish_state(replace(
-            fresh, base_version=new_version, base_seq=g, deltas=remaining, tombstones=tombstones,
+            fresh, base_version=new_version, base_seq=generation, deltas=remaining, tombstones=tombstones,
             hashes={doc: h for doc, h in fresh.hashes.items() if doc in tombstones}, metadata_schema=schema or None,
             compacting_at=None, corpus=str(corpus_file.relative_to(root)),
             deleted_ids=str(deleted_file.relative_to(root)),
             retired=fresh.retired + tuple((str(d.path.relative_to(root)), now) for d in folded),
             changed_since=since if (remaining or tombstones) else None))
-    pruned = WriteLog(root).prune(g)
+    pruned = WriteLog(root).prune(generation)
     _drop_old_corpora(root, keep={corpus_file.name, deleted_file.name} | _previous_corpus(state))
-    return {"root": str(root), "compacted": True, "generation": g, "index_version": new_version,
+    return {"root": str(root), "compacted": True, "generation": generation, "index_version": new_version,
             "previous": published["previous"], "documents": report.documents, "chunks": report.chunks,
             "vectors": report.vectors, "vectors_embedded": report.vectors_embedded,
             "vectors_reused": report.vectors_reused, "deltas_folded": len(folded), "log_entries_pruned": pruned,
-            "api_documents": len(api), "deleted_ids": len(deleted), "seconds": round(time.perf_counter() - t0, 3)}
+            "api_documents": len(api), "deleted_ids": len(deleted), "seconds": round(time.perf_counter() - started, 3)}
 
 
 def written_documents(root: Path, state: WriteState) -> tuple[dict[str, dict], set[str]]:
@@ -141,9 +141,9 @@ def compaction_work_dir(root: Path, recorded: dict) -> Path:
     candidates = [build.get("work_dir")]
     if build.get("output"):
         candidates.append(str(workdir.work_dir_for(build["output"])))
-    for c in candidates:
-        if c and Path(c).is_dir():
-            return Path(c)
+    for candidate in candidates:
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
     return writes_dir(root) / COMPACT / "work"
 
 
@@ -171,23 +171,23 @@ def inject_vectors(work: Path, cfg: IndexConfig, deltas: list[Path], dim: int) -
     count), so its embedding stage finds them done; how many rows."""
     workdir.open_work_dir(work, workdir.work_key(cfg.model_dump(mode="json")))
     rows = 0
-    for d in deltas:
-        path = d / DELTA_VECTORS
+    for delta_dir in deltas:
+        path = delta_dir / DELTA_VECTORS
         if not path.is_file():
             continue
-        t = pq.read_table(path)
-        if not t.num_rows:
+        vectors = pq.read_table(path)
+        if not vectors.num_rows:
             continue
-        shard = np.fromiter((shard_of(int(c), cfg.shards) for c in t.column("chunk_idx").to_numpy()), np.int32,
-                            t.num_rows)
-        t = t.set_column(t.schema.get_field_index("shard"), "shard", pa.array(shard))
-        keys = t.column("row_key").to_numpy()
+        shard = np.fromiter((shard_of(int(c), cfg.shards) for c in vectors.column("chunk_idx").to_numpy()), np.int32,
+                            vectors.num_rows)
+        vectors = vectors.set_column(vectors.schema.get_field_index("shard"), "shard", pa.array(shard))
+        keys = vectors.column("row_key").to_numpy()
         name = workdir.part_name(keys)
         stripe = (keys % SAMPLE_STRIPE) == 0
         if stripe.any():  # the rows a large build trains its quantizer from, as the embedding sink writes them
-            atomic_write_parquet(t.filter(pa.array(stripe)), work / "sample" / f"{name}.parquet")
-        workdir.write_part(t, work / "vectors" / f"{name}.parquet")
-        rows += t.num_rows
+            atomic_write_parquet(vectors.filter(pa.array(stripe)), work / "sample" / f"{name}.parquet")
+        workdir.write_part(vectors, work / "vectors" / f"{name}.parquet")
+        rows += vectors.num_rows
     return rows
 
 
@@ -198,6 +198,6 @@ def _previous_corpus(state: WriteState) -> set[str]:
 def _drop_old_corpora(root: Path, keep: set[str]) -> None:
     """The writes corpora of compactions before the last two (no kept version names them any more)."""
     folder = corpus_dir(root)
-    for f in folder.iterdir() if folder.is_dir() else []:
-        if f.name not in keep and not f.name.startswith("."):
-            f.unlink(missing_ok=True)
+    for corpus_file in folder.iterdir() if folder.is_dir() else []:
+        if corpus_file.name not in keep and not corpus_file.name.startswith("."):
+            corpus_file.unlink(missing_ok=True)

@@ -90,9 +90,9 @@ def _numbered_by_first_use(tok):
     return Tokenized(ids=ids, vocab=vocab)
 
 
-def lucene_idf(n_docs: int, df: np.ndarray) -> np.ndarray:
+def lucene_idf(n_docs: int, document_frequency: np.ndarray) -> np.ndarray:
     """bm25s's default ("lucene") IDF, the one its stored scores were multiplied by."""
-    return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+    return np.log1p((n_docs - document_frequency + 0.5) / (document_frequency + 0.5))
 
 
 def _term_columns(path: Path) -> tuple[dict[str, int], np.ndarray]:
@@ -104,14 +104,14 @@ def _term_columns(path: Path) -> tuple[dict[str, int], np.ndarray]:
 
 def shard_frequencies(path: str | Path) -> tuple[int, dict[str, int]]:
     """(documents, {term: documents holding it}) of one saved shard BM25 index (an empty shard: 0, {})."""
-    p = Path(path)
-    n = len(np.load(p / CHUNK_IDX, mmap_mode="r"))
+    path = Path(path)
+    n = len(np.load(path / CHUNK_IDX, mmap_mode="r"))
     if not n:
         return 0, {}
-    method = json.loads((p / _PARAMS).read_text()).get("method", "lucene")
+    method = json.loads((path / _PARAMS).read_text()).get("method", "lucene")
     if method != "lucene":  # we always build with bm25s's default; another IDF would need its own formula
-        raise ValueError(f"{p}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
-    vocab, counts = _term_columns(p)
+        raise ValueError(f"{path}: global IDF is implemented for bm25s method 'lucene', not {method!r}")
+    vocab, counts = _term_columns(path)
     return n, {t: int(counts[i]) for t, i in vocab.items()}
 
 
@@ -119,19 +119,19 @@ def rescale_idf(path: str | Path, n_all: int, df_all: Mapping[str, int]) -> None
     """Rewrite one shard's stored BM25 scores with the IDF of a collection of `n_all` documents whose
     document frequencies are `df_all` (this shard's own documents included): bm25s stores idf(term) *
     tf-part per (term, document), so scaling a term's column by that idf / the shard's own is exact."""
-    p = Path(path)
-    n = len(np.load(p / CHUNK_IDX, mmap_mode="r"))
+    path = Path(path)
+    n = len(np.load(path / CHUNK_IDX, mmap_mode="r"))
     if not n:
         return
-    vocab, counts = _term_columns(p)
+    vocab, counts = _term_columns(path)
     cols = np.fromiter(vocab.values(), np.int64, len(vocab))
     local = counts[cols].astype(np.float64)
     glob = np.fromiter((df_all.get(t, 0) for t in vocab), np.float64, len(vocab))
     ratio = np.ones(len(counts))
     seen = local > 0
     ratio[cols[seen]] = lucene_idf(n_all, glob[seen]) / lucene_idf(n, local[seen])
-    data = np.load(p / _DATA)
-    np.save(p / _DATA, (data * np.repeat(ratio, counts)).astype(data.dtype))
+    data = np.load(path / _DATA)
+    np.save(path / _DATA, (data * np.repeat(ratio, counts)).astype(data.dtype))
 
 
 def globalize_idf(paths: list[str | Path]) -> None:

@@ -65,14 +65,14 @@ def record_hash(doc_id: str, title: str, text: str, url: str, metadata: dict) ->
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def writable_reason(m: Manifest) -> str | None:
-    """Why the index of manifest `m` cannot take writes through the API (None: it can)."""
-    data = published_config(m)
-    gen = (data.get("generator") or {}).get("backend") or "none"
-    if gen == "precomputed":
+def writable_reason(manifest: Manifest) -> str | None:
+    """Why the index of `manifest` cannot take writes through the API (None: it can)."""
+    data = published_config(manifest)
+    backend = (data.get("generator") or {}).get("backend") or "none"
+    if backend == "precomputed":
         return ("its questions came with the corpus (generator: precomputed), and a written document has none; "
                 "add documents with `qrag index --append`")
-    if gen != "none" or set(m.kinds or []) & set(GENERATED_KINDS):
+    if backend != "none" or set(manifest.kinds or []) & set(GENERATED_KINDS):
         return ("it was built with an LLM generator, which writes through the API do not run yet; add documents "
                 "with `qrag index --append` and `qrag publish`")
     return None
@@ -144,16 +144,17 @@ def _vector_table_schema(dim: int) -> pa.Schema:
 
 
 def _aux_questions(cfg: IndexConfig) -> bool:
-    f = cfg.filters
-    return f.prune_tau is not None or f.min_question_chunk_sim is not None or f.require_content_overlap
+    filters = cfg.filters
+    return (filters.prune_tau is not None or filters.min_question_chunk_sim is not None
+            or filters.require_content_overlap)
 
 
 def document_chunks(records: list[dict], cfg: IndexConfig) -> list[dict]:
     """The chunk rows of some log records (placed for `cfg`'s shard count), in record order."""
     out = []
-    for r in records:
-        doc = {"doc_id": r["doc_id"], "title": r.get("title") or "", "text": r["text"], "url": r.get("url") or "",
-               "metadata": to_json(r.get("metadata") or {})}
+    for record in records:
+        doc = {"doc_id": record["doc_id"], "title": record.get("title") or "", "text": record["text"],
+               "url": record.get("url") or "", "metadata": to_json(record.get("metadata") or {})}
         out += chunk_rows(doc, cfg)
     return out
 
@@ -172,8 +173,8 @@ class DeltaInput:
     def chunks_of(self) -> dict[str, int]:
         """Chunks per document."""
         out: dict[str, int] = {}
-        for c in self.chunks:
-            out[c["doc_id"]] = out.get(c["doc_id"], 0) + 1
+        for chunk in self.chunks:
+            out[chunk["doc_id"]] = out.get(chunk["doc_id"], 0) + 1
         return out
 
 
@@ -187,29 +188,30 @@ def delta_input(records: list[dict], cfg: IndexConfig) -> DeltaInput:
 def embed_input(todo: DeltaInput, embedder: DeltaEmbedder, dim: int,
                 on_pass: Callable[[int], None] | None = None) -> DeltaRows:
     """Embed `todo`'s rows (`on_pass` gets the rows of each forward pass as it finishes): its DeltaRows."""
-    cols, n = todo.columns, todo.rows
+    columns = todo.columns
     chunks = pa.table({k: pa.array([c[k] for c in todo.chunks], type=CHUNK_PART_SCHEMA.field(k).type)
                        for k in CHUNK_PART_SCHEMA.names}, schema=CHUNK_PART_SCHEMA)
-    if not n:
+    if not todo.rows:
         return DeltaRows(chunks, _vector_table_schema(dim).empty_table())
-    vecs = embedder(list(cols["embed_text"]), on_pass)
-    if vecs.shape[1] != dim:
-        raise QragError(f"the embedder gives {vecs.shape[1]}-d vectors, the index holds {dim}-d ones")
-    keys = workdir.row_keys(cols["chunk_idx"], cols["kind"], cols["ord"], cols["text"], cols["embed_text"])
-    flat = pa.array(np.ascontiguousarray(vecs, np.float32).reshape(-1), type=pa.float32())
-    vectors = pa.table({"chunk_idx": pa.array(cols["chunk_idx"], pa.int64()), "kind": list(cols["kind"]),
-                        "text": list(cols["text"]), "qn": pa.array(cols["qn"], pa.int32()),
-                        "ord": pa.array(cols["ord"], pa.int32()), "store": pa.array(cols["store"], pa.bool_()),
+    embeddings = embedder(list(columns["embed_text"]), on_pass)
+    if embeddings.shape[1] != dim:
+        raise QragError(f"the embedder gives {embeddings.shape[1]}-d vectors, the index holds {dim}-d ones")
+    keys = workdir.row_keys(columns["chunk_idx"], columns["kind"], columns["ord"], columns["text"],
+                            columns["embed_text"])
+    flat = pa.array(np.ascontiguousarray(embeddings, np.float32).reshape(-1), type=pa.float32())
+    vectors = pa.table({"chunk_idx": pa.array(columns["chunk_idx"], pa.int64()), "kind": list(columns["kind"]),
+                        "text": list(columns["text"]), "qn": pa.array(columns["qn"], pa.int32()),
+                        "ord": pa.array(columns["ord"], pa.int32()), "store": pa.array(columns["store"], pa.bool_()),
                         "row_key": pa.array(keys, pa.int64()),
                         "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
-                        "shard": pa.array(cols["shard"], pa.int32())}, schema=_vector_table_schema(dim))
+                        "shard": pa.array(columns["shard"], pa.int32())}, schema=_vector_table_schema(dim))
     return DeltaRows(chunks, vectors)
 
 
 def read_delta_rows(delta_dir: str | Path, dim: int) -> DeltaRows:
     """A written delta's content back (its chunk table's typed metadata in the JSON form it came in)."""
-    d = Path(delta_dir)
-    table = pq.read_table(d / CHUNKS)
+    delta_dir = Path(delta_dir)
+    table = pq.read_table(delta_dir / CHUNKS)
     meta = (json_values(table.column(METADATA).to_pylist()) if METADATA in table.column_names
             else [{}] * table.num_rows)
     url = table.column(URL).to_pylist() if URL in table.column_names else [None] * table.num_rows
@@ -218,7 +220,7 @@ def read_delta_rows(delta_dir: str | Path, dim: int) -> DeltaRows:
                        "text": table.column("text"), "shard": table.column("shard"),
                        "url": pa.array([u or "" for u in url], pa.string()),
                        "metadata": pa.array([to_json(m) for m in meta], pa.string())}, schema=CHUNK_PART_SCHEMA)
-    return DeltaRows(chunks, pq.read_table(d / DELTA_VECTORS).cast(_vector_table_schema(dim)))
+    return DeltaRows(chunks, pq.read_table(delta_dir / DELTA_VECTORS).cast(_vector_table_schema(dim)))
 
 
 @dataclass(frozen=True)
@@ -232,14 +234,14 @@ class BaseTerms:
     @classmethod
     def of(cls, base: Manifest) -> "BaseTerms":
         documents = 0
-        freq: dict[str, int] = {}
-        for s in base.shards:
-            if s.bm25:
-                n, df = shard_frequencies(base.file(s.bm25))
-                documents += n
-                for term, count in df.items():
-                    freq[term] = freq.get(term, 0) + count
-        return cls(documents, freq)
+        frequencies: dict[str, int] = {}
+        for shard in base.shards:
+            if shard.bm25:
+                shard_documents, document_frequency = shard_frequencies(base.file(shard.bm25))
+                documents += shard_documents
+                for term, count in document_frequency.items():
+                    frequencies[term] = frequencies.get(term, 0) + count
+        return cls(documents, frequencies)
 
 
 def canonical_metadata(meta: dict, schema: dict[str, str]) -> dict:
@@ -263,7 +265,7 @@ def write_delta(rows: DeltaRows, cfg: IndexConfig, base: Manifest, out: Path, sc
     """Write `rows` as a delta index at `out` (replaced if a crashed attempt left one): one shard, Flat
     FAISS, BM25 when the base has it (IDF of the base plus these documents), the chunk table with `schema`'s
     typed metadata columns, the manifest with `info` (sequence range, base version) under `delta`."""
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     dim = base.dim
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -287,11 +289,11 @@ def write_delta(rows: DeltaRows, cfg: IndexConfig, base: Manifest, out: Path, sc
                             FaissConfig(factory="Flat"), dim, bm25)
         write_arrow(typed.drop_columns(["shard"]), staging / shard_chunks(0))
         if bm25.enabled and terms is not None:
-            n, df = shard_frequencies(staging / shard_bm25(0))
-            rescale_idf(staging / shard_bm25(0), terms.documents + n,
-                        {t: terms.frequencies.get(t, 0) + c for t, c in df.items()})
+            delta_documents, document_frequency = shard_frequencies(staging / shard_bm25(0))
+            rescale_idf(staging / shard_bm25(0), terms.documents + delta_documents,
+                        {t: terms.frequencies.get(t, 0) + c for t, c in document_frequency.items()})
         stats["chunk_table"] = shard_chunks(0)
-        stats["seconds"] = round(time.perf_counter() - t0, 3)
+        stats["seconds"] = round(time.perf_counter() - started, 3)
         documents = len(set(chunks.column("doc_id").to_pylist()))
         description = IndexDescription(
             representation=base.representation, preset=base.preset, kinds=base.kinds,
@@ -321,8 +323,8 @@ class BaseDocuments:
         self.path = base.file(CHUNKS)
         doc_ids = pq.read_table(self.path, columns=["doc_id"]).column("doc_id").to_pylist()
         self.rows: dict[str, list[int]] = {}
-        for i, d in enumerate(doc_ids):
-            self.rows.setdefault(d, []).append(i)
+        for row, doc_id in enumerate(doc_ids):
+            self.rows.setdefault(doc_id, []).append(row)
         self.schema = base.metadata_schema or {}
         self._table: pa.Table | None = None
 

@@ -59,11 +59,11 @@ def parse_write_id(text: str) -> tuple[int, str] | None:
 
 def fsync_dir(path: Path) -> None:
     """Make a directory's entries (a link, a rename, an unlink) durable."""
-    fd = os.open(path, os.O_RDONLY)
+    descriptor = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        os.fsync(descriptor)
     finally:
-        os.close(fd)
+        os.close(descriptor)
 
 
 def durable_write(path: Path, data: bytes) -> None:
@@ -71,10 +71,10 @@ def durable_write(path: Path, data: bytes) -> None:
     directory fsynced (a reader sees the old file or the new one, after a crash too)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    with open(tmp, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -114,9 +114,10 @@ def _parse(seq: int, raw: bytes) -> LogEntry:
         return LogEntry(seq=seq, write_id=write_id(seq, nonce), operation=operation,
                         submitted_at=float(data["submitted_at"]), bytes=len(raw), records=data.get("records"),
                         ids=data.get("ids"), filter=data.get("filter"), extra=data.get("extra") or {})
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as error:
+        reason = f"log entry {entry_name(seq)} is unreadable ({type(error).__name__}: {error})"
         return LogEntry(seq=seq, write_id=write_id(seq, "0" * 12), operation="unknown", submitted_at=0.0,
-                        bytes=len(raw), error=f"log entry {entry_name(seq)} is unreadable ({type(e).__name__}: {e})")
+                        bytes=len(raw), error=reason)
 
 
 class WriteLog:
@@ -160,10 +161,10 @@ class WriteLog:
                 "submitted_at": time.time() if submitted_at is None else submitted_at, **payload}
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         tmp = self.dir / f".{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(tmp, "wb") as file:
+            file.write(raw)
+            file.flush()
+            os.fsync(file.fileno())
         try:
             seq = self._claim(tmp)
         finally:

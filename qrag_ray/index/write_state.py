@@ -158,8 +158,8 @@ def state_from_json(root: Path, data: dict[str, Any]) -> WriteState:
                           deleted_ids=data.get("deleted_ids"),
                           retired=tuple((str(p), float(t)) for p, t in data.get("retired") or []),
                           changed_since=data.get("changed_since"), updated_at=float(data.get("updated_at", 0.0)))
-    except (KeyError, TypeError, ValueError) as e:
-        raise IndexFormatError(f"corrupt write state {writes_dir(root) / STATE}: {e}") from None
+    except (KeyError, TypeError, ValueError) as error:
+        raise IndexFormatError(f"corrupt write state {writes_dir(root) / STATE}: {error}") from None
 
 
 def state_path(root: str | Path) -> Path:
@@ -175,8 +175,8 @@ def load_write_state(root: str | Path) -> WriteState | None:
         return None
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise IndexFormatError(f"corrupt write state {path}: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise IndexFormatError(f"corrupt write state {path}: {error}") from None
     return state_from_json(Path(root), data)
 
 
@@ -188,10 +188,10 @@ def read_write_state(root: str | Path) -> WriteState | None:
     """`load_write_state`, parsed once per state of the file (a stat per call otherwise)."""
     path = state_path(root)
     try:
-        st = os.stat(path)
+        stat = os.stat(path)
     except FileNotFoundError:
         return None
-    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    ident = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
     key = str(path)
     with _cache_lock:
         hit = _cache.get(key)
@@ -217,19 +217,19 @@ def locked(root: str | Path, name: str, wait: bool = True) -> Iterator[bool]:
     False and another process holds it. The kernel releases it when the holder dies (kill -9 included)."""
     path = writes_dir(root) / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             yield False
             return
         try:
             yield True
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
     finally:
-        os.close(fd)
+        os.close(descriptor)
 
 
 def is_locked(root: str | Path, name: str) -> bool:

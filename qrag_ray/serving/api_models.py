@@ -424,10 +424,10 @@ class Document(BaseModel):
 
     @field_validator("text")
     @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not re.search(NOT_BLANK, v):
+    def _not_blank(cls, text: str) -> str:
+        if not re.search(NOT_BLANK, text):
             raise ValueError("must not be empty or whitespace")
-        return v
+        return text
 
 
 class DocumentsRequest(BaseModel):

@@ -168,7 +168,7 @@ class Applier:
         return state
 
     def _apply(self, root: Path) -> ApplyResult:
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         log = WriteLog(root)
         state = self._start_state(root)
         entries = log.entries_after(state.generation, limit=self.settings.max_entries + 1)
@@ -214,16 +214,16 @@ class Applier:
         result.deleted = sum(1 for _, rec in folded.pending.values() if rec is None)
         result.failed = sum(1 for o in folded.outcomes.values() if o["status"] == "failed")
         result.merged = self._merge(root, base)  # after the pass is visible: a merge never delays a write
-        result.seconds = round(time.perf_counter() - t0, 3)
+        result.seconds = round(time.perf_counter() - started, 3)
         return result
 
     def _write_delta(self, root: Path, base: BaseInfo, rows: DeltaRows, schema: dict[str, str], first: int,
                      last: int, created_at: float | None = None) -> Delta:
         """`rows` as the delta of sequence numbers first..last under ROOT/writes/deltas/."""
         out = writes_dir(root) / DELTAS / delta_name(first, last)
-        m = write_delta(rows, base.cfg, base.manifest, out, schema or None, base.terms,
-                        {"first_seq": first, "last_seq": last, "base_version": base.version})
-        return Delta(out, first, last, chunks=m.counts.chunks, vectors=m.counts.vectors,
+        manifest = write_delta(rows, base.cfg, base.manifest, out, schema or None, base.terms,
+                               {"first_seq": first, "last_seq": last, "base_version": base.version})
+        return Delta(out, first, last, chunks=manifest.counts.chunks, vectors=manifest.counts.vectors,
                      created_at=time.time() if created_at is None else created_at)
 
     def _merge(self, root: Path, base: BaseInfo) -> int:
@@ -236,9 +236,9 @@ class Applier:
             if not run:
                 return merged
             parts = []
-            for d in run:
-                old = read_delta_rows(d.path, base.manifest.dim)
-                parts.append(old.keep(doc for doc in old.doc_ids if state.visible(doc, d.last_seq)))
+            for source in run:
+                old = read_delta_rows(source.path, base.manifest.dim)
+                parts.append(old.keep(doc for doc in old.doc_ids if state.visible(doc, source.last_seq)))
             content = DeltaRows.concat(parts, base.manifest.dim)
             delta = self._write_delta(root, base, content, state.metadata_schema or {}, run[0].first_seq,
                                       run[-1].last_seq, created_at=min(d.created_at for d in run))
@@ -249,8 +249,8 @@ class Applier:
                 if folding or any(d.name not in names for d in run):
                     shutil.rmtree(delta.path, ignore_errors=True)  # a compaction took them meanwhile
                     return merged
-                at = names.index(run[0].name)
-                deltas = fresh.deltas[:at] + (delta,) + fresh.deltas[at + len(run):]
+                position = names.index(run[0].name)
+                deltas = fresh.deltas[:position] + (delta,) + fresh.deltas[position + len(run):]
                 retired = fresh.retired + tuple((str(d.path.relative_to(root)), time.time()) for d in run)
                 publish_state(replace(fresh, deltas=deltas, retired=retired))
             merged += len(run)
@@ -282,12 +282,12 @@ class Applier:
                                                    _schema_part(fold.schema)]) or None,
                 changed_since=fresh.changed_since or (time.time() if tombstones else None)))
 
-    def _record(self, root: Path, result: ApplyResult, fold: Fold, at: float) -> None:
+    def _record(self, root: Path, result: ApplyResult, fold: Fold, searchable_at: float) -> None:
         """The pass's outcome per entry, for GET /v1/writes/{id} (not fsynced: the STATE file says what is
         applied; a lost record reads as searchable without counts)."""
         for outcome in fold.outcomes.values():
             if outcome["status"] != "failed":
-                outcome["searchable_at"] = at
+                outcome["searchable_at"] = searchable_at
         body = {"writes": {str(seq): o for seq, o in fold.outcomes.items()}}
         atomic_write_text(status_dir(root) / f"{result.first:012d}-{result.last:012d}.json", json.dumps(body))
 
@@ -314,9 +314,9 @@ class Applier:
         used = {d.name for d in state.deltas} | {Path(p).name for p, _ in state.retired}
         folder = writes_dir(root) / DELTAS
         if folder.is_dir():
-            for d in folder.iterdir():
-                if d.name not in used:
-                    shutil.rmtree(d, ignore_errors=True)
+            for delta_dir in folder.iterdir():
+                if delta_dir.name not in used:
+                    shutil.rmtree(delta_dir, ignore_errors=True)
         log_dir = writes_dir(root) / "log"
         for tmp in log_dir.glob(".*.tmp"):
             with contextlib.suppress(FileNotFoundError):
@@ -324,10 +324,10 @@ class Applier:
                     tmp.unlink()
         statuses = status_dir(root)
         if statuses.is_dir():
-            for f in statuses.iterdir():
+            for status_file in statuses.iterdir():
                 with contextlib.suppress(FileNotFoundError):
-                    if now - f.stat().st_mtime > self.settings.status_retention_s:
-                        f.unlink()
+                    if now - status_file.stat().st_mtime > self.settings.status_retention_s:
+                        status_file.unlink()
 
 
 def merge_plan(deltas: tuple[Delta, ...], floor: int, settings: WriteSettings) -> list[Delta]:
@@ -336,10 +336,10 @@ def merge_plan(deltas: tuple[Delta, ...], floor: int, settings: WriteSettings) -
     rewritten about log(n) times; or, past `max_deltas`, as many of the newest as bring the count back. Never
     a delta at or below `floor` (a running compaction folds those)."""
     trailing: list[Delta] = []
-    for d in reversed(deltas):  # the newest run above the floor
-        if d.first_seq <= floor:
+    for delta in reversed(deltas):  # the newest run above the floor
+        if delta.first_seq <= floor:
             break
-        trailing.insert(0, d)
+        trailing.insert(0, delta)
     factor = settings.merge_factor
     if len(trailing) >= factor:
         newest = trailing[-factor:]

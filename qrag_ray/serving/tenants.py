@@ -37,10 +37,10 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def _check_hash(v: str | None, what: str = "") -> str | None:
-    if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+def _check_hash(digest: str | None, what: str = "") -> str | None:
+    if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise ValueError(f"{what}must be 64 lowercase hex characters (sha256 of the key)")
-    return v
+    return digest
 
 
 class RateLimit(BaseModel):
@@ -68,15 +68,15 @@ class Tenant(BaseModel):
 
     @field_validator("name")
     @classmethod
-    def _name(cls, v: str) -> str:
-        if not re.match(INDEX_NAME, v):
+    def _name(cls, name: str) -> str:
+        if not re.match(INDEX_NAME, name):
             raise ValueError("tenant names are 1-64 characters of letters, digits, '_', '-', '.'")
-        return v
+        return name
 
     @field_validator("key_sha256")
     @classmethod
-    def _hash(cls, v: str | None) -> str | None:
-        return _check_hash(v, "key_sha256 ")
+    def _hash(cls, digest: str | None) -> str | None:
+        return _check_hash(digest, "key_sha256 ")
 
 
 class _TenantsFile(BaseModel):
@@ -86,8 +86,8 @@ class _TenantsFile(BaseModel):
 
     @field_validator("admin_key_sha256")
     @classmethod
-    def _admin(cls, v: str | None) -> str | None:
-        return _check_hash(v)
+    def _admin(cls, digest: str | None) -> str | None:
+        return _check_hash(digest)
 
 
 @dataclass(frozen=True)
@@ -110,19 +110,19 @@ class Tenants:
 
     @classmethod
     def from_list(cls, tenants: list[Tenant | dict], admin_sha256: str | None = None) -> "Tenants":
-        ts = [t if isinstance(t, Tenant) else Tenant.model_validate(t) for t in tenants]
-        if not ts:
+        validated = [t if isinstance(t, Tenant) else Tenant.model_validate(t) for t in tenants]
+        if not validated:
             raise QragError("the tenants file lists no tenants")
-        names = [t.name for t in ts]
+        names = [t.name for t in validated]
         if dup := {n for n in names if names.count(n) > 1}:
             raise QragError(f"duplicate tenant names: {', '.join(sorted(dup))}")
-        if missing := [t.name for t in ts if not t.key_sha256]:
+        if missing := [t.name for t in validated if not t.key_sha256]:
             raise QragError(f"tenants without key_sha256: {', '.join(missing)} "
                             "(create entries with `qrag tenants add`)")
-        hashes = [t.key_sha256 for t in ts]
+        hashes = [t.key_sha256 for t in validated]
         if len(set(hashes)) != len(hashes) or admin_sha256 in hashes:
             raise QragError("two tenants (or a tenant and the admin) share one API key")
-        return cls({t.name: t for t in ts}, open=False, admin_sha256=admin_sha256)
+        return cls({t.name: t for t in validated}, open=False, admin_sha256=admin_sha256)
 
     def authenticate(self, authorization: str | None) -> Tenant:
         """The tenant whose key is in `Authorization: Bearer KEY` (401 otherwise), found by its sha256."""
@@ -163,37 +163,37 @@ def _bearer(authorization: str | None) -> str:
 
 
 # ---- the tenants file --------------------------------------------------------------------------
-def _parse(p: Path, data) -> _TenantsFile:
+def _parse(path: Path, data) -> _TenantsFile:
     from qrag_ray.config.index import format_validation_error
 
     try:
         return _TenantsFile.model_validate(data)
-    except ValidationError as e:
-        raise QragError(f"tenants file {p}: {format_validation_error(e)}") from None
+    except ValidationError as error:
+        raise QragError(f"tenants file {path}: {format_validation_error(error)}") from None
 
 
 def load_tenants(path: str | Path) -> Tenants:
-    tf = _parse(Path(path), read_yaml(path, "tenants file", default={}))
-    return Tenants.from_list(tf.tenants, tf.admin_key_sha256)
+    tenants_file = _parse(Path(path), read_yaml(path, "tenants file", default={}))
+    return Tenants.from_list(tenants_file.tenants, tenants_file.admin_key_sha256)
 
 
 @contextlib.contextmanager
-def _editing(path: str | Path) -> Iterator[tuple[dict, Path]]:
+def _editing(path: str | Path) -> Iterator[dict]:
     """The tenants file's data (a missing file: none) to change in place; written back when the block ends."""
-    p = Path(path)
-    data = read_yaml(p, "tenants file", default={}) if p.is_file() else {}
-    _parse(p, data)
+    path = Path(path)
+    data = read_yaml(path, "tenants file", default={}) if path.is_file() else {}
+    _parse(path, data)
     data.setdefault("tenants", [])
-    yield data, p
-    _write_file(p, data)
+    yield data
+    _write_file(path, data)
 
 
-def _entry(data: dict, name: str, p: Path) -> dict:
-    for t in data["tenants"]:
-        if t.get("name") == name:
-            return t
+def _entry(data: dict, name: str, path: str | Path) -> dict:
+    for tenant in data["tenants"]:
+        if tenant.get("name") == name:
+            return tenant
     have = ", ".join(t.get("name", "?") for t in data["tenants"]) or "none"
-    raise QragError(f"no tenant {name!r} in {p} (tenants: {have})")
+    raise QragError(f"no tenant {name!r} in {path} (tenants: {have})")
 
 
 def add_tenant(path: str | Path, name: str, index: str | Path, rate_limit: dict | None = None,
@@ -201,7 +201,7 @@ def add_tenant(path: str | Path, name: str, index: str | Path, rate_limit: dict 
     """Add a tenant (or replace its entry with a new key) and return the key; the file holds only its hash.
     `scope`: read, or write (read + write); a read key's entry leaves it out, as entries written before
     scopes existed do."""
-    with _editing(path) as (data, _):
+    with _editing(path) as data:
         entry = Tenant(name=name, index=str(Path(index).resolve()), key_sha256=hash_key(key := new_key()),
                        rate_limit=rate_limit, scope=scope).model_dump(exclude_none=True)
         if entry["scope"] == "read":
@@ -215,8 +215,8 @@ def rotate_key(path: str | Path, name: str, scope: str | None = None) -> str:
     stops working at the servers' next reload."""
     if scope is not None and scope not in SCOPES:
         raise QragError(f"unknown scope {scope!r} (known: {', '.join(SCOPES)})")
-    with _editing(path) as (data, p):
-        entry = _entry(data, name, p)
+    with _editing(path) as data:
+        entry = _entry(data, name, path)
         entry["key_sha256"] = hash_key(key := new_key())
         if scope == "write":
             entry["scope"] = "write"
@@ -226,23 +226,23 @@ def rotate_key(path: str | Path, name: str, scope: str | None = None) -> str:
 
 
 def remove_tenant(path: str | Path, name: str) -> None:
-    with _editing(path) as (data, p):
-        data["tenants"].remove(_entry(data, name, p))
+    with _editing(path) as data:
+        data["tenants"].remove(_entry(data, name, path))
 
 
 def set_admin_key(path: str | Path) -> str:
-    with _editing(path) as (data, _):
+    with _editing(path) as data:
         data["admin_key_sha256"] = hash_key(key := new_key())
     return key
 
 
-def _write_file(p: Path, data: dict) -> None:
+def _write_file(path: Path, data: dict) -> None:
     """Via a temporary sibling renamed over it: a server re-reading it never sees half a file."""
     _TenantsFile.model_validate(data)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write("# qrag tenants: keys are stored as sha256 only (qrag tenants add prints a key once)\n")
-        yaml.safe_dump(data, f, sort_keys=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(descriptor, "w") as file:
+        file.write("# qrag tenants: keys are stored as sha256 only (qrag tenants add prints a key once)\n")
+        yaml.safe_dump(data, file, sort_keys=False)
     os.chmod(tmp, 0o600)
-    os.replace(tmp, p)
+    os.replace(tmp, path)

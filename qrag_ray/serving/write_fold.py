@@ -86,19 +86,20 @@ class Folder:
         entry's outcome; an entry that cannot apply now (a metadata type another writer's batch took
         first, a filter on a field of another type) fails whole."""
         fold = Fold(schema=dict(self.state.metadata_schema or self.base.manifest.metadata_schema or {}))
-        for e in entries:
-            outcome = {"write_id": e.write_id, "operation": e.operation if e.operation in ("upsert", "delete")
-                       else "upsert", "status": "searchable", "documents": e.documents, "chunks": None,
-                       "indexed": 0, "submitted_at": e.submitted_at, "searchable_at": None, "error": None}
-            fold.outcomes[e.seq] = outcome
-            if e.error is not None:
-                outcome.update(status="failed", error={"record": None, "field": None, "message": e.error})
+        for entry in entries:
+            operation = entry.operation if entry.operation in ("upsert", "delete") else "upsert"
+            outcome = {"write_id": entry.write_id, "operation": operation, "status": "searchable",
+                       "documents": entry.documents, "chunks": None, "indexed": 0,
+                       "submitted_at": entry.submitted_at, "searchable_at": None, "error": None}
+            fold.outcomes[entry.seq] = outcome
+            if entry.error is not None:
+                outcome.update(status="failed", error={"record": None, "field": None, "message": entry.error})
                 continue
             try:
-                if e.operation == "upsert":
-                    self._upsert(fold, e)
+                if entry.operation == "upsert":
+                    self._upsert(fold, entry)
                 else:
-                    outcome["documents"] = self._delete(fold, e)
+                    outcome["documents"] = self._delete(fold, entry)
             except ApiError as err:
                 loc = (err.detail or [{}])[0].get("loc") or []
                 outcome.update(status="failed", error={
@@ -125,9 +126,9 @@ class Folder:
             return doc in self.state.hashes
         return doc in self.base.docs
 
-    def _upsert(self, fold: Fold, e: LogEntry) -> None:
+    def _upsert(self, fold: Fold, entry: LogEntry) -> None:
         docs = [{"id": r["doc_id"], "title": r.get("title") or "", "text": r["text"], "url": r.get("url") or None,
-                 "metadata": r.get("metadata") or {}} for r in e.records or []]
+                 "metadata": r.get("metadata") or {}} for r in entry.records or []]
         records = check_documents(docs, fold.schema)  # the schema as this entry's turn finds it
         for rec in records:
             for name, value in rec["metadata"].items():
@@ -140,19 +141,19 @@ class Folder:
                            and not self.api_hashes().get(doc))
             if batch_built and self.base.docs.fingerprint(doc) == record_fingerprint(rec, self.base.cfg, fold.schema):
                 continue  # the batch-built document, written again as it is
-            fold.pending[doc] = (e.seq, rec)
+            fold.pending[doc] = (entry.seq, rec)
 
-    def _delete(self, fold: Fold, e: LogEntry) -> int:
-        if e.ids is not None:
-            docs = [d for d in dict.fromkeys(e.ids) if self._is_visible(fold, d)]
+    def _delete(self, fold: Fold, entry: LogEntry) -> int:
+        if entry.ids is not None:
+            docs = [d for d in dict.fromkeys(entry.ids) if self._is_visible(fold, d)]
         else:
             try:
-                docs = sorted(self._matching(fold, compile_filter(e.filter, None, fold.schema)))
+                docs = sorted(self._matching(fold, compile_filter(entry.filter, None, fold.schema)))
             except InvalidFilter as err:
                 raise QragError(f"the filter cannot be applied: {err}") from None
-        for d in docs:
-            fold.pending[d] = (e.seq, None)
-        return len(docs) if e.ids is None else len(e.ids)
+        for doc in docs:
+            fold.pending[doc] = (entry.seq, None)
+        return len(docs) if entry.ids is None else len(entry.ids)
 
     def _matching(self, fold: Fold, flt) -> set[str]:
         """The documents visible now (base, deltas, this pass's earlier upserts) whose metadata passes."""

@@ -32,10 +32,13 @@ class Writer:
         from qrag_ray.serving.config import AppArgs
         from qrag_ray.serving.registry import TenantRegistry
 
-        a = AppArgs.model_validate(args)
-        self.settings = a.writes
-        self.registry = TenantRegistry.from_file(a.tenants) if a.tenants else TenantRegistry(a.load_tenants())
-        self.applier = Applier(a.writes, threads=assigned_cpus())
+        app_args = AppArgs.model_validate(args)
+        self.settings = app_args.writes
+        if app_args.tenants:
+            self.registry = TenantRegistry.from_file(app_args.tenants)
+        else:
+            self.registry = TenantRegistry(app_args.load_tenants())
+        self.applier = Applier(app_args.writes, threads=assigned_cpus())
         self._wake: dict[str, asyncio.Event] = {}
         self._drains: dict[str, asyncio.Task] = {}
         self._compactions: dict[str, asyncio.Task] = {}
@@ -87,16 +90,16 @@ class Writer:
                 self.errors.pop(root, None)
                 backoff = 1.0
                 self._maybe_compact(root)
-            except Exception as e:
-                self.errors[root] = f"{type(e).__name__}: {e}"
+            except Exception as error:
+                self.errors[root] = f"{type(error).__name__}: {error}"
                 logger.exception("applying the writes of %s failed; retrying in %.0f s", root, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(60.0, backoff * 2)
                 wake.set()
 
     def _maybe_compact(self, root: str) -> None:
-        s = self.settings
-        if not s.auto_compact or (root in self._compactions and not self._compactions[root].done()):
+        settings = self.settings
+        if not settings.auto_compact or (root in self._compactions and not self._compactions[root].done()):
             return
         if time.time() - self._compact_failed.get(root, 0.0) < COMPACT_RETRY_S:
             return
@@ -105,7 +108,7 @@ class Writer:
             return
         vectors = sum(d.vectors for d in state.deltas)
         age = time.time() - (state.changed_since or time.time())
-        if (vectors >= s.compact_vectors or age >= s.compact_age_s) and not is_locked(root, COMPACT_LOCK):
+        if (vectors >= settings.compact_vectors or age >= settings.compact_age_s) and not is_locked(root, COMPACT_LOCK):
             self._compactions[root] = asyncio.get_running_loop().create_task(self._compact(root))
 
     async def _compact(self, root: str) -> None:

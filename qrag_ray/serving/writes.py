@@ -70,8 +70,8 @@ class TenantWrites:
         try:
             resolved = resolve_index(root)
             state = read_write_state(root)
-        except QragError as e:
-            raise index_unavailable(tenant.name, str(e)) from None
+        except QragError as error:
+            raise index_unavailable(tenant.name, str(error)) from None
         why = writable_reason(resolved.manifest)
         if why:
             raise not_writable(tenant.name, why)
@@ -89,11 +89,11 @@ class TenantWrites:
             raise write_backlog(tenant.name, queued, limit, BACKLOG_RETRY_S)
 
     def _check_size(self, count: int, nbytes: int) -> None:
-        s = self.settings
-        if count > s.max_documents:
-            raise too_large(f"the request carries {count} documents; at most {s.max_documents} per request")
-        if nbytes > s.max_bytes:
-            raise too_large(f"the request body has {nbytes} bytes; at most {s.max_bytes} per request")
+        settings = self.settings
+        if count > settings.max_documents:
+            raise too_large(f"the request carries {count} documents; at most {settings.max_documents} per request")
+        if nbytes > settings.max_bytes:
+            raise too_large(f"the request body has {nbytes} bytes; at most {settings.max_bytes} per request")
 
     # ---- routes ------------------------------------------------------------------------------------
     def upsert(self, tenant: Tenant, documents: list[dict[str, Any]], nbytes: int) -> LogEntry:
@@ -111,8 +111,8 @@ class TenantWrites:
         if filter_spec is not None:
             try:
                 compile_filter(filter_spec, None, self.schema(manifest, state))
-            except InvalidFilter as e:
-                raise ApiError(422, "invalid_filter", str(e)) from None
+            except InvalidFilter as error:
+                raise ApiError(422, "invalid_filter", str(error)) from None
         self._check_room(tenant, root, state, nbytes)
         payload = {"ids": list(dict.fromkeys(ids))} if ids is not None else {"filter": filter_spec}
         return self._append(tenant, root, "delete", payload)
@@ -120,8 +120,9 @@ class TenantWrites:
     def _append(self, tenant: Tenant, root: Path, operation: str, payload: dict) -> LogEntry:
         try:
             return self.log(root).append(operation, payload)
-        except OSError as e:
-            raise index_unavailable(tenant.name, f"its write log cannot be written ({e.strerror or e})") from None
+        except OSError as error:
+            reason = f"its write log cannot be written ({error.strerror or error})"
+            raise index_unavailable(tenant.name, reason) from None
 
     def status(self, tenant: Tenant, write_id: str) -> dict[str, Any]:
         """The WriteStatus body of one of the tenant's writes (404 for an id it does not have)."""
@@ -203,9 +204,9 @@ def check_documents(documents: list[dict[str, Any]], schema: dict[str, str]) -> 
         seen[doc_id] = i
         try:
             meta = normalize_metadata(doc.get("metadata") or {}, f"id {doc_id!r}")
-        except QragError as e:
-            bad = next((f for f in (doc.get("metadata") or {}) if f"field {f!r}" in str(e)), None)
-            raise invalid_document(i, f"metadata.{bad}" if bad else "metadata", str(e)) from None
+        except QragError as error:
+            bad = next((f for f in (doc.get("metadata") or {}) if f"field {f!r}" in str(error)), None)
+            raise invalid_document(i, f"metadata.{bad}" if bad else "metadata", str(error)) from None
         for name, value in meta.items():
             typ = value_type(value)
             first = types.setdefault(name, (typ, i))
