@@ -367,8 +367,8 @@ class Router:
         stage: dict = {"stage": "describing the index"}
 
         async def run():
-            ti = await self.versions.current(tenant)
-            return await self.console.index(ti, tenant.name, self.args.generator is not None, sample)
+            version = await self.versions.current(tenant)
+            return await self.console.index(version, tenant.name, self.args.generator is not None, sample)
 
         return await self._deadline(run(), stage)
 
@@ -382,8 +382,8 @@ class Router:
         stage: dict = {"stage": "reading the chunk's vectors"}
 
         async def run():
-            ti = await self.versions.current(tenant)
-            return await self.console.vectors(ti, tenant.name, chunk_id)
+            version = await self.versions.current(tenant)
+            return await self.console.vectors(version, tenant.name, chunk_id)
 
         return await self._deadline(run(), stage)
 
