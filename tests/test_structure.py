@@ -6,6 +6,7 @@ whole package (docs/ARCHITECTURE.md says which). Seconds; no Ray."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -99,3 +100,63 @@ def test_no_issue_numbers_in_code():
                 found += [f"{file.relative_to(root)}:{n}" for n, line in enumerate(file.read_text().splitlines(), 1)
                           if pattern.search(line)]
     assert found == []
+
+
+# Short names the package may bind: loop indices and counts (i, j, k, n), a list of k values (ks), BM25's
+# parameters (k1, b), the index rows' question-number column (qn), the conventional module aliases (np, pa,
+# pq, pc) and words of two letters.
+SHORT_NAMES_ALLOWED = {"_", "i", "j", "k", "n", "ks", "k1", "b", "qn", "np", "pa", "pq", "pc", "dt", "ok", "id", "ip",
+                       "up"}
+
+
+def _target_names(target: ast.AST) -> list[str]:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in _target_names(element)]
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    return []
+
+
+def _bound_names(node: ast.AST) -> list[str]:
+    """The names `node` binds in a function or module body (a class's fields are the API's names)."""
+    if isinstance(node, ast.Assign):
+        return [name for target in node.targets for name in _target_names(target)]
+    if isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor, ast.NamedExpr)):
+        return _target_names(node.target)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        arguments = node.args
+        every = arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+        every += [arg for arg in (arguments.vararg, arguments.kwarg) if arg is not None]
+        return [arg.arg for arg in every]
+    if isinstance(node, ast.ExceptHandler) and node.name:
+        return [node.name]
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return [name for item in node.items if item.optional_vars is not None
+                for name in _target_names(item.optional_vars)]
+    return []
+
+
+def test_no_short_names_outside_comprehensions():
+    """One name per thing, named for what it holds: no name of one or two letters is bound outside a
+    comprehension or a lambda (where the expression beside it says what it is), but for the few above."""
+    found = []
+    for file in sorted(PKG.rglob("*.py")):
+        tree = ast.parse(file.read_text())
+        inside_expressions = {id(sub) for node in ast.walk(tree)
+                              if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp,
+                                                   ast.Lambda))
+                              for sub in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in inside_expressions:
+                continue
+            found += [f"{file.relative_to(ROOT)}:{node.lineno}: {name}" for name in _bound_names(node)
+                      if len(name) <= 2 and name not in SHORT_NAMES_ALLOWED]
+    assert found == []
+
+
+def test_the_short_names_check_finds_what_it_forbids():
+    tree = ast.parse("def f(x):\n    for ab in x:\n        pass\n    return [c for c in ab]\n")
+    names = [name for node in ast.walk(tree) for name in _bound_names(node)]
+    assert "x" in names and "ab" in names and "c" not in names

@@ -29,6 +29,17 @@ from qrag_ray.search.filters import OPERATORS
 from qrag_ray.search.shard import shard_of_chunk
 from qrag_ray.serving import api_models as m
 from qrag_ray.serving.api_errors import ApiError
+from qrag_ray.serving.console_models import (
+    ConsoleCache,
+    ConsoleDeployment,
+    ConsoleField,
+    ConsoleIndex,
+    ConsoleOperate,
+    ConsoleRequests,
+    ConsoleTenant,
+    ConsoleVector,
+    ConsoleVectors,
+)
 from qrag_ray.serving.tenant_versions import IndexVersion
 
 ASSETS = Path(__file__).with_name("console_assets")
@@ -94,7 +105,7 @@ class Console:
         return RedirectResponse("console/", status_code=308, headers=ASSET_HEADERS)
 
     # ---- the index view -------------------------------------------------------------------------
-    async def index(self, version: IndexVersion, name: str, llm: bool, samples: int) -> m.ConsoleIndex:
+    async def index(self, version: IndexVersion, name: str, llm: bool, samples: int) -> ConsoleIndex:
         """What `qrag info` shows of the tenant's index version (its server path left out), with the
         filter operators of each metadata field and what the search form may offer."""
         key = (version.dir, version.index_version, samples)
@@ -106,37 +117,37 @@ class Console:
         summary = dict(await asyncio.shield(task))
         summary.pop("path", None)
         schema = summary.get("metadata_schema") or {}
-        fields = [m.ConsoleField(name=field, type=kind, operators=list(OPERATORS.get(kind, ())))
+        fields = [ConsoleField(name=field, type=kind, operators=list(OPERATORS.get(kind, ())))
                   for field, kind in sorted(schema.items())]
         bm25_alpha = version.policy.bm25_alpha if version.manifest.has_bm25 else None
-        return m.ConsoleIndex(name=name, fields=fields, llm=llm, bm25_alpha=bm25_alpha, **summary)
+        return ConsoleIndex(name=name, fields=fields, llm=llm, bm25_alpha=bm25_alpha, **summary)
 
-    async def vectors(self, version: IndexVersion, name: str, chunk_id: str) -> m.ConsoleVectors:
+    async def vectors(self, version: IndexVersion, name: str, chunk_id: str) -> ConsoleVectors:
         """Every vector the index holds for one chunk (its kind and the text embedded), in stored order."""
         rows = await asyncio.to_thread(chunk_vectors, version, chunk_id)
         if not rows:
             raise ApiError(404, "not_found", f"index '{name}' has no chunk {chunk_id!r}")
-        return m.ConsoleVectors(chunk_id=chunk_id, index=name, index_version=version.index_version,
-                                vectors=[m.ConsoleVector(**r) for r in rows])
+        return ConsoleVectors(chunk_id=chunk_id, index=name, index_version=version.index_version,
+                                vectors=[ConsoleVector(**r) for r in rows])
 
     # ---- the operate view -----------------------------------------------------------------------
     async def operate(self, status: m.AdminStatus, active: dict[str, IndexVersion], requests: dict[str, dict],
-                      window_s: float) -> m.ConsoleOperate:
+                      window_s: float) -> ConsoleOperate:
         """The admin status with what the operate view adds: each tenant's index bytes and requests in
         this replica's window, every store's cache counts side by side, the app's deployments."""
         sizes = await asyncio.gather(*[self._index_bytes(active[t.name]) if t.name in active else _none()
                                        for t in status.tenants])
-        tenants = [m.ConsoleTenant(**t.model_dump(), index_bytes=size,
-                                   requests=m.ConsoleRequests(**requests[t.name]) if t.name in requests else None)
+        tenants = [ConsoleTenant(**t.model_dump(), index_bytes=size,
+                                   requests=ConsoleRequests(**requests[t.name]) if t.name in requests else None)
                    for t, size in zip(status.tenants, sizes, strict=True)]
-        caches = [m.ConsoleCache(where="Router", reachable=True, **status.router_cache.model_dump())]
-        caches += [m.ConsoleCache(where=f"ShardSearcher{s.shard}", **s.model_dump(exclude={"shard"}))
+        caches = [ConsoleCache(where="Router", reachable=True, **status.router_cache.model_dump())]
+        caches += [ConsoleCache(where=f"ShardSearcher{s.shard}", **s.model_dump(exclude={"shard"}))
                    for s in status.shards]
         deployments, problem = await asyncio.to_thread(serve_deployments)
         anonymous = requests.get("-")
-        return m.ConsoleOperate(
+        return ConsoleOperate(
             status=status.status, ready=status.ready, inflight=status.inflight, window_s=window_s,
-            tenants=tenants, unauthenticated=m.ConsoleRequests(**anonymous) if anonymous else None,
+            tenants=tenants, unauthenticated=ConsoleRequests(**anonymous) if anonymous else None,
             caches=caches, deployments=deployments, deployments_error=problem, replica=replica_id(),
             registry=status.registry, at=time.time())
 
@@ -176,7 +187,7 @@ def replica_id() -> str | None:
         return None
 
 
-def serve_deployments() -> tuple[list[m.ConsoleDeployment], str | None]:
+def serve_deployments() -> tuple[list[ConsoleDeployment], str | None]:
     """(this app's deployments with their replicas by state, the reason when Serve could not say).
     Blocking (a call to Serve's controller): run it in a thread."""
     try:
@@ -189,7 +200,7 @@ def serve_deployments() -> tuple[list[m.ConsoleDeployment], str | None]:
     found = status.applications.get(app_name)
     if found is None:
         return [], f"Serve reports no application {app_name!r}"
-    return [m.ConsoleDeployment(name=name, status=_text(d.status), message=d.message or "",
+    return [ConsoleDeployment(name=name, status=_text(d.status), message=d.message or "",
                                 replicas={_text(state): count for state, count in d.replica_states.items()})
             for name, d in sorted(found.deployments.items())], None
 

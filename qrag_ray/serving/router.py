@@ -22,6 +22,7 @@ from qrag_ray.serving.api_errors import ApiError, overloaded
 from qrag_ray.serving.app_metrics import process_metrics
 from qrag_ray.serving.config import AppArgs
 from qrag_ray.serving.console import Console
+from qrag_ray.serving.console_models import ConsoleIndex, ConsoleOperate, ConsoleVectors
 from qrag_ray.serving.encoder import QueryEncoder
 from qrag_ray.serving.fetcher import Fetcher
 from qrag_ray.serving.http import app, bearer, error_responses, metrics_of, window_of
@@ -68,9 +69,7 @@ class Router:
         self.fetcher = Fetcher(self.versions)
         self.answerer = Answerer(synthesizer, args.hyde_max_tokens, args.answer_min_cosine)
         self.console = Console(args.console)
-        self.writes = TenantWrites(args.writes) if writer is not None else None
-        self.writer = writer
-        self._nudges: set[asyncio.Task] = set()
+        self.writes = TenantWrites(args.writes, writer) if writer is not None else None
         self._inflight = 0
         self._ready = False  # the warm-up has finished (set before the constructor returns)
         self._watcher: asyncio.Task | None = None
@@ -241,18 +240,6 @@ class Router:
             raise ApiError(409, "not_writable", "this server takes no writes (its app args set writes.enabled: false)")
         return tenant
 
-    def _nudge(self, tenant: Tenant) -> None:
-        """Tell the Writer a batch is logged; not waited for (its scan finds the batch anyway)."""
-        task = asyncio.get_running_loop().create_task(self._send_nudge(tenant.index))
-        self._nudges.add(task)
-        task.add_done_callback(self._nudges.discard)
-
-    async def _send_nudge(self, root: str) -> None:
-        try:
-            await self.writer.nudge.remote(root)
-        except Exception:
-            logger.warning("could not nudge the Writer for %s", root, exc_info=True)
-
     @app.post("/v1/documents", status_code=202, response_model=m.WriteReceipt, responses=_WRITE_ERRORS,
               dependencies=[bearer])
     async def upsert_documents(self, req: m.DocumentsRequest, request: Request) -> m.WriteReceipt:
@@ -262,7 +249,7 @@ class Router:
         docs = [d.model_dump() for d in req.documents]
         stage: dict = {"stage": "logging the batch"}
         entry = await self._deadline(asyncio.to_thread(self.writes.upsert, tenant, docs, nbytes), stage)
-        self._nudge(tenant)
+        self.writes.nudge(tenant)
         return m.WriteReceipt(**receipt(tenant, entry))
 
     @app.delete("/v1/documents", status_code=202, response_model=m.WriteReceipt, responses=_WRITE_ERRORS,
@@ -274,7 +261,7 @@ class Router:
         spec = None if req.filter is None else req.filter.model_dump(mode="json")
         stage: dict = {"stage": "logging the batch"}
         entry = await self._deadline(asyncio.to_thread(self.writes.delete, tenant, req.ids, spec, nbytes), stage)
-        self._nudge(tenant)
+        self.writes.nudge(tenant)
         return m.WriteReceipt(**receipt(tenant, entry))
 
     @app.get("/v1/writes/{write_id}", response_model=m.WriteStatus, responses=error_responses(401, 403, 404, 429, 503),
@@ -357,10 +344,10 @@ class Router:
         """One of the console's script and style files."""
         return self.console.asset(name)
 
-    @app.get("/v1/console/index", response_model=m.ConsoleIndex, responses=_CONSOLE_ERRORS, dependencies=[bearer],
+    @app.get("/v1/console/index", response_model=ConsoleIndex, responses=_CONSOLE_ERRORS, dependencies=[bearer],
              tags=["console"])
     async def console_index(self, request: Request, index: str | None = _INDEX,
-                            sample: int = Query(5, ge=0, le=20, description="sample chunks to show")) -> m.ConsoleIndex:
+                            sample: int = Query(5, ge=0, le=20, description="sample chunks to show")) -> ConsoleIndex:
         """The key's index as `qrag info` describes it, with its metadata fields' filter operators (the console)."""
         tenant = self._auth(request, index)  # first: a request without a key is a 401 whether or not the console is on
         self.console.require()
@@ -372,10 +359,10 @@ class Router:
 
         return await self._deadline(run(), stage)
 
-    @app.get("/v1/console/vectors/{chunk_id:path}", response_model=m.ConsoleVectors, responses=_CONSOLE_ERRORS,
+    @app.get("/v1/console/vectors/{chunk_id:path}", response_model=ConsoleVectors, responses=_CONSOLE_ERRORS,
              dependencies=[bearer], tags=["console"])
     async def console_vectors(self, request: Request, chunk_id: str = Path(..., description="the chunk id"),
-                              index: str | None = _INDEX) -> m.ConsoleVectors:
+                              index: str | None = _INDEX) -> ConsoleVectors:
         """Every vector of one chunk: its kind and the text embedded (the console's chunk page)."""
         tenant = self._auth(request, index)  # first: a request without a key is a 401 whether or not the console is on
         self.console.require()
@@ -387,9 +374,9 @@ class Router:
 
         return await self._deadline(run(), stage)
 
-    @app.get("/v1/console/operate", response_model=m.ConsoleOperate, responses=error_responses(401, 403, 404),
+    @app.get("/v1/console/operate", response_model=ConsoleOperate, responses=error_responses(401, 403, 404),
              dependencies=[bearer], tags=["console"])
-    async def console_operate(self, request: Request) -> m.ConsoleOperate:
+    async def console_operate(self, request: Request) -> ConsoleOperate:
         """The admin status with each tenant's requests in this replica's last minute, index bytes and the
         app's deployments (admin key only; the console's operate view)."""
         status = await self.admin_status(request)  # the admin key's check first, as above

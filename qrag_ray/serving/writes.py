@@ -6,7 +6,9 @@ for any write. Nothing of a bad batch is logged. Blocking file work: the routes 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ from qrag_ray.serving.api_errors import (
 from qrag_ray.serving.config import WriteSettings
 from qrag_ray.serving.tenants import Tenant
 
+logger = logging.getLogger("ray.serve")
+
 APPLYING = "APPLYING"  # the applier's current batch: {first, last, chunks, indexed, started_at}
 STATUS = "status"  # the applier's outcome per applied batch: status/<first>-<last>.json
 BACKLOG_RETRY_S = 5
@@ -45,13 +49,30 @@ def status_dir(root: str | Path) -> Path:
 
 
 class TenantWrites:
-    """The write routes of one Router replica over its tenants' roots."""
+    """The write routes of one Router replica over its tenants' roots; `writer` is the Writer deployment's
+    handle, told of each logged batch."""
 
-    def __init__(self, settings: WriteSettings):
+    def __init__(self, settings: WriteSettings, writer=None):
         self.settings = settings
+        self.writer = writer
+        self._nudges: set[asyncio.Task] = set()
         self._logs: dict[str, WriteLog] = {}
         # a status file's path -> its parsed outcomes (the applier writes each once): the newest few
         self._outcomes: OrderedDict[str, dict] = OrderedDict()
+
+    def nudge(self, tenant: Tenant) -> None:
+        """Tell the Writer a batch of `tenant` is logged; not waited for (its scan finds the batch anyway)."""
+        if self.writer is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._send_nudge(tenant.index))
+        self._nudges.add(task)
+        task.add_done_callback(self._nudges.discard)
+
+    async def _send_nudge(self, root: str) -> None:
+        try:
+            await self.writer.nudge.remote(root)
+        except Exception:
+            logger.warning("could not nudge the Writer for %s", root, exc_info=True)
 
     def log(self, root: Path) -> WriteLog:
         key = str(root)
