@@ -66,17 +66,17 @@ def writes(local_ray, client_index, index_root, tmp_path_factory):
             "reader": add_tenant(tenants_file, "reader", client_index)}
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    small = {"ray_actor_options": {"num_cpus": 0.5}}
-    options = {name: small for name in ("Router", "ShardSearcher0", "Writer")}
-    serve.run(compose_app({"tenants": str(tenants_file)}, options), name="qrag-writes", route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while httpx.get(f"{url}/readyz", timeout=30).status_code != 200:
-        assert time.time() < deadline, "the app did not become ready"
-        time.sleep(1)
-    info = {"url": url, "keys": keys}
-    _SERVER.update(info)
-    try:
+    try:  # Serve goes with the module even when its set-up fails: the next module needs the CPUs it holds
+        small = {"ray_actor_options": {"num_cpus": 0.5}}
+        options = {name: small for name in ("Router", "ShardSearcher0", "Writer")}
+        serve.run(compose_app({"tenants": str(tenants_file)}, options), name="qrag-writes", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 180
+        while httpx.get(f"{url}/readyz", timeout=30).status_code != 200:
+            assert time.time() < deadline, "the app did not become ready"
+            time.sleep(1)
+        info = {"url": url, "keys": keys}
+        _SERVER.update(info)
         with writer(info) as client:
             client.wait_until_searchable(client.delete([d["id"] for d in SEED]), timeout=120)
         yield info

@@ -28,30 +28,32 @@ def app(local_ray, tmp_path_factory):
     from qrag_ray.serving.application import compose_app
     from qrag_ray.serving.tenants import add_tenant
 
-    wd = tmp_path_factory.mktemp("writes-app")
-    corpus = write_jsonl(wd / "base.jsonl", topic_records(ALPHA_TOPICS[:8], metadata=True))
-    shared_build({"input": str(corpus), "format": "jsonl", "build.output": str(wd / "base"), "shards": 2,
+    folder = tmp_path_factory.mktemp("writes-app")
+    corpus = write_jsonl(folder / "base.jsonl", topic_records(ALPHA_TOPICS[:8], metadata=True))
+    shared_build({"input": str(corpus), "format": "jsonl", "build.output": str(folder / "base"), "shards": 2,
                   "chunker": {"method": "token", "size": 120, "overlap": 20}})
-    root = wd / "root"
-    publish_version(root, wd / "base")
-    tf = wd / "tenants.yaml"
-    keys = {"acme": add_tenant(tf, "acme", root, scope="write"),
-            "reader": add_tenant(tf, "reader", wd / "base"),
-            "plain": add_tenant(tf, "plain", wd / "base", scope="write")}
+    root = folder / "root"
+    publish_version(root, folder / "base")
+    tenants_file = folder / "tenants.yaml"
+    keys = {"acme": add_tenant(tenants_file, "acme", root, scope="write"),
+            "reader": add_tenant(tenants_file, "reader", folder / "base"),
+            "plain": add_tenant(tenants_file, "plain", folder / "base", scope="write")}
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    small = {"ray_actor_options": {"num_cpus": 0.25}}
-    opts = {n: small for n in ("Router", "ShardSearcher0", "ShardSearcher1", "Writer")}
-    args = {"tenants": str(tf), "writes": {"scan_s": 1.0}}
-    serve.run(compose_app(args, opts), name="writes", route_prefix="/w")
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}/w", timeout=120)
-    deadline = time.time() + 180
-    while client.get("/readyz").status_code != 200:
-        assert time.time() < deadline, "the app did not get ready"
-        time.sleep(1)
-    yield {"client": client, "keys": keys, "root": root, "url": f"http://127.0.0.1:{port}/w"}
-    client.close()
-    serve.shutdown()  # the next module starts Serve on its own port
+    try:  # Serve goes with the module even when its set-up fails: the next module starts its own
+        small = {"ray_actor_options": {"num_cpus": 0.25}}
+        options = {name: small for name in ("Router", "ShardSearcher0", "ShardSearcher1", "Writer")}
+        serve.run(compose_app({"tenants": str(tenants_file), "writes": {"scan_s": 1.0}}, options), name="writes",
+                  route_prefix="/w")
+        deadline = time.time() + 180
+        while client.get("/readyz").status_code != 200:
+            assert time.time() < deadline, "the app did not get ready"
+            time.sleep(1)
+        yield {"client": client, "keys": keys, "root": root, "url": f"http://127.0.0.1:{port}/w"}
+    finally:
+        client.close()
+        serve.shutdown()
 
 
 def H(app, tenant: str) -> dict:
