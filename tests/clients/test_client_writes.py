@@ -65,6 +65,7 @@ def writes(local_ray, client_index, index_root, tmp_path_factory):
     keys = {"writer": add_tenant(tenants_file, "writer", index, scope="write"),
             "reader": add_tenant(tenants_file, "reader", client_index)}
     port = free_port()
+    serve.shutdown()  # a Serve left in this session's Ray would keep its own port and ignore ours
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:  # Serve goes with the module even when its set-up fails: the next module needs the CPUs it holds
         small = {"ray_actor_options": {"num_cpus": 0.5}}

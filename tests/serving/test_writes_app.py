@@ -39,6 +39,7 @@ def app(local_ray, tmp_path_factory):
             "reader": add_tenant(tenants_file, "reader", folder / "base"),
             "plain": add_tenant(tenants_file, "plain", folder / "base", scope="write")}
     port = free_port()
+    serve.shutdown()  # a Serve left in this session's Ray would keep its own port and ignore ours
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}/w", timeout=120)
     try:  # Serve goes with the module even when its set-up fails: the next module starts its own
