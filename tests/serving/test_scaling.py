@@ -111,7 +111,8 @@ def test_grouped_shard_searchers_rank_as_in_process_with_one_call_per_group(serv
 
     url, headers = serve_app("grouped", {"warm_tenants": 2, "request_timeout_s": 60, "shards_per_searcher": 2},
                              {"Router": SMALL, **{f"ShardSearcher{g}": {**SMALL, "num_replicas": 1} for g in range(2)}})
-    assert set(serve.status().applications["grouped"].deployments) == {"Router", "ShardSearcher0", "ShardSearcher1"}
+    deployments = set(serve.status().applications["grouped"].deployments)
+    assert deployments == {"Router", "ShardSearcher0", "ShardSearcher1", "Writer"}  # one deployment per shard group
     engine = open_engine(tenant_indexes["alpha"])
     with httpx.Client(base_url=url, timeout=120) as client:
         for query in ("When does the else clause of a for loop run?", "What does the with statement do?"):
