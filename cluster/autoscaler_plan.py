@@ -9,12 +9,13 @@ docs/CLUSTER.md, "Nodes follow replicas: the autoscaler rehearsal".
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import yaml
 
 from cluster import local_cluster
-from qrag_ray.serving.config import ROUTER, SERVE_PROCESS_ENV
+from qrag_ray.serving.config import ROUTER, SERVE_PROCESS_ENV, WRITER
 from tools.validate_deploy.autoscaling import kuberay_autoscaling_config
 
 # Ray's fake multi-node provider, named by module: its `fake_multinode` type needs a defaults file that Ray's
@@ -115,12 +116,21 @@ def actor_cpus(deployment: dict) -> float:
     return float((deployment.get("ray_actor_options") or {}).get("num_cpus", 1))
 
 
+def writer_cpus(deployments: dict[str, dict]) -> float:
+    """The CPUs of the app's Writer replica: the serve config's entry, else the app's default."""
+    if WRITER in deployments:
+        return actor_cpus(deployments[WRITER])
+    from qrag_ray.serving.application import DEFAULT_OPTIONS
+
+    return float(DEFAULT_OPTIONS[WRITER]["ray_actor_options"]["num_cpus"])
+
+
 def plan(rendered: list[dict], overlay: str, *, tenants: str, shards: int, http_port: int, gcs_address: str,
          idle_timeout_s: float, group: str | None = None, version: str | None = None,
          request_timeout_s: float | None = None) -> AutoscalerPlan:
     """Pure but for Ray's translation: the rehearsal of the rendered manifests' RayService. The head declares the
-    CPUs of one Router and one ShardSearcher0 replica and nothing else, so a second ShardSearcher0 replica does not
-    fit; `group` (default: the first worker group) must hold one."""
+    CPUs of one Router, one ShardSearcher0 and the Writer replica and nothing else, so a second ShardSearcher0
+    replica does not fit; `group` (default: the first worker group) must hold one."""
     rayservice = next((doc for doc in rendered if doc.get("kind") == "RayService"), None)
     if rayservice is None:
         raise ValueError("no RayService in the manifests")
@@ -135,10 +145,11 @@ def plan(rendered: list[dict], overlay: str, *, tenants: str, shards: int, http_
                                           shards=shards, http_port=http_port, request_timeout_s=request_timeout_s)
     deployments = {entry["name"]: entry for entry in serve_config["applications"][0]["deployments"]}
     searcher_cpus = actor_cpus(deployments[SEARCHER])
-    head_cpus = actor_cpus(deployments[ROUTER]) + searcher_cpus
-    if head_cpus != int(head_cpus):
-        raise ValueError(f"the head would need {head_cpus:g} CPUs for a Router and a ShardSearcher replica; "
-                         "`ray start` declares whole CPUs")
+    # the head holds a Router, a ShardSearcher0 and the app's Writer replica (one, not autoscaled), in whole CPUs
+    # (`ray start` declares whole CPUs): the spare part of a CPU is less than a second ShardSearcher needs
+    head_cpus = math.ceil(actor_cpus(deployments[ROUTER]) + searcher_cpus + writer_cpus(deployments))
+    if head_cpus - actor_cpus(deployments[ROUTER]) - writer_cpus(deployments) >= 2 * searcher_cpus:
+        raise ValueError(f"a head of {head_cpus} CPUs would hold two ShardSearcher replicas")
     kuberay = kuberay_autoscaling_config(rayservice)
     worker_cpus = float(kuberay["available_node_types"][group]["resources"].get("CPU", 0))
     if worker_cpus < searcher_cpus:

@@ -11,9 +11,9 @@ instead of Kubernetes (the provider starts a real Ray node on this machine where
 the worker groups start at 0 pods, and the idle timeout is short (`--idle-timeout-s`). The autoscaler is Ray's
 real one, v2 by default: what Ray 2.60 runs under KubeRay unless `autoscalerOptions.version` says v1.
 
-The head (one node, started with `ray start --autoscaling-config`) declares just the CPUs of one Router replica and
-one ShardSearcher replica, so the app's second ShardSearcher replica does not fit on it. The real app
-(serveConfigV2 with a tenants file of one small tenant index, served by one ShardSearcher group, the Router at one
+The head (one node, started with `ray start --autoscaling-config`) declares just the CPUs of one Router replica,
+one ShardSearcher replica and the app's Writer, so the app's second ShardSearcher replica does not fit on it. The
+real app (serveConfigV2 with a tenants file of one small tenant index, served by one ShardSearcher group, the Router at one
 replica, Serve's proxy on the head only: every node of this machine would bind the same port) is deployed through
 the head's dashboard with the cluster's token, as KubeRay's controller deploys it. Once it is ready and settled
 (one ShardSearcher replica, the head alone), closed-loop HTTP clients search the tenant without pause: the
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                          group=args.group, version=args.autoscaler, request_timeout_s=args.request_timeout_s)
         run = Run(rehearsal, work, token)
         most = rehearsal.autoscaling["available_node_types"][rehearsal.group]["max_workers"]
-        print(f"  head: {rehearsal.head_cpus} CPUs ({ROUTER} + {SEARCHER}); {rehearsal.group}: "
+        print(f"  head: {rehearsal.head_cpus} CPUs ({ROUTER} + {SEARCHER} + Writer); {rehearsal.group}: "
               f"{rehearsal.worker_cpus:g} CPUs, 0..{most} nodes; autoscaler {rehearsal.version}, idle timeout "
               f"{rehearsal.idle_timeout_s:g}s", file=sys.stderr)
         start_head(run, base_port, args.timeout)

@@ -66,7 +66,7 @@ def test_the_autoscaler_config_is_kuberays_with_the_fake_provider_and_the_head_o
     assert worker["resources"]["CPU"] == 8 and "memory" not in worker["resources"]
     assert config["upscaling_speed"] == kuberay["upscaling_speed"]  # KubeRay's reading of upscalingMode
     assert config["idle_timeout_minutes"] == 0.25 and config["max_workers"] == 7
-    assert (rehearsal.head_cpus, rehearsal.searcher_cpus, rehearsal.worker_cpus) == (4, 2.0, 8.0)
+    assert (rehearsal.head_cpus, rehearsal.searcher_cpus, rehearsal.worker_cpus) == (5, 2.0, 8.0)  # + the Writer
 
 
 def test_the_serve_config_is_the_manifests_with_one_router_one_scaling_searcher_and_the_proxy_on_the_head(rendered):
