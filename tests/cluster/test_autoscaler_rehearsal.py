@@ -60,7 +60,7 @@ def test_the_autoscaler_config_is_kuberays_with_the_fake_provider_and_the_head_o
     assert config["provider"]["type"] == "external" and config["provider"]["module"] == FAKE_PROVIDER
     assert config["provider"]["gcs_address"] == "127.0.0.1:27000" and config["provider"]["launch_multiple"] is True
     assert config["head_node_type"] == HEAD_TYPE
-    assert config["available_node_types"][HEAD_TYPE]["resources"] == {"CPU": 4, "head": 1.0}
+    assert config["available_node_types"][HEAD_TYPE]["resources"] == {"CPU": 5, "head": 1.0}  # + the Writer
     worker = config["available_node_types"]["cpu-serve"]
     assert worker["min_workers"] == 0 and worker["max_workers"] == group["maxReplicas"] == 7
     assert worker["resources"]["CPU"] == 8 and "memory" not in worker["resources"]
