@@ -14,8 +14,8 @@ real one, v2 by default: what Ray 2.60 runs under KubeRay unless `autoscalerOpti
 The head (one node, started with `ray start --autoscaling-config`) declares just the CPUs of one Router replica,
 one ShardSearcher replica and the app's Writer, so the app's second ShardSearcher replica does not fit on it. The
 real app (serveConfigV2 with a tenants file of one small tenant index, served by one ShardSearcher group, the
-Router at one replica, Serve's proxy on the head only: every node of this machine would bind the same port) is deployed through
-the head's dashboard with the cluster's token, as KubeRay's controller deploys it. Once it is ready and settled
+Router at one replica, Serve's proxy on the head only: every node of this machine would bind the same port) is
+deployed through the head's dashboard with the cluster's token, as KubeRay's controller deploys it. Once it is ready and settled
 (one ShardSearcher replica, the head alone), closed-loop HTTP clients search the tenant without pause: the
 ShardSearcher's autoscaling (a low target, so that a millisecond search still asks for a replica) wants a second
 replica, which waits for CPUs; the autoscaler starts a node of the worker group's type; the replica lands on it.
