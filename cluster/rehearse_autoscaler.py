@@ -15,16 +15,16 @@ The head (one node, started with `ray start --autoscaling-config`) declares just
 one ShardSearcher replica and the app's Writer, so the app's second ShardSearcher replica does not fit on it. The
 real app (serveConfigV2 with a tenants file of one small tenant index, served by one ShardSearcher group, the
 Router at one replica, Serve's proxy on the head only: every node of this machine would bind the same port) is
-deployed through the head's dashboard with the cluster's token, as KubeRay's controller deploys it. Once it is ready and settled
-(one ShardSearcher replica, the head alone), closed-loop HTTP clients search the tenant without pause: the
-ShardSearcher's autoscaling (a low target, so that a millisecond search still asks for a replica) wants a second
-replica, which waits for CPUs; the autoscaler starts a node of the worker group's type; the replica lands on it.
-The load then drops to a trickle (one search a second, still checked): Serve stops the replica on the added node
-(Serve stops replicas off the head first), the node is idle, and the autoscaler removes it after the idle timeout.
-Exit 0 only when Serve's controller logged the upscale and the autoscaler then logged the launch and the removal
-of a node of the group's type, the replica ran on the added node, the node went no sooner than the idle timeout
-after its replica stopped, and not one search failed (HTTP status and rank 1). Every process the rehearsal starts
-is found by the cluster's marker (cluster/node_processes.py) and stopped at the end.
+deployed through the head's dashboard with the cluster's token, as KubeRay's controller deploys it. Once it is
+ready and settled (one ShardSearcher replica, the head alone), closed-loop HTTP clients search the tenant without
+pause: the ShardSearcher's autoscaling (a low target, so that a millisecond search still asks for a replica) wants
+a second replica, which waits for CPUs; the autoscaler starts a node of the worker group's type; the replica lands
+on it. The load then drops to a trickle (one search a second, still checked): Serve stops the replica on the added
+node (Serve stops replicas off the head first), the node is idle, and the autoscaler removes it after the idle
+timeout. Exit 0 only when Serve's controller logged the upscale and the autoscaler then logged the launch and the
+removal of a node of the group's type, the replica ran on the added node, the node went no sooner than the idle
+timeout after its replica stopped, and not one search failed (HTTP status and rank 1). Every process the rehearsal
+starts is found by the cluster's marker (cluster/node_processes.py) and stopped at the end.
 
 What differs from Kubernetes because every node shares this machine's cores: the added nodes run at a lower CPU
 priority (ADDED_NODE_NICE; a pod has CPUs of its own, here its start-up would stall the head's Router), and a
