@@ -25,9 +25,11 @@ HEAD_TYPE = "ray.head.default"  # the node type the fake provider gives the head
 HEAD_NODE_ID = "f" * 51 + "00000"  # the head's node id under RAY_FAKE_CLUSTER; added nodes count up from it
 SEARCHER = "ShardSearcher0"  # one ShardSearcher group serves every shard of the tenant
 # The ShardSearcher's autoscaling here: one replica more than the head holds, and a target so low that the
-# closed loop's millisecond searches ask for it; metrics every second over 5 s and short delays, so the
-# rehearsal takes a minute instead of Serve's 10 s pushes, 30 s windows and 600 s downscale delay.
-SEARCHER_AUTOSCALING = {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 0.1,
+# closed loop's millisecond searches ask for it (ShardSearcherPolicy counts the queries in its calls, averaged
+# over time: a few clients whose requests spend most of their time in the Router keep a few hundredths there);
+# metrics every second over 5 s and short delays, so the rehearsal takes a minute instead of Serve's 10 s pushes,
+# 30 s windows and 600 s downscale delay.
+SEARCHER_AUTOSCALING = {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 0.01,
                         "metrics_interval_s": 1.0, "look_back_period_s": 5.0, "upscale_delay_s": 2.0,
                         "downscale_delay_s": 10.0}
 NODE_OBJECT_STORE_BYTES = 200 * 2**20  # each added node's object store: the app moves only small replies
