@@ -20,7 +20,7 @@ from cluster import local_cluster
 from cluster.autoscaler_plan import HEAD_NODE_ID, SEARCHER, AutoscalerPlan
 from cluster.gcs_nodes import live_nodes
 from cluster.rehearse_service import QUERY
-from qrag_ray.serving.config import ROUTER
+from qrag_ray.serving.config import ROUTER, WRITER
 
 # how much sooner than the idle timeout after the replica stopped the node may seem to go: the dashboard shows a
 # replica gone some seconds after it stopped on a busy machine
@@ -244,8 +244,9 @@ def verdict(rehearsal: AutoscalerPlan, timeline: Timeline, events: list[dict], a
     """Pure: what is wrong with a rehearsal's run (nothing: the node followed the replica)."""
     problems = []
     on_head = sorted(replica["deployment"] for replica in initial if replica["node_id"] == HEAD_NODE_ID)
-    if on_head != sorted([ROUTER, SEARCHER]):
-        problems.append(f"before the load the head held {on_head}, not one {ROUTER} and one {SEARCHER} replica")
+    if on_head != sorted([ROUTER, SEARCHER, WRITER]):
+        problems.append(f"before the load the head held {on_head}, not one {ROUTER}, one {SEARCHER} and the "
+                        f"{WRITER} replica")
     group_events = [event for event in events if event["node_type"] == rehearsal.group]
     launches = [event["time"] for event in group_events if event["action"] == "adding"]
     if timeline.serve_asked is None:

@@ -151,7 +151,8 @@ def _clean_run(rehearsal: AutoscalerPlan):
     answers = [Answer(events[0]["time"], 0.05, "busy", 200, "break")] * 30
     answers += [Answer(events[1]["time"], 0.05, "trickle", 200, "break")] * 10
     initial = [{"deployment": "Router", "state": "RUNNING", "node_id": HEAD_NODE_ID},
-               {"deployment": SEARCHER, "state": "RUNNING", "node_id": HEAD_NODE_ID}]
+               {"deployment": SEARCHER, "state": "RUNNING", "node_id": HEAD_NODE_ID},
+               {"deployment": "Writer", "state": "RUNNING", "node_id": HEAD_NODE_ID}]
     return timeline, events, answers, initial
 
 
@@ -176,7 +177,7 @@ def test_a_clean_run_passes_and_each_fault_is_named(rendered):
         "the autoscaler launched the node before Serve asked for the replica"]
     never = Timeline(**{**timeline.__dict__, "serve_asked": None, "replica_ready": None, "node_removed": None})
     assert verdict(rehearsal, never, events, answers[:3], initial[:1]) == [
-        "before the load the head held ['Router'], not one Router and one ShardSearcher0 replica",
+        "before the load the head held ['Router'], not one Router, one ShardSearcher0 and the Writer replica",
         "Serve's controller logged no upscale of ShardSearcher0 under the load",
         "no ShardSearcher0 replica ran on an added node", "the added node was not removed",
         "too little load to show anything: 3 busy and 0 trickle searches"]
