@@ -140,8 +140,7 @@ class Console:
         tenants = [ConsoleTenant(**t.model_dump(), index_bytes=size,
                                    requests=ConsoleRequests(**requests[t.name]) if t.name in requests else None)
                    for t, size in zip(status.tenants, sizes, strict=True)]
-        caches = [ConsoleCache(**{**status.router_cache.model_dump(exclude={"shard"}), "where": "Router",
-                                  "reachable": True})]
+        caches = [ConsoleCache(where="Router", **status.router_cache.model_dump(exclude={"shard"}))]
         caches += [ConsoleCache(where=f"ShardSearcher{s.shard}", **s.model_dump(exclude={"shard"}))
                    for s in status.shards]
         deployments, problem = await asyncio.to_thread(serve_deployments)
