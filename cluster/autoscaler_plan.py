@@ -83,8 +83,9 @@ def rehearsal_serve_config(serve_config: dict, *, tenants: str, shards: int, htt
                            request_timeout_s: float | None = None) -> dict:
     """Pure: serveConfigV2 as the rehearsal deploys it. The app serves the tenants file with one ShardSearcher
     group over all `shards` (ShardSearcher0) and every search goes through it (`local_search_max_bytes: 0`), no
-    LLM; the Router stays at one replica and ShardSearcher0 scales by SEARCHER_AUTOSCALING; each keeps the
-    manifest's other options (its CPUs, queues). Serve's proxy runs on the head only, on `http_port` of
+    LLM; the Router stays at one replica, ShardSearcher0 scales by SEARCHER_AUTOSCALING and the Writer is as
+    listed; each keeps the manifest's other options (its CPUs, queues). Serve's proxy runs on the head only, on
+    `http_port` of
     loopback: on one machine every node's proxy would bind the same port. `request_timeout_s` replaces the app's
     deadline of a search."""
     config = copy.deepcopy(serve_config)
@@ -102,29 +103,20 @@ def rehearsal_serve_config(serve_config: dict, *, tenants: str, shards: int, htt
         args["request_timeout_s"] = request_timeout_s
     app["args"] = args
     by_name = {deployment.get("name"): deployment for deployment in app.get("deployments") or []}
-    missing = [name for name in (ROUTER, SEARCHER) if name not in by_name]
+    missing = [name for name in (ROUTER, SEARCHER, WRITER) if name not in by_name]
     if missing:
         raise ValueError(f"serveConfigV2 lists no deployment {', '.join(missing)}")
     router = {key: value for key, value in by_name[ROUTER].items() if key != "autoscaling_config"}
     router["num_replicas"] = 1
     searcher = dict(by_name[SEARCHER])
     searcher["autoscaling_config"] = {**(searcher.get("autoscaling_config") or {}), **SEARCHER_AUTOSCALING}
-    app["deployments"] = [router, searcher]
+    app["deployments"] = [router, searcher, dict(by_name[WRITER])]
     return config
 
 
 def actor_cpus(deployment: dict) -> float:
     """Pure: the CPUs one replica of a deployment entry holds (Serve's default is 1)."""
     return float((deployment.get("ray_actor_options") or {}).get("num_cpus", 1))
-
-
-def writer_cpus(deployments: dict[str, dict]) -> float:
-    """The CPUs of the app's Writer replica: the serve config's entry, else the app's default."""
-    if WRITER in deployments:
-        return actor_cpus(deployments[WRITER])
-    from qrag_ray.serving.application import DEFAULT_OPTIONS
-
-    return float(DEFAULT_OPTIONS[WRITER]["ray_actor_options"]["num_cpus"])
 
 
 def plan(rendered: list[dict], overlay: str, *, tenants: str, shards: int, http_port: int, gcs_address: str,
@@ -149,8 +141,8 @@ def plan(rendered: list[dict], overlay: str, *, tenants: str, shards: int, http_
     searcher_cpus = actor_cpus(deployments[SEARCHER])
     # the head holds a Router, a ShardSearcher0 and the app's Writer replica (one, not autoscaled), in whole CPUs
     # (`ray start` declares whole CPUs): the spare part of a CPU is less than a second ShardSearcher needs
-    head_cpus = math.ceil(actor_cpus(deployments[ROUTER]) + searcher_cpus + writer_cpus(deployments))
-    if head_cpus - actor_cpus(deployments[ROUTER]) - writer_cpus(deployments) >= 2 * searcher_cpus:
+    head_cpus = math.ceil(actor_cpus(deployments[ROUTER]) + searcher_cpus + actor_cpus(deployments[WRITER]))
+    if head_cpus - actor_cpus(deployments[ROUTER]) - actor_cpus(deployments[WRITER]) >= 2 * searcher_cpus:
         raise ValueError(f"a head of {head_cpus} CPUs would hold two ShardSearcher replicas")
     kuberay = kuberay_autoscaling_config(rayservice)
     worker_cpus = float(kuberay["available_node_types"][group]["resources"].get("CPU", 0))

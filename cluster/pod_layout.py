@@ -25,6 +25,7 @@ class Mount:
     source: str  # the volume's name, its claim's or its ConfigMap's
     sub_path: str = ""
     medium: str = ""  # an emptyDir's medium (Memory: tmpfs)
+    read_only: bool = False  # the mount's readOnly (a ConfigMap or a Secret is read-only whatever it says)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def _mounts(template: dict) -> tuple[Mount, ...]:
         kind = next((k for k in vol if k != "name"), "")
         src = vol.get(kind) or {}
         source = src.get("claimName") or src.get("name") or src.get("secretName") or mount["name"]
-        out.append(Mount(mount["mountPath"], kind, source, mount.get("subPath", ""), src.get("medium", "")))
+        out.append(Mount(mount["mountPath"], kind, source, mount.get("subPath", ""), src.get("medium", ""),
+                         bool(mount.get("readOnly")) or kind in ("configMap", "secret")))
     return tuple(out)
 
 

@@ -134,8 +134,9 @@ def lay_out_pod(pod: Pod, work: Path) -> tuple[dict[str, Path], list[str]]:
     baked.parent.mkdir(parents=True, exist_ok=True)
     if models_cache().is_dir() and not baked.is_symlink():
         baked.symlink_to(models_cache(), target_is_directory=True)
-    configmaps = [str(paths[m.path.rstrip("/")]) for m in pod.mounts if m.kind in ("configMap", "secret")]
-    return paths, [str(home), *configmaps]
+    # what the pod cannot write: its home (the read-only root filesystem) and every read-only mount
+    return paths, [str(home), *(str(paths[m.path.rstrip("/")]) for m in pod.mounts
+                                if m.read_only and m.path.rstrip("/") in paths)]
 
 
 def node_env(pod: Pod, paths: dict[str, Path], token: str, code: str | None) -> dict[str, str]:

@@ -8,13 +8,16 @@ out a RayJob's (one node per pod with its pod's resources and its container's en
 read-only, its volumes local folders), and here each pod also has a network of its own
 (cluster/pod_network.py): its own address and ports, so Serve's port 8000 and the Router replicas' own
 ports are on every pod and what one pod asks of another goes between addresses, as on Kubernetes. A small
-index is built into the claim's folder (plain `qrag index`) and a tenants file with one tenant is written
-into the Secret's (`qrag tenants add`); serveConfigV2 is deployed as KubeRay's controller deploys it (PUT
-/api/serve/applications/ on the head's dashboard, with the cluster's token); `--set` changes an app arg
-(`local_search_max_bytes=0` sends a small tenant through the ShardSearchers too). When the app is RUNNING,
-every pod's port 8000 is asked from this machine, as a Service asks a pod: /-/healthz 200, a search with the
-key whose rank 1 is the expected chunk, a wrong key 401; and what listens on the pod's port 8000 must be what
-its environment asks for (HAProxy with RAY_SERVE_ENABLE_HA_PROXY=1, else Serve's proxy). Exit 0 only then.
+index is published on the claim as the first version of a root (`qrag index`, `qrag publish`) and a tenants
+file with one tenant on it, its key of scope write, is written into the Secret's (`qrag tenants add`);
+serveConfigV2 is deployed as KubeRay's controller deploys it (PUT /api/serve/applications/ on the head's
+dashboard, with the cluster's token); `--set` changes an app arg (`local_search_max_bytes=0` sends a small
+tenant through the ShardSearchers too). When the app is RUNNING, every pod's port 8000 is asked from this
+machine, as a Service asks a pod: /-/healthz 200, a search with the key whose rank 1 is the expected chunk, a
+wrong key 401; and what listens on the pod's port 8000 must be what its environment asks for (HAProxy with
+RAY_SERVE_ENABLE_HA_PROXY=1, else Serve's proxy). Then a document is written through the head's port 8000
+and must become searchable, and rank first for its question on every pod (the Writer writes into the root
+on the claim, so the claim's mount must be writable). Exit 0 only then.
 Needs root (network namespaces). docs/CLUSTER.md, "Rehearsing the serving endpoint".
 """
 
@@ -47,6 +50,11 @@ TENANT = "rehearsal"
 INDEX = "/mnt/qrag/indexes/rehearsal"  # pod path on the claim every pod mounts
 HAPROXY_FILES = "/tmp/haproxy-serve"  # Ray's default folder of Serve's HAProxy files (the manifests keep it)
 QUERY = ("What does the break statement do inside a loop?", "break")  # a question and its chunk's document
+# a document written through one pod's write route, then asked for on every pod (the question, its id)
+WRITTEN = {"id": "walrus", "title": "The walrus operator",
+           "text": "The walrus operator := assigns a value to a name inside an expression, such as the condition "
+                   "of a while loop, and the expression takes that value."}
+WRITTEN_QUERY = "What does the walrus operator := do?"
 
 
 @dataclass
@@ -88,21 +96,27 @@ def prepare(overlay: str, work: Path, *, pods: dict[str, int] | None = None, app
 
 
 def build_tenant(rehearsal: ServiceRehearsal, timeout: float = 900.0) -> None:
-    """A chunk index of a few documents on the claim (plain `qrag index`, as the indexing job would have
-    published it) and a tenants file with one tenant in the Secret's folder; the tenant's key kept."""
-    index = Path(map_text(INDEX, rehearsal.paths))
+    """A chunk index of a few documents published as the first version of a root on the claim (`qrag index`,
+    then `qrag publish`, as the indexing job publishes one) and a tenants file in the Secret's folder with one
+    tenant on that root, its key of scope write kept."""
+    root = Path(map_text(INDEX, rehearsal.paths))
+    built = root.with_name(root.name + "-build")
     corpus = rehearsal.work / "corpus.jsonl"
     write_corpus(corpus, "jsonl", 6)
     shards = max(1, min(4, int(app_config(rehearsal).get("args", {}).get("shards") or 1)))
     cli = [sys.executable, "-m", "qrag_ray.cli"]
-    run = subprocess.run([*cli, "index", "--input", str(corpus), "--output", str(index), "--representation", "chunk",
+    run = subprocess.run([*cli, "index", "--input", str(corpus), "--output", str(built), "--representation", "chunk",
                           "--generator", "none", "--shards", str(shards), "--no-bm25", "--overwrite"],
                          capture_output=True, text=True, timeout=timeout)
     if run.returncode != 0:
         raise RuntimeError(f"qrag index failed: {(run.stdout + run.stderr)[-2000:]}")
+    publish = subprocess.run([*cli, "publish", str(built), "--root", str(root)], capture_output=True, text=True,
+                             timeout=300)
+    if publish.returncode != 0:
+        raise RuntimeError(f"qrag publish failed: {publish.stderr[-2000:]}")
     tenants = Path(app_config(rehearsal)["args"]["tenants"])
-    add = subprocess.run([*cli, "tenants", "add", "--file", str(tenants), "--name", TENANT, "--index", str(index)],
-                         capture_output=True, text=True, timeout=120)
+    add = subprocess.run([*cli, "tenants", "add", "--file", str(tenants), "--name", TENANT, "--index", str(root),
+                          "--scope", "write"], capture_output=True, text=True, timeout=120)
     if add.returncode != 0:
         raise RuntimeError(f"qrag tenants add failed: {add.stderr[-2000:]}")
     rehearsal.key = add.stdout.strip().splitlines()[-1]
@@ -221,6 +235,33 @@ def ask_pod(rehearsal: ServiceRehearsal, pod: int, timeout: float = 120.0) -> di
             "wrong_key": bad.status_code, "error": None if answer.status_code == 200 else answer.text[:300]}
 
 
+def write_through(rehearsal: ServiceRehearsal, pod: int = 0, timeout: float = 300.0) -> dict:
+    """WRITTEN upserted through one pod's port 8000 with the tenant's write key, its status polled until it
+    is searchable (the Writer applies it on whichever pod holds it, into the root on the claim), then asked
+    for on every pod: each pod's rank 1 (every Router replica sees the write)."""
+    headers = {"Authorization": f"Bearer {rehearsal.key}"}
+    base = f"http://{rehearsal.net.ip(pod)}:8000"
+    started = time.monotonic()
+    receipt = httpx.post(f"{base}/v1/documents", json={"documents": [WRITTEN]}, headers=headers, timeout=60)
+    if receipt.status_code != 202:
+        return {"status": f"HTTP {receipt.status_code}: {receipt.text[:300]}", "seconds": None, "rank1": {}}
+    write_id = receipt.json()["write_id"]
+    status = "queued"
+    deadline = started + timeout
+    while status not in ("searchable", "failed") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            status = httpx.get(f"{base}/v1/writes/{write_id}", headers=headers, timeout=30).json()["status"]
+    seconds = round(time.monotonic() - started, 1)
+    rank1 = {}
+    for number, shape in enumerate(rehearsal.pods):
+        answer = httpx.post(f"http://{rehearsal.net.ip(number)}:8000/v1/search", headers=headers, timeout=60,
+                            json={"query": WRITTEN_QUERY, "k": 3})
+        results = answer.json().get("results") or [] if answer.status_code == 200 else []
+        rank1[shape.name] = results[0].get("doc_id") if results else f"HTTP {answer.status_code}"
+    return {"status": status, "seconds": seconds, "rank1": rank1}
+
+
 def verdict(row: dict) -> list[str]:
     """Pure: what is wrong with one pod's answers (nothing: it serves as the manifest means)."""
     out = []
@@ -265,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = []
     seconds = {}
     placed = {}
+    written = {}
     try:
         started = time.monotonic()
         build_tenant(rehearsal)
@@ -275,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         seconds["deploy"] = round(time.monotonic() - started - seconds["index"] - seconds["cluster"], 1)
         rows = [ask_pod(rehearsal, i) for i in range(len(rehearsal.pods))]
         problems = [f"{row['pod']}: {p}" for row in rows for p in verdict(row)]
+        written = write_through(rehearsal)
+        if written["status"] != "searchable":
+            problems.append(f"a write through the head's port 8000 ended {written['status']!r}")
+        problems += [f"{pod}: the written document's question ranks {doc!r} first, not {WRITTEN['id']!r}"
+                     for pod, doc in written["rank1"].items() if doc != WRITTEN["id"]]
     except RuntimeError as error:
         problems.append(str(error))
     finally:
@@ -283,10 +330,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {row['pod']} {row['ip']}:8000 ({placed.get(row['pod'], 0)} replicas) {row['listener']}: healthz "
               f"{row['healthz']}, search {row['search']} ({row['search_ms']} ms, path {row['path']}, "
               f"rank 1 {row['rank1']}), wrong key {row['wrong_key']}", file=sys.stderr)
+    if written:
+        print(f"  a write through the head: {written['status']} after {written['seconds']} s; its question's rank 1 "
+              f"per pod {written['rank1']}", file=sys.stderr)
     print("\n".join(problems) or "every pod serves the tenant on port 8000 as the manifest means", file=sys.stderr)
     print(json.dumps({"overlay": rehearsal.overlay, "ok": not problems and stopped, "net": rehearsal.net.tag,
                       "pods": rows,
                       "replicas": placed,
+                      "write": written,
                       "seconds": seconds,
                       "problems": problems, "work": str(work)}))
     if not args.keep:

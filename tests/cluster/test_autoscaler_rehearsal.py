@@ -81,7 +81,8 @@ def test_the_serve_config_is_the_manifests_with_one_router_one_scaling_searcher_
     assert "generator" not in app["args"] and app["args"]["local_search_max_bytes"] == 0
     args = app["args"]
     assert (args["tenants"], args["shards"], args["shards_per_searcher"]) == ("/w/tenants.yaml", 1, 1)
-    router, searcher = app["deployments"]
+    router, searcher, writer = app["deployments"]
+    assert writer == shipped["applications"][0]["deployments"][-1] and writer["name"] == "Writer"
     assert router["name"] == "Router" and router["num_replicas"] == 1 and "autoscaling_config" not in router
     assert searcher["name"] == SEARCHER and searcher["autoscaling_config"]["max_replicas"] == 2
     assert searcher["ray_actor_options"] == shipped["applications"][0]["deployments"][1]["ray_actor_options"]

@@ -2,7 +2,9 @@
 runs it: a head without CPUs and two serving pods, each pod with its own address and ports, serveConfigV2
 deployed through the head's dashboard with the cluster's token, and every pod's port 8000 asked from outside
 its network. With the shipped environment HAProxy answers on every pod, the head's included, which holds no
-replica: its answers come from Router replicas on the other pods. Afterwards nothing of it is left."""
+replica: its answers come from Router replicas on the other pods. A document written through the head's port is
+searchable on every pod (the data volume is writable, the Writer runs on a serving pod). Afterwards nothing of it
+is left."""
 
 from __future__ import annotations
 
@@ -35,7 +37,11 @@ def test_the_cpu_dev_rayservice_serves_a_tenant_through_haproxy_on_every_pod():
     for row in rows.values():
         assert (row["listener"], row["healthz"], row["search"], row["wrong_key"]) == ("haproxy", 200, 200, 401), row
         assert row["rank1"] == "break" and row["path"] == "shards", row
-    assert out["replicas"]["head"] == 0 and out["replicas"]["cpu-serve-0"] + out["replicas"]["cpu-serve-1"] >= 7
+    # two Routers, four ShardSearchers, the Synthesizer and the Writer, none on the head
+    assert out["replicas"]["head"] == 0 and out["replicas"]["cpu-serve-0"] + out["replicas"]["cpu-serve-1"] >= 8
+    # a document written through the head's port is searchable, and found first on every pod
+    assert out["write"]["status"] == "searchable", out["write"]
+    assert out["write"]["rank1"] == dict.fromkeys(rows, "walrus"), out["write"]
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"qrn{out['net']}-" not in left
     assert not Path(out["work"]).exists()

@@ -69,10 +69,10 @@ def test_too_few_worker_pods_for_serves_max_replicas_fail_naming_the_maxreplicas
     doc = _rayservice(rendered, "cpu-dev")
     _cluster(doc)["workerGroupSpecs"][0]["maxReplicas"] = 4
     problems, warnings = autoscaling.check_rayservice(doc)
-    # Router 8 x 2 CPUs, ShardSearcher0..3 4 x 4 x 2, Synthesizer 4 x 0.25: 28 replicas, 49 CPUs; 4 pods of 8
-    # CPUs hold 16 of the 2-CPU replicas
-    assert problems == ["Serve's deployments at max_replicas ask for 28 CPU replicas (49 CPUs), the pods the worker "
-                        "groups may have at maxReplicas hold 16 of them, so the autoscaler would leave 12 pending: "
+    # Router 8 x 2 CPUs, ShardSearcher0..3 4 x 4 x 2, Synthesizer 4 x 0.25, the Writer 1 x 1: 29 replicas, 50
+    # CPUs; 4 pods of 8 CPUs hold 16 of the 2-CPU replicas
+    assert problems == ["Serve's deployments at max_replicas ask for 29 CPU replicas (50 CPUs), the pods the worker "
+                        "groups may have at maxReplicas hold 16 of them, so the autoscaler would leave 13 pending: "
                         "cpu-serve maxReplicas 7 would hold them all (or lower max_replicas)"]
     assert warnings == []
 
@@ -80,7 +80,7 @@ def test_too_few_worker_pods_for_serves_max_replicas_fail_naming_the_maxreplicas
 def test_a_head_with_cpus_takes_replicas_too(rendered):
     doc = _rayservice(rendered, "cpu-dev")
     _cluster(doc)["workerGroupSpecs"][0]["maxReplicas"] = 6
-    assert autoscaling.check_rayservice(doc)[0], "6 pods of 8 CPUs cannot hold 49 CPUs"
+    assert autoscaling.check_rayservice(doc)[0], "6 pods of 8 CPUs cannot hold 50 CPUs"
     _cluster(doc)["headGroupSpec"]["rayStartParams"]["num-cpus"] = "2"
     assert autoscaling.check_rayservice(doc) == ([], [])
 
@@ -113,7 +113,7 @@ def test_worker_groups_far_beyond_what_serve_uses_warn_but_do_not_fail(rendered,
     assert report.ok
     assert capsys.readouterr().err.splitlines() == [
         "warning: gpu-prod: RayService/qrag: the CPU worker groups (cpu-serve maxReplicas 32) may hold 256 CPUs, "
-        "Serve's deployments at max_replicas use at most 49 (about 7 pods): pods beyond those are never started "
+        "Serve's deployments at max_replicas use at most 50 (about 7 pods): pods beyond those are never started "
         "for Serve"]
     _cluster(doc)["workerGroupSpecs"][0]["maxReplicas"] = 12  # 96 CPUs: under twice what Serve uses
     assert autoscaling.check_rayservice(doc) == ([], [])

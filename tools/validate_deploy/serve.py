@@ -17,6 +17,8 @@ RAYSERVICE = REPO / "k8s" / "base" / "rayservice.yaml"
 # A ShardSearcher's ongoing requests are the Routers' search passes (one at a time for one tenant at any load):
 # its autoscaling must count the queries they carry, which this policy does (qrag_ray/serving/autoscaling.py).
 SHARD_SEARCHER_POLICY = "qrag_ray.serving.autoscaling:ShardSearcherPolicy"
+# The Writer applies every tenant's logged writes (qrag_ray/serving/writer.py): one replica, never autoscaled.
+WRITER = "Writer"
 
 
 def import_attr(import_path: str) -> Any:
@@ -34,7 +36,8 @@ def import_attr(import_path: str) -> Any:
 
 
 def check_serve_config(cfg: Any) -> list[str]:
-    """Ray's own schema, the import path of every app, autoscaling on every listed deployment."""
+    """Ray's own schema, the import path of every app, autoscaling on every listed deployment but the
+    Writer, which is one replica."""
     from pydantic import ValidationError
     from ray.serve.schema import ServeDeploySchema
 
@@ -61,7 +64,11 @@ def check_serve_config(cfg: Any) -> list[str]:
             out.append(f"application {name}: no deployments listed (no autoscaling_config to apply)")
         for dep in deps:
             autoscaling = dep.get("autoscaling_config")
-            if not autoscaling:
+            if dep.get("name") == WRITER:
+                if autoscaling or dep.get("num_replicas", 1) != 1:
+                    out.append(f"application {name}: deployment {WRITER} must be num_replicas: 1 without "
+                               "autoscaling_config (a root's writes are applied by one process at a time)")
+            elif not autoscaling:
                 out.append(f"application {name}: deployment {dep.get('name')} has no autoscaling_config")
             elif autoscaling.get("min_replicas", 1) > autoscaling.get("max_replicas", 1):
                 out.append(f"application {name}: deployment {dep.get('name')}: min_replicas > max_replicas")
