@@ -76,6 +76,8 @@ def test_search_scale_and_bm25_tiny(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.soak  # `make bench` runs it (CI runs every script's --help above)
 def test_embedding_stage_tiny(tmp_path):
     """The GPU run's script on CPU at a tiny size, passages only (each path loads the model again): the build's
     own Tokenize workers and EmbedSink."""
@@ -89,6 +91,8 @@ def test_embedding_stage_tiny(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.soak  # `make bench` runs it (CI runs every script's --help above)
 def test_serving_small_and_shard_memory_tiny(kinds_index, tmp_path):
     """The served app against the in-process engine on the session's index: every page ranked the same."""
     index, _ = kinds_index

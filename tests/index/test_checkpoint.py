@@ -100,6 +100,8 @@ def test_a_part_holds_every_shard_of_its_batch_in_row_groups_read_by_shard(tmp_p
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.soak  # 32 shards: the soak tier's (as test_resume.py's 32-shard build)
 def test_an_embedding_batch_writes_the_same_few_files_at_1_and_32_shards(tmp_path):
     """A 4,096-row batch through the real EmbedSink, and its chunks through the chunker's part writer:
     the same files whatever the shard count (row keys, vectors, sample stripe; chunk part, registry),

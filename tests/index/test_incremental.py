@@ -25,6 +25,7 @@ def _search(open_engine, index):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # CI holds the same equality through compaction (tests/index/test_write_compaction.py)
 def test_append_and_delete_equal_a_full_rebuild(local_ray, build_with, corpus_records, jsonl_writer, tmp_path,
                                                open_engine):
     from qrag_ray.index.build import build_index

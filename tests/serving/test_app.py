@@ -398,11 +398,11 @@ def test_qrag_query_prints_a_table(served, capsys):
     assert results[0]["doc_id"] == "nonlocal" and results[0]["bm25"] == 1.0
 
 
-# CI runs `qrag serve` with the proxy as a process in tests/cluster/ (on the 3-node cluster); the other
-# ingresses only here
+# CI runs `qrag serve` with the proxy as a process in tests/cluster/ (on the 3-node cluster) and HAProxy on
+# every pod in the RayService rehearsal (tests/cluster/test_rayservice_rehearsal.py); each ingress only here
 @pytest.mark.slow
-@pytest.mark.parametrize("ingress", [pytest.param("proxy", marks=pytest.mark.soak),
-                                     pytest.param("direct", marks=pytest.mark.soak), "haproxy"])
+@pytest.mark.soak
+@pytest.mark.parametrize("ingress", ["proxy", "direct", "haproxy"])
 def test_qrag_serve_command_end_to_end(tenant_indexes, capsys, ingress):
     """`qrag serve --index DIR` in its own process (its own local Ray), queried with `qrag query`. Needs
     only an index, not this module's Serve app (the slow tier would start one for this test alone).

@@ -14,7 +14,7 @@ import pytest
 from qrag_ray.runtime.ports import free_port
 from support.corpus import write_jsonl
 
-pytestmark = pytest.mark.slow  # a 1,200-chunk index of its own and a Serve app
+pytestmark = [pytest.mark.slow, pytest.mark.soak]  # a 1,200-chunk index of its own and a Serve app, 16 clients
 
 N_DOCS = 1200
 QUERIES = ["When does the else clause of a for loop run?", "How are integers compared with floats?",

@@ -131,6 +131,7 @@ def test_grouped_shard_searchers_rank_as_in_process_with_one_call_per_group(serv
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # Serve's own policy; CI runs the big tenant's ramp (our ShardSearchers' policy) below
 def test_a_load_ramp_scales_the_router_up_and_back_down_without_failing_a_request(serve_app):
     """The Router (the query embedding: the CPU a search costs) autoscales 1 -> 2 under concurrent
     searches and back to 1 under a trickle; the replica that stops drains its requests first, so no
