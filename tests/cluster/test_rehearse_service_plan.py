@@ -36,6 +36,23 @@ def test_cpu_dev_rayservice_is_a_head_and_two_serving_pods_each_with_haproxy(cpu
     assert config["applications"][0]["import_path"] == "qrag_ray.serving.application:build_app"
 
 
+def test_every_pod_writes_the_data_volume_and_reads_the_secret_and_its_home_only(cpu_dev, tmp_path):
+    """The write routes log into the tenants' roots on the claim (the RayService mounts it read-write), and a
+    mount the manifest makes read-only is read-only in the rehearsal's pods too."""
+    from dataclasses import replace
+
+    from cluster.rehearse import lay_out_pod
+
+    pods, _ = cpu_dev
+    for pod in pods:
+        paths, readonly = lay_out_pod(pod, tmp_path)
+        assert str(paths["/mnt/qrag"]) not in readonly and str(paths["/etc/qrag/tenants"]) in readonly
+        assert str(paths["/home/ray"]) in readonly
+        locked = replace(pod, mounts=tuple(replace(m, read_only=True) if m.path == "/mnt/qrag" else m
+                                           for m in pod.mounts))
+        assert str(paths["/mnt/qrag"]) in lay_out_pod(locked, tmp_path)[1]
+
+
 def test_service_plan_takes_pods_per_group_and_names_a_missing_service(cpu_dev):
     docs = render_kustomization(REPO / "k8s" / "overlays" / "cpu-dev")
     pods, _ = service_plan(docs, {"cpu-serve": 1})
