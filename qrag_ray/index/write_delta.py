@@ -88,8 +88,9 @@ def delta_config(base: Manifest) -> IndexConfig:
 
 
 class DeltaEmbedder:
-    """The tenant's embedder in this process, run as a CPU build runs it (the same backend and canonical
-    forward passes, EmbedSink's), so a delta's vectors have the bits the build would give them."""
+    """The tenant's embedder in this process, run as a build runs it on the same device: on CPU the same
+    backend and canonical forward passes (EmbedSink's), so a delta's vectors have the bits a CPU build would
+    give them; on a GPU the GPU build's passes (by tokens), as close to a GPU build's as two of those are."""
 
     def __init__(self, cfg: IndexConfig, threads: int | None = None, device: str = "cpu"):
         from qrag_ray.embedding import Forward, load_sentence_transformer

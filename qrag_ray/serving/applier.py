@@ -84,11 +84,12 @@ class ApplyResult:
 
 class Applier:
     """Applies the pending log entries of tenant roots. Thread-safe: roots in parallel, one embedder
-    per model (its forward passes one at a time)."""
+    per model (its forward passes one at a time) on `device` with `threads` CPU threads."""
 
-    def __init__(self, settings: WriteSettings, threads: int = 1):
+    def __init__(self, settings: WriteSettings, threads: int = 1, device: str = "cpu"):
         self.settings = settings
         self.threads = threads
+        self.device = device
         self._embedders: dict[tuple, tuple[DeltaEmbedder, threading.Lock]] = {}
         self._bases: OrderedDict[tuple[str, str], BaseInfo] = OrderedDict()
         self._corpus_hashes: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
@@ -102,7 +103,8 @@ class Applier:
                run.tokens_per_batch)
         with self._lock:
             if key not in self._embedders:
-                self._embedders[key] = (DeltaEmbedder(cfg, threads=self.threads), threading.Lock())
+                self._embedders[key] = (DeltaEmbedder(cfg, threads=self.threads, device=self.device),
+                                         threading.Lock())
             return self._embedders[key]
 
     def _base(self, root: Path, version: str) -> BaseInfo:

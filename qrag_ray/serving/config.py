@@ -57,6 +57,16 @@ def haproxy_env() -> dict[str, str]:
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())}
 
 
+def assigned_device() -> str:
+    """"cuda" when Ray gave the replica a GPU (`ray_actor_options: {num_gpus: 1}`), else "cpu" (outside Ray too)."""
+    try:
+        import ray
+
+        return "cuda" if ray.get_runtime_context().get_assigned_resources().get("GPU") else "cpu"
+    except Exception:
+        return "cpu"
+
+
 def assigned_cpus() -> int:
     """The replica's CPU share (1 outside Ray), so FAISS / torch threads match what Ray scheduled it for."""
     try:

@@ -14,7 +14,7 @@ from qrag_ray.index.versions import is_versioned_root
 from qrag_ray.index.write_log import writes_dir
 from qrag_ray.index.write_state import COMPACT_LOCK, is_locked, read_write_state
 from qrag_ray.serving.applier import Applier
-from qrag_ray.serving.config import assigned_cpus
+from qrag_ray.serving.config import assigned_cpus, assigned_device
 
 logger = logging.getLogger("ray.serve")
 
@@ -38,7 +38,8 @@ class Writer:
             self.registry = TenantRegistry.from_file(app_args.tenants)
         else:
             self.registry = TenantRegistry(app_args.load_tenants())
-        self.applier = Applier(app_args.writes, threads=assigned_cpus())
+        # its CPUs are the embedder's threads; with a GPU (the deployment's ray_actor_options) it embeds there
+        self.applier = Applier(app_args.writes, threads=assigned_cpus(), device=assigned_device())
         self._wake: dict[str, asyncio.Event] = {}
         self._drains: dict[str, asyncio.Task] = {}
         self._compactions: dict[str, asyncio.Task] = {}

@@ -120,3 +120,22 @@ def test_exported_metric_names_are_as_scraped():
         assert {f"{histogram}_sum", f"{histogram}_count"} <= set(EXPORTED_METRICS)
     counters = {"ray_qrag_errors_total", "ray_qrag_index_version_loaded", "ray_qrag_shard_cache_events_total"}
     assert counters <= set(EXPORTED_METRICS)
+
+
+def test_a_replica_embeds_on_the_gpu_ray_assigned_it_and_on_cpu_otherwise(monkeypatch):
+    """The Writer's device (serving/writer.py): a GPU in its ray_actor_options puts its embedder there."""
+    import ray
+
+    from qrag_ray.serving.config import assigned_cpus, assigned_device
+
+    class Context:
+        def __init__(self, resources):
+            self.resources = resources
+
+        def get_assigned_resources(self):
+            return self.resources
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context({"CPU": 2.0, "GPU": 1.0}))
+    assert (assigned_device(), assigned_cpus()) == ("cuda", 2)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context({"CPU": 0.5}))
+    assert (assigned_device(), assigned_cpus()) == ("cpu", 1)
