@@ -85,9 +85,8 @@ def rehearsal_serve_config(serve_config: dict, *, tenants: str, shards: int, htt
     group over all `shards` (ShardSearcher0) and every search goes through it (`local_search_max_bytes: 0`), no
     LLM; the Router stays at one replica, ShardSearcher0 scales by SEARCHER_AUTOSCALING and the Writer is as
     listed; each keeps the manifest's other options (its CPUs, queues). Serve's proxy runs on the head only, on
-    `http_port` of
-    loopback: on one machine every node's proxy would bind the same port. `request_timeout_s` replaces the app's
-    deadline of a search."""
+    `http_port` of loopback: on one machine every node's proxy would bind the same port. `request_timeout_s`
+    replaces the app's deadline of a search."""
     config = copy.deepcopy(serve_config)
     config["proxy_location"] = "HeadOnly"
     config["http_options"] = {**(config.get("http_options") or {}), "host": local_cluster.HOST, "port": http_port}

@@ -50,7 +50,7 @@ TENANT = "rehearsal"
 INDEX = "/mnt/qrag/indexes/rehearsal"  # pod path on the claim every pod mounts
 HAPROXY_FILES = "/tmp/haproxy-serve"  # Ray's default folder of Serve's HAProxy files (the manifests keep it)
 QUERY = ("What does the break statement do inside a loop?", "break")  # a question and its chunk's document
-# a document written through one pod's write route, then asked for on every pod (the question, its id)
+# a document written through one pod's write route, and the question every pod is then asked about it
 WRITTEN = {"id": "walrus", "title": "The walrus operator",
            "text": "The walrus operator := assigns a value to a name inside an expression, such as the condition "
                    "of a while loop, and the expression takes that value."}
