@@ -235,6 +235,7 @@ def test_malformed_record_found_inside_ray(inputs):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # the path of an error raised inside Ray is CI's through the malformed record above
 def test_duplicate_id_found_after_ray_read_the_corpus(inputs):
     process = qrag("index", "-i", str(inputs / "dup.jsonl"), "-o", str(inputs / "out"), cwd=inputs,
                    env={"QRAG_PRECHECK_MAX_BYTES": "0"})

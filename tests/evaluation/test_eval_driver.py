@@ -38,6 +38,8 @@ def eval_folder(tmp_path_factory) -> Path:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.soak  # CI's slices phase runs `qrag suite`, the same driver, side by side with index reuse
 def test_eval_side_by_side_writes_report_and_reuses_indexes(eval_folder, tmp_path):
     out = tmp_path / "run"
     args = ["eval", "--dataset", "jsonl", "--data", str(eval_folder), "--representations", "chunk,atom-sentence",
@@ -96,6 +98,8 @@ def test_bad_eval_input_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.soak  # an option of the driver CI's slices phase runs
 def test_offset_evaluates_a_held_out_slice(eval_folder, tmp_path):
     """Another slice into the same output folder: evaluated on its own index, not the first slice's."""
     import pyarrow.parquet as pq

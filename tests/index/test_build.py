@@ -36,6 +36,8 @@ def test_build_report(kinds_index):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.soak  # CI builds the GPU layout, its tokenizing workers included, to the same bytes (test_cpu_kernels.py)
 def test_tokenizing_in_cpu_workers_writes_the_same_index(kinds_index, build_with, pydoc_jsonl, tmp_path):
     """The GPU build's shape (texts tokenized in CPU workers, the embedding actor only runs the model),
     forced on the CPU: every vector is the same bits, so the index files are the same bytes. A pool of
@@ -207,7 +209,7 @@ def test_a_trained_factory_through_the_pipeline(build_with, local_ray, pydoc_jso
 @pytest.mark.soak
 def test_killed_build_leaves_old_index(kinds_index, tmp_path, pydoc_jsonl):
     """A real crash: SIGKILL the `qrag index` process while it runs; the old index at OUTPUT stays
-    loadable and the leftovers are the `.OUTPUT.work` checkpoints (tests/test_resume.py resumes them)
+    loadable and the leftovers are the `.OUTPUT.work` checkpoints (tests/index/test_resume.py resumes them)
     or a `.OUTPUT.tmp-*` folder that no reader loads."""
     out = tmp_path / "idx"
     shutil.copytree(kinds_index[0], out)

@@ -27,8 +27,11 @@ def _corpus(path):
 
 
 @pytest.mark.slow
-# 32: every batch spread over many shards, one part per batch (the soak tier: CI resumes the 3-shard build)
-@pytest.mark.parametrize("shards", [3, pytest.param(32, marks=pytest.mark.soak)])
+# The soak tier's (a build killed and run again, twice over, minutes of CI): CI holds the pieces a resume rests
+# on (tests/index/test_checkpoint.py: batch-invariant vectors, content keys) and an injected crash mid-write
+# (tests/index/test_build.py). 32: every batch spread over many shards, one part per batch.
+@pytest.mark.soak
+@pytest.mark.parametrize("shards", [3, 32])
 def test_killed_build_resumes_to_the_same_index(local_ray, build_with, tmp_path, shards):
     corpus = _corpus(tmp_path / "topics.jsonl")
     conf = tmp_path / "c.yaml"
