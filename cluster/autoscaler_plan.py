@@ -138,10 +138,11 @@ def plan(rendered: list[dict], overlay: str, *, tenants: str, shards: int, http_
                                           shards=shards, http_port=http_port, request_timeout_s=request_timeout_s)
     deployments = {entry["name"]: entry for entry in serve_config["applications"][0]["deployments"]}
     searcher_cpus = actor_cpus(deployments[SEARCHER])
+    others_cpus = actor_cpus(deployments[ROUTER]) + actor_cpus(deployments[WRITER])
     # the head holds a Router, a ShardSearcher0 and the app's Writer replica (one, not autoscaled), in whole CPUs
     # (`ray start` declares whole CPUs): the spare part of a CPU is less than a second ShardSearcher needs
-    head_cpus = math.ceil(actor_cpus(deployments[ROUTER]) + searcher_cpus + actor_cpus(deployments[WRITER]))
-    if head_cpus - actor_cpus(deployments[ROUTER]) - actor_cpus(deployments[WRITER]) >= 2 * searcher_cpus:
+    head_cpus = math.ceil(others_cpus + searcher_cpus)
+    if head_cpus - others_cpus >= 2 * searcher_cpus:
         raise ValueError(f"a head of {head_cpus} CPUs would hold two ShardSearcher replicas")
     kuberay = kuberay_autoscaling_config(rayservice)
     worker_cpus = float(kuberay["available_node_types"][group]["resources"].get("CPU", 0))

@@ -72,7 +72,7 @@ from cluster.node_processes import cluster_pids, read_cmdline
 from cluster.rehearse import REPO, write_corpus
 from cluster.rehearse_service import deploy_config
 from qrag_ray.runtime.ports import free_port
-from qrag_ray.serving.config import ROUTER
+from qrag_ray.serving.config import ROUTER, WRITER
 
 # The nodes the autoscaler adds run at this CPU priority: on Kubernetes an added pod has CPUs of its own, here its
 # start-up (a raylet, its agents, a replica importing torch and FAISS) would take the cores of the head's Router
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                          group=args.group, version=args.autoscaler, request_timeout_s=args.request_timeout_s)
         run = Run(rehearsal, work, token)
         most = rehearsal.autoscaling["available_node_types"][rehearsal.group]["max_workers"]
-        print(f"  head: {rehearsal.head_cpus} CPUs ({ROUTER} + {SEARCHER} + Writer); {rehearsal.group}: "
+        print(f"  head: {rehearsal.head_cpus} CPUs ({ROUTER} + {SEARCHER} + {WRITER}); {rehearsal.group}: "
               f"{rehearsal.worker_cpus:g} CPUs, 0..{most} nodes; autoscaler {rehearsal.version}, idle timeout "
               f"{rehearsal.idle_timeout_s:g}s", file=sys.stderr)
         start_head(run, base_port, args.timeout)

@@ -45,6 +45,7 @@ from cluster.gcs_nodes import live_nodes
 from cluster.pod_layout import Pod, map_text, service_plan
 from cluster.readonly import make_readonly
 from cluster.rehearse import REPO, parse_pairs, pod_shapes, readonly_folders, write_corpus
+from qrag_client import QragClient, QragClientError
 
 TENANT = "rehearsal"
 INDEX = "/mnt/qrag/indexes/rehearsal"  # pod path on the claim every pod mounts
@@ -236,29 +237,24 @@ def ask_pod(rehearsal: ServiceRehearsal, pod: int, timeout: float = 120.0) -> di
 
 
 def write_through(rehearsal: ServiceRehearsal, pod: int = 0, timeout: float = 300.0) -> dict:
-    """WRITTEN upserted through one pod's port 8000 with the tenant's write key, its status polled until it
-    is searchable (the Writer applies it on whichever pod holds it, into the root on the claim), then asked
-    for on every pod: each pod's rank 1 (every Router replica sees the write)."""
-    headers = {"Authorization": f"Bearer {rehearsal.key}"}
-    base = f"http://{rehearsal.net.ip(pod)}:8000"
+    """WRITTEN upserted through one pod's port 8000 with the tenant's write key and waited on until it is
+    searchable (the Writer applies it on whichever pod holds it, into the root on the claim), then asked for on
+    every pod: each pod's rank 1 (every Router replica sees the write). Through the project's API client."""
     started = time.monotonic()
-    receipt = httpx.post(f"{base}/v1/documents", json={"documents": [WRITTEN]}, headers=headers, timeout=60)
-    if receipt.status_code != 202:
-        return {"status": f"HTTP {receipt.status_code}: {receipt.text[:300]}", "seconds": None, "rank1": {}}
-    write_id = receipt.json()["write_id"]
-    status = "queued"
-    deadline = started + timeout
-    while status not in ("searchable", "failed") and time.monotonic() < deadline:
-        time.sleep(0.5)
-        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-            status = httpx.get(f"{base}/v1/writes/{write_id}", headers=headers, timeout=30).json()["status"]
+    try:
+        with QragClient(f"http://{rehearsal.net.ip(pod)}:8000", rehearsal.key) as client:
+            status = client.wait_until_searchable(client.upsert([WRITTEN]), timeout=timeout, poll=0.5).status
+    except QragClientError as error:
+        status = f"{type(error).__name__}: {error}"
     seconds = round(time.monotonic() - started, 1)
     rank1 = {}
     for number, shape in enumerate(rehearsal.pods):
-        answer = httpx.post(f"http://{rehearsal.net.ip(number)}:8000/v1/search", headers=headers, timeout=60,
-                            json={"query": WRITTEN_QUERY, "k": 3})
-        results = answer.json().get("results") or [] if answer.status_code == 200 else []
-        rank1[shape.name] = results[0].get("doc_id") if results else f"HTTP {answer.status_code}"
+        try:
+            with QragClient(f"http://{rehearsal.net.ip(number)}:8000", rehearsal.key) as client:
+                results = client.search(WRITTEN_QUERY, k=3).results
+            rank1[shape.name] = results[0].doc_id if results else "no results"
+        except QragClientError as error:
+            rank1[shape.name] = f"{type(error).__name__}: {error}"
     return {"status": status, "seconds": seconds, "rank1": rank1}
 
 

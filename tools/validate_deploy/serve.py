@@ -17,8 +17,6 @@ RAYSERVICE = REPO / "k8s" / "base" / "rayservice.yaml"
 # A ShardSearcher's ongoing requests are the Routers' search passes (one at a time for one tenant at any load):
 # its autoscaling must count the queries they carry, which this policy does (qrag_ray/serving/autoscaling.py).
 SHARD_SEARCHER_POLICY = "qrag_ray.serving.autoscaling:ShardSearcherPolicy"
-# The Writer applies every tenant's logged writes (qrag_ray/serving/writer.py): one replica, never autoscaled.
-WRITER = "Writer"
 
 
 def import_attr(import_path: str) -> Any:
@@ -40,6 +38,8 @@ def check_serve_config(cfg: Any) -> list[str]:
     Writer, which is one replica."""
     from pydantic import ValidationError
     from ray.serve.schema import ServeDeploySchema
+
+    from qrag_ray.serving.config import WRITER  # the Writer (serving/writer.py): one replica, never autoscaled
 
     if not isinstance(cfg, dict):
         return ["serve config is not a mapping"]
