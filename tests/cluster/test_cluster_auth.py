@@ -148,7 +148,7 @@ def test_a_driver_with_the_token_joins(head, token_file):
     assert result.stdout.strip().splitlines()[-1] == "1"
 
 
-# a refused token waits on Ray's own connection retries (about 20 s a case): CI runs the missing token, the
+# a refused token waits on Ray's own connection retries: CI runs the missing token, the
 # soak tier every case
 @pytest.mark.parametrize("case", ["no token", *(pytest.param(case, marks=[pytest.mark.slow, pytest.mark.soak])
                                                 for case in ("wrong token", "mode disabled"))])
