@@ -1,7 +1,8 @@
 """A load ramp with autoscaling, for one big tenant and for many tenants: the replicas of every deployment over
 time, requests, errors and p50/p99 per stage, how long after the load rose the ShardSearchers had two
 replicas each and how long after it fell they were back at one, whether a replica joining under load made
-anyone wait (p99 of the window it joined in against the window before), and what the first requests after
+anyone wait (p99 of the window it joined in against the window before, and in that window the requests a new
+replica answered against the others: the responses name their replicas), and what the first requests after
 `/readyz` answered paid; the same ramp on the fixed-count layout (every ShardSearcher at --replicas) in the
 same run for the comparison.
 
@@ -163,7 +164,9 @@ def judge(run: dict, stages: list[tuple[int, float]], searchers: list[str], down
             "min_after_fall_s": None if down is None else round(down - fall, 1),
             "min_after_fall_past_delay_s": None if down is None else round(down - fall - downscale_delay, 1),
             "changes_in_first_stage": len(first_changes), "joins": joins,
-            "worst_join_ratio": max((j["ratio"] for j in joins if j["ratio"] is not None), default=None)}
+            "worst_join_ratio": max((j["ratio"] for j in joins if j["ratio"] is not None), default=None),
+            "worst_new_replica_ratio": max((j["new_ratio"] for j in joins if j["new_ratio"] is not None),
+                                           default=None)}
 
 
 def run_layout(client, port: int, name: str, workload: dict, deployments: dict, stages, args) -> dict:
@@ -200,7 +203,9 @@ def print_layout(name: str, result: dict) -> None:
     print(f"  ShardSearchers: {judged}")
     for join in result["judged"]["joins"]:
         print(f"  join {join['t']:.0f}s {join['deployment']} {join['from']}->{join['to']}: p99 {join['p99_before_ms']} "
-              f"ms before, {join['p99_after_ms']} ms after (x{join['ratio']})")
+              f"ms before, {join['p99_after_ms']} ms after (x{join['ratio']}); after, the {join['new_requests']} "
+              f"answered by a new replica {join['p99_new_ms']} ms against the others' {join['p99_old_ms']} ms "
+              f"(x{join['new_ratio']})")
 
 
 def main(argv: list[str] | None = None) -> int:

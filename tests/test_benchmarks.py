@@ -107,3 +107,22 @@ def test_serving_small_and_shard_memory_tiny(kinds_index, tmp_path):
     memory = report_of("shard_memory", tmp_path / "memory.json", "--index", str(index))
     assert [r["shard"] for r in memory["rows"]] == [0, 1, 2]
     assert all(r["resident"] > 0 and r["raw"] > 0 for r in memory["rows"])
+
+
+def test_a_joins_report_compares_the_new_replicas_requests_with_the_others_in_the_same_seconds():
+    """serving_ramp's join report: the box's window before against after, and inside the window after, the
+    requests a replica new since the join answered against the rest (named by the responses' replicas)."""
+    from benchmarks.harness.ramp_load import join_windows
+
+    def row(sent: float, ms: float, shard: str, router: str = "r1") -> dict:
+        return {"t": sent, "stage": 0, "status": 200, "ms": ms, "cold": 0, "replicas": [shard], "router": router}
+
+    before = [row(10 + n * 0.1, 100, "s1") for n in range(50)]
+    after = [row(20 + n * 0.2, 100, "s1") for n in range(25)] + [row(20.1 + n * 0.2, 300, "s2") for n in range(25)]
+    timeline = [{"t": 19.0, "ShardSearcher0": 1}, {"t": 20.0, "ShardSearcher0": 2}]
+    joins = join_windows({"results": before + after, "timeline": timeline, "bounds": [(0.0, 60.0)]})
+    assert len(joins) == 1
+    join = joins[0]
+    assert (join["deployment"], join["from"], join["to"]) == ("ShardSearcher0", 1, 2)
+    assert (join["p99_before_ms"], join["p99_after_ms"], join["ratio"]) == (100, 300, 3.0)
+    assert (join["new_requests"], join["p99_new_ms"], join["p99_old_ms"], join["new_ratio"]) == (25, 300, 100, 3.0)

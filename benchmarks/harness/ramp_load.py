@@ -30,7 +30,7 @@ def running_replicas(app: str) -> dict[str, int]:
 def run_ramp(url: str, app: str, stages: list[tuple[int, float]], request: Callable[[int], tuple[dict, dict]]) -> dict:
     """The load in stages of (concurrency, seconds), `request(n)` giving the n-th request's (body, headers);
     every request's outcome (its second, stage, status, latency, cold loads, the replicas that searched its
-    shards) and every second the RUNNING replicas of each of the app's deployments."""
+    shards, the Router replica that answered) and every second the RUNNING replicas of each of the app's deployments."""
     import httpx
 
     done = threading.Event()
@@ -63,7 +63,8 @@ def run_ramp(url: str, app: str, stages: list[tuple[int, float]], request: Calla
                     status = 0
                 out.append({"t": round(sent - started, 3), "stage": stage, "status": status,
                             "ms": (time.perf_counter() - began) * 1000, "cold": timings.get("cold_loads", 0),
-                            "replicas": timings.get("shard_replicas") or []})
+                            "replicas": timings.get("shard_replicas") or [],
+                            "router": timings.get("router_replica") or ""})
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -148,10 +149,18 @@ def first_at_most(timeline: list[dict], names: list[str], count: int, after: flo
     return next((row["t"] for row in timeline if row["t"] >= after and all(row[n] <= count for n in names)), None)
 
 
-def join_windows(run: dict, seconds: float = 10.0) -> list[dict]:
-    """For every replica that joined (a deployment's RUNNING count rising) while the load ran: p99 of the
-    requests sent in the `seconds` after it joined against those sent in the `seconds` before, both inside
-    the stage it joined in (a join at a stage's start has no window before it and is left out)."""
+def answered_by(row: dict) -> set[str]:
+    """The replicas a response names: the Router's and each shard's (none inside the Router)."""
+    return {replica for replica in [row.get("router", ""), *row["replicas"]] if replica}
+
+
+def join_windows(run: dict, seconds: float = 10.0, margin: float = 2.0) -> list[dict]:
+    """For every replica that joined (a deployment's RUNNING count rising) while the load ran, two comparisons:
+    the box's (p99 of the requests sent in the `seconds` after it joined against those in the `seconds`
+    before, both inside the stage it joined in: a join at a stage's start has no window before it and is
+    left out), and the replica's own (in those `seconds` after, p99 of the requests that a replica new since
+    `margin` s before the join answered against the others sent in the same seconds: whether anybody waited
+    on a replica still warming, whatever else the box was doing)."""
     out = []
     for event in scale_events(run["timeline"]):
         if event["to"] <= event["from"]:
@@ -165,8 +174,15 @@ def join_windows(run: dict, seconds: float = 10.0) -> list[dict]:
         after = [row for row in run["results"] if joined <= row["t"] < min(end, joined + seconds)]
         if len(before) < 20 or len(after) < 20:
             continue
+        known = set().union(*[answered_by(row) for row in run["results"] if row["t"] < joined - margin])
+        new = [row for row in after if answered_by(row) - known]
+        old = [row for row in after if not answered_by(row) - known]
         p99_before = _latencies(before)["p99_ms"]
         p99_after = _latencies(after)["p99_ms"]
+        p99_new = _latencies(new)["p99_ms"] if new else None
+        p99_old = _latencies(old)["p99_ms"] if old else None
         out.append({**event, "stage": stage, "p99_before_ms": p99_before, "p99_after_ms": p99_after,
-                    "ratio": round(p99_after / p99_before, 2) if p99_before else None})
+                    "ratio": round(p99_after / p99_before, 2) if p99_before else None,
+                    "new_requests": len(new), "p99_new_ms": p99_new, "p99_old_ms": p99_old,
+                    "new_ratio": round(p99_new / p99_old, 2) if p99_new and p99_old else None})
     return out

@@ -144,6 +144,7 @@ class SearchTimings(BaseModel):
     shard_search_ms: list[float] = Field(..., description="each shard's own search")
     cold_loads: int = Field(..., description="shards a replica read from disk for this request")
     shard_replicas: list[str] = Field(..., description="the replica that searched each shard ('' inside the Router)")
+    router_replica: str = Field("", description="the Router replica that answered")
 
 
 class SearchResponse(BaseModel):

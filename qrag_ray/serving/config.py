@@ -67,6 +67,16 @@ def assigned_device() -> str:
         return "cpu"
 
 
+def replica_id() -> str:
+    """This Serve replica's id ('' outside a replica): what responses and status name a replica by."""
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:
+        return ""
+
+
 def assigned_cpus() -> int:
     """The replica's CPU share (1 outside Ray), so FAISS / torch threads match what Ray scheduled it for."""
     try:

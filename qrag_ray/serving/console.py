@@ -29,6 +29,7 @@ from qrag_ray.search.filters import OPERATORS
 from qrag_ray.search.shard import shard_of_chunk
 from qrag_ray.serving import api_models as m
 from qrag_ray.serving.api_errors import ApiError
+from qrag_ray.serving.config import replica_id
 from qrag_ray.serving.console_models import (
     ConsoleCache,
     ConsoleDeployment,
@@ -148,7 +149,7 @@ class Console:
         return ConsoleOperate(
             status=status.status, ready=status.ready, inflight=status.inflight, window_s=window_s,
             tenants=tenants, unauthenticated=ConsoleRequests(**anonymous) if anonymous else None,
-            caches=caches, deployments=deployments, deployments_error=problem, replica=replica_id(),
+            caches=caches, deployments=deployments, deployments_error=problem, replica=replica_id() or None,
             registry=status.registry, at=time.time())
 
     async def _index_bytes(self, version: IndexVersion) -> int:
@@ -175,16 +176,6 @@ def chunk_vectors(version: IndexVersion, chunk_id: str) -> list[dict]:
     else:
         table = pq.read_table(path, columns=["chunk_idx", "kind", "text"], filters=[("chunk_idx", "=", chunk_idx)])
     return [{"kind": str(row["kind"]), "text": row["text"]} for row in table.select(["kind", "text"]).to_pylist()]
-
-
-def replica_id() -> str | None:
-    """This Router replica's id (the operate view's request figures are this replica's)."""
-    try:
-        from ray import serve
-
-        return serve.get_replica_context().replica_id.unique_id
-    except Exception:
-        return None
 
 
 def serve_deployments() -> tuple[list[ConsoleDeployment], str | None]:

@@ -20,7 +20,7 @@ from qrag_ray.serving import api_models as m
 from qrag_ray.serving.answer import Answerer
 from qrag_ray.serving.api_errors import ApiError, overloaded
 from qrag_ray.serving.app_metrics import process_metrics
-from qrag_ray.serving.config import AppArgs
+from qrag_ray.serving.config import AppArgs, replica_id
 from qrag_ray.serving.console import Console
 from qrag_ray.serving.console_models import ConsoleIndex, ConsoleOperate, ConsoleVectors
 from qrag_ray.serving.encoder import QueryEncoder
@@ -65,7 +65,7 @@ class Router:
         reader = IndexReader(len(searchers) * args.shards_per_searcher, args.local_search_max_bytes, local,
                              self.searchers)
         self.versions = TenantVersions(reader, self.encoder.model, retire_after_s=args.request_timeout_s + 1.0)
-        self.passes = SearchPasses(self.encoder, self.versions)
+        self.passes = SearchPasses(self.encoder, self.versions, replica_id())
         self.fetcher = Fetcher(self.versions)
         self.answerer = Answerer(synthesizer, args.hyde_max_tokens, args.answer_min_cosine)
         self.console = Console(args.console)

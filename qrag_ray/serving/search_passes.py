@@ -94,9 +94,10 @@ class SearchPasses:
     shards have several replicas runs that many passes at once (`passes_at_once`), the waiting queries split
     among them, so every replica takes a share of a big tenant's load."""
 
-    def __init__(self, encoder: QueryEncoder, versions: TenantVersions):
+    def __init__(self, encoder: QueryEncoder, versions: TenantVersions, replica: str = ""):
         self.encoder = encoder
         self.versions = versions
+        self.replica = replica  # this Router replica's id, which every response names
         self.passes = Coalescer(self._run_pass, PASS_QUERIES, passes_at_once)
 
     async def search(self, tenant: Tenant, request, text: str, stage: dict) -> RoutedPage:
@@ -137,7 +138,7 @@ class SearchPasses:
                   "search_ms": found.search_ms, "merge_ms": found.merge_ms, "format_ms": found.format_ms,
                   "rounds": found.rounds, "shard_search_ms": [round(reply.search_ms, 3) for reply in replies],
                   "cold_loads": sum(reply.cold for reply in replies),
-                  "shard_replicas": [reply.replica for reply in replies]}
+                  "shard_replicas": [reply.replica for reply in replies], "router_replica": self.replica}
         pages = []
         for query in range(len(queued)):
             timings = SearchTimings(**shared, candidates=sum(reply.candidates[query] for reply in replies))

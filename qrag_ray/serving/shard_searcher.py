@@ -25,7 +25,7 @@ from qrag_ray.search.shard_reply import ShardReply
 from qrag_ray.serving.api_errors import overloaded, shard_unavailable
 from qrag_ray.serving.app_metrics import process_metrics
 from qrag_ray.serving.autoscaling import ShardLoad
-from qrag_ray.serving.config import AppArgs, assigned_cpus
+from qrag_ray.serving.config import AppArgs, assigned_cpus, replica_id
 from qrag_ray.serving.serve_multiplex import withdraw
 from qrag_ray.serving.shard_cache import ShardCache, VersionKey
 from qrag_ray.serving.tenant_versions import IndexReader
@@ -71,7 +71,7 @@ class ShardSearcher:
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shard-search")
         self.load = ShardLoad(self.threads)
         self.reporter = asyncio.get_running_loop().create_task(self.metrics.report_versions(self.cache))
-        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.replica = replica_id()
         if args is not None:
             await self._warm(args, group)
         freeze_long_lived()  # Ray, Serve and the search libraries, loaded: shards come and go in the byte cache

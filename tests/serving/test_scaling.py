@@ -176,8 +176,9 @@ def test_a_big_tenants_shard_searchers_follow_its_load_up_and_back_down(serve_ap
     """One tenant, two shard groups (`shards_per_searcher: 2` over 3 shards), each ShardSearcher 1..3 on qrag's
     policy with short delays: a trickle (one client) keeps one replica each, ten clients take each group to
     two or more within 30 s, and the trickle after brings them back to one within 30 s past the downscale
-    delay; no request fails. The Router is fixed at one replica, so the ShardSearchers' own signal (the
-    queries their passes carry) is what scales them. About two and a half minutes."""
+    delay; no request fails, and the added replicas answer without loading a shard for any request. The Router
+    is fixed at one replica, so the ShardSearchers' own signal (the queries their passes carry) is what scales
+    them. About two and a half minutes."""
     import threading
 
     from ray import serve
@@ -237,4 +238,11 @@ def test_a_big_tenants_shard_searchers_follow_its_load_up_and_back_down(serve_ap
     bad = [r for r in responses if r["status"] != 200]
     assert len(responses) > 100 and not bad, (len(responses), bad[:3])
     assert changes <= 1 and up_s < 30 and down_s - scaling["downscale_delay_s"] < 30, (changes, up_s, down_s, timeline)
+    # the replicas added under load answered, and none made a request wait for its shards: a replica opens the
+    # warm tenant's group before Serve routes to it
+    timings = [(r["t0"] - started, r["body"]["timings"]) for r in responses]
+    known = {replica for sent, got in timings if sent < rise for replica in got["shard_replicas"]}
+    by_new = [got for _, got in timings if set(got["shard_replicas"]) - known]
+    assert by_new, "no response named a replica added under load"
+    assert all(got["cold_loads"] == 0 for got in by_new), [got for got in by_new if got["cold_loads"]][:3]
     serve.delete("bigramp")

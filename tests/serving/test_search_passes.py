@@ -146,7 +146,7 @@ def _retriever(remote) -> tuple[SearchPasses, _Versions, _Encoder]:
     version = IndexVersion("/idx/v1", "v1", None, SearchConfig(), 2, "all-MiniLM-L6-v2", remote)
     versions = _Versions(version)
     encoder = _Encoder()
-    return SearchPasses(encoder, versions), versions, encoder
+    return SearchPasses(encoder, versions, "router-1"), versions, encoder
 
 
 def test_retriever_runs_the_core_over_the_tenant_backend():
@@ -158,6 +158,7 @@ def test_retriever_runs_the_core_over_the_tenant_backend():
     timings = response.timings
     assert (timings.path, timings.embed_batch, timings.rounds, timings.candidates) == ("shards", 1, 1, 4)
     assert timings.model_dump()["shard_replicas"] == ["", ""]  # the JSON keys of the HTTP `timings`
+    assert timings.model_dump()["router_replica"] == "router-1"
     assert remote.calls == 1  # one call to the version's backend: the replies carried the page
 
 
