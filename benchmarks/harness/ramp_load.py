@@ -30,7 +30,8 @@ def running_replicas(app: str) -> dict[str, int]:
 def run_ramp(url: str, app: str, stages: list[tuple[int, float]], request: Callable[[int], tuple[dict, dict]]) -> dict:
     """The load in stages of (concurrency, seconds), `request(n)` giving the n-th request's (body, headers);
     every request's outcome (its second, stage, status, latency, cold loads, the replicas that searched its
-    shards, the Router replica that answered) and every second the RUNNING replicas of each of the app's deployments."""
+    shards, the Router replica that answered) and every second the RUNNING replicas of each of the app's
+    deployments."""
     import httpx
 
     done = threading.Event()
