@@ -176,8 +176,9 @@ def join_windows(run: dict, seconds: float = 10.0, margin: float = 2.0) -> list[
         if len(before) < 20 or len(after) < 20:
             continue
         known = set().union(*[answered_by(row) for row in run["results"] if row["t"] < joined - margin])
-        new = [row for row in after if answered_by(row) - known]
-        old = [row for row in after if not answered_by(row) - known]
+        new, old = [], []
+        for row in after:
+            (new if answered_by(row) - known else old).append(row)
         p99_before = _latencies(before)["p99_ms"]
         p99_after = _latencies(after)["p99_ms"]
         p99_new = _latencies(new)["p99_ms"] if new else None

@@ -57,14 +57,24 @@ def haproxy_env() -> dict[str, str]:
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())}
 
 
-def assigned_device() -> str:
-    """"cuda" when Ray gave the replica a GPU (`ray_actor_options: {num_gpus: 1}`), else "cpu" (outside Ray too)."""
+def assigned_resources() -> dict[str, float]:
+    """What Ray scheduled the calling replica for ({} outside Ray): its CPUs and GPUs."""
     try:
         import ray
 
-        return "cuda" if ray.get_runtime_context().get_assigned_resources().get("GPU") else "cpu"
+        return dict(ray.get_runtime_context().get_assigned_resources())
     except Exception:
-        return "cpu"
+        return {}
+
+
+def assigned_device() -> str:
+    """"cuda" when Ray gave the replica a GPU (`ray_actor_options: {num_gpus: 1}`), else "cpu" (outside Ray too)."""
+    return "cuda" if assigned_resources().get("GPU") else "cpu"
+
+
+def assigned_cpus() -> int:
+    """The replica's CPU share (1 outside Ray), so FAISS / torch threads match what Ray scheduled it for."""
+    return max(1, int(round(assigned_resources().get("CPU") or 1)))
 
 
 def replica_id() -> str:
@@ -75,16 +85,6 @@ def replica_id() -> str:
         return serve.get_replica_context().replica_id.unique_id
     except Exception:
         return ""
-
-
-def assigned_cpus() -> int:
-    """The replica's CPU share (1 outside Ray), so FAISS / torch threads match what Ray scheduled it for."""
-    try:
-        import ray
-
-        return max(1, int(round(ray.get_runtime_context().get_assigned_resources().get("CPU") or 1)))
-    except Exception:
-        return 1
 
 
 class WriteSettings(BaseModel):
